@@ -1,0 +1,424 @@
+//! Request decoding: RESP multibulk and inline commands, with Redis's limits and error messages.
+//!
+//! Hand-written rather than `redis-protocol`'s decoder because the proxy needs three things a
+//! general decoder does not give: limits checked on *declared* sizes before anything is
+//! buffered (`$999999999999` costs nothing), argument positions as offsets into the read
+//! buffer (zero allocations per command; the raw bytes are forwarded untouched), and framing
+//! identical to Redis's own parser so forwarded bytes are split into commands exactly as the
+//! upstream will split them.
+
+use std::ops::Range;
+
+use memchr::memchr;
+
+/// Sizes a client may declare; see [`crate::config::Limits`] for the reasons behind each.
+#[derive(Debug, Clone, Copy)]
+pub struct CodecLimits {
+    /// Largest bulk string (`proto-max-bulk-len`).
+    pub max_bulk_len: usize,
+    /// Most arguments in one multibulk.
+    pub max_multibulk_len: usize,
+    /// Longest inline command or header line without its terminator.
+    pub max_inline_len: usize,
+}
+
+impl Default for CodecLimits {
+    fn default() -> Self {
+        CodecLimits {
+            max_bulk_len: 512 * 1024 * 1024,
+            max_multibulk_len: 1024 * 1024,
+            max_inline_len: 64 * 1024,
+        }
+    }
+}
+
+/// One complete request at the start of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// A multibulk command of `len` bytes; its arguments were written to `args` as ranges.
+    Command { len: usize },
+    /// An inline command (`PING\r\n`) of `len` bytes; its arguments, unquoted.
+    Inline { len: usize, args: Vec<Vec<u8>> },
+    /// Something Redis skips without a reply: an empty line or `*0`/`*-1`.
+    Empty { len: usize },
+}
+
+impl Decoded {
+    /// Bytes of the buffer this request occupies.
+    pub fn len(&self) -> usize {
+        match self {
+            Decoded::Command { len } | Decoded::Inline { len, .. } | Decoded::Empty { len } => *len,
+        }
+    }
+
+    /// Whether the request occupies no bytes (never true for a decoded request).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A request Redis would refuse with `-ERR Protocol error: ...` and then close the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("Protocol error: too big mbulk count string")]
+    MultibulkCountTooLong,
+    #[error("Protocol error: invalid multibulk length")]
+    InvalidMultibulkLength,
+    #[error("Protocol error: too big bulk count string")]
+    BulkCountTooLong,
+    #[error("Protocol error: expected '$', got '{}'", char::from(*.0))]
+    ExpectedBulk(u8),
+    #[error("Protocol error: invalid bulk length")]
+    InvalidBulkLength,
+    #[error("Protocol error: too big inline request")]
+    InlineTooLong,
+    #[error("Protocol error: unbalanced quotes in request")]
+    UnbalancedQuotes,
+}
+
+/// Decodes the first request in `buf`.
+///
+/// Returns `Ok(None)` while the request is incomplete (after checking every size declared so
+/// far), so the caller reads more and calls again; `args` is cleared and refilled on each call.
+pub fn decode(
+    buf: &[u8],
+    limits: &CodecLimits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<Option<Decoded>, ProtocolError> {
+    args.clear();
+    match buf.first() {
+        None => Ok(None),
+        Some(b'*') => decode_multibulk(buf, limits, args),
+        Some(_) => decode_inline(buf, limits),
+    }
+}
+
+/// Finds the `\r\n`-terminated line starting at `start`; returns the index of `\r`.
+/// Like Redis, only `\r` is searched for; the byte after it is assumed to be `\n`.
+#[inline]
+fn line_end(buf: &[u8], start: usize) -> Option<usize> {
+    memchr(b'\r', &buf[start..]).map(|i| start + i)
+}
+
+/// Parses a signed decimal integer the way Redis's `string2ll` does (no leading `+`, no
+/// leading zeros except "0", no spaces); `None` on anything else.
+#[inline]
+pub fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.first()? {
+        b'-' => (true, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 19 || (digits.len() > 1 && digits[0] == b'0') {
+        return None;
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    if neg {
+        if v == 0 {
+            return None; // "-0" is not a canonical integer for Redis
+        }
+        Some(-v)
+    } else {
+        Some(v)
+    }
+}
+
+fn decode_multibulk(
+    buf: &[u8],
+    limits: &CodecLimits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<Option<Decoded>, ProtocolError> {
+    let Some(cr) = line_end(buf, 1) else {
+        if buf.len() > limits.max_inline_len {
+            return Err(ProtocolError::MultibulkCountTooLong);
+        }
+        return Ok(None);
+    };
+    if cr + 2 > buf.len() {
+        return Ok(None);
+    }
+    let count = parse_int(&buf[1..cr]).ok_or(ProtocolError::InvalidMultibulkLength)?;
+    if count > limits.max_multibulk_len as i64 || count > i64::from(i32::MAX) {
+        return Err(ProtocolError::InvalidMultibulkLength);
+    }
+    let mut pos = cr + 2;
+    if count <= 0 {
+        return Ok(Some(Decoded::Empty { len: pos }));
+    }
+    for _ in 0..count {
+        let Some(&kind) = buf.get(pos) else {
+            return Ok(None);
+        };
+        if kind != b'$' {
+            return Err(ProtocolError::ExpectedBulk(kind));
+        }
+        let Some(cr) = line_end(buf, pos + 1) else {
+            if buf.len() - pos > limits.max_inline_len {
+                return Err(ProtocolError::BulkCountTooLong);
+            }
+            return Ok(None);
+        };
+        let len = parse_int(&buf[pos + 1..cr]).ok_or(ProtocolError::InvalidBulkLength)?;
+        if len < 0 || len as u64 > limits.max_bulk_len as u64 {
+            return Err(ProtocolError::InvalidBulkLength);
+        }
+        let start = cr + 2;
+        // Redis skips the two bytes after the payload without looking at them; so do we, so
+        // that both sides agree on where the next command starts.
+        let end = start + len as usize;
+        if end + 2 > buf.len() {
+            return Ok(None);
+        }
+        args.push(start..end);
+        pos = end + 2;
+    }
+    Ok(Some(Decoded::Command { len: pos }))
+}
+
+fn decode_inline(buf: &[u8], limits: &CodecLimits) -> Result<Option<Decoded>, ProtocolError> {
+    let Some(nl) = memchr(b'\n', buf) else {
+        if buf.len() > limits.max_inline_len {
+            return Err(ProtocolError::InlineTooLong);
+        }
+        return Ok(None);
+    };
+    if nl > limits.max_inline_len {
+        return Err(ProtocolError::InlineTooLong);
+    }
+    let mut line = &buf[..nl];
+    if line.last() == Some(&b'\r') {
+        line = &line[..line.len() - 1];
+    }
+    let args = split_args(line).ok_or(ProtocolError::UnbalancedQuotes)?;
+    if args.is_empty() {
+        return Ok(Some(Decoded::Empty { len: nl + 1 }));
+    }
+    Ok(Some(Decoded::Inline { len: nl + 1, args }))
+}
+
+/// Splits an inline command line into arguments with the quoting rules of Redis's
+/// `sdssplitargs`: `"..."` with `\n \r \t \b \a \\ \" \xHH` escapes, `'...'` with `\'`, and a
+/// closing quote must be followed by a space or the end. `None` means unbalanced quotes.
+pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let n = line.len();
+    loop {
+        while i < n && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= n {
+            return Some(out);
+        }
+        let mut cur = Vec::new();
+        let mut in_dq = false;
+        let mut in_sq = false;
+        loop {
+            if in_dq {
+                if i >= n {
+                    return None;
+                }
+                let c = line[i];
+                if c == b'\\'
+                    && i + 3 < n
+                    && line[i + 1] == b'x'
+                    && line[i + 2].is_ascii_hexdigit()
+                    && line[i + 3].is_ascii_hexdigit()
+                {
+                    cur.push(hex(line[i + 2]) * 16 + hex(line[i + 3]));
+                    i += 3;
+                } else if c == b'\\' && i + 1 < n {
+                    i += 1;
+                    cur.push(match line[i] {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        other => other,
+                    });
+                } else if c == b'"' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else if in_sq {
+                if i >= n {
+                    return None;
+                }
+                let c = line[i];
+                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
+                    i += 1;
+                    cur.push(b'\'');
+                } else if c == b'\'' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else {
+                if i >= n {
+                    break;
+                }
+                match line[i] {
+                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    b'"' => in_dq = true,
+                    b'\'' => in_sq = true,
+                    c => cur.push(c),
+                }
+            }
+            i += 1;
+        }
+        out.push(cur);
+    }
+}
+
+fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => c - b'A' + 10,
+    }
+}
+
+/// Encodes arguments as a RESP multibulk, for inline commands: the upstream then executes
+/// exactly the arguments the proxy classified, whatever its own inline parser would do.
+pub fn encode_command(args: &[Vec<u8>], out: &mut bytes::BytesMut) {
+    use std::io::Write;
+    let mut w = out.writer();
+    let _ = write!(w, "*{}\r\n", args.len());
+    let out = w.into_inner();
+    for a in args {
+        let mut w = out.writer();
+        let _ = write!(w, "${}\r\n", a.len());
+        let out = w.into_inner();
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+use bytes::BufMut;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dec(buf: &[u8]) -> Result<Option<Decoded>, ProtocolError> {
+        let mut args = Vec::new();
+        decode(buf, &CodecLimits::default(), &mut args)
+    }
+
+    fn args_of(buf: &[u8]) -> Vec<Vec<u8>> {
+        let mut args = Vec::new();
+        decode(buf, &CodecLimits::default(), &mut args)
+            .unwrap()
+            .unwrap();
+        args.iter().map(|r| buf[r.clone()].to_vec()).collect()
+    }
+
+    #[test]
+    fn multibulk_complete_and_partial() {
+        let req = b"*2\r\n$3\r\nGET\r\n$3\r\nfoo\r\n";
+        assert_eq!(dec(req), Ok(Some(Decoded::Command { len: req.len() })));
+        assert_eq!(args_of(req), vec![b"GET".to_vec(), b"foo".to_vec()]);
+        for cut in 0..req.len() {
+            assert_eq!(dec(&req[..cut]), Ok(None), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn binary_payload_with_crlf_inside() {
+        let req = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n";
+        assert_eq!(args_of(req)[2], b"a\r\nb".to_vec());
+    }
+
+    #[test]
+    fn huge_declarations_fail_before_buffering() {
+        assert_eq!(
+            dec(b"*1\r\n$999999999999\r\n"),
+            Err(ProtocolError::InvalidBulkLength)
+        );
+        assert_eq!(
+            dec(b"*99999999999\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(dec(b"*1\r\n$-5\r\n"), Err(ProtocolError::InvalidBulkLength));
+        assert_eq!(dec(b"*x\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(
+            dec(b"*1\r\n+foo\r\n"),
+            Err(ProtocolError::ExpectedBulk(b'+'))
+        );
+        assert_eq!(
+            ProtocolError::ExpectedBulk(b'+').to_string(),
+            "Protocol error: expected '$', got '+'"
+        );
+    }
+
+    #[test]
+    fn header_without_terminator_is_bounded() {
+        let mut buf = b"*".to_vec();
+        buf.extend(std::iter::repeat_n(b'1', 70_000));
+        assert_eq!(dec(&buf), Err(ProtocolError::MultibulkCountTooLong));
+        let inline = vec![b'a'; 70_000];
+        assert_eq!(dec(&inline), Err(ProtocolError::InlineTooLong));
+    }
+
+    #[test]
+    fn empty_multibulk_and_lines_are_skipped() {
+        assert_eq!(dec(b"*0\r\n"), Ok(Some(Decoded::Empty { len: 4 })));
+        assert_eq!(dec(b"*-1\r\n"), Ok(Some(Decoded::Empty { len: 5 })));
+        assert_eq!(dec(b"\r\n"), Ok(Some(Decoded::Empty { len: 2 })));
+    }
+
+    #[test]
+    fn inline_commands_with_quotes() {
+        assert_eq!(
+            dec(b"PING\r\n"),
+            Ok(Some(Decoded::Inline {
+                len: 6,
+                args: vec![b"PING".to_vec()]
+            }))
+        );
+        assert_eq!(
+            split_args(br#"set "a b" 'c\'d' "\x41\n""#).unwrap(),
+            vec![
+                b"set".to_vec(),
+                b"a b".to_vec(),
+                b"c'd".to_vec(),
+                b"A\n".to_vec()
+            ]
+        );
+        assert_eq!(split_args(br#"set "a"#), None);
+        assert_eq!(split_args(br#"set "a"b"#), None);
+        assert_eq!(dec(b"set \"a\r\n"), Err(ProtocolError::UnbalancedQuotes));
+    }
+
+    #[test]
+    fn ints_follow_redis_string2ll() {
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"-1"), Some(-1));
+        assert_eq!(parse_int(b"01"), None);
+        assert_eq!(parse_int(b"+1"), None);
+        assert_eq!(parse_int(b""), None);
+        assert_eq!(parse_int(b"99999999999999999999"), None);
+    }
+
+    #[test]
+    fn encode_inline_as_resp() {
+        let mut out = bytes::BytesMut::new();
+        encode_command(&[b"PING".to_vec()], &mut out);
+        assert_eq!(&out[..], b"*1\r\n$4\r\nPING\r\n");
+    }
+}

@@ -1,0 +1,153 @@
+//! Command classification: what the session must know about a command to route it.
+//!
+//! Only commands that change connection state or block need a kind of their own; everything
+//! else is `Plain` and is forwarded as it is. Names are compared case-insensitively through a
+//! stack buffer, so classifying costs no allocation.
+
+use crate::reply::SubKind;
+
+/// What a command means for routing and session state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Stateless for the connection: forwarded on the session's current connection.
+    Plain,
+    /// Blocks its connection (BLPOP, WAIT…): runs on a dedicated connection so that only its
+    /// own client waits.
+    Blocking,
+    /// XREAD/XREADGROUP: blocking only with a BLOCK argument.
+    StreamRead,
+    Multi,
+    Exec,
+    Discard,
+    Watch,
+    Unwatch,
+    Subscribe(SubKind),
+    Unsubscribe(SubKind),
+    Hello,
+    Auth,
+    Select,
+    /// CLIENT …: the subcommand decides.
+    Client,
+    Quit,
+    Reset,
+    Monitor,
+}
+
+/// Longest command name worth looking up; longer names are unknown to this table.
+const MAX_NAME: usize = 24;
+
+/// Classifies a command by its name (first argument).
+pub fn classify(name: &[u8]) -> Kind {
+    let mut buf = [0u8; MAX_NAME];
+    let Some(upper) = uppercase(name, &mut buf) else {
+        return Kind::Plain;
+    };
+    match upper {
+        b"GET" | b"SET" | b"INCR" | b"DEL" | b"MGET" | b"MSET" | b"HSET" | b"HGET" | b"EXPIRE"
+        | b"LPUSH" | b"RPUSH" | b"LPOP" | b"RPOP" | b"SADD" | b"ZADD" | b"PING" => Kind::Plain,
+        b"BLPOP" | b"BRPOP" | b"BRPOPLPUSH" | b"BLMOVE" | b"BLMPOP" | b"BZPOPMIN" | b"BZPOPMAX"
+        | b"BZMPOP" | b"WAIT" | b"WAITAOF" => Kind::Blocking,
+        b"XREAD" | b"XREADGROUP" => Kind::StreamRead,
+        b"MULTI" => Kind::Multi,
+        b"EXEC" => Kind::Exec,
+        b"DISCARD" => Kind::Discard,
+        b"WATCH" => Kind::Watch,
+        b"UNWATCH" => Kind::Unwatch,
+        b"SUBSCRIBE" => Kind::Subscribe(SubKind::Channel),
+        b"PSUBSCRIBE" => Kind::Subscribe(SubKind::Pattern),
+        b"SSUBSCRIBE" => Kind::Subscribe(SubKind::Shard),
+        b"UNSUBSCRIBE" => Kind::Unsubscribe(SubKind::Channel),
+        b"PUNSUBSCRIBE" => Kind::Unsubscribe(SubKind::Pattern),
+        b"SUNSUBSCRIBE" => Kind::Unsubscribe(SubKind::Shard),
+        b"HELLO" => Kind::Hello,
+        b"AUTH" => Kind::Auth,
+        b"SELECT" => Kind::Select,
+        b"CLIENT" => Kind::Client,
+        b"QUIT" => Kind::Quit,
+        b"RESET" => Kind::Reset,
+        b"MONITOR" => Kind::Monitor,
+        _ => Kind::Plain,
+    }
+}
+
+/// ASCII-uppercases `name` into `buf`; `None` when it does not fit.
+#[inline]
+pub fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8]> {
+    if name.len() > MAX_NAME {
+        return None;
+    }
+    let out = &mut buf[..name.len()];
+    for (o, c) in out.iter_mut().zip(name) {
+        *o = c.to_ascii_uppercase();
+    }
+    Some(out)
+}
+
+/// Whether an XREAD/XREADGROUP argument list asks to block: a `BLOCK` option before
+/// `STREAMS` (after `STREAMS` every argument is a key or an id).
+pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
+    for a in args.skip(1) {
+        if a.eq_ignore_ascii_case(b"STREAMS") {
+            return false;
+        }
+        if a.eq_ignore_ascii_case(b"BLOCK") {
+            return true;
+        }
+    }
+    false
+}
+
+/// CLIENT subcommands the session handles or routes specially.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientSub {
+    SetName,
+    GetName,
+    SetInfo,
+    Id,
+    Reply,
+    /// TRACKING, CACHING, NO-EVICT, NO-TOUCH: state of the upstream connection itself.
+    ConnectionState,
+    /// LIST, INFO, KILL, PAUSE…: forwarded.
+    Other,
+}
+
+/// Classifies the subcommand of CLIENT.
+pub fn classify_client(sub: &[u8]) -> ClientSub {
+    let mut buf = [0u8; MAX_NAME];
+    match uppercase(sub, &mut buf) {
+        Some(b"SETNAME") => ClientSub::SetName,
+        Some(b"GETNAME") => ClientSub::GetName,
+        Some(b"SETINFO") => ClientSub::SetInfo,
+        Some(b"ID") => ClientSub::Id,
+        Some(b"REPLY") => ClientSub::Reply,
+        Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH") => ClientSub::ConnectionState,
+        _ => ClientSub::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_is_case_insensitive() {
+        assert_eq!(classify(b"get"), Kind::Plain);
+        assert_eq!(classify(b"bLpOp"), Kind::Blocking);
+        assert_eq!(classify(b"multi"), Kind::Multi);
+        assert_eq!(classify(b"ssubscribe"), Kind::Subscribe(SubKind::Shard));
+        assert_eq!(classify(&[b'x'; 100]), Kind::Plain);
+        assert_eq!(classify_client(b"setname"), ClientSub::SetName);
+        assert_eq!(classify_client(b"tracking"), ClientSub::ConnectionState);
+    }
+
+    #[test]
+    fn xread_blocks_only_with_block_before_streams() {
+        let v = |s: &str| -> bool {
+            let parts: Vec<&[u8]> = s.split(' ').map(str::as_bytes).collect();
+            stream_read_blocks(parts.into_iter())
+        };
+        assert!(v("XREAD BLOCK 0 STREAMS s $"));
+        assert!(!v("XREAD COUNT 1 STREAMS block 0"));
+        assert!(v("XREADGROUP GROUP g c BLOCK 10 STREAMS s >"));
+    }
+}

@@ -1,0 +1,389 @@
+//! The YAML configuration: where to listen, which upstream to use, and the resource limits.
+//!
+//! Parsing is strict (`deny_unknown_fields` everywhere, so a typo is an error, not a silently
+//! ignored key) and validation collects every problem before failing, each naming the file,
+//! line and field, so an operator fixes a broken file in one pass.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
+
+/// A value from the file together with where it was written, for validation messages.
+/// Defaults carry `Location::UNKNOWN` and are reported as "(default)".
+pub type Located<T> = Spanned<T>;
+
+fn located<T>(value: T) -> Located<T> {
+    Spanned {
+        value,
+        referenced: Location::UNKNOWN,
+        defined: Location::UNKNOWN,
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address clients connect to; they cannot tell it from a Redis server.
+    pub listen: Located<String>,
+    /// The Redis the proxy forwards to.
+    pub upstream: UpstreamConfig,
+    /// Bounds on what one client may make the proxy hold, so no client can grow its memory
+    /// without limit.
+    pub limits: Limits,
+    /// How long SIGTERM waits for in-flight commands before closing connections.
+    pub shutdown_grace_ms: Located<u64>,
+    /// Tokio worker threads; 0 means one per core. A knob because the best layout depends on
+    /// how many cores Redis itself needs on the same host.
+    pub workers: Located<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: located("127.0.0.1:6380".to_string()),
+            upstream: UpstreamConfig::default(),
+            limits: Limits::default(),
+            shutdown_grace_ms: located(10_000),
+            workers: located(0),
+        }
+    }
+}
+
+/// How to reach and authenticate to the upstream Redis.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// `host:port` of the standalone Redis.
+    pub address: Located<String>,
+    /// ACL user the proxy authenticates as; `None` uses Redis's `default` user.
+    pub username: Option<String>,
+    /// Password for the upstream user; kept out of logs and `Debug` output of errors.
+    pub password: Option<String>,
+    /// Shared pipelined connections per RESP version. Few connections let Redis batch many
+    /// clients' commands per read, which is where a proxy can beat direct connections.
+    pub connections: Located<usize>,
+    /// Bound on connect + handshake so a dead host fails fast instead of hanging clients.
+    pub connect_timeout_ms: Located<u64>,
+    /// First reconnect delay after a failure; doubles up to `reconnect_max_ms`.
+    pub reconnect_min_ms: Located<u64>,
+    /// Cap on the reconnect delay, which bounds how long a recovered upstream stays unused.
+    pub reconnect_max_ms: Located<u64>,
+    /// Commands queued per shared connection before clients wait; bounds memory when the
+    /// upstream is slower than the clients.
+    pub queue_depth: Located<usize>,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            address: located("127.0.0.1:6379".to_string()),
+            username: None,
+            password: None,
+            connections: located(1),
+            connect_timeout_ms: located(2_000),
+            reconnect_min_ms: located(50),
+            reconnect_max_ms: located(2_000),
+            queue_depth: located(1024),
+        }
+    }
+}
+
+/// Per-client and global resource limits. Defaults follow Redis where Redis has one, so a
+/// client that works against Redis works here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Concurrent client connections; beyond it a client gets Redis's "max number of clients
+    /// reached" error and is closed (Redis's `maxclients`).
+    pub max_clients: Located<usize>,
+    /// Largest bulk string a client may send (Redis's `proto-max-bulk-len`).
+    pub max_bulk_len: Located<usize>,
+    /// Most arguments in one command (Redis accepts up to INT_MAX; a bound keeps a hostile
+    /// `*2147483647` from costing anything).
+    pub max_multibulk_len: Located<usize>,
+    /// Longest inline command or header line (Redis's PROTO_INLINE_MAX_SIZE is 64 KiB).
+    pub max_inline_len: Located<usize>,
+    /// Bytes of one client's unanswered requests the proxy buffers (Redis's
+    /// `client-query-buffer-limit`).
+    pub max_query_buffer: Located<usize>,
+    /// Commands of one client awaiting replies; above it the proxy stops reading that client
+    /// until replies drain (backpressure, not an error).
+    pub max_inflight: Located<usize>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_clients: located(10_000),
+            max_bulk_len: located(512 * 1024 * 1024),
+            max_multibulk_len: located(1024 * 1024),
+            max_inline_len: located(64 * 1024),
+            max_query_buffer: located(1024 * 1024 * 1024),
+            max_inflight: located(4096),
+        }
+    }
+}
+
+/// A configuration that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or has an unknown or mistyped field; saphyr's message carries
+    /// line, column and a snippet.
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// The YAML parsed but values are unusable; every problem is listed.
+    #[error("{}", render_problems(path, problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+/// One validation problem: where, which field, and what is wrong.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// 1-based line in the file; 0 when the value came from a default or the command line.
+    pub line: u64,
+    /// Dotted path of the field, e.g. `upstream.connections`.
+    pub field: String,
+    /// What is wrong and what would be right.
+    pub message: String,
+}
+
+fn render_problems(path: &Path, problems: &[Problem]) -> String {
+    let mut out = String::new();
+    for (i, p) in problems.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        if p.line > 0 {
+            out.push_str(&format!(
+                "{}:{}: field `{}`: {}",
+                path.display(),
+                p.line,
+                p.field,
+                p.message
+            ));
+        } else {
+            out.push_str(&format!(
+                "{}: field `{}`: {}",
+                path.display(),
+                p.field,
+                p.message
+            ));
+        }
+    }
+    out
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: `{}`: {}", self.line, self.field, self.message)
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text, path)
+    }
+
+    /// Parses and validates YAML text; `path` is only used in messages.
+    pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        // An empty file means "all defaults", which saphyr would otherwise reject as no document.
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?
+        };
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Checks every value and reports all problems at once.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
+            if !ok {
+                problems.push(Problem {
+                    line: loc.line(),
+                    field: field.to_string(),
+                    message: message.to_string(),
+                });
+            }
+        };
+        check(
+            self.listen.value.parse::<SocketAddr>().is_ok(),
+            &self.listen.referenced,
+            "listen",
+            "must be an IP:port such as 127.0.0.1:6380",
+        );
+        check(
+            valid_host_port(&self.upstream.address.value),
+            &self.upstream.address.referenced,
+            "upstream.address",
+            "must be host:port such as 127.0.0.1:6379",
+        );
+        let u = &self.upstream;
+        check(
+            (1..=64).contains(&u.connections.value),
+            &u.connections.referenced,
+            "upstream.connections",
+            "must be between 1 and 64",
+        );
+        check(
+            u.connect_timeout_ms.value > 0,
+            &u.connect_timeout_ms.referenced,
+            "upstream.connect_timeout_ms",
+            "must be above 0",
+        );
+        check(
+            u.reconnect_min_ms.value > 0,
+            &u.reconnect_min_ms.referenced,
+            "upstream.reconnect_min_ms",
+            "must be above 0",
+        );
+        check(
+            u.reconnect_max_ms.value >= u.reconnect_min_ms.value,
+            &u.reconnect_max_ms.referenced,
+            "upstream.reconnect_max_ms",
+            "must be at least upstream.reconnect_min_ms",
+        );
+        check(
+            u.queue_depth.value > 0,
+            &u.queue_depth.referenced,
+            "upstream.queue_depth",
+            "must be above 0",
+        );
+        check(
+            u.password.is_some() || u.username.is_none(),
+            &Location::UNKNOWN,
+            "upstream.username",
+            "needs upstream.password as well",
+        );
+        let l = &self.limits;
+        for (v, loc, field) in [
+            (
+                l.max_clients.value,
+                &l.max_clients.referenced,
+                "limits.max_clients",
+            ),
+            (
+                l.max_bulk_len.value,
+                &l.max_bulk_len.referenced,
+                "limits.max_bulk_len",
+            ),
+            (
+                l.max_multibulk_len.value,
+                &l.max_multibulk_len.referenced,
+                "limits.max_multibulk_len",
+            ),
+            (
+                l.max_inflight.value,
+                &l.max_inflight.referenced,
+                "limits.max_inflight",
+            ),
+        ] {
+            check(v > 0, loc, field, "must be above 0");
+        }
+        check(
+            l.max_inline_len.value >= 64,
+            &l.max_inline_len.referenced,
+            "limits.max_inline_len",
+            "must be at least 64",
+        );
+        check(
+            l.max_query_buffer.value >= l.max_inline_len.value,
+            &l.max_query_buffer.referenced,
+            "limits.max_query_buffer",
+            "must be at least limits.max_inline_len",
+        );
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    /// Sets a value that came from the command line, which has no line in the file.
+    pub fn set_listen(&mut self, listen: String) {
+        self.listen = located(listen);
+    }
+
+    /// Sets the upstream address from the command line.
+    pub fn set_upstream(&mut self, address: String) {
+        self.upstream.address = located(address);
+    }
+}
+
+fn valid_host_port(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        let c = Config::from_yaml("", Path::new("x.yaml")).unwrap();
+        assert_eq!(c.listen.value, "127.0.0.1:6380");
+        assert_eq!(c.upstream.address.value, "127.0.0.1:6379");
+    }
+
+    #[test]
+    fn typo_names_the_field_and_line() {
+        let err = Config::from_yaml(
+            "listen: 127.0.0.1:1\nupstream:\n  adress: 127.0.0.1:2\n",
+            Path::new("p.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("p.yaml"), "{err}");
+        assert!(err.contains("adress"), "{err}");
+        assert!(err.contains('3'), "line 3 expected: {err}");
+    }
+
+    #[test]
+    fn every_invalid_value_is_reported() {
+        let err = Config::from_yaml(
+            "listen: nowhere\nupstream:\n  connections: 0\nlimits:\n  max_inflight: 0\n",
+            Path::new("p.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("p.yaml:1: field `listen`"), "{err}");
+        assert!(
+            err.contains("p.yaml:3: field `upstream.connections`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("p.yaml:5: field `limits.max_inflight`"),
+            "{err}"
+        );
+    }
+}

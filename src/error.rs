@@ -1,0 +1,99 @@
+//! Every error the proxy can meet, tagged with the side that failed, and the one function
+//! that turns an error into the reply a client sees. Every proxy-made error string lives here.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::codec::ProtocolError;
+
+/// Something went wrong between the proxy and Redis.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection to the upstream; nothing was sent, so the command was not applied.
+    #[error("upstream {addr} unavailable: {reason}")]
+    Unavailable { addr: Arc<str>, reason: Arc<str> },
+    /// The connection broke after the command was sent and before its reply came back: the
+    /// command may or may not have run, so it is never retried.
+    #[error(
+        "upstream {addr} connection lost before the reply ({reason}); the command may have been applied"
+    )]
+    Lost { addr: Arc<str>, reason: Arc<str> },
+    /// The upstream refused the proxy's handshake (AUTH/HELLO).
+    #[error("upstream {addr} refused the handshake: {reply}")]
+    Handshake { addr: Arc<str>, reply: Arc<str> },
+    /// The proxy is shutting down and will not send more commands.
+    #[error("proxy is shutting down")]
+    ShuttingDown,
+}
+
+/// Something went wrong on the client's side of the proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The client broke the protocol; Redis answers and closes the connection.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// The client buffered more unanswered request bytes than allowed.
+    #[error("client query buffer limit of {limit} bytes exceeded")]
+    QueryBufferFull { limit: usize },
+    /// The connection limit was reached when this client connected.
+    #[error("max number of clients reached")]
+    TooManyClients,
+}
+
+/// An error the proxy itself answers with, in the command's slot of the reply stream.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// The RESP error reply for an error. The only place proxy-made errors become bytes, so the
+/// wording stays consistent and Redis-like (`-ERR` plus a message on one line).
+pub fn error_reply(err: &ProxyError) -> Bytes {
+    let message = match err {
+        ProxyError::Upstream(e) => e.to_string(),
+        ProxyError::Client(e) => e.to_string(),
+    };
+    simple_error("ERR", &message)
+}
+
+/// `-<CODE> <message>\r\n` with any CR/LF in the message flattened, so a message can never
+/// break the framing of the reply stream.
+pub fn simple_error(code: &str, message: &str) -> Bytes {
+    let mut out = Vec::with_capacity(code.len() + message.len() + 4);
+    out.push(b'-');
+    out.extend_from_slice(code.as_bytes());
+    out.push(b' ');
+    out.extend(
+        message
+            .bytes()
+            .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_single_line_errors() {
+        let e = ProxyError::Upstream(UpstreamError::Unavailable {
+            addr: "127.0.0.1:1".into(),
+            reason: "Connection refused\r\nx".into(),
+        });
+        assert_eq!(
+            &error_reply(&e)[..],
+            b"-ERR upstream 127.0.0.1:1 unavailable: Connection refused  x\r\n"
+        );
+        let p = ProxyError::Client(ClientError::Protocol(ProtocolError::InvalidBulkLength));
+        assert_eq!(
+            &error_reply(&p)[..],
+            b"-ERR Protocol error: invalid bulk length\r\n"
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! # redis-policy-proxy
+//!
+//! A Redis-protocol proxy that clients cannot tell from Redis, except where a policy says no.
+//!
+//! # Layout
+//!
+//! Data flows one way; each module has one job:
+//!
+//! ```text
+//! client socket
+//!   -> codec      request framing with limits checked before buffering (RESP + inline)
+//!   -> command    command name -> kind, without allocating
+//!   -> session    per-connection state (RESP version, MULTI/WATCH, subscriptions, pinning),
+//!                 batching of forwardable commands, in-order replies
+//!   -> upstream   shared pipelined connections (pool) or a pinned one per stateful session;
+//!                 reply boundaries found by `reply::scan`, raw bytes forwarded
+//!   -> reply      raw upstream bytes written back in request order
+//! ```
+//!
+//! - [`config`]: the YAML file, strict and validated with file/line/field messages.
+//! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
+//! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
+//! - [`command`]: command classification and the routing facts the session needs.
+//! - [`session`]: one client connection: read, classify, route, reply in order.
+//! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
+//! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
+//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
+
+pub mod codec;
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod reply;
+pub mod server;
+pub mod session;
+pub mod upstream;
+
+pub use config::Config;
+pub use server::run;

@@ -1,0 +1,975 @@
+//! One client connection: read requests, decide where each goes, and write replies in request
+//! order.
+//!
+//! Consecutive commands bound for the same upstream connection are forwarded as one batch: a
+//! zero-copy slice of the read buffer, one channel message, one upstream write. Commands the
+//! proxy answers itself (HELLO, CLIENT SETNAME, QUIT…) take a slot in the reply order like any
+//! other. A session whose state lives on an upstream connection (MULTI, WATCH, subscriptions,
+//! SELECT n, AUTH as another user…) gets a dedicated connection; switching between shared and
+//! dedicated waits until the other side has answered everything, so commands still run in the
+//! order the client sent them.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::codec::{self, CodecLimits, Decoded};
+use crate::command::{self, ClientSub, Kind};
+use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
+use crate::upstream::conn::PushTarget;
+use crate::upstream::pool::Pool;
+use crate::upstream::{Batch, Expect, Reply};
+
+/// What every session shares: the upstream pool, limits and the shutdown signal.
+pub struct Context {
+    /// Shared and dedicated upstream connections.
+    pub pool: Arc<Pool>,
+    /// Request framing limits.
+    pub codec: CodecLimits,
+    /// Unanswered commands per client before the proxy stops reading it.
+    pub max_inflight: usize,
+    /// Unparsed request bytes per client before it is refused.
+    pub max_query_buffer: usize,
+    /// Credentials the upstream pool logs in with; a client AUTH with the same ones needs no
+    /// dedicated connection.
+    pub upstream_user: Option<String>,
+    /// See `upstream_user`.
+    pub upstream_password: Option<String>,
+    /// Flips to `true` when the proxy drains for shutdown.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Bytes of push frames (pub/sub messages) a session may hold unwritten.
+const PUSH_BUDGET: u32 = 4 * 1024 * 1024;
+/// Read buffer headroom requested before each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Which upstream connection a command goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The shared connection for this RESP version.
+    Shared(u8),
+    /// The session's dedicated connection.
+    Dedicated,
+}
+
+/// A reply position in the client's stream.
+enum Slot {
+    /// A reply the proxy made, written once everything before it is written.
+    Local(Bytes),
+    /// `commands` replies coming from upstream as one `Reply::Batch`; dropped unwritten when
+    /// the client switched replies off.
+    Upstream { commands: u32, suppress: bool },
+}
+
+/// CLIENT REPLY state, kept by the proxy because upstream connections are shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplyMode {
+    On,
+    Off,
+    /// Drop the reply of the next command only.
+    Skip,
+}
+
+/// State changes a command makes once it is actually dispatched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    None,
+    Multi,
+    EndMulti,
+    Watch,
+    Unwatch,
+    Subscribe,
+    Select(i64),
+    Auth,
+    Hello(u8),
+    Monitor,
+    ConnectionState,
+}
+
+/// What to do with one command.
+enum Action {
+    Forward {
+        target: Target,
+        expect: Expect,
+        effect: Effect,
+    },
+    Local(Bytes, LocalEffect),
+    /// Reply, then close once everything before it is written (QUIT).
+    LocalThenClose(Bytes),
+    /// No reply at all: CLIENT REPLY OFF/SKIP, which sets this mode.
+    Silent(ReplyMode),
+    /// RESET: needs everything in flight answered first.
+    Reset,
+}
+
+/// Session state changed by a command the proxy answers itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LocalEffect {
+    None,
+    /// HELLO without AUTH on the shared connections: new RESP version, maybe a name.
+    Hello(u8, Option<Bytes>),
+    SetName(Option<Bytes>),
+    ReplyMode(ReplyMode),
+}
+
+/// The dedicated upstream connection of a session.
+struct Dedicated {
+    /// Where to send commands.
+    tx: mpsc::Sender<Batch>,
+    /// RESP version the connection speaks now; a mismatch means reconnecting before reuse.
+    proto: u8,
+}
+
+/// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer.
+struct Run {
+    len: usize,
+    commands: u32,
+    target: Option<Target>,
+}
+
+/// One client connection.
+struct Session {
+    ctx: Arc<Context>,
+    /// Proxy-assigned id, answered to CLIENT ID and used to pick the shared connection.
+    id: u64,
+    /// RESP version the client negotiated with HELLO.
+    proto: u8,
+    /// Database selected on the dedicated connection; non-zero keeps the session there.
+    db: i64,
+    /// CLIENT SETNAME value, answered by CLIENT GETNAME.
+    name: Option<Bytes>,
+    in_multi: bool,
+    watching: bool,
+    subscribed: bool,
+    monitor: bool,
+    /// CLIENT TRACKING/CACHING/NO-EVICT/NO-TOUCH set on the dedicated connection.
+    connection_state: bool,
+    /// Authenticated upstream as a user other than the pool's.
+    upstream_auth: bool,
+    reply_mode: ReplyMode,
+    dedicated: Option<Dedicated>,
+    /// Reply order: proxy-made replies waiting behind upstream ones.
+    slots: VecDeque<Slot>,
+    /// Upstream commands not yet answered, and where they went.
+    inflight: usize,
+    inflight_target: Option<Target>,
+    /// The channel every upstream connection answers this session on.
+    reply_tx: mpsc::UnboundedSender<Reply>,
+    /// Budget of unwritten push bytes, shared with the dedicated connection.
+    push_budget: Arc<Semaphore>,
+    /// Unparsed request bytes.
+    rbuf: BytesMut,
+    /// Argument ranges of the command being classified, reused to avoid allocation.
+    args: Vec<Range<usize>>,
+    /// Replies ready to write.
+    out: Vec<Bytes>,
+    /// Push permits to return once `out` is written.
+    out_permits: u32,
+    /// No more requests are read; the session ends when replies are written.
+    closing: bool,
+    /// Request processing paused until in-flight commands on the other target are answered.
+    paused: bool,
+}
+
+/// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
+pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
+    let _ = stream.set_nodelay(true);
+    let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
+    let mut shutdown = ctx.shutdown.clone();
+    let mut s = Session {
+        ctx,
+        id,
+        proto: 2,
+        db: 0,
+        name: None,
+        in_multi: false,
+        watching: false,
+        subscribed: false,
+        monitor: false,
+        connection_state: false,
+        upstream_auth: false,
+        reply_mode: ReplyMode::On,
+        dedicated: None,
+        slots: VecDeque::new(),
+        inflight: 0,
+        inflight_target: None,
+        reply_tx,
+        push_budget: Arc::new(Semaphore::new(PUSH_BUDGET as usize)),
+        rbuf: BytesMut::new(),
+        args: Vec::new(),
+        out: Vec::new(),
+        out_permits: 0,
+        closing: *shutdown.borrow(),
+        paused: false,
+    };
+    let (mut rd, mut wr) = stream.split();
+    loop {
+        if !s.out.is_empty() {
+            if write_all(&mut wr, &mut s.out).await.is_err() {
+                break;
+            }
+            if s.out_permits > 0 {
+                s.push_budget.add_permits(s.out_permits as usize);
+                s.out_permits = 0;
+            }
+        }
+        if s.closing && s.inflight == 0 && s.slots.is_empty() {
+            break;
+        }
+        let can_read = !s.closing && !s.paused && s.inflight < s.ctx.max_inflight;
+        if can_read && s.rbuf.capacity() - s.rbuf.len() < READ_CHUNK / 4 {
+            s.rbuf.reserve(READ_CHUNK);
+        }
+        tokio::select! {
+            biased;
+            msg = reply_rx.recv() => {
+                let Some(msg) = msg else { break };
+                s.on_reply(msg);
+                while let Ok(msg) = reply_rx.try_recv() {
+                    s.on_reply(msg);
+                }
+                if s.inflight == 0 {
+                    s.paused = false;
+                }
+                if !s.paused && !s.rbuf.is_empty() && s.inflight < s.ctx.max_inflight {
+                    s.process().await;
+                }
+            }
+            r = rd.read_buf(&mut s.rbuf), if can_read => match r {
+                Ok(0) | Err(_) => {
+                    // Half-closed: answer what was already sent, then close.
+                    s.closing = true;
+                }
+                Ok(_) => s.process().await,
+            },
+            _ = shutdown.changed(), if !s.closing => {
+                s.closing = true;
+            }
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// Writes every buffer with vectored writes, so many small replies cost one syscall.
+async fn write_all(
+    wr: &mut tokio::net::tcp::WriteHalf<'_>,
+    out: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < out.len() {
+        let slices: Vec<IoSlice<'_>> = out[first..]
+            .iter()
+            .take(64)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let head = &mut out[first];
+            if n >= head.len() {
+                n -= head.len();
+                first += 1;
+            } else {
+                head.advance(n);
+                n = 0;
+            }
+        }
+    }
+    out.clear();
+    Ok(())
+}
+
+impl Session {
+    /// Handles one message from an upstream connection.
+    fn on_reply(&mut self, msg: Reply) {
+        match msg {
+            Reply::Batch {
+                data,
+                missing,
+                error,
+            } => {
+                let Some(Slot::Upstream { commands, suppress }) = self.slots.pop_front() else {
+                    // Replies always match the oldest upstream slot; anything else is a bug we
+                    // must not turn into a misattributed reply.
+                    tracing::error!(id = self.id, "upstream reply without a waiting slot");
+                    self.closing = true;
+                    return;
+                };
+                self.inflight -= commands as usize;
+                if self.inflight == 0 {
+                    self.inflight_target = None;
+                }
+                if !suppress {
+                    if !data.is_empty() {
+                        self.out.push(data);
+                    }
+                    if let Some(e) = error {
+                        let reply = error_reply(&ProxyError::Upstream(e));
+                        for _ in 0..missing {
+                            self.out.push(reply.clone());
+                        }
+                    }
+                }
+                self.flush_local_slots();
+            }
+            Reply::Push(frame, permits) => {
+                self.out.push(frame);
+                self.out_permits += permits;
+            }
+            Reply::PinnedClosed => {
+                self.dedicated = None;
+                if self.stateful() {
+                    // The state the client built on that connection is gone; like Redis
+                    // closing the connection, end the session so the client starts over.
+                    self.closing = true;
+                }
+            }
+        }
+    }
+
+    /// Moves proxy-made replies at the head of the order to the output.
+    fn flush_local_slots(&mut self) {
+        while let Some(Slot::Local(_)) = self.slots.front() {
+            if let Some(Slot::Local(b)) = self.slots.pop_front() {
+                self.out.push(b);
+            }
+        }
+    }
+
+    /// Queues a proxy-made reply in order.
+    fn local(&mut self, reply: Bytes) {
+        if self.slots.is_empty() {
+            self.out.push(reply);
+        } else {
+            self.slots.push_back(Slot::Local(reply));
+        }
+    }
+
+    /// State held on the dedicated connection that keeps the session on it.
+    fn stateful(&self) -> bool {
+        self.in_multi
+            || self.watching
+            || self.subscribed
+            || self.monitor
+            || self.connection_state
+            || self.upstream_auth
+            || self.db != 0
+    }
+
+    /// Where a command that has no routing needs of its own goes.
+    fn current_target(&self) -> Target {
+        if self.stateful() {
+            Target::Dedicated
+        } else {
+            Target::Shared(self.proto)
+        }
+    }
+
+    /// Parses and dispatches every complete request in the read buffer, stopping early when
+    /// order or backpressure requires waiting for replies.
+    async fn process(&mut self) {
+        let mut run = Run {
+            len: 0,
+            commands: 0,
+            target: None,
+        };
+        while !self.closing {
+            if self.inflight + run.commands as usize >= self.ctx.max_inflight {
+                break;
+            }
+            let decoded = codec::decode(&self.rbuf[run.len..], &self.ctx.codec, &mut self.args);
+            let decoded = match decoded {
+                Ok(Some(d)) => d,
+                Ok(None) => {
+                    if self.rbuf.len() - run.len > self.ctx.max_query_buffer {
+                        self.flush_run(&mut run).await;
+                        let e = ClientError::QueryBufferFull {
+                            limit: self.ctx.max_query_buffer,
+                        };
+                        self.local(error_reply(&ProxyError::Client(e)));
+                        self.closing = true;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    self.flush_run(&mut run).await;
+                    self.local(error_reply(&ProxyError::Client(e.into())));
+                    self.closing = true;
+                    break;
+                }
+            };
+            match decoded {
+                Decoded::Empty { len } => {
+                    // Redis ignores these; forwarding them with the run is harmless and keeps
+                    // the run contiguous.
+                    run.len += len;
+                }
+                Decoded::Command { len } => {
+                    let base = run.len;
+                    let action = self.decide(&self.rbuf[base..base + len]);
+                    match action {
+                        Action::Forward {
+                            target,
+                            expect: Expect::Frames(1),
+                            effect,
+                        } if self.reply_mode == ReplyMode::On
+                            && run.target.is_none_or(|t| t == target)
+                            && self.inflight_target.is_none_or(|t| t == target) =>
+                        {
+                            if target == Target::Dedicated && !self.ensure_dedicated().await {
+                                self.flush_run(&mut run).await;
+                                self.rbuf.advance(len);
+                                continue;
+                            }
+                            run.len += len;
+                            run.commands += 1;
+                            run.target = Some(target);
+                            self.apply(effect);
+                        }
+                        action => {
+                            self.flush_run(&mut run).await;
+                            if !self.execute(action, len).await {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Decoded::Inline { len, args } => {
+                    // Replace the inline form by its RESP encoding in the buffer, then decode
+                    // it like any command: the upstream runs exactly what was classified.
+                    self.flush_run(&mut run).await;
+                    let mut resp = BytesMut::new();
+                    codec::encode_command(&args, &mut resp);
+                    resp.extend_from_slice(&self.rbuf[len..]);
+                    self.rbuf = resp;
+                }
+            }
+        }
+        self.flush_run(&mut run).await;
+    }
+
+    /// Sends the current run of forwardable commands as one batch.
+    async fn flush_run(&mut self, run: &mut Run) {
+        let Some(target) = run.target.take() else {
+            if run.len > 0 {
+                // Only skipped empty requests: drop them.
+                self.rbuf.advance(run.len);
+                run.len = 0;
+            }
+            return;
+        };
+        let bytes = self.rbuf.split_to(run.len).freeze();
+        let commands = run.commands;
+        run.len = 0;
+        run.commands = 0;
+        self.send(target, bytes, Expect::Frames(commands), false)
+            .await;
+    }
+
+    /// Sends a batch and records its slot; on failure answers every command with the error.
+    async fn send(&mut self, target: Target, bytes: Bytes, expect: Expect, suppress: bool) {
+        let commands = expect.commands();
+        let batch = Batch {
+            bytes,
+            expect,
+            reply_to: self.reply_tx.clone(),
+        };
+        let sent = match target {
+            Target::Shared(proto) => self.ctx.pool.shared(proto, self.id).send(batch).await,
+            Target::Dedicated => match &self.dedicated {
+                Some(d) => d.tx.send(batch).await,
+                None => Err(mpsc::error::SendError(batch)),
+            },
+        };
+        match sent {
+            Ok(()) => {
+                self.slots.push_back(Slot::Upstream { commands, suppress });
+                self.inflight += commands as usize;
+                self.inflight_target = Some(target);
+            }
+            Err(_) => {
+                let e = ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: self.ctx.pool.addr().clone(),
+                    reason: "connection closed".into(),
+                });
+                if !suppress {
+                    let reply = error_reply(&e);
+                    for _ in 0..commands {
+                        self.local(reply.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Carries out a non-batchable action for the command occupying the first `len` bytes of
+    /// the read buffer. Returns `false` when processing must pause (nothing consumed).
+    async fn execute(&mut self, action: Action, len: usize) -> bool {
+        let suppress = self.reply_mode != ReplyMode::On;
+        match action {
+            Action::Forward {
+                target,
+                expect,
+                effect,
+            } => {
+                if self.inflight_target.is_some_and(|t| t != target) {
+                    // Wait until the other connection has answered: commands must run in the
+                    // order they were sent.
+                    self.paused = true;
+                    return false;
+                }
+                if target == Target::Dedicated && !self.ensure_dedicated().await {
+                    self.rbuf.advance(len);
+                    return true;
+                }
+                let bytes = self.rbuf.split_to(len).freeze();
+                self.send(target, bytes, expect, suppress).await;
+                self.apply(effect);
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Local(reply, effect) => {
+                self.rbuf.advance(len);
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+                match effect {
+                    LocalEffect::None => {}
+                    LocalEffect::Hello(proto, name) => {
+                        self.proto = proto;
+                        if name.is_some() {
+                            self.name = name;
+                        }
+                    }
+                    LocalEffect::SetName(name) => self.name = name,
+                    LocalEffect::ReplyMode(mode) => self.reply_mode = mode,
+                }
+            }
+            Action::LocalThenClose(reply) => {
+                self.rbuf.advance(len);
+                self.local(reply);
+                self.closing = true;
+                return false;
+            }
+            Action::Silent(mode) => {
+                self.rbuf.advance(len);
+                if self.reply_mode != ReplyMode::Off || mode == ReplyMode::Off {
+                    self.reply_mode = mode;
+                }
+            }
+            Action::Reset => {
+                if self.inflight > 0 {
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                self.reset();
+                self.local(Bytes::from_static(b"+RESET\r\n"));
+            }
+        }
+        true
+    }
+
+    /// Makes sure a usable dedicated connection exists; on failure the command's slot gets
+    /// the error and `false` is returned.
+    async fn ensure_dedicated(&mut self) -> bool {
+        if let Some(d) = &self.dedicated {
+            if d.proto == self.proto && !d.tx.is_closed() {
+                return true;
+            }
+            if self.stateful() {
+                self.local(error_reply(&ProxyError::Upstream(
+                    UpstreamError::Unavailable {
+                        addr: self.ctx.pool.addr().clone(),
+                        reason: "dedicated connection lost".into(),
+                    },
+                )));
+                self.closing = true;
+                return false;
+            }
+            self.dedicated = None;
+        }
+        let push = PushTarget {
+            to: self.reply_tx.clone(),
+            budget: self.push_budget.clone(),
+            budget_size: PUSH_BUDGET,
+        };
+        match self.ctx.pool.dedicated(self.proto, push).await {
+            Ok(tx) => {
+                self.dedicated = Some(Dedicated {
+                    tx,
+                    proto: self.proto,
+                });
+                true
+            }
+            Err(e) => {
+                self.local(error_reply(&ProxyError::Upstream(e)));
+                false
+            }
+        }
+    }
+
+    /// Applies the state change of a dispatched command.
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::None => {}
+            Effect::Multi => self.in_multi = true,
+            Effect::EndMulti => {
+                self.in_multi = false;
+                self.watching = false;
+            }
+            Effect::Watch => self.watching = true,
+            Effect::Unwatch => self.watching = false,
+            Effect::Subscribe => self.subscribed = true,
+            Effect::Select(db) => self.db = db,
+            Effect::Auth => self.upstream_auth = true,
+            Effect::Hello(proto) => {
+                self.proto = proto;
+                if let Some(d) = &mut self.dedicated {
+                    d.proto = proto;
+                }
+            }
+            Effect::Monitor => self.monitor = true,
+            Effect::ConnectionState => self.connection_state = true,
+        }
+    }
+
+    /// RESET: back to a fresh connection's state; the dedicated connection is closed, which
+    /// drops every subscription, transaction and watch on the upstream.
+    fn reset(&mut self) {
+        self.dedicated = None;
+        self.proto = 2;
+        self.db = 0;
+        self.name = None;
+        self.in_multi = false;
+        self.watching = false;
+        self.subscribed = false;
+        self.monitor = false;
+        self.connection_state = false;
+        self.upstream_auth = false;
+        self.reply_mode = ReplyMode::On;
+    }
+
+    /// Decides what to do with a command; pure, so a paused command is decided again later.
+    fn decide(&self, frame: &[u8]) -> Action {
+        let args = Args {
+            frame,
+            ranges: &self.args,
+        };
+        let forward = |target, effect| Action::Forward {
+            target,
+            expect: Expect::Frames(1),
+            effect,
+        };
+        let current = self.current_target();
+        let kind = command::classify(args.get(0));
+        match kind {
+            Kind::Plain => forward(current, Effect::None),
+            Kind::Blocking => forward(Target::Dedicated, Effect::None),
+            Kind::StreamRead => {
+                if command::stream_read_blocks(args.iter()) {
+                    forward(Target::Dedicated, Effect::None)
+                } else {
+                    forward(current, Effect::None)
+                }
+            }
+            Kind::Multi => forward(Target::Dedicated, Effect::Multi),
+            Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
+            Kind::Watch => forward(Target::Dedicated, Effect::Watch),
+            Kind::Unwatch => forward(current, Effect::Unwatch),
+            Kind::Subscribe(_) => {
+                let expect = if args.len() > 1 {
+                    Expect::Confirmations(args.len() as u32 - 1)
+                } else {
+                    Expect::Frames(1)
+                };
+                Action::Forward {
+                    target: Target::Dedicated,
+                    expect,
+                    effect: Effect::Subscribe,
+                }
+            }
+            Kind::Unsubscribe(sub) => {
+                let expect = match (args.len(), self.subscribed) {
+                    (1, true) => Expect::UnsubscribeAll(sub),
+                    (1, false) => Expect::Frames(1),
+                    (n, true) => Expect::Confirmations(n as u32 - 1),
+                    // Not subscribed: Redis still confirms each channel.
+                    (n, false) => Expect::Frames(n as u32 - 1),
+                };
+                Action::Forward {
+                    target: current,
+                    expect,
+                    effect: Effect::None,
+                }
+            }
+            Kind::Hello => self.decide_hello(&args, current),
+            Kind::Auth => {
+                let (user, pass) = match args.len() {
+                    2 => ("default".as_bytes(), args.get(1)),
+                    3 => (args.get(1), args.get(2)),
+                    _ => return forward(current, Effect::None),
+                };
+                let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
+                match &self.ctx.upstream_password {
+                    Some(p)
+                        if !self.upstream_auth
+                            && constant_time_eq(user, pool_user.as_bytes())
+                            && constant_time_eq(pass, p.as_bytes()) =>
+                    {
+                        Action::Local(ok(), LocalEffect::None)
+                    }
+                    _ => forward(Target::Dedicated, Effect::Auth),
+                }
+            }
+            Kind::Select => {
+                if args.len() != 2 {
+                    return forward(current, Effect::None);
+                }
+                match codec::parse_int(args.get(1)) {
+                    Some(0) if current != Target::Dedicated => {
+                        Action::Local(ok(), LocalEffect::None)
+                    }
+                    Some(db) if db >= 0 => forward(Target::Dedicated, Effect::Select(db)),
+                    _ => forward(current, Effect::None),
+                }
+            }
+            Kind::Client => self.decide_client(&args, current),
+            Kind::Quit => Action::LocalThenClose(Bytes::from_static(b"+OK\r\n")),
+            Kind::Reset => Action::Reset,
+            Kind::Monitor => Action::Forward {
+                target: Target::Dedicated,
+                expect: Expect::Monitor,
+                effect: Effect::Monitor,
+            },
+        }
+    }
+
+    fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
+        let mut proto = self.proto;
+        let mut auth = false;
+        let mut name = None;
+        if args.len() >= 2 {
+            match codec::parse_int(args.get(1)) {
+                Some(v @ 2..=3) => proto = v as u8,
+                Some(_) => {
+                    return Action::Local(
+                        simple_error("NOPROTO", "unsupported protocol version"),
+                        LocalEffect::None,
+                    );
+                }
+                None => {
+                    return Action::Local(
+                        simple_error("ERR", "Protocol version is not an integer or out of range"),
+                        LocalEffect::None,
+                    );
+                }
+            }
+            let mut j = 2;
+            while j < args.len() {
+                let more = args.len() - 1 - j;
+                let opt = args.get(j);
+                if opt.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+                    auth = true;
+                    j += 3;
+                } else if opt.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+                    name = Some(args.get(j + 1));
+                    j += 2;
+                } else {
+                    return Action::Local(
+                        simple_error(
+                            "ERR",
+                            &format!(
+                                "Syntax error in HELLO option '{}'",
+                                String::from_utf8_lossy(opt)
+                            ),
+                        ),
+                        LocalEffect::None,
+                    );
+                }
+            }
+        }
+        if let Some(n) = name {
+            if !valid_name(n) {
+                return Action::Local(
+                    simple_error(
+                        "ERR",
+                        "Client names cannot contain spaces, newlines or special characters.",
+                    ),
+                    LocalEffect::None,
+                );
+            }
+        }
+        if auth || current == Target::Dedicated {
+            return Action::Forward {
+                target: Target::Dedicated,
+                expect: Expect::Frames(1),
+                effect: if auth {
+                    Effect::Auth
+                } else {
+                    Effect::Hello(proto)
+                },
+            };
+        }
+        match self.ctx.pool.hello(proto) {
+            Some(reply) => Action::Local(
+                reply,
+                LocalEffect::Hello(proto, name.map(Bytes::copy_from_slice)),
+            ),
+            None => Action::Local(
+                error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: self.ctx.pool.addr().clone(),
+                    reason: "no connection established yet".into(),
+                })),
+                LocalEffect::None,
+            ),
+        }
+    }
+
+    fn decide_client(&self, args: &Args<'_>, current: Target) -> Action {
+        if args.len() < 2 {
+            return Action::Forward {
+                target: current,
+                expect: Expect::Frames(1),
+                effect: Effect::None,
+            };
+        }
+        let forward = |target, effect| Action::Forward {
+            target,
+            expect: Expect::Frames(1),
+            effect,
+        };
+        match command::classify_client(args.get(1)) {
+            ClientSub::SetName if args.len() == 3 => {
+                let name = args.get(2);
+                if valid_name(name) {
+                    let name = (!name.is_empty()).then(|| Bytes::copy_from_slice(name));
+                    Action::Local(ok(), LocalEffect::SetName(name))
+                } else {
+                    Action::Local(
+                        simple_error(
+                            "ERR",
+                            "Client names cannot contain spaces, newlines or special characters.",
+                        ),
+                        LocalEffect::None,
+                    )
+                }
+            }
+            ClientSub::GetName if args.len() == 2 => Action::Local(
+                match &self.name {
+                    Some(n) => bulk(n),
+                    None => null(self.proto),
+                },
+                LocalEffect::None,
+            ),
+            ClientSub::SetInfo if args.len() == 4 => {
+                let attr = args.get(2);
+                if !(attr.eq_ignore_ascii_case(b"lib-name")
+                    || attr.eq_ignore_ascii_case(b"lib-ver"))
+                {
+                    return Action::Local(
+                        simple_error(
+                            "ERR",
+                            &format!("Unrecognized option '{}'", String::from_utf8_lossy(attr)),
+                        ),
+                        LocalEffect::None,
+                    );
+                }
+                if !valid_name(args.get(3)) && !args.get(3).is_empty() {
+                    return Action::Local(
+                        simple_error(
+                            "ERR",
+                            &format!(
+                                "{} cannot contain spaces, newlines or special characters.",
+                                String::from_utf8_lossy(attr).to_ascii_lowercase()
+                            ),
+                        ),
+                        LocalEffect::None,
+                    );
+                }
+                Action::Local(ok(), LocalEffect::None)
+            }
+            ClientSub::Id if args.len() == 2 => {
+                Action::Local(Bytes::from(format!(":{}\r\n", self.id)), LocalEffect::None)
+            }
+            ClientSub::Reply if args.len() == 3 => {
+                let mode = args.get(2);
+                if mode.eq_ignore_ascii_case(b"ON") {
+                    Action::Local(ok(), LocalEffect::ReplyMode(ReplyMode::On))
+                } else if mode.eq_ignore_ascii_case(b"OFF") {
+                    Action::Silent(ReplyMode::Off)
+                } else if mode.eq_ignore_ascii_case(b"SKIP") {
+                    Action::Silent(ReplyMode::Skip)
+                } else {
+                    Action::Local(simple_error("ERR", "syntax error"), LocalEffect::None)
+                }
+            }
+            ClientSub::ConnectionState => forward(Target::Dedicated, Effect::ConnectionState),
+            _ => forward(current, Effect::None),
+        }
+    }
+}
+
+/// Arguments of the command being decided, as slices of its frame.
+struct Args<'a> {
+    /// The command's bytes; the ranges index into it.
+    frame: &'a [u8],
+    ranges: &'a [Range<usize>],
+}
+
+impl<'a> Args<'a> {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    fn get(&self, i: usize) -> &'a [u8] {
+        let r = &self.ranges[i];
+        &self.frame[r.start..r.end]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
+/// Redis's rule for client names and library info: printable ASCII without spaces.
+fn valid_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
+fn ok() -> Bytes {
+    Bytes::from_static(b"+OK\r\n")
+}
+
+fn bulk(b: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(b.len() + 16);
+    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+fn null(proto: u8) -> Bytes {
+    Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

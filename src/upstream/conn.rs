@@ -1,0 +1,345 @@
+//! One pipelined upstream connection.
+//!
+//! A writer half drains queued batches into one buffer and writes it with one syscall; a reader
+//! half scans reply boundaries and hands each batch its replies as one zero-copy slice of the
+//! read buffer. Both run in one task and share the FIFO of batches awaiting replies (behind an
+//! uncontended mutex, needed only because the task may move between threads), so a batch is
+//! registered before its bytes can reach Redis and no channel hop sits between them.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::sync::{Semaphore, mpsc};
+
+use super::{Batch, Expect, Reply, ReplySender};
+use crate::error::UpstreamError;
+use crate::reply::{self, PubSubFrame, SubKind};
+
+/// Writes smaller than this are copied into the coalescing buffer; larger ones are written
+/// from their own bytes to avoid copying big values.
+const COPY_LIMIT: usize = 16 * 1024;
+/// Coalesce at most this many bytes before writing, bounding the buffer and the latency of
+/// the first command in a burst.
+const WRITE_BATCH: usize = 256 * 1024;
+/// Read buffer headroom requested before each read.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// Out-of-band delivery for a dedicated connection: the session it belongs to, and the permits
+/// that bound how many push bytes it may hold unwritten (a subscriber that stops reading
+/// makes the proxy stop reading Redis, so Redis's own output limits apply, not our memory).
+#[derive(Clone)]
+pub struct PushTarget {
+    /// The owning session's reply channel.
+    pub to: ReplySender,
+    /// Byte budget for pushes not yet written to the client.
+    pub budget: Arc<Semaphore>,
+    /// Size of the budget; a larger push takes the whole budget rather than waiting forever.
+    pub budget_size: u32,
+}
+
+/// A batch sent and waiting for its replies.
+struct Pending {
+    expect: Expect,
+    /// Reply frames expected; resolved from `expect` when the batch reaches the head.
+    total: Option<u32>,
+    /// Reply frames received so far.
+    got: u32,
+    reply_to: ReplySender,
+}
+
+/// Per-connection pub/sub state, needed to frame replies on a subscribed connection.
+#[derive(Default)]
+struct PubSub {
+    /// Subscribed names per [`SubKind`], to know how many confirmations an UNSUBSCRIBE without
+    /// arguments produces and whether RESP2 arrays may be messages.
+    subs: [HashSet<Bytes>; 3],
+    /// After MONITOR every frame is a log line.
+    monitoring: bool,
+}
+
+impl PubSub {
+    fn subscribed(&self) -> bool {
+        self.subs.iter().any(|s| !s.is_empty())
+    }
+}
+
+/// Runs the connection until it fails or every sender is gone. Returns why it ended; batches
+/// still unanswered have had their error replies by then.
+pub async fn run(
+    mut stream: TcpStream,
+    rx: &mut mpsc::Receiver<Batch>,
+    addr: &Arc<str>,
+    push: Option<PushTarget>,
+) -> String {
+    let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
+    let (r, w) = stream.split();
+    let mut reader = Reader {
+        pos: 0,
+        acc: BytesMut::new(),
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        pubsub: PubSub::default(),
+        push,
+    };
+    let reason = tokio::select! {
+        r = write_loop(w, rx, &pending) => match r {
+            Ok(()) => "closed by the proxy".to_string(),
+            Err(e) => format!("write failed: {e}"),
+        },
+        r = reader.read_loop(r, &pending) => r,
+    };
+    // Every batch that was registered may have reached Redis: answer each with an error and
+    // never resend it (it may have been applied).
+    let lost = UpstreamError::Lost {
+        addr: addr.clone(),
+        reason: reason.clone().into(),
+    };
+    let mut pending = pending.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(head) = pending.pop_front() {
+        let mut data = std::mem::take(&mut reader.acc);
+        data.extend_from_slice(&reader.rbuf[..reader.pos]);
+        let done_commands = match head.expect {
+            Expect::Frames(_) => head.got,
+            _ => 0,
+        };
+        let _ = head.reply_to.send(Reply::Batch {
+            data: if done_commands > 0 {
+                data.freeze()
+            } else {
+                Bytes::new()
+            },
+            missing: head.expect.commands() - done_commands,
+            error: Some(lost.clone()),
+        });
+    }
+    for p in pending {
+        let _ = p.reply_to.send(Reply::Batch {
+            data: Bytes::new(),
+            missing: p.expect.commands(),
+            error: Some(lost.clone()),
+        });
+    }
+    reason
+}
+
+async fn write_loop(
+    mut w: WriteHalf<'_>,
+    rx: &mut mpsc::Receiver<Batch>,
+    pending: &Mutex<VecDeque<Pending>>,
+) -> std::io::Result<()> {
+    let mut buf = BytesMut::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(batch) = next {
+            lock(pending).push_back(Pending {
+                expect: batch.expect,
+                total: None,
+                got: 0,
+                reply_to: batch.reply_to,
+            });
+            if batch.bytes.len() >= COPY_LIMIT {
+                if !buf.is_empty() {
+                    w.write_all(&buf).await?;
+                    buf.clear();
+                }
+                w.write_all(&batch.bytes).await?;
+            } else {
+                buf.extend_from_slice(&batch.bytes);
+            }
+            if buf.len() >= WRITE_BATCH {
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        if !buf.is_empty() {
+            w.write_all(&buf).await?;
+            buf.clear();
+        }
+        // Let an idle connection give its coalescing buffer back.
+        if buf.capacity() > WRITE_BATCH {
+            buf = BytesMut::new();
+        }
+    }
+    Ok(())
+}
+
+struct Reader {
+    /// End of the frames already counted for the head batch; they stay in `rbuf` so the whole
+    /// batch can be split off without copying.
+    pos: usize,
+    /// Head-batch replies moved out of `rbuf` because a push frame interrupted them.
+    acc: BytesMut,
+    /// Bytes read from Redis and not yet handed out.
+    rbuf: BytesMut,
+    /// Subscription state; used only when `push` is set (dedicated connections).
+    pubsub: PubSub,
+    /// Where out-of-band frames go; `None` on shared connections, which never subscribe.
+    push: Option<PushTarget>,
+}
+
+impl Reader {
+    async fn read_loop(
+        &mut self,
+        mut r: ReadHalf<'_>,
+        pending: &Mutex<VecDeque<Pending>>,
+    ) -> String {
+        loop {
+            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            match r.read_buf(&mut self.rbuf).await {
+                Ok(0) => return "connection closed by upstream".to_string(),
+                Ok(_) => {}
+                Err(e) => return format!("read failed: {e}"),
+            }
+            if let Err(e) = self.process(pending).await {
+                return e;
+            }
+        }
+    }
+
+    /// Hands out every complete reply in the buffer.
+    async fn process(&mut self, pending: &Mutex<VecDeque<Pending>>) -> Result<(), String> {
+        loop {
+            let len = match reply::scan(&self.rbuf[self.pos..]) {
+                Ok(Some(len)) => len,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            };
+            let start = self.pos;
+            if self.push.is_some() && self.is_push(&self.rbuf[start..start + len], pending) {
+                self.forward_push(len).await?;
+                continue;
+            }
+            let mut queue = lock(pending);
+            let Some(head) = queue.front_mut() else {
+                return Err("reply without a request".to_string());
+            };
+            let total = *head.total.get_or_insert_with(|| match head.expect {
+                Expect::Frames(n) | Expect::Confirmations(n) => n,
+                Expect::UnsubscribeAll(kind) => self.pubsub.subs[kind.index()].len().max(1) as u32,
+                Expect::Monitor => 1,
+            });
+            if self.push.is_some() {
+                let expect = head.expect;
+                self.track(expect, start, len);
+            }
+            head.got += 1;
+            self.pos = start + len;
+            if head.got >= total {
+                let head = queue.pop_front().expect("head exists");
+                drop(queue);
+                let data = if self.acc.is_empty() {
+                    self.rbuf.split_to(self.pos).freeze()
+                } else {
+                    self.acc.extend_from_slice(&self.rbuf[..self.pos]);
+                    self.rbuf.advance(self.pos);
+                    self.acc.split().freeze()
+                };
+                self.pos = 0;
+                let _ = head.reply_to.send(Reply::Batch {
+                    data,
+                    missing: 0,
+                    error: None,
+                });
+            }
+        }
+    }
+
+    /// Whether a frame on a dedicated connection is out of band rather than a reply.
+    fn is_push(&self, frame: &[u8], pending: &Mutex<VecDeque<Pending>>) -> bool {
+        let queue = lock(pending);
+        let head = queue.front();
+        if self.pubsub.monitoring {
+            // MONITOR lines are `+<timestamp> …`; anything else answers a command (RESET, QUIT).
+            let log_line =
+                frame.first() == Some(&b'+') && frame.get(1).is_some_and(u8::is_ascii_digit);
+            return log_line || head.is_none();
+        }
+        let awaits_confirmation = head.is_some_and(|h| {
+            matches!(
+                h.expect,
+                Expect::Confirmations(_) | Expect::UnsubscribeAll(_)
+            )
+        });
+        match frame.first() {
+            Some(b'>') => match reply::classify_pubsub(frame) {
+                PubSubFrame::Confirmation { .. } => !awaits_confirmation,
+                _ => true,
+            },
+            Some(b'*') if self.pubsub.subscribed() => match reply::classify_pubsub(frame) {
+                PubSubFrame::Message => true,
+                PubSubFrame::Confirmation { .. } => !awaits_confirmation,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Updates subscription state from a reply frame.
+    fn track(&mut self, expect: Expect, start: usize, len: usize) {
+        let frame = &self.rbuf[start..start + len];
+        if expect == Expect::Monitor {
+            self.pubsub.monitoring = frame.first() == Some(&b'+');
+            return;
+        }
+        if frame.starts_with(b"+RESET") {
+            self.pubsub = PubSub::default();
+            return;
+        }
+        if let PubSubFrame::Confirmation { kind, subscribe } = reply::classify_pubsub(frame) {
+            if let Some(name) = reply::element(frame, 1).map(Bytes::copy_from_slice) {
+                self.update(kind, subscribe, &name);
+            }
+        }
+    }
+
+    fn update(&mut self, kind: SubKind, subscribe: bool, name: &[u8]) {
+        let set = &mut self.pubsub.subs[kind.index()];
+        if subscribe {
+            set.insert(Bytes::copy_from_slice(name));
+        } else {
+            set.remove(name);
+        }
+    }
+
+    /// Sends the push frame at `pos..pos+len` to the session, keeping the head batch's
+    /// partial replies intact.
+    async fn forward_push(&mut self, len: usize) -> Result<(), String> {
+        let frame = &self.rbuf[self.pos..self.pos + len];
+        if let PubSubFrame::Confirmation { kind, subscribe } = reply::classify_pubsub(frame) {
+            // Redis may unsubscribe a client on its own (e.g. a shard channel's slot moved).
+            if let Some(name) = reply::element(frame, 1).map(Bytes::copy_from_slice) {
+                self.update(kind, subscribe, &name);
+            }
+        }
+        if self.pos > 0 {
+            self.acc.extend_from_slice(&self.rbuf[..self.pos]);
+            self.rbuf.advance(self.pos);
+            self.pos = 0;
+        }
+        let frame = self.rbuf.split_to(len).freeze();
+        let target = self
+            .push
+            .as_ref()
+            .expect("push target on dedicated connections");
+        let permits = (frame.len() as u32).clamp(1, target.budget_size);
+        match target.budget.acquire_many(permits).await {
+            Ok(p) => p.forget(),
+            Err(_) => return Err("session gone".to_string()),
+        }
+        if target.to.send(Reply::Push(frame, permits)).is_err() {
+            return Err("session gone".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Locks the pending FIFO; a poisoned lock (a panic elsewhere in this task) still holds a
+/// consistent queue, because every critical section is a single push or pop.
+fn lock(m: &Mutex<VecDeque<Pending>>) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

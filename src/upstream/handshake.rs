@@ -1,0 +1,94 @@
+//! Opening an upstream connection: TCP connect, `HELLO <version> [AUTH …]`, all within the
+//! connect timeout so an unreachable host fails fast.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::error::UpstreamError;
+use crate::reply;
+
+/// How to reach and log in to one upstream node.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// `host:port`, also used in every error message about this node.
+    pub addr: Arc<str>,
+    /// ACL user; `default` when only a password is set.
+    pub username: Option<String>,
+    /// Password, sent only inside HELLO.
+    pub password: Option<String>,
+    /// Bound on connect plus handshake.
+    pub connect_timeout: Duration,
+}
+
+impl NodeSpec {
+    fn unavailable(&self, reason: impl ToString) -> UpstreamError {
+        UpstreamError::Unavailable {
+            addr: self.addr.clone(),
+            reason: reason.to_string().into(),
+        }
+    }
+}
+
+/// Connects and negotiates RESP `proto`; returns the stream and the upstream's HELLO reply,
+/// which the proxy replays to clients that send a plain `HELLO`.
+pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes), UpstreamError> {
+    match tokio::time::timeout(spec.connect_timeout, connect_inner(spec, proto)).await {
+        Ok(r) => r,
+        Err(_) => Err(spec.unavailable(format!(
+            "connect timed out after {} ms",
+            spec.connect_timeout.as_millis()
+        ))),
+    }
+}
+
+async fn connect_inner(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes), UpstreamError> {
+    let mut stream = TcpStream::connect(&*spec.addr)
+        .await
+        .map_err(|e| spec.unavailable(e))?;
+    stream.set_nodelay(true).map_err(|e| spec.unavailable(e))?;
+    let mut args: Vec<&[u8]> = vec![b"HELLO", if proto == 3 { b"3" } else { b"2" }];
+    if let Some(password) = &spec.password {
+        args.push(b"AUTH");
+        args.push(spec.username.as_deref().unwrap_or("default").as_bytes());
+        args.push(password.as_bytes());
+    }
+    let mut req = BytesMut::new();
+    let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    crate::codec::encode_command(&owned, &mut req);
+    stream
+        .write_all(&req)
+        .await
+        .map_err(|e| spec.unavailable(e))?;
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        match reply::scan(&buf) {
+            Ok(Some(len)) => {
+                let hello = buf.split_to(len).freeze();
+                if hello.first() == Some(&b'-') {
+                    let text = String::from_utf8_lossy(&hello[1..]).trim_end().to_string();
+                    return Err(UpstreamError::Handshake {
+                        addr: spec.addr.clone(),
+                        reply: text.into(),
+                    });
+                }
+                return Ok((stream, hello));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(spec.unavailable(e)),
+        }
+        if buf.len() > 1024 * 1024 {
+            return Err(spec.unavailable("HELLO reply too large"));
+        }
+        let n = stream
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| spec.unavailable(e))?;
+        if n == 0 {
+            return Err(spec.unavailable("closed during handshake"));
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Connections to the upstream Redis.
+//!
+//! - [`handshake`]: connect, authenticate and pick the RESP version.
+//! - [`conn`]: the pipelined connection task: batched writes, FIFO reply matching on raw bytes,
+//!   pub/sub-aware framing for dedicated connections.
+//! - [`pool`]: the shared connections with reconnect and backoff, and dedicated ones on demand.
+
+pub mod conn;
+pub mod handshake;
+pub mod pool;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::error::UpstreamError;
+use crate::reply::SubKind;
+
+/// Commands sent to an upstream connection together, and where their replies go.
+#[derive(Debug)]
+pub struct Batch {
+    /// One or more complete commands, forwarded byte for byte.
+    pub bytes: Bytes,
+    /// How many reply frames the bytes produce, and how to recognise them.
+    pub expect: Expect,
+    /// The session that waits for the replies; replies and pushes share it so that they
+    /// reach the client in the order the upstream sent them.
+    pub reply_to: ReplySender,
+}
+
+/// The replies a batch produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// `n` commands, one reply frame each.
+    Frames(u32),
+    /// One (UN)SUBSCRIBE command with `n` channels: one confirmation per channel.
+    Confirmations(u32),
+    /// One UNSUBSCRIBE-family command without channels: one confirmation per channel of that
+    /// kind subscribed at the moment it runs, or one if there are none.
+    UnsubscribeAll(SubKind),
+    /// MONITOR: one `+OK`, after which every frame is out of band.
+    Monitor,
+}
+
+impl Expect {
+    /// Commands in the batch, which is what the client counts replies by.
+    pub fn commands(self) -> u32 {
+        match self {
+            Expect::Frames(n) => n,
+            _ => 1,
+        }
+    }
+}
+
+/// What an upstream connection sends back to a session.
+#[derive(Debug)]
+pub enum Reply {
+    /// The replies of the session's oldest unanswered batch, as raw bytes. When the upstream
+    /// failed first, `missing` commands got no reply and `error` says why.
+    Batch {
+        data: Bytes,
+        missing: u32,
+        error: Option<UpstreamError>,
+    },
+    /// An out-of-band frame (pub/sub message, invalidation, MONITOR line) and the flow-control
+    /// permits the session returns once it has written the frame.
+    Push(Bytes, u32),
+    /// The session's dedicated connection is gone, and with it any state held on it.
+    PinnedClosed,
+}
+
+/// Where an upstream connection delivers a session's replies.
+pub type ReplySender = mpsc::UnboundedSender<Reply>;

@@ -1,0 +1,173 @@
+//! The upstream pool: a few shared pipelined connections per RESP version, each kept alive by a
+//! supervisor that reconnects with backoff, and dedicated connections opened on demand for
+//! stateful sessions.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::conn::{self, PushTarget};
+use super::handshake::{self, NodeSpec};
+use super::{Batch, Reply};
+use crate::config::Config;
+use crate::error::UpstreamError;
+
+/// The shared connections to one upstream node.
+pub struct Pool {
+    /// The node and how to log in to it.
+    spec: Arc<NodeSpec>,
+    /// Queues of the shared connections, indexed by RESP version (0: RESP2, 1: RESP3), so a
+    /// reply is always in the protocol its client negotiated and is forwarded untouched.
+    shared: [Vec<mpsc::Sender<Batch>>; 2],
+    /// The upstream's latest HELLO reply per RESP version, replayed to clients' plain HELLO.
+    hello: [Arc<RwLock<Option<Bytes>>>; 2],
+    /// Queue depth for dedicated connections.
+    queue_depth: usize,
+}
+
+impl Pool {
+    /// Creates the pool and starts its supervisors; must run inside a tokio runtime.
+    pub fn start(config: &Config) -> Arc<Pool> {
+        let u = &config.upstream;
+        let spec = Arc::new(NodeSpec {
+            addr: u.address.value.as_str().into(),
+            username: u.username.clone(),
+            password: u.password.clone(),
+            connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
+        });
+        let backoff = (
+            Duration::from_millis(u.reconnect_min_ms.value),
+            Duration::from_millis(u.reconnect_max_ms.value),
+        );
+        let hello = [Arc::new(RwLock::new(None)), Arc::new(RwLock::new(None))];
+        let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
+        for (index, proto) in [2u8, 3].into_iter().enumerate() {
+            for _ in 0..u.connections.value {
+                let (tx, rx) = mpsc::channel(u.queue_depth.value);
+                shared[index].push(tx);
+                tokio::spawn(supervise(
+                    spec.clone(),
+                    proto,
+                    rx,
+                    hello[index].clone(),
+                    backoff,
+                ));
+            }
+        }
+        Arc::new(Pool {
+            spec,
+            shared,
+            hello,
+            queue_depth: u.queue_depth.value,
+        })
+    }
+
+    /// The upstream's address, for messages.
+    pub fn addr(&self) -> &Arc<str> {
+        &self.spec.addr
+    }
+
+    /// The shared connection a client uses. A client always uses the same one, so its
+    /// commands run in the order it sent them.
+    pub fn shared(&self, proto: u8, client_id: u64) -> &mpsc::Sender<Batch> {
+        let conns = &self.shared[usize::from(proto == 3)];
+        &conns[(client_id % conns.len() as u64) as usize]
+    }
+
+    /// The upstream's HELLO reply for a RESP version, once a shared connection has been made.
+    pub fn hello(&self, proto: u8) -> Option<Bytes> {
+        self.hello[usize::from(proto == 3)]
+            .read()
+            .ok()
+            .and_then(|h| h.clone())
+    }
+
+    /// Opens a dedicated connection for one session. It lives until the session drops the
+    /// returned sender or the connection fails; then the session gets `Reply::PinnedClosed`.
+    pub async fn dedicated(
+        &self,
+        proto: u8,
+        push: PushTarget,
+    ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
+        let (stream, _) = handshake::connect(&self.spec, proto).await?;
+        let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
+        let addr = self.spec.addr.clone();
+        tokio::spawn(async move {
+            let to = push.to.clone();
+            let reason = conn::run(stream, &mut rx, &addr, Some(push)).await;
+            tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
+            rx.close();
+            while let Some(b) = rx.recv().await {
+                let _ = b.reply_to.send(Reply::Batch {
+                    data: Bytes::new(),
+                    missing: b.expect.commands(),
+                    error: Some(UpstreamError::Unavailable {
+                        addr: addr.clone(),
+                        reason: reason.clone().into(),
+                    }),
+                });
+            }
+            let _ = to.send(Reply::PinnedClosed);
+        });
+        Ok(tx)
+    }
+}
+
+/// Keeps one shared connection alive: connect, serve until it fails, then refuse queued
+/// commands immediately (they were never sent, so an error is honest and nothing waits)
+/// until the next attempt, with exponential backoff.
+async fn supervise(
+    spec: Arc<NodeSpec>,
+    proto: u8,
+    mut rx: mpsc::Receiver<Batch>,
+    hello: Arc<RwLock<Option<Bytes>>>,
+    (min_backoff, max_backoff): (Duration, Duration),
+) {
+    let mut backoff = min_backoff;
+    loop {
+        let reason: Arc<str> = match handshake::connect(&spec, proto).await {
+            Ok((stream, reply)) => {
+                if let Ok(mut h) = hello.write() {
+                    *h = Some(reply);
+                }
+                tracing::info!(upstream = %spec.addr, proto, "shared upstream connection up");
+                backoff = min_backoff;
+                let reason = conn::run(stream, &mut rx, &spec.addr, None).await;
+                if rx.is_closed() {
+                    return;
+                }
+                tracing::warn!(upstream = %spec.addr, %reason, "shared upstream connection lost");
+                reason.into()
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %spec.addr, error = %e, "upstream connect failed");
+                match e {
+                    UpstreamError::Unavailable { reason, .. } => reason,
+                    other => other.to_string().into(),
+                }
+            }
+        };
+        let retry_at = tokio::time::Instant::now() + backoff;
+        backoff = (backoff * 2).min(max_backoff);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(retry_at) => break,
+                batch = rx.recv() => match batch {
+                    Some(b) => {
+                        let _ = b.reply_to.send(Reply::Batch {
+                            data: Bytes::new(),
+                            missing: b.expect.commands(),
+                            error: Some(UpstreamError::Unavailable {
+                                addr: spec.addr.clone(),
+                                reason: reason.clone(),
+                            }),
+                        });
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+}

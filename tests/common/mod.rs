@@ -1,0 +1,943 @@
+//! Fixtures shared by the integration tests: a real `redis-server` per test, the proxy running
+//! in-process on the test's runtime, raw RESP clients that read exact frames, `redis` crate
+//! connections and `redis-cli` subprocesses.
+//!
+//! Rules every helper follows: no fixed ports (bind port 0), unique temp directories, no
+//! sleeps as readiness checks (poll with a short interval under a deadline), and every wait is
+//! bounded so a bug fails a test instead of hanging it.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redis_policy_proxy::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Upper bound of any single wait in the tests (server start, a reply, a reconnect).
+pub const DEADLINE: Duration = Duration::from_secs(10);
+/// Interval of deadline-bounded polling loops.
+pub const POLL: Duration = Duration::from_millis(10);
+
+// ---------------------------------------------------------------------------------------------
+// Temp dirs and ports
+// ---------------------------------------------------------------------------------------------
+
+/// A fresh, empty directory unique to this process and call.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("rpp-test-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// A loopback port that was free a moment ago (callers retry on a race).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// RESP encoding and frame scanning
+// ---------------------------------------------------------------------------------------------
+
+/// One command encoded as a RESP multibulk.
+pub fn resp<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        let a = a.as_ref();
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Several commands, each given as a whitespace-separated string (no quoting), concatenated.
+pub fn resp_cmds(cmds: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in cmds {
+        let args: Vec<&str> = c.split_whitespace().collect();
+        out.extend_from_slice(&resp(&args));
+    }
+    out
+}
+
+/// A RESP bulk string reply.
+pub fn bulk(s: &[u8]) -> Vec<u8> {
+    let mut out = format!("${}\r\n", s.len()).into_bytes();
+    out.extend_from_slice(s);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+fn scan_line(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    // Returns (end of content, index after "\r\n").
+    let rel = buf[from..].windows(2).position(|w| w == b"\r\n")?;
+    Some((from + rel, from + rel + 2))
+}
+
+fn parse_len(buf: &[u8], start: usize, end: usize) -> i64 {
+    std::str::from_utf8(&buf[start..end])
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "malformed RESP length in reply stream: {:?}",
+                String::from_utf8_lossy(&buf[start.saturating_sub(1)..end])
+            )
+        })
+}
+
+fn scan_frame(buf: &[u8], pos: usize) -> Option<usize> {
+    if pos >= buf.len() {
+        return None;
+    }
+    let (content_end, after) = scan_line(buf, pos)?;
+    match buf[pos] {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Some(after),
+        b'$' | b'!' | b'=' => {
+            let n = parse_len(buf, pos + 1, content_end);
+            if n < 0 {
+                Some(after)
+            } else {
+                let end = after + n as usize + 2;
+                (buf.len() >= end).then_some(end)
+            }
+        }
+        b'*' | b'~' | b'>' | b'%' | b'|' => {
+            let n = parse_len(buf, pos + 1, content_end);
+            if n < 0 {
+                return Some(after);
+            }
+            let elems = if matches!(buf[pos], b'%' | b'|') {
+                2 * n
+            } else {
+                n
+            };
+            let mut p = after;
+            for _ in 0..elems {
+                p = scan_frame(buf, p)?;
+            }
+            if buf[pos] == b'|' {
+                // An attribute decorates the reply that follows it: one frame together.
+                p = scan_frame(buf, p)?;
+            }
+            Some(p)
+        }
+        other => panic!(
+            "not a RESP frame (type byte {:?}) in reply stream: {:?}",
+            other as char,
+            String::from_utf8_lossy(&buf[pos..buf.len().min(pos + 200)])
+        ),
+    }
+}
+
+/// Length of the first complete RESP2/RESP3 frame in `buf`, `None` while incomplete.
+pub fn frame_len(buf: &[u8]) -> Option<usize> {
+    scan_frame(buf, 0)
+}
+
+/// Splits `buf` into complete frames; returns them and the number of bytes consumed.
+pub fn split_frames(buf: &[u8]) -> (Vec<Vec<u8>>, usize) {
+    let mut frames = Vec::new();
+    let mut pos = 0;
+    while let Some(end) = scan_frame(buf, pos) {
+        frames.push(buf[pos..end].to_vec());
+        pos = end;
+    }
+    (frames, pos)
+}
+
+/// Shortened printable form of bytes for assertion messages.
+pub fn show(bytes: &[u8]) -> String {
+    const MAX: usize = 600;
+    if bytes.len() <= MAX {
+        format!("{:?}", String::from_utf8_lossy(bytes))
+    } else {
+        format!(
+            "{:?}... ({} bytes in all)",
+            String::from_utf8_lossy(&bytes[..MAX]),
+            bytes.len()
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw TCP client
+// ---------------------------------------------------------------------------------------------
+
+/// What a bounded read collected.
+#[derive(Debug)]
+pub struct Collected {
+    pub frames: Vec<Vec<u8>>,
+    /// Bytes after the last complete frame.
+    pub rest: Vec<u8>,
+    /// The peer closed the connection (EOF or reset).
+    pub closed: bool,
+}
+
+impl Collected {
+    pub fn joined(&self) -> Vec<u8> {
+        let mut out = self.frames.concat();
+        out.extend_from_slice(&self.rest);
+        out
+    }
+}
+
+/// A raw RESP connection that reads exact frames with deadlines.
+pub struct Raw {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    pub async fn connect(addr: impl std::fmt::Display) -> Raw {
+        let addr = addr.to_string();
+        let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(&addr))
+            .await
+            .unwrap_or_else(|_| panic!("connect to {addr} timed out"))
+            .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+        stream.set_nodelay(true).ok();
+        Raw {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        tokio::time::timeout(DEADLINE, self.stream.write_all(bytes))
+            .await
+            .expect("write timed out")
+            .expect("write failed");
+    }
+
+    /// Reads more bytes into the buffer; `Ok(false)` on EOF or reset.
+    async fn fill(&mut self, until: Instant) -> Result<bool, ()> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, self.stream.read(&mut chunk)).await {
+            Err(_) => Err(()),
+            Ok(Ok(0)) | Ok(Err(_)) => Ok(false),
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+        }
+    }
+
+    fn take_frames(&mut self, max: usize, frames: &mut Vec<Vec<u8>>) {
+        let mut pos = 0;
+        while frames.len() < max {
+            match scan_frame(&self.buf, pos) {
+                Some(end) => {
+                    frames.push(self.buf[pos..end].to_vec());
+                    pos = end;
+                }
+                None => break,
+            }
+        }
+        self.buf.drain(..pos);
+    }
+
+    /// Reads up to `n` complete frames, stopping early on EOF or after `within`.
+    pub async fn collect_frames(&mut self, n: usize, within: Duration) -> Collected {
+        let until = Instant::now() + within;
+        let mut frames = Vec::new();
+        let mut closed = false;
+        loop {
+            self.take_frames(n, &mut frames);
+            if frames.len() >= n {
+                break;
+            }
+            match self.fill(until).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.take_frames(n, &mut frames);
+                    closed = true;
+                    break;
+                }
+                Err(()) => break,
+            }
+        }
+        Collected {
+            frames,
+            rest: self.buf.clone(),
+            closed,
+        }
+    }
+
+    /// Reads exactly `n` frames or panics (closed early or deadline passed).
+    pub async fn read_frames(&mut self, n: usize) -> Vec<Vec<u8>> {
+        let c = self.collect_frames(n, DEADLINE).await;
+        assert!(
+            c.frames.len() == n,
+            "expected {n} replies, got {} (closed: {}): {}",
+            c.frames.len(),
+            c.closed,
+            show(&c.joined())
+        );
+        c.frames
+    }
+
+    /// One reply frame.
+    pub async fn read_frame(&mut self) -> Vec<u8> {
+        self.read_frames(1).await.remove(0)
+    }
+
+    /// Sends `bytes` and returns the next `n` reply frames concatenated.
+    pub async fn request(&mut self, bytes: &[u8], n: usize) -> Vec<u8> {
+        self.send(bytes).await;
+        self.read_frames(n).await.concat()
+    }
+
+    /// Sends one command (RESP-encoded) and returns its reply frame.
+    pub async fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Vec<u8> {
+        self.request(&resp(args), 1).await
+    }
+
+    /// Reads exactly `n` bytes or panics.
+    pub async fn read_bytes(&mut self, n: usize) -> Vec<u8> {
+        let until = Instant::now() + DEADLINE;
+        while self.buf.len() < n {
+            match self.fill(until).await {
+                Ok(true) => {}
+                Ok(false) => panic!(
+                    "connection closed after {} of {n} bytes: {}",
+                    self.buf.len(),
+                    show(&self.buf)
+                ),
+                Err(()) => panic!(
+                    "timed out after {} of {n} bytes: {}",
+                    self.buf.len(),
+                    show(&self.buf)
+                ),
+            }
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    /// Everything until the peer closes; the flag is false if `within` passed first.
+    pub async fn read_to_close(&mut self, within: Duration) -> (Vec<u8>, bool) {
+        let until = Instant::now() + within;
+        loop {
+            match self.fill(until).await {
+                Ok(true) => {}
+                Ok(false) => return (std::mem::take(&mut self.buf), true),
+                Err(()) => return (std::mem::take(&mut self.buf), false),
+            }
+        }
+    }
+
+    /// Asserts nothing more arrives within `within` (used only after a reply that must be
+    /// the last one, never as a readiness check).
+    pub async fn assert_quiet(&mut self, within: Duration) {
+        let until = Instant::now() + within;
+        let _ = self.fill(until).await;
+        assert!(
+            self.buf.is_empty(),
+            "unexpected extra bytes: {}",
+            show(&self.buf)
+        );
+    }
+}
+
+/// Sends `input` on a fresh connection and reads `n` frames.
+pub async fn exchange(addr: impl std::fmt::Display, input: &[u8], n: usize) -> Vec<u8> {
+    let mut c = Raw::connect(addr).await;
+    c.request(input, n).await
+}
+
+/// Sends `input` on a fresh connection and reads until the server closes it.
+pub async fn exchange_until_close(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
+    let mut c = Raw::connect(addr).await;
+    c.send(input).await;
+    let (bytes, closed) = c.read_to_close(DEADLINE).await;
+    assert!(
+        closed,
+        "connection not closed within {DEADLINE:?}; got {}",
+        show(&bytes)
+    );
+    bytes
+}
+
+/// Sends a big request and reads `n` frames concurrently, as real pipelining clients do (a
+/// client that writes everything before reading can deadlock against any backpressure).
+/// Stops early on EOF or after three deadlines.
+pub async fn pipeline(addr: impl std::fmt::Display, input: Vec<u8>, n: usize) -> Collected {
+    let c = Raw::connect(addr).await;
+    let (mut rd, mut wr) = c.stream.into_split();
+    let writer = tokio::spawn(async move {
+        let r = wr.write_all(&input).await;
+        (r, wr)
+    });
+    let until = Instant::now() + DEADLINE * 3;
+    let mut buf = Vec::new();
+    let mut frames = Vec::new();
+    let mut closed = false;
+    let mut chunk = vec![0u8; 256 * 1024];
+    while frames.len() < n {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, rd.read(&mut chunk)).await {
+            Err(_) => break,
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            Ok(Ok(k)) => {
+                buf.extend_from_slice(&chunk[..k]);
+                let mut pos = 0;
+                while frames.len() < n {
+                    match scan_frame(&buf, pos) {
+                        Some(end) => {
+                            frames.push(buf[pos..end].to_vec());
+                            pos = end;
+                        }
+                        None => break,
+                    }
+                }
+                buf.drain(..pos);
+            }
+        }
+    }
+    writer.abort();
+    Collected {
+        frames,
+        rest: buf,
+        closed,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis-server fixture
+// ---------------------------------------------------------------------------------------------
+
+/// A real `redis-server` on a free loopback port, killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    /// Password to send before readiness PINGs are answered, if `--requirepass` was given.
+    password: Option<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `redis-server` arguments, e.g. `["--requirepass", "secret"]`.
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let dir = temp_dir("redis");
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let password = args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| args.get(i + 1).cloned());
+        let mut last_err = String::new();
+        for _ in 0..8 {
+            let mut server = RedisServer {
+                port: free_port(),
+                log: dir.join("redis.log"),
+                dir: dir.clone(),
+                args: args.clone(),
+                child: None,
+                password: password.clone(),
+            };
+            match server.spawn(Instant::now() + DEADLINE) {
+                Ok(()) => return server,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start redis-server: {last_err}");
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn log_len(&self) -> usize {
+        std::fs::read(&self.log).map(|b| b.len()).unwrap_or(0)
+    }
+
+    fn spawn(&mut self, until: Instant) -> Result<(), String> {
+        let log_start = self.log_len();
+        let mut child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&self.log)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn redis-server: {e}"))?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read(&self.log).unwrap_or_default();
+                return Err(format!(
+                    "redis-server on port {} exited ({status}): {}",
+                    self.port,
+                    String::from_utf8_lossy(&log[log_start.min(log.len())..])
+                ));
+            }
+            let log = std::fs::read(&self.log).unwrap_or_default();
+            let fresh = &log[log_start.min(log.len())..];
+            let ready = fresh
+                .windows(b"Ready to accept connections".len())
+                .any(|w| w == b"Ready to accept connections");
+            if ready && self.answers_ping() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "redis-server on port {} not ready within deadline",
+                    self.port
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// A blocking PING; an auth error also proves the server is up.
+    fn answers_ping(&self) -> bool {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"),
+            _ => false,
+        }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty dataset), retrying while the port is
+    /// still busy, within the deadline.
+    pub fn restart(&mut self) {
+        self.kill();
+        let until = Instant::now() + DEADLINE;
+        let mut last_err = String::new();
+        while Instant::now() < until {
+            match self.spawn(until) {
+                Ok(()) => return,
+                Err(e) => last_err = e,
+            }
+            std::thread::sleep(POLL);
+        }
+        panic!("could not restart redis-server on port {}: {last_err}", self.port);
+    }
+
+    /// A raw connection straight to Redis (authenticated if a password was configured).
+    pub async fn raw(&self) -> Raw {
+        let mut c = Raw::connect(self.addr()).await;
+        if let Some(p) = &self.password {
+            let r = c.call(&["AUTH", p]).await;
+            assert_eq!(r, b"+OK\r\n", "direct AUTH failed");
+        }
+        c
+    }
+
+    /// Runs one command directly against Redis and returns the reply frame.
+    pub async fn direct(&self, args: &[&str]) -> Vec<u8> {
+        self.raw().await.call(args).await
+    }
+
+    /// A `redis` crate connection straight to Redis.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        let url = match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
+            None => self.url(),
+        };
+        connect(&url).await
+    }
+
+    /// Polls Redis's `INFO clients` until `blocked_clients` reaches `n`, within the deadline.
+    pub async fn wait_blocked_clients(&self, n: usize) {
+        let until = Instant::now() + DEADLINE;
+        let mut c = self.raw().await;
+        loop {
+            let info = c.call(&["INFO", "clients"]).await;
+            let text = String::from_utf8_lossy(&info).to_string();
+            let blocked = text
+                .lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if blocked >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "blocked_clients did not reach {n} within {DEADLINE:?}: {text}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy fixture
+// ---------------------------------------------------------------------------------------------
+
+/// A configuration pointing at `upstream` with defaults otherwise.
+pub fn config_for(upstream: &str) -> Config {
+    let mut config = Config::default();
+    config.set_upstream(upstream.to_string());
+    config
+}
+
+/// The proxy served by `redis_policy_proxy::run` on the test's runtime.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Proxy {
+    /// Binds 127.0.0.1:0 and runs the proxy with `config` (its `listen` is set to the bound
+    /// address for consistency; the listener is what counts).
+    pub async fn start(mut config: Config) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        config.set_listen(addr.to_string());
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        let task = tokio::spawn(redis_policy_proxy::run(listener, config, shutdown));
+        Proxy {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// A proxy in front of `redis` with the default configuration.
+    pub async fn to(redis: &RedisServer) -> Proxy {
+        Proxy::start(config_for(&redis.addr())).await
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+
+    /// Resolves the shutdown future; the proxy starts draining.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Waits (bounded) for `run` to return and hands back its result.
+    pub async fn wait_stopped(&mut self) -> std::io::Result<()> {
+        let task = self.task.take().expect("proxy already stopped");
+        match tokio::time::timeout(DEADLINE * 2, task).await {
+            Err(_) => panic!("proxy did not stop within {:?} after shutdown", DEADLINE * 2),
+            Ok(Err(join)) => panic!("proxy task failed: {join}"),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Whether `run` has returned.
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Shuts down and asserts `run` returned `Ok`.
+    pub async fn stop(mut self) {
+        self.begin_shutdown();
+        self.wait_stopped().await.expect("proxy run() returned an error");
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.begin_shutdown();
+    }
+}
+
+/// A fresh Redis reached directly, and a second fresh Redis behind the proxy: the same input
+/// sent to both must produce the same bytes (the transparency check).
+pub struct Pair {
+    pub direct: RedisServer,
+    pub upstream: RedisServer,
+    pub proxy: Proxy,
+}
+
+impl Pair {
+    pub async fn start() -> Pair {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(redis_args: &[&str]) -> Pair {
+        let direct = RedisServer::start_with(redis_args);
+        let upstream = RedisServer::start_with(redis_args);
+        let proxy = Proxy::to(&upstream).await;
+        Pair {
+            direct,
+            upstream,
+            proxy,
+        }
+    }
+
+    /// Sends `input` to both on fresh connections, reads `n` frames from each, asserts the
+    /// bytes are identical and returns them.
+    pub async fn compare(&self, input: &[u8], n: usize) -> Vec<u8> {
+        let want = exchange(self.direct.addr(), input, n).await;
+        let got = exchange(self.proxy.addr, input, n).await;
+        assert!(
+            got == want,
+            "proxy reply differs from Redis for input {}\n redis: {}\n proxy: {}",
+            show(input),
+            show(&want),
+            show(&got)
+        );
+        got
+    }
+
+    /// Like `compare`, for inputs after which the server closes the connection.
+    pub async fn compare_until_close(&self, input: &[u8]) -> Vec<u8> {
+        let want = exchange_until_close(self.direct.addr(), input).await;
+        let got = exchange_until_close(self.proxy.addr, input).await;
+        assert!(
+            got == want,
+            "proxy reply differs from Redis for input {}\n redis: {}\n proxy: {}",
+            show(input),
+            show(&want),
+            show(&got)
+        );
+        got
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis crate connections
+// ---------------------------------------------------------------------------------------------
+
+fn async_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(DEADLINE))
+        .set_response_timeout(Some(DEADLINE))
+}
+
+/// A multiplexed `redis` crate connection for `url` (RESP2 unless the URL says otherwise).
+pub async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap_or_else(|e| panic!("bad url {url}: {e}"));
+    client
+        .get_multiplexed_async_connection_with_config(&async_config())
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// A RESP3 multiplexed connection whose push frames arrive on the returned channel.
+pub async fn connect_resp3(
+    url: &str,
+) -> (
+    redis::aio::MultiplexedConnection,
+    tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+) {
+    let url = if url.contains('?') {
+        format!("{url}&protocol=resp3")
+    } else {
+        format!("{url}?protocol=resp3")
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("bad url {url}: {e}"));
+    let con = client
+        .get_multiplexed_async_connection_with_config(&async_config().set_push_sender(tx))
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    (con, rx)
+}
+
+/// Receives the next push of `kind` within the deadline, skipping others.
+pub async fn next_push(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    kind: redis::PushKind,
+) -> redis::PushInfo {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let push = tokio::time::timeout(left, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind:?} push within {DEADLINE:?}"))
+            .unwrap_or_else(|| panic!("push channel closed while waiting for {kind:?}"));
+        if push.kind == kind {
+            return push;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis-cli subprocesses
+// ---------------------------------------------------------------------------------------------
+
+/// Output of a finished `redis-cli`.
+pub struct CliOutput {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` with `stdin`, bounded by the deadline.
+pub async fn redis_cli_with_stdin(port: u16, args: &[&str], stdin: &[u8]) -> CliOutput {
+    let mut child = tokio::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-cli");
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let feeder = tokio::spawn(async move {
+        let _ = input.write_all(&data).await;
+        drop(input);
+    });
+    let out = tokio::time::timeout(DEADLINE * 2, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("redis-cli {args:?} did not finish in time"))
+        .expect("redis-cli output");
+    let _ = feeder.await;
+    CliOutput {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `redis-cli` with empty stdin.
+pub async fn redis_cli(port: u16, args: &[&str]) -> CliOutput {
+    redis_cli_with_stdin(port, args, b"").await
+}
+
+/// A long-running `redis-cli` (MONITOR, SUBSCRIBE) whose stdout is read line by line.
+pub struct CliProcess {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl CliProcess {
+    pub fn spawn(port: u16, args: &[&str]) -> CliProcess {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn redis-cli");
+        let stdout = child.stdout.take().unwrap();
+        CliProcess {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next stdout line, or panic at the deadline / EOF.
+    pub async fn next_line(&mut self) -> String {
+        tokio::time::timeout(DEADLINE, self.lines.next_line())
+            .await
+            .expect("no output line from redis-cli within deadline")
+            .expect("reading redis-cli output")
+            .expect("redis-cli exited")
+    }
+
+    /// Reads lines until one satisfies `pred`; returns all lines read.
+    pub async fn read_until(&mut self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        let until = Instant::now() + DEADLINE;
+        let mut seen = Vec::new();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let line = tokio::time::timeout(left, self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("expected line not seen in time; got {seen:?}"))
+                .expect("reading redis-cli output")
+                .unwrap_or_else(|| panic!("redis-cli exited; output was {seen:?}"));
+            let hit = pred(&line);
+            seen.push(line);
+            if hit {
+                return seen;
+            }
+        }
+    }
+
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Polls until `probe` returns true, within the deadline; panics with `what` otherwise.
+pub async fn wait_until<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if probe().await {
+            return;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write file");
+    p
+}
