@@ -75,6 +75,26 @@ pub struct UpstreamConfig {
     /// Commands queued per shared connection before clients wait; bounds memory when the
     /// upstream is slower than the clients.
     pub queue_depth: Located<usize>,
+    /// TLS to the upstream; plain TCP when absent.
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS settings for upstream connections.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates that sign the upstream's certificate. Required: the
+    /// proxy never connects to an upstream it cannot verify.
+    pub ca_file: Located<PathBuf>,
+    /// Name the upstream certificate must carry; defaults to the host of `upstream.address`.
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// Client certificate chain (PEM) for upstreams that require mutual TLS.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Private key (PEM) for `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for UpstreamConfig {
@@ -88,6 +108,7 @@ impl Default for UpstreamConfig {
             reconnect_min_ms: located(50),
             reconnect_max_ms: located(2_000),
             queue_depth: located(1024),
+            tls: None,
         }
     }
 }
@@ -316,6 +337,16 @@ impl Config {
             "limits.max_query_buffer",
             "must be at least limits.max_inline_len",
         );
+        if let Some(tls) = &u.tls {
+            let host = u.address.value.rsplit_once(':').map_or("", |(h, _)| h);
+            if let Err(e) = crate::upstream::tls::build(tls, host) {
+                problems.push(Problem {
+                    line: tls.ca_file.referenced.line(),
+                    field: "upstream.tls".to_string(),
+                    message: e,
+                });
+            }
+        }
         if problems.is_empty() {
             Ok(())
         } else {

@@ -26,7 +26,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let pool = Pool::start(&config);
+    let pool = Pool::start(&config).map_err(std::io::Error::other)?;
     let limits = &config.limits;
     let ctx = Arc::new(Context {
         pool,

@@ -10,11 +10,10 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 
+use super::handshake::UpstreamStream;
 use super::{Batch, Expect, Reply, ReplySender};
 use crate::error::UpstreamError;
 use crate::reply::{self, PubSubFrame, SubKind};
@@ -70,13 +69,31 @@ impl PubSub {
 /// Runs the connection until it fails or every sender is gone. Returns why it ended; batches
 /// still unanswered have had their error replies by then.
 pub async fn run(
-    mut stream: TcpStream,
+    stream: UpstreamStream,
+    rx: &mut mpsc::Receiver<Batch>,
+    addr: &Arc<str>,
+    push: Option<PushTarget>,
+) -> String {
+    match stream {
+        UpstreamStream::Tcp(mut tcp) => {
+            let (r, w) = tcp.split();
+            run_split(r, w, rx, addr, push).await
+        }
+        UpstreamStream::Tls(tls) => {
+            let (r, w) = tokio::io::split(*tls);
+            run_split(r, w, rx, addr, push).await
+        }
+    }
+}
+
+async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: R,
+    w: W,
     rx: &mut mpsc::Receiver<Batch>,
     addr: &Arc<str>,
     push: Option<PushTarget>,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
-    let (r, w) = stream.split();
     let mut reader = Reader {
         pos: 0,
         acc: BytesMut::new(),
@@ -125,8 +142,8 @@ pub async fn run(
     reason
 }
 
-async fn write_loop(
-    mut w: WriteHalf<'_>,
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut w: W,
     rx: &mut mpsc::Receiver<Batch>,
     pending: &Mutex<VecDeque<Pending>>,
 ) -> std::io::Result<()> {
@@ -181,9 +198,9 @@ struct Reader {
 }
 
 impl Reader {
-    async fn read_loop(
+    async fn read_loop<R: AsyncRead + Unpin>(
         &mut self,
-        mut r: ReadHalf<'_>,
+        mut r: R,
         pending: &Mutex<VecDeque<Pending>>,
     ) -> String {
         loop {

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::tls::Tls;
 
 use crate::error::UpstreamError;
 use crate::reply;
@@ -22,6 +25,15 @@ pub struct NodeSpec {
     pub password: Option<String>,
     /// Bound on connect plus handshake.
     pub connect_timeout: Duration,
+    /// TLS setup when the upstream requires TLS.
+    pub tls: Option<Tls>,
+}
+
+/// A connected upstream stream, plain or TLS. An enum rather than a boxed trait object so the
+/// plain-TCP hot path keeps `TcpStream`'s zero-cost split.
+pub enum UpstreamStream {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl NodeSpec {
@@ -35,7 +47,7 @@ impl NodeSpec {
 
 /// Connects and negotiates RESP `proto`; returns the stream and the upstream's HELLO reply,
 /// which the proxy replays to clients that send a plain `HELLO`.
-pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes), UpstreamError> {
+pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(UpstreamStream, Bytes), UpstreamError> {
     match tokio::time::timeout(spec.connect_timeout, connect_inner(spec, proto)).await {
         Ok(r) => r,
         Err(_) => Err(spec.unavailable(format!(
@@ -45,11 +57,38 @@ pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes), U
     }
 }
 
-async fn connect_inner(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes), UpstreamError> {
-    let mut stream = TcpStream::connect(&*spec.addr)
+async fn connect_inner(
+    spec: &NodeSpec,
+    proto: u8,
+) -> Result<(UpstreamStream, Bytes), UpstreamError> {
+    let tcp = TcpStream::connect(&*spec.addr)
         .await
         .map_err(|e| spec.unavailable(e))?;
-    stream.set_nodelay(true).map_err(|e| spec.unavailable(e))?;
+    tcp.set_nodelay(true).map_err(|e| spec.unavailable(e))?;
+    match &spec.tls {
+        None => {
+            let mut tcp = tcp;
+            let hello = hello(spec, proto, &mut tcp).await?;
+            Ok((UpstreamStream::Tcp(tcp), hello))
+        }
+        Some(tls) => {
+            let mut stream = tls
+                .connector
+                .connect(tls.server_name.clone(), tcp)
+                .await
+                .map_err(|e| spec.unavailable(format!("TLS: {e}")))?;
+            let hello = hello(spec, proto, &mut stream).await?;
+            Ok((UpstreamStream::Tls(Box::new(stream)), hello))
+        }
+    }
+}
+
+/// Sends `HELLO <proto> [AUTH user pass]` and returns the reply, or the refusal as an error.
+async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
+    spec: &NodeSpec,
+    proto: u8,
+    stream: &mut S,
+) -> Result<Bytes, UpstreamError> {
     let mut args: Vec<&[u8]> = vec![b"HELLO", if proto == 3 { b"3" } else { b"2" }];
     if let Some(password) = &spec.password {
         args.push(b"AUTH");
@@ -75,7 +114,7 @@ async fn connect_inner(spec: &NodeSpec, proto: u8) -> Result<(TcpStream, Bytes),
                         reply: text.into(),
                     });
                 }
-                return Ok((stream, hello));
+                return Ok(hello);
             }
             Ok(None) => {}
             Err(e) => return Err(spec.unavailable(e)),

@@ -3,11 +3,13 @@
 //! - [`handshake`]: connect, authenticate and pick the RESP version.
 //! - [`conn`]: the pipelined connection task: batched writes, FIFO reply matching on raw bytes,
 //!   pub/sub-aware framing for dedicated connections.
+//! - [`tls`]: the optional TLS layer.
 //! - [`pool`]: the shared connections with reconnect and backoff, and dedicated ones on demand.
 
 pub mod conn;
 pub mod handshake;
 pub mod pool;
+pub mod tls;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;

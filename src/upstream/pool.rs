@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec};
+use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
 use crate::error::UpstreamError;
@@ -28,14 +29,18 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Creates the pool and starts its supervisors; must run inside a tokio runtime.
-    pub fn start(config: &Config) -> Arc<Pool> {
+    /// Creates the pool and starts its supervisors; must run inside a tokio runtime. Fails
+    /// only when the TLS files cannot be used (validation has already checked them once).
+    pub fn start(config: &Config) -> Result<Arc<Pool>, String> {
         let u = &config.upstream;
+        let host = u.address.value.rsplit_once(':').map_or("", |(h, _)| h);
+        let tls = u.tls.as_ref().map(|t| tls::build(t, host)).transpose()?;
         let spec = Arc::new(NodeSpec {
             addr: u.address.value.as_str().into(),
             username: u.username.clone(),
             password: u.password.clone(),
             connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
+            tls,
         });
         let backoff = (
             Duration::from_millis(u.reconnect_min_ms.value),
@@ -56,12 +61,12 @@ impl Pool {
                 ));
             }
         }
-        Arc::new(Pool {
+        Ok(Arc::new(Pool {
             spec,
             shared,
             hello,
             queue_depth: u.queue_depth.value,
-        })
+        }))
     }
 
     /// The upstream's address, for messages.

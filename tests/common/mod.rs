@@ -216,6 +216,21 @@ impl Raw {
         }
     }
 
+    /// A connection attempt bounded by `within`; `None` if refused or timed out.
+    pub async fn try_connect(addr: impl std::fmt::Display, within: Duration) -> Option<Raw> {
+        let addr = addr.to_string();
+        match tokio::time::timeout(within, TcpStream::connect(&addr)).await {
+            Ok(Ok(stream)) => {
+                stream.set_nodelay(true).ok();
+                Some(Raw {
+                    stream,
+                    buf: Vec::new(),
+                })
+            }
+            _ => None,
+        }
+    }
+
     pub async fn send(&mut self, bytes: &[u8]) {
         tokio::time::timeout(DEADLINE, self.stream.write_all(bytes))
             .await
@@ -561,7 +576,10 @@ impl RedisServer {
             }
             std::thread::sleep(POLL);
         }
-        panic!("could not restart redis-server on port {}: {last_err}", self.port);
+        panic!(
+            "could not restart redis-server on port {}: {last_err}",
+            self.port
+        );
     }
 
     /// A raw connection straight to Redis (authenticated if a password was configured).
@@ -638,9 +656,45 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Binds 127.0.0.1:0 and runs the proxy with `config` (its `listen` is set to the bound
-    /// address for consistency; the listener is what counts).
-    pub async fn start(mut config: Config) -> Proxy {
+    /// Binds 127.0.0.1:0, runs the proxy with `config` and waits until it serves both
+    /// protocols (a fresh connection answers `PING` and `HELLO 3`), like `RedisServer::start`
+    /// waits for PING. Needs a reachable upstream; see `spawn` otherwise.
+    pub async fn start(config: Config) -> Proxy {
+        let proxy = Proxy::spawn(config).await;
+        proxy.wait_ready().await;
+        proxy
+    }
+
+    /// Polls fresh connections until `PING` gets `+PONG` and `HELLO 3` a map, within the
+    /// deadline.
+    pub async fn wait_ready(&self) {
+        let addr = self.addr;
+        let until = Instant::now() + DEADLINE;
+        let mut last = Vec::new();
+        loop {
+            if let Some(mut c) = Raw::try_connect(addr, DEADLINE).await {
+                c.send(b"PING\r\nHELLO 3\r\n").await;
+                let got = c.collect_frames(2, DEADLINE).await;
+                if got.frames.len() == 2
+                    && got.frames[0] == b"+PONG\r\n"
+                    && got.frames[1].starts_with(b"%")
+                {
+                    return;
+                }
+                last = got.joined();
+            }
+            assert!(
+                Instant::now() < until,
+                "proxy at {addr} not ready within {DEADLINE:?}; last answer {}",
+                show(&last)
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Binds 127.0.0.1:0 and runs the proxy with `config` without waiting for readiness (its
+    /// `listen` is set to the bound address for consistency; the listener is what counts).
+    pub async fn spawn(mut config: Config) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
         config.set_listen(addr.to_string());
@@ -680,7 +734,10 @@ impl Proxy {
     pub async fn wait_stopped(&mut self) -> std::io::Result<()> {
         let task = self.task.take().expect("proxy already stopped");
         match tokio::time::timeout(DEADLINE * 2, task).await {
-            Err(_) => panic!("proxy did not stop within {:?} after shutdown", DEADLINE * 2),
+            Err(_) => panic!(
+                "proxy did not stop within {:?} after shutdown",
+                DEADLINE * 2
+            ),
             Ok(Err(join)) => panic!("proxy task failed: {join}"),
             Ok(Ok(result)) => result,
         }
@@ -694,7 +751,9 @@ impl Proxy {
     /// Shuts down and asserts `run` returned `Ok`.
     pub async fn stop(mut self) {
         self.begin_shutdown();
-        self.wait_stopped().await.expect("proxy run() returned an error");
+        self.wait_stopped()
+            .await
+            .expect("proxy run() returned an error");
     }
 }
 
@@ -754,6 +813,84 @@ impl Pair {
             show(&want),
             show(&got)
         );
+        got
+    }
+}
+
+/// One step of a scripted multi-connection conversation: send `send` (may be empty) on
+/// connection `conn`, then read `replies` frames from it.
+pub struct Step {
+    pub conn: usize,
+    pub send: Vec<u8>,
+    pub replies: usize,
+}
+
+pub fn step(conn: usize, send: impl AsRef<[u8]>, replies: usize) -> Step {
+    Step {
+        conn,
+        send: send.as_ref().to_vec(),
+        replies,
+    }
+}
+
+/// Runs `steps` against `addr` (connections opened on first use, in order) and returns the
+/// replies of each step, with HELLO's connection `id` masked.
+pub async fn transcript(addr: impl std::fmt::Display, steps: &[Step]) -> Vec<Vec<u8>> {
+    let addr = addr.to_string();
+    let mut conns: Vec<Raw> = Vec::new();
+    let mut out = Vec::new();
+    for s in steps {
+        while conns.len() <= s.conn {
+            conns.push(Raw::connect(&addr).await);
+        }
+        let c = &mut conns[s.conn];
+        if !s.send.is_empty() {
+            c.send(&s.send).await;
+        }
+        let got = c.read_frames(s.replies).await.concat();
+        out.push(mask_ids(&got));
+    }
+    out
+}
+
+/// Replaces the value of every `id` field of a HELLO reply (`$2\r\nid\r\n:N\r\n`) with
+/// `:<id>`: connection ids differ between any two connections, so they are not compared.
+pub fn mask_ids(bytes: &[u8]) -> Vec<u8> {
+    const KEY: &[u8] = b"$2\r\nid\r\n:";
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(KEY) {
+            out.extend_from_slice(KEY);
+            i += KEY.len();
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            out.extend_from_slice(b"<id>");
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+impl Pair {
+    /// Runs the same scripted conversation against direct Redis and through the proxy and
+    /// asserts every step's replies are byte-identical. Returns the proxy's transcript.
+    pub async fn compare_steps(&self, steps: &[Step]) -> Vec<Vec<u8>> {
+        let want = transcript(self.direct.addr(), steps).await;
+        let got = transcript(self.proxy.addr, steps).await;
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert!(
+                w == g,
+                "step {i} (conn {}, sent {}) differs\n redis: {}\n proxy: {}",
+                steps[i].conn,
+                show(&steps[i].send),
+                show(w),
+                show(g)
+            );
+        }
         got
     }
 }
