@@ -11,9 +11,11 @@ use crate::reply::SubKind;
 pub enum Kind {
     /// Stateless for the connection: forwarded on the session's current connection.
     Plain,
-    /// Blocks its connection (BLPOP, WAIT…): runs on a dedicated connection so that only its
+    /// Blocks its connection (BLPOP, BZPOPMIN…): runs on a dedicated connection so that only its
     /// own client waits.
     Blocking,
+    /// WAIT/WAITAOF: blocking, and about the writes the client made before.
+    Wait,
     /// XREAD/XREADGROUP: blocking only with a BLOCK argument.
     StreamRead,
     Multi,
@@ -46,7 +48,8 @@ pub fn classify(name: &[u8]) -> Kind {
         b"GET" | b"SET" | b"INCR" | b"DEL" | b"MGET" | b"MSET" | b"HSET" | b"HGET" | b"EXPIRE"
         | b"LPUSH" | b"RPUSH" | b"LPOP" | b"RPOP" | b"SADD" | b"ZADD" | b"PING" => Kind::Plain,
         b"BLPOP" | b"BRPOP" | b"BRPOPLPUSH" | b"BLMOVE" | b"BLMPOP" | b"BZPOPMIN" | b"BZPOPMAX"
-        | b"BZMPOP" | b"WAIT" | b"WAITAOF" => Kind::Blocking,
+        | b"BZMPOP" => Kind::Blocking,
+        b"WAIT" | b"WAITAOF" => Kind::Wait,
         b"XREAD" | b"XREADGROUP" => Kind::StreamRead,
         b"MULTI" => Kind::Multi,
         b"EXEC" => Kind::Exec,
@@ -102,12 +105,14 @@ pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
 pub enum ClientSub {
     SetName,
     GetName,
-    SetInfo,
     Id,
     Reply,
+    /// INFO: answered by the upstream about the shared connection, then made about the client.
+    Info,
     /// TRACKING, CACHING, NO-EVICT, NO-TOUCH: state of the upstream connection itself.
     ConnectionState,
-    /// LIST, INFO, KILL, PAUSE…: forwarded.
+    /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
+    /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
 }
 
@@ -117,9 +122,9 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
     match uppercase(sub, &mut buf) {
         Some(b"SETNAME") => ClientSub::SetName,
         Some(b"GETNAME") => ClientSub::GetName,
-        Some(b"SETINFO") => ClientSub::SetInfo,
         Some(b"ID") => ClientSub::Id,
         Some(b"REPLY") => ClientSub::Reply,
+        Some(b"INFO") => ClientSub::Info,
         Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH") => ClientSub::ConnectionState,
         _ => ClientSub::Other,
     }

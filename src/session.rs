@@ -65,8 +65,38 @@ enum Slot {
     Local(Bytes),
     /// `commands` replies coming from upstream as one `Reply::Batch`; dropped unwritten when
     /// the client switched replies off.
-    Upstream { commands: u32, suppress: bool },
+    Upstream { commands: u32, handling: Handling },
 }
+
+/// How the replies of one upstream slot are treated.
+#[derive(Debug, Clone, Copy, Default)]
+struct Handling {
+    /// Dropped unwritten: the client switched replies off (CLIENT REPLY OFF/SKIP).
+    suppress: bool,
+    /// A blocking command that may never answer: if the client goes away, the dedicated
+    /// connection is closed to unblock it instead of waiting.
+    blocking: bool,
+    /// Commands the proxy added around the client's, whose replies the client must not see.
+    hidden: Hidden,
+    /// CLIENT INFO: rewrite the reply to describe this client.
+    client_info: bool,
+}
+
+/// Commands the proxy sends before or after a client's command in the same batch; their
+/// replies are removed before the client sees the batch's replies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Hidden {
+    before: u8,
+    after: u8,
+}
+
+/// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
+/// shared one. WAIT counts acknowledgements of the *connection's* last propagated write; a
+/// PUBLISH is propagated to replicas without touching the keyspace, so after it the dedicated
+/// connection's offset covers every earlier write of this client (the session waited for those
+/// to be answered before switching connections).
+const WAIT_BARRIER: &[u8] =
+    b"*3\r\n$7\r\nPUBLISH\r\n$28\r\n__redis-policy-proxy__:wait\r\n$0\r\n\r\n";
 
 /// CLIENT REPLY state, kept by the proxy because upstream connections are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,9 +118,19 @@ enum Effect {
     Subscribe,
     Select(i64),
     Auth,
+    /// HELLO with AUTH: authenticates and switches RESP version.
+    AuthHello(u8),
     Hello(u8),
     Monitor,
     ConnectionState,
+    /// No state change, but the command may block indefinitely (see `Slot::Upstream`).
+    Blocking,
+    /// WAIT/WAITAOF: blocking, and it must count the client's earlier writes (see
+    /// `WAIT_BARRIER`).
+    Wait,
+    /// CLIENT INFO: the reply describes the upstream connection; rewrite it to describe the
+    /// client (id, name, addresses).
+    ClientInfo,
 }
 
 /// What to do with one command.
@@ -107,14 +147,17 @@ enum Action {
     Silent(ReplyMode),
     /// RESET: needs everything in flight answered first.
     Reset,
+    /// HELLO answered by the proxy: the upstream's reply with this client's id.
+    Hello {
+        proto: u8,
+        name: Option<Bytes>,
+    },
 }
 
 /// Session state changed by a command the proxy answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LocalEffect {
     None,
-    /// HELLO without AUTH on the shared connections: new RESP version, maybe a name.
-    Hello(u8, Option<Bytes>),
     SetName(Option<Bytes>),
     ReplyMode(ReplyMode),
 }
@@ -139,6 +182,10 @@ struct Session {
     ctx: Arc<Context>,
     /// Proxy-assigned id, answered to CLIENT ID and used to pick the shared connection.
     id: u64,
+    /// The client's address, for CLIENT INFO.
+    peer: std::net::SocketAddr,
+    /// The proxy's address the client connected to, for CLIENT INFO.
+    local: std::net::SocketAddr,
     /// RESP version the client negotiated with HELLO.
     proto: u8,
     /// Database selected on the dedicated connection; non-zero keeps the session there.
@@ -157,6 +204,8 @@ struct Session {
     dedicated: Option<Dedicated>,
     /// Reply order: proxy-made replies waiting behind upstream ones.
     slots: VecDeque<Slot>,
+    /// Id of the latest dedicated connection, to ignore the end of older ones.
+    dedicated_gen: u64,
     /// Upstream commands not yet answered, and where they went.
     inflight: usize,
     inflight_target: Option<Target>,
@@ -183,9 +232,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let _ = stream.set_nodelay(true);
     let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
     let mut shutdown = ctx.shutdown.clone();
+    let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
     let mut s = Session {
         ctx,
         id,
+        peer: stream.peer_addr().unwrap_or(unknown),
+        local: stream.local_addr().unwrap_or(unknown),
         proto: 2,
         db: 0,
         name: None,
@@ -197,6 +249,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         upstream_auth: false,
         reply_mode: ReplyMode::On,
         dedicated: None,
+        dedicated_gen: 0,
         slots: VecDeque::new(),
         inflight: 0,
         inflight_target: None,
@@ -244,8 +297,13 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             }
             r = rd.read_buf(&mut s.rbuf), if can_read => match r {
                 Ok(0) | Err(_) => {
-                    // Half-closed: answer what was already sent, then close.
+                    // Half-closed: answer what was already sent, then close. A blocked
+                    // command would never answer; like Redis dropping a client on EOF, close
+                    // its dedicated connection, which unblocks it upstream.
                     s.closing = true;
+                    if s.slots.iter().any(|slot| matches!(slot, Slot::Upstream { handling, .. } if handling.blocking)) {
+                        s.dedicated = None;
+                    }
                 }
                 Ok(_) => s.process().await,
             },
@@ -294,6 +352,39 @@ async fn write_all(
     Ok(())
 }
 
+impl Effect {
+    /// Whether a command with this effect may join a run of plain commands; the others need
+    /// `execute` (extra commands, a raw connection, or the blocking mark).
+    fn batchable(self) -> bool {
+        !matches!(
+            self,
+            Effect::Blocking
+                | Effect::Wait
+                | Effect::Auth
+                | Effect::AuthHello(_)
+                | Effect::ClientInfo
+        )
+    }
+}
+
+/// Removes the replies of hidden commands from a batch's replies. `received` frames arrived
+/// out of `total`; returns the client's replies and how many of the client's commands got none.
+fn strip_hidden(data: Bytes, received: u32, hidden: Hidden, total: u32) -> (Bytes, u32) {
+    let visible = total - u32::from(hidden.before + hidden.after);
+    let mut offsets = Vec::with_capacity(received as usize + 1);
+    let mut pos = 0;
+    offsets.push(0);
+    while let Ok(Some(len)) = crate::reply::scan(&data[pos..]) {
+        pos += len;
+        offsets.push(pos);
+    }
+    let frames = offsets.len() - 1;
+    let first = usize::from(hidden.before).min(frames);
+    let last = (first + visible as usize).min(frames);
+    let got = (last - first) as u32;
+    (data.slice(offsets[first]..offsets[last]), visible - got)
+}
+
 impl Session {
     /// Handles one message from an upstream connection.
     fn on_reply(&mut self, msg: Reply) {
@@ -303,7 +394,7 @@ impl Session {
                 missing,
                 error,
             } => {
-                let Some(Slot::Upstream { commands, suppress }) = self.slots.pop_front() else {
+                let Some(Slot::Upstream { commands, handling }) = self.slots.pop_front() else {
                     // Replies always match the oldest upstream slot; anything else is a bug we
                     // must not turn into a misattributed reply.
                     tracing::error!(id = self.id, "upstream reply without a waiting slot");
@@ -314,7 +405,17 @@ impl Session {
                 if self.inflight == 0 {
                     self.inflight_target = None;
                 }
-                if !suppress {
+                let (data, missing) = if handling.hidden == Hidden::default() {
+                    (data, missing)
+                } else {
+                    strip_hidden(data, commands - missing, handling.hidden, commands)
+                };
+                let data = if handling.client_info && error.is_none() {
+                    self.rewrite_client_info(data)
+                } else {
+                    data
+                };
+                if !handling.suppress {
                     if !data.is_empty() {
                         self.out.push(data);
                     }
@@ -331,7 +432,10 @@ impl Session {
                 self.out.push(frame);
                 self.out_permits += permits;
             }
-            Reply::PinnedClosed => {
+            Reply::PinnedClosed(conn_id) => {
+                if conn_id != self.dedicated_gen {
+                    return;
+                }
                 self.dedicated = None;
                 if self.stateful() {
                     // The state the client built on that connection is gone; like Redis
@@ -340,6 +444,54 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Makes a CLIENT INFO reply (about the upstream connection) describe this client: its id,
+    /// name, addresses and protocol. Other fields (age, buffers…) stay the upstream
+    /// connection's.
+    fn rewrite_client_info(&self, data: Bytes) -> Bytes {
+        let verbatim = match data.first() {
+            Some(b'$') => false,
+            Some(b'=') => true,
+            _ => return data,
+        };
+        let Some(nl) = memchr::memchr(b'\n', &data) else {
+            return data;
+        };
+        let text = &data[nl + 1..data.len().saturating_sub(2)];
+        let body = if verbatim {
+            text.get(4..).unwrap_or(b"")
+        } else {
+            text
+        };
+        let body = body.strip_suffix(b"\n").unwrap_or(body);
+        let mut fields: Vec<u8> = Vec::with_capacity(body.len() + 32);
+        for (i, field) in body.split(|&c| c == b' ').enumerate() {
+            if i > 0 {
+                fields.push(b' ');
+            }
+            match field.split(|&c| c == b'=').next().unwrap_or(b"") {
+                b"id" => fields.extend_from_slice(format!("id={}", self.id).as_bytes()),
+                b"addr" => fields.extend_from_slice(format!("addr={}", self.peer).as_bytes()),
+                b"laddr" => fields.extend_from_slice(format!("laddr={}", self.local).as_bytes()),
+                b"resp" => fields.extend_from_slice(format!("resp={}", self.proto).as_bytes()),
+                b"name" => {
+                    fields.extend_from_slice(b"name=");
+                    fields.extend_from_slice(self.name.as_deref().unwrap_or(b""));
+                }
+                _ => fields.extend_from_slice(field),
+            }
+        }
+        fields.push(b'\n');
+        let mut out = Vec::with_capacity(fields.len() + 24);
+        if verbatim {
+            out.extend_from_slice(format!("={}\r\ntxt:", fields.len() + 4).as_bytes());
+        } else {
+            out.extend_from_slice(format!("${}\r\n", fields.len()).as_bytes());
+        }
+        out.extend_from_slice(&fields);
+        out.extend_from_slice(b"\r\n");
+        Bytes::from(out)
     }
 
     /// Moves proxy-made replies at the head of the order to the output.
@@ -428,10 +580,11 @@ impl Session {
                             expect: Expect::Frames(1),
                             effect,
                         } if self.reply_mode == ReplyMode::On
+                            && effect.batchable()
                             && run.target.is_none_or(|t| t == target)
                             && self.inflight_target.is_none_or(|t| t == target) =>
                         {
-                            if target == Target::Dedicated && !self.ensure_dedicated().await {
+                            if target == Target::Dedicated && !self.ensure_dedicated(false).await {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
                                 continue;
@@ -477,12 +630,12 @@ impl Session {
         let commands = run.commands;
         run.len = 0;
         run.commands = 0;
-        self.send(target, bytes, Expect::Frames(commands), false)
-            .await;
+        let expect = Expect::Frames(commands);
+        self.send(target, bytes, expect, Handling::default()).await;
     }
 
     /// Sends a batch and records its slot; on failure answers every command with the error.
-    async fn send(&mut self, target: Target, bytes: Bytes, expect: Expect, suppress: bool) {
+    async fn send(&mut self, target: Target, bytes: Bytes, expect: Expect, handling: Handling) {
         let commands = expect.commands();
         let batch = Batch {
             bytes,
@@ -498,7 +651,7 @@ impl Session {
         };
         match sent {
             Ok(()) => {
-                self.slots.push_back(Slot::Upstream { commands, suppress });
+                self.slots.push_back(Slot::Upstream { commands, handling });
                 self.inflight += commands as usize;
                 self.inflight_target = Some(target);
             }
@@ -507,9 +660,10 @@ impl Session {
                     addr: self.ctx.pool.addr().clone(),
                     reason: "connection closed".into(),
                 });
-                if !suppress {
+                if !handling.suppress {
                     let reply = error_reply(&e);
-                    for _ in 0..commands {
+                    let hidden = u32::from(handling.hidden.before + handling.hidden.after);
+                    for _ in 0..commands - hidden {
                         self.local(reply.clone());
                     }
                 }
@@ -533,12 +687,44 @@ impl Session {
                     self.paused = true;
                     return false;
                 }
-                if target == Target::Dedicated && !self.ensure_dedicated().await {
+                let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
+                let raw = auth && !self.ctx.pool.has_credentials();
+                if target == Target::Dedicated && !self.ensure_dedicated(raw).await {
                     self.rbuf.advance(len);
                     return true;
                 }
-                let bytes = self.rbuf.split_to(len).freeze();
-                self.send(target, bytes, expect, suppress).await;
+                let command = self.rbuf.split_to(len).freeze();
+                let mut hidden = Hidden::default();
+                let bytes = if effect == Effect::Auth && self.proto == 3 {
+                    // A connection opened without handshake speaks RESP2: after the client's
+                    // AUTH, switch it to the client's RESP3 (reply stripped).
+                    hidden.after = 1;
+                    [
+                        command,
+                        Bytes::from_static(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"),
+                    ]
+                    .concat()
+                    .into()
+                } else if effect == Effect::Wait && !self.stateful() {
+                    hidden.before = 1;
+                    [Bytes::from_static(WAIT_BARRIER), command].concat().into()
+                } else {
+                    command
+                };
+                let expect = match expect {
+                    Expect::Frames(n) => {
+                        Expect::Frames(n + u32::from(hidden.before + hidden.after))
+                    }
+                    other => other,
+                };
+                let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
+                let handling = Handling {
+                    suppress,
+                    blocking,
+                    hidden,
+                    client_info: effect == Effect::ClientInfo,
+                };
+                self.send(target, bytes, expect, handling).await;
                 self.apply(effect);
                 if self.reply_mode == ReplyMode::Skip {
                     self.reply_mode = ReplyMode::On;
@@ -546,7 +732,7 @@ impl Session {
             }
             Action::Local(reply, effect) => {
                 self.rbuf.advance(len);
-                if !suppress {
+                if !suppress || effect == LocalEffect::ReplyMode(ReplyMode::On) {
                     self.local(reply);
                 }
                 if self.reply_mode == ReplyMode::Skip {
@@ -554,12 +740,6 @@ impl Session {
                 }
                 match effect {
                     LocalEffect::None => {}
-                    LocalEffect::Hello(proto, name) => {
-                        self.proto = proto;
-                        if name.is_some() {
-                            self.name = name;
-                        }
-                    }
                     LocalEffect::SetName(name) => self.name = name,
                     LocalEffect::ReplyMode(mode) => self.reply_mode = mode,
                 }
@@ -574,6 +754,29 @@ impl Session {
                 self.rbuf.advance(len);
                 if self.reply_mode != ReplyMode::Off || mode == ReplyMode::Off {
                     self.reply_mode = mode;
+                }
+            }
+            Action::Hello { proto, name } => {
+                self.rbuf.advance(len);
+                let reply = match self.ctx.pool.hello(proto).await {
+                    Some(reply) => with_client_id(&reply, self.id),
+                    None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                        addr: self.ctx.pool.addr().clone(),
+                        reason: "no connection established yet".into(),
+                    })),
+                };
+                let ok = reply.first() != Some(&b'-');
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+                if ok {
+                    self.proto = proto;
+                    if name.is_some() {
+                        self.name = name;
+                    }
                 }
             }
             Action::Reset => {
@@ -591,9 +794,9 @@ impl Session {
 
     /// Makes sure a usable dedicated connection exists; on failure the command's slot gets
     /// the error and `false` is returned.
-    async fn ensure_dedicated(&mut self) -> bool {
+    async fn ensure_dedicated(&mut self, raw: bool) -> bool {
         if let Some(d) = &self.dedicated {
-            if d.proto == self.proto && !d.tx.is_closed() {
+            if (raw || d.proto == self.proto) && !d.tx.is_closed() {
                 return true;
             }
             if self.stateful() {
@@ -612,12 +815,14 @@ impl Session {
             to: self.reply_tx.clone(),
             budget: self.push_budget.clone(),
             budget_size: PUSH_BUDGET,
+            conn_id: self.dedicated_gen + 1,
         };
-        match self.ctx.pool.dedicated(self.proto, push).await {
+        match self.ctx.pool.dedicated(self.proto, push, raw).await {
             Ok(tx) => {
+                self.dedicated_gen += 1;
                 self.dedicated = Some(Dedicated {
                     tx,
-                    proto: self.proto,
+                    proto: if raw { 2 } else { self.proto },
                 });
                 true
             }
@@ -631,7 +836,7 @@ impl Session {
     /// Applies the state change of a dispatched command.
     fn apply(&mut self, effect: Effect) {
         match effect {
-            Effect::None => {}
+            Effect::None | Effect::Blocking | Effect::Wait | Effect::ClientInfo => {}
             Effect::Multi => self.in_multi = true,
             Effect::EndMulti => {
                 self.in_multi = false;
@@ -642,6 +847,10 @@ impl Session {
             Effect::Subscribe => self.subscribed = true,
             Effect::Select(db) => self.db = db,
             Effect::Auth => self.upstream_auth = true,
+            Effect::AuthHello(proto) => {
+                self.upstream_auth = true;
+                self.apply(Effect::Hello(proto));
+            }
             Effect::Hello(proto) => {
                 self.proto = proto;
                 if let Some(d) = &mut self.dedicated {
@@ -684,10 +893,11 @@ impl Session {
         let kind = command::classify(args.get(0));
         match kind {
             Kind::Plain => forward(current, Effect::None),
-            Kind::Blocking => forward(Target::Dedicated, Effect::None),
+            Kind::Blocking => forward(Target::Dedicated, Effect::Blocking),
+            Kind::Wait => forward(Target::Dedicated, Effect::Wait),
             Kind::StreamRead => {
                 if command::stream_read_blocks(args.iter()) {
-                    forward(Target::Dedicated, Effect::None)
+                    forward(Target::Dedicated, Effect::Blocking)
                 } else {
                     forward(current, Effect::None)
                 }
@@ -824,24 +1034,15 @@ impl Session {
                 target: Target::Dedicated,
                 expect: Expect::Frames(1),
                 effect: if auth {
-                    Effect::Auth
+                    Effect::AuthHello(proto)
                 } else {
                     Effect::Hello(proto)
                 },
             };
         }
-        match self.ctx.pool.hello(proto) {
-            Some(reply) => Action::Local(
-                reply,
-                LocalEffect::Hello(proto, name.map(Bytes::copy_from_slice)),
-            ),
-            None => Action::Local(
-                error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: self.ctx.pool.addr().clone(),
-                    reason: "no connection established yet".into(),
-                })),
-                LocalEffect::None,
-            ),
+        Action::Hello {
+            proto,
+            name: name.map(Bytes::copy_from_slice),
         }
     }
 
@@ -881,33 +1082,6 @@ impl Session {
                 },
                 LocalEffect::None,
             ),
-            ClientSub::SetInfo if args.len() == 4 => {
-                let attr = args.get(2);
-                if !(attr.eq_ignore_ascii_case(b"lib-name")
-                    || attr.eq_ignore_ascii_case(b"lib-ver"))
-                {
-                    return Action::Local(
-                        simple_error(
-                            "ERR",
-                            &format!("Unrecognized option '{}'", String::from_utf8_lossy(attr)),
-                        ),
-                        LocalEffect::None,
-                    );
-                }
-                if !valid_name(args.get(3)) && !args.get(3).is_empty() {
-                    return Action::Local(
-                        simple_error(
-                            "ERR",
-                            &format!(
-                                "{} cannot contain spaces, newlines or special characters.",
-                                String::from_utf8_lossy(attr).to_ascii_lowercase()
-                            ),
-                        ),
-                        LocalEffect::None,
-                    );
-                }
-                Action::Local(ok(), LocalEffect::None)
-            }
             ClientSub::Id if args.len() == 2 => {
                 Action::Local(Bytes::from(format!(":{}\r\n", self.id)), LocalEffect::None)
             }
@@ -923,6 +1097,7 @@ impl Session {
                     Action::Local(simple_error("ERR", "syntax error"), LocalEffect::None)
                 }
             }
+            ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
             ClientSub::ConnectionState => forward(Target::Dedicated, Effect::ConnectionState),
             _ => forward(current, Effect::None),
         }
@@ -978,4 +1153,23 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The upstream's HELLO reply with its `id` value replaced by this client's id, so HELLO and
+/// CLIENT ID agree. The reply is a flat map/array of known shape; if `id` is not found the
+/// reply is returned as is.
+fn with_client_id(hello: &Bytes, id: u64) -> Bytes {
+    const KEY: &[u8] = b"$2\r\nid\r\n:";
+    let Some(at) = memchr::memmem::find(hello, KEY) else {
+        return hello.clone();
+    };
+    let start = at + KEY.len();
+    let Some(len) = memchr::memchr(b'\r', &hello[start..]) else {
+        return hello.clone();
+    };
+    let mut out = Vec::with_capacity(hello.len() + 20);
+    out.extend_from_slice(&hello[..start]);
+    out.extend_from_slice(id.to_string().as_bytes());
+    out.extend_from_slice(&hello[start + len..]);
+    Bytes::from(out)
 }

@@ -38,6 +38,8 @@ pub struct PushTarget {
     pub budget: Arc<Semaphore>,
     /// Size of the budget; a larger push takes the whole budget rather than waiting forever.
     pub budget_size: u32,
+    /// The session's id for this connection, echoed in `Reply::PinnedClosed`.
+    pub conn_id: u64,
 }
 
 /// A batch sent and waiting for its replies.

@@ -45,9 +45,13 @@ impl NodeSpec {
     }
 }
 
-/// Connects and negotiates RESP `proto`; returns the stream and the upstream's HELLO reply,
-/// which the proxy replays to clients that send a plain `HELLO`.
-pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(UpstreamStream, Bytes), UpstreamError> {
+/// Connects and negotiates RESP `proto` (`None`: no handshake at all, for a client that
+/// authenticates itself); returns the stream and the upstream's HELLO reply, which the proxy
+/// replays to clients that send a plain `HELLO`.
+pub async fn connect(
+    spec: &NodeSpec,
+    proto: Option<u8>,
+) -> Result<(UpstreamStream, Bytes), UpstreamError> {
     match tokio::time::timeout(spec.connect_timeout, connect_inner(spec, proto)).await {
         Ok(r) => r,
         Err(_) => Err(spec.unavailable(format!(
@@ -59,7 +63,7 @@ pub async fn connect(spec: &NodeSpec, proto: u8) -> Result<(UpstreamStream, Byte
 
 async fn connect_inner(
     spec: &NodeSpec,
-    proto: u8,
+    proto: Option<u8>,
 ) -> Result<(UpstreamStream, Bytes), UpstreamError> {
     let tcp = TcpStream::connect(&*spec.addr)
         .await
@@ -86,9 +90,12 @@ async fn connect_inner(
 /// Sends `HELLO <proto> [AUTH user pass]` and returns the reply, or the refusal as an error.
 async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
     spec: &NodeSpec,
-    proto: u8,
+    proto: Option<u8>,
     stream: &mut S,
 ) -> Result<Bytes, UpstreamError> {
+    let Some(proto) = proto else {
+        return Ok(Bytes::new());
+    };
     let mut args: Vec<&[u8]> = vec![b"HELLO", if proto == 3 { b"3" } else { b"2" }];
     if let Some(password) = &spec.password {
         args.push(b"AUTH");

@@ -66,8 +66,9 @@ pub enum Reply {
     /// An out-of-band frame (pub/sub message, invalidation, MONITOR line) and the flow-control
     /// permits the session returns once it has written the frame.
     Push(Bytes, u32),
-    /// The session's dedicated connection is gone, and with it any state held on it.
-    PinnedClosed,
+    /// The session's dedicated connection with this id is gone, and with it any state held
+    /// on it. The id lets a session ignore the end of a connection it already replaced.
+    PinnedClosed(u64),
 }
 
 /// Where an upstream connection delivers a session's replies.

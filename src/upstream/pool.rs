@@ -2,11 +2,11 @@
 //! supervisor that reconnects with backoff, and dedicated connections opened on demand for
 //! stateful sessions.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec};
@@ -23,7 +23,7 @@ pub struct Pool {
     /// reply is always in the protocol its client negotiated and is forwarded untouched.
     shared: [Vec<mpsc::Sender<Batch>>; 2],
     /// The upstream's latest HELLO reply per RESP version, replayed to clients' plain HELLO.
-    hello: [Arc<RwLock<Option<Bytes>>>; 2],
+    hello: [watch::Receiver<Option<Bytes>>; 2],
     /// Queue depth for dedicated connections.
     queue_depth: usize,
 }
@@ -46,7 +46,9 @@ impl Pool {
             Duration::from_millis(u.reconnect_min_ms.value),
             Duration::from_millis(u.reconnect_max_ms.value),
         );
-        let hello = [Arc::new(RwLock::new(None)), Arc::new(RwLock::new(None))];
+        let (hello2_tx, hello2) = watch::channel(None);
+        let (hello3_tx, hello3) = watch::channel(None);
+        let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
             for _ in 0..u.connections.value {
@@ -56,7 +58,7 @@ impl Pool {
                     spec.clone(),
                     proto,
                     rx,
-                    hello[index].clone(),
+                    hello_tx[index].clone(),
                     backoff,
                 ));
             }
@@ -64,7 +66,7 @@ impl Pool {
         Ok(Arc::new(Pool {
             spec,
             shared,
-            hello,
+            hello: [hello2, hello3],
             queue_depth: u.queue_depth.value,
         }))
     }
@@ -81,26 +83,38 @@ impl Pool {
         &conns[(client_id % conns.len() as u64) as usize]
     }
 
-    /// The upstream's HELLO reply for a RESP version, once a shared connection has been made.
-    pub fn hello(&self, proto: u8) -> Option<Bytes> {
-        self.hello[usize::from(proto == 3)]
-            .read()
-            .ok()
-            .and_then(|h| h.clone())
+    /// The upstream's HELLO reply for a RESP version. Right after start the first handshake
+    /// may still be under way: wait for it, bounded by the connect timeout.
+    pub async fn hello(&self, proto: u8) -> Option<Bytes> {
+        let mut rx = self.hello[usize::from(proto == 3)].clone();
+        let wait = rx.wait_for(Option::is_some);
+        match tokio::time::timeout(self.spec.connect_timeout, wait).await {
+            Ok(Ok(h)) => h.clone(),
+            _ => None,
+        }
+    }
+
+    /// Whether the pool logs in with its own credentials. Without them, a client's AUTH runs
+    /// on a connection that has had no handshake at all, exactly as on a direct connection.
+    pub fn has_credentials(&self) -> bool {
+        self.spec.password.is_some()
     }
 
     /// Opens a dedicated connection for one session. It lives until the session drops the
     /// returned sender or the connection fails; then the session gets `Reply::PinnedClosed`.
+    /// `raw` skips the handshake: the connection starts as a fresh RESP2 one, unauthenticated.
     pub async fn dedicated(
         &self,
         proto: u8,
         push: PushTarget,
+        raw: bool,
     ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
-        let (stream, _) = handshake::connect(&self.spec, proto).await?;
+        let (stream, _) = handshake::connect(&self.spec, (!raw).then_some(proto)).await?;
         let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
         let addr = self.spec.addr.clone();
         tokio::spawn(async move {
             let to = push.to.clone();
+            let conn_id = push.conn_id;
             let reason = conn::run(stream, &mut rx, &addr, Some(push)).await;
             tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
             rx.close();
@@ -114,7 +128,7 @@ impl Pool {
                     }),
                 });
             }
-            let _ = to.send(Reply::PinnedClosed);
+            let _ = to.send(Reply::PinnedClosed(conn_id));
         });
         Ok(tx)
     }
@@ -127,16 +141,14 @@ async fn supervise(
     spec: Arc<NodeSpec>,
     proto: u8,
     mut rx: mpsc::Receiver<Batch>,
-    hello: Arc<RwLock<Option<Bytes>>>,
+    hello: Arc<watch::Sender<Option<Bytes>>>,
     (min_backoff, max_backoff): (Duration, Duration),
 ) {
     let mut backoff = min_backoff;
     loop {
-        let reason: Arc<str> = match handshake::connect(&spec, proto).await {
+        let reason: Arc<str> = match handshake::connect(&spec, Some(proto)).await {
             Ok((stream, reply)) => {
-                if let Ok(mut h) = hello.write() {
-                    *h = Some(reply);
-                }
+                hello.send_replace(Some(reply));
                 tracing::info!(upstream = %spec.addr, proto, "shared upstream connection up");
                 backoff = min_backoff;
                 let reason = conn::run(stream, &mut rx, &spec.addr, None).await;

@@ -40,6 +40,25 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A unique temp directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        TempDir(temp_dir(tag))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A loopback port that was free a moment ago (callers retry on a race).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,0 +1,344 @@
+//! The `redis-policy-proxy` binary: `--check`, start-up with a bad file, command-line
+//! overrides, and serving real traffic as a separate process.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+/// Exit code for a configuration problem (EX_USAGE).
+const EX_USAGE: i32 = 64;
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary to completion, bounded by the deadline.
+async fn run_bin(args: &[&str]) -> Run {
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("redis-policy-proxy {args:?} did not exit within {DEADLINE:?}"))
+        .expect("wait for redis-policy-proxy");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// True if `text` points at `line` of a file, in either `FILE:LINE` or "line LINE" style.
+fn mentions_line(text: &str, file: &str, line: u32) -> bool {
+    text.contains(&format!("{file}:{line}"))
+        || text.contains(&format!("line {line}"))
+        || text.contains(&format!(":{line}:"))
+}
+
+const GOOD: &str = "\
+listen: 127.0.0.1:6380
+upstream:
+  address: 127.0.0.1:6379
+  connections: 2
+  connect_timeout_ms: 500
+  reconnect_min_ms: 10
+  reconnect_max_ms: 1000
+  queue_depth: 256
+limits:
+  max_clients: 100
+  max_bulk_len: 1048576
+  max_multibulk_len: 1024
+  max_inline_len: 4096
+  max_query_buffer: 1048576
+  max_inflight: 64
+shutdown_grace_ms: 1000
+workers: 1
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_accepts_a_good_file() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let good = write_file(dir, "good.yaml", GOOD);
+    let r = run_bin(&["--check", path_str(&good)]).await;
+    assert_eq!(r.code, Some(0), "stderr: {} stdout: {}", r.stderr, r.stdout);
+    let empty = write_file(dir, "empty.yaml", "");
+    let r = run_bin(&["--check", path_str(&empty)]).await;
+    assert_eq!(
+        r.code,
+        Some(0),
+        "an empty file means defaults: {}",
+        r.stderr
+    );
+    let auth = write_file(
+        dir,
+        "auth.yaml",
+        "upstream:\n  address: localhost:6379\n  username: app\n  password: s3cret\n",
+    );
+    let r = run_bin(&["--check", path_str(&auth)]).await;
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    assert!(
+        !r.stderr.contains("s3cret") && !r.stdout.contains("s3cret"),
+        "the password must not be printed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_rejects_a_typo_naming_file_line_and_key() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let bad = write_file(
+        dir,
+        "typo.yaml",
+        "listen: 127.0.0.1:6380\nupstream:\n  adress: 127.0.0.1:6379\n",
+    );
+    let file = path_str(&bad);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(
+        r.stderr.contains(file),
+        "stderr must name the file: {}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("adress"),
+        "stderr must name the key: {}",
+        r.stderr
+    );
+    assert!(
+        mentions_line(&r.stderr, file, 3),
+        "stderr must name line 3: {}",
+        r.stderr
+    );
+
+    let top = write_file(dir, "top.yaml", "listen: 127.0.0.1:6380\nworkerz: 2\n");
+    let r = run_bin(&["--check", path_str(&top)]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(r.stderr.contains("workerz"), "{}", r.stderr);
+    assert!(mentions_line(&r.stderr, path_str(&top), 2), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_lists_every_invalid_value_with_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let bad = write_file(
+        dir,
+        "invalid.yaml",
+        "listen: nowhere\nupstream:\n  address: 127.0.0.1:6379\n  connections: 0\nlimits:\n  max_inflight: 0\n",
+    );
+    let file = path_str(&bad);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    for want in [
+        format!("{file}:1: field `listen`"),
+        format!("{file}:4: field `upstream.connections`"),
+        format!("{file}:6: field `limits.max_inflight`"),
+    ] {
+        assert!(
+            r.stderr.contains(&want),
+            "missing {want:?} in: {}",
+            r.stderr
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_rejects_a_mistyped_value_naming_the_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let bad = write_file(dir, "type.yaml", "limits:\n  max_clients: lots\n");
+    let file = path_str(&bad);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(r.stderr.contains(file), "{}", r.stderr);
+    assert!(r.stderr.contains("max_clients"), "{}", r.stderr);
+    assert!(mentions_line(&r.stderr, file, 2), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_of_a_missing_file_fails_naming_it() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let missing = dir.join("nope.yaml");
+    let r = run_bin(&["--check", path_str(&missing)]).await;
+    assert_ne!(r.code, Some(0));
+    assert!(r.code.is_some(), "killed by a signal instead of exiting");
+    assert!(r.stderr.contains(path_str(&missing)), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_with_a_bad_file_exits_64() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let bad = write_file(dir, "bad.yaml", "upstream:\n  adress: x\n");
+    let file = path_str(&bad);
+    let r = run_bin(&["--config", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(r.stderr.contains(file), "{}", r.stderr);
+    assert!(r.stderr.contains("adress"), "{}", r.stderr);
+    assert!(mentions_line(&r.stderr, file, 2), "{}", r.stderr);
+
+    let invalid = write_file(dir, "invalid.yaml", "upstream:\n  connections: 1000\n");
+    let r = run_bin(&["--config", path_str(&invalid)]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "{}:2: field `upstream.connections`",
+            path_str(&invalid)
+        )),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The binary running as a server, killed on drop.
+struct Server {
+    child: std::process::Child,
+}
+
+impl Server {
+    fn spawn(args: &[&str]) -> Server {
+        let child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-policy-proxy");
+        Server { child }
+    }
+
+    /// Polls until the proxy answers PONG, within the deadline, then checks with redis-cli.
+    /// `Err` if the process exited first (e.g. it lost a race for the port).
+    async fn wait_ready(&mut self, port: u16) -> Result<(), String> {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("redis-policy-proxy exited early: {status}"));
+            }
+            if let Some(mut c) = Raw::try_connect(format!("127.0.0.1:{port}"), DEADLINE).await {
+                c.send(b"PING\r\n").await;
+                let got = c.collect_frames(1, Duration::from_secs(2)).await;
+                if got.frames.first().is_some_and(|f| f == b"+PONG\r\n") {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < until,
+                "proxy on port {port} never answered PING"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        let out = redis_cli(port, &["PING"]).await;
+        assert_eq!(out.stdout, "PONG\n", "stderr: {}", out.stderr);
+        Ok(())
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < until,
+                "no exit within {DEADLINE:?} of SIGTERM"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_and_upstream_flags_override_the_file() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    // The file points at addresses where nothing works; the flags must win.
+    let dead = free_port();
+    let file = write_file(
+        dir,
+        "proxy.yaml",
+        &format!(
+            "listen: 127.0.0.1:{}\nupstream:\n  address: 127.0.0.1:{dead}\nshutdown_grace_ms: 1000\n",
+            free_port()
+        ),
+    );
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut server = Server::spawn(&[
+            "--config",
+            path_str(&file),
+            "--listen",
+            &listen,
+            "--upstream",
+            &redis.addr(),
+        ]);
+        // A lost race for the port makes the binary exit; try another one.
+        if let Err(e) = server.wait_ready(port).await {
+            last = e;
+            continue;
+        }
+        let out = redis_cli(port, &["SET", "via-binary", "yes"]).await;
+        assert_eq!(out.stdout, "OK\n", "stderr: {}", out.stderr);
+        assert_eq!(redis.direct(&["GET", "via-binary"]).await, b"$3\r\nyes\r\n");
+        let status = server.terminate().await;
+        assert!(status.success(), "exit after SIGTERM: {status}");
+        return;
+    }
+    panic!("could not start the binary: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_alone_are_enough() {
+    let redis = RedisServer::start();
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut server = Server::spawn(&["--listen", &listen, "--upstream", &redis.addr()]);
+        if let Err(e) = server.wait_ready(port).await {
+            last = e;
+            continue;
+        }
+        let out = redis_cli(port, &["-r", "3", "INCR", "n"]).await;
+        assert_eq!(out.stdout, "1\n2\n3\n");
+        let status = server.terminate().await;
+        assert!(status.success(), "exit after SIGTERM: {status}");
+        return;
+    }
+    panic!("could not start the binary: {last}");
+}
