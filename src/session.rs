@@ -96,7 +96,7 @@ struct Hidden {
 /// connection's offset covers every earlier write of this client (the session waited for those
 /// to be answered before switching connections).
 const WAIT_BARRIER: &[u8] =
-    b"*3\r\n$7\r\nPUBLISH\r\n$28\r\n__redis-policy-proxy__:wait\r\n$0\r\n\r\n";
+    b"*3\r\n$7\r\nPUBLISH\r\n$27\r\n__redis-policy-proxy__:wait\r\n$0\r\n\r\n";
 
 /// CLIENT REPLY state, kept by the proxy because upstream connections are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1172,4 +1172,60 @@ fn with_client_id(hello: &Bytes, id: u64) -> Bytes {
     out.extend_from_slice(id.to_string().as_bytes());
     out.extend_from_slice(&hello[start + len..]);
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_barrier_is_one_well_formed_command() {
+        let mut args = Vec::new();
+        let decoded = codec::decode(WAIT_BARRIER, &CodecLimits::default(), &mut args);
+        assert_eq!(
+            decoded,
+            Ok(Some(Decoded::Command {
+                len: WAIT_BARRIER.len()
+            }))
+        );
+        assert_eq!(
+            &WAIT_BARRIER[args[1].clone()],
+            b"__redis-policy-proxy__:wait"
+        );
+    }
+
+    #[test]
+    fn hidden_replies_are_stripped() {
+        let data = Bytes::from_static(b":1\r\n+OK\r\n$1\r\nx\r\n");
+        let before = Hidden {
+            before: 1,
+            after: 0,
+        };
+        assert_eq!(
+            strip_hidden(data.clone(), 3, before, 3),
+            (Bytes::from_static(b"+OK\r\n$1\r\nx\r\n"), 0)
+        );
+        let after = Hidden {
+            before: 0,
+            after: 1,
+        };
+        assert_eq!(
+            strip_hidden(data.slice(..9), 2, after, 2),
+            (Bytes::from_static(b":1\r\n"), 0)
+        );
+        // The hidden command's reply never came: the client's own reply is missing too.
+        assert_eq!(
+            strip_hidden(data.slice(..4), 1, before, 2),
+            (Bytes::new(), 1)
+        );
+    }
+
+    #[test]
+    fn hello_reply_carries_the_client_id() {
+        let hello = Bytes::from_static(b"%2\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:17\r\n");
+        assert_eq!(
+            &with_client_id(&hello, 4242)[..],
+            b"%2\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:4242\r\n"
+        );
+    }
 }
