@@ -28,6 +28,7 @@
 
 pub mod codec;
 pub mod command;
+pub mod commands;
 pub mod config;
 pub mod error;
 pub mod reply;
