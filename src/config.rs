@@ -39,6 +39,8 @@ pub struct Config {
     /// Tokio worker threads; 0 means one per core. A knob because the best layout depends on
     /// how many cores Redis itself needs on the same host.
     pub workers: Located<usize>,
+    /// Policy rules, checked in-line for every command (see `policy/README.md`).
+    pub rules: Vec<crate::policy::RuleConfig>,
 }
 
 impl Default for Config {
@@ -49,6 +51,7 @@ impl Default for Config {
             limits: Limits::default(),
             shutdown_grace_ms: located(10_000),
             workers: located(0),
+            rules: Vec::new(),
         }
     }
 }
@@ -346,6 +349,9 @@ impl Config {
                     message: e,
                 });
             }
+        }
+        if let Err(rule_problems) = crate::policy::Policy::compile(&self.rules) {
+            problems.extend(rule_problems);
         }
         if problems.is_empty() {
             Ok(())

@@ -23,6 +23,8 @@
 //! - [`command`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, classify, route, reply in order.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
+//! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
+//! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
@@ -31,6 +33,7 @@ pub mod command;
 pub mod commands;
 pub mod config;
 pub mod error;
+pub mod policy;
 pub mod reply;
 pub mod server;
 pub mod session;

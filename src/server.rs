@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use crate::codec::CodecLimits;
 use crate::config::Config;
 use crate::error::{ClientError, ProxyError, error_reply};
+use crate::policy::Policy;
 use crate::session::{self, Context};
 use crate::upstream::pool::Pool;
 
@@ -27,6 +28,10 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let pool = Pool::start(&config).map_err(std::io::Error::other)?;
+    let policy = Policy::compile(&config.rules).map_err(|problems| {
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        std::io::Error::other(text.join("; "))
+    })?;
     let limits = &config.limits;
     let ctx = Arc::new(Context {
         pool,
@@ -40,6 +45,7 @@ pub async fn run(
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
         shutdown: stop_rx,
+        policy: Arc::new(policy),
     });
     let max_clients = limits.max_clients.value;
     let clients = Arc::new(AtomicUsize::new(0));

@@ -22,6 +22,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command::{self, ClientSub, Kind};
 use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
+use crate::policy::{Policy, Verdict};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply};
@@ -43,6 +44,8 @@ pub struct Context {
     pub upstream_password: Option<String>,
     /// Flips to `true` when the proxy drains for shutdown.
     pub shutdown: watch::Receiver<bool>,
+    /// The rules every command is checked against before it is routed.
+    pub policy: Arc<Policy>,
 }
 
 /// Bytes of push frames (pub/sub messages) a session may hold unwritten.
@@ -69,7 +72,7 @@ enum Slot {
 }
 
 /// How the replies of one upstream slot are treated.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Handling {
     /// Dropped unwritten: the client switched replies off (CLIENT REPLY OFF/SKIP).
     suppress: bool,
@@ -80,6 +83,8 @@ struct Handling {
     hidden: Hidden,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
+    /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
+    replace: Option<Bytes>,
 }
 
 /// Commands the proxy sends before or after a client's command in the same batch; their
@@ -131,6 +136,9 @@ enum Effect {
     /// CLIENT INFO: the reply describes the upstream connection; rewrite it to describe the
     /// client (id, name, addresses).
     ClientInfo,
+    /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
+    /// answer EXECABORT, as Redis does after a command rejected at queue time.
+    AbortExec,
 }
 
 /// What to do with one command.
@@ -147,6 +155,8 @@ enum Action {
     Silent(ReplyMode),
     /// RESET: needs everything in flight answered first.
     Reset,
+    /// The policy refused the command: answer with this error (and spoil an open MULTI).
+    Refused(Bytes),
     /// HELLO answered by the proxy: the upstream's reply with this client's id.
     Hello {
         proto: u8,
@@ -193,6 +203,8 @@ struct Session {
     /// CLIENT SETNAME value, answered by CLIENT GETNAME.
     name: Option<Bytes>,
     in_multi: bool,
+    /// The policy refused a command inside the open MULTI: EXEC must abort.
+    multi_refused: bool,
     watching: bool,
     subscribed: bool,
     monitor: bool,
@@ -242,6 +254,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         db: 0,
         name: None,
         in_multi: false,
+        multi_refused: false,
         watching: false,
         subscribed: false,
         monitor: false,
@@ -363,6 +376,7 @@ impl Effect {
                 | Effect::Auth
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
+                | Effect::AbortExec
         )
     }
 }
@@ -410,7 +424,9 @@ impl Session {
                 } else {
                     strip_hidden(data, commands - missing, handling.hidden, commands)
                 };
-                let data = if handling.client_info && error.is_none() {
+                let data = if let (Some(r), None) = (&handling.replace, &error) {
+                    r.clone()
+                } else if handling.client_info && error.is_none() {
                     self.rewrite_client_info(data)
                 } else {
                     data
@@ -693,7 +709,15 @@ impl Session {
                     self.rbuf.advance(len);
                     return true;
                 }
-                let command = self.rbuf.split_to(len).freeze();
+                let mut command = self.rbuf.split_to(len).freeze();
+                let mut replace = None;
+                if effect == Effect::AbortExec {
+                    command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
+                    replace = Some(simple_error(
+                        "EXECABORT",
+                        "Transaction discarded because of previous errors.",
+                    ));
+                }
                 let mut hidden = Hidden::default();
                 let bytes = if effect == Effect::Auth && self.proto == 3 {
                     // A connection opened without handshake speaks RESP2: after the client's
@@ -723,6 +747,7 @@ impl Session {
                     blocking,
                     hidden,
                     client_info: effect == Effect::ClientInfo,
+                    replace,
                 };
                 self.send(target, bytes, expect, handling).await;
                 self.apply(effect);
@@ -777,6 +802,18 @@ impl Session {
                     if name.is_some() {
                         self.name = name;
                     }
+                }
+            }
+            Action::Refused(reply) => {
+                self.rbuf.advance(len);
+                if self.in_multi {
+                    self.multi_refused = true;
+                }
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
                 }
             }
             Action::Reset => {
@@ -837,9 +874,11 @@ impl Session {
     fn apply(&mut self, effect: Effect) {
         match effect {
             Effect::None | Effect::Blocking | Effect::Wait | Effect::ClientInfo => {}
+            Effect::AbortExec => self.apply(Effect::EndMulti),
             Effect::Multi => self.in_multi = true,
             Effect::EndMulti => {
                 self.in_multi = false;
+                self.multi_refused = false;
                 self.watching = false;
             }
             Effect::Watch => self.watching = true,
@@ -870,6 +909,7 @@ impl Session {
         self.db = 0;
         self.name = None;
         self.in_multi = false;
+        self.multi_refused = false;
         self.watching = false;
         self.subscribed = false;
         self.monitor = false;
@@ -890,6 +930,13 @@ impl Session {
             effect,
         };
         let current = self.current_target();
+        if !self.ctx.policy.is_empty() {
+            if let Verdict::Refuse(reply) = self.ctx.policy.check(&args) {
+                // Inside MULTI the refused command must still spoil the transaction, as a
+                // command Redis rejects at queue time does (see `Effect::Refused`).
+                return Action::Refused(reply);
+            }
+        }
         let kind = command::classify(args.get(0));
         match kind {
             Kind::Plain => forward(current, Effect::None),
@@ -903,6 +950,9 @@ impl Session {
                 }
             }
             Kind::Multi => forward(Target::Dedicated, Effect::Multi),
+            Kind::Exec if self.in_multi && self.multi_refused => {
+                forward(Target::Dedicated, Effect::AbortExec)
+            }
             Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
             Kind::Watch => forward(Target::Dedicated, Effect::Watch),
             Kind::Unwatch => forward(current, Effect::Unwatch),
@@ -1109,6 +1159,15 @@ struct Args<'a> {
     /// The command's bytes; the ranges index into it.
     frame: &'a [u8],
     ranges: &'a [Range<usize>],
+}
+
+impl crate::policy::CommandLine for Args<'_> {
+    fn argc(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        self.get(i)
+    }
 }
 
 impl<'a> Args<'a> {

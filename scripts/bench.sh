@@ -1,0 +1,458 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: redis-benchmark against Redis directly, through redis-policy-proxy
+# (passthrough and default configs) and through twemproxy, interleaved, several rounds.
+#
+#   scripts/bench.sh                 full run (about 11 minutes on 2 cores)
+#   QUICK=1 scripts/bench.sh         requests / 10, for a smoke test (about 1.5 minutes)
+#
+# Environment:
+#   ROUNDS=3     rounds; every round runs every target once per workload, in a rotated order so
+#                that no target always runs first (cold) or last
+#   QUICK=1      divide every -n by 10
+#   PIN=1        CPU pinning with taskset: redis-server on core 0, both proxies and twemproxy
+#                on core 1, redis-benchmark unpinned. It keeps the scheduler from moving the
+#                servers between cores mid-run (less noise) and gives the proxy exactly one
+#                core, as single-threaded twemproxy uses, so the comparison is like for like.
+#                With 2 cores the unpinned benchmark client still competes with both.
+#   WORKLOADS="P1 P16 c500 c1000 mixed"   subset of workloads to run
+#   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
+#                when missing, the twemproxy target is skipped
+#   KEEP=1       keep the temp directory (logs, raw results) after exit
+#
+# Needs redis-server, redis-cli and redis-benchmark (Debian: redis-server redis-tools), and
+# twemproxy for that column (Debian: nutcracker).
+#
+# Reports, for each workload and target: median ops/s, the ratio to direct (median of the
+# per-round ratios, with min-max), median p50/p99 latency from redis-benchmark --csv, and the
+# CPU each server process spent per request (utime+stime from /proc/PID/stat around each run,
+# divided by the run's requests). Ends with a Markdown table and one `summary:` line.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo="$(pwd)"
+
+ROUNDS="${ROUNDS:-3}"
+QUICK="${QUICK:-0}"
+PIN="${PIN:-0}"
+WORKLOADS="${WORKLOADS:-P1 P16 c500 c1000 mixed}"
+KEEP="${KEEP:-0}"
+
+log() { echo "bench: $*" >&2; }
+die() {
+    log "$*"
+    exit 1
+}
+
+for tool in redis-server redis-cli redis-benchmark; do
+    command -v "$tool" >/dev/null 2>&1 ||
+        die "$tool not found (Debian: apt-get install -y redis-server redis-tools)"
+done
+NUTCRACKER="${NUTCRACKER:-$(command -v nutcracker || echo /usr/sbin/nutcracker)}"
+have_twemproxy=1
+if [[ ! -x "$NUTCRACKER" ]]; then
+    log "twemproxy (nutcracker) not found; skipping that target (Debian: apt-get install -y nutcracker)"
+    have_twemproxy=0
+fi
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
+
+# 1000 clients need ~1000 descriptors in each of redis-benchmark, the proxy and Redis.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if (($(ulimit -n) < 4096)); then
+    log "warning: open-file limit is $(ulimit -n); the 1000-client workload may fail"
+fi
+
+clk_tck="$(getconf CLK_TCK)"
+
+# --- Pinning ----------------------------------------------------------------------------------
+redis_pin=()
+proxy_pin=()
+if [[ "$PIN" == 1 ]]; then
+    if command -v taskset >/dev/null 2>&1 && (($(nproc) >= 2)); then
+        redis_pin=(taskset -c 0)
+        proxy_pin=(taskset -c 1)
+        log "PIN=1: redis-server on core 0, proxies on core 1, redis-benchmark unpinned"
+    else
+        log "PIN=1 needs taskset and at least 2 cores; running unpinned"
+    fi
+fi
+
+# --- Temp dir and teardown --------------------------------------------------------------------
+work="$(mktemp -d -t rpp-bench.XXXXXX)"
+pids=()
+
+# shellcheck disable=SC2317  # called from the EXIT trap
+cleanup() {
+    local status=$?
+    local pid
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        # Bounded: SIGKILL whatever has not exited after ~5 s.
+        for _ in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ "$KEEP" == 1 ]]; then
+        log "kept $work"
+    else
+        rm -rf "$work"
+    fi
+    exit "$status"
+}
+# Every way out goes through cleanup, also a closed output pipe (`| head`) or a lost terminal.
+trap cleanup EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 141' PIPE
+trap 'exit 143' TERM
+
+# --- Helpers ----------------------------------------------------------------------------------
+used_ports=" "
+port=""
+# Sets $port to a loopback port nobody listens on now and that this script has not handed out.
+pick_port() {
+    local p
+    for _ in $(seq 1 200); do
+        p=$((20000 + RANDOM % 40000))
+        [[ "$used_ports" == *" $p "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            used_ports+="$p "
+            port="$p"
+            return 0
+        fi
+    done
+    die "no free port found"
+}
+
+# wait_ready PORT PID: polls PING under a 10 s deadline; fails early if PID died.
+wait_ready() {
+    local port="$1" pid="$2"
+    for _ in $(seq 1 100); do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == "PONG" ]]; then
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# start NAME LAUNCHER LOG...: picks a port, runs `LAUNCHER PORT`, which starts one background
+# process and sets $launched_pid, then waits for PING. A port taken in the meantime (or any
+# start failure) is retried with a new port, three attempts in all. Every process started is
+# recorded for teardown. Sets $started_port and $started_pid.
+launched_pid=""
+started_port=""
+started_pid=""
+start() {
+    local name="$1" launcher="$2" p
+    shift 2
+    for attempt in 1 2 3; do
+        pick_port
+        p="$port"
+        "$launcher" "$p"
+        pids+=("$launched_pid")
+        if wait_ready "$p" "$launched_pid"; then
+            started_port="$p"
+            started_pid="$launched_pid"
+            return 0
+        fi
+        kill -KILL "$launched_pid" 2>/dev/null || true
+        log "$name did not answer PING on port $p (attempt $attempt); its log:"
+        tail -n 20 "$@" >&2 2>/dev/null || true
+    done
+    die "could not start $name"
+}
+
+# CPU ticks (utime + stime, all threads) of PID; fields counted after the ")" closing comm.
+cpu_ticks() {
+    local rest
+    rest="$(cat "/proc/$1/stat")"
+    rest="${rest##*) }"
+    # shellcheck disable=SC2086  # split the fields on purpose
+    set -- $rest
+    # After comm: 1=state ... 12=utime 13=stime (fields 14 and 15 of stat).
+    echo $((${12} + ${13}))
+}
+
+# --- Build and start everything ---------------------------------------------------------------
+log "building the proxy (cargo build --release)"
+cargo build --release --quiet
+bin="${CARGO_TARGET_DIR:-$repo/target}/release/redis-policy-proxy"
+[[ -x "$bin" ]] || die "no binary at $bin"
+
+launch_redis() {
+    "${redis_pin[@]}" redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$work" --logfile "$work/redis.log" --maxclients 10000 >>"$work/redis.out" 2>&1 &
+    launched_pid=$!
+}
+start redis-server launch_redis "$work/redis.log" "$work/redis.out"
+redis_port="$started_port"
+redis_pid="$started_pid"
+
+targets=(direct proxy-passthrough proxy-default)
+declare -A port_of pid_of
+port_of[direct]="$redis_port"
+pid_of[direct]=""
+
+proxy_config=""
+proxy_log=""
+launch_proxy() {
+    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$bin" --config "$proxy_config" \
+        --listen "127.0.0.1:$1" --upstream "127.0.0.1:$redis_port" 2>>"$proxy_log" &
+    launched_pid=$!
+}
+for name in proxy-passthrough proxy-default; do
+    proxy_config="policy/${name#proxy-}.yaml"
+    proxy_log="$work/$name.log"
+    start "$name" launch_proxy "$proxy_log"
+    port_of[$name]="$started_port"
+    pid_of[$name]="$started_pid"
+done
+
+launch_twemproxy() {
+    cat >"$work/nutcracker.yml" <<EOF
+bench:
+  listen: 127.0.0.1:$1
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  preconnect: true
+  auto_eject_hosts: false
+  server_connections: 1
+  servers:
+    - 127.0.0.1:$redis_port:1
+EOF
+    if ! "$NUTCRACKER" --test-conf --conf-file="$work/nutcracker.yml" \
+        >"$work/nutcracker-test.log" 2>&1; then
+        cat "$work/nutcracker-test.log" >&2
+        die "twemproxy rejected its generated config"
+    fi
+    # The stats listener gets a free port of its own instead of the fixed default 22222.
+    pick_port
+    "${proxy_pin[@]}" "$NUTCRACKER" --conf-file="$work/nutcracker.yml" \
+        --output="$work/nutcracker.log" --stats-port="$port" --stats-addr=127.0.0.1 \
+        --pid-file="$work/nutcracker.pid" &
+    launched_pid=$!
+}
+tw_port=""
+if [[ "$have_twemproxy" == 1 ]]; then
+    start twemproxy launch_twemproxy "$work/nutcracker.log"
+    tw_port="$started_port"
+    targets+=(twemproxy)
+    port_of[twemproxy]="$started_port"
+    pid_of[twemproxy]="$started_pid"
+fi
+
+log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${port_of[proxy-default]}$(
+    [[ "$have_twemproxy" == 1 ]] && echo "  twemproxy :$tw_port"
+)  (temp dir $work)"
+
+# --- Workloads --------------------------------------------------------------------------------
+scale() { if [[ "$QUICK" == 1 ]]; then echo $(($1 / 10)); else echo "$1"; fi; }
+
+declare -A wl_tests wl_args wl_n
+wl_tests[P1]="set,get"
+wl_n[P1]="$(scale 200000)"
+wl_args[P1]="-c 50 -r 100000"
+wl_tests[P16]="set,get"
+wl_n[P16]="$(scale 1000000)"
+wl_args[P16]="-c 50 -r 100000 -P 16"
+wl_tests[c500]="set,get"
+wl_n[c500]="$(scale 200000)"
+wl_args[c500]="-c 500 -r 100000"
+wl_tests[c1000]="set,get"
+wl_n[c1000]="$(scale 200000)"
+wl_args[c1000]="-c 1000 -r 100000"
+wl_tests[mixed]="set,get,incr,lpush,rpop,hset"
+wl_n[mixed]="$(scale 200000)"
+wl_args[mixed]="-c 50 -r 100000 -d 1024"
+
+for w in $WORKLOADS; do
+    [[ -n "${wl_tests[$w]:-}" ]] || die "unknown workload '$w' (known: P1 P16 c500 c1000 mixed)"
+done
+
+# One TSV line per (workload, round, target, test):
+#   workload round target test n rps p50 p99 cpu_redis_us_per_req cpu_proxy_us_per_req errors
+results="$work/results.tsv"
+: >"$results"
+errors_log="$work/errors.log"
+: >"$errors_log"
+
+run_one() {
+    local w="$1" round="$2" target="$3"
+    local port="${port_of[$target]}" ppid="${pid_of[$target]}"
+    local n="${wl_n[$w]}" tests="${wl_tests[$w]}"
+    local ntests requests r0 r1 p0=0 p1=0 out err rc=0
+    ntests="$(tr ',' '\n' <<<"$tests" | wc -l)"
+    requests=$((n * ntests))
+    out="$work/out.$w.$round.$target"
+    err="$work/err.$w.$round.$target"
+
+    r0="$(cpu_ticks "$redis_pid")"
+    [[ -n "$ppid" ]] && p0="$(cpu_ticks "$ppid")"
+    # shellcheck disable=SC2086  # wl_args holds several options
+    redis-benchmark -h 127.0.0.1 -p "$port" -t "$tests" -n "$n" ${wl_args[$w]} --csv \
+        >"$out" 2>"$err" </dev/null || rc=$?
+    r1="$(cpu_ticks "$redis_pid")"
+    [[ -n "$ppid" ]] && p1="$(cpu_ticks "$ppid")"
+
+    # Anything unexpected: a non-zero exit (redis-benchmark 7 exits at the first error reply),
+    # non-CSV stdout, stderr other than the CONFIG warning twemproxy causes (no CONFIG there).
+    local nerr
+    nerr="$(grep -v '^"' "$out" | grep -c . || true)"
+    if ((rc != 0)) || ((nerr > 0)) || grep -qv 'Could not fetch server CONFIG' "$err"; then
+        {
+            echo "== $w round $round $target: exit $rc, $nerr non-CSV stdout lines"
+            grep -v '^"' "$out" | sort | uniq -c | sort -rn | head -n 5 || true
+            grep -v 'Could not fetch server CONFIG' "$err" | head -n 5 || true
+        } >>"$errors_log"
+    fi
+
+    awk -F, -v w="$w" -v round="$round" -v target="$target" -v n="$n" -v req="$requests" \
+        -v rcpu="$((r1 - r0))" -v pcpu="$((p1 - p0))" -v tck="$clk_tck" \
+        -v hasproxy="$([[ -n "$ppid" ]] && echo 1 || echo 0)" -v nerr="$nerr" '
+        function unq(s) { gsub(/"/, "", s); return s }
+        /^"test"/ || !/^"/ { next }
+        {
+            rc = rcpu * 1e6 / tck / req
+            pc = hasproxy ? sprintf("%.2f", pcpu * 1e6 / tck / req) : "-"
+            printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\n", w, round, target,
+                unq($1), n, unq($2), unq($5), unq($7), rc, pc, nerr
+        }' "$out" >>"$results"
+    local got
+    got="$(awk -F'\t' -v w="$w" -v r="$round" -v t="$target" \
+        '$1 == w && $2 == r && $3 == t { printf "%s=%s ", $4, $6 }' "$results")"
+    log "$w round $round $target: ${got:-NO RESULT (exit $rc)}"
+}
+
+for w in $WORKLOADS; do
+    log "workload $w: redis-benchmark -t ${wl_tests[$w]} -n ${wl_n[$w]} ${wl_args[$w]}"
+    redis-cli -h 127.0.0.1 -p "$redis_port" flushall >/dev/null
+    for round in $(seq 1 "$ROUNDS"); do
+        nt=${#targets[@]}
+        for i in $(seq 0 $((nt - 1))); do
+            run_one "$w" "$round" "${targets[$(((i + round - 1) % nt))]}"
+        done
+    done
+done
+
+# --- Report -----------------------------------------------------------------------------------
+report="$work/report.md"
+awk -F'\t' -v targets="${targets[*]}" -v workloads="$WORKLOADS" -v rounds="$ROUNDS" '
+function sort_nums(a, k,    i, j, t) {
+    for (i = 2; i <= k; i++) {
+        t = a[i]
+        for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]
+        a[j + 1] = t
+    }
+}
+# Median, min and max of a space-separated list of numbers ("" when empty).
+function stats(list,    a, k) {
+    k = split(list, a, " ")
+    if (k == 0) return ""
+    sort_nums(a, k)
+    S_MIN = a[1]; S_MAX = a[k]
+    S_MED = (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+    return S_MED
+}
+function add(arr, key, v) { arr[key] = (key in arr) ? arr[key] " " v : v }
+{
+    w = $1; r = $2; t = $3; test = $4; n = $5; rps = $6
+    if (!(w SUBSEP test in seen_test)) {
+        seen_test[w SUBSEP test] = 1
+        tests[w] = (w in tests) ? tests[w] " " test : test
+    }
+    RPS[w, r, t, test] = rps
+    add(P50, w SUBSEP t SUBSEP test, $7)
+    add(P99, w SUBSEP t SUBSEP test, $8)
+    # Workload-level rate per round: requests / time, summed over the tests.
+    TIME[w, r, t] += n / rps; REQ[w, r, t] += n
+    RCPU[w, r, t] = $9; PCPU[w, r, t] = $10; ERR[w, r, t] += $11
+}
+END {
+    nt = split(targets, T, " "); nw = split(workloads, W, " ")
+    print "## Per workload (all its tests together)"
+    print ""
+    print "| workload | target | ops/s (median) | vs direct: median (min-max) | redis CPU us/req | proxy CPU us/req | error lines |"
+    print "|---|---|---:|---:|---:|---:|---:|"
+    summary = "summary:"
+    for (i = 1; i <= nw; i++) {
+        w = W[i]
+        summary = summary " " w
+        for (j = 1; j <= nt; j++) {
+            t = T[j]; ops = ""; ratio = ""; rc = ""; pc = ""; errs = 0
+            for (r = 1; r <= rounds; r++) {
+                if ((w, r, t) in TIME && TIME[w, r, t] > 0) {
+                    v = REQ[w, r, t] / TIME[w, r, t]
+                    ops = ops " " v
+                    if ((w, r, "direct") in TIME && TIME[w, r, "direct"] > 0)
+                        ratio = ratio " " v / (REQ[w, r, "direct"] / TIME[w, r, "direct"])
+                    rc = rc " " RCPU[w, r, t]
+                    if (PCPU[w, r, t] != "-") pc = pc " " PCPU[w, r, t]
+                    errs += ERR[w, r, t]
+                }
+            }
+            if (ops == "") { printf "| %s | %s | FAILED | | | | |\n", w, t; continue }
+            m_ops = stats(ops)
+            m_ratio = stats(ratio); lo = S_MIN; hi = S_MAX
+            m_rc = stats(rc)
+            m_pc = (pc == "") ? "-" : sprintf("%.2f", stats(pc))
+            printf "| %s | %s | %.0f | %.2f (%.2f-%.2f) | %.2f | %s | %d |\n", w, t, m_ops,
+                m_ratio, lo, hi, m_rc, m_pc, errs
+            if (t != "direct") summary = summary sprintf(" %s/direct=%.2f", t, m_ratio)
+        }
+    }
+    print ""
+    print "## Per test"
+    print ""
+    print "| workload | test | target | ops/s (median) | vs direct: median (min-max) | p50 ms | p99 ms |"
+    print "|---|---|---|---:|---:|---:|---:|"
+    for (i = 1; i <= nw; i++) {
+        w = W[i]; ntest = split(tests[w], X, " ")
+        for (x = 1; x <= ntest; x++) {
+            test = X[x]
+            for (j = 1; j <= nt; j++) {
+                t = T[j]; ops = ""; ratio = ""
+                for (r = 1; r <= rounds; r++) {
+                    if ((w, r, t, test) in RPS) {
+                        ops = ops " " RPS[w, r, t, test]
+                        if ((w, r, "direct", test) in RPS && RPS[w, r, "direct", test] > 0)
+                            ratio = ratio " " RPS[w, r, t, test] / RPS[w, r, "direct", test]
+                    }
+                }
+                if (ops == "") { printf "| %s | %s | %s | FAILED | | | |\n", w, test, t; continue }
+                m_ops = stats(ops); m_ratio = stats(ratio); lo = S_MIN; hi = S_MAX
+                printf "| %s | %s | %s | %.0f | %.2f (%.2f-%.2f) | %.3f | %.3f |\n", w, test, t,
+                    m_ops, m_ratio, lo, hi, stats(P50[w, t, test]), stats(P99[w, t, test])
+            }
+        }
+    }
+    print ""
+    print summary
+}' "$results" >"$report"
+
+echo
+echo "# redis-policy-proxy benchmark"
+echo
+echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, redis $(redis-server --version | awk '{print $3}')," \
+    "rounds=$ROUNDS quick=$QUICK pin=$PIN. CPU = utime+stime of the server process per request," \
+    "in microseconds (1 tick = $((1000000 / clk_tck)) us); the benchmark client's own CPU is not counted."
+echo
+cat "$report"
+if [[ -s "$errors_log" ]]; then
+    echo
+    echo "Unexpected output from redis-benchmark (first lines per run):"
+    cat "$errors_log"
+fi
+for name in proxy-passthrough proxy-default; do
+    if grep -qiE 'warn|error' "$work/$name.log"; then
+        echo
+        echo "$name log warnings/errors:"
+        grep -iE 'warn|error' "$work/$name.log" | sort | uniq -c | sort -rn | head -n 10
+    fi
+done

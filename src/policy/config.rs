@@ -1,0 +1,55 @@
+//! The `rules:` section of a policy file: what an operator writes.
+//!
+//! Each rule has an `id` (it names the rule in every refusal, log line and metric), a `mode`
+//! (`enforce` or `audit`), an optional `message` (the better pattern to suggest), and exactly
+//! one kind. Kinds are optional fields rather than a tagged enum so that a typo is reported by
+//! `deny_unknown_fields` with its line, and "no kind" or "two kinds" gets a message naming the
+//! rule.
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// One rule as written in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Names the rule in refusals (`-NOPERM policy <id>: …`), logs and metrics.
+    pub id: Spanned<String>,
+    /// `enforce` refuses; `audit` only logs and counts, so a policy can be rolled out safely.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The better pattern, shown to the client in the refusal.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`).
+    #[serde(default)]
+    pub deny: Option<Spanned<Vec<String>>>,
+    /// With `deny`: the command is allowed when one of its arguments is this word
+    /// (`FLUSHALL ASYNC`).
+    #[serde(default)]
+    pub unless_arg: Option<String>,
+    /// Refuse SCAN/SSCAN/HSCAN/ZSCAN with a `COUNT` above this.
+    #[serde(default)]
+    pub max_scan_count: Option<Spanned<u64>>,
+    /// Refuse whole-collection range reads (`LRANGE k 0 -1`, `ZRANGE k 0 -1`) and HGETALL,
+    /// SMEMBERS.
+    #[serde(default)]
+    pub deny_unbounded_reads: Option<Spanned<bool>>,
+    /// Refuse a write whose value argument is larger than this many bytes.
+    #[serde(default)]
+    pub max_value_bytes: Option<Spanned<u64>>,
+    /// Refuse a command naming more keys than this.
+    #[serde(default)]
+    pub max_keys: Option<Spanned<u64>>,
+}
+
+/// What a rule does when it matches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Refuse (or rewrite) the command.
+    #[default]
+    Enforce,
+    /// Log and count what the rule would have done; change nothing.
+    Audit,
+}

@@ -1,0 +1,474 @@
+//! The policy engine: rules compiled from the policy file and checked in-line for every
+//! command, before it is routed.
+//!
+//! Phases run in a fixed order (deny → argument guards → size limits); the first refusal
+//! answers the command in its reply slot. A rule in `audit` mode logs and counts what it would
+//! have refused and lets the command through. With no rules the check is one branch.
+
+pub mod config;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::commands::{self, AclCategories, CommandSpec};
+use crate::config::Problem;
+use crate::error::simple_error;
+pub use config::{Mode, RuleConfig};
+
+/// A compiled rule.
+#[derive(Debug)]
+struct Rule {
+    /// From the file; names the rule in replies, logs and metrics.
+    id: String,
+    mode: Mode,
+    /// Operator's advice, appended to the refusal.
+    message: Option<String>,
+    kind: Kind,
+    /// How often the rule matched, by outcome; read by the metrics endpoint.
+    counters: Counters,
+}
+
+/// Per-rule counters, kept in the engine so every front end (metrics, PROXY INFO) reads the
+/// same numbers.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Commands refused.
+    pub denied: AtomicU64,
+    /// Commands the rule would have refused in audit mode.
+    pub audited: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Deny {
+        /// With this argument the command is allowed (`FLUSHALL ASYNC`).
+        unless_arg: Option<Vec<u8>>,
+    },
+    MaxScanCount(u64),
+    UnboundedReads,
+    MaxValueBytes(u64),
+    MaxKeys(u64),
+}
+
+/// The compiled policy.
+#[derive(Debug, Default)]
+pub struct Policy {
+    rules: Vec<Rule>,
+    /// Rules that apply to a command, by the command's table entry (its address: the table
+    /// is static). Commands without rules are absent.
+    by_command: HashMap<usize, Vec<usize>>,
+    /// Rules that apply to every command with a value argument or keys (size limits), checked
+    /// after the per-command rules.
+    global: Vec<usize>,
+}
+
+/// What the policy decided about one command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forward it.
+    Allow,
+    /// Answer with this error instead.
+    Refuse(Bytes),
+}
+
+/// A command line as the policy sees it: argument `i` through a function, so callers keep
+/// their own argument storage.
+pub trait CommandLine {
+    /// Number of arguments, the command name included.
+    fn argc(&self) -> usize;
+    /// Argument `i` (0 is the command name).
+    fn arg(&self, i: usize) -> &[u8];
+}
+
+impl<A: AsRef<[u8]>> CommandLine for [A] {
+    fn argc(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        self[i].as_ref()
+    }
+}
+
+impl Policy {
+    /// Compiles rules; every problem (unknown command or category, rule without a kind or with
+    /// two, duplicate id) is collected with its line.
+    pub fn compile(rules: &[RuleConfig]) -> Result<Policy, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut policy = Policy::default();
+        let mut ids = HashMap::new();
+        for (index, rc) in rules.iter().enumerate() {
+            let line = rc.id.referenced.line();
+            let field = format!("rules[{index}]");
+            let mut problem = |field: String, line: u64, message: String| {
+                problems.push(Problem {
+                    line,
+                    field,
+                    message,
+                })
+            };
+            if rc.id.value.is_empty() || rc.id.value.contains(|c: char| c.is_whitespace()) {
+                problem(
+                    format!("{field}.id"),
+                    line,
+                    "must be a non-empty word".into(),
+                );
+            }
+            if let Some(first) = ids.insert(rc.id.value.clone(), line) {
+                problem(
+                    format!("{field}.id"),
+                    line,
+                    format!("`{}` is already used on line {first}", rc.id.value),
+                );
+            }
+            let mut kinds = Vec::new();
+            let mut commands_of_rule: Vec<&'static CommandSpec> = Vec::new();
+            if let Some(deny) = &rc.deny {
+                for name in &deny.value {
+                    match resolve(name) {
+                        Ok(specs) => commands_of_rule.extend(specs),
+                        Err(e) => problem(format!("{field}.deny"), deny.referenced.line(), e),
+                    }
+                }
+                kinds.push(Kind::Deny {
+                    unless_arg: rc
+                        .unless_arg
+                        .as_ref()
+                        .map(|a| a.to_ascii_uppercase().into()),
+                });
+            } else if rc.unless_arg.is_some() {
+                problem(
+                    format!("{field}.unless_arg"),
+                    line,
+                    "only goes with `deny`".into(),
+                );
+            }
+            if let Some(n) = &rc.max_scan_count {
+                for name in ["scan", "sscan", "hscan", "zscan"] {
+                    commands_of_rule.extend(commands::lookup_name(name.as_bytes()));
+                }
+                kinds.push(Kind::MaxScanCount(n.value));
+            }
+            if let Some(on) = &rc.deny_unbounded_reads {
+                if on.value {
+                    for name in ["lrange", "zrange", "hgetall", "smembers"] {
+                        commands_of_rule.extend(commands::lookup_name(name.as_bytes()));
+                    }
+                    kinds.push(Kind::UnboundedReads);
+                }
+            }
+            let mut global = false;
+            if let Some(n) = &rc.max_value_bytes {
+                kinds.push(Kind::MaxValueBytes(n.value));
+                global = true;
+            }
+            if let Some(n) = &rc.max_keys {
+                kinds.push(Kind::MaxKeys(n.value));
+                global = true;
+            }
+            if kinds.len() != 1 {
+                problem(
+                    field.clone(),
+                    line,
+                    format!(
+                        "rule `{}` needs exactly one of deny, max_scan_count, \
+                         deny_unbounded_reads, max_value_bytes, max_keys (found {})",
+                        rc.id.value,
+                        kinds.len()
+                    ),
+                );
+                continue;
+            }
+            let rule_index = policy.rules.len();
+            policy.rules.push(Rule {
+                id: rc.id.value.clone(),
+                mode: rc.mode,
+                message: rc.message.clone(),
+                kind: kinds.pop().expect("one kind"),
+                counters: Counters::default(),
+            });
+            if global {
+                policy.global.push(rule_index);
+            }
+            for spec in commands_of_rule {
+                let list = policy
+                    .by_command
+                    .entry(spec as *const _ as usize)
+                    .or_default();
+                if !list.contains(&rule_index) {
+                    list.push(rule_index);
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(policy)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Whether there is nothing to check.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Checks one command. Unknown commands pass here (Redis answers them with its own error);
+    /// rules that need a command's keys treat them as refusals where it matters.
+    pub fn check<L: CommandLine + ?Sized>(&self, line: &L) -> Verdict {
+        if self.rules.is_empty() || line.argc() == 0 {
+            return Verdict::Allow;
+        }
+        let spec = commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1)));
+        if let Some(spec) = spec {
+            if let Some(rules) = self.by_command.get(&(spec as *const _ as usize)) {
+                for &r in rules {
+                    if let Some(refusal) = self.apply(r, spec, line) {
+                        return refusal;
+                    }
+                }
+            }
+            for &r in &self.global {
+                if let Some(refusal) = self.apply(r, spec, line) {
+                    return refusal;
+                }
+            }
+        }
+        Verdict::Allow
+    }
+
+    /// Runs one rule; `Some` when it refuses in enforce mode.
+    fn apply<L: CommandLine + ?Sized>(
+        &self,
+        index: usize,
+        spec: &'static CommandSpec,
+        line: &L,
+    ) -> Option<Verdict> {
+        let rule = &self.rules[index];
+        let (code, reason) = violation(&rule.kind, spec, line)?;
+        match rule.mode {
+            Mode::Audit => {
+                rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(rule = %rule.id, command = %spec.name, %reason, "policy audit: would refuse");
+                None
+            }
+            Mode::Enforce => {
+                rule.counters.denied.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(rule = %rule.id, command = %spec.name, %reason, "policy refused");
+                let text = match &rule.message {
+                    Some(m) => format!("policy {}: {reason}; {m}", rule.id),
+                    None => format!("policy {}: {reason}", rule.id),
+                };
+                Some(Verdict::Refuse(simple_error(code, &text)))
+            }
+        }
+    }
+
+    /// Counters of a rule by id, for metrics and tests.
+    pub fn counters(&self, id: &str) -> Option<&Counters> {
+        self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
+    }
+}
+
+/// The error code and reason when `kind` refuses the command, else `None`.
+fn violation<L: CommandLine + ?Sized>(
+    kind: &Kind,
+    spec: &'static CommandSpec,
+    line: &L,
+) -> Option<(&'static str, String)> {
+    let upper = || spec.name.to_ascii_uppercase().replace('|', " ");
+    match kind {
+        Kind::Deny { unless_arg } => {
+            if let Some(word) = unless_arg {
+                if (1..line.argc()).any(|i| line.arg(i).eq_ignore_ascii_case(word)) {
+                    return None;
+                }
+            }
+            Some(("NOPERM", format!("{} is not allowed", upper())))
+        }
+        Kind::MaxScanCount(max) => {
+            let count = option_value(line, b"COUNT")?;
+            let n = crate::codec::parse_int(count)?;
+            (n > *max as i64).then(|| ("ERR", format!("{} COUNT {n} is above {max}", upper())))
+        }
+        Kind::UnboundedReads => {
+            let whole = match spec.name {
+                "lrange" | "zrange" => {
+                    line.argc() >= 4 && line.arg(2) == b"0" && line.arg(3) == b"-1"
+                }
+                _ => true,
+            };
+            whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
+        }
+        Kind::MaxValueBytes(max) => {
+            if !spec.is_write() {
+                return None;
+            }
+            let mut keys = commands::KeyPositions::with_capacity(0);
+            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+            let _ = commands::keys_into(&args, &mut keys);
+            let largest = (1..args.len())
+                .filter(|i| !keys.indices().any(|k| k == *i))
+                .map(|i| args[i].len())
+                .max()?;
+            (largest as u64 > *max).then(|| {
+                (
+                    "ERR",
+                    format!("{} value of {largest} bytes is above {max}", upper()),
+                )
+            })
+        }
+        Kind::MaxKeys(max) => {
+            if !spec.may_have_keys() {
+                return None;
+            }
+            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+            let keys = commands::keys(&args).ok()?;
+            (keys.len() as u64 > *max).then(|| {
+                (
+                    "ERR",
+                    format!("{} names {} keys, above {max}", upper(), keys.len()),
+                )
+            })
+        }
+    }
+}
+
+/// The argument after option `name` (case-insensitive), scanning from the end as Redis's
+/// option parsers let the last occurrence win.
+fn option_value<'a, L: CommandLine + ?Sized>(line: &'a L, name: &[u8]) -> Option<&'a [u8]> {
+    (1..line.argc().saturating_sub(1))
+        .rev()
+        .find(|&i| line.arg(i).eq_ignore_ascii_case(name))
+        .map(|i| line.arg(i + 1))
+}
+
+/// Commands named by a `deny` entry: a command (`KEYS`), a subcommand (`config|set`) or a
+/// category (`@dangerous`).
+fn resolve(name: &str) -> Result<Vec<&'static CommandSpec>, String> {
+    if let Some(cat) = name.strip_prefix('@') {
+        let cat = AclCategories::from_category(cat.as_bytes())
+            .ok_or_else(|| format!("unknown category `{name}`"))?;
+        return Ok(commands::all_commands()
+            .filter(|c| c.in_categories(cat))
+            .collect());
+    }
+    let spec = commands::lookup_name(name.as_bytes())
+        .ok_or_else(|| format!("unknown command `{name}`"))?;
+    // Denying a container denies every subcommand too.
+    Ok(std::iter::once(spec)
+        .chain(spec.subcommands.iter())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    struct File {
+        rules: Vec<RuleConfig>,
+    }
+
+    fn policy(yaml: &str) -> Policy {
+        let f: File = serde_saphyr::from_str(yaml).unwrap();
+        Policy::compile(&f.rules).unwrap()
+    }
+
+    fn check(p: &Policy, line: &str) -> Verdict {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        p.check(&args[..])
+    }
+
+    fn refused(v: Verdict) -> String {
+        match v {
+            Verdict::Refuse(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Verdict::Allow => panic!("allowed"),
+        }
+    }
+
+    #[test]
+    fn deny_names_the_rule_and_the_better_pattern() {
+        let p = policy(
+            "rules:\n  - id: deny-keys\n    deny: [KEYS]\n    message: KEYS blocks the server; use SCAN\n",
+        );
+        assert_eq!(
+            refused(check(&p, "keys *")),
+            "-NOPERM policy deny-keys: KEYS is not allowed; KEYS blocks the server; use SCAN\r\n"
+        );
+        assert_eq!(check(&p, "GET k"), Verdict::Allow);
+        assert_eq!(
+            p.counters("deny-keys")
+                .unwrap()
+                .denied
+                .load(Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn subcommands_categories_and_unless_arg() {
+        let p = policy(
+            "rules:\n  - id: no-config-set\n    deny: [config|set]\n  - id: flush\n    deny: [FLUSHALL]\n    unless_arg: async\n  - id: danger\n    deny: ['@admin']\n    mode: audit\n",
+        );
+        assert!(refused(check(&p, "CONFIG SET maxmemory 1")).contains("CONFIG SET"));
+        assert_eq!(check(&p, "CONFIG GET maxmemory"), Verdict::Allow);
+        assert!(refused(check(&p, "FLUSHALL")).contains("policy flush"));
+        assert_eq!(check(&p, "FLUSHALL ASYNC"), Verdict::Allow);
+        // Audit: allowed, counted (CONFIG GET above is @admin too).
+        assert_eq!(check(&p, "DEBUG SLEEP 0"), Verdict::Allow);
+        assert_eq!(
+            p.counters("danger")
+                .unwrap()
+                .audited
+                .load(Ordering::Relaxed),
+            2
+        );
+    }
+
+    #[test]
+    fn guards_and_size_limits() {
+        let p = policy(
+            "rules:\n  - id: scan\n    max_scan_count: 1000\n  - id: reads\n    deny_unbounded_reads: true\n  - id: big\n    max_value_bytes: 10\n  - id: keys\n    max_keys: 2\n",
+        );
+        assert!(refused(check(&p, "SCAN 0 COUNT 5000")).contains("COUNT 5000 is above 1000"));
+        assert_eq!(check(&p, "SCAN 0 COUNT 100"), Verdict::Allow);
+        assert!(refused(check(&p, "HSCAN h 0 count 5000")).contains("policy scan"));
+        assert!(refused(check(&p, "LRANGE l 0 -1")).contains("policy reads"));
+        assert_eq!(check(&p, "LRANGE l 0 99"), Verdict::Allow);
+        assert!(refused(check(&p, "SET k 12345678901")).contains("policy big"));
+        // A long key name is not a value.
+        assert_eq!(check(&p, "SET kkkkkkkkkkkkkkkk v"), Verdict::Allow);
+        assert_eq!(check(&p, "GET kkkkkkkkkkkkkkkkkkkk"), Verdict::Allow);
+        assert!(refused(check(&p, "MGET a b c")).contains("names 3 keys"));
+        assert_eq!(check(&p, "MGET a b"), Verdict::Allow);
+    }
+
+    #[test]
+    fn compile_reports_every_problem_with_lines() {
+        let f: File = serde_saphyr::from_str(
+            "rules:\n  - id: a\n    deny: [NOPE]\n  - id: a\n    max_keys: 1\n  - id: b\n  - id: c\n    deny: ['@nosuch']\n",
+        )
+        .unwrap();
+        let problems = Policy::compile(&f.rules).unwrap_err();
+        let text: Vec<String> = problems
+            .iter()
+            .map(|p| format!("{}:{}:{}", p.line, p.field, p.message))
+            .collect();
+        let all = text.join("\n");
+        assert!(
+            all.contains("3:rules[0].deny:unknown command `NOPE`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("4:rules[1].id:`a` is already used on line 2"),
+            "{all}"
+        );
+        assert!(
+            all.contains("6:rules[2]:rule `b` needs exactly one"),
+            "{all}"
+        );
+        assert!(all.contains("unknown category `@nosuch`"), "{all}");
+    }
+}
