@@ -36,8 +36,9 @@ pub struct Config {
     pub limits: Limits,
     /// How long SIGTERM waits for in-flight commands before closing connections.
     pub shutdown_grace_ms: Located<u64>,
-    /// Tokio worker threads; 0 means one per core. A knob because the best layout depends on
-    /// how many cores Redis itself needs on the same host.
+    /// Tokio worker threads: 1 (the default) runs tokio's current-thread scheduler, 0 means one
+    /// worker per core. A knob because the best layout depends on how many cores Redis itself
+    /// needs on the same host; measurements in docs/performance.md.
     pub workers: Located<usize>,
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
     pub rules: Vec<crate::policy::RuleConfig>,
@@ -50,7 +51,7 @@ impl Default for Config {
             upstream: UpstreamConfig::default(),
             limits: Limits::default(),
             shutdown_grace_ms: located(10_000),
-            workers: located(0),
+            workers: located(1),
             rules: Vec::new(),
         }
     }

@@ -25,6 +25,8 @@
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
+//! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
+//!   Redis (Lua); not yet wired into the policy engine.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
@@ -34,6 +36,7 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod policy;
+pub mod ratelimit;
 pub mod reply;
 pub mod server;
 pub mod session;

@@ -36,6 +36,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal, not in files, journald or container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     if let Some(path) = &cli.check {
@@ -76,10 +78,17 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
 
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if config.workers.value > 0 {
-        runtime.worker_threads(config.workers.value);
-    }
+    // One worker runs on tokio's current-thread scheduler: no work stealing and no cross-thread
+    // wake-ups, which is what a proxy sharing a small host with Redis wants (docs/performance.md).
+    let mut runtime = if config.workers.value == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if config.workers.value > 1 {
+            b.worker_threads(config.workers.value);
+        }
+        b
+    };
     let runtime = match runtime.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
