@@ -43,4 +43,4 @@ pub mod session;
 pub mod upstream;
 
 pub use config::Config;
-pub use server::run;
+pub use server::{run, serve};

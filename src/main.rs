@@ -3,8 +3,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use clap::Parser;
 use redis_policy_proxy::Config;
+use redis_policy_proxy::policy::{Client, Policy, Verdict};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
 /// 65; 64 is what operators' tooling expects from `--check`).
@@ -26,6 +31,9 @@ struct Cli {
     /// Validate FILE, print every problem, and exit (0 valid, 64 invalid).
     #[arg(long, value_name = "FILE")]
     check: Option<PathBuf>,
+    /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
+    #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
+    explain: Option<Vec<String>>,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +59,10 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
         };
+    }
+
+    if let Some(args) = &cli.explain {
+        return explain(Path::new(&args[0]), &args[1]);
     }
 
     let mut config = match &cli.config {
@@ -98,7 +110,21 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.listen.value).await?;
-        redis_policy_proxy::run(listener, config, shutdown_signal()).await
+        let policy = Policy::compile(&config.rules).map_err(|p| {
+            std::io::Error::other(
+                p.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })?;
+        let policy = Arc::new(ArcSwap::from_pointee(policy));
+        if let Some(path) = cli.config.clone() {
+            // Registered before serving, so a SIGHUP can never hit the default action (exit).
+            let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            tokio::spawn(reload_on_sighup(path, policy.clone(), hup));
+        }
+        redis_policy_proxy::serve(listener, config, policy, shutdown_signal()).await
     });
     // Sessions still running after the grace period are dropped with the runtime.
     runtime.shutdown_background();
@@ -127,4 +153,75 @@ async fn shutdown_signal() {
     });
     term.recv().await;
     tracing::info!("SIGTERM: draining clients");
+}
+
+/// SIGHUP: re-read the policy file, validate and compile it, and swap it in. On any error the
+/// running policy stays and the error (file, line, field) is logged. Transport settings
+/// (`listen`, `upstream`, `limits`) need a restart; only `rules` are reloaded.
+async fn reload_on_sighup(
+    path: PathBuf,
+    policy: Arc<ArcSwap<Policy>>,
+    mut hup: tokio::signal::unix::Signal,
+) {
+    while hup.recv().await.is_some() {
+        match Config::load(&path).map(|c| Policy::compile(&c.rules)) {
+            Ok(Ok(new)) => {
+                tracing::info!(file = %path.display(), policy = ?new, "policy reloaded");
+                policy.store(Arc::new(new));
+            }
+            Ok(Err(problems)) => {
+                for p in problems {
+                    tracing::error!(file = %path.display(), problem = %p, "reload failed; keeping the running policy");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reload failed; keeping the running policy");
+            }
+        }
+    }
+}
+
+/// `--explain FILE COMMAND`: what the policy does to one command (inline syntax, quotes as in
+/// redis-cli), for an anonymous local client.
+fn explain(path: &Path, command: &str) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let policy = match Policy::compile(&config.rules) {
+        Ok(p) => p,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("{}: {p}", path.display());
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let Some(args) = redis_policy_proxy::codec::split_args(command.as_bytes()) else {
+        eprintln!("unbalanced quotes in {command:?}");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let client = Client {
+        id: 0,
+        addr: std::net::IpAddr::from([127, 0, 0, 1]),
+    };
+    // A policy check needs a runtime for the rate limiter's clock.
+    let verdict = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map(|rt| rt.block_on(async { policy.check(&client, &args[..]) }));
+    match verdict {
+        Ok(Verdict::Allow) => println!("allowed: forwarded unchanged"),
+        Ok(Verdict::Refuse(reply)) => {
+            println!("refused: {}", String::from_utf8_lossy(&reply).trim_end())
+        }
+        Err(e) => {
+            eprintln!("cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }

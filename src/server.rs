@@ -15,6 +15,7 @@ use crate::error::{ClientError, ProxyError, error_reply};
 use crate::policy::Policy;
 use crate::session::{self, Context};
 use crate::upstream::pool::Pool;
+use arc_swap::ArcSwap;
 
 /// Serves clients on `listener` until `shutdown` completes, then stops accepting, lets every
 /// session finish the commands it already read (up to `shutdown_grace_ms`) and returns.
@@ -26,12 +27,40 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let pool = Pool::start(&config).map_err(std::io::Error::other)?;
     let policy = Policy::compile(&config.rules).map_err(|problems| {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         std::io::Error::other(text.join("; "))
     })?;
+    serve(
+        listener,
+        config,
+        Arc::new(ArcSwap::from_pointee(policy)),
+        shutdown,
+    )
+    .await
+}
+
+/// [`run`] with a policy the caller can replace while the proxy runs (hot reload): store a
+/// new `Policy` and every client's next read is checked against it.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    policy: Arc<ArcSwap<Policy>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let pool = Pool::start(&config).map_err(std::io::Error::other)?;
+    // Rate-limit state of idle clients is dropped in the background, bounding its memory.
+    let sweeper = {
+        let policy = policy.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                policy.load().sweep();
+            }
+        })
+    };
     let limits = &config.limits;
     let ctx = Arc::new(Context {
         pool,
@@ -45,7 +74,7 @@ pub async fn run(
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
         shutdown: stop_rx,
-        policy: Arc::new(policy),
+        policy,
     });
     let max_clients = limits.max_clients.value;
     let clients = Arc::new(AtomicUsize::new(0));
@@ -93,6 +122,7 @@ pub async fn run(
     drop(listener);
     let _ = stop_tx.send(true);
     drop(alive_tx);
+    sweeper.abort();
     let grace = Duration::from_millis(config.shutdown_grace_ms.value);
     if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {
         tracing::warn!(

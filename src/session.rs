@@ -22,10 +22,11 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command::{self, ClientSub, Kind};
 use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
-use crate::policy::{Policy, Verdict};
+use crate::policy::{Client, Policy, Verdict};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply};
+use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
 pub struct Context {
@@ -44,8 +45,9 @@ pub struct Context {
     pub upstream_password: Option<String>,
     /// Flips to `true` when the proxy drains for shutdown.
     pub shutdown: watch::Receiver<bool>,
-    /// The rules every command is checked against before it is routed.
-    pub policy: Arc<Policy>,
+    /// The rules every command is checked against before it is routed; swapped whole on
+    /// reload.
+    pub policy: Arc<ArcSwap<Policy>>,
 }
 
 /// Bytes of push frames (pub/sub messages) a session may hold unwritten.
@@ -192,7 +194,11 @@ struct Session {
     ctx: Arc<Context>,
     /// Proxy-assigned id, answered to CLIENT ID and used to pick the shared connection.
     id: u64,
-    /// The client's address, for CLIENT INFO.
+    /// The policy this batch of commands is checked against: loaded once per read, so a
+    /// reload applies from the next read on and in-flight commands keep the policy they were
+    /// checked with.
+    policy: Arc<Policy>,
+    /// The client's address, for CLIENT INFO and per-address rate limits.
     peer: std::net::SocketAddr,
     /// The proxy's address the client connected to, for CLIENT INFO.
     local: std::net::SocketAddr,
@@ -245,7 +251,9 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
     let mut shutdown = ctx.shutdown.clone();
     let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    let policy = ctx.policy.load_full();
     let mut s = Session {
+        policy,
         ctx,
         id,
         peer: stream.peer_addr().unwrap_or(unknown),
@@ -551,6 +559,7 @@ impl Session {
     /// Parses and dispatches every complete request in the read buffer, stopping early when
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
+        self.policy = self.ctx.policy.load_full();
         let mut run = Run {
             len: 0,
             commands: 0,
@@ -930,8 +939,12 @@ impl Session {
             effect,
         };
         let current = self.current_target();
-        if !self.ctx.policy.is_empty() {
-            if let Verdict::Refuse(reply) = self.ctx.policy.check(&args) {
+        if !self.policy.is_empty() {
+            let client = Client {
+                id: self.id,
+                addr: self.peer.ip(),
+            };
+            if let Verdict::Refuse(reply) = self.policy.check(&client, &args) {
                 // Inside MULTI the refused command must still spoil the transaction, as a
                 // command Redis rejects at queue time does (see `Effect::Refused`).
                 return Action::Refused(reply);

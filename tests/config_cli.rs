@@ -215,14 +215,28 @@ struct Server {
 
 impl Server {
     fn spawn(args: &[&str]) -> Server {
+        Server::spawn_logging(args, Stdio::null())
+    }
+
+    /// Like `spawn`, with the proxy's log (stderr) going to `log`.
+    fn spawn_logging(args: &[&str], log: impl Into<Stdio>) -> Server {
         let child = Command::new(BIN)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn redis-policy-proxy");
         Server { child }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
     }
 
     /// Polls until the proxy answers PONG, within the deadline, then checks with redis-cli.
@@ -341,4 +355,111 @@ async fn flags_alone_are_enough() {
         return;
     }
     panic!("could not start the binary: {last}");
+}
+
+/// Polls `cmd` through redis-cli until its output satisfies `ok`, within the deadline.
+async fn eventually(port: u16, cmd: &[&str], ok: impl Fn(&str) -> bool, what: &str) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let out = redis_cli(port, cmd).await;
+        if ok(&out.stdout) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: last output {:?}",
+            out.stdout
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_rules_and_keeps_the_old_ones_when_the_file_is_broken() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("reload");
+    let dir = tmp.path();
+    let rules = |cmd: &str| format!("rules:\n  - id: no-{cmd}\n    deny: [{cmd}]\n");
+    let file = write_file(dir, "policy.yaml", &rules("KEYS"));
+    let log_path = dir.join("proxy.log");
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let args = [
+            "--config",
+            path_str(&file),
+            "--listen",
+            &listen,
+            "--upstream",
+            &redis.addr(),
+        ];
+        let mut server = Server::spawn_logging(&args, log);
+        if let Err(e) = server.wait_ready(port).await {
+            last = e;
+            continue;
+        }
+        let out = redis_cli(port, &["KEYS", "*"]).await;
+        assert!(
+            out.stdout.contains("policy no-KEYS"),
+            "{out:?}",
+            out = out.stdout
+        );
+
+        // A new file, then SIGHUP: the new rules apply to the next commands.
+        write_file(dir, "policy.yaml", &rules("DBSIZE"));
+        server.signal("-HUP");
+        eventually(
+            port,
+            &["DBSIZE"],
+            |o| o.contains("policy no-DBSIZE"),
+            "reload",
+        )
+        .await;
+        assert!(
+            !redis_cli(port, &["KEYS", "*"])
+                .await
+                .stdout
+                .contains("policy")
+        );
+
+        // A broken file: the reload fails, the running rules stay, the log says why.
+        write_file(
+            dir,
+            "policy.yaml",
+            "rules:\n  - id: x\n    deny: [NOSUCHCOMMAND]\n",
+        );
+        server.signal("-HUP");
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.contains("reload failed") {
+                assert!(log.contains("NOSUCHCOMMAND"), "{log}");
+                break;
+            }
+            assert!(Instant::now() < until, "no reload failure logged: {log}");
+            tokio::time::sleep(POLL).await;
+        }
+        let out = redis_cli(port, &["DBSIZE"]).await;
+        assert!(out.stdout.contains("policy no-DBSIZE"), "{}", out.stdout);
+        assert!(server.terminate().await.success());
+        return;
+    }
+    panic!("could not start the binary: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_prints_what_the_policy_does_to_a_command() {
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let r = run_bin(&["--explain", path_str(&default), "KEYS user:*"]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout
+            .starts_with("refused: -NOPERM policy deny-keys: KEYS is not allowed"),
+        "{}",
+        r.stdout
+    );
+    let r = run_bin(&["--explain", path_str(&default), "SET user:1 \"a b\""]).await;
+    assert_eq!(r.stdout, "allowed: forwarded unchanged\n");
 }

@@ -117,3 +117,32 @@ async fn a_refusal_inside_multi_aborts_the_transaction() {
         b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_per_connection_refuses_with_a_retry_hint() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: ratelimit-default\n    rate_limit: {{requests: 5, window_ms: 60000}}\n    message: slow down\n",
+        redis.addr()
+    );
+    let config = Config::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    // `Proxy::start` probes readiness on its own connections; this one starts with a full budget.
+    let mut c = Raw::connect(proxy.addr).await;
+    for i in 0..5 {
+        assert_eq!(
+            c.call(&["INCR", "rl:n"]).await,
+            format!(":{}\r\n", i + 1).as_bytes()
+        );
+    }
+    let reply = text(&c.call(&["INCR", "rl:n"]).await);
+    assert!(
+        reply.starts_with("-ERR policy ratelimit-default: 5 requests per 60s exceeded; retry in "),
+        "{reply}"
+    );
+    assert!(reply.ends_with(" ms; slow down\r\n"), "{reply}");
+    // The refused command never reached Redis; another connection has its own budget.
+    assert_eq!(redis.direct(&["GET", "rl:n"]).await, b"$1\r\n5\r\n");
+    let mut other = Raw::connect(proxy.addr).await;
+    assert_eq!(other.call(&["INCR", "rl:n"]).await, b":6\r\n");
+}

@@ -41,6 +41,41 @@ pub struct RuleConfig {
     /// Refuse a command naming more keys than this.
     #[serde(default)]
     pub max_keys: Option<Spanned<u64>>,
+    /// Sliding-window rate limit per client.
+    #[serde(default)]
+    pub rate_limit: Option<Spanned<RateLimitConfig>>,
+}
+
+/// `rate_limit:` — at most `requests` commands per `window_ms` for each client identity.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Commands allowed per window.
+    pub requests: u32,
+    /// Window length in milliseconds.
+    pub window_ms: u64,
+    /// Whose budget a command draws on.
+    #[serde(default)]
+    pub per: Per,
+    /// Identities tracked at once; a new one beyond this is let through (fail open, logged),
+    /// so a flood of addresses cannot grow the proxy's memory.
+    #[serde(default = "default_max_clients")]
+    pub max_tracked: usize,
+}
+
+fn default_max_clients() -> usize {
+    100_000
+}
+
+/// Which identity a rate limit counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Per {
+    /// Each client connection has its own budget.
+    #[default]
+    Connection,
+    /// All connections from one IP address share a budget.
+    Address,
 }
 
 /// What a rule does when it matches.

@@ -8,17 +8,29 @@
 pub mod config;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::commands::{self, AclCategories, CommandSpec};
 use crate::config::Problem;
 use crate::error::simple_error;
-pub use config::{Mode, RuleConfig};
+use crate::ratelimit::{self, Clock, Decision, Limit, MonotonicClock, local::LocalLimiter};
+pub use config::{Mode, Per, RuleConfig};
+
+/// Who sent a command, for rules that count per client.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The proxy's id for the connection.
+    pub id: u64,
+    /// The client's IP address.
+    pub addr: IpAddr,
+}
 
 /// A compiled rule.
-#[derive(Debug)]
 struct Rule {
     /// From the file; names the rule in replies, logs and metrics.
     id: String,
@@ -40,7 +52,6 @@ pub struct Counters {
     pub audited: AtomicU64,
 }
 
-#[derive(Debug)]
 enum Kind {
     Deny {
         /// With this argument the command is allowed (`FLUSHALL ASYNC`).
@@ -50,10 +61,14 @@ enum Kind {
     UnboundedReads,
     MaxValueBytes(u64),
     MaxKeys(u64),
+    RateLimit {
+        limiter: LocalLimiter<Arc<dyn Clock>>,
+        per: Per,
+    },
 }
 
 /// The compiled policy.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Policy {
     rules: Vec<Rule>,
     /// Rules that apply to a command, by the command's table entry (its address: the table
@@ -62,6 +77,13 @@ pub struct Policy {
     /// Rules that apply to every command with a value argument or keys (size limits), checked
     /// after the per-command rules.
     global: Vec<usize>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.rules.iter().map(|r| r.id.as_str()).collect();
+        f.debug_struct("Policy").field("rules", &ids).finish()
+    }
 }
 
 /// What the policy decided about one command.
@@ -95,6 +117,14 @@ impl Policy {
     /// Compiles rules; every problem (unknown command or category, rule without a kind or with
     /// two, duplicate id) is collected with its line.
     pub fn compile(rules: &[RuleConfig]) -> Result<Policy, Vec<Problem>> {
+        Policy::compile_with_clock(rules, Arc::new(MonotonicClock::new()))
+    }
+
+    /// [`Policy::compile`] with the clock rate limits read (a manual clock in tests).
+    pub fn compile_with_clock(
+        rules: &[RuleConfig],
+        clock: Arc<dyn Clock>,
+    ) -> Result<Policy, Vec<Problem>> {
         let mut problems = Vec::new();
         let mut policy = Policy::default();
         let mut ids = HashMap::new();
@@ -167,13 +197,33 @@ impl Policy {
                 kinds.push(Kind::MaxKeys(n.value));
                 global = true;
             }
+            if let Some(rl) = &rc.rate_limit {
+                let limit = Limit {
+                    requests: rl.value.requests,
+                    window: Duration::from_millis(rl.value.window_ms),
+                };
+                match LocalLimiter::new(limit, rl.value.max_tracked, clock.clone()) {
+                    Ok(limiter) => {
+                        kinds.push(Kind::RateLimit {
+                            limiter,
+                            per: rl.value.per,
+                        });
+                        global = true;
+                    }
+                    Err(e) => problem(
+                        format!("{field}.rate_limit"),
+                        rl.referenced.line(),
+                        e.to_string(),
+                    ),
+                }
+            }
             if kinds.len() != 1 {
                 problem(
                     field.clone(),
                     line,
                     format!(
                         "rule `{}` needs exactly one of deny, max_scan_count, \
-                         deny_unbounded_reads, max_value_bytes, max_keys (found {})",
+                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit (found {})",
                         rc.id.value,
                         kinds.len()
                     ),
@@ -201,6 +251,11 @@ impl Policy {
                 }
             }
         }
+        // Rate limits run before size limits (see `check`).
+        let rules = &policy.rules;
+        policy
+            .global
+            .sort_by_key(|&r| !matches!(rules[r].kind, Kind::RateLimit { .. }));
         if problems.is_empty() {
             Ok(policy)
         } else {
@@ -213,9 +268,10 @@ impl Policy {
         self.rules.is_empty()
     }
 
-    /// Checks one command. Unknown commands pass here (Redis answers them with its own error);
-    /// rules that need a command's keys treat them as refusals where it matters.
-    pub fn check<L: CommandLine + ?Sized>(&self, line: &L) -> Verdict {
+    /// Checks one command from `client`. Phases run in a fixed order: the command's own rules
+    /// (deny, argument guards), then rate limits, then size limits, so a refused command never
+    /// spends rate budget. Unknown commands pass (Redis answers them with its own error).
+    pub fn check<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Verdict {
         if self.rules.is_empty() || line.argc() == 0 {
             return Verdict::Allow;
         }
@@ -223,13 +279,13 @@ impl Policy {
         if let Some(spec) = spec {
             if let Some(rules) = self.by_command.get(&(spec as *const _ as usize)) {
                 for &r in rules {
-                    if let Some(refusal) = self.apply(r, spec, line) {
+                    if let Some(refusal) = self.apply(r, spec, client, line) {
                         return refusal;
                     }
                 }
             }
             for &r in &self.global {
-                if let Some(refusal) = self.apply(r, spec, line) {
+                if let Some(refusal) = self.apply(r, spec, client, line) {
                     return refusal;
                 }
             }
@@ -237,14 +293,27 @@ impl Policy {
         Verdict::Allow
     }
 
+    /// Forgets rate-limit state of clients idle for two windows; run periodically.
+    pub fn sweep(&self) {
+        for rule in &self.rules {
+            if let Kind::RateLimit { limiter, .. } = &rule.kind {
+                limiter.sweep();
+            }
+        }
+    }
+
     /// Runs one rule; `Some` when it refuses in enforce mode.
     fn apply<L: CommandLine + ?Sized>(
         &self,
         index: usize,
         spec: &'static CommandSpec,
+        client: &Client,
         line: &L,
     ) -> Option<Verdict> {
         let rule = &self.rules[index];
+        if let Kind::RateLimit { limiter, per } = &rule.kind {
+            return self.rate_limit(rule, limiter, *per, client);
+        }
         let (code, reason) = violation(&rule.kind, spec, line)?;
         match rule.mode {
             Mode::Audit => {
@@ -260,6 +329,55 @@ impl Policy {
                     None => format!("policy {}: {reason}", rule.id),
                 };
                 Some(Verdict::Refuse(simple_error(code, &text)))
+            }
+        }
+    }
+
+    fn rate_limit(
+        &self,
+        rule: &Rule,
+        limiter: &LocalLimiter<Arc<dyn Clock>>,
+        per: Per,
+        client: &Client,
+    ) -> Option<Verdict> {
+        let mut key = [0u8; 17];
+        let key: &[u8] = match (per, client.addr) {
+            (Per::Connection, _) => {
+                key[..8].copy_from_slice(&client.id.to_be_bytes());
+                &key[..8]
+            }
+            (Per::Address, IpAddr::V4(a)) => {
+                key[..4].copy_from_slice(&a.octets());
+                &key[..4]
+            }
+            (Per::Address, IpAddr::V6(a)) => {
+                key[..16].copy_from_slice(&a.octets());
+                &key[..16]
+            }
+        };
+        let retry_after = match limiter.check(key) {
+            Ok(Decision::Allowed { .. }) => return None,
+            Ok(Decision::Limited { retry_after }) => retry_after,
+            Err(e) => {
+                // Fail open: more identities than tracked must not lock clients out.
+                tracing::warn!(rule = %rule.id, error = %e, "rate limit not applied");
+                return None;
+            }
+        };
+        let text = ratelimit::refusal(&rule.id, limiter.limit(), retry_after);
+        match rule.mode {
+            Mode::Audit => {
+                rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(rule = %rule.id, "policy audit: would rate-limit");
+                None
+            }
+            Mode::Enforce => {
+                rule.counters.denied.fetch_add(1, Ordering::Relaxed);
+                let text = match &rule.message {
+                    Some(m) => format!("{text}; {m}"),
+                    None => text,
+                };
+                Some(Verdict::Refuse(simple_error("ERR", &text)))
             }
         }
     }
@@ -318,6 +436,7 @@ fn violation<L: CommandLine + ?Sized>(
                 )
             })
         }
+        Kind::RateLimit { .. } => None,
         Kind::MaxKeys(max) => {
             if !spec.may_have_keys() {
                 return None;
@@ -377,8 +496,16 @@ mod tests {
     }
 
     fn check(p: &Policy, line: &str) -> Verdict {
+        check_as(p, 1, line)
+    }
+
+    fn check_as(p: &Policy, id: u64, line: &str) -> Verdict {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-        p.check(&args[..])
+        let client = Client {
+            id,
+            addr: IpAddr::from([127, 0, 0, 1]),
+        };
+        p.check(&client, &args[..])
     }
 
     fn refused(v: Verdict) -> String {
@@ -443,6 +570,31 @@ mod tests {
         assert_eq!(check(&p, "GET kkkkkkkkkkkkkkkkkkkk"), Verdict::Allow);
         assert!(refused(check(&p, "MGET a b c")).contains("names 3 keys"));
         assert_eq!(check(&p, "MGET a b"), Verdict::Allow);
+    }
+
+    #[test]
+    fn rate_limit_per_connection_with_a_manual_clock() {
+        let f: File = serde_saphyr::from_str(
+            "rules:\n  - id: rl\n    rate_limit: {requests: 3, window_ms: 1000}\n",
+        )
+        .unwrap();
+        let clock = Arc::new(ratelimit::ManualClock::new(Duration::from_secs(10)));
+        let p = Policy::compile_with_clock(&f.rules, clock.clone()).unwrap();
+        for _ in 0..3 {
+            assert_eq!(check_as(&p, 1, "GET k"), Verdict::Allow);
+        }
+        let refusal = refused(check_as(&p, 1, "GET k"));
+        assert_eq!(
+            refusal,
+            // The next window opens in 1000 ms, but the previous window's 3 requests still
+            // weigh 3 × (1 - 334/1000) < 2 only 334 ms into it.
+            "-ERR policy rl: 3 requests per 1s exceeded; retry in 1334 ms\r\n"
+        );
+        // Another connection has its own budget.
+        assert_eq!(check_as(&p, 2, "GET k"), Verdict::Allow);
+        // Two windows later the first connection is allowed again.
+        clock.advance(Duration::from_millis(2000));
+        assert_eq!(check_as(&p, 1, "GET k"), Verdict::Allow);
     }
 
     #[test]
