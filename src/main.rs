@@ -218,6 +218,16 @@ fn explain(path: &Path, command: &str) -> ExitCode {
         Ok(Verdict::Refuse(reply)) => {
             println!("refused: {}", String::from_utf8_lossy(&reply).trim_end())
         }
+        Ok(Verdict::Rewrite(rw)) => {
+            println!("rewritten: {}", rw.note);
+            let show = |b: &[u8]| String::from_utf8_lossy(b).replace("\r\n", " ");
+            if let Some(c) = &rw.command {
+                println!("  sent instead: {}", show(c));
+            }
+            for c in &rw.after {
+                println!("  then (reply hidden): {}", show(c));
+            }
+        }
         Err(e) => {
             eprintln!("cannot start runtime: {e}");
             return ExitCode::FAILURE;

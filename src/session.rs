@@ -85,6 +85,9 @@ struct Handling {
     hidden: Hidden,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
+    /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
+    /// client sees.
+    exec_mask: Option<Vec<bool>>,
     /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
     replace: Option<Bytes>,
 }
@@ -93,8 +96,8 @@ struct Handling {
 /// replies are removed before the client sees the batch's replies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Hidden {
-    before: u8,
-    after: u8,
+    before: u32,
+    after: u32,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -159,6 +162,12 @@ enum Action {
     Reset,
     /// The policy refused the command: answer with this error (and spoil an open MULTI).
     Refused(Bytes),
+    /// Forward, but as the policy rewrote it (TTL added or cut).
+    Rewritten {
+        target: Target,
+        effect: Effect,
+        rewrite: crate::policy::ttl::Rewrite,
+    },
     /// HELLO answered by the proxy: the upstream's reply with this client's id.
     Hello {
         proto: u8,
@@ -211,6 +220,9 @@ struct Session {
     in_multi: bool,
     /// The policy refused a command inside the open MULTI: EXEC must abort.
     multi_refused: bool,
+    /// For each command queued in the open MULTI, how many hidden commands follow it, to
+    /// remove their results from EXEC's reply.
+    multi_hidden: Vec<u32>,
     watching: bool,
     subscribed: bool,
     monitor: bool,
@@ -263,6 +275,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         name: None,
         in_multi: false,
         multi_refused: false,
+        multi_hidden: Vec::new(),
         watching: false,
         subscribed: false,
         monitor: false,
@@ -385,14 +398,43 @@ impl Effect {
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
                 | Effect::AbortExec
+                | Effect::EndMulti
         )
     }
+}
+
+/// Removes the results of hidden commands from EXEC's array; any other reply (nil after a
+/// WATCH conflict, EXECABORT) is returned as is.
+fn filter_exec(data: Bytes, keep: &[bool]) -> Bytes {
+    if data.first() != Some(&b'*') {
+        return data;
+    }
+    let Some(cr) = memchr::memchr(b'\r', &data) else {
+        return data;
+    };
+    if codec::parse_int(&data[1..cr]) != Some(keep.len() as i64) {
+        return data;
+    }
+    let mut out = BytesMut::with_capacity(data.len());
+    let kept = keep.iter().filter(|&&k| k).count();
+    out.extend_from_slice(format!("*{kept}\r\n").as_bytes());
+    let mut pos = cr + 2;
+    for &k in keep {
+        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+            return data;
+        };
+        if k {
+            out.extend_from_slice(&data[pos..pos + len]);
+        }
+        pos += len;
+    }
+    out.freeze()
 }
 
 /// Removes the replies of hidden commands from a batch's replies. `received` frames arrived
 /// out of `total`; returns the client's replies and how many of the client's commands got none.
 fn strip_hidden(data: Bytes, received: u32, hidden: Hidden, total: u32) -> (Bytes, u32) {
-    let visible = total - u32::from(hidden.before + hidden.after);
+    let visible = total - (hidden.before + hidden.after);
     let mut offsets = Vec::with_capacity(received as usize + 1);
     let mut pos = 0;
     offsets.push(0);
@@ -401,7 +443,7 @@ fn strip_hidden(data: Bytes, received: u32, hidden: Hidden, total: u32) -> (Byte
         offsets.push(pos);
     }
     let frames = offsets.len() - 1;
-    let first = usize::from(hidden.before).min(frames);
+    let first = (hidden.before as usize).min(frames);
     let last = (first + visible as usize).min(frames);
     let got = (last - first) as u32;
     (data.slice(offsets[first]..offsets[last]), visible - got)
@@ -434,6 +476,8 @@ impl Session {
                 };
                 let data = if let (Some(r), None) = (&handling.replace, &error) {
                     r.clone()
+                } else if let (Some(mask), None) = (&handling.exec_mask, &error) {
+                    filter_exec(data, mask)
                 } else if handling.client_info && error.is_none() {
                     self.rewrite_client_info(data)
                 } else {
@@ -687,7 +731,7 @@ impl Session {
                 });
                 if !handling.suppress {
                     let reply = error_reply(&e);
-                    let hidden = u32::from(handling.hidden.before + handling.hidden.after);
+                    let hidden = handling.hidden.before + handling.hidden.after;
                     for _ in 0..commands - hidden {
                         self.local(reply.clone());
                     }
@@ -705,64 +749,15 @@ impl Session {
                 target,
                 expect,
                 effect,
+            } => return self.forward(len, target, expect, effect, None).await,
+            Action::Rewritten {
+                target,
+                effect,
+                rewrite,
             } => {
-                if self.inflight_target.is_some_and(|t| t != target) {
-                    // Wait until the other connection has answered: commands must run in the
-                    // order they were sent.
-                    self.paused = true;
-                    return false;
-                }
-                let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
-                let raw = auth && !self.ctx.pool.has_credentials();
-                if target == Target::Dedicated && !self.ensure_dedicated(raw).await {
-                    self.rbuf.advance(len);
-                    return true;
-                }
-                let mut command = self.rbuf.split_to(len).freeze();
-                let mut replace = None;
-                if effect == Effect::AbortExec {
-                    command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
-                    replace = Some(simple_error(
-                        "EXECABORT",
-                        "Transaction discarded because of previous errors.",
-                    ));
-                }
-                let mut hidden = Hidden::default();
-                let bytes = if effect == Effect::Auth && self.proto == 3 {
-                    // A connection opened without handshake speaks RESP2: after the client's
-                    // AUTH, switch it to the client's RESP3 (reply stripped).
-                    hidden.after = 1;
-                    [
-                        command,
-                        Bytes::from_static(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"),
-                    ]
-                    .concat()
-                    .into()
-                } else if effect == Effect::Wait && !self.stateful() {
-                    hidden.before = 1;
-                    [Bytes::from_static(WAIT_BARRIER), command].concat().into()
-                } else {
-                    command
-                };
-                let expect = match expect {
-                    Expect::Frames(n) => {
-                        Expect::Frames(n + u32::from(hidden.before + hidden.after))
-                    }
-                    other => other,
-                };
-                let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
-                let handling = Handling {
-                    suppress,
-                    blocking,
-                    hidden,
-                    client_info: effect == Effect::ClientInfo,
-                    replace,
-                };
-                self.send(target, bytes, expect, handling).await;
-                self.apply(effect);
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
-                }
+                return self
+                    .forward(len, target, Expect::Frames(1), effect, Some(rewrite))
+                    .await;
             }
             Action::Local(reply, effect) => {
                 self.rbuf.advance(len);
@@ -838,6 +833,100 @@ impl Session {
         true
     }
 
+    /// Forwards the command occupying the first `len` bytes of the read buffer, as the policy
+    /// may have rewritten it. Returns `false` when processing must pause.
+    async fn forward(
+        &mut self,
+        len: usize,
+        target: Target,
+        expect: Expect,
+        effect: Effect,
+        rewrite: Option<crate::policy::ttl::Rewrite>,
+    ) -> bool {
+        let suppress = self.reply_mode != ReplyMode::On;
+        if self.inflight_target.is_some_and(|t| t != target) {
+            // Wait until the other connection has answered: commands must run in the
+            // order they were sent.
+            self.paused = true;
+            return false;
+        }
+        let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
+        let raw = auth && !self.ctx.pool.has_credentials();
+        if target == Target::Dedicated && !self.ensure_dedicated(raw).await {
+            self.rbuf.advance(len);
+            return true;
+        }
+        let mut command = self.rbuf.split_to(len).freeze();
+        let mut replace = None;
+        if effect == Effect::AbortExec {
+            command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
+            replace = Some(simple_error(
+                "EXECABORT",
+                "Transaction discarded because of previous errors.",
+            ));
+        }
+        let mut hidden = Hidden::default();
+        if let Some(rw) = rewrite {
+            if let Some(c) = rw.command {
+                command = c;
+            }
+            if !rw.after.is_empty() {
+                hidden.after = rw.after.len() as u32;
+                let mut all = BytesMut::from(&command[..]);
+                for c in &rw.after {
+                    all.extend_from_slice(c);
+                }
+                command = all.freeze();
+            }
+        }
+        let bytes = if effect == Effect::Auth && self.proto == 3 {
+            // A connection opened without handshake speaks RESP2: after the client's
+            // AUTH, switch it to the client's RESP3 (reply stripped).
+            hidden.after = 1;
+            [
+                command,
+                Bytes::from_static(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"),
+            ]
+            .concat()
+            .into()
+        } else if effect == Effect::Wait && !self.stateful() {
+            hidden.before = 1;
+            [Bytes::from_static(WAIT_BARRIER), command].concat().into()
+        } else {
+            command
+        };
+        let expect = match expect {
+            Expect::Frames(n) => Expect::Frames(n + hidden.before + hidden.after),
+            other => other,
+        };
+        let exec_mask = if effect == Effect::EndMulti && self.multi_hidden.iter().any(|&h| h > 0) {
+            let mut mask = Vec::new();
+            for &h in &self.multi_hidden {
+                mask.push(true);
+                mask.extend(std::iter::repeat_n(false, h as usize));
+            }
+            Some(mask)
+        } else {
+            None
+        };
+        self.note_queued(effect, hidden.before + hidden.after);
+        let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
+        let handling = Handling {
+            suppress,
+            blocking,
+            hidden,
+            client_info: effect == Effect::ClientInfo,
+            replace,
+            exec_mask,
+        };
+        self.send(target, bytes, expect, handling).await;
+        self.apply(effect);
+        if self.reply_mode == ReplyMode::Skip {
+            self.reply_mode = ReplyMode::On;
+        }
+        true
+    }
+
     /// Makes sure a usable dedicated connection exists; on failure the command's slot gets
     /// the error and `false` is returned.
     async fn ensure_dedicated(&mut self, raw: bool) -> bool {
@@ -879,6 +968,14 @@ impl Session {
         }
     }
 
+    /// Records a command queued in the open MULTI and how many hidden commands follow it.
+    fn note_queued(&mut self, effect: Effect, hidden: u32) {
+        if self.in_multi && !matches!(effect, Effect::EndMulti | Effect::AbortExec | Effect::Multi)
+        {
+            self.multi_hidden.push(hidden);
+        }
+    }
+
     /// Applies the state change of a dispatched command.
     fn apply(&mut self, effect: Effect) {
         match effect {
@@ -888,6 +985,7 @@ impl Session {
             Effect::EndMulti => {
                 self.in_multi = false;
                 self.multi_refused = false;
+                self.multi_hidden.clear();
                 self.watching = false;
             }
             Effect::Watch => self.watching = true,
@@ -919,6 +1017,7 @@ impl Session {
         self.name = None;
         self.in_multi = false;
         self.multi_refused = false;
+        self.multi_hidden.clear();
         self.watching = false;
         self.subscribed = false;
         self.monitor = false;
@@ -933,23 +1032,45 @@ impl Session {
             frame,
             ranges: &self.args,
         };
+        let mut rewrite = None;
+        if !self.policy.is_empty() {
+            let client = Client {
+                id: self.id,
+                addr: self.peer.ip(),
+            };
+            match self.policy.check(&client, &args) {
+                Verdict::Allow => {}
+                // Inside MULTI the refused command must still spoil the transaction, as a
+                // command Redis rejects at queue time does (see `Effect::AbortExec`).
+                Verdict::Refuse(reply) => return Action::Refused(reply),
+                Verdict::Rewrite(rw) => rewrite = Some(rw),
+            }
+        }
+        match (self.route(&args), rewrite) {
+            (
+                Action::Forward {
+                    target,
+                    expect: Expect::Frames(1),
+                    effect,
+                },
+                Some(rewrite),
+            ) => Action::Rewritten {
+                target,
+                effect,
+                rewrite,
+            },
+            (action, _) => action,
+        }
+    }
+
+    /// Where a command goes and what it changes, policy aside.
+    fn route(&self, args: &Args<'_>) -> Action {
         let forward = |target, effect| Action::Forward {
             target,
             expect: Expect::Frames(1),
             effect,
         };
         let current = self.current_target();
-        if !self.policy.is_empty() {
-            let client = Client {
-                id: self.id,
-                addr: self.peer.ip(),
-            };
-            if let Verdict::Refuse(reply) = self.policy.check(&client, &args) {
-                // Inside MULTI the refused command must still spoil the transaction, as a
-                // command Redis rejects at queue time does (see `Effect::Refused`).
-                return Action::Refused(reply);
-            }
-        }
         let kind = command::classify(args.get(0));
         match kind {
             Kind::Plain => forward(current, Effect::None),
@@ -995,7 +1116,7 @@ impl Session {
                     effect: Effect::None,
                 }
             }
-            Kind::Hello => self.decide_hello(&args, current),
+            Kind::Hello => self.decide_hello(args, current),
             Kind::Auth => {
                 let (user, pass) = match args.len() {
                     2 => ("default".as_bytes(), args.get(1)),
@@ -1026,7 +1147,7 @@ impl Session {
                     _ => forward(current, Effect::None),
                 }
             }
-            Kind::Client => self.decide_client(&args, current),
+            Kind::Client => self.decide_client(args, current),
             Kind::Quit => Action::LocalThenClose(Bytes::from_static(b"+OK\r\n")),
             Kind::Reset => Action::Reset,
             Kind::Monitor => Action::Forward {

@@ -146,3 +146,204 @@ async fn rate_limit_per_connection_refuses_with_a_retry_hint() {
     let mut other = Raw::connect(proxy.addr).await;
     assert_eq!(other.call(&["INCR", "rl:n"]).await, b":6\r\n");
 }
+
+/// `PTTL` of `key` read directly from Redis.
+async fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    let reply = redis.direct(&["PTTL", key]).await;
+    let text = text(&reply);
+    text.trim_start_matches(':').trim_end().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_family_leaves_a_ttl_on_the_server() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let hour = 3_600_000;
+    // (command, key, reply the client must see unchanged)
+    let cases: &[(&[&str], &str, &[u8])] = &[
+        (&["SET", "s", "v"], "s", b"+OK\r\n"),
+        (&["SETNX", "nx", "v"], "nx", b":1\r\n"),
+        (&["MSET", "m1", "a", "m2", "b"], "m2", b"+OK\r\n"),
+        (&["GETSET", "gs", "v"], "gs", b"$-1\r\n"),
+        (&["HSET", "h", "f", "v"], "h", b":1\r\n"),
+        (&["HSETNX", "hn", "f", "v"], "hn", b":1\r\n"),
+        (&["SADD", "set", "a"], "set", b":1\r\n"),
+        (&["ZADD", "z", "1", "a"], "z", b":1\r\n"),
+        (&["LPUSH", "l", "a"], "l", b":1\r\n"),
+        (&["RPUSH", "r", "a"], "r", b":1\r\n"),
+        (&["PFADD", "hll", "a"], "hll", b":1\r\n"),
+        (&["INCR", "counter"], "counter", b":1\r\n"),
+        (&["INCRBY", "counter2", "5"], "counter2", b":5\r\n"),
+        (&["APPEND", "ap", "x"], "ap", b":1\r\n"),
+        (&["COPY", "s", "copy"], "copy", b":1\r\n"),
+        (&["SUNIONSTORE", "dest", "set"], "dest", b":1\r\n"),
+    ];
+    for (cmd, key, reply) in cases {
+        assert_eq!(c.call(cmd).await, *reply, "{cmd:?}");
+        let ttl = pttl(&redis, key).await;
+        assert!(
+            ttl > hour - 60_000 && ttl <= hour,
+            "{cmd:?}: PTTL {key} = {ttl}"
+        );
+    }
+    let id = c.call(&["XADD", "stream", "*", "f", "v"]).await;
+    assert!(id.starts_with(b"$"), "{}", text(&id));
+    assert!(pttl(&redis, "stream").await > 0);
+    // Prefixes: sessions live a day, cache entries 15 minutes.
+    c.call(&["HSET", "session:1", "user", "42"]).await;
+    assert!(pttl(&redis, "session:1").await > 86_400_000 - 60_000);
+    c.call(&["SET", "cache:page", "html"]).await;
+    let ttl = pttl(&redis, "cache:page").await;
+    assert!(ttl > 0 && ttl <= 900_000, "{ttl}");
+    // A TTL the application chose is kept; one above a week is cut.
+    c.call(&["SET", "own", "v", "EX", "60"]).await;
+    assert!(pttl(&redis, "own").await <= 60_000);
+    c.call(&["EXPIRE", "h", "30"]).await;
+    c.call(&["HSET", "h", "g", "w"]).await;
+    assert!(
+        pttl(&redis, "h").await <= 30_000,
+        "PEXPIRE NX must not replace a chosen TTL"
+    );
+    assert_eq!(
+        c.call(&["SETEX", "long", "99999999", "v"]).await,
+        b"+OK\r\n"
+    );
+    assert!(pttl(&redis, "long").await <= 604_800_000);
+    assert_eq!(c.call(&["EXPIRE", "own", "99999999"]).await, b":1\r\n");
+    assert!(pttl(&redis, "own").await <= 604_800_000);
+    // PERSIST is refused and the key keeps its TTL.
+    let reply = text(&c.call(&["PERSIST", "own"]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy ttl-default: PERSIST would leave"),
+        "{reply}"
+    );
+    assert!(pttl(&redis, "own").await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_keep_their_own_ttl_and_release_with_lua() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        c.call(&["SET", "lock:job", "token", "NX", "PX", "5000"])
+            .await,
+        b"+OK\r\n"
+    );
+    let ttl = pttl(&redis, "lock:job").await;
+    assert!(ttl > 0 && ttl <= 5000, "{ttl}");
+    assert_eq!(
+        c.call(&["SET", "lock:job", "other", "NX", "PX", "5000"])
+            .await,
+        b"$-1\r\n"
+    );
+    let release = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+    assert_eq!(
+        c.call(&["EVAL", release, "1", "lock:job", "token"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "lock:job"]).await, b":0\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_added_inside_multi_are_part_of_the_transaction() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.send(b"MULTI\r\nHSET session:7 a 1\r\nSET plain v\r\nSADD tags x y\r\nEXEC\r\n")
+        .await;
+    let got = c.collect_frames(5, DEADLINE).await.frames;
+    assert_eq!(got[0], b"+OK\r\n");
+    assert_eq!(
+        &got[1..4],
+        &[
+            b"+QUEUED\r\n".to_vec(),
+            b"+QUEUED\r\n".to_vec(),
+            b"+QUEUED\r\n".to_vec()
+        ]
+    );
+    // EXEC shows the client's three results only, not the hidden PEXPIREs.
+    assert_eq!(got[4], b"*3\r\n:1\r\n+OK\r\n:2\r\n");
+    assert!(pttl(&redis, "session:7").await > 86_400_000 - 60_000);
+    assert!(pttl(&redis, "plain").await > 0);
+    assert!(pttl(&redis, "tags").await > 0);
+    // A WATCH conflict still answers nil, untouched.
+    c.send(b"WATCH w\r\n").await;
+    assert_eq!(c.collect_frames(1, DEADLINE).await.joined(), b"+OK\r\n");
+    redis.direct(&["SET", "w", "changed"]).await;
+    c.send(b"MULTI\r\nHSET session:8 a 1\r\nEXEC\r\n").await;
+    assert_eq!(
+        c.collect_frames(3, DEADLINE).await.joined(),
+        b"+OK\r\n+QUEUED\r\n*-1\r\n"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "session:8"]).await, b":0\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_patterns_work_unchanged_under_the_default_policy() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Cache-aside with SETEX.
+    assert_eq!(c.call(&["GET", "cache:user:1"]).await, b"$-1\r\n");
+    assert_eq!(
+        c.call(&["SETEX", "cache:user:1", "300", "{}"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["GET", "cache:user:1"]).await, b"$2\r\n{}\r\n");
+    // Sessions in hashes with EXPIRE.
+    assert_eq!(
+        c.call(&["HSET", "session:abc", "user", "1", "role", "admin"])
+            .await,
+        b":2\r\n"
+    );
+    assert_eq!(c.call(&["EXPIRE", "session:abc", "1800"]).await, b":1\r\n");
+    assert!(pttl(&redis, "session:abc").await <= 1_800_000);
+    // Sliding-window rate limit in Lua over a sorted set.
+    let window = "redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1] - 60000) \
+                  local n = redis.call('ZCARD', KEYS[1]) \
+                  if n < 10 then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]) \
+                  redis.call('PEXPIRE', KEYS[1], 60000) return 1 end return 0";
+    assert_eq!(
+        c.call(&["EVAL", window, "1", "ratelimit:u1", "1000"]).await,
+        b":1\r\n"
+    );
+    // Streams with a consumer group.
+    assert_eq!(
+        c.call(&["XGROUP", "CREATE", "events", "g", "$", "MKSTREAM"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert!(
+        c.call(&["XADD", "events", "*", "type", "signup"])
+            .await
+            .starts_with(b"$")
+    );
+    let read = c
+        .call(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c1",
+            "COUNT",
+            "10",
+            "STREAMS",
+            "events",
+            ">",
+        ])
+        .await;
+    assert!(text(&read).contains("signup"), "{}", text(&read));
+    // Pub/sub.
+    let mut sub = Raw::connect(proxy.addr).await;
+    sub.send(b"SUBSCRIBE news\r\n").await;
+    assert_eq!(
+        sub.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    assert_eq!(c.call(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
+    assert_eq!(
+        sub.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n"
+    );
+}

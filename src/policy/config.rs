@@ -44,6 +44,62 @@ pub struct RuleConfig {
     /// Sliding-window rate limit per client.
     #[serde(default)]
     pub rate_limit: Option<Spanned<RateLimitConfig>>,
+    /// Every key gets a TTL: default by key prefix, a maximum, PERSIST refused.
+    #[serde(default)]
+    pub ttl: Option<Spanned<TtlConfig>>,
+}
+
+/// `ttl:` — durations are written `500ms`, `30s`, `15m`, `24h`, `7d`, or `none` (never forced).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtlConfig {
+    /// TTL for a written key that has none and matches no prefix.
+    pub default: String,
+    /// TTL by key prefix, longest prefix first wins (`session:` 24h, `lock:` none…).
+    #[serde(default)]
+    pub prefixes: Vec<PrefixTtl>,
+    /// Longer TTLs (EX/PX, EXPIRE, SETEX…) are cut to this.
+    #[serde(default)]
+    pub max: Option<String>,
+    /// Refuse PERSIST and GETEX PERSIST, which would leave a key without a TTL.
+    #[serde(default)]
+    pub deny_persist: bool,
+}
+
+/// One `prefixes:` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixTtl {
+    /// Key prefix, matched byte for byte.
+    pub prefix: String,
+    /// Duration or `none`.
+    pub ttl: String,
+}
+
+/// Parses `500ms`, `30s`, `15m`, `24h`, `7d` into milliseconds; `none` is `Ok(None)`.
+pub fn parse_duration(text: &str) -> Result<Option<u64>, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 30s, 15m, 24h, 7d or none"))?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("`{text}`: unit must be ms, s, m, h or d")),
+    };
+    match n.checked_mul(ms) {
+        Some(0) => Err(format!("`{text}`: a TTL must be above zero (or `none`)")),
+        Some(v) => Ok(Some(v)),
+        None => Err(format!("`{text}` is too long")),
+    }
 }
 
 /// `rate_limit:` — at most `requests` commands per `window_ms` for each client identity.

@@ -6,6 +6,7 @@
 //! have refused and lets the command through. With no rules the check is one branch.
 
 pub mod config;
+pub mod ttl;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -48,8 +49,10 @@ struct Rule {
 pub struct Counters {
     /// Commands refused.
     pub denied: AtomicU64,
-    /// Commands the rule would have refused in audit mode.
+    /// Commands the rule would have refused or changed in audit mode.
     pub audited: AtomicU64,
+    /// Commands the rule changed (TTL added or cut).
+    pub rewritten: AtomicU64,
 }
 
 enum Kind {
@@ -65,6 +68,7 @@ enum Kind {
         limiter: LocalLimiter<Arc<dyn Clock>>,
         per: Per,
     },
+    Ttl(ttl::Ttl),
 }
 
 /// The compiled policy.
@@ -93,6 +97,8 @@ pub enum Verdict {
     Allow,
     /// Answer with this error instead.
     Refuse(Bytes),
+    /// Forward the command as rewritten (TTL added or cut).
+    Rewrite(ttl::Rewrite),
 }
 
 /// A command line as the policy sees it: argument `i` through a function, so callers keep
@@ -217,13 +223,22 @@ impl Policy {
                     ),
                 }
             }
+            if let Some(t) = &rc.ttl {
+                match compile_ttl(&t.value) {
+                    Ok(rule) => {
+                        kinds.push(Kind::Ttl(rule));
+                        global = true;
+                    }
+                    Err(e) => problem(format!("{field}.ttl"), t.referenced.line(), e),
+                }
+            }
             if kinds.len() != 1 {
                 problem(
                     field.clone(),
                     line,
                     format!(
                         "rule `{}` needs exactly one of deny, max_scan_count, \
-                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit (found {})",
+                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl (found {})",
                         rc.id.value,
                         kinds.len()
                     ),
@@ -251,11 +266,13 @@ impl Policy {
                 }
             }
         }
-        // Rate limits run before size limits (see `check`).
+        // Rate limits run before size limits, TTL enforcement last (see `check`).
         let rules = &policy.rules;
-        policy
-            .global
-            .sort_by_key(|&r| !matches!(rules[r].kind, Kind::RateLimit { .. }));
+        policy.global.sort_by_key(|&r| match rules[r].kind {
+            Kind::RateLimit { .. } => 0,
+            Kind::Ttl(_) => 2,
+            _ => 1,
+        });
         if problems.is_empty() {
             Ok(policy)
         } else {
@@ -314,7 +331,35 @@ impl Policy {
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client);
         }
+        if let Kind::Ttl(t) = &rule.kind {
+            return match t.apply(spec, line) {
+                ttl::TtlAction::Keep => None,
+                ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, "NOPERM", reason),
+                ttl::TtlAction::Rewrite(rw) => match rule.mode {
+                    Mode::Audit => {
+                        rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(rule = %rule.id, command = %spec.name, change = %rw.note, "policy audit: would rewrite");
+                        None
+                    }
+                    Mode::Enforce => {
+                        rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
+                        Some(Verdict::Rewrite(rw))
+                    }
+                },
+            };
+        }
         let (code, reason) = violation(&rule.kind, spec, line)?;
+        self.refuse(rule, spec, code, reason)
+    }
+
+    /// Refuses (enforce) or logs and counts (audit).
+    fn refuse(
+        &self,
+        rule: &Rule,
+        spec: &'static CommandSpec,
+        code: &'static str,
+        reason: String,
+    ) -> Option<Verdict> {
         match rule.mode {
             Mode::Audit => {
                 rule.counters.audited.fetch_add(1, Ordering::Relaxed);
@@ -436,7 +481,7 @@ fn violation<L: CommandLine + ?Sized>(
                 )
             })
         }
-        Kind::RateLimit { .. } => None,
+        Kind::RateLimit { .. } | Kind::Ttl(_) => None,
         Kind::MaxKeys(max) => {
             if !spec.may_have_keys() {
                 return None;
@@ -451,6 +496,39 @@ fn violation<L: CommandLine + ?Sized>(
             })
         }
     }
+}
+
+/// Compiles a `ttl:` rule; checks every duration and that none exceeds `max`.
+fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
+    let default_ms = config::parse_duration(&c.default)?;
+    let max_ms = match &c.max {
+        Some(m) => Some(config::parse_duration(m)?.ok_or("`max` cannot be `none`")?),
+        None => None,
+    };
+    let mut prefixes = Vec::new();
+    for p in &c.prefixes {
+        prefixes.push((
+            p.prefix.as_bytes().to_vec(),
+            config::parse_duration(&p.ttl)?,
+        ));
+    }
+    if let Some(max) = max_ms {
+        let over = std::iter::once(default_ms)
+            .chain(prefixes.iter().map(|(_, t)| *t))
+            .flatten()
+            .any(|t| t > max);
+        if over {
+            return Err("a default or prefix TTL is above `max`".into());
+        }
+    }
+    // Longest prefix first, so `session:admin:` can override `session:`.
+    prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    Ok(ttl::Ttl {
+        default_ms,
+        prefixes,
+        max_ms,
+        deny_persist: c.deny_persist,
+    })
 }
 
 /// The argument after option `name` (case-insensitive), scanning from the end as Redis's
@@ -511,7 +589,7 @@ mod tests {
     fn refused(v: Verdict) -> String {
         match v {
             Verdict::Refuse(b) => String::from_utf8(b.to_vec()).unwrap(),
-            Verdict::Allow => panic!("allowed"),
+            other => panic!("not refused: {other:?}"),
         }
     }
 
