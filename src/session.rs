@@ -81,8 +81,9 @@ struct Handling {
     /// A blocking command that may never answer: if the client goes away, the dedicated
     /// connection is closed to unblock it instead of waiting.
     blocking: bool,
-    /// Commands the proxy added around the client's, whose replies the client must not see.
-    hidden: Hidden,
+    /// Which reply frames of the batch the client sees (`None`: all). The others answer
+    /// commands the proxy added: TTL PEXPIREs, WAIT's barrier, the HELLO after a raw AUTH.
+    mask: Option<Vec<bool>>,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
@@ -90,14 +91,6 @@ struct Handling {
     exec_mask: Option<Vec<bool>>,
     /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
     replace: Option<Bytes>,
-}
-
-/// Commands the proxy sends before or after a client's command in the same batch; their
-/// replies are removed before the client sees the batch's replies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Hidden {
-    before: u32,
-    after: u32,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -191,11 +184,61 @@ struct Dedicated {
     proto: u8,
 }
 
-/// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer.
+/// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer,
+/// sent as they are (zero copy) or, once the policy rewrote one of them, copied into `owned`.
+#[derive(Default)]
 struct Run {
+    /// Bytes of the read buffer the run has consumed.
     len: usize,
-    commands: u32,
+    /// Reply frames the run's bytes produce (client commands plus hidden ones).
+    frames: u32,
+    /// The connection the run goes to; `None` while empty.
     target: Option<Target>,
+    /// The bytes to send when they differ from the read buffer (a rewritten command).
+    owned: Option<BytesMut>,
+    /// Which frames the client sees, once a hidden command joined the run.
+    mask: Option<Vec<bool>>,
+}
+
+impl Run {
+    /// Adds a command that is forwarded as the client sent it: `bytes` are the next bytes of
+    /// the read buffer.
+    fn push_plain(&mut self, bytes: &[u8], target: Target) {
+        if let Some(owned) = &mut self.owned {
+            owned.extend_from_slice(bytes);
+        }
+        if let Some(mask) = &mut self.mask {
+            mask.push(true);
+        }
+        self.len += bytes.len();
+        self.frames += 1;
+        self.target = Some(target);
+    }
+
+    /// Adds a command the policy rewrote; `consumed` are its bytes in the read buffer and
+    /// `prefix` the run's bytes so far (copied once, when the first rewrite joins).
+    fn push_rewritten(
+        &mut self,
+        prefix: &[u8],
+        consumed: &[u8],
+        rewrite: &crate::policy::ttl::Rewrite,
+        target: Target,
+    ) {
+        let owned = self.owned.get_or_insert_with(|| BytesMut::from(prefix));
+        owned.extend_from_slice(rewrite.command.as_deref().unwrap_or(consumed));
+        for c in &rewrite.after {
+            owned.extend_from_slice(c);
+        }
+        if !rewrite.after.is_empty() || self.mask.is_some() {
+            let frames = self.frames as usize;
+            let mask = self.mask.get_or_insert_with(|| vec![true; frames]);
+            mask.push(true);
+            mask.extend(std::iter::repeat_n(false, rewrite.after.len()));
+        }
+        self.len += consumed.len();
+        self.frames += 1 + rewrite.after.len() as u32;
+        self.target = Some(target);
+    }
 }
 
 /// One client connection.
@@ -220,9 +263,9 @@ struct Session {
     in_multi: bool,
     /// The policy refused a command inside the open MULTI: EXEC must abort.
     multi_refused: bool,
-    /// For each command queued in the open MULTI, how many hidden commands follow it, to
-    /// remove their results from EXEC's reply.
-    multi_hidden: Vec<u32>,
+    /// For each command queued in the open MULTI (hidden ones included), whether the client
+    /// sees its result: the mask applied to EXEC's reply.
+    multi_mask: Vec<bool>,
     watching: bool,
     subscribed: bool,
     monitor: bool,
@@ -275,7 +318,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         name: None,
         in_multi: false,
         multi_refused: false,
-        multi_hidden: Vec::new(),
+        multi_mask: Vec::new(),
         watching: false,
         subscribed: false,
         monitor: false,
@@ -431,22 +474,23 @@ fn filter_exec(data: Bytes, keep: &[bool]) -> Bytes {
     out.freeze()
 }
 
-/// Removes the replies of hidden commands from a batch's replies. `received` frames arrived
-/// out of `total`; returns the client's replies and how many of the client's commands got none.
-fn strip_hidden(data: Bytes, received: u32, hidden: Hidden, total: u32) -> (Bytes, u32) {
-    let visible = total - (hidden.before + hidden.after);
-    let mut offsets = Vec::with_capacity(received as usize + 1);
+/// Keeps the reply frames `mask` marks visible. `received` frames arrived (fewer than the
+/// mask's length when the upstream failed); returns the client's replies and how many of the
+/// client's own commands got none.
+fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u32) {
+    let mut out = BytesMut::with_capacity(data.len());
     let mut pos = 0;
-    offsets.push(0);
-    while let Ok(Some(len)) = crate::reply::scan(&data[pos..]) {
+    for &keep in mask.iter().take(received as usize) {
+        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+            break;
+        };
+        if keep {
+            out.extend_from_slice(&data[pos..pos + len]);
+        }
         pos += len;
-        offsets.push(pos);
     }
-    let frames = offsets.len() - 1;
-    let first = (hidden.before as usize).min(frames);
-    let last = (first + visible as usize).min(frames);
-    let got = (last - first) as u32;
-    (data.slice(offsets[first]..offsets[last]), visible - got)
+    let missing = mask.iter().skip(received as usize).filter(|&&k| k).count() as u32;
+    (out.freeze(), missing)
 }
 
 impl Session {
@@ -469,10 +513,9 @@ impl Session {
                 if self.inflight == 0 {
                     self.inflight_target = None;
                 }
-                let (data, missing) = if handling.hidden == Hidden::default() {
-                    (data, missing)
-                } else {
-                    strip_hidden(data, commands - missing, handling.hidden, commands)
+                let (data, missing) = match &handling.mask {
+                    None => (data, missing),
+                    Some(mask) => apply_mask(data, commands - missing, mask),
                 };
                 let data = if let (Some(r), None) = (&handling.replace, &error) {
                     r.clone()
@@ -604,13 +647,9 @@ impl Session {
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
         self.policy = self.ctx.policy.load_full();
-        let mut run = Run {
-            len: 0,
-            commands: 0,
-            target: None,
-        };
+        let mut run = Run::default();
         while !self.closing {
-            if self.inflight + run.commands as usize >= self.ctx.max_inflight {
+            if self.inflight + run.frames as usize >= self.ctx.max_inflight {
                 break;
             }
             let decoded = codec::decode(&self.rbuf[run.len..], &self.ctx.codec, &mut self.args);
@@ -637,30 +676,48 @@ impl Session {
             match decoded {
                 Decoded::Empty { len } => {
                     // Redis ignores these; forwarding them with the run is harmless and keeps
-                    // the run contiguous.
+                    // the run contiguous (a copied run simply leaves them out).
                     run.len += len;
                 }
                 Decoded::Command { len } => {
                     let base = run.len;
                     let action = self.decide(&self.rbuf[base..base + len]);
+                    let joins = |target: Target, effect: Effect| {
+                        self.reply_mode == ReplyMode::On
+                            && effect.batchable()
+                            && run.target.is_none_or(|t| t == target)
+                            && self.inflight_target.is_none_or(|t| t == target)
+                    };
                     match action {
                         Action::Forward {
                             target,
                             expect: Expect::Frames(1),
                             effect,
-                        } if self.reply_mode == ReplyMode::On
-                            && effect.batchable()
-                            && run.target.is_none_or(|t| t == target)
-                            && self.inflight_target.is_none_or(|t| t == target) =>
-                        {
+                        } if joins(target, effect) => {
                             if target == Target::Dedicated && !self.ensure_dedicated(false).await {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
                                 continue;
                             }
-                            run.len += len;
-                            run.commands += 1;
-                            run.target = Some(target);
+                            run.push_plain(&self.rbuf[base..base + len], target);
+                            self.note_queued(effect, None);
+                            self.apply(effect);
+                        }
+                        Action::Rewritten {
+                            target,
+                            effect,
+                            rewrite,
+                        } if joins(target, effect) => {
+                            if target == Target::Dedicated && !self.ensure_dedicated(false).await {
+                                self.flush_run(&mut run).await;
+                                self.rbuf.advance(len);
+                                continue;
+                            }
+                            let (prefix, rest) = self.rbuf.split_at(base);
+                            run.push_rewritten(prefix, &rest[..len], &rewrite, target);
+                            let mut frames = vec![true];
+                            frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
+                            self.note_queued(effect, Some(&frames));
                             self.apply(effect);
                         }
                         action => {
@@ -687,20 +744,25 @@ impl Session {
 
     /// Sends the current run of forwardable commands as one batch.
     async fn flush_run(&mut self, run: &mut Run) {
-        let Some(target) = run.target.take() else {
-            if run.len > 0 {
-                // Only skipped empty requests: drop them.
-                self.rbuf.advance(run.len);
-                run.len = 0;
-            }
+        let run = std::mem::take(run);
+        let Some(target) = run.target else {
+            // Only skipped empty requests: drop them.
+            self.rbuf.advance(run.len);
             return;
         };
-        let bytes = self.rbuf.split_to(run.len).freeze();
-        let commands = run.commands;
-        run.len = 0;
-        run.commands = 0;
-        let expect = Expect::Frames(commands);
-        self.send(target, bytes, expect, Handling::default()).await;
+        let bytes = match run.owned {
+            Some(owned) => {
+                self.rbuf.advance(run.len);
+                owned.freeze()
+            }
+            None => self.rbuf.split_to(run.len).freeze(),
+        };
+        let handling = Handling {
+            mask: run.mask,
+            ..Handling::default()
+        };
+        self.send(target, bytes, Expect::Frames(run.frames), handling)
+            .await;
     }
 
     /// Sends a batch and records its slot; on failure answers every command with the error.
@@ -731,8 +793,11 @@ impl Session {
                 });
                 if !handling.suppress {
                     let reply = error_reply(&e);
-                    let hidden = handling.hidden.before + handling.hidden.after;
-                    for _ in 0..commands - hidden {
+                    let visible = match &handling.mask {
+                        Some(mask) => mask.iter().filter(|&&k| k).count() as u32,
+                        None => commands,
+                    };
+                    for _ in 0..visible {
                         self.local(reply.clone());
                     }
                 }
@@ -865,24 +930,25 @@ impl Session {
                 "Transaction discarded because of previous errors.",
             ));
         }
-        let mut hidden = Hidden::default();
+        // One entry per reply frame: does the client see it?
+        let mut frames = vec![true];
         if let Some(rw) = rewrite {
             if let Some(c) = rw.command {
                 command = c;
             }
             if !rw.after.is_empty() {
-                hidden.after = rw.after.len() as u32;
                 let mut all = BytesMut::from(&command[..]);
                 for c in &rw.after {
                     all.extend_from_slice(c);
+                    frames.push(false);
                 }
                 command = all.freeze();
             }
         }
         let bytes = if effect == Effect::Auth && self.proto == 3 {
-            // A connection opened without handshake speaks RESP2: after the client's
-            // AUTH, switch it to the client's RESP3 (reply stripped).
-            hidden.after = 1;
+            // A connection opened without handshake speaks RESP2: after the client's AUTH,
+            // switch it to the client's RESP3 (reply hidden).
+            frames.push(false);
             [
                 command,
                 Bytes::from_static(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"),
@@ -890,31 +956,23 @@ impl Session {
             .concat()
             .into()
         } else if effect == Effect::Wait && !self.stateful() {
-            hidden.before = 1;
+            frames.insert(0, false);
             [Bytes::from_static(WAIT_BARRIER), command].concat().into()
         } else {
             command
         };
         let expect = match expect {
-            Expect::Frames(n) => Expect::Frames(n + hidden.before + hidden.after),
+            Expect::Frames(_) => Expect::Frames(frames.len() as u32),
             other => other,
         };
-        let exec_mask = if effect == Effect::EndMulti && self.multi_hidden.iter().any(|&h| h > 0) {
-            let mut mask = Vec::new();
-            for &h in &self.multi_hidden {
-                mask.push(true);
-                mask.extend(std::iter::repeat_n(false, h as usize));
-            }
-            Some(mask)
-        } else {
-            None
-        };
-        self.note_queued(effect, hidden.before + hidden.after);
+        let mask = frames.contains(&false).then_some(frames);
+        let exec_mask = self.exec_mask(effect);
+        self.note_queued(effect, mask.as_deref());
         let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
         let handling = Handling {
             suppress,
             blocking,
-            hidden,
+            mask,
             client_info: effect == Effect::ClientInfo,
             replace,
             exec_mask,
@@ -968,12 +1026,21 @@ impl Session {
         }
     }
 
-    /// Records a command queued in the open MULTI and how many hidden commands follow it.
-    fn note_queued(&mut self, effect: Effect, hidden: u32) {
+    /// Records the frames of a command queued in the open MULTI (see `multi_mask`).
+    fn note_queued(&mut self, effect: Effect, frames: Option<&[bool]>) {
         if self.in_multi && !matches!(effect, Effect::EndMulti | Effect::AbortExec | Effect::Multi)
         {
-            self.multi_hidden.push(hidden);
+            match frames {
+                Some(mask) => self.multi_mask.extend_from_slice(mask),
+                None => self.multi_mask.push(true),
+            }
         }
+    }
+
+    /// The mask for EXEC's reply, when hidden commands were queued.
+    fn exec_mask(&self, effect: Effect) -> Option<Vec<bool>> {
+        (effect == Effect::EndMulti && self.multi_mask.contains(&false))
+            .then(|| self.multi_mask.clone())
     }
 
     /// Applies the state change of a dispatched command.
@@ -985,7 +1052,7 @@ impl Session {
             Effect::EndMulti => {
                 self.in_multi = false;
                 self.multi_refused = false;
-                self.multi_hidden.clear();
+                self.multi_mask.clear();
                 self.watching = false;
             }
             Effect::Watch => self.watching = true,
@@ -1017,7 +1084,7 @@ impl Session {
         self.name = None;
         self.in_multi = false;
         self.multi_refused = false;
-        self.multi_hidden.clear();
+        self.multi_mask.clear();
         self.watching = false;
         self.subscribed = false;
         self.monitor = false;
@@ -1388,29 +1455,34 @@ mod tests {
     }
 
     #[test]
-    fn hidden_replies_are_stripped() {
+    fn masked_replies_are_stripped() {
         let data = Bytes::from_static(b":1\r\n+OK\r\n$1\r\nx\r\n");
-        let before = Hidden {
-            before: 1,
-            after: 0,
-        };
         assert_eq!(
-            strip_hidden(data.clone(), 3, before, 3),
+            apply_mask(data.clone(), 3, &[false, true, true]),
             (Bytes::from_static(b"+OK\r\n$1\r\nx\r\n"), 0)
         );
-        let after = Hidden {
-            before: 0,
-            after: 1,
-        };
         assert_eq!(
-            strip_hidden(data.slice(..9), 2, after, 2),
+            apply_mask(data.slice(..9), 2, &[true, false]),
             (Bytes::from_static(b":1\r\n"), 0)
         );
-        // The hidden command's reply never came: the client's own reply is missing too.
+        // The upstream failed after the hidden reply: the client's own reply is missing.
         assert_eq!(
-            strip_hidden(data.slice(..4), 1, before, 2),
+            apply_mask(data.slice(..4), 1, &[false, true]),
             (Bytes::new(), 1)
         );
+    }
+
+    #[test]
+    fn exec_reply_loses_hidden_results_only() {
+        let exec = Bytes::from_static(b"*3\r\n:1\r\n:1\r\n+OK\r\n");
+        assert_eq!(
+            &filter_exec(exec.clone(), &[true, false, true])[..],
+            b"*2\r\n:1\r\n+OK\r\n"
+        );
+        // Nil after a WATCH conflict, or a length that does not match: untouched.
+        let nil = Bytes::from_static(b"*-1\r\n");
+        assert_eq!(filter_exec(nil.clone(), &[true, false]), nil);
+        assert_eq!(filter_exec(exec.clone(), &[true, false]), exec);
     }
 
     #[test]

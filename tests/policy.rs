@@ -347,3 +347,25 @@ async fn the_guides_patterns_work_unchanged_under_the_default_policy() {
         b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_mixing_rewritten_and_plain_commands_keep_their_replies_in_order() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.send(b"SET a 1\r\nGET a\r\nHSET h f v\r\nHGET h f\r\nINCR n\r\nMSET x 1 y 2\r\nMGET x y\r\n")
+        .await;
+    assert_eq!(
+        c.collect_frames(7, DEADLINE).await.joined(),
+        b"+OK\r\n$1\r\n1\r\n:1\r\n$1\r\nv\r\n:1\r\n+OK\r\n*2\r\n$1\r\n1\r\n$1\r\n2\r\n"
+    );
+    for key in ["a", "h", "n", "x", "y"] {
+        assert!(pttl(&redis, key).await > 0, "{key} has no TTL");
+    }
+    // A transaction mixing plain reads and writes with hidden PEXPIREs.
+    c.send(b"MULTI\r\nGET a\r\nHSET h2 f v\r\nGET a\r\nLPUSH q 1 2\r\nEXEC\r\n")
+        .await;
+    let got = c.collect_frames(6, DEADLINE).await.frames;
+    assert_eq!(got[5], b"*4\r\n$1\r\n1\r\n:1\r\n$1\r\n1\r\n:2\r\n");
+    assert!(pttl(&redis, "h2").await > 0 && pttl(&redis, "q").await > 0);
+}
