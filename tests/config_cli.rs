@@ -465,6 +465,6 @@ async fn explain_prints_what_the_policy_does_to_a_command() {
     let r = run_bin(&["--explain", path_str(&default), "SET user:1 \"a b\""]).await;
     assert_eq!(
         r.stdout,
-        "rewritten: SET gets PX 3600000\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
+        "rewritten: SET without a TTL gets PX <ttl of its key prefix>\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
     );
 }

@@ -77,7 +77,7 @@ pub struct Policy {
     rules: Vec<Rule>,
     /// Rules that apply to a command, by the command's table entry (its address: the table
     /// is static). Commands without rules are absent.
-    by_command: HashMap<usize, Vec<usize>>,
+    by_command: HashMap<usize, Vec<usize>, BuildPtrHasher>,
     /// Rules that apply to every command with a value argument or keys (size limits), checked
     /// after the per-command rules.
     global: Vec<usize>,
@@ -89,6 +89,29 @@ impl std::fmt::Debug for Policy {
         f.debug_struct("Policy").field("rules", &ids).finish()
     }
 }
+
+/// Hasher for table-entry addresses: they are not chosen by clients, so a multiply is enough
+/// and SipHash's cost per command is not needed.
+#[derive(Default, Clone, Copy)]
+struct PtrHasher(u64);
+
+impl std::hash::Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+type BuildPtrHasher = std::hash::BuildHasherDefault<PtrHasher>;
 
 /// What the policy decided about one command.
 #[derive(Debug, PartialEq, Eq)]
@@ -464,7 +487,8 @@ fn violation<L: CommandLine + ?Sized>(
             whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
         }
         Kind::MaxValueBytes(max) => {
-            if !spec.is_write() {
+            // Cheap exits first: most commands have no argument that long.
+            if !spec.is_write() || !(1..line.argc()).any(|i| line.arg(i).len() as u64 > *max) {
                 return None;
             }
             let mut keys = commands::KeyPositions::with_capacity(0);
@@ -483,7 +507,8 @@ fn violation<L: CommandLine + ?Sized>(
         }
         Kind::RateLimit { .. } | Kind::Ttl(_) => None,
         Kind::MaxKeys(max) => {
-            if !spec.may_have_keys() {
+            // A command cannot name more keys than it has arguments.
+            if !spec.may_have_keys() || (line.argc() as u64).saturating_sub(1) <= *max {
                 return None;
             }
             let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();

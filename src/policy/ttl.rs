@@ -16,6 +16,8 @@
 //!   transaction and removed from EXEC's reply.
 //! - Absolute expiries (`EXAT`, `PXAT`, `EXPIREAT`, `PEXPIREAT`) are left as they are.
 
+use std::borrow::Cow;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::CommandLine;
@@ -52,8 +54,8 @@ pub struct Rewrite {
     pub command: Option<Bytes>,
     /// Commands sent right after it, whose replies the client never sees.
     pub after: Vec<Bytes>,
-    /// What was done, for audit logs.
-    pub note: String,
+    /// What was done, for audit logs and `--explain` (static on the hot SET path).
+    pub note: Cow<'static, str>,
 }
 
 impl Ttl {
@@ -69,19 +71,30 @@ impl Ttl {
 
     /// Applies the rule to one command.
     pub fn apply<L: CommandLine + ?Sized>(&self, spec: &CommandSpec, line: &L) -> TtlAction {
-        let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+        let mut stack: [&[u8]; 8] = [&[]; 8];
+        let heap: Vec<&[u8]>;
+        // Arguments as a slice without allocating for the usual short commands.
+        let args: &[&[u8]] = if line.argc() <= stack.len() {
+            for (i, slot) in stack.iter_mut().enumerate().take(line.argc()) {
+                *slot = line.arg(i);
+            }
+            &stack[..line.argc()]
+        } else {
+            heap = (0..line.argc()).map(|i| line.arg(i)).collect();
+            &heap
+        };
         match spec.name {
             "persist" if self.deny_persist => {
                 TtlAction::Refuse("PERSIST would leave the key without a TTL".into())
             }
-            "getex" => self.getex(&args),
-            "set" => self.set(&args),
-            "setex" => self.clamp_seconds(&args, 2, "PSETEX"),
-            "psetex" => self.clamp_millis(&args, 2),
-            "expire" => self.clamp_seconds(&args, 2, "PEXPIRE"),
-            "pexpire" => self.clamp_millis(&args, 2),
+            "getex" => self.getex(args),
+            "set" => self.set(args),
+            "setex" => self.clamp_seconds(args, 2, "PSETEX"),
+            "psetex" => self.clamp_millis(args, 2),
+            "expire" => self.clamp_seconds(args, 2, "PEXPIRE"),
+            "pexpire" => self.clamp_millis(args, 2),
             "expireat" | "pexpireat" | "persist" => TtlAction::Keep,
-            _ if spec.is_write() => self.expire_written_keys(&args),
+            _ if spec.is_write() => self.expire_written_keys(args),
             _ => TtlAction::Keep,
         }
     }
@@ -109,14 +122,12 @@ impl Ttl {
         }
         match self.ttl_for(args[1]) {
             Some(ms) => {
-                let ms = ms.to_string();
-                let mut new: Vec<&[u8]> = args.to_vec();
-                new.push(b"PX");
-                new.push(ms.as_bytes());
+                let digits = itoa_buf(ms);
+                let ms = digits.as_str();
                 TtlAction::Rewrite(Rewrite {
-                    command: Some(encode(&new)),
+                    command: Some(encode_with(args, &[b"PX", ms.as_bytes()])),
                     after: Vec::new(),
-                    note: format!("SET gets PX {ms}"),
+                    note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
                 })
             }
             None => TtlAction::Keep,
@@ -158,7 +169,7 @@ impl Ttl {
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
             after: Vec::new(),
-            note: format!("TTL of {v} s cut to {max} ms"),
+            note: format!("TTL of {v} s cut to {max} ms").into(),
         })
     }
 
@@ -175,7 +186,7 @@ impl Ttl {
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
             after: Vec::new(),
-            note: format!("TTL of {v} ms cut to {max} ms"),
+            note: format!("TTL of {v} ms cut to {max} ms").into(),
         })
     }
 
@@ -203,7 +214,7 @@ impl Ttl {
         if after.is_empty() {
             return TtlAction::Keep;
         }
-        let note = format!("{} key(s) get PEXPIRE NX", after.len());
+        let note = Cow::Borrowed("each key it may create gets PEXPIRE <ttl> NX");
         TtlAction::Rewrite(Rewrite {
             command: None,
             after,
@@ -214,15 +225,54 @@ impl Ttl {
 
 /// Encodes a command as a RESP multibulk.
 pub fn encode(args: &[&[u8]]) -> Bytes {
-    let len: usize = args.iter().map(|a| a.len() + 16).sum();
+    encode_with(args, &[])
+}
+
+/// Encodes `args` followed by `extra` as one RESP multibulk, in one allocation.
+pub fn encode_with(args: &[&[u8]], extra: &[&[u8]]) -> Bytes {
+    let len: usize = args.iter().chain(extra).map(|a| a.len() + 16).sum();
     let mut out = BytesMut::with_capacity(len + 16);
-    out.put_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.put_slice(format!("${}\r\n", a.len()).as_bytes());
+    put_len(&mut out, b'*', args.len() + extra.len());
+    for a in args.iter().chain(extra) {
+        put_len(&mut out, b'$', a.len());
         out.put_slice(a);
         out.put_slice(b"\r\n");
     }
     out.freeze()
+}
+
+/// Writes `<kind><n>\r\n` without going through `format!`.
+fn put_len(out: &mut BytesMut, kind: u8, n: usize) {
+    out.put_u8(kind);
+    out.put_slice(itoa_buf(n as u64).as_str().as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// Decimal digits of a number on the stack.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[self.start..]).unwrap_or("0")
+    }
+}
+
+fn itoa_buf(mut n: u64) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        start: 20,
+    };
+    loop {
+        d.start -= 1;
+        d.buf[d.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return d;
+        }
+    }
 }
 
 #[cfg(test)]
