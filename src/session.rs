@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc, watch};
 
@@ -283,7 +283,10 @@ struct Session {
     inflight: usize,
     inflight_target: Option<Target>,
     /// The channel every upstream connection answers this session on.
-    reply_tx: mpsc::UnboundedSender<Reply>,
+    /// Created with the first upstream command, so an idle client costs no channel.
+    reply_tx: Option<mpsc::UnboundedSender<Reply>>,
+    /// The receiving end of a channel just created, for `serve` to take.
+    new_reply_rx: Option<mpsc::UnboundedReceiver<Reply>>,
     /// Budget of unwritten push bytes, shared with the dedicated connection.
     push_budget: Arc<Semaphore>,
     /// Unparsed request bytes.
@@ -303,7 +306,7 @@ struct Session {
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let _ = stream.set_nodelay(true);
-    let (reply_tx, mut reply_rx) = mpsc::unbounded_channel();
+    let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
     let mut shutdown = ctx.shutdown.clone();
     let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
     let policy = ctx.policy.load_full();
@@ -330,7 +333,8 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         slots: VecDeque::new(),
         inflight: 0,
         inflight_target: None,
-        reply_tx,
+        reply_tx: None,
+        new_reply_rx: None,
         push_budget: Arc::new(Semaphore::new(PUSH_BUDGET as usize)),
         rbuf: BytesMut::new(),
         args: Vec::new(),
@@ -339,7 +343,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         closing: *shutdown.borrow(),
         paused: false,
     };
-    let (mut rd, mut wr) = stream.split();
+    let (rd, mut wr) = stream.split();
     loop {
         if !s.out.is_empty() {
             if write_all(&mut wr, &mut s.out).await.is_err() {
@@ -353,16 +357,16 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         if s.closing && s.inflight == 0 && s.slots.is_empty() {
             break;
         }
-        let can_read = !s.closing && !s.paused && s.inflight < s.ctx.max_inflight;
-        if can_read && s.rbuf.capacity() - s.rbuf.len() < READ_CHUNK / 4 {
-            s.rbuf.reserve(READ_CHUNK);
+        if let Some(rx) = s.new_reply_rx.take() {
+            reply_rx = Some(rx);
         }
+        let can_read = !s.closing && !s.paused && s.inflight < s.ctx.max_inflight;
         tokio::select! {
             biased;
-            msg = reply_rx.recv() => {
+            msg = recv(&mut reply_rx) => {
                 let Some(msg) = msg else { break };
                 s.on_reply(msg);
-                while let Ok(msg) = reply_rx.try_recv() {
+                while let Some(msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
                     s.on_reply(msg);
                 }
                 if s.inflight == 0 {
@@ -372,7 +376,21 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                     s.process().await;
                 }
             }
-            r = rd.read_buf(&mut s.rbuf), if can_read => match r {
+            // Wait for readability before touching the buffer: an idle client holds no read
+            // buffer at all (see `release_idle_buffer`).
+            ready = rd.readable(), if can_read => {
+                if ready.is_err() {
+                    s.closing = true;
+                    continue;
+                }
+                if s.rbuf.capacity() - s.rbuf.len() < READ_CHUNK / 4 {
+                    s.rbuf.reserve(READ_CHUNK);
+                }
+                let r = match rd.try_read_buf(&mut s.rbuf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    r => r,
+                };
+                match r {
                 Ok(0) | Err(_) => {
                     // Half-closed: answer what was already sent, then close. A blocked
                     // command would never answer; like Redis dropping a client on EOF, close
@@ -382,7 +400,11 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                         s.dedicated = None;
                     }
                 }
-                Ok(_) => s.process().await,
+                Ok(_) => {
+                    s.process().await;
+                    s.release_idle_buffer();
+                }
+                }
             },
             _ = shutdown.changed(), if !s.closing => {
                 s.closing = true;
@@ -390,6 +412,14 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// The next reply, or never when no channel exists yet.
+async fn recv(rx: &mut Option<mpsc::UnboundedReceiver<Reply>>) -> Option<Reply> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Writes every buffer with vectored writes, so many small replies cost one syscall. The
@@ -494,6 +524,28 @@ fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u32) {
 }
 
 impl Session {
+    /// The session's reply channel, created on first use.
+    fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
+        match &self.reply_tx {
+            Some(tx) => tx.clone(),
+            None => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.reply_tx = Some(tx.clone());
+                self.new_reply_rx = Some(rx);
+                tx
+            }
+        }
+    }
+
+    /// Gives the read buffer back when every byte in it was consumed, so thousands of idle
+    /// clients cost no buffer memory. The next read allocates a fresh one (one malloc per read,
+    /// small next to the read syscall itself); forwarded batches keep their own references.
+    fn release_idle_buffer(&mut self) {
+        if self.rbuf.is_empty() {
+            self.rbuf = BytesMut::new();
+        }
+    }
+
     /// Handles one message from an upstream connection.
     fn on_reply(&mut self, msg: Reply) {
         match msg {
@@ -531,7 +583,7 @@ impl Session {
                         self.out.push(data);
                     }
                     if let Some(e) = error {
-                        let reply = error_reply(&ProxyError::Upstream(e));
+                        let reply = error_reply(&ProxyError::Upstream(*e));
                         for _ in 0..missing {
                             self.out.push(reply.clone());
                         }
@@ -771,7 +823,7 @@ impl Session {
         let batch = Batch {
             bytes,
             expect,
-            reply_to: self.reply_tx.clone(),
+            reply_to: self.reply_sender(),
         };
         let sent = match target {
             Target::Shared(proto) => self.ctx.pool.shared(proto, self.id).send(batch).await,
@@ -852,7 +904,7 @@ impl Session {
             }
             Action::Hello { proto, name } => {
                 self.rbuf.advance(len);
-                let reply = match self.ctx.pool.hello(proto).await {
+                let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
                     Some(reply) => with_client_id(&reply, self.id),
                     None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr().clone(),
@@ -1005,12 +1057,14 @@ impl Session {
             self.dedicated = None;
         }
         let push = PushTarget {
-            to: self.reply_tx.clone(),
+            to: self.reply_sender(),
             budget: self.push_budget.clone(),
             budget_size: PUSH_BUDGET,
             conn_id: self.dedicated_gen + 1,
         };
-        match self.ctx.pool.dedicated(self.proto, push, raw).await {
+        // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
+        // every idle session's task.
+        match Box::pin(self.ctx.pool.dedicated(self.proto, push, raw)).await {
             Ok(tx) => {
                 self.dedicated_gen += 1;
                 self.dedicated = Some(Dedicated {
@@ -1492,5 +1546,39 @@ mod tests {
             &with_client_id(&hello, 4242)[..],
             b"%2\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:4242\r\n"
         );
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// Idle clients cost what their task holds: keep the session future small.
+    #[tokio::test]
+    async fn session_future_size() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (_stop, shutdown) = watch::channel(false);
+        let config = crate::Config::default();
+        let ctx = Arc::new(Context {
+            pool: Pool::start(&config).unwrap(),
+            codec: CodecLimits::default(),
+            max_inflight: 16,
+            max_query_buffer: 1 << 20,
+            upstream_user: None,
+            upstream_password: None,
+            shutdown,
+            policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
+        });
+        let fut = serve(client, ctx, 1);
+        // Measured 2128 bytes; rare, large futures (dedicated connect, HELLO wait) are boxed.
+        assert!(
+            std::mem::size_of_val(&fut) <= 2560,
+            "{}",
+            std::mem::size_of_val(&fut)
+        );
+        // 32 of these make the first block of a session's reply channel.
+        assert!(std::mem::size_of::<Reply>() <= 48);
     }
 }

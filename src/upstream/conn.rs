@@ -131,14 +131,14 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 Bytes::new()
             },
             missing: head.expect.commands() - done_commands,
-            error: Some(lost.clone()),
+            error: Some(Box::new(lost.clone())),
         });
     }
     for p in pending {
         let _ = p.reply_to.send(Reply::Batch {
             data: Bytes::new(),
             missing: p.expect.commands(),
-            error: Some(lost.clone()),
+            error: Some(Box::new(lost.clone())),
         });
     }
     reason

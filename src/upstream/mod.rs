@@ -61,7 +61,7 @@ pub enum Reply {
     Batch {
         data: Bytes,
         missing: u32,
-        error: Option<UpstreamError>,
+        error: Option<Box<UpstreamError>>,
     },
     /// An out-of-band frame (pub/sub message, invalidation, MONITOR line) and the flow-control
     /// permits the session returns once it has written the frame.

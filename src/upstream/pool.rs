@@ -122,10 +122,10 @@ impl Pool {
                 let _ = b.reply_to.send(Reply::Batch {
                     data: Bytes::new(),
                     missing: b.expect.commands(),
-                    error: Some(UpstreamError::Unavailable {
+                    error: Some(Box::new(UpstreamError::Unavailable {
                         addr: addr.clone(),
                         reason: reason.clone().into(),
-                    }),
+                    })),
                 });
             }
             let _ = to.send(Reply::PinnedClosed(conn_id));
@@ -176,10 +176,10 @@ async fn supervise(
                         let _ = b.reply_to.send(Reply::Batch {
                             data: Bytes::new(),
                             missing: b.expect.commands(),
-                            error: Some(UpstreamError::Unavailable {
+                            error: Some(Box::new(UpstreamError::Unavailable {
                                 addr: spec.addr.clone(),
                                 reason: reason.clone(),
-                            }),
+                            })),
                         });
                     }
                     None => return,
