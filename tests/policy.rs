@@ -369,3 +369,38 @@ async fn pipelines_mixing_rewritten_and_plain_commands_keep_their_replies_in_ord
     assert_eq!(got[5], b"*4\r\n$1\r\n1\r\n:1\r\n$1\r\n1\r\n:2\r\n");
     assert!(pttl(&redis, "h2").await > 0 && pttl(&redis, "q").await > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_capped_and_key_names_enforced() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+(:[A-Za-z0-9_-]+)+$'\n    message: name keys resource:id:field\n",
+        redis.addr()
+    );
+    let proxy = Proxy::start(Config::from_yaml(&yaml, Path::new("s.yaml")).unwrap()).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut pipeline = Vec::new();
+    for i in 0..1000 {
+        pipeline.extend_from_slice(format!("XADD events:all * n {i}\r\n").as_bytes());
+    }
+    c.send(&pipeline).await;
+    let got = c.collect_frames(1000, DEADLINE).await.frames;
+    assert!(
+        got.iter().all(|f| f.starts_with(b"$")),
+        "every XADD returns an id"
+    );
+    // Approximate trimming keeps whole 100-entry nodes: far below 1000.
+    let len = text(&redis.direct(&["XLEN", "events:all"]).await);
+    let len: u64 = len.trim_start_matches(':').trim_end().parse().unwrap();
+    assert!(len <= 110, "XLEN {len}");
+    // An explicit cap is kept as written.
+    c.call(&["XADD", "events:mine", "MAXLEN", "5000", "*", "n", "1"])
+        .await;
+    // Keys must follow the naming pattern.
+    let reply = text(&c.call(&["SET", "NoColon", "v"]).await);
+    assert_eq!(
+        reply,
+        "-ERR policy names: key 'NoColon' does not match the naming pattern ^[a-z]+(:[A-Za-z0-9_-]+)+$; name keys resource:id:field\r\n"
+    );
+    assert_eq!(c.call(&["SET", "user:1", "v"]).await, b"+OK\r\n");
+}

@@ -47,6 +47,12 @@ pub struct RuleConfig {
     /// Every key gets a TTL: default by key prefix, a maximum, PERSIST refused.
     #[serde(default)]
     pub ttl: Option<Spanned<TtlConfig>>,
+    /// XADD without MAXLEN/MINID gets `MAXLEN ~ <n>`: streams stay capped.
+    #[serde(default)]
+    pub stream_maxlen: Option<Spanned<u64>>,
+    /// Every key must match this regular expression (e.g. `^[a-z]+(:[A-Za-z0-9_-]+)+$`).
+    #[serde(default)]
+    pub key_pattern: Option<Spanned<String>>,
 }
 
 /// `ttl:` — durations are written `500ms`, `30s`, `15m`, `24h`, `7d`, or `none` (never forced).

@@ -69,6 +69,8 @@ enum Kind {
         per: Per,
     },
     Ttl(ttl::Ttl),
+    StreamMaxLen(u64),
+    KeyPattern(regex::bytes::Regex),
 }
 
 /// The compiled policy.
@@ -255,13 +257,38 @@ impl Policy {
                     Err(e) => problem(format!("{field}.ttl"), t.referenced.line(), e),
                 }
             }
+            if let Some(n) = &rc.stream_maxlen {
+                if n.value == 0 {
+                    problem(
+                        format!("{field}.stream_maxlen"),
+                        n.referenced.line(),
+                        "must be above 0".into(),
+                    );
+                } else {
+                    kinds.push(Kind::StreamMaxLen(n.value));
+                    global = true;
+                }
+            }
+            if let Some(pattern) = &rc.key_pattern {
+                match regex::bytes::Regex::new(&pattern.value) {
+                    Ok(re) => {
+                        kinds.push(Kind::KeyPattern(re));
+                        global = true;
+                    }
+                    Err(e) => problem(
+                        format!("{field}.key_pattern"),
+                        pattern.referenced.line(),
+                        format!("not a valid regular expression: {e}"),
+                    ),
+                }
+            }
             if kinds.len() != 1 {
                 problem(
                     field.clone(),
                     line,
                     format!(
                         "rule `{}` needs exactly one of deny, max_scan_count, \
-                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl (found {})",
+                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
                         rc.id.value,
                         kinds.len()
                     ),
@@ -293,7 +320,8 @@ impl Policy {
         let rules = &policy.rules;
         policy.global.sort_by_key(|&r| match rules[r].kind {
             Kind::RateLimit { .. } => 0,
-            Kind::Ttl(_) => 2,
+            Kind::StreamMaxLen(_) => 2,
+            Kind::Ttl(_) => 3,
             _ => 1,
         });
         if problems.is_empty() {
@@ -324,10 +352,27 @@ impl Policy {
                     }
                 }
             }
+            // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then
+            // adds its PEXPIRE after it.
+            let mut rewrite: Option<ttl::Rewrite> = None;
             for &r in &self.global {
-                if let Some(refusal) = self.apply(r, spec, client, line) {
-                    return refusal;
+                match self.apply(r, spec, client, line) {
+                    None => {}
+                    Some(Verdict::Rewrite(rw)) => match &mut rewrite {
+                        None => rewrite = Some(rw),
+                        Some(acc) => {
+                            if rw.command.is_some() {
+                                acc.command = rw.command;
+                            }
+                            acc.after.extend(rw.after);
+                            acc.note = format!("{}; {}", acc.note, rw.note).into();
+                        }
+                    },
+                    Some(other) => return other,
                 }
+            }
+            if let Some(rw) = rewrite {
+                return Verdict::Rewrite(rw);
             }
         }
         Verdict::Allow
@@ -353,6 +398,20 @@ impl Policy {
         let rule = &self.rules[index];
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client);
+        }
+        if let Kind::StreamMaxLen(n) = &rule.kind {
+            let rw = stream_cap(spec, line, *n)?;
+            return match rule.mode {
+                Mode::Audit => {
+                    rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(rule = %rule.id, "policy audit: would cap XADD");
+                    None
+                }
+                Mode::Enforce => {
+                    rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
+                    Some(Verdict::Rewrite(rw))
+                }
+            };
         }
         if let Kind::Ttl(t) = &rule.kind {
             return match t.apply(spec, line) {
@@ -505,7 +564,23 @@ fn violation<L: CommandLine + ?Sized>(
                 )
             })
         }
-        Kind::RateLimit { .. } | Kind::Ttl(_) => None,
+        Kind::RateLimit { .. } | Kind::Ttl(_) | Kind::StreamMaxLen(_) => None,
+        Kind::KeyPattern(re) => {
+            if !spec.may_have_keys() {
+                return None;
+            }
+            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+            let keys = commands::keys(&args).ok()?;
+            let bad = keys.indices().map(|i| args[i]).find(|k| !re.is_match(k))?;
+            Some((
+                "ERR",
+                format!(
+                    "key '{}' does not match the naming pattern {}",
+                    String::from_utf8_lossy(bad),
+                    re.as_str()
+                ),
+            ))
+        }
         Kind::MaxKeys(max) => {
             // A command cannot name more keys than it has arguments.
             if !spec.may_have_keys() || (line.argc() as u64).saturating_sub(1) <= *max {
@@ -521,6 +596,39 @@ fn violation<L: CommandLine + ?Sized>(
             })
         }
     }
+}
+
+/// XADD without MAXLEN/MINID, rewritten with `MAXLEN ~ n` right after the key (Redis reads
+/// XADD's options up to the entry id, in any order).
+fn stream_cap<L: CommandLine + ?Sized>(
+    spec: &CommandSpec,
+    line: &L,
+    n: u64,
+) -> Option<ttl::Rewrite> {
+    if spec.name != "xadd" || line.argc() < 3 {
+        return None;
+    }
+    let mut i = 2;
+    while i < line.argc() {
+        let a = line.arg(i);
+        if a.eq_ignore_ascii_case(b"MAXLEN") || a.eq_ignore_ascii_case(b"MINID") {
+            return None;
+        } else if a.eq_ignore_ascii_case(b"NOMKSTREAM") {
+            i += 1;
+        } else if a.eq_ignore_ascii_case(b"LIMIT") {
+            i += 2;
+        } else {
+            break; // the entry id: options end here
+        }
+    }
+    let n = n.to_string();
+    let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+    args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
+    Some(ttl::Rewrite {
+        command: Some(ttl::encode(&args)),
+        after: Vec::new(),
+        note: "XADD gets MAXLEN ~ <n>".into(),
+    })
 }
 
 /// Compiles a `ttl:` rule; checks every duration and that none exceeds `max`.
@@ -698,6 +806,37 @@ mod tests {
         // Two windows later the first connection is allowed again.
         clock.advance(Duration::from_millis(2000));
         assert_eq!(check_as(&p, 1, "GET k"), Verdict::Allow);
+    }
+
+    #[test]
+    fn streams_are_capped_and_key_names_checked() {
+        let p = policy(
+            "rules:\n  - id: cap\n    stream_maxlen: 1000\n  - id: names\n    key_pattern: '^[a-z]+(:[A-Za-z0-9_-]+)+$'\n",
+        );
+        match check(&p, "XADD events:1 * f v") {
+            Verdict::Rewrite(rw) => assert_eq!(
+                rw.command.unwrap(),
+                ttl::encode(&[
+                    b"XADD",
+                    b"events:1",
+                    b"MAXLEN",
+                    b"~",
+                    b"1000",
+                    b"*",
+                    b"f",
+                    b"v"
+                ])
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(check(&p, "XADD events:1 MAXLEN 10 * f v"), Verdict::Allow);
+        assert_eq!(
+            check(&p, "XADD events:1 NOMKSTREAM MINID 5 * f v"),
+            Verdict::Allow
+        );
+        assert!(refused(check(&p, "GET Bad_Key")).contains("key 'Bad_Key' does not match"));
+        assert_eq!(check(&p, "GET user:42"), Verdict::Allow);
+        assert_eq!(check(&p, "PING"), Verdict::Allow);
     }
 
     #[test]
