@@ -100,31 +100,38 @@ fn line_end(buf: &[u8], start: usize) -> Option<usize> {
     memchr(b'\r', &buf[start..]).map(|i| start + i)
 }
 
-/// Parses a signed decimal integer the way Redis's `string2ll` does (no leading `+`, no
-/// leading zeros except "0", no spaces); `None` on anything else.
+/// Redis's `string2ll`: a strict base-10 `long long` (no sign but `-`, no leading zeros, no
+/// spaces, at most 20 characters).
 #[inline]
 pub fn parse_int(s: &[u8]) -> Option<i64> {
-    let (neg, digits) = match s.first()? {
-        b'-' => (true, &s[1..]),
-        _ => (false, s),
-    };
-    if digits.is_empty() || digits.len() > 19 || (digits.len() > 1 && digits[0] == b'0') {
+    if s.is_empty() || s.len() >= 21 {
         return None;
     }
-    let mut v: i64 = 0;
+    if s == b"0" {
+        return Some(0);
+    }
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    match digits.first() {
+        Some(b'1'..=b'9') => {}
+        _ => return None,
+    }
+    let mut v: u64 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {
             return None;
         }
-        v = v.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
     }
-    if neg {
-        if v == 0 {
-            return None; // "-0" is not a canonical integer for Redis
+    if negative {
+        if v > i64::MAX as u64 + 1 {
+            return None;
         }
-        Some(-v)
+        Some((v as i64).wrapping_neg())
     } else {
-        Some(v)
+        i64::try_from(v).ok()
     }
 }
 

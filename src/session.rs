@@ -740,39 +740,42 @@ impl Session {
                             && run.target.is_none_or(|t| t == target)
                             && self.inflight_target.is_none_or(|t| t == target)
                     };
-                    match action {
+                    let joining = match action {
                         Action::Forward {
                             target,
                             expect: Expect::Frames(1),
                             effect,
-                        } if joins(target, effect) => {
-                            if target == Target::Dedicated && !self.ensure_dedicated(false).await {
-                                self.flush_run(&mut run).await;
-                                self.rbuf.advance(len);
-                                continue;
-                            }
-                            run.push_plain(&self.rbuf[base..base + len], target);
-                            self.note_queued(effect, None);
-                            self.apply(effect);
-                        }
+                        } if joins(target, effect) => Ok((target, effect, None)),
                         Action::Rewritten {
                             target,
                             effect,
                             rewrite,
-                        } if joins(target, effect) => {
+                        } if joins(target, effect) => Ok((target, effect, Some(rewrite))),
+                        other => Err(other),
+                    };
+                    match joining {
+                        Ok((target, effect, rewrite)) => {
                             if target == Target::Dedicated && !self.ensure_dedicated(false).await {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
                                 continue;
                             }
-                            let (prefix, rest) = self.rbuf.split_at(base);
-                            run.push_rewritten(prefix, &rest[..len], &rewrite, target);
-                            let mut frames = vec![true];
-                            frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
-                            self.note_queued(effect, Some(&frames));
+                            match rewrite {
+                                None => {
+                                    run.push_plain(&self.rbuf[base..base + len], target);
+                                    self.note_queued(effect, None);
+                                }
+                                Some(rewrite) => {
+                                    let (prefix, rest) = self.rbuf.split_at(base);
+                                    run.push_rewritten(prefix, &rest[..len], &rewrite, target);
+                                    let mut frames = vec![true];
+                                    frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
+                                    self.note_queued(effect, Some(&frames));
+                                }
+                            }
                             self.apply(effect);
                         }
-                        action => {
+                        Err(action) => {
                             self.flush_run(&mut run).await;
                             if !self.execute(action, len).await {
                                 break;

@@ -785,40 +785,6 @@ fn c_eq_ignore_case(arg: &[u8], keyword: &[u8]) -> bool {
     arg[..end].eq_ignore_ascii_case(keyword)
 }
 
-/// Redis's `string2ll`: a strict base-10 `long long` (no sign but `-`, no leading zeros, no
-/// spaces, at most 20 characters).
-fn string2ll(s: &[u8]) -> Option<i64> {
-    if s.is_empty() || s.len() >= 21 {
-        return None;
-    }
-    if s == b"0" {
-        return Some(0);
-    }
-    let (negative, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, s),
-    };
-    match digits.first() {
-        Some(b'1'..=b'9') => {}
-        _ => return None,
-    }
-    let mut v: u64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    if negative {
-        if v > i64::MAX as u64 + 1 {
-            return None;
-        }
-        Some((v as i64).wrapping_neg())
-    } else {
-        i64::try_from(v).ok()
-    }
-}
-
 /// C's `atoi` as glibc implements it, `(int) strtol(s, NULL, 10)`: leading white space, an
 /// optional sign, digits up to the first non-digit, saturating at the `long` range, then
 /// truncated to `int`. Redis's procedures parse numkeys with it.
@@ -907,7 +873,7 @@ fn keys_from_specs<A: AsRef<[u8]>>(spec: &CommandSpec, args: &[A], out: &mut Vec
                 if at >= argc {
                     return false;
                 }
-                let Some(numkeys) = string2ll(args[at as usize].as_ref()) else {
+                let Some(numkeys) = crate::codec::parse_int(args[at as usize].as_ref()) else {
                     return false;
                 };
                 if numkeys < 0 {
@@ -1373,13 +1339,16 @@ mod tests {
 
     #[test]
     fn number_parsing_matches_c() {
-        assert_eq!(string2ll(b"0"), Some(0));
-        assert_eq!(string2ll(b"12"), Some(12));
-        assert_eq!(string2ll(b"-12"), Some(-12));
-        assert_eq!(string2ll(b"-9223372036854775808"), Some(i64::MIN));
-        assert_eq!(string2ll(b"9223372036854775808"), None);
+        assert_eq!(crate::codec::parse_int(b"0"), Some(0));
+        assert_eq!(crate::codec::parse_int(b"12"), Some(12));
+        assert_eq!(crate::codec::parse_int(b"-12"), Some(-12));
+        assert_eq!(
+            crate::codec::parse_int(b"-9223372036854775808"),
+            Some(i64::MIN)
+        );
+        assert_eq!(crate::codec::parse_int(b"9223372036854775808"), None);
         for bad in [&b""[..], b"01", b"+1", b" 1", b"1 ", b"-0", b"-", b"1x"] {
-            assert_eq!(string2ll(bad), None, "{bad:?}");
+            assert_eq!(crate::codec::parse_int(bad), None, "{bad:?}");
         }
         assert_eq!(c_atoi(b" +12abc"), 12);
         assert_eq!(c_atoi(b"-3"), -3);

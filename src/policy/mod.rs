@@ -400,34 +400,13 @@ impl Policy {
             return self.rate_limit(rule, limiter, *per, client);
         }
         if let Kind::StreamMaxLen(n) = &rule.kind {
-            let rw = stream_cap(spec, line, *n)?;
-            return match rule.mode {
-                Mode::Audit => {
-                    rule.counters.audited.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(rule = %rule.id, "policy audit: would cap XADD");
-                    None
-                }
-                Mode::Enforce => {
-                    rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
-                    Some(Verdict::Rewrite(rw))
-                }
-            };
+            return rewritten(rule, spec, stream_cap(spec, line, *n)?);
         }
         if let Kind::Ttl(t) = &rule.kind {
             return match t.apply(spec, line) {
                 ttl::TtlAction::Keep => None,
                 ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, "NOPERM", reason),
-                ttl::TtlAction::Rewrite(rw) => match rule.mode {
-                    Mode::Audit => {
-                        rule.counters.audited.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(rule = %rule.id, command = %spec.name, change = %rw.note, "policy audit: would rewrite");
-                        None
-                    }
-                    Mode::Enforce => {
-                        rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
-                        Some(Verdict::Rewrite(rw))
-                    }
-                },
+                ttl::TtlAction::Rewrite(rw) => rewritten(rule, spec, rw),
             };
         }
         let (code, reason) = violation(&rule.kind, spec, line)?;
@@ -594,6 +573,21 @@ fn violation<L: CommandLine + ?Sized>(
                     format!("{} names {} keys, above {max}", upper(), keys.len()),
                 )
             })
+        }
+    }
+}
+
+/// A rewrite by `rule`: forwarded (enforce), or logged and counted only (audit).
+fn rewritten(rule: &Rule, spec: &CommandSpec, rw: ttl::Rewrite) -> Option<Verdict> {
+    match rule.mode {
+        Mode::Audit => {
+            rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(rule = %rule.id, command = %spec.name, change = %rw.note, "policy audit: would rewrite");
+            None
+        }
+        Mode::Enforce => {
+            rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
+            Some(Verdict::Rewrite(rw))
         }
     }
 }
