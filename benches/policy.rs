@@ -16,11 +16,12 @@ fn policy_check(c: &mut Criterion) {
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let policy = Policy::compile(&config.rules).expect("compiles");
+    let policy = Policy::from_config(&config).expect("compiles");
     let empty = Policy::compile(&[]).unwrap();
     let client = Client {
         id: 1,
         addr: IpAddr::from([127, 0, 0, 1]),
+        tenant: 0,
     };
     let value = vec![b'x'; 64];
     let lines: Vec<(&str, Vec<&[u8]>)> = vec![

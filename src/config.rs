@@ -42,6 +42,8 @@ pub struct Config {
     pub workers: Located<usize>,
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
     pub rules: Vec<crate::policy::RuleConfig>,
+    /// Proxy-side users and the identities that map clients to tenants.
+    pub access: crate::policy::config::Access,
 }
 
 impl Default for Config {
@@ -53,6 +55,7 @@ impl Default for Config {
             shutdown_grace_ms: located(10_000),
             workers: located(1),
             rules: Vec::new(),
+            access: Default::default(),
         }
     }
 }
@@ -351,7 +354,7 @@ impl Config {
                 });
             }
         }
-        if let Err(rule_problems) = crate::policy::Policy::compile(&self.rules) {
+        if let Err(rule_problems) = crate::policy::Policy::from_config(self) {
             problems.extend(rule_problems);
         }
         if problems.is_empty() {

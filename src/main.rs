@@ -110,7 +110,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.listen.value).await?;
-        let policy = Policy::compile(&config.rules).map_err(|p| {
+        let policy = Policy::from_config(&config).map_err(|p| {
             std::io::Error::other(
                 p.iter()
                     .map(ToString::to_string)
@@ -164,7 +164,7 @@ async fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
 ) {
     while hup.recv().await.is_some() {
-        match Config::load(&path).map(|c| Policy::compile(&c.rules)) {
+        match Config::load(&path).map(|c| Policy::from_config(&c)) {
             Ok(Ok(new)) => {
                 tracing::info!(file = %path.display(), policy = ?new, "policy reloaded");
                 policy.store(Arc::new(new));
@@ -191,7 +191,7 @@ fn explain(path: &Path, command: &str) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let policy = match Policy::compile(&config.rules) {
+    let policy = match Policy::from_config(&config) {
         Ok(p) => p,
         Err(problems) => {
             for p in problems {
@@ -204,9 +204,11 @@ fn explain(path: &Path, command: &str) -> ExitCode {
         eprintln!("unbalanced quotes in {command:?}");
         return ExitCode::from(EXIT_CONFIG);
     };
+    let addr = std::net::IpAddr::from([127, 0, 0, 1]);
     let client = Client {
         id: 0,
-        addr: std::net::IpAddr::from([127, 0, 0, 1]),
+        addr,
+        tenant: policy.access.tenant_of(addr, None),
     };
     // A policy check needs a runtime for the rate limiter's clock.
     let verdict = tokio::runtime::Builder::new_current_thread()

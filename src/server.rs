@@ -27,7 +27,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let policy = Policy::compile(&config.rules).map_err(|problems| {
+    let policy = Policy::from_config(&config).map_err(|problems| {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         std::io::Error::other(text.join("; "))
     })?;

@@ -161,10 +161,12 @@ enum Action {
         effect: Effect,
         rewrite: crate::policy::ttl::Rewrite,
     },
-    /// HELLO answered by the proxy: the upstream's reply with this client's id.
+    /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
+    /// the proxy user its AUTH option authenticated.
     Hello {
         proto: u8,
         name: Option<Bytes>,
+        login: Option<Bytes>,
     },
 }
 
@@ -174,6 +176,8 @@ enum LocalEffect {
     None,
     SetName(Option<Bytes>),
     ReplyMode(ReplyMode),
+    /// AUTH accepted by the proxy: the session is now this user (and its tenant).
+    Login(Bytes),
 }
 
 /// The dedicated upstream connection of a session.
@@ -250,6 +254,10 @@ struct Session {
     /// reload applies from the next read on and in-flight commands keep the policy they were
     /// checked with.
     policy: Arc<Policy>,
+    /// The proxy user the client authenticated as (proxy-side users only).
+    user: Option<Bytes>,
+    /// The client's tenant under `policy`, recomputed when the policy is reloaded.
+    tenant: u16,
     /// The client's address, for CLIENT INFO and per-address rate limits.
     peer: std::net::SocketAddr,
     /// The proxy's address the client connected to, for CLIENT INFO.
@@ -310,7 +318,13 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let mut shutdown = ctx.shutdown.clone();
     let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
     let policy = ctx.policy.load_full();
+    let unknown_peer = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    let tenant = policy
+        .access
+        .tenant_of(stream.peer_addr().unwrap_or(unknown_peer).ip(), None);
     let mut s = Session {
+        user: None,
+        tenant,
         policy,
         ctx,
         id,
@@ -524,6 +538,15 @@ fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u32) {
 }
 
 impl Session {
+    /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
+    fn login(&mut self, user: Option<Bytes>) {
+        self.user = user;
+        self.tenant = self
+            .policy
+            .access
+            .tenant_of(self.peer.ip(), self.user.as_deref());
+    }
+
     /// The session's reply channel, created on first use.
     fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
         match &self.reply_tx {
@@ -698,7 +721,13 @@ impl Session {
     /// Parses and dispatches every complete request in the read buffer, stopping early when
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
-        self.policy = self.ctx.policy.load_full();
+        let policy = self.ctx.policy.load_full();
+        if !Arc::ptr_eq(&policy, &self.policy) {
+            self.policy = policy;
+            // A reloaded policy may map this client to another tenant.
+            let user = self.user.take();
+            self.login(user);
+        }
         let mut run = Run::default();
         while !self.closing {
             if self.inflight + run.frames as usize >= self.ctx.max_inflight {
@@ -891,6 +920,7 @@ impl Session {
                     LocalEffect::None => {}
                     LocalEffect::SetName(name) => self.name = name,
                     LocalEffect::ReplyMode(mode) => self.reply_mode = mode,
+                    LocalEffect::Login(user) => self.login(Some(user)),
                 }
             }
             Action::LocalThenClose(reply) => {
@@ -905,7 +935,10 @@ impl Session {
                     self.reply_mode = mode;
                 }
             }
-            Action::Hello { proto, name } => {
+            Action::Hello { proto, name, login } => {
+                if login.is_some() {
+                    self.login(login);
+                }
                 self.rbuf.advance(len);
                 let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
                     Some(reply) => with_client_id(&reply, self.id),
@@ -1136,6 +1169,7 @@ impl Session {
     /// drops every subscription, transaction and watch on the upstream.
     fn reset(&mut self) {
         self.dedicated = None;
+        self.login(None);
         self.proto = 2;
         self.db = 0;
         self.name = None;
@@ -1156,11 +1190,18 @@ impl Session {
             frame,
             ranges: &self.args,
         };
+        if self.policy.access.require_auth && self.user.is_none() {
+            let kind = command::classify(args.get(0));
+            if !matches!(kind, Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset) {
+                return Action::Refused(simple_error("NOAUTH", "Authentication required."));
+            }
+        }
         let mut rewrite = None;
         if !self.policy.is_empty() {
             let client = Client {
                 id: self.id,
                 addr: self.peer.ip(),
+                tenant: self.tenant,
             };
             match self.policy.check(&client, &args) {
                 Verdict::Allow => {}
@@ -1247,6 +1288,15 @@ impl Session {
                     3 => (args.get(1), args.get(2)),
                     _ => return forward(current, Effect::None),
                 };
+                if self.policy.access.has_users() {
+                    // Proxy-side users: the proxy checks AUTH; upstream credentials are the
+                    // pool's own.
+                    return if self.policy.access.authenticate(user, pass) {
+                        Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
+                    } else {
+                        Action::Local(wrongpass(), LocalEffect::None)
+                    };
+                }
                 let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
                 match &self.ctx.upstream_password {
                     Some(p)
@@ -1285,6 +1335,7 @@ impl Session {
     fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
         let mut proto = self.proto;
         let mut auth = false;
+        let mut credentials = None;
         let mut name = None;
         if args.len() >= 2 {
             match codec::parse_int(args.get(1)) {
@@ -1308,6 +1359,7 @@ impl Session {
                 let opt = args.get(j);
                 if opt.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
                     auth = true;
+                    credentials = Some((args.get(j + 1), args.get(j + 2)));
                     j += 3;
                 } else if opt.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
                     name = Some(args.get(j + 1));
@@ -1337,6 +1389,26 @@ impl Session {
                 );
             }
         }
+        if credentials.is_none() && self.policy.access.require_auth && self.user.is_none() {
+            return Action::Local(
+                simple_error(
+                    "NOAUTH",
+                    "HELLO must be called with the client already authenticated, otherwise the \
+                     HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                     client and select the RESP protocol version at the same time",
+                ),
+                LocalEffect::None,
+            );
+        }
+        let mut login = None;
+        if let Some((user, pass)) = credentials.filter(|_| self.policy.access.has_users()) {
+            // The proxy checks the credentials; the upstream never sees them.
+            if !self.policy.access.authenticate(user, pass) {
+                return Action::Local(wrongpass(), LocalEffect::None);
+            }
+            login = Some(Bytes::copy_from_slice(user));
+            auth = false;
+        }
         if auth || current == Target::Dedicated {
             return Action::Forward {
                 target: Target::Dedicated,
@@ -1351,6 +1423,7 @@ impl Session {
         Action::Hello {
             proto,
             name: name.map(Bytes::copy_from_slice),
+            login,
         }
     }
 
@@ -1446,6 +1519,14 @@ impl<'a> Args<'a> {
 /// Redis's rule for client names and library info: printable ASCII without spaces.
 fn valid_name(name: &[u8]) -> bool {
     name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
+/// Redis's reply to wrong credentials, word for word.
+fn wrongpass() -> Bytes {
+    simple_error(
+        "WRONGPASS",
+        "invalid username-password pair or user is disabled.",
+    )
 }
 
 fn ok() -> Bytes {

@@ -9,6 +9,48 @@
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
+/// `access:` — who the clients are. Without users, every client is anonymous and the
+/// upstream checks AUTH itself; with users, the proxy checks AUTH and the upstream never sees
+/// client credentials.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Access {
+    /// Proxy-side users, for `AUTH user pass` and `HELLO … AUTH user pass`.
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+    /// Which tenant a client belongs to, first match wins: by AUTH user and/or address.
+    #[serde(default)]
+    pub identities: Vec<IdentityConfig>,
+    /// Refuse every command but AUTH/HELLO AUTH/QUIT/RESET until the client authenticates.
+    #[serde(default)]
+    pub require_auth: bool,
+}
+
+/// A proxy-side user.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// The AUTH username.
+    pub name: String,
+    /// Hex SHA-256 of the password (`printf %s 'secret' | sha256sum`): the file never holds
+    /// the password itself.
+    pub password_sha256: Spanned<String>,
+}
+
+/// One identity rule: clients matching every given condition belong to `tenant`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// The tenant's name, used by rules' `tenants:` and `except_tenants:`.
+    pub tenant: Spanned<String>,
+    /// Authenticated as this proxy user.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Connecting from this network (`10.0.0.0/8`, `127.0.0.1/32`, `::1/128`).
+    #[serde(default)]
+    pub cidr: Option<String>,
+}
+
 /// One rule as written in the file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +63,12 @@ pub struct RuleConfig {
     /// The better pattern, shown to the client in the refusal.
     #[serde(default)]
     pub message: Option<String>,
+    /// Apply only to clients of these tenants.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+    /// Apply to every tenant but these (e.g. `[admin]`).
+    #[serde(default)]
+    pub except_tenants: Option<Vec<String>>,
     /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`).
     #[serde(default)]
     pub deny: Option<Spanned<Vec<String>>>,
@@ -138,6 +186,8 @@ pub enum Per {
     Connection,
     /// All connections from one IP address share a budget.
     Address,
+    /// All connections of one tenant share a budget.
+    Tenant,
 }
 
 /// What a rule does when it matches.

@@ -5,6 +5,7 @@
 //! answers the command in its reply slot. A rule in `audit` mode logs and counts what it would
 //! have refused and lets the command through. With no rules the check is one branch.
 
+pub mod access;
 pub mod config;
 pub mod ttl;
 
@@ -29,12 +30,16 @@ pub struct Client {
     pub id: u64,
     /// The client's IP address.
     pub addr: IpAddr,
+    /// The client's tenant (see [`Policy::tenant_of`]); 0 is `default`.
+    pub tenant: u16,
 }
 
 /// A compiled rule.
 struct Rule {
     /// From the file; names the rule in replies, logs and metrics.
     id: String,
+    /// Which tenants the rule applies to, by tenant index; `None`: all.
+    tenants: Option<Vec<bool>>,
     mode: Mode,
     /// Operator's advice, appended to the refusal.
     message: Option<String>,
@@ -83,12 +88,17 @@ pub struct Policy {
     /// Rules that apply to every command with a value argument or keys (size limits), checked
     /// after the per-command rules.
     global: Vec<usize>,
+    /// Users, tenants and the identities mapping clients to tenants.
+    pub access: access::Identities,
 }
 
 impl std::fmt::Debug for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ids: Vec<&str> = self.rules.iter().map(|r| r.id.as_str()).collect();
-        f.debug_struct("Policy").field("rules", &ids).finish()
+        f.debug_struct("Policy")
+            .field("rules", &ids)
+            .field("tenants", &self.access.tenant_count())
+            .finish()
     }
 }
 
@@ -156,8 +166,29 @@ impl Policy {
         rules: &[RuleConfig],
         clock: Arc<dyn Clock>,
     ) -> Result<Policy, Vec<Problem>> {
+        Policy::compile_full(rules, &config::Access::default(), clock)
+    }
+
+    /// The policy of a whole configuration: its rules and its `access:` section.
+    pub fn from_config(config: &crate::Config) -> Result<Policy, Vec<Problem>> {
+        Policy::compile_full(
+            &config.rules,
+            &config.access,
+            Arc::new(MonotonicClock::new()),
+        )
+    }
+
+    /// Compiles rules and access together: rules may name tenants the identities define.
+    pub fn compile_full(
+        rules: &[RuleConfig],
+        access: &config::Access,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Policy, Vec<Problem>> {
         let mut problems = Vec::new();
-        let mut policy = Policy::default();
+        let mut policy = Policy {
+            access: access::Identities::compile(access, &mut problems),
+            ..Policy::default()
+        };
         let mut ids = HashMap::new();
         for (index, rc) in rules.iter().enumerate() {
             let line = rc.id.referenced.line();
@@ -295,9 +326,36 @@ impl Policy {
                 );
                 continue;
             }
+            let tenants = match (&rc.tenants, &rc.except_tenants) {
+                (None, None) => None,
+                (Some(_), Some(_)) => {
+                    problem(
+                        field.clone(),
+                        line,
+                        "give `tenants` or `except_tenants`, not both".into(),
+                    );
+                    None
+                }
+                (only, except) => {
+                    let names = only.as_ref().or(except.as_ref()).expect("one is set");
+                    let mut set = vec![except.is_some(); policy.access.tenant_count()];
+                    for name in names {
+                        match policy.access.tenant_index(name) {
+                            Some(i) => set[usize::from(i)] = only.is_some(),
+                            None => problem(
+                                format!("{field}.tenants"),
+                                line,
+                                format!("no tenant `{name}` in access.identities (or `default`)"),
+                            ),
+                        }
+                    }
+                    Some(set)
+                }
+            };
             let rule_index = policy.rules.len();
             policy.rules.push(Rule {
                 id: rc.id.value.clone(),
+                tenants,
                 mode: rc.mode,
                 message: rc.message.clone(),
                 kind: kinds.pop().expect("one kind"),
@@ -396,6 +454,15 @@ impl Policy {
         line: &L,
     ) -> Option<Verdict> {
         let rule = &self.rules[index];
+        if let Some(set) = &rule.tenants {
+            if !set
+                .get(usize::from(client.tenant))
+                .copied()
+                .unwrap_or(false)
+            {
+                return None;
+            }
+        }
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client);
         }
@@ -459,6 +526,10 @@ impl Policy {
             (Per::Address, IpAddr::V6(a)) => {
                 key[..16].copy_from_slice(&a.octets());
                 &key[..16]
+            }
+            (Per::Tenant, _) => {
+                key[..2].copy_from_slice(&client.tenant.to_be_bytes());
+                &key[..2]
             }
         };
         let retry_after = match limiter.check(key) {
@@ -709,6 +780,7 @@ mod tests {
         let client = Client {
             id,
             addr: IpAddr::from([127, 0, 0, 1]),
+            tenant: 0,
         };
         p.check(&client, &args[..])
     }

@@ -1,0 +1,232 @@
+//! Who a client is: proxy-side users (AUTH checked by the proxy against SHA-256 digests) and
+//! identities that map a client's address and user to a tenant. Rules can then apply to some
+//! tenants only (`tenants:`, `except_tenants:`).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::config::Access;
+use crate::config::Problem;
+
+/// The tenant of clients no identity matches.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Compiled `access:` section.
+#[derive(Default)]
+pub struct Identities {
+    /// Tenant names; a client's tenant is an index into this. Index 0 is `default`.
+    tenants: Vec<String>,
+    /// Identity rules in file order; the first match wins.
+    rules: Vec<Identity>,
+    /// User name → SHA-256 of the password.
+    users: HashMap<Vec<u8>, [u8; 32]>,
+    /// Commands other than AUTH/HELLO AUTH/QUIT/RESET need an authenticated client.
+    pub require_auth: bool,
+}
+
+struct Identity {
+    tenant: u16,
+    user: Option<Vec<u8>>,
+    net: Option<(IpAddr, u8)>,
+}
+
+impl Identities {
+    /// Compiles the section, collecting every problem with its line.
+    pub fn compile(access: &Access, problems: &mut Vec<Problem>) -> Identities {
+        let mut ids = Identities {
+            tenants: vec![DEFAULT_TENANT.to_string()],
+            require_auth: access.require_auth,
+            ..Identities::default()
+        };
+        for (i, u) in access.users.iter().enumerate() {
+            match parse_digest(&u.password_sha256.value) {
+                Some(d) => {
+                    ids.users.insert(u.name.as_bytes().to_vec(), d);
+                }
+                None => problems.push(Problem {
+                    line: u.password_sha256.referenced.line(),
+                    field: format!("access.users[{i}].password_sha256"),
+                    message: "must be 64 hex digits (printf %s 'password' | sha256sum)".into(),
+                }),
+            }
+        }
+        for (i, id) in access.identities.iter().enumerate() {
+            let line = id.tenant.referenced.line();
+            let tenant = ids.tenant_index_or_add(&id.tenant.value);
+            let net = match &id.cidr {
+                None => None,
+                Some(c) => match parse_cidr(c) {
+                    Some(n) => Some(n),
+                    None => {
+                        problems.push(Problem {
+                            line,
+                            field: format!("access.identities[{i}].cidr"),
+                            message: format!("`{c}` is not a network like 10.0.0.0/8 or ::1/128"),
+                        });
+                        None
+                    }
+                },
+            };
+            if let Some(user) = &id.user {
+                if !ids.users.contains_key(user.as_bytes()) {
+                    problems.push(Problem {
+                        line,
+                        field: format!("access.identities[{i}].user"),
+                        message: format!("no user `{user}` in access.users"),
+                    });
+                }
+            }
+            ids.rules.push(Identity {
+                tenant,
+                user: id.user.as_ref().map(|u| u.as_bytes().to_vec()),
+                net,
+            });
+        }
+        if ids.require_auth && ids.users.is_empty() {
+            problems.push(Problem {
+                line: 0,
+                field: "access.require_auth".into(),
+                message: "needs at least one user in access.users".into(),
+            });
+        }
+        ids
+    }
+
+    fn tenant_index_or_add(&mut self, name: &str) -> u16 {
+        match self.tenants.iter().position(|t| t == name) {
+            Some(i) => i as u16,
+            None => {
+                self.tenants.push(name.to_string());
+                (self.tenants.len() - 1) as u16
+            }
+        }
+    }
+
+    /// The index of a tenant named in a rule, if any identity defines it.
+    pub fn tenant_index(&self, name: &str) -> Option<u16> {
+        self.tenants
+            .iter()
+            .position(|t| t == name)
+            .map(|i| i as u16)
+    }
+
+    /// Number of tenants, `default` included.
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// A tenant's name.
+    pub fn tenant_name(&self, index: u16) -> &str {
+        self.tenants
+            .get(usize::from(index))
+            .map_or(DEFAULT_TENANT, String::as_str)
+    }
+
+    /// The tenant of a client at `addr`, authenticated as `user` if any.
+    pub fn tenant_of(&self, addr: IpAddr, user: Option<&[u8]>) -> u16 {
+        for id in &self.rules {
+            let user_ok = match &id.user {
+                Some(u) => user == Some(u.as_slice()),
+                None => true,
+            };
+            let net_ok = match id.net {
+                Some((net, bits)) => in_network(addr, net, bits),
+                None => true,
+            };
+            if user_ok && net_ok {
+                return id.tenant;
+            }
+        }
+        0
+    }
+
+    /// Whether the proxy checks AUTH itself.
+    pub fn has_users(&self) -> bool {
+        !self.users.is_empty()
+    }
+
+    /// Checks a user's password; the digest comparison takes the same time wherever the
+    /// digests differ.
+    pub fn authenticate(&self, user: &[u8], password: &[u8]) -> bool {
+        let digest = ring::digest::digest(&ring::digest::SHA256, password);
+        let Some(expected) = self.users.get(user) else {
+            return false;
+        };
+        expected
+            .iter()
+            .zip(digest.as_ref())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
+    let (addr, bits) = match text.split_once('/') {
+        Some((a, b)) => (a.parse::<IpAddr>().ok()?, b.parse::<u8>().ok()?),
+        None => {
+            let a = text.parse::<IpAddr>().ok()?;
+            (a, if a.is_ipv4() { 32 } else { 128 })
+        }
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    (bits <= max).then_some((addr, bits))
+}
+
+fn in_network(addr: IpAddr, net: IpAddr, bits: u8) -> bool {
+    let addr = match (addr, net) {
+        // An IPv4 client seen through an IPv6 socket still matches IPv4 networks.
+        (IpAddr::V6(a), IpAddr::V4(_)) => a.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        _ => addr,
+    };
+    match (addr, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_match_by_prefix() {
+        let (net, bits) = parse_cidr("10.0.0.0/8").unwrap();
+        assert!(in_network("10.1.2.3".parse().unwrap(), net, bits));
+        assert!(!in_network("11.0.0.1".parse().unwrap(), net, bits));
+        assert!(in_network("::ffff:10.0.0.1".parse().unwrap(), net, bits));
+        let (any, zero) = parse_cidr("0.0.0.0/0").unwrap();
+        assert!(in_network("192.168.1.1".parse().unwrap(), any, zero));
+        assert!(parse_cidr("10.0.0.0/33").is_none());
+        assert!(parse_cidr("nope").is_none());
+    }
+
+    #[test]
+    fn digests_are_64_hex_digits() {
+        let d = parse_digest("2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b");
+        assert_eq!(
+            d.map(|d| d[0]),
+            Some(0x2b),
+            "sha256('secret') starts with 2b"
+        );
+        assert!(parse_digest("xyz").is_none());
+    }
+}
