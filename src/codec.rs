@@ -212,6 +212,15 @@ fn decode_inline(buf: &[u8], limits: &CodecLimits) -> Result<Option<Decoded>, Pr
 /// `sdssplitargs`: `"..."` with `\n \r \t \b \a \\ \" \xHH` escapes, `'...'` with `\'`, and a
 /// closing quote must be followed by a space or the end. `None` means unbalanced quotes.
 pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    // sdssplitargs walks a C string: a NUL byte ends the line. (Treating it as a separator
+    // instead would never advance past it: found by tests/hostile_input.rs.) Redis itself
+    // looks for the newline with strchr, stops at the NUL and waits for more input; answering
+    // the part before the NUL is the friendlier of the two and runs nothing Redis would not
+    // have parsed.
+    let line = match memchr(0, line) {
+        Some(nul) => &line[..nul],
+        None => line,
+    };
     let mut out = Vec::new();
     let mut i = 0;
     let n = line.len();
@@ -410,6 +419,12 @@ mod tests {
         assert_eq!(split_args(br#"set "a"#), None);
         assert_eq!(split_args(br#"set "a"b"#), None);
         assert_eq!(dec(b"set \"a\r\n"), Err(ProtocolError::UnbalancedQuotes));
+        // A NUL ends the line, as in Redis's sdssplitargs (this once looped forever).
+        assert_eq!(
+            split_args(b"GET a\x00b c").unwrap(),
+            vec![b"GET".to_vec(), b"a".to_vec()]
+        );
+        assert_eq!(split_args(b"\x00GET").unwrap(), Vec::<Vec<u8>>::new());
     }
 
     #[test]
