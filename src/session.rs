@@ -1224,7 +1224,13 @@ impl Session {
                 effect,
                 rewrite,
             },
-            (action, _) => action,
+            // A rewrite the route cannot carry (a pub/sub or local command) must never turn
+            // into forwarding the original: refuse instead.
+            (_, Some(_)) => Action::Refused(simple_error(
+                "NOPERM",
+                "policy: this command cannot be rewritten as the policy requires",
+            )),
+            (action, None) => action,
         }
     }
 

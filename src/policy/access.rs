@@ -22,6 +22,8 @@ pub struct Identities {
     users: HashMap<Vec<u8>, [u8; 32]>,
     /// Commands other than AUTH/HELLO AUTH/QUIT/RESET need an authenticated client.
     pub require_auth: bool,
+    /// Key prefix by tenant index; `None`: the tenant sees the whole keyspace.
+    namespaces: Vec<Option<Vec<u8>>>,
 }
 
 struct Identity {
@@ -82,6 +84,24 @@ impl Identities {
                 net,
             });
         }
+        ids.namespaces = vec![None; ids.tenants.len()];
+        for (tenant, prefix) in &access.namespaces {
+            match ids.tenant_index(tenant) {
+                Some(i) if !prefix.is_empty() => {
+                    ids.namespaces[usize::from(i)] = Some(prefix.as_bytes().to_vec())
+                }
+                Some(_) => problems.push(Problem {
+                    line: 0,
+                    field: format!("access.namespaces.{tenant}"),
+                    message: "the prefix must not be empty".into(),
+                }),
+                None => problems.push(Problem {
+                    line: 0,
+                    field: format!("access.namespaces.{tenant}"),
+                    message: format!("no tenant `{tenant}` in access.identities (or `default`)"),
+                }),
+            }
+        }
         if ids.require_auth && ids.users.is_empty() {
             problems.push(Problem {
                 line: 0,
@@ -138,6 +158,18 @@ impl Identities {
             }
         }
         0
+    }
+
+    /// The key prefix of a tenant, if it is namespaced.
+    pub fn namespace(&self, tenant: u16) -> Option<&[u8]> {
+        self.namespaces
+            .get(usize::from(tenant))
+            .and_then(|n| n.as_deref())
+    }
+
+    /// Whether any tenant is namespaced.
+    pub fn has_namespaces(&self) -> bool {
+        self.namespaces.iter().any(Option::is_some)
     }
 
     /// Whether the proxy checks AUTH itself.

@@ -24,6 +24,10 @@ pub struct Access {
     /// Refuse every command but AUTH/HELLO AUTH/QUIT/RESET until the client authenticates.
     #[serde(default)]
     pub require_auth: bool,
+    /// Key prefix per tenant: every key the tenant names is stored under it, and commands
+    /// whose key access cannot be confined to it are refused for that tenant.
+    #[serde(default)]
+    pub namespaces: std::collections::BTreeMap<String, String>,
 }
 
 /// A proxy-side user.

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod config;
+pub mod namespace;
 pub mod ttl;
 
 use std::collections::HashMap;
@@ -389,19 +390,26 @@ impl Policy {
         }
     }
 
-    /// Whether there is nothing to check.
+    /// Whether there is nothing to check: no rules and no namespaced tenant.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && !self.access.has_namespaces()
     }
 
     /// Checks one command from `client`. Phases run in a fixed order: the command's own rules
     /// (deny, argument guards), then rate limits, then size limits, so a refused command never
     /// spends rate budget. Unknown commands pass (Redis answers them with its own error).
     pub fn check<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Verdict {
-        if self.rules.is_empty() || line.argc() == 0 {
+        if line.argc() == 0 {
+            return Verdict::Allow;
+        }
+        let namespace = self.access.namespace(client.tenant);
+        if self.rules.is_empty() && namespace.is_none() {
             return Verdict::Allow;
         }
         let spec = commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1)));
+        // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then adds its
+        // PEXPIRE after it, and the namespace finally prefixes every key of both.
+        let mut rewrite: Option<ttl::Rewrite> = None;
         if let Some(spec) = spec {
             if let Some(rules) = self.by_command.get(&(spec as *const _ as usize)) {
                 for &r in rules {
@@ -410,9 +418,6 @@ impl Policy {
                     }
                 }
             }
-            // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then
-            // adds its PEXPIRE after it.
-            let mut rewrite: Option<ttl::Rewrite> = None;
             for &r in &self.global {
                 match self.apply(r, spec, client, line) {
                     None => {}
@@ -429,11 +434,24 @@ impl Policy {
                     Some(other) => return other,
                 }
             }
-            if let Some(rw) = rewrite {
-                return Verdict::Rewrite(rw);
-            }
         }
-        Verdict::Allow
+        if let Some(prefix) = namespace {
+            return match namespace::apply(prefix, spec, line, rewrite) {
+                Ok(rw) if rw.command.is_none() && rw.after.is_empty() => Verdict::Allow,
+                Ok(rw) => Verdict::Rewrite(rw),
+                Err(reason) => Verdict::Refuse(simple_error(
+                    "NOPERM",
+                    &format!(
+                        "policy namespace: {reason}; tenant `{}`",
+                        self.access.tenant_name(client.tenant)
+                    ),
+                )),
+            };
+        }
+        match rewrite {
+            Some(rw) => Verdict::Rewrite(rw),
+            None => Verdict::Allow,
+        }
     }
 
     /// Forgets rate-limit state of clients idle for two windows; run periodically.

@@ -1,0 +1,220 @@
+//! Key-prefix namespacing: a namespaced tenant's keys live under its prefix, and it cannot
+//! read, list, modify or subscribe to anything outside it.
+//!
+//! Fail closed: a command is allowed for a namespaced tenant only when the proxy can confine
+//! it — every key position is known from the command table (key patterns of SORT included)
+//! and its reply carries no key names — or when it touches no keyspace at all (the short list
+//! in [`KEYLESS`]). Everything else is refused: KEYS/SCAN/RANDOMKEY (reply key names),
+//! blocking pops and XREAD (reply key names), scripts and functions (may touch any key),
+//! pub/sub (channel names), MIGRATE, SELECT n, FLUSH*, DBSIZE, INFO, CLIENT LIST/KILL,
+//! MONITOR, CONFIG, DEBUG and any command the table does not know.
+
+use bytes::Bytes;
+
+use super::CommandLine;
+use super::ttl::{Rewrite, encode};
+use crate::codec::{self, CodecLimits, Decoded};
+use crate::commands::{self, CommandSpec};
+
+/// Commands that touch no key and reveal nothing of other tenants.
+const KEYLESS: &[&str] = &[
+    "ping",
+    "echo",
+    "time",
+    "multi",
+    "exec",
+    "discard",
+    "unwatch",
+    "wait",
+    "waitaof",
+    "hello",
+    "auth",
+    "quit",
+    "reset",
+    "client|setname",
+    "client|getname",
+    "client|id",
+    "client|info",
+    "client|reply",
+    "client|setinfo",
+    "command",
+    "command|count",
+    "command|info",
+    "command|docs",
+    "command|list",
+    "command|getkeys",
+    "command|getkeysandflags",
+    "lolwut",
+    "readonly",
+    "readwrite",
+];
+
+/// Keyed commands whose replies name keys: allowing them would need reply rewriting.
+const KEYS_IN_REPLY: &[&str] = &[
+    "blpop",
+    "brpop",
+    "bzpopmin",
+    "bzpopmax",
+    "blmpop",
+    "lmpop",
+    "zmpop",
+    "bzmpop",
+    "xread",
+    "xreadgroup",
+    "migrate",
+    "sort",
+    "sort_ro",
+];
+
+/// Why a command cannot be confined to the namespace.
+pub fn refusal_reason(spec: &CommandSpec) -> String {
+    format!(
+        "{} cannot be confined to this client's key namespace",
+        spec.name.to_ascii_uppercase().replace('|', " ")
+    )
+}
+
+/// Applies the namespace `prefix` to a command (as the policy may already have rewritten it):
+/// `Ok` with the rewrite to send, or `Err` when it must be refused.
+pub fn apply<L: CommandLine + ?Sized>(
+    prefix: &[u8],
+    spec: Option<&'static CommandSpec>,
+    line: &L,
+    rewrite: Option<Rewrite>,
+) -> Result<Rewrite, String> {
+    let Some(spec) = spec else {
+        return Err("unknown commands cannot be confined to this client's key namespace".into());
+    };
+    if KEYLESS.contains(&spec.name) {
+        return Ok(rewrite.unwrap_or_default());
+    }
+    if spec.name == "select" && line.argc() == 2 && line.arg(1) == b"0" {
+        return Ok(rewrite.unwrap_or_default());
+    }
+    if KEYS_IN_REPLY.contains(&spec.name) && !sort_without_patterns(spec, line) {
+        return Err(refusal_reason(spec));
+    }
+    if !spec.may_have_keys() || spec.is_pubsub() {
+        return Err(refusal_reason(spec));
+    }
+    if spec
+        .acl_categories
+        .contains(commands::AclCategories::SCRIPTING)
+    {
+        return Err(refusal_reason(spec));
+    }
+    let mut rw = rewrite.unwrap_or_default();
+    let command = match rw.command.take() {
+        Some(bytes) => prefixed_bytes(prefix, &bytes).ok_or_else(|| refusal_reason(spec))?,
+        None => {
+            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+            prefixed(prefix, &args).ok_or_else(|| refusal_reason(spec))?
+        }
+    };
+    rw.command = Some(command);
+    let mut after = Vec::with_capacity(rw.after.len());
+    for c in &rw.after {
+        after.push(prefixed_bytes(prefix, c).ok_or_else(|| refusal_reason(spec))?);
+    }
+    rw.after = after;
+    Ok(rw)
+}
+
+/// SORT/SORT_RO without BY/GET patterns and without STORE reply only values: allowed.
+fn sort_without_patterns<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> bool {
+    if !matches!(spec.name, "sort" | "sort_ro") {
+        return false;
+    }
+    !(2..line.argc()).any(|i| {
+        let a = line.arg(i);
+        a.eq_ignore_ascii_case(b"BY") || a.eq_ignore_ascii_case(b"GET")
+    })
+}
+
+/// Re-encodes a command with every key argument prefixed; `None` when its keys cannot be
+/// determined (the caller refuses it).
+fn prefixed(prefix: &[u8], args: &[&[u8]]) -> Option<Bytes> {
+    let keys = commands::keys(args).ok()?;
+    if keys.is_empty() || keys.incomplete() {
+        return None;
+    }
+    let owned: Vec<Vec<u8>> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if keys.indices().any(|k| k == i) {
+                [prefix, a].concat()
+            } else {
+                a.to_vec()
+            }
+        })
+        .collect();
+    let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+    Some(encode(&refs))
+}
+
+/// [`prefixed`] for a command already encoded (one the policy rewrote or added).
+fn prefixed_bytes(prefix: &[u8], bytes: &[u8]) -> Option<Bytes> {
+    let mut ranges = Vec::new();
+    match codec::decode(bytes, &CodecLimits::default(), &mut ranges) {
+        Ok(Some(Decoded::Command { .. })) => {}
+        _ => return None,
+    }
+    let args: Vec<&[u8]> = ranges.iter().map(|r| &bytes[r.clone()]).collect();
+    prefixed(prefix, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(line: &str) -> Result<String, String> {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        let spec = commands::lookup_args(&args);
+        apply(b"t1:", spec, &args[..], None).map(|rw| {
+            rw.command
+                .map(|c| String::from_utf8_lossy(&c).replace("\r\n", " "))
+                .unwrap_or_default()
+        })
+    }
+
+    #[test]
+    fn keys_are_prefixed_and_the_rest_is_refused() {
+        assert_eq!(run("GET k").unwrap(), "*2 $3 GET $4 t1:k ");
+        assert_eq!(
+            run("MSET a 1 b 2").unwrap(),
+            "*5 $4 MSET $4 t1:a $1 1 $4 t1:b $1 2 "
+        );
+        assert_eq!(run("PING").unwrap(), "");
+        assert!(run("ZUNIONSTORE d 2 a b").unwrap().contains("t1:d"));
+        for refused in [
+            "KEYS *",
+            "SCAN 0",
+            "RANDOMKEY",
+            "DBSIZE",
+            "FLUSHDB",
+            "FLUSHALL",
+            "EVAL x 1 k",
+            "FCALL f 1 k",
+            "SUBSCRIBE c",
+            "PUBLISH c m",
+            "SELECT 1",
+            "MIGRATE h 1 k 0 1",
+            "BLPOP k 0",
+            "XREAD STREAMS s 0",
+            "SORT k BY w*",
+            "CLIENT LIST",
+            "INFO",
+            "NOPE",
+            "CONFIG GET x",
+            "MONITOR",
+            "SWAPDB 0 1",
+            "SCRIPT LOAD x",
+            "OBJECT HELP",
+        ] {
+            assert!(run(refused).is_err(), "{refused} must be refused");
+        }
+        assert!(run("SORT k LIMIT 0 10").unwrap().contains("t1:k"));
+        assert!(run("SELECT 0").is_ok());
+    }
+}

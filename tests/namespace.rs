@@ -1,0 +1,230 @@
+//! Tenant isolation through key-prefix namespaces: a tenant's keys live under its prefix and
+//! no command it can send reads, lists, changes or subscribes to anything outside it.
+
+mod common;
+
+use std::path::Path;
+
+use common::{DEADLINE, Proxy, Raw, RedisServer};
+use redis_policy_proxy::Config;
+
+const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+const BOB: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b"; // bobpw
+
+fn text(reply: &[u8]) -> String {
+    String::from_utf8_lossy(reply).into_owned()
+}
+
+async fn proxy_for(redis: &RedisServer, policy_file: Option<&str>) -> Proxy {
+    let base = match policy_file {
+        Some(f) => std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap(),
+        None => String::new(),
+    };
+    let yaml = format!(
+        "{base}\naccess:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
+    );
+    let mut config = Config::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
+    config.set_upstream(redis.addr());
+    Proxy::spawn(config).await
+}
+
+async fn login(proxy: &Proxy, user: &str, password: &str) -> Raw {
+    let mut c = Raw::connect(proxy.addr).await;
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        if c.call(&["AUTH", user, password]).await == b"+OK\r\n" {
+            return c;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "AUTH {user} never succeeded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        c = Raw::connect(proxy.addr).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_works_inside_its_namespace() {
+    let redis = RedisServer::start();
+    let proxy = proxy_for(&redis, None).await;
+    let mut a = login(&proxy, "alice", "alicepw").await;
+    assert_eq!(a.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert_eq!(a.call(&["GET", "k"]).await, b"$1\r\nv\r\n");
+    assert_eq!(redis.direct(&["GET", "a:k"]).await, b"$1\r\nv\r\n");
+    assert_eq!(redis.direct(&["EXISTS", "k"]).await, b":0\r\n");
+    assert_eq!(a.call(&["MSET", "x", "1", "y", "2"]).await, b"+OK\r\n");
+    assert_eq!(
+        a.call(&["MGET", "x", "y"]).await,
+        b"*2\r\n$1\r\n1\r\n$1\r\n2\r\n"
+    );
+    assert_eq!(a.call(&["RENAME", "x", "z"]).await, b"+OK\r\n");
+    assert_eq!(redis.direct(&["EXISTS", "a:z"]).await, b":1\r\n");
+    a.send(b"WATCH n\r\nMULTI\r\nINCR n\r\nEXEC\r\n").await;
+    assert_eq!(
+        a.collect_frames(4, DEADLINE).await.joined(),
+        b"+OK\r\n+OK\r\n+QUEUED\r\n*1\r\n:1\r\n"
+    );
+    assert_eq!(redis.direct(&["GET", "a:n"]).await, b"$1\r\n1\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_command_reaches_another_tenants_data() {
+    let redis = RedisServer::start();
+    let proxy = proxy_for(&redis, Some("policy/default.yaml")).await;
+    let mut b = login(&proxy, "bob", "bobpw").await;
+    assert_eq!(b.call(&["SET", "secret", "bob-value"]).await, b"+OK\r\n");
+    assert_eq!(b.call(&["HSET", "h", "f", "v"]).await, b":1\r\n");
+    assert_eq!(b.call(&["RPUSH", "list", "1", "2"]).await, b":2\r\n");
+    assert!(
+        b.call(&["XADD", "s", "*", "f", "v"])
+            .await
+            .starts_with(b"$")
+    );
+    let snapshot = |r: &RedisServer| {
+        let r = r.addr();
+        async move {
+            let mut c = Raw::connect(r).await;
+            let mut out = Vec::new();
+            for cmd in [
+                &["GET", "b:secret"][..],
+                &["HGETALL", "b:h"],
+                &["LRANGE", "b:list", "0", "-1"],
+                &["XLEN", "b:s"],
+                &["DBSIZE"],
+                &["CONFIG", "GET", "maxmemory"],
+            ] {
+                out.push(c.call(cmd).await);
+            }
+            c.call(&["SELECT", "1"]).await;
+            out.push(c.call(&["DBSIZE"]).await);
+            out
+        }
+    };
+    let before = snapshot(&redis).await;
+
+    let mut a = login(&proxy, "alice", "alicepw").await;
+    // Every attempt either is refused or stays inside `a:`.
+    let refused: &[&[&str]] = &[
+        &["KEYS", "*"],
+        &["KEYS", "b:*"],
+        &["SCAN", "0"],
+        &["SCAN", "0", "MATCH", "b:*"],
+        &["RANDOMKEY"],
+        &["DBSIZE"],
+        &["INFO", "keyspace"],
+        &["FLUSHDB"],
+        &["FLUSHALL"],
+        &["SWAPDB", "0", "1"],
+        &["SELECT", "1"],
+        &["MIGRATE", "127.0.0.1", "1", "b:secret", "0", "100"],
+        &["EVAL", "return redis.call('get','b:secret')", "0"],
+        &["EVAL", "return redis.call('get',KEYS[1])", "1", "x"],
+        &["EVAL_RO", "return 1", "0"],
+        &["EVALSHA", "0000000000000000000000000000000000000000", "0"],
+        &["SCRIPT", "LOAD", "return 1"],
+        &["FUNCTION", "LIST"],
+        &["FCALL", "f", "1", "b:secret"],
+        &["SUBSCRIBE", "b:chan"],
+        &["PSUBSCRIBE", "*"],
+        &["SSUBSCRIBE", "b:chan"],
+        &["PUBLISH", "b:chan", "x"],
+        &["PUBSUB", "CHANNELS"],
+        &["MONITOR"],
+        &["CLIENT", "LIST"],
+        &["CLIENT", "KILL", "ID", "1"],
+        &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "b:"],
+        &["CONFIG", "GET", "*"],
+        &["CONFIG", "SET", "maxmemory", "1"],
+        &["DEBUG", "OBJECT", "b:secret"],
+        &["SLOWLOG", "GET"],
+        &["ACL", "LIST"],
+        &["SORT", "k", "BY", "b:*"],
+        &["SORT", "k", "GET", "b:*"],
+        &["BLPOP", "b:list", "0.1"],
+        &["BRPOP", "b:list", "0.1"],
+        &["LMPOP", "1", "b:list", "LEFT"],
+        &["XREAD", "STREAMS", "b:s", "0"],
+        &["XREADGROUP", "GROUP", "g", "c", "STREAMS", "b:s", ">"],
+        &["OBJECT", "HELP"],
+        &["LATENCY", "DOCTOR"],
+        &["MEMORY", "DOCTOR"],
+        &["CLUSTER", "KEYSLOT", "x"],
+        &["SAVE"],
+        &["BGSAVE"],
+        &["SHUTDOWN", "NOSAVE"],
+        &["REPLICAOF", "127.0.0.1", "1"],
+        &["NOSUCHCOMMAND", "b:secret"],
+    ];
+    for cmd in refused {
+        let reply = text(&a.call(cmd).await);
+        assert!(
+            reply.starts_with("-NOPERM policy"),
+            "{cmd:?} was not refused: {reply}"
+        );
+    }
+    // Keyed commands run, but on `a:`-prefixed keys only: bob's data is invisible.
+    let confined: &[(&[&str], &[u8])] = &[
+        (&["GET", "b:secret"], b"$-1\r\n"),
+        (&["MGET", "b:secret", "secret"], b"*2\r\n$-1\r\n$-1\r\n"),
+        (&["HGETALL", "b:h"], b"*0\r\n"),
+        (&["EXISTS", "b:secret"], b":0\r\n"),
+        (&["TYPE", "b:secret"], b"+none\r\n"),
+        (&["DUMP", "b:secret"], b"$-1\r\n"),
+        (&["OBJECT", "ENCODING", "b:secret"], b"$-1\r\n"),
+        (&["MEMORY", "USAGE", "b:secret"], b"$-1\r\n"),
+        (&["TTL", "b:secret"], b":-2\r\n"),
+        (&["DEL", "b:secret", "b:h"], b":0\r\n"),
+        (&["UNLINK", "b:list"], b":0\r\n"),
+        (&["EXPIRE", "b:secret", "1"], b":0\r\n"),
+        (&["LRANGE", "b:list", "0", "-1"], b"*0\r\n"),
+        (&["XLEN", "b:s"], b":0\r\n"),
+        (&["SET", "b:secret", "overwritten"], b"+OK\r\n"),
+        (&["COPY", "b:secret", "b:copy"], b":1\r\n"),
+        (&["RENAME", "b:copy", "b:h"], b"+OK\r\n"),
+        (
+            &["BLMOVE", "b:list", "mine", "LEFT", "RIGHT", "0.1"],
+            b"*-1\r\n",
+        ),
+        (&["SORT", "b:list"], b"*0\r\n"),
+        (&["WATCH", "b:secret"], b"+OK\r\n"),
+        (&["UNWATCH"], b"+OK\r\n"),
+    ];
+    for (cmd, expected) in confined {
+        assert_eq!(
+            text(&a.call(cmd).await),
+            text(expected),
+            "{cmd:?} escaped or failed"
+        );
+    }
+    // Inline commands and transactions get the same treatment.
+    a.send(b"KEYS *\r\nGET b:secret\r\n").await;
+    let got = a.collect_frames(2, DEADLINE).await.frames;
+    assert!(got[0].starts_with(b"-NOPERM"));
+    assert_eq!(got[1], b"$11\r\noverwritten\r\n");
+    a.send(b"MULTI\r\nGET b:secret\r\nKEYS *\r\nEXEC\r\n").await;
+    let got = a.collect_frames(4, DEADLINE).await.frames;
+    assert_eq!(
+        got[3],
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+
+    // Bob's data, the configuration and the other database are exactly as they were, and
+    // every key alice made is under `a:`.
+    assert_eq!(snapshot(&redis).await[..4], before[..4]);
+    assert_eq!(snapshot(&redis).await[5..], before[5..]);
+    let keys = text(&redis.direct(&["KEYS", "*"]).await);
+    for line in keys
+        .lines()
+        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
+    {
+        assert!(
+            line.starts_with("a:") || line.starts_with("b:"),
+            "stray key {line}"
+        );
+    }
+    assert!(keys.contains("a:b:secret"));
+    // The default policy's TTL applies inside the namespace too.
+    let pttl = text(&redis.direct(&["PTTL", "a:b:secret"]).await);
+    assert!(!pttl.starts_with(":-"), "a:b:secret has no TTL: {pttl}");
+}
