@@ -91,6 +91,8 @@ struct Handling {
     exec_mask: Option<Vec<bool>>,
     /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
     replace: Option<Bytes>,
+    /// Remove the tenant's namespace prefix from key names in the reply (SCAN, KEYS).
+    strip: Option<Box<crate::policy::namespace::Strip>>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -594,6 +596,8 @@ impl Session {
                 };
                 let data = if let (Some(r), None) = (&handling.replace, &error) {
                     r.clone()
+                } else if let (Some(strip), None) = (&handling.strip, &error) {
+                    strip.apply(&data)
                 } else if let (Some(mask), None) = (&handling.exec_mask, &error) {
                     filter_exec(data, mask)
                 } else if handling.client_info && error.is_none() {
@@ -779,7 +783,9 @@ impl Session {
                             target,
                             effect,
                             rewrite,
-                        } if joins(target, effect) => Ok((target, effect, Some(rewrite))),
+                        } if joins(target, effect) && rewrite.strip.is_none() => {
+                            Ok((target, effect, Some(rewrite)))
+                        }
                         other => Err(other),
                     };
                     match joining {
@@ -1020,7 +1026,9 @@ impl Session {
         }
         // One entry per reply frame: does the client see it?
         let mut frames = vec![true];
+        let mut strip = None;
         if let Some(rw) = rewrite {
+            strip = rw.strip;
             if let Some(c) = rw.command {
                 command = c;
             }
@@ -1064,6 +1072,7 @@ impl Session {
             client_info: effect == Effect::ClientInfo,
             replace,
             exec_mask,
+            strip,
         };
         self.send(target, bytes, expect, handling).await;
         self.apply(effect);
@@ -1219,11 +1228,20 @@ impl Session {
                     effect,
                 },
                 Some(rewrite),
-            ) => Action::Rewritten {
-                target,
-                effect,
-                rewrite,
-            },
+            ) => {
+                if rewrite.strip.is_some() && self.in_multi {
+                    // EXEC's reply would carry the unstripped names.
+                    return Action::Refused(simple_error(
+                        "NOPERM",
+                        "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
+                    ));
+                }
+                Action::Rewritten {
+                    target,
+                    effect,
+                    rewrite,
+                }
+            }
             // A rewrite the route cannot carry (a pub/sub or local command) must never turn
             // into forwarding the original: refuse instead.
             (_, Some(_)) => Action::Refused(simple_error(

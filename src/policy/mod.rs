@@ -711,6 +711,7 @@ fn stream_cap<L: CommandLine + ?Sized>(
         command: Some(ttl::encode(&args)),
         after: Vec::new(),
         note: "XADD gets MAXLEN ~ <n>".into(),
+        strip: None,
     })
 }
 

@@ -4,7 +4,9 @@
 //! Fail closed: a command is allowed for a namespaced tenant only when the proxy can confine
 //! it — every key position is known from the command table (key patterns of SORT included)
 //! and its reply carries no key names — or when it touches no keyspace at all (the short list
-//! in [`KEYLESS`]). Everything else is refused: KEYS/SCAN/RANDOMKEY (reply key names),
+//! in [`KEYLESS`]). SCAN and KEYS are confined by prefixing their pattern, and the prefix is
+//! stripped from the key names in their replies ([`Strip`]; refused inside MULTI, where the
+//! reply is part of EXEC's). Everything else is refused: RANDOMKEY,
 //! blocking pops and XREAD (reply key names), scripts and functions (may touch any key),
 //! pub/sub (channel names), MIGRATE, SELECT n, FLUSH*, DBSIZE, INFO, CLIENT LIST/KILL,
 //! MONITOR, CONFIG, DEBUG and any command the table does not know.
@@ -91,6 +93,9 @@ pub fn apply<L: CommandLine + ?Sized>(
     if spec.name == "select" && line.argc() == 2 && line.arg(1) == b"0" {
         return Ok(rewrite.unwrap_or_default());
     }
+    if spec.name == "scan" || spec.name == "keys" {
+        return listing(prefix, spec, line).ok_or_else(|| refusal_reason(spec));
+    }
     if KEYS_IN_REPLY.contains(&spec.name) && !sort_without_patterns(spec, line) {
         return Err(refusal_reason(spec));
     }
@@ -118,6 +123,131 @@ pub fn apply<L: CommandLine + ?Sized>(
     }
     rw.after = after;
     Ok(rw)
+}
+
+/// How a reply naming keys is cleaned of the namespace prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strip {
+    /// The prefix to remove.
+    pub prefix: Bytes,
+    /// Where the key names are in the reply.
+    pub shape: Shape,
+}
+
+/// Reply shapes that carry key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// KEYS: an array of names.
+    Names,
+    /// SCAN: `[cursor, [names…]]`.
+    Scan,
+}
+
+/// SCAN/KEYS confined to the prefix: the pattern (MATCH, or KEYS's argument) gets the
+/// prefix, glob characters in the prefix escaped so they match literally.
+fn listing<L: CommandLine + ?Sized>(
+    prefix: &[u8],
+    spec: &CommandSpec,
+    line: &L,
+) -> Option<Rewrite> {
+    let mut escaped = Vec::with_capacity(prefix.len() + 4);
+    for &c in prefix {
+        if matches!(c, b'*' | b'?' | b'[' | b']' | b'\\') {
+            escaped.push(b'\\');
+        }
+        escaped.push(c);
+    }
+    let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
+    let shape = if spec.name == "keys" {
+        if args.len() != 2 {
+            return None;
+        }
+        args[1] = [escaped.as_slice(), &args[1]].concat();
+        Shape::Names
+    } else {
+        let mut matched = false;
+        let mut i = 2;
+        while i + 1 < args.len() {
+            if args[i].eq_ignore_ascii_case(b"MATCH") {
+                args[i + 1] = [escaped.as_slice(), &args[i + 1]].concat();
+                matched = true;
+            }
+            i += 2;
+        }
+        if !matched {
+            args.push(b"MATCH".to_vec());
+            args.push([escaped.as_slice(), b"*"].concat());
+        }
+        Shape::Scan
+    };
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    Some(Rewrite {
+        command: Some(encode(&refs)),
+        after: Vec::new(),
+        note: "pattern confined to the namespace".into(),
+        strip: Some(Box::new(Strip {
+            prefix: Bytes::copy_from_slice(prefix),
+            shape,
+        })),
+    })
+}
+
+impl Strip {
+    /// The reply with the prefix removed from every key name. A name without the prefix is
+    /// dropped (it cannot belong to the tenant); a reply of another shape (an error) is
+    /// returned as is.
+    pub fn apply(&self, reply: &[u8]) -> Bytes {
+        let (head, names) = match self.shape {
+            Shape::Names => (0, reply),
+            Shape::Scan => {
+                // `*2`, then the cursor bulk string, then the names array.
+                let Some(after_header) = reply.strip_prefix(b"*2\r\n") else {
+                    return Bytes::copy_from_slice(reply);
+                };
+                let Ok(Some(cursor)) = crate::reply::scan(after_header) else {
+                    return Bytes::copy_from_slice(reply);
+                };
+                (4 + cursor, &after_header[cursor..])
+            }
+        };
+        let Some(stripped) = strip_names(&self.prefix, names) else {
+            return Bytes::copy_from_slice(reply);
+        };
+        let mut out = Vec::with_capacity(reply.len());
+        out.extend_from_slice(&reply[..head]);
+        out.extend_from_slice(&stripped);
+        Bytes::from(out)
+    }
+}
+
+/// Re-encodes a flat array of bulk strings without `prefix`; `None` if it is not one.
+fn strip_names(prefix: &[u8], array: &[u8]) -> Option<Vec<u8>> {
+    if array.first() != Some(&b'*') {
+        return None;
+    }
+    let cr = memchr::memchr(b'\r', array)?;
+    let n = codec::parse_int(&array[1..cr])?;
+    let mut pos = cr + 2;
+    let mut kept: Vec<&[u8]> = Vec::with_capacity(n.max(0) as usize);
+    for _ in 0..n.max(0) {
+        if array.get(pos) != Some(&b'$') {
+            return None;
+        }
+        let cr = pos + memchr::memchr(b'\r', &array[pos..])?;
+        let len = usize::try_from(codec::parse_int(&array[pos + 1..cr])?).ok()?;
+        let name = array.get(cr + 2..cr + 2 + len)?;
+        if let Some(rest) = name.strip_prefix(prefix) {
+            kept.push(rest);
+        }
+        pos = cr + 2 + len + 2;
+    }
+    let mut out = format!("*{}\r\n", kept.len()).into_bytes();
+    for k in kept {
+        out.extend_from_slice(format!("${}\r\n", k.len()).as_bytes());
+        out.extend_from_slice(k);
+        out.extend_from_slice(b"\r\n");
+    }
+    Some(out)
 }
 
 /// SORT/SORT_RO without BY/GET patterns and without STORE reply only values: allowed.
@@ -179,6 +309,28 @@ mod tests {
     }
 
     #[test]
+    fn replies_lose_the_prefix_and_foreign_names() {
+        let strip = Strip {
+            prefix: Bytes::from_static(b"t1:"),
+            shape: Shape::Scan,
+        };
+        let reply = b"*2\r\n$2\r\n17\r\n*3\r\n$4\r\nt1:a\r\n$3\r\nb:x\r\n$5\r\nt1:bc\r\n";
+        assert_eq!(
+            &strip.apply(reply)[..],
+            b"*2\r\n$2\r\n17\r\n*2\r\n$1\r\na\r\n$2\r\nbc\r\n"
+        );
+        let keys = Strip {
+            prefix: Bytes::from_static(b"t1:"),
+            shape: Shape::Names,
+        };
+        assert_eq!(
+            &keys.apply(b"*1\r\n$4\r\nt1:k\r\n")[..],
+            b"*1\r\n$1\r\nk\r\n"
+        );
+        assert_eq!(&keys.apply(b"-ERR x\r\n")[..], b"-ERR x\r\n");
+    }
+
+    #[test]
     fn keys_are_prefixed_and_the_rest_is_refused() {
         assert_eq!(run("GET k").unwrap(), "*2 $3 GET $4 t1:k ");
         assert_eq!(
@@ -187,9 +339,12 @@ mod tests {
         );
         assert_eq!(run("PING").unwrap(), "");
         assert!(run("ZUNIONSTORE d 2 a b").unwrap().contains("t1:d"));
+        assert_eq!(
+            run("SCAN 0 COUNT 10").unwrap(),
+            "*6 $4 SCAN $1 0 $5 COUNT $2 10 $5 MATCH $4 t1:* "
+        );
+        assert_eq!(run("KEYS u*").unwrap(), "*2 $4 KEYS $5 t1:u* ");
         for refused in [
-            "KEYS *",
-            "SCAN 0",
             "RANDOMKEY",
             "DBSIZE",
             "FLUSHDB",

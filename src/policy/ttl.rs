@@ -56,6 +56,8 @@ pub struct Rewrite {
     pub after: Vec<Bytes>,
     /// What was done, for audit logs and `--explain` (static on the hot SET path).
     pub note: Cow<'static, str>,
+    /// The reply names keys under a namespace prefix the client must not see.
+    pub strip: Option<Box<super::namespace::Strip>>,
 }
 
 impl Ttl {
@@ -128,6 +130,7 @@ impl Ttl {
                     command: Some(encode_with(args, &[b"PX", ms.as_bytes()])),
                     after: Vec::new(),
                     note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
+                    strip: None,
                 })
             }
             None => TtlAction::Keep,
@@ -170,6 +173,7 @@ impl Ttl {
             command: Some(encode(&new)),
             after: Vec::new(),
             note: format!("TTL of {v} s cut to {max} ms").into(),
+            strip: None,
         })
     }
 
@@ -187,6 +191,7 @@ impl Ttl {
             command: Some(encode(&new)),
             after: Vec::new(),
             note: format!("TTL of {v} ms cut to {max} ms").into(),
+            strip: None,
         })
     }
 
@@ -219,6 +224,7 @@ impl Ttl {
             command: None,
             after,
             note,
+            strip: None,
         })
     }
 }
