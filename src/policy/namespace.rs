@@ -51,21 +51,13 @@ const KEYLESS: &[&str] = &[
     "readwrite",
 ];
 
-/// Keyed commands whose replies name keys: allowing them would need reply rewriting.
-const KEYS_IN_REPLY: &[&str] = &[
-    "blpop",
-    "brpop",
-    "bzpopmin",
-    "bzpopmax",
-    "blmpop",
-    "lmpop",
-    "zmpop",
-    "bzmpop",
-    "xread",
-    "xreadgroup",
-    "migrate",
-    "sort",
-    "sort_ro",
+/// Keyed commands refused outright: MIGRATE moves keys to another server; SORT with BY/GET
+/// patterns reads keys named by data.
+const UNCONFINABLE: &[&str] = &["migrate", "sort", "sort_ro"];
+
+/// Keyed commands whose reply starts with the name of the key they popped from.
+const POPS: &[&str] = &[
+    "blpop", "brpop", "bzpopmin", "bzpopmax", "blmpop", "lmpop", "zmpop", "bzmpop",
 ];
 
 /// Why a command cannot be confined to the namespace.
@@ -96,9 +88,16 @@ pub fn apply<L: CommandLine + ?Sized>(
     if spec.name == "scan" || spec.name == "keys" {
         return listing(prefix, spec, line).ok_or_else(|| refusal_reason(spec));
     }
-    if KEYS_IN_REPLY.contains(&spec.name) && !sort_without_patterns(spec, line) {
+    if UNCONFINABLE.contains(&spec.name) && !sort_without_patterns(spec, line) {
         return Err(refusal_reason(spec));
     }
+    let strip_shape = if POPS.contains(&spec.name) {
+        Some(Shape::FirstElement)
+    } else if matches!(spec.name, "xread" | "xreadgroup") {
+        Some(Shape::Streams)
+    } else {
+        None
+    };
     if !spec.may_have_keys() || spec.is_pubsub() {
         return Err(refusal_reason(spec));
     }
@@ -122,6 +121,12 @@ pub fn apply<L: CommandLine + ?Sized>(
         after.push(prefixed_bytes(prefix, c).ok_or_else(|| refusal_reason(spec))?);
     }
     rw.after = after;
+    if let Some(shape) = strip_shape {
+        rw.strip = Some(Box::new(Strip {
+            prefix: Bytes::copy_from_slice(prefix),
+            shape,
+        }));
+    }
     Ok(rw)
 }
 
@@ -141,6 +146,11 @@ pub enum Shape {
     Names,
     /// SCAN: `[cursor, [names…]]`.
     Scan,
+    /// BLPOP, BZPOPMIN, LMPOP…: an array whose first element is the key (or nil).
+    FirstElement,
+    /// XREAD/XREADGROUP: streams by name, `[[name, entries]…]` (RESP2) or `{name: entries}`
+    /// (RESP3), or nil.
+    Streams,
 }
 
 /// SCAN/KEYS confined to the prefix: the pattern (MATCH, or KEYS's argument) gets the
@@ -197,8 +207,20 @@ impl Strip {
     /// dropped (it cannot belong to the tenant); a reply of another shape (an error) is
     /// returned as is.
     pub fn apply(&self, reply: &[u8]) -> Bytes {
+        let rebuilt = match self.shape {
+            Shape::FirstElement => self.first_element(reply),
+            Shape::Streams => self.streams(reply),
+            _ => None,
+        };
+        if let Some(r) = rebuilt {
+            return r;
+        }
+        if matches!(self.shape, Shape::FirstElement | Shape::Streams) {
+            return Bytes::copy_from_slice(reply);
+        }
         let (head, names) = match self.shape {
             Shape::Names => (0, reply),
+            Shape::FirstElement | Shape::Streams => (0, reply),
             Shape::Scan => {
                 // `*2`, then the cursor bulk string, then the names array.
                 let Some(after_header) = reply.strip_prefix(b"*2\r\n") else {
@@ -218,6 +240,72 @@ impl Strip {
         out.extend_from_slice(&stripped);
         Bytes::from(out)
     }
+}
+
+impl Strip {
+    /// `*N`, a key name, the rest raw: the name without the prefix.
+    fn first_element(&self, reply: &[u8]) -> Option<Bytes> {
+        if reply.first() != Some(&b'*') {
+            return None;
+        }
+        let cr = memchr::memchr(b'\r', reply)?;
+        if codec::parse_int(&reply[1..cr])? < 1 {
+            return None;
+        }
+        let (name, used) = bulk(&reply[cr + 2..])?;
+        let name = name.strip_prefix(self.prefix.as_ref())?;
+        let mut out = Vec::with_capacity(reply.len());
+        out.extend_from_slice(&reply[..cr + 2]);
+        push_bulk(&mut out, name);
+        out.extend_from_slice(&reply[cr + 2 + used..]);
+        Some(Bytes::from(out))
+    }
+
+    /// Every stream name of an XREAD reply without the prefix.
+    fn streams(&self, reply: &[u8]) -> Option<Bytes> {
+        let kind = *reply.first()?;
+        if kind != b'*' && kind != b'%' {
+            return None;
+        }
+        let cr = memchr::memchr(b'\r', reply)?;
+        let n = codec::parse_int(&reply[1..cr])?;
+        let mut out = Vec::with_capacity(reply.len());
+        out.extend_from_slice(&reply[..cr + 2]);
+        let mut pos = cr + 2;
+        for _ in 0..n.max(0) {
+            if kind == b'*' {
+                // Each stream is `*2`, name, entries.
+                if !reply.get(pos..)?.starts_with(b"*2\r\n") {
+                    return None;
+                }
+                out.extend_from_slice(b"*2\r\n");
+                pos += 4;
+            }
+            let (name, used) = bulk(&reply[pos..])?;
+            push_bulk(&mut out, name.strip_prefix(self.prefix.as_ref())?);
+            pos += used;
+            let entries = crate::reply::scan(&reply[pos..]).ok()??;
+            out.extend_from_slice(&reply[pos..pos + entries]);
+            pos += entries;
+        }
+        (pos == reply.len()).then(|| Bytes::from(out))
+    }
+}
+
+/// A bulk string at the start of `buf`: its bytes and the length of the whole frame.
+fn bulk(buf: &[u8]) -> Option<(&[u8], usize)> {
+    if buf.first() != Some(&b'$') {
+        return None;
+    }
+    let cr = memchr::memchr(b'\r', buf)?;
+    let len = usize::try_from(codec::parse_int(&buf[1..cr])?).ok()?;
+    Some((buf.get(cr + 2..cr + 2 + len)?, cr + 2 + len + 2))
+}
+
+fn push_bulk(out: &mut Vec<u8>, s: &[u8]) {
+    out.extend_from_slice(format!("${}\r\n", s.len()).as_bytes());
+    out.extend_from_slice(s);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Re-encodes a flat array of bulk strings without `prefix`; `None` if it is not one.
@@ -331,6 +419,30 @@ mod tests {
     }
 
     #[test]
+    fn pops_and_stream_reads_lose_the_prefix() {
+        let first = Strip {
+            prefix: Bytes::from_static(b"t1:"),
+            shape: Shape::FirstElement,
+        };
+        assert_eq!(
+            &first.apply(b"*2\r\n$4\r\nt1:q\r\n$1\r\nv\r\n")[..],
+            b"*2\r\n$1\r\nq\r\n$1\r\nv\r\n"
+        );
+        assert_eq!(&first.apply(b"*-1\r\n")[..], b"*-1\r\n");
+        let streams = Strip {
+            prefix: Bytes::from_static(b"t1:"),
+            shape: Shape::Streams,
+        };
+        let entries = b"*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n";
+        let resp2 = [&b"*1\r\n*2\r\n$4\r\nt1:s\r\n"[..], entries].concat();
+        let want2 = [&b"*1\r\n*2\r\n$1\r\ns\r\n"[..], entries].concat();
+        assert_eq!(&streams.apply(&resp2)[..], &want2[..]);
+        let resp3 = [&b"%1\r\n$4\r\nt1:s\r\n"[..], entries].concat();
+        let want3 = [&b"%1\r\n$1\r\ns\r\n"[..], entries].concat();
+        assert_eq!(&streams.apply(&resp3)[..], &want3[..]);
+    }
+
+    #[test]
     fn keys_are_prefixed_and_the_rest_is_refused() {
         assert_eq!(run("GET k").unwrap(), "*2 $3 GET $4 t1:k ");
         assert_eq!(
@@ -355,8 +467,6 @@ mod tests {
             "PUBLISH c m",
             "SELECT 1",
             "MIGRATE h 1 k 0 1",
-            "BLPOP k 0",
-            "XREAD STREAMS s 0",
             "SORT k BY w*",
             "CLIENT LIST",
             "INFO",
