@@ -5,25 +5,13 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+mod common;
+
+use common::Rng;
 use redis_policy_proxy::Config;
 use redis_policy_proxy::codec::{self, CodecLimits, Decoded};
 use redis_policy_proxy::policy::{Client, Policy};
 use redis_policy_proxy::reply;
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// Fragments RESP is made of, so random inputs look like protocol often enough to go deep.
 const PIECES: &[&[u8]] = &[

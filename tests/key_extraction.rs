@@ -9,6 +9,9 @@
 //! do not allocate, with a counting global allocator (per thread, so parallel tests do not
 //! disturb it).
 
+mod common;
+
+use common::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -939,22 +942,6 @@ fn lookup_and_warm_keys_into_do_not_allocate() {
     let v = std::hint::black_box(vec![1u8; 10]);
     assert!(allocations() > after);
     drop(v);
-}
-
-/// A small deterministic PRNG (xorshift64*), so random lines are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 /// Random argument lists for the commands whose keys depend on the arguments, drawn from

@@ -1097,3 +1097,20 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&p, text).expect("write file");
     p
 }
+
+/// A small deterministic PRNG (xorshift64*): randomised tests draw the same inputs on every
+/// run, so a failure reproduces.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
