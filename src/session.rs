@@ -160,6 +160,7 @@ enum Action {
     /// Forward, but as the policy rewrote it (TTL added or cut).
     Rewritten {
         target: Target,
+        expect: Expect,
         effect: Effect,
         rewrite: crate::policy::ttl::Rewrite,
     },
@@ -619,6 +620,11 @@ impl Session {
                 self.flush_local_slots();
             }
             Reply::Push(frame, permits) => {
+                // A namespaced subscriber sees channel names without its prefix.
+                let frame = match self.policy.access.namespace(self.tenant) {
+                    Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
+                    None => frame,
+                };
                 self.out.push(frame);
                 self.out_permits += permits;
             }
@@ -781,6 +787,7 @@ impl Session {
                         } if joins(target, effect) => Ok((target, effect, None)),
                         Action::Rewritten {
                             target,
+                            expect: Expect::Frames(1),
                             effect,
                             rewrite,
                         } if joins(target, effect) && rewrite.strip.is_none() => {
@@ -907,11 +914,12 @@ impl Session {
             } => return self.forward(len, target, expect, effect, None).await,
             Action::Rewritten {
                 target,
+                expect,
                 effect,
                 rewrite,
             } => {
                 return self
-                    .forward(len, target, Expect::Frames(1), effect, Some(rewrite))
+                    .forward(len, target, expect, effect, Some(rewrite))
                     .await;
             }
             Action::Local(reply, effect) => {
@@ -1224,11 +1232,11 @@ impl Session {
             (
                 Action::Forward {
                     target,
-                    expect: Expect::Frames(1),
+                    expect,
                     effect,
                 },
                 Some(rewrite),
-            ) => {
+            ) if expect == Expect::Frames(1) || rewrite.strip.is_some() => {
                 if rewrite.strip.is_some() && self.in_multi {
                     // EXEC's reply would carry the unstripped names.
                     return Action::Refused(simple_error(
@@ -1238,6 +1246,7 @@ impl Session {
                 }
                 Action::Rewritten {
                     target,
+                    expect,
                     effect,
                     rewrite,
                 }

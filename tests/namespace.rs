@@ -152,12 +152,8 @@ async fn no_command_reaches_another_tenants_data() {
         &["SCRIPT", "LOAD", "return 1"],
         &["FUNCTION", "LIST"],
         &["FCALL", "f", "1", "b:secret"],
-        &["SUBSCRIBE", "b:chan"],
-        &["PSUBSCRIBE", "*"],
-        &["SSUBSCRIBE", "b:chan"],
-        &["PUBLISH", "b:chan", "x"],
-        &["PUBSUB", "CHANNELS"],
         &["MONITOR"],
+        &["PUBSUB", "NUMPAT"],
         &["CLIENT", "LIST"],
         &["CLIENT", "KILL", "ID", "1"],
         &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "b:"],
@@ -258,4 +254,51 @@ async fn no_command_reaches_another_tenants_data() {
     // The default policy's TTL applies inside the namespace too.
     let pttl = text(&redis.direct(&["PTTL", "a:b:secret"]).await);
     assert!(!pttl.starts_with(":-"), "a:b:secret has no TTL: {pttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pub_sub_channels_are_namespaced_too() {
+    let redis = RedisServer::start();
+    let proxy = proxy_for(&redis, None).await;
+    // Bob listens to everything he can: his channel `news` and every pattern.
+    let mut bob = login(&proxy, "bob", "bobpw").await;
+    bob.send(b"SUBSCRIBE news\r\nPSUBSCRIBE *\r\n").await;
+    assert_eq!(
+        bob.collect_frames(2, DEADLINE).await.joined(),
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n*3\r\n$10\r\npsubscribe\r\n$1\r\n*\r\n:2\r\n"
+    );
+    // Alice's subscriber and publisher see their own names, and only their own messages.
+    let mut listener = login(&proxy, "alice", "alicepw").await;
+    listener.send(b"SUBSCRIBE news\r\n").await;
+    assert_eq!(
+        listener.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    let mut alice = login(&proxy, "alice", "alicepw").await;
+    assert_eq!(alice.call(&["PUBLISH", "news", "hello"]).await, b":1\r\n");
+    assert_eq!(
+        listener.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$5\r\nhello\r\n"
+    );
+    assert_eq!(
+        alice.call(&["PUBSUB", "CHANNELS"]).await,
+        b"*1\r\n$4\r\nnews\r\n"
+    );
+    assert_eq!(
+        alice.call(&["PUBSUB", "NUMSUB", "news"]).await,
+        b"*2\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    // Bob publishing on `news` reaches bob's subscribers only, and nothing of alice's
+    // message reached bob: his next frames are his own message (channel and pattern).
+    let mut bob_pub = login(&proxy, "bob", "bobpw").await;
+    assert_eq!(
+        bob_pub.call(&["PUBLISH", "news", "from-bob"]).await,
+        b":2\r\n"
+    );
+    let got = bob.collect_frames(2, DEADLINE).await.joined();
+    let got = text(&got);
+    assert!(got.contains("from-bob") && !got.contains("hello"), "{got}");
+    listener
+        .assert_quiet(std::time::Duration::from_millis(200))
+        .await;
 }

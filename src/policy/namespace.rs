@@ -91,6 +91,9 @@ pub fn apply<L: CommandLine + ?Sized>(
     if UNCONFINABLE.contains(&spec.name) && !sort_without_patterns(spec, line) {
         return Err(refusal_reason(spec));
     }
+    if spec.is_pubsub() {
+        return pubsub(prefix, spec, line).ok_or_else(|| refusal_reason(spec));
+    }
     let strip_shape = if POPS.contains(&spec.name) {
         Some(Shape::FirstElement)
     } else if matches!(spec.name, "xread" | "xreadgroup") {
@@ -142,7 +145,7 @@ pub struct Strip {
 /// Reply shapes that carry key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// KEYS: an array of names.
+    /// KEYS, PUBSUB CHANNELS: an array of names.
     Names,
     /// SCAN: `[cursor, [names…]]`.
     Scan,
@@ -151,6 +154,10 @@ pub enum Shape {
     /// XREAD/XREADGROUP: streams by name, `[[name, entries]…]` (RESP2) or `{name: entries}`
     /// (RESP3), or nil.
     Streams,
+    /// (Un)subscribe confirmations and messages: channel and pattern names.
+    PubSub,
+    /// PUBSUB NUMSUB/SHARDNUMSUB: `[channel, count, …]`.
+    ChannelCounts,
 }
 
 /// SCAN/KEYS confined to the prefix: the pattern (MATCH, or KEYS's argument) gets the
@@ -160,13 +167,7 @@ fn listing<L: CommandLine + ?Sized>(
     spec: &CommandSpec,
     line: &L,
 ) -> Option<Rewrite> {
-    let mut escaped = Vec::with_capacity(prefix.len() + 4);
-    for &c in prefix {
-        if matches!(c, b'*' | b'?' | b'[' | b']' | b'\\') {
-            escaped.push(b'\\');
-        }
-        escaped.push(c);
-    }
+    let escaped = escape_glob(prefix);
     let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
     let shape = if spec.name == "keys" {
         if args.len() != 2 {
@@ -210,17 +211,24 @@ impl Strip {
         let rebuilt = match self.shape {
             Shape::FirstElement => self.first_element(reply),
             Shape::Streams => self.streams(reply),
+            Shape::PubSub => Some(strip_pubsub(&self.prefix, &Bytes::copy_from_slice(reply))),
+            Shape::ChannelCounts => strip_even_elements(&self.prefix, reply),
             _ => None,
         };
         if let Some(r) = rebuilt {
             return r;
         }
-        if matches!(self.shape, Shape::FirstElement | Shape::Streams) {
+        if matches!(
+            self.shape,
+            Shape::FirstElement | Shape::Streams | Shape::PubSub | Shape::ChannelCounts
+        ) {
             return Bytes::copy_from_slice(reply);
         }
         let (head, names) = match self.shape {
             Shape::Names => (0, reply),
-            Shape::FirstElement | Shape::Streams => (0, reply),
+            Shape::FirstElement | Shape::Streams | Shape::PubSub | Shape::ChannelCounts => {
+                (0, reply)
+            }
             Shape::Scan => {
                 // `*2`, then the cursor bulk string, then the names array.
                 let Some(after_header) = reply.strip_prefix(b"*2\r\n") else {
@@ -290,6 +298,150 @@ impl Strip {
         }
         (pos == reply.len()).then(|| Bytes::from(out))
     }
+}
+
+/// Pub/sub commands confined to the prefix: channels and patterns prefixed (patterns with the
+/// prefix's glob characters escaped), names stripped from confirmations and listings.
+fn pubsub<L: CommandLine + ?Sized>(prefix: &[u8], spec: &CommandSpec, line: &L) -> Option<Rewrite> {
+    let escaped = escape_glob(prefix);
+    let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
+    let shape = match spec.name {
+        "subscribe" | "ssubscribe" | "unsubscribe" | "sunsubscribe" => {
+            for a in &mut args[1..] {
+                *a = [prefix, a.as_slice()].concat();
+            }
+            Shape::PubSub
+        }
+        "psubscribe" | "punsubscribe" => {
+            for a in &mut args[1..] {
+                *a = [escaped.as_slice(), a.as_slice()].concat();
+            }
+            Shape::PubSub
+        }
+        "publish" | "spublish" if args.len() == 3 => {
+            args[1] = [prefix, args[1].as_slice()].concat();
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            return Some(Rewrite {
+                command: Some(encode(&refs)),
+                ..Rewrite::default()
+            });
+        }
+        "pubsub|channels" | "pubsub|shardchannels" => {
+            let pattern = args.get(2).cloned().unwrap_or_else(|| b"*".to_vec());
+            args.truncate(2);
+            args.push([escaped.as_slice(), pattern.as_slice()].concat());
+            Shape::Names
+        }
+        "pubsub|numsub" | "pubsub|shardnumsub" => {
+            for a in &mut args[2..] {
+                *a = [prefix, a.as_slice()].concat();
+            }
+            Shape::ChannelCounts
+        }
+        _ => return None,
+    };
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    Some(Rewrite {
+        command: Some(encode(&refs)),
+        after: Vec::new(),
+        note: "channels confined to the namespace".into(),
+        strip: Some(Box::new(Strip {
+            prefix: Bytes::copy_from_slice(prefix),
+            shape,
+        })),
+    })
+}
+
+fn escape_glob(prefix: &[u8]) -> Vec<u8> {
+    let mut escaped = Vec::with_capacity(prefix.len() + 4);
+    for &c in prefix {
+        if matches!(c, b'*' | b'?' | b'[' | b']' | b'\\') {
+            escaped.push(b'\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Every pub/sub frame in `data` (confirmations, messages) with the prefix removed from its
+/// channel and pattern names. Other frames (a PING reply in subscribed mode) pass unchanged; a
+/// message on a channel outside the prefix cannot belong to the client and is dropped.
+pub fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
+    let mut out = Vec::with_capacity(data.len());
+    let mut pos = 0;
+    while let Ok(Some(len)) = crate::reply::scan(&data[pos..]) {
+        let frame = &data[pos..pos + len];
+        pos += len;
+        let names: &[usize] = match crate::reply::element(frame, 0) {
+            Some(k) if k.eq_ignore_ascii_case(b"pmessage") => &[1, 2],
+            Some(k)
+                if [
+                    &b"message"[..],
+                    b"smessage",
+                    b"subscribe",
+                    b"unsubscribe",
+                    b"psubscribe",
+                    b"punsubscribe",
+                    b"ssubscribe",
+                    b"sunsubscribe",
+                ]
+                .iter()
+                .any(|n| k.eq_ignore_ascii_case(n)) =>
+            {
+                &[1]
+            }
+            _ => {
+                out.extend_from_slice(frame);
+                continue;
+            }
+        };
+        match strip_elements(prefix, frame, names) {
+            Some(rebuilt) => out.extend_from_slice(&rebuilt),
+            None => {
+                let is_message =
+                    crate::reply::classify_pubsub(frame) == crate::reply::PubSubFrame::Message;
+                if !is_message {
+                    out.extend_from_slice(frame);
+                }
+            }
+        }
+    }
+    out.extend_from_slice(&data[pos..]);
+    Bytes::from(out)
+}
+
+/// A flat array or push frame with the prefix removed from the bulk strings at `indices`;
+/// `None` when one of them lacks the prefix. Nil names (an UNSUBSCRIBE with nothing to
+/// unsubscribe) are kept.
+fn strip_elements(prefix: &[u8], frame: &[u8], indices: &[usize]) -> Option<Vec<u8>> {
+    let cr = memchr::memchr(b'\r', frame)?;
+    let n = codec::parse_int(&frame[1..cr])?;
+    let mut out = Vec::with_capacity(frame.len());
+    out.extend_from_slice(&frame[..cr + 2]);
+    let mut pos = cr + 2;
+    for i in 0..n.max(0) as usize {
+        let len = crate::reply::scan(&frame[pos..]).ok()??;
+        let element = &frame[pos..pos + len];
+        if indices.contains(&i) && element.starts_with(b"$") && !element.starts_with(b"$-1") {
+            let (name, _) = bulk(element)?;
+            push_bulk(&mut out, name.strip_prefix(prefix)?);
+        } else {
+            out.extend_from_slice(element);
+        }
+        pos += len;
+    }
+    Some(out)
+}
+
+/// `[name, count, name, count…]` with the prefix removed from every name.
+fn strip_even_elements(prefix: &[u8], reply: &[u8]) -> Option<Bytes> {
+    if reply.first() != Some(&b'*') {
+        return None;
+    }
+    let cr = memchr::memchr(b'\r', reply)?;
+    let n = codec::parse_int(&reply[1..cr])?.max(0) as usize;
+    let even: Vec<usize> = (0..n).step_by(2).collect();
+    strip_elements(prefix, reply, &even).map(Bytes::from)
 }
 
 /// A bulk string at the start of `buf`: its bytes and the length of the whole frame.
@@ -463,8 +615,6 @@ mod tests {
             "FLUSHALL",
             "EVAL x 1 k",
             "FCALL f 1 k",
-            "SUBSCRIBE c",
-            "PUBLISH c m",
             "SELECT 1",
             "MIGRATE h 1 k 0 1",
             "SORT k BY w*",
