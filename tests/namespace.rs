@@ -16,12 +16,17 @@ fn text(reply: &[u8]) -> String {
 }
 
 async fn proxy_for(redis: &RedisServer, policy_file: Option<&str>) -> Proxy {
+    proxy_with(redis, policy_file, "").await
+}
+
+/// `extra` is appended to the `access:` section.
+async fn proxy_with(redis: &RedisServer, policy_file: Option<&str>, extra: &str) -> Proxy {
     let base = match policy_file {
         Some(f) => std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap(),
         None => String::new(),
     };
     let yaml = format!(
-        "{base}\naccess:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
+        "{base}\naccess:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n{extra}"
     );
     let mut config = Config::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
     config.set_upstream(redis.addr());
@@ -301,4 +306,47 @@ async fn pub_sub_channels_are_namespaced_too() {
     listener
         .assert_quiet(std::time::Duration::from_millis(200))
         .await;
+}
+
+const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_listed_scripts_run_and_their_keys_are_prefixed() {
+    let redis = RedisServer::start();
+    let sha = sha1_hex(RELEASE);
+    let proxy = proxy_with(&redis, None, &format!("  scripts: ['{sha}']\n")).await;
+    let mut a = login(&proxy, "alice", "alicepw").await;
+    assert_eq!(
+        a.call(&["SET", "lock:job", "tok", "NX", "PX", "5000"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "a:lock:job"]).await, b":1\r\n");
+    assert_eq!(
+        a.call(&["EVAL", RELEASE, "1", "lock:job", "tok"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "a:lock:job"]).await, b":0\r\n");
+    // The same script by SHA (loaded by the operator), and any other script refused.
+    redis.direct(&["SCRIPT", "LOAD", RELEASE]).await;
+    assert_eq!(
+        a.call(&["EVALSHA", &sha, "1", "lock:job", "tok"]).await,
+        b":0\r\n"
+    );
+    let other = text(
+        &a.call(&["EVAL", "return redis.call('keys','*')", "0"])
+            .await,
+    );
+    assert!(other.starts_with("-NOPERM policy namespace"), "{other}");
+}
+
+/// SHA1 of a script as an operator computes it for `access.scripts` (sha1sum).
+fn sha1_hex(script: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("printf %s \"$0\" | sha1sum")
+        .arg(script)
+        .output()
+        .expect("sha1sum");
+    String::from_utf8_lossy(&out.stdout)[..40].to_string()
 }

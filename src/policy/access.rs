@@ -24,6 +24,8 @@ pub struct Identities {
     pub require_auth: bool,
     /// Key prefix by tenant index; `None`: the tenant sees the whole keyspace.
     namespaces: Vec<Option<Vec<u8>>>,
+    /// Lower-case hex SHA1 of the scripts namespaced tenants may run.
+    scripts: Vec<[u8; 40]>,
 }
 
 struct Identity {
@@ -102,6 +104,17 @@ impl Identities {
                 }),
             }
         }
+        for (i, sha) in access.scripts.iter().enumerate() {
+            let lower = sha.trim().to_ascii_lowercase();
+            match <[u8; 40]>::try_from(lower.as_bytes()) {
+                Ok(hex) if hex.iter().all(u8::is_ascii_hexdigit) => ids.scripts.push(hex),
+                _ => problems.push(Problem {
+                    line: 0,
+                    field: format!("access.scripts[{i}]"),
+                    message: format!("`{sha}` is not a SHA1 digest (40 hex digits; sha1sum FILE)"),
+                }),
+            }
+        }
         if ids.require_auth && ids.users.is_empty() {
             problems.push(Problem {
                 line: 0,
@@ -165,6 +178,15 @@ impl Identities {
         self.namespaces
             .get(usize::from(tenant))
             .and_then(|n| n.as_deref())
+    }
+
+    /// Whether a script (by the hex SHA1 a client names, any case) is allowed.
+    pub fn script_allowed(&self, sha_hex: &[u8]) -> bool {
+        sha_hex.len() == 40
+            && self
+                .scripts
+                .iter()
+                .any(|s| s.as_slice().eq_ignore_ascii_case(sha_hex))
     }
 
     /// Whether any tenant is namespaced.

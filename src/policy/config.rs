@@ -28,6 +28,11 @@ pub struct Access {
     /// whose key access cannot be confined to it are refused for that tenant.
     #[serde(default)]
     pub namespaces: std::collections::BTreeMap<String, String>,
+    /// SHA1 digests (`sha1sum script.lua`) of the Lua scripts namespaced tenants may run with
+    /// EVAL/EVALSHA; their declared keys get the prefix. Reviewing that a script touches only
+    /// its declared keys is the operator's part of the bargain.
+    #[serde(default)]
+    pub scripts: Vec<String>,
 }
 
 /// A proxy-side user.

@@ -436,7 +436,8 @@ impl Policy {
             }
         }
         if let Some(prefix) = namespace {
-            return match namespace::apply(prefix, spec, line, rewrite) {
+            let scripts = |sha: &[u8]| self.access.script_allowed(sha);
+            return match namespace::apply(prefix, spec, line, rewrite, &scripts) {
                 Ok(rw) if rw.command.is_none() && rw.after.is_empty() => Verdict::Allow,
                 Ok(rw) => Verdict::Rewrite(rw),
                 Err(reason) => Verdict::Refuse(simple_error(

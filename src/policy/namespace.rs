@@ -75,6 +75,7 @@ pub fn apply<L: CommandLine + ?Sized>(
     spec: Option<&'static CommandSpec>,
     line: &L,
     rewrite: Option<Rewrite>,
+    script_allowed: &dyn Fn(&[u8]) -> bool,
 ) -> Result<Rewrite, String> {
     let Some(spec) = spec else {
         return Err("unknown commands cannot be confined to this client's key namespace".into());
@@ -103,6 +104,18 @@ pub fn apply<L: CommandLine + ?Sized>(
     };
     if !spec.may_have_keys() || spec.is_pubsub() {
         return Err(refusal_reason(spec));
+    }
+    if allowed_script(spec, line, script_allowed) {
+        let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+        // EVAL with no keys is allowed as is; with keys they get the prefix.
+        return match prefixed(prefix, &args) {
+            Some(command) => Ok(Rewrite {
+                command: Some(command),
+                ..Rewrite::default()
+            }),
+            None if commands::keys(&args).is_ok_and(|k| k.is_empty()) => Ok(Rewrite::default()),
+            None => Err(refusal_reason(spec)),
+        };
     }
     if spec
         .acl_categories
@@ -490,6 +503,25 @@ fn strip_names(prefix: &[u8], array: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// EVAL/EVALSHA (and the _RO forms) of a script on the operator's list.
+fn allowed_script<L: CommandLine + ?Sized>(
+    spec: &CommandSpec,
+    line: &L,
+    script_allowed: &dyn Fn(&[u8]) -> bool,
+) -> bool {
+    if line.argc() < 3 {
+        return false;
+    }
+    match spec.name {
+        "eval" | "eval_ro" => {
+            let digest = sha1_smol::Sha1::from(line.arg(1)).digest().to_string();
+            script_allowed(digest.as_bytes())
+        }
+        "evalsha" | "evalsha_ro" => script_allowed(line.arg(1)),
+        _ => false,
+    }
+}
+
 /// SORT/SORT_RO without BY/GET patterns and without STORE reply only values: allowed.
 fn sort_without_patterns<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> bool {
     if !matches!(spec.name, "sort" | "sort_ro") {
@@ -541,7 +573,7 @@ mod tests {
     fn run(line: &str) -> Result<String, String> {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         let spec = commands::lookup_args(&args);
-        apply(b"t1:", spec, &args[..], None).map(|rw| {
+        apply(b"t1:", spec, &args[..], None, &|_| false).map(|rw| {
             rw.command
                 .map(|c| String::from_utf8_lossy(&c).replace("\r\n", " "))
                 .unwrap_or_default()
