@@ -122,7 +122,7 @@ fn main() -> ExitCode {
         if let Some(path) = cli.config.clone() {
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            tokio::spawn(reload_on_sighup(path, policy.clone(), hup));
+            tokio::spawn(reload_on_change(path, policy.clone(), hup));
         }
         redis_policy_proxy::serve(listener, config, policy, shutdown_signal()).await
     });
@@ -155,28 +155,58 @@ async fn shutdown_signal() {
     tracing::info!("SIGTERM: draining clients");
 }
 
-/// SIGHUP: re-read the policy file, validate and compile it, and swap it in. On any error the
-/// running policy stays and the error (file, line, field) is logged. Transport settings
-/// (`listen`, `upstream`, `limits`) need a restart; only `rules` are reloaded.
-async fn reload_on_sighup(
+/// Reloads the policy on SIGHUP and when the file changes (polled once a second: content
+/// length, modification time and inode of the file the path resolves to, so editors that
+/// write a new file and rename it, and Kubernetes ConfigMaps that swap a symlink, are seen).
+/// Only `rules` and `access` are reloaded; `listen`, `upstream` and `limits` need a restart.
+async fn reload_on_change(
     path: PathBuf,
     policy: Arc<ArcSwap<Policy>>,
     mut hup: tokio::signal::unix::Signal,
 ) {
-    while hup.recv().await.is_some() {
-        match Config::load(&path).map(|c| Policy::from_config(&c)) {
-            Ok(Ok(new)) => {
-                tracing::info!(file = %path.display(), policy = ?new, "policy reloaded");
-                policy.store(Arc::new(new));
+    let mut seen = fingerprint(&path);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            signal = hup.recv() => {
+                if signal.is_none() {
+                    return;
+                }
+                seen = fingerprint(&path);
+                reload(&path, &policy);
             }
-            Ok(Err(problems)) => {
-                for p in problems {
-                    tracing::error!(file = %path.display(), problem = %p, "reload failed; keeping the running policy");
+            _ = tick.tick() => {
+                let now = fingerprint(&path);
+                if now.is_some() && now != seen {
+                    seen = now;
+                    reload(&path, &policy);
                 }
             }
-            Err(e) => {
-                tracing::error!(error = %e, "reload failed; keeping the running policy");
+        }
+    }
+}
+
+/// What identifies a version of the file without reading it.
+fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?, m.ino()))
+}
+
+/// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
+fn reload(path: &Path, policy: &ArcSwap<Policy>) {
+    match Config::load(path).map(|c| Policy::from_config(&c)) {
+        Ok(Ok(new)) => {
+            tracing::info!(file = %path.display(), policy = ?new, "policy reloaded");
+            policy.store(Arc::new(new));
+        }
+        Ok(Err(problems)) => {
+            for p in problems {
+                tracing::error!(file = %path.display(), problem = %p, "reload failed; keeping the running policy");
             }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reload failed; keeping the running policy");
         }
     }
 }

@@ -443,6 +443,16 @@ async fn sighup_reloads_rules_and_keeps_the_old_ones_when_the_file_is_broken() {
         }
         let out = redis_cli(port, &["DBSIZE"]).await;
         assert!(out.stdout.contains("policy no-DBSIZE"), "{}", out.stdout);
+
+        // Without a signal: a changed file is picked up by itself (polled every second).
+        write_file(dir, "policy.yaml", &rules("ECHO"));
+        eventually(
+            port,
+            &["ECHO", "x"],
+            |o| o.contains("policy no-ECHO"),
+            "file watch",
+        )
+        .await;
         assert!(server.terminate().await.success());
         return;
     }
