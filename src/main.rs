@@ -34,6 +34,12 @@ struct Cli {
     /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
     #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
     explain: Option<Vec<String>>,
+    /// With --explain: as this proxy user (access.users), as after a successful AUTH.
+    #[arg(long, value_name = "USER", requires = "explain")]
+    as_user: Option<String>,
+    /// With --explain: from this client address (default 127.0.0.1).
+    #[arg(long, value_name = "IP", requires = "explain")]
+    from: Option<std::net::IpAddr>,
 }
 
 fn main() -> ExitCode {
@@ -62,7 +68,8 @@ fn main() -> ExitCode {
     }
 
     if let Some(args) = &cli.explain {
-        return explain(Path::new(&args[0]), &args[1]);
+        let addr = cli.from.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        return explain(Path::new(&args[0]), &args[1], addr, cli.as_user.as_deref());
     }
 
     let mut config = match &cli.config {
@@ -212,8 +219,8 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>) {
 }
 
 /// `--explain FILE COMMAND`: what the policy does to one command (inline syntax, quotes as in
-/// redis-cli), for an anonymous local client.
-fn explain(path: &Path, command: &str) -> ExitCode {
+/// redis-cli), for a client at `addr` authenticated as `user` (if any).
+fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str>) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -234,11 +241,16 @@ fn explain(path: &Path, command: &str) -> ExitCode {
         eprintln!("unbalanced quotes in {command:?}");
         return ExitCode::from(EXIT_CONFIG);
     };
-    let addr = std::net::IpAddr::from([127, 0, 0, 1]);
+    let tenant = policy.access.tenant_of(addr, user.map(str::as_bytes));
+    println!(
+        "client {addr} user {} -> tenant {}",
+        user.unwrap_or("(none)"),
+        policy.access.tenant_name(tenant)
+    );
     let client = Client {
         id: 0,
         addr,
-        tenant: policy.access.tenant_of(addr, None),
+        tenant,
     };
     // A policy check needs a runtime for the rate limiter's clock.
     let verdict = tokio::runtime::Builder::new_current_thread()

@@ -466,15 +466,40 @@ async fn explain_prints_what_the_policy_does_to_a_command() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(
         r.stdout
-            .starts_with("refused: -NOPERM policy deny-keys: KEYS is not allowed"),
+            .contains("\nrefused: -NOPERM policy deny-keys: KEYS is not allowed"),
         "{}",
         r.stdout
     );
     let r = run_bin(&["--explain", path_str(&default), "GET user:1"]).await;
-    assert_eq!(r.stdout, "allowed: forwarded unchanged\n");
+    assert_eq!(
+        r.stdout,
+        "client 127.0.0.1 user (none) -> tenant default\nallowed: forwarded unchanged\n"
+    );
     let r = run_bin(&["--explain", path_str(&default), "SET user:1 \"a b\""]).await;
     assert_eq!(
         r.stdout,
-        "rewritten: SET without a TTL gets PX <ttl of its key prefix>\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
+        "client 127.0.0.1 user (none) -> tenant default\nrewritten: SET without a TTL gets PX <ttl of its key prefix>\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_a_tenants_view() {
+    let tmp = TempDir::new("explain");
+    let file = write_file(
+        tmp.path(),
+        "p.yaml",
+        "access:\n  users:\n    - {name: app, password_sha256: 71d3d4e36cf4bc4309fd7390ba79fc6a1d03d8d7b45ef26f04bcdff3ff116868}\n  identities:\n    - {tenant: app, user: app}\n  namespaces:\n    app: 'app:'\n",
+    );
+    let r = run_bin(&["--explain", path_str(&file), "GET k", "--as-user", "app"]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "client 127.0.0.1 user app -> tenant app\nrewritten: keys prefixed with the tenant's namespace\n  sent instead: *2 $3 GET $5 app:k \n"
+    );
+    let r = run_bin(&["--explain", path_str(&file), "FLUSHALL", "--as-user", "app"]).await;
+    assert!(
+        r.stdout.contains("refused: -NOPERM policy namespace"),
+        "{}",
+        r.stdout
     );
 }

@@ -132,6 +132,9 @@ pub fn apply<L: CommandLine + ?Sized>(
         }
     };
     rw.command = Some(command);
+    if rw.note.is_empty() {
+        rw.note = "keys prefixed with the tenant's namespace".into();
+    }
     let mut after = Vec::with_capacity(rw.after.len());
     for c in &rw.after {
         after.push(prefixed_bytes(prefix, c).ok_or_else(|| refusal_reason(spec))?);
