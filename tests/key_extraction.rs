@@ -196,13 +196,7 @@ impl Client {
     }
 
     fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            let a = a.as_ref();
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
-        }
+        let out = common::resp(args);
         self.writer.write_all(&out).expect("write to redis-server");
         self.read()
     }
