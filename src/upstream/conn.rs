@@ -249,7 +249,9 @@ impl Reader {
             head.got += 1;
             self.pos = start + len;
             if head.got >= total {
-                let head = queue.pop_front().expect("head exists");
+                let Some(head) = queue.pop_front() else {
+                    return Err("reply queue changed underneath".to_string());
+                };
                 drop(queue);
                 let data = if self.acc.is_empty() {
                     self.rbuf.split_to(self.pos).freeze()
@@ -341,10 +343,9 @@ impl Reader {
             self.pos = 0;
         }
         let frame = self.rbuf.split_to(len).freeze();
-        let target = self
-            .push
-            .as_ref()
-            .expect("push target on dedicated connections");
+        let Some(target) = self.push.as_ref() else {
+            return Err("push frame on a shared connection".to_string());
+        };
         let permits = (frame.len() as u32).clamp(1, target.budget_size);
         match target.budget.acquire_many(permits).await {
             Ok(p) => p.forget(),
