@@ -541,6 +541,58 @@ fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u32) {
 }
 
 impl Session {
+    /// Checks the Redis-counted rate limits for the command being decided, after every
+    /// synchronous rule passed; `Some(refusal)` when one is exceeded. Redis unreachable: the
+    /// limit is not applied (fail open, logged), as a limiter outage must not stop traffic.
+    async fn shared_limits(&mut self) -> Option<Bytes> {
+        let policy = self.policy.clone();
+        let client = Client {
+            id: self.id,
+            addr: self.peer.ip(),
+            tenant: self.tenant,
+        };
+        for check in policy.shared_limits(&client) {
+            let limiter = match crate::ratelimit::redis::RedisLimiter::new(
+                self.ctx.pool.control(),
+                check.prefix,
+                check.limit,
+            ) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(rule = %check.rule, error = %e, "shared rate limit not applied");
+                    continue;
+                }
+            };
+            match Box::pin(limiter.check(&check.key)).await {
+                Ok(crate::ratelimit::Decision::Allowed { .. }) => {}
+                Ok(crate::ratelimit::Decision::Limited { retry_after }) => {
+                    if check.audit {
+                        check
+                            .counters
+                            .audited
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(rule = %check.rule, "policy audit: would rate-limit");
+                        continue;
+                    }
+                    check
+                        .counters
+                        .denied
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let text = crate::ratelimit::refusal(check.rule, &check.limit, retry_after);
+                    let text = match check.message {
+                        Some(m) => format!("{text}; {m}"),
+                        None => text,
+                    };
+                    return Some(simple_error("ERR", &text));
+                }
+                Err(e) => {
+                    tracing::warn!(rule = %check.rule, error = %e, "shared rate limit not applied");
+                }
+            }
+        }
+        None
+    }
+
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
     fn login(&mut self, user: Option<Bytes>) {
         self.user = user;
@@ -772,7 +824,14 @@ impl Session {
                 }
                 Decoded::Command { len } => {
                     let base = run.len;
-                    let action = self.decide(&self.rbuf[base..base + len]);
+                    let mut action = self.decide(&self.rbuf[base..base + len]);
+                    if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
+                        && self.policy.has_shared_limits()
+                    {
+                        if let Some(refusal) = self.shared_limits().await {
+                            action = Action::Refused(refusal);
+                        }
+                    }
                     let joins = |target: Target, effect: Effect| {
                         self.reply_mode == ReplyMode::On
                             && effect.batchable()

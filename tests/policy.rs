@@ -404,3 +404,65 @@ async fn streams_are_capped_and_key_names_enforced() {
     );
     assert_eq!(c.call(&["SET", "user:1", "v"]).await, b"+OK\r\n");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_rate_limit_is_one_budget_for_every_proxy() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: shared-limit\n    rate_limit: {{requests: 5, window_ms: 60000, per: address, backend: redis}}\n",
+        redis.addr()
+    );
+    let config = || Config::from_yaml(&yaml, Path::new("shared.yaml")).unwrap();
+    // Two proxy replicas in front of the same Redis. No readiness probe: it would spend budget.
+    let first = Proxy::spawn(config()).await;
+    let second = Proxy::spawn(config()).await;
+    let mut a = Raw::connect(first.addr).await;
+    let mut b = Raw::connect(second.addr).await;
+    let until = std::time::Instant::now() + DEADLINE;
+    // The first command may race the control connection's first handshake: a limiter outage
+    // fails open, so wait until the budget is really being counted.
+    while redis
+        .direct(&["EXISTS", "rpp:rl:shared-limit:127.0.0.1"])
+        .await
+        != b":1\r\n"
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the limiter never counted"
+        );
+        assert_eq!(a.call(&["PING"]).await, b"+PONG\r\n");
+    }
+    let used: usize = {
+        let h = text(
+            &redis
+                .direct(&["HGET", "rpp:rl:shared-limit:127.0.0.1", "c"])
+                .await,
+        );
+        h.lines().nth(1).unwrap_or("0").parse().unwrap_or(0)
+    };
+    let mut allowed = used;
+    let mut refused = 0;
+    for i in 0..8 {
+        let c = if i % 2 == 0 { &mut a } else { &mut b };
+        let reply = text(&c.call(&["PING"]).await);
+        if reply == "+PONG\r\n" {
+            allowed += 1;
+        } else {
+            assert!(
+                reply.starts_with(
+                    "-ERR policy shared-limit: 5 requests per 60s exceeded; retry in "
+                ),
+                "{reply}"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(allowed, 5, "both proxies together allowed {allowed}");
+    assert_eq!(refused, 8 - (5 - used));
+    let ttl = text(
+        &redis
+            .direct(&["PTTL", "rpp:rl:shared-limit:127.0.0.1"])
+            .await,
+    );
+    assert!(!ttl.starts_with(":-"), "the limiter key has no TTL: {ttl}");
+}

@@ -180,6 +180,22 @@ pub struct RateLimitConfig {
     /// so a flood of addresses cannot grow the proxy's memory.
     #[serde(default = "default_max_clients")]
     pub max_tracked: usize,
+    /// Where the counts live: in this proxy, or in the upstream Redis so that every proxy
+    /// replica draws on one budget.
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// Where a rate limit counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In-proxy sliding window (DashMap): no round trip.
+    #[default]
+    Local,
+    /// `lua/sliding_window.lua` on the upstream by EVALSHA: one round trip per command,
+    /// shared by every proxy using that Redis.
+    Redis,
 }
 
 fn default_max_clients() -> usize {

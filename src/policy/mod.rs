@@ -74,6 +74,14 @@ enum Kind {
         limiter: LocalLimiter<Arc<dyn Clock>>,
         per: Per,
     },
+    /// A rate limit counted in Redis; checked asynchronously by the session, after every
+    /// synchronous rule (see [`Policy::shared_limits`]).
+    SharedRateLimit {
+        limit: Limit,
+        per: Per,
+        /// `rpp:rl:<rule id>:`, prefixed to the identity to form the Redis key.
+        prefix: Vec<u8>,
+    },
     Ttl(ttl::Ttl),
     StreamMaxLen(u64),
     KeyPattern(regex::bytes::Regex),
@@ -125,6 +133,24 @@ impl std::hash::Hasher for PtrHasher {
 }
 
 type BuildPtrHasher = std::hash::BuildHasherDefault<PtrHasher>;
+
+/// One Redis-counted rate limit to check for a command.
+pub struct SharedCheck<'a> {
+    /// The rule's id, for the refusal.
+    pub rule: &'a str,
+    /// Requests per window.
+    pub limit: Limit,
+    /// Redis key prefix of the rule.
+    pub prefix: &'a [u8],
+    /// The identity counted (address or tenant name).
+    pub key: Vec<u8>,
+    /// Audit mode: log and count, never refuse.
+    pub audit: bool,
+    /// The operator's advice for the refusal.
+    pub message: Option<&'a str>,
+    /// The rule's counters.
+    pub counters: &'a Counters,
+}
 
 /// What the policy decided about one command.
 #[derive(Debug, PartialEq, Eq)]
@@ -260,7 +286,38 @@ impl Policy {
                 kinds.push(Kind::MaxKeys(n.value));
                 global = true;
             }
-            if let Some(rl) = &rc.rate_limit {
+            if let Some(rl) = rc
+                .rate_limit
+                .as_ref()
+                .filter(|rl| rl.value.backend == config::Backend::Redis)
+            {
+                let limit = Limit {
+                    requests: rl.value.requests,
+                    window: Duration::from_millis(rl.value.window_ms),
+                };
+                if let Err(e) = limit.validate() {
+                    problem(
+                        format!("{field}.rate_limit"),
+                        rl.referenced.line(),
+                        e.to_string(),
+                    );
+                } else if rl.value.per == Per::Connection {
+                    problem(
+                        format!("{field}.rate_limit.per"),
+                        rl.referenced.line(),
+                        "a shared (redis) limit counts per address or per tenant; connections \
+                         are not shared between proxies"
+                            .into(),
+                    );
+                } else {
+                    kinds.push(Kind::SharedRateLimit {
+                        limit,
+                        per: rl.value.per,
+                        prefix: format!("rpp:rl:{}:", rc.id.value).into_bytes(),
+                    });
+                    global = true;
+                }
+            } else if let Some(rl) = &rc.rate_limit {
                 let limit = Limit {
                     requests: rl.value.requests,
                     window: Duration::from_millis(rl.value.window_ms),
@@ -455,6 +512,47 @@ impl Policy {
         }
     }
 
+    /// Whether any rule counts in Redis (the session then awaits [`Policy::shared_limits`]).
+    pub fn has_shared_limits(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| matches!(r.kind, Kind::SharedRateLimit { .. }))
+    }
+
+    /// The Redis-counted rate limits that apply to `client`, for the session to check after the
+    /// synchronous rules passed.
+    pub fn shared_limits(&self, client: &Client) -> Vec<SharedCheck<'_>> {
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            let Kind::SharedRateLimit { limit, per, prefix } = &rule.kind else {
+                continue;
+            };
+            if let Some(set) = &rule.tenants {
+                if !set
+                    .get(usize::from(client.tenant))
+                    .copied()
+                    .unwrap_or(false)
+                {
+                    continue;
+                }
+            }
+            let key = match per {
+                Per::Tenant => self.access.tenant_name(client.tenant).as_bytes().to_vec(),
+                _ => client.addr.to_string().into_bytes(),
+            };
+            out.push(SharedCheck {
+                rule: &rule.id,
+                limit: *limit,
+                prefix,
+                key,
+                audit: rule.mode == Mode::Audit,
+                message: rule.message.as_deref(),
+                counters: &rule.counters,
+            });
+        }
+        out
+    }
+
     /// Forgets rate-limit state of clients idle for two windows; run periodically.
     pub fn sweep(&self) {
         for rule in &self.rules {
@@ -633,7 +731,10 @@ fn violation<L: CommandLine + ?Sized>(
                 )
             })
         }
-        Kind::RateLimit { .. } | Kind::Ttl(_) | Kind::StreamMaxLen(_) => None,
+        Kind::RateLimit { .. }
+        | Kind::SharedRateLimit { .. }
+        | Kind::Ttl(_)
+        | Kind::StreamMaxLen(_) => None,
         Kind::KeyPattern(re) => {
             if !spec.may_have_keys() {
                 return None;

@@ -26,6 +26,9 @@ pub struct Pool {
     hello: [watch::Receiver<Option<Bytes>>; 2],
     /// Queue depth for dedicated connections.
     queue_depth: usize,
+    /// The proxy's own connection for control commands (shared rate-limit scripts), so they
+    /// never sit in a client's reply order.
+    control: mpsc::Sender<Batch>,
 }
 
 impl Pool {
@@ -63,11 +66,21 @@ impl Pool {
                 ));
             }
         }
+        let (control, control_rx) = mpsc::channel(u.queue_depth.value);
+        let (control_hello, _) = watch::channel(None);
+        tokio::spawn(supervise(
+            spec.clone(),
+            2,
+            control_rx,
+            Arc::new(control_hello),
+            backoff,
+        ));
         Ok(Arc::new(Pool {
             spec,
             shared,
             hello: [hello2, hello3],
             queue_depth: u.queue_depth.value,
+            control,
         }))
     }
 
@@ -91,6 +104,13 @@ impl Pool {
         match tokio::time::timeout(self.spec.connect_timeout, wait).await {
             Ok(Ok(h)) => h.clone(),
             _ => None,
+        }
+    }
+
+    /// A handle for the proxy's own commands on the control connection.
+    pub fn control(&self) -> Control {
+        Control {
+            tx: self.control.clone(),
         }
     }
 
@@ -185,6 +205,46 @@ async fn supervise(
                     None => return,
                 },
             }
+        }
+    }
+}
+
+/// The proxy's control connection, as the rate limiter's transport: one command, one reply.
+#[derive(Clone)]
+pub struct Control {
+    /// Queue of the control connection's supervisor.
+    tx: mpsc::Sender<Batch>,
+}
+
+impl crate::ratelimit::redis::Transport for Control {
+    type Error = UpstreamError;
+
+    async fn call(&self, args: &[&[u8]]) -> Result<crate::ratelimit::redis::Frame, UpstreamError> {
+        let bytes = crate::policy::ttl::encode(args);
+        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let closed = || UpstreamError::Unavailable {
+            addr: "control".into(),
+            reason: "control connection closed".into(),
+        };
+        self.tx
+            .send(Batch {
+                bytes,
+                expect: super::Expect::Frames(1),
+                reply_to,
+            })
+            .await
+            .map_err(|_| closed())?;
+        match rx.recv().await {
+            Some(Reply::Batch {
+                data, error: None, ..
+            }) => {
+                crate::ratelimit::redis::Frame::from_resp(&data).map_err(|e| UpstreamError::Lost {
+                    addr: "control".into(),
+                    reason: e.to_string().into(),
+                })
+            }
+            Some(Reply::Batch { error: Some(e), .. }) => Err(*e),
+            _ => Err(closed()),
         }
     }
 }
