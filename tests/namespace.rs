@@ -161,7 +161,7 @@ async fn no_command_reaches_another_tenants_data() {
         &["PUBSUB", "NUMPAT"],
         &["CLIENT", "LIST"],
         &["CLIENT", "KILL", "ID", "1"],
-        &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "b:"],
+        &["CLIENT", "TRACKING", "ON", "REDIRECT", "1"],
         &["CONFIG", "GET", "*"],
         &["CONFIG", "SET", "maxmemory", "1"],
         &["DEBUG", "OBJECT", "b:secret"],
@@ -349,4 +349,30 @@ fn sha1_hex(script: &str) -> String {
         .output()
         .expect("sha1sum");
     String::from_utf8_lossy(&out.stdout)[..40].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_caching_sees_only_the_tenants_keys() {
+    let redis = RedisServer::start();
+    let proxy = proxy_for(&redis, None).await;
+    let mut cached = login(&proxy, "alice", "alicepw").await;
+    cached.send(b"HELLO 3\r\n").await;
+    cached.collect_frames(1, DEADLINE).await;
+    // Broadcast mode: without a PREFIX it would announce every tenant's writes.
+    assert_eq!(
+        cached.call(&["CLIENT", "TRACKING", "ON", "BCAST"]).await,
+        b"+OK\r\n"
+    );
+    let mut bob = login(&proxy, "bob", "bobpw").await;
+    assert_eq!(bob.call(&["SET", "k", "bob"]).await, b"+OK\r\n");
+    let mut alice = login(&proxy, "alice", "alicepw").await;
+    assert_eq!(alice.call(&["SET", "k", "alice"]).await, b"+OK\r\n");
+    // Exactly one invalidation: alice's key, under alice's name for it.
+    assert_eq!(
+        cached.collect_frames(1, DEADLINE).await.joined(),
+        b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n"
+    );
+    cached
+        .assert_quiet(std::time::Duration::from_millis(200))
+        .await;
 }

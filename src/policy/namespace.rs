@@ -95,6 +95,9 @@ pub fn apply<L: CommandLine + ?Sized>(
     if spec.is_pubsub() {
         return pubsub(prefix, spec, line).ok_or_else(|| refusal_reason(spec));
     }
+    if spec.name == "client|tracking" {
+        return tracking(prefix, line).ok_or_else(|| refusal_reason(spec));
+    }
     let strip_shape = if POPS.contains(&spec.name) {
         Some(Shape::FirstElement)
     } else if matches!(spec.name, "xread" | "xreadgroup") {
@@ -368,6 +371,59 @@ fn pubsub<L: CommandLine + ?Sized>(prefix: &[u8], spec: &CommandSpec, line: &L) 
     })
 }
 
+/// CLIENT TRACKING for a namespaced client: RESP3 invalidations on its own connection only
+/// (REDIRECT would deliver them to a connection the proxy cannot tell apart), BCAST prefixes
+/// confined to the namespace (BCAST without PREFIX would announce every tenant's keys), and
+/// the prefix stripped from invalidated key names ([`strip_pubsub`]).
+fn tracking<L: CommandLine + ?Sized>(prefix: &[u8], line: &L) -> Option<Rewrite> {
+    let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
+    let mut bcast = false;
+    let mut has_prefix = false;
+    let mut i = 3;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"REDIRECT" => return None,
+            b"PREFIX" if i + 1 < args.len() => {
+                args[i + 1] = [prefix, args[i + 1].as_slice()].concat();
+                has_prefix = true;
+                i += 1;
+            }
+            b"BCAST" => bcast = true,
+            _ => {}
+        }
+        i += 1;
+    }
+    if bcast && !has_prefix {
+        args.push(b"PREFIX".to_vec());
+        args.push(prefix.to_vec());
+    }
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    Some(Rewrite {
+        command: Some(encode(&refs)),
+        note: "tracking confined to the namespace".into(),
+        ..Rewrite::default()
+    })
+}
+
+/// `>2 invalidate [keys…]` without the prefix; keys outside it are dropped. A nil key list
+/// (everything invalidated, after a flush) passes unchanged.
+fn strip_invalidate(prefix: &[u8], frame: &[u8]) -> Option<Vec<u8>> {
+    let cr = memchr::memchr(b'\r', frame)?;
+    let mut pos = cr + 2;
+    let kind_len = crate::reply::scan(&frame[pos..]).ok()??;
+    pos += kind_len;
+    let keys = &frame[pos..];
+    if !keys.starts_with(b"*") {
+        return None;
+    }
+    let stripped = strip_names(prefix, keys)?;
+    let mut out = Vec::with_capacity(frame.len());
+    out.extend_from_slice(&frame[..pos]);
+    out.extend_from_slice(&stripped);
+    Some(out)
+}
+
 fn escape_glob(prefix: &[u8]) -> Vec<u8> {
     let mut escaped = Vec::with_capacity(prefix.len() + 4);
     for &c in prefix {
@@ -389,6 +445,13 @@ pub fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
         let frame = &data[pos..pos + len];
         pos += len;
         let names: &[usize] = match crate::reply::element(frame, 0) {
+            Some(k) if k.eq_ignore_ascii_case(b"invalidate") => {
+                match strip_invalidate(prefix, frame) {
+                    Some(rebuilt) => out.extend_from_slice(&rebuilt),
+                    None => out.extend_from_slice(frame),
+                }
+                continue;
+            }
             Some(k) if k.eq_ignore_ascii_case(b"pmessage") => &[1, 2],
             Some(k)
                 if [
