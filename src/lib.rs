@@ -21,7 +21,9 @@
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`command`]: command classification and the routing facts the session needs.
-//! - [`session`]: one client connection: read, classify, route, reply in order.
+//! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
+//!   decides each command (policy verdict, then route), `session::replies` shapes replies
+//!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client).
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.

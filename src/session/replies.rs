@@ -1,0 +1,183 @@
+//! Shaping upstream replies for the client: hidden replies removed, EXEC's array filtered,
+//! CLIENT INFO and HELLO made about the client.
+
+use bytes::{Bytes, BytesMut};
+
+use super::*;
+
+/// Removes the results of hidden commands from EXEC's array; any other reply (nil after a
+/// WATCH conflict, EXECABORT) is returned as is.
+pub(super) fn filter_exec(data: Bytes, keep: &[bool]) -> Bytes {
+    if data.first() != Some(&b'*') {
+        return data;
+    }
+    let Some(cr) = memchr::memchr(b'\r', &data) else {
+        return data;
+    };
+    if codec::parse_int(&data[1..cr]) != Some(keep.len() as i64) {
+        return data;
+    }
+    let mut out = BytesMut::with_capacity(data.len());
+    let kept = keep.iter().filter(|&&k| k).count();
+    out.extend_from_slice(format!("*{kept}\r\n").as_bytes());
+    let mut pos = cr + 2;
+    for &k in keep {
+        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+            return data;
+        };
+        if k {
+            out.extend_from_slice(&data[pos..pos + len]);
+        }
+        pos += len;
+    }
+    out.freeze()
+}
+
+/// Keeps the reply frames `mask` marks visible. `received` frames arrived (fewer than the
+/// mask's length when the upstream failed); returns the client's replies and how many of the
+/// client's own commands got none.
+pub(super) fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u32) {
+    let mut out = BytesMut::with_capacity(data.len());
+    let mut pos = 0;
+    for &keep in mask.iter().take(received as usize) {
+        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+            break;
+        };
+        if keep {
+            out.extend_from_slice(&data[pos..pos + len]);
+        }
+        pos += len;
+    }
+    let missing = mask.iter().skip(received as usize).filter(|&&k| k).count() as u32;
+    (out.freeze(), missing)
+}
+
+impl Session {
+    /// Makes a CLIENT INFO reply (about the upstream connection) describe this client: its id,
+    /// name, addresses and protocol. Other fields (age, buffers…) stay the upstream
+    /// connection's.
+    pub(super) fn rewrite_client_info(&self, data: Bytes) -> Bytes {
+        let verbatim = match data.first() {
+            Some(b'$') => false,
+            Some(b'=') => true,
+            _ => return data,
+        };
+        let Some(nl) = memchr::memchr(b'\n', &data) else {
+            return data;
+        };
+        let text = &data[nl + 1..data.len().saturating_sub(2)];
+        let body = if verbatim {
+            text.get(4..).unwrap_or(b"")
+        } else {
+            text
+        };
+        let body = body.strip_suffix(b"\n").unwrap_or(body);
+        let mut fields: Vec<u8> = Vec::with_capacity(body.len() + 32);
+        for (i, field) in body.split(|&c| c == b' ').enumerate() {
+            if i > 0 {
+                fields.push(b' ');
+            }
+            match field.split(|&c| c == b'=').next().unwrap_or(b"") {
+                b"id" => fields.extend_from_slice(format!("id={}", self.id).as_bytes()),
+                b"addr" => fields.extend_from_slice(format!("addr={}", self.peer).as_bytes()),
+                b"laddr" => fields.extend_from_slice(format!("laddr={}", self.local).as_bytes()),
+                b"resp" => fields.extend_from_slice(format!("resp={}", self.proto).as_bytes()),
+                b"name" => {
+                    fields.extend_from_slice(b"name=");
+                    fields.extend_from_slice(self.name.as_deref().unwrap_or(b""));
+                }
+                _ => fields.extend_from_slice(field),
+            }
+        }
+        fields.push(b'\n');
+        let mut out = Vec::with_capacity(fields.len() + 24);
+        if verbatim {
+            out.extend_from_slice(format!("={}\r\ntxt:", fields.len() + 4).as_bytes());
+        } else {
+            out.extend_from_slice(format!("${}\r\n", fields.len()).as_bytes());
+        }
+        out.extend_from_slice(&fields);
+        out.extend_from_slice(b"\r\n");
+        Bytes::from(out)
+    }
+}
+
+/// The upstream's HELLO reply with its `id` value replaced by this client's id, so HELLO and
+/// CLIENT ID agree. The reply is a flat map/array of known shape; if `id` is not found the
+/// reply is returned as is.
+pub(super) fn with_client_id(hello: &Bytes, id: u64) -> Bytes {
+    const KEY: &[u8] = b"$2\r\nid\r\n:";
+    let Some(at) = memchr::memmem::find(hello, KEY) else {
+        return hello.clone();
+    };
+    let start = at + KEY.len();
+    let Some(len) = memchr::memchr(b'\r', &hello[start..]) else {
+        return hello.clone();
+    };
+    let mut out = Vec::with_capacity(hello.len() + 20);
+    out.extend_from_slice(&hello[..start]);
+    out.extend_from_slice(id.to_string().as_bytes());
+    out.extend_from_slice(&hello[start + len..]);
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_barrier_is_one_well_formed_command() {
+        let mut args = Vec::new();
+        let decoded = codec::decode(WAIT_BARRIER, &CodecLimits::default(), &mut args);
+        assert_eq!(
+            decoded,
+            Ok(Some(Decoded::Command {
+                len: WAIT_BARRIER.len()
+            }))
+        );
+        assert_eq!(
+            &WAIT_BARRIER[args[1].clone()],
+            b"__redis-policy-proxy__:wait"
+        );
+    }
+
+    #[test]
+    fn masked_replies_are_stripped() {
+        let data = Bytes::from_static(b":1\r\n+OK\r\n$1\r\nx\r\n");
+        assert_eq!(
+            apply_mask(data.clone(), 3, &[false, true, true]),
+            (Bytes::from_static(b"+OK\r\n$1\r\nx\r\n"), 0)
+        );
+        assert_eq!(
+            apply_mask(data.slice(..9), 2, &[true, false]),
+            (Bytes::from_static(b":1\r\n"), 0)
+        );
+        // The upstream failed after the hidden reply: the client's own reply is missing.
+        assert_eq!(
+            apply_mask(data.slice(..4), 1, &[false, true]),
+            (Bytes::new(), 1)
+        );
+    }
+
+    #[test]
+    fn exec_reply_loses_hidden_results_only() {
+        let exec = Bytes::from_static(b"*3\r\n:1\r\n:1\r\n+OK\r\n");
+        assert_eq!(
+            &filter_exec(exec.clone(), &[true, false, true])[..],
+            b"*2\r\n:1\r\n+OK\r\n"
+        );
+        // Nil after a WATCH conflict, or a length that does not match: untouched.
+        let nil = Bytes::from_static(b"*-1\r\n");
+        assert_eq!(filter_exec(nil.clone(), &[true, false]), nil);
+        assert_eq!(filter_exec(exec.clone(), &[true, false]), exec);
+    }
+
+    #[test]
+    fn hello_reply_carries_the_client_id() {
+        let hello = Bytes::from_static(b"%2\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:17\r\n");
+        assert_eq!(
+            &with_client_id(&hello, 4242)[..],
+            b"%2\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:4242\r\n"
+        );
+    }
+}

@@ -1,0 +1,392 @@
+//! Deciding what to do with one command: the policy verdict, then the route (shared or
+//! dedicated connection, proxy-answered, refused) and the session state it changes.
+
+use bytes::Bytes;
+
+use super::*;
+
+impl Session {
+    /// Decides what to do with a command; pure, so a paused command is decided again later.
+    pub(super) fn decide(&self, frame: &[u8]) -> Action {
+        let args = Args {
+            frame,
+            ranges: &self.args,
+        };
+        if self.policy.access.require_auth && self.user.is_none() {
+            let kind = command::classify(args.get(0));
+            if !matches!(kind, Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset) {
+                return Action::Refused(simple_error("NOAUTH", "Authentication required."));
+            }
+        }
+        let mut rewrite = None;
+        if !self.policy.is_empty() {
+            let client = Client {
+                id: self.id,
+                addr: self.peer.ip(),
+                tenant: self.tenant,
+            };
+            match self.policy.check(&client, &args) {
+                Verdict::Allow => {}
+                // Inside MULTI the refused command must still spoil the transaction, as a
+                // command Redis rejects at queue time does (see `Effect::AbortExec`).
+                Verdict::Refuse(reply) => return Action::Refused(reply),
+                Verdict::Rewrite(rw) => rewrite = Some(rw),
+            }
+        }
+        match (self.route(&args), rewrite) {
+            (
+                Action::Forward {
+                    target,
+                    expect,
+                    effect,
+                },
+                Some(rewrite),
+            ) if expect == Expect::Frames(1) || rewrite.strip.is_some() => {
+                if rewrite.strip.is_some() && self.in_multi {
+                    // EXEC's reply would carry the unstripped names.
+                    return Action::Refused(simple_error(
+                        "NOPERM",
+                        "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
+                    ));
+                }
+                Action::Rewritten {
+                    target,
+                    expect,
+                    effect,
+                    rewrite,
+                }
+            }
+            // A rewrite the route cannot carry (a pub/sub or local command) must never turn
+            // into forwarding the original: refuse instead.
+            (_, Some(_)) => Action::Refused(simple_error(
+                "NOPERM",
+                "policy: this command cannot be rewritten as the policy requires",
+            )),
+            (action, None) => action,
+        }
+    }
+
+    /// Where a command goes and what it changes, policy aside.
+    fn route(&self, args: &Args<'_>) -> Action {
+        let forward = |target, effect| Action::Forward {
+            target,
+            expect: Expect::Frames(1),
+            effect,
+        };
+        let current = self.current_target();
+        let kind = command::classify(args.get(0));
+        match kind {
+            Kind::Plain => forward(current, Effect::None),
+            Kind::Blocking => forward(Target::Dedicated, Effect::Blocking),
+            Kind::Wait => forward(Target::Dedicated, Effect::Wait),
+            Kind::StreamRead => {
+                if command::stream_read_blocks(args.iter()) {
+                    forward(Target::Dedicated, Effect::Blocking)
+                } else {
+                    forward(current, Effect::None)
+                }
+            }
+            Kind::Multi => forward(Target::Dedicated, Effect::Multi),
+            Kind::Exec if self.in_multi && self.multi_refused => {
+                forward(Target::Dedicated, Effect::AbortExec)
+            }
+            Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
+            Kind::Watch => forward(Target::Dedicated, Effect::Watch),
+            Kind::Unwatch => forward(current, Effect::Unwatch),
+            Kind::Subscribe(_) => {
+                let expect = if args.len() > 1 {
+                    Expect::Confirmations(args.len() as u32 - 1)
+                } else {
+                    Expect::Frames(1)
+                };
+                Action::Forward {
+                    target: Target::Dedicated,
+                    expect,
+                    effect: Effect::Subscribe,
+                }
+            }
+            Kind::Unsubscribe(sub) => {
+                let expect = match (args.len(), self.subscribed) {
+                    (1, true) => Expect::UnsubscribeAll(sub),
+                    (1, false) => Expect::Frames(1),
+                    (n, true) => Expect::Confirmations(n as u32 - 1),
+                    // Not subscribed: Redis still confirms each channel.
+                    (n, false) => Expect::Frames(n as u32 - 1),
+                };
+                Action::Forward {
+                    target: current,
+                    expect,
+                    effect: Effect::None,
+                }
+            }
+            Kind::Hello => self.decide_hello(args, current),
+            Kind::Auth => {
+                let (user, pass) = match args.len() {
+                    2 => ("default".as_bytes(), args.get(1)),
+                    3 => (args.get(1), args.get(2)),
+                    _ => return forward(current, Effect::None),
+                };
+                if self.policy.access.has_users() {
+                    // Proxy-side users: the proxy checks AUTH; upstream credentials are the
+                    // pool's own.
+                    return if self.policy.access.authenticate(user, pass) {
+                        Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
+                    } else {
+                        Action::Local(wrongpass(), LocalEffect::None)
+                    };
+                }
+                let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
+                match &self.ctx.upstream_password {
+                    Some(p)
+                        if !self.upstream_auth
+                            && constant_time_eq(user, pool_user.as_bytes())
+                            && constant_time_eq(pass, p.as_bytes()) =>
+                    {
+                        Action::Local(ok(), LocalEffect::None)
+                    }
+                    _ => forward(Target::Dedicated, Effect::Auth),
+                }
+            }
+            Kind::Select => {
+                if args.len() != 2 {
+                    return forward(current, Effect::None);
+                }
+                match codec::parse_int(args.get(1)) {
+                    Some(0) if current != Target::Dedicated => {
+                        Action::Local(ok(), LocalEffect::None)
+                    }
+                    Some(db) if db >= 0 => forward(Target::Dedicated, Effect::Select(db)),
+                    _ => forward(current, Effect::None),
+                }
+            }
+            Kind::Client => self.decide_client(args, current),
+            Kind::Quit => Action::LocalThenClose(Bytes::from_static(b"+OK\r\n")),
+            Kind::Reset => Action::Reset,
+            Kind::Monitor => Action::Forward {
+                target: Target::Dedicated,
+                expect: Expect::Monitor,
+                effect: Effect::Monitor,
+            },
+        }
+    }
+
+    fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
+        let mut proto = self.proto;
+        let mut auth = false;
+        let mut credentials = None;
+        let mut name = None;
+        if args.len() >= 2 {
+            match codec::parse_int(args.get(1)) {
+                Some(v @ 2..=3) => proto = v as u8,
+                Some(_) => {
+                    return Action::Local(
+                        simple_error("NOPROTO", "unsupported protocol version"),
+                        LocalEffect::None,
+                    );
+                }
+                None => {
+                    return Action::Local(
+                        simple_error("ERR", "Protocol version is not an integer or out of range"),
+                        LocalEffect::None,
+                    );
+                }
+            }
+            let mut j = 2;
+            while j < args.len() {
+                let more = args.len() - 1 - j;
+                let opt = args.get(j);
+                if opt.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+                    auth = true;
+                    credentials = Some((args.get(j + 1), args.get(j + 2)));
+                    j += 3;
+                } else if opt.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+                    name = Some(args.get(j + 1));
+                    j += 2;
+                } else {
+                    return Action::Local(
+                        simple_error(
+                            "ERR",
+                            &format!(
+                                "Syntax error in HELLO option '{}'",
+                                String::from_utf8_lossy(opt)
+                            ),
+                        ),
+                        LocalEffect::None,
+                    );
+                }
+            }
+        }
+        if let Some(n) = name {
+            if !valid_name(n) {
+                return Action::Local(
+                    simple_error(
+                        "ERR",
+                        "Client names cannot contain spaces, newlines or special characters.",
+                    ),
+                    LocalEffect::None,
+                );
+            }
+        }
+        if credentials.is_none() && self.policy.access.require_auth && self.user.is_none() {
+            return Action::Local(
+                simple_error(
+                    "NOAUTH",
+                    "HELLO must be called with the client already authenticated, otherwise the \
+                     HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                     client and select the RESP protocol version at the same time",
+                ),
+                LocalEffect::None,
+            );
+        }
+        let mut login = None;
+        if let Some((user, pass)) = credentials.filter(|_| self.policy.access.has_users()) {
+            // The proxy checks the credentials; the upstream never sees them.
+            if !self.policy.access.authenticate(user, pass) {
+                return Action::Local(wrongpass(), LocalEffect::None);
+            }
+            login = Some(Bytes::copy_from_slice(user));
+            auth = false;
+        }
+        if auth || current == Target::Dedicated {
+            return Action::Forward {
+                target: Target::Dedicated,
+                expect: Expect::Frames(1),
+                effect: if auth {
+                    Effect::AuthHello(proto)
+                } else {
+                    Effect::Hello(proto)
+                },
+            };
+        }
+        Action::Hello {
+            proto,
+            name: name.map(Bytes::copy_from_slice),
+            login,
+        }
+    }
+
+    fn decide_client(&self, args: &Args<'_>, current: Target) -> Action {
+        if args.len() < 2 {
+            return Action::Forward {
+                target: current,
+                expect: Expect::Frames(1),
+                effect: Effect::None,
+            };
+        }
+        let forward = |target, effect| Action::Forward {
+            target,
+            expect: Expect::Frames(1),
+            effect,
+        };
+        match command::classify_client(args.get(1)) {
+            ClientSub::SetName if args.len() == 3 => {
+                let name = args.get(2);
+                if valid_name(name) {
+                    let name = (!name.is_empty()).then(|| Bytes::copy_from_slice(name));
+                    Action::Local(ok(), LocalEffect::SetName(name))
+                } else {
+                    Action::Local(
+                        simple_error(
+                            "ERR",
+                            "Client names cannot contain spaces, newlines or special characters.",
+                        ),
+                        LocalEffect::None,
+                    )
+                }
+            }
+            ClientSub::GetName if args.len() == 2 => Action::Local(
+                match &self.name {
+                    Some(n) => bulk(n),
+                    None => null(self.proto),
+                },
+                LocalEffect::None,
+            ),
+            ClientSub::Id if args.len() == 2 => {
+                Action::Local(Bytes::from(format!(":{}\r\n", self.id)), LocalEffect::None)
+            }
+            ClientSub::Reply if args.len() == 3 => {
+                let mode = args.get(2);
+                if mode.eq_ignore_ascii_case(b"ON") {
+                    Action::Local(ok(), LocalEffect::ReplyMode(ReplyMode::On))
+                } else if mode.eq_ignore_ascii_case(b"OFF") {
+                    Action::Silent(ReplyMode::Off)
+                } else if mode.eq_ignore_ascii_case(b"SKIP") {
+                    Action::Silent(ReplyMode::Skip)
+                } else {
+                    Action::Local(simple_error("ERR", "syntax error"), LocalEffect::None)
+                }
+            }
+            ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
+            ClientSub::ConnectionState => forward(Target::Dedicated, Effect::ConnectionState),
+            _ => forward(current, Effect::None),
+        }
+    }
+}
+
+/// Arguments of the command being decided, as slices of its frame.
+struct Args<'a> {
+    /// The command's bytes; the ranges index into it.
+    frame: &'a [u8],
+    ranges: &'a [Range<usize>],
+}
+
+impl crate::policy::CommandLine for Args<'_> {
+    fn argc(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        self.get(i)
+    }
+}
+
+impl<'a> Args<'a> {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    fn get(&self, i: usize) -> &'a [u8] {
+        let r = &self.ranges[i];
+        &self.frame[r.start..r.end]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
+/// Redis's rule for client names and library info: printable ASCII without spaces.
+fn valid_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
+}
+
+/// Redis's reply to wrong credentials, word for word.
+fn wrongpass() -> Bytes {
+    simple_error(
+        "WRONGPASS",
+        "invalid username-password pair or user is disabled.",
+    )
+}
+
+fn ok() -> Bytes {
+    Bytes::from_static(b"+OK\r\n")
+}
+
+fn bulk(b: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(b.len() + 16);
+    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+fn null(proto: u8) -> Bytes {
+    Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
