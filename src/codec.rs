@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use memchr::memchr;
 
 /// Sizes a client may declare; see [`crate::config::Limits`] for the reasons behind each.
@@ -309,23 +310,59 @@ fn hex(c: u8) -> u8 {
     }
 }
 
-/// Encodes arguments as a RESP multibulk, for inline commands: the upstream then executes
-/// exactly the arguments the proxy classified, whatever its own inline parser would do.
-pub fn encode_command(args: &[Vec<u8>], out: &mut bytes::BytesMut) {
-    use std::io::Write;
-    let mut w = out.writer();
-    let _ = write!(w, "*{}\r\n", args.len());
-    let out = w.into_inner();
-    for a in args {
-        let mut w = out.writer();
-        let _ = write!(w, "${}\r\n", a.len());
-        let out = w.into_inner();
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+/// Encodes a command as a RESP multibulk: the proxy's one encoder, for inline commands (the
+/// upstream then runs exactly the arguments the proxy classified), handshakes, control
+/// commands and policy rewrites.
+pub fn encode(args: &[&[u8]]) -> Bytes {
+    encode_with(args, &[])
+}
+
+/// Encodes `args` followed by `extra` as one RESP multibulk, in one allocation.
+pub fn encode_with(args: &[&[u8]], extra: &[&[u8]]) -> Bytes {
+    let len: usize = args.iter().chain(extra).map(|a| a.len() + 16).sum();
+    let mut out = BytesMut::with_capacity(len + 16);
+    put_len(&mut out, b'*', args.len() + extra.len());
+    for a in args.iter().chain(extra) {
+        put_len(&mut out, b'$', a.len());
+        out.put_slice(a);
+        out.put_slice(b"\r\n");
+    }
+    out.freeze()
+}
+
+/// Writes `<kind><n>\r\n` without going through `format!`.
+fn put_len(out: &mut BytesMut, kind: u8, n: usize) {
+    out.put_u8(kind);
+    out.put_slice(itoa_buf(n as u64).as_str().as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// Decimal digits of a number on the stack.
+pub(crate) struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[self.start..]).unwrap_or("0")
     }
 }
 
-use bytes::BufMut;
+pub(crate) fn itoa_buf(mut n: u64) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        start: 20,
+    };
+    loop {
+        d.start -= 1;
+        d.buf[d.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return d;
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -439,8 +476,10 @@ mod tests {
 
     #[test]
     fn encode_inline_as_resp() {
-        let mut out = bytes::BytesMut::new();
-        encode_command(&[b"PING".to_vec()], &mut out);
-        assert_eq!(&out[..], b"*1\r\n$4\r\nPING\r\n");
+        assert_eq!(&encode(&[b"PING"])[..], b"*1\r\n$4\r\nPING\r\n");
+        assert_eq!(
+            &encode_with(&[b"SET", b"k", b"v"], &[b"PX", b"10"])[..],
+            b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$2\r\nPX\r\n$2\r\n10\r\n"
+        );
     }
 }

@@ -206,12 +206,16 @@ impl Identities {
         let Some(expected) = self.users.get(user) else {
             return false;
         };
-        expected
-            .iter()
-            .zip(digest.as_ref())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        constant_time_eq(expected, digest.as_ref())
     }
+}
+
+/// Compares secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {

@@ -99,6 +99,8 @@ pub struct Policy {
     global: Vec<usize>,
     /// Users, tenants and the identities mapping clients to tenants.
     pub access: access::Identities,
+    /// Whether a rule counts in Redis; read per command, so computed once at compile.
+    shared_limits: bool,
 }
 
 impl std::fmt::Debug for Policy {
@@ -440,6 +442,10 @@ impl Policy {
             Kind::Ttl(_) => 3,
             _ => 1,
         });
+        policy.shared_limits = policy
+            .rules
+            .iter()
+            .any(|r| matches!(r.kind, Kind::SharedRateLimit { .. }));
         if problems.is_empty() {
             Ok(policy)
         } else {
@@ -514,9 +520,7 @@ impl Policy {
 
     /// Whether any rule counts in Redis (the session then awaits [`Policy::shared_limits`]).
     pub fn has_shared_limits(&self) -> bool {
-        self.rules
-            .iter()
-            .any(|r| matches!(r.kind, Kind::SharedRateLimit { .. }))
+        self.shared_limits
     }
 
     /// The Redis-counted rate limits that apply to `client`, for the session to check after the
@@ -810,7 +814,7 @@ fn stream_cap<L: CommandLine + ?Sized>(
     let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
     Some(ttl::Rewrite {
-        command: Some(ttl::encode(&args)),
+        command: Some(crate::codec::encode(&args)),
         after: Vec::new(),
         note: "XADD gets MAXLEN ~ <n>".into(),
         strip: None,
@@ -1003,7 +1007,7 @@ mod tests {
         match check(&p, "XADD events:1 * f v") {
             Verdict::Rewrite(rw) => assert_eq!(
                 rw.command.unwrap(),
-                ttl::encode(&[
+                crate::codec::encode(&[
                     b"XADD",
                     b"events:1",
                     b"MAXLEN",

@@ -14,7 +14,8 @@
 use bytes::Bytes;
 
 use super::CommandLine;
-use super::ttl::{Rewrite, encode};
+use super::ttl::Rewrite;
+use crate::codec::encode;
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::commands::{self, CommandSpec};
 

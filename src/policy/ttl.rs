@@ -18,10 +18,10 @@
 
 use std::borrow::Cow;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::CommandLine;
-use crate::codec::parse_int;
+use crate::codec::{encode, encode_with, itoa_buf, parse_int};
 use crate::commands::{self, CommandSpec, KeySpecFlags};
 
 /// A compiled `ttl:` rule.
@@ -226,58 +226,6 @@ impl Ttl {
             note,
             strip: None,
         })
-    }
-}
-
-/// Encodes a command as a RESP multibulk.
-pub fn encode(args: &[&[u8]]) -> Bytes {
-    encode_with(args, &[])
-}
-
-/// Encodes `args` followed by `extra` as one RESP multibulk, in one allocation.
-pub fn encode_with(args: &[&[u8]], extra: &[&[u8]]) -> Bytes {
-    let len: usize = args.iter().chain(extra).map(|a| a.len() + 16).sum();
-    let mut out = BytesMut::with_capacity(len + 16);
-    put_len(&mut out, b'*', args.len() + extra.len());
-    for a in args.iter().chain(extra) {
-        put_len(&mut out, b'$', a.len());
-        out.put_slice(a);
-        out.put_slice(b"\r\n");
-    }
-    out.freeze()
-}
-
-/// Writes `<kind><n>\r\n` without going through `format!`.
-fn put_len(out: &mut BytesMut, kind: u8, n: usize) {
-    out.put_u8(kind);
-    out.put_slice(itoa_buf(n as u64).as_str().as_bytes());
-    out.put_slice(b"\r\n");
-}
-
-/// Decimal digits of a number on the stack.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.buf[self.start..]).unwrap_or("0")
-    }
-}
-
-fn itoa_buf(mut n: u64) -> Digits {
-    let mut d = Digits {
-        buf: [0; 20],
-        start: 20,
-    };
-    loop {
-        d.start -= 1;
-        d.buf[d.start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return d;
-        }
     }
 }
 

@@ -798,8 +798,8 @@ impl Session {
                     // Replace the inline form by its RESP encoding in the buffer, then decode
                     // it like any command: the upstream runs exactly what was classified.
                     self.flush_run(&mut run).await;
-                    let mut resp = BytesMut::new();
-                    codec::encode_command(&args, &mut resp);
+                    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    let mut resp = BytesMut::from(&codec::encode(&refs)[..]);
                     resp.extend_from_slice(&self.rbuf[len..]);
                     self.rbuf = resp;
                 }

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 
 use super::*;
+use crate::policy::access::constant_time_eq;
 
 impl Session {
     /// Decides what to do with a command; pure, so a paused command is decided again later.
@@ -381,12 +382,4 @@ fn bulk(b: &[u8]) -> Bytes {
 
 fn null(proto: u8) -> Bytes {
     Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
-}
-
-/// Compares secrets in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

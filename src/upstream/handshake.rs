@@ -102,9 +102,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         args.push(spec.username.as_deref().unwrap_or("default").as_bytes());
         args.push(password.as_bytes());
     }
-    let mut req = BytesMut::new();
-    let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
-    crate::codec::encode_command(&owned, &mut req);
+    let req = crate::codec::encode(&args);
     stream
         .write_all(&req)
         .await

@@ -220,7 +220,7 @@ impl crate::ratelimit::redis::Transport for Control {
     type Error = UpstreamError;
 
     async fn call(&self, args: &[&[u8]]) -> Result<crate::ratelimit::redis::Frame, UpstreamError> {
-        let bytes = crate::policy::ttl::encode(args);
+        let bytes = crate::codec::encode(args);
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         let closed = || UpstreamError::Unavailable {
             addr: "control".into(),
