@@ -314,24 +314,24 @@ fn hex(c: u8) -> u8 {
 /// upstream then runs exactly the arguments the proxy classified), handshakes, control
 /// commands and policy rewrites.
 pub fn encode(args: &[&[u8]]) -> Bytes {
-    encode_with(args, &[])
-}
-
-/// Encodes `args` followed by `extra` as one RESP multibulk, in one allocation.
-pub fn encode_with(args: &[&[u8]], extra: &[&[u8]]) -> Bytes {
-    let len: usize = args.iter().chain(extra).map(|a| a.len() + 16).sum();
+    let len: usize = args.iter().map(|a| a.len() + 16).sum();
     let mut out = BytesMut::with_capacity(len + 16);
-    put_len(&mut out, b'*', args.len() + extra.len());
-    for a in args.iter().chain(extra) {
-        put_len(&mut out, b'$', a.len());
-        out.put_slice(a);
-        out.put_slice(b"\r\n");
+    put_len(&mut out, b'*', args.len());
+    for a in args {
+        put_bulk(&mut out, a);
     }
     out.freeze()
 }
 
+/// Writes one bulk string.
+pub(crate) fn put_bulk(out: &mut BytesMut, arg: &[u8]) {
+    put_len(out, b'$', arg.len());
+    out.put_slice(arg);
+    out.put_slice(b"\r\n");
+}
+
 /// Writes `<kind><n>\r\n` without going through `format!`.
-fn put_len(out: &mut BytesMut, kind: u8, n: usize) {
+pub(crate) fn put_len(out: &mut BytesMut, kind: u8, n: usize) {
     out.put_u8(kind);
     out.put_slice(itoa_buf(n as u64).as_str().as_bytes());
     out.put_slice(b"\r\n");
@@ -478,7 +478,7 @@ mod tests {
     fn encode_inline_as_resp() {
         assert_eq!(&encode(&[b"PING"])[..], b"*1\r\n$4\r\nPING\r\n");
         assert_eq!(
-            &encode_with(&[b"SET", b"k", b"v"], &[b"PX", b"10"])[..],
+            &encode(&[b"SET", b"k", b"v", b"PX", b"10"])[..],
             b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$2\r\nPX\r\n$2\r\n10\r\n"
         );
     }

@@ -263,6 +263,7 @@ fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str
             println!("refused: {}", String::from_utf8_lossy(&reply).trim_end())
         }
         Ok(Verdict::Rewrite(rw)) => {
+            let rw = rw.materialize(&args[..]);
             println!("rewritten: {}", rw.note);
             let show = |b: &[u8]| String::from_utf8_lossy(b).replace("\r\n", " ");
             if let Some(c) = &rw.command {

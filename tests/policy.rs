@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{DEADLINE, Proxy, Raw, RedisServer};
+use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, resp, show};
 use redis_policy_proxy::Config;
 
 /// A proxy in front of `redis` running `policy/default.yaml`.
@@ -368,6 +368,56 @@ async fn pipelines_mixing_rewritten_and_plain_commands_keep_their_replies_in_ord
     let got = c.collect_frames(6, DEADLINE).await.frames;
     assert_eq!(got[5], b"*4\r\n$1\r\n1\r\n:1\r\n$1\r\n1\r\n:2\r\n");
     assert!(pttl(&redis, "h2").await > 0 && pttl(&redis, "q").await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_pipeline_of_sets_gets_its_ttls_appended_in_place() {
+    // The session appends `PX <ttl>` to SET frames while copying them into the upstream batch
+    // (no re-encoding): a pipeline mixing rewritten, kept, inline and multibulk SETs with reads
+    // must reach Redis intact and answer in order.
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..300 {
+        match i % 4 {
+            0 => input.extend(resp(&[
+                b"SET".to_vec(),
+                format!("k:{i}").into(),
+                vec![b'x'; i],
+            ])),
+            1 => input.extend(format!("SET session:{i} v{i}\r\n").as_bytes()),
+            2 => input.extend(resp(&["SET", &format!("lock:{i}"), "v", "NX"])),
+            _ => input.extend(resp(&["SET", &format!("c:{i}"), "v", "EX", "60"])),
+        }
+        expected.extend_from_slice(b"+OK\r\n");
+        input.extend(resp(&["GET", &format!("session:{}", i - i % 4 + 1)]));
+        if i % 4 == 0 {
+            expected.extend_from_slice(b"$-1\r\n");
+        } else {
+            let v = format!("v{}", i - i % 4 + 1);
+            expected.extend(bulk(v.as_bytes()));
+        }
+    }
+    c.send(&input).await;
+    let got = c.collect_frames(600, DEADLINE).await.joined();
+    assert_eq!(show(&got), show(&expected));
+    for i in (0..300).step_by(4) {
+        let ttl = pttl(&redis, &format!("k:{i}")).await;
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "k:{i}: {ttl}");
+        let ttl = pttl(&redis, &format!("session:{}", i + 1)).await;
+        assert!(
+            ttl > 86_000_000 && ttl <= 86_400_000,
+            "session:{}: {ttl}",
+            i + 1
+        );
+        assert_eq!(pttl(&redis, &format!("lock:{}", i + 2)).await, -1);
+        let ttl = pttl(&redis, &format!("c:{}", i + 3)).await;
+        assert!(ttl > 50_000 && ttl <= 60_000, "c:{}: {ttl}", i + 3);
+    }
+    let value = redis.direct(&["GET", "k:296"]).await;
+    assert_eq!(value, bulk(&[b'x'; 296]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

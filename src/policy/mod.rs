@@ -489,6 +489,18 @@ impl Policy {
                         Some(acc) => {
                             if rw.command.is_some() {
                                 acc.command = rw.command;
+                                acc.append = None;
+                            }
+                            if let Some(extra) = rw.append {
+                                match &acc.command {
+                                    Some(base) => {
+                                        let mut out = bytes::BytesMut::new();
+                                        if extra.extend_frame(base, &mut out) {
+                                            acc.command = Some(out.freeze());
+                                        }
+                                    }
+                                    None => acc.append = Some(extra),
+                                }
                             }
                             acc.after.extend(rw.after);
                             acc.note = format!("{}; {}", acc.note, rw.note).into();
@@ -815,9 +827,8 @@ fn stream_cap<L: CommandLine + ?Sized>(
     args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
     Some(ttl::Rewrite {
         command: Some(crate::codec::encode(&args)),
-        after: Vec::new(),
         note: "XADD gets MAXLEN ~ <n>".into(),
-        strip: None,
+        ..ttl::Rewrite::default()
     })
 }
 

@@ -127,7 +127,7 @@ pub fn apply<L: CommandLine + ?Sized>(
     {
         return Err(refusal_reason(spec));
     }
-    let mut rw = rewrite.unwrap_or_default();
+    let mut rw = rewrite.map(|rw| rw.materialize(line)).unwrap_or_default();
     let command = match rw.command.take() {
         Some(bytes) => prefixed_bytes(prefix, &bytes).ok_or_else(|| refusal_reason(spec))?,
         None => {
@@ -214,6 +214,7 @@ fn listing<L: CommandLine + ?Sized>(
     let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
     Some(Rewrite {
         command: Some(encode(&refs)),
+        append: None,
         after: Vec::new(),
         note: "pattern confined to the namespace".into(),
         strip: Some(Box::new(Strip {
@@ -363,6 +364,7 @@ fn pubsub<L: CommandLine + ?Sized>(prefix: &[u8], spec: &CommandSpec, line: &L) 
     let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
     Some(Rewrite {
         command: Some(encode(&refs)),
+        append: None,
         after: Vec::new(),
         note: "channels confined to the namespace".into(),
         strip: Some(Box::new(Strip {

@@ -18,10 +18,10 @@
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::CommandLine;
-use crate::codec::{encode, encode_with, itoa_buf, parse_int};
+use crate::codec::{encode, itoa_buf, parse_int, put_bulk, put_len};
 use crate::commands::{self, CommandSpec, KeySpecFlags};
 
 /// A compiled `ttl:` rule.
@@ -52,12 +52,79 @@ pub enum TtlAction {
 pub struct Rewrite {
     /// Replacement for the client's command; `None` forwards it as sent.
     pub command: Option<Bytes>,
+    /// Arguments added at the end of the command as sent (`PX <ttl>` on SET): the session
+    /// patches the frame's header and appends them while copying it into the upstream batch,
+    /// so the commonest rewrite costs neither an allocation nor an encoding. Never set
+    /// together with `command` (see [`Rewrite::materialize`]).
+    pub append: Option<Appended>,
     /// Commands sent right after it, whose replies the client never sees.
     pub after: Vec<Bytes>,
     /// What was done, for audit logs and `--explain` (static on the hot SET path).
     pub note: Cow<'static, str>,
     /// The reply names keys under a namespace prefix the client must not see.
     pub strip: Option<Box<super::namespace::Strip>>,
+}
+
+/// An option and its integer value to append to a command (`PX <ttl>`), kept as values and
+/// encoded while the frame is copied: 24 bytes, held across the session's awaits, so no
+/// pre-encoded buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The option's name, e.g. `PX`.
+    pub option: &'static str,
+    /// Its argument.
+    pub value: u64,
+}
+
+impl Appended {
+    /// Writes the multibulk `frame` with the option appended to `out`; `false` (nothing
+    /// written) when `frame` does not start with a `*<argc>\r\n` header, which the decoder
+    /// never lets through.
+    pub fn extend_frame(&self, frame: &[u8], out: &mut BytesMut) -> bool {
+        let Some(end) = frame.iter().position(|&b| b == b'\r') else {
+            return false;
+        };
+        let Some(argc) = frame
+            .strip_prefix(b"*")
+            .and_then(|f| parse_int(&f[..end - 1]))
+            .filter(|&n| n >= 0)
+        else {
+            return false;
+        };
+        let value = itoa_buf(self.value);
+        let value = value.as_str().as_bytes();
+        let option = self.option.as_bytes();
+        out.reserve(frame.len() + option.len() + value.len() + 16);
+        put_len(out, b'*', argc as usize + 2);
+        // The frame after its header: the arguments.
+        out.extend_from_slice(frame.get(end + 2..).unwrap_or_default());
+        put_bulk(out, option);
+        put_bulk(out, value);
+        true
+    }
+}
+
+impl Rewrite {
+    /// The same rewrite with `append` folded into `command`, for the paths that need the whole
+    /// command as bytes (namespacing, `--explain`): `line` is the command as the client sent it.
+    pub fn materialize<L: CommandLine + ?Sized>(mut self, line: &L) -> Rewrite {
+        if let Some(extra) = self.append.take() {
+            let base = match self.command.take() {
+                Some(c) => c,
+                None => {
+                    let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+                    encode(&args)
+                }
+            };
+            let mut out = BytesMut::new();
+            if extra.extend_frame(&base, &mut out) {
+                self.command = Some(out.freeze());
+            } else {
+                self.command = Some(base);
+            }
+        }
+        self
+    }
 }
 
 impl Ttl {
@@ -123,16 +190,16 @@ impl Ttl {
             i += 1;
         }
         match self.ttl_for(args[1]) {
-            Some(ms) => {
-                let digits = itoa_buf(ms);
-                let ms = digits.as_str();
-                TtlAction::Rewrite(Rewrite {
-                    command: Some(encode_with(args, &[b"PX", ms.as_bytes()])),
-                    after: Vec::new(),
-                    note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
-                    strip: None,
-                })
-            }
+            Some(ms) => TtlAction::Rewrite(Rewrite {
+                command: None,
+                append: Some(Appended {
+                    option: "PX",
+                    value: ms,
+                }),
+                after: Vec::new(),
+                note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
+                strip: None,
+            }),
             None => TtlAction::Keep,
         }
     }
@@ -171,9 +238,8 @@ impl Ttl {
         new[at] = max_text.as_bytes();
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
-            after: Vec::new(),
             note: format!("TTL of {v} s cut to {max} ms").into(),
-            strip: None,
+            ..Rewrite::default()
         })
     }
 
@@ -189,9 +255,8 @@ impl Ttl {
         new[at] = max_text.as_bytes();
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
-            after: Vec::new(),
             note: format!("TTL of {v} ms cut to {max} ms").into(),
-            strip: None,
+            ..Rewrite::default()
         })
     }
 
@@ -221,10 +286,9 @@ impl Ttl {
         }
         let note = Cow::Borrowed("each key it may create gets PEXPIRE <ttl> NX");
         TtlAction::Rewrite(Rewrite {
-            command: None,
             after,
             note,
-            strip: None,
+            ..Rewrite::default()
         })
     }
 }
@@ -253,13 +317,16 @@ mod tests {
 
     fn rewritten(line: &str) -> (Option<String>, Vec<String>) {
         match run(line) {
-            TtlAction::Rewrite(r) => (
-                r.command.map(|c| String::from_utf8(c.to_vec()).unwrap()),
-                r.after
-                    .iter()
-                    .map(|c| String::from_utf8(c.to_vec()).unwrap())
-                    .collect(),
-            ),
+            TtlAction::Rewrite(r) => {
+                let r = r.materialize(&line.split(' ').collect::<Vec<_>>()[..]);
+                (
+                    r.command.map(|c| String::from_utf8(c.to_vec()).unwrap()),
+                    r.after
+                        .iter()
+                        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                        .collect(),
+                )
+            }
             other => panic!("{line}: {other:?}"),
         }
     }
@@ -309,6 +376,31 @@ mod tests {
                 .unwrap()
                 .contains("604800000")
         );
+    }
+
+    #[test]
+    fn appended_option_patches_the_header_of_any_argc() {
+        let px = Appended {
+            option: "PX",
+            value: 3_600_000,
+        };
+        let mut out = BytesMut::new();
+        assert!(px.extend_frame(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", &mut out));
+        assert_eq!(
+            &out[..],
+            b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n$2\r\nPX\r\n$7\r\n3600000\r\n"
+        );
+        // Two-digit headers grow in place; `9` becomes `11`.
+        let nine: Vec<&[u8]> = vec![b"SET", b"k", b"v", b"NX", b"GET", b"a", b"b", b"c", b"d"];
+        let mut out = BytesMut::new();
+        assert!(px.extend_frame(&encode(&nine), &mut out));
+        assert!(out.starts_with(b"*11\r\n$3\r\nSET\r\n"));
+        // Not a multibulk frame: nothing written.
+        let mut out = BytesMut::new();
+        assert!(!px.extend_frame(b"SET k v\r\n", &mut out));
+        assert!(!px.extend_frame(b"*x\r\n", &mut out));
+        assert!(!px.extend_frame(b"*3", &mut out));
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -228,16 +228,32 @@ impl Run {
     }
 
     /// Adds a command the policy rewrote; `consumed` are its bytes in the read buffer and
-    /// `prefix` the run's bytes so far (copied once, when the first rewrite joins).
+    /// `prefix` the run's bytes so far (copied once, when the first rewrite joins), and
+    /// `capacity_hint` how many bytes may still follow.
     fn push_rewritten(
         &mut self,
         prefix: &[u8],
         consumed: &[u8],
+        capacity_hint: usize,
         rewrite: &crate::policy::ttl::Rewrite,
         target: Target,
     ) {
-        let owned = self.owned.get_or_insert_with(|| BytesMut::from(prefix));
-        owned.extend_from_slice(rewrite.command.as_deref().unwrap_or(consumed));
+        let owned = self.owned.get_or_insert_with(|| {
+            // Room for the rest of the read buffer and its appended TTLs, so a pipeline of
+            // rewritten SETs grows the buffer once, not by doubling.
+            let mut owned = BytesMut::with_capacity(prefix.len() + capacity_hint);
+            owned.extend_from_slice(prefix);
+            owned
+        });
+        match (&rewrite.command, &rewrite.append) {
+            (Some(command), _) => owned.extend_from_slice(command),
+            (None, Some(extra)) => {
+                if !extra.extend_frame(consumed, owned) {
+                    owned.extend_from_slice(consumed);
+                }
+            }
+            (None, None) => owned.extend_from_slice(consumed),
+        }
         for c in &rewrite.after {
             owned.extend_from_slice(c);
         }
@@ -778,10 +794,24 @@ impl Session {
                                 }
                                 Some(rewrite) => {
                                     let (prefix, rest) = self.rbuf.split_at(base);
-                                    run.push_rewritten(prefix, &rest[..len], &rewrite, target);
-                                    let mut frames = vec![true];
-                                    frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
-                                    self.note_queued(effect, Some(&frames));
+                                    let hint = rest.len() + rest.len() / 2;
+                                    run.push_rewritten(
+                                        prefix,
+                                        &rest[..len],
+                                        hint,
+                                        &rewrite,
+                                        target,
+                                    );
+                                    if rewrite.after.is_empty() {
+                                        self.note_queued(effect, None);
+                                    } else {
+                                        let mut frames = vec![true];
+                                        frames.extend(std::iter::repeat_n(
+                                            false,
+                                            rewrite.after.len(),
+                                        ));
+                                        self.note_queued(effect, Some(&frames));
+                                    }
                                 }
                             }
                             self.apply(effect);
@@ -1008,6 +1038,11 @@ impl Session {
             strip = rw.strip;
             if let Some(c) = rw.command {
                 command = c;
+            } else if let Some(extra) = rw.append {
+                let mut out = BytesMut::new();
+                if extra.extend_frame(&command, &mut out) {
+                    command = out.freeze();
+                }
             }
             if !rw.after.is_empty() {
                 let mut all = BytesMut::from(&command[..]);
