@@ -44,6 +44,47 @@ pub struct Config {
     pub rules: Vec<crate::policy::RuleConfig>,
     /// Proxy-side users and the identities that map clients to tenants.
     pub access: crate::policy::config::Access,
+    /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
+    pub admin: AdminConfig,
+    /// Identifies this version of the file in metrics and INFO: a hash of its text (`builtin`
+    /// without a file). Computed, never read from the YAML.
+    #[serde(skip)]
+    pub version: String,
+}
+
+/// The admin endpoint and diagnostics.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// `IP:port` of the HTTP listener for `/metrics`, `/healthz` and `/readyz`, or `off`.
+    /// Loopback by default: metrics name rules and tenants, which is not for everyone.
+    pub listen: Located<String>,
+    /// Commands slower than this (microseconds, read to reply) enter the slow log
+    /// (`PROXY SLOWLOG`); Redis's `slowlog-log-slower-than` default is the same 10 ms.
+    pub slowlog_threshold_us: Located<u64>,
+    /// Entries the slow log keeps (Redis's `slowlog-max-len` default).
+    pub slowlog_max_len: Located<usize>,
+    /// Policy denials logged per second at most; the rest are counted in metrics only, so a
+    /// client hammering a denied command cannot flood the log.
+    pub denial_logs_per_second: Located<u32>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: located("127.0.0.1:9121".to_string()),
+            slowlog_threshold_us: located(10_000),
+            slowlog_max_len: located(128),
+            denial_logs_per_second: located(10),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The admin listener's address; `None` when switched off.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.value.parse().ok()
+    }
 }
 
 impl Default for Config {
@@ -56,6 +97,8 @@ impl Default for Config {
             workers: located(1),
             rules: Vec::new(),
             access: Default::default(),
+            admin: AdminConfig::default(),
+            version: "builtin".to_string(),
         }
     }
 }
@@ -221,6 +264,15 @@ impl fmt::Display for Problem {
     }
 }
 
+/// First 12 hex digits of the SHA-256 of a policy file's text.
+fn version_of(text: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl Config {
     /// Reads, parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -228,7 +280,9 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::from_yaml(&text, path)
+        let mut config = Config::from_yaml(&text, path)?;
+        config.version = version_of(&text);
+        Ok(config)
     }
 
     /// Parses and validates YAML text; `path` is only used in messages.
@@ -263,6 +317,19 @@ impl Config {
             &self.listen.referenced,
             "listen",
             "must be an IP:port such as 127.0.0.1:6380",
+        );
+        check(
+            self.admin.listen.value == "off"
+                || self.admin.listen.value.parse::<SocketAddr>().is_ok(),
+            &self.admin.listen.referenced,
+            "admin.listen",
+            "must be an IP:port such as 127.0.0.1:9121, or off",
+        );
+        check(
+            self.admin.slowlog_max_len.value <= 100_000,
+            &self.admin.slowlog_max_len.referenced,
+            "admin.slowlog_max_len",
+            "must be at most 100000",
         );
         check(
             valid_host_port(&self.upstream.address.value),

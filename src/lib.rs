@@ -28,21 +28,28 @@
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
-//!   Redis (Lua); not yet wired into the policy engine.
+//!   Redis (Lua), used by the policy's `rate_limit` rules.
+//! - [`metrics`]: Prometheus metrics, pre-registered handles; [`admin`] serves them over HTTP
+//!   with `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
+pub mod admin;
 pub mod codec;
 pub mod command;
 pub mod commands;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod metrics;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;
 pub mod server;
 pub mod session;
+pub mod slowlog;
 pub mod upstream;
 
 pub use config::Config;
-pub use server::{run, serve};
+pub use server::{run, run_with_admin, serve};

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use clap::Parser;
 use redis_policy_proxy::Config;
+use redis_policy_proxy::metrics::Metrics;
 use redis_policy_proxy::policy::{Client, Policy, Verdict};
+use redis_policy_proxy::server::{Ops, Reload};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
 /// 65; 64 is what operators' tooling expects from `--check`).
@@ -34,6 +36,13 @@ struct Cli {
     /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
     #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
     explain: Option<Vec<String>>,
+    /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Admin endpoint address (/metrics, /healthz, /readyz), overriding `admin.listen`;
+    /// `off` disables it.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
     /// With --explain: as this proxy user (access.users), as after a successful AUTH.
     #[arg(long, value_name = "USER", requires = "explain")]
     as_user: Option<String>,
@@ -42,17 +51,28 @@ struct Cli {
     from: Option<std::net::IpAddr>,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        // One JSON object per line, fields flattened, for log shippers.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
         // Colour codes only on a terminal, not in files, journald or container logs.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
 
     if let Some(path) = &cli.check {
         return match Config::load(path) {
@@ -87,6 +107,9 @@ fn main() -> ExitCode {
     }
     if let Some(u) = cli.upstream {
         config.set_upstream(u);
+    }
+    if let Some(a) = cli.admin {
+        config.admin.listen.value = a;
     }
     let source = cli
         .config
@@ -125,13 +148,26 @@ fn main() -> ExitCode {
                     .join("; "),
             )
         })?;
+        let admin = match config.admin.listen_addr() {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("admin endpoint {addr}: {e}"))
+            })?),
+            None => None,
+        };
         let policy = Arc::new(ArcSwap::from_pointee(policy));
+        let mut ops = Ops::new(&config, policy.clone(), None);
         if let Some(path) = cli.config.clone() {
+            let reload: Reload = {
+                let (policy, metrics) = (policy.clone(), ops.metrics.clone());
+                Arc::new(move || reload(&path, &policy, &metrics))
+            };
+            ops.reload = Some(reload.clone());
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            tokio::spawn(reload_on_change(path, policy.clone(), hup));
+            let path = cli.config.clone().unwrap_or_default();
+            tokio::spawn(reload_on_change(path, reload, hup));
         }
-        redis_policy_proxy::serve(listener, config, policy, shutdown_signal()).await
+        redis_policy_proxy::serve(listener, admin, config, policy, ops, shutdown_signal()).await
     });
     // Sessions still running after the grace period are dropped with the runtime.
     runtime.shutdown_background();
@@ -166,11 +202,7 @@ async fn shutdown_signal() {
 /// length, modification time and inode of the file the path resolves to, so editors that
 /// write a new file and rename it, and Kubernetes ConfigMaps that swap a symlink, are seen).
 /// Only `rules` and `access` are reloaded; `listen`, `upstream` and `limits` need a restart.
-async fn reload_on_change(
-    path: PathBuf,
-    policy: Arc<ArcSwap<Policy>>,
-    mut hup: tokio::signal::unix::Signal,
-) {
+async fn reload_on_change(path: PathBuf, reload: Reload, mut hup: tokio::signal::unix::Signal) {
     let mut seen = fingerprint(&path);
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
@@ -180,13 +212,13 @@ async fn reload_on_change(
                     return;
                 }
                 seen = fingerprint(&path);
-                reload(&path, &policy);
+                let _ = reload();
             }
             _ = tick.tick() => {
                 let now = fingerprint(&path);
                 if now.is_some() && now != seen {
                     seen = now;
-                    reload(&path, &policy);
+                    let _ = reload();
                 }
             }
         }
@@ -201,19 +233,29 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
 }
 
 /// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
-fn reload(path: &Path, policy: &ArcSwap<Policy>) {
+/// Returns the new version, or every problem.
+fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<String, String> {
     match Config::load(path).map(|c| Policy::from_config(&c)) {
         Ok(Ok(new)) => {
-            tracing::info!(file = %path.display(), policy = ?new, "policy reloaded");
+            let version = new.version().to_string();
+            tracing::info!(file = %path.display(), policy = ?new, %version, "policy reloaded");
             policy.store(Arc::new(new));
+            metrics.reloads_ok.inc();
+            Ok(version)
         }
         Ok(Err(problems)) => {
+            metrics.reloads_failed.inc();
+            let mut text = Vec::new();
             for p in problems {
                 tracing::error!(file = %path.display(), problem = %p, "reload failed; keeping the running policy");
+                text.push(format!("{}: {p}", path.display()));
             }
+            Err(text.join("; "))
         }
         Err(e) => {
+            metrics.reloads_failed.inc();
             tracing::error!(error = %e, "reload failed; keeping the running policy");
+            Err(e.to_string())
         }
     }
 }

@@ -12,8 +12,10 @@ use tokio::sync::{mpsc, watch};
 use crate::codec::CodecLimits;
 use crate::config::Config;
 use crate::error::{ClientError, ProxyError, error_reply};
+use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::session::{self, Context};
+use crate::slowlog::SlowLog;
 use crate::upstream::pool::Pool;
 use arc_swap::ArcSwap;
 
@@ -27,29 +29,81 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    run_inner(listener, None, config, shutdown).await
+}
+
+/// [`run`] with the admin endpoint served on `admin` (tests bind it to a free port).
+pub async fn run_with_admin(
+    listener: TcpListener,
+    admin: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    run_inner(listener, Some(admin), config, shutdown).await
+}
+
+async fn run_inner(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let policy = Policy::from_config(&config).map_err(|problems| {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         std::io::Error::other(text.join("; "))
     })?;
-    serve(
-        listener,
-        config,
-        Arc::new(ArcSwap::from_pointee(policy)),
-        shutdown,
-    )
-    .await
+    let policy = Arc::new(ArcSwap::from_pointee(policy));
+    let ops = Ops::new(&config, policy.clone(), None);
+    serve(listener, admin, config, policy, ops, shutdown).await
+}
+
+/// Reloads the policy file and swaps it in: `Ok` with the new version, `Err` with every
+/// problem (the running policy stays). Provided by whoever knows the file (`main`).
+pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// What the proxy shares with its operators' tools: metrics, the slow log, and the reload
+/// behind `PROXY RELOAD`.
+#[derive(Clone)]
+pub struct Ops {
+    /// Every counter and histogram, rendered by the admin endpoint.
+    pub metrics: Arc<Metrics>,
+    /// Slow batches, for `PROXY SLOWLOG`.
+    pub slowlog: Arc<SlowLog>,
+    /// `None` when the configuration did not come from a file.
+    pub reload: Option<Reload>,
+}
+
+impl Ops {
+    /// Metrics reading `policy`, and the slow log `config` asks for.
+    pub fn new(config: &Config, policy: Arc<ArcSwap<Policy>>, reload: Option<Reload>) -> Ops {
+        let admin = &config.admin;
+        Ops {
+            metrics: Metrics::new(policy),
+            slowlog: Arc::new(SlowLog::new(
+                Duration::from_micros(admin.slowlog_threshold_us.value),
+                admin.slowlog_max_len.value,
+            )),
+            reload,
+        }
+    }
 }
 
 /// [`run`] with a policy the caller can replace while the proxy runs (hot reload): store a
-/// new `Policy` and every client's next read is checked against it.
+/// new `Policy` and every client's next read is checked against it. `admin`, when given,
+/// serves `/metrics`, `/healthz` and `/readyz` until shutdown.
 pub async fn serve(
     listener: TcpListener,
+    admin: Option<TcpListener>,
     config: Config,
     policy: Arc<ArcSwap<Policy>>,
+    ops: Ops,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let pool = Pool::start(&config).map_err(std::io::Error::other)?;
+    let metrics = ops.metrics.clone();
+    let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
+    let admin_task =
+        admin.map(|l| tokio::spawn(crate::admin::serve(l, metrics.clone(), stop_rx.clone())));
     // Rate-limit state of idle clients is dropped in the background, bounding its memory.
     let sweeper = {
         let policy = policy.clone();
@@ -75,6 +129,7 @@ pub async fn serve(
         upstream_password: config.upstream.password.clone(),
         shutdown: stop_rx,
         policy,
+        ops,
     });
     let max_clients = limits.max_clients.value;
     let clients = Arc::new(AtomicUsize::new(0));
@@ -99,6 +154,7 @@ pub async fn serve(
                 };
                 if clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
                     clients.fetch_sub(1, Ordering::AcqRel);
+                    metrics.clients_rejected.inc();
                     tracing::warn!(%peer, max_clients, "client refused: max clients reached");
                     tokio::spawn(async move {
                         let reply = error_reply(&ProxyError::Client(ClientError::TooManyClients));
@@ -111,9 +167,13 @@ pub async fn serve(
                 let ctx = ctx.clone();
                 let clients = clients.clone();
                 let alive = alive_tx.clone();
+                metrics.clients_total.inc();
+                metrics.clients.inc();
+                let metrics = metrics.clone();
                 tokio::spawn(async move {
                     session::serve(stream, ctx, id).await;
                     clients.fetch_sub(1, Ordering::AcqRel);
+                    metrics.clients.dec();
                     drop(alive);
                 });
             }
@@ -123,6 +183,10 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(alive_tx);
     sweeper.abort();
+    if let Some(task) = admin_task {
+        // It stops on the same signal; awaiting it keeps the port until `serve` returns.
+        let _ = task.await;
+    }
     let grace = Duration::from_millis(config.shutdown_grace_ms.value);
     if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {
         tracing::warn!(

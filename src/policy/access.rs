@@ -26,6 +26,8 @@ pub struct Identities {
     namespaces: Vec<Option<Vec<u8>>>,
     /// Lower-case hex SHA1 of the scripts namespaced tenants may run.
     scripts: Vec<[u8; 40]>,
+    /// By tenant index: may use the `PROXY` command family.
+    admins: Vec<bool>,
 }
 
 struct Identity {
@@ -115,6 +117,17 @@ impl Identities {
                 }),
             }
         }
+        ids.admins = vec![false; ids.tenants.len()];
+        for (i, tenant) in access.admin_tenants.iter().enumerate() {
+            match ids.tenant_index(tenant) {
+                Some(t) => ids.admins[usize::from(t)] = true,
+                None => problems.push(Problem {
+                    line: 0,
+                    field: format!("access.admin_tenants[{i}]"),
+                    message: format!("no tenant `{tenant}` in access.identities (or `default`)"),
+                }),
+            }
+        }
         if ids.require_auth && ids.users.is_empty() {
             problems.push(Problem {
                 line: 0,
@@ -141,6 +154,14 @@ impl Identities {
             .iter()
             .position(|t| t == name)
             .map(|i| i as u16)
+    }
+
+    /// Whether a tenant may use the `PROXY` command family.
+    pub fn is_admin(&self, tenant: u16) -> bool {
+        self.admins
+            .get(usize::from(tenant))
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Number of tenants, `default` included.

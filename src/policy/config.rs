@@ -33,6 +33,9 @@ pub struct Access {
     /// its declared keys is the operator's part of the bargain.
     #[serde(default)]
     pub scripts: Vec<String>,
+    /// Tenants allowed the `PROXY` command family (INFO, POLICY, RELOAD, SLOWLOG): operators.
+    #[serde(default)]
+    pub admin_tenants: Vec<String>,
 }
 
 /// A proxy-side user.

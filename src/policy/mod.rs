@@ -49,16 +49,142 @@ struct Rule {
     counters: Counters,
 }
 
-/// Per-rule counters, kept in the engine so every front end (metrics, PROXY INFO) reads the
-/// same numbers.
+/// A per-second budget of log events, lock-free: the second and the count of events in it.
+#[derive(Debug)]
+struct LogBudget {
+    /// Events allowed per second; 0 logs nothing.
+    per_second: u32,
+    /// Seconds since the budget was made, in the high 32 bits; events logged that second in
+    /// the low 32. One word, so one compare-exchange updates both.
+    state: AtomicU64,
+    /// Events left out since the last one logged.
+    suppressed: AtomicU64,
+    /// Origin of the second count.
+    origin: std::time::Instant,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget {
+            per_second: 10,
+            state: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl LogBudget {
+    /// `Some(events left out before this one)` when this event may be logged.
+    fn take(&self) -> Option<u64> {
+        let now = self.origin.elapsed().as_secs() & 0xffff_ffff;
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            let (second, count) = (state >> 32, state & 0xffff_ffff);
+            let next = if second == now {
+                if count >= u64::from(self.per_second) {
+                    self.suppressed.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                state + 1
+            } else if self.per_second == 0 {
+                self.suppressed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            } else {
+                (now << 32) | 1
+            };
+            match self.state.compare_exchange_weak(
+                state,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(self.suppressed.swap(0, Ordering::Relaxed)),
+                Err(actual) => state = actual,
+            }
+        }
+    }
+}
+
+/// What a rule did to a command, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Refused by a deny, guard, size or TTL rule.
+    Denied,
+    /// Refused by a rate limit.
+    RateLimited,
+    /// Changed (TTL added or cut, stream capped).
+    Rewritten,
+    /// Would have been refused or changed: the rule is in audit mode.
+    Audited,
+    /// Passed every rule unchanged (counted per tenant, not per rule).
+    Allowed,
+}
+
+impl Outcome {
+    /// Every outcome a rule counts.
+    pub const OF_RULES: [Outcome; 4] = [
+        Outcome::Denied,
+        Outcome::RateLimited,
+        Outcome::Rewritten,
+        Outcome::Audited,
+    ];
+
+    /// The label metrics and INFO use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Denied => "denied",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Rewritten => "rewritten",
+            Outcome::Audited => "audited",
+            Outcome::Allowed => "allowed",
+        }
+    }
+}
+
+/// Per-rule counters by tenant and outcome, kept in the engine so every front end (metrics,
+/// INFO, PROXY POLICY) reads the same numbers. Tenants are few and fixed by the file, so the
+/// table is small and never grows.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Commands refused.
-    pub denied: AtomicU64,
-    /// Commands the rule would have refused or changed in audit mode.
-    pub audited: AtomicU64,
-    /// Commands the rule changed (TTL added or cut).
-    pub rewritten: AtomicU64,
+    /// `[tenant * 4 + outcome]`, outcomes in [`Outcome::OF_RULES`] order.
+    cells: Box<[AtomicU64]>,
+}
+
+impl Counters {
+    fn new(tenants: usize) -> Counters {
+        Counters {
+            cells: (0..tenants * Outcome::OF_RULES.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn cell(&self, tenant: u16, outcome: Outcome) -> Option<&AtomicU64> {
+        let o = Outcome::OF_RULES.iter().position(|&x| x == outcome)?;
+        self.cells
+            .get(usize::from(tenant) * Outcome::OF_RULES.len() + o)
+    }
+
+    /// Counts one command of `tenant`.
+    pub fn add(&self, tenant: u16, outcome: Outcome) {
+        if let Some(c) = self.cell(tenant, outcome) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The count for one tenant.
+    pub fn get(&self, tenant: u16, outcome: Outcome) -> u64 {
+        self.cell(tenant, outcome)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// The count over every tenant.
+    pub fn total(&self, outcome: Outcome) -> u64 {
+        (0..self.cells.len() / Outcome::OF_RULES.len())
+            .map(|t| self.get(t as u16, outcome))
+            .sum()
+    }
 }
 
 enum Kind {
@@ -101,6 +227,12 @@ pub struct Policy {
     pub access: access::Identities,
     /// Whether a rule counts in Redis; read per command, so computed once at compile.
     shared_limits: bool,
+    /// Commands that passed every rule unchanged, by tenant.
+    allowed: Box<[AtomicU64]>,
+    /// Bounds the denial events logged per second.
+    denial_log: LogBudget,
+    /// The policy file's version (a hash of its text), for metrics and INFO.
+    version: String,
 }
 
 impl std::fmt::Debug for Policy {
@@ -200,11 +332,73 @@ impl Policy {
 
     /// The policy of a whole configuration: its rules and its `access:` section.
     pub fn from_config(config: &crate::Config) -> Result<Policy, Vec<Problem>> {
-        Policy::compile_full(
+        let mut policy = Policy::compile_full(
             &config.rules,
             &config.access,
             Arc::new(MonotonicClock::new()),
-        )
+        )?;
+        policy.version = config.version.clone();
+        policy.denial_log.per_second = config.admin.denial_logs_per_second.value;
+        Ok(policy)
+    }
+
+    /// Logs one denial as a structured event (rule, tenant, command, client address; never
+    /// keys or values), at most `admin.denial_logs_per_second` a second; the events left out
+    /// are counted and reported with the next one logged (metrics count them all).
+    pub fn log_denial(&self, rule: &str, command: &str, client: &Client, outcome: Outcome) {
+        if let Some(suppressed) = self.denial_log.take() {
+            tracing::warn!(
+                rule,
+                tenant = self.access.tenant_name(client.tenant),
+                command,
+                client = %client.addr,
+                outcome = outcome.name(),
+                suppressed,
+                "policy denied a command"
+            );
+        }
+    }
+
+    /// The policy file's version: a hash of its text.
+    pub fn version(&self) -> &str {
+        if self.version.is_empty() {
+            "builtin"
+        } else {
+            &self.version
+        }
+    }
+
+    /// Ids of the rules, in file order.
+    pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| r.id.as_str())
+    }
+
+    /// Calls `f(rule, tenant, outcome, count)` for every non-zero counter, then for the
+    /// commands of each tenant that every rule let through (rule `-`).
+    pub fn for_each_counter(&self, mut f: impl FnMut(&str, &str, Outcome, u64)) {
+        for rule in &self.rules {
+            for t in 0..self.access.tenant_count() {
+                for outcome in Outcome::OF_RULES {
+                    let n = rule.counters.get(t as u16, outcome);
+                    if n > 0 {
+                        f(&rule.id, self.access.tenant_name(t as u16), outcome, n);
+                    }
+                }
+            }
+        }
+        for (t, n) in self.allowed.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                f("-", self.access.tenant_name(t as u16), Outcome::Allowed, n);
+            }
+        }
+    }
+
+    fn allow(&self, client: &Client) -> Verdict {
+        if let Some(n) = self.allowed.get(usize::from(client.tenant)) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        Verdict::Allow
     }
 
     /// Compiles rules and access together: rules may name tenants the identities define.
@@ -218,6 +412,9 @@ impl Policy {
             access: access::Identities::compile(access, &mut problems),
             ..Policy::default()
         };
+        policy.allowed = (0..policy.access.tenant_count())
+            .map(|_| AtomicU64::new(0))
+            .collect();
         let mut ids = HashMap::new();
         for (index, rc) in rules.iter().enumerate() {
             let line = rc.id.referenced.line();
@@ -419,7 +616,7 @@ impl Policy {
                 mode: rc.mode,
                 message: rc.message.clone(),
                 kind: kinds.pop().expect("one kind"),
-                counters: Counters::default(),
+                counters: Counters::new(policy.access.tenant_count()),
             });
             if global {
                 policy.global.push(rule_index);
@@ -467,7 +664,7 @@ impl Policy {
         }
         let namespace = self.access.namespace(client.tenant);
         if self.rules.is_empty() && namespace.is_none() {
-            return Verdict::Allow;
+            return self.allow(client);
         }
         let spec = commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1)));
         // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then adds its
@@ -513,7 +710,7 @@ impl Policy {
         if let Some(prefix) = namespace {
             let scripts = |sha: &[u8]| self.access.script_allowed(sha);
             return match namespace::apply(prefix, spec, line, rewrite, &scripts) {
-                Ok(rw) if rw.command.is_none() && rw.after.is_empty() => Verdict::Allow,
+                Ok(rw) if rw.command.is_none() && rw.after.is_empty() => self.allow(client),
                 Ok(rw) => Verdict::Rewrite(rw),
                 Err(reason) => Verdict::Refuse(simple_error(
                     "NOPERM",
@@ -526,7 +723,7 @@ impl Policy {
         }
         match rewrite {
             Some(rw) => Verdict::Rewrite(rw),
-            None => Verdict::Allow,
+            None => self.allow(client),
         }
     }
 
@@ -600,17 +797,17 @@ impl Policy {
             return self.rate_limit(rule, limiter, *per, client);
         }
         if let Kind::StreamMaxLen(n) = &rule.kind {
-            return rewritten(rule, spec, stream_cap(spec, line, *n)?);
+            return rewritten(rule, spec, client, stream_cap(spec, line, *n)?);
         }
         if let Kind::Ttl(t) = &rule.kind {
             return match t.apply(spec, line) {
                 ttl::TtlAction::Keep => None,
-                ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, "NOPERM", reason),
-                ttl::TtlAction::Rewrite(rw) => rewritten(rule, spec, rw),
+                ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, client, "NOPERM", reason),
+                ttl::TtlAction::Rewrite(rw) => rewritten(rule, spec, client, rw),
             };
         }
         let (code, reason) = violation(&rule.kind, spec, line)?;
-        self.refuse(rule, spec, code, reason)
+        self.refuse(rule, spec, client, code, reason)
     }
 
     /// Refuses (enforce) or logs and counts (audit).
@@ -618,18 +815,19 @@ impl Policy {
         &self,
         rule: &Rule,
         spec: &'static CommandSpec,
+        client: &Client,
         code: &'static str,
         reason: String,
     ) -> Option<Verdict> {
         match rule.mode {
             Mode::Audit => {
-                rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                rule.counters.add(client.tenant, Outcome::Audited);
                 tracing::info!(rule = %rule.id, command = %spec.name, %reason, "policy audit: would refuse");
                 None
             }
             Mode::Enforce => {
-                rule.counters.denied.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(rule = %rule.id, command = %spec.name, %reason, "policy refused");
+                rule.counters.add(client.tenant, Outcome::Denied);
+                self.log_denial(&rule.id, spec.name, client, Outcome::Denied);
                 let text = match &rule.message {
                     Some(m) => format!("policy {}: {reason}; {m}", rule.id),
                     None => format!("policy {}: {reason}", rule.id),
@@ -677,12 +875,13 @@ impl Policy {
         let text = ratelimit::refusal(&rule.id, limiter.limit(), retry_after);
         match rule.mode {
             Mode::Audit => {
-                rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+                rule.counters.add(client.tenant, Outcome::Audited);
                 tracing::info!(rule = %rule.id, "policy audit: would rate-limit");
                 None
             }
             Mode::Enforce => {
-                rule.counters.denied.fetch_add(1, Ordering::Relaxed);
+                rule.counters.add(client.tenant, Outcome::RateLimited);
+                self.log_denial(&rule.id, "-", client, Outcome::RateLimited);
                 let text = match &rule.message {
                     Some(m) => format!("{text}; {m}"),
                     None => text,
@@ -785,15 +984,20 @@ fn violation<L: CommandLine + ?Sized>(
 }
 
 /// A rewrite by `rule`: forwarded (enforce), or logged and counted only (audit).
-fn rewritten(rule: &Rule, spec: &CommandSpec, rw: ttl::Rewrite) -> Option<Verdict> {
+fn rewritten(
+    rule: &Rule,
+    spec: &CommandSpec,
+    client: &Client,
+    rw: ttl::Rewrite,
+) -> Option<Verdict> {
     match rule.mode {
         Mode::Audit => {
-            rule.counters.audited.fetch_add(1, Ordering::Relaxed);
+            rule.counters.add(client.tenant, Outcome::Audited);
             tracing::info!(rule = %rule.id, command = %spec.name, change = %rw.note, "policy audit: would rewrite");
             None
         }
         Mode::Enforce => {
-            rule.counters.rewritten.fetch_add(1, Ordering::Relaxed);
+            rule.counters.add(client.tenant, Outcome::Rewritten);
             Some(Verdict::Rewrite(rw))
         }
     }
@@ -938,13 +1142,7 @@ mod tests {
             "-NOPERM policy deny-keys: KEYS is not allowed; KEYS blocks the server; use SCAN\r\n"
         );
         assert_eq!(check(&p, "GET k"), Verdict::Allow);
-        assert_eq!(
-            p.counters("deny-keys")
-                .unwrap()
-                .denied
-                .load(Ordering::Relaxed),
-            1
-        );
+        assert_eq!(p.counters("deny-keys").unwrap().total(Outcome::Denied), 1);
     }
 
     #[test]
@@ -958,13 +1156,7 @@ mod tests {
         assert_eq!(check(&p, "FLUSHALL ASYNC"), Verdict::Allow);
         // Audit: allowed, counted (CONFIG GET above is @admin too).
         assert_eq!(check(&p, "DEBUG SLEEP 0"), Verdict::Allow);
-        assert_eq!(
-            p.counters("danger")
-                .unwrap()
-                .audited
-                .load(Ordering::Relaxed),
-            2
-        );
+        assert_eq!(p.counters("danger").unwrap().total(Outcome::Audited), 2);
     }
 
     #[test]

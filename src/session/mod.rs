@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
@@ -26,8 +27,10 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command::{self, ClientSub, Kind};
+use crate::commands::CommandSpec;
 use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
-use crate::policy::{Client, Policy, Verdict};
+use crate::metrics::CommandOutcome;
+use crate::policy::{Client, Outcome, Policy, Verdict};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply};
@@ -53,6 +56,8 @@ pub struct Context {
     /// The rules every command is checked against before it is routed; swapped whole on
     /// reload.
     pub policy: Arc<ArcSwap<Policy>>,
+    /// Metrics, slow log and reload, shared with the admin endpoint and `PROXY` commands.
+    pub ops: crate::server::Ops,
 }
 
 /// Bytes of push frames (pub/sub messages) a session may hold unwritten.
@@ -74,8 +79,14 @@ enum Slot {
     /// A reply the proxy made, written once everything before it is written.
     Local(Bytes),
     /// `commands` replies coming from upstream as one `Reply::Batch`; dropped unwritten when
-    /// the client switched replies off.
-    Upstream { commands: u32, handling: Handling },
+    /// the client switched replies off. `read_at` (when the batch's bytes were read) and
+    /// `name` (its first command) feed the latency histogram and the slow log.
+    Upstream {
+        commands: u32,
+        handling: Handling,
+        read_at: Instant,
+        name: Option<&'static CommandSpec>,
+    },
 }
 
 /// How the replies of one upstream slot are treated.
@@ -210,6 +221,8 @@ struct Run {
     owned: Option<BytesMut>,
     /// Which frames the client sees, once a hidden command joined the run.
     mask: Option<Vec<bool>>,
+    /// The run's first command, for the slow log.
+    first: Option<&'static CommandSpec>,
 }
 
 impl Run {
@@ -333,6 +346,10 @@ struct Session {
     closing: bool,
     /// Request processing paused until in-flight commands on the other target are answered.
     paused: bool,
+    /// When the bytes being processed were read: the start of client-observed latency.
+    read_at: Instant,
+    /// The command (or first of the run) the next `send` carries, for the slow log.
+    batch_name: Option<&'static CommandSpec>,
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
@@ -380,13 +397,17 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         out_permits: 0,
         closing: *shutdown.borrow(),
         paused: false,
+        read_at: Instant::now(),
+        batch_name: None,
     };
     let (rd, mut wr) = stream.split();
     loop {
         if !s.out.is_empty() {
+            let bytes: usize = s.out.iter().map(Bytes::len).sum();
             if write_all(&mut wr, &mut s.out).await.is_err() {
                 break;
             }
+            s.ctx.ops.metrics.bytes_out.inc_by(bytes as u64);
             if s.out_permits > 0 {
                 s.push_budget.add_permits(s.out_permits as usize);
                 s.out_permits = 0;
@@ -438,7 +459,9 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                         s.dedicated = None;
                     }
                 }
-                Ok(_) => {
+                Ok(n) => {
+                    s.read_at = Instant::now();
+                    s.ctx.ops.metrics.bytes_in.inc_by(n as u64);
                     s.process().await;
                     s.release_idle_buffer();
                 }
@@ -541,17 +564,12 @@ impl Session {
                 Ok(crate::ratelimit::Decision::Allowed { .. }) => {}
                 Ok(crate::ratelimit::Decision::Limited { retry_after }) => {
                     if check.audit {
-                        check
-                            .counters
-                            .audited
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        check.counters.add(client.tenant, Outcome::Audited);
                         tracing::info!(rule = %check.rule, "policy audit: would rate-limit");
                         continue;
                     }
-                    check
-                        .counters
-                        .denied
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    check.counters.add(client.tenant, Outcome::RateLimited);
+                    policy.log_denial(check.rule, "-", &client, Outcome::RateLimited);
                     let text = crate::ratelimit::refusal(check.rule, &check.limit, retry_after);
                     let text = match check.message {
                         Some(m) => format!("{text}; {m}"),
@@ -606,7 +624,13 @@ impl Session {
                 missing,
                 error,
             } => {
-                let Some(Slot::Upstream { commands, handling }) = self.slots.pop_front() else {
+                let Some(Slot::Upstream {
+                    commands,
+                    handling,
+                    read_at,
+                    name,
+                }) = self.slots.pop_front()
+                else {
                     // Replies always match the oldest upstream slot; anything else is a bug we
                     // must not turn into a misattributed reply.
                     tracing::error!(id = self.id, "upstream reply without a waiting slot");
@@ -617,6 +641,7 @@ impl Session {
                 if self.inflight == 0 {
                     self.inflight_target = None;
                 }
+                self.observe(read_at, commands, name);
                 let (data, missing) = match &handling.mask {
                     None => (data, missing),
                     Some(mask) => apply_mask(data, commands - missing, mask),
@@ -665,6 +690,22 @@ impl Session {
                     self.closing = true;
                 }
             }
+        }
+    }
+
+    /// Records the latency of an answered upstream batch: histogram, and slow log above its
+    /// threshold.
+    fn observe(&self, read_at: Instant, commands: u32, name: Option<&'static CommandSpec>) {
+        let took = read_at.elapsed();
+        let ops = &self.ctx.ops;
+        ops.metrics
+            .request_duration
+            .observe_n(took, u64::from(commands));
+        if ops.slowlog.is_slow(took) {
+            ops.metrics.slow_commands.inc();
+            let others = commands.saturating_sub(1);
+            let name = name.map_or("(unknown)", |s| s.name);
+            ops.slowlog.record(took, name, others, self.peer);
         }
     }
 
@@ -750,6 +791,11 @@ impl Session {
                 }
                 Decoded::Command { len } => {
                     let base = run.len;
+                    let spec = {
+                        let frame = &self.rbuf[base..base + len];
+                        let arg = |i: usize| self.args.get(i).map(|r| &frame[r.clone()]);
+                        arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
+                    };
                     let mut action = self.decide(&self.rbuf[base..base + len]);
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                         && self.policy.has_shared_limits()
@@ -780,8 +826,20 @@ impl Session {
                         }
                         other => Err(other),
                     };
+                    let metrics = &self.ctx.ops.metrics;
                     match joining {
                         Ok((target, effect, rewrite)) => {
+                            metrics.command(
+                                crate::metrics::class_of(spec),
+                                if rewrite.is_some() {
+                                    CommandOutcome::Rewritten
+                                } else {
+                                    CommandOutcome::Forwarded
+                                },
+                            );
+                            if run.first.is_none() {
+                                run.first = spec;
+                            }
                             if target == Target::Dedicated && !self.ensure_dedicated(false).await {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
@@ -817,8 +875,26 @@ impl Session {
                             self.apply(effect);
                         }
                         Err(action) => {
+                            let outcome = match &action {
+                                Action::Forward { .. } => CommandOutcome::Forwarded,
+                                Action::Rewritten { .. } => CommandOutcome::Rewritten,
+                                Action::Refused(_) => CommandOutcome::Refused,
+                                _ => CommandOutcome::Local,
+                            };
+                            let closes = matches!(action, Action::LocalThenClose(_));
                             self.flush_run(&mut run).await;
-                            if !self.execute(action, len).await {
+                            self.batch_name = spec;
+                            let before = self.rbuf.len();
+                            // Boxed: the path for commands that cannot join a run (MULTI,
+                            // SUBSCRIBE, refusals, local replies) carries the largest futures,
+                            // which would otherwise sit in every session's state.
+                            let done = Box::pin(self.execute(action, len)).await;
+                            // Counted once dispatched: a paused command is decided again.
+                            if done || closes || self.rbuf.len() != before {
+                                let class = crate::metrics::class_of(spec);
+                                self.ctx.ops.metrics.command(class, outcome);
+                            }
+                            if !done {
                                 break;
                             }
                         }
@@ -857,6 +933,7 @@ impl Session {
             mask: run.mask,
             ..Handling::default()
         };
+        self.batch_name = run.first;
         self.send(target, bytes, Expect::Frames(run.frames), handling)
             .await;
     }
@@ -878,7 +955,12 @@ impl Session {
         };
         match sent {
             Ok(()) => {
-                self.slots.push_back(Slot::Upstream { commands, handling });
+                self.slots.push_back(Slot::Upstream {
+                    commands,
+                    handling,
+                    read_at: self.read_at,
+                    name: self.batch_name,
+                });
                 self.inflight += commands as usize;
                 self.inflight_target = Some(target);
             }
@@ -1218,18 +1300,21 @@ mod size_tests {
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (_stop, shutdown) = watch::channel(false);
         let config = crate::Config::default();
+        let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
+        let ops = crate::server::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
-            pool: Pool::start(&config).unwrap(),
+            pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
             codec: CodecLimits::default(),
             max_inflight: 16,
             max_query_buffer: 1 << 20,
             upstream_user: None,
             upstream_password: None,
             shutdown,
-            policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
+            policy,
+            ops,
         });
         let fut = serve(client, ctx, 1);
-        // Measured 2128 bytes; rare, large futures (dedicated connect, HELLO wait) are boxed.
+        // Measured 2096 bytes; rare, large futures (dedicated connect, HELLO wait) are boxed.
         assert!(
             std::mem::size_of_val(&fut) <= 2560,
             "{}",

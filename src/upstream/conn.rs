@@ -8,6 +8,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -16,6 +17,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::handshake::UpstreamStream;
 use super::{Batch, Expect, Reply, ReplySender};
 use crate::error::UpstreamError;
+use crate::metrics::Metrics;
 use crate::reply::{self, PubSubFrame, SubKind};
 
 /// Writes smaller than this are copied into the coalescing buffer; larger ones are written
@@ -50,6 +52,8 @@ struct Pending {
     /// Reply frames received so far.
     got: u32,
     reply_to: ReplySender,
+    /// When the batch was queued for writing, for the upstream round-trip histogram.
+    sent: Instant,
 }
 
 /// Per-connection pub/sub state, needed to frame replies on a subscribed connection.
@@ -75,15 +79,16 @@ pub async fn run(
     rx: &mut mpsc::Receiver<Batch>,
     addr: &Arc<str>,
     push: Option<PushTarget>,
+    metrics: Option<Arc<Metrics>>,
 ) -> String {
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
-            run_split(r, w, rx, addr, push).await
+            run_split(r, w, rx, addr, push, metrics).await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
-            run_split(r, w, rx, addr, push).await
+            run_split(r, w, rx, addr, push, metrics).await
         }
     }
 }
@@ -94,6 +99,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     rx: &mut mpsc::Receiver<Batch>,
     addr: &Arc<str>,
     push: Option<PushTarget>,
+    metrics: Option<Arc<Metrics>>,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
     let mut reader = Reader {
@@ -102,6 +108,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         pubsub: PubSub::default(),
         push,
+        metrics,
     };
     let reason = tokio::select! {
         r = write_loop(w, rx, &pending) => match r {
@@ -158,6 +165,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 total: None,
                 got: 0,
                 reply_to: batch.reply_to,
+                sent: Instant::now(),
             });
             if batch.bytes.len() >= COPY_LIMIT {
                 if !buf.is_empty() {
@@ -197,6 +205,9 @@ struct Reader {
     pubsub: PubSub,
     /// Where out-of-band frames go; `None` on shared connections, which never subscribe.
     push: Option<PushTarget>,
+    /// Counts error replies, and round trips on shared connections (a dedicated one carries
+    /// blocking commands, whose wait is not the upstream's latency).
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Reader {
@@ -248,11 +259,20 @@ impl Reader {
             }
             head.got += 1;
             self.pos = start + len;
+            if let Some(m) = &self.metrics {
+                if self.rbuf[start] == b'-' {
+                    m.upstream_error_replies.inc();
+                }
+            }
             if head.got >= total {
                 let Some(head) = queue.pop_front() else {
                     return Err("reply queue changed underneath".to_string());
                 };
                 drop(queue);
+                if let (Some(m), None) = (&self.metrics, &self.push) {
+                    m.upstream_duration
+                        .observe_n(head.sent.elapsed(), u64::from(total));
+                }
                 let data = if self.acc.is_empty() {
                     self.rbuf.split_to(self.pos).freeze()
                 } else {

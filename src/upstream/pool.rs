@@ -14,9 +14,12 @@ use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
 use crate::error::UpstreamError;
+use crate::metrics::Metrics;
 
 /// The shared connections to one upstream node.
 pub struct Pool {
+    /// Connection states, errors and round trips are counted here.
+    metrics: Arc<Metrics>,
     /// The node and how to log in to it.
     spec: Arc<NodeSpec>,
     /// Queues of the shared connections, indexed by RESP version (0: RESP2, 1: RESP3), so a
@@ -34,7 +37,7 @@ pub struct Pool {
 impl Pool {
     /// Creates the pool and starts its supervisors; must run inside a tokio runtime. Fails
     /// only when the TLS files cannot be used (validation has already checked them once).
-    pub fn start(config: &Config) -> Result<Arc<Pool>, String> {
+    pub fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Pool>, String> {
         let u = &config.upstream;
         let host = u.address.value.rsplit_once(':').map_or("", |(h, _)| h);
         let tls = u.tls.as_ref().map(|t| tls::build(t, host)).transpose()?;
@@ -63,6 +66,7 @@ impl Pool {
                     rx,
                     hello_tx[index].clone(),
                     backoff,
+                    metrics.clone(),
                 ));
             }
         }
@@ -74,8 +78,10 @@ impl Pool {
             control_rx,
             Arc::new(control_hello),
             backoff,
+            metrics.clone(),
         ));
         Ok(Arc::new(Pool {
+            metrics,
             spec,
             shared,
             hello: [hello2, hello3],
@@ -129,13 +135,18 @@ impl Pool {
         push: PushTarget,
         raw: bool,
     ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
-        let (stream, _) = handshake::connect(&self.spec, (!raw).then_some(proto)).await?;
+        let (stream, _) = handshake::connect(&self.spec, (!raw).then_some(proto))
+            .await
+            .inspect_err(|_| {
+                self.metrics.upstream_connect_errors.inc();
+            })?;
         let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
         let addr = self.spec.addr.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let to = push.to.clone();
             let conn_id = push.conn_id;
-            let reason = conn::run(stream, &mut rx, &addr, Some(push)).await;
+            let reason = conn::run(stream, &mut rx, &addr, Some(push), Some(metrics)).await;
             tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
             rx.close();
             while let Some(b) = rx.recv().await {
@@ -163,22 +174,33 @@ async fn supervise(
     mut rx: mpsc::Receiver<Batch>,
     hello: Arc<watch::Sender<Option<Bytes>>>,
     (min_backoff, max_backoff): (Duration, Duration),
+    metrics: Arc<Metrics>,
 ) {
     let mut backoff = min_backoff;
+    let mut was_up = false;
     loop {
         let reason: Arc<str> = match handshake::connect(&spec, Some(proto)).await {
             Ok((stream, reply)) => {
                 hello.send_replace(Some(reply));
                 tracing::info!(upstream = %spec.addr, proto, "shared upstream connection up");
                 backoff = min_backoff;
-                let reason = conn::run(stream, &mut rx, &spec.addr, None).await;
+                metrics.upstream_connections.inc();
+                if was_up {
+                    metrics.upstream_reconnects.inc();
+                }
+                was_up = true;
+                let reason =
+                    conn::run(stream, &mut rx, &spec.addr, None, Some(metrics.clone())).await;
+                metrics.upstream_connections.dec();
                 if rx.is_closed() {
                     return;
                 }
+                metrics.upstream_lost.inc();
                 tracing::warn!(upstream = %spec.addr, %reason, "shared upstream connection lost");
                 reason.into()
             }
             Err(e) => {
+                metrics.upstream_connect_errors.inc();
                 tracing::warn!(upstream = %spec.addr, error = %e, "upstream connect failed");
                 match e {
                     UpstreamError::Unavailable { reason, .. } => reason,

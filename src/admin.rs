@@ -1,0 +1,140 @@
+//! The admin HTTP endpoint: `GET /metrics` (Prometheus), `/healthz` (the process serves) and
+//! `/readyz` (an upstream connection is up and a policy is loaded).
+//!
+//! Hand-written on tokio rather than a web framework: three fixed GET routes, one request per
+//! connection, no bodies. `httparse` does the parsing; what remains is bounded reading and one
+//! write, far less than the dependency tree of an HTTP server stack. Every connection is bounded
+//! in size (8 KiB of request head) and time (5 s), so a scraper that misbehaves cannot hold
+//! memory or tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Largest request head read; scrapers send a few hundred bytes.
+const MAX_HEAD: usize = 8 * 1024;
+/// Time a client has to send its request and read the answer.
+const DEADLINE: Duration = Duration::from_secs(5);
+/// Connections served at once; the rest wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Serves the admin endpoint until `stop` flips to `true`.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "admin endpoint: /metrics /healthz /readyz");
+    }
+    loop {
+        let permit = tokio::select! {
+            _ = stopped(&mut stop) => return,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let stream = tokio::select! {
+            _ = stopped(&mut stop) => return,
+            a = listener.accept() => match a {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, &metrics)).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Resolves once the proxy stops (or the sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// Reads one request head and writes the response.
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let (status, content_type, body) = loop {
+        let mut chunk = [0u8; 1024];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                break route(request.method, request.path, metrics);
+            }
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
+            Ok(httparse::Status::Partial) => {
+                break (431, TEXT, "request header too large\n".to_string());
+            }
+            Err(e) => break (400, TEXT, format!("bad request: {e}\n")),
+        }
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        reason(status),
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+/// What `prometheus_client` renders (OpenMetrics text), which Prometheus reads natively.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn route(
+    method: Option<&str>,
+    path: Option<&str>,
+    metrics: &Metrics,
+) -> (u16, &'static str, String) {
+    if method != Some("GET") {
+        return (405, TEXT, "only GET\n".into());
+    }
+    let path = path.unwrap_or("/");
+    let path = path.split('?').next().unwrap_or(path);
+    match path {
+        "/metrics" => (200, OPENMETRICS, metrics.render()),
+        "/healthz" => (200, TEXT, "ok\n".into()),
+        "/readyz" => {
+            let up = metrics.upstream_connections.get();
+            if up > 0 {
+                (200, TEXT, format!("ready: {up} upstream connections up\n"))
+            } else {
+                (503, TEXT, "not ready: no upstream connection\n".into())
+            }
+        }
+        _ => (
+            404,
+            TEXT,
+            "not found; try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}

@@ -1,0 +1,489 @@
+//! Prometheus metrics. Every handle is registered once at start and stored here, so a command
+//! pays a few relaxed atomic adds (no label lookup, no lock); the policy's per-rule counters
+//! live in the engine and are read at scrape time ([`PolicyCollector`]).
+//!
+//! Labels are bounded by construction: command classes and outcomes are fixed lists, rules and
+//! tenants come from the policy file. Nothing is ever labelled by key or client address.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+
+use crate::commands::{AclCategories as A, CommandSpec};
+use crate::policy::Policy;
+
+/// Command classes: Redis's command groups, told apart by ACL category.
+pub const CLASSES: [&str; 18] = [
+    "string",
+    "hash",
+    "list",
+    "set",
+    "sorted_set",
+    "stream",
+    "pubsub",
+    "transactions",
+    "scripting",
+    "connection",
+    "server",
+    "generic",
+    "geo",
+    "hyperloglog",
+    "bitmap",
+    "cluster",
+    "other",
+    "unknown",
+];
+
+/// What happened to a command at the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandOutcome {
+    /// Sent upstream as the client wrote it.
+    Forwarded,
+    /// Sent upstream as the policy rewrote it.
+    Rewritten,
+    /// Answered with a policy (or protocol-state) error.
+    Refused,
+    /// Answered by the proxy itself (HELLO, CLIENT ID, QUIT…).
+    Local,
+}
+
+const OUTCOME_NAMES: [&str; 4] = ["forwarded", "rewritten", "refused", "local"];
+
+/// Index into [`CLASSES`] for a command; `None` (unknown to the table) is `unknown`.
+pub fn class_of(spec: Option<&CommandSpec>) -> usize {
+    let Some(spec) = spec else {
+        return CLASSES.len() - 1;
+    };
+    let c = spec.acl_categories;
+    // Type categories first (GEO commands are also @sortedset, BITFIELD also @string…), then
+    // the categories of commands that touch no data type.
+    let order: [(A, usize); 15] = [
+        (A::GEO, 12),
+        (A::HYPERLOGLOG, 13),
+        (A::BITMAP, 14),
+        (A::STREAM, 5),
+        (A::HASH, 1),
+        (A::LIST, 2),
+        (A::SORTEDSET, 4),
+        (A::SET, 3),
+        (A::STRING, 0),
+        (A::PUBSUB, 6),
+        (A::TRANSACTION, 7),
+        (A::SCRIPTING, 8),
+        (A::CONNECTION, 9),
+        (A::KEYSPACE, 11),
+        (A::ADMIN, 10),
+    ];
+    for (category, class) in order {
+        if c.contains(category) {
+            return class;
+        }
+    }
+    if spec.name.starts_with("cluster") || matches!(spec.name, "readonly" | "readwrite" | "asking")
+    {
+        15
+    } else if c.contains(A::DANGEROUS) || spec.name.contains('|') {
+        10
+    } else {
+        16
+    }
+}
+
+/// Histogram bucket bounds, in microseconds: 50 µs to 10 s, for a proxy whose commands take
+/// tens of microseconds on loopback and whose slow tail is an upstream in trouble.
+const BUCKETS_US: [u64; 17] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+/// A latency histogram of plain atomics: `observe_n` is three relaxed adds, where the
+/// library's histogram takes a lock per observation. Buckets are cumulated when scraped.
+/// Clones share the counts (one is registered, the other observed).
+#[derive(Debug, Default, Clone)]
+pub struct LatencyHistogram {
+    cells: Arc<HistogramCells>,
+}
+
+#[derive(Debug, Default)]
+struct HistogramCells {
+    /// Observations per bucket (not cumulative); the last one is `+Inf`.
+    buckets: [AtomicU64; BUCKETS_US.len() + 1],
+    /// Sum of observations, in nanoseconds.
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl LatencyHistogram {
+    /// Records `n` observations of `d` (the commands of one batch share its latency).
+    pub fn observe_n(&self, d: Duration, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let c = &*self.cells;
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let i = BUCKETS_US.partition_point(|&b| b < us);
+        c.buckets[i].fetch_add(n, Ordering::Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        c.sum_ns.fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
+        c.count.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.cells.count.load(Ordering::Relaxed)
+    }
+}
+
+impl EncodeMetric for LatencyHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let mut buckets: Vec<(f64, u64)> = BUCKETS_US
+            .iter()
+            .map(|&us| us as f64 / 1e6)
+            .chain([f64::MAX])
+            .zip(&self.cells.buckets)
+            .map(|(bound, n)| (bound, n.load(Ordering::Relaxed)))
+            .collect();
+        // The count is read after the buckets, so it is never below their total.
+        let total: u64 = buckets.iter().map(|b| b.1).sum();
+        let count = self.cells.count.load(Ordering::Relaxed).max(total);
+        if let Some(last) = buckets.last_mut() {
+            last.1 += count - total;
+        }
+        let sum = self.cells.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Every metric of one proxy instance (tests run several in one process, so nothing is
+/// global).
+#[derive(Debug)]
+pub struct Metrics {
+    /// What `/metrics` renders.
+    registry: Registry,
+    /// `commands[class][outcome]`, pre-registered for every pair.
+    commands: Vec<[Counter; 4]>,
+    /// Client-observed latency of forwarded commands: read to reply ready.
+    pub request_duration: LatencyHistogram,
+    /// Round trip of each upstream batch: written to last reply read.
+    pub upstream_duration: LatencyHistogram,
+    /// Shared upstream connections established now.
+    pub upstream_connections: Gauge,
+    /// Shared upstream connections re-established after a loss.
+    pub upstream_reconnects: Counter,
+    /// Failed attempts to connect (and handshake) upstream.
+    pub upstream_connect_errors: Counter,
+    /// Established upstream connections lost.
+    pub upstream_lost: Counter,
+    /// Error replies Redis sent (forwarded to clients).
+    pub upstream_error_replies: Counter,
+    /// Cluster redirections followed, by kind (cluster mode).
+    pub redirections_moved: Counter,
+    /// See `redirections_moved`.
+    pub redirections_ask: Counter,
+    /// Clients connected now.
+    pub clients: Gauge,
+    /// Clients accepted since start.
+    pub clients_total: Counter,
+    /// Clients refused at accept (max clients).
+    pub clients_rejected: Counter,
+    /// Request bytes read from clients.
+    pub bytes_in: Counter,
+    /// Reply bytes written to clients.
+    pub bytes_out: Counter,
+    /// Policy reloads that took effect.
+    pub reloads_ok: Counter,
+    /// Policy reloads refused (the running policy stayed).
+    pub reloads_failed: Counter,
+    /// Commands slower than the slow log threshold.
+    pub slow_commands: Counter,
+    /// For uptime in INFO.
+    pub started: Instant,
+}
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+impl Metrics {
+    /// Registers every metric; `policy` is read at each scrape for the per-rule counters.
+    pub fn new(policy: Arc<ArcSwap<Policy>>) -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("rpp");
+        let commands_family = Family::<Labels, Counter>::default();
+        registry.register(
+            "commands",
+            "Commands by class (Redis command group) and outcome at the proxy",
+            commands_family.clone(),
+        );
+        let commands = CLASSES
+            .iter()
+            .map(|class| {
+                OUTCOME_NAMES.map(|outcome| {
+                    commands_family
+                        .get_or_create(&vec![("class", *class), ("outcome", outcome)])
+                        .clone()
+                })
+            })
+            .collect();
+        let request_duration = LatencyHistogram::default();
+        registry.register(
+            "request_duration_seconds",
+            "Client-observed latency of forwarded commands: from reading the command to its reply being ready to write",
+            request_duration.clone(),
+        );
+        let upstream_duration = LatencyHistogram::default();
+        registry.register(
+            "upstream_duration_seconds",
+            "Upstream round trip of each batch of commands",
+            upstream_duration.clone(),
+        );
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let counter = |registry: &mut Registry, name: &str, help: &str| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        };
+        let labelled =
+            |registry: &mut Registry, name: &str, help: &str, label, values: [&'static str; 2]| {
+                let family = Family::<Labels, Counter>::default();
+                registry.register(name, help, family.clone());
+                values.map(|v| family.get_or_create(&vec![(label, v)]).clone())
+            };
+        let upstream_connections = gauge(
+            &mut registry,
+            "upstream_connections",
+            "Shared upstream connections established",
+        );
+        let upstream_reconnects = counter(
+            &mut registry,
+            "upstream_reconnects",
+            "Shared upstream connections re-established after a loss",
+        );
+        let [upstream_connect_errors, upstream_lost] = labelled(
+            &mut registry,
+            "upstream_errors",
+            "Upstream connection failures: connect (connect or handshake failed), lost (an established connection ended)",
+            "kind",
+            ["connect", "lost"],
+        );
+        let upstream_error_replies = counter(
+            &mut registry,
+            "upstream_error_replies",
+            "Error replies from Redis, forwarded to clients",
+        );
+        let [redirections_moved, redirections_ask] = labelled(
+            &mut registry,
+            "upstream_redirections",
+            "Cluster redirections followed (MOVED, ASK)",
+            "kind",
+            ["moved", "ask"],
+        );
+        let clients = gauge(&mut registry, "client_connections", "Clients connected");
+        let clients_total = counter(
+            &mut registry,
+            "client_connections",
+            "Clients accepted since start",
+        );
+        let clients_rejected = counter(
+            &mut registry,
+            "client_connections_rejected",
+            "Clients refused at accept because max_clients was reached",
+        );
+        let bytes_in = counter(
+            &mut registry,
+            "client_bytes_received",
+            "Request bytes read from clients",
+        );
+        let bytes_out = counter(
+            &mut registry,
+            "client_bytes_sent",
+            "Reply bytes written to clients",
+        );
+        let [reloads_ok, reloads_failed] = labelled(
+            &mut registry,
+            "config_reloads",
+            "Policy reloads by result; a failed one keeps the running policy",
+            "result",
+            ["ok", "failed"],
+        );
+        let slow_commands = counter(
+            &mut registry,
+            "slow_commands",
+            "Commands slower than the slow log threshold",
+        );
+        registry.register_collector(Box::new(PolicyCollector { policy }));
+        Arc::new(Metrics {
+            registry,
+            commands,
+            request_duration,
+            upstream_duration,
+            upstream_connections,
+            upstream_reconnects,
+            upstream_connect_errors,
+            upstream_lost,
+            upstream_error_replies,
+            redirections_moved,
+            redirections_ask,
+            clients,
+            clients_total,
+            clients_rejected,
+            bytes_in,
+            bytes_out,
+            reloads_ok,
+            reloads_failed,
+            slow_commands,
+            started: Instant::now(),
+        })
+    }
+
+    /// Counts one command of `class` (see [`class_of`]).
+    #[inline]
+    pub fn command(&self, class: usize, outcome: CommandOutcome) {
+        self.commands[class][outcome as usize].inc();
+    }
+
+    /// Commands counted for a class and outcome (tests, INFO).
+    pub fn commands(&self, class: &str, outcome: CommandOutcome) -> u64 {
+        CLASSES
+            .iter()
+            .position(|c| *c == class)
+            .map_or(0, |i| self.commands[i][outcome as usize].get())
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Reads the running policy's counters at scrape time: they reset when a reload swaps the
+/// policy, which Prometheus's `rate()` and `increase()` handle as counter resets.
+#[derive(Debug)]
+struct PolicyCollector {
+    policy: Arc<ArcSwap<Policy>>,
+}
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let policy = self.policy.load();
+        let info = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor(
+            "policy_info",
+            "The running policy: version is a hash of the policy file",
+            None,
+            MetricType::Gauge,
+        )?;
+        info.encode(family.encode_family(&[("version", policy.version())])?)?;
+        let mut family = encoder.encode_descriptor(
+            "policy_decisions",
+            "Policy decisions by rule, tenant and outcome (rule \"-\": commands every rule let through unchanged)",
+            None,
+            MetricType::Counter,
+        )?;
+        let mut result = Ok(());
+        policy.for_each_counter(|rule, tenant, outcome, value| {
+            if result.is_err() {
+                return;
+            }
+            let labels = [
+                ("rule", rule),
+                ("tenant", tenant),
+                ("outcome", outcome.name()),
+            ];
+            result = family
+                .encode_family(&labels)
+                .and_then(|m| ConstCounter::new(value).encode(m));
+        });
+        result?;
+        let build = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor(
+            "build_info",
+            "Version of the proxy binary",
+            None,
+            MetricType::Gauge,
+        )?;
+        build.encode(family.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::lookup;
+
+    #[test]
+    fn classes_follow_redis_command_groups() {
+        let class = |name: &str| CLASSES[class_of(lookup(name.as_bytes(), None))];
+        assert_eq!(class("get"), "string");
+        assert_eq!(class("hset"), "hash");
+        assert_eq!(class("zadd"), "sorted_set");
+        assert_eq!(class("geoadd"), "geo");
+        assert_eq!(class("pfadd"), "hyperloglog");
+        assert_eq!(class("setbit"), "bitmap");
+        assert_eq!(class("xadd"), "stream");
+        assert_eq!(class("subscribe"), "pubsub");
+        assert_eq!(class("multi"), "transactions");
+        assert_eq!(class("evalsha"), "scripting");
+        assert_eq!(class("hello"), "connection");
+        assert_eq!(class("del"), "generic");
+        assert_eq!(class("flushall"), "generic");
+        let config_get = lookup(b"config", Some(b"get"));
+        assert_eq!(CLASSES[class_of(config_get)], "server");
+        assert_eq!(class("cluster"), "cluster");
+        assert_eq!(CLASSES[class_of(None)], "unknown");
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_a_sum_in_seconds() {
+        let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
+        let m = Metrics::new(policy);
+        m.request_duration.observe_n(Duration::from_micros(70), 3);
+        m.request_duration.observe_n(Duration::from_secs(20), 1);
+        m.command(0, CommandOutcome::Forwarded);
+        let text = m.render();
+        assert!(
+            text.contains("rpp_request_duration_seconds_count 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpp_request_duration_seconds_bucket{le=\"0.00005\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpp_request_duration_seconds_bucket{le=\"0.0001\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpp_request_duration_seconds_bucket{le=\"+Inf\"} 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpp_request_duration_seconds_sum 20.00021"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpp_commands_total{class=\"string\",outcome=\"forwarded\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("rpp_build_info{version="), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
