@@ -203,7 +203,7 @@ proxy_config=""
 proxy_log=""
 launch_proxy() {
     RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$bin" --config "$proxy_config" \
-        --listen "127.0.0.1:$1" --upstream "127.0.0.1:$redis_port" 2>>"$proxy_log" &
+        --listen "127.0.0.1:$1" --upstream "127.0.0.1:$redis_port" --admin off 2>>"$proxy_log" &
     launched_pid=$!
 }
 for name in proxy-passthrough proxy-default; do

@@ -33,6 +33,10 @@ pub enum Kind {
     Quit,
     Reset,
     Monitor,
+    /// INFO: the upstream's answer gains the proxy's own `# Proxy` section.
+    Info,
+    /// PROXY …: the proxy's own admin commands (not a Redis command).
+    Proxy,
 }
 
 /// Longest command name worth looking up; longer names are unknown to this table.
@@ -69,6 +73,8 @@ pub fn classify(name: &[u8]) -> Kind {
         b"QUIT" => Kind::Quit,
         b"RESET" => Kind::Reset,
         b"MONITOR" => Kind::Monitor,
+        b"INFO" => Kind::Info,
+        b"PROXY" => Kind::Proxy,
         _ => Kind::Plain,
     }
 }

@@ -148,10 +148,16 @@ fn main() -> ExitCode {
                     .join("; "),
             )
         })?;
+        // Not fatal: client traffic matters more than metrics. The error is logged, and
+        // `/readyz` being unreachable makes an orchestrator notice.
         let admin = match config.admin.listen_addr() {
-            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("admin endpoint {addr}: {e}"))
-            })?),
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(%addr, error = %e, "admin endpoint not started (admin.listen)");
+                    None
+                }
+            },
             None => None,
         };
         let policy = Arc::new(ArcSwap::from_pointee(policy));

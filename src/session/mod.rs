@@ -9,6 +9,7 @@
 //! dedicated waits until the other side has answered everything, so commands still run in the
 //! order the client sent them.
 
+mod proxy_commands;
 mod replies;
 mod route;
 
@@ -102,6 +103,8 @@ struct Handling {
     mask: Option<Vec<bool>>,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
+    /// INFO: append the proxy's section to the upstream's text.
+    info: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
     /// client sees.
     exec_mask: Option<Vec<bool>>,
@@ -152,6 +155,8 @@ enum Effect {
     /// CLIENT INFO: the reply describes the upstream connection; rewrite it to describe the
     /// client (id, name, addresses).
     ClientInfo,
+    /// INFO asking for the default sections (or `proxy`): append the `# Proxy` section.
+    Info,
     /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
     /// answer EXECABORT, as Redis does after a command rejected at queue time.
     AbortExec,
@@ -531,6 +536,7 @@ impl Effect {
                 | Effect::Auth
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
+                | Effect::Info
                 | Effect::AbortExec
                 | Effect::EndMulti
         )
@@ -654,6 +660,8 @@ impl Session {
                     filter_exec(data, mask)
                 } else if handling.client_info && error.is_none() {
                     self.rewrite_client_info(data)
+                } else if handling.info && error.is_none() {
+                    replies::append_to_text(data, &self.proxy_info())
                 } else {
                     data
                 };
@@ -1164,6 +1172,7 @@ impl Session {
             blocking,
             mask,
             client_info: effect == Effect::ClientInfo,
+            info: effect == Effect::Info,
             replace,
             exec_mask,
             strip,
@@ -1239,7 +1248,7 @@ impl Session {
     /// Applies the state change of a dispatched command.
     fn apply(&mut self, effect: Effect) {
         match effect {
-            Effect::None | Effect::Blocking | Effect::Wait | Effect::ClientInfo => {}
+            Effect::None | Effect::Blocking | Effect::Wait | Effect::ClientInfo | Effect::Info => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
             Effect::Multi => self.in_multi = true,
             Effect::EndMulti => {

@@ -57,19 +57,8 @@ impl Session {
     /// name, addresses and protocol. Other fields (age, buffers…) stay the upstream
     /// connection's.
     pub(super) fn rewrite_client_info(&self, data: Bytes) -> Bytes {
-        let verbatim = match data.first() {
-            Some(b'$') => false,
-            Some(b'=') => true,
-            _ => return data,
-        };
-        let Some(nl) = memchr::memchr(b'\n', &data) else {
+        let Some((verbatim, body)) = text_of(&data) else {
             return data;
-        };
-        let text = &data[nl + 1..data.len().saturating_sub(2)];
-        let body = if verbatim {
-            text.get(4..).unwrap_or(b"")
-        } else {
-            text
         };
         let body = body.strip_suffix(b"\n").unwrap_or(body);
         let mut fields: Vec<u8> = Vec::with_capacity(body.len() + 32);
@@ -90,16 +79,51 @@ impl Session {
             }
         }
         fields.push(b'\n');
-        let mut out = Vec::with_capacity(fields.len() + 24);
-        if verbatim {
-            out.extend_from_slice(format!("={}\r\ntxt:", fields.len() + 4).as_bytes());
-        } else {
-            out.extend_from_slice(format!("${}\r\n", fields.len()).as_bytes());
-        }
-        out.extend_from_slice(&fields);
-        out.extend_from_slice(b"\r\n");
-        Bytes::from(out)
+        text_reply(verbatim, &fields)
     }
+}
+
+/// The text of a bulk (`$`) or verbatim (`=`, RESP3) string reply, and which it was.
+fn text_of(data: &[u8]) -> Option<(bool, &[u8])> {
+    let verbatim = match data.first() {
+        Some(b'$') => false,
+        Some(b'=') => true,
+        _ => return None,
+    };
+    let nl = memchr::memchr(b'\n', data)?;
+    let text = data.get(nl + 1..data.len().checked_sub(2)?)?;
+    Some((verbatim, if verbatim { text.get(4..)? } else { text }))
+}
+
+/// `text` as a reply of the same kind `text_of` found.
+fn text_reply(verbatim: bool, text: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(text.len() + 24);
+    if verbatim {
+        out.extend_from_slice(format!("={}\r\ntxt:", text.len() + 4).as_bytes());
+    } else {
+        out.extend_from_slice(format!("${}\r\n", text.len()).as_bytes());
+    }
+    out.extend_from_slice(text);
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+/// An INFO reply with `section` appended after Redis's sections (separated by a blank line,
+/// as Redis separates its own); anything but a text reply is returned as is.
+pub(super) fn append_to_text(data: Bytes, section: &str) -> Bytes {
+    let Some((verbatim, body)) = text_of(&data) else {
+        return data;
+    };
+    let mut text = Vec::with_capacity(body.len() + section.len() + 4);
+    text.extend_from_slice(body);
+    if !text.is_empty() && !text.ends_with(b"\r\n\r\n") {
+        if !text.ends_with(b"\r\n") {
+            text.extend_from_slice(b"\r\n");
+        }
+        text.extend_from_slice(b"\r\n");
+    }
+    text.extend_from_slice(section.as_bytes());
+    text_reply(verbatim, &text)
 }
 
 /// The upstream's HELLO reply with its `id` value replaced by this client's id, so HELLO and

@@ -19,6 +19,10 @@ impl Session {
                 return Action::Refused(simple_error("NOAUTH", "Authentication required."));
             }
         }
+        // The proxy's own commands are not Redis commands: no policy rule applies to them.
+        if args.get(0).eq_ignore_ascii_case(b"PROXY") {
+            return Action::Local(self.proxy_command(&args), LocalEffect::None);
+        }
         let mut rewrite = None;
         if !self.policy.is_empty() {
             let client = Client {
@@ -78,6 +82,18 @@ impl Session {
         let kind = command::classify(args.get(0));
         match kind {
             Kind::Plain => forward(current, Effect::None),
+            Kind::Info => {
+                // Sections named explicitly (`INFO memory`) are Redis's alone; the default
+                // set, `all`, `everything` and `proxy` include the proxy's.
+                let ours = args.len() == 1
+                    || args.iter().skip(1).any(|a| {
+                        [&b"default"[..], b"all", b"everything", b"proxy"]
+                            .iter()
+                            .any(|s| a.eq_ignore_ascii_case(s))
+                    });
+                forward(current, if ours { Effect::Info } else { Effect::None })
+            }
+            Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
             Kind::Blocking => forward(Target::Dedicated, Effect::Blocking),
             Kind::Wait => forward(Target::Dedicated, Effect::Wait),
             Kind::StreamRead => {
@@ -325,7 +341,7 @@ impl Session {
 }
 
 /// Arguments of the command being decided, as slices of its frame.
-struct Args<'a> {
+pub(super) struct Args<'a> {
     /// The command's bytes; the ranges index into it.
     frame: &'a [u8],
     ranges: &'a [Range<usize>],
@@ -341,11 +357,11 @@ impl crate::policy::CommandLine for Args<'_> {
 }
 
 impl<'a> Args<'a> {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.ranges.len()
     }
 
-    fn get(&self, i: usize) -> &'a [u8] {
+    pub(super) fn get(&self, i: usize) -> &'a [u8] {
         let r = &self.ranges[i];
         &self.frame[r.start..r.end]
     }

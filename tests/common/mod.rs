@@ -660,6 +660,37 @@ impl Drop for RedisServer {
 // Proxy fixture
 // ---------------------------------------------------------------------------------------------
 
+/// `GET path` over HTTP/1.1 (the admin endpoint): status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .expect("connect to admin endpoint");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut out))
+        .await
+        .expect("admin endpoint answered in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
+}
+
+/// The value of one sample in a Prometheus text exposition (`name{labels}` exactly as
+/// rendered), 0 when absent.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A configuration pointing at `upstream` with defaults otherwise.
 pub fn config_for(upstream: &str) -> Config {
     let mut config = Config::default();
@@ -670,6 +701,8 @@ pub fn config_for(upstream: &str) -> Config {
 /// The proxy served by `redis_policy_proxy::run` on the test's runtime.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The admin endpoint (/metrics, /healthz, /readyz), on its own free port.
+    pub admin: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -716,14 +749,22 @@ impl Proxy {
     pub async fn spawn(mut config: Config) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let admin = admin_listener.local_addr().unwrap();
         config.set_listen(addr.to_string());
         let (tx, rx) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = rx.await;
         };
-        let task = tokio::spawn(redis_policy_proxy::run(listener, config, shutdown));
+        let task = tokio::spawn(redis_policy_proxy::run_with_admin(
+            listener,
+            admin_listener,
+            config,
+            shutdown,
+        ));
         Proxy {
             addr,
+            admin,
             shutdown: Some(tx),
             task: Some(task),
         }

@@ -1,0 +1,197 @@
+//! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | HELP`, for admin
+//! tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
+
+use std::fmt::Write;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::route::Args;
+use super::*;
+use crate::policy::Outcome;
+
+const HELP: &[&str] = &[
+    "PROXY <subcommand> [<arg> ...]. Subcommands are:",
+    "INFO",
+    "    The proxy's section of INFO: version, uptime, clients, policy version, rule counters.",
+    "POLICY",
+    "    The running policy: its version and, per rule, its counters by outcome.",
+    "RELOAD",
+    "    Reload the policy file now (as SIGHUP does); replies with the new version or the problems.",
+    "SLOWLOG GET [<count>] | LEN | RESET",
+    "    Batches slower than admin.slowlog_threshold_us (command names only, never values).",
+    "HELP",
+    "    Print this help.",
+];
+
+impl Session {
+    /// Answers a PROXY command.
+    pub(super) fn proxy_command(&self, args: &Args<'_>) -> Bytes {
+        if !self.policy.access.is_admin(self.tenant) {
+            return simple_error(
+                "NOPERM",
+                "PROXY commands are for admin tenants (access.admin_tenants)",
+            );
+        }
+        let sub = if args.len() > 1 { args.get(1) } else { b"" };
+        let upper = sub.to_ascii_uppercase();
+        match (upper.as_slice(), args.len()) {
+            (b"INFO", 2) => bulk(self.proxy_info().as_bytes()),
+            (b"POLICY", 2) => bulk(self.policy_report().as_bytes()),
+            (b"RELOAD", 2) => match &self.ctx.ops.reload {
+                Some(reload) => match reload() {
+                    Ok(version) => simple(&format!("OK policy version {version}")),
+                    Err(problems) => simple_error(
+                        "ERR",
+                        &format!("reload failed, the running policy stays: {problems}"),
+                    ),
+                },
+                None => simple_error("ERR", "no policy file to reload (started without --config)"),
+            },
+            (b"SLOWLOG", _) => self.slowlog_command(args),
+            (b"HELP", 2) => {
+                let mut out = BytesMut::new();
+                out.put_slice(format!("*{}\r\n", HELP.len()).as_bytes());
+                for line in HELP {
+                    out.put_slice(format!("+{line}\r\n").as_bytes());
+                }
+                out.freeze()
+            }
+            _ => simple_error(
+                "ERR",
+                &format!(
+                    "unknown subcommand or wrong number of arguments for '{}'. Try PROXY HELP.",
+                    String::from_utf8_lossy(sub)
+                ),
+            ),
+        }
+    }
+
+    fn slowlog_command(&self, args: &Args<'_>) -> Bytes {
+        let log = &self.ctx.ops.slowlog;
+        let op = if args.len() > 2 {
+            args.get(2).to_ascii_uppercase()
+        } else {
+            b"GET".to_vec()
+        };
+        match (op.as_slice(), args.len()) {
+            (b"LEN", 3) => Bytes::from(format!(":{}\r\n", log.len())),
+            (b"RESET", 3) => {
+                log.reset();
+                Bytes::from_static(b"+OK\r\n")
+            }
+            (b"GET", 2..=4) => {
+                let count = match args.len() {
+                    4 => match codec::parse_int(args.get(3)) {
+                        Some(n) if n >= -1 => usize::try_from(n).unwrap_or(usize::MAX),
+                        _ => {
+                            return simple_error(
+                                "ERR",
+                                "count should be greater than or equal to -1",
+                            );
+                        }
+                    },
+                    _ => 10,
+                };
+                // Redis's SLOWLOG GET shape: id, unix time, microseconds, arguments, client
+                // address, client name. Arguments are the command name only.
+                let entries = log.latest(count);
+                let mut out = BytesMut::new();
+                out.put_slice(format!("*{}\r\n", entries.len()).as_bytes());
+                for e in entries {
+                    out.put_slice(
+                        format!(
+                            "*6\r\n:{}\r\n:{}\r\n:{}\r\n",
+                            e.id,
+                            e.at,
+                            e.duration.as_micros()
+                        )
+                        .as_bytes(),
+                    );
+                    let mut argv = vec![e.command.clone()];
+                    if e.others > 0 {
+                        argv.push(format!("(+{} more in the same batch)", e.others));
+                    }
+                    out.put_slice(format!("*{}\r\n", argv.len()).as_bytes());
+                    for a in argv {
+                        codec::put_bulk(&mut out, a.as_bytes());
+                    }
+                    codec::put_bulk(&mut out, e.client.to_string().as_bytes());
+                    codec::put_bulk(&mut out, b"");
+                }
+                out.freeze()
+            }
+            _ => simple_error("ERR", "PROXY SLOWLOG GET [<count>] | LEN | RESET"),
+        }
+    }
+
+    /// The `# Proxy` section: INFO's `field:value` lines.
+    pub(super) fn proxy_info(&self) -> String {
+        let m = &self.ctx.ops.metrics;
+        let mut s = String::with_capacity(512);
+        let _ = write!(
+            s,
+            "# Proxy\r\nproxy_version:{}\r\nproxy_uptime_in_seconds:{}\r\nproxy_connected_clients:{}\r\nproxy_upstream:{}\r\nproxy_upstream_connections:{}\r\nproxy_policy_version:{}\r\nproxy_policy_rules:{}\r\n",
+            env!("CARGO_PKG_VERSION"),
+            m.started.elapsed().as_secs(),
+            m.clients.get(),
+            self.ctx.pool.addr(),
+            m.upstream_connections.get(),
+            self.policy.version(),
+            self.policy.rule_ids().count(),
+        );
+        for (id, counts) in self.rule_counts() {
+            let _ = write!(s, "proxy_rule_{id}:");
+            for (i, (outcome, n)) in counts.iter().enumerate() {
+                let sep = if i > 0 { "," } else { "" };
+                let _ = write!(s, "{sep}{}={n}", outcome.name());
+            }
+            s.push_str("\r\n");
+        }
+        s
+    }
+
+    /// The running policy and its counters, one rule per line.
+    fn policy_report(&self) -> String {
+        let mut s = format!("version: {}\n", self.policy.version());
+        for (id, counts) in self.rule_counts() {
+            let _ = write!(s, "rule {id}:");
+            for (outcome, n) in counts {
+                let _ = write!(s, " {}={n}", outcome.name());
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Every rule with its counts over all tenants, in file order.
+    fn rule_counts(&self) -> Vec<(String, Vec<(Outcome, u64)>)> {
+        let mut rules: Vec<(String, Vec<(Outcome, u64)>)> = self
+            .policy
+            .rule_ids()
+            .map(|id| {
+                (
+                    id.to_string(),
+                    Outcome::OF_RULES.iter().map(|&o| (o, 0)).collect(),
+                )
+            })
+            .collect();
+        self.policy.for_each_counter(|rule, _tenant, outcome, n| {
+            if let Some((_, counts)) = rules.iter_mut().find(|(id, _)| id == rule) {
+                if let Some(c) = counts.iter_mut().find(|(o, _)| *o == outcome) {
+                    c.1 += n;
+                }
+            }
+        });
+        rules
+    }
+}
+
+fn bulk(text: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(text.len() + 16);
+    codec::put_bulk(&mut out, text);
+    out.freeze()
+}
+
+fn simple(text: &str) -> Bytes {
+    Bytes::from(format!("+{text}\r\n"))
+}
