@@ -503,3 +503,108 @@ async fn explain_shows_a_tenants_view() {
         r.stdout
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("jsonlog");
+    let dir = tmp.path();
+    let file = write_file(
+        dir,
+        "policy.yaml",
+        "rules:\n  - id: no-KEYS\n    deny: [KEYS]\n",
+    );
+    let log_path = dir.join("proxy.log");
+    let mut last = String::new();
+    for _ in 0..5 {
+        let (port, admin_port) = (free_port(), free_port());
+        let (listen, admin) = (
+            format!("127.0.0.1:{port}"),
+            format!("127.0.0.1:{admin_port}"),
+        );
+        let log = std::fs::File::create(&log_path).unwrap();
+        let args = [
+            "--config",
+            path_str(&file),
+            "--listen",
+            &listen,
+            "--upstream",
+            &redis.addr(),
+            "--admin",
+            &admin,
+            "--log-format",
+            "json",
+        ];
+        let mut server = Server::spawn_logging(&args, log);
+        if let Err(e) = server.wait_ready(port).await {
+            last = e;
+            continue;
+        }
+        let admin: std::net::SocketAddr = admin.parse().unwrap();
+        let out = redis_cli(port, &["KEYS", "secret-key-name*"]).await;
+        assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
+
+        // One JSON object per line; the denial is a structured event without the key.
+        let until = Instant::now() + DEADLINE;
+        let denial = loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let events: Vec<serde_json::Value> = log
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+                .collect();
+            if let Some(e) = events
+                .iter()
+                .find(|e| e["message"] == "policy denied a command")
+            {
+                assert!(
+                    !log.contains("secret-key-name"),
+                    "a key reached the log: {log}"
+                );
+                break e.clone();
+            }
+            assert!(Instant::now() < until, "no denial event: {log}");
+            tokio::time::sleep(POLL).await;
+        };
+        assert_eq!(denial["rule"], "no-KEYS", "{denial}");
+        assert_eq!(denial["command"], "keys", "{denial}");
+        assert_eq!(denial["tenant"], "default", "{denial}");
+        assert_eq!(denial["client"], "127.0.0.1", "{denial}");
+        assert_eq!(denial["level"], "WARN", "{denial}");
+
+        // A broken file on SIGHUP: counted as a failed reload, the old rules stay.
+        let before = http_get(admin, "/metrics").await.1;
+        let version = before
+            .lines()
+            .find(|l| l.starts_with("rpp_policy_info{"))
+            .unwrap()
+            .to_string();
+        write_file(
+            dir,
+            "policy.yaml",
+            "rules:\n  - id: x\n    deny: [NOSUCHCOMMAND]\n",
+        );
+        server.signal("-HUP");
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let text = http_get(admin, "/metrics").await.1;
+            if sample(&text, r#"rpp_config_reloads_total{result="failed"}"#) >= 1.0 {
+                assert!(
+                    text.contains(&version),
+                    "the policy version changed:\n{text}"
+                );
+                assert_eq!(
+                    sample(&text, r#"rpp_config_reloads_total{result="ok"}"#),
+                    0.0
+                );
+                break;
+            }
+            assert!(Instant::now() < until, "no failed reload counted:\n{text}");
+            tokio::time::sleep(POLL).await;
+        }
+        let out = redis_cli(port, &["KEYS", "*"]).await;
+        assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
+        assert!(server.terminate().await.success());
+        return;
+    }
+    panic!("could not start the binary: {last}");
+}
