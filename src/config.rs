@@ -46,6 +46,9 @@ pub struct Config {
     pub access: crate::policy::config::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
     pub admin: AdminConfig,
+    /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
+    /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
+    pub log_level: Located<String>,
     /// Identifies this version of the file in metrics and INFO: a hash of its text (`builtin`
     /// without a file). Computed, never read from the YAML.
     #[serde(skip)]
@@ -98,6 +101,7 @@ impl Default for Config {
             rules: Vec::new(),
             access: Default::default(),
             admin: AdminConfig::default(),
+            log_level: located("info".to_string()),
             version: "builtin".to_string(),
         }
     }
@@ -324,6 +328,12 @@ impl Config {
             &self.admin.listen.referenced,
             "admin.listen",
             "must be an IP:port such as 127.0.0.1:9121, or off",
+        );
+        check(
+            tracing_subscriber::EnvFilter::try_new(&self.log_level.value).is_ok(),
+            &self.log_level.referenced,
+            "log_level",
+            "must be a level (error, warn, info, debug, trace) or tracing directives",
         );
         check(
             self.admin.slowlog_max_len.value <= 100_000,

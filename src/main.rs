@@ -57,21 +57,28 @@ enum LogFormat {
     Json,
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Logs to stderr in `format`; `RUST_LOG` wins over `level` (the file's `log_level`).
+fn init_logging(format: LogFormat, level: &str) {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr);
-    match cli.log_format {
+    match format {
         // One JSON object per line, fields flattened, for log shippers.
         LogFormat::Json => logs.json().flatten_event(true).init(),
         // Colour codes only on a terminal, not in files, journald or container logs.
         LogFormat::Text => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.check.is_some() || cli.explain.is_some() {
+        init_logging(cli.log_format, "warn");
     }
 
     if let Some(path) = &cli.check {
@@ -119,6 +126,7 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(EXIT_CONFIG);
     }
+    init_logging(cli.log_format, &config.log_level.value);
 
     // One worker runs on tokio's current-thread scheduler: no work stealing and no cross-thread
     // wake-ups, which is what a proxy sharing a small host with Redis wants (docs/performance.md).
@@ -241,6 +249,17 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
 /// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
 /// Returns the new version, or every problem.
 fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<String, String> {
+    // An empty file is valid at start (all defaults), but on reload it is far more likely a
+    // file caught mid-rewrite than an operator dropping every rule.
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        metrics.reloads_failed.inc();
+        let why = format!(
+            "{}: the file is empty; keeping the running policy",
+            path.display()
+        );
+        tracing::error!(file = %path.display(), "reload failed: the file is empty; keeping the running policy");
+        return Err(why);
+    }
     match Config::load(path).map(|c| Policy::from_config(&c)) {
         Ok(Ok(new)) => {
             let version = new.version().to_string();

@@ -293,9 +293,11 @@ impl Metrics {
             ["moved", "ask"],
         );
         let clients = gauge(&mut registry, "client_connections", "Clients connected");
+        // Not `client_connections_total`: a counter family may not share its name with the
+        // gauge above, or OpenMetrics parsers reject the whole scrape.
         let clients_total = counter(
             &mut registry,
-            "client_connections",
+            "client_connections_accepted",
             "Clients accepted since start",
         );
         let clients_rejected = counter(

@@ -12,8 +12,22 @@ use redis_policy_proxy::Config;
 /// A proxy in front of `redis` with `policy/default.yaml`, plus `extra` YAML appended (e.g. an
 /// `access:` section).
 async fn proxy_with_default_policy(redis: &RedisServer, extra: &str) -> Proxy {
+    proxy_with_default_policy_edited(redis, extra, ("", "")).await
+}
+
+/// Like `proxy_with_default_policy`, with one text replacement in the file first.
+async fn proxy_with_default_policy_edited(
+    redis: &RedisServer,
+    extra: &str,
+    (from, to): (&str, &str),
+) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path).unwrap() + extra;
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    if !from.is_empty() {
+        assert!(text.contains(from), "{from} not in default.yaml");
+        text = text.replace(from, to);
+    }
+    text += extra;
     let mut config = Config::from_yaml(&text, &path).expect("default policy parses");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
@@ -88,7 +102,17 @@ async fn metrics_count_commands_policy_decisions_and_latency() {
     );
     assert!(series(r#"rpp_request_duration_seconds_bucket{le="+Inf"}"#) >= 3.0);
     assert!(series("rpp_client_connections") >= 1.0);
-    assert!(series("rpp_client_connections_total") >= 2.0);
+    assert!(series("rpp_client_connections_accepted_total") >= 2.0);
+    // Every family has one name: a gauge and a counter may not share it (OpenMetrics).
+    let mut families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    let n = families.len();
+    families.sort_unstable();
+    families.dedup();
+    assert_eq!(families.len(), n, "duplicate metric families:\n{text}");
     assert!(series("rpp_client_bytes_received_total") >= 60.0);
     assert!(series("rpp_client_bytes_sent_total") > 0.0);
     assert_eq!(
@@ -241,8 +265,9 @@ async fn info_gains_a_proxy_section_and_proxy_commands_serve_admins_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_batches_enter_the_slow_log() {
     let redis = RedisServer::start();
-    let admin = "admin:\n  slowlog_threshold_us: 0\naccess:\n  identities:\n    - tenant: ops\n      cidr: 127.0.0.1/32\n  admin_tenants: [ops]\n";
-    let proxy = proxy_with_default_policy(&redis, admin).await;
+    let admin = "access:\n  identities:\n    - tenant: ops\n      cidr: 127.0.0.1/32\n  admin_tenants: [ops]\n";
+    let every_batch = ("slowlog_threshold_us: 10000", "slowlog_threshold_us: 0");
+    let proxy = proxy_with_default_policy_edited(&redis, admin, every_batch).await;
     let mut c = Raw::connect(proxy.addr).await;
     // One multibulk pipeline: one batch upstream (inline commands are batched one by one).
     c.send(&resp_cmds(&["GET a", "GET b", "GET c"])).await;

@@ -231,6 +231,9 @@ pub struct Policy {
     allowed: Box<[AtomicU64]>,
     /// Bounds the denial events logged per second.
     denial_log: LogBudget,
+    /// Bounds the audit-mode events logged per second (an audited rule may match every
+    /// command).
+    audit_log: LogBudget,
     /// The policy file's version (a hash of its text), for metrics and INFO.
     version: String,
 }
@@ -339,7 +342,24 @@ impl Policy {
         )?;
         policy.version = config.version.clone();
         policy.denial_log.per_second = config.admin.denial_logs_per_second.value;
+        policy.audit_log.per_second = config.admin.denial_logs_per_second.value;
         Ok(policy)
+    }
+
+    /// Logs what an audit-mode rule would have done, under the same per-second budget as
+    /// denials (a separate one, so audits cannot crowd denials out).
+    pub fn log_audit(&self, rule: &str, command: &str, client: &Client, change: &str) {
+        if let Some(suppressed) = self.audit_log.take() {
+            tracing::info!(
+                rule,
+                tenant = self.access.tenant_name(client.tenant),
+                command,
+                client = %client.addr,
+                change,
+                suppressed,
+                "policy audit: the rule would have acted"
+            );
+        }
     }
 
     /// Logs one denial as a structured event (rule, tenant, command, client address; never
@@ -794,16 +814,16 @@ impl Policy {
             }
         }
         if let Kind::RateLimit { limiter, per } = &rule.kind {
-            return self.rate_limit(rule, limiter, *per, client);
+            return self.rate_limit(rule, limiter, *per, client, spec.name);
         }
         if let Kind::StreamMaxLen(n) = &rule.kind {
-            return rewritten(rule, spec, client, stream_cap(spec, line, *n)?);
+            return rewritten(self, rule, spec, client, stream_cap(spec, line, *n)?);
         }
         if let Kind::Ttl(t) = &rule.kind {
             return match t.apply(spec, line) {
                 ttl::TtlAction::Keep => None,
                 ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, client, "NOPERM", reason),
-                ttl::TtlAction::Rewrite(rw) => rewritten(rule, spec, client, rw),
+                ttl::TtlAction::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
             };
         }
         let (code, reason) = violation(&rule.kind, spec, line)?;
@@ -822,7 +842,7 @@ impl Policy {
         match rule.mode {
             Mode::Audit => {
                 rule.counters.add(client.tenant, Outcome::Audited);
-                tracing::info!(rule = %rule.id, command = %spec.name, %reason, "policy audit: would refuse");
+                self.log_audit(&rule.id, spec.name, client, &reason);
                 None
             }
             Mode::Enforce => {
@@ -843,6 +863,7 @@ impl Policy {
         limiter: &LocalLimiter<Arc<dyn Clock>>,
         per: Per,
         client: &Client,
+        command: &str,
     ) -> Option<Verdict> {
         let mut key = [0u8; 17];
         let key: &[u8] = match (per, client.addr) {
@@ -876,12 +897,12 @@ impl Policy {
         match rule.mode {
             Mode::Audit => {
                 rule.counters.add(client.tenant, Outcome::Audited);
-                tracing::info!(rule = %rule.id, "policy audit: would rate-limit");
+                self.log_audit(&rule.id, command, client, "would rate-limit");
                 None
             }
             Mode::Enforce => {
                 rule.counters.add(client.tenant, Outcome::RateLimited);
-                self.log_denial(&rule.id, "-", client, Outcome::RateLimited);
+                self.log_denial(&rule.id, command, client, Outcome::RateLimited);
                 let text = match &rule.message {
                     Some(m) => format!("{text}; {m}"),
                     None => text,
@@ -985,6 +1006,7 @@ fn violation<L: CommandLine + ?Sized>(
 
 /// A rewrite by `rule`: forwarded (enforce), or logged and counted only (audit).
 fn rewritten(
+    policy: &Policy,
     rule: &Rule,
     spec: &CommandSpec,
     client: &Client,
@@ -993,7 +1015,7 @@ fn rewritten(
     match rule.mode {
         Mode::Audit => {
             rule.counters.add(client.tenant, Outcome::Audited);
-            tracing::info!(rule = %rule.id, command = %spec.name, change = %rw.note, "policy audit: would rewrite");
+            policy.log_audit(&rule.id, spec.name, client, &rw.note);
             None
         }
         Mode::Enforce => {

@@ -417,7 +417,9 @@ fn strip_invalidate(prefix: &[u8], frame: &[u8]) -> Option<Vec<u8>> {
     let kind_len = crate::reply::scan(&frame[pos..]).ok()??;
     pos += kind_len;
     let keys = &frame[pos..];
-    if !keys.starts_with(b"*") {
+    // Only `[invalidate, keys]`: the key list must end the frame, or rebuilding it would drop
+    // the elements after it and leave the client a frame shorter than its header.
+    if !keys.starts_with(b"*") || crate::reply::scan(keys) != Ok(Some(keys.len())) {
         return None;
     }
     let stripped = strip_names(prefix, keys)?;
@@ -693,6 +695,18 @@ mod tests {
         let resp3 = [&b"%1\r\n$4\r\nt1:s\r\n"[..], entries].concat();
         let want3 = [&b"%1\r\n$1\r\ns\r\n"[..], entries].concat();
         assert_eq!(&streams.apply(&resp3)[..], &want3[..]);
+    }
+
+    #[test]
+    fn invalidations_with_extra_elements_pass_unchanged() {
+        // Found by fuzz/reply_rewrite: the rebuilt frame lost the element after the key list
+        // (`_` here) but kept the header `>3`, so the client's stream was desynchronized.
+        let frame = b">3\r\n$10\r\ninvalidate\r\n*1\r\n$4\r\nt1:k\r\n_\r\n";
+        let out = strip_pubsub(b"t1:", &Bytes::from_static(frame));
+        assert_eq!(&out[..], &frame[..]);
+        let usual = b">2\r\n$10\r\ninvalidate\r\n*2\r\n$4\r\nt1:k\r\n$3\r\nx:y\r\n";
+        let out = strip_pubsub(b"t1:", &Bytes::from_static(usual));
+        assert_eq!(&out[..], b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n");
     }
 
     #[test]

@@ -547,7 +547,7 @@ impl Session {
     /// Checks the Redis-counted rate limits for the command being decided, after every
     /// synchronous rule passed; `Some(refusal)` when one is exceeded. Redis unreachable: the
     /// limit is not applied (fail open, logged), as a limiter outage must not stop traffic.
-    async fn shared_limits(&mut self) -> Option<Bytes> {
+    async fn shared_limits(&mut self, command: &str) -> Option<Bytes> {
         let policy = self.policy.clone();
         let client = Client {
             id: self.id,
@@ -575,7 +575,7 @@ impl Session {
                         continue;
                     }
                     check.counters.add(client.tenant, Outcome::RateLimited);
-                    policy.log_denial(check.rule, "-", &client, Outcome::RateLimited);
+                    policy.log_denial(check.rule, command, &client, Outcome::RateLimited);
                     let text = crate::ratelimit::refusal(check.rule, &check.limit, retry_after);
                     let text = match check.message {
                         Some(m) => format!("{text}; {m}"),
@@ -808,7 +808,8 @@ impl Session {
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                         && self.policy.has_shared_limits()
                     {
-                        if let Some(refusal) = self.shared_limits().await {
+                        let command = spec.map_or("-", |s| s.name);
+                        if let Some(refusal) = self.shared_limits(command).await {
                             action = Action::Refused(refusal);
                         }
                     }
