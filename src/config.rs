@@ -129,6 +129,12 @@ pub struct UpstreamConfig {
     /// Commands queued per shared connection before clients wait; bounds memory when the
     /// upstream is slower than the clients.
     pub queue_depth: Located<usize>,
+    /// Longest wait for a reply on a shared connection before it is declared dead and its
+    /// unanswered commands get an error (a stopped or cut-off Redis must not hang clients);
+    /// 0 waits forever. Above Redis's own busy-script limit (5 s) so a slow script is not
+    /// mistaken for a dead server. Blocking commands run on dedicated connections and are
+    /// never cut.
+    pub command_timeout_ms: Located<u64>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
 }
@@ -162,6 +168,7 @@ impl Default for UpstreamConfig {
             reconnect_min_ms: located(50),
             reconnect_max_ms: located(2_000),
             queue_depth: located(1024),
+            command_timeout_ms: located(10_000),
             tls: None,
         }
     }

@@ -8,7 +8,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -80,15 +80,16 @@ pub async fn run(
     addr: &Arc<str>,
     push: Option<PushTarget>,
     metrics: Option<Arc<Metrics>>,
+    timeout: Option<Duration>,
 ) -> String {
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
-            run_split(r, w, rx, addr, push, metrics).await
+            run_split(r, w, rx, addr, push, metrics, timeout).await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
-            run_split(r, w, rx, addr, push, metrics).await
+            run_split(r, w, rx, addr, push, metrics, timeout).await
         }
     }
 }
@@ -100,6 +101,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     addr: &Arc<str>,
     push: Option<PushTarget>,
     metrics: Option<Arc<Metrics>>,
+    timeout: Option<Duration>,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
     let mut reader = Reader {
@@ -109,6 +111,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         pubsub: PubSub::default(),
         push,
         metrics,
+        timeout,
     };
     let reason = tokio::select! {
         r = write_loop(w, rx, &pending) => match r {
@@ -208,6 +211,10 @@ struct Reader {
     /// Counts error replies, and round trips on shared connections (a dedicated one carries
     /// blocking commands, whose wait is not the upstream's latency).
     metrics: Option<Arc<Metrics>>,
+    /// Longest wait for the oldest unanswered batch before the connection is declared dead
+    /// (a stopped or partitioned Redis would otherwise hang every client on it). Shared
+    /// connections only: dedicated ones carry blocking commands that may wait forever.
+    timeout: Option<Duration>,
 }
 
 impl Reader {
@@ -220,7 +227,25 @@ impl Reader {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
             }
-            match r.read_buf(&mut self.rbuf).await {
+            let read = match self.timeout {
+                None => r.read_buf(&mut self.rbuf).await,
+                // Wakes at least once per timeout to look at the oldest batch's age; reads are
+                // cancel-safe, so a wake-up loses nothing.
+                Some(t) => match tokio::time::timeout(t, r.read_buf(&mut self.rbuf)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        let stale = lock(pending).front().is_some_and(|p| p.sent.elapsed() >= t);
+                        if stale {
+                            return format!(
+                                "no reply within {} ms (upstream.command_timeout_ms)",
+                                t.as_millis()
+                            );
+                        }
+                        continue;
+                    }
+                },
+            };
+            match read {
                 Ok(0) => return "connection closed by upstream".to_string(),
                 Ok(_) => {}
                 Err(e) => return format!("read failed: {e}"),

@@ -52,6 +52,8 @@ impl Pool {
             Duration::from_millis(u.reconnect_min_ms.value),
             Duration::from_millis(u.reconnect_max_ms.value),
         );
+        let command_timeout = (u.command_timeout_ms.value > 0)
+            .then(|| Duration::from_millis(u.command_timeout_ms.value));
         let (hello2_tx, hello2) = watch::channel(None);
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
@@ -67,6 +69,7 @@ impl Pool {
                     hello_tx[index].clone(),
                     backoff,
                     metrics.clone(),
+                    command_timeout,
                 ));
             }
         }
@@ -79,6 +82,7 @@ impl Pool {
             Arc::new(control_hello),
             backoff,
             metrics.clone(),
+            command_timeout,
         ));
         Ok(Arc::new(Pool {
             metrics,
@@ -146,7 +150,7 @@ impl Pool {
         tokio::spawn(async move {
             let to = push.to.clone();
             let conn_id = push.conn_id;
-            let reason = conn::run(stream, &mut rx, &addr, Some(push), Some(metrics)).await;
+            let reason = conn::run(stream, &mut rx, &addr, Some(push), Some(metrics), None).await;
             tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
             rx.close();
             while let Some(b) = rx.recv().await {
@@ -175,6 +179,7 @@ async fn supervise(
     hello: Arc<watch::Sender<Option<Bytes>>>,
     (min_backoff, max_backoff): (Duration, Duration),
     metrics: Arc<Metrics>,
+    command_timeout: Option<Duration>,
 ) {
     let mut backoff = min_backoff;
     let mut was_up = false;
@@ -189,8 +194,15 @@ async fn supervise(
                     metrics.upstream_reconnects.inc();
                 }
                 was_up = true;
-                let reason =
-                    conn::run(stream, &mut rx, &spec.addr, None, Some(metrics.clone())).await;
+                let reason = conn::run(
+                    stream,
+                    &mut rx,
+                    &spec.addr,
+                    None,
+                    Some(metrics.clone()),
+                    command_timeout,
+                )
+                .await;
                 metrics.upstream_connections.dec();
                 if rx.is_closed() {
                     return;

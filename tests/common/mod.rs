@@ -575,6 +575,21 @@ impl RedisServer {
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.
+    /// Sends `signal` (e.g. `-STOP`, `-CONT`) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("server running")
+            .id()
+            .to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

@@ -1,0 +1,144 @@
+//! Upstream faults under load: a Redis that stops answering (SIGSTOP) or dies. Every command
+//! gets a reply (a result or a clear error) within the command timeout, nothing hangs, and
+//! every write the proxy acknowledged is in Redis afterwards.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, Proxy, Raw, RedisServer, config_for, resp, show};
+
+/// Pipelines `n` SETs of `key:i`, returns the indexes acknowledged with +OK and the number of
+/// error replies; panics if any reply is missing after the deadline (a hang).
+async fn pipeline_sets(proxy: &Proxy, tag: &str, n: usize) -> (Vec<usize>, usize) {
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut input = Vec::new();
+    for i in 0..n {
+        input.extend(resp(&["SET", &format!("{tag}:{i}"), "v"]));
+    }
+    c.send(&input).await;
+    let got = c.collect_frames(n, DEADLINE).await;
+    assert_eq!(
+        got.frames.len(),
+        n,
+        "replies missing (hung): {}",
+        show(&got.joined()[..200.min(got.joined().len())])
+    );
+    let mut acked = Vec::new();
+    let mut errors = 0;
+    for (i, f) in got.frames.iter().enumerate() {
+        if f == b"+OK\r\n" {
+            acked.push(i);
+        } else {
+            assert!(
+                f.starts_with(b"-ERR upstream"),
+                "unexpected reply: {}",
+                show(f)
+            );
+            errors += 1;
+        }
+    }
+    (acked, errors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_upstream_fails_commands_within_the_timeout_then_service_resumes() {
+    let redis = RedisServer::start();
+    let mut config = config_for(&redis.addr());
+    config.upstream.command_timeout_ms.value = 300;
+    let proxy = Proxy::start(config).await;
+    let (acked, _) = pipeline_sets(&proxy, "before", 1000).await;
+    assert_eq!(acked.len(), 1000);
+
+    redis.signal("-STOP");
+    let started = Instant::now();
+    let mut c = Raw::connect(proxy.addr).await;
+    let reply = c.call(&["SET", "during", "v"]).await;
+    let waited = started.elapsed();
+    assert!(
+        reply.starts_with(b"-ERR upstream") && show(&reply).contains("command_timeout_ms"),
+        "{}",
+        show(&reply)
+    );
+    assert!(
+        waited >= Duration::from_millis(250),
+        "answered before the timeout: {waited:?}"
+    );
+    redis.signal("-CONT");
+
+    // The shared connection reconnects; a fresh pipeline is served in full.
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (acked, errors) = pipeline_sets(&proxy, "after", 500).await;
+        if errors == 0 {
+            assert_eq!(acked.len(), 500);
+            break;
+        }
+        assert!(Instant::now() < until, "service never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every acknowledged write is there.
+    let mut direct = redis.raw().await;
+    for i in (0..1000).step_by(97) {
+        assert_eq!(
+            direct.call(&["EXISTS", &format!("before:{i}")]).await,
+            b":1\r\n"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_killed_mid_pipeline_loses_no_acknowledged_write() {
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let proxy = Proxy::to(&redis).await;
+    let writer = {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            let mut c = Raw::connect(addr).await;
+            let n = 20_000;
+            let mut input = Vec::new();
+            for i in 0..n {
+                input.extend(resp(&["SET", &format!("k:{i}"), "v"]));
+            }
+            c.send(&input).await;
+            c.collect_frames(n, DEADLINE * 2).await.frames
+        })
+    };
+    // Kill Redis while the pipeline is in flight (it takes a while with fsync always).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    redis.kill();
+    let frames = writer.await.unwrap();
+    assert_eq!(frames.len(), 20_000, "every command got a reply; none hung");
+    let acked: Vec<usize> = (0..frames.len())
+        .filter(|&i| frames[i] == b"+OK\r\n")
+        .collect();
+    let errors = frames.len() - acked.len();
+    for f in &frames {
+        assert!(
+            f == b"+OK\r\n" || f.starts_with(b"-ERR upstream"),
+            "{}",
+            show(f)
+        );
+    }
+    assert!(
+        errors > 0,
+        "the kill came too late to test anything ({} acked)",
+        acked.len()
+    );
+    // Replies stay in order: once one failed, none after it succeeded on that connection.
+    if let Some(first_error) = (0..frames.len()).find(|&i| frames[i] != b"+OK\r\n") {
+        assert!(
+            acked.iter().all(|&i| i < first_error),
+            "a reply out of order"
+        );
+    }
+    redis.restart();
+    let mut direct = redis.raw().await;
+    for &i in &acked {
+        assert_eq!(
+            direct.call(&["EXISTS", &format!("k:{i}")]).await,
+            b":1\r\n",
+            "acknowledged write k:{i} lost"
+        );
+    }
+}
