@@ -13,12 +13,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DEADLINE, POLL, Raw, RedisServer, TempDir, free_port, show};
-
-const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+use common::process::ProxyProcess;
+use common::{DEADLINE, POLL, Raw, RedisServer, TempDir, show};
 
 /// How long a reload may take to be visible: the proxy polls the file once a second, so the
 /// common deadline leaves room for a loaded CI machine.
@@ -69,83 +67,6 @@ impl ConfigMapVolume {
     }
 }
 
-/// The proxy binary as a child process, killed on drop so a failed assertion leaves nothing
-/// running.
-struct ProxyProcess {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl ProxyProcess {
-    /// Starts the binary with `--config policy` in front of `redis` on a free port, retrying
-    /// on another port when it loses the race for one.
-    async fn start(policy: &Path, redis: &RedisServer, log: PathBuf) -> ProxyProcess {
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port();
-            let log_file = std::fs::File::create(&log).expect("create the proxy log");
-            let child = Command::new(BIN)
-                .arg("--config")
-                .arg(policy)
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--upstream", &redis.addr()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log_file)
-                .spawn()
-                .expect("spawn redis-policy-proxy");
-            let mut proxy = ProxyProcess {
-                child,
-                port,
-                log: log.clone(),
-            };
-            match proxy.wait_ready().await {
-                Ok(()) => return proxy,
-                Err(e) => last = e,
-            }
-        }
-        panic!("could not start redis-policy-proxy: {last}");
-    }
-
-    /// Polls PING until it answers PONG, within the deadline; `Err` if the process exited
-    /// first (e.g. its port was taken meanwhile).
-    async fn wait_ready(&mut self) -> Result<(), String> {
-        let until = Instant::now() + DEADLINE;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("exited early ({status}): {}", self.log_text()));
-            }
-            if let Some(mut c) = Raw::try_connect(self.addr(), DEADLINE).await {
-                c.send(b"PING\r\n").await;
-                let got = c.collect_frames(1, Duration::from_secs(2)).await;
-                if got.frames.first().is_some_and(|f| f == b"+PONG\r\n") {
-                    return Ok(());
-                }
-            }
-            if Instant::now() > until {
-                return Err(format!("no PONG within {DEADLINE:?}: {}", self.log_text()));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A policy with one rule, `no-<cmd>`, denying `cmd`. The admin endpoint is off: tests run in
 /// parallel and must not compete for its fixed default port.
 fn deny(cmd: &str) -> String {
@@ -186,7 +107,7 @@ async fn configmap_symlink_swaps_reload_the_policy_and_a_broken_version_keeps_th
     std::fs::create_dir(&volume_dir).expect("create the volume directory");
     let mut volume = ConfigMapVolume::new(&volume_dir, "v1", &deny("KEYS"));
     let log = tmp.path().join("proxy.log");
-    let proxy = ProxyProcess::start(&volume.policy_path(), &redis, log.clone()).await;
+    let proxy = ProxyProcess::start(&volume.policy_path(), &redis, log.clone(), &[]).await;
 
     // Version 1 denies KEYS only: DBSIZE goes through to Redis.
     let mut c = Raw::connect(proxy.addr()).await;

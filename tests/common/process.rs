@@ -1,0 +1,106 @@
+//! The proxy binary as a separate process, for tests that need its own memory, signals or
+//! log.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{DEADLINE, POLL, Raw, RedisServer, free_port};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+/// The proxy binary as a child process, killed on drop so a failed assertion leaves nothing
+/// running.
+pub struct ProxyProcess {
+    child: Child,
+    /// The client port.
+    pub port: u16,
+    /// Where its stderr goes.
+    log: PathBuf,
+}
+
+impl ProxyProcess {
+    /// Starts the binary with `--config policy` in front of `redis` on a free port, plus
+    /// `extra` arguments, retrying on another port when it loses the race for one.
+    pub async fn start(
+        policy: &Path,
+        redis: &RedisServer,
+        log: PathBuf,
+        extra: &[&str],
+    ) -> ProxyProcess {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let log_file = std::fs::File::create(&log).expect("create the proxy log");
+            let child = Command::new(BIN)
+                .arg("--config")
+                .arg(policy)
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--upstream", &redis.addr()])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log_file)
+                .spawn()
+                .expect("spawn redis-policy-proxy");
+            let mut proxy = ProxyProcess {
+                child,
+                port,
+                log: log.clone(),
+            };
+            match proxy.wait_ready().await {
+                Ok(()) => return proxy,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start redis-policy-proxy: {last}");
+    }
+
+    /// Polls PING until it answers PONG, within the deadline; `Err` if the process exited
+    /// first (e.g. its port was taken meanwhile).
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("exited early ({status}): {}", self.log_text()));
+            }
+            if let Some(mut c) = Raw::try_connect(self.addr(), DEADLINE).await {
+                c.send(b"PING\r\n").await;
+                let got = c.collect_frames(1, Duration::from_secs(2)).await;
+                if got.frames.first().is_some_and(|f| f == b"+PONG\r\n") {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > until {
+                return Err(format!("no PONG within {DEADLINE:?}: {}", self.log_text()));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Resident memory of the process, in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("proxy process status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc status")
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
