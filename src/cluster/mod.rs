@@ -1,6 +1,6 @@
 //! Redis Cluster upstreams: the pieces the router is built from.
 //!
-//! - [`slot`]: key → hash slot, exactly as Redis computes it (hash tags included).
+//! - [`slot`](mod@slot): key → hash slot, exactly as Redis computes it (hash tags included).
 //! - [`topology`]: the [`SlotMap`] (slot → shard of a primary and its replicas), built from
 //!   `CLUSTER SHARDS` or `CLUSTER SLOTS`, and [`Redirect`] (`-MOVED`/`-ASK` errors).
 //! - [`discover`]: asks the seeds in turn for the topology.
@@ -37,7 +37,12 @@ pub enum ClusterError {
     Upstream(#[from] UpstreamError),
     /// The connection failed or timed out after the handshake.
     #[error("{addr}: {reason}")]
-    Io { addr: Arc<str>, reason: String },
+    Io {
+        /// The node, so a discovery error says which seed did what.
+        addr: Arc<str>,
+        /// What failed, for the log and the error message.
+        reason: String,
+    },
     /// The reply is not well-formed RESP.
     #[error("invalid topology reply: {0}")]
     Decode(#[from] DecodeError),
@@ -171,6 +176,151 @@ async fn request<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+    use tokio::net::TcpListener;
+
+    const SLOTS_CAPTURE: &[u8] = include_bytes!("testdata/slots-resp2.resp");
+
+    /// Login settings with a short connect bound, as a test's seeds are local.
+    fn login(connect_timeout: Duration) -> NodeSpec {
+        NodeSpec {
+            addr: "unused".into(),
+            username: None,
+            password: None,
+            connect_timeout,
+            tls: None,
+        }
+    }
+
+    /// A fake node on a free port: answers HELLO, and `CLUSTER SHARDS`/`CLUSTER SLOTS` with
+    /// the given replies (`None`: never answer). Returns its address.
+    async fn fake_node(shards: Option<&'static [u8]>, slots: Option<&'static [u8]>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let mut chunk = [0u8; 1024];
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        let has = |word: &[u8]| buf.windows(word.len()).any(|w| w == word);
+                        let reply = if has(b"HELLO") {
+                            Some(&b"%0\r\n"[..])
+                        } else if has(b"SHARDS") {
+                            shards
+                        } else if has(b"SLOTS") {
+                            slots
+                        } else {
+                            continue;
+                        };
+                        buf.clear();
+                        match reply {
+                            Some(r) => {
+                                if conn.write_all(r).await.is_err() {
+                                    return;
+                                }
+                            }
+                            // Hold the connection open and silent.
+                            None => std::future::pending::<()>().await,
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn falls_back_to_cluster_slots_on_older_servers() {
+        let old = fake_node(
+            Some(b"-ERR Unknown subcommand or wrong number of arguments for 'SHARDS'. Try CLUSTER HELP.\r\n"),
+            Some(SLOTS_CAPTURE),
+        )
+        .await;
+        let map = discover(&[old], &login(Duration::from_secs(2)))
+            .await
+            .unwrap();
+        assert!(map.is_complete());
+        assert_eq!(&*map.slot_owner(0).unwrap().primary.addr, "127.0.0.1:30001");
+    }
+
+    #[tokio::test]
+    async fn other_refusals_do_not_fall_back() {
+        let denied = fake_node(
+            Some(b"-NOPERM this user has no permissions to run the 'cluster|shards' command\r\n"),
+            Some(SLOTS_CAPTURE),
+        )
+        .await;
+        let err = discover(
+            std::slice::from_ref(&denied),
+            &login(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(&denied) && err.contains("NOPERM"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_seed_costs_a_bounded_wait() {
+        // Accepts and completes the handshake, then never answers the topology query.
+        let silent = fake_node(None, None).await;
+        let answering = fake_node(
+            Some(b"-ERR unknown subcommand 'SHARDS'. Try CLUSTER HELP.\r\n"),
+            Some(SLOTS_CAPTURE),
+        )
+        .await;
+        let started = Instant::now();
+        let map = discover(
+            &[silent.clone(), answering],
+            &login(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+        assert!(map.is_complete());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        let err = discover(
+            std::slice::from_ref(&silent),
+            &login(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("no topology within 400 ms"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn best_partial_map_when_no_seed_is_complete() {
+        const PARTIAL: &[u8] = b"*1\r\n*3\r\n:0\r\n:99\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n";
+        let disabled = fake_node(
+            Some(b"-ERR This instance has cluster support disabled\r\n"),
+            None,
+        )
+        .await;
+        let partial = fake_node(Some(b"-ERR unknown command 'CLUSTER'\r\n"), Some(PARTIAL)).await;
+        let spec = login(Duration::from_secs(2));
+        let map = discover(&[disabled.clone(), partial], &spec).await.unwrap();
+        assert_eq!(map.covered(), 100);
+        let err = discover(std::slice::from_ref(&disabled), &spec)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("cluster support disabled"),
+            "{err}"
+        );
+        assert!(matches!(
+            discover(&[], &spec).await,
+            Err(ClusterError::NoSeeds)
+        ));
+    }
 
     #[test]
     fn unknown_command_errors_of_each_version() {
