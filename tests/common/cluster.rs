@@ -100,6 +100,13 @@ impl RedisCluster {
                 .args(["--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(self.dir.join(format!("nodes-{port}.conf")))
                 .args(["--cluster-node-timeout", "5000"])
+                // A replica is `loading` in CLUSTER SHARDS until its replication offset moves
+                // off zero, which on an idle primary happens at its next ping to replicas
+                // (every 10 s by default): ping every second so readiness comes quickly.
+                .args(["--repl-ping-replica-period", "1"])
+                // Redis waits 5 s for more replicas before a diskless full sync; here every
+                // replica attaches at once and the wait would only slow readiness.
+                .args(["--repl-diskless-sync-delay", "0"])
                 .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 .arg("--dir")
