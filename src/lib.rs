@@ -25,6 +25,8 @@
 //!   decides each command (policy verdict, then route), `session::replies` shapes replies
 //!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client).
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
+//! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
+//!   MOVED/ASK redirections, topology discovery from seed nodes.
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
@@ -35,6 +37,7 @@
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
 pub mod admin;
+pub mod cluster;
 pub mod codec;
 pub mod command;
 pub mod commands;

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod process;
 
 use std::io::{Read, Write};

@@ -1,0 +1,136 @@
+//! Key → hash slot, exactly as Redis Cluster computes it (`keyHashSlot` in Redis's
+//! `cluster.c`): CRC16 of the key, or of its hash tag, modulo 16384.
+//!
+//! The CRC is written here rather than taken from the `crc16` crate: that crate has had no
+//! release since 2018, and the whole algorithm is a 256-entry table built at compile time plus
+//! a three-line loop, which is less to audit than a dependency. A wrong slot would send every
+//! command to the wrong node (and then through a MOVED), so the tests pin the function to
+//! published check values and the integration test compares it with `CLUSTER KEYSLOT`.
+
+use memchr::memchr;
+
+/// Number of hash slots in a Redis Cluster; fixed by the protocol.
+pub const SLOTS: usize = 16384;
+
+/// CRC16-CCITT in the XMODEM variant: polynomial 0x1021, initial value 0, no reflection, no
+/// final XOR. Redis's `crc16.c` names it "CRC-CCITT (XModem)"; its check value over the ASCII
+/// bytes `123456789` is 0x31C3.
+const POLY: u16 = 0x1021;
+
+/// The byte-at-a-time lookup table, computed by the compiler so startup costs nothing.
+static TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ POLY
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// CRC16 (XMODEM) of `data`.
+pub fn crc16(data: &[u8]) -> u16 {
+    data.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The part of `key` that Redis hashes: the bytes between the first `{` and the first `}`
+/// after it, when there are any; otherwise the whole key. `{}` (an empty tag) means "no tag",
+/// so `foo{}{bar}` hashes whole, and `foo{{bar}}` hashes `{bar`.
+///
+/// Exposed because namespacing must keep a client's hash tag working: a prefix added in front
+/// of a tagged key leaves the tag (and so the slot) as it was, but a prefix in front of an
+/// untagged key changes its slot.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = memchr(b'{', key) {
+        let rest = &key[open + 1..];
+        if let Some(close) = memchr(b'}', rest) {
+            if close > 0 {
+                return &rest[..close];
+            }
+        }
+    }
+    key
+}
+
+/// The hash slot of `key`, in `0..16384`.
+pub fn slot(key: &[u8]) -> u16 {
+    // 16384 is a power of two, so the modulo is a mask (as in Redis).
+    crc16(hash_tag(key)) & (SLOTS as u16 - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bit-at-a-time CRC with no table, to check the table against.
+    fn crc16_bitwise(data: &[u8]) -> u16 {
+        let mut crc = 0u16;
+        for &b in data {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ POLY
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc
+    }
+
+    #[test]
+    fn crc16_check_value() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(crc16(b""), 0);
+    }
+
+    #[test]
+    fn table_matches_the_bitwise_definition() {
+        let data: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+        for end in 0..data.len() {
+            assert_eq!(crc16(&data[..end]), crc16_bitwise(&data[..end]));
+        }
+    }
+
+    #[test]
+    fn slots_of_known_keys() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+        assert_eq!(slot(b"hello"), 866);
+        assert_eq!(slot(b""), 0);
+        assert_eq!(slot(b"123456789"), 0x31C3 & 0x3FFF);
+    }
+
+    #[test]
+    fn hash_tags() {
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        // An empty tag means no tag: the whole key is hashed.
+        assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
+        assert_eq!(slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") & 0x3FFF);
+        // The tag ends at the first `}` after the first `{`.
+        assert_eq!(hash_tag(b"foo{{bar}}zap"), b"{bar");
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(hash_tag(b"foo{bar}{zap}"), b"bar");
+        // An unclosed brace is no tag.
+        assert_eq!(hash_tag(b"foo{bar"), b"foo{bar");
+        assert_eq!(hash_tag(b"}foo{bar}"), b"bar");
+        // A prefix in front of a tagged key keeps its slot; in front of an untagged one it
+        // does not (in general).
+        assert_eq!(slot(b"tenant:{user1}.x"), slot(b"{user1}.x"));
+        assert_ne!(slot(b"tenant:foo"), slot(b"foo"));
+    }
+}

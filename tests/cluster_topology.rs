@@ -1,0 +1,258 @@
+//! The cluster foundation against a real Redis Cluster (3 primaries, 3 replicas): slots agree
+//! with `CLUSTER KEYSLOT`, the discovered slot map names the node that serves each key, other
+//! nodes redirect with MOVED (and ASK during a migration) as the parser says, and discovery
+//! survives dead seeds.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::cluster::RedisCluster;
+use common::{Raw, Rng, free_port, resp, show};
+use redis_policy_proxy::cluster::{self, Redirect, SLOTS, SlotMap, slot};
+use redis_policy_proxy::upstream::handshake::NodeSpec;
+
+/// Login settings for discovery: no password, no TLS, a short connect bound so dead seeds
+/// cost little.
+fn login() -> NodeSpec {
+    NodeSpec {
+        addr: "unused".into(),
+        username: None,
+        password: None,
+        connect_timeout: Duration::from_secs(2),
+        tls: None,
+    }
+}
+
+/// Keys of every shape that matters for hashing: plain, hash-tagged, empty or odd tags,
+/// binary bytes.
+fn keys(n: usize) -> Vec<Vec<u8>> {
+    let mut rng = Rng(0x5eed_c105_7e12_0001);
+    (0..n)
+        .map(|i| match i % 5 {
+            0 => format!("key:{}", rng.next()).into_bytes(),
+            1 => format!("{{user{}}}.following", rng.below(50)).into_bytes(),
+            2 => format!("foo{{}}{{{}}}", rng.below(1000)).into_bytes(),
+            3 => format!("a{{{{b{}}}}}c", rng.below(1000)).into_bytes(),
+            _ => (0..1 + rng.below(24))
+                .map(|_| [b'{', b'}', b'x', 0, 0xff][rng.below(5)].wrapping_add(rng.below(2) as u8))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Sends `requests` on one connection as a pipeline and returns one reply frame each.
+async fn pipelined(addr: &str, requests: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut c = Raw::connect(addr).await;
+    c.send(&requests.concat()).await;
+    c.read_frames(requests.len()).await
+}
+
+fn owners(map: &SlotMap) -> Vec<Option<String>> {
+    (0..SLOTS as u16)
+        .map(|s| {
+            map.slot_owner(s)
+                .map(|shard| shard.primary.addr.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn slot_map_routes_like_the_cluster() {
+    let mut redis = RedisCluster::start(3, 1);
+    let nodes = redis.live_addrs();
+    let primaries: HashSet<String> = redis.primaries().into_iter().collect();
+    assert_eq!(primaries.len(), 3);
+
+    // Discovery from one seed sees the whole cluster: three shards of a primary and one
+    // replica, every node exactly once.
+    let map = cluster::discover(&nodes[..1], &login()).await.unwrap();
+    assert!(map.is_complete(), "{map:?}");
+    assert_eq!(map.shards().len(), 3, "{map:?}");
+    let mut seen = HashSet::new();
+    for shard in map.shards() {
+        assert!(primaries.contains(&*shard.primary.addr), "{map:?}");
+        assert_eq!(shard.replicas.len(), 1, "{map:?}");
+        assert!(shard.primary.id.as_ref().is_some_and(|id| id.len() == 40));
+        // Replica health is Redis's gossip, not this parser's doing (the unit tests cover
+        // reading it); a primary that serves slots is online.
+        assert!(shard.primary.online, "{map:?}");
+        for node in std::iter::once(&shard.primary).chain(&shard.replicas) {
+            assert!(seen.insert(node.addr.to_string()), "{map:?}");
+        }
+    }
+    assert_eq!(seen, nodes.iter().cloned().collect::<HashSet<_>>());
+    for slot in [0, 5000, 16383] {
+        assert_eq!(
+            &*map.slot_owner(slot).unwrap().primary.addr,
+            redis.primary_for_slot(slot)
+        );
+    }
+
+    // Our slot function agrees with the server's for every key.
+    let keys = keys(200);
+    let keyslot: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| resp(&[&b"CLUSTER"[..], b"KEYSLOT", k]))
+        .collect();
+    let server_slots = pipelined(&nodes[0], &keyslot).await;
+    for (key, reply) in keys.iter().zip(&server_slots) {
+        assert_eq!(
+            *reply,
+            format!(":{}\r\n", slot(key)).into_bytes(),
+            "key {}",
+            show(key)
+        );
+    }
+
+    // The owner in the map serves each key; every other primary redirects to it with a MOVED
+    // that parses to the key's slot and the owner's address.
+    let gets: Vec<Vec<u8>> = keys.iter().map(|k| resp(&[&b"GET"[..], k])).collect();
+    let mut replies = HashMap::new();
+    for primary in &primaries {
+        replies.insert(primary.clone(), pipelined(primary, &gets).await);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let s = slot(key);
+        let owner = map.slot_owner(s).unwrap().primary.addr.to_string();
+        for (primary, replies) in &replies {
+            let reply = &replies[i];
+            let redirect = Redirect::parse(reply, primary).unwrap();
+            if *primary == owner {
+                assert_eq!(*reply, b"$-1\r\n", "key {} on its owner", show(key));
+            } else {
+                assert_eq!(
+                    redirect,
+                    Some(Redirect::Moved {
+                        slot: s,
+                        addr: owner.as_str().into()
+                    }),
+                    "key {} on {primary}: {}",
+                    show(key),
+                    show(reply)
+                );
+            }
+        }
+    }
+
+    // A slot being migrated: the source answers ASK for a key it no longer has, and the target
+    // serves it after ASKING.
+    let key = b"{migrating}k";
+    let s = slot(key);
+    let source = map.slot_owner(s).unwrap().primary.addr.to_string();
+    let target = map
+        .shards()
+        .iter()
+        .map(|shard| shard.primary.addr.to_string())
+        .find(|a| *a != source)
+        .unwrap();
+    let id = |addr: &str| {
+        let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
+            redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+            other => panic!("CLUSTER MYID: {other:?}"),
+        }
+    };
+    let (source_id, target_id) = (id(&source), id(&target));
+    let mut to_target = Raw::connect(&target).await;
+    let mut to_source = Raw::connect(&source).await;
+    let setslot = |state: &'static str, node: String| {
+        resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, &node])
+    };
+    assert_eq!(
+        to_target.request(&setslot("IMPORTING", source_id), 1).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source.request(&setslot("MIGRATING", target_id), 1).await,
+        b"+OK\r\n"
+    );
+    let reply = to_source.call(&[&b"GET"[..], key]).await;
+    assert_eq!(
+        Redirect::parse(&reply, &source).unwrap(),
+        Some(Redirect::Ask {
+            slot: s,
+            addr: target.as_str().into()
+        }),
+        "{}",
+        show(&reply)
+    );
+    let asked = to_target
+        .request(&[resp(&["ASKING"]), resp(&[&b"GET"[..], key])].concat(), 2)
+        .await;
+    assert_eq!(asked, b"+OK\r\n$-1\r\n");
+    for c in [&mut to_target, &mut to_source] {
+        let stable = resp(&["CLUSTER", "SETSLOT", &s.to_string(), "STABLE"]);
+        assert_eq!(c.request(&stable, 1).await, b"+OK\r\n");
+    }
+
+    // Dead seeds first: nothing listening, then a killed node; the live seed still answers
+    // with the same slot ownership.
+    let replica = map.shards()[0].replicas[0].addr.to_string();
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == replica)
+        .unwrap();
+    redis.kill(index);
+    let dead = format!("127.0.0.1:{}", free_port());
+    let live = redis
+        .live_addrs()
+        .into_iter()
+        .find(|a| *a != nodes[0])
+        .unwrap();
+    let again = cluster::discover(&[dead.clone(), replica.clone(), live], &login())
+        .await
+        .unwrap();
+    assert_eq!(owners(&again), owners(&map));
+
+    // No live seed at all: an error that names every seed.
+    let err = cluster::discover(&[dead.clone(), replica.clone()], &login())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&dead) && err.contains(&replica), "{err}");
+}
+
+#[tokio::test]
+async fn unknown_endpoint_resolves_to_the_seed_host() {
+    let redis = RedisCluster::start(3, 0);
+    let seed = &redis.nodes()[0];
+    redis
+        .query(
+            seed.port,
+            &[
+                "CONFIG",
+                "SET",
+                "cluster-preferred-endpoint-type",
+                "unknown-endpoint",
+            ],
+        )
+        .unwrap();
+    // Reached by name, the node does not say its own address: every node is reached at the
+    // seed's host.
+    let by_name = format!("localhost:{}", seed.port);
+    let map = cluster::discover(std::slice::from_ref(&by_name), &login())
+        .await
+        .unwrap();
+    assert!(map.is_complete());
+    for shard in map.shards() {
+        assert!(shard.primary.addr.starts_with("localhost:"), "{map:?}");
+    }
+    // And its MOVED errors leave the host out: `-MOVED <slot> :<port>`.
+    let mut c = Raw::connect(&by_name).await;
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| *map.slot_owner(slot(k.as_bytes())).unwrap().primary.addr != *by_name)
+        .unwrap();
+    let reply = c.call(&["GET", &key]).await;
+    assert!(reply.starts_with(b"-MOVED ") && reply.windows(2).any(|w| w == b" :"));
+    let Some(Redirect::Moved { addr, .. }) = Redirect::parse(&reply, &by_name).unwrap() else {
+        panic!("not a MOVED: {}", show(&reply));
+    };
+    assert_eq!(
+        addr,
+        map.slot_owner(slot(key.as_bytes())).unwrap().primary.addr
+    );
+}

@@ -1,0 +1,385 @@
+//! A real Redis Cluster on loopback: `redis-server` processes in cluster mode on free ports,
+//! joined by `redis-cli --cluster create`, ready only once every node agrees the cluster is
+//! whole. Killed and removed on drop.
+//!
+//! Independent of the proxy's own cluster code on purpose (replies are read with the `redis`
+//! crate), so tests can check the proxy against it rather than against itself.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::{POLL, free_port, temp_dir};
+
+/// Bound on bringing a whole cluster up. Longer than [`super::DEADLINE`]: six servers start,
+/// meet over the cluster bus and replicate, on a machine that may be running other tests.
+const CLUSTER_DEADLINE: Duration = Duration::from_secs(40);
+
+/// One `redis-server` of the cluster.
+pub struct ClusterNode {
+    /// Client port on 127.0.0.1.
+    pub port: u16,
+    /// Cluster bus port, set explicitly: Redis's default (port + 10000) may be taken or above
+    /// 65535 for a port picked by the OS.
+    pub bus_port: u16,
+    /// The process; `None` once killed.
+    child: Option<Child>,
+}
+
+impl ClusterNode {
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the process has not been killed by the test.
+    pub fn is_alive(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// A running cluster of `primaries` shards with `replicas_per_primary` replicas each.
+pub struct RedisCluster {
+    /// Holds every node's config file, log and the `redis-cli --cluster create` output.
+    dir: PathBuf,
+    /// Every node, in start order (which is not necessarily primaries first: roles are
+    /// whatever `redis-cli --cluster create` chose; ask [`RedisCluster::primary_for_slot`]).
+    nodes: Vec<ClusterNode>,
+}
+
+impl RedisCluster {
+    /// Starts the cluster and waits until it is ready: every node reports `cluster_state:ok`,
+    /// knows every other node, sees all 16384 slots served, and every replica's link to its
+    /// primary is up. Panics (after cleaning up) if that does not happen within the deadline.
+    pub fn start(primaries: usize, replicas_per_primary: usize) -> RedisCluster {
+        Self::start_with(primaries, replicas_per_primary, &[])
+    }
+
+    /// As [`RedisCluster::start`], with extra `redis-server` arguments for every node (e.g.
+    /// `["--cluster-node-timeout", "1000"]` for a failover test).
+    pub fn start_with(
+        primaries: usize,
+        replicas_per_primary: usize,
+        args: &[&str],
+    ) -> RedisCluster {
+        assert!(
+            primaries >= 3,
+            "redis-cli --cluster create needs 3 primaries"
+        );
+        let until = Instant::now() + CLUSTER_DEADLINE;
+        let mut cluster = RedisCluster {
+            dir: temp_dir("cluster"),
+            nodes: Vec::new(),
+        };
+        let mut taken = HashSet::new();
+        for _ in 0..primaries * (1 + replicas_per_primary) {
+            let node = cluster.spawn_node(&mut taken, args, until);
+            cluster.nodes.push(node);
+        }
+        cluster.create(replicas_per_primary, until);
+        cluster.wait_ready(until);
+        cluster
+    }
+
+    /// Starts one node on fresh ports, retrying when a port was grabbed by someone else
+    /// between `free_port` and the bind.
+    fn spawn_node(&self, taken: &mut HashSet<u16>, args: &[&str], until: Instant) -> ClusterNode {
+        let mut last_err = String::new();
+        for _ in 0..8 {
+            let port = fresh_port(taken);
+            let bus_port = fresh_port(taken);
+            let log = self.dir.join(format!("redis-{port}.log"));
+            let mut child = Command::new("redis-server")
+                .arg("--port")
+                .arg(port.to_string())
+                .arg("--cluster-port")
+                .arg(bus_port.to_string())
+                .args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(self.dir.join(format!("nodes-{port}.conf")))
+                .args(["--cluster-node-timeout", "5000"])
+                // A replica is `loading` in CLUSTER SHARDS until its replication offset moves
+                // off zero, which on an idle primary happens at its next ping to replicas
+                // (every 10 s by default): ping every second so readiness comes quickly.
+                .args(["--repl-ping-replica-period", "1"])
+                // Redis waits 5 s for more replicas before a diskless full sync; here every
+                // replica attaches at once and the wait would only slow readiness.
+                .args(["--repl-diskless-sync-delay", "0"])
+                .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .arg("--logfile")
+                .arg(&log)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    last_err = format!(
+                        "redis-server on port {port} exited ({status}): {}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
+                    break;
+                }
+                if ping(port) {
+                    return ClusterNode {
+                        port,
+                        bus_port,
+                        child: Some(child),
+                    };
+                }
+                if Instant::now() > until {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("redis-server on port {port} did not answer PING in time");
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        panic!("could not start a cluster node: {last_err}");
+    }
+
+    /// `redis-cli --cluster create`, bounded by the deadline.
+    fn create(&self, replicas: usize, until: Instant) {
+        let out = self.dir.join("create.out");
+        let mut child = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(self.nodes.iter().map(ClusterNode::addr))
+            .arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("create.out"))
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn redis-cli");
+        let status = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                break status;
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "redis-cli --cluster create did not finish in time: {}",
+                    std::fs::read_to_string(&out).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(POLL);
+        };
+        assert!(
+            status.success(),
+            "redis-cli --cluster create failed ({status}): {}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+    }
+
+    /// Polls every node until the cluster is whole as every node sees it.
+    fn wait_ready(&self, until: Instant) {
+        let total = self.nodes.len();
+        for node in &self.nodes {
+            while let Err(why) = node_ready(node.port, total) {
+                assert!(
+                    Instant::now() < until,
+                    "cluster node {} not ready within {CLUSTER_DEADLINE:?}: {why}",
+                    node.addr()
+                );
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    /// Every node, killed ones included (see [`ClusterNode::is_alive`]).
+    pub fn nodes(&self) -> &[ClusterNode] {
+        &self.nodes
+    }
+
+    /// `host:port` of every node that is still running.
+    pub fn live_addrs(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_alive())
+            .map(ClusterNode::addr)
+            .collect()
+    }
+
+    /// The address of the primary serving `slot`, by `CLUSTER SLOTS` of the first live node
+    /// that answers.
+    pub fn primary_for_slot(&self, slot: u16) -> String {
+        for node in self.nodes.iter().filter(|n| n.is_alive()) {
+            let Ok(Value::Array(ranges)) = query(node.port, &["CLUSTER", "SLOTS"]) else {
+                continue;
+            };
+            for (start, end, owner) in slot_ranges(&ranges) {
+                if (start..=end).contains(&i64::from(slot)) {
+                    return owner;
+                }
+            }
+        }
+        panic!("no live node knows the owner of slot {slot}");
+    }
+
+    /// The addresses of the nodes that own slots (the primaries), by `CLUSTER SLOTS`.
+    pub fn primaries(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.is_alive()) {
+            if let Ok(Value::Array(ranges)) = query(node.port, &["CLUSTER", "SLOTS"]) {
+                for (_, _, owner) in slot_ranges(&ranges) {
+                    if !out.contains(&owner) {
+                        out.push(owner);
+                    }
+                }
+                return out;
+            }
+        }
+        panic!("no live node answered CLUSTER SLOTS");
+    }
+
+    /// Kills node `index` (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs one command on the node listening on `port` (blocking), as the `redis` crate reads
+    /// the reply. Error replies come back as `Err`.
+    pub fn query(&self, port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+        query(port, args)
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A port that `free_port` says is free and this cluster has not used yet.
+fn fresh_port(taken: &mut HashSet<u16>) -> u16 {
+    loop {
+        let p = free_port();
+        if taken.insert(p) {
+            return p;
+        }
+    }
+}
+
+fn ping(port: u16) -> bool {
+    matches!(query(port, &["PING"]), Ok(Value::SimpleString(s)) if s == "PONG")
+}
+
+/// A blocking command on a fresh connection, every step bounded.
+fn query(port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let mut con = client.get_connection_with_timeout(Duration::from_millis(500))?;
+    con.set_read_timeout(Some(Duration::from_secs(2)))?;
+    con.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut con)
+}
+
+/// `(start, end, primary host:port)` of each `CLUSTER SLOTS` entry.
+fn slot_ranges(ranges: &[Value]) -> Vec<(i64, i64, String)> {
+    let mut out = Vec::new();
+    for range in ranges {
+        let Value::Array(items) = range else { continue };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (items.first(), items.get(1), items.get(2))
+        else {
+            continue;
+        };
+        let (Some(host), Some(Value::Int(port))) = (primary.first(), primary.get(1)) else {
+            continue;
+        };
+        let host = match host {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => continue,
+        };
+        out.push((*start, *end, format!("{host}:{port}")));
+    }
+    out
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::VerbatimString { text, .. } => text.clone(),
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `Ok` when the node on `port` sees a whole, healthy cluster of `total` nodes; otherwise
+/// what is still missing.
+fn node_ready(port: u16, total: usize) -> Result<(), String> {
+    let info = text(&query(port, &["CLUSTER", "INFO"]).map_err(|e| e.to_string())?);
+    if !info.contains("cluster_state:ok") {
+        return Err("cluster_state is not ok".into());
+    }
+    if !info.contains(&format!("cluster_known_nodes:{total}\r")) {
+        return Err(format!("does not know all {total} nodes yet"));
+    }
+    let Value::Array(ranges) = query(port, &["CLUSTER", "SLOTS"]).map_err(|e| e.to_string())?
+    else {
+        return Err("CLUSTER SLOTS is not an array".into());
+    };
+    let covered: i64 = slot_ranges(&ranges).iter().map(|(s, e, _)| e - s + 1).sum();
+    if covered != 16384 {
+        return Err(format!("CLUSTER SLOTS covers {covered} slots"));
+    }
+    let replication = text(&query(port, &["INFO", "replication"]).map_err(|e| e.to_string())?);
+    if replication.contains("role:slave") && !replication.contains("master_link_status:up") {
+        return Err("replica not yet synchronised with its primary".into());
+    }
+    // A replica counts as `loading` in CLUSTER SHARDS until its replication offset, gossiped
+    // over the bus, moves off zero; tests of replica reads need it `online` everywhere.
+    let Value::Array(shards) = query(port, &["CLUSTER", "SHARDS"]).map_err(|e| e.to_string())?
+    else {
+        return Err("CLUSTER SHARDS is not an array".into());
+    };
+    for shard in &shards {
+        for node in field(shard, "nodes").and_then(as_array).unwrap_or(&[]) {
+            let health = field(node, "health").map(text).unwrap_or_default();
+            if health != "online" {
+                let port = field(node, "port").map(text).unwrap_or_default();
+                return Err(format!("node with port {port} has health {health:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The value after `name` in a flat RESP2 record.
+fn field<'a>(record: &'a Value, name: &str) -> Option<&'a Value> {
+    let Value::Array(items) = record else {
+        return None;
+    };
+    items
+        .chunks_exact(2)
+        .find(|kv| text(&kv[0]) == name)
+        .map(|kv| &kv[1])
+}
+
+fn as_array(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(items) => Some(items),
+        _ => None,
+    }
+}
