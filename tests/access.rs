@@ -113,3 +113,38 @@ fn access_mistakes_are_reported_with_their_fields() {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_brute_force_is_throttled_per_address() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(config(&redis, false)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    for _ in 0..6 {
+        let r = c.call(&["AUTH", "app", "guess"]).await;
+        assert!(text(&r).starts_with("-WRONGPASS"), "{}", text(&r));
+    }
+    // Now even the right password must wait; a new connection from the same address too.
+    let r = c.call(&["AUTH", "app", "apppw"]).await;
+    assert!(
+        text(&r).starts_with("-ERR too many failed AUTH attempts from this address; retry in "),
+        "{}",
+        text(&r)
+    );
+    let mut other = Raw::connect(proxy.addr).await;
+    let r = other.call(&["HELLO", "3", "AUTH", "app", "apppw"]).await;
+    assert!(
+        text(&r).starts_with("-ERR too many failed AUTH"),
+        "{}",
+        text(&r)
+    );
+    // The first wait is short; then the right password works.
+    let until = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let r = c.call(&["AUTH", "app", "apppw"]).await;
+        if r == b"+OK\r\n" {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "{}", text(&r));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

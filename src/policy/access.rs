@@ -4,6 +4,9 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
 
 use super::config::Access;
 use crate::config::Problem;
@@ -28,6 +31,8 @@ pub struct Identities {
     scripts: Vec<[u8; 40]>,
     /// By tenant index: may use the `PROXY` command family.
     admins: Vec<bool>,
+    /// Failed AUTH attempts by address (shared by every client of this policy).
+    throttle: AuthThrottle,
 }
 
 struct Identity {
@@ -222,12 +227,102 @@ impl Identities {
 
     /// Checks a user's password; the digest comparison takes the same time wherever the
     /// digests differ.
+    /// [`Identities::authenticate`] from `addr`, under the brute-force throttle.
+    pub fn authenticate_from(
+        &self,
+        addr: IpAddr,
+        user: &[u8],
+        password: &[u8],
+    ) -> Result<(), AuthFailure> {
+        self.throttle
+            .attempt(addr, Instant::now(), || self.authenticate(user, password))
+    }
+
     pub fn authenticate(&self, user: &[u8], password: &[u8]) -> bool {
         let digest = ring::digest::digest(&ring::digest::SHA256, password);
         let Some(expected) = self.users.get(user) else {
             return false;
         };
         constant_time_eq(expected, digest.as_ref())
+    }
+}
+
+/// Failed attempts allowed from one address before each further attempt must wait.
+const FREE_FAILURES: u32 = 5;
+/// First wait after the free failures; doubles with each further failure.
+const FIRST_WAIT: Duration = Duration::from_millis(100);
+/// Longest wait: enough to make guessing useless (a few thousand tries a day), short enough
+/// that a legitimate client with a fixed password recovers quickly.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// Failures older than this are forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+/// Addresses tracked at most; beyond it only addresses being made to wait are kept, so a
+/// spray of source addresses cannot grow memory without bound.
+const MAX_TRACKED: usize = 100_000;
+
+/// Why a proxy-side AUTH failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// Wrong user or password.
+    Wrong,
+    /// Too many failures from this address: not even checked; retry after this long.
+    Throttled(Duration),
+}
+
+/// Brute-force throttling of proxy-side AUTH by client address: after a few failures each
+/// attempt must wait, doubling up to 30 s; a success clears the address. The password is not
+/// checked while an address must wait, so waiting cannot be skipped by guessing faster.
+#[derive(Debug, Default)]
+pub struct AuthThrottle {
+    /// Failures by address; bounded by `MAX_TRACKED`.
+    failures: DashMap<IpAddr, Failures>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    /// Consecutive failures.
+    count: u32,
+    /// The latest, to forget old ones.
+    last: Instant,
+    /// No attempt is checked before this.
+    wait_until: Instant,
+}
+
+impl AuthThrottle {
+    /// Checks `user`/`password` from `addr` with `check`, applying the throttle.
+    pub fn attempt(
+        &self,
+        addr: IpAddr,
+        now: Instant,
+        check: impl FnOnce() -> bool,
+    ) -> Result<(), AuthFailure> {
+        if let Some(f) = self.failures.get(&addr) {
+            if now < f.wait_until {
+                return Err(AuthFailure::Throttled(f.wait_until - now));
+            }
+        }
+        if check() {
+            self.failures.remove(&addr);
+            return Ok(());
+        }
+        if self.failures.len() >= MAX_TRACKED {
+            self.failures.retain(|_, f| f.wait_until > now);
+        }
+        let mut f = self.failures.entry(addr).or_insert(Failures {
+            count: 0,
+            last: now,
+            wait_until: now,
+        });
+        if now.duration_since(f.last) > FORGET_AFTER {
+            f.count = 0;
+        }
+        f.count += 1;
+        f.last = now;
+        if f.count > FREE_FAILURES {
+            let doublings = (f.count - FREE_FAILURES - 1).min(16);
+            f.wait_until = now + (FIRST_WAIT * 2u32.pow(doublings)).min(MAX_WAIT);
+        }
+        Err(AuthFailure::Wrong)
     }
 }
 
@@ -285,6 +380,45 @@ fn in_network(addr: IpAddr, net: IpAddr, bits: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_failures_make_an_address_wait_doubling_and_success_clears_it() {
+        let t = AuthThrottle::default();
+        let a = IpAddr::from([10, 0, 0, 1]);
+        let b = IpAddr::from([10, 0, 0, 2]);
+        let t0 = Instant::now();
+        for _ in 0..FREE_FAILURES {
+            assert_eq!(t.attempt(a, t0, || false), Err(AuthFailure::Wrong));
+        }
+        // The sixth failure starts the wait; during it even the right password is not checked.
+        assert_eq!(t.attempt(a, t0, || false), Err(AuthFailure::Wrong));
+        let mut checked = false;
+        let r = t.attempt(a, t0 + Duration::from_millis(50), || {
+            checked = true;
+            true
+        });
+        assert_eq!(r, Err(AuthFailure::Throttled(Duration::from_millis(50))));
+        assert!(!checked);
+        // Another address is unaffected.
+        assert_eq!(t.attempt(b, t0, || true), Ok(()));
+        // After the wait, another failure doubles it.
+        let t1 = t0 + FIRST_WAIT;
+        assert_eq!(t.attempt(a, t1, || false), Err(AuthFailure::Wrong));
+        assert_eq!(
+            t.attempt(a, t1, || true),
+            Err(AuthFailure::Throttled(FIRST_WAIT * 2))
+        );
+        // Success after the wait clears the address.
+        let t2 = t1 + FIRST_WAIT * 2;
+        assert_eq!(t.attempt(a, t2, || true), Ok(()));
+        assert_eq!(t.attempt(a, t2, || false), Err(AuthFailure::Wrong));
+        // The wait is capped.
+        for _ in 0..40 {
+            let _ = t.attempt(b, t0, || false);
+            let now = t.failures.get(&b).map(|f| f.wait_until).unwrap();
+            assert!(now <= t0 + MAX_WAIT);
+        }
+    }
 
     #[test]
     fn networks_match_by_prefix() {

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::*;
-use crate::policy::access::constant_time_eq;
+use crate::policy::access::{AuthFailure, constant_time_eq};
 
 impl Session {
     /// Decides what to do with a command; pure, so a paused command is decided again later.
@@ -146,10 +146,15 @@ impl Session {
                 if self.policy.access.has_users() {
                     // Proxy-side users: the proxy checks AUTH; upstream credentials are the
                     // pool's own.
-                    return if self.policy.access.authenticate(user, pass) {
-                        Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
-                    } else {
-                        Action::Local(wrongpass(), LocalEffect::None)
+                    return match self
+                        .policy
+                        .access
+                        .authenticate_from(self.peer.ip(), user, pass)
+                    {
+                        Ok(()) => {
+                            Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
+                        }
+                        Err(failure) => Action::Local(auth_refusal(failure), LocalEffect::None),
                     };
                 }
                 let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
@@ -258,8 +263,12 @@ impl Session {
         let mut login = None;
         if let Some((user, pass)) = credentials.filter(|_| self.policy.access.has_users()) {
             // The proxy checks the credentials; the upstream never sees them.
-            if !self.policy.access.authenticate(user, pass) {
-                return Action::Local(wrongpass(), LocalEffect::None);
+            if let Err(failure) = self
+                .policy
+                .access
+                .authenticate_from(self.peer.ip(), user, pass)
+            {
+                return Action::Local(auth_refusal(failure), LocalEffect::None);
             }
             login = Some(Bytes::copy_from_slice(user));
             auth = false;
@@ -382,6 +391,21 @@ fn wrongpass() -> Bytes {
         "WRONGPASS",
         "invalid username-password pair or user is disabled.",
     )
+}
+
+/// The reply to a refused proxy-side AUTH: Redis's own for wrong credentials; a throttled
+/// address is told how long to wait (its attempt was not checked).
+fn auth_refusal(failure: AuthFailure) -> Bytes {
+    match failure {
+        AuthFailure::Wrong => wrongpass(),
+        AuthFailure::Throttled(wait) => simple_error(
+            "ERR",
+            &format!(
+                "too many failed AUTH attempts from this address; retry in {} ms",
+                wait.as_millis().max(1)
+            ),
+        ),
+    }
 }
 
 fn ok() -> Bytes {
