@@ -1,0 +1,96 @@
+//! Ten thousand clients held at once, each served, then idle: the proxy stays up, answers
+//! every one, and its memory per idle connection is measured (reported on stderr; bounded here
+//! against regressions, the target is in docs/performance.md).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::ProxyProcess;
+use common::{DEADLINE, RedisServer, TempDir, write_file};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Raises this process's open-file limit to its hard limit (children inherit it) and returns
+/// the limit.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc calls on a local struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    lim.rlim_cur
+}
+
+async fn ping(s: &mut TcpStream) {
+    s.write_all(b"PING\r\n").await.unwrap();
+    let mut buf = [0u8; 7];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut buf))
+        .await
+        .expect("PONG in time")
+        .unwrap();
+    assert_eq!(&buf, b"+PONG\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_clients_are_held_and_served() {
+    let limit = raise_fd_limit();
+    // The test's sockets and the proxy's each need one descriptor per client.
+    let n = 10_000.min(limit.saturating_sub(500) as usize);
+    assert!(
+        n >= 2_000,
+        "open-file hard limit {limit} is too low to test many clients"
+    );
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("many-clients");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "admin:\n  listen: \"off\"\nlimits:\n  max_clients: 20000\n",
+    );
+    let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
+    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
+    ping(&mut first).await;
+    let before = proxy.rss_kib();
+
+    let started = Instant::now();
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(TcpStream::connect(proxy.addr()).await.expect("connect"));
+    }
+    // Every one is served (PING each, 100 at a time in flight).
+    for chunk in clients.chunks_mut(100) {
+        for s in chunk.iter_mut() {
+            s.write_all(b"PING\r\n").await.unwrap();
+        }
+        for s in chunk.iter_mut() {
+            let mut buf = [0u8; 7];
+            tokio::time::timeout(DEADLINE, s.read_exact(&mut buf))
+                .await
+                .expect("PONG in time")
+                .unwrap();
+            assert_eq!(&buf, b"+PONG\r\n");
+        }
+    }
+    // Idle: let the proxy release per-read buffers, then measure.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = proxy.rss_kib();
+    let per_client = (after.saturating_sub(before)) * 1024 / n as u64;
+    eprintln!(
+        "{n} clients connected and served in {:?}; proxy RSS {before} -> {after} KiB: {per_client} bytes per idle client",
+        started.elapsed()
+    );
+    assert!(per_client < 16 * 1024, "{per_client} bytes per idle client");
+    // Still responsive for a sample, and for the first client.
+    for s in clients.iter_mut().step_by(997) {
+        ping(s).await;
+    }
+    ping(&mut first).await;
+    drop(clients);
+    ping(&mut first).await;
+}
