@@ -189,7 +189,12 @@ fn decode_multibulk(
 }
 
 fn decode_inline(buf: &[u8], limits: &CodecLimits) -> Result<Option<Decoded>, ProtocolError> {
-    let Some(nl) = memchr(b'\n', buf) else {
+    // Redis finds the end of an inline request with strchr, which stops at a NUL byte: a line
+    // with a NUL before its newline is never complete, and Redis waits for more input until
+    // the inline limit. Doing the same keeps clients unable to tell the proxy from Redis, and
+    // the wait is bounded by `max_inline_len` like any incomplete line.
+    let searchable = &buf[..memchr(0, buf).unwrap_or(buf.len())];
+    let Some(nl) = memchr(b'\n', searchable) else {
         if buf.len() > limits.max_inline_len {
             return Err(ProtocolError::InlineTooLong);
         }
@@ -462,6 +467,13 @@ mod tests {
             vec![b"GET".to_vec(), b"a".to_vec()]
         );
         assert_eq!(split_args(b"\x00GET").unwrap(), Vec::<Vec<u8>>::new());
+        // In a request, a NUL before the newline leaves the line incomplete, as in Redis,
+        // until the inline limit.
+        assert_eq!(dec(b"PI\x00NG\r\n"), Ok(None));
+        let mut long = b"PI\x00NG\r\n".to_vec();
+        long.extend(vec![b'a'; 70 * 1024]);
+        assert_eq!(dec(&long), Err(ProtocolError::InlineTooLong));
+        assert!(matches!(dec(b"PING\r\n\x00"), Ok(Some(Decoded::Inline { len: 6, .. }))));
     }
 
     #[test]

@@ -409,6 +409,25 @@ pub async fn exchange_until_close(addr: impl std::fmt::Display, input: &[u8]) ->
     bytes
 }
 
+/// Sends `input`, closes the writing half (EOF, as `nc -q0` or a client that exits does) and
+/// reads everything until the server closes, within the deadline.
+pub async fn exchange_half_closed(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr.to_string()).await.expect("connect");
+    s.write_all(input).await.expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut out))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "not closed within {DEADLINE:?} after EOF; input {}",
+                show(input)
+            )
+        })
+        .ok();
+    out
+}
+
 /// Sends a big request and reads `n` frames concurrently, as real pipelining clients do (a
 /// client that writes everything before reading can deadlock against any backpressure).
 /// Stops early on EOF or after three deadlines.
@@ -881,6 +900,13 @@ impl Pair {
     }
 
     /// Like `compare`, for inputs after which the server closes the connection.
+    /// Like `compare_until_close`, with the client's EOF right after `input`.
+    pub async fn compare_half_closed(&self, input: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let want = exchange_half_closed(self.direct.addr(), input).await;
+        let got = exchange_half_closed(self.proxy.addr, input).await;
+        (want, got)
+    }
+
     pub async fn compare_until_close(&self, input: &[u8]) -> Vec<u8> {
         let want = exchange_until_close(self.direct.addr(), input).await;
         let got = exchange_until_close(self.proxy.addr, input).await;
