@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::process::ProxyProcess;
 use common::*;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -515,31 +516,11 @@ async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
         "rules:\n  - id: no-KEYS\n    deny: [KEYS]\n",
     );
     let log_path = dir.join("proxy.log");
-    let mut last = String::new();
-    for _ in 0..5 {
-        let (port, admin_port) = (free_port(), free_port());
-        let (listen, admin) = (
-            format!("127.0.0.1:{port}"),
-            format!("127.0.0.1:{admin_port}"),
-        );
-        let log = std::fs::File::create(&log_path).unwrap();
-        let args = [
-            "--config",
-            path_str(&file),
-            "--listen",
-            &listen,
-            "--upstream",
-            &redis.addr(),
-            "--admin",
-            &admin,
-            "--log-format",
-            "json",
-        ];
-        let mut server = Server::spawn_logging(&args, log);
-        if let Err(e) = server.wait_ready(port).await {
-            last = e;
-            continue;
-        }
+    let admin = format!("127.0.0.1:{}", free_port());
+    let args = ["--admin", admin.as_str(), "--log-format", "json"];
+    let proxy = ProxyProcess::start(&file, &redis, log_path.clone(), &args).await;
+    let port = proxy.port;
+    {
         let admin: std::net::SocketAddr = admin.parse().unwrap();
         let out = redis_cli(port, &["KEYS", "secret-key-name*"]).await;
         assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
@@ -583,7 +564,7 @@ async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
             "policy.yaml",
             "rules:\n  - id: x\n    deny: [NOSUCHCOMMAND]\n",
         );
-        server.signal("-HUP");
+        proxy.signal("-HUP");
         let until = Instant::now() + DEADLINE;
         loop {
             let text = http_get(admin, "/metrics").await.1;
@@ -603,8 +584,5 @@ async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
         }
         let out = redis_cli(port, &["KEYS", "*"]).await;
         assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
-        assert!(server.terminate().await.success());
-        return;
     }
-    panic!("could not start the binary: {last}");
 }
