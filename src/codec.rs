@@ -473,7 +473,10 @@ mod tests {
         let mut long = b"PI\x00NG\r\n".to_vec();
         long.extend(vec![b'a'; 70 * 1024]);
         assert_eq!(dec(&long), Err(ProtocolError::InlineTooLong));
-        assert!(matches!(dec(b"PING\r\n\x00"), Ok(Some(Decoded::Inline { len: 6, .. }))));
+        assert!(matches!(
+            dec(b"PING\r\n\x00"),
+            Ok(Some(Decoded::Inline { len: 6, .. }))
+        ));
     }
 
     #[test]
