@@ -274,8 +274,8 @@ impl Ttl {
             }
             let name = args[key.index];
             if let Some(ms) = self.ttl_for(name) {
-                let ms = ms.to_string();
-                let cmd = encode(&[b"PEXPIRE", name, ms.as_bytes(), b"NX"]);
+                let ms = itoa_buf(ms);
+                let cmd = encode(&[b"PEXPIRE", name, ms.as_str().as_bytes(), b"NX"]);
                 if !after.contains(&cmd) {
                     after.push(cmd);
                 }
