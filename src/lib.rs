@@ -49,6 +49,7 @@ pub mod metrics;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;
+pub mod sentinel;
 pub mod server;
 pub mod session;
 pub mod slowlog;

@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod process;
+pub mod sentinel;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;

@@ -1,0 +1,132 @@
+//! A Sentinel-managed Redis for tests: one primary, one replica, three sentinels on free
+//! loopback ports, ready once every sentinel knows the primary, the replica and the other
+//! sentinels (so a failover can elect a leader). Everything is killed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{DEADLINE, POLL, RedisServer, free_port, temp_dir};
+
+/// The name the sentinels monitor.
+pub const MASTER: &str = "mymaster";
+
+pub struct SentinelSetup {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    /// Sentinel ports.
+    pub sentinels: Vec<u16>,
+    children: Vec<Child>,
+    /// Holds each sentinel's config file (sentinels rewrite it).
+    dir: PathBuf,
+}
+
+/// Runs redis-cli against `port` and returns its stdout.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl SentinelSetup {
+    pub fn start() -> SentinelSetup {
+        let primary = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        let dir = temp_dir("sentinels");
+        let mut setup = SentinelSetup {
+            primary,
+            replica,
+            sentinels: Vec::new(),
+            children: Vec::new(),
+            dir,
+        };
+        for i in 0..3 {
+            let port = free_port();
+            let conf = setup.dir.join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel monitor {MASTER} 127.0.0.1 {p} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
+                    dir = setup.dir.display(),
+                    p = setup.primary.port
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server --sentinel");
+            setup.children.push(child);
+            setup.sentinels.push(port);
+        }
+        setup.wait_ready();
+        setup
+    }
+
+    /// `host:port` of each sentinel.
+    pub fn sentinel_addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// Polls until every sentinel sees the primary, the replica and two other sentinels.
+    fn wait_ready(&self) {
+        let until = Instant::now() + DEADLINE * 3;
+        loop {
+            let ready = self.sentinels.iter().all(|&s| {
+                let master = cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+                let replicas = cli(s, &["SENTINEL", "REPLICAS", MASTER]);
+                let others = cli(s, &["SENTINEL", "SENTINELS", MASTER]);
+                master.contains(&self.primary.port.to_string())
+                    && replicas.contains(&self.replica.port.to_string())
+                    && !replicas.contains("s_down")
+                    && others.lines().filter(|l| *l == "name").count() >= 2
+            });
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < until, "sentinels not ready in time");
+            std::thread::sleep(POLL * 10);
+        }
+    }
+
+    /// Asks the sentinels for a failover (the replica is promoted) and waits until they all
+    /// report the replica as the primary.
+    pub fn failover(&self) {
+        let until = Instant::now() + DEADLINE * 3;
+        let mut asked = false;
+        loop {
+            if !asked {
+                asked = cli(self.sentinels[0], &["SENTINEL", "FAILOVER", MASTER]).starts_with("OK");
+            }
+            let done = self.sentinels.iter().all(|&s| {
+                cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+                    .contains(&self.replica.port.to_string())
+            });
+            if done {
+                return;
+            }
+            assert!(Instant::now() < until, "failover did not complete in time");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for SentinelSetup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
