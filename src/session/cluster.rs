@@ -1,0 +1,592 @@
+//! Cluster mode: which node a command goes to, what the proxy answers itself because a
+//! cluster cannot do it like one Redis, following MOVED/ASK, and whole-keyspace commands sent
+//! to every primary. Nothing here runs for a standalone upstream (`Context::cluster` is
+//! `None` and `decide`/`serve` skip it).
+
+use bytes::{Bytes, BytesMut};
+
+use super::route::Args;
+use super::*;
+use crate::cluster::{Redirect, Router, slot};
+use crate::commands::KeyPositions;
+use crate::policy::namespace::Strip;
+
+/// Redis Cluster's own reply to a command whose keys are in several slots, word for word.
+pub(super) fn crossslot() -> Bytes {
+    Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
+}
+
+/// Redis Cluster's reply for a slot no node serves, word for word.
+fn clusterdown() -> Bytes {
+    Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")
+}
+
+/// A plain Redis's answer to cluster commands, so cluster-aware clients fall back to treating
+/// the proxy as one server (which is what it is to them).
+fn cluster_disabled() -> Bytes {
+    simple_error("ERR", "This instance has cluster support disabled")
+}
+
+/// How the replies of a command sent to every primary become one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Merge {
+    /// Integer replies added up (DBSIZE).
+    Sum,
+    /// Array replies concatenated (KEYS).
+    Concat,
+    /// The first error, else the first reply (FLUSHALL, FLUSHDB).
+    AllOk,
+    /// The first non-nil reply, starting from a node that varies (RANDOMKEY).
+    FirstNonNil,
+}
+
+/// A whole-keyspace command to send to every primary.
+pub(super) struct Fanout {
+    /// The command as it is sent (after the policy's rewrite).
+    bytes: Bytes,
+    /// How the replies are combined.
+    merge: Merge,
+    /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
+    strip: Option<Box<Strip>>,
+}
+
+impl Session {
+    /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
+    /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
+    /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
+    /// a key's slot.
+    pub(super) fn place(&self, router: &Router, action: Action, args: &Args<'_>) -> Action {
+        let (target, effect, rewrite) = match &action {
+            Action::Forward { target, effect, .. } => (*target, *effect, None),
+            Action::Rewritten {
+                target,
+                effect,
+                rewrite,
+                ..
+            } => (*target, *effect, Some(rewrite)),
+            _ => return action,
+        };
+        if let Some(answer) = self.cluster_command(args, effect, rewrite) {
+            return answer;
+        }
+        let rewritten = rewrite.and_then(|r| r.command.as_ref());
+        let Ok(slot) = self.key_slot(args, rewritten) else {
+            return Action::Refused(crossslot());
+        };
+        let snapshot = router.snapshot();
+        let node = match slot {
+            Some(s) => snapshot.owner(s),
+            // Keyless: stay where the session already is, so it need not wait for a switch.
+            None => match (target, self.inflight_target, &self.dedicated) {
+                (Target::Dedicated(_), _, Some(d)) => Some(d.node),
+                (Target::Shared(..), Some(Target::Shared(_, n)), _) => Some(n),
+                _ => router.home(self.id),
+            },
+        };
+        let Some(node) = node else {
+            router.refresh_soon();
+            return Action::Refused(clusterdown());
+        };
+        let target = match target {
+            Target::Shared(proto, _) => Target::Shared(proto, node),
+            Target::Dedicated(_) => match self.dedicated.as_ref().filter(|_| self.pinned()) {
+                // A pinned session's state lives on one node; a key elsewhere cannot join it.
+                Some(d) if slot.is_some() && d.node != node => {
+                    return Action::Refused(crossslot());
+                }
+                Some(d) => Target::Dedicated(d.node),
+                None => Target::Dedicated(node),
+            },
+        };
+        match action {
+            Action::Forward { expect, effect, .. } => Action::Forward {
+                target,
+                expect,
+                effect,
+            },
+            Action::Rewritten {
+                expect,
+                effect,
+                rewrite,
+                ..
+            } => Action::Rewritten {
+                target,
+                expect,
+                effect,
+                rewrite,
+            },
+            other => other,
+        }
+    }
+
+    /// Commands a cluster cannot take as they are: `Some(answer)` for those.
+    fn cluster_command(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Option<Action> {
+        match effect {
+            Effect::Select(db) if db != 0 => {
+                return Some(Action::Local(
+                    simple_error("ERR", "SELECT is not allowed in cluster mode"),
+                    LocalEffect::None,
+                ));
+            }
+            Effect::Multi if !self.in_multi => {
+                return Some(Action::Local(
+                    Bytes::from_static(b"+OK\r\n"),
+                    LocalEffect::DeferMulti,
+                ));
+            }
+            Effect::Multi if self.multi_deferred => {
+                return Some(Action::Local(
+                    simple_error("ERR", "MULTI calls can not be nested"),
+                    LocalEffect::None,
+                ));
+            }
+            Effect::EndMulti | Effect::AbortExec if self.multi_deferred => {
+                let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
+                let reply = if !exec {
+                    Bytes::from_static(b"+OK\r\n")
+                } else if self.multi_refused {
+                    simple_error(
+                        "EXECABORT",
+                        "Transaction discarded because of previous errors.",
+                    )
+                } else {
+                    Bytes::from_static(b"*0\r\n")
+                };
+                return Some(Action::Local(reply, LocalEffect::EndMulti));
+            }
+            _ => {}
+        }
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        if is("CLUSTER") {
+            if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") {
+                let reply = format!(":{}\r\n", slot(args.get(2)));
+                return Some(Action::Local(Bytes::from(reply), LocalEffect::None));
+            }
+            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+        }
+        if is("READONLY") || is("READWRITE") || is("ASKING") {
+            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+        }
+        if is("SCAN") {
+            return Some(Action::Local(
+                simple_error(
+                    "ERR",
+                    "SCAN across a cluster is not supported yet by redis-policy-proxy",
+                ),
+                LocalEffect::None,
+            ));
+        }
+        let merge = if is("DBSIZE") {
+            Merge::Sum
+        } else if is("KEYS") {
+            Merge::Concat
+        } else if is("FLUSHALL") || is("FLUSHDB") {
+            Merge::AllOk
+        } else if is("RANDOMKEY") {
+            Merge::FirstNonNil
+        } else {
+            return None;
+        };
+        if self.in_multi {
+            // EXEC's reply would hold one node's answer only.
+            return Some(Action::Refused(simple_error(
+                "ERR",
+                &format!(
+                    "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
+                    String::from_utf8_lossy(name).to_ascii_uppercase()
+                ),
+            )));
+        }
+        let bytes = match rewrite.and_then(|r| r.command.clone()) {
+            Some(command) => command,
+            None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        Some(Action::Fanout(Box::new(Fanout {
+            bytes,
+            merge,
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        })))
+    }
+
+    /// The one slot of the command's keys: `Ok(None)` for a command without keys (or one the
+    /// table cannot read keys from: the node answers it, with MOVED followed if need be),
+    /// `Err(())` when keys are in several slots.
+    fn key_slot(&self, args: &Args<'_>, rewritten: Option<&Bytes>) -> Result<Option<u16>, ()> {
+        let mut ranges = Vec::new();
+        let argv: Vec<&[u8]> = match rewritten {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| &frame[r.clone()]).collect()
+                }
+                _ => args.iter().collect(),
+            },
+            None => args.iter().collect(),
+        };
+        let mut keys = KeyPositions::with_capacity(4);
+        if crate::commands::keys_into(&argv, &mut keys).is_err() {
+            return Ok(None);
+        }
+        let mut found = None;
+        for i in keys.indices() {
+            let s = slot(argv[i]);
+            match found {
+                None => found = Some(s),
+                Some(f) if f != s => return Err(()),
+                Some(_) => {}
+            }
+        }
+        Ok(found)
+    }
+
+    /// Follows MOVED and ASK replies in a batch from a cluster node: each redirected command
+    /// is sent again to the node named (after `ASKING` for ASK), up to `max_redirects` times,
+    /// and its reply put where the redirection was. Resending is safe: a node that redirects
+    /// has not run the command. Waits for the resent replies (redirections are rare and the
+    /// session's later replies queue behind this one anyway).
+    pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) {
+        let Reply::Batch {
+            data, error: None, ..
+        } = msg
+        else {
+            return;
+        };
+        if !may_redirect(data) {
+            return;
+        }
+        let (
+            Some(router),
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }),
+        ) = (self.ctx.cluster.clone(), self.slots.front())
+        else {
+            return;
+        };
+        let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
+        let mut frames = split_frames(data);
+        let commands = split_commands(&bytes, &self.ctx.codec);
+        if frames.len() != commands.len() {
+            return;
+        }
+        let origin = router.addr(from);
+        let mut todo: Vec<(usize, Redirect)> = frames
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| redirect_of(f, &origin).map(|r| (i, r)))
+            .collect();
+        for _ in 0..router.max_redirects() {
+            if todo.is_empty() {
+                break;
+            }
+            let mut next = Vec::new();
+            let mut start = 0;
+            while start < todo.len() {
+                let (dest, ask) = (todo[start].1.addr().clone(), is_ask(&todo[start].1));
+                let end = todo[start..]
+                    .iter()
+                    .position(|(_, r)| *r.addr() != dest || is_ask(r) != ask)
+                    .map_or(todo.len(), |n| start + n);
+                let group = &todo[start..end];
+                start = end;
+                for (_, r) in group {
+                    if let Redirect::Moved { slot, addr } = r {
+                        router.apply_moved(*slot, addr);
+                    }
+                }
+                let node = router.node(&dest);
+                let mut out = BytesMut::new();
+                for (i, _) in group {
+                    if ask {
+                        out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                    }
+                    out.extend_from_slice(&commands[*i]);
+                }
+                let per = if ask { 2 } else { 1 };
+                let expect = Expect::Frames((group.len() * per) as u32);
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let batch = Batch {
+                    bytes: out.freeze(),
+                    expect,
+                    reply_to: tx,
+                };
+                let pool = router.pool(node);
+                let answer = match pool.shared(proto, self.id).send(batch).await {
+                    Ok(()) => rx.recv().await,
+                    Err(_) => None,
+                };
+                let (data, error) = match answer {
+                    Some(Reply::Batch { data, error, .. }) => (data, error),
+                    _ => (
+                        Bytes::new(),
+                        Some(Box::new(UpstreamError::Unavailable {
+                            addr: dest.clone(),
+                            reason: "connection closed".into(),
+                        })),
+                    ),
+                };
+                let got = split_frames(&data);
+                for (k, (i, _)) in group.iter().enumerate() {
+                    match got.get(k * per + per - 1) {
+                        Some(frame) => {
+                            if let Some(r) = redirect_of(frame, &dest) {
+                                next.push((*i, r));
+                            }
+                            frames[*i] = frame.clone();
+                        }
+                        None => {
+                            let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
+                                addr: dest.clone(),
+                                reason: "no reply after a redirection".into(),
+                            });
+                            frames[*i] = error_reply(&ProxyError::Upstream(e));
+                        }
+                    }
+                }
+            }
+            todo = next;
+        }
+        for (i, r) in todo {
+            frames[i] = simple_error(
+                "ERR",
+                &format!("too many cluster redirections for slot {}", r.slot()),
+            );
+        }
+        *data = frames.concat().into();
+    }
+
+    /// Sends a whole-keyspace command to every primary and merges the replies.
+    pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        let primaries = router.snapshot().primaries().to_vec();
+        if primaries.is_empty() {
+            router.refresh_soon();
+            return clusterdown();
+        }
+        let mut receivers = Vec::with_capacity(primaries.len());
+        for &node in &primaries {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let batch = Batch {
+                bytes: fanout.bytes.clone(),
+                expect: Expect::Frames(1),
+                reply_to: tx,
+            };
+            let sent = router
+                .pool(node)
+                .shared(self.proto, self.id)
+                .send(batch)
+                .await;
+            receivers.push((node, sent.is_ok().then_some(rx)));
+        }
+        let mut replies = Vec::with_capacity(receivers.len());
+        for (node, rx) in receivers {
+            let answer = match rx {
+                Some(mut rx) => rx.recv().await,
+                None => None,
+            };
+            let reply = match answer {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) => data,
+                Some(Reply::Batch { error: Some(e), .. }) => error_reply(&ProxyError::Upstream(*e)),
+                _ => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: "connection closed".into(),
+                })),
+            };
+            replies.push(reply);
+        }
+        let merged = merge(fanout.merge, &replies, self.id);
+        match fanout.strip {
+            Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
+            _ => merged,
+        }
+    }
+}
+
+/// Whether a batch's replies may hold a MOVED or ASK (a cheap scan; values that happen to
+/// contain the text are sorted out by parsing each frame).
+fn may_redirect(data: &[u8]) -> bool {
+    data.starts_with(b"-MOVED ")
+        || data.starts_with(b"-ASK ")
+        || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
+        || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
+}
+
+fn is_ask(r: &Redirect) -> bool {
+    matches!(r, Redirect::Ask { .. })
+}
+
+/// The redirection a reply frame is, if it is one.
+fn redirect_of(frame: &[u8], answered_by: &str) -> Option<Redirect> {
+    if frame.first() != Some(&b'-') {
+        return None;
+    }
+    Redirect::parse(frame, answered_by).ok().flatten()
+}
+
+/// Reply frames of a batch, as slices of its bytes.
+fn split_frames(data: &Bytes) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        match crate::reply::scan(&data[pos..]) {
+            Ok(Some(len)) => {
+                out.push(data.slice(pos..pos + len));
+                pos += len;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Commands of a batch as sent, as slices of its bytes (empty lines left out).
+fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut ranges = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        match codec::decode(&bytes[pos..], limits, &mut ranges) {
+            Ok(Some(Decoded::Command { len })) => {
+                out.push(bytes.slice(pos..pos + len));
+                pos += len;
+            }
+            Ok(Some(Decoded::Empty { len })) => pos += len,
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Combines one reply per primary.
+fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
+    if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+        if how != Merge::FirstNonNil {
+            return e.clone();
+        }
+    }
+    match how {
+        Merge::Sum => {
+            let mut total: i64 = 0;
+            for r in replies {
+                match r
+                    .strip_prefix(b":")
+                    .and_then(|r| r.strip_suffix(b"\r\n"))
+                    .and_then(codec::parse_int)
+                {
+                    Some(n) => total = total.saturating_add(n),
+                    None => return unexpected(r),
+                }
+            }
+            Bytes::from(format!(":{total}\r\n"))
+        }
+        Merge::Concat => {
+            let mut count: i64 = 0;
+            let mut body = BytesMut::new();
+            for r in replies {
+                let header_end = match memchr::memchr(b'\r', r) {
+                    Some(i) if matches!(r.first(), Some(b'*' | b'~')) => i,
+                    _ => return unexpected(r),
+                };
+                let Some(n) = codec::parse_int(&r[1..header_end]) else {
+                    return unexpected(r);
+                };
+                count += n.max(0);
+                body.extend_from_slice(&r[header_end + 2..]);
+            }
+            let mut out = BytesMut::from(format!("*{count}\r\n").as_bytes());
+            out.extend_from_slice(&body);
+            out.freeze()
+        }
+        Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
+        Merge::FirstNonNil => {
+            let n = replies.len();
+            let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
+            let nil =
+                |r: &Bytes| r.first() == Some(&b'-') || &r[..] == b"$-1\r\n" || &r[..] == b"_\r\n";
+            (0..n)
+                .map(|k| &replies[(start + k) % n])
+                .find(|r| !nil(r))
+                .or_else(|| replies.iter().find(|r| r.first() != Some(&b'-')))
+                .or(replies.first())
+                .cloned()
+                .unwrap_or_else(clusterdown)
+        }
+    }
+}
+
+/// A node's reply that does not have the shape its command promises.
+fn unexpected(reply: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "unexpected reply from a cluster node: {}",
+            String::from_utf8_lossy(&reply[..reply.len().min(64)])
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges() {
+        let b = |s: &'static [u8]| Bytes::from_static(s);
+        assert_eq!(
+            &merge(Merge::Sum, &[b(b":3\r\n"), b(b":0\r\n"), b(b":4\r\n")], 0)[..],
+            b":7\r\n"
+        );
+        assert_eq!(
+            &merge(
+                Merge::Concat,
+                &[
+                    b(b"*1\r\n$1\r\na\r\n"),
+                    b(b"*0\r\n"),
+                    b(b"*2\r\n$1\r\nb\r\n$1\r\nc\r\n")
+                ],
+                0
+            )[..],
+            b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"
+        );
+        assert_eq!(
+            &merge(Merge::AllOk, &[b(b"+OK\r\n"), b(b"-ERR no\r\n")], 0)[..],
+            b"-ERR no\r\n"
+        );
+        for seed in 0..3 {
+            assert_eq!(
+                &merge(
+                    Merge::FirstNonNil,
+                    &[b(b"$-1\r\n"), b(b"$1\r\nk\r\n"), b(b"$-1\r\n")],
+                    seed
+                )[..],
+                b"$1\r\nk\r\n"
+            );
+        }
+        assert_eq!(
+            &merge(Merge::FirstNonNil, &[b(b"$-1\r\n"), b(b"$-1\r\n")], 1)[..],
+            b"$-1\r\n"
+        );
+        assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn redirect_scan_ignores_values() {
+        assert!(may_redirect(b"-MOVED 1 127.0.0.1:7000\r\n"));
+        assert!(may_redirect(b"+OK\r\n-ASK 1 127.0.0.1:7000\r\n"));
+        assert!(!may_redirect(b"+OK\r\n:1\r\n"));
+        // A value containing the text is found by the scan but is not an error frame.
+        let data = Bytes::from_static(b"$20\r\n\r\n-MOVED 1 x:1\r\nabcd\r\n");
+        let frames = split_frames(&data);
+        assert_eq!(frames.len(), 1);
+        assert!(redirect_of(&frames[0], "x:1").is_none());
+    }
+}

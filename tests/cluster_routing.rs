@@ -1,0 +1,343 @@
+//! The proxy in front of a real Redis Cluster (3 primaries, 1 replica each), used by clients
+//! that know nothing about clusters: commands reach the node owning their keys, replies come
+//! back in request order, cross-slot commands get Redis's CROSSSLOT, a slot migrated live is
+//! followed through MOVED without the client seeing it, transactions run on their slot's
+//! node, and the default policy still applies.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use common::cluster::RedisCluster;
+use common::{Proxy, Raw, resp, show};
+use redis_policy_proxy::Config;
+use redis_policy_proxy::cluster::slot;
+
+/// Cluster-mode configuration for `seed`, refreshing the map every `refresh_ms`.
+fn cluster_config(seed: &str, refresh_ms: u64) -> Config {
+    let text = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: {refresh_ms}\n"
+    );
+    Config::from_yaml(&text, Path::new("cluster-test.yaml")).expect("cluster config parses")
+}
+
+/// A key whose slot is owned by `primary`, built from `stem`.
+fn key_on(redis: &RedisCluster, primary: &str, stem: &str) -> String {
+    (0..)
+        .map(|i| format!("{stem}:{i}"))
+        .find(|k| redis.primary_for_slot(slot(k.as_bytes())) == primary)
+        .unwrap()
+}
+
+/// `GET key` sent straight to `node`, bypassing the proxy.
+async fn direct_get(node: &str, key: &str) -> Vec<u8> {
+    Raw::connect(node).await.call(&["GET", key]).await
+}
+
+#[tokio::test]
+async fn single_slot_commands_reach_their_owner_in_order() {
+    let redis = RedisCluster::start(3, 1);
+    let primaries = redis.primaries();
+    assert_eq!(primaries.len(), 3);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 1000)).await;
+
+    // Keys over the whole slot range, through the `redis` crate: every SET lands on the
+    // node that owns the key (read back directly), every GET through the proxy sees it.
+    let mut con = common::connect(&proxy.url()).await;
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    let slots: HashSet<u16> = keys.iter().map(|k| slot(k.as_bytes())).collect();
+    assert!(slots.len() > 250);
+    for k in &keys {
+        let _: () = redis::cmd("SET")
+            .arg(k)
+            .arg(format!("v-{k}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    for k in keys.iter().step_by(7) {
+        let v: String = redis::cmd("GET")
+            .arg(k)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(v, format!("v-{k}"));
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        let direct = direct_get(&owner, k).await;
+        let v = format!("v-{k}");
+        assert_eq!(
+            direct,
+            format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
+            "{k} on {owner}"
+        );
+    }
+
+    // One pipeline mixing keys of all three primaries: replies byte for byte in order.
+    let on: Vec<String> = primaries
+        .iter()
+        .enumerate()
+        .map(|(i, p)| key_on(&redis, p, &format!("pipe{i}")))
+        .collect();
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    for round in 0..5 {
+        for (i, k) in on.iter().enumerate() {
+            input.extend(resp(&["SET", k, &format!("{round}-{i}")]));
+            expected.extend_from_slice(b"+OK\r\n");
+            input.extend(resp(&["GET", k]));
+            let v = format!("{round}-{i}");
+            expected.extend(format!("${}\r\n{v}\r\n", v.len()).into_bytes());
+            input.extend(resp(&["PING"]));
+            expected.extend_from_slice(b"+PONG\r\n");
+            input.extend(resp(&["INCR", &format!("{k}:n")]));
+            expected.extend(format!(":{}\r\n", round + 1).into_bytes());
+        }
+    }
+    let mut c = Raw::connect(proxy.addr).await;
+    c.send(&input).await;
+    let got = c.read_frames(5 * 3 * 4).await.concat();
+    assert_eq!(show(&got), show(&expected));
+
+    // Keys in two slots: Redis's CROSSSLOT, nothing sent; one slot (hash tags): served.
+    let (a, b) = (&on[0], &on[1]);
+    for cmd in [
+        vec!["MGET", a.as_str(), b.as_str()],
+        vec!["DEL", a.as_str(), b.as_str()],
+        vec!["RENAME", a.as_str(), b.as_str()],
+    ] {
+        assert_eq!(
+            c.call(&cmd[..]).await,
+            b"-CROSSSLOT Keys in request don't hash to the same slot\r\n",
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(c.call(&["GET", a]).await, b"$3\r\n4-0\r\n");
+    assert_eq!(
+        c.call(&["MSET", "{u1}.a", "1", "{u1}.b", "2"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        c.call(&["MGET", "{u1}.a", "{u1}.b"]).await,
+        b"*2\r\n$1\r\n1\r\n$1\r\n2\r\n"
+    );
+
+    // What a cluster cannot do as one Redis: answered by the proxy in Redis's words.
+    assert_eq!(
+        c.call(&["SELECT", "1"]).await,
+        b"-ERR SELECT is not allowed in cluster mode\r\n"
+    );
+    assert_eq!(c.call(&["SELECT", "0"]).await, b"+OK\r\n");
+    assert_eq!(
+        c.call(&["CLUSTER", "KEYSLOT", a]).await,
+        format!(":{}\r\n", slot(a.as_bytes())).into_bytes()
+    );
+    assert_eq!(
+        c.call(&["CLUSTER", "SLOTS"]).await,
+        b"-ERR This instance has cluster support disabled\r\n"
+    );
+    assert_eq!(
+        c.call(&["SCAN", "0"]).await,
+        b"-ERR SCAN across a cluster is not supported yet by redis-policy-proxy\r\n"
+    );
+    assert_eq!(c.call(&["ECHO", "hi"]).await, b"$2\r\nhi\r\n");
+
+    // Whole-keyspace commands visit every primary.
+    let mut total = 0;
+    for p in &primaries {
+        let reply = Raw::connect(p).await.call(&["DBSIZE"]).await;
+        total += String::from_utf8_lossy(&reply[1..reply.len() - 2])
+            .parse::<i64>()
+            .unwrap();
+    }
+    assert!(total > 300);
+    assert_eq!(
+        c.call(&["DBSIZE"]).await,
+        format!(":{total}\r\n").into_bytes()
+    );
+    let keys_reply = c.call(&["KEYS", "pipe*"]).await;
+    assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
+    let random = c.call(&["RANDOMKEY"]).await;
+    assert!(random.starts_with(b"$"), "{}", show(&random));
+
+    // A transaction on one slot runs on its node; EXEC answers everything queued.
+    let t = key_on(&redis, &primaries[2], "tx");
+    let tx = [
+        resp(&["MULTI"]),
+        resp(&["SET", &t, "1"]),
+        resp(&["INCR", &t]),
+        resp(&["GET", &t]),
+        resp(&["EXEC"]),
+    ]
+    .concat();
+    let got = c.request(&tx, 5).await;
+    assert_eq!(
+        show(&got),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n:2\r\n$1\r\n2\r\n")
+    );
+    assert_eq!(direct_get(&primaries[2], &t).await, b"$1\r\n2\r\n");
+    // A key of another node inside the transaction: CROSSSLOT, and EXEC aborts.
+    let other = key_on(&redis, &primaries[0], "tx");
+    let tx = [
+        resp(&["MULTI"]),
+        resp(&["SET", &t, "5"]),
+        resp(&["SET", &other, "5"]),
+        resp(&["EXEC"]),
+    ]
+    .concat();
+    let got = c.request(&tx, 4).await;
+    assert_eq!(
+        show(&got),
+        show(
+            b"+OK\r\n+QUEUED\r\n-CROSSSLOT Keys in request don't hash to the same slot\r\n-EXECABORT Transaction discarded because of previous errors.\r\n"
+        )
+    );
+    assert_eq!(direct_get(&primaries[2], &t).await, b"$1\r\n2\r\n");
+    // An empty transaction never reaches a node.
+    assert_eq!(
+        c.request(&[resp(&["MULTI"]), resp(&["EXEC"])].concat(), 2)
+            .await,
+        b"+OK\r\n*0\r\n"
+    );
+    assert_eq!(c.call(&["GET", a]).await, b"$3\r\n4-0\r\n");
+    proxy.stop().await;
+}
+
+/// `CLUSTER MYID` of the node at `addr`.
+fn node_id(redis: &RedisCluster, addr: &str) -> String {
+    let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_live_migration_is_followed_without_errors() {
+    let redis = RedisCluster::start(3, 1);
+    // No periodic refresh during the test: only MOVED can teach the proxy the new owner.
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 600_000)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    let s = slot(b"{mig}");
+    let source = redis.primary_for_slot(s);
+    let target = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != source)
+        .unwrap();
+    let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
+    for i in 0..5 {
+        assert_eq!(
+            c.call(&["SET", &format!("{{mig}}{i}"), &format!("v{i}")])
+                .await,
+            b"+OK\r\n"
+        );
+    }
+
+    // Mid-migration: keys still on the source are served there; a key the source does not
+    // have is answered with ASK, which the proxy follows with ASKING on the target.
+    let mut to_source = Raw::connect(&source).await;
+    let mut to_target = Raw::connect(&target).await;
+    let setslot =
+        |state: &str, node: &str| resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, node]);
+    assert_eq!(
+        to_target
+            .request(&setslot("IMPORTING", &source_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source
+            .request(&setslot("MIGRATING", &target_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["GET", "{mig}0"]).await, b"$2\r\nv0\r\n");
+    assert_eq!(c.call(&["SET", "{mig}new", "n"]).await, b"+OK\r\n");
+    assert_eq!(
+        to_target
+            .request(&[resp(&["ASKING"]), resp(&["GET", "{mig}new"])].concat(), 2)
+            .await,
+        b"+OK\r\n$1\r\nn\r\n"
+    );
+
+    // The keys move, then the slot: every primary learns the new owner. The proxy's map
+    // still names the source, which now answers MOVED: followed, the client sees values.
+    let (host, port) = target.rsplit_once(':').unwrap();
+    let mut migrate = vec!["MIGRATE", host, port, "", "0", "5000", "KEYS"];
+    let keys: Vec<String> = (0..5).map(|i| format!("{{mig}}{i}")).collect();
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(to_source.call(&migrate[..]).await, b"+OK\r\n");
+    for p in redis.primaries() {
+        let mut conn = Raw::connect(&p).await;
+        assert_eq!(
+            conn.request(&setslot("NODE", &target_id), 1).await,
+            b"+OK\r\n",
+            "{p}"
+        );
+    }
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..5 {
+        input.extend(resp(&["GET", &format!("{{mig}}{i}")]));
+        expected.extend(format!("$2\r\nv{i}\r\n").into_bytes());
+        input.extend(resp(&["PING"]));
+        expected.extend_from_slice(b"+PONG\r\n");
+    }
+    input.extend(resp(&["GET", "{mig}new"]));
+    expected.extend_from_slice(b"$1\r\nn\r\n");
+    c.send(&input).await;
+    assert_eq!(show(&c.read_frames(11).await.concat()), show(&expected));
+    // Writes go to the new owner too, and a fresh client is routed there directly.
+    assert_eq!(c.call(&["SET", "{mig}after", "a"]).await, b"+OK\r\n");
+    assert_eq!(to_target.call(&["GET", "{mig}after"]).await, b"$1\r\na\r\n");
+    let mut fresh = Raw::connect(proxy.addr).await;
+    assert_eq!(fresh.call(&["GET", "{mig}3"]).await, b"$2\r\nv3\r\n");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn the_default_policy_applies_in_cluster_mode() {
+    let redis = RedisCluster::start(3, 0);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let upstream = "  address: 127.0.0.1:6379\n";
+    assert!(text.contains(upstream));
+    let seeds = redis.live_addrs().join(", ");
+    let text = text.replace(
+        upstream,
+        &format!("  mode: cluster\n  cluster:\n    seeds: [{seeds}]\n"),
+    );
+    let config = Config::from_yaml(&text, &path).expect("default policy in cluster mode");
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    let keys = c.call(&["KEYS", "*"]).await;
+    assert!(keys.starts_with(b"-"), "{}", show(&keys));
+    assert!(
+        String::from_utf8_lossy(&keys).contains("KEYS blocks the server"),
+        "{}",
+        show(&keys)
+    );
+    // SET without a TTL gets the default hour (a PX appended), on the node owning the key;
+    // HSET gets its hidden PEXPIRE NX, whose reply the client never sees.
+    for primary in redis.primaries() {
+        let key = key_on(&redis, &primary, "ttl");
+        assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+        let hash = key_on(&redis, &primary, "hash");
+        assert_eq!(c.call(&["HSET", &hash, "f", "v"]).await, b":1\r\n");
+        let mut direct = Raw::connect(&primary).await;
+        for k in [&key, &hash] {
+            let pttl = direct.call(&["PTTL", k]).await;
+            let ms: i64 = String::from_utf8_lossy(&pttl[1..pttl.len() - 2])
+                .parse()
+                .unwrap();
+            assert!(ms > 3_500_000 && ms <= 3_600_000, "{k}: {ms}");
+        }
+    }
+    // PERSIST is refused by the policy before any routing.
+    let persist = c.call(&["PERSIST", "ttl:0"]).await;
+    assert!(persist.starts_with(b"-"), "{}", show(&persist));
+    proxy.stop().await;
+}
