@@ -341,3 +341,122 @@ async fn the_default_policy_applies_in_cluster_mode() {
     assert!(persist.starts_with(b"-"), "{}", show(&persist));
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let mut config = cluster_config(&redis.live_addrs()[0], 1000);
+    let proxy = Proxy::start(config.clone()).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    // To its clients the proxy is one server, whatever HELLO the nodes give.
+    let hello = Raw::connect(proxy.addr).await.call(&["HELLO", "3"]).await;
+    let hello = String::from_utf8_lossy(&hello).into_owned();
+    assert!(
+        hello.contains("$4\r\nmode\r\n$10\r\nstandalone\r\n"),
+        "{hello}"
+    );
+
+    // A blocking pop waits on the node owning its key and is woken by a push from another
+    // client; other clients are not blocked meanwhile.
+    let list = key_on(&redis, &primaries[1], "queue");
+    let mut blocked = Raw::connect(proxy.addr).await;
+    blocked.send(&resp(&["BLPOP", &list, "5"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call(&["RPUSH", &list, "job"]).await, b":1\r\n");
+    let popped = blocked.read_frame().await;
+    assert_eq!(
+        show(&popped),
+        show(format!("*2\r\n${}\r\n{list}\r\n$3\r\njob\r\n", list.len()).as_bytes())
+    );
+
+    // Classic pub/sub: the cluster carries a PUBLISH to subscribers on every node.
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        sub.call(&["SUBSCRIBE", "news"]).await,
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    // Sharded pub/sub: subscribed on the channel's slot owner.
+    let mut ssub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        ssub.call(&["SSUBSCRIBE", "{s}orders"]).await,
+        b"*3\r\n$10\r\nssubscribe\r\n$9\r\n{s}orders\r\n:1\r\n"
+    );
+    for k in 0..3 {
+        // From clients whose keyless commands land on different nodes.
+        let mut publisher = Raw::connect(proxy.addr).await;
+        let published = publisher.call(&["PUBLISH", "news", &format!("n{k}")]).await;
+        assert!(published.starts_with(b":"), "{}", show(&published));
+        assert_eq!(
+            show(&sub.read_frame().await),
+            show(format!("*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nn{k}\r\n").as_bytes())
+        );
+    }
+    assert_eq!(c.call(&["SPUBLISH", "{s}orders", "o1"]).await, b":1\r\n");
+    assert_eq!(
+        show(&ssub.read_frame().await),
+        show(b"*3\r\n$8\r\nsmessage\r\n$9\r\n{s}orders\r\n$2\r\no1\r\n")
+    );
+
+    // WATCH pins the session to the key's node; a change by another client makes EXEC nil,
+    // with or without queued commands.
+    let w = key_on(&redis, &primaries[2], "watched");
+    let mut other = Raw::connect(proxy.addr).await;
+    for queued in [true, false] {
+        assert_eq!(c.call(&["WATCH", &w]).await, b"+OK\r\n");
+        assert_eq!(other.call(&["SET", &w, "changed"]).await, b"+OK\r\n");
+        let mut tx = vec![resp(&["MULTI"])];
+        if queued {
+            tx.push(resp(&["SET", &w, "mine"]));
+        }
+        tx.push(resp(&["EXEC"]));
+        let n = tx.len();
+        let got = c.request(&tx.concat(), n).await;
+        assert!(got.ends_with(b"*-1\r\n"), "{}", show(&got));
+    }
+    assert_eq!(c.call(&["GET", &w]).await, b"$7\r\nchanged\r\n");
+    assert_eq!(c.call(&["WATCH", &w]).await, b"+OK\r\n");
+    let got = c
+        .request(
+            &[
+                resp(&["MULTI"]),
+                resp(&["SET", &w, "mine"]),
+                resp(&["EXEC"]),
+            ]
+            .concat(),
+            3,
+        )
+        .await;
+    assert_eq!(show(&got), show(b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n"));
+    proxy.stop().await;
+
+    // The redis rate-limit backend counts on the node owning the limiter's key.
+    config.rules = Config::from_yaml(
+        "rules:\n  - id: shared-limit\n    rate_limit: {requests: 5, window_ms: 60000, per: address, backend: redis}\n",
+        Path::new("limit.yaml"),
+    )
+    .unwrap()
+    .rules;
+    let proxy = Proxy::spawn(config).await;
+    let limiter_key = "rpp:rl:shared-limit:127.0.0.1";
+    let owner = redis.primary_for_slot(slot(limiter_key.as_bytes()));
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut refused = 0;
+    for _ in 0..40 {
+        let reply = c.call(&["PING"]).await;
+        if reply.starts_with(b"-") {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 20, "only {refused} of 40 refused");
+    assert_eq!(
+        Raw::connect(&owner)
+            .await
+            .call(&["EXISTS", limiter_key])
+            .await,
+        b":1\r\n"
+    );
+    proxy.stop().await;
+}

@@ -131,6 +131,19 @@ impl Router {
         (!primaries.is_empty()).then(|| primaries[(client_id % primaries.len() as u64) as usize])
     }
 
+    /// The node for a command the proxy sends on its own behalf: the owner of its first key's
+    /// slot, or a primary for a keyless command; `None` while the slot has no owner.
+    pub fn node_for(&self, args: &[&[u8]]) -> Option<u16> {
+        let mut keys = crate::commands::KeyPositions::with_capacity(1);
+        let first = crate::commands::keys_into(args, &mut keys)
+            .ok()
+            .and_then(|_| keys.indices().next());
+        match first {
+            Some(i) => self.snapshot().owner(super::slot(args[i])),
+            None => self.home(0),
+        }
+    }
+
     /// Redirections a command may follow.
     pub fn max_redirects(&self) -> u32 {
         self.max_redirects

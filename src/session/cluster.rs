@@ -145,7 +145,9 @@ impl Session {
                     LocalEffect::None,
                 ));
             }
-            Effect::EndMulti | Effect::AbortExec if self.multi_deferred => {
+            // With a WATCH on the connection, EXEC must run there even with nothing queued:
+            // a watched key that changed makes it answer nil.
+            Effect::EndMulti | Effect::AbortExec if self.multi_deferred && !self.watching => {
                 let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
                 let reply = if !exec {
                     Bytes::from_static(b"+OK\r\n")
@@ -229,11 +231,26 @@ impl Session {
             None => args.iter().collect(),
         };
         let mut keys = KeyPositions::with_capacity(4);
-        if crate::commands::keys_into(&argv, &mut keys).is_err() {
+        let name = argv[0];
+        // Shard channels are not keys to the command table, but Redis routes them by slot.
+        let shard_channels = if name.eq_ignore_ascii_case(b"SSUBSCRIBE")
+            || name.eq_ignore_ascii_case(b"SUNSUBSCRIBE")
+        {
+            1..argv.len()
+        } else if name.eq_ignore_ascii_case(b"SPUBLISH") && argv.len() > 1 {
+            1..2
+        } else {
+            0..0
+        };
+        let indices: Vec<usize> = if !shard_channels.is_empty() {
+            shard_channels.collect()
+        } else if crate::commands::keys_into(&argv, &mut keys).is_ok() {
+            keys.indices().collect()
+        } else {
             return Ok(None);
-        }
+        };
         let mut found = None;
-        for i in keys.indices() {
+        for i in indices {
             let s = slot(argv[i]);
             match found {
                 None => found = Some(s),
@@ -408,6 +425,23 @@ impl Session {
             Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
             _ => merged,
         }
+    }
+}
+
+/// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
+/// server, and a client that switched to cluster mode on seeing `cluster` would then ask for
+/// `CLUSTER SLOTS` and be refused.
+pub(super) fn as_standalone(hello: Bytes) -> Bytes {
+    const CLUSTER: &[u8] = b"$4\r\nmode\r\n$7\r\ncluster\r\n";
+    match memchr::memmem::find(&hello, CLUSTER) {
+        None => hello,
+        Some(at) => [
+            &hello[..at],
+            b"$4\r\nmode\r\n$10\r\nstandalone\r\n",
+            &hello[at + CLUSTER.len()..],
+        ]
+        .concat()
+        .into(),
     }
 }
 

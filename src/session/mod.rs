@@ -596,8 +596,12 @@ impl Session {
             tenant: self.tenant,
         };
         for check in policy.shared_limits(&client) {
+            let transport = match &self.ctx.cluster {
+                None => self.ctx.pool.control(),
+                Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
+            };
             let limiter = match crate::ratelimit::redis::RedisLimiter::new(
-                self.ctx.pool.control(),
+                transport,
                 check.prefix,
                 check.limit,
             ) {
@@ -1125,6 +1129,9 @@ impl Session {
                 }
                 self.rbuf.advance(len);
                 let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
+                    Some(reply) if self.ctx.cluster.is_some() => {
+                        cluster::as_standalone(with_client_id(&reply, self.id))
+                    }
                     Some(reply) => with_client_id(&reply, self.id),
                     None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr().clone(),

@@ -122,7 +122,7 @@ impl Pool {
     /// A handle for the proxy's own commands on the control connection.
     pub fn control(&self) -> Control {
         Control {
-            tx: self.control.clone(),
+            to: ControlTo::Node(self.control.clone()),
         }
     }
 
@@ -293,8 +293,27 @@ async fn supervise(
 /// The proxy's control connection, as the rate limiter's transport: one command, one reply.
 #[derive(Clone)]
 pub struct Control {
-    /// Queue of the control connection's supervisor.
-    tx: mpsc::Sender<Batch>,
+    /// Where commands go.
+    to: ControlTo,
+}
+
+/// The control connection of one node, or of whichever cluster node owns the command's key.
+#[derive(Clone)]
+enum ControlTo {
+    /// Queue of the standalone upstream's control connection supervisor.
+    Node(mpsc::Sender<Batch>),
+    /// Cluster mode: each command goes to the control connection of the primary owning its
+    /// key (the limiter's EVALSHA names one key), so a limit counts in one place.
+    Cluster(Arc<crate::cluster::Router>),
+}
+
+impl Control {
+    /// A transport that routes each command by its key's slot.
+    pub fn cluster(router: Arc<crate::cluster::Router>) -> Control {
+        Control {
+            to: ControlTo::Cluster(router),
+        }
+    }
 }
 
 impl crate::ratelimit::redis::Transport for Control {
@@ -307,14 +326,26 @@ impl crate::ratelimit::redis::Transport for Control {
             addr: "control".into(),
             reason: "control connection closed".into(),
         };
-        self.tx
-            .send(Batch {
-                bytes,
-                expect: super::Expect::Frames(1),
-                reply_to,
-            })
-            .await
-            .map_err(|_| closed())?;
+        let tx = match &self.to {
+            ControlTo::Node(tx) => tx.clone(),
+            ControlTo::Cluster(router) => match router.node_for(args) {
+                Some(node) => router.pool(node).control.clone(),
+                None => {
+                    router.refresh_soon();
+                    return Err(UpstreamError::Unavailable {
+                        addr: "cluster".into(),
+                        reason: "no node serves the key's slot".into(),
+                    });
+                }
+            },
+        };
+        tx.send(Batch {
+            bytes,
+            expect: super::Expect::Frames(1),
+            reply_to,
+        })
+        .await
+        .map_err(|_| closed())?;
         match rx.recv().await {
             Some(Reply::Batch {
                 data, error: None, ..
