@@ -99,12 +99,64 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     let got = c.read_frames(5 * 3 * 4).await.concat();
     assert_eq!(show(&got), show(&expected));
 
-    // Keys in two slots: Redis's CROSSSLOT, nothing sent; one slot (hash tags): served.
+    // Keys in two slots: split by slot where Redis semantics allow, the replies joined in
+    // the client's key order; Redis's CROSSSLOT (nothing sent) where they do not.
     let (a, b) = (&on[0], &on[1]);
+    let (x, y) = (&on[2], "missing:key");
+    assert_eq!(
+        show(&c.call(&["MGET", b, y, a, x, a]).await),
+        show(b"*5\r\n$3\r\n4-1\r\n$-1\r\n$3\r\n4-0\r\n$3\r\n4-2\r\n$3\r\n4-0\r\n")
+    );
+    assert_eq!(c.call(&["EXISTS", a, b, y, a]).await, b":3\r\n");
+    assert_eq!(
+        c.call(&[
+            "MSET", "s:1", "one", "s:2", "two", "s:3", "three", "s:4", "four"
+        ])
+        .await,
+        b"+OK\r\n"
+    );
+    let spread: HashSet<String> = ["s:1", "s:2", "s:3", "s:4"]
+        .iter()
+        .map(|k| redis.primary_for_slot(slot(k.as_bytes())))
+        .collect();
+    assert!(spread.len() > 1, "test keys all on one node");
+    for (k, v) in [("s:1", "one"), ("s:4", "four")] {
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        assert_eq!(
+            direct_get(&owner, k).await,
+            format!("${}\r\n{v}\r\n", v.len()).into_bytes()
+        );
+    }
+    assert_eq!(c.call(&["TOUCH", "s:1", "s:2", y]).await, b":2\r\n");
+    assert_eq!(
+        c.call(&["DEL", "s:1", "s:2", "s:3", "s:4", y]).await,
+        b":4\r\n"
+    );
+    assert_eq!(c.call(&["UNLINK", "s:1", "s:2"]).await, b":0\r\n");
+    // Split commands keep their place in a pipeline.
+    let got = c
+        .request(
+            &[
+                resp(&["SET", "p:1", "1"]),
+                resp(&["MGET", "p:1", "p:2", a]),
+                resp(&["SET", "p:2", "2"]),
+                resp(&["MGET", "p:2", "p:1"]),
+                resp(&["DEL", "p:1", "p:2"]),
+            ]
+            .concat(),
+            5,
+        )
+        .await;
+    assert_eq!(
+        show(&got),
+        show(
+            b"+OK\r\n*3\r\n$1\r\n1\r\n$-1\r\n$3\r\n4-0\r\n+OK\r\n*2\r\n$1\r\n2\r\n$1\r\n1\r\n:2\r\n"
+        )
+    );
     for cmd in [
-        vec!["MGET", a.as_str(), b.as_str()],
-        vec!["DEL", a.as_str(), b.as_str()],
         vec!["RENAME", a.as_str(), b.as_str()],
+        vec!["MSETNX", a.as_str(), "1", b.as_str(), "2"],
+        vec!["SUNIONSTORE", a.as_str(), b.as_str()],
     ] {
         assert_eq!(
             c.call(&cmd[..]).await,
@@ -335,6 +387,23 @@ async fn the_default_policy_applies_in_cluster_mode() {
                 .unwrap();
             assert!(ms > 3_500_000 && ms <= 3_600_000, "{k}: {ms}");
         }
+    }
+    // MSET split over several nodes: each key gets its TTL on its own node.
+    let pairs: Vec<String> = (0..6).map(|i| format!("m:{i}")).collect();
+    let mut mset = vec!["MSET".to_string()];
+    for k in &pairs {
+        mset.push(k.clone());
+        mset.push("v".to_string());
+    }
+    assert_eq!(c.call(&mset[..]).await, b"+OK\r\n");
+    for k in &pairs {
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        let pttl = Raw::connect(&owner).await.call(&["PTTL", k]).await;
+        assert!(
+            pttl.starts_with(b":3") && pttl.len() > 8,
+            "{k}: {}",
+            show(&pttl)
+        );
     }
     // PERSIST is refused by the policy before any routing.
     let persist = c.call(&["PERSIST", "ttl:0"]).await;

@@ -50,6 +50,41 @@ pub(super) struct Fanout {
     strip: Option<Box<Strip>>,
 }
 
+/// How the replies of a multi-key command split by slot become the client's one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// MGET: the values put back in the client's key order.
+    Values,
+    /// MSET: `+OK` when every part says so, else the first error.
+    AllOk,
+    /// DEL, UNLINK, EXISTS, TOUCH: the counts added up.
+    Sum,
+}
+
+/// A multi-key command whose keys are in several slots, as one sub-command per slot.
+pub(super) struct Split {
+    /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
+    /// for its keys) and, per sub-command, the positions of its keys in the client's command.
+    batches: Vec<NodeBatch>,
+    /// How the parts' replies are joined.
+    join: Join,
+    /// Keys in the client's command (MGET's reply length).
+    keys: usize,
+}
+
+/// What one node gets of a split command.
+struct NodeBatch {
+    /// The node.
+    node: u16,
+    /// Sub-commands followed by hidden commands, encoded.
+    bytes: BytesMut,
+    /// For each sub-command, the client-order positions of its keys; hidden commands come
+    /// after them in the batch and their replies are dropped.
+    parts: Vec<Vec<usize>>,
+    /// Hidden commands in the batch.
+    hidden: usize,
+}
+
 impl Session {
     /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
     /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
@@ -71,6 +106,11 @@ impl Session {
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
         let Ok(slot) = self.key_slot(args, rewritten) else {
+            if !self.in_multi && matches!(target, Target::Shared(..)) {
+                if let Some(split) = split(router, args, rewrite) {
+                    return split;
+                }
+            }
             return Action::Refused(crossslot());
         };
         let snapshot = router.snapshot();
@@ -292,10 +332,26 @@ impl Session {
             return;
         }
         let origin = router.addr(from);
+        self.redirect_frames(&router, proto, &origin, &commands, &mut frames)
+            .await;
+        *data = frames.concat().into();
+    }
+
+    /// Sends again, to the node named, each command whose reply frame is a MOVED or ASK (after
+    /// `ASKING` for ASK), up to `max_redirects` times, and puts the new replies in place.
+    /// `commands[i]` is the command `frames[i]` answers; `origin` the node that answered.
+    async fn redirect_frames(
+        &self,
+        router: &Router,
+        proto: u8,
+        origin: &str,
+        commands: &[Bytes],
+        frames: &mut [Bytes],
+    ) {
         let mut todo: Vec<(usize, Redirect)> = frames
             .iter()
             .enumerate()
-            .filter_map(|(i, f)| redirect_of(f, &origin).map(|r| (i, r)))
+            .filter_map(|(i, f)| redirect_of(f, origin).map(|r| (i, r)))
             .collect();
         for _ in 0..router.max_redirects() {
             if todo.is_empty() {
@@ -374,7 +430,72 @@ impl Session {
                 &format!("too many cluster redirections for slot {}", r.slot()),
             );
         }
-        *data = frames.concat().into();
+    }
+
+    /// Sends the parts of a split multi-key command and joins their replies.
+    pub(super) async fn split(&mut self, split: Split) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        let mut pending = Vec::with_capacity(split.batches.len());
+        for b in split.batches {
+            let frames = (b.parts.len() + b.hidden) as u32;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let bytes = b.bytes.freeze();
+            let batch = Batch {
+                bytes: bytes.clone(),
+                expect: Expect::Frames(frames),
+                reply_to: tx,
+            };
+            let sent = router
+                .pool(b.node)
+                .shared(self.proto, self.id)
+                .send(batch)
+                .await;
+            pending.push((b.node, b.parts, bytes, sent.is_ok().then_some(rx)));
+        }
+        // Every part's reply, with the client-order positions of its keys.
+        let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
+        for (node, positions, bytes, rx) in pending {
+            let answer = match rx {
+                Some(mut rx) => rx.recv().await,
+                None => None,
+            };
+            let (data, error) = match answer {
+                Some(Reply::Batch { data, error, .. }) => (data, error),
+                _ => (
+                    Bytes::new(),
+                    Some(Box::new(UpstreamError::Unavailable {
+                        addr: router.addr(node),
+                        reason: "connection closed".into(),
+                    })),
+                ),
+            };
+            let mut frames = split_frames(&data);
+            if error.is_none() && may_redirect(&data) {
+                // The slot moved since the map was read: follow, as for any command.
+                let commands = split_commands(&bytes, &self.ctx.codec);
+                if commands.len() == frames.len() {
+                    let origin = router.addr(node);
+                    self.redirect_frames(&router, self.proto, &origin, &commands, &mut frames)
+                        .await;
+                }
+            }
+            for (k, p) in positions.into_iter().enumerate() {
+                let reply = match frames.get(k) {
+                    Some(f) => f.clone(),
+                    None => {
+                        let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
+                            addr: router.addr(node),
+                            reason: "no reply".into(),
+                        });
+                        error_reply(&ProxyError::Upstream(e))
+                    }
+                };
+                parts.push((p, reply));
+            }
+        }
+        join(split.join, split.keys, &parts, self.proto)
     }
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
@@ -426,6 +547,98 @@ impl Session {
             _ => merged,
         }
     }
+}
+
+/// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node; `None` for any other command
+/// (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite cannot be split.
+fn split(
+    router: &Router,
+    args: &Args<'_>,
+    rewrite: Option<&crate::policy::ttl::Rewrite>,
+) -> Option<Action> {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some()) {
+        return None;
+    }
+    let mut ranges = Vec::new();
+    let argv: Vec<&[u8]> = match rewrite.and_then(|r| r.command.as_ref()) {
+        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
+            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
+            _ => return None,
+        },
+        None => args.iter().collect(),
+    };
+    let name = argv[0];
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    let (join, step) = if is(b"MGET") {
+        (Join::Values, 1)
+    } else if is(b"MSET") {
+        (Join::AllOk, 2)
+    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
+        (Join::Sum, 1)
+    } else {
+        return None;
+    };
+    if argv.len() < 2 || (argv.len() - 1) % step != 0 {
+        return None;
+    }
+    let snapshot = router.snapshot();
+    // Sub-commands by slot, in the order slots first appear.
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
+        let s = slot(argv[i]);
+        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
+            Some((_, positions)) => positions.push(position),
+            None => by_slot.push((s, vec![position])),
+        }
+    }
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    let batch_of = |node: u16, batches: &mut Vec<NodeBatch>| -> usize {
+        match batches.iter().position(|b| b.node == node) {
+            Some(i) => i,
+            None => {
+                batches.push(NodeBatch {
+                    node,
+                    bytes: BytesMut::new(),
+                    parts: Vec::new(),
+                    hidden: 0,
+                });
+                batches.len() - 1
+            }
+        }
+    };
+    for (s, positions) in by_slot {
+        let node = snapshot.owner(s)?;
+        let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
+        sub.push(name);
+        for &p in &positions {
+            let i = 1 + p * step;
+            sub.extend_from_slice(&argv[i..i + step]);
+        }
+        let b = batch_of(node, &mut batches);
+        batches[b].bytes.extend_from_slice(&codec::encode(&sub));
+        batches[b].parts.push(positions);
+    }
+    // The policy's hidden commands (a TTL per key after MSET) go to their own key's node,
+    // after that node's sub-commands.
+    for hidden in rewrite.map_or(&[][..], |r| &r.after[..]) {
+        let mut ranges = Vec::new();
+        let Ok(Some(Decoded::Command { .. })) =
+            codec::decode(hidden, &CodecLimits::default(), &mut ranges)
+        else {
+            return None;
+        };
+        let key = &hidden[ranges.get(1)?.clone()];
+        let node = snapshot.owner(slot(key))?;
+        let b = batch_of(node, &mut batches);
+        batches[b].bytes.extend_from_slice(hidden);
+        batches[b].hidden += 1;
+    }
+    Some(Action::Split(Box::new(Split {
+        batches,
+        join,
+        keys: (argv.len() - 1) / step,
+    })))
 }
 
 /// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
@@ -555,6 +768,59 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
                 .unwrap_or_else(clusterdown)
         }
     }
+}
+
+/// Joins the replies of a split command's parts (see [`Join`]); the first error wins.
+fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    if how != Join::Values {
+        let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
+        return merge(
+            if how == Join::Sum {
+                Merge::Sum
+            } else {
+                Merge::AllOk
+            },
+            &replies,
+            0,
+        );
+    }
+    let nil: &[u8] = if proto == 3 {
+        b"_
+"
+    } else {
+        b"$-1
+"
+    };
+    let mut values: Vec<Bytes> = vec![Bytes::from_static(b""); keys];
+    for (positions, reply) in parts {
+        if reply.first() != Some(&b'*') {
+            return if reply.first() == Some(&b'-') {
+                reply.clone()
+            } else {
+                unexpected(reply)
+            };
+        }
+        let Some(cr) = memchr::memchr(b'\r', reply) else {
+            return unexpected(reply);
+        };
+        if codec::parse_int(&reply[1..cr]) != Some(positions.len() as i64) {
+            return unexpected(reply);
+        }
+        let elements = split_frames(&reply.slice(cr + 2..));
+        if elements.len() != positions.len() {
+            return unexpected(reply);
+        }
+        for (&p, v) in positions.iter().zip(elements) {
+            if let Some(slot) = values.get_mut(p) {
+                *slot = v;
+            }
+        }
+    }
+    let mut out = BytesMut::from(format!("*{keys}\r\n").as_bytes());
+    for v in values {
+        out.extend_from_slice(if v.is_empty() { nil } else { &v });
+    }
+    out.freeze()
 }
 
 /// A node's reply that does not have the shape its command promises.

@@ -209,6 +209,8 @@ enum Action {
     },
     /// Cluster mode: a whole-keyspace command sent to every primary, the replies merged.
     Fanout(Box<cluster::Fanout>),
+    /// Cluster mode: a multi-key command split by slot, the parts' replies joined.
+    Split(Box<cluster::Split>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -1172,6 +1174,21 @@ impl Session {
                 }
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.fanout(*fanout)).await;
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Split(split) => {
+                if self.inflight > 0 {
+                    // The parts go to several nodes at once: earlier commands first.
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.split(*split)).await;
                 if !suppress {
                     self.local(reply);
                 }
