@@ -188,10 +188,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         c.call(&["CLUSTER", "SLOTS"]).await,
         b"-ERR This instance has cluster support disabled\r\n"
     );
-    assert_eq!(
-        c.call(&["SCAN", "0"]).await,
-        b"-ERR SCAN across a cluster is not supported yet by redis-policy-proxy\r\n"
-    );
+    assert_eq!(c.call(&["SCAN", "x"]).await, b"-ERR invalid cursor\r\n");
     assert_eq!(c.call(&["ECHO", "hi"]).await, b"$2\r\nhi\r\n");
 
     // Whole-keyspace commands visit every primary.
@@ -209,6 +206,59 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     );
     let keys_reply = c.call(&["KEYS", "pipe*"]).await;
     assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
+    // SCAN walks every primary with one cursor and returns every key exactly once.
+    let mut everything = HashSet::new();
+    for p in &primaries {
+        let mut conn = common::connect(&format!("redis://{p}/")).await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        everything.extend(keys);
+    }
+    let mut proxied = common::connect(&proxy.url()).await;
+    let mut seen = Vec::new();
+    let mut cursor: u64 = 0;
+    let mut calls = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(50)
+            .query_async(&mut proxied)
+            .await
+            .unwrap();
+        seen.extend(batch);
+        calls += 1;
+        assert!(calls < 1000, "SCAN does not end");
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let unique: HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "a key returned twice");
+    assert_eq!(unique, everything);
+    let (_, matched): (u64, Vec<String>) = {
+        let mut cursor = 0u64;
+        let mut all = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("pipe*:n")
+                .query_async(&mut proxied)
+                .await
+                .unwrap();
+            all.extend(batch);
+            if next == 0 {
+                break (0, all);
+            }
+            cursor = next;
+        }
+    };
+    assert_eq!(matched.len(), 3, "{matched:?}");
     let random = c.call(&["RANDOMKEY"]).await;
     assert!(random.starts_with(b"$"), "{}", show(&random));
 

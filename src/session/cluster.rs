@@ -61,6 +61,23 @@ enum Join {
     Sum,
 }
 
+/// Bits of a composite SCAN cursor holding the node's own cursor; the bits above hold the
+/// index of the primary (ordered by address). A node's cursor is a reverse-binary bucket
+/// index, far below 2^48 for any real table.
+const NODE_CURSOR_BITS: u32 = 48;
+/// The node cursor's part of a composite cursor.
+const NODE_CURSOR_MASK: u64 = (1 << NODE_CURSOR_BITS) - 1;
+
+/// One SCAN call across the cluster's primaries.
+pub(super) struct Scan {
+    /// The client's composite cursor.
+    cursor: u64,
+    /// MATCH/COUNT/TYPE as sent (MATCH already namespaced by the policy).
+    options: Vec<Bytes>,
+    /// The tenant's namespace prefix, removed from the returned names.
+    strip: Option<Box<Strip>>,
+}
+
 /// A multi-key command whose keys are in several slots, as one sub-command per slot.
 pub(super) struct Split {
     /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
@@ -216,13 +233,7 @@ impl Session {
             return Some(Action::Local(cluster_disabled(), LocalEffect::None));
         }
         if is("SCAN") {
-            return Some(Action::Local(
-                simple_error(
-                    "ERR",
-                    "SCAN across a cluster is not supported yet by redis-policy-proxy",
-                ),
-                LocalEffect::None,
-            ));
+            return Some(self.decide_scan(args, rewrite));
         }
         let merge = if is("DBSIZE") {
             Merge::Sum
@@ -254,6 +265,120 @@ impl Session {
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
         })))
+    }
+
+    /// SCAN over every primary with a composite cursor (see [`Scan`]).
+    fn decide_scan(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Action {
+        if self.in_multi {
+            return Action::Refused(simple_error(
+                "ERR",
+                "SCAN inside MULTI is not supported across a cluster by redis-policy-proxy",
+            ));
+        }
+        let mut ranges = Vec::new();
+        let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| frame.slice(r.clone())).collect()
+                }
+                _ => return Action::Refused(crossslot()),
+            },
+            None => args.iter().map(Bytes::copy_from_slice).collect(),
+        };
+        let cursor = argv
+            .get(1)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u64>().ok());
+        let Some(cursor) = cursor else {
+            return Action::Local(simple_error("ERR", "invalid cursor"), LocalEffect::None);
+        };
+        Action::Scan(Box::new(Scan {
+            cursor,
+            options: argv.into_iter().skip(2).collect(),
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        }))
+    }
+
+    /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
+    /// cursor; the reply's cursor is made composite again.
+    pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        // Ordered by address: stable across refreshes that keep the same primaries.
+        let mut primaries: Vec<(Arc<str>, u16)> = router
+            .snapshot()
+            .primaries()
+            .iter()
+            .map(|&n| (router.addr(n), n))
+            .collect();
+        primaries.sort();
+        primaries.dedup();
+        let shard = (scan.cursor >> NODE_CURSOR_BITS) as usize;
+        let node_cursor = scan.cursor & NODE_CURSOR_MASK;
+        let Some(&(_, node)) = primaries.get(shard) else {
+            // The cluster has fewer primaries than when the scan started: nothing left.
+            return Bytes::from_static(b"*2\r\n$1\r\n0\r\n*0\r\n");
+        };
+        let node_cursor = node_cursor.to_string();
+        let mut argv: Vec<&[u8]> = vec![b"SCAN", node_cursor.as_bytes()];
+        argv.extend(scan.options.iter().map(|o| &o[..]));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: codec::encode(&argv),
+            expect: Expect::Frames(1),
+            reply_to: tx,
+        };
+        let sent = router
+            .pool(node)
+            .shared(self.proto, self.id)
+            .send(batch)
+            .await;
+        let reply = match (sent, rx.recv().await) {
+            (
+                Ok(()),
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }),
+            ) => data,
+            (_, Some(Reply::Batch { error: Some(e), .. })) => {
+                return error_reply(&ProxyError::Upstream(*e));
+            }
+            _ => {
+                return error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: "connection closed".into(),
+                }));
+            }
+        };
+        let composite = match scan_reply_cursor(&reply) {
+            Err(()) if reply.first() == Some(&b'-') => return reply,
+            Err(()) => return unexpected(&reply),
+            Ok((0, _)) if shard + 1 < primaries.len() => ((shard + 1) as u64) << NODE_CURSOR_BITS,
+            Ok((0, _)) => 0,
+            Ok((c, _)) if c > NODE_CURSOR_MASK => {
+                return simple_error(
+                    "ERR",
+                    "a node's SCAN cursor does not fit redis-policy-proxy's composite cursor",
+                );
+            }
+            Ok((c, _)) => ((shard as u64) << NODE_CURSOR_BITS) | c,
+        };
+        let Ok((_, keys_at)) = scan_reply_cursor(&reply) else {
+            return unexpected(&reply);
+        };
+        let cursor = composite.to_string();
+        let mut out = BytesMut::from(format!("*2\r\n${}\r\n{cursor}\r\n", cursor.len()).as_bytes());
+        out.extend_from_slice(&reply[keys_at..]);
+        let out = out.freeze();
+        match scan.strip {
+            Some(strip) => strip.apply(&out),
+            None => out,
+        }
     }
 
     /// The one slot of the command's keys: `Ok(None)` for a command without keys (or one the
@@ -823,6 +948,24 @@ fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Byt
     out.freeze()
 }
 
+/// The cursor of a SCAN reply (`*2`, a bulk cursor, the array of names) and where the array
+/// starts.
+fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
+    let rest = reply.strip_prefix(b"*2\r\n$").ok_or(())?;
+    let nl = memchr::memchr(b'\n', rest).ok_or(())?;
+    let len: usize = std::str::from_utf8(rest.get(..nl.checked_sub(1).ok_or(())?).ok_or(())?)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    let digits = rest.get(nl + 1..nl + 1 + len).ok_or(())?;
+    let cursor = std::str::from_utf8(digits)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    // "*2\r\n$" + header + digits + CRLF
+    Ok((cursor, 5 + nl + 1 + len + 2))
+}
+
 /// A node's reply that does not have the shape its command promises.
 fn unexpected(reply: &[u8]) -> Bytes {
     simple_error(
@@ -876,6 +1019,16 @@ mod tests {
             b"$-1\r\n"
         );
         assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn scan_reply_cursor_and_array() {
+        let reply = b"*2\r\n$5\r\n12345\r\n*1\r\n$1\r\nk\r\n";
+        let (cursor, at) = scan_reply_cursor(reply).unwrap();
+        assert_eq!(cursor, 12345);
+        assert_eq!(&reply[at..], b"*1\r\n$1\r\nk\r\n");
+        assert!(scan_reply_cursor(b"-ERR no\r\n").is_err());
+        assert!(scan_reply_cursor(b"*2\r\n$3\r\nabc\r\n*0\r\n").is_err());
     }
 
     #[test]

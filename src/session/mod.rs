@@ -211,6 +211,8 @@ enum Action {
     Fanout(Box<cluster::Fanout>),
     /// Cluster mode: a multi-key command split by slot, the parts' replies joined.
     Split(Box<cluster::Split>),
+    /// Cluster mode: one step of a SCAN over every primary.
+    Scan(Box<cluster::Scan>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -1174,6 +1176,21 @@ impl Session {
                 }
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.fanout(*fanout)).await;
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Scan(scan) => {
+                if self.inflight > 0 {
+                    // Writes sent before the SCAN must be visible to it.
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.scan(*scan)).await;
                 if !suppress {
                     self.local(reply);
                 }
