@@ -579,3 +579,64 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
     );
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
+    let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 500)).await;
+    let primaries = redis.primaries();
+    let keys: Vec<String> = primaries
+        .iter()
+        .map(|p| key_on(&redis, p, "failover"))
+        .collect();
+    let mut c = Raw::connect(proxy.addr).await;
+    for k in &keys {
+        assert_eq!(c.call(&["SET", k, "before"]).await, b"+OK\r\n");
+    }
+    // Let the replicas catch up (asynchronous replication; loopback makes it quick).
+    for p in &primaries {
+        let mut direct = Raw::connect(p).await;
+        let acked = direct.call(&["WAIT", "1", "2000"]).await;
+        assert_eq!(acked, b":1\r\n", "replica of {p}");
+    }
+
+    let victim = &primaries[0];
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == *victim)
+        .unwrap();
+    redis.kill(index);
+
+    // Until the replica is promoted the key's commands fail (at most); then they succeed
+    // again on the same client connection, without restarting the proxy.
+    let started = std::time::Instant::now();
+    let mut errors = 0;
+    loop {
+        let reply = c.call(&["GET", &keys[0]]).await;
+        if reply == b"$6\r\nbefore\r\n" {
+            break;
+        }
+        assert!(reply.starts_with(b"-"), "{}", show(&reply));
+        errors += 1;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no recovery after {errors} errors; last {}",
+            show(&reply)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "failover: {errors} error replies, recovered {:?} after the kill",
+        started.elapsed()
+    );
+    assert_ne!(redis.primary_for_slot(slot(keys[0].as_bytes())), *victim);
+    // Every key, on every shard, through the same connection; writes too.
+    for k in &keys {
+        assert_eq!(c.call(&["GET", k]).await, b"$6\r\nbefore\r\n", "{k}");
+        assert_eq!(c.call(&["SET", k, "after"]).await, b"+OK\r\n", "{k}");
+    }
+    let mut fresh = Raw::connect(proxy.addr).await;
+    assert_eq!(fresh.call(&["GET", &keys[0]]).await, b"$5\r\nafter\r\n");
+    proxy.stop().await;
+}

@@ -697,6 +697,11 @@ impl Session {
                 if self.inflight == 0 {
                     self.inflight_target = None;
                 }
+                if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
+                    // A node that failed may have been replaced (failover): learn it now
+                    // rather than at the next periodic refresh.
+                    router.refresh_soon();
+                }
                 self.observe(read_at, commands, name);
                 let (data, missing) = match &handling.mask {
                     None => (data, missing),
