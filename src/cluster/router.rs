@@ -8,6 +8,7 @@
 //! points at another node.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ pub struct Router {
     snapshot: ArcSwap<Snapshot>,
     /// Wakes the refresher early (after a MOVED, an unowned slot, a failed node).
     refresh: Notify,
+    /// Counts installed maps, so a waiter can tell that the map changed.
+    generation: AtomicU64,
 }
 
 impl Router {
@@ -90,6 +93,7 @@ impl Router {
                 owners: Vec::new(),
             }),
             refresh: Notify::new(),
+            generation: AtomicU64::new(0),
         });
         match discover(&router.seeds, &router.settings.login).await {
             Ok(map) => router.install(map),
@@ -103,6 +107,16 @@ impl Router {
     /// The current routing table.
     pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snapshot.load()
+    }
+
+    /// Identifies the current map: changes whenever a new one is installed.
+    pub fn snapshot_id(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The connect timeout every node's pool uses.
+    pub fn connect_timeout(&self) -> Duration {
+        self.settings.login.connect_timeout
     }
 
     /// The pool of node `node` (an index handed out by this router).
@@ -202,6 +216,7 @@ impl Router {
             "cluster slot map installed"
         );
         self.snapshot.store(Arc::new(Snapshot { map, owners }));
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Known primaries first, then the configured seeds.

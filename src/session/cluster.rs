@@ -432,6 +432,22 @@ impl Session {
     /// has not run the command. Waits for the resent replies (redirections are rare and the
     /// session's later replies queue behind this one anyway).
     pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) {
+        let unsent = matches!(
+            msg,
+            Reply::Batch { data, error: Some(e), .. }
+                if data.is_empty() && matches!(**e, UpstreamError::Unavailable { .. })
+        );
+        if unsent {
+            // Nothing was sent (the node's connection is down): safe to route again.
+            if let Some(data) = Box::pin(self.reroute_unsent()).await {
+                *msg = Reply::Batch {
+                    data,
+                    missing: 0,
+                    error: None,
+                };
+            }
+            return;
+        }
         let Reply::Batch {
             data, error: None, ..
         } = msg
@@ -460,6 +476,91 @@ impl Session {
         self.redirect_frames(&router, proto, &origin, &commands, &mut frames)
             .await;
         *data = frames.concat().into();
+    }
+
+    /// A batch refused because its node's connection is down (a primary failed) was never
+    /// sent: after the map changes (the refresh a failure triggers learns the promoted
+    /// replica), its commands are routed again by their keys. Waits at most twice the connect
+    /// timeout, then gives up and the client gets the original error: no hang. `None` when
+    /// the map did not change in time or the nodes failed again.
+    async fn reroute_unsent(&self) -> Option<Bytes> {
+        let router = self.ctx.cluster.clone()?;
+        let Some(Slot::Upstream {
+            sent: Some(sent), ..
+        }) = self.slots.front()
+        else {
+            return None;
+        };
+        let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
+        let commands = split_commands(&bytes, &self.ctx.codec);
+        let give_up = tokio::time::Instant::now() + router.connect_timeout().saturating_mul(2);
+        let before = router.snapshot_id();
+        loop {
+            router.refresh_soon();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let moved = router.snapshot_id() != before;
+            let nodes: Vec<u16> = commands
+                .iter()
+                .map(|c| node_of_command(&router, c, &self.ctx.codec))
+                .collect::<Option<Vec<u16>>>()?;
+            if moved && !nodes.contains(&from) {
+                return self.send_routed(&router, proto, &commands, &nodes).await;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return None;
+            }
+        }
+    }
+
+    /// Sends `commands[i]` to `nodes[i]`, consecutive commands for one node as one batch, in
+    /// order, following redirections; the replies concatenated, or `None` if a node is down.
+    async fn send_routed(
+        &self,
+        router: &Router,
+        proto: u8,
+        commands: &[Bytes],
+        nodes: &[u16],
+    ) -> Option<Bytes> {
+        let mut out = Vec::with_capacity(commands.len());
+        let mut start = 0;
+        while start < commands.len() {
+            let node = nodes[start];
+            let end = nodes[start..]
+                .iter()
+                .position(|&n| n != node)
+                .map_or(commands.len(), |n| start + n);
+            let group = &commands[start..end];
+            start = end;
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let batch = Batch {
+                bytes: group.concat().into(),
+                expect: Expect::Frames(group.len() as u32),
+                reply_to: tx,
+            };
+            router
+                .pool(node)
+                .shared(proto, self.id)
+                .send(batch)
+                .await
+                .ok()?;
+            let Some(Reply::Batch {
+                data, error: None, ..
+            }) = rx.recv().await
+            else {
+                return None;
+            };
+            let mut frames = split_frames(&data);
+            if frames.len() != group.len() {
+                return None;
+            }
+            if may_redirect(&data) {
+                let origin = router.addr(node);
+                self.redirect_frames(router, proto, &origin, group, &mut frames)
+                    .await;
+            }
+            out.extend(frames);
+        }
+        Some(out.concat().into())
     }
 
     /// Sends again, to the node named, each command whose reply frame is a MOVED or ASK (after
@@ -780,6 +881,18 @@ pub(super) fn as_standalone(hello: Bytes) -> Bytes {
         ]
         .concat()
         .into(),
+    }
+}
+
+/// The node owning the keys of one encoded command (a primary for a keyless one).
+fn node_of_command(router: &Router, command: &[u8], limits: &CodecLimits) -> Option<u16> {
+    let mut ranges = Vec::new();
+    match codec::decode(command, limits, &mut ranges) {
+        Ok(Some(Decoded::Command { .. })) => {
+            let argv: Vec<&[u8]> = ranges.iter().map(|r| &command[r.clone()]).collect();
+            router.node_for(&argv)
+        }
+        _ => None,
     }
 }
 
