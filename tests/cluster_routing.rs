@@ -578,6 +578,75 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
         b":1\r\n"
     );
     proxy.stop().await;
+    // Namespaces: routing follows the prefixed key, hash tags keep working under the
+    // prefix, and SCAN/KEYS over every primary show the tenant its own names only.
+    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+    let access = |prefix: &str| {
+        format!(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: '{prefix}'\n",
+            redis.live_addrs()[0]
+        )
+    };
+    let err = Config::from_yaml(&access("{a}:"), Path::new("ns.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("field `access.namespaces.a`"), "{err}");
+    let config = Config::from_yaml(&access("a:"), Path::new("ns.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut alice = Raw::connect(proxy.addr).await;
+    assert_eq!(alice.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    let mut other = Raw::connect(proxy.addr).await;
+    let names: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+    for n in &names {
+        assert_eq!(alice.call(&["SET", n, n]).await, b"+OK\r\n");
+        assert_eq!(other.call(&["SET", n, "not alice's"]).await, b"+OK\r\n");
+        let owner = redis.primary_for_slot(slot(format!("a:{n}").as_bytes()));
+        assert_eq!(
+            direct_get(&owner, &format!("a:{n}")).await,
+            format!("${}\r\n{n}\r\n", n.len()).into_bytes()
+        );
+    }
+    assert_eq!(
+        show(&alice.call(&["MGET", "n1", "n2", "n3"]).await),
+        show(b"*3\r\n$2\r\nn1\r\n$2\r\nn2\r\n$2\r\nn3\r\n")
+    );
+    let tagged = [
+        resp(&["MULTI"]),
+        resp(&["SET", "{u}.x", "1"]),
+        resp(&["INCR", "{u}.x"]),
+        resp(&["EXEC"]),
+    ];
+    assert_eq!(
+        show(&alice.request(&tagged.concat(), 4).await),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:2\r\n")
+    );
+    assert_eq!(
+        direct_get(&redis.primary_for_slot(slot(b"u")), "a:{u}.x").await,
+        b"$1\r\n2\r\n"
+    );
+    let mut seen = HashSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let reply = alice.call(&["SCAN", &cursor, "COUNT", "7"]).await;
+        let frames = String::from_utf8_lossy(&reply).into_owned();
+        let lines: Vec<&str> = frames.split("\r\n").collect();
+        cursor = lines[2].to_string();
+        for name in lines[4..].iter().skip(1).step_by(2) {
+            if !name.is_empty() {
+                seen.insert(name.to_string());
+            }
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    let mut expected: HashSet<String> = names.iter().cloned().collect();
+    expected.insert("{u}.x".to_string());
+    assert_eq!(seen, expected);
+    let keys = alice.call(&["KEYS", "n1*"]).await;
+    assert!(keys.starts_with(b"*11\r\n"), "{}", show(&keys));
+    assert!(!keys.windows(2).any(|w| w == b"a:"), "{}", show(&keys));
+    proxy.stop().await;
 }
 
 #[tokio::test]
