@@ -318,7 +318,16 @@ fn node_id(redis: &RedisCluster, addr: &str) -> String {
 async fn a_live_migration_is_followed_without_errors() {
     let redis = RedisCluster::start(3, 1);
     // No periodic refresh during the test: only MOVED can teach the proxy the new owner.
-    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 600_000)).await;
+    let mut config = cluster_config(&redis.live_addrs()[0], 600_000);
+    // Room for TRYAGAIN retries (10 ms more per round) while the test moves the keys.
+    config
+        .upstream
+        .cluster
+        .as_mut()
+        .unwrap()
+        .max_redirects
+        .value = 16;
+    let proxy = Proxy::start(config).await;
     let mut c = Raw::connect(proxy.addr).await;
 
     let s = slot(b"{mig}");
@@ -364,6 +373,12 @@ async fn a_live_migration_is_followed_without_errors() {
         b"+OK\r\n$1\r\nn\r\n"
     );
 
+    // A multi-key command whose keys the migration has split between the nodes gets
+    // TRYAGAIN from Redis; the proxy retries it until the keys have moved (then ASK).
+    let mut waiting = Raw::connect(proxy.addr).await;
+    waiting.send(&resp(&["MGET", "{mig}0", "{mig}new"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+
     // The keys move, then the slot: every primary learns the new owner. The proxy's map
     // still names the source, which now answers MOVED: followed, the client sees values.
     let (host, port) = target.rsplit_once(':').unwrap();
@@ -371,6 +386,10 @@ async fn a_live_migration_is_followed_without_errors() {
     let keys: Vec<String> = (0..5).map(|i| format!("{{mig}}{i}")).collect();
     migrate.extend(keys.iter().map(String::as_str));
     assert_eq!(to_source.call(&migrate[..]).await, b"+OK\r\n");
+    assert_eq!(
+        show(&waiting.read_frame().await),
+        show(b"*2\r\n$2\r\nv0\r\n$1\r\nn\r\n")
+    );
     for p in redis.primaries() {
         let mut conn = Raw::connect(&p).await;
         assert_eq!(

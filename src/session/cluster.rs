@@ -574,27 +574,33 @@ impl Session {
         commands: &[Bytes],
         frames: &mut [Bytes],
     ) {
-        let mut todo: Vec<(usize, Redirect)> = frames
+        let mut todo: Vec<(usize, Again)> = frames
             .iter()
             .enumerate()
-            .filter_map(|(i, f)| redirect_of(f, origin).map(|r| (i, r)))
+            .filter_map(|(i, f)| again_of(f, origin).map(|r| (i, r)))
             .collect();
-        for _ in 0..router.max_redirects() {
+        for round in 0..router.max_redirects() {
             if todo.is_empty() {
                 break;
+            }
+            if todo.iter().any(|(_, a)| matches!(a, Again::TryAgain(_))) {
+                // The slot is being migrated and the keys are split between the nodes for a
+                // moment: back off a little more each round, as Redis Cluster clients do.
+                let wait = 10 * u64::from(round + 1);
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             }
             let mut next = Vec::new();
             let mut start = 0;
             while start < todo.len() {
-                let (dest, ask) = (todo[start].1.addr().clone(), is_ask(&todo[start].1));
+                let (dest, ask) = (todo[start].1.addr().clone(), todo[start].1.is_ask());
                 let end = todo[start..]
                     .iter()
-                    .position(|(_, r)| *r.addr() != dest || is_ask(r) != ask)
+                    .position(|(_, r)| *r.addr() != dest || r.is_ask() != ask)
                     .map_or(todo.len(), |n| start + n);
                 let group = &todo[start..end];
                 start = end;
                 for (_, r) in group {
-                    if let Redirect::Moved { slot, addr } = r {
+                    if let Again::Redirect(Redirect::Moved { slot, addr }) = r {
                         router.apply_moved(*slot, addr);
                     }
                 }
@@ -633,7 +639,7 @@ impl Session {
                 for (k, (i, _)) in group.iter().enumerate() {
                     match got.get(k * per + per - 1) {
                         Some(frame) => {
-                            if let Some(r) = redirect_of(frame, &dest) {
+                            if let Some(r) = again_of(frame, &dest) {
                                 next.push((*i, r));
                             }
                             frames[*i] = frame.clone();
@@ -651,10 +657,14 @@ impl Session {
             todo = next;
         }
         for (i, r) in todo {
-            frames[i] = simple_error(
-                "ERR",
-                &format!("too many cluster redirections for slot {}", r.slot()),
-            );
+            // A TRYAGAIN that outlasted the retries stays Redis's own error: the client may
+            // retry it later, as Redis intends.
+            if let Again::Redirect(r) = r {
+                frames[i] = simple_error(
+                    "ERR",
+                    &format!("too many cluster redirections for slot {}", r.slot()),
+                );
+            }
         }
     }
 
@@ -896,17 +906,45 @@ fn node_of_command(router: &Router, command: &[u8], limits: &CodecLimits) -> Opt
     }
 }
 
-/// Whether a batch's replies may hold a MOVED or ASK (a cheap scan; values that happen to
-/// contain the text are sorted out by parsing each frame).
+/// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
+/// happen to contain the text are sorted out by parsing each frame).
 fn may_redirect(data: &[u8]) -> bool {
     data.starts_with(b"-MOVED ")
         || data.starts_with(b"-ASK ")
+        || data.starts_with(b"-TRYAGAIN")
         || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
         || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
+        || memchr::memmem::find(data, b"\r\n-TRYAGAIN").is_some()
 }
 
-fn is_ask(r: &Redirect) -> bool {
-    matches!(r, Redirect::Ask { .. })
+/// A command to send again, and where.
+enum Again {
+    /// MOVED or ASK: to the node named.
+    Redirect(Redirect),
+    /// TRYAGAIN (a multi-key command whose keys are split by a migration in progress): to the
+    /// same node, after a short wait.
+    TryAgain(Arc<str>),
+}
+
+impl Again {
+    fn addr(&self) -> &Arc<str> {
+        match self {
+            Again::Redirect(r) => r.addr(),
+            Again::TryAgain(addr) => addr,
+        }
+    }
+
+    fn is_ask(&self) -> bool {
+        matches!(self, Again::Redirect(Redirect::Ask { .. }))
+    }
+}
+
+/// Whether a reply frame asks for the command to be sent again.
+fn again_of(frame: &[u8], answered_by: &str) -> Option<Again> {
+    if frame.starts_with(b"-TRYAGAIN") {
+        return Some(Again::TryAgain(answered_by.into()));
+    }
+    redirect_of(frame, answered_by).map(Again::Redirect)
 }
 
 /// The redirection a reply frame is, if it is one.
