@@ -415,6 +415,41 @@ async fn a_live_migration_is_followed_without_errors() {
     assert_eq!(to_target.call(&["GET", "{mig}after"]).await, b"$1\r\na\r\n");
     let mut fresh = Raw::connect(proxy.addr).await;
     assert_eq!(fresh.call(&["GET", "{mig}3"]).await, b"$2\r\nv3\r\n");
+
+    // A blocking command sent with a stale map: the old owner answers MOVED on the dedicated
+    // connection; the proxy sends it again on a dedicated connection to the new owner, where
+    // it blocks until a push wakes it.
+    let b = slot(b"{blk}");
+    let b_source = redis.primary_for_slot(b);
+    let b_target = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != b_source)
+        .unwrap();
+    let b_target_id = node_id(&redis, &b_target);
+    for p in redis.primaries() {
+        let reply = Raw::connect(&p)
+            .await
+            .call(&["CLUSTER", "SETSLOT", &b.to_string(), "NODE", &b_target_id])
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+    let mut blocked = Raw::connect(proxy.addr).await;
+    blocked.send(&resp(&["BLPOP", "{blk}list", "5"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(c.call(&["RPUSH", "{blk}list", "x"]).await, b":1\r\n");
+    assert_eq!(
+        show(&blocked.read_frame().await),
+        show(b"*2\r\n$9\r\n{blk}list\r\n$1\r\nx\r\n")
+    );
+    assert_eq!(
+        Raw::connect(&b_target)
+            .await
+            .call(&["EXISTS", "{blk}list"])
+            .await,
+        b":0\r\n"
+    );
+    assert_eq!(blocked.call(&["PING"]).await, b"+PONG\r\n");
     proxy.stop().await;
 }
 

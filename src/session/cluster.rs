@@ -431,7 +431,14 @@ impl Session {
     /// and its reply put where the redirection was. Resending is safe: a node that redirects
     /// has not run the command. Waits for the resent replies (redirections are rare and the
     /// session's later replies queue behind this one anyway).
-    pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) {
+    pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
+        if let Some(Slot::Upstream {
+            sent: Some(sent), ..
+        }) = self.slots.front()
+            && sent.dedicated
+        {
+            return Box::pin(self.redirect_dedicated(msg)).await;
+        }
         let unsent = matches!(
             msg,
             Reply::Batch { data, error: Some(e), .. }
@@ -446,16 +453,16 @@ impl Session {
                     error: None,
                 };
             }
-            return;
+            return false;
         }
         let Reply::Batch {
             data, error: None, ..
         } = msg
         else {
-            return;
+            return false;
         };
         if !may_redirect(data) {
-            return;
+            return false;
         }
         let (
             Some(router),
@@ -464,18 +471,143 @@ impl Session {
             }),
         ) = (self.ctx.cluster.clone(), self.slots.front())
         else {
-            return;
+            return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let mut frames = split_frames(data);
         let commands = split_commands(&bytes, &self.ctx.codec);
         if frames.len() != commands.len() {
-            return;
+            return false;
         }
         let origin = router.addr(from);
         self.redirect_frames(&router, proto, &origin, &commands, &mut frames)
             .await;
         *data = frames.concat().into();
+        false
+    }
+
+    /// A blocking command answered MOVED, ASK or TRYAGAIN on the dedicated connection: sent
+    /// again on a dedicated connection to the node named, with the session's own reply
+    /// channel, so the session keeps serving (and noticing a client that leaves) while it
+    /// blocks there. `true` when resent: the reply is then not the client's yet.
+    async fn redirect_dedicated(&mut self, msg: &mut Reply) -> bool {
+        let Reply::Batch {
+            data, error: None, ..
+        } = msg
+        else {
+            return false;
+        };
+        let (
+            Some(router),
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }),
+        ) = (self.ctx.cluster.clone(), self.slots.front())
+        else {
+            return false;
+        };
+        let origin = router.addr(sent.node);
+        // After an ASK the batch also holds ASKING's reply: the command's is the last.
+        let Some(again) = split_frames(data)
+            .last()
+            .and_then(|frame| again_of(frame, &origin))
+        else {
+            return false;
+        };
+        if sent.redirects >= router.max_redirects() {
+            if let Again::Redirect(r) = again {
+                *data = simple_error(
+                    "ERR",
+                    &format!("too many cluster redirections for slot {}", r.slot()),
+                );
+                if let Some(Slot::Upstream {
+                    commands, handling, ..
+                }) = self.slots.front_mut()
+                {
+                    // The error stands for the command alone.
+                    self.inflight -= (*commands - 1) as usize;
+                    *commands = 1;
+                    handling.mask = None;
+                }
+            }
+            return false;
+        }
+        let (command, proto) = (sent.bytes.clone(), sent.proto);
+        match &again {
+            Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
+            Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            Again::Redirect(Redirect::Ask { .. }) => {}
+        }
+        let node = router.node(again.addr());
+        let Some(tx) = self.dedicated_to(&router, node, proto).await else {
+            return false;
+        };
+        let ask = again.is_ask();
+        let bytes = if ask {
+            [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
+                .concat()
+                .into()
+        } else {
+            command
+        };
+        let frames: u32 = if ask { 2 } else { 1 };
+        let batch = Batch {
+            bytes,
+            expect: Expect::Frames(frames),
+            reply_to: self.reply_sender(),
+        };
+        if tx.send(batch).await.is_err() {
+            return false;
+        }
+        if let Some(Slot::Upstream {
+            commands,
+            handling,
+            sent: Some(sent),
+            ..
+        }) = self.slots.front_mut()
+        {
+            self.inflight = self.inflight + frames as usize - *commands as usize;
+            *commands = frames;
+            handling.mask = ask.then(|| vec![false, true]);
+            sent.node = node;
+            sent.redirects += 1;
+        }
+        self.inflight_target = Some(Target::Dedicated(node));
+        true
+    }
+
+    /// The session's dedicated connection, moved to `node` if it is elsewhere; `None` when
+    /// the session is pinned to its node or the connection cannot be opened.
+    async fn dedicated_to(
+        &mut self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+    ) -> Option<mpsc::Sender<Batch>> {
+        if let Some(d) = &self.dedicated
+            && d.node == node
+            && d.proto == proto
+            && !d.tx.is_closed()
+        {
+            return Some(d.tx.clone());
+        }
+        if self.pinned() {
+            return None;
+        }
+        let push = PushTarget {
+            to: self.reply_sender(),
+            budget: self.push_budget.clone(),
+            budget_size: PUSH_BUDGET,
+            conn_id: self.dedicated_gen + 1,
+        };
+        let tx = router.pool(node).dedicated(proto, push, false).await.ok()?;
+        self.dedicated_gen += 1;
+        self.dedicated = Some(Dedicated {
+            tx: tx.clone(),
+            proto,
+            node,
+        });
+        Some(tx)
     }
 
     /// A batch refused because its node's connection is down (a primary failed) was never

@@ -106,10 +106,17 @@ enum Slot {
 struct Sent {
     /// The batch's bytes as sent.
     bytes: Bytes,
-    /// The RESP version of the shared connection it went over.
+    /// The RESP version of the connection it went over.
     proto: u8,
     /// The node it went to.
     node: u16,
+    /// Sent on the session's dedicated connection (a blocking command): a redirection is
+    /// followed on a dedicated connection to the new node, never on a shared one it would
+    /// block.
+    dedicated: bool,
+    /// Redirections followed so far for this batch (dedicated only; shared batches follow
+    /// theirs in one go).
+    redirects: u32,
 }
 
 /// How the replies of one upstream slot are treated.
@@ -467,16 +474,17 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             biased;
             msg = recv(&mut reply_rx) => {
                 let Some(mut msg) = msg else { break };
-                if s.ctx.cluster.is_some() {
-                    // Boxed: rare, and large enough to matter in every idle session's task.
-                    Box::pin(s.follow_redirects(&mut msg)).await;
-                }
-                s.on_reply(msg);
-                while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                    if s.ctx.cluster.is_some() {
-                        Box::pin(s.follow_redirects(&mut msg)).await;
-                    }
+                // Boxed: rare, and large enough to matter in every idle session's task.
+                let resent = s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                if !resent {
                     s.on_reply(msg);
+                }
+                while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                    let resent =
+                        s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                    if !resent {
+                        s.on_reply(msg);
+                    }
                 }
                 if s.inflight == 0 {
                     s.paused = false;
@@ -1031,7 +1039,18 @@ impl Session {
                 bytes: bytes.clone(),
                 proto,
                 node,
+                dedicated: false,
+                redirects: 0,
             })),
+            (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
+                Some(Box::new(Sent {
+                    bytes: bytes.clone(),
+                    proto: self.proto,
+                    node,
+                    dedicated: true,
+                    redirects: 0,
+                }))
+            }
             _ => None,
         };
         let batch = Batch {
