@@ -62,8 +62,9 @@ pub struct Router {
     index: Mutex<HashMap<Arc<str>, u16>>,
     /// The current routing table, read once per command without a lock.
     snapshot: ArcSwap<Snapshot>,
-    /// Wakes the refresher early (after a MOVED, an unowned slot, a failed node).
-    refresh: Notify,
+    /// Wakes the refresher early (after a MOVED, an unowned slot, a failed node). Shared with
+    /// the refresher so it can wait without keeping the router (and its pools) alive.
+    refresh: Arc<Notify>,
     /// Counts installed maps, so a waiter can tell that the map changed.
     generation: AtomicU64,
 }
@@ -92,7 +93,7 @@ impl Router {
                 map: SlotMap::empty(),
                 owners: Vec::new(),
             }),
-            refresh: Notify::new(),
+            refresh: Arc::new(Notify::new()),
             generation: AtomicU64::new(0),
         });
         match discover(&router.seeds, &router.settings.login).await {
@@ -100,7 +101,11 @@ impl Router {
             Err(e) => tracing::warn!(error = %e, "cluster topology unknown at start; retrying"),
         }
         let interval = Duration::from_millis(cluster.refresh_interval_ms.value);
-        tokio::spawn(refresher(Arc::downgrade(&router), interval));
+        tokio::spawn(refresher(
+            Arc::downgrade(&router),
+            router.refresh.clone(),
+            interval,
+        ));
         Ok(router)
     }
 
@@ -237,17 +242,15 @@ impl Router {
     }
 }
 
-/// Refreshes the map every `interval` and whenever asked; ends when the router is dropped.
-async fn refresher(router: Weak<Router>, interval: Duration) {
+/// Refreshes the map every `interval` and whenever asked; ends once the router is dropped.
+async fn refresher(router: Weak<Router>, wake: Arc<Notify>, interval: Duration) {
     loop {
+        // Notify keeps one permit: a request made while a refresh ran is not lost.
+        if tokio::time::timeout(interval, wake.notified())
+            .await
+            .is_ok()
         {
-            let Some(r) = router.upgrade() else { return };
-            // Notify keeps one permit: a request made while a refresh ran is not lost.
-            let woken = tokio::time::timeout(interval, r.refresh.notified()).await;
-            if woken.is_ok() {
-                drop(r);
-                tokio::time::sleep(COALESCE).await;
-            }
+            tokio::time::sleep(COALESCE).await;
         }
         let Some(r) = router.upgrade() else { return };
         let seeds = r.refresh_seeds();
