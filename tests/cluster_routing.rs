@@ -259,6 +259,17 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         }
     };
     assert_eq!(matched.len(), 3, "{matched:?}");
+    // A script loaded through the proxy runs by its digest on every node.
+    let script = "return redis.call('GET', KEYS[1])";
+    let sha = c.call(&["SCRIPT", "LOAD", script]).await;
+    assert!(sha.starts_with(b"$40\r\n"), "{}", show(&sha));
+    let sha = String::from_utf8_lossy(&sha[5..45]).into_owned();
+    for (i, k) in on.iter().enumerate() {
+        assert_eq!(
+            c.call(&["EVALSHA", &sha, "1", k]).await,
+            format!("$3\r\n4-{i}\r\n").into_bytes()
+        );
+    }
     let random = c.call(&["RANDOMKEY"]).await;
     assert!(random.starts_with(b"$"), "{}", show(&random));
 

@@ -243,6 +243,16 @@ impl Session {
             Merge::AllOk
         } else if is("RANDOMKEY") {
             Merge::FirstNonNil
+        } else if (is("SCRIPT") || is("FUNCTION"))
+            && args.len() > 1
+            && [&b"LOAD"[..], b"FLUSH", b"DELETE", b"RESTORE"]
+                .iter()
+                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        {
+            // Scripts and functions live per node, and a command using one may go to any
+            // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
+            // gets NOSCRIPT for keys on the other nodes, forever.
+            Merge::AllOk
         } else {
             return None;
         };
