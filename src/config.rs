@@ -111,8 +111,15 @@ impl Default for Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
+    /// Whether the upstream is one Redis (`address`) or a Redis Cluster (`cluster.seeds`); an
+    /// explicit switch rather than guessing from the server, so a misconfigured deployment
+    /// fails at start instead of answering MOVED to clients that cannot follow it.
+    pub mode: Located<UpstreamMode>,
     /// `host:port` of the standalone Redis.
     pub address: Located<String>,
+    /// How to find and follow a Redis Cluster; required when `mode` is `cluster`, refused
+    /// otherwise so a forgotten `mode` line is not silently ignored.
+    pub cluster: Option<ClusterConfig>,
     /// ACL user the proxy authenticates as; `None` uses Redis's `default` user.
     pub username: Option<String>,
     /// Password for the upstream user; kept out of logs and `Debug` output of errors.
@@ -139,6 +146,43 @@ pub struct UpstreamConfig {
     pub tls: Option<TlsConfig>,
 }
 
+/// What kind of upstream the proxy fronts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamMode {
+    /// One Redis server at `upstream.address`.
+    #[default]
+    Standalone,
+    /// A Redis Cluster: commands are routed by key slot to the owning primary.
+    Cluster,
+}
+
+/// Settings of a Redis Cluster upstream. Login, TLS, connection counts, timeouts and queue
+/// depths come from `upstream` and apply to every node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Nodes asked for the topology at start (any node of the cluster will do; several so one
+    /// dead seed does not stop the proxy). Later refreshes ask the known nodes first.
+    pub seeds: Vec<Located<String>>,
+    /// How often the slot map is refreshed when nothing prompts it; MOVED replies and failed
+    /// nodes trigger a refresh sooner, so this only bounds how stale an idle proxy gets.
+    pub refresh_interval_ms: Located<u64>,
+    /// Redirections (MOVED/ASK) followed for one command before the client gets an error,
+    /// which ends loops between nodes that disagree while the cluster settles.
+    pub max_redirects: Located<u32>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            seeds: Vec::new(),
+            refresh_interval_ms: located(10_000),
+            max_redirects: located(5),
+        }
+    }
+}
+
 /// TLS settings for upstream connections.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,7 +204,9 @@ pub struct TlsConfig {
 impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
+            mode: located(UpstreamMode::Standalone),
             address: located("127.0.0.1:6379".to_string()),
+            cluster: None,
             username: None,
             password: None,
             connections: located(1),
@@ -349,12 +395,23 @@ impl Config {
             "must be at most 100000",
         );
         check(
-            valid_host_port(&self.upstream.address.value),
+            self.upstream.mode.value == UpstreamMode::Cluster
+                || valid_host_port(&self.upstream.address.value),
             &self.upstream.address.referenced,
             "upstream.address",
             "must be host:port such as 127.0.0.1:6379",
         );
         let u = &self.upstream;
+        self.validate_cluster(&mut problems);
+        let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
+            if !ok {
+                problems.push(Problem {
+                    line: loc.line(),
+                    field: field.to_string(),
+                    message: message.to_string(),
+                });
+            }
+        };
         check(
             (1..=64).contains(&u.connections.value),
             &u.connections.referenced,
@@ -429,8 +486,8 @@ impl Config {
             "must be at least limits.max_inline_len",
         );
         if let Some(tls) = &u.tls {
-            let host = u.address.value.rsplit_once(':').map_or("", |(h, _)| h);
-            if let Err(e) = crate::upstream::tls::build(tls, host) {
+            let host = self.tls_host();
+            if let Err(e) = crate::upstream::tls::build(tls, &host) {
                 problems.push(Problem {
                     line: tls.ca_file.referenced.line(),
                     field: "upstream.tls".to_string(),
@@ -449,6 +506,100 @@ impl Config {
                 problems,
             })
         }
+    }
+
+    /// Checks `upstream.mode` against `upstream.cluster` and the cluster settings.
+    fn validate_cluster(&self, problems: &mut Vec<Problem>) {
+        let u = &self.upstream;
+        let mut problem = |loc: &Location, field: String, message: &str| {
+            problems.push(Problem {
+                line: loc.line(),
+                field,
+                message: message.to_string(),
+            });
+        };
+        match (u.mode.value, &u.cluster) {
+            (UpstreamMode::Standalone, None) => {}
+            (UpstreamMode::Standalone, Some(c)) => problem(
+                c.seeds
+                    .first()
+                    .map_or(&c.refresh_interval_ms.referenced, |s| &s.referenced),
+                "upstream.cluster".to_string(),
+                "is only used when upstream.mode is cluster; set `mode: cluster` or remove it",
+            ),
+            (UpstreamMode::Cluster, None) => problem(
+                &u.mode.referenced,
+                "upstream.cluster.seeds".to_string(),
+                "must list at least one host:port when upstream.mode is cluster",
+            ),
+            (UpstreamMode::Cluster, Some(c)) => {
+                if c.seeds.is_empty() {
+                    problem(
+                        &u.mode.referenced,
+                        "upstream.cluster.seeds".to_string(),
+                        "must list at least one host:port when upstream.mode is cluster",
+                    );
+                }
+                for (i, seed) in c.seeds.iter().enumerate() {
+                    if !valid_host_port(&seed.value) {
+                        problem(
+                            &seed.referenced,
+                            format!("upstream.cluster.seeds[{i}]"),
+                            "must be host:port such as 127.0.0.1:7000",
+                        );
+                    }
+                }
+                if c.refresh_interval_ms.value < 100 {
+                    problem(
+                        &c.refresh_interval_ms.referenced,
+                        "upstream.cluster.refresh_interval_ms".to_string(),
+                        "must be at least 100",
+                    );
+                }
+                if !(1..=16).contains(&c.max_redirects.value) {
+                    problem(
+                        &c.max_redirects.referenced,
+                        "upstream.cluster.max_redirects".to_string(),
+                        "must be between 1 and 16",
+                    );
+                }
+                if u.address.referenced.line() > 0 {
+                    problem(
+                        &u.address.referenced,
+                        "upstream.address".to_string(),
+                        "is not used when upstream.mode is cluster; list the nodes in \
+                         upstream.cluster.seeds",
+                    );
+                }
+                // A brace in a prefix would become (or shift) the hash tag of every key of the
+                // tenant: see docs/cluster.md, Namespacing.
+                for (tenant, prefix) in &self.access.namespaces {
+                    if prefix.contains('{') || prefix.contains('}') {
+                        problem(
+                            &Location::UNKNOWN,
+                            format!("access.namespaces.{tenant}"),
+                            "must not contain `{` or `}` when upstream.mode is cluster: it \
+                             would change the hash slot of every key of the tenant",
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The cluster seeds in cluster mode, else `upstream.address` alone.
+    pub fn upstream_nodes(&self) -> Vec<String> {
+        match (&self.upstream.mode.value, &self.upstream.cluster) {
+            (UpstreamMode::Cluster, Some(c)) => c.seeds.iter().map(|s| s.value.clone()).collect(),
+            _ => vec![self.upstream.address.value.clone()],
+        }
+    }
+
+    /// The host TLS certificates are checked against by default: the first upstream node's.
+    pub fn tls_host(&self) -> String {
+        let nodes = self.upstream_nodes();
+        let first = nodes.first().map_or("", String::as_str);
+        first.rsplit_once(':').map_or("", |(h, _)| h).to_string()
     }
 
     /// Sets a value that came from the command line, which has no line in the file.
@@ -510,5 +661,76 @@ mod tests {
             err.contains("p.yaml:5: field `limits.max_inflight`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cluster_mode_needs_seeds_and_sane_bounds() {
+        let ok = Config::from_yaml(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000, node2:7001]\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap();
+        assert_eq!(ok.upstream.mode.value, UpstreamMode::Cluster);
+        assert_eq!(ok.upstream_nodes(), ["127.0.0.1:7000", "node2:7001"]);
+        let c = ok.upstream.cluster.as_ref().unwrap();
+        assert_eq!(
+            (c.refresh_interval_ms.value, c.max_redirects.value),
+            (10_000, 5)
+        );
+
+        let err = Config::from_yaml("upstream:\n  mode: cluster\n", Path::new("c.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("c.yaml:2: field `upstream.cluster.seeds`: must list at least one"),
+            "{err}"
+        );
+
+        let err = Config::from_yaml(
+            "upstream:\n  mode: cluster\n  address: 127.0.0.1:1\n  cluster:\n    seeds:\n      - nowhere\n    refresh_interval_ms: 5\n    max_redirects: 0\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("c.yaml:3: field `upstream.address`: is not used"),
+            "{err}"
+        );
+        assert!(
+            err.contains("c.yaml:6: field `upstream.cluster.seeds[0]`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("c.yaml:7: field `upstream.cluster.refresh_interval_ms`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("c.yaml:8: field `upstream.cluster.max_redirects`"),
+            "{err}"
+        );
+
+        let err = Config::from_yaml(
+            "upstream:\n  cluster:\n    seeds: [127.0.0.1:7000]\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("c.yaml:3: field `upstream.cluster`: is only used"),
+            "{err}"
+        );
+
+        let err = Config::from_yaml("upstream:\n  mode: sharded\n", Path::new("c.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sharded") && err.contains("c.yaml"), "{err}");
+
+        let err = Config::from_yaml(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    sedes: []\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("sedes"), "{err}");
     }
 }

@@ -101,7 +101,15 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
-    let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
+    let (pool, cluster) = if config.upstream.mode.value == crate::config::UpstreamMode::Cluster {
+        let router = crate::cluster::Router::start(&config, metrics.clone())
+            .await
+            .map_err(std::io::Error::other)?;
+        (router.home_pool(), Some(router))
+    } else {
+        let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
+        (pool, None)
+    };
     let admin_task =
         admin.map(|l| tokio::spawn(crate::admin::serve(l, metrics.clone(), stop_rx.clone())));
     // Rate-limit state of idle clients is dropped in the background, bounding its memory.
@@ -118,6 +126,7 @@ pub async fn serve(
     let limits = &config.limits;
     let ctx = Arc::new(Context {
         pool,
+        cluster,
         codec: CodecLimits {
             max_bulk_len: limits.max_bulk_len.value,
             max_multibulk_len: limits.max_multibulk_len.value,
@@ -136,7 +145,7 @@ pub async fn serve(
     let next_id = AtomicU64::new(1);
     // Every session holds a clone; when all are dropped, `recv` returns `None`: drained.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream.address.value, "serving");
+    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

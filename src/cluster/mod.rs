@@ -4,9 +4,11 @@
 //! - [`topology`]: the [`SlotMap`] (slot → shard of a primary and its replicas), built from
 //!   `CLUSTER SHARDS` or `CLUSTER SLOTS`, and [`Redirect`] (`-MOVED`/`-ASK` errors).
 //! - [`discover`]: asks the seeds in turn for the topology.
+//! - [`router`]: a pool per node, the current map, and the refresher that keeps it fresh.
 //!
 //! `docs/cluster.md` describes how the session routes with these.
 
+pub mod router;
 pub mod slot;
 pub mod topology;
 mod value;
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+pub use router::Router;
 pub use slot::{SLOTS, hash_tag, slot};
 pub use topology::{Node, Redirect, Shard, SlotMap};
 pub use value::DecodeError;

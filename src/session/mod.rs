@@ -9,6 +9,7 @@
 //! dedicated waits until the other side has answered everything, so commands still run in the
 //! order the client sent them.
 
+mod cluster;
 mod proxy_commands;
 mod replies;
 mod route;
@@ -39,8 +40,12 @@ use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
 pub struct Context {
-    /// Shared and dedicated upstream connections.
+    /// Shared and dedicated upstream connections; in cluster mode, the pool of one primary,
+    /// used for what is not about one node (HELLO replies, the rate limiter's connection).
     pub pool: Arc<Pool>,
+    /// The cluster router in cluster mode; `None` for a standalone upstream, whose commands
+    /// then take no cluster branch at all.
+    pub cluster: Option<Arc<crate::cluster::Router>>,
     /// Request framing limits.
     pub codec: CodecLimits,
     /// Unanswered commands per client before the proxy stops reading it.
@@ -66,13 +71,16 @@ const PUSH_BUDGET: u32 = 4 * 1024 * 1024;
 /// Read buffer headroom requested before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Which upstream connection a command goes to.
+/// Which upstream connection a command goes to. The second field is the node (an index
+/// from the cluster router; always 0 for a standalone upstream): a change of node is a change
+/// of target, so the session waits for the other node's replies before sending, which keeps
+/// replies in request order without reordering anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
-    /// The shared connection for this RESP version.
-    Shared(u8),
-    /// The session's dedicated connection.
-    Dedicated,
+    /// The shared connection for this RESP version, on this node.
+    Shared(u8, u16),
+    /// The session's dedicated connection, to this node.
+    Dedicated(u16),
 }
 
 /// A reply position in the client's stream.
@@ -87,7 +95,28 @@ enum Slot {
         handling: Handling,
         read_at: Instant,
         name: Option<&'static CommandSpec>,
+        /// Cluster mode, shared connections: what was sent and where, so commands answered
+        /// with MOVED or ASK can be sent again to the right node.
+        sent: Option<Box<Sent>>,
     },
+}
+
+/// A batch sent to a cluster node, kept (a refcounted slice, not a copy) until its replies
+/// are in.
+struct Sent {
+    /// The batch's bytes as sent.
+    bytes: Bytes,
+    /// The RESP version of the connection it went over.
+    proto: u8,
+    /// The node it went to.
+    node: u16,
+    /// Sent on the session's dedicated connection (a blocking command): a redirection is
+    /// followed on a dedicated connection to the new node, never on a shared one it would
+    /// block.
+    dedicated: bool,
+    /// Redirections followed so far for this batch (dedicated only; shared batches follow
+    /// theirs in one go).
+    redirects: u32,
 }
 
 /// How the replies of one upstream slot are treated.
@@ -185,6 +214,12 @@ enum Action {
         effect: Effect,
         rewrite: crate::policy::ttl::Rewrite,
     },
+    /// Cluster mode: a whole-keyspace command sent to every primary, the replies merged.
+    Fanout(Box<cluster::Fanout>),
+    /// Cluster mode: a multi-key command split by slot, the parts' replies joined.
+    Split(Box<cluster::Split>),
+    /// Cluster mode: one step of a SCAN over every primary.
+    Scan(Box<cluster::Scan>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -202,6 +237,10 @@ enum LocalEffect {
     ReplyMode(ReplyMode),
     /// AUTH accepted by the proxy: the session is now this user (and its tenant).
     Login(Bytes),
+    /// Cluster mode: MULTI answered by the proxy, sent later with the first queued command.
+    DeferMulti,
+    /// Cluster mode: EXEC or DISCARD of a MULTI that was never sent (nothing queued).
+    EndMulti,
 }
 
 /// The dedicated upstream connection of a session.
@@ -210,6 +249,8 @@ struct Dedicated {
     tx: mpsc::Sender<Batch>,
     /// RESP version the connection speaks now; a mismatch means reconnecting before reuse.
     proto: u8,
+    /// The node it is connected to (0 for a standalone upstream).
+    node: u16,
 }
 
 /// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer,
@@ -311,6 +352,9 @@ struct Session {
     /// CLIENT SETNAME value, answered by CLIENT GETNAME.
     name: Option<Bytes>,
     in_multi: bool,
+    /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
+    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
+    multi_deferred: bool,
     /// The policy refused a command inside the open MULTI: EXEC must abort.
     multi_refused: bool,
     /// For each command queued in the open MULTI (hidden ones included), whether the client
@@ -380,6 +424,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         db: 0,
         name: None,
         in_multi: false,
+        multi_deferred: false,
         multi_refused: false,
         multi_mask: Vec::new(),
         watching: false,
@@ -428,10 +473,18 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         tokio::select! {
             biased;
             msg = recv(&mut reply_rx) => {
-                let Some(msg) = msg else { break };
-                s.on_reply(msg);
-                while let Some(msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                let Some(mut msg) = msg else { break };
+                // Boxed: rare, and large enough to matter in every idle session's task.
+                let resent = s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                if !resent {
                     s.on_reply(msg);
+                }
+                while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                    let resent =
+                        s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                    if !resent {
+                        s.on_reply(msg);
+                    }
                 }
                 if s.inflight == 0 {
                     s.paused = false;
@@ -555,8 +608,12 @@ impl Session {
             tenant: self.tenant,
         };
         for check in policy.shared_limits(&client) {
+            let transport = match &self.ctx.cluster {
+                None => self.ctx.pool.control(),
+                Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
+            };
             let limiter = match crate::ratelimit::redis::RedisLimiter::new(
-                self.ctx.pool.control(),
+                transport,
                 check.prefix,
                 check.limit,
             ) {
@@ -635,6 +692,7 @@ impl Session {
                     handling,
                     read_at,
                     name,
+                    ..
                 }) = self.slots.pop_front()
                 else {
                     // Replies always match the oldest upstream slot; anything else is a bug we
@@ -646,6 +704,11 @@ impl Session {
                 self.inflight -= commands as usize;
                 if self.inflight == 0 {
                     self.inflight_target = None;
+                }
+                if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
+                    // A node that failed may have been replaced (failover): learn it now
+                    // rather than at the next periodic refresh.
+                    router.refresh_soon();
                 }
                 self.observe(read_at, commands, name);
                 let (data, missing) = match &handling.mask {
@@ -746,12 +809,30 @@ impl Session {
             || self.db != 0
     }
 
-    /// Where a command that has no routing needs of its own goes.
+    /// State that ties the session to its dedicated connection's node: `stateful` except a
+    /// MULTI the proxy has not sent yet.
+    fn pinned(&self) -> bool {
+        (self.in_multi && !self.multi_deferred)
+            || self.watching
+            || self.subscribed
+            || self.monitor
+            || self.connection_state
+            || self.upstream_auth
+            || self.db != 0
+    }
+
+    /// The dedicated connection as a target (in cluster mode `place` picks the node).
+    fn dedicated_target(&self) -> Target {
+        Target::Dedicated(self.dedicated.as_ref().map_or(0, |d| d.node))
+    }
+
+    /// Where a command that has no routing needs of its own goes (in cluster mode the node
+    /// is then chosen by `place`).
     fn current_target(&self) -> Target {
         if self.stateful() {
-            Target::Dedicated
+            self.dedicated_target()
         } else {
-            Target::Shared(self.proto)
+            Target::Shared(self.proto, 0)
         }
     }
 
@@ -816,6 +897,7 @@ impl Session {
                     let joins = |target: Target, effect: Effect| {
                         self.reply_mode == ReplyMode::On
                             && effect.batchable()
+                            && !self.multi_deferred
                             && run.target.is_none_or(|t| t == target)
                             && self.inflight_target.is_none_or(|t| t == target)
                     };
@@ -849,7 +931,9 @@ impl Session {
                             if run.first.is_none() {
                                 run.first = spec;
                             }
-                            if target == Target::Dedicated && !self.ensure_dedicated(false).await {
+                            if let Target::Dedicated(node) = target
+                                && !self.ensure_dedicated(false, node).await
+                            {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
                                 continue;
@@ -950,14 +1034,36 @@ impl Session {
     /// Sends a batch and records its slot; on failure answers every command with the error.
     async fn send(&mut self, target: Target, bytes: Bytes, expect: Expect, handling: Handling) {
         let commands = expect.commands();
+        let kept = match (&self.ctx.cluster, target, expect) {
+            (Some(_), Target::Shared(proto, node), Expect::Frames(_)) => Some(Box::new(Sent {
+                bytes: bytes.clone(),
+                proto,
+                node,
+                dedicated: false,
+                redirects: 0,
+            })),
+            (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
+                Some(Box::new(Sent {
+                    bytes: bytes.clone(),
+                    proto: self.proto,
+                    node,
+                    dedicated: true,
+                    redirects: 0,
+                }))
+            }
+            _ => None,
+        };
         let batch = Batch {
             bytes,
             expect,
             reply_to: self.reply_sender(),
         };
         let sent = match target {
-            Target::Shared(proto) => self.ctx.pool.shared(proto, self.id).send(batch).await,
-            Target::Dedicated => match &self.dedicated {
+            Target::Shared(proto, node) => match &self.ctx.cluster {
+                None => self.ctx.pool.shared(proto, self.id).send(batch).await,
+                Some(router) => router.pool(node).shared(proto, self.id).send(batch).await,
+            },
+            Target::Dedicated(_) => match &self.dedicated {
                 Some(d) => d.tx.send(batch).await,
                 None => Err(mpsc::error::SendError(batch)),
             },
@@ -969,6 +1075,7 @@ impl Session {
                     handling,
                     read_at: self.read_at,
                     name: self.batch_name,
+                    sent: kept,
                 });
                 self.inflight += commands as usize;
                 self.inflight_target = Some(target);
@@ -1025,6 +1132,11 @@ impl Session {
                     LocalEffect::SetName(name) => self.name = name,
                     LocalEffect::ReplyMode(mode) => self.reply_mode = mode,
                     LocalEffect::Login(user) => self.login(Some(user)),
+                    LocalEffect::DeferMulti => {
+                        self.in_multi = true;
+                        self.multi_deferred = true;
+                    }
+                    LocalEffect::EndMulti => self.apply(Effect::EndMulti),
                 }
             }
             Action::LocalThenClose(reply) => {
@@ -1045,6 +1157,9 @@ impl Session {
                 }
                 self.rbuf.advance(len);
                 let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
+                    Some(reply) if self.ctx.cluster.is_some() => {
+                        cluster::as_standalone(with_client_id(&reply, self.id))
+                    }
                     Some(reply) => with_client_id(&reply, self.id),
                     None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr().clone(),
@@ -1070,6 +1185,51 @@ impl Session {
                 if self.in_multi {
                     self.multi_refused = true;
                 }
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Fanout(fanout) => {
+                if self.inflight > 0 {
+                    // Every earlier command must have run first, on whichever node.
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.fanout(*fanout)).await;
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Scan(scan) => {
+                if self.inflight > 0 {
+                    // Writes sent before the SCAN must be visible to it.
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.scan(*scan)).await;
+                if !suppress {
+                    self.local(reply);
+                }
+                if self.reply_mode == ReplyMode::Skip {
+                    self.reply_mode = ReplyMode::On;
+                }
+            }
+            Action::Split(split) => {
+                if self.inflight > 0 {
+                    // The parts go to several nodes at once: earlier commands first.
+                    self.paused = true;
+                    return false;
+                }
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.split(*split)).await;
                 if !suppress {
                     self.local(reply);
                 }
@@ -1109,7 +1269,9 @@ impl Session {
         }
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
         let raw = auth && !self.ctx.pool.has_credentials();
-        if target == Target::Dedicated && !self.ensure_dedicated(raw).await {
+        if let Target::Dedicated(node) = target
+            && !self.ensure_dedicated(raw, node).await
+        {
             self.rbuf.advance(len);
             return true;
         }
@@ -1160,13 +1322,24 @@ impl Session {
         } else {
             command
         };
+        // What the transaction queues, before a deferred MULTI joins the frames.
+        let queued = frames.contains(&false).then(|| frames.clone());
+        let bytes = if self.multi_deferred && matches!(target, Target::Dedicated(_)) {
+            self.multi_deferred = false;
+            frames.insert(0, false);
+            [Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"), bytes]
+                .concat()
+                .into()
+        } else {
+            bytes
+        };
         let expect = match expect {
             Expect::Frames(_) => Expect::Frames(frames.len() as u32),
             other => other,
         };
         let mask = frames.contains(&false).then_some(frames);
         let exec_mask = self.exec_mask(effect);
-        self.note_queued(effect, mask.as_deref());
+        self.note_queued(effect, queued.as_deref());
         let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
         let handling = Handling {
             suppress,
@@ -1186,14 +1359,14 @@ impl Session {
         true
     }
 
-    /// Makes sure a usable dedicated connection exists; on failure the command's slot gets
-    /// the error and `false` is returned.
-    async fn ensure_dedicated(&mut self, raw: bool) -> bool {
+    /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
+    /// slot gets the error and `false` is returned.
+    async fn ensure_dedicated(&mut self, raw: bool, node: u16) -> bool {
         if let Some(d) = &self.dedicated {
-            if (raw || d.proto == self.proto) && !d.tx.is_closed() {
+            if (raw || d.proto == self.proto) && !d.tx.is_closed() && d.node == node {
                 return true;
             }
-            if self.stateful() {
+            if self.pinned() {
                 self.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr().clone(),
@@ -1213,12 +1386,17 @@ impl Session {
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
-        match Box::pin(self.ctx.pool.dedicated(self.proto, push, raw)).await {
+        let pool = match &self.ctx.cluster {
+            None => self.ctx.pool.clone(),
+            Some(router) => router.pool(node),
+        };
+        match Box::pin(pool.dedicated(self.proto, push, raw)).await {
             Ok(tx) => {
                 self.dedicated_gen += 1;
                 self.dedicated = Some(Dedicated {
                     tx,
                     proto: if raw { 2 } else { self.proto },
+                    node,
                 });
                 true
             }
@@ -1254,6 +1432,7 @@ impl Session {
             Effect::Multi => self.in_multi = true,
             Effect::EndMulti => {
                 self.in_multi = false;
+                self.multi_deferred = false;
                 self.multi_refused = false;
                 self.multi_mask.clear();
                 self.watching = false;
@@ -1287,6 +1466,7 @@ impl Session {
         self.db = 0;
         self.name = None;
         self.in_multi = false;
+        self.multi_deferred = false;
         self.multi_refused = false;
         self.multi_mask.clear();
         self.watching = false;
@@ -1314,6 +1494,7 @@ mod size_tests {
         let ops = crate::server::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
+            cluster: None,
             codec: CodecLimits::default(),
             max_inflight: 16,
             max_query_buffer: 1 << 20,

@@ -38,7 +38,7 @@ impl Session {
                 Verdict::Rewrite(rw) => rewrite = Some(rw),
             }
         }
-        match (self.route(&args), rewrite) {
+        let action = match (self.route(&args), rewrite) {
             (
                 Action::Forward {
                     target,
@@ -68,6 +68,10 @@ impl Session {
                 "policy: this command cannot be rewritten as the policy requires",
             )),
             (action, None) => action,
+        };
+        match &self.ctx.cluster {
+            None => action,
+            Some(router) => self.place(router, action, &args),
         }
     }
 
@@ -94,21 +98,21 @@ impl Session {
                 forward(current, if ours { Effect::Info } else { Effect::None })
             }
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
-            Kind::Blocking => forward(Target::Dedicated, Effect::Blocking),
-            Kind::Wait => forward(Target::Dedicated, Effect::Wait),
+            Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking),
+            Kind::Wait => forward(self.dedicated_target(), Effect::Wait),
             Kind::StreamRead => {
                 if command::stream_read_blocks(args.iter()) {
-                    forward(Target::Dedicated, Effect::Blocking)
+                    forward(self.dedicated_target(), Effect::Blocking)
                 } else {
                     forward(current, Effect::None)
                 }
             }
-            Kind::Multi => forward(Target::Dedicated, Effect::Multi),
+            Kind::Multi => forward(self.dedicated_target(), Effect::Multi),
             Kind::Exec if self.in_multi && self.multi_refused => {
-                forward(Target::Dedicated, Effect::AbortExec)
+                forward(self.dedicated_target(), Effect::AbortExec)
             }
             Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
-            Kind::Watch => forward(Target::Dedicated, Effect::Watch),
+            Kind::Watch => forward(self.dedicated_target(), Effect::Watch),
             Kind::Unwatch => forward(current, Effect::Unwatch),
             Kind::Subscribe(_) => {
                 let expect = if args.len() > 1 {
@@ -117,7 +121,7 @@ impl Session {
                     Expect::Frames(1)
                 };
                 Action::Forward {
-                    target: Target::Dedicated,
+                    target: self.dedicated_target(),
                     expect,
                     effect: Effect::Subscribe,
                 }
@@ -166,7 +170,7 @@ impl Session {
                     {
                         Action::Local(ok(), LocalEffect::None)
                     }
-                    _ => forward(Target::Dedicated, Effect::Auth),
+                    _ => forward(self.dedicated_target(), Effect::Auth),
                 }
             }
             Kind::Select => {
@@ -174,10 +178,10 @@ impl Session {
                     return forward(current, Effect::None);
                 }
                 match codec::parse_int(args.get(1)) {
-                    Some(0) if current != Target::Dedicated => {
+                    Some(0) if !matches!(current, Target::Dedicated(_)) => {
                         Action::Local(ok(), LocalEffect::None)
                     }
-                    Some(db) if db >= 0 => forward(Target::Dedicated, Effect::Select(db)),
+                    Some(db) if db >= 0 => forward(self.dedicated_target(), Effect::Select(db)),
                     _ => forward(current, Effect::None),
                 }
             }
@@ -185,7 +189,7 @@ impl Session {
             Kind::Quit => Action::LocalThenClose(Bytes::from_static(b"+OK\r\n")),
             Kind::Reset => Action::Reset,
             Kind::Monitor => Action::Forward {
-                target: Target::Dedicated,
+                target: self.dedicated_target(),
                 expect: Expect::Monitor,
                 effect: Effect::Monitor,
             },
@@ -273,9 +277,9 @@ impl Session {
             login = Some(Bytes::copy_from_slice(user));
             auth = false;
         }
-        if auth || current == Target::Dedicated {
+        if auth || matches!(current, Target::Dedicated(_)) {
             return Action::Forward {
-                target: Target::Dedicated,
+                target: self.dedicated_target(),
                 expect: Expect::Frames(1),
                 effect: if auth {
                     Effect::AuthHello(proto)
@@ -343,7 +347,7 @@ impl Session {
                 }
             }
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
-            ClientSub::ConnectionState => forward(Target::Dedicated, Effect::ConnectionState),
+            ClientSub::ConnectionState => forward(self.dedicated_target(), Effect::ConnectionState),
             _ => forward(current, Effect::None),
         }
     }
@@ -375,7 +379,7 @@ impl<'a> Args<'a> {
         &self.frame[r.start..r.end]
     }
 
-    fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
 }

@@ -35,32 +35,34 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Creates the pool and starts its supervisors; must run inside a tokio runtime. Fails
-    /// only when the TLS files cannot be used (validation has already checked them once).
+    /// Creates the pool of the standalone upstream and starts its supervisors; must run inside
+    /// a tokio runtime. Fails only when the TLS files cannot be used (validation has already
+    /// checked them once).
     pub fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Pool>, String> {
-        let u = &config.upstream;
-        let host = u.address.value.rsplit_once(':').map_or("", |(h, _)| h);
-        let tls = u.tls.as_ref().map(|t| tls::build(t, host)).transpose()?;
+        let settings = PoolSettings::from_config(config)?;
+        Ok(Pool::start_node(
+            config.upstream.address.value.as_str().into(),
+            &settings,
+            metrics,
+        ))
+    }
+
+    /// Creates the pool of one node (the standalone upstream, or one node of a cluster) and
+    /// starts its supervisors; must run inside a tokio runtime.
+    pub fn start_node(addr: Arc<str>, settings: &PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
         let spec = Arc::new(NodeSpec {
-            addr: u.address.value.as_str().into(),
-            username: u.username.clone(),
-            password: u.password.clone(),
-            connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
-            tls,
+            addr,
+            ..settings.login.clone()
         });
-        let backoff = (
-            Duration::from_millis(u.reconnect_min_ms.value),
-            Duration::from_millis(u.reconnect_max_ms.value),
-        );
-        let command_timeout = (u.command_timeout_ms.value > 0)
-            .then(|| Duration::from_millis(u.command_timeout_ms.value));
+        let backoff = settings.backoff;
+        let command_timeout = settings.command_timeout;
         let (hello2_tx, hello2) = watch::channel(None);
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
-            for _ in 0..u.connections.value {
-                let (tx, rx) = mpsc::channel(u.queue_depth.value);
+            for _ in 0..settings.connections {
+                let (tx, rx) = mpsc::channel(settings.queue_depth);
                 shared[index].push(tx);
                 tokio::spawn(supervise(
                     spec.clone(),
@@ -73,7 +75,7 @@ impl Pool {
                 ));
             }
         }
-        let (control, control_rx) = mpsc::channel(u.queue_depth.value);
+        let (control, control_rx) = mpsc::channel(settings.queue_depth);
         let (control_hello, _) = watch::channel(None);
         tokio::spawn(supervise(
             spec.clone(),
@@ -84,14 +86,14 @@ impl Pool {
             metrics.clone(),
             command_timeout,
         ));
-        Ok(Arc::new(Pool {
+        Arc::new(Pool {
             metrics,
             spec,
             shared,
             hello: [hello2, hello3],
-            queue_depth: u.queue_depth.value,
+            queue_depth: settings.queue_depth,
             control,
-        }))
+        })
     }
 
     /// The upstream's address, for messages.
@@ -120,7 +122,7 @@ impl Pool {
     /// A handle for the proxy's own commands on the control connection.
     pub fn control(&self) -> Control {
         Control {
-            tx: self.control.clone(),
+            to: ControlTo::Node(self.control.clone()),
         }
     }
 
@@ -166,6 +168,51 @@ impl Pool {
             let _ = to.send(Reply::PinnedClosed(conn_id));
         });
         Ok(tx)
+    }
+}
+
+/// What every node's pool is built with, read once from `upstream` so a cluster's pools
+/// (created as nodes appear) all share the same login, TLS setup and limits.
+#[derive(Clone)]
+pub struct PoolSettings {
+    /// Login, TLS and connect timeout; its `addr` is replaced per node.
+    pub login: NodeSpec,
+    /// Shared connections per RESP version.
+    pub connections: usize,
+    /// Queued batches per connection before senders wait.
+    pub queue_depth: usize,
+    /// First and largest reconnect delay.
+    pub backoff: (Duration, Duration),
+    /// Reply deadline on shared connections (`None`: wait forever).
+    pub command_timeout: Option<Duration>,
+}
+
+impl PoolSettings {
+    /// The settings `config.upstream` describes. Fails only when the TLS files cannot be used.
+    pub fn from_config(config: &Config) -> Result<PoolSettings, String> {
+        let u = &config.upstream;
+        let tls = u
+            .tls
+            .as_ref()
+            .map(|t| tls::build(t, &config.tls_host()))
+            .transpose()?;
+        Ok(PoolSettings {
+            login: NodeSpec {
+                addr: u.address.value.as_str().into(),
+                username: u.username.clone(),
+                password: u.password.clone(),
+                connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
+                tls,
+            },
+            connections: u.connections.value,
+            queue_depth: u.queue_depth.value,
+            backoff: (
+                Duration::from_millis(u.reconnect_min_ms.value),
+                Duration::from_millis(u.reconnect_max_ms.value),
+            ),
+            command_timeout: (u.command_timeout_ms.value > 0)
+                .then(|| Duration::from_millis(u.command_timeout_ms.value)),
+        })
     }
 }
 
@@ -246,8 +293,27 @@ async fn supervise(
 /// The proxy's control connection, as the rate limiter's transport: one command, one reply.
 #[derive(Clone)]
 pub struct Control {
-    /// Queue of the control connection's supervisor.
-    tx: mpsc::Sender<Batch>,
+    /// Where commands go.
+    to: ControlTo,
+}
+
+/// The control connection of one node, or of whichever cluster node owns the command's key.
+#[derive(Clone)]
+enum ControlTo {
+    /// Queue of the standalone upstream's control connection supervisor.
+    Node(mpsc::Sender<Batch>),
+    /// Cluster mode: each command goes to the control connection of the primary owning its
+    /// key (the limiter's EVALSHA names one key), so a limit counts in one place.
+    Cluster(Arc<crate::cluster::Router>),
+}
+
+impl Control {
+    /// A transport that routes each command by its key's slot.
+    pub fn cluster(router: Arc<crate::cluster::Router>) -> Control {
+        Control {
+            to: ControlTo::Cluster(router),
+        }
+    }
 }
 
 impl crate::ratelimit::redis::Transport for Control {
@@ -260,14 +326,26 @@ impl crate::ratelimit::redis::Transport for Control {
             addr: "control".into(),
             reason: "control connection closed".into(),
         };
-        self.tx
-            .send(Batch {
-                bytes,
-                expect: super::Expect::Frames(1),
-                reply_to,
-            })
-            .await
-            .map_err(|_| closed())?;
+        let tx = match &self.to {
+            ControlTo::Node(tx) => tx.clone(),
+            ControlTo::Cluster(router) => match router.node_for(args) {
+                Some(node) => router.pool(node).control.clone(),
+                None => {
+                    router.refresh_soon();
+                    return Err(UpstreamError::Unavailable {
+                        addr: "cluster".into(),
+                        reason: "no node serves the key's slot".into(),
+                    });
+                }
+            },
+        };
+        tx.send(Batch {
+            bytes,
+            expect: super::Expect::Frames(1),
+            reply_to,
+        })
+        .await
+        .map_err(|_| closed())?;
         match rx.recv().await {
             Some(Reply::Batch {
                 data, error: None, ..

@@ -354,6 +354,27 @@ fn node_ready(port: u16, total: usize) -> Result<(), String> {
     else {
         return Err("CLUSTER SHARDS is not an array".into());
     };
+    // A replica whose shard id has not reached this node over the bus yet shows up as a shard
+    // of its own without slots: the map would lack it. Ready only once every node sits in a
+    // shard that serves slots.
+    let in_serving_shards: usize = shards
+        .iter()
+        .filter(|shard| {
+            field(shard, "slots")
+                .and_then(as_array)
+                .is_some_and(|s| !s.is_empty())
+        })
+        .map(|shard| {
+            field(shard, "nodes")
+                .and_then(as_array)
+                .map_or(0, <[Value]>::len)
+        })
+        .sum();
+    if in_serving_shards != total {
+        return Err(format!(
+            "{in_serving_shards} of {total} nodes in shards that serve slots"
+        ));
+    }
     for shard in &shards {
         for node in field(shard, "nodes").and_then(as_array).unwrap_or(&[]) {
             let health = field(node, "health").map(text).unwrap_or_default();

@@ -1,0 +1,267 @@
+//! The cluster router: one [`Pool`] per node, the current slot map, and the task that keeps
+//! the map fresh.
+//!
+//! Sessions name nodes by a small index (`u16`) into an append-only list of pools, so a
+//! routing target stays `Copy` and comparing two targets is comparing two integers. A node
+//! keeps its index (and its pool) for the router's life: a node that leaves the map and comes
+//! back (a restarted primary) reuses its connections, and an index a session still holds never
+//! points at another node.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+
+use super::{SLOTS, SlotMap, discover};
+use crate::config::{Config, UpstreamMode};
+use crate::metrics::Metrics;
+use crate::upstream::pool::{Pool, PoolSettings};
+
+/// Refresh requests closer together than this are served by one refresh, so a burst of
+/// MOVED replies after a reshard costs one topology query, not one per command.
+const COALESCE: Duration = Duration::from_millis(100);
+
+/// The slot map and, per shard, the index of its primary's pool.
+pub struct Snapshot {
+    /// The topology as last learned (or patched by a MOVED).
+    pub map: SlotMap,
+    /// `owners[i]` is the node index of `map.shards()[i].primary`, so routing a slot is two
+    /// loads: slot → shard → node.
+    owners: Vec<u16>,
+}
+
+impl Snapshot {
+    /// The node index of the primary that owns `slot`, if any.
+    pub fn owner(&self, slot: u16) -> Option<u16> {
+        self.map.owner_index(slot).map(|i| self.owners[i])
+    }
+
+    /// Node indices of every primary that owns slots, in the map's shard order.
+    pub fn primaries(&self) -> &[u16] {
+        &self.owners
+    }
+}
+
+/// Routes commands to the nodes of one Redis Cluster.
+pub struct Router {
+    /// Login, TLS and limits every node's pool is created with.
+    settings: PoolSettings,
+    /// Shared with the pools, which count connections and errors.
+    metrics: Arc<Metrics>,
+    /// The configured seeds, asked after the known nodes on every refresh (all known nodes
+    /// may have been replaced since start).
+    seeds: Vec<String>,
+    /// Redirections followed per command before the client gets an error.
+    max_redirects: u32,
+    /// Pools by node index; append-only, so an index never changes meaning.
+    nodes: ArcSwap<Vec<Arc<Pool>>>,
+    /// Node index by address; also serialises additions to `nodes`.
+    index: Mutex<HashMap<Arc<str>, u16>>,
+    /// The current routing table, read once per command without a lock.
+    snapshot: ArcSwap<Snapshot>,
+    /// Wakes the refresher early (after a MOVED, an unowned slot, a failed node). Shared with
+    /// the refresher so it can wait without keeping the router (and its pools) alive.
+    refresh: Arc<Notify>,
+    /// Counts installed maps, so a waiter can tell that the map changed.
+    generation: AtomicU64,
+}
+
+impl Router {
+    /// Learns the topology from the configured seeds, creates a pool per primary and starts
+    /// the refresher. A cluster that cannot be reached at start does not stop the proxy: the
+    /// map starts empty (every command answers `CLUSTERDOWN`) and the refresher keeps trying.
+    /// Fails only on a configuration that is not in cluster mode or unusable TLS files.
+    pub async fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Router>, String> {
+        let u = &config.upstream;
+        let cluster = match (u.mode.value, &u.cluster) {
+            (UpstreamMode::Cluster, Some(c)) => c,
+            _ => return Err("upstream.mode is not cluster".to_string()),
+        };
+        let settings = PoolSettings::from_config(config)?;
+        let seeds: Vec<String> = cluster.seeds.iter().map(|s| s.value.clone()).collect();
+        let router = Arc::new(Router {
+            settings,
+            metrics,
+            seeds,
+            max_redirects: cluster.max_redirects.value,
+            nodes: ArcSwap::from_pointee(Vec::new()),
+            index: Mutex::new(HashMap::new()),
+            snapshot: ArcSwap::from_pointee(Snapshot {
+                map: SlotMap::empty(),
+                owners: Vec::new(),
+            }),
+            refresh: Arc::new(Notify::new()),
+            generation: AtomicU64::new(0),
+        });
+        match discover(&router.seeds, &router.settings.login).await {
+            Ok(map) => router.install(map),
+            Err(e) => tracing::warn!(error = %e, "cluster topology unknown at start; retrying"),
+        }
+        let interval = Duration::from_millis(cluster.refresh_interval_ms.value);
+        tokio::spawn(refresher(
+            Arc::downgrade(&router),
+            router.refresh.clone(),
+            interval,
+        ));
+        Ok(router)
+    }
+
+    /// The current routing table.
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.snapshot.load()
+    }
+
+    /// Identifies the current map: changes whenever a new one is installed.
+    pub fn snapshot_id(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The connect timeout every node's pool uses.
+    pub fn connect_timeout(&self) -> Duration {
+        self.settings.login.connect_timeout
+    }
+
+    /// The pool of node `node` (an index handed out by this router).
+    pub fn pool(&self, node: u16) -> Arc<Pool> {
+        self.nodes.load()[usize::from(node)].clone()
+    }
+
+    /// The pool sessions use for what is not about one node: HELLO replies, the control
+    /// connection, credentials. The first primary's, or the first seed's before any map.
+    pub fn home_pool(&self) -> Arc<Pool> {
+        let node = self.snapshot().primaries().first().copied();
+        match node {
+            Some(n) => self.pool(n),
+            None => {
+                let seed = self.seeds.first().map_or("", String::as_str);
+                self.pool(self.node(seed))
+            }
+        }
+    }
+
+    /// The node a client's keyless commands go to when nothing better is known: spread by
+    /// client id over the primaries. `None` while no primary is known.
+    pub fn home(&self, client_id: u64) -> Option<u16> {
+        let snapshot = self.snapshot();
+        let primaries = snapshot.primaries();
+        (!primaries.is_empty()).then(|| primaries[(client_id % primaries.len() as u64) as usize])
+    }
+
+    /// The node for a command the proxy sends on its own behalf: the owner of its first key's
+    /// slot, or a primary for a keyless command; `None` while the slot has no owner.
+    pub fn node_for(&self, args: &[&[u8]]) -> Option<u16> {
+        let mut keys = crate::commands::KeyPositions::with_capacity(1);
+        let first = crate::commands::keys_into(args, &mut keys)
+            .ok()
+            .and_then(|_| keys.indices().next());
+        match first {
+            Some(i) => self.snapshot().owner(super::slot(args[i])),
+            None => self.home(0),
+        }
+    }
+
+    /// Redirections a command may follow.
+    pub fn max_redirects(&self) -> u32 {
+        self.max_redirects
+    }
+
+    /// The index of the node at `addr`, creating its pool on first sight.
+    pub fn node(&self, addr: &str) -> u16 {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = index.get(addr) {
+            return i;
+        }
+        let addr: Arc<str> = addr.into();
+        let pool = Pool::start_node(addr.clone(), &self.settings, self.metrics.clone());
+        let mut nodes = Vec::clone(&self.nodes.load());
+        nodes.push(pool);
+        let i = (nodes.len() - 1) as u16;
+        self.nodes.store(Arc::new(nodes));
+        index.insert(addr, i);
+        i
+    }
+
+    /// The address of node `node`, for messages.
+    pub fn addr(&self, node: u16) -> Arc<str> {
+        self.nodes.load()[usize::from(node)].addr().clone()
+    }
+
+    /// Applies a MOVED at once (so the next command for the slot goes to the right node
+    /// without waiting for the refresh) and asks for a refresh.
+    pub fn apply_moved(&self, slot: u16, addr: &str) {
+        let mut map = self.snapshot().map.clone();
+        if map
+            .slot_owner(slot)
+            .is_none_or(|s| *s.primary.addr != *addr)
+        {
+            map.apply_moved(slot, addr);
+            self.install(map);
+        }
+        self.refresh_soon();
+    }
+
+    /// Asks the refresher to refresh now (coalesced with other requests).
+    pub fn refresh_soon(&self) {
+        self.refresh.notify_one();
+    }
+
+    /// Publishes `map`, creating pools for primaries seen for the first time.
+    fn install(&self, map: SlotMap) {
+        let owners = map
+            .shards()
+            .iter()
+            .map(|s| self.node(&s.primary.addr))
+            .collect();
+        tracing::debug!(
+            covered = map.covered(),
+            of = SLOTS,
+            "cluster slot map installed"
+        );
+        self.snapshot.store(Arc::new(Snapshot { map, owners }));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Known primaries first, then the configured seeds.
+    fn refresh_seeds(&self) -> Vec<String> {
+        let snapshot = self.snapshot();
+        let mut seeds: Vec<String> = snapshot
+            .map
+            .shards()
+            .iter()
+            .map(|s| s.primary.addr.to_string())
+            .collect();
+        for seed in &self.seeds {
+            if !seeds.contains(seed) {
+                seeds.push(seed.clone());
+            }
+        }
+        seeds
+    }
+}
+
+/// Refreshes the map every `interval` and whenever asked; ends once the router is dropped.
+async fn refresher(router: Weak<Router>, wake: Arc<Notify>, interval: Duration) {
+    loop {
+        // Notify keeps one permit: a request made while a refresh ran is not lost.
+        if tokio::time::timeout(interval, wake.notified())
+            .await
+            .is_ok()
+        {
+            tokio::time::sleep(COALESCE).await;
+        }
+        let Some(r) = router.upgrade() else { return };
+        let seeds = r.refresh_seeds();
+        match discover(&seeds, &r.settings.login).await {
+            Ok(map) => {
+                if map != r.snapshot().map {
+                    tracing::info!(covered = map.covered(), "cluster topology changed");
+                    r.install(map);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cluster topology refresh failed"),
+        }
+    }
+}

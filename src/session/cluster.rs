@@ -1,0 +1,1338 @@
+//! Cluster mode: which node a command goes to, what the proxy answers itself because a
+//! cluster cannot do it like one Redis, following MOVED/ASK, and whole-keyspace commands sent
+//! to every primary. Nothing here runs for a standalone upstream (`Context::cluster` is
+//! `None` and `decide`/`serve` skip it).
+
+use bytes::{Bytes, BytesMut};
+
+use super::route::Args;
+use super::*;
+use crate::cluster::{Redirect, Router, slot};
+use crate::commands::KeyPositions;
+use crate::policy::namespace::Strip;
+
+/// Redis Cluster's own reply to a command whose keys are in several slots, word for word.
+pub(super) fn crossslot() -> Bytes {
+    Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
+}
+
+/// Redis Cluster's reply for a slot no node serves, word for word.
+fn clusterdown() -> Bytes {
+    Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")
+}
+
+/// A plain Redis's answer to cluster commands, so cluster-aware clients fall back to treating
+/// the proxy as one server (which is what it is to them).
+fn cluster_disabled() -> Bytes {
+    simple_error("ERR", "This instance has cluster support disabled")
+}
+
+/// How the replies of a command sent to every primary become one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Merge {
+    /// Integer replies added up (DBSIZE).
+    Sum,
+    /// Array replies concatenated (KEYS).
+    Concat,
+    /// The first error, else the first reply (FLUSHALL, FLUSHDB).
+    AllOk,
+    /// The first non-nil reply, starting from a node that varies (RANDOMKEY).
+    FirstNonNil,
+}
+
+/// A whole-keyspace command to send to every primary.
+pub(super) struct Fanout {
+    /// The command as it is sent (after the policy's rewrite).
+    bytes: Bytes,
+    /// How the replies are combined.
+    merge: Merge,
+    /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
+    strip: Option<Box<Strip>>,
+}
+
+/// How the replies of a multi-key command split by slot become the client's one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// MGET: the values put back in the client's key order.
+    Values,
+    /// MSET: `+OK` when every part says so, else the first error.
+    AllOk,
+    /// DEL, UNLINK, EXISTS, TOUCH: the counts added up.
+    Sum,
+}
+
+/// Bits of a composite SCAN cursor holding the node's own cursor; the bits above hold the
+/// index of the primary (ordered by address). A node's cursor is a reverse-binary bucket
+/// index, far below 2^48 for any real table.
+const NODE_CURSOR_BITS: u32 = 48;
+/// The node cursor's part of a composite cursor.
+const NODE_CURSOR_MASK: u64 = (1 << NODE_CURSOR_BITS) - 1;
+
+/// One SCAN call across the cluster's primaries.
+pub(super) struct Scan {
+    /// The client's composite cursor.
+    cursor: u64,
+    /// MATCH/COUNT/TYPE as sent (MATCH already namespaced by the policy).
+    options: Vec<Bytes>,
+    /// The tenant's namespace prefix, removed from the returned names.
+    strip: Option<Box<Strip>>,
+}
+
+/// A multi-key command whose keys are in several slots, as one sub-command per slot.
+pub(super) struct Split {
+    /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
+    /// for its keys) and, per sub-command, the positions of its keys in the client's command.
+    batches: Vec<NodeBatch>,
+    /// How the parts' replies are joined.
+    join: Join,
+    /// Keys in the client's command (MGET's reply length).
+    keys: usize,
+}
+
+/// What one node gets of a split command.
+struct NodeBatch {
+    /// The node.
+    node: u16,
+    /// Sub-commands followed by hidden commands, encoded.
+    bytes: BytesMut,
+    /// For each sub-command, the client-order positions of its keys; hidden commands come
+    /// after them in the batch and their replies are dropped.
+    parts: Vec<Vec<usize>>,
+    /// Hidden commands in the batch.
+    hidden: usize,
+}
+
+impl Session {
+    /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
+    /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
+    /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
+    /// a key's slot.
+    pub(super) fn place(&self, router: &Router, action: Action, args: &Args<'_>) -> Action {
+        let (target, effect, rewrite) = match &action {
+            Action::Forward { target, effect, .. } => (*target, *effect, None),
+            Action::Rewritten {
+                target,
+                effect,
+                rewrite,
+                ..
+            } => (*target, *effect, Some(rewrite)),
+            _ => return action,
+        };
+        if let Some(answer) = self.cluster_command(args, effect, rewrite) {
+            return answer;
+        }
+        let rewritten = rewrite.and_then(|r| r.command.as_ref());
+        let Ok(slot) = self.key_slot(args, rewritten) else {
+            if !self.in_multi && matches!(target, Target::Shared(..)) {
+                if let Some(split) = split(router, args, rewrite) {
+                    return split;
+                }
+            }
+            return Action::Refused(crossslot());
+        };
+        let snapshot = router.snapshot();
+        let node = match slot {
+            Some(s) => snapshot.owner(s),
+            // Keyless: stay where the session already is, so it need not wait for a switch.
+            None => match (target, self.inflight_target, &self.dedicated) {
+                (Target::Dedicated(_), _, Some(d)) => Some(d.node),
+                (Target::Shared(..), Some(Target::Shared(_, n)), _) => Some(n),
+                _ => router.home(self.id),
+            },
+        };
+        let Some(node) = node else {
+            router.refresh_soon();
+            return Action::Refused(clusterdown());
+        };
+        let target = match target {
+            Target::Shared(proto, _) => Target::Shared(proto, node),
+            Target::Dedicated(_) => match self.dedicated.as_ref().filter(|_| self.pinned()) {
+                // A pinned session's state lives on one node; a key elsewhere cannot join it.
+                Some(d) if slot.is_some() && d.node != node => {
+                    return Action::Refused(crossslot());
+                }
+                Some(d) => Target::Dedicated(d.node),
+                None => Target::Dedicated(node),
+            },
+        };
+        match action {
+            Action::Forward { expect, effect, .. } => Action::Forward {
+                target,
+                expect,
+                effect,
+            },
+            Action::Rewritten {
+                expect,
+                effect,
+                rewrite,
+                ..
+            } => Action::Rewritten {
+                target,
+                expect,
+                effect,
+                rewrite,
+            },
+            other => other,
+        }
+    }
+
+    /// Commands a cluster cannot take as they are: `Some(answer)` for those.
+    fn cluster_command(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Option<Action> {
+        match effect {
+            Effect::Select(db) if db != 0 => {
+                return Some(Action::Local(
+                    simple_error("ERR", "SELECT is not allowed in cluster mode"),
+                    LocalEffect::None,
+                ));
+            }
+            Effect::Multi if !self.in_multi => {
+                return Some(Action::Local(
+                    Bytes::from_static(b"+OK\r\n"),
+                    LocalEffect::DeferMulti,
+                ));
+            }
+            Effect::Multi if self.multi_deferred => {
+                return Some(Action::Local(
+                    simple_error("ERR", "MULTI calls can not be nested"),
+                    LocalEffect::None,
+                ));
+            }
+            // With a WATCH on the connection, EXEC must run there even with nothing queued:
+            // a watched key that changed makes it answer nil.
+            Effect::EndMulti | Effect::AbortExec if self.multi_deferred && !self.watching => {
+                let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
+                let reply = if !exec {
+                    Bytes::from_static(b"+OK\r\n")
+                } else if self.multi_refused {
+                    simple_error(
+                        "EXECABORT",
+                        "Transaction discarded because of previous errors.",
+                    )
+                } else {
+                    Bytes::from_static(b"*0\r\n")
+                };
+                return Some(Action::Local(reply, LocalEffect::EndMulti));
+            }
+            _ => {}
+        }
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        if is("CLUSTER") {
+            if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") {
+                let reply = format!(":{}\r\n", slot(args.get(2)));
+                return Some(Action::Local(Bytes::from(reply), LocalEffect::None));
+            }
+            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+        }
+        if is("READONLY") || is("READWRITE") || is("ASKING") {
+            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+        }
+        if is("SCAN") {
+            return Some(self.decide_scan(args, rewrite));
+        }
+        let merge = if is("DBSIZE") {
+            Merge::Sum
+        } else if is("KEYS") {
+            Merge::Concat
+        } else if is("FLUSHALL") || is("FLUSHDB") {
+            Merge::AllOk
+        } else if is("RANDOMKEY") {
+            Merge::FirstNonNil
+        } else if (is("SCRIPT") || is("FUNCTION"))
+            && args.len() > 1
+            && [&b"LOAD"[..], b"FLUSH", b"DELETE", b"RESTORE"]
+                .iter()
+                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        {
+            // Scripts and functions live per node, and a command using one may go to any
+            // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
+            // gets NOSCRIPT for keys on the other nodes, forever.
+            Merge::AllOk
+        } else {
+            return None;
+        };
+        if self.in_multi {
+            // EXEC's reply would hold one node's answer only.
+            return Some(Action::Refused(simple_error(
+                "ERR",
+                &format!(
+                    "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
+                    String::from_utf8_lossy(name).to_ascii_uppercase()
+                ),
+            )));
+        }
+        let bytes = match rewrite.and_then(|r| r.command.clone()) {
+            Some(command) => command,
+            None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        Some(Action::Fanout(Box::new(Fanout {
+            bytes,
+            merge,
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        })))
+    }
+
+    /// SCAN over every primary with a composite cursor (see [`Scan`]).
+    fn decide_scan(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Action {
+        if self.in_multi {
+            return Action::Refused(simple_error(
+                "ERR",
+                "SCAN inside MULTI is not supported across a cluster by redis-policy-proxy",
+            ));
+        }
+        let mut ranges = Vec::new();
+        let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| frame.slice(r.clone())).collect()
+                }
+                _ => return Action::Refused(crossslot()),
+            },
+            None => args.iter().map(Bytes::copy_from_slice).collect(),
+        };
+        let cursor = argv
+            .get(1)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u64>().ok());
+        let Some(cursor) = cursor else {
+            return Action::Local(simple_error("ERR", "invalid cursor"), LocalEffect::None);
+        };
+        Action::Scan(Box::new(Scan {
+            cursor,
+            options: argv.into_iter().skip(2).collect(),
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        }))
+    }
+
+    /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
+    /// cursor; the reply's cursor is made composite again.
+    pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        // Ordered by address: stable across refreshes that keep the same primaries.
+        let mut primaries: Vec<(Arc<str>, u16)> = router
+            .snapshot()
+            .primaries()
+            .iter()
+            .map(|&n| (router.addr(n), n))
+            .collect();
+        primaries.sort();
+        primaries.dedup();
+        let shard = (scan.cursor >> NODE_CURSOR_BITS) as usize;
+        let node_cursor = scan.cursor & NODE_CURSOR_MASK;
+        let Some(&(_, node)) = primaries.get(shard) else {
+            // The cluster has fewer primaries than when the scan started: nothing left.
+            return Bytes::from_static(b"*2\r\n$1\r\n0\r\n*0\r\n");
+        };
+        let node_cursor = node_cursor.to_string();
+        let mut argv: Vec<&[u8]> = vec![b"SCAN", node_cursor.as_bytes()];
+        argv.extend(scan.options.iter().map(|o| &o[..]));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: codec::encode(&argv),
+            expect: Expect::Frames(1),
+            reply_to: tx,
+        };
+        let sent = router
+            .pool(node)
+            .shared(self.proto, self.id)
+            .send(batch)
+            .await;
+        let reply = match (sent, rx.recv().await) {
+            (
+                Ok(()),
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }),
+            ) => data,
+            (_, Some(Reply::Batch { error: Some(e), .. })) => {
+                return error_reply(&ProxyError::Upstream(*e));
+            }
+            _ => {
+                return error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: "connection closed".into(),
+                }));
+            }
+        };
+        let composite = match scan_reply_cursor(&reply) {
+            Err(()) if reply.first() == Some(&b'-') => return reply,
+            Err(()) => return unexpected(&reply),
+            Ok((0, _)) if shard + 1 < primaries.len() => ((shard + 1) as u64) << NODE_CURSOR_BITS,
+            Ok((0, _)) => 0,
+            Ok((c, _)) if c > NODE_CURSOR_MASK => {
+                return simple_error(
+                    "ERR",
+                    "a node's SCAN cursor does not fit redis-policy-proxy's composite cursor",
+                );
+            }
+            Ok((c, _)) => ((shard as u64) << NODE_CURSOR_BITS) | c,
+        };
+        let Ok((_, keys_at)) = scan_reply_cursor(&reply) else {
+            return unexpected(&reply);
+        };
+        let cursor = composite.to_string();
+        let mut out = BytesMut::from(format!("*2\r\n${}\r\n{cursor}\r\n", cursor.len()).as_bytes());
+        out.extend_from_slice(&reply[keys_at..]);
+        let out = out.freeze();
+        match scan.strip {
+            Some(strip) => strip.apply(&out),
+            None => out,
+        }
+    }
+
+    /// The one slot of the command's keys: `Ok(None)` for a command without keys (or one the
+    /// table cannot read keys from: the node answers it, with MOVED followed if need be),
+    /// `Err(())` when keys are in several slots.
+    fn key_slot(&self, args: &Args<'_>, rewritten: Option<&Bytes>) -> Result<Option<u16>, ()> {
+        let mut ranges = Vec::new();
+        let argv: Vec<&[u8]> = match rewritten {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| &frame[r.clone()]).collect()
+                }
+                _ => args.iter().collect(),
+            },
+            None => args.iter().collect(),
+        };
+        let mut keys = KeyPositions::with_capacity(4);
+        let name = argv[0];
+        // Shard channels are not keys to the command table, but Redis routes them by slot.
+        let shard_channels = if name.eq_ignore_ascii_case(b"SSUBSCRIBE")
+            || name.eq_ignore_ascii_case(b"SUNSUBSCRIBE")
+        {
+            1..argv.len()
+        } else if name.eq_ignore_ascii_case(b"SPUBLISH") && argv.len() > 1 {
+            1..2
+        } else {
+            0..0
+        };
+        let indices: Vec<usize> = if !shard_channels.is_empty() {
+            shard_channels.collect()
+        } else if crate::commands::keys_into(&argv, &mut keys).is_ok() {
+            keys.indices().collect()
+        } else {
+            return Ok(None);
+        };
+        let mut found = None;
+        for i in indices {
+            let s = slot(argv[i]);
+            match found {
+                None => found = Some(s),
+                Some(f) if f != s => return Err(()),
+                Some(_) => {}
+            }
+        }
+        Ok(found)
+    }
+
+    /// Follows MOVED and ASK replies in a batch from a cluster node: each redirected command
+    /// is sent again to the node named (after `ASKING` for ASK), up to `max_redirects` times,
+    /// and its reply put where the redirection was. Resending is safe: a node that redirects
+    /// has not run the command. Waits for the resent replies (redirections are rare and the
+    /// session's later replies queue behind this one anyway).
+    pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
+        if let Some(Slot::Upstream {
+            sent: Some(sent), ..
+        }) = self.slots.front()
+            && sent.dedicated
+        {
+            return Box::pin(self.redirect_dedicated(msg)).await;
+        }
+        let unsent = matches!(
+            msg,
+            Reply::Batch { data, error: Some(e), .. }
+                if data.is_empty() && matches!(**e, UpstreamError::Unavailable { .. })
+        );
+        if unsent {
+            // Nothing was sent (the node's connection is down): safe to route again.
+            if let Some(data) = Box::pin(self.reroute_unsent()).await {
+                *msg = Reply::Batch {
+                    data,
+                    missing: 0,
+                    error: None,
+                };
+            }
+            return false;
+        }
+        let Reply::Batch {
+            data, error: None, ..
+        } = msg
+        else {
+            return false;
+        };
+        if !may_redirect(data) {
+            return false;
+        }
+        let (
+            Some(router),
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }),
+        ) = (self.ctx.cluster.clone(), self.slots.front())
+        else {
+            return false;
+        };
+        let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
+        let mut frames = split_frames(data);
+        let commands = split_commands(&bytes, &self.ctx.codec);
+        if frames.len() != commands.len() {
+            return false;
+        }
+        let origin = router.addr(from);
+        self.redirect_frames(&router, proto, &origin, &commands, &mut frames)
+            .await;
+        *data = frames.concat().into();
+        false
+    }
+
+    /// A blocking command answered MOVED, ASK or TRYAGAIN on the dedicated connection: sent
+    /// again on a dedicated connection to the node named, with the session's own reply
+    /// channel, so the session keeps serving (and noticing a client that leaves) while it
+    /// blocks there. `true` when resent: the reply is then not the client's yet.
+    async fn redirect_dedicated(&mut self, msg: &mut Reply) -> bool {
+        let Reply::Batch {
+            data, error: None, ..
+        } = msg
+        else {
+            return false;
+        };
+        let (
+            Some(router),
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }),
+        ) = (self.ctx.cluster.clone(), self.slots.front())
+        else {
+            return false;
+        };
+        let origin = router.addr(sent.node);
+        // After an ASK the batch also holds ASKING's reply: the command's is the last.
+        let Some(again) = split_frames(data)
+            .last()
+            .and_then(|frame| again_of(frame, &origin))
+        else {
+            return false;
+        };
+        if sent.redirects >= router.max_redirects() {
+            if let Again::Redirect(r) = again {
+                *data = simple_error(
+                    "ERR",
+                    &format!("too many cluster redirections for slot {}", r.slot()),
+                );
+                if let Some(Slot::Upstream {
+                    commands, handling, ..
+                }) = self.slots.front_mut()
+                {
+                    // The error stands for the command alone.
+                    self.inflight -= (*commands - 1) as usize;
+                    *commands = 1;
+                    handling.mask = None;
+                }
+            }
+            return false;
+        }
+        let (command, proto) = (sent.bytes.clone(), sent.proto);
+        match &again {
+            Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
+            Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            Again::Redirect(Redirect::Ask { .. }) => {}
+        }
+        let node = router.node(again.addr());
+        let Some(tx) = self.dedicated_to(&router, node, proto).await else {
+            return false;
+        };
+        let ask = again.is_ask();
+        let bytes = if ask {
+            [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
+                .concat()
+                .into()
+        } else {
+            command
+        };
+        let frames: u32 = if ask { 2 } else { 1 };
+        let batch = Batch {
+            bytes,
+            expect: Expect::Frames(frames),
+            reply_to: self.reply_sender(),
+        };
+        if tx.send(batch).await.is_err() {
+            return false;
+        }
+        if let Some(Slot::Upstream {
+            commands,
+            handling,
+            sent: Some(sent),
+            ..
+        }) = self.slots.front_mut()
+        {
+            self.inflight = self.inflight + frames as usize - *commands as usize;
+            *commands = frames;
+            handling.mask = ask.then(|| vec![false, true]);
+            sent.node = node;
+            sent.redirects += 1;
+        }
+        self.inflight_target = Some(Target::Dedicated(node));
+        true
+    }
+
+    /// The session's dedicated connection, moved to `node` if it is elsewhere; `None` when
+    /// the session is pinned to its node or the connection cannot be opened.
+    async fn dedicated_to(
+        &mut self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+    ) -> Option<mpsc::Sender<Batch>> {
+        if let Some(d) = &self.dedicated
+            && d.node == node
+            && d.proto == proto
+            && !d.tx.is_closed()
+        {
+            return Some(d.tx.clone());
+        }
+        if self.pinned() {
+            return None;
+        }
+        let push = PushTarget {
+            to: self.reply_sender(),
+            budget: self.push_budget.clone(),
+            budget_size: PUSH_BUDGET,
+            conn_id: self.dedicated_gen + 1,
+        };
+        let tx = router.pool(node).dedicated(proto, push, false).await.ok()?;
+        self.dedicated_gen += 1;
+        self.dedicated = Some(Dedicated {
+            tx: tx.clone(),
+            proto,
+            node,
+        });
+        Some(tx)
+    }
+
+    /// A batch refused because its node's connection is down (a primary failed) was never
+    /// sent: after the map changes (the refresh a failure triggers learns the promoted
+    /// replica), its commands are routed again by their keys. Waits at most twice the connect
+    /// timeout, then gives up and the client gets the original error: no hang. `None` when
+    /// the map did not change in time or the nodes failed again.
+    async fn reroute_unsent(&self) -> Option<Bytes> {
+        let router = self.ctx.cluster.clone()?;
+        let Some(Slot::Upstream {
+            sent: Some(sent), ..
+        }) = self.slots.front()
+        else {
+            return None;
+        };
+        let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
+        let commands = split_commands(&bytes, &self.ctx.codec);
+        let give_up = tokio::time::Instant::now() + router.connect_timeout().saturating_mul(2);
+        let before = router.snapshot_id();
+        loop {
+            router.refresh_soon();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let moved = router.snapshot_id() != before;
+            let nodes: Vec<u16> = commands
+                .iter()
+                .map(|c| node_of_command(&router, c, &self.ctx.codec))
+                .collect::<Option<Vec<u16>>>()?;
+            if moved && !nodes.contains(&from) {
+                return self.send_routed(&router, proto, &commands, &nodes).await;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return None;
+            }
+        }
+    }
+
+    /// Sends `commands[i]` to `nodes[i]`, consecutive commands for one node as one batch, in
+    /// order, following redirections; the replies concatenated, or `None` if a node is down.
+    async fn send_routed(
+        &self,
+        router: &Router,
+        proto: u8,
+        commands: &[Bytes],
+        nodes: &[u16],
+    ) -> Option<Bytes> {
+        let mut out = Vec::with_capacity(commands.len());
+        let mut start = 0;
+        while start < commands.len() {
+            let node = nodes[start];
+            let end = nodes[start..]
+                .iter()
+                .position(|&n| n != node)
+                .map_or(commands.len(), |n| start + n);
+            let group = &commands[start..end];
+            start = end;
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let batch = Batch {
+                bytes: group.concat().into(),
+                expect: Expect::Frames(group.len() as u32),
+                reply_to: tx,
+            };
+            router
+                .pool(node)
+                .shared(proto, self.id)
+                .send(batch)
+                .await
+                .ok()?;
+            let Some(Reply::Batch {
+                data, error: None, ..
+            }) = rx.recv().await
+            else {
+                return None;
+            };
+            let mut frames = split_frames(&data);
+            if frames.len() != group.len() {
+                return None;
+            }
+            if may_redirect(&data) {
+                let origin = router.addr(node);
+                self.redirect_frames(router, proto, &origin, group, &mut frames)
+                    .await;
+            }
+            out.extend(frames);
+        }
+        Some(out.concat().into())
+    }
+
+    /// Sends again, to the node named, each command whose reply frame is a MOVED or ASK (after
+    /// `ASKING` for ASK), up to `max_redirects` times, and puts the new replies in place.
+    /// `commands[i]` is the command `frames[i]` answers; `origin` the node that answered.
+    async fn redirect_frames(
+        &self,
+        router: &Router,
+        proto: u8,
+        origin: &str,
+        commands: &[Bytes],
+        frames: &mut [Bytes],
+    ) {
+        let mut todo: Vec<(usize, Again)> = frames
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| again_of(f, origin).map(|r| (i, r)))
+            .collect();
+        for round in 0..router.max_redirects() {
+            if todo.is_empty() {
+                break;
+            }
+            if todo.iter().any(|(_, a)| matches!(a, Again::TryAgain(_))) {
+                // The slot is being migrated and the keys are split between the nodes for a
+                // moment: back off a little more each round, as Redis Cluster clients do.
+                let wait = 10 * u64::from(round + 1);
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
+            let mut next = Vec::new();
+            let mut start = 0;
+            while start < todo.len() {
+                let (dest, ask) = (todo[start].1.addr().clone(), todo[start].1.is_ask());
+                let end = todo[start..]
+                    .iter()
+                    .position(|(_, r)| *r.addr() != dest || r.is_ask() != ask)
+                    .map_or(todo.len(), |n| start + n);
+                let group = &todo[start..end];
+                start = end;
+                for (_, r) in group {
+                    if let Again::Redirect(Redirect::Moved { slot, addr }) = r {
+                        router.apply_moved(*slot, addr);
+                    }
+                }
+                let node = router.node(&dest);
+                let mut out = BytesMut::new();
+                for (i, _) in group {
+                    if ask {
+                        out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                    }
+                    out.extend_from_slice(&commands[*i]);
+                }
+                let per = if ask { 2 } else { 1 };
+                let expect = Expect::Frames((group.len() * per) as u32);
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let batch = Batch {
+                    bytes: out.freeze(),
+                    expect,
+                    reply_to: tx,
+                };
+                let pool = router.pool(node);
+                let answer = match pool.shared(proto, self.id).send(batch).await {
+                    Ok(()) => rx.recv().await,
+                    Err(_) => None,
+                };
+                let (data, error) = match answer {
+                    Some(Reply::Batch { data, error, .. }) => (data, error),
+                    _ => (
+                        Bytes::new(),
+                        Some(Box::new(UpstreamError::Unavailable {
+                            addr: dest.clone(),
+                            reason: "connection closed".into(),
+                        })),
+                    ),
+                };
+                let got = split_frames(&data);
+                for (k, (i, _)) in group.iter().enumerate() {
+                    match got.get(k * per + per - 1) {
+                        Some(frame) => {
+                            if let Some(r) = again_of(frame, &dest) {
+                                next.push((*i, r));
+                            }
+                            frames[*i] = frame.clone();
+                        }
+                        None => {
+                            let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
+                                addr: dest.clone(),
+                                reason: "no reply after a redirection".into(),
+                            });
+                            frames[*i] = error_reply(&ProxyError::Upstream(e));
+                        }
+                    }
+                }
+            }
+            todo = next;
+        }
+        for (i, r) in todo {
+            // A TRYAGAIN that outlasted the retries stays Redis's own error: the client may
+            // retry it later, as Redis intends.
+            if let Again::Redirect(r) = r {
+                frames[i] = simple_error(
+                    "ERR",
+                    &format!("too many cluster redirections for slot {}", r.slot()),
+                );
+            }
+        }
+    }
+
+    /// Sends the parts of a split multi-key command and joins their replies.
+    pub(super) async fn split(&mut self, split: Split) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        let mut pending = Vec::with_capacity(split.batches.len());
+        for b in split.batches {
+            let frames = (b.parts.len() + b.hidden) as u32;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let bytes = b.bytes.freeze();
+            let batch = Batch {
+                bytes: bytes.clone(),
+                expect: Expect::Frames(frames),
+                reply_to: tx,
+            };
+            let sent = router
+                .pool(b.node)
+                .shared(self.proto, self.id)
+                .send(batch)
+                .await;
+            pending.push((b.node, b.parts, bytes, sent.is_ok().then_some(rx)));
+        }
+        // Every part's reply, with the client-order positions of its keys.
+        let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
+        for (node, positions, bytes, rx) in pending {
+            let answer = match rx {
+                Some(mut rx) => rx.recv().await,
+                None => None,
+            };
+            let (data, error) = match answer {
+                Some(Reply::Batch { data, error, .. }) => (data, error),
+                _ => (
+                    Bytes::new(),
+                    Some(Box::new(UpstreamError::Unavailable {
+                        addr: router.addr(node),
+                        reason: "connection closed".into(),
+                    })),
+                ),
+            };
+            let mut frames = split_frames(&data);
+            if error.is_none() && may_redirect(&data) {
+                // The slot moved since the map was read: follow, as for any command.
+                let commands = split_commands(&bytes, &self.ctx.codec);
+                if commands.len() == frames.len() {
+                    let origin = router.addr(node);
+                    self.redirect_frames(&router, self.proto, &origin, &commands, &mut frames)
+                        .await;
+                }
+            }
+            for (k, p) in positions.into_iter().enumerate() {
+                let reply = match frames.get(k) {
+                    Some(f) => f.clone(),
+                    None => {
+                        let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
+                            addr: router.addr(node),
+                            reason: "no reply".into(),
+                        });
+                        error_reply(&ProxyError::Upstream(e))
+                    }
+                };
+                parts.push((p, reply));
+            }
+        }
+        join(split.join, split.keys, &parts, self.proto)
+    }
+
+    /// Sends a whole-keyspace command to every primary and merges the replies.
+    pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return cluster_disabled();
+        };
+        let primaries = router.snapshot().primaries().to_vec();
+        if primaries.is_empty() {
+            router.refresh_soon();
+            return clusterdown();
+        }
+        let mut receivers = Vec::with_capacity(primaries.len());
+        for &node in &primaries {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let batch = Batch {
+                bytes: fanout.bytes.clone(),
+                expect: Expect::Frames(1),
+                reply_to: tx,
+            };
+            let sent = router
+                .pool(node)
+                .shared(self.proto, self.id)
+                .send(batch)
+                .await;
+            receivers.push((node, sent.is_ok().then_some(rx)));
+        }
+        let mut replies = Vec::with_capacity(receivers.len());
+        for (node, rx) in receivers {
+            let answer = match rx {
+                Some(mut rx) => rx.recv().await,
+                None => None,
+            };
+            let reply = match answer {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) => data,
+                Some(Reply::Batch { error: Some(e), .. }) => error_reply(&ProxyError::Upstream(*e)),
+                _ => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: "connection closed".into(),
+                })),
+            };
+            replies.push(reply);
+        }
+        let merged = merge(fanout.merge, &replies, self.id);
+        match fanout.strip {
+            Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
+            _ => merged,
+        }
+    }
+}
+
+/// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node; `None` for any other command
+/// (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite cannot be split.
+fn split(
+    router: &Router,
+    args: &Args<'_>,
+    rewrite: Option<&crate::policy::ttl::Rewrite>,
+) -> Option<Action> {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some()) {
+        return None;
+    }
+    let mut ranges = Vec::new();
+    let argv: Vec<&[u8]> = match rewrite.and_then(|r| r.command.as_ref()) {
+        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
+            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
+            _ => return None,
+        },
+        None => args.iter().collect(),
+    };
+    let name = argv[0];
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    let (join, step) = if is(b"MGET") {
+        (Join::Values, 1)
+    } else if is(b"MSET") {
+        (Join::AllOk, 2)
+    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
+        (Join::Sum, 1)
+    } else {
+        return None;
+    };
+    if argv.len() < 2 || (argv.len() - 1) % step != 0 {
+        return None;
+    }
+    let snapshot = router.snapshot();
+    // Sub-commands by slot, in the order slots first appear.
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
+        let s = slot(argv[i]);
+        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
+            Some((_, positions)) => positions.push(position),
+            None => by_slot.push((s, vec![position])),
+        }
+    }
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    let batch_of = |node: u16, batches: &mut Vec<NodeBatch>| -> usize {
+        match batches.iter().position(|b| b.node == node) {
+            Some(i) => i,
+            None => {
+                batches.push(NodeBatch {
+                    node,
+                    bytes: BytesMut::new(),
+                    parts: Vec::new(),
+                    hidden: 0,
+                });
+                batches.len() - 1
+            }
+        }
+    };
+    for (s, positions) in by_slot {
+        let node = snapshot.owner(s)?;
+        let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
+        sub.push(name);
+        for &p in &positions {
+            let i = 1 + p * step;
+            sub.extend_from_slice(&argv[i..i + step]);
+        }
+        let b = batch_of(node, &mut batches);
+        batches[b].bytes.extend_from_slice(&codec::encode(&sub));
+        batches[b].parts.push(positions);
+    }
+    // The policy's hidden commands (a TTL per key after MSET) go to their own key's node,
+    // after that node's sub-commands.
+    for hidden in rewrite.map_or(&[][..], |r| &r.after[..]) {
+        let mut ranges = Vec::new();
+        let Ok(Some(Decoded::Command { .. })) =
+            codec::decode(hidden, &CodecLimits::default(), &mut ranges)
+        else {
+            return None;
+        };
+        let key = &hidden[ranges.get(1)?.clone()];
+        let node = snapshot.owner(slot(key))?;
+        let b = batch_of(node, &mut batches);
+        batches[b].bytes.extend_from_slice(hidden);
+        batches[b].hidden += 1;
+    }
+    Some(Action::Split(Box::new(Split {
+        batches,
+        join,
+        keys: (argv.len() - 1) / step,
+    })))
+}
+
+/// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
+/// server, and a client that switched to cluster mode on seeing `cluster` would then ask for
+/// `CLUSTER SLOTS` and be refused.
+pub(super) fn as_standalone(hello: Bytes) -> Bytes {
+    const CLUSTER: &[u8] = b"$4\r\nmode\r\n$7\r\ncluster\r\n";
+    match memchr::memmem::find(&hello, CLUSTER) {
+        None => hello,
+        Some(at) => [
+            &hello[..at],
+            b"$4\r\nmode\r\n$10\r\nstandalone\r\n",
+            &hello[at + CLUSTER.len()..],
+        ]
+        .concat()
+        .into(),
+    }
+}
+
+/// The node owning the keys of one encoded command (a primary for a keyless one).
+fn node_of_command(router: &Router, command: &[u8], limits: &CodecLimits) -> Option<u16> {
+    let mut ranges = Vec::new();
+    match codec::decode(command, limits, &mut ranges) {
+        Ok(Some(Decoded::Command { .. })) => {
+            let argv: Vec<&[u8]> = ranges.iter().map(|r| &command[r.clone()]).collect();
+            router.node_for(&argv)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
+/// happen to contain the text are sorted out by parsing each frame).
+fn may_redirect(data: &[u8]) -> bool {
+    data.starts_with(b"-MOVED ")
+        || data.starts_with(b"-ASK ")
+        || data.starts_with(b"-TRYAGAIN")
+        || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
+        || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
+        || memchr::memmem::find(data, b"\r\n-TRYAGAIN").is_some()
+}
+
+/// A command to send again, and where.
+enum Again {
+    /// MOVED or ASK: to the node named.
+    Redirect(Redirect),
+    /// TRYAGAIN (a multi-key command whose keys are split by a migration in progress): to the
+    /// same node, after a short wait.
+    TryAgain(Arc<str>),
+}
+
+impl Again {
+    fn addr(&self) -> &Arc<str> {
+        match self {
+            Again::Redirect(r) => r.addr(),
+            Again::TryAgain(addr) => addr,
+        }
+    }
+
+    fn is_ask(&self) -> bool {
+        matches!(self, Again::Redirect(Redirect::Ask { .. }))
+    }
+}
+
+/// Whether a reply frame asks for the command to be sent again.
+fn again_of(frame: &[u8], answered_by: &str) -> Option<Again> {
+    if frame.starts_with(b"-TRYAGAIN") {
+        return Some(Again::TryAgain(answered_by.into()));
+    }
+    redirect_of(frame, answered_by).map(Again::Redirect)
+}
+
+/// The redirection a reply frame is, if it is one.
+fn redirect_of(frame: &[u8], answered_by: &str) -> Option<Redirect> {
+    if frame.first() != Some(&b'-') {
+        return None;
+    }
+    Redirect::parse(frame, answered_by).ok().flatten()
+}
+
+/// Reply frames of a batch, as slices of its bytes.
+fn split_frames(data: &Bytes) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        match crate::reply::scan(&data[pos..]) {
+            Ok(Some(len)) => {
+                out.push(data.slice(pos..pos + len));
+                pos += len;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Commands of a batch as sent, as slices of its bytes (empty lines left out).
+fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut ranges = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        match codec::decode(&bytes[pos..], limits, &mut ranges) {
+            Ok(Some(Decoded::Command { len })) => {
+                out.push(bytes.slice(pos..pos + len));
+                pos += len;
+            }
+            Ok(Some(Decoded::Empty { len })) => pos += len,
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Combines one reply per primary.
+fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
+    if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+        if how != Merge::FirstNonNil {
+            return e.clone();
+        }
+    }
+    match how {
+        Merge::Sum => {
+            let mut total: i64 = 0;
+            for r in replies {
+                match r
+                    .strip_prefix(b":")
+                    .and_then(|r| r.strip_suffix(b"\r\n"))
+                    .and_then(codec::parse_int)
+                {
+                    Some(n) => total = total.saturating_add(n),
+                    None => return unexpected(r),
+                }
+            }
+            Bytes::from(format!(":{total}\r\n"))
+        }
+        Merge::Concat => {
+            let mut count: i64 = 0;
+            let mut body = BytesMut::new();
+            for r in replies {
+                let header_end = match memchr::memchr(b'\r', r) {
+                    Some(i) if matches!(r.first(), Some(b'*' | b'~')) => i,
+                    _ => return unexpected(r),
+                };
+                let Some(n) = codec::parse_int(&r[1..header_end]) else {
+                    return unexpected(r);
+                };
+                count += n.max(0);
+                body.extend_from_slice(&r[header_end + 2..]);
+            }
+            let mut out = BytesMut::from(format!("*{count}\r\n").as_bytes());
+            out.extend_from_slice(&body);
+            out.freeze()
+        }
+        Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
+        Merge::FirstNonNil => {
+            let n = replies.len();
+            let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
+            let nil =
+                |r: &Bytes| r.first() == Some(&b'-') || &r[..] == b"$-1\r\n" || &r[..] == b"_\r\n";
+            (0..n)
+                .map(|k| &replies[(start + k) % n])
+                .find(|r| !nil(r))
+                .or_else(|| replies.iter().find(|r| r.first() != Some(&b'-')))
+                .or(replies.first())
+                .cloned()
+                .unwrap_or_else(clusterdown)
+        }
+    }
+}
+
+/// Joins the replies of a split command's parts (see [`Join`]); the first error wins.
+fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    if how != Join::Values {
+        let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
+        return merge(
+            if how == Join::Sum {
+                Merge::Sum
+            } else {
+                Merge::AllOk
+            },
+            &replies,
+            0,
+        );
+    }
+    let nil: &[u8] = if proto == 3 {
+        b"_
+"
+    } else {
+        b"$-1
+"
+    };
+    let mut values: Vec<Bytes> = vec![Bytes::from_static(b""); keys];
+    for (positions, reply) in parts {
+        if reply.first() != Some(&b'*') {
+            return if reply.first() == Some(&b'-') {
+                reply.clone()
+            } else {
+                unexpected(reply)
+            };
+        }
+        let Some(cr) = memchr::memchr(b'\r', reply) else {
+            return unexpected(reply);
+        };
+        if codec::parse_int(&reply[1..cr]) != Some(positions.len() as i64) {
+            return unexpected(reply);
+        }
+        let elements = split_frames(&reply.slice(cr + 2..));
+        if elements.len() != positions.len() {
+            return unexpected(reply);
+        }
+        for (&p, v) in positions.iter().zip(elements) {
+            if let Some(slot) = values.get_mut(p) {
+                *slot = v;
+            }
+        }
+    }
+    let mut out = BytesMut::from(format!("*{keys}\r\n").as_bytes());
+    for v in values {
+        out.extend_from_slice(if v.is_empty() { nil } else { &v });
+    }
+    out.freeze()
+}
+
+/// The cursor of a SCAN reply (`*2`, a bulk cursor, the array of names) and where the array
+/// starts.
+fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
+    let rest = reply.strip_prefix(b"*2\r\n$").ok_or(())?;
+    let nl = memchr::memchr(b'\n', rest).ok_or(())?;
+    let len: usize = std::str::from_utf8(rest.get(..nl.checked_sub(1).ok_or(())?).ok_or(())?)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    let digits = rest.get(nl + 1..nl + 1 + len).ok_or(())?;
+    let cursor = std::str::from_utf8(digits)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    // "*2\r\n$" + header + digits + CRLF
+    Ok((cursor, 5 + nl + 1 + len + 2))
+}
+
+/// A node's reply that does not have the shape its command promises.
+fn unexpected(reply: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "unexpected reply from a cluster node: {}",
+            String::from_utf8_lossy(&reply[..reply.len().min(64)])
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges() {
+        let b = |s: &'static [u8]| Bytes::from_static(s);
+        assert_eq!(
+            &merge(Merge::Sum, &[b(b":3\r\n"), b(b":0\r\n"), b(b":4\r\n")], 0)[..],
+            b":7\r\n"
+        );
+        assert_eq!(
+            &merge(
+                Merge::Concat,
+                &[
+                    b(b"*1\r\n$1\r\na\r\n"),
+                    b(b"*0\r\n"),
+                    b(b"*2\r\n$1\r\nb\r\n$1\r\nc\r\n")
+                ],
+                0
+            )[..],
+            b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"
+        );
+        assert_eq!(
+            &merge(Merge::AllOk, &[b(b"+OK\r\n"), b(b"-ERR no\r\n")], 0)[..],
+            b"-ERR no\r\n"
+        );
+        for seed in 0..3 {
+            assert_eq!(
+                &merge(
+                    Merge::FirstNonNil,
+                    &[b(b"$-1\r\n"), b(b"$1\r\nk\r\n"), b(b"$-1\r\n")],
+                    seed
+                )[..],
+                b"$1\r\nk\r\n"
+            );
+        }
+        assert_eq!(
+            &merge(Merge::FirstNonNil, &[b(b"$-1\r\n"), b(b"$-1\r\n")], 1)[..],
+            b"$-1\r\n"
+        );
+        assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn scan_reply_cursor_and_array() {
+        let reply = b"*2\r\n$5\r\n12345\r\n*1\r\n$1\r\nk\r\n";
+        let (cursor, at) = scan_reply_cursor(reply).unwrap();
+        assert_eq!(cursor, 12345);
+        assert_eq!(&reply[at..], b"*1\r\n$1\r\nk\r\n");
+        assert!(scan_reply_cursor(b"-ERR no\r\n").is_err());
+        assert!(scan_reply_cursor(b"*2\r\n$3\r\nabc\r\n*0\r\n").is_err());
+    }
+
+    #[test]
+    fn redirect_scan_ignores_values() {
+        assert!(may_redirect(b"-MOVED 1 127.0.0.1:7000\r\n"));
+        assert!(may_redirect(b"+OK\r\n-ASK 1 127.0.0.1:7000\r\n"));
+        assert!(!may_redirect(b"+OK\r\n:1\r\n"));
+        // A value containing the text is found by the scan but is not an error frame.
+        let data = Bytes::from_static(b"$20\r\n\r\n-MOVED 1 x:1\r\nabcd\r\n");
+        let frames = split_frames(&data);
+        assert_eq!(frames.len(), 1);
+        assert!(redirect_of(&frames[0], "x:1").is_none());
+    }
+}

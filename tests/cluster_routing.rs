@@ -1,0 +1,776 @@
+//! The proxy in front of a real Redis Cluster (3 primaries, 1 replica each), used by clients
+//! that know nothing about clusters: commands reach the node owning their keys, replies come
+//! back in request order, cross-slot commands get Redis's CROSSSLOT, a slot migrated live is
+//! followed through MOVED without the client seeing it, transactions run on their slot's
+//! node, and the default policy still applies.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use common::cluster::RedisCluster;
+use common::{Proxy, Raw, resp, show};
+use redis_policy_proxy::Config;
+use redis_policy_proxy::cluster::slot;
+
+/// Cluster-mode configuration for `seed`, refreshing the map every `refresh_ms`.
+fn cluster_config(seed: &str, refresh_ms: u64) -> Config {
+    let text = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: {refresh_ms}\n"
+    );
+    Config::from_yaml(&text, Path::new("cluster-test.yaml")).expect("cluster config parses")
+}
+
+/// A key whose slot is owned by `primary`, built from `stem`.
+fn key_on(redis: &RedisCluster, primary: &str, stem: &str) -> String {
+    (0..)
+        .map(|i| format!("{stem}:{i}"))
+        .find(|k| redis.primary_for_slot(slot(k.as_bytes())) == primary)
+        .unwrap()
+}
+
+/// `GET key` sent straight to `node`, bypassing the proxy.
+async fn direct_get(node: &str, key: &str) -> Vec<u8> {
+    Raw::connect(node).await.call(&["GET", key]).await
+}
+
+#[tokio::test]
+async fn single_slot_commands_reach_their_owner_in_order() {
+    let redis = RedisCluster::start(3, 1);
+    let primaries = redis.primaries();
+    assert_eq!(primaries.len(), 3);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 1000)).await;
+
+    // Keys over the whole slot range, through the `redis` crate: every SET lands on the
+    // node that owns the key (read back directly), every GET through the proxy sees it.
+    let mut con = common::connect(&proxy.url()).await;
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    let slots: HashSet<u16> = keys.iter().map(|k| slot(k.as_bytes())).collect();
+    assert!(slots.len() > 250);
+    for k in &keys {
+        let _: () = redis::cmd("SET")
+            .arg(k)
+            .arg(format!("v-{k}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    for k in keys.iter().step_by(7) {
+        let v: String = redis::cmd("GET")
+            .arg(k)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(v, format!("v-{k}"));
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        let direct = direct_get(&owner, k).await;
+        let v = format!("v-{k}");
+        assert_eq!(
+            direct,
+            format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
+            "{k} on {owner}"
+        );
+    }
+
+    // One pipeline mixing keys of all three primaries: replies byte for byte in order.
+    let on: Vec<String> = primaries
+        .iter()
+        .enumerate()
+        .map(|(i, p)| key_on(&redis, p, &format!("pipe{i}")))
+        .collect();
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    for round in 0..5 {
+        for (i, k) in on.iter().enumerate() {
+            input.extend(resp(&["SET", k, &format!("{round}-{i}")]));
+            expected.extend_from_slice(b"+OK\r\n");
+            input.extend(resp(&["GET", k]));
+            let v = format!("{round}-{i}");
+            expected.extend(format!("${}\r\n{v}\r\n", v.len()).into_bytes());
+            input.extend(resp(&["PING"]));
+            expected.extend_from_slice(b"+PONG\r\n");
+            input.extend(resp(&["INCR", &format!("{k}:n")]));
+            expected.extend(format!(":{}\r\n", round + 1).into_bytes());
+        }
+    }
+    let mut c = Raw::connect(proxy.addr).await;
+    c.send(&input).await;
+    let got = c.read_frames(5 * 3 * 4).await.concat();
+    assert_eq!(show(&got), show(&expected));
+
+    // Keys in two slots: split by slot where Redis semantics allow, the replies joined in
+    // the client's key order; Redis's CROSSSLOT (nothing sent) where they do not.
+    let (a, b) = (&on[0], &on[1]);
+    let (x, y) = (&on[2], "missing:key");
+    assert_eq!(
+        show(&c.call(&["MGET", b, y, a, x, a]).await),
+        show(b"*5\r\n$3\r\n4-1\r\n$-1\r\n$3\r\n4-0\r\n$3\r\n4-2\r\n$3\r\n4-0\r\n")
+    );
+    assert_eq!(c.call(&["EXISTS", a, b, y, a]).await, b":3\r\n");
+    assert_eq!(
+        c.call(&[
+            "MSET", "s:1", "one", "s:2", "two", "s:3", "three", "s:4", "four"
+        ])
+        .await,
+        b"+OK\r\n"
+    );
+    let spread: HashSet<String> = ["s:1", "s:2", "s:3", "s:4"]
+        .iter()
+        .map(|k| redis.primary_for_slot(slot(k.as_bytes())))
+        .collect();
+    assert!(spread.len() > 1, "test keys all on one node");
+    for (k, v) in [("s:1", "one"), ("s:4", "four")] {
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        assert_eq!(
+            direct_get(&owner, k).await,
+            format!("${}\r\n{v}\r\n", v.len()).into_bytes()
+        );
+    }
+    assert_eq!(c.call(&["TOUCH", "s:1", "s:2", y]).await, b":2\r\n");
+    assert_eq!(
+        c.call(&["DEL", "s:1", "s:2", "s:3", "s:4", y]).await,
+        b":4\r\n"
+    );
+    assert_eq!(c.call(&["UNLINK", "s:1", "s:2"]).await, b":0\r\n");
+    // Split commands keep their place in a pipeline.
+    let got = c
+        .request(
+            &[
+                resp(&["SET", "p:1", "1"]),
+                resp(&["MGET", "p:1", "p:2", a]),
+                resp(&["SET", "p:2", "2"]),
+                resp(&["MGET", "p:2", "p:1"]),
+                resp(&["DEL", "p:1", "p:2"]),
+            ]
+            .concat(),
+            5,
+        )
+        .await;
+    assert_eq!(
+        show(&got),
+        show(
+            b"+OK\r\n*3\r\n$1\r\n1\r\n$-1\r\n$3\r\n4-0\r\n+OK\r\n*2\r\n$1\r\n2\r\n$1\r\n1\r\n:2\r\n"
+        )
+    );
+    for cmd in [
+        vec!["RENAME", a.as_str(), b.as_str()],
+        vec!["MSETNX", a.as_str(), "1", b.as_str(), "2"],
+        vec!["SUNIONSTORE", a.as_str(), b.as_str()],
+    ] {
+        assert_eq!(
+            c.call(&cmd[..]).await,
+            b"-CROSSSLOT Keys in request don't hash to the same slot\r\n",
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(c.call(&["GET", a]).await, b"$3\r\n4-0\r\n");
+    assert_eq!(
+        c.call(&["MSET", "{u1}.a", "1", "{u1}.b", "2"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        c.call(&["MGET", "{u1}.a", "{u1}.b"]).await,
+        b"*2\r\n$1\r\n1\r\n$1\r\n2\r\n"
+    );
+
+    // What a cluster cannot do as one Redis: answered by the proxy in Redis's words.
+    assert_eq!(
+        c.call(&["SELECT", "1"]).await,
+        b"-ERR SELECT is not allowed in cluster mode\r\n"
+    );
+    assert_eq!(c.call(&["SELECT", "0"]).await, b"+OK\r\n");
+    assert_eq!(
+        c.call(&["CLUSTER", "KEYSLOT", a]).await,
+        format!(":{}\r\n", slot(a.as_bytes())).into_bytes()
+    );
+    assert_eq!(
+        c.call(&["CLUSTER", "SLOTS"]).await,
+        b"-ERR This instance has cluster support disabled\r\n"
+    );
+    assert_eq!(c.call(&["SCAN", "x"]).await, b"-ERR invalid cursor\r\n");
+    assert_eq!(c.call(&["ECHO", "hi"]).await, b"$2\r\nhi\r\n");
+
+    // Whole-keyspace commands visit every primary.
+    let mut total = 0;
+    for p in &primaries {
+        let reply = Raw::connect(p).await.call(&["DBSIZE"]).await;
+        total += String::from_utf8_lossy(&reply[1..reply.len() - 2])
+            .parse::<i64>()
+            .unwrap();
+    }
+    assert!(total > 300);
+    assert_eq!(
+        c.call(&["DBSIZE"]).await,
+        format!(":{total}\r\n").into_bytes()
+    );
+    let keys_reply = c.call(&["KEYS", "pipe*"]).await;
+    assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
+    // SCAN walks every primary with one cursor and returns every key exactly once.
+    let mut everything = HashSet::new();
+    for p in &primaries {
+        let mut conn = common::connect(&format!("redis://{p}/")).await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        everything.extend(keys);
+    }
+    let mut proxied = common::connect(&proxy.url()).await;
+    let mut seen = Vec::new();
+    let mut cursor: u64 = 0;
+    let mut calls = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(50)
+            .query_async(&mut proxied)
+            .await
+            .unwrap();
+        seen.extend(batch);
+        calls += 1;
+        assert!(calls < 1000, "SCAN does not end");
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let unique: HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "a key returned twice");
+    assert_eq!(unique, everything);
+    let (_, matched): (u64, Vec<String>) = {
+        let mut cursor = 0u64;
+        let mut all = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("pipe*:n")
+                .query_async(&mut proxied)
+                .await
+                .unwrap();
+            all.extend(batch);
+            if next == 0 {
+                break (0, all);
+            }
+            cursor = next;
+        }
+    };
+    assert_eq!(matched.len(), 3, "{matched:?}");
+    // A script loaded through the proxy runs by its digest on every node.
+    let script = "return redis.call('GET', KEYS[1])";
+    let sha = c.call(&["SCRIPT", "LOAD", script]).await;
+    assert!(sha.starts_with(b"$40\r\n"), "{}", show(&sha));
+    let sha = String::from_utf8_lossy(&sha[5..45]).into_owned();
+    for (i, k) in on.iter().enumerate() {
+        assert_eq!(
+            c.call(&["EVALSHA", &sha, "1", k]).await,
+            format!("$3\r\n4-{i}\r\n").into_bytes()
+        );
+    }
+    let random = c.call(&["RANDOMKEY"]).await;
+    assert!(random.starts_with(b"$"), "{}", show(&random));
+
+    // A transaction on one slot runs on its node; EXEC answers everything queued.
+    let t = key_on(&redis, &primaries[2], "tx");
+    let tx = [
+        resp(&["MULTI"]),
+        resp(&["SET", &t, "1"]),
+        resp(&["INCR", &t]),
+        resp(&["GET", &t]),
+        resp(&["EXEC"]),
+    ]
+    .concat();
+    let got = c.request(&tx, 5).await;
+    assert_eq!(
+        show(&got),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n:2\r\n$1\r\n2\r\n")
+    );
+    assert_eq!(direct_get(&primaries[2], &t).await, b"$1\r\n2\r\n");
+    // A key of another node inside the transaction: CROSSSLOT, and EXEC aborts.
+    let other = key_on(&redis, &primaries[0], "tx");
+    let tx = [
+        resp(&["MULTI"]),
+        resp(&["SET", &t, "5"]),
+        resp(&["SET", &other, "5"]),
+        resp(&["EXEC"]),
+    ]
+    .concat();
+    let got = c.request(&tx, 4).await;
+    assert_eq!(
+        show(&got),
+        show(
+            b"+OK\r\n+QUEUED\r\n-CROSSSLOT Keys in request don't hash to the same slot\r\n-EXECABORT Transaction discarded because of previous errors.\r\n"
+        )
+    );
+    assert_eq!(direct_get(&primaries[2], &t).await, b"$1\r\n2\r\n");
+    // An empty transaction never reaches a node.
+    assert_eq!(
+        c.request(&[resp(&["MULTI"]), resp(&["EXEC"])].concat(), 2)
+            .await,
+        b"+OK\r\n*0\r\n"
+    );
+    assert_eq!(c.call(&["GET", a]).await, b"$3\r\n4-0\r\n");
+    proxy.stop().await;
+}
+
+/// `CLUSTER MYID` of the node at `addr`.
+fn node_id(redis: &RedisCluster, addr: &str) -> String {
+    let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_live_migration_is_followed_without_errors() {
+    let redis = RedisCluster::start(3, 1);
+    // No periodic refresh during the test: only MOVED can teach the proxy the new owner.
+    let mut config = cluster_config(&redis.live_addrs()[0], 600_000);
+    // Room for TRYAGAIN retries (10 ms more per round) while the test moves the keys.
+    config
+        .upstream
+        .cluster
+        .as_mut()
+        .unwrap()
+        .max_redirects
+        .value = 16;
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    let s = slot(b"{mig}");
+    let source = redis.primary_for_slot(s);
+    let target = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != source)
+        .unwrap();
+    let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
+    for i in 0..5 {
+        assert_eq!(
+            c.call(&["SET", &format!("{{mig}}{i}"), &format!("v{i}")])
+                .await,
+            b"+OK\r\n"
+        );
+    }
+
+    // Mid-migration: keys still on the source are served there; a key the source does not
+    // have is answered with ASK, which the proxy follows with ASKING on the target.
+    let mut to_source = Raw::connect(&source).await;
+    let mut to_target = Raw::connect(&target).await;
+    let setslot =
+        |state: &str, node: &str| resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, node]);
+    assert_eq!(
+        to_target
+            .request(&setslot("IMPORTING", &source_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source
+            .request(&setslot("MIGRATING", &target_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["GET", "{mig}0"]).await, b"$2\r\nv0\r\n");
+    assert_eq!(c.call(&["SET", "{mig}new", "n"]).await, b"+OK\r\n");
+    assert_eq!(
+        to_target
+            .request(&[resp(&["ASKING"]), resp(&["GET", "{mig}new"])].concat(), 2)
+            .await,
+        b"+OK\r\n$1\r\nn\r\n"
+    );
+
+    // A multi-key command whose keys the migration has split between the nodes gets
+    // TRYAGAIN from Redis; the proxy retries it until the keys have moved (then ASK).
+    let mut waiting = Raw::connect(proxy.addr).await;
+    waiting.send(&resp(&["MGET", "{mig}0", "{mig}new"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+
+    // The keys move, then the slot: every primary learns the new owner. The proxy's map
+    // still names the source, which now answers MOVED: followed, the client sees values.
+    let (host, port) = target.rsplit_once(':').unwrap();
+    let mut migrate = vec!["MIGRATE", host, port, "", "0", "5000", "KEYS"];
+    let keys: Vec<String> = (0..5).map(|i| format!("{{mig}}{i}")).collect();
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(to_source.call(&migrate[..]).await, b"+OK\r\n");
+    assert_eq!(
+        show(&waiting.read_frame().await),
+        show(b"*2\r\n$2\r\nv0\r\n$1\r\nn\r\n")
+    );
+    for p in redis.primaries() {
+        let mut conn = Raw::connect(&p).await;
+        assert_eq!(
+            conn.request(&setslot("NODE", &target_id), 1).await,
+            b"+OK\r\n",
+            "{p}"
+        );
+    }
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..5 {
+        input.extend(resp(&["GET", &format!("{{mig}}{i}")]));
+        expected.extend(format!("$2\r\nv{i}\r\n").into_bytes());
+        input.extend(resp(&["PING"]));
+        expected.extend_from_slice(b"+PONG\r\n");
+    }
+    input.extend(resp(&["GET", "{mig}new"]));
+    expected.extend_from_slice(b"$1\r\nn\r\n");
+    c.send(&input).await;
+    assert_eq!(show(&c.read_frames(11).await.concat()), show(&expected));
+    // Writes go to the new owner too, and a fresh client is routed there directly.
+    assert_eq!(c.call(&["SET", "{mig}after", "a"]).await, b"+OK\r\n");
+    assert_eq!(to_target.call(&["GET", "{mig}after"]).await, b"$1\r\na\r\n");
+    let mut fresh = Raw::connect(proxy.addr).await;
+    assert_eq!(fresh.call(&["GET", "{mig}3"]).await, b"$2\r\nv3\r\n");
+
+    // A blocking command sent with a stale map: the old owner answers MOVED on the dedicated
+    // connection; the proxy sends it again on a dedicated connection to the new owner, where
+    // it blocks until a push wakes it.
+    let b = slot(b"{blk}");
+    let b_source = redis.primary_for_slot(b);
+    let b_target = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != b_source)
+        .unwrap();
+    let b_target_id = node_id(&redis, &b_target);
+    for p in redis.primaries() {
+        let reply = Raw::connect(&p)
+            .await
+            .call(&["CLUSTER", "SETSLOT", &b.to_string(), "NODE", &b_target_id])
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+    let mut blocked = Raw::connect(proxy.addr).await;
+    blocked.send(&resp(&["BLPOP", "{blk}list", "5"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(c.call(&["RPUSH", "{blk}list", "x"]).await, b":1\r\n");
+    assert_eq!(
+        show(&blocked.read_frame().await),
+        show(b"*2\r\n$9\r\n{blk}list\r\n$1\r\nx\r\n")
+    );
+    assert_eq!(
+        Raw::connect(&b_target)
+            .await
+            .call(&["EXISTS", "{blk}list"])
+            .await,
+        b":0\r\n"
+    );
+    assert_eq!(blocked.call(&["PING"]).await, b"+PONG\r\n");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn the_default_policy_applies_in_cluster_mode() {
+    let redis = RedisCluster::start(3, 0);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let upstream = "  address: 127.0.0.1:6379\n";
+    assert!(text.contains(upstream));
+    let seeds = redis.live_addrs().join(", ");
+    let text = text.replace(
+        upstream,
+        &format!("  mode: cluster\n  cluster:\n    seeds: [{seeds}]\n"),
+    );
+    let config = Config::from_yaml(&text, &path).expect("default policy in cluster mode");
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    let keys = c.call(&["KEYS", "*"]).await;
+    assert!(keys.starts_with(b"-"), "{}", show(&keys));
+    assert!(
+        String::from_utf8_lossy(&keys).contains("KEYS blocks the server"),
+        "{}",
+        show(&keys)
+    );
+    // SET without a TTL gets the default hour (a PX appended), on the node owning the key;
+    // HSET gets its hidden PEXPIRE NX, whose reply the client never sees.
+    for primary in redis.primaries() {
+        let key = key_on(&redis, &primary, "ttl");
+        assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+        let hash = key_on(&redis, &primary, "hash");
+        assert_eq!(c.call(&["HSET", &hash, "f", "v"]).await, b":1\r\n");
+        let mut direct = Raw::connect(&primary).await;
+        for k in [&key, &hash] {
+            let pttl = direct.call(&["PTTL", k]).await;
+            let ms: i64 = String::from_utf8_lossy(&pttl[1..pttl.len() - 2])
+                .parse()
+                .unwrap();
+            assert!(ms > 3_500_000 && ms <= 3_600_000, "{k}: {ms}");
+        }
+    }
+    // MSET split over several nodes: each key gets its TTL on its own node.
+    let pairs: Vec<String> = (0..6).map(|i| format!("m:{i}")).collect();
+    let mut mset = vec!["MSET".to_string()];
+    for k in &pairs {
+        mset.push(k.clone());
+        mset.push("v".to_string());
+    }
+    assert_eq!(c.call(&mset[..]).await, b"+OK\r\n");
+    for k in &pairs {
+        let owner = redis.primary_for_slot(slot(k.as_bytes()));
+        let pttl = Raw::connect(&owner).await.call(&["PTTL", k]).await;
+        assert!(
+            pttl.starts_with(b":3") && pttl.len() > 8,
+            "{k}: {}",
+            show(&pttl)
+        );
+    }
+    // PERSIST is refused by the policy before any routing.
+    let persist = c.call(&["PERSIST", "ttl:0"]).await;
+    assert!(persist.starts_with(b"-"), "{}", show(&persist));
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let mut config = cluster_config(&redis.live_addrs()[0], 1000);
+    let proxy = Proxy::start(config.clone()).await;
+    let mut c = Raw::connect(proxy.addr).await;
+
+    // To its clients the proxy is one server, whatever HELLO the nodes give.
+    let hello = Raw::connect(proxy.addr).await.call(&["HELLO", "3"]).await;
+    let hello = String::from_utf8_lossy(&hello).into_owned();
+    assert!(
+        hello.contains("$4\r\nmode\r\n$10\r\nstandalone\r\n"),
+        "{hello}"
+    );
+
+    // A blocking pop waits on the node owning its key and is woken by a push from another
+    // client; other clients are not blocked meanwhile.
+    let list = key_on(&redis, &primaries[1], "queue");
+    let mut blocked = Raw::connect(proxy.addr).await;
+    blocked.send(&resp(&["BLPOP", &list, "5"])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call(&["RPUSH", &list, "job"]).await, b":1\r\n");
+    let popped = blocked.read_frame().await;
+    assert_eq!(
+        show(&popped),
+        show(format!("*2\r\n${}\r\n{list}\r\n$3\r\njob\r\n", list.len()).as_bytes())
+    );
+
+    // Classic pub/sub: the cluster carries a PUBLISH to subscribers on every node.
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        sub.call(&["SUBSCRIBE", "news"]).await,
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    // Sharded pub/sub: subscribed on the channel's slot owner.
+    let mut ssub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        ssub.call(&["SSUBSCRIBE", "{s}orders"]).await,
+        b"*3\r\n$10\r\nssubscribe\r\n$9\r\n{s}orders\r\n:1\r\n"
+    );
+    for k in 0..3 {
+        // From clients whose keyless commands land on different nodes.
+        let mut publisher = Raw::connect(proxy.addr).await;
+        let published = publisher.call(&["PUBLISH", "news", &format!("n{k}")]).await;
+        assert!(published.starts_with(b":"), "{}", show(&published));
+        assert_eq!(
+            show(&sub.read_frame().await),
+            show(format!("*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nn{k}\r\n").as_bytes())
+        );
+    }
+    assert_eq!(c.call(&["SPUBLISH", "{s}orders", "o1"]).await, b":1\r\n");
+    assert_eq!(
+        show(&ssub.read_frame().await),
+        show(b"*3\r\n$8\r\nsmessage\r\n$9\r\n{s}orders\r\n$2\r\no1\r\n")
+    );
+
+    // WATCH pins the session to the key's node; a change by another client makes EXEC nil,
+    // with or without queued commands.
+    let w = key_on(&redis, &primaries[2], "watched");
+    let mut other = Raw::connect(proxy.addr).await;
+    for queued in [true, false] {
+        assert_eq!(c.call(&["WATCH", &w]).await, b"+OK\r\n");
+        assert_eq!(other.call(&["SET", &w, "changed"]).await, b"+OK\r\n");
+        let mut tx = vec![resp(&["MULTI"])];
+        if queued {
+            tx.push(resp(&["SET", &w, "mine"]));
+        }
+        tx.push(resp(&["EXEC"]));
+        let n = tx.len();
+        let got = c.request(&tx.concat(), n).await;
+        assert!(got.ends_with(b"*-1\r\n"), "{}", show(&got));
+    }
+    assert_eq!(c.call(&["GET", &w]).await, b"$7\r\nchanged\r\n");
+    assert_eq!(c.call(&["WATCH", &w]).await, b"+OK\r\n");
+    let got = c
+        .request(
+            &[
+                resp(&["MULTI"]),
+                resp(&["SET", &w, "mine"]),
+                resp(&["EXEC"]),
+            ]
+            .concat(),
+            3,
+        )
+        .await;
+    assert_eq!(show(&got), show(b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n"));
+    proxy.stop().await;
+
+    // The redis rate-limit backend counts on the node owning the limiter's key.
+    config.rules = Config::from_yaml(
+        "rules:\n  - id: shared-limit\n    rate_limit: {requests: 5, window_ms: 60000, per: address, backend: redis}\n",
+        Path::new("limit.yaml"),
+    )
+    .unwrap()
+    .rules;
+    let proxy = Proxy::spawn(config).await;
+    let limiter_key = "rpp:rl:shared-limit:127.0.0.1";
+    let owner = redis.primary_for_slot(slot(limiter_key.as_bytes()));
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut refused = 0;
+    for _ in 0..40 {
+        let reply = c.call(&["PING"]).await;
+        if reply.starts_with(b"-") {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 20, "only {refused} of 40 refused");
+    assert_eq!(
+        Raw::connect(&owner)
+            .await
+            .call(&["EXISTS", limiter_key])
+            .await,
+        b":1\r\n"
+    );
+    proxy.stop().await;
+    // Namespaces: routing follows the prefixed key, hash tags keep working under the
+    // prefix, and SCAN/KEYS over every primary show the tenant its own names only.
+    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+    let access = |prefix: &str| {
+        format!(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: '{prefix}'\n",
+            redis.live_addrs()[0]
+        )
+    };
+    let err = Config::from_yaml(&access("{a}:"), Path::new("ns.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("field `access.namespaces.a`"), "{err}");
+    let config = Config::from_yaml(&access("a:"), Path::new("ns.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut alice = Raw::connect(proxy.addr).await;
+    assert_eq!(alice.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    let mut other = Raw::connect(proxy.addr).await;
+    let names: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+    for n in &names {
+        assert_eq!(alice.call(&["SET", n, n]).await, b"+OK\r\n");
+        assert_eq!(other.call(&["SET", n, "not alice's"]).await, b"+OK\r\n");
+        let owner = redis.primary_for_slot(slot(format!("a:{n}").as_bytes()));
+        assert_eq!(
+            direct_get(&owner, &format!("a:{n}")).await,
+            format!("${}\r\n{n}\r\n", n.len()).into_bytes()
+        );
+    }
+    assert_eq!(
+        show(&alice.call(&["MGET", "n1", "n2", "n3"]).await),
+        show(b"*3\r\n$2\r\nn1\r\n$2\r\nn2\r\n$2\r\nn3\r\n")
+    );
+    let tagged = [
+        resp(&["MULTI"]),
+        resp(&["SET", "{u}.x", "1"]),
+        resp(&["INCR", "{u}.x"]),
+        resp(&["EXEC"]),
+    ];
+    assert_eq!(
+        show(&alice.request(&tagged.concat(), 4).await),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:2\r\n")
+    );
+    assert_eq!(
+        direct_get(&redis.primary_for_slot(slot(b"u")), "a:{u}.x").await,
+        b"$1\r\n2\r\n"
+    );
+    let mut seen = HashSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let reply = alice.call(&["SCAN", &cursor, "COUNT", "7"]).await;
+        let frames = String::from_utf8_lossy(&reply).into_owned();
+        let lines: Vec<&str> = frames.split("\r\n").collect();
+        cursor = lines[2].to_string();
+        for name in lines[4..].iter().skip(1).step_by(2) {
+            if !name.is_empty() {
+                seen.insert(name.to_string());
+            }
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    let mut expected: HashSet<String> = names.iter().cloned().collect();
+    expected.insert("{u}.x".to_string());
+    assert_eq!(seen, expected);
+    let keys = alice.call(&["KEYS", "n1*"]).await;
+    assert!(keys.starts_with(b"*11\r\n"), "{}", show(&keys));
+    assert!(!keys.windows(2).any(|w| w == b"a:"), "{}", show(&keys));
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
+    let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 500)).await;
+    let primaries = redis.primaries();
+    let keys: Vec<String> = primaries
+        .iter()
+        .map(|p| key_on(&redis, p, "failover"))
+        .collect();
+    let mut c = Raw::connect(proxy.addr).await;
+    for k in &keys {
+        assert_eq!(c.call(&["SET", k, "before"]).await, b"+OK\r\n");
+    }
+    // Let the replicas catch up (asynchronous replication; loopback makes it quick).
+    for p in &primaries {
+        let mut direct = Raw::connect(p).await;
+        let acked = direct.call(&["WAIT", "1", "2000"]).await;
+        assert_eq!(acked, b":1\r\n", "replica of {p}");
+    }
+
+    let victim = &primaries[0];
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == *victim)
+        .unwrap();
+    redis.kill(index);
+
+    // Until the replica is promoted the key's commands fail (at most); then they succeed
+    // again on the same client connection, without restarting the proxy.
+    let started = std::time::Instant::now();
+    let mut errors = 0;
+    loop {
+        let reply = c.call(&["GET", &keys[0]]).await;
+        if reply == b"$6\r\nbefore\r\n" {
+            break;
+        }
+        assert!(reply.starts_with(b"-"), "{}", show(&reply));
+        errors += 1;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no recovery after {errors} errors; last {}",
+            show(&reply)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "failover: {errors} error replies, recovered {:?} after the kill",
+        started.elapsed()
+    );
+    assert_ne!(redis.primary_for_slot(slot(keys[0].as_bytes())), *victim);
+    // Every key, on every shard, through the same connection; writes too.
+    for k in &keys {
+        assert_eq!(c.call(&["GET", k]).await, b"$6\r\nbefore\r\n", "{k}");
+        assert_eq!(c.call(&["SET", k, "after"]).await, b"+OK\r\n", "{k}");
+    }
+    let mut fresh = Raw::connect(proxy.addr).await;
+    assert_eq!(fresh.call(&["GET", &keys[0]]).await, b"$5\r\nafter\r\n");
+    proxy.stop().await;
+}
