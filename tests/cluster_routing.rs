@@ -204,6 +204,11 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         c.call(&["DBSIZE"]).await,
         format!(":{total}\r\n").into_bytes()
     );
+    let info = String::from_utf8_lossy(&c.call(&["INFO", "keyspace"]).await).into_owned();
+    assert!(info.contains(&format!("db0:keys={total},")), "{info}");
+    let info = String::from_utf8_lossy(&c.call(&["INFO"]).await).into_owned();
+    assert!(info.contains("cluster_enabled:0\r\n"), "{info}");
+    assert!(info.contains("# Proxy"), "{info}");
     let keys_reply = c.call(&["KEYS", "pipe*"]).await;
     assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
     // SCAN walks every primary with one cursor and returns every key exactly once.

@@ -38,6 +38,9 @@ pub(super) enum Merge {
     AllOk,
     /// The first non-nil reply, starting from a node that varies (RANDOMKEY).
     FirstNonNil,
+    /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
+    /// `cluster_enabled:0` (to its clients the proxy is one server).
+    Info,
 }
 
 /// A whole-keyspace command to send to every primary.
@@ -48,6 +51,8 @@ pub(super) struct Fanout {
     merge: Merge,
     /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
     strip: Option<Box<Strip>>,
+    /// INFO with the default sections: the proxy's own section is appended.
+    proxy_section: bool,
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
@@ -235,7 +240,9 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if is("DBSIZE") {
+        let merge = if is("INFO") {
+            Merge::Info
+        } else if is("DBSIZE") {
             Merge::Sum
         } else if is("KEYS") {
             Merge::Concat
@@ -274,6 +281,7 @@ impl Session {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
+            proxy_section: effect == Effect::Info,
         })))
     }
 
@@ -920,6 +928,11 @@ impl Session {
             replies.push(reply);
         }
         let merged = merge(fanout.merge, &replies, self.id);
+        let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
+            super::replies::append_to_text(merged, &self.proxy_info())
+        } else {
+            merged
+        };
         match fanout.strip {
             Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
             _ => merged,
@@ -1172,6 +1185,7 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
             out.freeze()
         }
         Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
+        Merge::Info => merge_info(replies),
         Merge::FirstNonNil => {
             let n = replies.len();
             let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
@@ -1259,6 +1273,85 @@ fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
     Ok((cursor, 5 + nl + 1 + len + 2))
 }
 
+/// The first node's INFO text with every `dbN:keys=…,expires=…` line's counts summed over all
+/// nodes and `cluster_enabled:1` turned to 0.
+fn merge_info(replies: &[Bytes]) -> Bytes {
+    let Some(first) = replies.first() else {
+        return clusterdown();
+    };
+    let Some((verbatim, text)) = super::replies::text_of(first) else {
+        return unexpected(first);
+    };
+    // (db, field) → sum, for the integer fields worth adding up.
+    let mut sums: Vec<(Vec<u8>, &str, i64)> = Vec::new();
+    for reply in replies {
+        let Some((_, body)) = super::replies::text_of(reply) else {
+            continue;
+        };
+        for line in body.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some((db, fields)) = keyspace_line(line) else {
+                continue;
+            };
+            for field in fields.split(|&b| b == b',') {
+                for name in ["keys", "expires"] {
+                    if let Some(v) = field
+                        .strip_prefix(name.as_bytes())
+                        .and_then(|r| r.strip_prefix(b"="))
+                        .and_then(codec::parse_int)
+                    {
+                        match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
+                            Some((_, _, total)) => *total += v,
+                            None => sums.push((db.to_vec(), name, v)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let bare = line.strip_suffix(b"\n").unwrap_or(line);
+        let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
+        let ending = &line[bare.len()..];
+        if bare == b"cluster_enabled:1" {
+            out.extend_from_slice(b"cluster_enabled:0");
+            out.extend_from_slice(ending);
+        } else if let Some((db, fields)) = keyspace_line(bare) {
+            out.extend_from_slice(db);
+            out.push(b':');
+            for (i, field) in fields.split(|&b| b == b',').enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
+                match sums
+                    .iter()
+                    .find(|(d, n, _)| d == db && n.as_bytes() == name)
+                {
+                    Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
+                    None => out.extend_from_slice(field),
+                }
+            }
+            out.extend_from_slice(ending);
+        } else {
+            out.extend_from_slice(line);
+        }
+    }
+    super::replies::text_reply(verbatim, &out)
+}
+
+/// `dbN` and its fields, for a `# Keyspace` line such as `db0:keys=3,expires=1,avg_ttl=0`.
+fn keyspace_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let colon = memchr::memchr(b':', line)?;
+    let (db, fields) = (&line[..colon], &line[colon + 1..]);
+    (db.len() > 2
+        && db.starts_with(b"db")
+        && db[2..].iter().all(u8::is_ascii_digit)
+        && fields.starts_with(b"keys="))
+    .then_some((db, fields))
+}
+
 /// A node's reply that does not have the shape its command promises.
 fn unexpected(reply: &[u8]) -> Bytes {
     simple_error(
@@ -1312,6 +1405,29 @@ mod tests {
             b"$-1\r\n"
         );
         assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn info_sums_the_keyspace() {
+        let info = |keys: u32, expires: u32| {
+            let text = format!(
+                "# Server\r\nredis_version:7.2\r\n\r\n# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=5\r\n"
+            );
+            Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
+        };
+        let merged = merge(Merge::Info, &[info(3, 1), info(4, 0), info(10, 2)], 0);
+        let text = String::from_utf8_lossy(&merged).into_owned();
+        assert!(
+            text.contains("db0:keys=17,expires=3,avg_ttl=5\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("cluster_enabled:0\r\n"), "{text}");
+        assert!(text.contains("redis_version:7.2\r\n"), "{text}");
+        let header = format!(
+            "${}\r\n",
+            merged.len() - 2 - format!("{}", merged.len()).len() - 3
+        );
+        assert!(merged.starts_with(header.as_bytes()), "{text}");
     }
 
     #[test]
