@@ -38,6 +38,9 @@ pub(super) enum Merge {
     AllOk,
     /// The first non-nil reply, starting from a node that varies (RANDOMKEY).
     FirstNonNil,
+    /// WAIT/WAITAOF: the smallest count (element-wise for WAITAOF's pair): the replicas (or
+    /// fsyncs) every node the client may have written to has reached.
+    Min,
     /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
     /// `cluster_enabled:0` (to its clients the proxy is one server).
     Info,
@@ -53,6 +56,9 @@ pub(super) struct Fanout {
     strip: Option<Box<Strip>>,
     /// INFO with the default sections: the proxy's own section is appended.
     proxy_section: bool,
+    /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
+    /// `WAIT_BARRIER`, whose reply is dropped.
+    blocking: bool,
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
@@ -240,7 +246,13 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if is("INFO") {
+        let merge = if effect == Effect::Wait {
+            if self.pinned() {
+                // A transaction or WATCH holds the session on one node: WAIT runs there.
+                return None;
+            }
+            Merge::Min
+        } else if is("INFO") {
             Merge::Info
         } else if is("DBSIZE") {
             Merge::Sum
@@ -282,6 +294,7 @@ impl Session {
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
             proxy_section: effect == Effect::Info,
+            blocking: merge == Merge::Min,
         })))
     }
 
@@ -895,19 +908,47 @@ impl Session {
             return clusterdown();
         }
         let mut receivers = Vec::with_capacity(primaries.len());
+        // One-off connections of a blocking fan-out; dropped (closed) once answered.
+        let mut connections = Vec::new();
         for &node in &primaries {
             let (tx, rx) = mpsc::unbounded_channel();
-            let batch = Batch {
-                bytes: fanout.bytes.clone(),
-                expect: Expect::Frames(1),
-                reply_to: tx,
+            let sent = if fanout.blocking {
+                let batch = Batch {
+                    bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
+                        .concat()
+                        .into(),
+                    expect: Expect::Frames(2),
+                    reply_to: tx,
+                };
+                let (push_to, _) = mpsc::unbounded_channel();
+                let push = PushTarget {
+                    to: push_to,
+                    budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
+                    budget_size: PUSH_BUDGET,
+                    conn_id: 0,
+                };
+                match Box::pin(router.pool(node).dedicated(self.proto, push, false)).await {
+                    Ok(conn) => {
+                        let sent = conn.send(batch).await.is_ok();
+                        connections.push(conn);
+                        sent
+                    }
+                    Err(_) => false,
+                }
+            } else {
+                let batch = Batch {
+                    bytes: fanout.bytes.clone(),
+                    expect: Expect::Frames(1),
+                    reply_to: tx,
+                };
+                router
+                    .pool(node)
+                    .shared(self.proto, self.id)
+                    .send(batch)
+                    .await
+                    .is_ok()
             };
-            let sent = router
-                .pool(node)
-                .shared(self.proto, self.id)
-                .send(batch)
-                .await;
-            receivers.push((node, sent.is_ok().then_some(rx)));
+            receivers.push((node, sent.then_some(rx)));
         }
         let mut replies = Vec::with_capacity(receivers.len());
         for (node, rx) in receivers {
@@ -916,6 +957,9 @@ impl Session {
                 None => None,
             };
             let reply = match answer {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
                 Some(Reply::Batch {
                     data, error: None, ..
                 }) => data,
@@ -1186,6 +1230,7 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
         }
         Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
         Merge::Info => merge_info(replies),
+        Merge::Min => merge_min(replies),
         Merge::FirstNonNil => {
             let n = replies.len();
             let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
@@ -1271,6 +1316,53 @@ fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
         .map_err(|_| ())?;
     // "*2\r\n$" + header + digits + CRLF
     Ok((cursor, 5 + nl + 1 + len + 2))
+}
+
+/// The smallest integer reply, or for arrays of integers (WAITAOF) the element-wise minimum.
+fn merge_min(replies: &[Bytes]) -> Bytes {
+    let ints = |r: &Bytes| -> Option<Vec<i64>> {
+        let frames: Vec<Bytes> = match r.first() {
+            Some(b':') => vec![r.clone()],
+            Some(b'*') => {
+                let cr = memchr::memchr(b'\r', r)?;
+                split_frames(&r.slice(cr + 2..))
+            }
+            _ => return None,
+        };
+        frames
+            .iter()
+            .map(|f| {
+                f.strip_prefix(b":")
+                    .and_then(|f| f.strip_suffix(b"\r\n"))
+                    .and_then(codec::parse_int)
+            })
+            .collect()
+    };
+    let Some(first) = replies.first() else {
+        return clusterdown();
+    };
+    let Some(mut min) = ints(first) else {
+        return unexpected(first);
+    };
+    for r in &replies[1..] {
+        match ints(r) {
+            Some(v) if v.len() == min.len() => {
+                for (m, x) in min.iter_mut().zip(v) {
+                    *m = (*m).min(x);
+                }
+            }
+            _ => return unexpected(r),
+        }
+    }
+    if first.first() == Some(&b':') {
+        Bytes::from(format!(":{}\r\n", min[0]))
+    } else {
+        let mut out = format!("*{}\r\n", min.len());
+        for m in min {
+            out.push_str(&format!(":{m}\r\n"));
+        }
+        Bytes::from(out)
+    }
 }
 
 /// The first node's INFO text with every `dbN:keys=…,expires=…` line's counts summed over all
@@ -1405,6 +1497,23 @@ mod tests {
             b"$-1\r\n"
         );
         assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn wait_takes_the_smallest_count() {
+        let b = |s: &'static [u8]| Bytes::from_static(s);
+        assert_eq!(
+            &merge(Merge::Min, &[b(b":2\r\n"), b(b":1\r\n"), b(b":3\r\n")], 0)[..],
+            b":1\r\n"
+        );
+        assert_eq!(
+            &merge(
+                Merge::Min,
+                &[b(b"*2\r\n:1\r\n:2\r\n"), b(b"*2\r\n:0\r\n:3\r\n")],
+                0
+            )[..],
+            b"*2\r\n:0\r\n:2\r\n"
+        );
     }
 
     #[test]
