@@ -737,6 +737,36 @@ async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     assert_eq!(c.call(&["WAIT", "1", "2000"]).await, b":1\r\n");
     assert_eq!(c.call(&["WAIT", "2", "100"]).await, b":1\r\n");
 
+    // A steady write load from other clients while the primary dies: every SET is
+    // acknowledged or answered with an error (never hangs: each call is bounded), and a WAIT
+    // every 50 writes marks which acknowledged writes are on a replica too.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..3)
+        .map(|t| {
+            let stop = stop.clone();
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                let mut c = Raw::connect(addr).await;
+                let (mut sent, mut errors, mut durable) = (0usize, 0usize, 0usize);
+                let mut acked: Vec<String> = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let k = format!("load:{t}:{sent}");
+                    sent += 1;
+                    if c.call(&["SET", &k, "v"]).await == b"+OK\r\n" {
+                        acked.push(k);
+                    } else {
+                        errors += 1;
+                    }
+                    if sent % 50 == 0 && c.call(&["WAIT", "1", "500"]).await == b":1\r\n" {
+                        durable = acked.len();
+                    }
+                }
+                (sent, errors, acked, durable)
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
     let victim = &primaries[0];
     let index = redis
         .nodes()
@@ -775,5 +805,40 @@ async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     }
     let mut fresh = Raw::connect(proxy.addr).await;
     assert_eq!(fresh.call(&["GET", &keys[0]]).await, b"$5\r\nafter\r\n");
+
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut sent, mut errors, mut acked_total, mut missing, mut missing_durable) = (0, 0, 0, 0, 0);
+    let mut durable_total = 0;
+    for w in writers {
+        let (s, e, acked, durable) = w.await.unwrap();
+        sent += s;
+        errors += e;
+        acked_total += acked.len();
+        durable_total += durable;
+        for (i, chunk) in acked.chunks(100).enumerate() {
+            let mut mget = vec!["MGET"];
+            mget.extend(chunk.iter().map(String::as_str));
+            let reply = fresh.call(&mget[..]).await;
+            let values = common::split_frames(&reply[format!("*{}\r\n", chunk.len()).len()..]).0;
+            assert_eq!(values.len(), chunk.len(), "{}", show(&reply));
+            for (j, v) in values.iter().enumerate() {
+                if v != b"$1\r\nv\r\n" {
+                    missing += 1;
+                    if i * 100 + j < durable {
+                        missing_durable += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "failover under load: {sent} sent, {acked_total} acknowledged, {errors} errors, \
+         {durable_total} confirmed by WAIT; {missing} acknowledged writes missing, \
+         {missing_durable} of them confirmed"
+    );
+    assert_eq!(sent, acked_total + errors);
+    assert_eq!(missing_durable, 0);
+    assert!(durable_total > 0);
     proxy.stop().await;
 }
