@@ -842,3 +842,119 @@ async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     assert!(durable_total > 0);
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn a_slot_resharded_under_load_loses_nothing() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 600_000)).await;
+    let s = slot(b"{hot}");
+    let source = redis.primary_for_slot(s);
+    let target = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != source)
+        .unwrap();
+    let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
+
+    // Writers on keys of the migrating slot: each SET is read back at once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..3)
+        .map(|t| {
+            let stop = stop.clone();
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                let mut c = Raw::connect(addr).await;
+                let (mut acked, mut errors) = (Vec::new(), Vec::new());
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let k = format!("{{hot}}:{t}:{i}");
+                    i += 1;
+                    let set = c.call(&["SET", &k, "v"]).await;
+                    let get = c.call(&["GET", &k]).await;
+                    if set == b"+OK\r\n" && get == b"$1\r\nv\r\n" {
+                        acked.push(k);
+                    } else {
+                        errors.push(format!("{k}: {} / {}", show(&set), show(&get)));
+                    }
+                }
+                (acked, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    // The migration, as redis-cli --cluster reshard does it, while the writers run.
+    let mut to_source = Raw::connect(&source).await;
+    let mut to_target = Raw::connect(&target).await;
+    let setslot =
+        |state: &str, node: &str| resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, node]);
+    assert_eq!(
+        to_target
+            .request(&setslot("IMPORTING", &source_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source
+            .request(&setslot("MIGRATING", &target_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    let (host, port) = target.rsplit_once(':').unwrap();
+    let mut rounds = 0;
+    loop {
+        let mut conn = common::connect(&format!("redis://{source}/")).await;
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(s)
+            .arg(50)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        rounds += 1;
+        if keys.is_empty() && rounds > 3 {
+            break;
+        }
+        if !keys.is_empty() {
+            let mut migrate = vec!["MIGRATE", host, port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys.iter().map(String::as_str));
+            assert_eq!(to_source.call(&migrate[..]).await, b"+OK\r\n");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for p in [target.clone(), source.clone()]
+        .into_iter()
+        .chain(redis.primaries())
+    {
+        let reply = Raw::connect(&p)
+            .await
+            .request(&setslot("NODE", &target_id), 1)
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    let mut c = Raw::connect(proxy.addr).await;
+    let (mut acked_total, mut all_errors) = (0, Vec::new());
+    for w in writers {
+        let (acked, errors) = w.await.unwrap();
+        acked_total += acked.len();
+        all_errors.extend(errors);
+        for k in &acked {
+            assert_eq!(c.call(&["GET", k]).await, b"$1\r\nv\r\n", "{k}");
+        }
+    }
+    eprintln!(
+        "reshard under load: {acked_total} writes acknowledged and read back, {} errors",
+        all_errors.len()
+    );
+    assert!(all_errors.is_empty(), "{all_errors:?}");
+    assert!(acked_total > 0);
+    let on_target = Raw::connect(&target)
+        .await
+        .call(&["CLUSTER", "COUNTKEYSINSLOT", &s.to_string()])
+        .await;
+    assert_eq!(on_target, format!(":{acked_total}\r\n").into_bytes());
+    proxy.stop().await;
+}
