@@ -1,8 +1,10 @@
-//! The proxy in front of a real Redis Cluster (3 primaries, 1 replica each), used by clients
-//! that know nothing about clusters: commands reach the node owning their keys, replies come
-//! back in request order, cross-slot commands get Redis's CROSSSLOT, a slot migrated live is
-//! followed through MOVED without the client seeing it, transactions run on their slot's
-//! node, and the default policy still applies.
+//! The proxy in front of a real Redis Cluster, used by clients that know nothing about
+//! clusters: commands reach the node owning their keys, replies come back in request order,
+//! multi-key commands are split by slot or get Redis's CROSSSLOT, whole-keyspace commands
+//! (SCAN, DBSIZE, INFO, KEYS) cover every primary, a slot migrated live (also under a write
+//! load) and a primary failover are followed without the client seeing errors, transactions,
+//! blocking commands and pub/sub run on the right node, and the policies (default policy,
+//! namespaces, the shared rate limiter) still apply.
 
 mod common;
 
