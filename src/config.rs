@@ -563,7 +563,10 @@ impl Config {
                         "must be between 1 and 16",
                     );
                 }
-                if u.address.referenced.line() > 0 {
+                // Written in the file, or given by `--upstream` (which has no line).
+                if u.address.referenced.line() > 0
+                    || u.address.value != UpstreamConfig::default().address.value
+                {
                     problem(
                         &u.address.referenced,
                         "upstream.address".to_string(),
@@ -706,6 +709,17 @@ mod tests {
         );
         assert!(
             err.contains("c.yaml:8: field `upstream.cluster.max_redirects`"),
+            "{err}"
+        );
+
+        let mut from_cli = ok.clone();
+        from_cli.set_upstream("10.0.0.1:6379".to_string());
+        let err = from_cli
+            .validate(Path::new("c.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("c.yaml: field `upstream.address`: is not used"),
             "{err}"
         );
 

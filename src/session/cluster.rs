@@ -38,6 +38,12 @@ pub(super) enum Merge {
     AllOk,
     /// The first non-nil reply, starting from a node that varies (RANDOMKEY).
     FirstNonNil,
+    /// WAIT/WAITAOF: the smallest count (element-wise for WAITAOF's pair): the replicas (or
+    /// fsyncs) every node the client may have written to has reached.
+    Min,
+    /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
+    /// `cluster_enabled:0` (to its clients the proxy is one server).
+    Info,
 }
 
 /// A whole-keyspace command to send to every primary.
@@ -48,6 +54,11 @@ pub(super) struct Fanout {
     merge: Merge,
     /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
     strip: Option<Box<Strip>>,
+    /// INFO with the default sections: the proxy's own section is appended.
+    proxy_section: bool,
+    /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
+    /// `WAIT_BARRIER`, whose reply is dropped.
+    blocking: bool,
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
@@ -235,7 +246,15 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if is("DBSIZE") {
+        let merge = if effect == Effect::Wait {
+            if self.pinned() {
+                // A transaction or WATCH holds the session on one node: WAIT runs there.
+                return None;
+            }
+            Merge::Min
+        } else if is("INFO") {
+            Merge::Info
+        } else if is("DBSIZE") {
             Merge::Sum
         } else if is("KEYS") {
             Merge::Concat
@@ -274,6 +293,8 @@ impl Session {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
+            proxy_section: effect == Effect::Info,
+            blocking: merge == Merge::Min,
         })))
     }
 
@@ -887,19 +908,47 @@ impl Session {
             return clusterdown();
         }
         let mut receivers = Vec::with_capacity(primaries.len());
+        // One-off connections of a blocking fan-out; dropped (closed) once answered.
+        let mut connections = Vec::new();
         for &node in &primaries {
             let (tx, rx) = mpsc::unbounded_channel();
-            let batch = Batch {
-                bytes: fanout.bytes.clone(),
-                expect: Expect::Frames(1),
-                reply_to: tx,
+            let sent = if fanout.blocking {
+                let batch = Batch {
+                    bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
+                        .concat()
+                        .into(),
+                    expect: Expect::Frames(2),
+                    reply_to: tx,
+                };
+                let (push_to, _) = mpsc::unbounded_channel();
+                let push = PushTarget {
+                    to: push_to,
+                    budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
+                    budget_size: PUSH_BUDGET,
+                    conn_id: 0,
+                };
+                match Box::pin(router.pool(node).dedicated(self.proto, push, false)).await {
+                    Ok(conn) => {
+                        let sent = conn.send(batch).await.is_ok();
+                        connections.push(conn);
+                        sent
+                    }
+                    Err(_) => false,
+                }
+            } else {
+                let batch = Batch {
+                    bytes: fanout.bytes.clone(),
+                    expect: Expect::Frames(1),
+                    reply_to: tx,
+                };
+                router
+                    .pool(node)
+                    .shared(self.proto, self.id)
+                    .send(batch)
+                    .await
+                    .is_ok()
             };
-            let sent = router
-                .pool(node)
-                .shared(self.proto, self.id)
-                .send(batch)
-                .await;
-            receivers.push((node, sent.is_ok().then_some(rx)));
+            receivers.push((node, sent.then_some(rx)));
         }
         let mut replies = Vec::with_capacity(receivers.len());
         for (node, rx) in receivers {
@@ -908,6 +957,9 @@ impl Session {
                 None => None,
             };
             let reply = match answer {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
                 Some(Reply::Batch {
                     data, error: None, ..
                 }) => data,
@@ -920,6 +972,11 @@ impl Session {
             replies.push(reply);
         }
         let merged = merge(fanout.merge, &replies, self.id);
+        let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
+            super::replies::append_to_text(merged, &self.proxy_info())
+        } else {
+            merged
+        };
         match fanout.strip {
             Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
             _ => merged,
@@ -1172,6 +1229,8 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
             out.freeze()
         }
         Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
+        Merge::Info => merge_info(replies),
+        Merge::Min => merge_min(replies),
         Merge::FirstNonNil => {
             let n = replies.len();
             let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
@@ -1259,6 +1318,132 @@ fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
     Ok((cursor, 5 + nl + 1 + len + 2))
 }
 
+/// The smallest integer reply, or for arrays of integers (WAITAOF) the element-wise minimum.
+fn merge_min(replies: &[Bytes]) -> Bytes {
+    let ints = |r: &Bytes| -> Option<Vec<i64>> {
+        let frames: Vec<Bytes> = match r.first() {
+            Some(b':') => vec![r.clone()],
+            Some(b'*') => {
+                let cr = memchr::memchr(b'\r', r)?;
+                split_frames(&r.slice(cr + 2..))
+            }
+            _ => return None,
+        };
+        frames
+            .iter()
+            .map(|f| {
+                f.strip_prefix(b":")
+                    .and_then(|f| f.strip_suffix(b"\r\n"))
+                    .and_then(codec::parse_int)
+            })
+            .collect()
+    };
+    let Some(first) = replies.first() else {
+        return clusterdown();
+    };
+    let Some(mut min) = ints(first) else {
+        return unexpected(first);
+    };
+    for r in &replies[1..] {
+        match ints(r) {
+            Some(v) if v.len() == min.len() => {
+                for (m, x) in min.iter_mut().zip(v) {
+                    *m = (*m).min(x);
+                }
+            }
+            _ => return unexpected(r),
+        }
+    }
+    if first.first() == Some(&b':') {
+        Bytes::from(format!(":{}\r\n", min[0]))
+    } else {
+        let mut out = format!("*{}\r\n", min.len());
+        for m in min {
+            out.push_str(&format!(":{m}\r\n"));
+        }
+        Bytes::from(out)
+    }
+}
+
+/// The first node's INFO text with every `dbN:keys=…,expires=…` line's counts summed over all
+/// nodes and `cluster_enabled:1` turned to 0.
+fn merge_info(replies: &[Bytes]) -> Bytes {
+    let Some(first) = replies.first() else {
+        return clusterdown();
+    };
+    let Some((verbatim, text)) = super::replies::text_of(first) else {
+        return unexpected(first);
+    };
+    // (db, field) → sum, for the integer fields worth adding up.
+    let mut sums: Vec<(Vec<u8>, &str, i64)> = Vec::new();
+    for reply in replies {
+        let Some((_, body)) = super::replies::text_of(reply) else {
+            continue;
+        };
+        for line in body.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some((db, fields)) = keyspace_line(line) else {
+                continue;
+            };
+            for field in fields.split(|&b| b == b',') {
+                for name in ["keys", "expires"] {
+                    if let Some(v) = field
+                        .strip_prefix(name.as_bytes())
+                        .and_then(|r| r.strip_prefix(b"="))
+                        .and_then(codec::parse_int)
+                    {
+                        match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
+                            Some((_, _, total)) => *total += v,
+                            None => sums.push((db.to_vec(), name, v)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let bare = line.strip_suffix(b"\n").unwrap_or(line);
+        let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
+        let ending = &line[bare.len()..];
+        if bare == b"cluster_enabled:1" {
+            out.extend_from_slice(b"cluster_enabled:0");
+            out.extend_from_slice(ending);
+        } else if let Some((db, fields)) = keyspace_line(bare) {
+            out.extend_from_slice(db);
+            out.push(b':');
+            for (i, field) in fields.split(|&b| b == b',').enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
+                match sums
+                    .iter()
+                    .find(|(d, n, _)| d == db && n.as_bytes() == name)
+                {
+                    Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
+                    None => out.extend_from_slice(field),
+                }
+            }
+            out.extend_from_slice(ending);
+        } else {
+            out.extend_from_slice(line);
+        }
+    }
+    super::replies::text_reply(verbatim, &out)
+}
+
+/// `dbN` and its fields, for a `# Keyspace` line such as `db0:keys=3,expires=1,avg_ttl=0`.
+fn keyspace_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let colon = memchr::memchr(b':', line)?;
+    let (db, fields) = (&line[..colon], &line[colon + 1..]);
+    (db.len() > 2
+        && db.starts_with(b"db")
+        && db[2..].iter().all(u8::is_ascii_digit)
+        && fields.starts_with(b"keys="))
+    .then_some((db, fields))
+}
+
 /// A node's reply that does not have the shape its command promises.
 fn unexpected(reply: &[u8]) -> Bytes {
     simple_error(
@@ -1312,6 +1497,46 @@ mod tests {
             b"$-1\r\n"
         );
         assert!(merge(Merge::Sum, &[b(b"+OK\r\n")], 0).starts_with(b"-ERR unexpected"));
+    }
+
+    #[test]
+    fn wait_takes_the_smallest_count() {
+        let b = |s: &'static [u8]| Bytes::from_static(s);
+        assert_eq!(
+            &merge(Merge::Min, &[b(b":2\r\n"), b(b":1\r\n"), b(b":3\r\n")], 0)[..],
+            b":1\r\n"
+        );
+        assert_eq!(
+            &merge(
+                Merge::Min,
+                &[b(b"*2\r\n:1\r\n:2\r\n"), b(b"*2\r\n:0\r\n:3\r\n")],
+                0
+            )[..],
+            b"*2\r\n:0\r\n:2\r\n"
+        );
+    }
+
+    #[test]
+    fn info_sums_the_keyspace() {
+        let info = |keys: u32, expires: u32| {
+            let text = format!(
+                "# Server\r\nredis_version:7.2\r\n\r\n# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=5\r\n"
+            );
+            Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
+        };
+        let merged = merge(Merge::Info, &[info(3, 1), info(4, 0), info(10, 2)], 0);
+        let text = String::from_utf8_lossy(&merged).into_owned();
+        assert!(
+            text.contains("db0:keys=17,expires=3,avg_ttl=5\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("cluster_enabled:0\r\n"), "{text}");
+        assert!(text.contains("redis_version:7.2\r\n"), "{text}");
+        let header = format!(
+            "${}\r\n",
+            merged.len() - 2 - format!("{}", merged.len()).len() - 3
+        );
+        assert!(merged.starts_with(header.as_bytes()), "{text}");
     }
 
     #[test]

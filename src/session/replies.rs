@@ -84,7 +84,7 @@ impl Session {
 }
 
 /// The text of a bulk (`$`) or verbatim (`=`, RESP3) string reply, and which it was.
-fn text_of(data: &[u8]) -> Option<(bool, &[u8])> {
+pub(super) fn text_of(data: &[u8]) -> Option<(bool, &[u8])> {
     let verbatim = match data.first() {
         Some(b'$') => false,
         Some(b'=') => true,
@@ -96,7 +96,7 @@ fn text_of(data: &[u8]) -> Option<(bool, &[u8])> {
 }
 
 /// `text` as a reply of the same kind `text_of` found.
-fn text_reply(verbatim: bool, text: &[u8]) -> Bytes {
+pub(super) fn text_reply(verbatim: bool, text: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(text.len() + 24);
     if verbatim {
         out.extend_from_slice(format!("={}\r\ntxt:", text.len() + 4).as_bytes());
