@@ -764,6 +764,16 @@ impl Session {
         }
     }
 
+    /// Queues the reply the proxy gathered from several nodes, unless replies are off.
+    fn answer_gathered(&mut self, reply: Bytes, suppress: bool) {
+        if !suppress {
+            self.local(reply);
+        }
+        if self.reply_mode == ReplyMode::Skip {
+            self.reply_mode = ReplyMode::On;
+        }
+    }
+
     /// Records the latency of an answered upstream batch: histogram, and slow log above its
     /// threshold.
     fn observe(&self, read_at: Instant, commands: u32, name: Option<&'static CommandSpec>) {
@@ -1192,50 +1202,26 @@ impl Session {
                     self.reply_mode = ReplyMode::On;
                 }
             }
+            // Commands answered from several nodes: every earlier command must have run first,
+            // on whichever node (a SCAN sees earlier writes; split parts go out at once).
+            Action::Fanout(_) | Action::Scan(_) | Action::Split(_) if self.inflight > 0 => {
+                self.paused = true;
+                return false;
+            }
             Action::Fanout(fanout) => {
-                if self.inflight > 0 {
-                    // Every earlier command must have run first, on whichever node.
-                    self.paused = true;
-                    return false;
-                }
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.fanout(*fanout)).await;
-                if !suppress {
-                    self.local(reply);
-                }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
-                }
+                self.answer_gathered(reply, suppress);
             }
             Action::Scan(scan) => {
-                if self.inflight > 0 {
-                    // Writes sent before the SCAN must be visible to it.
-                    self.paused = true;
-                    return false;
-                }
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.scan(*scan)).await;
-                if !suppress {
-                    self.local(reply);
-                }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
-                }
+                self.answer_gathered(reply, suppress);
             }
             Action::Split(split) => {
-                if self.inflight > 0 {
-                    // The parts go to several nodes at once: earlier commands first.
-                    self.paused = true;
-                    return false;
-                }
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.split(*split)).await;
-                if !suppress {
-                    self.local(reply);
-                }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
-                }
+                self.answer_gathered(reply, suppress);
             }
             Action::Reset => {
                 if self.inflight > 0 {
