@@ -214,6 +214,12 @@ fn decode_inline(buf: &[u8], limits: &CodecLimits) -> Result<Option<Decoded>, Pr
     Ok(Some(Decoded::Inline { len: nl + 1, args }))
 }
 
+/// C's `isspace` in the "C" locale, which Redis's `sdssplitargs` uses: Rust's
+/// `is_ascii_whitespace` leaves out the vertical tab.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
 /// Splits an inline command line into arguments with the quoting rules of Redis's
 /// `sdssplitargs`: `"..."` with `\n \r \t \b \a \\ \" \xHH` escapes, `'...'` with `\'`, and a
 /// closing quote must be followed by a space or the end. `None` means unbalanced quotes.
@@ -231,7 +237,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut i = 0;
     let n = line.len();
     loop {
-        while i < n && line[i].is_ascii_whitespace() {
+        while i < n && is_c_space(line[i]) {
             i += 1;
         }
         if i >= n {
@@ -265,7 +271,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                         other => other,
                     });
                 } else if c == b'"' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                    if i + 1 < n && !is_c_space(line[i + 1]) {
                         return None;
                     }
                     i += 1;
@@ -282,7 +288,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                     i += 1;
                     cur.push(b'\'');
                 } else if c == b'\'' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                    if i + 1 < n && !is_c_space(line[i + 1]) {
                         return None;
                     }
                     i += 1;
