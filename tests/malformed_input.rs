@@ -63,8 +63,14 @@ fn cases() -> Vec<(&'static str, Vec<u8>)> {
             b"ECHO \"a\"b\r\n".to_vec(),
         ),
         ("inline many spaces", b"   ECHO     x    \r\n".to_vec()),
-        ("inline vertical tab and form feed", b"\x0b\x0cECHO \"a\"\x0bb\x0cc\r\n".to_vec()),
-        ("inline vertical tab inside a word", b"ECHO a\x0bb\r\n".to_vec()),
+        (
+            "inline vertical tab and form feed",
+            b"\x0b\x0cECHO \"a\"\x0bb\x0cc\r\n".to_vec(),
+        ),
+        (
+            "inline vertical tab inside a word",
+            b"ECHO a\x0bb\r\n".to_vec(),
+        ),
         ("pipeline then garbage", b"PING\r\n*x\r\nPING\r\n".to_vec()),
         ("quit mid pipeline", b"PING\r\nQUIT\r\nPING\r\n".to_vec()),
         (
