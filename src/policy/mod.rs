@@ -682,11 +682,25 @@ impl Policy {
         if line.argc() == 0 {
             return Verdict::Allow;
         }
+        let spec = commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1)));
+        self.check_spec(client, spec, line)
+    }
+
+    /// [`Policy::check`] for a caller that has already looked the command up in the table
+    /// (`spec`, `None` when unknown), so the lookup is not done twice per command.
+    pub fn check_spec<L: CommandLine + ?Sized>(
+        &self,
+        client: &Client,
+        spec: Option<&'static CommandSpec>,
+        line: &L,
+    ) -> Verdict {
+        if line.argc() == 0 {
+            return Verdict::Allow;
+        }
         let namespace = self.access.namespace(client.tenant);
         if self.rules.is_empty() && namespace.is_none() {
             return self.allow(client);
         }
-        let spec = commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1)));
         // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then adds its
         // PEXPIRE after it, and the namespace finally prefixes every key of both.
         let mut rewrite: Option<ttl::Rewrite> = None;

@@ -895,7 +895,7 @@ impl Session {
                         let arg = |i: usize| self.args.get(i).map(|r| &frame[r.clone()]);
                         arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
                     };
-                    let mut action = self.decide(&self.rbuf[base..base + len]);
+                    let mut action = self.decide(&self.rbuf[base..base + len], spec);
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                         && self.policy.has_shared_limits()
                     {

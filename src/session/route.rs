@@ -8,7 +8,12 @@ use crate::policy::access::{AuthFailure, constant_time_eq};
 
 impl Session {
     /// Decides what to do with a command; pure, so a paused command is decided again later.
-    pub(super) fn decide(&self, frame: &[u8]) -> Action {
+    /// `spec` is the command's table entry, looked up once by the caller.
+    pub(super) fn decide(
+        &self,
+        frame: &[u8],
+        spec: Option<&'static crate::commands::CommandSpec>,
+    ) -> Action {
         let args = Args {
             frame,
             ranges: &self.args,
@@ -30,7 +35,7 @@ impl Session {
                 addr: self.peer.ip(),
                 tenant: self.tenant,
             };
-            match self.policy.check(&client, &args) {
+            match self.policy.check_spec(&client, spec, &args) {
                 Verdict::Allow => {}
                 // Inside MULTI the refused command must still spoil the transaction, as a
                 // command Redis rejects at queue time does (see `Effect::AbortExec`).
