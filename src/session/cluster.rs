@@ -457,17 +457,23 @@ impl Session {
         Ok(found)
     }
 
+    /// The cluster batch the oldest pending reply answers, as it was sent.
+    fn front_sent(&self) -> Option<&Sent> {
+        match self.slots.front() {
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }) => Some(sent),
+            _ => None,
+        }
+    }
+
     /// Follows MOVED and ASK replies in a batch from a cluster node: each redirected command
     /// is sent again to the node named (after `ASKING` for ASK), up to `max_redirects` times,
     /// and its reply put where the redirection was. Resending is safe: a node that redirects
     /// has not run the command. Waits for the resent replies (redirections are rare and the
     /// session's later replies queue behind this one anyway).
     pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
-        if let Some(Slot::Upstream {
-            sent: Some(sent), ..
-        }) = self.slots.front()
-            && sent.dedicated
-        {
+        if self.front_sent().is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }
         let unsent = matches!(
@@ -495,13 +501,7 @@ impl Session {
         if !may_redirect(data) {
             return false;
         }
-        let (
-            Some(router),
-            Some(Slot::Upstream {
-                sent: Some(sent), ..
-            }),
-        ) = (self.ctx.cluster.clone(), self.slots.front())
-        else {
+        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.front_sent()) else {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
@@ -528,13 +528,7 @@ impl Session {
         else {
             return false;
         };
-        let (
-            Some(router),
-            Some(Slot::Upstream {
-                sent: Some(sent), ..
-            }),
-        ) = (self.ctx.cluster.clone(), self.slots.front())
-        else {
+        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.front_sent()) else {
             return false;
         };
         let origin = router.addr(sent.node);
@@ -648,12 +642,7 @@ impl Session {
     /// the map did not change in time or the nodes failed again.
     async fn reroute_unsent(&self) -> Option<Bytes> {
         let router = self.ctx.cluster.clone()?;
-        let Some(Slot::Upstream {
-            sent: Some(sent), ..
-        }) = self.slots.front()
-        else {
-            return None;
-        };
+        let sent = self.front_sent()?;
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
         let give_up = tokio::time::Instant::now() + router.connect_timeout().saturating_mul(2);
