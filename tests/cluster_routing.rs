@@ -324,6 +324,36 @@ async fn single_slot_commands_reach_their_owner_in_order() {
 }
 
 /// `CLUSTER MYID` of the node at `addr`.
+/// `CLUSTER SETSLOT slot state node`.
+fn setslot(slot: u16, state: &str, node: &str) -> Vec<u8> {
+    resp(&["CLUSTER", "SETSLOT", &slot.to_string(), state, node])
+}
+
+/// Starts moving `slot` from `source` to `target` (each `(address, node id)`) as
+/// `redis-cli --cluster reshard` does: IMPORTING on the target, then MIGRATING on the source.
+/// Returns connections to the source and the target for the rest of the migration.
+async fn begin_migration(
+    slot: u16,
+    (source, source_id): (&str, &str),
+    (target, target_id): (&str, &str),
+) -> (Raw, Raw) {
+    let mut to_source = Raw::connect(source).await;
+    let mut to_target = Raw::connect(target).await;
+    assert_eq!(
+        to_target
+            .request(&setslot(slot, "IMPORTING", source_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source
+            .request(&setslot(slot, "MIGRATING", target_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    (to_source, to_target)
+}
+
 fn node_id(redis: &RedisCluster, addr: &str) -> String {
     let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
     match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
@@ -366,22 +396,8 @@ async fn a_live_migration_is_followed_without_errors() {
 
     // Mid-migration: keys still on the source are served there; a key the source does not
     // have is answered with ASK, which the proxy follows with ASKING on the target.
-    let mut to_source = Raw::connect(&source).await;
-    let mut to_target = Raw::connect(&target).await;
-    let setslot =
-        |state: &str, node: &str| resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, node]);
-    assert_eq!(
-        to_target
-            .request(&setslot("IMPORTING", &source_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
-    assert_eq!(
-        to_source
-            .request(&setslot("MIGRATING", &target_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
+    let (mut to_source, mut to_target) =
+        begin_migration(s, (&source, &source_id), (&target, &target_id)).await;
     assert_eq!(c.call(&["GET", "{mig}0"]).await, b"$2\r\nv0\r\n");
     assert_eq!(c.call(&["SET", "{mig}new", "n"]).await, b"+OK\r\n");
     assert_eq!(
@@ -411,7 +427,7 @@ async fn a_live_migration_is_followed_without_errors() {
     for p in redis.primaries() {
         let mut conn = Raw::connect(&p).await;
         assert_eq!(
-            conn.request(&setslot("NODE", &target_id), 1).await,
+            conn.request(&setslot(s, "NODE", &target_id), 1).await,
             b"+OK\r\n",
             "{p}"
         );
@@ -898,22 +914,8 @@ async fn a_slot_resharded_under_load_loses_nothing() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
 
     // The migration, as redis-cli --cluster reshard does it, while the writers run.
-    let mut to_source = Raw::connect(&source).await;
-    let mut to_target = Raw::connect(&target).await;
-    let setslot =
-        |state: &str, node: &str| resp(&["CLUSTER", "SETSLOT", &s.to_string(), state, node]);
-    assert_eq!(
-        to_target
-            .request(&setslot("IMPORTING", &source_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
-    assert_eq!(
-        to_source
-            .request(&setslot("MIGRATING", &target_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
+    let (mut to_source, _to_target) =
+        begin_migration(s, (&source, &source_id), (&target, &target_id)).await;
     let (host, port) = target.rsplit_once(':').unwrap();
     let mut rounds = 0;
     loop {
@@ -942,7 +944,7 @@ async fn a_slot_resharded_under_load_loses_nothing() {
     {
         let reply = Raw::connect(&p)
             .await
-            .request(&setslot("NODE", &target_id), 1)
+            .request(&setslot(s, "NODE", &target_id), 1)
             .await;
         assert_eq!(reply, b"+OK\r\n", "{p}");
     }
