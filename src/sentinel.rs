@@ -13,13 +13,13 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::codec::encode;
 use crate::ratelimit::redis::Frame;
-use crate::reply;
+use crate::upstream::read_reply;
 
 /// Where the sentinels are and what they watch.
 #[derive(Debug, Clone)]
@@ -56,22 +56,11 @@ async fn read_frame(
     buf: &mut BytesMut,
     timeout: Duration,
 ) -> Result<Frame, String> {
-    loop {
-        if let Some(len) = reply::scan(buf).map_err(|e| e.to_string())? {
-            let frame = buf.split_to(len);
-            return Frame::from_resp(&frame).map_err(|e| e.to_string());
-        }
-        if buf.len() > 1024 * 1024 {
-            return Err("reply larger than 1 MiB".into());
-        }
-        let n = tokio::time::timeout(timeout, stream.read_buf(buf))
-            .await
-            .map_err(|_| "no reply in time".to_string())?
-            .map_err(|e| format!("read failed: {e}"))?;
-        if n == 0 {
-            return Err("connection closed".into());
-        }
-    }
+    let frame = tokio::time::timeout(timeout, read_reply(stream, buf, 1024 * 1024))
+        .await
+        .map_err(|_| "no reply in time".to_string())?
+        .map_err(|e| e.to_string())?;
+    Frame::from_resp(&frame).map_err(|e| e.to_string())
 }
 
 async fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, String> {

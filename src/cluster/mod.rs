@@ -16,7 +16,9 @@ mod value;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::upstream::{ReadReplyError, read_reply};
 
 pub use router::Router;
 pub use slot::{SLOTS, hash_tag, slot};
@@ -24,7 +26,6 @@ pub use topology::{Node, Redirect, Shard, SlotMap};
 pub use value::DecodeError;
 
 use crate::error::UpstreamError;
-use crate::reply;
 use crate::upstream::handshake::{self, NodeSpec, UpstreamStream};
 
 /// Largest topology reply accepted. `CLUSTER SHARDS` costs a few hundred bytes per node, so
@@ -158,28 +159,19 @@ async fn request<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| io(format!("write failed: {e}")))?;
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    loop {
-        if let Some(len) = reply::scan(&buf).map_err(DecodeError::from)? {
-            buf.truncate(len);
-            return Ok(buf);
-        }
-        if buf.len() > MAX_REPLY {
-            return Err(io(format!("topology reply over {MAX_REPLY} bytes")));
-        }
-        let n = stream
-            .read_buf(&mut buf)
-            .await
-            .map_err(|e| io(format!("read failed: {e}")))?;
-        if n == 0 {
-            return Err(io("closed before the topology reply".to_string()));
-        }
-    }
+    read_reply(stream, &mut buf, MAX_REPLY)
+        .await
+        .map_err(|e| match e {
+            ReadReplyError::Malformed(e) => DecodeError::from(e).into(),
+            other => io(format!("topology reply: {other}")),
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     const SLOTS_CAPTURE: &[u8] = include_bytes!("testdata/slots-resp2.resp");

@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::tls::Tls;
 
 use crate::error::UpstreamError;
-use crate::reply;
 
 /// How to reach and log in to one upstream node.
 #[derive(Debug, Clone)]
@@ -108,31 +107,16 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| spec.unavailable(e))?;
     let mut buf = BytesMut::with_capacity(1024);
-    loop {
-        match reply::scan(&buf) {
-            Ok(Some(len)) => {
-                let hello = buf.split_to(len).freeze();
-                if hello.first() == Some(&b'-') {
-                    let text = String::from_utf8_lossy(&hello[1..]).trim_end().to_string();
-                    return Err(UpstreamError::Handshake {
-                        addr: spec.addr.clone(),
-                        reply: text.into(),
-                    });
-                }
-                return Ok(hello);
-            }
-            Ok(None) => {}
-            Err(e) => return Err(spec.unavailable(e)),
-        }
-        if buf.len() > 1024 * 1024 {
-            return Err(spec.unavailable("HELLO reply too large"));
-        }
-        let n = stream
-            .read_buf(&mut buf)
-            .await
-            .map_err(|e| spec.unavailable(e))?;
-        if n == 0 {
-            return Err(spec.unavailable("closed during handshake"));
-        }
+    let hello = super::read_reply(stream, &mut buf, 1024 * 1024)
+        .await
+        .map_err(|e| spec.unavailable(format!("HELLO: {e}")))?
+        .freeze();
+    if hello.first() == Some(&b'-') {
+        let text = String::from_utf8_lossy(&hello[1..]).trim_end().to_string();
+        return Err(UpstreamError::Handshake {
+            addr: spec.addr.clone(),
+            reply: text.into(),
+        });
     }
+    Ok(hello)
 }

@@ -73,3 +73,39 @@ pub enum Reply {
 
 /// Where an upstream connection delivers a session's replies.
 pub type ReplySender = mpsc::UnboundedSender<Reply>;
+
+/// Why [`read_reply`] returned no reply.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadReplyError {
+    #[error("read failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("connection closed before the reply")]
+    Closed,
+    #[error("reply larger than {0} bytes")]
+    TooLarge(usize),
+    /// Not RESP: the peer is not Redis, or the stream is out of step.
+    #[error("{0}")]
+    Malformed(#[from] crate::reply::ReplyError),
+}
+
+/// Reads until `buf` holds one complete reply and splits it off (anything after it stays in
+/// `buf`). For the proxy's own one-off exchanges (handshake, topology, sentinels), where a
+/// reply must be bounded by `max` bytes so a confused peer cannot grow memory.
+pub async fn read_reply<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut bytes::BytesMut,
+    max: usize,
+) -> Result<bytes::BytesMut, ReadReplyError> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(len) = crate::reply::scan(buf)? {
+            return Ok(buf.split_to(len));
+        }
+        if buf.len() > max {
+            return Err(ReadReplyError::TooLarge(max));
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Err(ReadReplyError::Closed);
+        }
+    }
+}
