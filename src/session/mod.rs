@@ -810,13 +810,7 @@ impl Session {
 
     /// State held on the dedicated connection that keeps the session on it.
     fn stateful(&self) -> bool {
-        self.in_multi
-            || self.watching
-            || self.subscribed
-            || self.monitor
-            || self.connection_state
-            || self.upstream_auth
-            || self.db != 0
+        self.in_multi || self.pinned()
     }
 
     /// State that ties the session to its dedicated connection's node: `stateful` except a
