@@ -137,9 +137,20 @@ pub async fn serve(
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
         shutdown: stop_rx,
+        idle_tick: tokio::sync::Notify::new(),
         policy,
         ops,
     });
+    let idle_ticker = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(session::IDLE_TICK);
+            loop {
+                tick.tick().await;
+                ctx.idle_tick.notify_waiters();
+            }
+        })
+    };
     let max_clients = limits.max_clients.value;
     let clients = Arc::new(AtomicUsize::new(0));
     let next_id = AtomicU64::new(1);
@@ -192,6 +203,7 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(alive_tx);
     sweeper.abort();
+    idle_ticker.abort();
     if let Some(task) = admin_task {
         // It stops on the same signal; awaiting it keeps the port until `serve` returns.
         let _ = task.await;

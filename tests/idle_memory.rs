@@ -1,0 +1,103 @@
+//! The heap an idle client connection costs the proxy, counted exactly: a counting global
+//! allocator tracks live bytes while the proxy runs in this process, and clients connect with
+//! blocking std sockets, which allocate nothing on the heap. Unlike RSS (see
+//! `scripts/idle_memory.py`), this does not depend on the allocator's free lists or on what
+//! the machine is doing, so the bar (under 2 KiB per idle client) can be asserted.
+
+mod common;
+#[path = "../benches/support/counting_alloc.rs"]
+mod counting_alloc;
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{Proxy, RedisServer};
+use counting_alloc::LIVE_BYTES;
+use redis_policy_proxy::session::IDLE_TICK;
+
+/// Clients per measurement: enough that one-off allocations (a tokio slab page, a grown
+/// vector) are spread thin.
+const CLIENTS: usize = 400;
+
+/// The bar for one idle client connection.
+const BAR: usize = 2048;
+
+/// Live heap bytes once the proxy's tasks have settled: sampled until two readings 20 ms
+/// apart agree (a task may still be finishing a write when the client has its reply).
+async fn settled_live_bytes() -> usize {
+    let mut last = LIVE_BYTES.load(Ordering::Relaxed);
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = LIVE_BYTES.load(Ordering::Relaxed);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Opens `n` connections to `addr`; with `ping`, each sends PING and reads its PONG. Then one
+/// more connection's PING round trip proves the proxy has accepted every earlier one (the
+/// listen queue is served in order).
+async fn open(addr: std::net::SocketAddr, n: usize, ping: bool) -> Vec<std::net::TcpStream> {
+    tokio::task::spawn_blocking(move || {
+        let mut conns = Vec::with_capacity(n + 1);
+        for _ in 0..n {
+            let mut c = std::net::TcpStream::connect(addr).expect("connect");
+            c.set_read_timeout(Some(common::DEADLINE)).unwrap();
+            if ping {
+                pong(&mut c);
+            }
+            conns.push(c);
+        }
+        let mut last = std::net::TcpStream::connect(addr).expect("connect");
+        last.set_read_timeout(Some(common::DEADLINE)).unwrap();
+        pong(&mut last);
+        conns.push(last);
+        conns
+    })
+    .await
+    .unwrap()
+}
+
+fn pong(c: &mut std::net::TcpStream) {
+    c.write_all(b"PING\r\n").unwrap();
+    let mut buf = [0u8; 7];
+    c.read_exact(&mut buf).expect("PONG in time");
+    assert_eq!(&buf, b"+PONG\r\n");
+}
+
+/// Heap bytes per connection for `CLIENTS` new connections, measured after a warm-up round
+/// that grows tokio's slabs and the proxy's shared structures once. A session that served a
+/// command gives its reply channel back after one to two idle ticks: wait for that, bounded.
+async fn per_client(proxy: &Proxy, ping: bool) -> usize {
+    drop(open(proxy.addr, CLIENTS, ping).await);
+    let before = settled_live_bytes().await;
+    let conns = open(proxy.addr, CLIENTS, ping).await;
+    let deadline = Instant::now() + 3 * IDLE_TICK;
+    let per_client = loop {
+        let after = settled_live_bytes().await;
+        let per_client = after.saturating_sub(before) / (CLIENTS + 1);
+        if per_client < BAR || Instant::now() > deadline {
+            break per_client;
+        }
+        tokio::time::sleep(IDLE_TICK / 4).await;
+    };
+    drop(conns);
+    per_client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_client_costs_under_two_kib_of_heap() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let silent = per_client(&proxy, false).await;
+    let pinged = per_client(&proxy, true).await;
+    eprintln!(
+        "heap per idle client: {silent} bytes connected and silent, {pinged} bytes after a PING"
+    );
+    assert!(silent < BAR, "{silent} bytes per silent client");
+    assert!(pinged < BAR, "{pinged} bytes per client after a PING");
+}
