@@ -4,6 +4,7 @@
 #
 #   scripts/bench.sh                 full run (about 11 minutes on 2 cores)
 #   QUICK=1 scripts/bench.sh         requests / 10, for a smoke test (about 1.5 minutes)
+#   CLUSTER=1 scripts/bench.sh       also the Redis Cluster rows (cP1, cP16)
 #
 # Environment:
 #   ROUNDS=3     rounds; every round runs every target once per workload, in a rotated order so
@@ -15,17 +16,26 @@
 #                core, as single-threaded twemproxy uses, so the comparison is like for like.
 #                With 2 cores the unpinned benchmark client still competes with both.
 #   WORKLOADS="P1 P16 c500 c1000 mixed ttl16"   subset of workloads to run
+#   CLUSTER=1    add the cluster workloads cP1 and cP16 (SET/GET, -c 50 -r 100000, -P 1 and
+#                -P 16): a 3-primary Redis Cluster (no replicas) on free ports, and the proxy in
+#                `upstream.mode: cluster` in front of it. Their "direct" target is
+#                `redis-benchmark --cluster` against the nodes (each client stays on one node
+#                and its keys carry that node's hash tag); through the proxy the random keys
+#                spread over all three primaries, so a -P 16 pipeline switches nodes, and each
+#                switch waits for the previous node's replies (see docs/cluster.md). Naming
+#                cP1 or cP16 in WORKLOADS also starts the cluster.
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
 #
-# Needs redis-server, redis-cli and redis-benchmark (Debian: redis-server redis-tools), and
-# twemproxy for that column (Debian: nutcracker).
+# Needs redis-server (7.0 or later for the cluster rows), redis-cli and redis-benchmark
+# (Debian: redis-server redis-tools), and twemproxy for that column (Debian: nutcracker).
 #
 # Reports, for each workload and target: median ops/s, the ratio to direct (median of the
 # per-round ratios, with min-max), median p50/p99 latency from redis-benchmark --csv, and the
 # CPU each server process spent per request (utime+stime from /proc/PID/stat around each run,
-# divided by the run's requests). Ends with a Markdown table and one `summary:` line.
+# divided by the run's requests; in the cluster rows, Redis's CPU is the three nodes' summed).
+# Ends with a Markdown table and one `summary:` line.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -36,6 +46,8 @@ QUICK="${QUICK:-0}"
 PIN="${PIN:-0}"
 WORKLOADS="${WORKLOADS:-P1 P16 c500 c1000 mixed ttl16}"
 KEEP="${KEEP:-0}"
+CLUSTER="${CLUSTER:-0}"
+CLUSTER_WORKLOADS="cP1 cP16"
 
 log() { echo "bench: $*" >&2; }
 die() {
@@ -54,6 +66,17 @@ if [[ ! -x "$NUTCRACKER" ]]; then
     have_twemproxy=0
 fi
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
+
+is_cluster_workload() { [[ " $CLUSTER_WORKLOADS " == *" $1 "* ]]; }
+if [[ "$CLUSTER" == 1 ]]; then
+    for w in $CLUSTER_WORKLOADS; do
+        [[ " $WORKLOADS " == *" $w "* ]] || WORKLOADS+=" $w"
+    done
+fi
+need_cluster=0
+for w in $WORKLOADS; do
+    if is_cluster_workload "$w"; then need_cluster=1; fi
+done
 
 # 1000 clients need ~1000 descriptors in each of redis-benchmark, the proxy and Redis.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -252,6 +275,81 @@ log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${
     [[ "$have_twemproxy" == 1 ]] && echo "  twemproxy :$tw_port"
 )  (temp dir $work)"
 
+# --- Redis Cluster and the proxy in front of it (CLUSTER=1) ---------------------------------
+cluster_ports=()
+cluster_pids=()
+launch_cluster_node() {
+    # The bus port is chosen too: Redis's default (port + 10000) may be taken or above 65535.
+    pick_port
+    "${redis_pin[@]}" redis-server --port "$1" --cluster-enabled yes --cluster-port "$port" \
+        --cluster-config-file "$work/nodes-$1.conf" --bind 127.0.0.1 --save "" \
+        --appendonly no --dir "$work" --logfile "$work/cluster-$1.log" --maxclients 10000 \
+        >>"$work/cluster.out" 2>&1 &
+    launched_pid=$!
+}
+
+# cluster_ok PORT: the node sees a whole cluster: state ok, all slots served, every node known.
+cluster_ok() {
+    local info
+    info="$(redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | tr -d '\r')" || return 1
+    grep -qx 'cluster_state:ok' <<<"$info" &&
+        grep -qx 'cluster_slots_ok:16384' <<<"$info" &&
+        grep -qx "cluster_known_nodes:${#cluster_ports[@]}" <<<"$info"
+}
+
+launch_cluster_proxy() {
+    local seeds
+    seeds="$(printf '127.0.0.1:%s, ' "${cluster_ports[@]}")"
+    cat >"$work/cluster.yaml" <<EOF
+listen: 127.0.0.1:$1
+upstream:
+  mode: cluster
+  cluster:
+    seeds: [${seeds%, }]
+EOF
+    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$bin" --config "$work/cluster.yaml" \
+        --admin off 2>>"$work/proxy-cluster.log" &
+    launched_pid=$!
+}
+
+if [[ "$need_cluster" == 1 ]]; then
+    for i in 1 2 3; do
+        start "cluster node $i" launch_cluster_node "$work/cluster.out"
+        cluster_ports+=("$started_port")
+        cluster_pids+=("$started_pid")
+    done
+    # shellcheck disable=SC2046  # one argument per node on purpose
+    redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") \
+        --cluster-replicas 0 --cluster-yes >"$work/cluster-create.log" 2>&1 ||
+        die "redis-cli --cluster create failed: $(tail -n 5 "$work/cluster-create.log")"
+    # Every node must agree before anything is measured (polled, 30 s deadline).
+    ready=0
+    for _ in $(seq 1 300); do
+        ready=1
+        for p in "${cluster_ports[@]}"; do
+            cluster_ok "$p" || ready=0
+        done
+        [[ "$ready" == 1 ]] && break
+        sleep 0.1
+    done
+    [[ "$ready" == 1 ]] ||
+        die "cluster not ready within 30 s: $(redis-cli -p "${cluster_ports[0]}" cluster info)"
+    start proxy-cluster launch_cluster_proxy "$work/proxy-cluster.log"
+    port_of[proxy-cluster]="$started_port"
+    pid_of[proxy-cluster]="$started_pid"
+    # PING is answered before the proxy has the slot map; a keyed command needs it.
+    ready=0
+    for _ in $(seq 1 100); do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$started_port" set bench:ready 1 2>/dev/null)" == OK ]]; then
+            ready=1
+            break
+        fi
+        sleep 0.1
+    done
+    [[ "$ready" == 1 ]] || die "the cluster proxy did not serve a SET within 10 s"
+    log "cluster nodes :${cluster_ports[*]}  proxy-cluster :${port_of[proxy-cluster]}"
+fi
+
 # --- Workloads --------------------------------------------------------------------------------
 scale() { if [[ "$QUICK" == 1 ]]; then echo $(($1 / 10)); else echo "$1"; fi; }
 
@@ -280,9 +378,36 @@ wl_cmd[ttl16]="SET key:__rand_int__ xxx PX 3600000"
 wl_n[ttl16]="$(scale 1000000)"
 wl_args[ttl16]="-c 50 -r 100000 -P 16"
 
+# Redis Cluster (CLUSTER=1): random keys over three primaries.
+wl_tests[cP1]="set,get"
+wl_n[cP1]="$(scale 200000)"
+wl_args[cP1]="-c 50 -r 100000"
+wl_tests[cP16]="set,get"
+wl_n[cP16]="$(scale 1000000)"
+wl_args[cP16]="-c 50 -r 100000 -P 16"
+
 for w in $WORKLOADS; do
-    [[ -n "${wl_tests[$w]:-}" ]] || die "unknown workload '$w' (known: P1 P16 c500 c1000 mixed ttl16)"
+    [[ -n "${wl_tests[$w]:-}" ]] ||
+        die "unknown workload '$w' (known: P1 P16 c500 c1000 mixed ttl16 $CLUSTER_WORKLOADS)"
 done
+# The targets a workload runs against; a cluster workload's "direct" is the cluster itself.
+cluster_targets=(direct proxy-cluster)
+targets_of() {
+    if is_cluster_workload "$1"; then
+        echo "${cluster_targets[*]}"
+    else
+        echo "${targets[*]}"
+    fi
+}
+
+# Sum of the CPU ticks of several processes.
+sum_ticks() {
+    local total=0 pid
+    for pid in "$@"; do
+        total=$((total + $(cpu_ticks "$pid")))
+    done
+    echo "$total"
+}
 
 # One TSV line per (workload, round, target, test):
 #   workload round target test n rps p50 p99 cpu_redis_us_per_req cpu_proxy_us_per_req errors
@@ -294,6 +419,14 @@ errors_log="$work/errors.log"
 run_one() {
     local w="$1" round="$2" target="$3"
     local port="${port_of[$target]}" ppid="${pid_of[$target]}"
+    local rpids=("$redis_pid") mode=()
+    if is_cluster_workload "$w"; then
+        rpids=("${cluster_pids[@]}")
+        if [[ "$target" == direct ]]; then
+            port="${cluster_ports[0]}"
+            mode=(--cluster)
+        fi
+    fi
     local n="${wl_n[$w]}" tests="${wl_tests[$w]}"
     local ntests requests r0 r1 p0=0 p1=0 out err rc=0
     ntests="$(tr ',' '\n' <<<"$tests" | wc -l)"
@@ -301,7 +434,7 @@ run_one() {
     out="$work/out.$w.$round.$target"
     err="$work/err.$w.$round.$target"
 
-    r0="$(cpu_ticks "$redis_pid")"
+    r0="$(sum_ticks "${rpids[@]}")"
     [[ -n "$ppid" ]] && p0="$(cpu_ticks "$ppid")"
     local select=(-t "$tests")
     if [[ -n "${wl_cmd[$w]:-}" ]]; then
@@ -309,19 +442,20 @@ run_one() {
         select=(${wl_cmd[$w]})
     fi
     # shellcheck disable=SC2086  # wl_args holds several options
-    redis-benchmark -h 127.0.0.1 -p "$port" -n "$n" ${wl_args[$w]} --csv "${select[@]}" \
+    redis-benchmark -h 127.0.0.1 -p "$port" "${mode[@]}" -n "$n" ${wl_args[$w]} --csv "${select[@]}" \
         >"$out" 2>"$err" </dev/null || rc=$?
-    r1="$(cpu_ticks "$redis_pid")"
+    r1="$(sum_ticks "${rpids[@]}")"
     [[ -n "$ppid" ]] && p1="$(cpu_ticks "$ppid")"
 
     # Anything unexpected: a non-zero exit (redis-benchmark 7 exits at the first error reply),
     # non-CSV stdout, stderr other than the CONFIG warning twemproxy causes (no CONFIG there).
-    local nerr
-    nerr="$(grep -v '^"' "$out" | grep -c . || true)"
+    # `--cluster` prints the primaries it found ("Cluster has 3 master nodes:", "Master 0: …").
+    local nerr banner='^$|^Cluster has [0-9]+ master nodes:|^Master [0-9]+: '
+    nerr="$(grep -v '^"' "$out" | grep -Evc "$banner" || true)"
     if ((rc != 0)) || ((nerr > 0)) || grep -qv 'Could not fetch server CONFIG' "$err"; then
         {
             echo "== $w round $round $target: exit $rc, $nerr non-CSV stdout lines"
-            grep -v '^"' "$out" | sort | uniq -c | sort -rn | head -n 5 || true
+            grep -v '^"' "$out" | grep -Ev "$banner" | sort | uniq -c | sort -rn | head -n 5 || true
             grep -v 'Could not fetch server CONFIG' "$err" | head -n 5 || true
         } >>"$errors_log"
     fi
@@ -346,18 +480,26 @@ run_one() {
 
 for w in $WORKLOADS; do
     log "workload $w: redis-benchmark -t ${wl_tests[$w]} -n ${wl_n[$w]} ${wl_args[$w]}"
-    redis-cli -h 127.0.0.1 -p "$redis_port" flushall >/dev/null
+    if is_cluster_workload "$w"; then
+        for p in "${cluster_ports[@]}"; do
+            redis-cli -h 127.0.0.1 -p "$p" flushall >/dev/null
+        done
+    else
+        redis-cli -h 127.0.0.1 -p "$redis_port" flushall >/dev/null
+    fi
+    read -r -a wt <<<"$(targets_of "$w")"
     for round in $(seq 1 "$ROUNDS"); do
-        nt=${#targets[@]}
+        nt=${#wt[@]}
         for i in $(seq 0 $((nt - 1))); do
-            run_one "$w" "$round" "${targets[$(((i + round - 1) % nt))]}"
+            run_one "$w" "$round" "${wt[$(((i + round - 1) % nt))]}"
         done
     done
 done
 
 # --- Report -----------------------------------------------------------------------------------
 report="$work/report.md"
-awk -F'\t' -v targets="${targets[*]}" -v workloads="$WORKLOADS" -v rounds="$ROUNDS" '
+awk -F'\t' -v targets="${targets[*]}" -v workloads="$WORKLOADS" -v rounds="$ROUNDS" \
+    -v cluster_workloads="$CLUSTER_WORKLOADS" -v cluster_targets="${cluster_targets[*]}" '
 function sort_nums(a, k,    i, j, t) {
     for (i = 2; i <= k; i++) {
         t = a[i]
@@ -389,7 +531,9 @@ function add(arr, key, v) { arr[key] = (key in arr) ? arr[key] " " v : v }
     RCPU[w, r, t] = $9; PCPU[w, r, t] = $10; ERR[w, r, t] += $11
 }
 END {
-    nt = split(targets, T, " "); nw = split(workloads, W, " ")
+    nw = split(workloads, W, " ")
+    split(cluster_workloads, CWL, " ")
+    for (i in CWL) CW[CWL[i]] = 1
     print "## Per workload (all its tests together)"
     print ""
     print "| workload | target | ops/s (median) | vs direct: median (min-max) | redis CPU us/req | proxy CPU us/req | error lines |"
@@ -397,6 +541,7 @@ END {
     summary = "summary:"
     for (i = 1; i <= nw; i++) {
         w = W[i]
+        nt = split((w in CW) ? cluster_targets : targets, T, " ")
         summary = summary " " w
         for (j = 1; j <= nt; j++) {
             t = T[j]; ops = ""; ratio = ""; rc = ""; pc = ""; errs = 0
@@ -428,6 +573,7 @@ END {
     print "|---|---|---|---:|---:|---:|---:|"
     for (i = 1; i <= nw; i++) {
         w = W[i]; ntest = split(tests[w], X, " ")
+        nt = split((w in CW) ? cluster_targets : targets, T, " ")
         for (x = 1; x <= ntest; x++) {
             test = X[x]
             for (j = 1; j <= nt; j++) {
@@ -463,7 +609,8 @@ if [[ -s "$errors_log" ]]; then
     echo "Unexpected output from redis-benchmark (first lines per run):"
     cat "$errors_log"
 fi
-for name in proxy-passthrough proxy-default; do
+for name in proxy-passthrough proxy-default proxy-cluster; do
+    [[ -f "$work/$name.log" ]] || continue
     if grep -qiE 'warn|error' "$work/$name.log"; then
         echo
         echo "$name log warnings/errors:"

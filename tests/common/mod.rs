@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod process;
+pub mod relay;
 pub mod sentinel;
 
 use std::io::{Read, Write};
