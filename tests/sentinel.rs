@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::sentinel::{MASTER, SentinelSetup};
 use common::{DEADLINE, free_port};
-use redis_policy_proxy::sentinel::{SentinelSpec, follow_primary, resolve_primary};
+use redis_policy_proxy::sentinel::{Primary, SentinelSpec, follow_primary, resolve_primary};
 use tokio::sync::watch;
 
 fn spec(sentinels: Vec<String>, name: &str) -> SentinelSpec {
@@ -34,14 +34,15 @@ async fn the_primary_is_resolved_and_a_failover_followed() {
     let (tx, mut rx) = watch::channel(None);
     let follower = tokio::spawn(follow_primary(spec.clone(), tx));
     let until = Instant::now() + DEADLINE;
-    while rx.borrow_and_update().as_deref() != Some(primary.as_str()) {
+    let addr = |p: &Option<Primary>| p.as_ref().map(|p| p.addr.to_string());
+    while addr(&rx.borrow_and_update()) != Some(primary.clone()) {
         assert!(Instant::now() < until, "initial primary not published");
         let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
     }
 
     setup.failover();
     let until = Instant::now() + DEADLINE * 2;
-    while rx.borrow_and_update().as_deref() != Some(replica.as_str()) {
+    while addr(&rx.borrow_and_update()) != Some(replica.clone()) {
         assert!(
             Instant::now() < until,
             "switch not followed; still {:?}",
@@ -49,6 +50,7 @@ async fn the_primary_is_resolved_and_a_failover_followed() {
         );
         let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
     }
+    assert_eq!(rx.borrow().as_ref().unwrap().epoch, 1, "one change, one epoch");
     // Resolving again agrees, confirmed by ROLE on the new primary.
     let until = Instant::now() + DEADLINE;
     loop {
