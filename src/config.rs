@@ -111,15 +111,19 @@ impl Default for Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
-    /// Whether the upstream is one Redis (`address`) or a Redis Cluster (`cluster.seeds`); an
-    /// explicit switch rather than guessing from the server, so a misconfigured deployment
-    /// fails at start instead of answering MOVED to clients that cannot follow it.
+    /// Whether the upstream is one Redis (`address`), a Redis Cluster (`cluster.seeds`) or a
+    /// Sentinel-managed primary (`sentinel`); an explicit switch rather than guessing from the
+    /// server, so a misconfigured deployment fails at start instead of answering MOVED to
+    /// clients that cannot follow it, or writing to a node that is no longer the primary.
     pub mode: Located<UpstreamMode>,
     /// `host:port` of the standalone Redis.
     pub address: Located<String>,
     /// How to find and follow a Redis Cluster; required when `mode` is `cluster`, refused
     /// otherwise so a forgotten `mode` line is not silently ignored.
     pub cluster: Option<ClusterConfig>,
+    /// How to find and follow a Sentinel-managed primary; required when `mode` is `sentinel`,
+    /// refused otherwise, for the same reason as `cluster`.
+    pub sentinel: Option<SentinelConfig>,
     /// ACL user the proxy authenticates as; `None` uses Redis's `default` user.
     pub username: Option<String>,
     /// Password for the upstream user; kept out of logs and `Debug` output of errors.
@@ -155,6 +159,51 @@ pub enum UpstreamMode {
     Standalone,
     /// A Redis Cluster: commands are routed by key slot to the owning primary.
     Cluster,
+    /// A primary monitored by Redis Sentinel: the sentinels say where it is, failovers are
+    /// followed.
+    Sentinel,
+}
+
+/// Settings of a Sentinel-managed upstream. Login, TLS, connection counts, timeouts and queue
+/// depths come from `upstream` and apply to the primary; the sentinels themselves are asked
+/// over plain TCP without a password.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelConfig {
+    /// `host:port` of the sentinels, asked in order; several, so one dead sentinel does not
+    /// stop the proxy from finding the primary.
+    pub sentinels: Vec<Located<String>>,
+    /// The name the sentinels monitor the primary under (`sentinel monitor <name> …`).
+    /// Optional in the type only so that a missing name is reported with the other problems.
+    pub master_name: Option<Located<String>>,
+    /// Bound on connecting to one sentinel and on each of its replies, so a dead or
+    /// partitioned sentinel delays finding the primary by at most this.
+    pub timeout_ms: Located<u64>,
+}
+
+impl Default for SentinelConfig {
+    fn default() -> Self {
+        SentinelConfig {
+            sentinels: Vec::new(),
+            master_name: None,
+            timeout_ms: located(1_000),
+        }
+    }
+}
+
+impl SentinelConfig {
+    /// What `sentinel::follow_primary` needs (the config is validated: the name is present).
+    pub fn spec(&self) -> crate::sentinel::SentinelSpec {
+        crate::sentinel::SentinelSpec {
+            sentinels: self.sentinels.iter().map(|s| s.value.clone()).collect(),
+            master_name: self
+                .master_name
+                .as_ref()
+                .map(|n| n.value.clone())
+                .unwrap_or_default(),
+            timeout: std::time::Duration::from_millis(self.timeout_ms.value),
+        }
+    }
 }
 
 /// Settings of a Redis Cluster upstream. Login, TLS, connection counts, timeouts and queue
@@ -207,6 +256,7 @@ impl Default for UpstreamConfig {
             mode: located(UpstreamMode::Standalone),
             address: located("127.0.0.1:6379".to_string()),
             cluster: None,
+            sentinel: None,
             username: None,
             password: None,
             connections: located(1),
@@ -395,7 +445,7 @@ impl Config {
             "must be at most 100000",
         );
         check(
-            self.upstream.mode.value == UpstreamMode::Cluster
+            self.upstream.mode.value != UpstreamMode::Standalone
                 || valid_host_port(&self.upstream.address.value),
             &self.upstream.address.referenced,
             "upstream.address",
@@ -403,6 +453,7 @@ impl Config {
         );
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
+        self.validate_sentinel(&mut problems);
         let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
             if !ok {
                 problems.push(Problem {
@@ -519,8 +570,8 @@ impl Config {
             });
         };
         match (u.mode.value, &u.cluster) {
-            (UpstreamMode::Standalone, None) => {}
-            (UpstreamMode::Standalone, Some(c)) => problem(
+            (UpstreamMode::Standalone | UpstreamMode::Sentinel, None) => {}
+            (UpstreamMode::Standalone | UpstreamMode::Sentinel, Some(c)) => problem(
                 c.seeds
                     .first()
                     .map_or(&c.refresh_interval_ms.referenced, |s| &s.referenced),
@@ -590,11 +641,115 @@ impl Config {
         }
     }
 
-    /// The cluster seeds in cluster mode, else `upstream.address` alone.
+    /// Checks `upstream.mode` against `upstream.sentinel` and the sentinel settings.
+    fn validate_sentinel(&self, problems: &mut Vec<Problem>) {
+        let u = &self.upstream;
+        let mut problem = |loc: &Location, field: &str, message: &str| {
+            problems.push(Problem {
+                line: loc.line(),
+                field: field.to_string(),
+                message: message.to_string(),
+            });
+        };
+        let Some(s) = &u.sentinel else {
+            if u.mode.value == UpstreamMode::Sentinel {
+                problem(
+                    &u.mode.referenced,
+                    "upstream.sentinel",
+                    "must give `sentinels` (host:port list) and `master_name` when \
+                     upstream.mode is sentinel",
+                );
+            }
+            return;
+        };
+        let first_line = s
+            .sentinels
+            .first()
+            .map(|x| &x.referenced)
+            .or(s.master_name.as_ref().map(|n| &n.referenced))
+            .unwrap_or(&s.timeout_ms.referenced);
+        if u.mode.value != UpstreamMode::Sentinel {
+            problem(
+                first_line,
+                "upstream.sentinel",
+                "is only used when upstream.mode is sentinel; set `mode: sentinel` or remove it",
+            );
+            return;
+        }
+        if s.sentinels.is_empty() {
+            problem(
+                &u.mode.referenced,
+                "upstream.sentinel.sentinels",
+                "must list at least one host:port when upstream.mode is sentinel",
+            );
+        }
+        for (i, sentinel) in s.sentinels.iter().enumerate() {
+            if !valid_host_port(&sentinel.value) {
+                problem(
+                    &sentinel.referenced,
+                    &format!("upstream.sentinel.sentinels[{i}]"),
+                    "must be host:port such as 127.0.0.1:26379",
+                );
+            }
+        }
+        match &s.master_name {
+            None => problem(
+                &u.mode.referenced,
+                "upstream.sentinel.master_name",
+                "is required when upstream.mode is sentinel: the name the sentinels monitor \
+                 the primary under",
+            ),
+            Some(name) if name.value.is_empty() || name.value.contains(char::is_whitespace) => {
+                problem(
+                    &name.referenced,
+                    "upstream.sentinel.master_name",
+                    "must be a non-empty name without spaces",
+                )
+            }
+            Some(_) => {}
+        }
+        if !(1..=60_000).contains(&s.timeout_ms.value) {
+            problem(
+                &s.timeout_ms.referenced,
+                "upstream.sentinel.timeout_ms",
+                "must be between 1 and 60000",
+            );
+        }
+        if u.address.referenced.line() > 0
+            || u.address.value != UpstreamConfig::default().address.value
+        {
+            problem(
+                &u.address.referenced,
+                "upstream.address",
+                "is not used when upstream.mode is sentinel; the sentinels name the primary",
+            );
+        }
+        // The primary moves between hosts, so no host of the file can be the name its
+        // certificate is checked against: it has to be given.
+        if let Some(tls) = &u.tls {
+            if tls.server_name.is_none() {
+                problem(
+                    &tls.ca_file.referenced,
+                    "upstream.tls.server_name",
+                    "is required when upstream.mode is sentinel (the primary's host changes \
+                     on failover)",
+                );
+            }
+        }
+    }
+
+    /// The cluster seeds in cluster mode, the sentinels in sentinel mode, else
+    /// `upstream.address` alone.
     pub fn upstream_nodes(&self) -> Vec<String> {
-        match (&self.upstream.mode.value, &self.upstream.cluster) {
-            (UpstreamMode::Cluster, Some(c)) => c.seeds.iter().map(|s| s.value.clone()).collect(),
-            _ => vec![self.upstream.address.value.clone()],
+        let u = &self.upstream;
+        match (&u.mode.value, &u.cluster, &u.sentinel) {
+            (UpstreamMode::Cluster, Some(c), _) => {
+                c.seeds.iter().map(|s| s.value.clone()).collect()
+            }
+            (UpstreamMode::Sentinel, _, Some(s)) => {
+                s.sentinels.iter().map(|s| s.value.clone()).collect()
+            }
+            _ => vec![u.address.value.clone()],
         }
     }
 
@@ -746,5 +901,60 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("sedes"), "{err}");
+    }
+
+    #[test]
+    fn sentinel_mode_needs_sentinels_and_a_name() {
+        let ok = Config::from_yaml(
+            "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [10.0.0.1:26379, s2:26379]\n    master_name: mymaster\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        let spec = ok.upstream.sentinel.as_ref().unwrap().spec();
+        assert_eq!(spec.sentinels, ["10.0.0.1:26379", "s2:26379"]);
+        assert_eq!(spec.master_name, "mymaster");
+        assert_eq!(spec.timeout, std::time::Duration::from_millis(1000));
+
+        let err = Config::from_yaml("upstream:\n  mode: sentinel\n", Path::new("s.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s.yaml:2: field `upstream.sentinel`: must give `sentinels`"),
+            "{err}"
+        );
+
+        let err = Config::from_yaml(
+            "upstream:\n  mode: sentinel\n  address: 127.0.0.1:1\n  sentinel:\n    sentinels:\n      - nowhere\n    timeout_ms: 0\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "s.yaml:3: field `upstream.address`: is not used when upstream.mode is sentinel",
+            "s.yaml:6: field `upstream.sentinel.sentinels[0]`",
+            "s.yaml:7: field `upstream.sentinel.timeout_ms`",
+            "s.yaml:2: field `upstream.sentinel.master_name`: is required",
+        ] {
+            assert!(err.contains(want), "missing {want:?} in {err}");
+        }
+
+        let err = Config::from_yaml(
+            "upstream:\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_name: m\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("s.yaml:3: field `upstream.sentinel`: is only used"),
+            "{err}"
+        );
+
+        let err = Config::from_yaml(
+            "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_nme: m\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("master_nme") && err.contains('5'), "{err}");
     }
 }

@@ -22,6 +22,13 @@ pub enum UpstreamError {
     /// The upstream refused the proxy's handshake (AUTH/HELLO).
     #[error("upstream {addr} refused the handshake: {reply}")]
     Handshake { addr: Arc<str>, reply: Arc<str> },
+    /// WAIT after a Sentinel failover: the client's earlier writes may have gone to the
+    /// previous primary (and be lost), so no count from the new one would be true. The
+    /// session is closed after it, so a new connection's WAIT covers only its own writes.
+    #[error(
+        "upstream primary changed since this connection's earlier writes (failover); they may not have been replicated, reconnect"
+    )]
+    PrimaryChanged,
     /// The proxy is shutting down and will not send more commands.
     #[error("proxy is shutting down")]
     ShuttingDown,

@@ -27,6 +27,9 @@
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes.
+//! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels and
+//!   confirmed with `ROLE`, followed through `+switch-master`; `upstream::address` makes the
+//!   pool's connections follow it.
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on

@@ -4,12 +4,15 @@
 //! address (`SENTINEL GET-MASTER-ADDR-BY-NAME`), confirm with `ROLE` on that address that it
 //! really is a primary (a sentinel may be partitioned away and stale), and learn about
 //! failovers from the `+switch-master` channel of any reachable sentinel rather than by
-//! polling. Wiring this into the pool (reconnect to the new primary, close pinned sessions
-//! whose primary changed) is the next step of issue 4; this module has no pool knowledge.
+//! polling. [`follow_primary`] publishes each new address with an epoch (a count of
+//! changes) on a `watch` channel; `upstream::address` is the pool's side of it (connections
+//! follow the address, dedicated ones close when it moves), and `server` starts both in
+//! `upstream.mode: sentinel`. This module has no pool knowledge.
 //!
 //! Hand-written on tokio: three commands and one subscription, on plain connections with
 //! timeouts, using the project's RESP encoder and reply decoder.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -30,6 +33,16 @@ pub struct SentinelSpec {
     pub master_name: String,
     /// Bound on connecting and on each reply, so a dead sentinel costs at most this.
     pub timeout: Duration,
+}
+
+/// The primary as last published by [`follow_primary`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Primary {
+    /// `host:port` to connect to.
+    pub addr: Arc<str>,
+    /// How many times the address has changed since the first one; a WAIT compares epochs to
+    /// know whether the writes it would cover may have gone to a previous primary.
+    pub epoch: u64,
 }
 
 /// Why the primary could not be found.
@@ -109,17 +122,23 @@ async fn ask(sentinel: &str, spec: &SentinelSpec) -> Result<String, String> {
         Frame::Error(e) => return Err(e),
         _ => return Err("unexpected reply".into()),
     };
-    let mut node = connect(&addr, spec.timeout)
+    confirm_primary(&addr, spec.timeout).await?;
+    Ok(addr)
+}
+
+/// Checks with `ROLE` that `addr` is a primary now.
+async fn confirm_primary(addr: &str, timeout: Duration) -> Result<(), String> {
+    let mut node = connect(addr, timeout)
         .await
         .map_err(|e| format!("primary {addr}: {e}"))?;
-    match call(&mut node, &[b"ROLE"], spec.timeout).await {
+    match call(&mut node, &[b"ROLE"], timeout).await {
         Ok(Frame::Array(items)) if items.first().and_then(text).as_deref() == Some("master") => {
-            Ok(addr)
+            Ok(())
         }
         Ok(Frame::Error(e)) if e.starts_with("NOAUTH") => {
             // A password-protected primary: ROLE needs the pool's credentials, which the pool
             // checks anyway when it connects. Accept the sentinel's answer.
-            Ok(addr)
+            Ok(())
         }
         Ok(_) => Err(format!("{addr} is not a primary (stale sentinel)")),
         Err(e) => Err(format!("primary {addr}: {e}")),
@@ -145,25 +164,77 @@ pub async fn resolve_primary(spec: &SentinelSpec) -> Result<String, SentinelErro
 /// then after every `+switch-master` for this name announced by any reachable sentinel. A
 /// lost subscription is re-established on the next sentinel, and the address re-resolved,
 /// so a failover that happened meanwhile is not missed.
-pub async fn follow_primary(spec: SentinelSpec, tx: watch::Sender<Option<String>>) {
+pub async fn follow_primary(spec: SentinelSpec, tx: watch::Sender<Option<Primary>>) {
     let mut next = 0;
     while !tx.is_closed() {
-        if let Ok(addr) = resolve_primary(&spec).await {
-            tx.send_if_modified(|cur| {
-                let changed = cur.as_deref() != Some(addr.as_str());
-                *cur = Some(addr.clone());
-                changed
-            });
+        match resolve_primary(&spec).await {
+            Ok(addr) => publish(&tx, &spec.master_name, addr, "resolved"),
+            Err(e) => tracing::warn!(error = %e, "sentinel: primary not resolved"),
         }
         let Some(sentinel) = spec.sentinels.get(next % spec.sentinels.len().max(1)) else {
             return;
         };
         next += 1;
-        if let Err(e) = subscribe(sentinel, &spec, &tx).await {
+        let ended = tokio::select! {
+            r = subscribe(sentinel, &spec, &tx) => r,
+            r = recheck(&spec, &tx) => r,
+        };
+        if let Err(e) = ended {
             tracing::debug!(%sentinel, error = %e, "sentinel subscription ended");
         }
         tokio::time::sleep(spec.timeout.min(Duration::from_secs(1))).await;
     }
+}
+
+/// How often the published primary is confirmed with `ROLE` while subscribed.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Confirms the published primary every [`RECHECK`], and resolves it again when it is no
+/// longer a primary or unreachable: a `+switch-master` missed (a sentinel that restarted, a
+/// resolve that asked a stale sentinel during a failover) is corrected within seconds. A
+/// primary that still says `master` is kept, so a sentinel that has not yet heard of a
+/// failover cannot move the proxy back to a primary about to be demoted.
+async fn recheck(spec: &SentinelSpec, tx: &watch::Sender<Option<Primary>>) -> Result<(), String> {
+    loop {
+        tokio::time::sleep(RECHECK).await;
+        if tx.is_closed() {
+            return Ok(());
+        }
+        let current = tx.borrow().as_ref().map(|p| p.addr.clone());
+        let confirmed = match &current {
+            Some(addr) => confirm_primary(addr, spec.timeout).await.is_ok(),
+            None => false,
+        };
+        if !confirmed {
+            match resolve_primary(spec).await {
+                Ok(addr) => publish(tx, &spec.master_name, addr, "recheck"),
+                Err(e) => tracing::warn!(error = %e, "sentinel: primary not resolved"),
+            }
+        }
+    }
+}
+
+/// Publishes `addr` if it differs from the current one, one epoch later, and logs the change
+/// (operators correlate errors clients saw with this line).
+fn publish(tx: &watch::Sender<Option<Primary>>, master: &str, addr: String, via: &str) {
+    tx.send_if_modified(|cur| {
+        let epoch = match cur {
+            Some(old) if *old.addr == *addr => return false,
+            Some(old) => {
+                tracing::info!(master, old = %old.addr, new = %addr, via, "sentinel: primary changed");
+                old.epoch + 1
+            }
+            None => {
+                tracing::info!(master, primary = %addr, "sentinel: primary found");
+                0
+            }
+        };
+        *cur = Some(Primary {
+            addr: addr.as_str().into(),
+            epoch,
+        });
+        true
+    });
 }
 
 /// Listens for `+switch-master <name> <old-ip> <old-port> <new-ip> <new-port>` on one
@@ -171,7 +242,7 @@ pub async fn follow_primary(spec: SentinelSpec, tx: watch::Sender<Option<String>
 async fn subscribe(
     sentinel: &str,
     spec: &SentinelSpec,
-    tx: &watch::Sender<Option<String>>,
+    tx: &watch::Sender<Option<Primary>>,
 ) -> Result<(), String> {
     let mut s = connect(sentinel, spec.timeout).await?;
     s.write_all(&encode(&[b"SUBSCRIBE", b"+switch-master"]))
@@ -190,9 +261,7 @@ async fn subscribe(
         let parts: Vec<&str> = payload.split(' ').collect();
         if let [name, _, _, ip, port] = parts[..] {
             if name == spec.master_name {
-                let addr = join_host_port(ip, port);
-                tracing::warn!(master = %name, primary = %addr, "sentinel: primary switched");
-                tx.send_replace(Some(addr));
+                publish(tx, name, join_host_port(ip, port), "+switch-master");
             }
         }
         if tx.is_closed() {

@@ -10,13 +10,14 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::codec::CodecLimits;
-use crate::config::Config;
+use crate::config::{Config, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::session::{self, Context};
 use crate::slowlog::SlowLog;
-use crate::upstream::pool::Pool;
+use crate::upstream::address::Address;
+use crate::upstream::pool::{Pool, PoolSettings};
 use arc_swap::ArcSwap;
 
 /// Serves clients on `listener` until `shutdown` completes, then stops accepting, lets every
@@ -101,14 +102,23 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
-    let (pool, cluster) = if config.upstream.mode.value == crate::config::UpstreamMode::Cluster {
-        let router = crate::cluster::Router::start(&config, metrics.clone())
-            .await
-            .map_err(std::io::Error::other)?;
-        (router.home_pool(), Some(router))
-    } else {
-        let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
-        (pool, None)
+    let mut follower = None;
+    let (pool, cluster) = match config.upstream.mode.value {
+        UpstreamMode::Cluster => {
+            let router = crate::cluster::Router::start(&config, metrics.clone())
+                .await
+                .map_err(std::io::Error::other)?;
+            (router.home_pool(), Some(router))
+        }
+        UpstreamMode::Sentinel => {
+            let (pool, task) = start_sentinel(&config, metrics.clone()).await?;
+            follower = Some(task);
+            (pool, None)
+        }
+        UpstreamMode::Standalone => {
+            let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
+            (pool, None)
+        }
     };
     let admin_task =
         admin.map(|l| tokio::spawn(crate::admin::serve(l, metrics.clone(), stop_rx.clone())));
@@ -204,6 +214,9 @@ pub async fn serve(
     drop(alive_tx);
     sweeper.abort();
     idle_ticker.abort();
+    if let Some(task) = follower {
+        task.abort();
+    }
     if let Some(task) = admin_task {
         // It stops on the same signal; awaiting it keeps the port until `serve` returns.
         let _ = task.await;
@@ -216,4 +229,34 @@ pub async fn serve(
         );
     }
     Ok(())
+}
+
+/// Sentinel mode: follows the primary the sentinels name and starts a pool that connects to
+/// it. Waits for the first answer at most `connect_timeout_ms`, as standalone mode's first
+/// handshake does; without one the proxy serves anyway, answering
+/// `-ERR upstream … unavailable` until a sentinel names a reachable primary (the follower
+/// keeps asking).
+async fn start_sentinel(
+    config: &Config,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(Arc<Pool>, tokio::task::JoinHandle<()>)> {
+    let settings = PoolSettings::from_config(config).map_err(std::io::Error::other)?;
+    let spec = config
+        .upstream
+        .sentinel
+        .as_ref()
+        .ok_or_else(|| std::io::Error::other("upstream.sentinel is missing"))?
+        .spec();
+    let label: Arc<str> = format!("sentinel:{}", spec.master_name).into();
+    let (tx, mut primary) = watch::channel(None);
+    let task = tokio::spawn(crate::sentinel::follow_primary(spec, tx));
+    let first = primary.wait_for(Option::is_some);
+    if tokio::time::timeout(settings.login.connect_timeout, first)
+        .await
+        .is_err()
+    {
+        tracing::warn!(upstream = %label, "no primary named by the sentinels yet; serving errors until one is");
+    }
+    let pool = Pool::start_at(Address::Followed { primary, label }, &settings, metrics);
+    Ok((pool, task))
 }

@@ -161,6 +161,46 @@ async fn check_lists_every_invalid_value_with_file_line_and_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_of_sentinel_mode_names_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let good = write_file(
+        dir,
+        "sentinel.yaml",
+        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379, 127.0.0.1:26380]\n    master_name: mymaster\n",
+    );
+    let r = run_bin(&["--check", path_str(&good)]).await;
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+
+    let typo = write_file(
+        dir,
+        "typo.yaml",
+        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_nmae: mymaster\n",
+    );
+    let file = path_str(&typo);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    assert!(r.stderr.contains(file), "{}", r.stderr);
+    assert!(r.stderr.contains("master_nmae"), "{}", r.stderr);
+    assert!(mentions_line(&r.stderr, file, 5), "{}", r.stderr);
+
+    let missing = write_file(
+        dir,
+        "missing.yaml",
+        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n",
+    );
+    let file = path_str(&missing);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    let want = format!("{file}:2: field `upstream.sentinel.master_name`: is required");
+    assert!(
+        r.stderr.contains(&want),
+        "missing {want:?} in: {}",
+        r.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_rejects_a_mistyped_value_naming_the_field() {
     let tmp = TempDir::new("cfg");
     let dir = tmp.path();

@@ -410,6 +410,9 @@ struct Session {
     /// Traffic since the last idle tick: only a session quiet for a whole tick releases its
     /// memory, so a busy client never pays for re-creating its reply channel.
     active: bool,
+    /// The upstream's address epoch when the session started; a different epoch at WAIT time
+    /// means a Sentinel failover came after writes the WAIT would cover.
+    wait_epoch: u64,
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
@@ -419,6 +422,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let mut shutdown = ctx.shutdown.clone();
     let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
     let policy = ctx.policy.load_full();
+    let wait_epoch = ctx.pool.epoch();
     let unknown_peer = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
     let tenant = policy
         .access
@@ -461,6 +465,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         read_at: Instant::now(),
         batch_name: None,
         active: false,
+        wait_epoch,
     };
     let (rd, mut wr) = stream.split();
     loop {
@@ -1161,7 +1166,7 @@ impl Session {
             }
             Err(_) => {
                 let e = ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: self.ctx.pool.addr().clone(),
+                    addr: self.ctx.pool.addr(),
                     reason: "connection closed".into(),
                 });
                 if !handling.suppress {
@@ -1222,7 +1227,7 @@ impl Session {
                 self.rbuf.advance(len);
                 self.local(reply);
                 self.closing = true;
-                return false;
+                return true;
             }
             Action::Silent(mode) => {
                 self.rbuf.advance(len);
@@ -1241,7 +1246,7 @@ impl Session {
                     }
                     Some(reply) => with_client_id(&reply, self.id),
                     None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                        addr: self.ctx.pool.addr().clone(),
+                        addr: self.ctx.pool.addr(),
                         reason: "no connection established yet".into(),
                     })),
                 };
@@ -1321,6 +1326,23 @@ impl Session {
             // order they were sent.
             self.paused = true;
             return false;
+        }
+        if effect == Effect::Wait && !self.stateful() && self.ctx.cluster.is_none() {
+            // WAIT runs on a connection opened now, to the current primary; if the primary
+            // moved since the earlier writes it would cover, its count would vouch for writes
+            // made on the previous one.
+            let epoch = self.ctx.pool.epoch();
+            if epoch != self.wait_epoch {
+                // Then close, as Sentinel has Redis close the old primary's clients: a WAIT
+                // retried on this connection would otherwise seem to vouch for those writes,
+                // while on a new connection it covers only writes made there.
+                self.rbuf.advance(len);
+                self.local(error_reply(&ProxyError::Upstream(
+                    UpstreamError::PrimaryChanged,
+                )));
+                self.closing = true;
+                return true;
+            }
         }
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
         let raw = auth && !self.ctx.pool.has_credentials();
@@ -1424,12 +1446,12 @@ impl Session {
             if self.pinned() {
                 self.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::Unavailable {
-                        addr: self.ctx.pool.addr().clone(),
+                        addr: self.ctx.pool.addr(),
                         reason: "dedicated connection lost".into(),
                     },
                 )));
                 self.closing = true;
-                return false;
+                return true;
             }
             self.dedicated = None;
         }

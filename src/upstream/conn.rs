@@ -14,6 +14,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 
+use super::address::Stop;
 use super::handshake::UpstreamStream;
 use super::{Batch, Expect, Reply, ReplySender};
 use crate::error::UpstreamError;
@@ -72,8 +73,9 @@ impl PubSub {
     }
 }
 
-/// Runs the connection until it fails or every sender is gone. Returns why it ended; batches
-/// still unanswered have had their error replies by then.
+/// Runs the connection until it fails, every sender is gone or `stop` resolves (the node is
+/// no longer the one to use: Sentinel moved the primary). Returns why it ended; batches still
+/// unanswered have had their error replies by then, and queued ones stay in `rx`.
 pub async fn run(
     stream: UpstreamStream,
     rx: &mut mpsc::Receiver<Batch>,
@@ -81,19 +83,21 @@ pub async fn run(
     push: Option<PushTarget>,
     metrics: Option<Arc<Metrics>>,
     timeout: Option<Duration>,
+    stop: Option<Stop>,
 ) -> String {
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
-            run_split(r, w, rx, addr, push, metrics, timeout).await
+            run_split(r, w, rx, addr, push, metrics, timeout, stop).await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
-            run_split(r, w, rx, addr, push, metrics, timeout).await
+            run_split(r, w, rx, addr, push, metrics, timeout, stop).await
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     r: R,
     w: W,
@@ -102,6 +106,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     push: Option<PushTarget>,
     metrics: Option<Arc<Metrics>>,
     timeout: Option<Duration>,
+    stop: Option<Stop>,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
     let mut reader = Reader {
@@ -113,12 +118,21 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         metrics,
         timeout,
     };
+    // Without a stop future the branch is disabled once, when `select!` starts, and never
+    // polled: a fixed-address connection pays nothing per wake-up.
+    let stoppable = stop.is_some();
     let reason = tokio::select! {
         r = write_loop(w, rx, &pending) => match r {
             Ok(()) => "closed by the proxy".to_string(),
             Err(e) => format!("write failed: {e}"),
         },
         r = reader.read_loop(r, &pending) => r,
+        r = async move {
+            match stop {
+                Some(stop) => stop.await,
+                None => std::future::pending().await,
+            }
+        }, if stoppable => r,
     };
     // Every batch that was registered may have reached Redis: answer each with an error and
     // never resend it (it may have been applied).

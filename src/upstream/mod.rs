@@ -5,7 +5,9 @@
 //!   pub/sub-aware framing for dedicated connections.
 //! - [`tls`]: the optional TLS layer.
 //! - [`pool`]: the shared connections with reconnect and backoff, and dedicated ones on demand.
+//! - [`address`]: where the pool's node is, fixed or followed through Sentinel failovers.
 
+pub mod address;
 pub mod conn;
 pub mod handshake;
 pub mod pool;

@@ -1,6 +1,7 @@
 //! The upstream pool: a few shared pipelined connections per RESP version, each kept alive by a
 //! supervisor that reconnects with backoff, and dedicated connections opened on demand for
-//! stateful sessions.
+//! stateful sessions. With a followed address (Sentinel), every connection is opened to the
+//! current primary and given up when the primary moves.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
+use super::address::Address;
 use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec};
 use super::tls;
@@ -20,8 +22,11 @@ use crate::metrics::Metrics;
 pub struct Pool {
     /// Connection states, errors and round trips are counted here.
     metrics: Arc<Metrics>,
-    /// The node and how to log in to it.
+    /// How to log in to the node; its `addr` is the one connections use when the address is
+    /// fixed (a followed one is read from `address` at each connect).
     spec: Arc<NodeSpec>,
+    /// Where the node is: fixed, or the primary Sentinel names now.
+    address: Address,
     /// Queues of the shared connections, indexed by RESP version (0: RESP2, 1: RESP3), so a
     /// reply is always in the protocol its client negotiated and is forwarded untouched.
     shared: [Vec<mpsc::Sender<Batch>>; 2],
@@ -50,8 +55,13 @@ impl Pool {
     /// Creates the pool of one node (the standalone upstream, or one node of a cluster) and
     /// starts its supervisors; must run inside a tokio runtime.
     pub fn start_node(addr: Arc<str>, settings: &PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
+        Pool::start_at(Address::Fixed(addr), settings, metrics)
+    }
+
+    /// [`Pool::start_node`] for an address that may move (the primary Sentinel names).
+    pub fn start_at(address: Address, settings: &PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
         let spec = Arc::new(NodeSpec {
-            addr,
+            addr: address.name(),
             ..settings.login.clone()
         });
         let backoff = settings.backoff;
@@ -66,6 +76,7 @@ impl Pool {
                 shared[index].push(tx);
                 tokio::spawn(supervise(
                     spec.clone(),
+                    address.clone(),
                     proto,
                     rx,
                     hello_tx[index].clone(),
@@ -79,6 +90,7 @@ impl Pool {
         let (control_hello, _) = watch::channel(None);
         tokio::spawn(supervise(
             spec.clone(),
+            address.clone(),
             2,
             control_rx,
             Arc::new(control_hello),
@@ -89,6 +101,7 @@ impl Pool {
         Arc::new(Pool {
             metrics,
             spec,
+            address,
             shared,
             hello: [hello2, hello3],
             queue_depth: settings.queue_depth,
@@ -96,9 +109,14 @@ impl Pool {
         })
     }
 
-    /// The upstream's address, for messages.
-    pub fn addr(&self) -> &Arc<str> {
-        &self.spec.addr
+    /// The upstream's address now, for messages and INFO.
+    pub fn addr(&self) -> Arc<str> {
+        self.address.name()
+    }
+
+    /// How many times the upstream's address has moved (Sentinel failovers; 0 when fixed).
+    pub fn epoch(&self) -> u64 {
+        self.address.epoch()
     }
 
     /// The shared connection a client uses. A client always uses the same one, so its
@@ -141,18 +159,33 @@ impl Pool {
         push: PushTarget,
         raw: bool,
     ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
-        let (stream, _) = handshake::connect(&self.spec, (!raw).then_some(proto))
+        let mut address = self.address.clone();
+        let spec = node_spec(&self.spec, &mut address)?;
+        let (stream, _) = handshake::connect(&spec, (!raw).then_some(proto))
             .await
             .inspect_err(|_| {
                 self.metrics.upstream_connect_errors.inc();
             })?;
+        // A pinned session's state lives on this node: when the primary moves, the connection
+        // is closed (not just left to fail: a demoted primary keeps serving as a replica), so
+        // the session gets `PinnedClosed` and its client an error instead of a stale node.
+        let stop = address.moved_from(&spec.addr);
         let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
-        let addr = self.spec.addr.clone();
+        let addr = spec.addr.clone();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let to = push.to.clone();
             let conn_id = push.conn_id;
-            let reason = conn::run(stream, &mut rx, &addr, Some(push), Some(metrics), None).await;
+            let reason = conn::run(
+                stream,
+                &mut rx,
+                &addr,
+                Some(push),
+                Some(metrics),
+                None,
+                stop,
+            )
+            .await;
             tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
             rx.close();
             while let Some(b) = rx.recv().await {
@@ -216,11 +249,32 @@ impl PoolSettings {
     }
 }
 
+/// The login of `base` aimed at `address`'s current node: `base` itself when the address is
+/// fixed (no copy), a copy with the primary's address when followed, an error while no
+/// primary is known.
+fn node_spec(base: &Arc<NodeSpec>, address: &mut Address) -> Result<Arc<NodeSpec>, UpstreamError> {
+    match address.current() {
+        Some(addr) if addr == base.addr => Ok(base.clone()),
+        Some(addr) => Ok(Arc::new(NodeSpec {
+            addr,
+            ..(**base).clone()
+        })),
+        None => Err(UpstreamError::Unavailable {
+            addr: base.addr.clone(),
+            reason: "no sentinel has named a reachable primary yet".into(),
+        }),
+    }
+}
+
 /// Keeps one shared connection alive: connect, serve until it fails, then refuse queued
 /// commands immediately (they were never sent, so an error is honest and nothing waits)
-/// until the next attempt, with exponential backoff.
+/// until the next attempt, with exponential backoff. When the address moves, the connection
+/// is given up (its in-flight commands get the usual "may have been applied" error, never a
+/// resend) and the new node connected at once.
+#[allow(clippy::too_many_arguments)]
 async fn supervise(
-    spec: Arc<NodeSpec>,
+    base: Arc<NodeSpec>,
+    mut address: Address,
     proto: u8,
     mut rx: mpsc::Receiver<Batch>,
     hello: Arc<watch::Sender<Option<Bytes>>>,
@@ -231,7 +285,17 @@ async fn supervise(
     let mut backoff = min_backoff;
     let mut was_up = false;
     loop {
-        let reason: Arc<str> = match handshake::connect(&spec, Some(proto)).await {
+        let spec = match node_spec(&base, &mut address) {
+            Ok(spec) => spec,
+            Err(e) => {
+                if !wait_to_retry(&mut rx, &mut address, &e, None).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let connected = handshake::connect(&spec, Some(proto)).await;
+        let error = match connected {
             Ok((stream, reply)) => {
                 hello.send_replace(Some(reply));
                 tracing::info!(upstream = %spec.addr, proto, "shared upstream connection up");
@@ -248,44 +312,76 @@ async fn supervise(
                     None,
                     Some(metrics.clone()),
                     command_timeout,
+                    address.moved_from(&spec.addr),
                 )
                 .await;
                 metrics.upstream_connections.dec();
                 if rx.is_closed() {
                     return;
                 }
+                if address.name() != spec.addr {
+                    // Queued batches were never sent to the old node: they go to the new one.
+                    tracing::info!(upstream = %spec.addr, proto, %reason, "shared upstream connection follows the primary");
+                    continue;
+                }
                 metrics.upstream_lost.inc();
                 tracing::warn!(upstream = %spec.addr, %reason, "shared upstream connection lost");
-                reason.into()
+                UpstreamError::Unavailable {
+                    addr: spec.addr.clone(),
+                    reason: reason.into(),
+                }
             }
             Err(e) => {
                 metrics.upstream_connect_errors.inc();
                 tracing::warn!(upstream = %spec.addr, error = %e, "upstream connect failed");
-                match e {
-                    UpstreamError::Unavailable { reason, .. } => reason,
-                    other => other.to_string().into(),
-                }
+                e
             }
         };
         let retry_at = tokio::time::Instant::now() + backoff;
         backoff = (backoff * 2).min(max_backoff);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(retry_at) => break,
-                batch = rx.recv() => match batch {
-                    Some(b) => {
-                        let _ = b.reply_to.send(Reply::Batch {
-                            data: Bytes::new(),
-                            missing: b.expect.commands(),
-                            error: Some(Box::new(UpstreamError::Unavailable {
-                                addr: spec.addr.clone(),
-                                reason: reason.clone(),
-                            })),
-                        });
-                    }
-                    None => return,
-                },
-            }
+        if !wait_to_retry(&mut rx, &mut address, &error, Some(retry_at)).await {
+            return;
+        }
+    }
+}
+
+/// Until `retry_at` (or, without one, until the address changes), answers queued batches
+/// with `error`: they were never sent. A new address ends the wait at once, so a failover is
+/// followed without waiting out the backoff. `false` when the pool is gone.
+async fn wait_to_retry(
+    rx: &mut mpsc::Receiver<Batch>,
+    address: &mut Address,
+    error: &UpstreamError,
+    retry_at: Option<tokio::time::Instant>,
+) -> bool {
+    let unavailable = match error {
+        UpstreamError::Unavailable { .. } => error.clone(),
+        other => UpstreamError::Unavailable {
+            addr: address.name(),
+            reason: other.to_string().into(),
+        },
+    };
+    let until = async {
+        match retry_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            _ = &mut until => return true,
+            _ = address.changed() => return true,
+            batch = rx.recv() => match batch {
+                Some(b) => {
+                    let _ = b.reply_to.send(Reply::Batch {
+                        data: Bytes::new(),
+                        missing: b.expect.commands(),
+                        error: Some(Box::new(unavailable.clone())),
+                    });
+                }
+                None => return false,
+            },
         }
     }
 }

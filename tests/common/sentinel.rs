@@ -33,9 +33,14 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 
 impl SentinelSetup {
     pub fn start() -> SentinelSetup {
-        let primary = RedisServer::start();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        // No 5 s wait for more replicas before the first (diskless) sync; on both nodes, since
+        // the replica becomes the primary of the old one after a failover.
+        let fast_sync = ["--repl-diskless-sync-delay", "0"];
+        let primary = RedisServer::start_with(&fast_sync);
+        let port = primary.port.to_string();
+        let replica = RedisServer::start_with(
+            &[&fast_sync[..], &["--replicaof", "127.0.0.1", &port]].concat(),
+        );
         let dir = temp_dir("sentinels");
         let mut setup = SentinelSetup {
             primary,
@@ -78,19 +83,24 @@ impl SentinelSetup {
             .collect()
     }
 
-    /// Polls until every sentinel sees the primary, the replica and two other sentinels.
+    /// Polls until the replica has finished its first sync (before it, WAIT counts no replica
+    /// and a failover would promote an empty node) and every sentinel sees the primary, the
+    /// replica and two other sentinels.
     fn wait_ready(&self) {
         let until = Instant::now() + DEADLINE * 3;
         loop {
-            let ready = self.sentinels.iter().all(|&s| {
-                let master = cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
-                let replicas = cli(s, &["SENTINEL", "REPLICAS", MASTER]);
-                let others = cli(s, &["SENTINEL", "SENTINELS", MASTER]);
-                master.contains(&self.primary.port.to_string())
-                    && replicas.contains(&self.replica.port.to_string())
-                    && !replicas.contains("s_down")
-                    && others.lines().filter(|l| *l == "name").count() >= 2
-            });
+            let synced =
+                cli(self.replica.port, &["INFO", "replication"]).contains("master_link_status:up");
+            let ready = synced
+                && self.sentinels.iter().all(|&s| {
+                    let master = cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+                    let replicas = cli(s, &["SENTINEL", "REPLICAS", MASTER]);
+                    let others = cli(s, &["SENTINEL", "SENTINELS", MASTER]);
+                    master.contains(&self.primary.port.to_string())
+                        && replicas.contains(&self.replica.port.to_string())
+                        && !replicas.contains("s_down")
+                        && others.lines().filter(|l| *l == "name").count() >= 2
+                });
             if ready {
                 return;
             }
