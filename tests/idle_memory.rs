@@ -101,3 +101,36 @@ async fn an_idle_client_costs_under_two_kib_of_heap() {
     assert!(silent < BAR, "{silent} bytes per silent client");
     assert!(pinged < BAR, "{pinged} bytes per client after a PING");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocations_per_forwarded_get() {
+    use counting_alloc::ALLOCATIONS;
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let addr = proxy.addr;
+    let (p1, p16) = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(common::DEADLINE)).unwrap();
+        let get = b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n";
+        let mut buf = [0u8; 5];
+        let mut round = |n: usize, depth: usize| {
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            for _ in 0..n {
+                let mut req = [0u8; 22 * 16];
+                for i in 0..depth {
+                    req[i * 22..(i + 1) * 22].copy_from_slice(get);
+                }
+                c.write_all(&req[..22 * depth]).unwrap();
+                for _ in 0..depth {
+                    c.read_exact(&mut buf).unwrap();
+                }
+            }
+            (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / (n * depth) as f64
+        };
+        round(100, 1);
+        (round(2000, 1), round(500, 16))
+    })
+    .await
+    .unwrap();
+    eprintln!("allocations per forwarded GET: {p1:.2} at -P 1, {p16:.2} at -P 16");
+}
