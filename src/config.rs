@@ -220,6 +220,46 @@ pub struct ClusterConfig {
     /// Redirections (MOVED/ASK) followed for one command before the client gets an error,
     /// which ends loops between nodes that disagree while the cluster settles.
     pub max_redirects: Located<u32>,
+    /// Where read-only commands go: `primary` (default), `replica` or `nearest` (see
+    /// [`ReadFrom`]). A string here, checked in `validate`, so a bad value is reported with
+    /// file, line and field like every other problem instead of as a parse error.
+    pub read_from: Located<String>,
+}
+
+/// Where read-only commands of a cluster go (`upstream.cluster.read_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadFrom {
+    /// Every command to the slot's primary: consistent reads, no replica connections.
+    #[default]
+    Primary,
+    /// Read-only commands outside transactions to a replica of the slot's shard (one per
+    /// client), the primary when the shard has no replica up: spreads reads, which may be
+    /// stale.
+    Replica,
+    /// Read-only commands to whichever copy of the shard, primary or replica, answered the
+    /// proxy's latest probe fastest; stale like `replica` whenever a replica is chosen.
+    Nearest,
+}
+
+impl ReadFrom {
+    /// The value as written in the file; `None` for anything else.
+    pub fn parse(s: &str) -> Option<ReadFrom> {
+        match s {
+            "primary" => Some(ReadFrom::Primary),
+            "replica" => Some(ReadFrom::Replica),
+            "nearest" => Some(ReadFrom::Nearest),
+            _ => None,
+        }
+    }
+
+    /// The name used in the file, INFO and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadFrom::Primary => "primary",
+            ReadFrom::Replica => "replica",
+            ReadFrom::Nearest => "nearest",
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -228,7 +268,15 @@ impl Default for ClusterConfig {
             seeds: Vec::new(),
             refresh_interval_ms: located(10_000),
             max_redirects: located(5),
+            read_from: located("primary".to_string()),
         }
+    }
+}
+
+impl ClusterConfig {
+    /// `read_from` as validated (`primary` for a value `validate` would have refused).
+    pub fn read_from(&self) -> ReadFrom {
+        ReadFrom::parse(&self.read_from.value).unwrap_or_default()
     }
 }
 
@@ -614,6 +662,13 @@ impl Config {
                         "must be between 1 and 16",
                     );
                 }
+                if ReadFrom::parse(&c.read_from.value).is_none() {
+                    problem(
+                        &c.read_from.referenced,
+                        "upstream.cluster.read_from".to_string(),
+                        "must be primary, replica or nearest",
+                    );
+                }
                 // Written in the file, or given by `--upstream` (which has no line).
                 if u.address.referenced.line() > 0
                     || u.address.value != UpstreamConfig::default().address.value
@@ -875,6 +930,33 @@ mod tests {
             .to_string();
         assert!(
             err.contains("c.yaml: field `upstream.address`: is not used"),
+            "{err}"
+        );
+
+        assert_eq!(c.read_from(), ReadFrom::Primary);
+        for (text, want) in [
+            ("replica", ReadFrom::Replica),
+            ("nearest", ReadFrom::Nearest),
+        ] {
+            let c = Config::from_yaml(
+                &format!(
+                    "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: {text}\n"
+                ),
+                Path::new("c.yaml"),
+            )
+            .unwrap();
+            assert_eq!(c.upstream.cluster.unwrap().read_from(), want);
+        }
+        let err = Config::from_yaml(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: replicas\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "c.yaml:5: field `upstream.cluster.read_from`: must be primary, replica or nearest"
+            ),
             "{err}"
         );
 

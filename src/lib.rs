@@ -26,7 +26,8 @@
 //!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client).
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
-//!   MOVED/ASK redirections, topology discovery from seed nodes.
+//!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
+//!   under `read_from` (replica reads, docs/cluster.md).
 //! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels and
 //!   confirmed with `ROLE`, followed through `+switch-master`; `upstream::address` makes the
 //!   pool's connections follow it.

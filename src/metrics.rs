@@ -193,6 +193,9 @@ pub struct Metrics {
     pub redirections_moved: Counter,
     /// See `redirections_moved`.
     pub redirections_ask: Counter,
+    /// Commands sent to a cluster replica (`read_from: replica | nearest`), so an operator
+    /// sees how much read load the replicas take.
+    pub replica_reads: Counter,
     /// Clients connected now.
     pub clients: Gauge,
     /// Clients accepted since start.
@@ -292,6 +295,11 @@ impl Metrics {
             "kind",
             ["moved", "ask"],
         );
+        let replica_reads = counter(
+            &mut registry,
+            "replica_reads",
+            "Read-only commands sent to a cluster replica (read_from replica or nearest)",
+        );
         let clients = gauge(&mut registry, "client_connections", "Clients connected");
         // Not `client_connections_total`: a counter family may not share its name with the
         // gauge above, or OpenMetrics parsers reject the whole scrape.
@@ -340,6 +348,7 @@ impl Metrics {
             upstream_error_replies,
             redirections_moved,
             redirections_ask,
+            replica_reads,
             clients,
             clients_total,
             clients_rejected,

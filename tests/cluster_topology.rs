@@ -22,6 +22,7 @@ fn login() -> NodeSpec {
         password: None,
         connect_timeout: Duration::from_secs(2),
         tls: None,
+        readonly: false,
     }
 }
 

@@ -201,6 +201,39 @@ async fn check_of_sentinel_mode_names_file_line_and_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_of_cluster_read_from_names_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    for value in ["primary", "replica", "nearest"] {
+        let good = write_file(
+            dir,
+            &format!("{value}.yaml"),
+            &format!(
+                "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: {value}\n"
+            ),
+        );
+        let r = run_bin(&["--check", path_str(&good)]).await;
+        assert_eq!(r.code, Some(0), "{value}: stderr: {}", r.stderr);
+    }
+    let bad = write_file(
+        dir,
+        "bad.yaml",
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: slave\n",
+    );
+    let file = path_str(&bad);
+    let r = run_bin(&["--check", file]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    let want = format!(
+        "{file}:5: field `upstream.cluster.read_from`: must be primary, replica or nearest"
+    );
+    assert!(
+        r.stderr.contains(&want),
+        "missing {want:?} in: {}",
+        r.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_rejects_a_mistyped_value_naming_the_field() {
     let tmp = TempDir::new("cfg");
     let dir = tmp.path();

@@ -184,6 +184,7 @@ mod tests {
             password: None,
             connect_timeout,
             tls: None,
+            readonly: false,
         }
     }
 

@@ -16,13 +16,17 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use super::{SLOTS, SlotMap, discover};
-use crate::config::{Config, UpstreamMode};
+use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::metrics::Metrics;
 use crate::upstream::pool::{Pool, PoolSettings};
 
 /// Refresh requests closer together than this are served by one refresh, so a burst of
 /// MOVED replies after a reshard costs one topology query, not one per command.
 const COALESCE: Duration = Duration::from_millis(100);
+
+/// How often every node's round trip is measured for `read_from: nearest`: often enough to
+/// follow a node that slows down, rarely enough to cost nothing (one PING per node).
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The slot map and, per shard, the index of its primary's pool.
 pub struct Snapshot {
@@ -31,6 +35,10 @@ pub struct Snapshot {
     /// `owners[i]` is the node index of `map.shards()[i].primary`, so routing a slot is two
     /// loads: slot → shard → node.
     owners: Vec<u16>,
+    /// `replicas[i]`: node indices of the replicas of `map.shards()[i]` that the map says are
+    /// online, for replica reads; every list is empty with `read_from: primary`, so no
+    /// replica ever gets a pool or a connection then.
+    replicas: Vec<Vec<u16>>,
 }
 
 impl Snapshot {
@@ -42,6 +50,11 @@ impl Snapshot {
     /// Node indices of every primary that owns slots, in the map's shard order.
     pub fn primaries(&self) -> &[u16] {
         &self.owners
+    }
+
+    /// Whether `node` is a primary of this map (a replica, or a node gone from it, is not).
+    pub fn is_primary(&self, node: u16) -> bool {
+        self.owners.contains(&node)
     }
 }
 
@@ -56,6 +69,8 @@ pub struct Router {
     seeds: Vec<String>,
     /// Redirections followed per command before the client gets an error.
     max_redirects: u32,
+    /// Where read-only commands may go (`upstream.cluster.read_from`).
+    read_from: ReadFrom,
     /// Pools by node index; append-only, so an index never changes meaning.
     nodes: ArcSwap<Vec<Arc<Pool>>>,
     /// Node index by address; also serialises additions to `nodes`.
@@ -80,18 +95,22 @@ impl Router {
             (UpstreamMode::Cluster, Some(c)) => c,
             _ => return Err("upstream.mode is not cluster".to_string()),
         };
-        let settings = PoolSettings::from_config(config)?;
+        let mut settings = PoolSettings::from_config(config)?;
+        let read_from = cluster.read_from();
+        settings.login.readonly = read_from != ReadFrom::Primary;
         let seeds: Vec<String> = cluster.seeds.iter().map(|s| s.value.clone()).collect();
         let router = Arc::new(Router {
             settings,
             metrics,
             seeds,
             max_redirects: cluster.max_redirects.value,
+            read_from,
             nodes: ArcSwap::from_pointee(Vec::new()),
             index: Mutex::new(HashMap::new()),
             snapshot: ArcSwap::from_pointee(Snapshot {
                 map: SlotMap::empty(),
                 owners: Vec::new(),
+                replicas: Vec::new(),
             }),
             refresh: Arc::new(Notify::new()),
             generation: AtomicU64::new(0),
@@ -106,6 +125,9 @@ impl Router {
             router.refresh.clone(),
             interval,
         ));
+        if read_from == ReadFrom::Nearest {
+            tokio::spawn(prober(Arc::downgrade(&router)));
+        }
         Ok(router)
     }
 
@@ -163,6 +185,54 @@ impl Router {
         }
     }
 
+    /// Where read-only commands may go.
+    pub fn read_from(&self) -> ReadFrom {
+        self.read_from
+    }
+
+    /// The node a read-only command for `slot` goes to under `read_from` (the caller has
+    /// checked the command may go to a replica): a replica whose shared connection for this
+    /// client is up, chosen by client id so one client's reads stay on one replica and keep
+    /// their order (`replica`), or the copy with the fastest probe (`nearest`). `None` means
+    /// the primary: `read_from: primary`, no replica up, or no round trip known yet.
+    pub fn read_node(&self, snapshot: &Snapshot, slot: u16, proto: u8, client: u64) -> Option<u16> {
+        let shard = snapshot.map.owner_index(slot)?;
+        let replicas = snapshot.replicas.get(shard)?;
+        if replicas.is_empty() {
+            return None;
+        }
+        let nodes = self.nodes.load();
+        let up = |n: &u16| nodes[usize::from(*n)].shared_up(proto, client);
+        match self.read_from {
+            ReadFrom::Primary => None,
+            ReadFrom::Replica => {
+                let count = replicas.iter().filter(|n| up(n)).count() as u64;
+                if count == 0 {
+                    return None;
+                }
+                replicas
+                    .iter()
+                    .filter(|n| up(n))
+                    .nth((client % count) as usize)
+                    .copied()
+            }
+            ReadFrom::Nearest => {
+                let primary = snapshot.owners[shard];
+                let rtt = |n: u16| nodes[usize::from(n)].round_trip();
+                let best = replicas
+                    .iter()
+                    .filter(|n| up(n))
+                    .filter_map(|&n| rtt(n).map(|t| (t, n)))
+                    .min()?;
+                // Ties and unknowns go to the primary: consistent reads when nothing is gained.
+                match rtt(primary) {
+                    Some(p) if p <= best.0 => None,
+                    _ => Some(best.1),
+                }
+            }
+        }
+    }
+
     /// Redirections a command may follow.
     pub fn max_redirects(&self) -> u32 {
         self.max_redirects
@@ -215,12 +285,29 @@ impl Router {
             .iter()
             .map(|s| self.node(&s.primary.addr))
             .collect();
+        let replicas = map
+            .shards()
+            .iter()
+            .map(|s| match self.read_from {
+                ReadFrom::Primary => Vec::new(),
+                ReadFrom::Replica | ReadFrom::Nearest => s
+                    .replicas
+                    .iter()
+                    .filter(|r| r.online)
+                    .map(|r| self.node(&r.addr))
+                    .collect(),
+            })
+            .collect();
         tracing::debug!(
             covered = map.covered(),
             of = SLOTS,
             "cluster slot map installed"
         );
-        self.snapshot.store(Arc::new(Snapshot { map, owners }));
+        self.snapshot.store(Arc::new(Snapshot {
+            map,
+            owners,
+            replicas,
+        }));
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -262,6 +349,27 @@ async fn refresher(router: Weak<Router>, wake: Arc<Notify>, interval: Duration) 
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cluster topology refresh failed"),
+        }
+    }
+}
+
+/// Measures the round trip of every primary and listed replica every [`PROBE_INTERVAL`], for
+/// `read_from: nearest`; ends once the router is dropped.
+async fn prober(router: Weak<Router>) {
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(r) = router.upgrade() else { return };
+        let snapshot = r.snapshot();
+        let nodes = snapshot
+            .owners
+            .iter()
+            .chain(snapshot.replicas.iter().flatten());
+        let pools: Vec<Arc<Pool>> = nodes.map(|&n| r.pool(n)).collect();
+        drop(snapshot);
+        drop(r);
+        // One at a time, so each time is that node's reply alone, not time spent polling others.
+        for pool in pools {
+            pool.probe().await;
         }
     }
 }

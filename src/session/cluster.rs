@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use super::route::Args;
 use super::*;
 use crate::cluster::{Redirect, Router, slot};
-use crate::commands::KeyPositions;
+use crate::commands::{AclCategories, CommandSpec, KeyPositions};
+use crate::config::ReadFrom;
 use crate::policy::namespace::Strip;
 
 /// Redis Cluster's own reply to a command whose keys are in several slots, word for word.
@@ -117,8 +118,16 @@ impl Session {
     /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
     /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
     /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
-    /// a key's slot.
-    pub(super) fn place(&self, router: &Router, action: Action, args: &Args<'_>) -> Action {
+    /// a key's slot. `spec` and `queued` (the target of the run not sent yet) decide whether
+    /// a read may go to a replica.
+    pub(super) fn place(
+        &self,
+        router: &Router,
+        action: Action,
+        args: &Args<'_>,
+        spec: Option<&'static CommandSpec>,
+        queued: Option<Target>,
+    ) -> Action {
         let (target, effect, rewrite) = match &action {
             Action::Forward { target, effect, .. } => (*target, *effect, None),
             Action::Rewritten {
@@ -147,7 +156,12 @@ impl Session {
             // Keyless: stay where the session already is, so it need not wait for a switch.
             None => match (target, self.inflight_target, &self.dedicated) {
                 (Target::Dedicated(_), _, Some(d)) => Some(d.node),
-                (Target::Shared(..), Some(Target::Shared(_, n)), _) => Some(n),
+                // Not on a replica, though: a keyless command may write (EVAL with no keys).
+                (Target::Shared(..), Some(Target::Shared(_, n)), _)
+                    if router.read_from() == ReadFrom::Primary || snapshot.is_primary(n) =>
+                {
+                    Some(n)
+                }
                 _ => router.home(self.id),
             },
         };
@@ -156,7 +170,17 @@ impl Session {
             return Action::Refused(clusterdown());
         };
         let target = match target {
-            Target::Shared(proto, _) => Target::Shared(proto, node),
+            Target::Shared(proto, _) => {
+                let replica = match slot {
+                    Some(s)
+                        if self.may_read_replica(router, spec, rewrite, queued, proto, node) =>
+                    {
+                        router.read_node(&snapshot, s, proto, self.id)
+                    }
+                    _ => None,
+                };
+                Target::Shared(proto, replica.unwrap_or(node))
+            }
             Target::Dedicated(_) => match self.dedicated.as_ref().filter(|_| self.pinned()) {
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
                 Some(d) if slot.is_some() && d.node != node => {
@@ -185,6 +209,34 @@ impl Session {
             },
             other => other,
         }
+    }
+
+    /// Whether a command for the shared connection may be served by a replica of its slot's
+    /// shard (`primary` is the slot's primary). Only plain reads qualify: read-only in the
+    /// command table, not blocking, not a script (scripts are loaded on primaries only, so
+    /// EVALSHA_RO would loop on NOSCRIPT), without hidden commands from the policy, and never
+    /// inside MULTI (a transaction runs on the primary) — pinned sessions do not use the
+    /// shared connection at all. A read that follows commands still queued or in flight on
+    /// its primary stays with them: a pipelined write then read of one key reads the write,
+    /// and the session does not pause to switch nodes.
+    fn may_read_replica(
+        &self,
+        router: &Router,
+        spec: Option<&'static CommandSpec>,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        queued: Option<Target>,
+        proto: u8,
+        primary: u16,
+    ) -> bool {
+        router.read_from() != ReadFrom::Primary
+            && !self.in_multi
+            && spec.is_some_and(|s| {
+                s.is_readonly()
+                    && !s.is_blocking()
+                    && !s.acl_categories.contains(AclCategories::SCRIPTING)
+            })
+            && rewrite.is_none_or(|r| r.after.is_empty())
+            && queued.or(self.inflight_target) != Some(Target::Shared(proto, primary))
     }
 
     /// Commands a cluster cannot take as they are: `Some(answer)` for those.
@@ -476,6 +528,7 @@ impl Session {
         if self.front_sent().is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }
+        Box::pin(self.reroute_replica_reads(msg)).await;
         let unsent = matches!(
             msg,
             Reply::Batch { data, error: Some(e), .. }
@@ -515,6 +568,46 @@ impl Session {
             .await;
         *data = frames.concat().into();
         false
+    }
+
+    /// A batch sent to a replica whose connection failed (down before it was sent, or lost
+    /// with replies missing): it holds only reads (see `may_read_replica`), so the commands
+    /// without a reply are sent to their primaries at once, whether or not the replica ran
+    /// them. The client sees no error for a replica that dies. Leaves `msg` alone when that
+    /// is not the case or the primaries cannot answer either.
+    async fn reroute_replica_reads(&self, msg: &mut Reply) {
+        let Reply::Batch {
+            data,
+            missing,
+            error: Some(_),
+        } = msg
+        else {
+            return;
+        };
+        let (Some(router), Some(sent)) = (self.ctx.cluster.as_ref(), self.front_sent()) else {
+            return;
+        };
+        if router.read_from() == ReadFrom::Primary || router.snapshot().is_primary(sent.node) {
+            return;
+        }
+        let commands = split_commands(&sent.bytes, &self.ctx.codec);
+        let answered = commands.len().saturating_sub(*missing as usize);
+        let rest = &commands[answered..];
+        let Some(nodes) = rest
+            .iter()
+            .map(|c| node_of_command(router, c, &self.ctx.codec))
+            .collect::<Option<Vec<u16>>>()
+        else {
+            return;
+        };
+        let Some(replies) = self.send_routed(router, sent.proto, rest, &nodes).await else {
+            return;
+        };
+        *msg = Reply::Batch {
+            data: [&data[..], &replies[..]].concat().into(),
+            missing: 0,
+            error: None,
+        };
     }
 
     /// A blocking command answered MOVED, ASK or TRYAGAIN on the dedicated connection: sent

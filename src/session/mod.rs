@@ -998,7 +998,7 @@ impl Session {
                         let arg = |i: usize| self.args.get(i).map(|r| &frame[r.clone()]);
                         arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
                     };
-                    let mut action = self.decide(&self.rbuf[base..base + len], spec);
+                    let mut action = self.decide(&self.rbuf[base..base + len], spec, run.target);
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                         && self.policy.has_shared_limits()
                     {
@@ -1175,7 +1175,18 @@ impl Session {
         let sent = match target {
             Target::Shared(proto, node) => match &self.ctx.cluster {
                 None => enqueue(self.ctx.pool.shared(proto, self.id), batch).await,
-                Some(router) => enqueue(router.pool(node).shared(proto, self.id), batch).await,
+                Some(router) => {
+                    if router.read_from() != crate::config::ReadFrom::Primary
+                        && !router.snapshot().is_primary(node)
+                    {
+                        self.ctx
+                            .ops
+                            .metrics
+                            .replica_reads
+                            .inc_by(u64::from(commands));
+                    }
+                    enqueue(router.pool(node).shared(proto, self.id), batch).await
+                }
             },
             Target::Dedicated(_) => match &self.dedicated {
                 Some(d) => enqueue(&d.tx, batch).await,

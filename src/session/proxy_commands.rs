@@ -139,6 +139,14 @@ impl Session {
             self.policy.version(),
             self.policy.rule_ids().count(),
         );
+        if let Some(router) = &self.ctx.cluster {
+            let _ = write!(
+                s,
+                "proxy_read_from:{}\r\nproxy_replica_reads:{}\r\n",
+                router.read_from().as_str(),
+                m.replica_reads.get(),
+            );
+        }
         for (id, counts) in self.rule_counts() {
             let _ = write!(s, "proxy_rule_{id}:");
             for (i, (outcome, n)) in counts.iter().enumerate() {

@@ -8,11 +8,13 @@ use crate::policy::access::{AuthFailure, constant_time_eq};
 
 impl Session {
     /// Decides what to do with a command; pure, so a paused command is decided again later.
-    /// `spec` is the command's table entry, looked up once by the caller.
+    /// `spec` is the command's table entry, looked up once by the caller; `queued` the
+    /// target of the commands decided but not sent yet (cluster replica reads look at it).
     pub(super) fn decide(
         &self,
         frame: &[u8],
         spec: Option<&'static crate::commands::CommandSpec>,
+        queued: Option<Target>,
     ) -> Action {
         let args = Args {
             frame,
@@ -76,7 +78,7 @@ impl Session {
         };
         match &self.ctx.cluster {
             None => action,
-            Some(router) => self.place(router, action, &args),
+            Some(router) => self.place(router, action, &args, spec, queued),
         }
     }
 

@@ -26,6 +26,11 @@ pub struct NodeSpec {
     pub connect_timeout: Duration,
     /// TLS setup when the upstream requires TLS.
     pub tls: Option<Tls>,
+    /// Send `READONLY` after `HELLO`: a cluster replica answers reads only on a connection
+    /// that asked for it (MOVED otherwise). Set for every node when the cluster's
+    /// `read_from` is not `primary` (on a primary it changes nothing), so a node's
+    /// connections need no redoing when it changes role.
+    pub readonly: bool,
 }
 
 /// A connected upstream stream, plain or TLS. An enum rather than a boxed trait object so the
@@ -101,7 +106,11 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         args.push(spec.username.as_deref().unwrap_or("default").as_bytes());
         args.push(password.as_bytes());
     }
-    let req = crate::codec::encode(&args);
+    let mut req = crate::codec::encode(&args).to_vec();
+    if spec.readonly {
+        // Pipelined with HELLO: no extra round trip.
+        req.extend_from_slice(b"*1\r\n$8\r\nREADONLY\r\n");
+    }
     stream
         .write_all(&req)
         .await
@@ -111,12 +120,25 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| spec.unavailable(format!("HELLO: {e}")))?
         .freeze();
-    if hello.first() == Some(&b'-') {
-        let text = String::from_utf8_lossy(&hello[1..]).trim_end().to_string();
+    refused(spec, &hello)?;
+    if spec.readonly {
+        let reply = super::read_reply(stream, &mut buf, 1024)
+            .await
+            .map_err(|e| spec.unavailable(format!("READONLY: {e}")))?;
+        refused(spec, &reply)?;
+    }
+    Ok(hello)
+}
+
+/// The handshake error for an error reply (a refused login, READONLY on a server that is
+/// not in cluster mode).
+fn refused(spec: &NodeSpec, reply: &[u8]) -> Result<(), UpstreamError> {
+    if reply.first() == Some(&b'-') {
+        let text = String::from_utf8_lossy(&reply[1..]).trim_end().to_string();
         return Err(UpstreamError::Handshake {
             addr: spec.addr.clone(),
             reply: text.into(),
         });
     }
-    Ok(hello)
+    Ok(())
 }

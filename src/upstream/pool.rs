@@ -4,6 +4,7 @@
 //! current primary and given up when the primary moves.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,6 +31,13 @@ pub struct Pool {
     /// Queues of the shared connections, indexed by RESP version (0: RESP2, 1: RESP3), so a
     /// reply is always in the protocol its client negotiated and is forwarded untouched.
     shared: [Vec<mpsc::Sender<Batch>>; 2],
+    /// Whether each shared connection (same indexing as `shared`) is established now, so a
+    /// cluster replica read can go to the primary at once instead of to a replica whose
+    /// connection would refuse it. Written by the supervisors on connect and loss only.
+    up: [Vec<Arc<AtomicBool>>; 2],
+    /// Round trip of the latest [`Pool::probe`] in microseconds (0: none yet, or the probe
+    /// failed), for `read_from: nearest`; never measured otherwise.
+    rtt_us: AtomicU64,
     /// The upstream's latest HELLO reply per RESP version, replayed to clients' plain HELLO.
     hello: [watch::Receiver<Option<Bytes>>; 2],
     /// Queue depth for dedicated connections.
@@ -70,10 +78,13 @@ impl Pool {
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
+        let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
             for _ in 0..settings.connections {
                 let (tx, rx) = mpsc::channel(settings.queue_depth);
                 shared[index].push(tx);
+                let flag = Arc::new(AtomicBool::new(false));
+                up[index].push(flag.clone());
                 tokio::spawn(supervise(
                     spec.clone(),
                     address.clone(),
@@ -83,6 +94,7 @@ impl Pool {
                     backoff,
                     metrics.clone(),
                     command_timeout,
+                    flag,
                 ));
             }
         }
@@ -97,12 +109,15 @@ impl Pool {
             backoff,
             metrics.clone(),
             command_timeout,
+            Arc::new(AtomicBool::new(false)),
         ));
         Arc::new(Pool {
             metrics,
             spec,
             address,
             shared,
+            up,
+            rtt_us: AtomicU64::new(0),
             hello: [hello2, hello3],
             queue_depth: settings.queue_depth,
             control,
@@ -124,6 +139,45 @@ impl Pool {
     pub fn shared(&self, proto: u8, client_id: u64) -> &mpsc::Sender<Batch> {
         let conns = &self.shared[usize::from(proto == 3)];
         &conns[(client_id % conns.len() as u64) as usize]
+    }
+
+    /// Whether the shared connection [`Pool::shared`] gives this client is established now.
+    pub fn shared_up(&self, proto: u8, client_id: u64) -> bool {
+        let flags = &self.up[usize::from(proto == 3)];
+        flags[(client_id % flags.len() as u64) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Times a `PING` on the control connection and keeps the result for
+    /// [`Pool::round_trip`]; a failed probe clears it, so a node that stops answering stops
+    /// being the nearest.
+    pub async fn probe(&self) {
+        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
+            expect: super::Expect::Frames(1),
+            reply_to,
+        };
+        let start = tokio::time::Instant::now();
+        let ok = self.control.send(batch).await.is_ok()
+            && matches!(
+                tokio::time::timeout(self.spec.connect_timeout, rx.recv()).await,
+                Ok(Some(Reply::Batch { error: None, .. }))
+            );
+        // At least 1 µs, so 0 keeps meaning "unknown".
+        let us = if ok {
+            (start.elapsed().as_micros() as u64).max(1)
+        } else {
+            0
+        };
+        self.rtt_us.store(us, Ordering::Relaxed);
+    }
+
+    /// The latest probe's round trip; `None` before the first or after a failed one.
+    pub fn round_trip(&self) -> Option<Duration> {
+        match self.rtt_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
     }
 
     /// The upstream's HELLO reply for a RESP version. Right after start the first handshake
@@ -236,6 +290,7 @@ impl PoolSettings {
                 password: u.password.clone(),
                 connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
                 tls,
+                readonly: false,
             },
             connections: u.connections.value,
             queue_depth: u.queue_depth.value,
@@ -281,6 +336,7 @@ async fn supervise(
     (min_backoff, max_backoff): (Duration, Duration),
     metrics: Arc<Metrics>,
     command_timeout: Option<Duration>,
+    up: Arc<AtomicBool>,
 ) {
     let mut backoff = min_backoff;
     let mut was_up = false;
@@ -305,6 +361,7 @@ async fn supervise(
                     metrics.upstream_reconnects.inc();
                 }
                 was_up = true;
+                up.store(true, Ordering::Relaxed);
                 let reason = conn::run(
                     stream,
                     &mut rx,
@@ -315,6 +372,7 @@ async fn supervise(
                     address.moved_from(&spec.addr),
                 )
                 .await;
+                up.store(false, Ordering::Relaxed);
                 metrics.upstream_connections.dec();
                 if rx.is_closed() {
                     return;
