@@ -34,6 +34,9 @@ pub struct Pool {
     hello: [watch::Receiver<Option<Bytes>>; 2],
     /// Queue depth for dedicated connections.
     queue_depth: usize,
+    /// Reply deadline, on dedicated connections too (each batch says how long its command
+    /// may block on top of it).
+    command_timeout: Option<Duration>,
     /// The proxy's own connection for control commands (shared rate-limit scripts), so they
     /// never sit in a client's reply order.
     control: mpsc::Sender<Batch>,
@@ -105,6 +108,7 @@ impl Pool {
             shared,
             hello: [hello2, hello3],
             queue_depth: settings.queue_depth,
+            command_timeout,
             control,
         })
     }
@@ -173,6 +177,7 @@ impl Pool {
         let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
         let addr = spec.addr.clone();
         let metrics = self.metrics.clone();
+        let command_timeout = self.command_timeout;
         tokio::spawn(async move {
             let to = push.to.clone();
             let conn_id = push.conn_id;
@@ -182,7 +187,7 @@ impl Pool {
                 &addr,
                 Some(push),
                 Some(metrics),
-                None,
+                command_timeout,
                 stop,
             )
             .await;
@@ -216,7 +221,7 @@ pub struct PoolSettings {
     pub queue_depth: usize,
     /// First and largest reconnect delay.
     pub backoff: (Duration, Duration),
-    /// Reply deadline on shared connections (`None`: wait forever).
+    /// Reply deadline for commands that do not block (`None`: wait forever).
     pub command_timeout: Option<Duration>,
 }
 
@@ -438,6 +443,7 @@ impl crate::ratelimit::redis::Transport for Control {
         tx.send(Batch {
             bytes,
             expect: super::Expect::Frames(1),
+            wait: super::ReplyWait::Prompt,
             reply_to,
         })
         .await
