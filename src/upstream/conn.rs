@@ -263,7 +263,15 @@ impl Reader {
                         read
                     }
                     Err(_) => match overdue(lock(pending).front(), t) {
-                        Overdue::Yes => {
+                        Overdue::Yes(ReplyWait::Blocks(limit)) => {
+                            return format!(
+                                "no reply within {} ms (upstream.command_timeout_ms) after the \
+                                 command's own {} ms timeout",
+                                t.as_millis(),
+                                limit.as_millis()
+                            );
+                        }
+                        Overdue::Yes(_) => {
                             return format!(
                                 "no reply within {} ms (upstream.command_timeout_ms)",
                                 t.as_millis()
@@ -446,7 +454,8 @@ impl Reader {
 
 /// Whether the oldest unanswered batch is past its deadline.
 enum Overdue {
-    Yes,
+    /// Yes, and how long its command was allowed to block on top of the timeout.
+    Yes(ReplyWait),
     /// Not yet: look again after this long (the full timeout when nothing can be overdue).
     In(Duration),
 }
@@ -456,13 +465,12 @@ enum Overdue {
 /// or subscribed connection: pushes need no request) or a command that may block forever is
 /// never overdue.
 fn overdue(head: Option<&Pending>, timeout: Duration) -> Overdue {
-    let Some(allowance) = head.and_then(|p| p.wait.allowance(timeout)) else {
+    let Some((head, allowance)) = head.and_then(|p| Some((p, p.wait.allowance(timeout)?))) else {
         return Overdue::In(timeout);
     };
-    let waited = head.map_or(Duration::ZERO, |p| p.since.elapsed());
-    match allowance.checked_sub(waited) {
+    match allowance.checked_sub(head.since.elapsed()) {
         Some(left) if !left.is_zero() => Overdue::In(left.min(timeout)),
-        _ => Overdue::Yes,
+        _ => Overdue::Yes(head.wait),
     }
 }
 
