@@ -436,6 +436,7 @@ async fn a_pinned_session_gets_an_error_not_a_hang_when_the_link_freezes() {
     assert_eq!(other.call(&["PING"]).await, b"+PONG\r\n");
 
     relay.freeze();
+    let frozen_at = std::time::Instant::now();
     exec.send(&resp(&["EXEC"])).await;
     watcher.send(&resp(&["GET", "pinned:w"])).await;
     // Blocks for 1 s upstream at most: answered within that plus the command timeout.
@@ -444,18 +445,27 @@ async fn a_pinned_session_gets_an_error_not_a_hang_when_the_link_freezes() {
     // The EXEC's connection is closed; its transaction ended with the EXEC, so the session
     // stays open (checked after the heal).
     assert_timed_out(&answer(&mut exec, "EXEC into a frozen link").await, "EXEC");
+    // Reported, not asserted: how long each wait was, for docs/hardening.md.
+    eprintln!("pinned: EXEC answered after {:?}", frozen_at.elapsed());
     // WATCH state was on the connection that is gone: error, then the session is closed.
     assert_timed_out(&answer(&mut watcher, "GET while watching").await, "GET");
+    eprintln!(
+        "pinned: watching GET answered after {:?}",
+        frozen_at.elapsed()
+    );
     let (rest, closed) = watcher.read_to_close(HUNG_AFTER).await;
     assert!(
         closed,
         "a session whose WATCH was lost stays open: {}",
         show(&rest)
     );
-    assert_timed_out(
-        &answer(&mut blocker, "BLPOP 1 into a frozen link").await,
-        "BLPOP",
+    let blpop = answer(&mut blocker, "BLPOP 1 into a frozen link").await;
+    eprintln!(
+        "pinned: BLPOP 1 answered after {:?}: {}",
+        frozen_at.elapsed(),
+        show(&blpop)
     );
+    assert_timed_out(&blpop, "BLPOP");
     // Other clients are answered meanwhile: an error from the frozen shared connection, or
     // at once by the proxy itself.
     other.send(&resp(&["PING"])).await;
@@ -502,8 +512,10 @@ async fn a_blocking_command_waits_its_own_timeout_past_the_command_timeout() {
     let (redis, _relay, proxy) = relayed_proxy().await;
     let mut c = Raw::connect(proxy.addr).await;
     // 2 s, four times the command timeout: Redis's own nil, not a proxy error.
+    let started = std::time::Instant::now();
     c.send(&resp(&["BLPOP", "waits:empty", "2"])).await;
     assert_eq!(answer(&mut c, "BLPOP 2").await, b"*-1\r\n");
+    eprintln!("waits: BLPOP 2 answered nil after {:?}", started.elapsed());
 
     // A push after more than the command timeout reaches the waiting client.
     c.send(&resp(&["BLPOP", "waits:list", "4"])).await;
