@@ -106,6 +106,74 @@ pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
     false
 }
 
+/// How long a blocking command (a [`Kind::Blocking`], [`Kind::Wait`] or blocking
+/// [`Kind::StreamRead`] command, all arguments given) may block before Redis answers it by
+/// itself: `Some(limit)` from its own timeout argument, `None` when it may block forever
+/// (timeout 0) or the argument is not one the proxy can read. An unreadable argument gets no
+/// limit rather than a guessed one: cutting a command that is still waiting as asked could
+/// lose the element it pops later. A value Redis refuses (negative, out of range) gets a zero
+/// limit, as Redis answers it at once.
+pub fn block_limit(args: &[&[u8]]) -> Option<std::time::Duration> {
+    let mut buf = [0u8; MAX_NAME];
+    let name = uppercase(args.first()?, &mut buf)?;
+    match name {
+        // Timeouts in seconds, possibly fractional: last argument, or first for the M forms.
+        b"BLPOP" | b"BRPOP" | b"BRPOPLPUSH" | b"BLMOVE" | b"BZPOPMIN" | b"BZPOPMAX" => {
+            seconds(args.last()?)
+        }
+        b"BLMPOP" | b"BZMPOP" => seconds(args.get(1)?),
+        // Timeouts in milliseconds.
+        b"WAIT" => millis(args.get(2)?),
+        b"WAITAOF" => millis(args.get(3)?),
+        b"XREAD" | b"XREADGROUP" => millis(stream_block_arg(args)?),
+        _ => None,
+    }
+}
+
+/// The argument of the last `BLOCK` option of XREAD/XREADGROUP, skipping the group and
+/// consumer names (which may be spelt `BLOCK` too) and stopping at `STREAMS`.
+fn stream_block_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
+    let mut found = None;
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i];
+        if a.eq_ignore_ascii_case(b"STREAMS") {
+            break;
+        }
+        if a.eq_ignore_ascii_case(b"GROUP") {
+            i += 3;
+        } else if a.eq_ignore_ascii_case(b"BLOCK") || a.eq_ignore_ascii_case(b"COUNT") {
+            if a.eq_ignore_ascii_case(b"BLOCK") {
+                found = args.get(i + 1).copied();
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// A timeout in seconds as Redis reads it (a float; 0 is forever).
+fn seconds(arg: &[u8]) -> Option<std::time::Duration> {
+    let secs: f64 = std::str::from_utf8(arg).ok()?.parse().ok()?;
+    if secs == 0.0 {
+        return None;
+    }
+    // Negative, infinite or beyond any deadline: Redis refuses it at once.
+    Some(std::time::Duration::try_from_secs_f64(secs).unwrap_or_default())
+}
+
+/// A timeout in milliseconds as Redis reads it (an integer; 0 is forever).
+fn millis(arg: &[u8]) -> Option<std::time::Duration> {
+    let ms: i64 = std::str::from_utf8(arg).ok()?.parse().ok()?;
+    match ms {
+        0 => None,
+        // Negative: Redis refuses it at once.
+        ms => Some(std::time::Duration::from_millis(ms.max(0) as u64)),
+    }
+}
+
 /// CLIENT subcommands the session handles or routes specially.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientSub {
@@ -160,5 +228,40 @@ mod tests {
         assert!(v("XREAD BLOCK 0 STREAMS s $"));
         assert!(!v("XREAD COUNT 1 STREAMS block 0"));
         assert!(v("XREADGROUP GROUP g c BLOCK 10 STREAMS s >"));
+    }
+
+    #[test]
+    fn block_limits_come_from_each_command_own_timeout() {
+        use std::time::Duration;
+        let limit = |s: &str| {
+            let parts: Vec<&[u8]> = s.split(' ').map(str::as_bytes).collect();
+            block_limit(&parts)
+        };
+        assert_eq!(limit("BLPOP a b 2"), Some(Duration::from_secs(2)));
+        assert_eq!(limit("brpop a 0.25"), Some(Duration::from_millis(250)));
+        assert_eq!(limit("BLPOP a 0"), None);
+        assert_eq!(
+            limit("BLMOVE a b LEFT RIGHT 1.5"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(limit("BZMPOP 3 1 z MIN"), Some(Duration::from_secs(3)));
+        assert_eq!(limit("BLMPOP 0 1 l LEFT"), None);
+        assert_eq!(limit("WAIT 1 100"), Some(Duration::from_millis(100)));
+        assert_eq!(limit("WAIT 1 0"), None);
+        assert_eq!(limit("WAITAOF 1 0 250"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            limit("XREAD COUNT 5 BLOCK 700 STREAMS s $"),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(limit("XREAD BLOCK 0 STREAMS s $"), None);
+        assert_eq!(
+            limit("XREADGROUP GROUP BLOCK 9 BLOCK 40 STREAMS s >"),
+            Some(Duration::from_millis(40))
+        );
+        // Unreadable: no limit rather than a wrong one. Refused by Redis: answered at once.
+        assert_eq!(limit("BLPOP a 0x10"), None);
+        assert_eq!(limit("BLPOP a -1"), Some(Duration::ZERO));
+        assert_eq!(limit("BLPOP a 1e300"), Some(Duration::ZERO));
+        assert_eq!(limit("BLPOP a inf"), Some(Duration::ZERO));
     }
 }

@@ -140,11 +140,11 @@ pub struct UpstreamConfig {
     /// Commands queued per shared connection before clients wait; bounds memory when the
     /// upstream is slower than the clients.
     pub queue_depth: Located<usize>,
-    /// Longest wait for a reply on a shared connection before it is declared dead and its
-    /// unanswered commands get an error (a stopped or cut-off Redis must not hang clients);
-    /// 0 waits forever. Above Redis's own busy-script limit (5 s) so a slow script is not
-    /// mistaken for a dead server. Blocking commands run on dedicated connections and are
-    /// never cut.
+    /// Longest wait for a reply on any upstream connection, shared or dedicated, before it is
+    /// declared dead and its unanswered commands get an error (a stopped or cut-off Redis must
+    /// not hang clients); 0 waits forever. Above Redis's own busy-script limit (5 s) so a slow
+    /// script is not mistaken for a dead server. A blocking command gets its own timeout on
+    /// top (none when that is 0); a subscriber's wait between messages is never timed.
     pub command_timeout_ms: Located<u64>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,

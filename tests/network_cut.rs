@@ -2,7 +2,9 @@
 //! (`common::relay`): a frozen link (packets vanish, both connections stay up) and a cut link
 //! (both sides reset). Every command gets a reply (OK, or a clear `-ERR upstream …`), none
 //! hangs, replies stay in order, service resumes after the heal without restarting the proxy,
-//! and every write the proxy acknowledged is in Redis afterwards.
+//! and every write the proxy acknowledged is in Redis afterwards. Sessions pinned to a dedicated
+//! connection (MULTI, WATCH, blocking commands) get the same error instead of a hang, while a
+//! blocking command waits its own timeout and a subscriber its messages.
 
 mod common;
 
@@ -372,4 +374,193 @@ async fn a_frozen_link_fails_commands_within_the_timeout_and_loses_no_acknowledg
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_link_fails_commands_at_once_and_loses_no_acknowledged_write() {
     fault_under_load(Fault::Cut).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions pinned to a dedicated upstream connection (MULTI, WATCH, blocking commands,
+// pub/sub): the command timeout covers them too, except the wait a command asked for.
+// ---------------------------------------------------------------------------------------------
+
+/// A proxy whose upstream is a relay to a fresh Redis, with `COMMAND_TIMEOUT_MS`.
+async fn relayed_proxy() -> (RedisServer, Relay, Proxy) {
+    let redis = RedisServer::start();
+    let relay = Relay::start(&redis.addr()).await;
+    let mut config = config_for(&relay.addr.to_string());
+    config.upstream.command_timeout_ms.value = COMMAND_TIMEOUT_MS;
+    config.upstream.connect_timeout_ms.value = COMMAND_TIMEOUT_MS;
+    config.upstream.reconnect_max_ms.value = 200;
+    let proxy = Proxy::start(config).await;
+    (redis, relay, proxy)
+}
+
+/// The one reply to what was just sent, within `HUNG_AFTER`; panics on a hang, naming `what`.
+async fn answer(c: &mut Raw, what: &str) -> Vec<u8> {
+    let got = c.collect_frames(1, HUNG_AFTER).await;
+    assert_eq!(
+        got.frames.len(),
+        1,
+        "{what}: no reply within {HUNG_AFTER:?} (closed: {}): {}",
+        got.closed,
+        show(&got.rest)
+    );
+    got.frames[0].clone()
+}
+
+/// Asserts `reply` is the proxy's command-timeout error, the shared connections' text.
+fn assert_timed_out(reply: &[u8], what: &str) {
+    let text = show(reply);
+    assert!(
+        reply.starts_with(b"-ERR upstream")
+            && text.contains("command_timeout_ms")
+            && text.contains("may have been applied"),
+        "{what}: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_session_gets_an_error_not_a_hang_when_the_link_freezes() {
+    let (_redis, relay, proxy) = relayed_proxy().await;
+
+    // Each client's dedicated connection is opened while the link is healthy.
+    let mut exec = Raw::connect(proxy.addr).await;
+    assert_eq!(exec.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(exec.call(&["SET", "pinned:tx", "v"]).await, b"+QUEUED\r\n");
+    let mut watcher = Raw::connect(proxy.addr).await;
+    assert_eq!(watcher.call(&["WATCH", "pinned:w"]).await, b"+OK\r\n");
+    let mut blocker = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        blocker.call(&["BLPOP", "pinned:none", "0.1"]).await,
+        b"*-1\r\n"
+    );
+    let mut other = Raw::connect(proxy.addr).await;
+    assert_eq!(other.call(&["PING"]).await, b"+PONG\r\n");
+
+    relay.freeze();
+    let frozen_at = std::time::Instant::now();
+    exec.send(&resp(&["EXEC"])).await;
+    watcher.send(&resp(&["GET", "pinned:w"])).await;
+    // Blocks for 1 s upstream at most: answered within that plus the command timeout.
+    blocker.send(&resp(&["BLPOP", "pinned:none", "1"])).await;
+
+    // The EXEC's connection is closed; its transaction ended with the EXEC, so the session
+    // stays open (checked after the heal).
+    assert_timed_out(&answer(&mut exec, "EXEC into a frozen link").await, "EXEC");
+    // Reported, not asserted: how long each wait was, for docs/hardening.md.
+    eprintln!("pinned: EXEC answered after {:?}", frozen_at.elapsed());
+    // WATCH state was on the connection that is gone: error, then the session is closed.
+    assert_timed_out(&answer(&mut watcher, "GET while watching").await, "GET");
+    eprintln!(
+        "pinned: watching GET answered after {:?}",
+        frozen_at.elapsed()
+    );
+    let (rest, closed) = watcher.read_to_close(HUNG_AFTER).await;
+    assert!(
+        closed,
+        "a session whose WATCH was lost stays open: {}",
+        show(&rest)
+    );
+    let blpop = answer(&mut blocker, "BLPOP 1 into a frozen link").await;
+    eprintln!(
+        "pinned: BLPOP 1 answered after {:?}: {}",
+        frozen_at.elapsed(),
+        show(&blpop)
+    );
+    assert_timed_out(&blpop, "BLPOP");
+    // Other clients are answered meanwhile: an error from the frozen shared connection, or
+    // at once by the proxy itself.
+    other.send(&resp(&["PING"])).await;
+    let ping = answer(&mut other, "PING on the shared connection").await;
+    assert!(ping.starts_with(b"-ERR upstream"), "{}", show(&ping));
+    assert!(other.call(&["CLIENT", "ID"]).await.starts_with(b":"));
+
+    relay.heal();
+    let addr = proxy.addr;
+    wait_until(
+        "the proxy serves again after the heal",
+        move || async move {
+            let mut c = Raw::connect(addr).await;
+            c.send(&resp(&["PING"])).await;
+            c.collect_frames(1, HUNG_AFTER).await.frames.first() == Some(&b"+PONG\r\n".to_vec())
+        },
+    )
+    .await;
+    // A new transaction works, on the same client (its session survived) and on a new one.
+    let tx = [
+        resp(&["MULTI"]),
+        resp(&["SET", "pinned:after", "v2"]),
+        resp(&["EXEC"]),
+    ]
+    .concat();
+    for c in [&mut exec, &mut Raw::connect(proxy.addr).await] {
+        c.send(&tx).await;
+        let got = c.collect_frames(3, HUNG_AFTER).await;
+        assert_eq!(
+            got.frames,
+            [&b"+OK\r\n"[..], b"+QUEUED\r\n", b"*1\r\n+OK\r\n"],
+            "{}",
+            show(&got.joined())
+        );
+    }
+    assert_eq!(
+        blocker.call(&["BLPOP", "pinned:none", "0.1"]).await,
+        b"*-1\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_command_waits_its_own_timeout_past_the_command_timeout() {
+    let (redis, _relay, proxy) = relayed_proxy().await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // 2 s, four times the command timeout: Redis's own nil, not a proxy error.
+    let started = std::time::Instant::now();
+    c.send(&resp(&["BLPOP", "waits:empty", "2"])).await;
+    assert_eq!(answer(&mut c, "BLPOP 2").await, b"*-1\r\n");
+    eprintln!("waits: BLPOP 2 answered nil after {:?}", started.elapsed());
+
+    // A push after more than the command timeout reaches the waiting client.
+    c.send(&resp(&["BLPOP", "waits:list", "4"])).await;
+    redis.wait_blocked_clients(1).await;
+    tokio::time::sleep(Duration::from_millis(2 * COMMAND_TIMEOUT_MS)).await;
+    let mut pusher = Raw::connect(proxy.addr).await;
+    assert_eq!(pusher.call(&["LPUSH", "waits:list", "x"]).await, b":1\r\n");
+    assert_eq!(
+        answer(&mut c, "BLPOP 4 then a push").await,
+        [&b"*2\r\n"[..], &bulk(b"waits:list"), &bulk(b"x")].concat()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subscriber_outlives_the_command_timeout() {
+    let (_redis, _relay, proxy) = relayed_proxy().await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    sub.send(&resp(&["SUBSCRIBE", "idle:ch"])).await;
+    assert!(
+        answer(&mut sub, "SUBSCRIBE")
+            .await
+            .starts_with(b"*3\r\n$9\r\nsubscribe")
+    );
+    // Silence between messages is not a missing reply.
+    tokio::time::sleep(Duration::from_millis(3 * COMMAND_TIMEOUT_MS)).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        publisher.call(&["PUBLISH", "idle:ch", "hi"]).await,
+        b":1\r\n"
+    );
+    let message = answer(&mut sub, "a message after idling").await;
+    assert_eq!(
+        message,
+        [
+            &b"*3\r\n"[..],
+            &bulk(b"message"),
+            &bulk(b"idle:ch"),
+            &bulk(b"hi")
+        ]
+        .concat()
+    );
+    // A request on the subscribed connection is still answered (and timed).
+    sub.send(&resp(&["PING"])).await;
+    assert_eq!(
+        answer(&mut sub, "PING while subscribed").await,
+        [&b"*2\r\n"[..], &bulk(b"pong"), &bulk(b"")].concat()
+    );
 }

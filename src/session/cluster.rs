@@ -60,6 +60,8 @@ pub(super) struct Fanout {
     /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
     /// `WAIT_BARRIER`, whose reply is dropped.
     blocking: bool,
+    /// How long WAIT may block (its own timeout), so the command timeout leaves it be.
+    wait: ReplyWait,
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
@@ -298,7 +300,7 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if effect == Effect::Wait {
+        let merge = if matches!(effect, Effect::Wait(_)) {
             if self.pinned() {
                 // A transaction or WATCH holds the session on one node: WAIT runs there.
                 return None;
@@ -347,6 +349,10 @@ impl Session {
             strip: rewrite.and_then(|r| r.strip.clone()),
             proxy_section: effect == Effect::Info,
             blocking: merge == Merge::Min,
+            wait: match effect {
+                Effect::Wait(wait) => wait,
+                _ => ReplyWait::Prompt,
+            },
         })))
     }
 
@@ -414,6 +420,7 @@ impl Session {
         let batch = Batch {
             bytes: codec::encode(&argv),
             expect: Expect::Frames(1),
+            wait: ReplyWait::Prompt,
             reply_to: tx,
         };
         let sent = router
@@ -650,7 +657,7 @@ impl Session {
             }
             return false;
         }
-        let (command, proto) = (sent.bytes.clone(), sent.proto);
+        let (command, proto, wait) = (sent.bytes.clone(), sent.proto, sent.wait);
         match &again {
             Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
             Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
@@ -672,6 +679,7 @@ impl Session {
         let batch = Batch {
             bytes,
             expect: Expect::Frames(frames),
+            wait,
             reply_to: self.reply_sender(),
         };
         if tx.send(batch).await.is_err() {
@@ -780,6 +788,7 @@ impl Session {
             let batch = Batch {
                 bytes: group.concat().into(),
                 expect: Expect::Frames(group.len() as u32),
+                wait: ReplyWait::Prompt,
                 reply_to: tx,
             };
             router
@@ -863,6 +872,7 @@ impl Session {
                 let batch = Batch {
                     bytes: out.freeze(),
                     expect,
+                    wait: ReplyWait::Prompt,
                     reply_to: tx,
                 };
                 let pool = router.pool(node);
@@ -926,6 +936,7 @@ impl Session {
             let batch = Batch {
                 bytes: bytes.clone(),
                 expect: Expect::Frames(frames),
+                wait: ReplyWait::Prompt,
                 reply_to: tx,
             };
             let sent = router
@@ -1000,6 +1011,7 @@ impl Session {
                         .concat()
                         .into(),
                     expect: Expect::Frames(2),
+                    wait: fanout.wait,
                     reply_to: tx,
                 };
                 let (push_to, _) = mpsc::unbounded_channel();
@@ -1021,6 +1033,7 @@ impl Session {
                 let batch = Batch {
                     bytes: fanout.bytes.clone(),
                     expect: Expect::Frames(1),
+                    wait: ReplyWait::Prompt,
                     reply_to: tx,
                 };
                 router

@@ -35,7 +35,7 @@ use crate::metrics::CommandOutcome;
 use crate::policy::{Client, Outcome, Policy, Verdict};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
-use crate::upstream::{Batch, Expect, Reply};
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
@@ -125,6 +125,8 @@ struct Sent {
     /// Redirections followed so far for this batch (dedicated only; shared batches follow
     /// theirs in one go).
     redirects: u32,
+    /// How long the command may block, kept for the batch sent again after a redirection.
+    wait: ReplyWait,
 }
 
 /// How the replies of one upstream slot are treated.
@@ -135,6 +137,9 @@ struct Handling {
     /// A blocking command that may never answer: if the client goes away, the dedicated
     /// connection is closed to unblock it instead of waiting.
     blocking: bool,
+    /// How long the upstream may legitimately stay silent before answering: the blocking
+    /// command's own timeout, so the command timeout does not cut it short.
+    wait: ReplyWait,
     /// Which reply frames of the batch the client sees (`None`: all). The others answer
     /// commands the proxy added: TTL PEXPIREs, WAIT's barrier, the HELLO after a raw AUTH.
     mask: Option<Vec<bool>>,
@@ -184,11 +189,12 @@ enum Effect {
     Hello(u8),
     Monitor,
     ConnectionState,
-    /// No state change, but the command may block indefinitely (see `Slot::Upstream`).
-    Blocking,
+    /// No state change, but the command may block for as long as it says (see
+    /// `Handling::blocking`).
+    Blocking(ReplyWait),
     /// WAIT/WAITAOF: blocking, and it must count the client's earlier writes (see
     /// `WAIT_BARRIER`).
-    Wait,
+    Wait(ReplyWait),
     /// CLIENT INFO: the reply describes the upstream connection; rewrite it to describe the
     /// client (id, name, addresses).
     ClientInfo,
@@ -665,8 +671,8 @@ impl Effect {
     fn batchable(self) -> bool {
         !matches!(
             self,
-            Effect::Blocking
-                | Effect::Wait
+            Effect::Blocking(_)
+                | Effect::Wait(_)
                 | Effect::Auth
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
@@ -1155,6 +1161,7 @@ impl Session {
                 node,
                 dedicated: false,
                 redirects: 0,
+                wait: ReplyWait::Prompt,
             })),
             (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
                 Some(Box::new(Sent {
@@ -1163,6 +1170,7 @@ impl Session {
                     node,
                     dedicated: true,
                     redirects: 0,
+                    wait: handling.wait,
                 }))
             }
             _ => None,
@@ -1170,6 +1178,7 @@ impl Session {
         let batch = Batch {
             bytes,
             expect,
+            wait: handling.wait,
             reply_to: self.reply_sender(),
         };
         let sent = match target {
@@ -1368,7 +1377,7 @@ impl Session {
             self.paused = true;
             return false;
         }
-        if effect == Effect::Wait && !self.stateful() && self.ctx.cluster.is_none() {
+        if matches!(effect, Effect::Wait(_)) && !self.stateful() && self.ctx.cluster.is_none() {
             // WAIT runs on a connection opened now, to the current primary; if the primary
             // moved since the earlier writes it would cover, its count would vouch for writes
             // made on the previous one.
@@ -1434,7 +1443,7 @@ impl Session {
             ]
             .concat()
             .into()
-        } else if effect == Effect::Wait && !self.stateful() {
+        } else if matches!(effect, Effect::Wait(_)) && !self.stateful() {
             frames.insert(0, false);
             [Bytes::from_static(WAIT_BARRIER), command].concat().into()
         } else {
@@ -1458,10 +1467,14 @@ impl Session {
         let mask = frames.contains(&false).then_some(frames);
         let exec_mask = self.exec_mask(effect);
         self.note_queued(effect, queued.as_deref());
-        let blocking = matches!(effect, Effect::Blocking | Effect::Wait);
+        let (blocking, wait) = match effect {
+            Effect::Blocking(wait) | Effect::Wait(wait) => (true, wait),
+            _ => (false, ReplyWait::Prompt),
+        };
         let handling = Handling {
             suppress,
             blocking,
+            wait,
             mask,
             client_info: effect == Effect::ClientInfo,
             info: effect == Effect::Info,
@@ -1545,7 +1558,11 @@ impl Session {
     /// Applies the state change of a dispatched command.
     fn apply(&mut self, effect: Effect) {
         match effect {
-            Effect::None | Effect::Blocking | Effect::Wait | Effect::ClientInfo | Effect::Info => {}
+            Effect::None
+            | Effect::Blocking(_)
+            | Effect::Wait(_)
+            | Effect::ClientInfo
+            | Effect::Info => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
             Effect::Multi => self.in_multi = true,
             Effect::EndMulti => {

@@ -105,11 +105,11 @@ impl Session {
                 forward(current, if ours { Effect::Info } else { Effect::None })
             }
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
-            Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking),
-            Kind::Wait => forward(self.dedicated_target(), Effect::Wait),
+            Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking(self.wait(args))),
+            Kind::Wait => forward(self.dedicated_target(), Effect::Wait(self.wait(args))),
             Kind::StreamRead => {
                 if command::stream_read_blocks(args.iter()) {
-                    forward(self.dedicated_target(), Effect::Blocking)
+                    forward(self.dedicated_target(), Effect::Blocking(self.wait(args)))
                 } else {
                     forward(current, Effect::None)
                 }
@@ -201,6 +201,16 @@ impl Session {
                 effect: Effect::Monitor,
             },
         }
+    }
+
+    /// How long a blocking command may keep its connection silent: its own timeout, except
+    /// inside MULTI, where it is only queued (and EXEC never blocks).
+    fn wait(&self, args: &Args<'_>) -> ReplyWait {
+        if self.in_multi {
+            return ReplyWait::Prompt;
+        }
+        let argv: Vec<&[u8]> = args.iter().collect();
+        ReplyWait::blocking(command::block_limit(&argv))
     }
 
     fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {

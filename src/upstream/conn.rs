@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::address::Stop;
 use super::handshake::UpstreamStream;
-use super::{Batch, Expect, Reply, ReplySender};
+use super::{Batch, Expect, Reply, ReplySender, ReplyWait};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
 use crate::reply::{self, PubSubFrame, SubKind};
@@ -55,6 +55,12 @@ struct Pending {
     reply_to: ReplySender,
     /// When the batch was queued for writing, for the upstream round-trip histogram.
     sent: Instant,
+    /// How long Redis may take to answer it (a blocking command waits as asked).
+    wait: ReplyWait,
+    /// When Redis could start answering it: when it was queued or, behind a command that
+    /// blocked, when that one was answered. Its command timeout counts from here, so a
+    /// command is not blamed for the wait of a blocking command ahead of it.
+    since: Instant,
 }
 
 /// Per-connection pub/sub state, needed to frame replies on a subscribed connection.
@@ -177,12 +183,15 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(batch) = next {
+            let now = Instant::now();
             lock(pending).push_back(Pending {
                 expect: batch.expect,
                 total: None,
                 got: 0,
                 reply_to: batch.reply_to,
-                sent: Instant::now(),
+                sent: now,
+                wait: batch.wait,
+                since: now,
             });
             if batch.bytes.len() >= COPY_LIMIT {
                 if !buf.is_empty() {
@@ -226,8 +235,8 @@ struct Reader {
     /// blocking commands, whose wait is not the upstream's latency).
     metrics: Option<Arc<Metrics>>,
     /// Longest wait for the oldest unanswered batch before the connection is declared dead
-    /// (a stopped or partitioned Redis would otherwise hang every client on it). Shared
-    /// connections only: dedicated ones carry blocking commands that may wait forever.
+    /// (a stopped or partitioned Redis would otherwise hang every client on it), on top of
+    /// the wait a blocking command asked for (see [`ReplyWait`]).
     timeout: Option<Duration>,
 }
 
@@ -237,26 +246,44 @@ impl Reader {
         mut r: R,
         pending: &Mutex<VecDeque<Pending>>,
     ) -> String {
+        // How long the next read may wait before the oldest batch is looked at.
+        let mut wait = self.timeout.unwrap_or_default();
         loop {
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 self.rbuf.reserve(READ_CHUNK);
             }
             let read = match self.timeout {
                 None => r.read_buf(&mut self.rbuf).await,
-                // Wakes at least once per timeout to look at the oldest batch's age; reads are
-                // cancel-safe, so a wake-up loses nothing.
-                Some(t) => match tokio::time::timeout(t, r.read_buf(&mut self.rbuf)).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        let stale = lock(pending).front().is_some_and(|p| p.sent.elapsed() >= t);
-                        if stale {
+                // One timer per read, not per command: wakes when the upstream has been silent
+                // for `wait` to look at the oldest batch; reads are cancel-safe, so a wake-up
+                // loses nothing.
+                Some(t) => match tokio::time::timeout(wait, r.read_buf(&mut self.rbuf)).await {
+                    Ok(read) => {
+                        wait = t;
+                        read
+                    }
+                    Err(_) => match overdue(lock(pending).front(), t) {
+                        Overdue::Yes(ReplyWait::Blocks(limit)) => {
+                            return format!(
+                                "no reply within {} ms (upstream.command_timeout_ms) after the \
+                                 command's own {} ms timeout",
+                                t.as_millis(),
+                                limit.as_millis()
+                            );
+                        }
+                        Overdue::Yes(_) => {
                             return format!(
                                 "no reply within {} ms (upstream.command_timeout_ms)",
                                 t.as_millis()
                             );
                         }
-                        continue;
-                    }
+                        // Sleep only until the oldest batch is due, so a silent upstream is
+                        // noticed about `timeout` after its deadline, not up to twice that.
+                        Overdue::In(left) => {
+                            wait = left;
+                            continue;
+                        }
+                    },
                 },
             };
             match read {
@@ -307,6 +334,14 @@ impl Reader {
                 let Some(head) = queue.pop_front() else {
                     return Err("reply queue changed underneath".to_string());
                 };
+                if head.wait != ReplyWait::Prompt {
+                    // The next batch could not be answered while this one blocked: its
+                    // command timeout starts now (only after a blocking command, so the
+                    // shared connections' path reads no clock here).
+                    if let Some(next) = queue.front_mut() {
+                        next.since = Instant::now();
+                    }
+                }
                 drop(queue);
                 if let (Some(m), None) = (&self.metrics, &self.push) {
                     m.upstream_duration
@@ -414,6 +449,28 @@ impl Reader {
             return Err("session gone".to_string());
         }
         Ok(())
+    }
+}
+
+/// Whether the oldest unanswered batch is past its deadline.
+enum Overdue {
+    /// Yes, and how long its command was allowed to block on top of the timeout.
+    Yes(ReplyWait),
+    /// Not yet: look again after this long (the full timeout when nothing can be overdue).
+    In(Duration),
+}
+
+/// Judges the oldest unanswered batch: overdue once `timeout` has passed since it reached
+/// the head of the queue, plus whatever its command may block for. Nothing in flight (an idle
+/// or subscribed connection: pushes need no request) or a command that may block forever is
+/// never overdue.
+fn overdue(head: Option<&Pending>, timeout: Duration) -> Overdue {
+    let Some((head, allowance)) = head.and_then(|p| Some((p, p.wait.allowance(timeout)?))) else {
+        return Overdue::In(timeout);
+    };
+    match allowance.checked_sub(head.since.elapsed()) {
+        Some(left) if !left.is_zero() => Overdue::In(left.min(timeout)),
+        _ => Overdue::Yes(head.wait),
     }
 }
 

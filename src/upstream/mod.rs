@@ -13,6 +13,8 @@ pub mod handshake;
 pub mod pool;
 pub mod tls;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
@@ -26,6 +28,9 @@ pub struct Batch {
     pub bytes: Bytes,
     /// How many reply frames the bytes produce, and how to recognise them.
     pub expect: Expect,
+    /// How long Redis may legitimately take to answer, which sets when the connection's
+    /// command timeout gives up on it.
+    pub wait: ReplyWait,
     /// The session that waits for the replies; replies and pushes share it so that they
     /// reach the client in the order the upstream sent them.
     pub reply_to: ReplySender,
@@ -52,6 +57,38 @@ impl Expect {
             Expect::Frames(n) => n,
             _ => 1,
         }
+    }
+}
+
+/// How long a batch may legitimately go unanswered, so that `upstream.command_timeout_ms`
+/// cuts a silent upstream without cutting a command that is waiting as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyWait {
+    /// Redis answers as soon as it runs the commands: the command timeout applies as it is.
+    #[default]
+    Prompt,
+    /// A blocking command that Redis answers by itself after at most this long (its own
+    /// timeout argument); the command timeout applies on top of it.
+    Blocks(Duration),
+    /// A blocking command that may wait forever (timeout 0, or an argument the proxy cannot
+    /// read): no deadline, as a proxy error could come after Redis popped an element for it.
+    Unbounded,
+}
+
+impl ReplyWait {
+    /// How long after the batch reached the head of its connection's queue the connection
+    /// is declared dead, given the command timeout; `None`: never.
+    pub fn allowance(self, timeout: Duration) -> Option<Duration> {
+        match self {
+            ReplyWait::Prompt => Some(timeout),
+            ReplyWait::Blocks(limit) => limit.checked_add(timeout),
+            ReplyWait::Unbounded => None,
+        }
+    }
+
+    /// The wait of a blocking command whose own timeout is `limit` (`None`: forever).
+    pub fn blocking(limit: Option<Duration>) -> ReplyWait {
+        limit.map_or(ReplyWait::Unbounded, ReplyWait::Blocks)
     }
 }
 

@@ -42,6 +42,9 @@ pub struct Pool {
     hello: [watch::Receiver<Option<Bytes>>; 2],
     /// Queue depth for dedicated connections.
     queue_depth: usize,
+    /// Reply deadline, on dedicated connections too (each batch says how long its command
+    /// may block on top of it).
+    command_timeout: Option<Duration>,
     /// The proxy's own connection for control commands (shared rate-limit scripts), so they
     /// never sit in a client's reply order.
     control: mpsc::Sender<Batch>,
@@ -120,6 +123,7 @@ impl Pool {
             rtt_us: AtomicU64::new(0),
             hello: [hello2, hello3],
             queue_depth: settings.queue_depth,
+            command_timeout,
             control,
         })
     }
@@ -227,6 +231,7 @@ impl Pool {
         let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
         let addr = spec.addr.clone();
         let metrics = self.metrics.clone();
+        let command_timeout = self.command_timeout;
         tokio::spawn(async move {
             let to = push.to.clone();
             let conn_id = push.conn_id;
@@ -236,7 +241,7 @@ impl Pool {
                 &addr,
                 Some(push),
                 Some(metrics),
-                None,
+                command_timeout,
                 stop,
             )
             .await;
@@ -270,7 +275,7 @@ pub struct PoolSettings {
     pub queue_depth: usize,
     /// First and largest reconnect delay.
     pub backoff: (Duration, Duration),
-    /// Reply deadline on shared connections (`None`: wait forever).
+    /// Reply deadline for commands that do not block (`None`: wait forever).
     pub command_timeout: Option<Duration>,
 }
 
@@ -496,6 +501,7 @@ impl crate::ratelimit::redis::Transport for Control {
         tx.send(Batch {
             bytes,
             expect: super::Expect::Frames(1),
+            wait: super::ReplyWait::Prompt,
             reply_to,
         })
         .await
