@@ -160,6 +160,7 @@ impl Pool {
             bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
             expect: super::Expect::Frames(1),
             reply_to,
+            wait: super::ReplyWait::Prompt,
         };
         let start = tokio::time::Instant::now();
         let ok = self.control.send(batch).await.is_ok()
