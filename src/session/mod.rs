@@ -527,7 +527,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 }
             }
             // Wait for readability before touching the buffer: an idle client holds no read
-            // buffer at all (see `release_idle_buffer`).
+            // buffer at all (see `release_idle`).
             ready = rd.readable(), if can_read => {
                 if ready.is_err() {
                     s.closing = true;
@@ -539,9 +539,11 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 let r = match read_now(&mut rd, &mut s.rbuf).await {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         // Readiness can be stale (edge-triggered events already consumed by
-                        // an earlier read): an idle client must not keep the buffer just
-                        // reserved for it.
-                        s.release_idle_buffer();
+                        // an earlier read): a client that never sent anything must not keep
+                        // the buffer just reserved for it.
+                        if !s.active && s.rbuf.is_empty() {
+                            s.rbuf = BytesMut::new();
+                        }
                         continue;
                     }
                     r => r,
@@ -563,7 +565,6 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                     // Boxed, one allocation per read: processing needs the largest future
                     // of the session, and inline it would sit in every idle client's task.
                     Box::pin(s.process()).await;
-                    s.release_idle_buffer();
                 }
                 }
             },
@@ -757,26 +758,20 @@ impl Session {
         }
     }
 
-    /// Gives the read buffer back when every byte in it was consumed, so thousands of idle
-    /// clients cost no buffer memory. The next read allocates a fresh one (one malloc per read,
-    /// small next to the read syscall itself); forwarded batches keep their own references.
-    fn release_idle_buffer(&mut self) {
-        if self.rbuf.is_empty() {
-            self.rbuf = BytesMut::new();
-        }
-    }
-
     /// Whether an idle tick could give anything back: a reply channel or spare capacity.
     fn holds_idle_memory(&self) -> bool {
         self.reply_tx.is_some()
+            || self.rbuf.capacity() > 0
             || self.out.capacity() > 0
             || self.args.capacity() > 0
             || self.slots.capacity() > 0
     }
 
-    /// Gives back what a quiet client does not need: the reply channel (its first block alone
-    /// is 32 replies) and the capacity of the per-request vectors, all re-created on the next
-    /// request. Only when nothing is owed: no command in flight, no reply waiting, no
+    /// Gives back what a quiet client does not need: the read buffer (16 KiB), the reply
+    /// channel (its first block alone is 32 replies) and the capacity of the per-request
+    /// vectors, all re-created on the next request. A busy client keeps them: its read buffer
+    /// is reused in place once the upstream has dropped the batches that shared it, so a read
+    /// costs no allocation. Only when nothing is owed: no command in flight, no reply waiting, no
     /// dedicated connection (it holds a sender of the channel for its pushes). Returns whether
     /// the channel was dropped, so the caller drops its receiving end too.
     fn release_idle(&mut self) -> bool {
@@ -786,6 +781,7 @@ impl Session {
         if !self.out.is_empty() || !self.rbuf.is_empty() || self.in_multi {
             return false;
         }
+        self.rbuf = BytesMut::new();
         self.out = Vec::new();
         self.args = Vec::new();
         self.slots = VecDeque::new();
