@@ -20,6 +20,8 @@ if len(sys.argv)>4:
   for s in socks: s.sendall(b"PING\r\n")
   for s in socks: s.recv(100)
 
-time.sleep(0.5)
+# A session gives its read buffer and reply channel back after one to two idle ticks of 2 s
+# (src/session/mod.rs, IDLE_TICK): measure once they have.
+time.sleep(5 if len(sys.argv)>4 else 0.5)
 after=rss()
 print(f"{N} idle clients: {(after-base)*1024/N:.0f} bytes per client (RSS {base} -> {after} KiB)")
