@@ -24,7 +24,16 @@ const DEADLINE: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 64;
 
 /// Serves the admin endpoint until `stop` flips to `true`.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+/// Answers `/readyz`: `Ok` with what is up, or `Err` with what is missing. Given by the
+/// server per upstream mode, so this module knows nothing of pools or clusters.
+pub type ReadyCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    ready: ReadyCheck,
+    mut stop: watch::Receiver<bool>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin endpoint: /metrics /healthz /readyz");
@@ -49,8 +58,9 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch
             },
         };
         let metrics = metrics.clone();
+        let ready = ready.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(DEADLINE, answer(stream, &metrics)).await;
+            let _ = tokio::time::timeout(DEADLINE, answer(stream, &metrics, &ready)).await;
             drop(permit);
         });
     }
@@ -62,7 +72,11 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// Reads one request head and writes the response.
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    metrics: &Metrics,
+    ready: &ReadyCheck,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let (status, content_type, body) = loop {
         let mut chunk = [0u8; 1024];
@@ -75,7 +89,7 @@ async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(&buf) {
             Ok(httparse::Status::Complete(_)) => {
-                break route(request.method, request.path, metrics);
+                break route(request.method, request.path, metrics, ready);
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
             Ok(httparse::Status::Partial) => {
@@ -102,6 +116,7 @@ fn route(
     method: Option<&str>,
     path: Option<&str>,
     metrics: &Metrics,
+    ready: &ReadyCheck,
 ) -> (u16, &'static str, String) {
     if method != Some("GET") {
         return (405, TEXT, "only GET\n".into());
@@ -111,14 +126,10 @@ fn route(
     match path {
         "/metrics" => (200, OPENMETRICS, metrics.render()),
         "/healthz" => (200, TEXT, "ok\n".into()),
-        "/readyz" => {
-            let up = metrics.upstream_connections.get();
-            if up > 0 {
-                (200, TEXT, format!("ready: {up} upstream connections up\n"))
-            } else {
-                (503, TEXT, "not ready: no upstream connection\n".into())
-            }
-        }
+        "/readyz" => match ready() {
+            Ok(what) => (200, TEXT, format!("ready: {what}\n")),
+            Err(why) => (503, TEXT, format!("not ready: {why}\n")),
+        },
         _ => (
             404,
             TEXT,

@@ -120,8 +120,27 @@ pub async fn serve(
             (pool, None)
         }
     };
-    let admin_task =
-        admin.map(|l| tokio::spawn(crate::admin::serve(l, metrics.clone(), stop_rx.clone())));
+    let ready: crate::admin::ReadyCheck = match &cluster {
+        Some(router) => {
+            let router = router.clone();
+            Arc::new(move || router.readiness())
+        }
+        None => {
+            let metrics = metrics.clone();
+            Arc::new(move || match metrics.upstream_connections.get() {
+                0 => Err("no upstream connection".into()),
+                up => Ok(format!("{up} upstream connections up")),
+            })
+        }
+    };
+    let admin_task = admin.map(|l| {
+        tokio::spawn(crate::admin::serve(
+            l,
+            metrics.clone(),
+            ready,
+            stop_rx.clone(),
+        ))
+    });
     // Rate-limit state of idle clients is dropped in the background, bounding its memory.
     let sweeper = {
         let policy = policy.clone();

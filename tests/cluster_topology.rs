@@ -257,3 +257,122 @@ async fn unknown_endpoint_resolves_to_the_seed_host() {
         map.slot_owner(slot(key.as_bytes())).unwrap().primary.addr
     );
 }
+
+/// `/readyz` in cluster mode reports slot coverage: ready while every slot has an owner with a
+/// connection up, 503 naming the gap once a slot is unassigned (on every node), ready again
+/// when it is assigned back, without a restart.
+#[tokio::test]
+async fn readyz_follows_slot_coverage() {
+    let redis = RedisCluster::start(3, 0);
+    let text = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n    refresh_interval_ms: 200\n",
+        redis.live_addrs()[0]
+    );
+    let config = redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("t.yaml"))
+        .expect("cluster config parses");
+    let proxy = common::Proxy::start(config).await;
+    let (status, body) = common::http_get(proxy.admin, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("all 16384 slots covered"), "{body}");
+
+    let owner = redis.primary_for_slot(0);
+    let port = |addr: &str| addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    for addr in redis.live_addrs() {
+        // Unassigned everywhere, so no node's gossip still names an owner.
+        let _ = redis.query(port(&addr), &["CLUSTER", "DELSLOTS", "0"]);
+    }
+    let body = poll_readyz(&proxy, 503).await;
+    assert!(
+        body.contains("16383 of 16384 slots have an owner"),
+        "{body}"
+    );
+
+    redis
+        .query(port(&owner), &["CLUSTER", "ADDSLOTS", "0"])
+        .expect("slot 0 assigned back");
+    let body = poll_readyz(&proxy, 200).await;
+    assert!(body.contains("all 16384 slots covered"), "{body}");
+}
+
+/// Polls `/readyz` until it answers `status` (bounded), returning the body.
+async fn poll_readyz(proxy: &common::Proxy, status: u16) -> String {
+    let until = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let (got, body) = common::http_get(proxy.admin, "/readyz").await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "/readyz still {got} ({body}), waiting for {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Redirections the proxy follows are counted in `rpp_upstream_redirections_total`: an ASK
+/// while a slot is being imported, a MOVED once it has moved behind the proxy's back (its map
+/// is not refreshed on a timer here). The client sees plain replies either way.
+#[tokio::test]
+async fn redirections_are_followed_and_counted() {
+    let redis = RedisCluster::start(3, 0);
+    let text = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n    refresh_interval_ms: 600000\n",
+        redis.live_addrs()[0]
+    );
+    let config = redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("t.yaml"))
+        .expect("cluster config parses");
+    let proxy = common::Proxy::start(config).await;
+    let port = |addr: &str| addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let key = "redirected-key";
+    let s = slot(key.as_bytes());
+    let from = redis.primary_for_slot(s);
+    let to = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another primary");
+    let id = |addr: &str| match redis.query(port(addr), &["CLUSTER", "MYID"]) {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8(b).unwrap(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    };
+    let (from_id, to_id) = (id(&from), id(&to));
+    let s = s.to_string();
+    let counted = |metrics: &str, kind: &str| {
+        common::sample(
+            metrics,
+            &format!("rpp_upstream_redirections_total{{kind=\"{kind}\"}}"),
+        )
+    };
+    let mut client = Raw::connect(&proxy.addr.to_string()).await;
+
+    // Importing: the owner answers ASK for a key it does not hold.
+    redis
+        .query(
+            port(&to),
+            &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id],
+        )
+        .expect("importing");
+    redis
+        .query(
+            port(&from),
+            &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id],
+        )
+        .expect("migrating");
+    assert_eq!(client.call(&["GET", key]).await, b"$-1\r\n");
+    let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+    assert!(counted(&metrics, "ask") >= 1.0, "{metrics}");
+
+    // Moved (the slot is empty, so every node can be told at once): MOVED, then the new owner.
+    for addr in redis.live_addrs() {
+        redis
+            .query(port(&addr), &["CLUSTER", "SETSLOT", &s, "NODE", &to_id])
+            .expect("setslot node");
+    }
+    assert_eq!(client.call(&["SET", key, "v"]).await, b"+OK\r\n");
+    assert_eq!(client.call(&["GET", key]).await, b"$1\r\nv\r\n");
+    let direct = Raw::connect(&to).await.call(&["GET", key]).await;
+    assert_eq!(direct, b"$1\r\nv\r\n", "the write reached the new owner");
+    let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+    assert!(counted(&metrics, "moved") >= 1.0, "{metrics}");
+}

@@ -131,6 +131,30 @@ impl Router {
         Ok(router)
     }
 
+    /// For `/readyz`: ready when every one of the 16384 slots has an owner and every owning
+    /// primary has a shared connection up, i.e. any key can be served now; otherwise what
+    /// is missing (uncovered slots, primaries without a connection).
+    pub fn readiness(&self) -> Result<String, String> {
+        let snapshot = self.snapshot();
+        let covered = snapshot.map.covered();
+        if covered < SLOTS {
+            return Err(format!("{covered} of {SLOTS} slots have an owner"));
+        }
+        let down: Vec<String> = snapshot
+            .primaries()
+            .iter()
+            .filter(|&&node| !self.pool(node).any_up())
+            .map(|&node| self.addr(node).to_string())
+            .collect();
+        if !down.is_empty() {
+            return Err(format!("no connection to primary {}", down.join(", ")));
+        }
+        Ok(format!(
+            "{} primaries up, all {SLOTS} slots covered",
+            snapshot.primaries().len()
+        ))
+    }
+
     /// The current routing table.
     pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snapshot.load()

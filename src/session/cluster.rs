@@ -117,6 +117,15 @@ struct NodeBatch {
 }
 
 impl Session {
+    /// Counts a redirection being followed in `rpp_upstream_redirections_total`.
+    fn count_redirect(&self, redirect: &Redirect) {
+        let metrics = &self.ctx.ops.metrics;
+        match redirect {
+            Redirect::Moved { .. } => metrics.redirections_moved.inc(),
+            Redirect::Ask { .. } => metrics.redirections_ask.inc(),
+        };
+    }
+
     /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
     /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
     /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
@@ -658,6 +667,9 @@ impl Session {
             return false;
         }
         let (command, proto, wait) = (sent.bytes.clone(), sent.proto, sent.wait);
+        if let Again::Redirect(r) = &again {
+            self.count_redirect(r);
+        }
         match &again {
             Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
             Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
@@ -854,6 +866,9 @@ impl Session {
                 let group = &todo[start..end];
                 start = end;
                 for (_, r) in group {
+                    if let Again::Redirect(r) = r {
+                        self.count_redirect(r);
+                    }
                     if let Again::Redirect(Redirect::Moved { slot, addr }) = r {
                         router.apply_moved(*slot, addr);
                     }

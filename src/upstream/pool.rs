@@ -145,6 +145,11 @@ impl Pool {
         &conns[(client_id % conns.len() as u64) as usize]
     }
 
+    /// Whether any shared connection is established now (for readiness).
+    pub fn any_up(&self) -> bool {
+        self.up.iter().flatten().any(|f| f.load(Ordering::Relaxed))
+    }
+
     /// Whether the shared connection [`Pool::shared`] gives this client is established now.
     pub fn shared_up(&self, proto: u8, client_id: u64) -> bool {
         let flags = &self.up[usize::from(proto == 3)];
