@@ -6,27 +6,15 @@
 
 mod common;
 
-use std::path::Path;
 
 use common::cluster::RedisCluster;
 use common::{Proxy, Raw, resp, show, wait_until};
 use redis_policy_proxy::Config;
-use redis_policy_proxy::cluster::slot;
 
 /// Cluster-mode configuration for `seed` with `read_from`.
 fn config(seed: &str, read_from: &str) -> Config {
-    let text = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 1000\n    read_from: {read_from}\n"
-    );
-    Config::from_yaml(&text, Path::new("replica-test.yaml")).expect("config parses")
-}
-
-/// A key whose slot is owned by `primary`, built from `stem`.
-fn key_on(redis: &RedisCluster, primary: &str, stem: &str) -> String {
-    (0..)
-        .map(|i| format!("{stem}:{i}"))
-        .find(|k| redis.primary_for_slot(slot(k.as_bytes())) == primary)
-        .unwrap()
+    let read_from = format!("read_from: {read_from}");
+    common::cluster::proxy_config(seed, &["refresh_interval_ms: 1000", &read_from])
 }
 
 /// The text of `INFO <section>` asked of `node` directly.
@@ -89,7 +77,7 @@ async fn reads_go_to_replicas_and_everything_else_to_primaries() {
     let keys: Vec<String> = primaries
         .iter()
         .enumerate()
-        .map(|(i, p)| key_on(&redis, p, &format!("r{i}")))
+        .map(|(i, p)| redis.key_on(p, &format!("r{i}")))
         .collect();
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(c.call(&["SET", k, &format!("v{i}")]).await, b"+OK\r\n");
@@ -157,7 +145,7 @@ async fn reads_go_to_replicas_and_everything_else_to_primaries() {
     let writes: Vec<String> = primaries
         .iter()
         .enumerate()
-        .map(|(i, p)| key_on(&redis, p, &format!("w{i}")))
+        .map(|(i, p)| redis.key_on(p, &format!("w{i}")))
         .collect();
     let mut input = Vec::new();
     let mut expected = Vec::new();

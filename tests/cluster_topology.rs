@@ -264,12 +264,8 @@ async fn unknown_endpoint_resolves_to_the_seed_host() {
 #[tokio::test]
 async fn readyz_follows_slot_coverage() {
     let redis = RedisCluster::start(3, 0);
-    let text = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n    refresh_interval_ms: 200\n",
-        redis.live_addrs()[0]
-    );
-    let config = redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("t.yaml"))
-        .expect("cluster config parses");
+    let config =
+        common::cluster::proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 200"]);
     let proxy = common::Proxy::start(config).await;
     let (status, body) = common::http_get(proxy.admin, "/readyz").await;
     assert_eq!(status, 200, "{body}");
@@ -316,12 +312,8 @@ async fn poll_readyz(proxy: &common::Proxy, status: u16) -> String {
 #[tokio::test]
 async fn redirections_are_followed_and_counted() {
     let redis = RedisCluster::start(3, 0);
-    let text = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n    refresh_interval_ms: 600000\n",
-        redis.live_addrs()[0]
-    );
-    let config = redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("t.yaml"))
-        .expect("cluster config parses");
+    let config =
+        common::cluster::proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 600000"]);
     let proxy = common::Proxy::start(config).await;
     let port = |addr: &str| addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
     let key = "redirected-key";

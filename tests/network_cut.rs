@@ -284,14 +284,7 @@ async fn present(redis: &RedisServer, tag: &str, w: usize, indexes: &[usize]) ->
 /// and checks every command was answered, service resumed and no acknowledged write was lost.
 async fn fault_under_load(fault: Fault) {
     let tag = format!("{fault:?}").to_lowercase();
-    let redis = RedisServer::start();
-    let relay = Relay::start(&redis.addr()).await;
-    let mut config = config_for(&relay.addr.to_string());
-    config.upstream.command_timeout_ms.value = COMMAND_TIMEOUT_MS;
-    config.upstream.connect_timeout_ms.value = COMMAND_TIMEOUT_MS;
-    // Retry soon after the heal rather than after a backoff grown during the fault.
-    config.upstream.reconnect_max_ms.value = 200;
-    let proxy = Proxy::start(config).await;
+    let (redis, relay, proxy) = relayed_proxy().await;
 
     let counts = Arc::new(Counts::default());
     let writers: Vec<JoinHandle<Writes>> = (0..WRITERS)
@@ -388,6 +381,7 @@ async fn relayed_proxy() -> (RedisServer, Relay, Proxy) {
     let mut config = config_for(&relay.addr.to_string());
     config.upstream.command_timeout_ms.value = COMMAND_TIMEOUT_MS;
     config.upstream.connect_timeout_ms.value = COMMAND_TIMEOUT_MS;
+    // Retry soon after the heal rather than after a backoff grown during the fault.
     config.upstream.reconnect_max_ms.value = 200;
     let proxy = Proxy::start(config).await;
     (redis, relay, proxy)

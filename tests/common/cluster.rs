@@ -50,6 +50,17 @@ pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
 }
 
+/// The proxy's configuration for cluster mode with `seed`, plus `settings`: lines under
+/// `upstream.cluster`, e.g. `refresh_interval_ms: 500`.
+pub fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config {
+    let mut text = format!("upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n");
+    for line in settings {
+        text.push_str(&format!("    {line}\n"));
+    }
+    redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("cluster-test.yaml"))
+        .expect("cluster config parses")
+}
+
 impl RedisCluster {
     /// Starts the cluster and waits until it is ready: every node reports `cluster_state:ok`,
     /// knows every other node, sees all 16384 slots served, and every replica's link to its
@@ -199,6 +210,16 @@ impl RedisCluster {
     /// Every node, killed ones included (see [`ClusterNode::is_alive`]).
     pub fn nodes(&self) -> &[ClusterNode] {
         &self.nodes
+    }
+
+    /// A key whose slot is owned by `primary`, built from `stem`.
+    pub fn key_on(&self, primary: &str, stem: &str) -> String {
+        (0..)
+            .map(|i| format!("{stem}:{i}"))
+            .find(|k| {
+                self.primary_for_slot(redis_policy_proxy::cluster::slot(k.as_bytes())) == primary
+            })
+            .unwrap()
     }
 
     /// `host:port` of every node that is still running.
