@@ -6,7 +6,6 @@
 
 mod common;
 
-
 use common::cluster::RedisCluster;
 use common::{Proxy, Raw, resp, show, wait_until};
 use redis_policy_proxy::Config;

@@ -160,43 +160,53 @@ async fn check_lists_every_invalid_value_with_file_line_and_field() {
     }
 }
 
+/// Writes `text` as `name` in `dir` and runs `--check` on it: the file's path and the result.
+async fn check(dir: &Path, name: &str, text: &str) -> (String, Run) {
+    let file = path_str(&write_file(dir, name, text)).to_string();
+    let r = run_bin(&["--check", &file]).await;
+    (file, r)
+}
+
+/// Asserts that `--check` refused its file (exit 64) and printed each of `want`.
+fn assert_refused(r: &Run, want: &[String]) {
+    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
+    for w in want {
+        assert!(
+            r.stderr.contains(w.as_str()),
+            "missing {w:?} in: {}",
+            r.stderr
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_of_sentinel_mode_names_file_line_and_field() {
     let tmp = TempDir::new("cfg");
     let dir = tmp.path();
-    let good = write_file(
+    let sentinel = "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379";
+    let (_, r) = check(
         dir,
         "sentinel.yaml",
-        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379, 127.0.0.1:26380]\n    master_name: mymaster\n",
-    );
-    let r = run_bin(&["--check", path_str(&good)]).await;
+        &format!("{sentinel}, 127.0.0.1:26380]\n    master_name: mymaster\n"),
+    )
+    .await;
     assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
 
-    let typo = write_file(
+    let (file, r) = check(
         dir,
         "typo.yaml",
-        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_nmae: mymaster\n",
-    );
-    let file = path_str(&typo);
-    let r = run_bin(&["--check", file]).await;
-    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
-    assert!(r.stderr.contains(file), "{}", r.stderr);
-    assert!(r.stderr.contains("master_nmae"), "{}", r.stderr);
-    assert!(mentions_line(&r.stderr, file, 5), "{}", r.stderr);
+        &format!("{sentinel}]\n    master_nmae: mymaster\n"),
+    )
+    .await;
+    assert_refused(&r, &[file.clone(), "master_nmae".into()]);
+    assert!(mentions_line(&r.stderr, &file, 5), "{}", r.stderr);
 
-    let missing = write_file(
-        dir,
-        "missing.yaml",
-        "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n",
-    );
-    let file = path_str(&missing);
-    let r = run_bin(&["--check", file]).await;
-    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
-    let want = format!("{file}:2: field `upstream.sentinel.master_name`: is required");
-    assert!(
-        r.stderr.contains(&want),
-        "missing {want:?} in: {}",
-        r.stderr
+    let (file, r) = check(dir, "missing.yaml", &format!("{sentinel}]\n")).await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:2: field `upstream.sentinel.master_name`: is required"
+        )],
     );
 }
 
@@ -204,32 +214,18 @@ async fn check_of_sentinel_mode_names_file_line_and_field() {
 async fn check_of_cluster_read_from_names_file_line_and_field() {
     let tmp = TempDir::new("cfg");
     let dir = tmp.path();
+    let cluster = "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n";
     for value in ["primary", "replica", "nearest"] {
-        let good = write_file(
-            dir,
-            &format!("{value}.yaml"),
-            &format!(
-                "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: {value}\n"
-            ),
-        );
-        let r = run_bin(&["--check", path_str(&good)]).await;
+        let text = format!("{cluster}    read_from: {value}\n");
+        let (_, r) = check(dir, &format!("{value}.yaml"), &text).await;
         assert_eq!(r.code, Some(0), "{value}: stderr: {}", r.stderr);
     }
-    let bad = write_file(
-        dir,
-        "bad.yaml",
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [127.0.0.1:7000]\n    read_from: slave\n",
-    );
-    let file = path_str(&bad);
-    let r = run_bin(&["--check", file]).await;
-    assert_eq!(r.code, Some(EX_USAGE), "stderr: {}", r.stderr);
-    let want = format!(
-        "{file}:5: field `upstream.cluster.read_from`: must be primary, replica or nearest"
-    );
-    assert!(
-        r.stderr.contains(&want),
-        "missing {want:?} in: {}",
-        r.stderr
+    let (file, r) = check(dir, "bad.yaml", &format!("{cluster}    read_from: slave\n")).await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:5: field `upstream.cluster.read_from`: must be primary, replica or nearest"
+        )],
     );
 }
 
