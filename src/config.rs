@@ -179,6 +179,11 @@ pub struct SentinelConfig {
     /// Bound on connecting to one sentinel and on each of its replies, so a dead or
     /// partitioned sentinel delays finding the primary by at most this.
     pub timeout_ms: Located<u64>,
+    /// Where read-only commands go: `primary` (default: no replica is ever contacted) or
+    /// `replica` (the replicas the sentinels list, docs/sentinel.md). A string, checked in
+    /// `validate`, for a file/line/field message; `nearest` is refused there (no probing of
+    /// sentinel replicas is built).
+    pub read_from: Located<String>,
 }
 
 impl Default for SentinelConfig {
@@ -187,6 +192,7 @@ impl Default for SentinelConfig {
             sentinels: Vec::new(),
             master_name: None,
             timeout_ms: located(1_000),
+            read_from: located("primary".to_string()),
         }
     }
 }
@@ -202,6 +208,14 @@ impl SentinelConfig {
                 .map(|n| n.value.clone())
                 .unwrap_or_default(),
             timeout: std::time::Duration::from_millis(self.timeout_ms.value),
+        }
+    }
+
+    /// `read_from` as validated (`primary` for a value `validate` would have refused).
+    pub fn read_from(&self) -> ReadFrom {
+        match ReadFrom::parse(&self.read_from.value) {
+            Some(ReadFrom::Replica) => ReadFrom::Replica,
+            _ => ReadFrom::Primary,
         }
     }
 }
@@ -226,7 +240,8 @@ pub struct ClusterConfig {
     pub read_from: Located<String>,
 }
 
-/// Where read-only commands of a cluster go (`upstream.cluster.read_from`).
+/// Where read-only commands go (`upstream.cluster.read_from`, and `upstream.sentinel.read_from`
+/// without `nearest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadFrom {
     /// Every command to the slot's primary: consistent reads, no replica connections.
@@ -770,6 +785,20 @@ impl Config {
                 "must be between 1 and 60000",
             );
         }
+        match ReadFrom::parse(&s.read_from.value) {
+            Some(ReadFrom::Primary | ReadFrom::Replica) => {}
+            Some(ReadFrom::Nearest) => problem(
+                &s.read_from.referenced,
+                "upstream.sentinel.read_from",
+                "nearest is not supported in sentinel mode (no round trips are measured to \
+                 sentinel replicas); use primary or replica",
+            ),
+            None => problem(
+                &s.read_from.referenced,
+                "upstream.sentinel.read_from",
+                "must be primary or replica",
+            ),
+        }
         if u.address.referenced.line() > 0
             || u.address.value != UpstreamConfig::default().address.value
         {
@@ -1038,5 +1067,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("master_nme") && err.contains('5'), "{err}");
+    }
+
+    #[test]
+    fn sentinel_read_from_is_primary_or_replica() {
+        let base = "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_name: m\n";
+        let c = Config::from_yaml(base, Path::new("s.yaml")).unwrap();
+        assert_eq!(
+            c.upstream.sentinel.unwrap().read_from(),
+            ReadFrom::Primary,
+            "default"
+        );
+        let c = Config::from_yaml(
+            &format!("{base}    read_from: replica\n"),
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        assert_eq!(c.upstream.sentinel.unwrap().read_from(), ReadFrom::Replica);
+        for (value, want) in [
+            ("nearest", "nearest is not supported in sentinel mode"),
+            ("replicas", "must be primary or replica"),
+        ] {
+            let err = Config::from_yaml(
+                &format!("{base}    read_from: {value}\n"),
+                Path::new("s.yaml"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains(&format!(
+                    "s.yaml:6: field `upstream.sentinel.read_from`: {want}"
+                )),
+                "{err}"
+            );
+        }
     }
 }
