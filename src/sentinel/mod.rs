@@ -9,8 +9,11 @@
 //! follow the address, dedicated ones close when it moves), and `server` starts both in
 //! `upstream.mode: sentinel`. This module has no pool knowledge.
 //!
-//! Hand-written on tokio: three commands and one subscription, on plain connections with
-//! timeouts, using the project's RESP encoder and reply decoder.
+//! Hand-written on tokio: a few commands and one subscription, on plain connections with
+//! timeouts, using the project's RESP encoder and reply decoder. [`replicas`] lists the
+//! primary's usable replicas for `read_from: replica`.
+
+pub mod replicas;
 
 use std::sync::Arc;
 use std::time::Duration;
