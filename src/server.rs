@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::codec::CodecLimits;
-use crate::config::{Config, UpstreamMode};
+use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
@@ -18,6 +18,7 @@ use crate::session::{self, Context};
 use crate::slowlog::SlowLog;
 use crate::upstream::address::Address;
 use crate::upstream::pool::{Pool, PoolSettings};
+use crate::upstream::replicas::Replicas;
 use arc_swap::ArcSwap;
 
 /// Serves clients on `listener` until `shutdown` completes, then stops accepting, lets every
@@ -102,7 +103,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
-    let mut follower = None;
+    let mut followers = Vec::new();
+    let mut replicas = None;
     let (pool, cluster) = match config.upstream.mode.value {
         UpstreamMode::Cluster => {
             let router = crate::cluster::Router::start(&config, metrics.clone())
@@ -111,9 +113,10 @@ pub async fn serve(
             (router.home_pool(), Some(router))
         }
         UpstreamMode::Sentinel => {
-            let (pool, task) = start_sentinel(&config, metrics.clone()).await?;
-            follower = Some(task);
-            (pool, None)
+            let sentinel = start_sentinel(&config, metrics.clone()).await?;
+            followers = sentinel.tasks;
+            replicas = sentinel.replicas;
+            (sentinel.pool, None)
         }
         UpstreamMode::Standalone => {
             let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
@@ -156,6 +159,7 @@ pub async fn serve(
     let ctx = Arc::new(Context {
         pool,
         cluster,
+        replicas,
         codec: CodecLimits {
             max_bulk_len: limits.max_bulk_len.value,
             max_multibulk_len: limits.max_multibulk_len.value,
@@ -233,7 +237,7 @@ pub async fn serve(
     drop(alive_tx);
     sweeper.abort();
     idle_ticker.abort();
-    if let Some(task) = follower {
+    for task in followers {
         task.abort();
     }
     if let Some(task) = admin_task {
@@ -250,25 +254,51 @@ pub async fn serve(
     Ok(())
 }
 
+/// What sentinel mode runs: the primary's pool, the replicas reads may use, and the tasks
+/// that follow both.
+struct SentinelUpstream {
+    /// Connections to the primary of the moment.
+    pool: Arc<Pool>,
+    /// With `read_from: replica`, the listed replicas' pools; `None` otherwise, so sessions
+    /// take no replica branch at all.
+    replicas: Option<Arc<Replicas>>,
+    /// The follower tasks, aborted at shutdown.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
 /// Sentinel mode: follows the primary the sentinels name and starts a pool that connects to
 /// it. Waits for the first answer at most `connect_timeout_ms`, as standalone mode's first
 /// handshake does; without one the proxy serves anyway, answering
 /// `-ERR upstream … unavailable` until a sentinel names a reachable primary (the follower
-/// keeps asking).
+/// keeps asking). With `read_from: replica`, the replicas are followed too (in the
+/// background: until one is connected, reads go to the primary).
 async fn start_sentinel(
     config: &Config,
     metrics: Arc<Metrics>,
-) -> std::io::Result<(Arc<Pool>, tokio::task::JoinHandle<()>)> {
+) -> std::io::Result<SentinelUpstream> {
     let settings = PoolSettings::from_config(config).map_err(std::io::Error::other)?;
-    let spec = config
+    let sentinel = config
         .upstream
         .sentinel
         .as_ref()
-        .ok_or_else(|| std::io::Error::other("upstream.sentinel is missing"))?
-        .spec();
+        .ok_or_else(|| std::io::Error::other("upstream.sentinel is missing"))?;
+    let spec = sentinel.spec();
     let label: Arc<str> = format!("sentinel:{}", spec.master_name).into();
     let (tx, mut primary) = watch::channel(None);
-    let task = tokio::spawn(crate::sentinel::follow_primary(spec, tx));
+    let mut tasks = Vec::new();
+    let mut replicas = None;
+    if sentinel.read_from() == ReadFrom::Replica {
+        let set = Replicas::new(settings.clone(), metrics.clone());
+        let (list_tx, list) = watch::channel(Vec::new());
+        tasks.push(tokio::spawn(crate::sentinel::replicas::follow_replicas(
+            spec.clone(),
+            primary.clone(),
+            list_tx,
+        )));
+        tasks.push(tokio::spawn(set.clone().follow(list)));
+        replicas = Some(set);
+    }
+    tasks.push(tokio::spawn(crate::sentinel::follow_primary(spec, tx)));
     let first = primary.wait_for(Option::is_some);
     if tokio::time::timeout(settings.login.connect_timeout, first)
         .await
@@ -277,5 +307,9 @@ async fn start_sentinel(
         tracing::warn!(upstream = %label, "no primary named by the sentinels yet; serving errors until one is");
     }
     let pool = Pool::start_at(Address::Followed { primary, label }, &settings, metrics);
-    Ok((pool, task))
+    Ok(SentinelUpstream {
+        pool,
+        replicas,
+        tasks,
+    })
 }

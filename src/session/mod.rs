@@ -11,6 +11,7 @@
 
 mod cluster;
 mod proxy_commands;
+mod replica_reads;
 mod replies;
 mod route;
 
@@ -46,6 +47,9 @@ pub struct Context {
     /// The cluster router in cluster mode; `None` for a standalone upstream, whose commands
     /// then take no cluster branch at all.
     pub cluster: Option<Arc<crate::cluster::Router>>,
+    /// Sentinel mode with `read_from: replica`: the replicas reads may go to; `None`
+    /// otherwise, so other sessions take no replica branch at all.
+    pub replicas: Option<Arc<crate::upstream::replicas::Replicas>>,
     /// Request framing limits.
     pub codec: CodecLimits,
     /// Unanswered commands per client before the proxy stops reading it.
@@ -80,7 +84,8 @@ const PUSH_BUDGET: u32 = 4 * 1024 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 
 /// Which upstream connection a command goes to. The second field is the node (an index
-/// from the cluster router; always 0 for a standalone upstream): a change of node is a change
+/// from the cluster router; for a standalone or Sentinel upstream 0 is the primary and 1… the
+/// Sentinel replicas of `upstream::replicas`): a change of node is a change
 /// of target, so the session waits for the other node's replies before sending, which keeps
 /// replies in request order without reordering anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -508,11 +513,17 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 let Some(mut msg) = msg else { break };
                 s.active = true;
                 // Boxed: rare, and large enough to matter in every idle session's task.
+                if s.ctx.replicas.is_some() {
+                    Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
+                }
                 let resent = s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
                 if !resent {
                     s.on_reply(msg);
                 }
                 while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                    if s.ctx.replicas.is_some() {
+                        Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
+                    }
                     let resent =
                         s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
                     if !resent {
@@ -1159,6 +1170,16 @@ impl Session {
                 redirects: 0,
                 wait: ReplyWait::Prompt,
             })),
+            // A Sentinel replica's batch holds only reads: kept so they can go to the
+            // primary if the replica fails (`resend_failed_replica_reads`).
+            (None, Target::Shared(proto, node @ 1..), Expect::Frames(_)) => Some(Box::new(Sent {
+                bytes: bytes.clone(),
+                proto,
+                node,
+                dedicated: false,
+                redirects: 0,
+                wait: ReplyWait::Prompt,
+            })),
             (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
                 Some(Box::new(Sent {
                     bytes: bytes.clone(),
@@ -1179,7 +1200,20 @@ impl Session {
         };
         let sent = match target {
             Target::Shared(proto, node) => match &self.ctx.cluster {
-                None => enqueue(self.ctx.pool.shared(proto, self.id), batch).await,
+                None if node == 0 => enqueue(self.ctx.pool.shared(proto, self.id), batch).await,
+                None => {
+                    // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
+                    let pool = match &self.ctx.replicas {
+                        Some(replicas) => replicas.pool(node),
+                        None => self.ctx.pool.clone(),
+                    };
+                    self.ctx
+                        .ops
+                        .metrics
+                        .replica_reads
+                        .inc_by(u64::from(commands));
+                    enqueue(pool.shared(proto, self.id), batch).await
+                }
                 Some(router) => {
                     if router.read_from() != crate::config::ReadFrom::Primary
                         && !router.snapshot().is_primary(node)
@@ -1626,6 +1660,7 @@ mod size_tests {
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
             cluster: None,
+            replicas: None,
             codec: CodecLimits::default(),
             max_inflight: 16,
             max_query_buffer: 1 << 20,

@@ -139,11 +139,16 @@ impl Session {
             self.policy.version(),
             self.policy.rule_ids().count(),
         );
-        if let Some(router) = &self.ctx.cluster {
+        let read_from = match (&self.ctx.cluster, &self.ctx.replicas) {
+            (Some(router), _) => Some(router.read_from()),
+            (None, Some(_)) => Some(crate::config::ReadFrom::Replica),
+            (None, None) => None,
+        };
+        if let Some(read_from) = read_from {
             let _ = write!(
                 s,
                 "proxy_read_from:{}\r\nproxy_replica_reads:{}\r\n",
-                router.read_from().as_str(),
+                read_from.as_str(),
                 m.replica_reads.get(),
             );
         }

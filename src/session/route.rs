@@ -76,9 +76,10 @@ impl Session {
             )),
             (action, None) => action,
         };
-        match &self.ctx.cluster {
-            None => action,
-            Some(router) => self.place(router, action, &args, spec, queued),
+        match (&self.ctx.cluster, &self.ctx.replicas) {
+            (None, None) => action,
+            (Some(router), _) => self.place(router, action, &args, spec, queued),
+            (None, Some(replicas)) => self.place_read(replicas, action, spec, queued),
         }
     }
 
