@@ -230,6 +230,42 @@ async fn check_of_cluster_read_from_names_file_line_and_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_of_sentinel_read_from_names_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let sentinel = "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [127.0.0.1:26379]\n    master_name: mymaster\n";
+    for value in ["primary", "replica"] {
+        let text = format!("{sentinel}    read_from: {value}\n");
+        let (_, r) = check(dir, &format!("{value}.yaml"), &text).await;
+        assert_eq!(r.code, Some(0), "{value}: stderr: {}", r.stderr);
+    }
+    let (file, r) = check(
+        dir,
+        "nearest.yaml",
+        &format!("{sentinel}    read_from: nearest\n"),
+    )
+    .await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:6: field `upstream.sentinel.read_from`: nearest is not supported in sentinel mode"
+        )],
+    );
+    let (file, r) = check(
+        dir,
+        "bad.yaml",
+        &format!("{sentinel}    read_from: slave\n"),
+    )
+    .await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:6: field `upstream.sentinel.read_from`: must be primary or replica"
+        )],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_rejects_a_mistyped_value_naming_the_field() {
     let tmp = TempDir::new("cfg");
     let dir = tmp.path();
