@@ -128,6 +128,15 @@ pub async fn serve(
             let router = router.clone();
             Arc::new(move || router.readiness())
         }
+        // With replica pools the connection gauge counts replicas too: ready means the
+        // primary's own shared connections.
+        None if replicas.is_some() => {
+            let pool = pool.clone();
+            Arc::new(move || match pool.any_up() {
+                true => Ok(format!("primary {} connected", pool.addr())),
+                false => Err(format!("no connection to the primary {}", pool.addr())),
+            })
+        }
         None => {
             let metrics = metrics.clone();
             Arc::new(move || match metrics.upstream_connections.get() {

@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::sentinel::{MASTER, SentinelSetup};
-use common::{DEADLINE, Proxy, Raw, resp, show, wait_until};
+use common::{DEADLINE, Proxy, Raw, http_get, resp, show, wait_until};
 use redis_policy_proxy::Config;
 
 /// Sentinel mode for `setup` with `read_from: replica`, reconnecting quickly.
@@ -163,6 +163,10 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
     let text = String::from_utf8_lossy(&c.call(&["INFO"]).await).into_owned();
     assert!(text.contains("proxy_read_from:replica\r\n"), "{text}");
     assert!(replica_reads(&mut c).await >= 20, "{text}");
+    // Readiness is about the primary's connections, not the replicas'.
+    let (status, body) = http_get(proxy.admin, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("primary {primary} connected")), "{body}");
 
     // The replica dies with reads in flight (stopped first, so they are surely sent and
     // unanswered when it dies): they are sent to the primary, the client sees only values.
