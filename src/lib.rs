@@ -30,7 +30,9 @@
 //!   under `read_from` (replica reads, docs/cluster.md).
 //! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels and
 //!   confirmed with `ROLE`, followed through `+switch-master`; `upstream::address` makes the
-//!   pool's connections follow it.
+//!   pool's connections follow it. With `read_from: replica`, `sentinel::replicas` lists the
+//!   usable replicas, `upstream::replicas` keeps their pools and picks one per client, and
+//!   `session::replica_reads` says which commands may go there (docs/sentinel.md).
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
