@@ -166,7 +166,10 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
     // Readiness is about the primary's connections, not the replicas'.
     let (status, body) = http_get(proxy.admin, "/readyz").await;
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains(&format!("primary {primary} connected")), "{body}");
+    assert!(
+        body.contains(&format!("primary {primary} connected")),
+        "{body}"
+    );
 
     // The replica dies with reads in flight (stopped first, so they are surely sent and
     // unanswered when it dies): they are sent to the primary, the client sees only values.
