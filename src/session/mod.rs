@@ -13,6 +13,7 @@ mod cluster;
 mod proxy_commands;
 mod replies;
 mod route;
+mod scatter;
 mod spread;
 
 use replies::{apply_mask, filter_exec, with_client_id};
@@ -119,6 +120,9 @@ enum Slot {
         /// The batch's `seq`, which its reply echoes: in cluster mode replies from different
         /// nodes come in any order and are put in their slot by it.
         seq: u16,
+        /// Slots the batch's replies fill: 1 for most; on the first slot of a scattered
+        /// cluster batch, how many segments it has (the others have 0; see `scatter`).
+        parts: u16,
     },
 }
 
@@ -301,6 +305,14 @@ struct Run {
     first: Option<&'static CommandSpec>,
     /// Cluster mode: the hash slots of the run's keyed commands, for `Sent::hash_slots`.
     hash_slots: Vec<u16>,
+    /// Cluster mode, once parked (see `scatter`): the batch's `seq`, taken when its first
+    /// segment got its slot.
+    seq: Option<u16>,
+    /// Where its first segment's slot is in `Session::slots` (stable while runs are
+    /// pending: nothing leaves the reply order during `process`).
+    head: Option<usize>,
+    /// Frames already given a segment slot.
+    cut: u32,
 }
 
 impl Run {
@@ -423,6 +435,11 @@ struct Session {
     /// Cluster mode: the hash slot of the command `execute` is carrying out, as
     /// `batch_name` is its name.
     batch_slot: Option<u16>,
+    /// Cluster mode: runs for other nodes, parked while a pipeline alternates between nodes
+    /// and sent with the current run (see `scatter`); always empty standalone.
+    parked: Vec<Run>,
+    /// Frames in `parked`, which count toward `max_inflight` like the current run's.
+    parked_frames: usize,
     /// The channel every upstream connection answers this session on.
     /// Created with the first upstream command, so an idle client costs no channel.
     reply_tx: Option<mpsc::UnboundedSender<Reply>>,
@@ -499,6 +516,8 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         spread: ctx_cluster.then(Box::default),
         placed_slot: AtomicU32::new(NO_SLOT),
         batch_slot: None,
+        parked: Vec::new(),
+        parked_frames: 0,
         reply_tx: None,
         new_reply_rx: None,
         push_budget: Arc::new(Semaphore::new(PUSH_BUDGET as usize)),
@@ -850,6 +869,12 @@ impl Session {
                 // Standalone (and on one node) the reply answers the oldest slot; in cluster
                 // mode another node's batch may be older and still unanswered.
                 let at = self.slot_of(seq);
+                if let Some(i) = at
+                    && matches!(self.slots[i], Slot::Upstream { parts, .. } if parts > 1)
+                {
+                    self.on_parts(i, data, missing, error);
+                    return;
+                }
                 let slot = match at {
                     Some(0) => self.slots.pop_front(),
                     Some(i) => Some(std::mem::replace(
@@ -1000,17 +1025,17 @@ impl Session {
     /// commands must run first, see `spread`); with a dedicated connection on either side,
     /// everything in flight, as standalone.
     fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
-        let Some(last) = self.inflight_target else {
-            return false;
-        };
         let Some(spread) = &mut self.spread else {
-            return last != target;
+            return self.inflight_target.is_some_and(|last| last != target);
         };
-        let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
-        if !shared && last != target {
-            spread.clear_wait();
-            return true;
+        if let Some(last) = self.inflight_target {
+            let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
+            if !shared && last != target {
+                spread.clear_wait();
+                return true;
+            }
         }
+        // The slot's commands may also be in a run not sent yet (counted when they joined).
         match slot {
             Some(s) if spread.elsewhere(s, target) => {
                 spread.wait_for(s);
@@ -1073,7 +1098,7 @@ impl Session {
         }
         let mut run = Run::default();
         while !self.closing {
-            if self.inflight + run.frames as usize >= self.ctx.max_inflight {
+            if self.inflight + self.parked_frames + run.frames as usize >= self.ctx.max_inflight {
                 break;
             }
             let decoded = codec::decode(&self.rbuf[run.len..], &self.ctx.codec, &mut self.args);
@@ -1147,9 +1172,17 @@ impl Session {
                     };
                     match joining {
                         Ok((target, effect, rewrite)) => {
+                            let hidden = rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
                             if run.target.is_some_and(|t| t != target) {
-                                // Another connection: the run so far goes out first (its
-                                // slots then count as in flight for `blocked`).
+                                if self.may_scatter(&run, target, hidden) {
+                                    self.switch_run(&mut run, target);
+                                } else {
+                                    // Another connection: the runs so far go out first.
+                                    self.flush_run(&mut run).await;
+                                }
+                                base = 0;
+                            } else if hidden && run.seq.is_some() {
+                                // Segments carry no mask: hidden frames start a new batch.
                                 self.flush_run(&mut run).await;
                                 base = 0;
                             }
@@ -1177,7 +1210,12 @@ impl Session {
                                 self.rbuf.advance(len);
                                 continue;
                             }
-                            if let (Some(slot), Target::Shared(..)) = (slot, target) {
+                            if let (Some(slot), Target::Shared(..), Some(spread)) =
+                                (slot, target, &mut self.spread)
+                            {
+                                // Counted from now: a later command for the slot must not
+                                // join another node's run.
+                                spread.sent(target, &[slot]);
                                 run.hash_slots.push(slot);
                             }
                             match rewrite {
@@ -1250,13 +1288,33 @@ impl Session {
         self.flush_run(&mut run).await;
     }
 
-    /// Sends the current run of forwardable commands as one batch.
+    /// Sends the current run of forwardable commands as one batch, and the parked ones.
     async fn flush_run(&mut self, run: &mut Run) {
         let run = std::mem::take(run);
+        self.send_run(run).await;
+        if !self.parked.is_empty() {
+            self.parked_frames = 0;
+            for run in std::mem::take(&mut self.parked) {
+                self.send_run(run).await;
+            }
+            // Segments answered with an error right away may now head the reply order.
+            self.flush_local_slots();
+        }
+    }
+
+    /// Sends one run as one batch.
+    async fn send_run(&mut self, mut run: Run) {
         let Some(target) = run.target else {
             // Only skipped empty requests: drop them.
             self.rbuf.advance(run.len);
             return;
+        };
+        let parts = match run.seq {
+            Some(seq) => {
+                self.cut_segment(&mut run);
+                run.head.map(|head| (seq, head))
+            }
+            None => None,
         };
         let bytes = match run.owned {
             Some(owned) => {
@@ -1270,12 +1328,13 @@ impl Session {
             ..Handling::default()
         };
         self.batch_name = run.first;
-        self.send(
+        self.send_as(
             target,
             bytes,
             Expect::Frames(run.frames),
             handling,
             run.hash_slots,
+            parts,
         )
         .await;
     }
@@ -1291,9 +1350,30 @@ impl Session {
         handling: Handling,
         hash_slots: Vec<u16>,
     ) {
+        self.send_as(target, bytes, expect, handling, hash_slots, None)
+            .await;
+    }
+
+    /// `send`, for a batch whose reply slots may be in place already: `parts` is then its
+    /// `seq` and the position of its first segment (see `scatter`).
+    async fn send_as(
+        &mut self,
+        target: Target,
+        bytes: Bytes,
+        expect: Expect,
+        handling: Handling,
+        hash_slots: Vec<u16>,
+        parts: Option<(u16, usize)>,
+    ) {
         let commands = expect.commands();
-        let seq = self.next_seq;
-        self.next_seq = seq.wrapping_add(1);
+        let seq = match parts {
+            Some((seq, _)) => seq,
+            None => {
+                let seq = self.next_seq;
+                self.next_seq = seq.wrapping_add(1);
+                seq
+            }
+        };
         let kept = match (&self.ctx.cluster, target, expect) {
             (Some(_), Target::Shared(proto, node), Expect::Frames(_)) => Some(Box::new(Sent {
                 bytes: bytes.clone(),
@@ -1315,7 +1395,13 @@ impl Session {
                     hash_slots: Vec::new(),
                 }))
             }
-            _ => None,
+            _ => {
+                // Not tracked for redirections: nothing to keep counted either.
+                if let Some(spread) = &mut self.spread {
+                    spread.answered(&hash_slots);
+                }
+                None
+            }
         };
         let batch = Batch {
             bytes,
@@ -1347,25 +1433,47 @@ impl Session {
         };
         match sent {
             Ok(()) => {
-                if let (Some(spread), Some(sent)) = (&mut self.spread, &kept) {
-                    spread.sent(target, &sent.hash_slots);
+                match parts {
+                    Some((_, head)) => {
+                        if let Some(Slot::Upstream { sent, .. }) = self.slots.get_mut(head) {
+                            *sent = kept;
+                        }
+                    }
+                    None => self.slots.push_back(Slot::Upstream {
+                        commands,
+                        handling,
+                        read_at: self.read_at,
+                        name: self.batch_name,
+                        sent: kept,
+                        seq,
+                        parts: 1,
+                    }),
                 }
-                self.slots.push_back(Slot::Upstream {
-                    commands,
-                    handling,
-                    read_at: self.read_at,
-                    name: self.batch_name,
-                    sent: kept,
-                    seq,
-                });
                 self.inflight += commands as usize;
                 self.inflight_target = Some(target);
             }
             Err(_) => {
+                if let (Some(spread), Some(sent)) = (&mut self.spread, &kept) {
+                    spread.answered(&sent.hash_slots);
+                }
                 let e = ProxyError::Upstream(UpstreamError::Unavailable {
                     addr: self.ctx.pool.addr(),
                     reason: "connection closed".into(),
                 });
+                if let Some((_, head)) = parts {
+                    // Its segments already hold its place in the reply order.
+                    let reply = error_reply(&e);
+                    for slot in self.slots.range_mut(head..) {
+                        if let Slot::Upstream {
+                            commands, seq: s, ..
+                        } = slot
+                            && *s == seq
+                        {
+                            *slot = Slot::Local(reply.repeat(*commands as usize).into());
+                        }
+                    }
+                    return;
+                }
                 if !handling.suppress {
                     let reply = error_reply(&e);
                     let visible = match &handling.mask {
@@ -1630,8 +1738,11 @@ impl Session {
             exec_mask,
             strip,
         };
-        let hash_slots = match (slot, target) {
-            (Some(slot), Target::Shared(..)) => vec![slot],
+        let hash_slots = match (slot, target, &mut self.spread) {
+            (Some(slot), Target::Shared(..), Some(spread)) => {
+                spread.sent(target, &[slot]);
+                vec![slot]
+            }
             _ => Vec::new(),
         };
         self.send(target, bytes, expect, handling, hash_slots).await;
