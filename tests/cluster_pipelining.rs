@@ -62,39 +62,57 @@ async fn a_pipeline_across_primaries_keeps_reply_order() {
     let (mut input, mut expected) = (Vec::new(), Vec::new());
     for i in 0..4000 {
         let k = rng.below(keys);
-        let (command, reply) = match rng.below(6) {
-            0 => {
-                let v = format!("v{i}");
-                let r = b"+OK\r\n".to_vec();
-                strings.insert(k, v.clone());
-                (resp(&["SET", &format!("s:{k}"), &v]), r)
+        let (command, reply) = match rng.below(40) {
+            // Now and then commands that are not one node's: keyless (stays with a node in
+            // flight), answered by the proxy, and split over the nodes (waits for the rest).
+            37 => (resp(&["PING"]), b"+PONG\r\n".to_vec()),
+            38 => (resp(&["CLIENT", "GETNAME"]), b"$-1\r\n".to_vec()),
+            39 => {
+                let other = rng.below(keys);
+                let mut r = b"*2\r\n".to_vec();
+                for k in [k, other] {
+                    r.extend(match strings.get(&k) {
+                        Some(v) => format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
+                        None => b"$-1\r\n".to_vec(),
+                    });
+                }
+                let (a, b) = (format!("s:{k}"), format!("s:{other}"));
+                (resp(&["MGET", &a, &b]), r)
             }
-            1 => {
-                let r = match strings.get(&k) {
-                    Some(v) => format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
-                    None => b"$-1\r\n".to_vec(),
-                };
-                (resp(&["GET", &format!("s:{k}")]), r)
-            }
-            2 => {
-                let r = format!(":{}\r\n", u8::from(strings.remove(&k).is_some())).into_bytes();
-                (resp(&["DEL", &format!("s:{k}")]), r)
-            }
-            3 | 4 => {
-                let n = counters.entry(k).or_insert(0);
-                *n += 1;
-                (
-                    resp(&["INCR", &format!("c:{k}")]),
-                    format!(":{n}\r\n").into_bytes(),
-                )
-            }
-            _ => {
-                let r = match counters.remove(&k) {
-                    Some(_) => b":1\r\n".to_vec(),
-                    None => b":0\r\n".to_vec(),
-                };
-                (resp(&["DEL", &format!("c:{k}")]), r)
-            }
+            n => match n % 6 {
+                0 => {
+                    let v = format!("v{i}");
+                    let r = b"+OK\r\n".to_vec();
+                    strings.insert(k, v.clone());
+                    (resp(&["SET", &format!("s:{k}"), &v]), r)
+                }
+                1 => {
+                    let r = match strings.get(&k) {
+                        Some(v) => format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
+                        None => b"$-1\r\n".to_vec(),
+                    };
+                    (resp(&["GET", &format!("s:{k}")]), r)
+                }
+                2 => {
+                    let r = format!(":{}\r\n", u8::from(strings.remove(&k).is_some())).into_bytes();
+                    (resp(&["DEL", &format!("s:{k}")]), r)
+                }
+                3 | 4 => {
+                    let n = counters.entry(k).or_insert(0);
+                    *n += 1;
+                    (
+                        resp(&["INCR", &format!("c:{k}")]),
+                        format!(":{n}\r\n").into_bytes(),
+                    )
+                }
+                _ => {
+                    let r = match counters.remove(&k) {
+                        Some(_) => b":1\r\n".to_vec(),
+                        None => b":0\r\n".to_vec(),
+                    };
+                    (resp(&["DEL", &format!("c:{k}")]), r)
+                }
+            },
         };
         input.extend(command);
         expected.push(reply);
