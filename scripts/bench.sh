@@ -21,8 +21,8 @@
 #                `upstream.mode: cluster` in front of it. Their "direct" target is
 #                `redis-benchmark --cluster` against the nodes (each client stays on one node
 #                and its keys carry that node's hash tag); through the proxy the random keys
-#                spread over all three primaries, so a -P 16 pipeline switches nodes, and each
-#                switch waits for the previous node's replies (see docs/cluster.md). Naming
+#                spread over all three primaries, so a -P 16 pipeline switches nodes (sent as
+#                one batch per node, see docs/cluster.md). Naming
 #                cP1 or cP16 in WORKLOADS also starts the cluster.
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped

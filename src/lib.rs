@@ -23,7 +23,9 @@
 //! - [`command`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
 //!   decides each command (policy verdict, then route), `session::replies` shapes replies
-//!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client).
+//!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client);
+//!   in cluster mode `session::scatter` sends a pipeline as one batch per node and
+//!   `session::spread` keeps each hash slot's commands in order across nodes.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to

@@ -165,6 +165,11 @@ pub async fn serve(
         })
     };
     let limits = &config.limits;
+    // A cluster session matches replies to batches by a 16-bit `seq`.
+    let max_inflight = match &cluster {
+        Some(_) => limits.max_inflight.value.min(crate::session::SEQ_WINDOW),
+        None => limits.max_inflight.value,
+    };
     let ctx = Arc::new(Context {
         pool,
         cluster,
@@ -174,7 +179,7 @@ pub async fn serve(
             max_multibulk_len: limits.max_multibulk_len.value,
             max_inline_len: limits.max_inline_len.value,
         },
-        max_inflight: limits.max_inflight.value,
+        max_inflight,
         max_query_buffer: limits.max_query_buffer.value,
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),

@@ -11,7 +11,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::Path;
 
-use common::cluster::RedisCluster;
+use common::cluster::{RedisCluster, begin_migration, node_id, setslot};
 use common::{Proxy, Raw, resp, show};
 use redis_policy_proxy::Config;
 use redis_policy_proxy::cluster::slot;
@@ -321,45 +321,6 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     );
     assert_eq!(c.call(&["GET", a]).await, b"$3\r\n4-0\r\n");
     proxy.stop().await;
-}
-
-/// `CLUSTER MYID` of the node at `addr`.
-/// `CLUSTER SETSLOT slot state node`.
-fn setslot(slot: u16, state: &str, node: &str) -> Vec<u8> {
-    resp(&["CLUSTER", "SETSLOT", &slot.to_string(), state, node])
-}
-
-/// Starts moving `slot` from `source` to `target` (each `(address, node id)`) as
-/// `redis-cli --cluster reshard` does: IMPORTING on the target, then MIGRATING on the source.
-/// Returns connections to the source and the target for the rest of the migration.
-async fn begin_migration(
-    slot: u16,
-    (source, source_id): (&str, &str),
-    (target, target_id): (&str, &str),
-) -> (Raw, Raw) {
-    let mut to_source = Raw::connect(source).await;
-    let mut to_target = Raw::connect(target).await;
-    assert_eq!(
-        to_target
-            .request(&setslot(slot, "IMPORTING", source_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
-    assert_eq!(
-        to_source
-            .request(&setslot(slot, "MIGRATING", target_id), 1)
-            .await,
-        b"+OK\r\n"
-    );
-    (to_source, to_target)
-}
-
-fn node_id(redis: &RedisCluster, addr: &str) -> String {
-    let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
-    match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        other => panic!("CLUSTER MYID: {other:?}"),
-    }
 }
 
 #[tokio::test]

@@ -161,6 +161,8 @@ impl Session {
             }
             return Action::Refused(crossslot());
         };
+        self.placed_slot
+            .store(slot.map_or(NO_SLOT, u32::from), Relaxed);
         let snapshot = router.snapshot();
         let node = match slot {
             Some(s) => snapshot.owner(s),
@@ -183,8 +185,12 @@ impl Session {
         let target = match target {
             Target::Shared(proto, _) => {
                 let replica = match slot {
+                    // A slot with commands in flight (on its primary) is read there too: the
+                    // read must see them, and elsewhere it would wait for them.
                     Some(s)
-                        if self.may_read_replica(router, spec, rewrite, queued, proto, node) =>
+                        if !self.spread.as_ref().is_some_and(|sp| sp.in_flight(s))
+                            && self
+                                .may_read_replica(router, spec, rewrite, queued, proto, node) =>
                     {
                         router.read_node(&snapshot, s, proto, self.id)
                     }
@@ -431,6 +437,7 @@ impl Session {
             expect: Expect::Frames(1),
             wait: ReplyWait::Prompt,
             reply_to: tx,
+            seq: 0,
         };
         let sent = router
             .pool(node)
@@ -525,9 +532,9 @@ impl Session {
         Ok(found)
     }
 
-    /// The cluster batch the oldest pending reply answers, as it was sent.
-    fn front_sent(&self) -> Option<&Sent> {
-        match self.slots.front() {
+    /// The cluster batch the reply with this `seq` answers, as it was sent.
+    pub(super) fn sent_of(&self, seq: u16) -> Option<&Sent> {
+        match self.slot_of(seq).and_then(|i| self.slots.get(i)) {
             Some(Slot::Upstream {
                 sent: Some(sent), ..
             }) => Some(sent),
@@ -541,7 +548,10 @@ impl Session {
     /// has not run the command. Waits for the resent replies (redirections are rare and the
     /// session's later replies queue behind this one anyway).
     pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
-        if self.front_sent().is_some_and(|sent| sent.dedicated) {
+        let Reply::Batch { seq, .. } = *msg else {
+            return false;
+        };
+        if self.sent_of(seq).is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }
         Box::pin(self.reroute_replica_reads(msg)).await;
@@ -552,11 +562,12 @@ impl Session {
         );
         if unsent {
             // Nothing was sent (the node's connection is down): safe to route again.
-            if let Some(data) = Box::pin(self.reroute_unsent()).await {
+            if let Some(data) = Box::pin(self.reroute_unsent(seq)).await {
                 *msg = Reply::Batch {
                     data,
                     missing: 0,
                     error: None,
+                    seq,
                 };
             }
             return false;
@@ -570,7 +581,7 @@ impl Session {
         if !may_redirect(data) {
             return false;
         }
-        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.front_sent()) else {
+        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(seq)) else {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
@@ -596,11 +607,13 @@ impl Session {
             data,
             missing,
             error: Some(_),
+            seq,
         } = msg
         else {
             return;
         };
-        let (Some(router), Some(sent)) = (self.ctx.cluster.as_ref(), self.front_sent()) else {
+        let seq = *seq;
+        let (Some(router), Some(sent)) = (self.ctx.cluster.as_ref(), self.sent_of(seq)) else {
             return;
         };
         if router.read_from() == ReadFrom::Primary || router.snapshot().is_primary(sent.node) {
@@ -623,6 +636,7 @@ impl Session {
             data: [&data[..], &replies[..]].concat().into(),
             missing: 0,
             error: None,
+            seq,
         };
     }
 
@@ -632,12 +646,16 @@ impl Session {
     /// blocks there. `true` when resent: the reply is then not the client's yet.
     async fn redirect_dedicated(&mut self, msg: &mut Reply) -> bool {
         let Reply::Batch {
-            data, error: None, ..
+            data,
+            error: None,
+            seq,
+            ..
         } = msg
         else {
             return false;
         };
-        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.front_sent()) else {
+        let seq = *seq;
+        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(seq)) else {
             return false;
         };
         let origin = router.addr(sent.node);
@@ -656,7 +674,7 @@ impl Session {
                 );
                 if let Some(Slot::Upstream {
                     commands, handling, ..
-                }) = self.slots.front_mut()
+                }) = self.slot_of(seq).and_then(|i| self.slots.get_mut(i))
                 {
                     // The error stands for the command alone.
                     self.inflight -= (*commands - 1) as usize;
@@ -693,6 +711,8 @@ impl Session {
             expect: Expect::Frames(frames),
             wait,
             reply_to: self.reply_sender(),
+            // The same batch, sent again: its reply goes to the same slot.
+            seq,
         };
         if tx.send(batch).await.is_err() {
             return false;
@@ -702,7 +722,7 @@ impl Session {
             handling,
             sent: Some(sent),
             ..
-        }) = self.slots.front_mut()
+        }) = self.slot_of(seq).and_then(|i| self.slots.get_mut(i))
         {
             self.inflight = self.inflight + frames as usize - *commands as usize;
             *commands = frames;
@@ -753,9 +773,9 @@ impl Session {
     /// replica), its commands are routed again by their keys. Waits at most twice the connect
     /// timeout, then gives up and the client gets the original error: no hang. `None` when
     /// the map did not change in time or the nodes failed again.
-    async fn reroute_unsent(&self) -> Option<Bytes> {
+    async fn reroute_unsent(&self, seq: u16) -> Option<Bytes> {
         let router = self.ctx.cluster.clone()?;
-        let sent = self.front_sent()?;
+        let sent = self.sent_of(seq)?;
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
         let give_up = tokio::time::Instant::now() + router.connect_timeout().saturating_mul(2);
@@ -802,6 +822,7 @@ impl Session {
                 expect: Expect::Frames(group.len() as u32),
                 wait: ReplyWait::Prompt,
                 reply_to: tx,
+                seq: 0,
             };
             router
                 .pool(node)
@@ -889,6 +910,7 @@ impl Session {
                     expect,
                     wait: ReplyWait::Prompt,
                     reply_to: tx,
+                    seq: 0,
                 };
                 let pool = router.pool(node);
                 let answer = match pool.shared(proto, self.id).send(batch).await {
@@ -953,6 +975,7 @@ impl Session {
                 expect: Expect::Frames(frames),
                 wait: ReplyWait::Prompt,
                 reply_to: tx,
+                seq: 0,
             };
             let sent = router
                 .pool(b.node)
@@ -1028,6 +1051,7 @@ impl Session {
                     expect: Expect::Frames(2),
                     wait: fanout.wait,
                     reply_to: tx,
+                    seq: 0,
                 };
                 let (push_to, _) = mpsc::unbounded_channel();
                 let push = PushTarget {
@@ -1050,6 +1074,7 @@ impl Session {
                     expect: Expect::Frames(1),
                     wait: ReplyWait::Prompt,
                     reply_to: tx,
+                    seq: 0,
                 };
                 router
                     .pool(node)

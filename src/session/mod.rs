@@ -14,6 +14,8 @@ mod proxy_commands;
 mod replica_reads;
 mod replies;
 mod route;
+mod scatter;
+mod spread;
 
 use replies::{apply_mask, filter_exec, with_client_id};
 
@@ -21,6 +23,8 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -82,12 +86,19 @@ pub const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(2);
 const PUSH_BUDGET: u32 = 4 * 1024 * 1024;
 /// Read buffer headroom requested before each read.
 const READ_CHUNK: usize = 16 * 1024;
+/// Most batches a cluster session may have in flight: below the 65,536 values of a 16-bit
+/// `seq`, so a reply's `seq` names one batch. `max_inflight` (commands, at least one per
+/// batch) is capped to it in cluster mode.
+pub const SEQ_WINDOW: usize = 32 * 1024;
+/// `Session::placed_slot` when there is no hash slot.
+const NO_SLOT: u32 = u32::MAX;
 
 /// Which upstream connection a command goes to. The second field is the node (an index
 /// from the cluster router; for a standalone or Sentinel upstream 0 is the primary and 1… the
-/// Sentinel replicas of `upstream::replicas`): a change of node is a change
-/// of target, so the session waits for the other node's replies before sending, which keeps
-/// replies in request order without reordering anything.
+/// Sentinel replicas of `upstream::replicas`). A change of target waits until the other
+/// target has answered everything, except between shared connections of a cluster: replies
+/// are then matched by `seq` and only a command whose hash slot is in flight on another
+/// connection waits (see `spread`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     /// The shared connection for this RESP version, on this node.
@@ -111,6 +122,12 @@ enum Slot {
         /// Cluster mode, shared connections: what was sent and where, so commands answered
         /// with MOVED or ASK can be sent again to the right node.
         sent: Option<Box<Sent>>,
+        /// The batch's `seq`, which its reply echoes: in cluster mode replies from different
+        /// nodes come in any order and are put in their slot by it.
+        seq: u16,
+        /// Slots the batch's replies fill: 1 for most; on the first slot of a scattered
+        /// cluster batch, how many segments it has (the others have 0; see `scatter`).
+        parts: u16,
     },
 }
 
@@ -132,6 +149,9 @@ struct Sent {
     redirects: u32,
     /// How long the command may block, kept for the batch sent again after a redirection.
     wait: ReplyWait,
+    /// The hash slots of the batch's keyed commands (one entry per command), counted in the
+    /// session's `spread` until the replies are in.
+    hash_slots: Vec<u16>,
 }
 
 /// How the replies of one upstream slot are treated.
@@ -288,6 +308,16 @@ struct Run {
     mask: Option<Vec<bool>>,
     /// The run's first command, for the slow log.
     first: Option<&'static CommandSpec>,
+    /// Cluster mode: the hash slots of the run's keyed commands, for `Sent::hash_slots`.
+    hash_slots: Vec<u16>,
+    /// Cluster mode, once parked (see `scatter`): the batch's `seq`, taken when its first
+    /// segment got its slot.
+    seq: Option<u16>,
+    /// Where its first segment's slot is in `Session::slots` (stable while runs are
+    /// pending: nothing leaves the reply order during `process`).
+    head: Option<usize>,
+    /// Frames already given a segment slot.
+    cut: u32,
 }
 
 impl Run {
@@ -392,9 +422,29 @@ struct Session {
     slots: VecDeque<Slot>,
     /// Id of the latest dedicated connection, to ignore the end of older ones.
     dedicated_gen: u64,
-    /// Upstream commands not yet answered, and where they went.
+    /// Upstream commands not yet answered.
     inflight: usize,
+    /// Where the latest batch went while commands are in flight (`None`: nothing in flight).
+    /// Standalone, and whenever a dedicated connection is involved, every in-flight command
+    /// went there.
     inflight_target: Option<Target>,
+    /// `seq` of the next batch sent on the session's reply channel.
+    next_seq: u16,
+    /// Cluster mode: the hash slots in flight and where (`None` standalone, which then keeps
+    /// the one-target-at-a-time rule and pays nothing for it).
+    spread: Option<Box<spread::Spread>>,
+    /// Cluster mode: the hash slot `place` found for the command being decided, taken by
+    /// `process` right after; an atomic (uncontended) because `decide` takes `&self` and the
+    /// session future must stay `Send`. `NO_SLOT`: keyless or not placed.
+    placed_slot: AtomicU32,
+    /// Cluster mode: the hash slot of the command `execute` is carrying out, as
+    /// `batch_name` is its name.
+    batch_slot: Option<u16>,
+    /// Cluster mode: runs for other nodes, parked while a pipeline alternates between nodes
+    /// and sent with the current run (see `scatter`); always empty standalone.
+    parked: Vec<Run>,
+    /// Frames in `parked`, which count toward `max_inflight` like the current run's.
+    parked_frames: usize,
     /// The channel every upstream connection answers this session on.
     /// Created with the first upstream command, so an idle client costs no channel.
     reply_tx: Option<mpsc::UnboundedSender<Reply>>,
@@ -440,6 +490,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let tenant = policy
         .access
         .tenant_of(stream.peer_addr().unwrap_or(unknown_peer).ip(), None);
+    let ctx_cluster = ctx.cluster.is_some();
     let mut s = Session {
         user: None,
         tenant,
@@ -466,6 +517,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         slots: VecDeque::new(),
         inflight: 0,
         inflight_target: None,
+        next_seq: 0,
+        spread: ctx_cluster.then(Box::default),
+        placed_slot: AtomicU32::new(NO_SLOT),
+        batch_slot: None,
+        parked: Vec::new(),
+        parked_frames: 0,
         reply_tx: None,
         new_reply_rx: None,
         push_budget: Arc::new(Semaphore::new(PUSH_BUDGET as usize)),
@@ -531,6 +588,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                     }
                 }
                 if s.inflight == 0 {
+                    s.paused = false;
+                    if let Some(spread) = &mut s.spread {
+                        spread.clear_wait();
+                    }
+                } else if s.paused && s.spread.as_mut().is_some_and(|sp| sp.resumable()) {
+                    // Only the slot the paused command waits for had to be answered.
                     s.paused = false;
                 }
                 if !s.paused && !s.rbuf.is_empty() && s.inflight < s.ctx.max_inflight {
@@ -808,21 +871,45 @@ impl Session {
                 data,
                 missing,
                 error,
+                seq,
             } => {
+                // Standalone (and on one node) the reply answers the oldest slot; in cluster
+                // mode another node's batch may be older and still unanswered.
+                let at = self.slot_of(seq);
+                if let Some(i) = at
+                    && matches!(self.slots[i], Slot::Upstream { parts, .. } if parts > 1)
+                {
+                    self.on_parts(i, data, missing, error);
+                    return;
+                }
+                let slot = match at {
+                    Some(0) => self.slots.pop_front(),
+                    Some(i) => Some(std::mem::replace(
+                        &mut self.slots[i],
+                        Slot::Local(Bytes::new()),
+                    )),
+                    None => None,
+                };
                 let Some(Slot::Upstream {
                     commands,
                     handling,
                     read_at,
                     name,
+                    sent,
                     ..
-                }) = self.slots.pop_front()
+                }) = slot
                 else {
-                    // Replies always match the oldest upstream slot; anything else is a bug we
-                    // must not turn into a misattributed reply.
+                    // Anything else is a bug we must not turn into a misattributed reply.
                     tracing::error!(id = self.id, "upstream reply without a waiting slot");
                     self.closing = true;
                     return;
                 };
+                let at = at.unwrap_or(0);
+                if let (Some(spread), Some(sent)) = (&mut self.spread, &sent) {
+                    spread.answered(&sent.hash_slots);
+                }
+                // Where this reply's output starts: kept in its slot if earlier ones are due.
+                let mark = self.out.len();
                 self.inflight -= commands as usize;
                 if self.inflight == 0 {
                     self.inflight_target = None;
@@ -861,7 +948,16 @@ impl Session {
                         }
                     }
                 }
-                self.flush_local_slots();
+                if at > 0 {
+                    let mut own = self.out.split_off(mark);
+                    let reply = match own.len() {
+                        1 => own.pop().unwrap_or_default(),
+                        _ => own.concat().into(),
+                    };
+                    self.slots[at] = Slot::Local(reply);
+                } else {
+                    self.flush_local_slots();
+                }
             }
             Reply::Push(frame, permits) => {
                 // A namespaced subscriber sees channel names without its prefix.
@@ -915,9 +1011,44 @@ impl Session {
     /// Moves proxy-made replies at the head of the order to the output.
     fn flush_local_slots(&mut self) {
         while let Some(Slot::Local(_)) = self.slots.front() {
-            if let Some(Slot::Local(b)) = self.slots.pop_front() {
+            if let Some(Slot::Local(b)) = self.slots.pop_front()
+                && !b.is_empty()
+            {
                 self.out.push(b);
             }
+        }
+    }
+
+    /// The position of the slot a reply with this `seq` answers.
+    fn slot_of(&self, seq: u16) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
+    }
+
+    /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
+    /// `target`; when so, notes what it waits for. Standalone: any other target in flight.
+    /// Cluster: between shared connections only a hash slot in flight on another one (its
+    /// commands must run first, see `spread`); with a dedicated connection on either side,
+    /// everything in flight, as standalone.
+    fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
+        let Some(spread) = &mut self.spread else {
+            return self.inflight_target.is_some_and(|last| last != target);
+        };
+        if let Some(last) = self.inflight_target {
+            let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
+            if !shared && last != target {
+                spread.clear_wait();
+                return true;
+            }
+        }
+        // The slot's commands may also be in a run not sent yet (counted when they joined).
+        match slot {
+            Some(s) if spread.elsewhere(s, target) => {
+                spread.wait_for(s);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -974,7 +1105,7 @@ impl Session {
         }
         let mut run = Run::default();
         while !self.closing {
-            if self.inflight + run.frames as usize >= self.ctx.max_inflight {
+            if self.inflight + self.parked_frames + run.frames as usize >= self.ctx.max_inflight {
                 break;
             }
             let decoded = codec::decode(&self.rbuf[run.len..], &self.ctx.codec, &mut self.args);
@@ -1005,7 +1136,7 @@ impl Session {
                     run.len += len;
                 }
                 Decoded::Command { len } => {
-                    let base = run.len;
+                    let mut base = run.len;
                     let spec = {
                         let frame = &self.rbuf[base..base + len];
                         let arg = |i: usize| self.args.get(i).map(|r| &frame[r.clone()]);
@@ -1021,32 +1152,53 @@ impl Session {
                             action = Action::Refused(refusal);
                         }
                     }
-                    let joins = |target: Target, effect: Effect| {
+                    let slot = match self.spread {
+                        Some(_) => u16::try_from(self.placed_slot.swap(NO_SLOT, Relaxed)).ok(),
+                        None => None,
+                    };
+                    let joins = |effect: Effect| {
                         self.reply_mode == ReplyMode::On
                             && effect.batchable()
                             && !self.multi_deferred
-                            && run.target.is_none_or(|t| t == target)
-                            && self.inflight_target.is_none_or(|t| t == target)
                     };
                     let joining = match action {
                         Action::Forward {
                             target,
                             expect: Expect::Frames(1),
                             effect,
-                        } if joins(target, effect) => Ok((target, effect, None)),
+                        } if joins(effect) => Ok((target, effect, None)),
                         Action::Rewritten {
                             target,
                             expect: Expect::Frames(1),
                             effect,
                             rewrite,
-                        } if joins(target, effect) && rewrite.strip.is_none() => {
+                        } if joins(effect) && rewrite.strip.is_none() => {
                             Ok((target, effect, Some(rewrite)))
                         }
                         other => Err(other),
                     };
-                    let metrics = &self.ctx.ops.metrics;
                     match joining {
                         Ok((target, effect, rewrite)) => {
+                            let hidden = rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+                            if run.target.is_some_and(|t| t != target) {
+                                if self.may_scatter(&run, target, hidden) {
+                                    self.switch_run(&mut run, target);
+                                } else {
+                                    // Another connection: the runs so far go out first.
+                                    self.flush_run(&mut run).await;
+                                }
+                                base = 0;
+                            } else if hidden && run.seq.is_some() {
+                                // Segments carry no mask: hidden frames start a new batch.
+                                self.flush_run(&mut run).await;
+                                base = 0;
+                            }
+                            if self.blocked(target, slot) {
+                                // Decided again once resumed.
+                                self.paused = true;
+                                break;
+                            }
+                            let metrics = &self.ctx.ops.metrics;
                             metrics.command(
                                 crate::metrics::class_of(spec),
                                 if rewrite.is_some() {
@@ -1064,6 +1216,14 @@ impl Session {
                                 self.flush_run(&mut run).await;
                                 self.rbuf.advance(len);
                                 continue;
+                            }
+                            if let (Some(slot), Target::Shared(..), Some(spread)) =
+                                (slot, target, &mut self.spread)
+                            {
+                                // Counted from now: a later command for the slot must not
+                                // join another node's run.
+                                spread.sent(target, &[slot]);
+                                run.hash_slots.push(slot);
                             }
                             match rewrite {
                                 None => {
@@ -1104,6 +1264,7 @@ impl Session {
                             let closes = matches!(action, Action::LocalThenClose(_));
                             self.flush_run(&mut run).await;
                             self.batch_name = spec;
+                            self.batch_slot = slot;
                             let before = self.rbuf.len();
                             // Boxed: the path for commands that cannot join a run (MULTI,
                             // SUBSCRIBE, refusals, local replies) carries the largest futures,
@@ -1134,13 +1295,33 @@ impl Session {
         self.flush_run(&mut run).await;
     }
 
-    /// Sends the current run of forwardable commands as one batch.
+    /// Sends the current run of forwardable commands as one batch, and the parked ones.
     async fn flush_run(&mut self, run: &mut Run) {
         let run = std::mem::take(run);
+        self.send_run(run).await;
+        if !self.parked.is_empty() {
+            self.parked_frames = 0;
+            for run in std::mem::take(&mut self.parked) {
+                self.send_run(run).await;
+            }
+            // Segments answered with an error right away may now head the reply order.
+            self.flush_local_slots();
+        }
+    }
+
+    /// Sends one run as one batch.
+    async fn send_run(&mut self, mut run: Run) {
         let Some(target) = run.target else {
             // Only skipped empty requests: drop them.
             self.rbuf.advance(run.len);
             return;
+        };
+        let parts = match run.seq {
+            Some(seq) => {
+                self.cut_segment(&mut run);
+                run.head.map(|head| (seq, head))
+            }
+            None => None,
         };
         let bytes = match run.owned {
             Some(owned) => {
@@ -1154,13 +1335,52 @@ impl Session {
             ..Handling::default()
         };
         self.batch_name = run.first;
-        self.send(target, bytes, Expect::Frames(run.frames), handling)
-            .await;
+        self.send_as(
+            target,
+            bytes,
+            Expect::Frames(run.frames),
+            handling,
+            run.hash_slots,
+            parts,
+        )
+        .await;
     }
 
     /// Sends a batch and records its slot; on failure answers every command with the error.
-    async fn send(&mut self, target: Target, bytes: Bytes, expect: Expect, handling: Handling) {
+    /// `hash_slots`: cluster mode, the hash slots of its keyed commands for a shared
+    /// connection (see `spread`).
+    async fn send(
+        &mut self,
+        target: Target,
+        bytes: Bytes,
+        expect: Expect,
+        handling: Handling,
+        hash_slots: Vec<u16>,
+    ) {
+        self.send_as(target, bytes, expect, handling, hash_slots, None)
+            .await;
+    }
+
+    /// `send`, for a batch whose reply slots may be in place already: `parts` is then its
+    /// `seq` and the position of its first segment (see `scatter`).
+    async fn send_as(
+        &mut self,
+        target: Target,
+        bytes: Bytes,
+        expect: Expect,
+        handling: Handling,
+        hash_slots: Vec<u16>,
+        parts: Option<(u16, usize)>,
+    ) {
         let commands = expect.commands();
+        let seq = match parts {
+            Some((seq, _)) => seq,
+            None => {
+                let seq = self.next_seq;
+                self.next_seq = seq.wrapping_add(1);
+                seq
+            }
+        };
         let kept = match (&self.ctx.cluster, target, expect) {
             (Some(_), Target::Shared(proto, node), Expect::Frames(_)) => Some(Box::new(Sent {
                 bytes: bytes.clone(),
@@ -1169,6 +1389,7 @@ impl Session {
                 dedicated: false,
                 redirects: 0,
                 wait: ReplyWait::Prompt,
+                hash_slots,
             })),
             // A Sentinel replica's batch holds only reads: kept so they can go to the
             // primary if the replica fails (`resend_failed_replica_reads`).
@@ -1179,6 +1400,7 @@ impl Session {
                 dedicated: false,
                 redirects: 0,
                 wait: ReplyWait::Prompt,
+                hash_slots: Vec::new(),
             })),
             (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
                 Some(Box::new(Sent {
@@ -1188,15 +1410,23 @@ impl Session {
                     dedicated: true,
                     redirects: 0,
                     wait: handling.wait,
+                    hash_slots: Vec::new(),
                 }))
             }
-            _ => None,
+            _ => {
+                // Not tracked for redirections: nothing to keep counted either.
+                if let Some(spread) = &mut self.spread {
+                    spread.answered(&hash_slots);
+                }
+                None
+            }
         };
         let batch = Batch {
             bytes,
             expect,
             wait: handling.wait,
             reply_to: self.reply_sender(),
+            seq,
         };
         let sent = match target {
             Target::Shared(proto, node) => match &self.ctx.cluster {
@@ -1234,21 +1464,47 @@ impl Session {
         };
         match sent {
             Ok(()) => {
-                self.slots.push_back(Slot::Upstream {
-                    commands,
-                    handling,
-                    read_at: self.read_at,
-                    name: self.batch_name,
-                    sent: kept,
-                });
+                match parts {
+                    Some((_, head)) => {
+                        if let Some(Slot::Upstream { sent, .. }) = self.slots.get_mut(head) {
+                            *sent = kept;
+                        }
+                    }
+                    None => self.slots.push_back(Slot::Upstream {
+                        commands,
+                        handling,
+                        read_at: self.read_at,
+                        name: self.batch_name,
+                        sent: kept,
+                        seq,
+                        parts: 1,
+                    }),
+                }
                 self.inflight += commands as usize;
                 self.inflight_target = Some(target);
             }
             Err(_) => {
+                if let (Some(spread), Some(sent)) = (&mut self.spread, &kept) {
+                    spread.answered(&sent.hash_slots);
+                }
                 let e = ProxyError::Upstream(UpstreamError::Unavailable {
                     addr: self.ctx.pool.addr(),
                     reason: "connection closed".into(),
                 });
+                if let Some((_, head)) = parts {
+                    // Its segments already hold its place in the reply order.
+                    let reply = error_reply(&e);
+                    for slot in self.slots.range_mut(head..) {
+                        if let Slot::Upstream {
+                            commands, seq: s, ..
+                        } = slot
+                            && *s == seq
+                        {
+                            *slot = Slot::Local(reply.repeat(*commands as usize).into());
+                        }
+                    }
+                    return;
+                }
                 if !handling.suppress {
                     let reply = error_reply(&e);
                     let visible = match &handling.mask {
@@ -1401,7 +1657,8 @@ impl Session {
         rewrite: Option<crate::policy::ttl::Rewrite>,
     ) -> bool {
         let suppress = self.reply_mode != ReplyMode::On;
-        if self.inflight_target.is_some_and(|t| t != target) {
+        let slot = self.batch_slot.take();
+        if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
             self.paused = true;
@@ -1512,7 +1769,14 @@ impl Session {
             exec_mask,
             strip,
         };
-        self.send(target, bytes, expect, handling).await;
+        let hash_slots = match (slot, target, &mut self.spread) {
+            (Some(slot), Target::Shared(..), Some(spread)) => {
+                spread.sent(target, &[slot]);
+                vec![slot]
+            }
+            _ => Vec::new(),
+        };
+        self.send(target, bytes, expect, handling, hash_slots).await;
         self.apply(effect);
         if self.reply_mode == ReplyMode::Skip {
             self.reply_mode = ReplyMode::On;

@@ -93,14 +93,12 @@ impl Session {
             data,
             missing,
             error: Some(_),
+            seq,
         } = msg
         else {
             return;
         };
-        let Some(Slot::Upstream {
-            sent: Some(sent), ..
-        }) = self.slots.front()
-        else {
+        let Some(sent) = self.sent_of(*seq) else {
             return;
         };
         if sent.dedicated || sent.node == 0 || *missing == 0 {
@@ -115,6 +113,7 @@ impl Session {
             expect: Expect::Frames(*missing),
             wait: ReplyWait::Prompt,
             reply_to,
+            seq: 0,
         };
         if enqueue(self.ctx.pool.shared(sent.proto, self.id), batch)
             .await
@@ -132,6 +131,7 @@ impl Session {
                 data: [&data[..], &replies[..]].concat().into(),
                 missing: 0,
                 error: None,
+                seq: *seq,
             };
         }
     }

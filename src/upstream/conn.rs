@@ -53,6 +53,8 @@ struct Pending {
     /// Reply frames received so far.
     got: u32,
     reply_to: ReplySender,
+    /// The batch's `seq`, echoed in its reply.
+    seq: u16,
     /// When the batch was queued for writing, for the upstream round-trip histogram.
     sent: Instant,
     /// How long Redis may take to answer it (a blocking command waits as asked).
@@ -162,6 +164,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             },
             missing: head.expect.commands() - done_commands,
             error: Some(Box::new(lost.clone())),
+            seq: head.seq,
         });
     }
     for p in pending {
@@ -169,6 +172,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             data: Bytes::new(),
             missing: p.expect.commands(),
             error: Some(Box::new(lost.clone())),
+            seq: p.seq,
         });
     }
     reason
@@ -189,6 +193,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 total: None,
                 got: 0,
                 reply_to: batch.reply_to,
+                seq: batch.seq,
                 sent: now,
                 wait: batch.wait,
                 since: now,
@@ -359,6 +364,7 @@ impl Reader {
                     data,
                     missing: 0,
                     error: None,
+                    seq: head.seq,
                 });
             }
         }

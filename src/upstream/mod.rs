@@ -36,6 +36,10 @@ pub struct Batch {
     /// The session that waits for the replies; replies and pushes share it so that they
     /// reach the client in the order the upstream sent them.
     pub reply_to: ReplySender,
+    /// Echoed in `Reply::Batch`: a cluster session with batches in flight on several nodes
+    /// learns from it which batch a reply answers (replies from different nodes arrive in any
+    /// order). Batches whose replies come on a private channel leave it 0.
+    pub seq: u16,
 }
 
 /// The replies a batch produces.
@@ -97,12 +101,15 @@ impl ReplyWait {
 /// What an upstream connection sends back to a session.
 #[derive(Debug)]
 pub enum Reply {
-    /// The replies of the session's oldest unanswered batch, as raw bytes. When the upstream
-    /// failed first, `missing` commands got no reply and `error` says why.
+    /// The replies of the batch sent with `seq` (the session's oldest unanswered batch on
+    /// that connection), as raw bytes. When the upstream failed first, `missing` commands got
+    /// no reply and `error` says why. `seq` is 16 bits so that the reply stays 48 bytes (the
+    /// session keeps fewer batches than that in flight, see `session::SEQ_WINDOW`).
     Batch {
         data: Bytes,
         missing: u32,
         error: Option<Box<UpstreamError>>,
+        seq: u16,
     },
     /// An out-of-band frame (pub/sub message, invalidation, MONITOR line) and the flow-control
     /// permits the session returns once it has written the frame.

@@ -166,6 +166,7 @@ impl Pool {
             expect: super::Expect::Frames(1),
             reply_to,
             wait: super::ReplyWait::Prompt,
+            seq: 0,
         };
         let start = tokio::time::Instant::now();
         let ok = self.control.send(batch).await.is_ok()
@@ -261,6 +262,7 @@ impl Pool {
                         addr: addr.clone(),
                         reason: reason.clone().into(),
                     })),
+                    seq: b.seq,
                 });
             }
             let _ = to.send(Reply::PinnedClosed(conn_id));
@@ -447,6 +449,7 @@ async fn wait_to_retry(
                         data: Bytes::new(),
                         missing: b.expect.commands(),
                         error: Some(Box::new(unavailable.clone())),
+                        seq: b.seq,
                     });
                 }
                 None => return false,
@@ -509,6 +512,7 @@ impl crate::ratelimit::redis::Transport for Control {
             expect: super::Expect::Frames(1),
             wait: super::ReplyWait::Prompt,
             reply_to,
+            seq: 0,
         })
         .await
         .map_err(|_| closed())?;

@@ -425,3 +425,42 @@ fn as_array(v: &Value) -> Option<&[Value]> {
         _ => None,
     }
 }
+
+/// `CLUSTER SETSLOT slot state node`, encoded.
+pub fn setslot(slot: u16, state: &str, node: &str) -> Vec<u8> {
+    super::resp(&["CLUSTER", "SETSLOT", &slot.to_string(), state, node])
+}
+
+/// Starts moving `slot` from `source` to `target` (each `(address, node id)`) as
+/// `redis-cli --cluster reshard` does: IMPORTING on the target, then MIGRATING on the source.
+/// Returns connections to the source and the target for the rest of the migration.
+pub async fn begin_migration(
+    slot: u16,
+    (source, source_id): (&str, &str),
+    (target, target_id): (&str, &str),
+) -> (super::Raw, super::Raw) {
+    let mut to_source = super::Raw::connect(source).await;
+    let mut to_target = super::Raw::connect(target).await;
+    assert_eq!(
+        to_target
+            .request(&setslot(slot, "IMPORTING", source_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        to_source
+            .request(&setslot(slot, "MIGRATING", target_id), 1)
+            .await,
+        b"+OK\r\n"
+    );
+    (to_source, to_target)
+}
+
+/// `CLUSTER MYID` of the node at `addr`.
+pub fn node_id(redis: &RedisCluster, addr: &str) -> String {
+    let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
+        Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    }
+}

@@ -1,0 +1,167 @@
+//! Cluster mode: one batch per node for a pipeline whose commands alternate between nodes.
+//!
+//! A run (commands for one shared connection) is normally cut when the next command goes
+//! elsewhere. In cluster mode that would make a batch, a channel message and a reply of one
+//! or two commands at nearly every command of a pipeline over random keys. Instead the run
+//! is *parked*: its bytes so far are copied out of the read buffer, and the commands it holds
+//! get their reply position now, as a segment slot; the next command joins the run of its
+//! own connection. When the runs are sent, each is one batch, and its reply is cut back into
+//! its segments by frame count (`on_parts`).
+//!
+//! Segments never carry a mask (hidden reply frames): a command with hidden frames ends the
+//! scatter (every run is sent first).
+
+use bytes::{Bytes, BytesMut};
+
+use super::*;
+
+impl Session {
+    /// Whether a command for `target` may leave the current run parked instead of sending it.
+    pub(super) fn may_scatter(&self, run: &Run, target: Target, hidden: bool) -> bool {
+        self.spread.is_some()
+            && !hidden
+            && run.mask.is_none()
+            && matches!(
+                (run.target, target),
+                (Some(Target::Shared(..)), Target::Shared(..))
+            )
+    }
+
+    /// Parks the current run and makes the run for `target` current (parked before, or new).
+    pub(super) fn switch_run(&mut self, run: &mut Run, target: Target) {
+        let next = match self.parked.iter().position(|r| r.target == Some(target)) {
+            Some(i) => self.parked.swap_remove(i),
+            None => Run::default(),
+        };
+        self.parked_frames -= next.frames as usize;
+        let mut current = std::mem::replace(run, next);
+        // The run's bytes leave the read buffer now: the next commands belong to others.
+        match &mut current.owned {
+            Some(_) => {}
+            None => current.owned = Some(BytesMut::from(&self.rbuf[..current.len])),
+        }
+        self.rbuf.advance(current.len);
+        current.len = 0;
+        self.cut_segment(&mut current);
+        self.parked_frames += current.frames as usize;
+        self.parked.push(current);
+    }
+
+    /// Gives the run's commands not yet in a segment their reply position: a slot at the end
+    /// of the reply order, answered by the run's batch once sent.
+    pub(super) fn cut_segment(&mut self, run: &mut Run) {
+        let commands = run.frames - run.cut;
+        if commands == 0 {
+            return;
+        }
+        let seq = *run.seq.get_or_insert_with(|| {
+            let seq = self.next_seq;
+            self.next_seq = seq.wrapping_add(1);
+            seq
+        });
+        let first = match run.head {
+            Some(head) => {
+                if let Some(Slot::Upstream { parts, .. }) = self.slots.get_mut(head) {
+                    *parts += 1;
+                }
+                false
+            }
+            None => {
+                run.head = Some(self.slots.len());
+                true
+            }
+        };
+        self.slots.push_back(Slot::Upstream {
+            commands,
+            handling: Handling::default(),
+            read_at: self.read_at,
+            name: if first { run.first } else { None },
+            sent: None,
+            seq,
+            parts: u16::from(first),
+        });
+        run.cut = run.frames;
+    }
+
+    /// The reply of a batch whose commands sit in several segments (`parts` > 1 on the slot
+    /// at `at`): each segment gets its frames, and errors for those the upstream never
+    /// answered.
+    pub(super) fn on_parts(
+        &mut self,
+        at: usize,
+        mut data: Bytes,
+        missing: u32,
+        error: Option<Box<UpstreamError>>,
+    ) {
+        let Some(Slot::Upstream {
+            commands,
+            parts,
+            read_at,
+            name,
+            sent,
+            seq,
+            ..
+        }) = self
+            .slots
+            .get_mut(at)
+            .map(|s| std::mem::replace(s, Slot::Local(Bytes::new())))
+        else {
+            return;
+        };
+        let mut segments = Vec::with_capacity(usize::from(parts));
+        segments.push((at, commands));
+        for (i, slot) in self.slots.iter().enumerate().skip(at + 1) {
+            if segments.len() == usize::from(parts) {
+                break;
+            }
+            if let Slot::Upstream {
+                commands, seq: s, ..
+            } = slot
+                && *s == seq
+            {
+                segments.push((i, *commands));
+            }
+        }
+        let total: u32 = segments.iter().map(|(_, n)| n).sum();
+        self.inflight -= total as usize;
+        if self.inflight == 0 {
+            self.inflight_target = None;
+        }
+        if let (Some(spread), Some(sent)) = (&mut self.spread, &sent) {
+            spread.answered(&sent.hash_slots);
+        }
+        if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
+            router.refresh_soon();
+        }
+        self.observe(read_at, total, name);
+        let mut answered = total.saturating_sub(missing);
+        let failed = error.map(|e| error_reply(&ProxyError::Upstream(*e)));
+        for (i, commands) in segments {
+            let frames = commands.min(answered);
+            answered -= frames;
+            let len = frames_len(&data, frames);
+            let mut reply = data.split_to(len);
+            if let (Some(e), true) = (&failed, frames < commands) {
+                let mut with_errors = BytesMut::from(&reply[..]);
+                for _ in frames..commands {
+                    with_errors.extend_from_slice(e);
+                }
+                reply = with_errors.freeze();
+            }
+            self.slots[i] = Slot::Local(reply);
+        }
+        self.flush_local_slots();
+    }
+}
+
+/// Bytes of the first `frames` reply frames in `data` (all of it if they are not all there).
+fn frames_len(data: &[u8], frames: u32) -> usize {
+    let mut pos = 0;
+    for _ in 0..frames {
+        match crate::reply::scan(&data[pos..]) {
+            Ok(Some(len)) => pos += len,
+            _ => return data.len(),
+        }
+    }
+    pos
+}
