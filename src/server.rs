@@ -183,7 +183,7 @@ pub async fn serve(
         max_query_buffer: limits.max_query_buffer.value,
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
-        shutdown: stop_rx,
+        stopping: Default::default(),
         idle_tick: tokio::sync::Notify::new(),
         policy,
         ops,
@@ -248,6 +248,9 @@ pub async fn serve(
     }
     drop(listener);
     let _ = stop_tx.send(true);
+    ctx.stopping
+        .store(true, std::sync::atomic::Ordering::Release);
+    ctx.idle_tick.notify_waiters();
     drop(alive_tx);
     sweeper.abort();
     idle_ticker.abort();

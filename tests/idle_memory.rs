@@ -23,6 +23,9 @@ const CLIENTS: usize = 400;
 /// The bar for one idle client connection.
 const BAR: usize = 2048;
 
+/// Both tests count process-wide: one at a time.
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Live heap bytes once the proxy's tasks have settled: sampled until two readings 20 ms
 /// apart agree (a task may still be finishing a write when the client has its reply).
 async fn settled_live_bytes() -> usize {
@@ -91,6 +94,7 @@ async fn per_client(proxy: &Proxy, ping: bool) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_client_costs_under_two_kib_of_heap() {
+    let _one_at_a_time = EXCLUSIVE.lock().await;
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
     let silent = per_client(&proxy, false).await;
@@ -108,6 +112,7 @@ async fn an_idle_client_costs_under_two_kib_of_heap() {
 /// small); everything else is reused: read buffer, batch queue, reply channel.
 #[tokio::test(flavor = "current_thread")]
 async fn allocations_per_forwarded_get() {
+    let _one_at_a_time = EXCLUSIVE.lock().await;
     use counting_alloc::ALLOCATIONS;
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;

@@ -754,7 +754,7 @@ impl Session {
         }
         let push = PushTarget {
             to: self.reply_sender(),
-            budget: self.push_budget.clone(),
+            budget: self.push_budget(),
             budget_size: PUSH_BUDGET,
             conn_id: self.dedicated_gen + 1,
         };

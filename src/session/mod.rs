@@ -30,7 +30,7 @@ use std::time::Instant;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command::{self, ClientSub, Kind};
@@ -65,12 +65,14 @@ pub struct Context {
     pub upstream_user: Option<String>,
     /// See `upstream_user`.
     pub upstream_password: Option<String>,
-    /// Flips to `true` when the proxy drains for shutdown.
-    pub shutdown: watch::Receiver<bool>,
+    /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
+    /// sessions asleep notice at once and sessions awake see the flag on their next turn.
+    pub stopping: std::sync::atomic::AtomicBool,
     /// Notified every `IDLE_TICK` by the server: a session that saw no traffic for a whole
     /// tick gives back its reply channel and spare buffers (see `Session::release_idle`).
     /// One process-wide signal instead of a timer per session, which would cost a timer-wheel
-    /// update per request.
+    /// update per request; shutdown rides on it too, so a session waits on one future for
+    /// both (a watch channel's would add 136 bytes to every client's task).
     pub idle_tick: tokio::sync::Notify,
     /// The rules every command is checked against before it is routed; swapped whole on
     /// reload.
@@ -451,7 +453,8 @@ struct Session {
     /// The receiving end of a channel just created, for `serve` to take.
     new_reply_rx: Option<mpsc::UnboundedReceiver<Reply>>,
     /// Budget of unwritten push bytes, shared with the dedicated connection.
-    push_budget: Arc<Semaphore>,
+    /// Created with the first dedicated connection: most clients never get a push.
+    push_budget: Option<Arc<Semaphore>>,
     /// Unparsed request bytes.
     rbuf: BytesMut,
     /// Argument ranges of the command being classified, reused to avoid allocation.
@@ -480,7 +483,6 @@ struct Session {
 pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let _ = stream.set_nodelay(true);
     let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
-    let mut shutdown = ctx.shutdown.clone();
     // The idle tick is read through its own handle: `s` is borrowed mutably by the handlers.
     let ticks = ctx.clone();
     let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
@@ -525,12 +527,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         parked_frames: 0,
         reply_tx: None,
         new_reply_rx: None,
-        push_budget: Arc::new(Semaphore::new(PUSH_BUDGET as usize)),
+        push_budget: None,
         rbuf: BytesMut::new(),
         args: Vec::new(),
         out: Vec::new(),
         out_permits: 0,
-        closing: *shutdown.borrow(),
+        closing: false,
         paused: false,
         read_at: Instant::now(),
         batch_name: None,
@@ -538,13 +540,16 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         wait_epoch,
     };
     let (mut rd, mut wr) = stream.split();
-    // Both signals are waited on by futures kept across iterations: made anew in each
-    // `select!`, each would join and leave its notifier's waiter list (a lock each time) on
-    // every wake-up, 4% of the proxy's CPU at `-P 1`.
-    let shutdown_signal = shutdown.changed();
-    tokio::pin!(shutdown_signal);
+    // The tick is waited on by a future kept across iterations: made anew in each `select!`,
+    // it would join and leave the notifier's waiter list (a lock each time) on every
+    // wake-up, 4% of the proxy's CPU at `-P 1` (with the shutdown watch it replaced).
     let tick = ticks.idle_tick.notified();
     tokio::pin!(tick);
+    // A `Notified` sees every `notify_waiters` after its creation; one before it set the flag
+    // first, so looking at the flag now leaves no gap.
+    if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
+        s.closing = true;
+    }
     loop {
         if !s.out.is_empty() {
             let bytes: usize = s.out.iter().map(Bytes::len).sum();
@@ -553,7 +558,9 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             }
             s.ctx.ops.metrics.bytes_out.inc_by(bytes as u64);
             if s.out_permits > 0 {
-                s.push_budget.add_permits(s.out_permits as usize);
+                if let Some(budget) = &s.push_budget {
+                    budget.add_permits(s.out_permits as usize);
+                }
                 s.out_permits = 0;
             }
         }
@@ -642,11 +649,11 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 }
                 }
             },
-            _ = &mut shutdown_signal, if !s.closing => {
-                s.closing = true;
-            }
-            _ = tick.as_mut(), if s.holds_idle_memory() => {
+            _ = tick.as_mut(), if !s.closing || s.holds_idle_memory() => {
                 tick.set(ticks.idle_tick.notified());
+                if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                    s.closing = true;
+                }
                 if !s.active && reply_rx.as_ref().is_none_or(|rx| rx.is_empty()) && s.release_idle() {
                     reply_rx = None;
                 }
@@ -817,6 +824,14 @@ impl Session {
             .policy
             .access
             .tenant_of(self.peer.ip(), self.user.as_deref());
+    }
+
+    /// The budget of unwritten push bytes shared with dedicated connections, created on
+    /// first use.
+    fn push_budget(&mut self) -> Arc<Semaphore> {
+        self.push_budget
+            .get_or_insert_with(|| Arc::new(Semaphore::new(PUSH_BUDGET as usize)))
+            .clone()
     }
 
     /// The session's reply channel, created on first use.
@@ -1805,7 +1820,7 @@ impl Session {
         }
         let push = PushTarget {
             to: self.reply_sender(),
-            budget: self.push_budget.clone(),
+            budget: self.push_budget(),
             budget_size: PUSH_BUDGET,
             conn_id: self.dedicated_gen + 1,
         };
@@ -1917,7 +1932,6 @@ mod size_tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (_stop, shutdown) = watch::channel(false);
         let config = crate::Config::default();
         let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
         let ops = crate::server::Ops::new(&config, policy.clone(), None);
@@ -1930,14 +1944,16 @@ mod size_tests {
             max_query_buffer: 1 << 20,
             upstream_user: None,
             upstream_password: None,
-            shutdown,
+            stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),
             policy,
             ops,
         });
         let fut = serve(client, ctx, 1);
-        // Measured 1096 bytes (was 2216): processing a read is boxed per read, and rare large
-        // futures (dedicated connect, HELLO wait, a full upstream queue) are boxed too.
+        // Measured 1152 bytes in release, 1168 in debug (was 2216 before processing a read
+        // was boxed per read; rare large futures, such as a dedicated connect, the HELLO wait
+        // or a full upstream queue, are boxed too). What an idle client costs in all is
+        // pinned by tests/idle_memory.rs.
         assert!(
             std::mem::size_of_val(&fut) <= 1280,
             "{}",
