@@ -20,10 +20,7 @@ use redis_policy_proxy::cluster::slot;
 /// Cluster-mode configuration for `seed`; no periodic refresh during a test, so the proxy
 /// learns slot moves from MOVED only.
 fn cluster_config(seed: &str) -> Config {
-    let text = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 600000\n    max_redirects: 16\n"
-    );
-    Config::from_yaml(&text, Path::new("cluster-test.yaml")).expect("cluster config parses")
+    common::cluster::proxy_config(seed, &["refresh_interval_ms: 600000", "max_redirects: 16"])
 }
 
 /// A small deterministic generator, so a failing sequence can be replayed.

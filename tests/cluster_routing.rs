@@ -18,18 +18,7 @@ use redis_policy_proxy::cluster::slot;
 
 /// Cluster-mode configuration for `seed`, refreshing the map every `refresh_ms`.
 fn cluster_config(seed: &str, refresh_ms: u64) -> Config {
-    let text = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: {refresh_ms}\n"
-    );
-    Config::from_yaml(&text, Path::new("cluster-test.yaml")).expect("cluster config parses")
-}
-
-/// A key whose slot is owned by `primary`, built from `stem`.
-fn key_on(redis: &RedisCluster, primary: &str, stem: &str) -> String {
-    (0..)
-        .map(|i| format!("{stem}:{i}"))
-        .find(|k| redis.primary_for_slot(slot(k.as_bytes())) == primary)
-        .unwrap()
+    common::cluster::proxy_config(seed, &[&format!("refresh_interval_ms: {refresh_ms}")])
 }
 
 /// `GET key` sent straight to `node`, bypassing the proxy.
@@ -79,7 +68,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     let on: Vec<String> = primaries
         .iter()
         .enumerate()
-        .map(|(i, p)| key_on(&redis, p, &format!("pipe{i}")))
+        .map(|(i, p)| redis.key_on(p, &format!("pipe{i}")))
         .collect();
     let mut input = Vec::new();
     let mut expected = Vec::new();
@@ -281,7 +270,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     assert!(random.starts_with(b"$"), "{}", show(&random));
 
     // A transaction on one slot runs on its node; EXEC answers everything queued.
-    let t = key_on(&redis, &primaries[2], "tx");
+    let t = redis.key_on(&primaries[2], "tx");
     let tx = [
         resp(&["MULTI"]),
         resp(&["SET", &t, "1"]),
@@ -297,7 +286,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     );
     assert_eq!(direct_get(&primaries[2], &t).await, b"$1\r\n2\r\n");
     // A key of another node inside the transaction: CROSSSLOT, and EXEC aborts.
-    let other = key_on(&redis, &primaries[0], "tx");
+    let other = redis.key_on(&primaries[0], "tx");
     let tx = [
         resp(&["MULTI"]),
         resp(&["SET", &t, "5"]),
@@ -474,9 +463,9 @@ async fn the_default_policy_applies_in_cluster_mode() {
     // SET without a TTL gets the default hour (a PX appended), on the node owning the key;
     // HSET gets its hidden PEXPIRE NX, whose reply the client never sees.
     for primary in redis.primaries() {
-        let key = key_on(&redis, &primary, "ttl");
+        let key = redis.key_on(&primary, "ttl");
         assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n");
-        let hash = key_on(&redis, &primary, "hash");
+        let hash = redis.key_on(&primary, "hash");
         assert_eq!(c.call(&["HSET", &hash, "f", "v"]).await, b":1\r\n");
         let mut direct = Raw::connect(&primary).await;
         for k in [&key, &hash] {
@@ -528,7 +517,7 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
 
     // A blocking pop waits on the node owning its key and is woken by a push from another
     // client; other clients are not blocked meanwhile.
-    let list = key_on(&redis, &primaries[1], "queue");
+    let list = redis.key_on(&primaries[1], "queue");
     let mut blocked = Raw::connect(proxy.addr).await;
     blocked.send(&resp(&["BLPOP", &list, "5"])).await;
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -570,7 +559,7 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
 
     // WATCH pins the session to the key's node; a change by another client makes EXEC nil,
     // with or without queued commands.
-    let w = key_on(&redis, &primaries[2], "watched");
+    let w = redis.key_on(&primaries[2], "watched");
     let mut other = Raw::connect(proxy.addr).await;
     for queued in [true, false] {
         assert_eq!(c.call(&["WATCH", &w]).await, b"+OK\r\n");
@@ -717,7 +706,7 @@ async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     let primaries = redis.primaries();
     let keys: Vec<String> = primaries
         .iter()
-        .map(|p| key_on(&redis, p, "failover"))
+        .map(|p| redis.key_on(p, "failover"))
         .collect();
     let mut c = Raw::connect(proxy.addr).await;
     for k in &keys {
