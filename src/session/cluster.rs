@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use super::route::Args;
 use super::*;
 use crate::cluster::{Redirect, Router, slot};
-use crate::commands::{AclCategories, CommandSpec, KeyPositions};
+use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::policy::namespace::Strip;
 
@@ -139,15 +139,8 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Action {
-        let (target, effect, rewrite) = match &action {
-            Action::Forward { target, effect, .. } => (*target, *effect, None),
-            Action::Rewritten {
-                target,
-                effect,
-                rewrite,
-                ..
-            } => (*target, *effect, Some(rewrite)),
-            _ => return action,
+        let Some((target, effect, rewrite)) = action.forwarded() else {
+            return action;
         };
         if let Some(answer) = self.cluster_command(args, effect, rewrite) {
             return answer;
@@ -207,25 +200,7 @@ impl Session {
                 None => Target::Dedicated(node),
             },
         };
-        match action {
-            Action::Forward { expect, effect, .. } => Action::Forward {
-                target,
-                expect,
-                effect,
-            },
-            Action::Rewritten {
-                expect,
-                effect,
-                rewrite,
-                ..
-            } => Action::Rewritten {
-                target,
-                expect,
-                effect,
-                rewrite,
-            },
-            other => other,
-        }
+        action.retarget(target)
     }
 
     /// Whether a command for the shared connection may be served by a replica of its slot's
@@ -246,14 +221,7 @@ impl Session {
         primary: u16,
     ) -> bool {
         router.read_from() != ReadFrom::Primary
-            && !self.in_multi
-            && spec.is_some_and(|s| {
-                s.is_readonly()
-                    && !s.is_blocking()
-                    && !s.acl_categories.contains(AclCategories::SCRIPTING)
-            })
-            && rewrite.is_none_or(|r| r.after.is_empty())
-            && queued.or(self.inflight_target) != Some(Target::Shared(proto, primary))
+            && self.replica_may_serve(spec, rewrite, queued, Target::Shared(proto, primary))
     }
 
     /// Commands a cluster cannot take as they are: `Some(answer)` for those.

@@ -747,6 +747,47 @@ async fn write_all(
     Ok(())
 }
 
+impl Action {
+    /// Where a forwarded command goes, its effect and the policy's rewrite; `None` for the
+    /// actions the proxy answers or handles itself.
+    fn forwarded(&self) -> Option<(Target, Effect, Option<&crate::policy::ttl::Rewrite>)> {
+        match self {
+            Action::Forward { target, effect, .. } => Some((*target, *effect, None)),
+            Action::Rewritten {
+                target,
+                effect,
+                rewrite,
+                ..
+            } => Some((*target, *effect, Some(rewrite))),
+            _ => None,
+        }
+    }
+
+    /// The same action sent to `target` instead (cluster placement, replica reads); other
+    /// actions have no target and stay as they are.
+    fn retarget(self, target: Target) -> Action {
+        match self {
+            Action::Forward { expect, effect, .. } => Action::Forward {
+                target,
+                expect,
+                effect,
+            },
+            Action::Rewritten {
+                expect,
+                effect,
+                rewrite,
+                ..
+            } => Action::Rewritten {
+                target,
+                expect,
+                effect,
+                rewrite,
+            },
+            other => other,
+        }
+    }
+}
+
 impl Effect {
     /// Whether a command with this effect may join a run of plain commands; the others need
     /// `execute` (extra commands, a raw connection, or the blocking mark).
@@ -1396,28 +1437,23 @@ impl Session {
                 seq
             }
         };
-        let kept = match (&self.ctx.cluster, target, expect) {
-            (Some(_), Target::Shared(proto, node), Expect::Frames(_)) => Some(Box::new(Sent {
-                bytes: bytes.clone(),
-                proto,
-                node,
-                dedicated: false,
-                redirects: 0,
-                wait: ReplyWait::Prompt,
-                hash_slots,
-            })),
-            // A Sentinel replica's batch holds only reads: kept so they can go to the
-            // primary if the replica fails (`resend_failed_replica_reads`).
-            (None, Target::Shared(proto, node @ 1..), Expect::Frames(_)) => Some(Box::new(Sent {
-                bytes: bytes.clone(),
-                proto,
-                node,
-                dedicated: false,
-                redirects: 0,
-                wait: ReplyWait::Prompt,
-                hash_slots: Vec::new(),
-            })),
-            (Some(_), Target::Dedicated(node), Expect::Frames(1)) if !self.pinned() => {
+        let cluster = self.ctx.cluster.is_some();
+        let kept = match (target, expect) {
+            // Cluster batches, for redirections; a Sentinel replica's batch (node 1…), which
+            // holds only reads, so they can go to the primary if the replica fails
+            // (`resend_failed_replica_reads`).
+            (Target::Shared(proto, node), Expect::Frames(_)) if cluster || node != 0 => {
+                Some(Box::new(Sent {
+                    bytes: bytes.clone(),
+                    proto,
+                    node,
+                    dedicated: false,
+                    redirects: 0,
+                    wait: ReplyWait::Prompt,
+                    hash_slots,
+                }))
+            }
+            (Target::Dedicated(node), Expect::Frames(1)) if cluster && !self.pinned() => {
                 Some(Box::new(Sent {
                     bytes: bytes.clone(),
                     proto: self.proto,

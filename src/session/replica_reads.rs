@@ -18,60 +18,38 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Action {
-        let (target, effect, rewrite) = match &action {
-            Action::Forward { target, effect, .. } => (*target, *effect, None),
-            Action::Rewritten {
-                target,
-                effect,
-                rewrite,
-                ..
-            } => (*target, *effect, Some(rewrite)),
-            _ => return action,
+        let Some((target, effect, rewrite)) = action.forwarded() else {
+            return action;
         };
         // Shared connection only: a pinned session (WATCH, SELECT n, a client's own AUTH…)
         // has its state on the primary and is already on its dedicated connection.
         let Target::Shared(proto, 0) = target else {
             return action;
         };
-        if effect != Effect::None || !self.replica_may_serve(spec, rewrite, queued, proto) {
+        if effect != Effect::None
+            || !self.replica_may_serve(spec, rewrite, queued, Target::Shared(proto, 0))
+        {
             return action;
         }
         let Some(node) = replicas.pick(proto, self.id) else {
             return action;
         };
         let target = Target::Shared(proto, node);
-        match action {
-            Action::Forward { expect, effect, .. } => Action::Forward {
-                target,
-                expect,
-                effect,
-            },
-            Action::Rewritten {
-                expect,
-                effect,
-                rewrite,
-                ..
-            } => Action::Rewritten {
-                target,
-                expect,
-                effect,
-                rewrite,
-            },
-            other => other,
-        }
+        action.retarget(target)
     }
 
-    /// Cluster mode's rule for replica reads: read-only in the command table, not blocking,
-    /// not a script (scripts are loaded on the primary only, so EVALSHA_RO would answer
-    /// NOSCRIPT forever), no hidden commands from the policy, outside MULTI; and not right
-    /// behind commands queued or in flight on the primary, so a pipelined write then read of
-    /// one key reads the write and the session does not pause to switch.
-    fn replica_may_serve(
+    /// The replica-read rule of both cluster and Sentinel mode: read-only in the command
+    /// table, not blocking, not a script (scripts are loaded on primaries only, so EVALSHA_RO
+    /// would answer NOSCRIPT forever), no hidden commands from the policy, outside MULTI; and
+    /// not right behind commands queued or in flight on `primary` (its shared connection), so
+    /// a pipelined write then read of one key reads the write and the session does not pause
+    /// to switch.
+    pub(super) fn replica_may_serve(
         &self,
         spec: Option<&'static CommandSpec>,
         rewrite: Option<&crate::policy::ttl::Rewrite>,
         queued: Option<Target>,
-        proto: u8,
+        primary: Target,
     ) -> bool {
         !self.in_multi
             && spec.is_some_and(|s| {
@@ -80,7 +58,7 @@ impl Session {
                     && !s.acl_categories.contains(AclCategories::SCRIPTING)
             })
             && rewrite.is_none_or(|r| r.after.is_empty())
-            && queued.or(self.inflight_target) != Some(Target::Shared(proto, 0))
+            && queued.or(self.inflight_target) != Some(primary)
     }
 
     /// A batch sent to a replica whose connection failed (down before it was sent, or lost
