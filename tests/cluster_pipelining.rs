@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use common::cluster::{RedisCluster, begin_migration, node_id, setslot};
+use common::cluster::{
+    RedisCluster, begin_migration, end_migration, node_id, other_primary, setslot,
+};
 use common::{Proxy, Raw, pipeline, resp, show};
 use redis_policy_proxy::Config;
 use redis_policy_proxy::cluster::slot;
@@ -138,11 +140,7 @@ async fn per_slot_order_holds_across_a_live_migration() {
     let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0])).await;
     let s = slot(b"{pm}");
     let source = redis.primary_for_slot(s);
-    let target = redis
-        .primaries()
-        .into_iter()
-        .find(|p| *p != source)
-        .unwrap();
+    let target = other_primary(&redis, &source);
     let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
     // Keys on the other nodes, interleaved with the migrating slot's.
     let others: Vec<String> = (0..)
@@ -242,16 +240,7 @@ async fn per_slot_order_holds_across_a_live_migration() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for p in [target.clone(), source.clone()]
-        .into_iter()
-        .chain(redis.primaries())
-    {
-        let reply = Raw::connect(&p)
-            .await
-            .request(&setslot(s, "NODE", &target_id), 1)
-            .await;
-        assert_eq!(reply, b"+OK\r\n", "{p}");
-    }
+    end_migration(&redis, s, (&source, &target), &target_id).await;
     // Pipelines keep going while the proxy learns the new owner from MOVED.
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);

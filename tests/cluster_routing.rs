@@ -11,7 +11,9 @@ mod common;
 use std::collections::HashSet;
 use std::path::Path;
 
-use common::cluster::{RedisCluster, begin_migration, node_id, setslot};
+use common::cluster::{
+    RedisCluster, begin_migration, end_migration, node_id, other_primary, setslot,
+};
 use common::{Proxy, Raw, resp, show};
 use redis_policy_proxy::Config;
 use redis_policy_proxy::cluster::slot;
@@ -330,11 +332,7 @@ async fn a_live_migration_is_followed_without_errors() {
 
     let s = slot(b"{mig}");
     let source = redis.primary_for_slot(s);
-    let target = redis
-        .primaries()
-        .into_iter()
-        .find(|p| *p != source)
-        .unwrap();
+    let target = other_primary(&redis, &source);
     let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
     for i in 0..5 {
         assert_eq!(
@@ -405,11 +403,7 @@ async fn a_live_migration_is_followed_without_errors() {
     // it blocks until a push wakes it.
     let b = slot(b"{blk}");
     let b_source = redis.primary_for_slot(b);
-    let b_target = redis
-        .primaries()
-        .into_iter()
-        .find(|p| *p != b_source)
-        .unwrap();
+    let b_target = other_primary(&redis, &b_source);
     let b_target_id = node_id(&redis, &b_target);
     for p in redis.primaries() {
         let reply = Raw::connect(&p)
@@ -829,11 +823,7 @@ async fn a_slot_resharded_under_load_loses_nothing() {
     let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 600_000)).await;
     let s = slot(b"{hot}");
     let source = redis.primary_for_slot(s);
-    let target = redis
-        .primaries()
-        .into_iter()
-        .find(|p| *p != source)
-        .unwrap();
+    let target = other_primary(&redis, &source);
     let (source_id, target_id) = (node_id(&redis, &source), node_id(&redis, &target));
 
     // Writers on keys of the migrating slot: each SET is read back at once.
@@ -888,16 +878,7 @@ async fn a_slot_resharded_under_load_loses_nothing() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    for p in [target.clone(), source.clone()]
-        .into_iter()
-        .chain(redis.primaries())
-    {
-        let reply = Raw::connect(&p)
-            .await
-            .request(&setslot(s, "NODE", &target_id), 1)
-            .await;
-        assert_eq!(reply, b"+OK\r\n", "{p}");
-    }
+    end_migration(&redis, s, (&source, &target), &target_id).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
 

@@ -319,16 +319,11 @@ async fn redirections_are_followed_and_counted() {
     let key = "redirected-key";
     let s = slot(key.as_bytes());
     let from = redis.primary_for_slot(s);
-    let to = redis
-        .primaries()
-        .into_iter()
-        .find(|p| *p != from)
-        .expect("another primary");
-    let id = |addr: &str| match redis.query(port(addr), &["CLUSTER", "MYID"]) {
-        Ok(redis::Value::BulkString(b)) => String::from_utf8(b).unwrap(),
-        other => panic!("CLUSTER MYID: {other:?}"),
-    };
-    let (from_id, to_id) = (id(&from), id(&to));
+    let to = common::cluster::other_primary(&redis, &from);
+    let (from_id, to_id) = (
+        common::cluster::node_id(&redis, &from),
+        common::cluster::node_id(&redis, &to),
+    );
     let s = s.to_string();
     let counted = |metrics: &str, kind: &str| {
         common::sample(

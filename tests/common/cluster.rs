@@ -457,6 +457,35 @@ pub async fn begin_migration(
 }
 
 /// `CLUSTER MYID` of the node at `addr`.
+/// Ends moving `slot` from `source` to `target` (node id `target_id`), as `redis-cli --cluster
+/// reshard` does: SETSLOT NODE on the target, the source, then every primary.
+pub async fn end_migration(
+    redis: &RedisCluster,
+    slot: u16,
+    (source, target): (&str, &str),
+    target_id: &str,
+) {
+    for p in [target.to_string(), source.to_string()]
+        .into_iter()
+        .chain(redis.primaries())
+    {
+        let reply = super::Raw::connect(&p)
+            .await
+            .request(&setslot(slot, "NODE", target_id), 1)
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+}
+
+/// A primary other than `than`, to move a slot to.
+pub fn other_primary(redis: &RedisCluster, than: &str) -> String {
+    redis
+        .primaries()
+        .into_iter()
+        .find(|p| p != than)
+        .expect("another primary")
+}
+
 pub fn node_id(redis: &RedisCluster, addr: &str) -> String {
     let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
     match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
