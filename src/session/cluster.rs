@@ -12,6 +12,10 @@ use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::policy::namespace::Strip;
 
+mod transaction;
+
+pub(super) use transaction::{InTransaction, TxLog};
+
 /// Redis Cluster's own reply to a command whose keys are in several slots, word for word.
 pub(super) fn crossslot() -> Bytes {
     Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
@@ -192,6 +196,20 @@ impl Session {
                 Target::Shared(proto, replica.unwrap_or(node))
             }
             Target::Dedicated(_) => match self.dedicated.as_ref().filter(|_| self.pinned()) {
+                // A transaction's keys must share one slot (Redis answers EXEC with CROSSSLOT
+                // otherwise): refused while queuing, so EXEC aborts and nothing runs.
+                _ if self.in_multi
+                    && slot.is_some()
+                    && ![None, slot].contains(&self.multi_slot) =>
+                {
+                    return Action::Refused(crossslot());
+                }
+                // The transaction's slot stays with the node holding the transaction even
+                // when the map says it moved: that node answers with a redirection, and EXEC
+                // replays the whole transaction on the new owner (`transaction`).
+                Some(d) if self.in_multi && slot.is_some() && slot == self.multi_slot => {
+                    Target::Dedicated(d.node)
+                }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
                 Some(d) if slot.is_some() && d.node != node => {
                     return Action::Refused(crossslot());
@@ -519,6 +537,14 @@ impl Session {
         let Reply::Batch { seq, .. } = *msg else {
             return false;
         };
+        if let Some(how) = self
+            .sent_of(seq)
+            .map(|sent| sent.transaction)
+            .filter(|&how| how != InTransaction::No)
+        {
+            Box::pin(self.transaction_reply(msg, how)).await;
+            return false;
+        }
         if self.sent_of(seq).is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }

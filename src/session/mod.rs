@@ -154,6 +154,8 @@ struct Sent {
     /// The hash slots of the batch's keyed commands (one entry per command), counted in the
     /// session's `spread` until the replies are in.
     hash_slots: Vec<u16>,
+    /// Part of a transaction: a redirection inside it means the whole transaction moves.
+    transaction: cluster::InTransaction,
 }
 
 /// How the replies of one upstream slot are treated.
@@ -411,6 +413,12 @@ struct Session {
     /// For each command queued in the open MULTI (hidden ones included), whether the client
     /// sees its result: the mask applied to EXEC's reply.
     multi_mask: Vec<bool>,
+    /// Cluster mode: the hash slot of the open MULTI's keyed commands, which must all share
+    /// it; the transaction stays on its node even if the map moves the slot meanwhile.
+    multi_slot: Option<u16>,
+    /// Cluster mode: the transaction open on the dedicated connection as its replies show
+    /// it, to replay it on another node if its slot moved (see `cluster::transaction`).
+    tx_log: Option<Box<cluster::TxLog>>,
     watching: bool,
     subscribed: bool,
     monitor: bool,
@@ -507,6 +515,8 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         in_multi: false,
         multi_deferred: false,
         multi_refused: false,
+        multi_slot: None,
+        tx_log: None,
         multi_mask: Vec::new(),
         watching: false,
         subscribed: false,
@@ -1212,6 +1222,12 @@ impl Session {
                         Some(_) => u16::try_from(self.placed_slot.swap(NO_SLOT, Relaxed)).ok(),
                         None => None,
                     };
+                    if self.in_multi
+                        && slot.is_some()
+                        && matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
+                    {
+                        self.multi_slot = self.multi_slot.or(slot);
+                    }
                     let joins = |effect: Effect| {
                         self.reply_mode == ReplyMode::On
                             && effect.batchable()
@@ -1451,6 +1467,7 @@ impl Session {
                     redirects: 0,
                     wait: ReplyWait::Prompt,
                     hash_slots,
+                    transaction: cluster::InTransaction::No,
                 }))
             }
             (Target::Dedicated(node), Expect::Frames(1)) if cluster && !self.pinned() => {
@@ -1462,6 +1479,29 @@ impl Session {
                     redirects: 0,
                     wait: handling.wait,
                     hash_slots: Vec::new(),
+                    transaction: cluster::InTransaction::No,
+                }))
+            }
+            // A transaction's batches (MULTI with its first command, queued commands, EXEC),
+            // kept so a transaction whose slot moved can be replayed. Not when the connection
+            // holds other state (another user's AUTH, CLIENT TRACKING) that a replay on the
+            // node's shared connection would not have.
+            (Target::Dedicated(node), Expect::Frames(_))
+                if cluster && self.in_multi && !self.upstream_auth && !self.connection_state =>
+            {
+                Some(Box::new(Sent {
+                    bytes: bytes.clone(),
+                    proto: self.proto,
+                    node,
+                    dedicated: true,
+                    redirects: 0,
+                    wait: handling.wait,
+                    hash_slots: Vec::new(),
+                    transaction: if self.watching {
+                        cluster::InTransaction::Watched
+                    } else {
+                        cluster::InTransaction::Replayable
+                    },
                 }))
             }
             _ => {
@@ -1914,6 +1954,7 @@ impl Session {
                 self.in_multi = false;
                 self.multi_deferred = false;
                 self.multi_refused = false;
+                self.multi_slot = None;
                 self.multi_mask.clear();
                 self.watching = false;
             }
@@ -1948,6 +1989,8 @@ impl Session {
         self.in_multi = false;
         self.multi_deferred = false;
         self.multi_refused = false;
+        self.multi_slot = None;
+        self.tx_log = None;
         self.multi_mask.clear();
         self.watching = false;
         self.subscribed = false;

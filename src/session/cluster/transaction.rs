@@ -1,0 +1,292 @@
+//! Cluster mode: transactions whose slot moved. A node that answers MOVED, ASK or TRYAGAIN
+//! to a command queued in MULTI, or to EXEC itself, has run nothing of the transaction
+//! (Redis checks slot ownership before queuing, and again for the whole transaction before
+//! EXEC runs it, then discards it). So the proxy keeps the commands it queued and, when the
+//! transaction ends that way, sends `MULTI`, the same commands and `EXEC` to the node the
+//! redirection names, and answers the client's EXEC with that result. Queued commands that
+//! were redirected are answered `+QUEUED`: to the client they are queued, and they run in the
+//! replay. Under WATCH the watch cannot move with the slot, so EXEC answers a null array,
+//! which every client already reads as "a watched key changed: retry".
+//!
+//! This watches the replies of the session's dedicated connection, not its requests: the
+//! proxy keeps reading and queuing while replies are on their way, so the request side may
+//! already be in the next transaction when this one's replies come back.
+
+use super::*;
+
+/// Redis's answer to a command queued in MULTI.
+const QUEUED: &[u8] = b"+QUEUED\r\n";
+
+/// Sent before `MULTI` in a replay that follows an ASK: the flag lasts through the
+/// transaction (Redis keeps `ASKING` set while the client is in MULTI), so EXEC may run
+/// on the importing node.
+const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
+
+const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
+const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
+
+/// A cluster batch's part in a transaction, decided when it is sent, for what a
+/// redirection inside it means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::session) enum InTransaction {
+    /// Not part of a transaction: redirections are followed command by command.
+    No,
+    /// Part of a transaction without WATCH: replayed on the new owner after a redirection.
+    Replayable,
+    /// Part of a transaction under WATCH: EXEC answers null after a redirection.
+    Watched,
+}
+
+/// The transaction open on the session's dedicated connection, as its replies show it.
+#[derive(Default)]
+pub(in crate::session) struct TxLog {
+    /// MULTI's reply has come back and EXEC's or DISCARD's has not: commands are being
+    /// queued.
+    open: bool,
+    /// The commands queued so far, as sent (the policy's hidden commands included), to
+    /// send again if the transaction must move.
+    queued: Vec<Bytes>,
+    /// The first redirection a queued command got: the node holding the transaction will
+    /// abort it, and the replay goes where this says.
+    again: Option<Again>,
+}
+
+/// What a transaction's EXEC reply becomes.
+enum ExecOutcome {
+    /// Ran (or failed) as Redis said: passed on.
+    AsIs,
+    /// Nothing ran because the slot moved: replay, starting from this redirection.
+    Replay(Again),
+}
+
+impl Session {
+    /// Reads the replies of a batch that is part of a transaction (`how`), recording what
+    /// was queued and, where a redirection means nothing ran, answering in its place: queued
+    /// commands `+QUEUED`, EXEC with the replayed transaction's result (or null under WATCH).
+    pub(in crate::session) async fn transaction_reply(
+        &mut self,
+        msg: &mut Reply,
+        how: InTransaction,
+    ) {
+        let Reply::Batch { data, seq, .. } = msg else {
+            return;
+        };
+        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(*seq)) else {
+            return;
+        };
+        let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
+        let commands = split_commands(&bytes, &self.ctx.codec);
+        let mut frames = split_frames(data);
+        let origin = router.addr(from);
+        let mut log = self.tx_log.take().unwrap_or_default();
+        let mut changed = false;
+        for (command, frame) in commands.iter().zip(frames.iter_mut()) {
+            match command_name(command, &self.ctx.codec) {
+                Some(n) if n.eq_ignore_ascii_case(b"MULTI") => {
+                    *log = TxLog {
+                        open: true,
+                        ..TxLog::default()
+                    };
+                }
+                Some(n) if n.eq_ignore_ascii_case(b"EXEC") && log.open => {
+                    if let Some(again) = again_of(frame, &origin) {
+                        self.note_redirect(&router, &again);
+                    }
+                    let outcome = exec_outcome(frame, &origin, log.again.take());
+                    if let ExecOutcome::Replay(again) = outcome {
+                        *frame = match how {
+                            InTransaction::Watched => null_array(proto),
+                            _ => self.replay(&router, proto, &log.queued, again).await,
+                        };
+                        changed = true;
+                    }
+                    *log = TxLog::default();
+                }
+                Some(n) if n.eq_ignore_ascii_case(b"DISCARD") => *log = TxLog::default(),
+                _ if log.open => {
+                    log.queued.push(command.clone());
+                    if let Some(again) = again_of(frame, &origin) {
+                        self.note_redirect(&router, &again);
+                        log.again.get_or_insert(again);
+                        *frame = Bytes::from_static(QUEUED);
+                        changed = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if log.open {
+            self.tx_log = Some(log);
+        }
+        if changed {
+            *data = frames.concat().into();
+        }
+    }
+
+    /// Counts a redirection and teaches the map a MOVED.
+    fn note_redirect(&self, router: &Router, again: &Again) {
+        if let Again::Redirect(r) = again {
+            self.count_redirect(r);
+            if let Redirect::Moved { slot, addr } = r {
+                router.apply_moved(*slot, addr);
+            }
+        }
+    }
+
+    /// Sends `MULTI`, `queued` and `EXEC` where `again` says, following further
+    /// redirections up to `max_redirects`, and returns EXEC's reply. The replay goes over
+    /// the node's shared connection as one batch: nothing of another client's can come
+    /// between its commands, and the connection is out of MULTI again after EXEC.
+    async fn replay(
+        &self,
+        router: &Router,
+        proto: u8,
+        queued: &[Bytes],
+        mut again: Again,
+    ) -> Bytes {
+        for round in 0..router.max_redirects() {
+            if let Again::TryAgain(_) = again {
+                // The slot's keys are split by a migration for a moment.
+                let wait = 10 * u64::from(round + 1);
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            } else if round > 0 {
+                self.note_redirect(router, &again);
+            }
+            let dest = again.addr().clone();
+            let ask = again.is_ask();
+            let mut out = BytesMut::new();
+            if ask {
+                out.extend_from_slice(ASKING);
+            }
+            out.extend_from_slice(MULTI);
+            for command in queued {
+                out.extend_from_slice(command);
+            }
+            out.extend_from_slice(EXEC);
+            let frames = queued.len() + 2 + usize::from(ask);
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let batch = Batch {
+                bytes: out.freeze(),
+                expect: Expect::Frames(frames as u32),
+                wait: ReplyWait::Prompt,
+                reply_to: tx,
+                seq: 0,
+            };
+            let node = router.node(&dest);
+            let answer = match router.pool(node).shared(proto, self.id).send(batch).await {
+                Ok(()) => rx.recv().await,
+                Err(_) => None,
+            };
+            let data = match answer {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) => data,
+                Some(Reply::Batch { error: Some(e), .. }) => {
+                    return error_reply(&ProxyError::Upstream(*e));
+                }
+                _ => {
+                    return error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                        addr: dest,
+                        reason: "connection closed".into(),
+                    }));
+                }
+            };
+            let got = split_frames(&data);
+            let Some(exec) = got.last() else {
+                return unexpected(&data);
+            };
+            let first_queued = 1 + usize::from(ask);
+            let redirected = got[first_queued.min(got.len() - 1)..got.len() - 1]
+                .iter()
+                .find_map(|f| again_of(f, &dest));
+            match exec_outcome(exec, &dest, redirected) {
+                ExecOutcome::AsIs => return exec.clone(),
+                ExecOutcome::Replay(next) => again = next,
+            }
+        }
+        let slot = match &again {
+            Again::Redirect(r) => r.slot().to_string(),
+            Again::TryAgain(_) => "in migration".to_string(),
+        };
+        simple_error(
+            "ERR",
+            &format!("too many cluster redirections for slot {slot}"),
+        )
+    }
+}
+
+/// Whether a transaction whose queued commands got `queued_again` (their first
+/// redirection) and whose EXEC got `exec` ran nothing because its slot is elsewhere.
+fn exec_outcome(exec: &[u8], answered_by: &str, queued_again: Option<Again>) -> ExecOutcome {
+    if let Some(again) = again_of(exec, answered_by) {
+        return ExecOutcome::Replay(again);
+    }
+    match queued_again {
+        // Only a redirection explains this EXECABORT: any other error while queuing would
+        // have reached the client as it was, and aborts the replay as well.
+        Some(again) if exec.starts_with(b"-EXECABORT") => ExecOutcome::Replay(again),
+        _ => ExecOutcome::AsIs,
+    }
+}
+
+/// EXEC's answer when a watched key changed, in the connection's RESP version.
+fn null_array(proto: u8) -> Bytes {
+    Bytes::from_static(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" })
+}
+
+/// The name of one encoded command.
+fn command_name<'a>(command: &'a [u8], limits: &CodecLimits) -> Option<&'a [u8]> {
+    let mut ranges = Vec::new();
+    match codec::decode(command, limits, &mut ranges) {
+        Ok(Some(Decoded::Command { .. })) => ranges.first().map(|r| &command[r.clone()]),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_outcome_replays_only_after_a_redirection() {
+        let moved = b"-MOVED 3999 127.0.0.1:7001\r\n";
+        let abort = b"-EXECABORT Transaction discarded because of previous errors.\r\n";
+        let queued_moved = || again_of(moved, "127.0.0.1:7000");
+        assert!(matches!(
+            exec_outcome(moved, "127.0.0.1:7000", None),
+            ExecOutcome::Replay(_)
+        ));
+        assert!(matches!(
+            exec_outcome(abort, "127.0.0.1:7000", queued_moved()),
+            ExecOutcome::Replay(_)
+        ));
+        // A transaction aborted for another reason stays aborted.
+        assert!(matches!(
+            exec_outcome(abort, "127.0.0.1:7000", None),
+            ExecOutcome::AsIs
+        ));
+        assert!(matches!(
+            exec_outcome(b"*1\r\n+OK\r\n", "127.0.0.1:7000", queued_moved()),
+            ExecOutcome::AsIs
+        ));
+        assert!(matches!(
+            exec_outcome(
+                b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+                "a:1",
+                None
+            ),
+            ExecOutcome::Replay(Again::TryAgain(_))
+        ));
+    }
+
+    #[test]
+    fn command_names() {
+        let limits = CodecLimits::default();
+        assert_eq!(command_name(MULTI, &limits), Some(&b"MULTI"[..]));
+        assert_eq!(
+            command_name(b"*1\r\n$4\r\nexec\r\n", &limits),
+            Some(&b"exec"[..])
+        );
+        assert_eq!(command_name(b"*1\r\n$4\r\nEX", &limits), None);
+    }
+}

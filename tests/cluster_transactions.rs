@@ -1,0 +1,199 @@
+//! Transactions through the proxy while their slot moves between primaries of a real Redis
+//! Cluster. A node that redirects a queued command or EXEC has run nothing, so the proxy
+//! replays the transaction on the new owner and the client, which knows nothing of clusters,
+//! gets EXEC's real result; under WATCH it gets a null EXEC (retry), never a raw MOVED/ASK.
+//! Each case moves a slot that holds no keys, so `CLUSTER SETSLOT … NODE` alone moves it;
+//! the proxy refreshes its map only on redirections (no periodic refresh), so its map is
+//! stale exactly as it would be right after a real reshard.
+
+mod common;
+
+use common::cluster::{RedisCluster, begin_migration, end_migration, node_id, other_primary};
+use common::{Proxy, Raw, resp, show};
+use redis_policy_proxy::cluster::slot;
+
+/// A cluster of three primaries and a proxy in front of it that never refreshes by itself.
+async fn setup() -> (RedisCluster, Proxy) {
+    let redis = RedisCluster::start(3, 0);
+    let config =
+        common::cluster::proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 600000"]);
+    let proxy = Proxy::start(config).await;
+    (redis, proxy)
+}
+
+/// The slot of hash tag `tag`, its owner, another primary, and that primary's node id.
+fn move_plan(redis: &RedisCluster, tag: &str) -> (u16, String, String, String) {
+    let s = slot(tag.as_bytes());
+    let source = redis.primary_for_slot(s);
+    let target = other_primary(redis, &source);
+    let target_id = node_id(redis, &target);
+    (s, source, target, target_id)
+}
+
+/// A client connection speaking RESP `proto`.
+async fn client(proxy: &Proxy, proto: u8) -> Raw {
+    let mut c = Raw::connect(proxy.addr).await;
+    if proto == 3 {
+        let hello = c.call(&["HELLO", "3"]).await;
+        assert!(hello.starts_with(b"%"), "{}", show(&hello));
+    }
+    c
+}
+
+async fn direct_get(node: &str, key: &str) -> Vec<u8> {
+    Raw::connect(node).await.call(&["GET", key]).await
+}
+
+#[tokio::test]
+async fn a_transaction_whose_slot_moves_while_queuing_runs_on_the_new_owner() {
+    let (redis, proxy) = setup().await;
+    for proto in [2u8, 3] {
+        let tag = format!("{{txq{proto}}}");
+        let (s, source, target, target_id) = move_plan(&redis, &tag);
+        let (a, b, n) = (format!("{tag}a"), format!("{tag}b"), format!("{tag}n"));
+        let mut c = client(&proxy, proto).await;
+        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["SET", &a, "1"]).await, b"+QUEUED\r\n");
+        end_migration(&redis, s, (&source, &target), &target_id).await;
+        // Still queued on the old owner, which now answers MOVED: hidden from the client.
+        assert_eq!(c.call(&["SET", &b, "2"]).await, b"+QUEUED\r\n");
+        assert_eq!(c.call(&["INCR", &n]).await, b"+QUEUED\r\n");
+        assert_eq!(
+            show(&c.call(&["EXEC"]).await),
+            show(b"*3\r\n+OK\r\n+OK\r\n:1\r\n"),
+            "RESP{proto}"
+        );
+        assert_eq!(direct_get(&target, &a).await, b"$1\r\n1\r\n");
+        assert_eq!(direct_get(&target, &b).await, b"$1\r\n2\r\n");
+        // Ran once: the old owner has nothing, the counter is 1.
+        assert_eq!(direct_get(&target, &n).await, b"$1\r\n1\r\n");
+        // The session is back to normal, on the new owner.
+        assert_eq!(c.call(&["GET", &a]).await, b"$1\r\n1\r\n");
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_whose_slot_moves_before_exec_runs_on_the_new_owner() {
+    let (redis, proxy) = setup().await;
+    let tag = "{txe}";
+    let (s, source, target, target_id) = move_plan(&redis, tag);
+    let mut c = client(&proxy, 2).await;
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["RPUSH", "{txe}l", "x", "y"]).await, b"+QUEUED\r\n");
+    assert_eq!(
+        c.call(&["LRANGE", "{txe}l", "0", "-1"]).await,
+        b"+QUEUED\r\n"
+    );
+    end_migration(&redis, s, (&source, &target), &target_id).await;
+    // EXEC itself gets MOVED (the old owner checks the queued keys) and is replayed.
+    assert_eq!(
+        show(&c.call(&["EXEC"]).await),
+        show(b"*2\r\n:2\r\n*2\r\n$1\r\nx\r\n$1\r\ny\r\n")
+    );
+    assert_eq!(
+        Raw::connect(&target).await.call(&["LLEN", "{txe}l"]).await,
+        b":2\r\n"
+    );
+}
+
+#[tokio::test]
+async fn a_pipelined_transaction_on_a_stale_map_is_replayed() {
+    let (redis, proxy) = setup().await;
+    let tag = "{txp}";
+    let (s, source, target, target_id) = move_plan(&redis, tag);
+    end_migration(&redis, s, (&source, &target), &target_id).await;
+    let mut c = client(&proxy, 2).await;
+    let input = [
+        resp(&["MULTI"]),
+        resp(&["SET", "{txp}a", "1"]),
+        resp(&["INCRBY", "{txp}n", "5"]),
+        resp(&["EXEC"]),
+        resp(&["MGET", "{txp}a", "{txp}n"]),
+    ]
+    .concat();
+    let replies = c.request(&input, 5).await;
+    assert_eq!(
+        show(&replies),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:5\r\n*2\r\n$1\r\n1\r\n$1\r\n5\r\n")
+    );
+    assert_eq!(direct_get(&target, "{txp}n").await, b"$1\r\n5\r\n");
+}
+
+#[tokio::test]
+async fn under_watch_a_moved_transaction_answers_null_and_a_retry_succeeds() {
+    let (redis, proxy) = setup().await;
+    for proto in [2u8, 3] {
+        let tag = format!("{{txw{proto}}}");
+        let (s, source, target, target_id) = move_plan(&redis, &tag);
+        let key = format!("{tag}k");
+        let mut c = client(&proxy, proto).await;
+        assert_eq!(c.call(&["WATCH", &key]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["SET", &key, "1"]).await, b"+QUEUED\r\n");
+        end_migration(&redis, s, (&source, &target), &target_id).await;
+        let null: &[u8] = if proto == 3 { b"_\r\n" } else { b"*-1\r\n" };
+        // The watch stayed on the old owner: the transaction cannot move with it.
+        assert_eq!(show(&c.call(&["EXEC"]).await), show(null), "RESP{proto}");
+        assert_eq!(direct_get(&target, &key).await, b"$-1\r\n");
+        // What a client does after a null EXEC: watch again and retry, now on the new owner.
+        assert_eq!(c.call(&["WATCH", &key]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["SET", &key, "2"]).await, b"+QUEUED\r\n");
+        assert_eq!(show(&c.call(&["EXEC"]).await), show(b"*1\r\n+OK\r\n"));
+        assert_eq!(direct_get(&target, &key).await, b"$1\r\n2\r\n");
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_queued_during_a_migration_follows_ask() {
+    let (redis, proxy) = setup().await;
+    let tag = "{txa}";
+    let (s, source, target, target_id) = move_plan(&redis, tag);
+    let source_id = node_id(&redis, &source);
+    let links = begin_migration(s, (&source, &source_id), (&target, &target_id)).await;
+    let mut c = client(&proxy, 2).await;
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    // The source does not have the key: ASK, hidden; EXEC then aborts there and the
+    // transaction runs on the importing target after ASKING.
+    assert_eq!(c.call(&["SET", "{txa}new", "v"]).await, b"+QUEUED\r\n");
+    assert_eq!(show(&c.call(&["EXEC"]).await), show(b"*1\r\n+OK\r\n"));
+    assert_eq!(
+        Raw::connect(&target)
+            .await
+            .request(&[resp(&["ASKING"]), resp(&["GET", "{txa}new"])].concat(), 2)
+            .await,
+        b"+OK\r\n$1\r\nv\r\n"
+    );
+    assert_eq!(c.call(&["GET", "{txa}new"]).await, b"$1\r\nv\r\n");
+    drop(links);
+}
+
+#[tokio::test]
+async fn transactions_that_cannot_run_still_abort() {
+    let (redis, proxy) = setup().await;
+    let mut c = client(&proxy, 2).await;
+    // A command Redis refuses while queuing aborts the transaction: no replay.
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "{txr}a", "1"]).await, b"+QUEUED\r\n");
+    let bad = c.call(&["LPUSH", "{txr}a"]).await;
+    assert!(
+        bad.starts_with(b"-ERR wrong number of arguments"),
+        "{}",
+        show(&bad)
+    );
+    let exec = c.call(&["EXEC"]).await;
+    assert!(exec.starts_with(b"-EXECABORT"), "{}", show(&exec));
+    // Keys in two slots cannot share a transaction (Redis says CROSSSLOT at EXEC).
+    let (a, b) = ("{txr}a", "{txs}b");
+    assert_ne!(slot(a.as_bytes()), slot(b.as_bytes()));
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", a, "1"]).await, b"+QUEUED\r\n");
+    assert_eq!(
+        c.call(&["SET", b, "1"]).await,
+        b"-CROSSSLOT Keys in request don't hash to the same slot\r\n"
+    );
+    let exec = c.call(&["EXEC"]).await;
+    assert!(exec.starts_with(b"-EXECABORT"), "{}", show(&exec));
+    let owner = redis.primary_for_slot(slot(a.as_bytes()));
+    assert_eq!(direct_get(&owner, a).await, b"$-1\r\n", "nothing ran");
+}
