@@ -193,6 +193,13 @@ pub struct Metrics {
     pub redirections_moved: Counter,
     /// See `redirections_moved`.
     pub redirections_ask: Counter,
+    /// Cluster slot map refreshes that found a new map, by outcome: how often the topology
+    /// changes under the proxy (resharding, failover) and whether the nodes answer.
+    pub map_refreshes_changed: Counter,
+    /// Refreshes that found the map as it was.
+    pub map_refreshes_unchanged: Counter,
+    /// Refreshes that reached no node (the map in use stays).
+    pub map_refreshes_failed: Counter,
     /// Commands sent to a cluster replica (`read_from: replica | nearest`), so an operator
     /// sees how much read load the replicas take.
     pub replica_reads: Counter,
@@ -260,12 +267,17 @@ impl Metrics {
             registry.register(name, help, c.clone());
             c
         };
-        let labelled =
-            |registry: &mut Registry, name: &str, help: &str, label, values: [&'static str; 2]| {
-                let family = Family::<Labels, Counter>::default();
-                registry.register(name, help, family.clone());
-                values.map(|v| family.get_or_create(&vec![(label, v)]).clone())
-            };
+        fn labelled<const N: usize>(
+            registry: &mut Registry,
+            name: &str,
+            help: &str,
+            label: &'static str,
+            values: [&'static str; N],
+        ) -> [Counter; N] {
+            let family = Family::<Labels, Counter>::default();
+            registry.register(name, help, family.clone());
+            values.map(|v| family.get_or_create(&vec![(label, v)]).clone())
+        }
         let upstream_connections = gauge(
             &mut registry,
             "upstream_connections",
@@ -294,6 +306,17 @@ impl Metrics {
             "Cluster redirections followed (MOVED, ASK)",
             "kind",
             ["moved", "ask"],
+        );
+        let [
+            map_refreshes_changed,
+            map_refreshes_unchanged,
+            map_refreshes_failed,
+        ] = labelled(
+            &mut registry,
+            "cluster_map_refreshes",
+            "Cluster slot map refreshes: changed (a new map installed), unchanged, failed (no node answered)",
+            "outcome",
+            ["changed", "unchanged", "failed"],
         );
         let replica_reads = counter(
             &mut registry,
@@ -348,6 +371,9 @@ impl Metrics {
             upstream_error_replies,
             redirections_moved,
             redirections_ask,
+            map_refreshes_changed,
+            map_refreshes_unchanged,
+            map_refreshes_failed,
             replica_reads,
             clients,
             clients_total,

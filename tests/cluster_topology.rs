@@ -349,6 +349,20 @@ async fn redirections_are_followed_and_counted() {
     assert_eq!(client.call(&["GET", key]).await, b"$-1\r\n");
     let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
     assert!(counted(&metrics, "ask") >= 1.0, "{metrics}");
+    // Refreshes run on MOVED here (no timer): whether the nodes' map then differs from the
+    // proxy's patched one depends on timing, so both outcomes count.
+    let refreshes = |metrics: &str| {
+        ["changed", "unchanged"]
+            .iter()
+            .map(|o| {
+                common::sample(
+                    metrics,
+                    &format!("rpp_cluster_map_refreshes_total{{outcome=\"{o}\"}}"),
+                )
+            })
+            .sum::<f64>()
+    };
+    let before = refreshes(&metrics);
 
     // Moved (the slot is empty, so every node can be told at once): MOVED, then the new owner.
     for addr in redis.live_addrs() {
@@ -362,4 +376,15 @@ async fn redirections_are_followed_and_counted() {
     assert_eq!(direct, b"$1\r\nv\r\n", "the write reached the new owner");
     let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
     assert!(counted(&metrics, "moved") >= 1.0, "{metrics}");
+
+    // The MOVED asked for a refresh, which asks the nodes for the map.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+        if refreshes(&metrics) > before {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -370,9 +370,15 @@ async fn refresher(router: Weak<Router>, wake: Arc<Notify>, interval: Duration) 
                 if map != r.snapshot().map {
                     tracing::info!(covered = map.covered(), "cluster topology changed");
                     r.install(map);
+                    r.metrics.map_refreshes_changed.inc();
+                } else {
+                    r.metrics.map_refreshes_unchanged.inc();
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cluster topology refresh failed"),
+            Err(e) => {
+                r.metrics.map_refreshes_failed.inc();
+                tracing::warn!(error = %e, "cluster topology refresh failed");
+            }
         }
     }
 }
