@@ -52,6 +52,10 @@ pub(super) struct ShardSubs {
     conns: Vec<NodeConn>,
     /// Source of the connections' ids (below `SHARD_CONN`), to know which one ended.
     next_id: u64,
+    /// Channels Redis dropped whose `sunsubscribe` came while an `SSUBSCRIBE` of ours awaited
+    /// its confirmation on the same connection, which took it for that reply: they are
+    /// subscribed again once the command at hand is done.
+    orphans: Vec<Bytes>,
 }
 
 /// A dedicated pub/sub connection to one node.
@@ -171,7 +175,7 @@ impl Session {
         let reply = match command {
             ShardCommand::Subscribe { channels, slot } => {
                 let within = resubscribe_within(&router);
-                match self
+                let reply = match self
                     .subscribe_on_owner(&router, slot, &channels, within)
                     .await
                 {
@@ -199,7 +203,9 @@ impl Session {
                         self.visible(out.freeze())
                     }
                     Err(reply) => reply,
-                }
+                };
+                self.adopt_orphans().await;
+                reply
             }
             ShardCommand::Unsubscribe { channels } => {
                 let subs = self.shard_subs.get_or_insert_with(Box::default);
@@ -310,7 +316,20 @@ impl Session {
             _ => return false,
         };
         Box::pin(self.resubscribe(resubscribe)).await;
+        self.adopt_orphans().await;
         true
+    }
+
+    /// Subscribes again the channels found dropped while subscribing others (see
+    /// `ShardSubs::orphans`); those may find more, hence the loop.
+    async fn adopt_orphans(&mut self) {
+        loop {
+            let orphans = match &mut self.shard_subs {
+                Some(subs) if !subs.orphans.is_empty() => std::mem::take(&mut subs.orphans),
+                _ => return,
+            };
+            Box::pin(self.resubscribe(orphans)).await;
+        }
     }
 
     /// Subscribes again channels Redis dropped, each slot's on its owner; a channel that
@@ -446,7 +465,9 @@ impl Session {
                         _ => Failure::Other(data),
                     });
                 }
-                Some(Reply::Batch { error: None, .. }) => {}
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) => self.note_orphan(&data),
                 Some(Reply::Batch { error: Some(e), .. }) => {
                     return Err(Failure::Other(error_reply(&ProxyError::Upstream(*e))));
                 }
@@ -454,6 +475,28 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// An `SSUBSCRIBE` answered with a `sunsubscribe`: Redis dropped a channel (its slot
+    /// left the node) just as our command was waiting, and the connection matched the push
+    /// to it. Our own confirmation follows as a push, which `shard_event` drops; the dropped
+    /// channel is subscribed again after the command (`adopt_orphans`).
+    fn note_orphan(&mut self, frame: &[u8]) {
+        let dropped = matches!(
+            crate::reply::classify_pubsub(frame),
+            PubSubFrame::Confirmation {
+                kind: SubKind::Shard,
+                subscribe: false,
+            }
+        );
+        let Some(channel) = crate::reply::element(frame, 1).filter(|_| dropped) else {
+            return;
+        };
+        if let Some(subs) = &mut self.shard_subs
+            && let Some((c, _)) = subs.channels.remove_entry(channel)
+        {
+            subs.orphans.push(c);
+        }
     }
 
     /// The session's pub/sub connection to `node`, opened if there is none (or it ended).
