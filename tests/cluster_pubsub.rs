@@ -302,3 +302,44 @@ async fn a_moved_slot_keeps_its_subscribers_in_resp2_and_resp3() {
     }
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
+    let mut redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let mut config = proxy_config(&redis.live_addrs()[0], &[]);
+    // Gives up on the dead node quickly: twice this, at least a second.
+    config.upstream.connect_timeout_ms.value = 300;
+    let proxy = Proxy::start(config).await;
+    let doomed = &primaries[1];
+    let ch_dead = redis.key_on(doomed, "dead");
+    let ch_live = redis.key_on(&primaries[2], "live");
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        show(&sub.call(&["SSUBSCRIBE", &ch_dead]).await),
+        show(&frame(2, "ssubscribe", &ch_dead, &count(1)))
+    );
+    assert_eq!(
+        show(&sub.call(&["SSUBSCRIBE", &ch_live]).await),
+        show(&frame(2, "ssubscribe", &ch_live, &count(2)))
+    );
+    // The owner dies and nothing replaces it (no replicas): after trying for a bounded time
+    // the proxy says what Redis would have said of a channel it dropped, and nothing hangs.
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| &n.addr() == doomed)
+        .unwrap();
+    redis.kill(index);
+    assert_eq!(
+        show(&sub.read_frame().await),
+        show(&frame(2, "sunsubscribe", &ch_dead, &count(1)))
+    );
+    // The other node's channel is still held and counted.
+    assert_eq!(
+        show(&sub.call(&["SUNSUBSCRIBE", &ch_live]).await),
+        show(&frame(2, "sunsubscribe", &ch_live, &count(0)))
+    );
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
