@@ -343,3 +343,49 @@ async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
     sub.assert_quiet(QUIET).await;
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn a_failover_moves_the_subscription_to_the_promoted_replica() {
+    let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
+    let mut config = proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 500"]);
+    // Room for the election (node timeout 1 s here) within the proxy's retry bound.
+    config.upstream.connect_timeout_ms.value = 5000;
+    let proxy = Proxy::start(config).await;
+    let doomed = redis.primaries()[0].clone();
+    let channel = redis.key_on(&doomed, "alerts");
+    let s = slot(channel.as_bytes());
+    let mut sub = Raw::connect(proxy.addr).await;
+    let hello = sub.call(&["HELLO", "3"]).await;
+    assert!(hello.starts_with(b"%"), "{}", show(&hello));
+    assert_eq!(
+        show(&sub.call(&["SSUBSCRIBE", &channel]).await),
+        show(&frame(3, "ssubscribe", &channel, &count(1)))
+    );
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == doomed)
+        .unwrap();
+    redis.kill(index);
+    // Polled with a PING between looks (the map query blocks, and the proxy runs on this
+    // test's runtime: the PING's await lets it work meanwhile).
+    let mut live = Raw::connect(&redis.live_addrs()[0]).await;
+    let until = Instant::now() + DEADLINE;
+    let promoted = loop {
+        let owner = redis.primary_for_slot(s);
+        if owner != doomed {
+            break owner;
+        }
+        assert!(Instant::now() < until, "no replica was promoted");
+        assert_eq!(live.call(&["PING"]).await, b"+PONG\r\n");
+    };
+    wait_subscribers(&promoted, &channel, 1).await;
+    let mut direct = Raw::connect(&promoted).await;
+    assert_eq!(direct.call(&["SPUBLISH", &channel, "up"]).await, b":1\r\n");
+    assert_eq!(
+        show(&sub.read_frame().await),
+        show(&frame(3, "smessage", &channel, &bulk("up")))
+    );
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
