@@ -143,6 +143,9 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Action {
+        if let Some(answer) = self.shard_route(&action, args) {
+            return answer;
+        }
         let Some((target, effect, rewrite)) = action.forwarded() else {
             return action;
         };
@@ -535,7 +538,8 @@ impl Session {
     /// session's later replies queue behind this one anyway).
     pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
         let Reply::Batch { seq, .. } = *msg else {
-            return false;
+            // Pushes and connection ends: shard subscriptions may need them.
+            return self.shard_event(msg).await;
         };
         if let Some(how) = self
             .sent_of(seq)

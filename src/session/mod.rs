@@ -15,6 +15,7 @@ mod replica_reads;
 mod replies;
 mod route;
 mod scatter;
+mod shard_subs;
 mod spread;
 
 use replies::{apply_mask, filter_exec, with_client_id};
@@ -263,6 +264,9 @@ enum Action {
     Split(Box<cluster::Split>),
     /// Cluster mode: one step of a SCAN over every primary.
     Scan(Box<cluster::Scan>),
+    /// Cluster mode: SSUBSCRIBE/SUNSUBSCRIBE, answered by the session over its per-node
+    /// pub/sub connections (see `shard_subs`).
+    ShardPubSub(Box<shard_subs::ShardCommand>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -485,6 +489,9 @@ struct Session {
     /// The upstream's address epoch when the session started; a different epoch at WAIT time
     /// means a Sentinel failover came after writes the WAIT would cover.
     wait_epoch: u64,
+    /// Cluster mode: shard channels subscribed on any node and their per-node connections
+    /// (see `shard_subs`); `None` until the first SSUBSCRIBE, and always standalone.
+    shard_subs: Option<Box<shard_subs::ShardSubs>>,
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
@@ -548,6 +555,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         batch_name: None,
         active: false,
         wait_epoch,
+        shard_subs: None,
     };
     let (mut rd, mut wr) = stream.split();
     // The tick is waited on by a future kept across iterations: made anew in each `select!`,
@@ -915,7 +923,11 @@ impl Session {
     /// dedicated connection (it holds a sender of the channel for its pushes). Returns whether
     /// the channel was dropped, so the caller drops its receiving end too.
     fn release_idle(&mut self) -> bool {
-        if self.inflight != 0 || !self.slots.is_empty() || self.dedicated.is_some() {
+        if self.inflight != 0
+            || !self.slots.is_empty()
+            || self.dedicated.is_some()
+            || self.shard_subs.is_some()
+        {
             return false;
         }
         if !self.out.is_empty() || !self.rbuf.is_empty() || self.in_multi {
@@ -1724,6 +1736,16 @@ impl Session {
                 let reply = Box::pin(self.split(*split)).await;
                 self.answer_gathered(reply, suppress);
             }
+            // Answered after everything before it, like the commands above.
+            Action::ShardPubSub(_) if self.inflight > 0 => {
+                self.paused = true;
+                return false;
+            }
+            Action::ShardPubSub(command) => {
+                self.rbuf.advance(len);
+                let reply = Box::pin(self.shard_command(*command)).await;
+                self.answer_gathered(reply, suppress);
+            }
             Action::Reset => {
                 if self.inflight > 0 {
                     self.paused = true;
@@ -1982,6 +2004,7 @@ impl Session {
     /// drops every subscription, transaction and watch on the upstream.
     fn reset(&mut self) {
         self.dedicated = None;
+        self.shard_subs = None;
         self.login(None);
         self.proto = 2;
         self.db = 0;

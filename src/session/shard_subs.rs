@@ -1,0 +1,626 @@
+//! Cluster mode: sharded pub/sub (`SSUBSCRIBE`) across nodes and through slot moves.
+//!
+//! A real cluster client holds one connection per node, so it may subscribe to shard channels
+//! owned by several nodes. The proxy does the same for a session: one dedicated pub/sub
+//! connection per node holding its shard subscriptions, opened with the session's reply
+//! channel as push target, so messages from every node arrive where the session already
+//! reads. The session, not the connections, answers the client's `SSUBSCRIBE` and
+//! `SUNSUBSCRIBE`: a node's confirmations count only that node's channels, while Redis counts
+//! every shard channel of the client.
+//!
+//! When a slot leaves a node (migration or failover), Redis tells the subscriber with an
+//! unsolicited `sunsubscribe` for each channel of the slot; a node that fails ends its
+//! connection. Either way the proxy hides it and subscribes the channels again on the slot's
+//! new owner, found in the map or through the MOVED the old owner answers. Only when that
+//! fails within a bounded time does the client get the `sunsubscribe` Redis would have sent.
+//! Messages for a channel the session no longer tracks (the client unsubscribed while they
+//! were on their way) are dropped, as Redis would not have sent them.
+//!
+//! Nothing here runs outside cluster mode: the hooks are reached from `place`,
+//! `follow_redirects` and `execute`'s cluster-only action, and the session holds only an
+//! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+use super::cluster::crossslot;
+use super::route::Args;
+use super::*;
+use crate::cluster::{Redirect, Router, slot};
+use crate::reply::{PubSubFrame, SubKind};
+
+/// Set in the `conn_id` of shard connections, so that their end (`Reply::PinnedClosed`) is
+/// never taken for the end of the session's dedicated connection, whose ids count from 1.
+const SHARD_CONN: u64 = 1 << 63;
+/// Pause between two attempts to subscribe on a slot's owner, while the map catches up with
+/// a failover or a migration.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Least time given to subscribing again before the client is told the channel is gone.
+const MIN_RESUBSCRIBE: Duration = Duration::from_secs(1);
+
+/// The session's shard subscriptions and the connections holding them.
+#[derive(Default)]
+pub(super) struct ShardSubs {
+    /// Every shard channel the session is subscribed to, as named upstream (namespaced), and
+    /// the node holding it. Its size is the count Redis reports in confirmations.
+    channels: HashMap<Bytes, u16>,
+    /// One pub/sub connection per node with subscriptions (a handful at most: one per
+    /// primary), looked up by a scan.
+    conns: Vec<NodeConn>,
+    /// Source of the connections' ids (below `SHARD_CONN`), to know which one ended.
+    next_id: u64,
+    /// Channels Redis dropped whose `sunsubscribe` came while an `SSUBSCRIBE` of ours awaited
+    /// its confirmation on the same connection, which took it for that reply: they are
+    /// subscribed again once the command at hand is done.
+    orphans: Vec<Bytes>,
+}
+
+/// A dedicated pub/sub connection to one node.
+struct NodeConn {
+    /// The node it is connected to.
+    node: u16,
+    /// Where its commands go; its pushes come on the session's reply channel.
+    tx: mpsc::Sender<Batch>,
+    /// Echoed in `Reply::PinnedClosed` when it ends, to find which channels it held.
+    id: u64,
+}
+
+/// A sharded pub/sub command the session answers itself (see the module comment).
+pub(super) enum ShardCommand {
+    /// `SSUBSCRIBE` of channels (as named upstream) that all hash to `slot`.
+    Subscribe { channels: Vec<Bytes>, slot: u16 },
+    /// `SUNSUBSCRIBE` of these channels; every shard channel when empty.
+    Unsubscribe { channels: Vec<Bytes> },
+}
+
+/// Why subscribing on a node did not work.
+enum Failure {
+    /// The node no longer owns the slot: it is at this address.
+    Moved(Arc<str>),
+    /// Anything else (node down, migration in progress, an error reply): this reply, which
+    /// the client gets if no attempt succeeds.
+    Other(Bytes),
+}
+
+impl ShardSubs {
+    /// Closes the connections to nodes that hold none of the channels any more; Redis drops
+    /// a connection's subscriptions with it.
+    fn prune(&mut self) {
+        let channels = &self.channels;
+        self.conns
+            .retain(|c| !c.tx.is_closed() && channels.values().any(|&n| n == c.node));
+    }
+}
+
+impl Session {
+    /// Hook in `place`: sharded pub/sub commands become `Action::ShardPubSub`, and a RESP2
+    /// client holding shard subscriptions (and no classic ones, whose connection would say
+    /// it) is held to what Redis allows in subscribed mode. `None`: nothing to do here.
+    pub(super) fn shard_route(&self, action: &Action, args: &Args<'_>) -> Option<Action> {
+        let kind = command::classify(args.get(0));
+        match kind {
+            // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
+            Kind::Subscribe(SubKind::Shard) if !self.in_multi => {
+                let channels = self.upstream_channels(action, args)?;
+                let first = slot(channels.first()?);
+                if channels.iter().any(|c| slot(c) != first) {
+                    return Some(Action::Refused(crossslot()));
+                }
+                Some(Action::ShardPubSub(Box::new(ShardCommand::Subscribe {
+                    channels,
+                    slot: first,
+                })))
+            }
+            Kind::Unsubscribe(SubKind::Shard) if self.shard_subs.is_some() && !self.in_multi => {
+                let channels = self.upstream_channels(action, args)?;
+                if channels
+                    .first()
+                    .is_some_and(|f| channels.iter().any(|c| slot(c) != slot(f)))
+                {
+                    return Some(Action::Refused(crossslot()));
+                }
+                Some(Action::ShardPubSub(Box::new(ShardCommand::Unsubscribe {
+                    channels,
+                })))
+            }
+            _ if self.shard_subs.is_none() || self.proto != 2 || self.subscribed => None,
+            Kind::Subscribe(_) | Kind::Unsubscribe(_) | Kind::Quit | Kind::Reset => None,
+            _ if args.get(0).eq_ignore_ascii_case(b"PING") && args.len() <= 2 => {
+                // Redis's PING reply in RESP2 subscribed mode.
+                let arg = if args.len() == 2 { args.get(1) } else { b"" };
+                let mut pong = BytesMut::from(&b"*2\r\n$4\r\npong\r\n"[..]);
+                pong.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                pong.extend_from_slice(arg);
+                pong.extend_from_slice(b"\r\n");
+                Some(Action::Local(pong.freeze(), LocalEffect::None))
+            }
+            _ => Some(Action::Refused(simple_error(
+                "ERR",
+                &format!(
+                    "Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / \
+                     RESET are allowed in this context",
+                    String::from_utf8_lossy(args.get(0)).to_ascii_lowercase()
+                ),
+            ))),
+        }
+    }
+
+    /// The channels of a forwarded (S)(UN)SUBSCRIBE as they go upstream (after a namespace
+    /// rewrite); `None` for an action that is not forwarded (refused by the policy).
+    fn upstream_channels(&self, action: &Action, args: &Args<'_>) -> Option<Vec<Bytes>> {
+        let (_, _, rewrite) = action.forwarded()?;
+        match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => {
+                let mut ranges = Vec::new();
+                match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                    Ok(Some(Decoded::Command { .. })) => {
+                        Some(ranges[1..].iter().map(|r| frame.slice(r.clone())).collect())
+                    }
+                    _ => None,
+                }
+            }
+            None => Some(args.iter().skip(1).map(Bytes::copy_from_slice).collect()),
+        }
+    }
+
+    /// Carries out a sharded pub/sub command; the reply is every confirmation, as Redis
+    /// would give them.
+    pub(super) async fn shard_command(&mut self, command: ShardCommand) -> Bytes {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return simple_error("ERR", "This instance has cluster support disabled");
+        };
+        let reply = match command {
+            ShardCommand::Subscribe { channels, slot } => {
+                let within = resubscribe_within(&router);
+                let reply = match self
+                    .subscribe_on_owner(&router, slot, &channels, within)
+                    .await
+                {
+                    Ok(node) => {
+                        let subs = self.shard_subs.get_or_insert_with(Box::default);
+                        let mut out = BytesMut::new();
+                        let mut stale = Vec::new();
+                        for c in channels {
+                            if let Some(old) = subs.channels.insert(c.clone(), node)
+                                && old != node
+                            {
+                                stale.push((old, c.clone()));
+                            }
+                            let count = subs.channels.len();
+                            out.extend_from_slice(&confirmation(
+                                self.proto,
+                                "ssubscribe",
+                                Some(&c),
+                                count,
+                            ));
+                        }
+                        for (old, c) in stale {
+                            self.unsubscribe_upstream(old, &c);
+                        }
+                        self.visible(out.freeze())
+                    }
+                    Err(reply) => reply,
+                };
+                self.adopt_orphans().await;
+                reply
+            }
+            ShardCommand::Unsubscribe { channels } => {
+                let subs = self.shard_subs.get_or_insert_with(Box::default);
+                let mut out = BytesMut::new();
+                if channels.is_empty() {
+                    // Every connection goes: closing it unsubscribes everything upstream.
+                    let all: Vec<Bytes> = subs.channels.drain().map(|(c, _)| c).collect();
+                    subs.conns.clear();
+                    if all.is_empty() {
+                        out.extend_from_slice(&confirmation(self.proto, "sunsubscribe", None, 0));
+                    }
+                    for (i, c) in all.iter().enumerate() {
+                        let left = all.len() - 1 - i;
+                        out.extend_from_slice(&confirmation(
+                            self.proto,
+                            "sunsubscribe",
+                            Some(c),
+                            left,
+                        ));
+                    }
+                } else {
+                    let mut gone = Vec::new();
+                    for c in channels {
+                        if let Some(node) = subs.channels.remove(&c) {
+                            gone.push((node, c.clone()));
+                        }
+                        let count = subs.channels.len();
+                        out.extend_from_slice(&confirmation(
+                            self.proto,
+                            "sunsubscribe",
+                            Some(&c),
+                            count,
+                        ));
+                    }
+                    for (node, c) in gone {
+                        self.unsubscribe_upstream(node, &c);
+                    }
+                }
+                self.visible(out.freeze())
+            }
+        };
+        self.tidy_shard_subs();
+        reply
+    }
+
+    /// Hook in `follow_redirects` for what is not a batch reply: pushes and connection ends.
+    /// Returns `true` when the message is consumed here (hidden from the client).
+    pub(super) async fn shard_event(&mut self, msg: &mut Reply) -> bool {
+        let resubscribe = match msg {
+            Reply::Push(frame, permits) => {
+                let (kind, channel) = match crate::reply::classify_pubsub(frame) {
+                    PubSubFrame::Message
+                        if crate::reply::element(frame, 0)
+                            .is_some_and(|k| k.eq_ignore_ascii_case(b"smessage")) =>
+                    {
+                        (None, crate::reply::element(frame, 1))
+                    }
+                    PubSubFrame::Confirmation {
+                        kind: SubKind::Shard,
+                        subscribe,
+                    } => (Some(subscribe), crate::reply::element(frame, 1)),
+                    _ => return false,
+                };
+                let tracked = channel.and_then(|c| {
+                    self.shard_subs
+                        .as_ref()
+                        .and_then(|s| s.channels.get_key_value(c))
+                });
+                match (kind, tracked) {
+                    // A message for a channel the client holds: delivered as it is.
+                    (None, Some(_)) => return false,
+                    // Redis dropped the channel (its slot left the node): subscribe again.
+                    (Some(false), Some((c, _))) => {
+                        let c = c.clone();
+                        self.return_permits(*permits);
+                        if let Some(subs) = &mut self.shard_subs {
+                            subs.channels.remove(&c);
+                        }
+                        vec![c]
+                    }
+                    // A message the client unsubscribed from while it was on its way, or a
+                    // confirmation that belongs to no client command: Redis would not have
+                    // sent it to the client.
+                    _ => {
+                        self.return_permits(*permits);
+                        return true;
+                    }
+                }
+            }
+            Reply::PinnedClosed(id) if *id & SHARD_CONN != 0 => {
+                let id = *id;
+                let Some(subs) = &mut self.shard_subs else {
+                    return true;
+                };
+                let Some(at) = subs.conns.iter().position(|c| c.id == id) else {
+                    return true;
+                };
+                let node = subs.conns.swap_remove(at).node;
+                let lost: Vec<Bytes> = subs
+                    .channels
+                    .iter()
+                    .filter(|&(_, &n)| n == node)
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                subs.channels.retain(|_, n| *n != node);
+                lost
+            }
+            _ => return false,
+        };
+        Box::pin(self.resubscribe(resubscribe)).await;
+        self.adopt_orphans().await;
+        true
+    }
+
+    /// Subscribes again the channels found dropped while subscribing others (see
+    /// `ShardSubs::orphans`); those may find more, hence the loop.
+    async fn adopt_orphans(&mut self) {
+        loop {
+            let orphans = match &mut self.shard_subs {
+                Some(subs) if !subs.orphans.is_empty() => std::mem::take(&mut subs.orphans),
+                _ => return,
+            };
+            Box::pin(self.resubscribe(orphans)).await;
+        }
+    }
+
+    /// Subscribes again channels Redis dropped, each slot's on its owner; a channel that
+    /// cannot be placed in time is announced to the client with the `sunsubscribe` Redis
+    /// would have sent it.
+    async fn resubscribe(&mut self, channels: Vec<Bytes>) {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return;
+        };
+        let within = resubscribe_within(&router);
+        let mut by_slot: Vec<(u16, Vec<Bytes>)> = Vec::new();
+        for c in channels {
+            let s = slot(&c);
+            match by_slot.iter_mut().find(|(t, _)| *t == s) {
+                Some((_, group)) => group.push(c),
+                None => by_slot.push((s, vec![c])),
+            }
+        }
+        let mut failed = Vec::new();
+        for (s, group) in by_slot {
+            match self.subscribe_on_owner(&router, s, &group, within).await {
+                Ok(node) => {
+                    let subs = self.shard_subs.get_or_insert_with(Box::default);
+                    for c in group {
+                        subs.channels.insert(c, node);
+                    }
+                }
+                Err(reply) => {
+                    tracing::warn!(
+                        id = self.id,
+                        slot = s,
+                        reply = %String::from_utf8_lossy(&reply).trim_end(),
+                        "shard channels not subscribed again; the client is told they are gone"
+                    );
+                    failed.extend(group);
+                }
+            }
+        }
+        let held = self.shard_subs.as_ref().map_or(0, |s| s.channels.len());
+        for (i, c) in failed.iter().enumerate() {
+            let left = held + failed.len() - 1 - i;
+            let frame = confirmation(self.proto, "sunsubscribe", Some(c), left);
+            let frame = self.visible(frame);
+            self.out.push(frame);
+        }
+        self.tidy_shard_subs();
+    }
+
+    /// Subscribes `channels` (all of `slot`) on the slot's owner, following MOVED, and
+    /// trying again for up to `within` while the owner is unknown, unreachable or migrating.
+    /// Returns the node, or the reply that explains why not.
+    async fn subscribe_on_owner(
+        &mut self,
+        router: &Router,
+        slot: u16,
+        channels: &[Bytes],
+        within: Duration,
+    ) -> Result<u16, Bytes> {
+        let give_up = tokio::time::Instant::now() + within;
+        let mut node = router.snapshot().owner(slot);
+        let mut redirects = 0;
+        loop {
+            let failure = match node {
+                Some(n) => match self.subscribe_on(router, n, channels).await {
+                    Ok(()) => return Ok(n),
+                    Err(Failure::Moved(addr)) if redirects < router.max_redirects() => {
+                        redirects += 1;
+                        self.ctx.ops.metrics.redirections_moved.inc();
+                        router.apply_moved(slot, &addr);
+                        node = Some(router.node(&addr));
+                        continue;
+                    }
+                    Err(Failure::Moved(_)) => simple_error(
+                        "ERR",
+                        &format!("too many cluster redirections for slot {slot}"),
+                    ),
+                    Err(Failure::Other(reply)) => reply,
+                },
+                None => Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n"),
+            };
+            if tokio::time::Instant::now() + RETRY_PAUSE >= give_up {
+                return Err(failure);
+            }
+            router.refresh_soon();
+            tokio::time::sleep(RETRY_PAUSE).await;
+            node = router.snapshot().owner(slot);
+            redirects = 0;
+        }
+    }
+
+    /// Sends `SSUBSCRIBE` for each channel (one command each, so an error reply is one frame
+    /// as the connection expects) to `node` and waits for the confirmations.
+    async fn subscribe_on(
+        &mut self,
+        router: &Router,
+        node: u16,
+        channels: &[Bytes],
+    ) -> Result<(), Failure> {
+        let unavailable = |reason: String| {
+            Failure::Other(error_reply(&ProxyError::Upstream(
+                UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: reason.into(),
+                },
+            )))
+        };
+        let tx = match self.shard_conn(router, node).await {
+            Ok(tx) => tx,
+            Err(e) => return Err(Failure::Other(error_reply(&ProxyError::Upstream(e)))),
+        };
+        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        for c in channels {
+            let batch = Batch {
+                bytes: codec::encode(&[b"SSUBSCRIBE", c]),
+                expect: Expect::Confirmations(1),
+                wait: ReplyWait::Prompt,
+                reply_to: reply_to.clone(),
+                seq: 0,
+            };
+            if tx.send(batch).await.is_err() {
+                return Err(unavailable("connection closed".into()));
+            }
+        }
+        drop(reply_to);
+        let origin = router.addr(node);
+        for _ in channels {
+            match rx.recv().await {
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) if data.first() == Some(&b'-') => {
+                    return Err(match Redirect::parse(&data, &origin) {
+                        Ok(Some(Redirect::Moved { addr, .. })) => Failure::Moved(addr),
+                        _ => Failure::Other(data),
+                    });
+                }
+                Some(Reply::Batch {
+                    data, error: None, ..
+                }) => self.note_orphan(&data),
+                Some(Reply::Batch { error: Some(e), .. }) => {
+                    return Err(Failure::Other(error_reply(&ProxyError::Upstream(*e))));
+                }
+                _ => return Err(unavailable("connection closed".into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// An `SSUBSCRIBE` answered with a `sunsubscribe`: Redis dropped a channel (its slot
+    /// left the node) just as our command was waiting, and the connection matched the push
+    /// to it. Our own confirmation follows as a push, which `shard_event` drops; the dropped
+    /// channel is subscribed again after the command (`adopt_orphans`).
+    fn note_orphan(&mut self, frame: &[u8]) {
+        let dropped = matches!(
+            crate::reply::classify_pubsub(frame),
+            PubSubFrame::Confirmation {
+                kind: SubKind::Shard,
+                subscribe: false,
+            }
+        );
+        let Some(channel) = crate::reply::element(frame, 1).filter(|_| dropped) else {
+            return;
+        };
+        if let Some(subs) = &mut self.shard_subs
+            && let Some((c, _)) = subs.channels.remove_entry(channel)
+        {
+            subs.orphans.push(c);
+        }
+    }
+
+    /// The session's pub/sub connection to `node`, opened if there is none (or it ended).
+    async fn shard_conn(
+        &mut self,
+        router: &Router,
+        node: u16,
+    ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
+        let subs = self.shard_subs.get_or_insert_with(Box::default);
+        subs.conns.retain(|c| !c.tx.is_closed());
+        if let Some(c) = subs.conns.iter().find(|c| c.node == node) {
+            return Ok(c.tx.clone());
+        }
+        subs.next_id += 1;
+        let id = SHARD_CONN | subs.next_id;
+        let push = PushTarget {
+            to: self.reply_sender(),
+            budget: self.push_budget(),
+            budget_size: PUSH_BUDGET,
+            conn_id: id,
+        };
+        let tx = router.pool(node).dedicated(self.proto, push, false).await?;
+        let subs = self.shard_subs.get_or_insert_with(Box::default);
+        subs.conns.push(NodeConn {
+            node,
+            tx: tx.clone(),
+            id,
+        });
+        Ok(tx)
+    }
+
+    /// Sends `SUNSUBSCRIBE channel` to the node's connection without waiting for the reply:
+    /// the client's confirmation is made by the session, and a message still on its way is
+    /// dropped because the channel is no longer tracked. A connection left without channels
+    /// is closed instead (by `tidy_shard_subs`), which unsubscribes it as well.
+    fn unsubscribe_upstream(&self, node: u16, channel: &Bytes) {
+        let Some(subs) = &self.shard_subs else {
+            return;
+        };
+        let Some(conn) = subs.conns.iter().find(|c| c.node == node) else {
+            return;
+        };
+        let (reply_to, _) = mpsc::unbounded_channel();
+        let _ = conn.tx.try_send(Batch {
+            bytes: codec::encode(&[b"SUNSUBSCRIBE", channel]),
+            expect: Expect::Confirmations(1),
+            wait: ReplyWait::Prompt,
+            reply_to,
+            seq: 0,
+        });
+    }
+
+    /// Closes connections that hold nothing, and forgets the whole state once no shard
+    /// channel is left (the session is then as if it never subscribed).
+    fn tidy_shard_subs(&mut self) {
+        if let Some(subs) = &mut self.shard_subs {
+            subs.prune();
+            if subs.channels.is_empty() {
+                self.shard_subs = None;
+            }
+        }
+    }
+
+    /// Gives back the push budget of a push that is not written to the client.
+    fn return_permits(&self, permits: u32) {
+        if let Some(budget) = &self.push_budget {
+            budget.add_permits(permits as usize);
+        }
+    }
+
+    /// A frame the proxy made, with the tenant's namespace removed from channel names.
+    fn visible(&self, frame: Bytes) -> Bytes {
+        match self.policy.access.namespace(self.tenant) {
+            Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
+            None => frame,
+        }
+    }
+}
+
+/// How long subscribing may take before giving up: twice the connect timeout (a refused
+/// connection or a map still naming a failed node is retried meanwhile), at least a second.
+fn resubscribe_within(router: &Router) -> Duration {
+    router
+        .connect_timeout()
+        .saturating_mul(2)
+        .max(MIN_RESUBSCRIBE)
+}
+
+/// A `ssubscribe` / `sunsubscribe` confirmation in the client's RESP version; `channel`
+/// `None` is the nil of an unsubscribe with nothing to unsubscribe.
+fn confirmation(proto: u8, kind: &str, channel: Option<&[u8]>, count: usize) -> Bytes {
+    let mut out = BytesMut::with_capacity(32 + channel.map_or(0, <[u8]>::len));
+    out.extend_from_slice(if proto == 3 { b">3\r\n" } else { b"*3\r\n" });
+    out.extend_from_slice(format!("${}\r\n{kind}\r\n", kind.len()).as_bytes());
+    match channel {
+        Some(c) => {
+            out.extend_from_slice(format!("${}\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        None if proto == 3 => out.extend_from_slice(b"_\r\n"),
+        None => out.extend_from_slice(b"$-1\r\n"),
+    }
+    out.extend_from_slice(format!(":{count}\r\n").as_bytes());
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirmations_as_redis_writes_them() {
+        assert_eq!(
+            &confirmation(2, "ssubscribe", Some(b"ch"), 2)[..],
+            b"*3\r\n$10\r\nssubscribe\r\n$2\r\nch\r\n:2\r\n"
+        );
+        assert_eq!(
+            &confirmation(3, "sunsubscribe", None, 0)[..],
+            b">3\r\n$12\r\nsunsubscribe\r\n_\r\n:0\r\n"
+        );
+        assert_eq!(
+            &confirmation(2, "sunsubscribe", None, 0)[..],
+            b"*3\r\n$12\r\nsunsubscribe\r\n$-1\r\n:0\r\n"
+        );
+    }
+}
