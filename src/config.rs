@@ -238,6 +238,11 @@ pub struct ClusterConfig {
     /// [`ReadFrom`]). A string here, checked in `validate`, so a bad value is reported with
     /// file, line and field like every other problem instead of as a parse error.
     pub read_from: Located<String>,
+    /// How long the proxy keeps trying to subscribe a shard channel again after its node
+    /// dropped it (slot moved, node failed) before telling the client the channel is gone:
+    /// long enough for a failover, which takes Redis's `cluster-node-timeout` (15 s by
+    /// default) and more. Retries run in the background; the session keeps serving.
+    pub resubscribe_timeout_ms: Located<u64>,
 }
 
 /// Where read-only commands go (`upstream.cluster.read_from`, and `upstream.sentinel.read_from`
@@ -284,6 +289,7 @@ impl Default for ClusterConfig {
             refresh_interval_ms: located(10_000),
             max_redirects: located(5),
             read_from: located("primary".to_string()),
+            resubscribe_timeout_ms: located(30_000),
         }
     }
 }
@@ -684,6 +690,13 @@ impl Config {
                         "must be primary, replica or nearest",
                     );
                 }
+                if !(100..=3_600_000).contains(&c.resubscribe_timeout_ms.value) {
+                    problem(
+                        &c.resubscribe_timeout_ms.referenced,
+                        "upstream.cluster.resubscribe_timeout_ms".to_string(),
+                        "must be between 100 and 3600000 (one hour)",
+                    );
+                }
                 // Written in the file, or given by `--upstream` (which has no line).
                 if u.address.referenced.line() > 0
                     || u.address.value != UpstreamConfig::default().address.value
@@ -929,7 +942,7 @@ mod tests {
         );
 
         let err = Config::from_yaml(
-            "upstream:\n  mode: cluster\n  address: 127.0.0.1:1\n  cluster:\n    seeds:\n      - nowhere\n    refresh_interval_ms: 5\n    max_redirects: 0\n",
+            "upstream:\n  mode: cluster\n  address: 127.0.0.1:1\n  cluster:\n    seeds:\n      - nowhere\n    refresh_interval_ms: 5\n    max_redirects: 0\n    resubscribe_timeout_ms: 0\n",
             Path::new("c.yaml"),
         )
         .unwrap_err()
@@ -948,6 +961,12 @@ mod tests {
         );
         assert!(
             err.contains("c.yaml:8: field `upstream.cluster.max_redirects`"),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "c.yaml:9: field `upstream.cluster.resubscribe_timeout_ms`: must be between 100"
+            ),
             "{err}"
         );
 

@@ -307,9 +307,8 @@ async fn a_moved_slot_keeps_its_subscribers_in_resp2_and_resp3() {
 async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
     let mut redis = RedisCluster::start(3, 0);
     let primaries = redis.primaries();
-    let mut config = proxy_config(&redis.live_addrs()[0], &[]);
-    // Gives up on the dead node quickly: twice this, at least a second.
-    config.upstream.connect_timeout_ms.value = 300;
+    // Gives up on the dead node after 3 s of background retries.
+    let config = proxy_config(&redis.live_addrs()[0], &["resubscribe_timeout_ms: 3000"]);
     let proxy = Proxy::start(config).await;
     let doomed = &primaries[1];
     let ch_dead = redis.key_on(doomed, "dead");
@@ -331,6 +330,12 @@ async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
         .position(|n| &n.addr() == doomed)
         .unwrap();
     redis.kill(index);
+    // The retries run in the background: the session answers meanwhile (RESP2 subscribed
+    // mode's PING), long before the channel is given up.
+    assert_eq!(
+        show(&sub.call(&["PING"]).await),
+        show(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n")
+    );
     assert_eq!(
         show(&sub.read_frame().await),
         show(&frame(2, "sunsubscribe", &ch_dead, &count(1)))
@@ -347,9 +352,8 @@ async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
 #[tokio::test]
 async fn a_failover_moves_the_subscription_to_the_promoted_replica() {
     let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
-    let mut config = proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 500"]);
-    // Room for the election (node timeout 1 s here) within the proxy's retry bound.
-    config.upstream.connect_timeout_ms.value = 5000;
+    // Default retry bound (30 s): ample for the election (node timeout 1 s here).
+    let config = proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 500"]);
     let proxy = Proxy::start(config).await;
     let doomed = redis.primaries()[0].clone();
     let channel = redis.key_on(&doomed, "alerts");
@@ -367,6 +371,8 @@ async fn a_failover_moves_the_subscription_to_the_promoted_replica() {
         .position(|n| n.addr() == doomed)
         .unwrap();
     redis.kill(index);
+    // The session keeps serving while its channel waits for the promotion.
+    assert_eq!(sub.call(&["PING"]).await, b"+PONG\r\n");
     // Polled with a PING between looks (the map query blocks, and the proxy runs on this
     // test's runtime: the PING's await lets it work meanwhile).
     let mut live = Raw::connect(&redis.live_addrs()[0]).await;

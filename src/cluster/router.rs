@@ -71,6 +71,9 @@ pub struct Router {
     max_redirects: u32,
     /// Where read-only commands may go (`upstream.cluster.read_from`).
     read_from: ReadFrom,
+    /// How long a dropped shard channel is retried before the client is told
+    /// (`upstream.cluster.resubscribe_timeout_ms`).
+    resubscribe_timeout: Duration,
     /// Pools by node index; append-only, so an index never changes meaning.
     nodes: ArcSwap<Vec<Arc<Pool>>>,
     /// Node index by address; also serialises additions to `nodes`.
@@ -105,6 +108,7 @@ impl Router {
             seeds,
             max_redirects: cluster.max_redirects.value,
             read_from,
+            resubscribe_timeout: Duration::from_millis(cluster.resubscribe_timeout_ms.value),
             nodes: ArcSwap::from_pointee(Vec::new()),
             index: Mutex::new(HashMap::new()),
             snapshot: ArcSwap::from_pointee(Snapshot {
@@ -255,6 +259,11 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// How long a shard channel dropped by its node is retried before the client is told.
+    pub fn resubscribe_timeout(&self) -> Duration {
+        self.resubscribe_timeout
     }
 
     /// Redirections a command may follow.

@@ -38,8 +38,17 @@ const SHARD_CONN: u64 = 1 << 63;
 /// Pause between two attempts to subscribe on a slot's owner, while the map catches up with
 /// a failover or a migration.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-/// Least time given to subscribing again before the client is told the channel is gone.
+/// Least time given to a client's own `SSUBSCRIBE` before it gets the error.
 const MIN_RESUBSCRIBE: Duration = Duration::from_secs(1);
+/// The node of a channel being subscribed again in the background: counted as held (the
+/// client was not told otherwise), on no connection yet.
+const PENDING: u16 = u16::MAX;
+/// The `conn_id` of the wake-up a retry timer sends on the session's reply channel; it has
+/// `SHARD_CONN` set and no connection's id reaches it.
+const RETRY_WAKE: u64 = u64::MAX;
+/// Pause between background attempts for channels whose owner could not take them yet (a
+/// failover in progress): short, as each attempt costs one map lookup unless the owner is up.
+const RETRY_EVERY: Duration = Duration::from_millis(250);
 
 /// The session's shard subscriptions and the connections holding them.
 #[derive(Default)]
@@ -56,6 +65,12 @@ pub(super) struct ShardSubs {
     /// its confirmation on the same connection, which took it for that reply: they are
     /// subscribed again once the command at hand is done.
     orphans: Vec<Bytes>,
+    /// Channels whose owner could not take them yet (held at node `PENDING` in `channels`),
+    /// and when to stop trying and tell the client. Retried in the background, so the
+    /// session keeps serving through a failover.
+    pending: Vec<(Bytes, tokio::time::Instant)>,
+    /// A retry wake-up is on its way: one at a time.
+    retry_scheduled: bool,
 }
 
 /// A dedicated pub/sub connection to one node.
@@ -295,6 +310,19 @@ impl Session {
                     }
                 }
             }
+            Reply::PinnedClosed(RETRY_WAKE) => {
+                let Some(subs) = &mut self.shard_subs else {
+                    return true;
+                };
+                subs.retry_scheduled = false;
+                let due: Vec<(Bytes, tokio::time::Instant)> = std::mem::take(&mut subs.pending)
+                    .into_iter()
+                    // Unsubscribed (or subscribed anew by the client) meanwhile: done.
+                    .filter(|(c, _)| subs.channels.get(c) == Some(&PENDING))
+                    .collect();
+                Box::pin(self.resubscribe_until(due)).await;
+                return true;
+            }
             Reply::PinnedClosed(id) if *id & SHARD_CONN != 0 => {
                 let id = *id;
                 let Some(subs) = &mut self.shard_subs else {
@@ -332,39 +360,74 @@ impl Session {
         }
     }
 
-    /// Subscribes again channels Redis dropped, each slot's on its owner; a channel that
-    /// cannot be placed in time is announced to the client with the `sunsubscribe` Redis
-    /// would have sent it.
+    /// Subscribes again channels Redis dropped, each slot's on its owner, trying for up to
+    /// `resubscribe_timeout_ms` (see `resubscribe_until`).
     async fn resubscribe(&mut self, channels: Vec<Bytes>) {
+        let Some(router) = self.ctx.cluster.as_ref() else {
+            return;
+        };
+        let give_up = tokio::time::Instant::now() + router.resubscribe_timeout();
+        let due = channels.into_iter().map(|c| (c, give_up)).collect();
+        self.resubscribe_until(due).await;
+    }
+
+    /// One attempt per slot to subscribe `channels` again on the slot's owner (following
+    /// MOVED). A channel whose owner cannot take it now (unknown, down: a failover in
+    /// progress) stays held at `PENDING` and is tried again after `RETRY_EVERY` without
+    /// holding the session; one past its deadline is announced to the client with the
+    /// `sunsubscribe` Redis would have sent it.
+    async fn resubscribe_until(&mut self, channels: Vec<(Bytes, tokio::time::Instant)>) {
         let Some(router) = self.ctx.cluster.clone() else {
             return;
         };
-        let within = resubscribe_within(&router);
-        let mut by_slot: Vec<(u16, Vec<Bytes>)> = Vec::new();
-        for c in channels {
+        let mut by_slot: Vec<(u16, Vec<(Bytes, tokio::time::Instant)>)> = Vec::new();
+        for (c, give_up) in channels {
             let s = slot(&c);
             match by_slot.iter_mut().find(|(t, _)| *t == s) {
-                Some((_, group)) => group.push(c),
-                None => by_slot.push((s, vec![c])),
+                Some((_, group)) => group.push((c, give_up)),
+                None => by_slot.push((s, vec![(c, give_up)])),
             }
         }
         let mut failed = Vec::new();
         for (s, group) in by_slot {
-            match self.subscribe_on_owner(&router, s, &group, within).await {
+            // An owner whose shared connections are all down is not tried: connecting to it
+            // could take the whole connect timeout, and the refresh will name its successor.
+            let reachable = router
+                .snapshot()
+                .owner(s)
+                .is_some_and(|n| router.pool(n).any_up());
+            let names: Vec<Bytes> = group.iter().map(|(c, _)| c.clone()).collect();
+            let attempt = if reachable {
+                self.subscribe_on_owner(&router, s, &names, Duration::ZERO)
+                    .await
+            } else {
+                router.refresh_soon();
+                Err(Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n"))
+            };
+            let subs = self.shard_subs.get_or_insert_with(Box::default);
+            match attempt {
                 Ok(node) => {
-                    let subs = self.shard_subs.get_or_insert_with(Box::default);
-                    for c in group {
+                    for (c, _) in group {
                         subs.channels.insert(c, node);
                     }
                 }
                 Err(reply) => {
-                    tracing::warn!(
-                        id = self.id,
-                        slot = s,
-                        reply = %String::from_utf8_lossy(&reply).trim_end(),
-                        "shard channels not subscribed again; the client is told they are gone"
-                    );
-                    failed.extend(group);
+                    let now = tokio::time::Instant::now();
+                    for (c, give_up) in group {
+                        if now < give_up {
+                            subs.channels.insert(c.clone(), PENDING);
+                            subs.pending.push((c, give_up));
+                        } else {
+                            subs.channels.remove(&c);
+                            tracing::warn!(
+                                id = self.id,
+                                slot = s,
+                                reply = %String::from_utf8_lossy(&reply).trim_end(),
+                                "shard channel not subscribed again in time; the client is told it is gone"
+                            );
+                            failed.push(c);
+                        }
+                    }
                 }
             }
         }
@@ -375,7 +438,28 @@ impl Session {
             let frame = self.visible(frame);
             self.out.push(frame);
         }
+        self.schedule_retry();
         self.tidy_shard_subs();
+    }
+
+    /// Wakes the session after `RETRY_EVERY` (through its own reply channel) to retry the
+    /// pending channels, unless a wake-up is already on its way.
+    fn schedule_retry(&mut self) {
+        let due = self
+            .shard_subs
+            .as_ref()
+            .is_some_and(|s| !s.pending.is_empty() && !s.retry_scheduled);
+        if !due {
+            return;
+        }
+        let wake = self.reply_sender();
+        if let Some(subs) = &mut self.shard_subs {
+            subs.retry_scheduled = true;
+        }
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_EVERY).await;
+            let _ = wake.send(Reply::PinnedClosed(RETRY_WAKE));
+        });
     }
 
     /// Subscribes `channels` (all of `slot`) on the slot's owner, following MOVED, and
