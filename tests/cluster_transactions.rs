@@ -197,3 +197,34 @@ async fn transactions_that_cannot_run_still_abort() {
     let owner = redis.primary_for_slot(slot(a.as_bytes()));
     assert_eq!(direct_get(&owner, a).await, b"$-1\r\n", "nothing ran");
 }
+
+#[tokio::test]
+async fn a_watch_sent_on_a_stale_map_starts_over_on_the_new_owner() {
+    let (redis, proxy) = setup().await;
+    let tag = "{txv}";
+    let (s, source, target, target_id) = move_plan(&redis, tag);
+    end_migration(&redis, s, (&source, &target), &target_id).await;
+    let key = "{txv}k";
+    let mut c = client(&proxy, 2).await;
+    // The proxy's map still names the source: WATCH gets MOVED there, and is sent again to
+    // the target instead of the client seeing the redirection.
+    assert_eq!(c.call(&["WATCH", key]).await, b"+OK\r\n");
+    // The watch is real, on the node that has the key: a change by another client voids it.
+    assert_eq!(
+        Raw::connect(&target)
+            .await
+            .call(&["SET", key, "other"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", key, "1"]).await, b"+QUEUED\r\n");
+    assert_eq!(show(&c.call(&["EXEC"]).await), show(b"*-1\r\n"));
+    assert_eq!(direct_get(&target, key).await, b"$5\r\nother\r\n");
+    // Unchanged, the transaction runs.
+    assert_eq!(c.call(&["WATCH", key]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", key, "2"]).await, b"+QUEUED\r\n");
+    assert_eq!(show(&c.call(&["EXEC"]).await), show(b"*1\r\n+OK\r\n"));
+    assert_eq!(direct_get(&target, key).await, b"$1\r\n2\r\n");
+}

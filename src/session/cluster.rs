@@ -692,7 +692,20 @@ impl Session {
             Again::Redirect(Redirect::Ask { .. }) => {}
         }
         let node = router.node(again.addr());
-        let Some(tx) = self.dedicated_to(&router, node, proto).await else {
+        // A WATCH answered MOVED watched nothing; when it is all the session has on its
+        // connection (nothing sent after it, no other state), the watch starts over on the
+        // slot's owner instead of the client getting a redirection it cannot follow.
+        let lone_watch = matches!(again, Again::Redirect(Redirect::Moved { .. }))
+            && self.watching
+            && self.inflight == 1
+            && !self.in_multi
+            && !(self.subscribed || self.monitor || self.connection_state || self.upstream_auth)
+            && transaction::command_name(&command, &self.ctx.codec)
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
+        self.watching &= !lone_watch;
+        let tx = self.dedicated_to(&router, node, proto).await;
+        self.watching |= lone_watch;
+        let Some(tx) = tx else {
             return false;
         };
         let ask = again.is_ask();

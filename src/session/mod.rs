@@ -1482,7 +1482,11 @@ impl Session {
                     transaction: cluster::InTransaction::No,
                 }))
             }
-            (Target::Dedicated(node), Expect::Frames(1)) if cluster && !self.pinned() => {
+            // A blocking command; or a WATCH, which may start over on another node if the
+            // map was stale (see `redirect_dedicated`).
+            (Target::Dedicated(node), Expect::Frames(1))
+                if cluster && (!self.pinned() || (self.watching && !self.in_multi)) =>
+            {
                 Some(Box::new(Sent {
                     bytes: bytes.clone(),
                     proto: self.proto,

@@ -235,7 +235,7 @@ fn null_array(proto: u8) -> Bytes {
 }
 
 /// The name of one encoded command.
-fn command_name<'a>(command: &'a [u8], limits: &CodecLimits) -> Option<&'a [u8]> {
+pub(super) fn command_name<'a>(command: &'a [u8], limits: &CodecLimits) -> Option<&'a [u8]> {
     let mut ranges = Vec::new();
     match codec::decode(command, limits, &mut ranges) {
         Ok(Some(Decoded::Command { .. })) => ranges.first().map(|r| &command[r.clone()]),
