@@ -696,7 +696,10 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
 #[tokio::test]
 async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
-    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0], 500)).await;
+    let mut config = cluster_config(&redis.live_addrs()[0], 500);
+    // A dead node not yet retired is dialled every 100 ms, which the end of the test sees.
+    config.upstream.reconnect_max_ms.value = 100;
+    let proxy = Proxy::start(config).await;
     let primaries = redis.primaries();
     let keys: Vec<String> = primaries
         .iter()
@@ -779,6 +782,31 @@ async fn the_proxy_recovers_from_a_primary_failover_without_restart() {
     }
     let mut fresh = Raw::connect(proxy.addr).await;
     assert_eq!(fresh.call(&["GET", &keys[0]]).await, b"$5\r\nafter\r\n");
+
+    // The dead node left the map: its pool stops dialling it (connect errors stop rising).
+    let connect_errors = || async {
+        let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+        common::sample(&metrics, "rpp_upstream_errors_total{kind=\"connect\"}")
+    };
+    let mut settled = connect_errors().await;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = connect_errors().await;
+        if now == settled {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(40),
+            "the dead node is still dialled: {now} connect errors"
+        );
+        settled = now;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        connect_errors().await,
+        settled,
+        "the dead node was dialled again"
+    );
 
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

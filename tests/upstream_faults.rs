@@ -142,3 +142,60 @@ async fn an_upstream_killed_mid_pipeline_loses_no_acknowledged_write() {
         );
     }
 }
+
+/// A cluster node that left the slot map is retired: once its connections fail they are not
+/// re-established (no connect attempt, error count or log line every backoff for a node gone
+/// for good) until it is back in a map, when they reconnect at once.
+#[tokio::test]
+async fn a_retired_pool_stops_redialling_until_it_is_back() {
+    use redis_policy_proxy::metrics::Metrics;
+    use redis_policy_proxy::policy::Policy;
+    use redis_policy_proxy::upstream::pool::{Pool, PoolSettings};
+    use std::sync::Arc;
+
+    let mut redis = RedisServer::start();
+    let mut config = config_for(&redis.addr());
+    config.upstream.reconnect_min_ms.value = 10;
+    config.upstream.reconnect_max_ms.value = 20;
+    let metrics = Metrics::new(Arc::new(arc_swap::ArcSwap::from_pointee(Policy::default())));
+    let settings = PoolSettings::from_config(&config).unwrap();
+    let pool = Pool::start_node(redis.addr().into(), &settings, metrics.clone());
+    let errors = || metrics.upstream_connect_errors.get();
+    let until = Instant::now() + DEADLINE;
+    while !pool.any_up() {
+        assert!(Instant::now() < until, "pool never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Not retired: a dead node is dialled every backoff (20 ms here).
+    redis.kill();
+    let before = errors();
+    while errors() < before + 5 {
+        assert!(Instant::now() < until, "no reconnect attempts");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Retired: each connection makes at most the attempt it was waiting for, then none.
+    assert!(pool.set_retired(true));
+    assert!(!pool.set_retired(true), "no change the second time");
+    let mut settled = errors();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = errors();
+        if now == settled {
+            break;
+        }
+        assert!(Instant::now() < until, "still dialling a retired node");
+        settled = now;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(errors(), settled, "a retired node was dialled again");
+
+    // Back in the map: connected again without waiting for a command.
+    redis.restart();
+    assert!(pool.set_retired(false));
+    while !pool.any_up() {
+        assert!(Instant::now() < until, "pool did not reconnect");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -311,14 +311,15 @@ impl Router {
         self.refresh.notify_one();
     }
 
-    /// Publishes `map`, creating pools for primaries seen for the first time.
+    /// Publishes `map`, creating pools for nodes seen for the first time and retiring those
+    /// of nodes no longer in it (see `Pool::set_retired`).
     fn install(&self, map: SlotMap) {
-        let owners = map
+        let owners: Vec<u16> = map
             .shards()
             .iter()
             .map(|s| self.node(&s.primary.addr))
             .collect();
-        let replicas = map
+        let replicas: Vec<Vec<u16>> = map
             .shards()
             .iter()
             .map(|s| match self.read_from {
@@ -336,6 +337,23 @@ impl Router {
             of = SLOTS,
             "cluster slot map installed"
         );
+        let in_use: Vec<u16> = owners
+            .iter()
+            .chain(replicas.iter().flatten())
+            .copied()
+            .collect();
+        for (i, pool) in self.nodes.load().iter().enumerate() {
+            let retired = !in_use.contains(&(i as u16));
+            if pool.set_retired(retired) {
+                tracing::info!(
+                    node = %pool.addr(),
+                    retired,
+                    "cluster node {} the slot map; its connections {}",
+                    if retired { "left" } else { "is back in" },
+                    if retired { "are not re-established while it is out" } else { "reconnect" },
+                );
+            }
+        }
         self.snapshot.store(Arc::new(Snapshot {
             map,
             owners,

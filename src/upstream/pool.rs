@@ -48,6 +48,10 @@ pub struct Pool {
     /// The proxy's own connection for control commands (shared rate-limit scripts), so they
     /// never sit in a client's reply order.
     control: mpsc::Sender<Batch>,
+    /// A cluster node that left the slot map (failed for good, removed): its supervisors stop
+    /// reconnecting until it is back in a map, so a node gone for good costs no connect
+    /// attempts, error counts or log lines every backoff. Never set outside cluster mode.
+    retired: watch::Sender<bool>,
 }
 
 impl Pool {
@@ -80,6 +84,7 @@ impl Pool {
         let (hello2_tx, hello2) = watch::channel(None);
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
+        let (retired, retired_rx) = watch::channel(false);
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
@@ -98,6 +103,7 @@ impl Pool {
                     metrics.clone(),
                     command_timeout,
                     flag,
+                    retired_rx.clone(),
                 ));
             }
         }
@@ -113,6 +119,7 @@ impl Pool {
             metrics.clone(),
             command_timeout,
             Arc::new(AtomicBool::new(false)),
+            retired_rx,
         ));
         Arc::new(Pool {
             metrics,
@@ -125,6 +132,17 @@ impl Pool {
             queue_depth: settings.queue_depth,
             command_timeout,
             control,
+            retired,
+        })
+    }
+
+    /// Marks the node as gone from the cluster map (or back in it); `true` when that changed.
+    /// A retired node's connections that fail are not re-established until it is back.
+    pub fn set_retired(&self, retired: bool) -> bool {
+        self.retired.send_if_modified(|r| {
+            let changed = *r != retired;
+            *r = retired;
+            changed
         })
     }
 
@@ -350,6 +368,7 @@ async fn supervise(
     metrics: Arc<Metrics>,
     command_timeout: Option<Duration>,
     up: Arc<AtomicBool>,
+    mut retired: watch::Receiver<bool>,
 ) {
     let mut backoff = min_backoff;
     let mut was_up = false;
@@ -357,7 +376,7 @@ async fn supervise(
         let spec = match node_spec(&base, &mut address) {
             Ok(spec) => spec,
             Err(e) => {
-                if !wait_to_retry(&mut rx, &mut address, &e, None).await {
+                if !wait_to_retry(&mut rx, &mut address, &e, None, &mut retired).await {
                     return;
                 }
                 continue;
@@ -410,7 +429,7 @@ async fn supervise(
         };
         let retry_at = tokio::time::Instant::now() + backoff;
         backoff = (backoff * 2).min(max_backoff);
-        if !wait_to_retry(&mut rx, &mut address, &error, Some(retry_at)).await {
+        if !wait_to_retry(&mut rx, &mut address, &error, Some(retry_at), &mut retired).await {
             return;
         }
     }
@@ -418,12 +437,15 @@ async fn supervise(
 
 /// Until `retry_at` (or, without one, until the address changes), answers queued batches
 /// with `error`: they were never sent. A new address ends the wait at once, so a failover is
-/// followed without waiting out the backoff. `false` when the pool is gone.
+/// followed without waiting out the backoff. While the node is retired (gone from the
+/// cluster map) the wait lasts until it is back or a batch comes for it. `false` when the
+/// pool is gone.
 async fn wait_to_retry(
     rx: &mut mpsc::Receiver<Batch>,
     address: &mut Address,
     error: &UpstreamError,
     retry_at: Option<tokio::time::Instant>,
+    retired: &mut watch::Receiver<bool>,
 ) -> bool {
     let unavailable = match error {
         UpstreamError::Unavailable { .. } => error.clone(),
@@ -432,7 +454,14 @@ async fn wait_to_retry(
             reason: other.to_string().into(),
         },
     };
+    let parked = *retired.borrow();
     let until = async {
+        while *retired.borrow_and_update() {
+            if retired.changed().await.is_err() {
+                // The pool is gone; `rx` says so too.
+                std::future::pending::<()>().await;
+            }
+        }
         match retry_at {
             Some(at) => tokio::time::sleep_until(at).await,
             None => std::future::pending().await,
@@ -451,6 +480,11 @@ async fn wait_to_retry(
                         error: Some(Box::new(unavailable.clone())),
                         seq: b.seq,
                     });
+                    if parked {
+                        // Something still wants the retired node (an ASK to a node that owns
+                        // no slot yet): try it again for what comes next.
+                        return true;
+                    }
                 }
                 None => return false,
             },
