@@ -36,6 +36,15 @@ fn bulk(s: &str) -> String {
     format!("${}\r\n{s}", s.len())
 }
 
+/// `SSUBSCRIBE channel` through `client` (speaking RESP `proto`), answered with the
+/// confirmation Redis would give a client holding `held` shard channels after it.
+async fn ssubscribe(client: &mut Raw, proto: u8, channel: &str, held: usize) {
+    assert_eq!(
+        show(&client.call(&["SSUBSCRIBE", channel]).await),
+        show(&frame(proto, "ssubscribe", channel, &count(held)))
+    );
+}
+
 /// Waits until `node` counts `want` subscribers of shard channel `channel`: the proxy's
 /// re-subscription is asynchronous to the test, and a message published before it lands
 /// would be lost (as on any Redis reconnect).
@@ -69,19 +78,10 @@ async fn one_client_holds_shard_channels_on_several_primaries() {
     let mut sub = Raw::connect(proxy.addr).await;
 
     // Two commands, two nodes: each confirmed with the session's count of shard channels.
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_a]).await),
-        show(&frame(2, "ssubscribe", &ch_a, &count(1)))
-    );
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_b]).await),
-        show(&frame(2, "ssubscribe", &ch_b, &count(2)))
-    );
+    ssubscribe(&mut sub, 2, &ch_a, 1).await;
+    ssubscribe(&mut sub, 2, &ch_b, 2).await;
     // Subscribing again to a held channel changes no count, as in Redis.
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_a]).await),
-        show(&frame(2, "ssubscribe", &ch_a, &count(2)))
-    );
+    ssubscribe(&mut sub, 2, &ch_a, 2).await;
     // One command naming channels of two slots is still refused, in Redis's words.
     assert_eq!(
         show(&sub.call(&["SSUBSCRIBE", &ch_a, &ch_b]).await),
@@ -129,10 +129,7 @@ async fn one_client_holds_shard_channels_on_several_primaries() {
         publisher.call(&["SPUBLISH", &ch_b, "gone"]).await,
         b":0\r\n"
     );
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_b]).await),
-        show(&frame(2, "ssubscribe", &ch_b, &count(2)))
-    );
+    ssubscribe(&mut sub, 2, &ch_b, 2).await;
 
     // Without arguments: one confirmation per channel (in any order), counting down to 0.
     sub.send(&resp(&["SUNSUBSCRIBE"])).await;
@@ -178,14 +175,8 @@ async fn classic_and_shard_subscriptions_together_and_reset() {
         show(b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n")
     );
     // Shard channels count apart from classic ones, as in Redis 7.
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_a]).await),
-        show(&frame(2, "ssubscribe", &ch_a, &count(1)))
-    );
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_b]).await),
-        show(&frame(2, "ssubscribe", &ch_b, &count(2)))
-    );
+    ssubscribe(&mut sub, 2, &ch_a, 1).await;
+    ssubscribe(&mut sub, 2, &ch_b, 2).await;
     let mut publisher = Raw::connect(proxy.addr).await;
     // The count is the publishing node's own subscribers; the bus carries it to the others.
     let published = publisher.call(&["PUBLISH", "news", "n"]).await;
@@ -233,14 +224,8 @@ async fn a_moved_slot_keeps_its_subscribers_in_resp2_and_resp3() {
     let hello = v3.call(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "{}", show(&hello));
     for (c, proto) in [(&mut v2, 2), (&mut v3, 3)] {
-        assert_eq!(
-            show(&c.call(&["SSUBSCRIBE", &channel]).await),
-            show(&frame(proto, "ssubscribe", &channel, &count(1)))
-        );
-        assert_eq!(
-            show(&c.call(&["SSUBSCRIBE", &other]).await),
-            show(&frame(proto, "ssubscribe", &other, &count(2)))
-        );
+        ssubscribe(c, proto, &channel, 1).await;
+        ssubscribe(c, proto, &other, 2).await;
     }
 
     // Moved there and back: each time Redis drops the channel's subscribers on the old
@@ -314,14 +299,8 @@ async fn a_channel_that_cannot_be_subscribed_again_is_announced_gone() {
     let ch_dead = redis.key_on(doomed, "dead");
     let ch_live = redis.key_on(&primaries[2], "live");
     let mut sub = Raw::connect(proxy.addr).await;
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_dead]).await),
-        show(&frame(2, "ssubscribe", &ch_dead, &count(1)))
-    );
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &ch_live]).await),
-        show(&frame(2, "ssubscribe", &ch_live, &count(2)))
-    );
+    ssubscribe(&mut sub, 2, &ch_dead, 1).await;
+    ssubscribe(&mut sub, 2, &ch_live, 2).await;
     // The owner dies and nothing replaces it (no replicas): after trying for a bounded time
     // the proxy says what Redis would have said of a channel it dropped, and nothing hangs.
     let index = redis
@@ -361,10 +340,7 @@ async fn a_failover_moves_the_subscription_to_the_promoted_replica() {
     let mut sub = Raw::connect(proxy.addr).await;
     let hello = sub.call(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "{}", show(&hello));
-    assert_eq!(
-        show(&sub.call(&["SSUBSCRIBE", &channel]).await),
-        show(&frame(3, "ssubscribe", &channel, &count(1)))
-    );
+    ssubscribe(&mut sub, 3, &channel, 1).await;
     let index = redis
         .nodes()
         .iter()

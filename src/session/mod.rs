@@ -1466,11 +1466,17 @@ impl Session {
             }
         };
         let cluster = self.ctx.cluster.is_some();
-        let kept = match (target, expect) {
+        let dedicated_kept = match (target, expect) {
+            (Target::Dedicated(_), Expect::Frames(frames)) if cluster => {
+                self.kept_dedicated(frames)
+            }
+            _ => None,
+        };
+        let kept = match (target, expect, dedicated_kept) {
             // Cluster batches, for redirections; a Sentinel replica's batch (node 1…), which
             // holds only reads, so they can go to the primary if the replica fails
             // (`resend_failed_replica_reads`).
-            (Target::Shared(proto, node), Expect::Frames(_)) if cluster || node != 0 => {
+            (Target::Shared(proto, node), Expect::Frames(_), _) if cluster || node != 0 => {
                 Some(Box::new(Sent {
                     bytes: bytes.clone(),
                     proto,
@@ -1482,44 +1488,16 @@ impl Session {
                     transaction: cluster::InTransaction::No,
                 }))
             }
-            // A blocking command; or a WATCH, which may start over on another node if the
-            // map was stale (see `redirect_dedicated`).
-            (Target::Dedicated(node), Expect::Frames(1))
-                if cluster && (!self.pinned() || (self.watching && !self.in_multi)) =>
-            {
-                Some(Box::new(Sent {
-                    bytes: bytes.clone(),
-                    proto: self.proto,
-                    node,
-                    dedicated: true,
-                    redirects: 0,
-                    wait: handling.wait,
-                    hash_slots: Vec::new(),
-                    transaction: cluster::InTransaction::No,
-                }))
-            }
-            // A transaction's batches (MULTI with its first command, queued commands, EXEC),
-            // kept so a transaction whose slot moved can be replayed. Not when the connection
-            // holds other state (another user's AUTH, CLIENT TRACKING) that a replay on the
-            // node's shared connection would not have.
-            (Target::Dedicated(node), Expect::Frames(_))
-                if cluster && self.in_multi && !self.upstream_auth && !self.connection_state =>
-            {
-                Some(Box::new(Sent {
-                    bytes: bytes.clone(),
-                    proto: self.proto,
-                    node,
-                    dedicated: true,
-                    redirects: 0,
-                    wait: handling.wait,
-                    hash_slots: Vec::new(),
-                    transaction: if self.watching {
-                        cluster::InTransaction::Watched
-                    } else {
-                        cluster::InTransaction::Replayable
-                    },
-                }))
-            }
+            (Target::Dedicated(node), _, Some(transaction)) => Some(Box::new(Sent {
+                bytes: bytes.clone(),
+                proto: self.proto,
+                node,
+                dedicated: true,
+                redirects: 0,
+                wait: handling.wait,
+                hash_slots: Vec::new(),
+                transaction,
+            })),
             _ => {
                 // Not tracked for redirections: nothing to keep counted either.
                 if let Some(spread) = &mut self.spread {
@@ -1623,6 +1601,25 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// Cluster mode: whether a batch of `frames` commands for the dedicated connection is kept
+    /// for what a redirection of it means, and its part in a transaction. Kept: a
+    /// transaction's batches (MULTI with its first command, queued commands, EXEC), to replay
+    /// the transaction if its slot moved, unless the connection holds other state (another
+    /// user's AUTH, CLIENT TRACKING) that a replay on the node's shared connection would not
+    /// have; a blocking command, followed to the new node; a WATCH, which may start over on
+    /// another node if the map was stale (see `redirect_dedicated`).
+    fn kept_dedicated(&self, frames: u32) -> Option<cluster::InTransaction> {
+        if self.in_multi {
+            (!self.upstream_auth && !self.connection_state).then_some(if self.watching {
+                cluster::InTransaction::Watched
+            } else {
+                cluster::InTransaction::Replayable
+            })
+        } else {
+            (frames == 1 && (!self.pinned() || self.watching)).then_some(cluster::InTransaction::No)
         }
     }
 
