@@ -371,3 +371,75 @@ async fn a_failover_moves_the_subscription_to_the_promoted_replica() {
     sub.assert_quiet(QUIET).await;
     proxy.stop().await;
 }
+
+/// A classic subscriber whose node fails is moved: Redis Cluster sends every PUBLISH to every
+/// node, so the proxy subscribes the same channels and patterns on another primary and the
+/// client, which saw nothing, keeps receiving messages published anywhere.
+#[tokio::test]
+async fn a_classic_subscriber_whose_node_fails_moves_to_another_node() {
+    let mut redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        show(&sub.call(&["SUBSCRIBE", "news"]).await),
+        show(&frame(2, "subscribe", "news", &count(1)))
+    );
+    assert_eq!(
+        show(&sub.call(&["PSUBSCRIBE", "sport.*"]).await),
+        show(&frame(2, "psubscribe", "sport.*", &count(2)))
+    );
+    // The node holding the subscription: the one that counts a subscriber of `news`.
+    let mut home = None;
+    for p in redis.primaries() {
+        let numsub = Raw::connect(&p)
+            .await
+            .call(&["PUBSUB", "NUMSUB", "news"])
+            .await;
+        if numsub.ends_with(b":1\r\n") {
+            home = Some(p);
+        }
+    }
+    let home = home.expect("a node holds the subscription");
+    let index = redis.nodes().iter().position(|n| n.addr() == home).unwrap();
+    redis.kill(index);
+
+    // Some other node takes the subscriptions; publish there once it has them.
+    let until = Instant::now() + DEADLINE;
+    let (publisher, mut direct) = 'found: loop {
+        for p in redis.primaries().into_iter().filter(|p| *p != home) {
+            let mut c = Raw::connect(&p).await;
+            let numsub = c.call(&["PUBSUB", "NUMSUB", "news"]).await;
+            let numpat = c.call(&["PUBSUB", "NUMPAT"]).await;
+            if numsub.ends_with(b":1\r\n") && numpat == b":1\r\n" {
+                break 'found (p, c);
+            }
+        }
+        assert!(Instant::now() < until, "no node took the subscriptions");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(direct.call(&["PUBLISH", "news", "hello"]).await, b":1\r\n");
+    assert_eq!(
+        show(&sub.read_frame().await),
+        show(&frame(2, "message", "news", &bulk("hello")))
+    );
+    // Every node hears a PUBLISH: one sent to a third node arrives too.
+    let third = redis
+        .primaries()
+        .into_iter()
+        .find(|p| *p != home && *p != publisher)
+        .expect("a third primary");
+    Raw::connect(&third)
+        .await
+        .call(&["PUBLISH", "sport.chess", "mate"])
+        .await;
+    let got = sub.read_frame().await;
+    let pmessage = b"*4\r\n$8\r\npmessage\r\n$7\r\nsport.*\r\n$11\r\nsport.chess\r\n$4\r\nmate\r\n";
+    assert_eq!(show(&got), show(pmessage));
+    // Still subscribed mode, with the counts Redis gives.
+    assert_eq!(
+        show(&sub.call(&["UNSUBSCRIBE", "news"]).await),
+        show(&frame(2, "unsubscribe", "news", &count(1)))
+    );
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}

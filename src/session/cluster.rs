@@ -12,6 +12,7 @@ use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::policy::namespace::Strip;
 
+mod subscriber;
 mod transaction;
 
 pub(super) use transaction::{InTransaction, TxLog};
@@ -538,6 +539,11 @@ impl Session {
     /// session's later replies queue behind this one anyway).
     pub(super) async fn follow_redirects(&mut self, msg: &mut Reply) -> bool {
         let Reply::Batch { seq, .. } = *msg else {
+            if let Reply::Subscriptions(id, subs) = msg {
+                let subs = std::mem::take(&mut **subs);
+                Box::pin(self.move_subscriber(*id, subs)).await;
+                return true;
+            }
             // Pushes and connection ends: shard subscriptions may need them.
             return self.shard_event(msg).await;
         };

@@ -1046,6 +1046,9 @@ impl Session {
                 self.out.push(frame);
                 self.out_permits += permits;
             }
+            // Cluster sessions act on it before (`cluster::subscriber`); elsewhere the
+            // `PinnedClosed` that follows ends the session.
+            Reply::Subscriptions(..) => {}
             Reply::PinnedClosed(conn_id) => {
                 if conn_id != self.dedicated_gen {
                     return;

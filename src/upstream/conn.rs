@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::address::Stop;
 use super::handshake::UpstreamStream;
-use super::{Batch, Expect, Reply, ReplySender, ReplyWait};
+use super::{Batch, Expect, Reply, ReplySender, ReplyWait, Subscriptions};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
 use crate::reply::{self, PubSubFrame, SubKind};
@@ -129,19 +129,22 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     // Without a stop future the branch is disabled once, when `select!` starts, and never
     // polled: a fixed-address connection pays nothing per wake-up.
     let stoppable = stop.is_some();
-    let reason = tokio::select! {
+    let (reason, by_proxy) = tokio::select! {
         r = write_loop(w, rx, &pending) => match r {
-            Ok(()) => "closed by the proxy".to_string(),
-            Err(e) => format!("write failed: {e}"),
+            Ok(()) => ("closed by the proxy".to_string(), true),
+            Err(e) => (format!("write failed: {e}"), false),
         },
-        r = reader.read_loop(r, &pending) => r,
+        r = reader.read_loop(r, &pending) => (r, false),
         r = async move {
             match stop {
                 Some(stop) => stop.await,
                 None => std::future::pending().await,
             }
-        }, if stoppable => r,
+        }, if stoppable => (r, false),
     };
+    if !by_proxy {
+        reader.report_subscriptions();
+    }
     // Every batch that was registered may have reached Redis: answer each with an error and
     // never resend it (it may have been applied).
     let lost = UpstreamError::Lost {
@@ -398,6 +401,25 @@ impl Reader {
             },
             _ => false,
         }
+    }
+
+    /// Tells the session which classic subscriptions this failed connection held (see
+    /// `Reply::Subscriptions`); nothing for a connection without any.
+    fn report_subscriptions(&self) {
+        let Some(push) = &self.push else {
+            return;
+        };
+        let [channels, patterns, _] = &self.pubsub.subs;
+        if channels.is_empty() && patterns.is_empty() {
+            return;
+        }
+        let subs = Subscriptions {
+            channels: channels.iter().cloned().collect(),
+            patterns: patterns.iter().cloned().collect(),
+        };
+        let _ = push
+            .to
+            .send(Reply::Subscriptions(push.conn_id, Box::new(subs)));
     }
 
     /// Updates subscription state from a reply frame.

@@ -117,6 +117,19 @@ pub enum Reply {
     /// The session's dedicated connection with this id is gone, and with it any state held
     /// on it. The id lets a session ignore the end of a connection it already replaced.
     PinnedClosed(u64),
+    /// Sent just before `PinnedClosed` by a dedicated connection that failed (not one the
+    /// session closed) while holding classic subscriptions: what they were, so a cluster
+    /// session can subscribe again on another node (any node hears every PUBLISH).
+    Subscriptions(u64, Box<Subscriptions>),
+}
+
+/// The classic pub/sub subscriptions of a dedicated connection, as Redis confirmed them.
+#[derive(Debug, Default)]
+pub struct Subscriptions {
+    /// SUBSCRIBE channels.
+    pub channels: Vec<Bytes>,
+    /// PSUBSCRIBE patterns.
+    pub patterns: Vec<Bytes>,
 }
 
 /// Where an upstream connection delivers a session's replies.

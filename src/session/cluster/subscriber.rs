@@ -1,0 +1,92 @@
+//! Cluster mode: a classic subscriber (`SUBSCRIBE`, `PSUBSCRIBE`) whose node fails moves to
+//! another node. Redis Cluster sends every `PUBLISH` to every node over its bus, so the
+//! subscriptions may live on any node; the session's dedicated connection went to its home
+//! node, and when that connection fails the proxy subscribes the same channels and patterns
+//! on another primary that is up instead of ending the session. Messages published in
+//! between are lost, as on any Redis reconnect. A connection holding other state as well
+//! (MULTI, WATCH, MONITOR, CLIENT TRACKING, a client's own AUTH) still ends the session:
+//! that state cannot move.
+
+use super::*;
+use crate::upstream::Subscriptions;
+
+impl Session {
+    /// The dedicated connection `conn_id` failed holding `subs`: subscribe them again on a
+    /// dedicated connection to another primary that is up, which becomes the session's
+    /// (the old one's `PinnedClosed` is then ignored). Leaves the session to end as before
+    /// when it holds other state or no node can take the subscriptions.
+    pub(in crate::session) async fn move_subscriber(&mut self, conn_id: u64, subs: Subscriptions) {
+        let Some(router) = self.ctx.cluster.clone() else {
+            return;
+        };
+        let Some(old) = self
+            .dedicated
+            .as_ref()
+            .filter(|_| conn_id == self.dedicated_gen)
+        else {
+            return;
+        };
+        let movable = self.subscribed
+            && !(self.in_multi
+                || self.watching
+                || self.monitor
+                || self.connection_state
+                || self.upstream_auth);
+        if !movable {
+            return;
+        }
+        let (dead, proto) = (old.node, old.proto);
+        let up = |n: u16| n != dead && router.pool(n).any_up();
+        let snapshot = router.snapshot();
+        let Some(node) = router
+            .home(self.id)
+            .filter(|&n| up(n))
+            .or_else(|| snapshot.primaries().iter().copied().find(|&n| up(n)))
+        else {
+            return;
+        };
+        drop(snapshot);
+        let push = PushTarget {
+            to: self.reply_sender(),
+            budget: self.push_budget(),
+            budget_size: PUSH_BUDGET,
+            conn_id: self.dedicated_gen + 1,
+        };
+        let Ok(tx) = router.pool(node).dedicated(proto, push, false).await else {
+            return;
+        };
+        // The confirmations are the proxy's, not the client's: they go to a channel nobody
+        // reads. The connection tracks the subscriptions from them all the same.
+        let (hidden, _) = mpsc::unbounded_channel();
+        for (command, names) in [
+            (&b"SUBSCRIBE"[..], &subs.channels),
+            (&b"PSUBSCRIBE"[..], &subs.patterns),
+        ] {
+            if names.is_empty() {
+                continue;
+            }
+            let mut args: Vec<&[u8]> = vec![command];
+            args.extend(names.iter().map(|n| &n[..]));
+            let batch = Batch {
+                bytes: codec::encode(&args),
+                expect: Expect::Confirmations(names.len() as u32),
+                wait: ReplyWait::Prompt,
+                reply_to: hidden.clone(),
+                seq: 0,
+            };
+            if tx.send(batch).await.is_err() {
+                return;
+            }
+        }
+        tracing::info!(
+            id = self.id,
+            from = %router.addr(dead),
+            to = %router.addr(node),
+            channels = subs.channels.len(),
+            patterns = subs.patterns.len(),
+            "subscriber's node failed; subscribed again on another node"
+        );
+        self.dedicated_gen += 1;
+        self.dedicated = Some(Dedicated { tx, proto, node });
+    }
+}
