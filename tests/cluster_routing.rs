@@ -202,6 +202,19 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     let info = String::from_utf8_lossy(&c.call(&["INFO"]).await).into_owned();
     assert!(info.contains("cluster_enabled:0\r\n"), "{info}");
     assert!(info.contains("# Proxy"), "{info}");
+    // A setting changed through the proxy applies to every primary.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "12345"])
+            .await,
+        b"+OK\r\n"
+    );
+    for p in &primaries {
+        let reply = Raw::connect(p)
+            .await
+            .call(&["CONFIG", "GET", "slowlog-log-slower-than"])
+            .await;
+        assert!(reply.ends_with(b"$5\r\n12345\r\n"), "{p}: {}", show(&reply));
+    }
     let keys_reply = c.call(&["KEYS", "pipe*"]).await;
     assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
     // SCAN walks every primary with one cursor and returns every key exactly once.

@@ -319,6 +319,15 @@ impl Session {
             Merge::Concat
         } else if is("FLUSHALL") || is("FLUSHDB") {
             Merge::AllOk
+        } else if is("CONFIG")
+            && args.len() > 1
+            && [&b"SET"[..], b"RESETSTAT", b"REWRITE"]
+                .iter()
+                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        {
+            // To its clients the proxy is one server: a setting changed through it applies
+            // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
+            Merge::AllOk
         } else if is("RANDOMKEY") {
             Merge::FirstNonNil
         } else if (is("SCRIPT") || is("FUNCTION"))
