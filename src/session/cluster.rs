@@ -430,35 +430,12 @@ impl Session {
         let node_cursor = node_cursor.to_string();
         let mut argv: Vec<&[u8]> = vec![b"SCAN", node_cursor.as_bytes()];
         argv.extend(scan.options.iter().map(|o| &o[..]));
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let batch = Batch {
-            bytes: codec::encode(&argv),
-            expect: Expect::Frames(1),
-            wait: ReplyWait::Prompt,
-            reply_to: tx,
-            seq: 0,
-        };
-        let sent = router
-            .pool(node)
-            .shared(self.proto, self.id)
-            .send(batch)
-            .await;
-        let reply = match (sent, rx.recv().await) {
-            (
-                Ok(()),
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }),
-            ) => data,
-            (_, Some(Reply::Batch { error: Some(e), .. })) => {
-                return error_reply(&ProxyError::Upstream(*e));
-            }
-            _ => {
-                return error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: router.addr(node),
-                    reason: "connection closed".into(),
-                }));
-            }
+        let reply = match self
+            .exchange(&router, node, self.proto, codec::encode(&argv), 1)
+            .await
+        {
+            (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
+            (data, None) => data,
         };
         let composite = match scan_reply_cursor(&reply) {
             Err(()) if reply.first() == Some(&b'-') => return reply,
@@ -842,23 +819,10 @@ impl Session {
                 .map_or(commands.len(), |n| start + n);
             let group = &commands[start..end];
             start = end;
-            let (tx, mut rx) = mpsc::unbounded_channel();
-            let batch = Batch {
-                bytes: group.concat().into(),
-                expect: Expect::Frames(group.len() as u32),
-                wait: ReplyWait::Prompt,
-                reply_to: tx,
-                seq: 0,
-            };
-            router
-                .pool(node)
-                .shared(proto, self.id)
-                .send(batch)
+            let bytes = group.concat().into();
+            let (data, None) = self
+                .exchange(router, node, proto, bytes, group.len() as u32)
                 .await
-                .ok()?;
-            let Some(Reply::Batch {
-                data, error: None, ..
-            }) = rx.recv().await
             else {
                 return None;
             };
@@ -929,30 +893,10 @@ impl Session {
                     out.extend_from_slice(&commands[*i]);
                 }
                 let per = if ask { 2 } else { 1 };
-                let expect = Expect::Frames((group.len() * per) as u32);
-                let (tx, mut rx) = mpsc::unbounded_channel();
-                let batch = Batch {
-                    bytes: out.freeze(),
-                    expect,
-                    wait: ReplyWait::Prompt,
-                    reply_to: tx,
-                    seq: 0,
-                };
-                let pool = router.pool(node);
-                let answer = match pool.shared(proto, self.id).send(batch).await {
-                    Ok(()) => rx.recv().await,
-                    Err(_) => None,
-                };
-                let (data, error) = match answer {
-                    Some(Reply::Batch { data, error, .. }) => (data, error),
-                    _ => (
-                        Bytes::new(),
-                        Some(Box::new(UpstreamError::Unavailable {
-                            addr: dest.clone(),
-                            reason: "connection closed".into(),
-                        })),
-                    ),
-                };
+                let expected = (group.len() * per) as u32;
+                let (data, error) = self
+                    .exchange(router, node, proto, out.freeze(), expected)
+                    .await;
                 let got = split_frames(&data);
                 for (k, (i, _)) in group.iter().enumerate() {
                     match got.get(k * per + per - 1) {
@@ -983,6 +927,41 @@ impl Session {
                     &format!("too many cluster redirections for slot {}", r.slot()),
                 );
             }
+        }
+    }
+
+    /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
+    /// this client, outside the session's reply order, and waits: the reply bytes (complete
+    /// frames only when there is an error) and, if the node failed, why.
+    async fn exchange(
+        &self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        bytes: Bytes,
+        frames: u32,
+    ) -> (Bytes, Option<Box<UpstreamError>>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes,
+            expect: Expect::Frames(frames),
+            wait: ReplyWait::Prompt,
+            reply_to: tx,
+            seq: 0,
+        };
+        let answer = match router.pool(node).shared(proto, self.id).send(batch).await {
+            Ok(()) => rx.recv().await,
+            Err(_) => None,
+        };
+        match answer {
+            Some(Reply::Batch { data, error, .. }) => (data, error),
+            _ => (
+                Bytes::new(),
+                Some(Box::new(UpstreamError::Unavailable {
+                    addr: router.addr(node),
+                    reason: "connection closed".into(),
+                })),
+            ),
         }
     }
 
@@ -1325,24 +1304,6 @@ fn split_frames(data: &Bytes) -> Vec<Bytes> {
                 out.push(data.slice(pos..pos + len));
                 pos += len;
             }
-            _ => break,
-        }
-    }
-    out
-}
-
-/// Commands of a batch as sent, as slices of its bytes (empty lines left out).
-fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
-    let mut out = Vec::new();
-    let mut ranges = Vec::new();
-    let mut pos = 0;
-    while pos < bytes.len() {
-        match codec::decode(&bytes[pos..], limits, &mut ranges) {
-            Ok(Some(Decoded::Command { len })) => {
-                out.push(bytes.slice(pos..pos + len));
-                pos += len;
-            }
-            Ok(Some(Decoded::Empty { len })) => pos += len,
             _ => break,
         }
     }

@@ -159,6 +159,26 @@ struct Sent {
     transaction: cluster::InTransaction,
 }
 
+/// Commands of a batch as sent, as slices of its bytes (empty lines left out; a client's
+/// inline command, forwarded as it came, counts like any other). Stops at bytes that are not
+/// a whole command, which a batch the proxy built never holds.
+fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut ranges = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        match codec::decode(&bytes[pos..], limits, &mut ranges) {
+            Ok(Some(Decoded::Empty { len })) => pos += len,
+            Ok(Some(decoded)) => {
+                out.push(bytes.slice(pos..pos + decoded.len()));
+                pos += decoded.len();
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
 /// How the replies of one upstream slot are treated.
 #[derive(Debug, Clone, Default)]
 struct Handling {
@@ -1719,9 +1739,12 @@ impl Session {
                     self.reply_mode = ReplyMode::On;
                 }
             }
-            // Commands answered from several nodes: every earlier command must have run first,
-            // on whichever node (a SCAN sees earlier writes; split parts go out at once).
-            Action::Fanout(_) | Action::Scan(_) | Action::Split(_) if self.inflight > 0 => {
+            // Commands answered from several nodes (or, for sharded pub/sub, by the session):
+            // every earlier command must have run first, on whichever node (a SCAN sees
+            // earlier writes; split parts go out at once).
+            Action::Fanout(_) | Action::Scan(_) | Action::Split(_) | Action::ShardPubSub(_)
+                if self.inflight > 0 =>
+            {
                 self.paused = true;
                 return false;
             }
@@ -1739,11 +1762,6 @@ impl Session {
                 self.rbuf.advance(len);
                 let reply = Box::pin(self.split(*split)).await;
                 self.answer_gathered(reply, suppress);
-            }
-            // Answered after everything before it, like the commands above.
-            Action::ShardPubSub(_) if self.inflight > 0 => {
-                self.paused = true;
-                return false;
             }
             Action::ShardPubSub(command) => {
                 self.rbuf.advance(len);

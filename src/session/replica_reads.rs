@@ -117,23 +117,11 @@ impl Session {
 
 /// The last `missing` commands of a batch's bytes; `None` when the batch holds fewer.
 fn unanswered(bytes: &Bytes, missing: u32, limits: &CodecLimits) -> Option<Bytes> {
-    let mut starts = Vec::new();
-    let mut ranges = Vec::new();
-    let mut pos = 0;
-    while pos < bytes.len() {
-        let len = match codec::decode(&bytes[pos..], limits, &mut ranges) {
-            Ok(Some(Decoded::Empty { len })) => {
-                pos += len;
-                continue;
-            }
-            Ok(Some(decoded)) => decoded.len(),
-            _ => return None,
-        };
-        starts.push(pos);
-        pos += len;
-    }
-    let first = starts.len().checked_sub(missing as usize)?;
-    Some(bytes.slice(starts[first]..))
+    let commands = split_commands(bytes, limits);
+    let first = commands.len().checked_sub(missing as usize)?;
+    // A slice of `bytes`: its offset there is where the unanswered tail starts.
+    let start = commands.get(first)?.as_ptr() as usize - bytes.as_ptr() as usize;
+    Some(bytes.slice(start..))
 }
 
 #[cfg(test)]

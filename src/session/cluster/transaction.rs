@@ -164,32 +164,13 @@ impl Session {
             }
             out.extend_from_slice(EXEC);
             let frames = queued.len() + 2 + usize::from(ask);
-            let (tx, mut rx) = mpsc::unbounded_channel();
-            let batch = Batch {
-                bytes: out.freeze(),
-                expect: Expect::Frames(frames as u32),
-                wait: ReplyWait::Prompt,
-                reply_to: tx,
-                seq: 0,
-            };
             let node = router.node(&dest);
-            let answer = match router.pool(node).shared(proto, self.id).send(batch).await {
-                Ok(()) => rx.recv().await,
-                Err(_) => None,
-            };
-            let data = match answer {
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }) => data,
-                Some(Reply::Batch { error: Some(e), .. }) => {
-                    return error_reply(&ProxyError::Upstream(*e));
-                }
-                _ => {
-                    return error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                        addr: dest,
-                        reason: "connection closed".into(),
-                    }));
-                }
+            let data = match self
+                .exchange(router, node, proto, out.freeze(), frames as u32)
+                .await
+            {
+                (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
+                (data, None) => data,
             };
             let got = split_frames(&data);
             let Some(exec) = got.last() else {
