@@ -115,6 +115,11 @@ impl Session {
     /// client holding shard subscriptions (and no classic ones, whose connection would say
     /// it) is held to what Redis allows in subscribed mode. `None`: nothing to do here.
     pub(super) fn shard_route(&self, action: &Action, args: &Args<'_>) -> Option<Action> {
+        // Every cluster command passes here: without shard channels only SSUBSCRIBE matters,
+        // and one comparison tells it.
+        if self.shard_subs.is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
+            return None;
+        }
         let kind = command::classify(args.get(0));
         match kind {
             // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
