@@ -516,3 +516,127 @@ async fn a_redis_rate_limit_is_one_budget_for_every_proxy() {
     );
     assert!(!ttl.starts_with(":-"), "the limiter key has no TTL: {ttl}");
 }
+
+/// The security hole of the earlier default: `deny-admin` named four commands, so anyone who
+/// reached the proxy could create a Redis superuser (and then bypass the proxy), make the
+/// upstream a replica that refuses every write, or kill the proxy's own upstream connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_refuses_whatever_changes_roles_users_modules_or_other_clients() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let refused: &[&[&str]] = &[
+        &["ACL", "SETUSER", "intruder", "on", "nopass", "+@all"],
+        &["ACL", "DELUSER", "default"],
+        &["ACL", "GETUSER", "default"],
+        &["ACL", "LIST"],
+        &["ACL", "LOAD"],
+        &["REPLICAOF", "127.0.0.1", "1"],
+        &["SLAVEOF", "127.0.0.1", "1"],
+        &["FAILOVER"],
+        &["CLIENT", "KILL", "TYPE", "normal"],
+        &["CLIENT", "PAUSE", "100000"],
+        &["MODULE", "LOAD", "/tmp/x.so"],
+        &["SWAPDB", "0", "1"],
+        &["FUNCTION", "FLUSH"],
+        &["FUNCTION", "RESTORE", "x"],
+        &["CLUSTER", "RESET"],
+        &["CLUSTER", "MEET", "127.0.0.1", "1"],
+        &["CONFIG", "REWRITE"],
+        &["CONFIG", "RESETSTAT"],
+        &["MIGRATE", "127.0.0.1", "1", "k", "0", "1000"],
+        &["SAVE"],
+        &["BGSAVE"],
+        &["DEBUG", "SLEEP", "0"],
+    ];
+    for cmd in refused {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-NOPERM policy deny-admin: "),
+            "{cmd:?}: {reply}"
+        );
+    }
+    // What clients and their libraries use stays allowed.
+    for cmd in [
+        &["ACL", "WHOAMI"][..],
+        &["CLIENT", "LIST"],
+        &["INFO", "server"],
+        &["ROLE"],
+        &["CONFIG", "GET", "maxmemory"],
+        &["MODULE", "LIST"],
+    ] {
+        let reply = c.call(cmd).await;
+        assert_ne!(reply.first(), Some(&b'-'), "{cmd:?}: {}", show(&reply));
+    }
+    // Nothing refused reached Redis: no new user, still a primary, writes still accepted, the
+    // proxy's own connections alive.
+    assert_eq!(redis.direct(&["ACL", "USERS"]).await, b"*1\r\n$7\r\ndefault\r\n");
+    assert!(redis.direct(&["ROLE"]).await.starts_with(b"*3\r\n$6\r\nmaster\r\n"));
+    assert_eq!(c.call(&["SET", "still", "writable"]).await, b"+OK\r\n");
+}
+
+/// Every command the table puts in `@admin` or `@dangerous` is refused by the default policy
+/// unless it is on the list the file documents as allowed: a command added to the table (a
+/// Redis upgrade) cannot slip through unnoticed.
+#[test]
+fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
+    use redis_policy_proxy::commands::{AclCategories, all_commands};
+    use redis_policy_proxy::policy::{Client, Policy, Verdict};
+    // Read-only or connection-local, used by clients; each named in policy/default.yaml.
+    const ALLOWED: &[&str] = &[
+        "info",
+        "role",
+        "lastsave",
+        "config|get",
+        "client|list",
+        "client|no-evict",
+        "client|unblock",
+        "slowlog|get",
+        "slowlog|len",
+        "latency|doctor",
+        "latency|graph",
+        "latency|histogram",
+        "latency|history",
+        "latency|latest",
+        "module|list",
+        "cluster|count-failure-reports",
+        "cluster|replicas",
+        "cluster|slaves",
+        // Application commands whose risk is keys, not the server: SORT's BY/GET patterns
+        // are confined by namespacing, RESTORE is a write like any other (KEYS and FLUSH*
+        // are refused by their own rules, which this test counts too).
+        "sort",
+        "sort_ro",
+        "restore",
+        "restore-asking",
+    ];
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let config = Config::load(&path).expect("default policy loads");
+    let policy = Policy::from_config(&config).expect("default policy compiles");
+    let client = Client {
+        id: 1,
+        addr: std::net::Ipv4Addr::LOCALHOST.into(),
+        tenant: 0,
+    };
+    let admin = AclCategories::from_category(b"admin").unwrap();
+    let dangerous = AclCategories::from_category(b"dangerous").unwrap();
+    let mut leaks = Vec::new();
+    for spec in all_commands() {
+        let risky = spec.in_categories(admin) || spec.in_categories(dangerous);
+        if !risky || !spec.subcommands.is_empty() {
+            continue;
+        }
+        let mut argv: Vec<String> = spec.name.split('|').map(str::to_string).collect();
+        argv.extend(["a", "b", "c"].map(String::from));
+        let refused = matches!(policy.check(&client, &argv[..]), Verdict::Refuse(_));
+        let allowed = ALLOWED.contains(&spec.name);
+        if refused == allowed {
+            leaks.push(format!(
+                "{} ({})",
+                spec.name,
+                if refused { "refused but listed as allowed" } else { "not refused" }
+            ));
+        }
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
