@@ -155,7 +155,7 @@ impl Session {
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
         let Ok(slot) = self.key_slot(args, rewritten) else {
-            if !self.in_multi && matches!(target, Target::Shared(..)) {
+            if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
                 if let Some(split) = split(router, args, rewrite) {
                     return split;
                 }
@@ -168,7 +168,7 @@ impl Session {
         let node = match slot {
             Some(s) => snapshot.owner(s),
             // Keyless: stay where the session already is, so it need not wait for a switch.
-            None => match (target, self.inflight_target, &self.dedicated) {
+            None => match (target, self.queue.inflight_target, &self.conn.dedicated) {
                 (Target::Dedicated(_), _, Some(d)) => Some(d.node),
                 // Not on a replica, though: a keyless command may write (EVAL with no keys).
                 (Target::Shared(..), Some(Target::Shared(_, n)), _)
@@ -176,7 +176,7 @@ impl Session {
                 {
                     Some(n)
                 }
-                _ => router.home(self.id),
+                _ => router.home(self.client.id),
             },
         };
         let Some(node) = node else {
@@ -193,16 +193,16 @@ impl Session {
                             && self
                                 .may_read_replica(router, spec, rewrite, queued, proto, node) =>
                     {
-                        router.read_node(&snapshot, s, proto, self.id)
+                        router.read_node(&snapshot, s, proto, self.client.id)
                     }
                     _ => None,
                 };
                 Target::Shared(proto, replica.unwrap_or(node))
             }
-            Target::Dedicated(_) => match self.dedicated.as_ref().filter(|_| self.pinned()) {
+            Target::Dedicated(_) => match self.conn.dedicated.as_ref().filter(|_| self.pinned()) {
                 // A transaction's keys must share one slot (Redis answers EXEC with CROSSSLOT
                 // otherwise): refused while queuing, so EXEC aborts and nothing runs.
-                _ if self.in_multi
+                _ if self.conn.in_multi()
                     && slot.is_some()
                     && ![None, slot].contains(&self.multi_slot) =>
                 {
@@ -211,7 +211,7 @@ impl Session {
                 // The transaction's slot stays with the node holding the transaction even
                 // when the map says it moved: that node answers with a redirection, and EXEC
                 // replays the whole transaction on the new owner (`transaction`).
-                Some(d) if self.in_multi && slot.is_some() && slot == self.multi_slot => {
+                Some(d) if self.conn.in_multi() && slot.is_some() && slot == self.multi_slot => {
                     Target::Dedicated(d.node)
                 }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
@@ -260,13 +260,13 @@ impl Session {
                     LocalEffect::None,
                 ));
             }
-            Effect::Multi if !self.in_multi => {
+            Effect::Multi if !self.conn.in_multi() => {
                 return Some(Action::Local(
                     Bytes::from_static(b"+OK\r\n"),
                     LocalEffect::DeferMulti,
                 ));
             }
-            Effect::Multi if self.multi_deferred => {
+            Effect::Multi if self.conn.multi_deferred() => {
                 return Some(Action::Local(
                     simple_error("ERR", "MULTI calls can not be nested"),
                     LocalEffect::None,
@@ -274,11 +274,13 @@ impl Session {
             }
             // With a WATCH on the connection, EXEC must run there even with nothing queued:
             // a watched key that changed makes it answer nil.
-            Effect::EndMulti | Effect::AbortExec if self.multi_deferred && !self.watching => {
+            Effect::EndMulti | Effect::AbortExec
+                if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
+            {
                 let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
                 let reply = if !exec {
                     Bytes::from_static(b"+OK\r\n")
-                } else if self.multi_refused {
+                } else if self.conn.multi_refused() {
                     simple_error(
                         "EXECABORT",
                         "Transaction discarded because of previous errors.",
@@ -343,7 +345,7 @@ impl Session {
         } else {
             return None;
         };
-        if self.in_multi {
+        if self.conn.in_multi() {
             // EXEC's reply would hold one node's answer only.
             return Some(Action::Refused(simple_error(
                 "ERR",
@@ -376,7 +378,7 @@ impl Session {
         args: &Args<'_>,
         rewrite: Option<&crate::policy::ttl::Rewrite>,
     ) -> Action {
-        if self.in_multi {
+        if self.conn.in_multi() {
             return Action::Refused(simple_error(
                 "ERR",
                 "SCAN inside MULTI is not supported across a cluster by redis-policy-proxy",
@@ -431,7 +433,7 @@ impl Session {
         let mut argv: Vec<&[u8]> = vec![b"SCAN", node_cursor.as_bytes()];
         argv.extend(scan.options.iter().map(|o| &o[..]));
         let reply = match self
-            .exchange(&router, node, self.proto, codec::encode(&argv), 1)
+            .exchange(&router, node, self.client.proto, codec::encode(&argv), 1)
             .await
         {
             (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
@@ -510,7 +512,11 @@ impl Session {
 
     /// The cluster batch the reply with this `seq` answers, as it was sent.
     pub(super) fn sent_of(&self, seq: u16) -> Option<&Sent> {
-        match self.slot_of(seq).and_then(|i| self.slots.get(i)) {
+        match self
+            .queue
+            .slot_of(seq)
+            .and_then(|i| self.queue.slots.get(i))
+        {
             Some(Slot::Upstream {
                 sent: Some(sent), ..
             }) => Some(sent),
@@ -664,10 +670,13 @@ impl Session {
                 );
                 if let Some(Slot::Upstream {
                     commands, handling, ..
-                }) = self.slot_of(seq).and_then(|i| self.slots.get_mut(i))
+                }) = self
+                    .queue
+                    .slot_of(seq)
+                    .and_then(|i| self.queue.slots.get_mut(i))
                 {
                     // The error stands for the command alone.
-                    self.inflight -= (*commands - 1) as usize;
+                    self.queue.inflight -= (*commands - 1) as usize;
                     *commands = 1;
                     handling.mask = None;
                 }
@@ -688,15 +697,19 @@ impl Session {
         // connection (nothing sent after it, no other state), the watch starts over on the
         // slot's owner instead of the client getting a redirection it cannot follow.
         let lone_watch = matches!(again, Again::Redirect(Redirect::Moved { .. }))
-            && self.watching
-            && self.inflight == 1
-            && !self.in_multi
-            && !(self.subscribed || self.monitor || self.connection_state || self.upstream_auth)
+            && self.conn.holds(Holds::WATCH)
+            && self.queue.inflight == 1
+            && !self.conn.in_multi()
+            && !self.conn.held.other_than(Holds::WATCH)
             && transaction::command_name(&command, &self.ctx.codec)
                 .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
-        self.watching &= !lone_watch;
+        if lone_watch {
+            self.conn.held.remove(Holds::WATCH);
+        }
         let tx = self.dedicated_to(&router, node, proto).await;
-        self.watching |= lone_watch;
+        if lone_watch {
+            self.conn.held.insert(Holds::WATCH);
+        }
         let Some(tx) = tx else {
             return false;
         };
@@ -713,7 +726,7 @@ impl Session {
             bytes,
             expect: Expect::Frames(frames),
             wait,
-            reply_to: self.reply_sender(),
+            reply_to: self.queue.reply_sender(),
             // The same batch, sent again: its reply goes to the same slot.
             seq,
         };
@@ -725,15 +738,18 @@ impl Session {
             handling,
             sent: Some(sent),
             ..
-        }) = self.slot_of(seq).and_then(|i| self.slots.get_mut(i))
+        }) = self
+            .queue
+            .slot_of(seq)
+            .and_then(|i| self.queue.slots.get_mut(i))
         {
-            self.inflight = self.inflight + frames as usize - *commands as usize;
+            self.queue.inflight = self.queue.inflight + frames as usize - *commands as usize;
             *commands = frames;
             handling.mask = ask.then(|| vec![false, true]);
             sent.node = node;
             sent.redirects += 1;
         }
-        self.inflight_target = Some(Target::Dedicated(node));
+        self.queue.inflight_target = Some(Target::Dedicated(node));
         true
     }
 
@@ -745,7 +761,7 @@ impl Session {
         node: u16,
         proto: u8,
     ) -> Option<mpsc::Sender<Batch>> {
-        if let Some(d) = &self.dedicated
+        if let Some(d) = &self.conn.dedicated
             && d.node == node
             && d.proto == proto
             && !d.tx.is_closed()
@@ -756,14 +772,14 @@ impl Session {
             return None;
         }
         let push = PushTarget {
-            to: self.reply_sender(),
-            budget: self.push_budget(),
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
             budget_size: PUSH_BUDGET,
-            conn_id: self.dedicated_gen + 1,
+            conn_id: self.conn.dedicated_gen + 1,
         };
         let tx = router.pool(node).dedicated(proto, push, false).await.ok()?;
-        self.dedicated_gen += 1;
-        self.dedicated = Some(Dedicated {
+        self.conn.dedicated_gen += 1;
+        self.conn.dedicated = Some(Dedicated {
             tx: tx.clone(),
             proto,
             node,
@@ -949,7 +965,12 @@ impl Session {
             reply_to: tx,
             seq: 0,
         };
-        let answer = match router.pool(node).shared(proto, self.id).send(batch).await {
+        let answer = match router
+            .pool(node)
+            .shared(proto, self.client.id)
+            .send(batch)
+            .await
+        {
             Ok(()) => rx.recv().await,
             Err(_) => None,
         };
@@ -984,7 +1005,7 @@ impl Session {
             };
             let sent = router
                 .pool(b.node)
-                .shared(self.proto, self.id)
+                .shared(self.client.proto, self.client.id)
                 .send(batch)
                 .await;
             pending.push((b.node, b.parts, bytes, sent.is_ok().then_some(rx)));
@@ -1012,8 +1033,14 @@ impl Session {
                 let commands = split_commands(&bytes, &self.ctx.codec);
                 if commands.len() == frames.len() {
                     let origin = router.addr(node);
-                    self.redirect_frames(&router, self.proto, &origin, &commands, &mut frames)
-                        .await;
+                    self.redirect_frames(
+                        &router,
+                        self.client.proto,
+                        &origin,
+                        &commands,
+                        &mut frames,
+                    )
+                    .await;
                 }
             }
             for (k, p) in positions.into_iter().enumerate() {
@@ -1030,7 +1057,7 @@ impl Session {
                 parts.push((p, reply));
             }
         }
-        join(split.join, split.keys, &parts, self.proto)
+        join(split.join, split.keys, &parts, self.client.proto)
     }
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
@@ -1065,7 +1092,7 @@ impl Session {
                     budget_size: PUSH_BUDGET,
                     conn_id: 0,
                 };
-                match Box::pin(router.pool(node).dedicated(self.proto, push, false)).await {
+                match Box::pin(router.pool(node).dedicated(self.client.proto, push, false)).await {
                     Ok(conn) => {
                         let sent = conn.send(batch).await.is_ok();
                         connections.push(conn);
@@ -1083,7 +1110,7 @@ impl Session {
                 };
                 router
                     .pool(node)
-                    .shared(self.proto, self.id)
+                    .shared(self.client.proto, self.client.id)
                     .send(batch)
                     .await
                     .is_ok()
@@ -1111,7 +1138,7 @@ impl Session {
             };
             replies.push(reply);
         }
-        let merged = merge(fanout.merge, &replies, self.id);
+        let merged = merge(fanout.merge, &replies, self.client.id);
         let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
             super::replies::append_to_text(merged, &self.proxy_info())
         } else {

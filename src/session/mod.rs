@@ -405,65 +405,21 @@ impl Run {
     }
 }
 
-/// One client connection.
+/// One client connection, in parts with one job each: what the client negotiated
+/// (`client`), the upstream connection state it holds (`conn`), the ordered reply stream
+/// (`queue`) and the request bytes being read (`input`); mode-specific state (cluster) beside
+/// them.
 struct Session {
+    /// Everything sessions share: pools, router, limits, policy, metrics.
     ctx: Arc<Context>,
-    /// Proxy-assigned id, answered to CLIENT ID and used to pick the shared connection.
-    id: u64,
-    /// The policy this batch of commands is checked against: loaded once per read, so a
-    /// reload applies from the next read on and in-flight commands keep the policy they were
-    /// checked with.
-    policy: Arc<Policy>,
-    /// The proxy user the client authenticated as (proxy-side users only).
-    user: Option<Bytes>,
-    /// The client's tenant under `policy`, recomputed when the policy is reloaded.
-    tenant: u16,
-    /// The client's address, for CLIENT INFO and per-address rate limits.
-    peer: std::net::SocketAddr,
-    /// The proxy's address the client connected to, for CLIENT INFO.
-    local: std::net::SocketAddr,
-    /// RESP version the client negotiated with HELLO.
-    proto: u8,
-    /// Database selected on the dedicated connection; non-zero keeps the session there.
-    db: i64,
-    /// CLIENT SETNAME value, answered by CLIENT GETNAME.
-    name: Option<Bytes>,
-    in_multi: bool,
-    /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
-    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
-    multi_deferred: bool,
-    /// The policy refused a command inside the open MULTI: EXEC must abort.
-    multi_refused: bool,
-    /// For each command queued in the open MULTI (hidden ones included), whether the client
-    /// sees its result: the mask applied to EXEC's reply.
-    multi_mask: Vec<bool>,
-    /// Cluster mode: the hash slot of the open MULTI's keyed commands, which must all share
-    /// it; the transaction stays on its node even if the map moves the slot meanwhile.
-    multi_slot: Option<u16>,
-    /// Cluster mode: the transaction open on the dedicated connection as its replies show
-    /// it, to replay it on another node if its slot moved (see `cluster::transaction`).
-    tx_log: Option<Box<cluster::TxLog>>,
-    watching: bool,
-    subscribed: bool,
-    monitor: bool,
-    /// CLIENT TRACKING/CACHING/NO-EVICT/NO-TOUCH set on the dedicated connection.
-    connection_state: bool,
-    /// Authenticated upstream as a user other than the pool's.
-    upstream_auth: bool,
-    reply_mode: ReplyMode,
-    dedicated: Option<Dedicated>,
-    /// Reply order: proxy-made replies waiting behind upstream ones.
-    slots: VecDeque<Slot>,
-    /// Id of the latest dedicated connection, to ignore the end of older ones.
-    dedicated_gen: u64,
-    /// Upstream commands not yet answered.
-    inflight: usize,
-    /// Where the latest batch went while commands are in flight (`None`: nothing in flight).
-    /// Standalone, and whenever a dedicated connection is involved, every in-flight command
-    /// went there.
-    inflight_target: Option<Target>,
-    /// `seq` of the next batch sent on the session's reply channel.
-    next_seq: u16,
+    /// What the client negotiated and who it is.
+    client: ClientState,
+    /// The dedicated upstream connection and the state the client holds on it.
+    conn: ConnState,
+    /// The reply stream, in request order.
+    queue: ReplyQueue,
+    /// Request bytes read and not yet dispatched, and whether to read more.
+    input: Input,
     /// Cluster mode: the hash slots in flight and where (`None` standalone, which then keeps
     /// the one-target-at-a-time rule and pays nothing for it).
     spread: Option<Box<spread::Spread>>,
@@ -479,6 +435,149 @@ struct Session {
     parked: Vec<Run>,
     /// Frames in `parked`, which count toward `max_inflight` like the current run's.
     parked_frames: usize,
+    /// Cluster mode: the hash slot of the open MULTI's keyed commands, which must all share
+    /// it; the transaction stays on its node even if the map moves the slot meanwhile.
+    multi_slot: Option<u16>,
+    /// Cluster mode: the transaction open on the dedicated connection as its replies show
+    /// it, to replay it on another node if its slot moved (see `cluster::transaction`).
+    tx_log: Option<Box<cluster::TxLog>>,
+    /// The upstream's address epoch when the session started; a different epoch at WAIT time
+    /// means a Sentinel failover came after writes the WAIT would cover.
+    wait_epoch: u64,
+    /// Cluster mode: shard channels subscribed on any node and their per-node connections
+    /// (see `shard_subs`); `None` until the first SSUBSCRIBE, and always standalone.
+    shard_subs: Option<Box<shard_subs::ShardSubs>>,
+}
+
+/// What the client negotiated and who it is: the connection's identity as Redis would see it.
+struct ClientState {
+    /// Proxy-assigned id, answered to CLIENT ID and used to pick the shared connection.
+    id: u64,
+    /// The client's address, for CLIENT INFO and per-address rate limits.
+    peer: std::net::SocketAddr,
+    /// The proxy's address the client connected to, for CLIENT INFO.
+    local: std::net::SocketAddr,
+    /// The policy this batch of commands is checked against: loaded once per read, so a
+    /// reload applies from the next read on and in-flight commands keep the policy they were
+    /// checked with.
+    policy: Arc<Policy>,
+    /// The proxy user the client authenticated as (proxy-side users only).
+    user: Option<Bytes>,
+    /// The client's tenant under `policy`, recomputed when the policy is reloaded.
+    tenant: u16,
+    /// RESP version the client negotiated with HELLO.
+    proto: u8,
+    /// Database selected on the dedicated connection; non-zero keeps the session there.
+    db: i64,
+    /// CLIENT SETNAME value, answered by CLIENT GETNAME.
+    name: Option<Bytes>,
+    /// CLIENT REPLY state, kept by the proxy because upstream connections are shared.
+    reply_mode: ReplyMode,
+}
+
+/// The session's dedicated upstream connection and the state the client built on it.
+#[derive(Default)]
+struct ConnState {
+    /// The dedicated connection, kept for reuse while the session lives (blocking commands
+    /// use it without pinning the session).
+    dedicated: Option<Dedicated>,
+    /// Id of the latest dedicated connection, to ignore the end of older ones.
+    dedicated_gen: u64,
+    /// The open MULTI, if any.
+    multi: Option<Transaction>,
+    /// State held on the dedicated connection, each of which pins the session to it.
+    held: Holds,
+}
+
+/// An open MULTI.
+#[derive(Default)]
+struct Transaction {
+    /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
+    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
+    deferred: bool,
+    /// The policy refused a command inside it: EXEC must abort.
+    refused: bool,
+    /// For each command queued (hidden ones included), whether the client sees its result:
+    /// the mask applied to EXEC's reply.
+    mask: Vec<bool>,
+}
+
+/// Connection state that lives on the dedicated upstream connection; any of it keeps the
+/// session there (a set, because they combine: WATCH with tracking, a RESP3 subscriber in a
+/// transaction…).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Holds(u8);
+
+impl Holds {
+    /// WATCH is in force.
+    const WATCH: Holds = Holds(1);
+    /// SUBSCRIBE/PSUBSCRIBE channels or patterns are held.
+    const SUBSCRIPTIONS: Holds = Holds(2);
+    /// The connection is in MONITOR mode.
+    const MONITOR: Holds = Holds(4);
+    /// CLIENT TRACKING/CACHING/NO-EVICT/NO-TOUCH was set.
+    const CLIENT_MODE: Holds = Holds(8);
+    /// Authenticated upstream as a user other than the pool's.
+    const OTHER_USER: Holds = Holds(16);
+
+    fn insert(&mut self, h: Holds) {
+        self.0 |= h.0;
+    }
+
+    fn remove(&mut self, h: Holds) {
+        self.0 &= !h.0;
+    }
+
+    fn contains(self, h: Holds) -> bool {
+        self.0 & h.0 != 0
+    }
+
+    fn any(self) -> bool {
+        self.0 != 0
+    }
+
+    /// Whether anything but `h` is held.
+    fn other_than(self, h: Holds) -> bool {
+        self.0 & !h.0 != 0
+    }
+}
+
+impl ConnState {
+    /// Whether `h` is held on the dedicated connection.
+    fn holds(&self, h: Holds) -> bool {
+        self.held.contains(h)
+    }
+
+    /// Whether MULTI is open (sent or deferred).
+    fn in_multi(&self) -> bool {
+        self.multi.is_some()
+    }
+
+    /// Cluster mode: MULTI is open but not sent yet.
+    fn multi_deferred(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.deferred)
+    }
+
+    /// The policy refused a command in the open MULTI.
+    fn multi_refused(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.refused)
+    }
+}
+
+/// The ordered reply stream: every command's place in it, what is in flight, and the bytes
+/// ready to write.
+#[derive(Default)]
+struct ReplyQueue {
+    /// Reply order: proxy-made replies waiting behind upstream ones.
+    slots: VecDeque<Slot>,
+    /// Upstream commands not yet answered.
+    inflight: usize,
+    /// Where the latest batch went while commands are in flight (`None`: nothing in flight).
+    /// Standalone, and whenever a dedicated connection is involved, every in-flight command
+    /// went there.
+    inflight_target: Option<Target>,
+    /// `seq` of the next batch sent on the session's reply channel.
+    next_seq: u16,
     /// The channel every upstream connection answers this session on.
     /// Created with the first upstream command, so an idle client costs no channel.
     reply_tx: Option<mpsc::UnboundedSender<Reply>>,
@@ -487,31 +586,29 @@ struct Session {
     /// Budget of unwritten push bytes, shared with the dedicated connection.
     /// Created with the first dedicated connection: most clients never get a push.
     push_budget: Option<Arc<Semaphore>>,
-    /// Unparsed request bytes.
-    rbuf: BytesMut,
-    /// Argument ranges of the command being classified, reused to avoid allocation.
-    args: Vec<Range<usize>>,
     /// Replies ready to write.
     out: Vec<Bytes>,
     /// Push permits to return once `out` is written.
     out_permits: u32,
+}
+
+/// Request bytes read from the client and not yet dispatched, and whether to read more.
+struct Input {
+    /// Unparsed request bytes.
+    rbuf: BytesMut,
+    /// Argument ranges of the command being classified, reused to avoid allocation.
+    args: Vec<Range<usize>>,
+    /// When the bytes being processed were read: the start of client-observed latency.
+    read_at: Instant,
     /// No more requests are read; the session ends when replies are written.
     closing: bool,
     /// Request processing paused until in-flight commands on the other target are answered.
     paused: bool,
-    /// When the bytes being processed were read: the start of client-observed latency.
-    read_at: Instant,
-    /// The command (or first of the run) the next `send` carries, for the slow log.
-    batch_name: Option<&'static CommandSpec>,
     /// Traffic since the last idle tick: only a session quiet for a whole tick releases its
     /// memory, so a busy client never pays for re-creating its reply channel.
     active: bool,
-    /// The upstream's address epoch when the session started; a different epoch at WAIT time
-    /// means a Sentinel failover came after writes the WAIT would cover.
-    wait_epoch: u64,
-    /// Cluster mode: shard channels subscribed on any node and their per-node connections
-    /// (see `shard_subs`); `None` until the first SSUBSCRIBE, and always standalone.
-    shard_subs: Option<Box<shard_subs::ShardSubs>>,
+    /// The command (or first of the run) the next `send` carries, for the slow log.
+    batch_name: Option<&'static CommandSpec>,
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
@@ -529,51 +626,37 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         .tenant_of(stream.peer_addr().unwrap_or(unknown_peer).ip(), None);
     let ctx_cluster = ctx.cluster.is_some();
     let mut s = Session {
-        user: None,
-        tenant,
-        policy,
+        client: ClientState {
+            id,
+            peer: stream.peer_addr().unwrap_or(unknown),
+            local: stream.local_addr().unwrap_or(unknown),
+            policy,
+            user: None,
+            tenant,
+            proto: 2,
+            db: 0,
+            name: None,
+            reply_mode: ReplyMode::On,
+        },
         ctx,
-        id,
-        peer: stream.peer_addr().unwrap_or(unknown),
-        local: stream.local_addr().unwrap_or(unknown),
-        proto: 2,
-        db: 0,
-        name: None,
-        in_multi: false,
-        multi_deferred: false,
-        multi_refused: false,
-        multi_slot: None,
-        tx_log: None,
-        multi_mask: Vec::new(),
-        watching: false,
-        subscribed: false,
-        monitor: false,
-        connection_state: false,
-        upstream_auth: false,
-        reply_mode: ReplyMode::On,
-        dedicated: None,
-        dedicated_gen: 0,
-        slots: VecDeque::new(),
-        inflight: 0,
-        inflight_target: None,
-        next_seq: 0,
+        conn: ConnState::default(),
+        queue: ReplyQueue::default(),
+        input: Input {
+            rbuf: BytesMut::new(),
+            args: Vec::new(),
+            read_at: Instant::now(),
+            closing: false,
+            paused: false,
+            active: false,
+            batch_name: None,
+        },
         spread: ctx_cluster.then(Box::default),
         placed_slot: AtomicU32::new(NO_SLOT),
         batch_slot: None,
         parked: Vec::new(),
         parked_frames: 0,
-        reply_tx: None,
-        new_reply_rx: None,
-        push_budget: None,
-        rbuf: BytesMut::new(),
-        args: Vec::new(),
-        out: Vec::new(),
-        out_permits: 0,
-        closing: false,
-        paused: false,
-        read_at: Instant::now(),
-        batch_name: None,
-        active: false,
+        multi_slot: None,
+        tx_log: None,
         wait_epoch,
         shard_subs: None,
     };
@@ -586,34 +669,34 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     // A `Notified` sees every `notify_waiters` after its creation; one before it set the flag
     // first, so looking at the flag now leaves no gap.
     if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
-        s.closing = true;
+        s.input.closing = true;
     }
     loop {
-        if !s.out.is_empty() {
-            let bytes: usize = s.out.iter().map(Bytes::len).sum();
-            if write_all(&mut wr, &mut s.out).await.is_err() {
+        if !s.queue.out.is_empty() {
+            let bytes: usize = s.queue.out.iter().map(Bytes::len).sum();
+            if write_all(&mut wr, &mut s.queue.out).await.is_err() {
                 break;
             }
             s.ctx.ops.metrics.bytes_out.inc_by(bytes as u64);
-            if s.out_permits > 0 {
-                if let Some(budget) = &s.push_budget {
-                    budget.add_permits(s.out_permits as usize);
+            if s.queue.out_permits > 0 {
+                if let Some(budget) = &s.queue.push_budget {
+                    budget.add_permits(s.queue.out_permits as usize);
                 }
-                s.out_permits = 0;
+                s.queue.out_permits = 0;
             }
         }
-        if s.closing && s.inflight == 0 && s.slots.is_empty() {
+        if s.input.closing && s.queue.inflight == 0 && s.queue.slots.is_empty() {
             break;
         }
-        if let Some(rx) = s.new_reply_rx.take() {
+        if let Some(rx) = s.queue.new_reply_rx.take() {
             reply_rx = Some(rx);
         }
-        let can_read = !s.closing && !s.paused && s.inflight < s.ctx.max_inflight;
+        let can_read = !s.input.closing && !s.input.paused && s.queue.inflight < s.ctx.max_inflight;
         tokio::select! {
             biased;
             msg = recv(&mut reply_rx) => {
                 let Some(mut msg) = msg else { break };
-                s.active = true;
+                s.input.active = true;
                 // Boxed: rare, and large enough to matter in every idle session's task.
                 if s.ctx.replicas.is_some() {
                     Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
@@ -632,16 +715,16 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                         s.on_reply(msg);
                     }
                 }
-                if s.inflight == 0 {
-                    s.paused = false;
+                if s.queue.inflight == 0 {
+                    s.input.paused = false;
                     if let Some(spread) = &mut s.spread {
                         spread.clear_wait();
                     }
-                } else if s.paused && s.spread.as_mut().is_some_and(|sp| sp.resumable()) {
+                } else if s.input.paused && s.spread.as_mut().is_some_and(|sp| sp.resumable()) {
                     // Only the slot the paused command waits for had to be answered.
-                    s.paused = false;
+                    s.input.paused = false;
                 }
-                if !s.paused && !s.rbuf.is_empty() && s.inflight < s.ctx.max_inflight {
+                if !s.input.paused && !s.input.rbuf.is_empty() && s.queue.inflight < s.ctx.max_inflight {
                     Box::pin(s.process()).await;
                 }
             }
@@ -649,19 +732,19 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             // buffer at all (see `release_idle`).
             ready = rd.readable(), if can_read => {
                 if ready.is_err() {
-                    s.closing = true;
+                    s.input.closing = true;
                     continue;
                 }
-                if s.rbuf.capacity() - s.rbuf.len() < READ_CHUNK / 4 {
-                    s.rbuf.reserve(READ_CHUNK);
+                if s.input.rbuf.capacity() - s.input.rbuf.len() < READ_CHUNK / 4 {
+                    s.input.rbuf.reserve(READ_CHUNK);
                 }
-                let r = match read_now(&mut rd, &mut s.rbuf).await {
+                let r = match read_now(&mut rd, &mut s.input.rbuf).await {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         // Readiness can be stale (edge-triggered events already consumed by
                         // an earlier read): a client that never sent anything must not keep
                         // the buffer just reserved for it.
-                        if !s.active && s.rbuf.is_empty() {
-                            s.rbuf = BytesMut::new();
+                        if !s.input.active && s.input.rbuf.is_empty() {
+                            s.input.rbuf = BytesMut::new();
                         }
                         continue;
                     }
@@ -672,14 +755,14 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                     // Half-closed: answer what was already sent, then close. A blocked
                     // command would never answer; like Redis dropping a client on EOF, close
                     // its dedicated connection, which unblocks it upstream.
-                    s.closing = true;
-                    if s.slots.iter().any(|slot| matches!(slot, Slot::Upstream { handling, .. } if handling.blocking)) {
-                        s.dedicated = None;
+                    s.input.closing = true;
+                    if s.queue.slots.iter().any(|slot| matches!(slot, Slot::Upstream { handling, .. } if handling.blocking)) {
+                        s.conn.dedicated = None;
                     }
                 }
                 Ok(n) => {
-                    s.read_at = Instant::now();
-                    s.active = true;
+                    s.input.read_at = Instant::now();
+                    s.input.active = true;
                     s.ctx.ops.metrics.bytes_in.inc_by(n as u64);
                     // Boxed, one allocation per read: processing needs the largest future
                     // of the session, and inline it would sit in every idle client's task.
@@ -687,15 +770,15 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 }
                 }
             },
-            _ = tick.as_mut(), if !s.closing || s.holds_idle_memory() => {
+            _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
                 tick.set(ticks.idle_tick.notified());
                 if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
-                    s.closing = true;
+                    s.input.closing = true;
                 }
-                if !s.active && reply_rx.as_ref().is_none_or(|rx| rx.is_empty()) && s.release_idle() {
+                if !s.input.active && reply_rx.as_ref().is_none_or(|rx| rx.is_empty()) && s.release_idle() {
                     reply_rx = None;
                 }
-                s.active = false;
+                s.input.active = false;
             }
         }
     }
@@ -844,16 +927,62 @@ impl Effect {
     }
 }
 
+impl ReplyQueue {
+    /// The budget of unwritten push bytes shared with dedicated connections, created on
+    /// first use.
+    fn push_budget(&mut self) -> Arc<Semaphore> {
+        self.push_budget
+            .get_or_insert_with(|| Arc::new(Semaphore::new(PUSH_BUDGET as usize)))
+            .clone()
+    }
+    /// The session's reply channel, created on first use.
+    fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
+        match &self.reply_tx {
+            Some(tx) => tx.clone(),
+            None => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.reply_tx = Some(tx.clone());
+                self.new_reply_rx = Some(rx);
+                tx
+            }
+        }
+    }
+    /// Moves proxy-made replies at the head of the order to the output.
+    fn flush_local_slots(&mut self) {
+        while let Some(Slot::Local(_)) = self.slots.front() {
+            if let Some(Slot::Local(b)) = self.slots.pop_front()
+                && !b.is_empty()
+            {
+                self.out.push(b);
+            }
+        }
+    }
+    /// The position of the slot a reply with this `seq` answers.
+    fn slot_of(&self, seq: u16) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
+    }
+    /// Queues a proxy-made reply in order.
+    fn local(&mut self, reply: Bytes) {
+        if self.slots.is_empty() {
+            self.out.push(reply);
+        } else {
+            self.slots.push_back(Slot::Local(reply));
+        }
+    }
+}
+
 impl Session {
     /// Checks the Redis-counted rate limits for the command being decided, after every
     /// synchronous rule passed; `Some(refusal)` when one is exceeded. Redis unreachable: the
     /// limit is not applied (fail open, logged), as a limiter outage must not stop traffic.
     async fn shared_limits(&mut self, command: &str) -> Option<Bytes> {
-        let policy = self.policy.clone();
+        let policy = self.client.policy.clone();
         let client = Client {
-            id: self.id,
-            addr: self.peer.ip(),
-            tenant: self.tenant,
+            id: self.client.id,
+            addr: self.client.peer.ip(),
+            tenant: self.client.tenant,
         };
         for check in policy.shared_limits(&client) {
             let transport = match &self.ctx.cluster {
@@ -898,41 +1027,21 @@ impl Session {
 
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
     fn login(&mut self, user: Option<Bytes>) {
-        self.user = user;
-        self.tenant = self
+        self.client.user = user;
+        self.client.tenant = self
+            .client
             .policy
             .access
-            .tenant_of(self.peer.ip(), self.user.as_deref());
-    }
-
-    /// The budget of unwritten push bytes shared with dedicated connections, created on
-    /// first use.
-    fn push_budget(&mut self) -> Arc<Semaphore> {
-        self.push_budget
-            .get_or_insert_with(|| Arc::new(Semaphore::new(PUSH_BUDGET as usize)))
-            .clone()
-    }
-
-    /// The session's reply channel, created on first use.
-    fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
-        match &self.reply_tx {
-            Some(tx) => tx.clone(),
-            None => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                self.reply_tx = Some(tx.clone());
-                self.new_reply_rx = Some(rx);
-                tx
-            }
-        }
+            .tenant_of(self.client.peer.ip(), self.client.user.as_deref());
     }
 
     /// Whether an idle tick could give anything back: a reply channel or spare capacity.
     fn holds_idle_memory(&self) -> bool {
-        self.reply_tx.is_some()
-            || self.rbuf.capacity() > 0
-            || self.out.capacity() > 0
-            || self.args.capacity() > 0
-            || self.slots.capacity() > 0
+        self.queue.reply_tx.is_some()
+            || self.input.rbuf.capacity() > 0
+            || self.queue.out.capacity() > 0
+            || self.input.args.capacity() > 0
+            || self.queue.slots.capacity() > 0
     }
 
     /// Gives back what a quiet client does not need: the read buffer (16 KiB), the reply
@@ -943,23 +1052,22 @@ impl Session {
     /// dedicated connection (it holds a sender of the channel for its pushes). Returns whether
     /// the channel was dropped, so the caller drops its receiving end too.
     fn release_idle(&mut self) -> bool {
-        if self.inflight != 0
-            || !self.slots.is_empty()
-            || self.dedicated.is_some()
+        if self.queue.inflight != 0
+            || !self.queue.slots.is_empty()
+            || self.conn.dedicated.is_some()
             || self.shard_subs.is_some()
         {
             return false;
         }
-        if !self.out.is_empty() || !self.rbuf.is_empty() || self.in_multi {
+        if !self.queue.out.is_empty() || !self.input.rbuf.is_empty() || self.conn.in_multi() {
             return false;
         }
-        self.rbuf = BytesMut::new();
-        self.out = Vec::new();
-        self.args = Vec::new();
-        self.slots = VecDeque::new();
-        self.multi_mask = Vec::new();
-        self.new_reply_rx = None;
-        self.reply_tx.take().is_some()
+        self.input.rbuf = BytesMut::new();
+        self.queue.out = Vec::new();
+        self.input.args = Vec::new();
+        self.queue.slots = VecDeque::new();
+        self.queue.new_reply_rx = None;
+        self.queue.reply_tx.take().is_some()
     }
 
     /// Handles one message from an upstream connection.
@@ -973,17 +1081,17 @@ impl Session {
             } => {
                 // Standalone (and on one node) the reply answers the oldest slot; in cluster
                 // mode another node's batch may be older and still unanswered.
-                let at = self.slot_of(seq);
+                let at = self.queue.slot_of(seq);
                 if let Some(i) = at
-                    && matches!(self.slots[i], Slot::Upstream { parts, .. } if parts > 1)
+                    && matches!(self.queue.slots[i], Slot::Upstream { parts, .. } if parts > 1)
                 {
                     self.on_parts(i, data, missing, error);
                     return;
                 }
                 let slot = match at {
-                    Some(0) => self.slots.pop_front(),
+                    Some(0) => self.queue.slots.pop_front(),
                     Some(i) => Some(std::mem::replace(
-                        &mut self.slots[i],
+                        &mut self.queue.slots[i],
                         Slot::Local(Bytes::new()),
                     )),
                     None => None,
@@ -998,8 +1106,8 @@ impl Session {
                 }) = slot
                 else {
                     // Anything else is a bug we must not turn into a misattributed reply.
-                    tracing::error!(id = self.id, "upstream reply without a waiting slot");
-                    self.closing = true;
+                    tracing::error!(id = self.client.id, "upstream reply without a waiting slot");
+                    self.input.closing = true;
                     return;
                 };
                 let at = at.unwrap_or(0);
@@ -1007,10 +1115,10 @@ impl Session {
                     spread.answered(&sent.hash_slots);
                 }
                 // Where this reply's output starts: kept in its slot if earlier ones are due.
-                let mark = self.out.len();
-                self.inflight -= commands as usize;
-                if self.inflight == 0 {
-                    self.inflight_target = None;
+                let mark = self.queue.out.len();
+                self.queue.inflight -= commands as usize;
+                if self.queue.inflight == 0 {
+                    self.queue.inflight_target = None;
                 }
                 if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
                     // A node that failed may have been replaced (failover): learn it now
@@ -1037,47 +1145,47 @@ impl Session {
                 };
                 if !handling.suppress {
                     if !data.is_empty() {
-                        self.out.push(data);
+                        self.queue.out.push(data);
                     }
                     if let Some(e) = error {
                         let reply = error_reply(&ProxyError::Upstream(*e));
                         for _ in 0..missing {
-                            self.out.push(reply.clone());
+                            self.queue.out.push(reply.clone());
                         }
                     }
                 }
                 if at > 0 {
-                    let mut own = self.out.split_off(mark);
+                    let mut own = self.queue.out.split_off(mark);
                     let reply = match own.len() {
                         1 => own.pop().unwrap_or_default(),
                         _ => own.concat().into(),
                     };
-                    self.slots[at] = Slot::Local(reply);
+                    self.queue.slots[at] = Slot::Local(reply);
                 } else {
-                    self.flush_local_slots();
+                    self.queue.flush_local_slots();
                 }
             }
             Reply::Push(frame, permits) => {
                 // A namespaced subscriber sees channel names without its prefix.
-                let frame = match self.policy.access.namespace(self.tenant) {
+                let frame = match self.client.policy.access.namespace(self.client.tenant) {
                     Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
                     None => frame,
                 };
-                self.out.push(frame);
-                self.out_permits += permits;
+                self.queue.out.push(frame);
+                self.queue.out_permits += permits;
             }
             // Cluster sessions act on it before (`cluster::subscriber`); elsewhere the
             // `PinnedClosed` that follows ends the session.
             Reply::Subscriptions(..) => {}
             Reply::PinnedClosed(conn_id) => {
-                if conn_id != self.dedicated_gen {
+                if conn_id != self.conn.dedicated_gen {
                     return;
                 }
-                self.dedicated = None;
+                self.conn.dedicated = None;
                 if self.stateful() {
                     // The state the client built on that connection is gone; like Redis
                     // closing the connection, end the session so the client starts over.
-                    self.closing = true;
+                    self.input.closing = true;
                 }
             }
         }
@@ -1086,10 +1194,10 @@ impl Session {
     /// Queues the reply the proxy gathered from several nodes, unless replies are off.
     fn answer_gathered(&mut self, reply: Bytes, suppress: bool) {
         if !suppress {
-            self.local(reply);
+            self.queue.local(reply);
         }
-        if self.reply_mode == ReplyMode::Skip {
-            self.reply_mode = ReplyMode::On;
+        if self.client.reply_mode == ReplyMode::Skip {
+            self.client.reply_mode = ReplyMode::On;
         }
     }
 
@@ -1105,26 +1213,8 @@ impl Session {
             ops.metrics.slow_commands.inc();
             let others = commands.saturating_sub(1);
             let name = name.map_or("(unknown)", |s| s.name);
-            ops.slowlog.record(took, name, others, self.peer);
+            ops.slowlog.record(took, name, others, self.client.peer);
         }
-    }
-
-    /// Moves proxy-made replies at the head of the order to the output.
-    fn flush_local_slots(&mut self) {
-        while let Some(Slot::Local(_)) = self.slots.front() {
-            if let Some(Slot::Local(b)) = self.slots.pop_front()
-                && !b.is_empty()
-            {
-                self.out.push(b);
-            }
-        }
-    }
-
-    /// The position of the slot a reply with this `seq` answers.
-    fn slot_of(&self, seq: u16) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
     }
 
     /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
@@ -1134,9 +1224,12 @@ impl Session {
     /// everything in flight, as standalone.
     fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
         let Some(spread) = &mut self.spread else {
-            return self.inflight_target.is_some_and(|last| last != target);
+            return self
+                .queue
+                .inflight_target
+                .is_some_and(|last| last != target);
         };
-        if let Some(last) = self.inflight_target {
+        if let Some(last) = self.queue.inflight_target {
             let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
             if !shared && last != target {
                 spread.clear_wait();
@@ -1153,35 +1246,22 @@ impl Session {
         }
     }
 
-    /// Queues a proxy-made reply in order.
-    fn local(&mut self, reply: Bytes) {
-        if self.slots.is_empty() {
-            self.out.push(reply);
-        } else {
-            self.slots.push_back(Slot::Local(reply));
-        }
-    }
-
     /// State held on the dedicated connection that keeps the session on it.
     fn stateful(&self) -> bool {
-        self.in_multi || self.pinned()
+        self.conn.in_multi() || self.pinned()
     }
 
     /// State that ties the session to its dedicated connection's node: `stateful` except a
     /// MULTI the proxy has not sent yet.
     fn pinned(&self) -> bool {
-        (self.in_multi && !self.multi_deferred)
-            || self.watching
-            || self.subscribed
-            || self.monitor
-            || self.connection_state
-            || self.upstream_auth
-            || self.db != 0
+        (self.conn.in_multi() && !self.conn.multi_deferred())
+            || self.conn.held.any()
+            || self.client.db != 0
     }
 
     /// The dedicated connection as a target (in cluster mode `place` picks the node).
     fn dedicated_target(&self) -> Target {
-        Target::Dedicated(self.dedicated.as_ref().map_or(0, |d| d.node))
+        Target::Dedicated(self.conn.dedicated.as_ref().map_or(0, |d| d.node))
     }
 
     /// Where a command that has no routing needs of its own goes (in cluster mode the node
@@ -1190,7 +1270,7 @@ impl Session {
         if self.stateful() {
             self.dedicated_target()
         } else {
-            Target::Shared(self.proto, 0)
+            Target::Shared(self.client.proto, 0)
         }
     }
 
@@ -1198,35 +1278,41 @@ impl Session {
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
         let policy = self.ctx.policy.load_full();
-        if !Arc::ptr_eq(&policy, &self.policy) {
-            self.policy = policy;
+        if !Arc::ptr_eq(&policy, &self.client.policy) {
+            self.client.policy = policy;
             // A reloaded policy may map this client to another tenant.
-            let user = self.user.take();
+            let user = self.client.user.take();
             self.login(user);
         }
         let mut run = Run::default();
-        while !self.closing {
-            if self.inflight + self.parked_frames + run.frames as usize >= self.ctx.max_inflight {
+        while !self.input.closing {
+            if self.queue.inflight + self.parked_frames + run.frames as usize
+                >= self.ctx.max_inflight
+            {
                 break;
             }
-            let decoded = codec::decode(&self.rbuf[run.len..], &self.ctx.codec, &mut self.args);
+            let decoded = codec::decode(
+                &self.input.rbuf[run.len..],
+                &self.ctx.codec,
+                &mut self.input.args,
+            );
             let decoded = match decoded {
                 Ok(Some(d)) => d,
                 Ok(None) => {
-                    if self.rbuf.len() - run.len > self.ctx.max_query_buffer {
+                    if self.input.rbuf.len() - run.len > self.ctx.max_query_buffer {
                         self.flush_run(&mut run).await;
                         let e = ClientError::QueryBufferFull {
                             limit: self.ctx.max_query_buffer,
                         };
-                        self.local(error_reply(&ProxyError::Client(e)));
-                        self.closing = true;
+                        self.queue.local(error_reply(&ProxyError::Client(e)));
+                        self.input.closing = true;
                     }
                     break;
                 }
                 Err(e) => {
                     self.flush_run(&mut run).await;
-                    self.local(error_reply(&ProxyError::Client(e.into())));
-                    self.closing = true;
+                    self.queue.local(error_reply(&ProxyError::Client(e.into())));
+                    self.input.closing = true;
                     break;
                 }
             };
@@ -1239,13 +1325,14 @@ impl Session {
                 Decoded::Command { len } => {
                     let mut base = run.len;
                     let spec = {
-                        let frame = &self.rbuf[base..base + len];
-                        let arg = |i: usize| self.args.get(i).map(|r| &frame[r.clone()]);
+                        let frame = &self.input.rbuf[base..base + len];
+                        let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
                         arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
                     };
-                    let mut action = self.decide(&self.rbuf[base..base + len], spec, run.target);
+                    let mut action =
+                        self.decide(&self.input.rbuf[base..base + len], spec, run.target);
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
-                        && self.policy.has_shared_limits()
+                        && self.client.policy.has_shared_limits()
                     {
                         let command = spec.map_or("-", |s| s.name);
                         // Boxed: only policies with `backend: redis` limits get here.
@@ -1257,16 +1344,16 @@ impl Session {
                         Some(_) => u16::try_from(self.placed_slot.swap(NO_SLOT, Relaxed)).ok(),
                         None => None,
                     };
-                    if self.in_multi
+                    if self.conn.in_multi()
                         && slot.is_some()
                         && matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                     {
                         self.multi_slot = self.multi_slot.or(slot);
                     }
                     let joins = |effect: Effect| {
-                        self.reply_mode == ReplyMode::On
+                        self.client.reply_mode == ReplyMode::On
                             && effect.batchable()
-                            && !self.multi_deferred
+                            && !self.conn.multi_deferred()
                     };
                     let joining = match action {
                         Action::Forward {
@@ -1302,7 +1389,7 @@ impl Session {
                             }
                             if self.blocked(target, slot) {
                                 // Decided again once resumed.
-                                self.paused = true;
+                                self.input.paused = true;
                                 break;
                             }
                             let metrics = &self.ctx.ops.metrics;
@@ -1321,7 +1408,7 @@ impl Session {
                                 && !self.ensure_dedicated(false, node).await
                             {
                                 self.flush_run(&mut run).await;
-                                self.rbuf.advance(len);
+                                self.input.rbuf.advance(len);
                                 continue;
                             }
                             if let (Some(slot), Target::Shared(..), Some(spread)) =
@@ -1334,11 +1421,11 @@ impl Session {
                             }
                             match rewrite {
                                 None => {
-                                    run.push_plain(&self.rbuf[base..base + len], target);
+                                    run.push_plain(&self.input.rbuf[base..base + len], target);
                                     self.note_queued(effect, None);
                                 }
                                 Some(rewrite) => {
-                                    let (prefix, rest) = self.rbuf.split_at(base);
+                                    let (prefix, rest) = self.input.rbuf.split_at(base);
                                     let hint = rest.len() + rest.len() / 2;
                                     run.push_rewritten(
                                         prefix,
@@ -1370,15 +1457,15 @@ impl Session {
                             };
                             let closes = matches!(action, Action::LocalThenClose(_));
                             self.flush_run(&mut run).await;
-                            self.batch_name = spec;
+                            self.input.batch_name = spec;
                             self.batch_slot = slot;
-                            let before = self.rbuf.len();
+                            let before = self.input.rbuf.len();
                             // Boxed: the path for commands that cannot join a run (MULTI,
                             // SUBSCRIBE, refusals, local replies) carries the largest futures,
                             // which would otherwise sit in every session's state.
                             let done = Box::pin(self.execute(action, len)).await;
                             // Counted once dispatched: a paused command is decided again.
-                            if done || closes || self.rbuf.len() != before {
+                            if done || closes || self.input.rbuf.len() != before {
                                 let class = crate::metrics::class_of(spec);
                                 self.ctx.ops.metrics.command(class, outcome);
                             }
@@ -1394,8 +1481,8 @@ impl Session {
                     self.flush_run(&mut run).await;
                     let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
                     let mut resp = BytesMut::from(&codec::encode(&refs)[..]);
-                    resp.extend_from_slice(&self.rbuf[len..]);
-                    self.rbuf = resp;
+                    resp.extend_from_slice(&self.input.rbuf[len..]);
+                    self.input.rbuf = resp;
                 }
             }
         }
@@ -1412,7 +1499,7 @@ impl Session {
                 self.send_run(run).await;
             }
             // Segments answered with an error right away may now head the reply order.
-            self.flush_local_slots();
+            self.queue.flush_local_slots();
         }
     }
 
@@ -1420,7 +1507,7 @@ impl Session {
     async fn send_run(&mut self, mut run: Run) {
         let Some(target) = run.target else {
             // Only skipped empty requests: drop them.
-            self.rbuf.advance(run.len);
+            self.input.rbuf.advance(run.len);
             return;
         };
         let parts = match run.seq {
@@ -1432,16 +1519,16 @@ impl Session {
         };
         let bytes = match run.owned {
             Some(owned) => {
-                self.rbuf.advance(run.len);
+                self.input.rbuf.advance(run.len);
                 owned.freeze()
             }
-            None => self.rbuf.split_to(run.len).freeze(),
+            None => self.input.rbuf.split_to(run.len).freeze(),
         };
         let handling = Handling {
             mask: run.mask,
             ..Handling::default()
         };
-        self.batch_name = run.first;
+        self.input.batch_name = run.first;
         self.send_as(
             target,
             bytes,
@@ -1483,8 +1570,8 @@ impl Session {
         let seq = match parts {
             Some((seq, _)) => seq,
             None => {
-                let seq = self.next_seq;
-                self.next_seq = seq.wrapping_add(1);
+                let seq = self.queue.next_seq;
+                self.queue.next_seq = seq.wrapping_add(1);
                 seq
             }
         };
@@ -1513,7 +1600,7 @@ impl Session {
             }
             (Target::Dedicated(node), _, Some(transaction)) => Some(Box::new(Sent {
                 bytes: bytes.clone(),
-                proto: self.proto,
+                proto: self.client.proto,
                 node,
                 dedicated: true,
                 redirects: 0,
@@ -1533,12 +1620,14 @@ impl Session {
             bytes,
             expect,
             wait: handling.wait,
-            reply_to: self.reply_sender(),
+            reply_to: self.queue.reply_sender(),
             seq,
         };
         let sent = match target {
             Target::Shared(proto, node) => match &self.ctx.cluster {
-                None if node == 0 => enqueue(self.ctx.pool.shared(proto, self.id), batch).await,
+                None if node == 0 => {
+                    enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await
+                }
                 None => {
                     // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
                     let pool = match &self.ctx.replicas {
@@ -1550,7 +1639,7 @@ impl Session {
                         .metrics
                         .replica_reads
                         .inc_by(u64::from(commands));
-                    enqueue(pool.shared(proto, self.id), batch).await
+                    enqueue(pool.shared(proto, self.client.id), batch).await
                 }
                 Some(router) => {
                     if router.read_from() != crate::config::ReadFrom::Primary
@@ -1562,10 +1651,10 @@ impl Session {
                             .replica_reads
                             .inc_by(u64::from(commands));
                     }
-                    enqueue(router.pool(node).shared(proto, self.id), batch).await
+                    enqueue(router.pool(node).shared(proto, self.client.id), batch).await
                 }
             },
-            Target::Dedicated(_) => match &self.dedicated {
+            Target::Dedicated(_) => match &self.conn.dedicated {
                 Some(d) => enqueue(&d.tx, batch).await,
                 None => Err(mpsc::error::SendError(batch)),
             },
@@ -1574,22 +1663,22 @@ impl Session {
             Ok(()) => {
                 match parts {
                     Some((_, head)) => {
-                        if let Some(Slot::Upstream { sent, .. }) = self.slots.get_mut(head) {
+                        if let Some(Slot::Upstream { sent, .. }) = self.queue.slots.get_mut(head) {
                             *sent = kept;
                         }
                     }
-                    None => self.slots.push_back(Slot::Upstream {
+                    None => self.queue.slots.push_back(Slot::Upstream {
                         commands,
                         handling,
-                        read_at: self.read_at,
-                        name: self.batch_name,
+                        read_at: self.input.read_at,
+                        name: self.input.batch_name,
                         sent: kept,
                         seq,
                         parts: 1,
                     }),
                 }
-                self.inflight += commands as usize;
-                self.inflight_target = Some(target);
+                self.queue.inflight += commands as usize;
+                self.queue.inflight_target = Some(target);
             }
             Err(_) => {
                 if let (Some(spread), Some(sent)) = (&mut self.spread, &kept) {
@@ -1602,7 +1691,7 @@ impl Session {
                 if let Some((_, head)) = parts {
                     // Its segments already hold its place in the reply order.
                     let reply = error_reply(&e);
-                    for slot in self.slots.range_mut(head..) {
+                    for slot in self.queue.slots.range_mut(head..) {
                         if let Slot::Upstream {
                             commands, seq: s, ..
                         } = slot
@@ -1620,7 +1709,7 @@ impl Session {
                         None => commands,
                     };
                     for _ in 0..visible {
-                        self.local(reply.clone());
+                        self.queue.local(reply.clone());
                     }
                 }
             }
@@ -1635,21 +1724,24 @@ impl Session {
     /// have; a blocking command, followed to the new node; a WATCH, which may start over on
     /// another node if the map was stale (see `redirect_dedicated`).
     fn kept_dedicated(&self, frames: u32) -> Option<cluster::InTransaction> {
-        if self.in_multi {
-            (!self.upstream_auth && !self.connection_state).then_some(if self.watching {
-                cluster::InTransaction::Watched
-            } else {
-                cluster::InTransaction::Replayable
-            })
+        if self.conn.in_multi() {
+            (!self.conn.holds(Holds::OTHER_USER) && !self.conn.holds(Holds::CLIENT_MODE)).then_some(
+                if self.conn.holds(Holds::WATCH) {
+                    cluster::InTransaction::Watched
+                } else {
+                    cluster::InTransaction::Replayable
+                },
+            )
         } else {
-            (frames == 1 && (!self.pinned() || self.watching)).then_some(cluster::InTransaction::No)
+            (frames == 1 && (!self.pinned() || self.conn.holds(Holds::WATCH)))
+                .then_some(cluster::InTransaction::No)
         }
     }
 
     /// Carries out a non-batchable action for the command occupying the first `len` bytes of
     /// the read buffer. Returns `false` when processing must pause (nothing consumed).
     async fn execute(&mut self, action: Action, len: usize) -> bool {
-        let suppress = self.reply_mode != ReplyMode::On;
+        let suppress = self.client.reply_mode != ReplyMode::On;
         match action {
             Action::Forward {
                 target,
@@ -1667,47 +1759,49 @@ impl Session {
                     .await;
             }
             Action::Local(reply, effect) => {
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 if !suppress || effect == LocalEffect::ReplyMode(ReplyMode::On) {
-                    self.local(reply);
+                    self.queue.local(reply);
                 }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
+                if self.client.reply_mode == ReplyMode::Skip {
+                    self.client.reply_mode = ReplyMode::On;
                 }
                 match effect {
                     LocalEffect::None => {}
-                    LocalEffect::SetName(name) => self.name = name,
-                    LocalEffect::ReplyMode(mode) => self.reply_mode = mode,
+                    LocalEffect::SetName(name) => self.client.name = name,
+                    LocalEffect::ReplyMode(mode) => self.client.reply_mode = mode,
                     LocalEffect::Login(user) => self.login(Some(user)),
                     LocalEffect::DeferMulti => {
-                        self.in_multi = true;
-                        self.multi_deferred = true;
+                        self.conn.multi = Some(Transaction {
+                            deferred: true,
+                            ..Transaction::default()
+                        });
                     }
                     LocalEffect::EndMulti => self.apply(Effect::EndMulti),
                 }
             }
             Action::LocalThenClose(reply) => {
-                self.rbuf.advance(len);
-                self.local(reply);
-                self.closing = true;
+                self.input.rbuf.advance(len);
+                self.queue.local(reply);
+                self.input.closing = true;
                 return true;
             }
             Action::Silent(mode) => {
-                self.rbuf.advance(len);
-                if self.reply_mode != ReplyMode::Off || mode == ReplyMode::Off {
-                    self.reply_mode = mode;
+                self.input.rbuf.advance(len);
+                if self.client.reply_mode != ReplyMode::Off || mode == ReplyMode::Off {
+                    self.client.reply_mode = mode;
                 }
             }
             Action::Hello { proto, name, login } => {
                 if login.is_some() {
                     self.login(login);
                 }
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
                     Some(reply) if self.ctx.cluster.is_some() => {
-                        cluster::as_standalone(with_client_id(&reply, self.id))
+                        cluster::as_standalone(with_client_id(&reply, self.client.id))
                     }
-                    Some(reply) => with_client_id(&reply, self.id),
+                    Some(reply) => with_client_id(&reply, self.client.id),
                     None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr(),
                         reason: "no connection established yet".into(),
@@ -1715,67 +1809,69 @@ impl Session {
                 };
                 let ok = reply.first() != Some(&b'-');
                 if !suppress {
-                    self.local(reply);
+                    self.queue.local(reply);
                 }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
+                if self.client.reply_mode == ReplyMode::Skip {
+                    self.client.reply_mode = ReplyMode::On;
                 }
                 if ok {
-                    self.proto = proto;
+                    self.client.proto = proto;
                     if name.is_some() {
-                        self.name = name;
+                        self.client.name = name;
                     }
                 }
             }
             Action::Refused(reply) => {
-                self.rbuf.advance(len);
-                if self.in_multi {
-                    self.multi_refused = true;
+                self.input.rbuf.advance(len);
+                if self.conn.in_multi() {
+                    if let Some(multi) = &mut self.conn.multi {
+                        multi.refused = true;
+                    }
                 }
                 if !suppress {
-                    self.local(reply);
+                    self.queue.local(reply);
                 }
-                if self.reply_mode == ReplyMode::Skip {
-                    self.reply_mode = ReplyMode::On;
+                if self.client.reply_mode == ReplyMode::Skip {
+                    self.client.reply_mode = ReplyMode::On;
                 }
             }
             // Commands answered from several nodes (or, for sharded pub/sub, by the session):
             // every earlier command must have run first, on whichever node (a SCAN sees
             // earlier writes; split parts go out at once).
             Action::Fanout(_) | Action::Scan(_) | Action::Split(_) | Action::ShardPubSub(_)
-                if self.inflight > 0 =>
+                if self.queue.inflight > 0 =>
             {
-                self.paused = true;
+                self.input.paused = true;
                 return false;
             }
             Action::Fanout(fanout) => {
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 let reply = Box::pin(self.fanout(*fanout)).await;
                 self.answer_gathered(reply, suppress);
             }
             Action::Scan(scan) => {
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 let reply = Box::pin(self.scan(*scan)).await;
                 self.answer_gathered(reply, suppress);
             }
             Action::Split(split) => {
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 let reply = Box::pin(self.split(*split)).await;
                 self.answer_gathered(reply, suppress);
             }
             Action::ShardPubSub(command) => {
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 let reply = Box::pin(self.shard_command(*command)).await;
                 self.answer_gathered(reply, suppress);
             }
             Action::Reset => {
-                if self.inflight > 0 {
-                    self.paused = true;
+                if self.queue.inflight > 0 {
+                    self.input.paused = true;
                     return false;
                 }
-                self.rbuf.advance(len);
+                self.input.rbuf.advance(len);
                 self.reset();
-                self.local(Bytes::from_static(b"+RESET\r\n"));
+                self.queue.local(Bytes::from_static(b"+RESET\r\n"));
             }
         }
         true
@@ -1791,12 +1887,12 @@ impl Session {
         effect: Effect,
         rewrite: Option<crate::policy::ttl::Rewrite>,
     ) -> bool {
-        let suppress = self.reply_mode != ReplyMode::On;
+        let suppress = self.client.reply_mode != ReplyMode::On;
         let slot = self.batch_slot.take();
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
-            self.paused = true;
+            self.input.paused = true;
             return false;
         }
         if matches!(effect, Effect::Wait(_)) && !self.stateful() && self.ctx.cluster.is_none() {
@@ -1808,11 +1904,11 @@ impl Session {
                 // Then close, as Sentinel has Redis close the old primary's clients: a WAIT
                 // retried on this connection would otherwise seem to vouch for those writes,
                 // while on a new connection it covers only writes made there.
-                self.rbuf.advance(len);
-                self.local(error_reply(&ProxyError::Upstream(
+                self.input.rbuf.advance(len);
+                self.queue.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::PrimaryChanged,
                 )));
-                self.closing = true;
+                self.input.closing = true;
                 return true;
             }
         }
@@ -1821,10 +1917,10 @@ impl Session {
         if let Target::Dedicated(node) = target
             && !self.ensure_dedicated(raw, node).await
         {
-            self.rbuf.advance(len);
+            self.input.rbuf.advance(len);
             return true;
         }
-        let mut command = self.rbuf.split_to(len).freeze();
+        let mut command = self.input.rbuf.split_to(len).freeze();
         let mut replace = None;
         if effect == Effect::AbortExec {
             command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
@@ -1855,7 +1951,7 @@ impl Session {
                 command = all.freeze();
             }
         }
-        let bytes = if effect == Effect::Auth && self.proto == 3 {
+        let bytes = if effect == Effect::Auth && self.client.proto == 3 {
             // A connection opened without handshake speaks RESP2: after the client's AUTH,
             // switch it to the client's RESP3 (reply hidden).
             frames.push(false);
@@ -1873,8 +1969,10 @@ impl Session {
         };
         // What the transaction queues, before a deferred MULTI joins the frames.
         let queued = frames.contains(&false).then(|| frames.clone());
-        let bytes = if self.multi_deferred && matches!(target, Target::Dedicated(_)) {
-            self.multi_deferred = false;
+        let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
+            if let Some(multi) = &mut self.conn.multi {
+                multi.deferred = false;
+            }
             frames.insert(0, false);
             [Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"), bytes]
                 .concat()
@@ -1913,8 +2011,8 @@ impl Session {
         };
         self.send(target, bytes, expect, handling, hash_slots).await;
         self.apply(effect);
-        if self.reply_mode == ReplyMode::Skip {
-            self.reply_mode = ReplyMode::On;
+        if self.client.reply_mode == ReplyMode::Skip {
+            self.client.reply_mode = ReplyMode::On;
         }
         true
     }
@@ -1922,27 +2020,27 @@ impl Session {
     /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
     /// slot gets the error and `false` is returned.
     async fn ensure_dedicated(&mut self, raw: bool, node: u16) -> bool {
-        if let Some(d) = &self.dedicated {
-            if (raw || d.proto == self.proto) && !d.tx.is_closed() && d.node == node {
+        if let Some(d) = &self.conn.dedicated {
+            if (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node {
                 return true;
             }
             if self.pinned() {
-                self.local(error_reply(&ProxyError::Upstream(
+                self.queue.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::Unavailable {
                         addr: self.ctx.pool.addr(),
                         reason: "dedicated connection lost".into(),
                     },
                 )));
-                self.closing = true;
+                self.input.closing = true;
                 return true;
             }
-            self.dedicated = None;
+            self.conn.dedicated = None;
         }
         let push = PushTarget {
-            to: self.reply_sender(),
-            budget: self.push_budget(),
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
             budget_size: PUSH_BUDGET,
-            conn_id: self.dedicated_gen + 1,
+            conn_id: self.conn.dedicated_gen + 1,
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
@@ -1950,18 +2048,18 @@ impl Session {
             None => self.ctx.pool.clone(),
             Some(router) => router.pool(node),
         };
-        match Box::pin(pool.dedicated(self.proto, push, raw)).await {
+        match Box::pin(pool.dedicated(self.client.proto, push, raw)).await {
             Ok(tx) => {
-                self.dedicated_gen += 1;
-                self.dedicated = Some(Dedicated {
+                self.conn.dedicated_gen += 1;
+                self.conn.dedicated = Some(Dedicated {
                     tx,
-                    proto: if raw { 2 } else { self.proto },
+                    proto: if raw { 2 } else { self.client.proto },
                     node,
                 });
                 true
             }
             Err(e) => {
-                self.local(error_reply(&ProxyError::Upstream(e)));
+                self.queue.local(error_reply(&ProxyError::Upstream(e)));
                 false
             }
         }
@@ -1969,19 +2067,20 @@ impl Session {
 
     /// Records the frames of a command queued in the open MULTI (see `multi_mask`).
     fn note_queued(&mut self, effect: Effect, frames: Option<&[bool]>) {
-        if self.in_multi && !matches!(effect, Effect::EndMulti | Effect::AbortExec | Effect::Multi)
+        if let Some(multi) = &mut self.conn.multi
+            && !matches!(effect, Effect::EndMulti | Effect::AbortExec | Effect::Multi)
         {
             match frames {
-                Some(mask) => self.multi_mask.extend_from_slice(mask),
-                None => self.multi_mask.push(true),
+                Some(mask) => multi.mask.extend_from_slice(mask),
+                None => multi.mask.push(true),
             }
         }
     }
 
     /// The mask for EXEC's reply, when hidden commands were queued.
     fn exec_mask(&self, effect: Effect) -> Option<Vec<bool>> {
-        (effect == Effect::EndMulti && self.multi_mask.contains(&false))
-            .then(|| self.multi_mask.clone())
+        let mask = &self.conn.multi.as_ref()?.mask;
+        (effect == Effect::EndMulti && mask.contains(&false)).then(|| mask.clone())
     }
 
     /// Applies the state change of a dispatched command.
@@ -1993,56 +2092,46 @@ impl Session {
             | Effect::ClientInfo
             | Effect::Info => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
-            Effect::Multi => self.in_multi = true,
+            Effect::Multi => self.conn.multi = Some(Transaction::default()),
             Effect::EndMulti => {
-                self.in_multi = false;
-                self.multi_deferred = false;
-                self.multi_refused = false;
+                self.conn.multi = None;
                 self.multi_slot = None;
-                self.multi_mask.clear();
-                self.watching = false;
+                self.conn.held.remove(Holds::WATCH);
             }
-            Effect::Watch => self.watching = true,
-            Effect::Unwatch => self.watching = false,
-            Effect::Subscribe => self.subscribed = true,
-            Effect::Select(db) => self.db = db,
-            Effect::Auth => self.upstream_auth = true,
+            Effect::Watch => self.conn.held.insert(Holds::WATCH),
+            Effect::Unwatch => self.conn.held.remove(Holds::WATCH),
+            Effect::Subscribe => self.conn.held.insert(Holds::SUBSCRIPTIONS),
+            Effect::Select(db) => self.client.db = db,
+            Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
             Effect::AuthHello(proto) => {
-                self.upstream_auth = true;
+                self.conn.held.insert(Holds::OTHER_USER);
                 self.apply(Effect::Hello(proto));
             }
             Effect::Hello(proto) => {
-                self.proto = proto;
-                if let Some(d) = &mut self.dedicated {
+                self.client.proto = proto;
+                if let Some(d) = &mut self.conn.dedicated {
                     d.proto = proto;
                 }
             }
-            Effect::Monitor => self.monitor = true,
-            Effect::ConnectionState => self.connection_state = true,
+            Effect::Monitor => self.conn.held.insert(Holds::MONITOR),
+            Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
         }
     }
 
     /// RESET: back to a fresh connection's state; the dedicated connection is closed, which
     /// drops every subscription, transaction and watch on the upstream.
     fn reset(&mut self) {
-        self.dedicated = None;
+        self.conn.dedicated = None;
         self.shard_subs = None;
         self.login(None);
-        self.proto = 2;
-        self.db = 0;
-        self.name = None;
-        self.in_multi = false;
-        self.multi_deferred = false;
-        self.multi_refused = false;
+        self.client.proto = 2;
+        self.client.db = 0;
+        self.client.name = None;
+        self.conn.multi = None;
         self.multi_slot = None;
         self.tx_log = None;
-        self.multi_mask.clear();
-        self.watching = false;
-        self.subscribed = false;
-        self.monitor = false;
-        self.connection_state = false;
-        self.upstream_auth = false;
-        self.reply_mode = ReplyMode::On;
+        self.conn.held = Holds::default();
+        self.client.reply_mode = ReplyMode::On;
     }
 }
 

@@ -26,7 +26,7 @@ const HELP: &[&str] = &[
 impl Session {
     /// Answers a PROXY command.
     pub(super) fn proxy_command(&self, args: &Args<'_>) -> Bytes {
-        if !self.policy.access.is_admin(self.tenant) {
+        if !self.client.policy.access.is_admin(self.client.tenant) {
             return simple_error(
                 "NOPERM",
                 "PROXY commands are for admin tenants (access.admin_tenants)",
@@ -136,8 +136,8 @@ impl Session {
             m.clients.get(),
             self.ctx.pool.addr(),
             m.upstream_connections.get(),
-            self.policy.version(),
-            self.policy.rule_ids().count(),
+            self.client.policy.version(),
+            self.client.policy.rule_ids().count(),
         );
         let read_from = match (&self.ctx.cluster, &self.ctx.replicas) {
             (Some(router), _) => Some(router.read_from()),
@@ -165,7 +165,7 @@ impl Session {
 
     /// The running policy and its counters, one rule per line.
     fn policy_report(&self) -> String {
-        let mut s = format!("version: {}\n", self.policy.version());
+        let mut s = format!("version: {}\n", self.client.policy.version());
         for (id, counts) in self.rule_counts() {
             let _ = write!(s, "rule {id}:");
             for (outcome, n) in counts {
@@ -179,6 +179,7 @@ impl Session {
     /// Every rule with its counts over all tenants, in file order.
     fn rule_counts(&self) -> Vec<(String, Vec<(Outcome, u64)>)> {
         let mut rules: Vec<(String, Vec<(Outcome, u64)>)> = self
+            .client
             .policy
             .rule_ids()
             .map(|id| {
@@ -188,13 +189,15 @@ impl Session {
                 )
             })
             .collect();
-        self.policy.for_each_counter(|rule, _tenant, outcome, n| {
-            if let Some((_, counts)) = rules.iter_mut().find(|(id, _)| id == rule) {
-                if let Some(c) = counts.iter_mut().find(|(o, _)| *o == outcome) {
-                    c.1 += n;
+        self.client
+            .policy
+            .for_each_counter(|rule, _tenant, outcome, n| {
+                if let Some((_, counts)) = rules.iter_mut().find(|(id, _)| id == rule) {
+                    if let Some(c) = counts.iter_mut().find(|(o, _)| *o == outcome) {
+                        c.1 += n;
+                    }
                 }
-            }
-        });
+            });
         rules
     }
 }

@@ -31,7 +31,7 @@ impl Session {
         {
             return action;
         }
-        let Some(node) = replicas.pick(proto, self.id) else {
+        let Some(node) = replicas.pick(proto, self.client.id) else {
             return action;
         };
         let target = Target::Shared(proto, node);
@@ -51,14 +51,14 @@ impl Session {
         queued: Option<Target>,
         primary: Target,
     ) -> bool {
-        !self.in_multi
+        !self.conn.in_multi()
             && spec.is_some_and(|s| {
                 s.is_readonly()
                     && !s.is_blocking()
                     && !s.acl_categories.contains(AclCategories::SCRIPTING)
             })
             && rewrite.is_none_or(|r| r.after.is_empty())
-            && queued.or(self.inflight_target) != Some(primary)
+            && queued.or(self.queue.inflight_target) != Some(primary)
     }
 
     /// A batch sent to a replica whose connection failed (down before it was sent, or lost
@@ -93,7 +93,7 @@ impl Session {
             reply_to,
             seq: 0,
         };
-        if enqueue(self.ctx.pool.shared(sent.proto, self.id), batch)
+        if enqueue(self.ctx.pool.shared(sent.proto, self.client.id), batch)
             .await
             .is_err()
         {

@@ -67,13 +67,19 @@ impl Session {
                 fields.push(b' ');
             }
             match field.split(|&c| c == b'=').next().unwrap_or(b"") {
-                b"id" => fields.extend_from_slice(format!("id={}", self.id).as_bytes()),
-                b"addr" => fields.extend_from_slice(format!("addr={}", self.peer).as_bytes()),
-                b"laddr" => fields.extend_from_slice(format!("laddr={}", self.local).as_bytes()),
-                b"resp" => fields.extend_from_slice(format!("resp={}", self.proto).as_bytes()),
+                b"id" => fields.extend_from_slice(format!("id={}", self.client.id).as_bytes()),
+                b"addr" => {
+                    fields.extend_from_slice(format!("addr={}", self.client.peer).as_bytes())
+                }
+                b"laddr" => {
+                    fields.extend_from_slice(format!("laddr={}", self.client.local).as_bytes())
+                }
+                b"resp" => {
+                    fields.extend_from_slice(format!("resp={}", self.client.proto).as_bytes())
+                }
                 b"name" => {
                     fields.extend_from_slice(b"name=");
-                    fields.extend_from_slice(self.name.as_deref().unwrap_or(b""));
+                    fields.extend_from_slice(self.client.name.as_deref().unwrap_or(b""));
                 }
                 _ => fields.extend_from_slice(field),
             }

@@ -18,9 +18,9 @@ impl Session {
     ) -> Action {
         let args = Args {
             frame,
-            ranges: &self.args,
+            ranges: &self.input.args,
         };
-        if self.policy.access.require_auth && self.user.is_none() {
+        if self.client.policy.access.require_auth && self.client.user.is_none() {
             let kind = command::classify(args.get(0));
             if !matches!(kind, Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset) {
                 return Action::Refused(simple_error("NOAUTH", "Authentication required."));
@@ -31,13 +31,13 @@ impl Session {
             return Action::Local(self.proxy_command(&args), LocalEffect::None);
         }
         let mut rewrite = None;
-        if !self.policy.is_empty() {
+        if !self.client.policy.is_empty() {
             let client = Client {
-                id: self.id,
-                addr: self.peer.ip(),
-                tenant: self.tenant,
+                id: self.client.id,
+                addr: self.client.peer.ip(),
+                tenant: self.client.tenant,
             };
-            match self.policy.check_spec(&client, spec, &args) {
+            match self.client.policy.check_spec(&client, spec, &args) {
                 Verdict::Allow => {}
                 // Inside MULTI the refused command must still spoil the transaction, as a
                 // command Redis rejects at queue time does (see `Effect::AbortExec`).
@@ -54,7 +54,7 @@ impl Session {
                 },
                 Some(rewrite),
             ) if expect == Expect::Frames(1) || rewrite.strip.is_some() => {
-                if rewrite.strip.is_some() && self.in_multi {
+                if rewrite.strip.is_some() && self.conn.in_multi() {
                     // EXEC's reply would carry the unstripped names.
                     return Action::Refused(simple_error(
                         "NOPERM",
@@ -116,7 +116,7 @@ impl Session {
                 }
             }
             Kind::Multi => forward(self.dedicated_target(), Effect::Multi),
-            Kind::Exec if self.in_multi && self.multi_refused => {
+            Kind::Exec if self.conn.in_multi() && self.conn.multi_refused() => {
                 forward(self.dedicated_target(), Effect::AbortExec)
             }
             Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
@@ -135,7 +135,7 @@ impl Session {
                 }
             }
             Kind::Unsubscribe(sub) => {
-                let expect = match (args.len(), self.subscribed) {
+                let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
                     (1, true) => Expect::UnsubscribeAll(sub),
                     (1, false) => Expect::Frames(1),
                     (n, true) => Expect::Confirmations(n as u32 - 1),
@@ -155,14 +155,14 @@ impl Session {
                     3 => (args.get(1), args.get(2)),
                     _ => return forward(current, Effect::None),
                 };
-                if self.policy.access.has_users() {
+                if self.client.policy.access.has_users() {
                     // Proxy-side users: the proxy checks AUTH; upstream credentials are the
                     // pool's own.
-                    return match self
-                        .policy
-                        .access
-                        .authenticate_from(self.peer.ip(), user, pass)
-                    {
+                    return match self.client.policy.access.authenticate_from(
+                        self.client.peer.ip(),
+                        user,
+                        pass,
+                    ) {
                         Ok(()) => {
                             Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
                         }
@@ -172,7 +172,7 @@ impl Session {
                 let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
                 match &self.ctx.upstream_password {
                     Some(p)
-                        if !self.upstream_auth
+                        if !self.conn.holds(Holds::OTHER_USER)
                             && constant_time_eq(user, pool_user.as_bytes())
                             && constant_time_eq(pass, p.as_bytes()) =>
                     {
@@ -207,7 +207,7 @@ impl Session {
     /// How long a blocking command may keep its connection silent: its own timeout, except
     /// inside MULTI, where it is only queued (and EXEC never blocks).
     fn wait(&self, args: &Args<'_>) -> ReplyWait {
-        if self.in_multi {
+        if self.conn.in_multi() {
             return ReplyWait::Prompt;
         }
         let argv: Vec<&[u8]> = args.iter().collect();
@@ -215,7 +215,7 @@ impl Session {
     }
 
     fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
-        let mut proto = self.proto;
+        let mut proto = self.client.proto;
         let mut auth = false;
         let mut credentials = None;
         let mut name = None;
@@ -271,7 +271,10 @@ impl Session {
                 );
             }
         }
-        if credentials.is_none() && self.policy.access.require_auth && self.user.is_none() {
+        if credentials.is_none()
+            && self.client.policy.access.require_auth
+            && self.client.user.is_none()
+        {
             return Action::Local(
                 simple_error(
                     "NOAUTH",
@@ -283,12 +286,13 @@ impl Session {
             );
         }
         let mut login = None;
-        if let Some((user, pass)) = credentials.filter(|_| self.policy.access.has_users()) {
+        if let Some((user, pass)) = credentials.filter(|_| self.client.policy.access.has_users()) {
             // The proxy checks the credentials; the upstream never sees them.
-            if let Err(failure) = self
-                .policy
-                .access
-                .authenticate_from(self.peer.ip(), user, pass)
+            if let Err(failure) =
+                self.client
+                    .policy
+                    .access
+                    .authenticate_from(self.client.peer.ip(), user, pass)
             {
                 return Action::Local(auth_refusal(failure), LocalEffect::None);
             }
@@ -343,15 +347,16 @@ impl Session {
                 }
             }
             ClientSub::GetName if args.len() == 2 => Action::Local(
-                match &self.name {
+                match &self.client.name {
                     Some(n) => bulk(n),
-                    None => null(self.proto),
+                    None => null(self.client.proto),
                 },
                 LocalEffect::None,
             ),
-            ClientSub::Id if args.len() == 2 => {
-                Action::Local(Bytes::from(format!(":{}\r\n", self.id)), LocalEffect::None)
-            }
+            ClientSub::Id if args.len() == 2 => Action::Local(
+                Bytes::from(format!(":{}\r\n", self.client.id)),
+                LocalEffect::None,
+            ),
             ClientSub::Reply if args.len() == 3 => {
                 let mode = args.get(2);
                 if mode.eq_ignore_ascii_case(b"ON") {

@@ -38,9 +38,9 @@ impl Session {
         // The run's bytes leave the read buffer now: the next commands belong to others.
         match &mut current.owned {
             Some(_) => {}
-            None => current.owned = Some(BytesMut::from(&self.rbuf[..current.len])),
+            None => current.owned = Some(BytesMut::from(&self.input.rbuf[..current.len])),
         }
-        self.rbuf.advance(current.len);
+        self.input.rbuf.advance(current.len);
         current.len = 0;
         self.cut_segment(&mut current);
         self.parked_frames += current.frames as usize;
@@ -55,26 +55,26 @@ impl Session {
             return;
         }
         let seq = *run.seq.get_or_insert_with(|| {
-            let seq = self.next_seq;
-            self.next_seq = seq.wrapping_add(1);
+            let seq = self.queue.next_seq;
+            self.queue.next_seq = seq.wrapping_add(1);
             seq
         });
         let first = match run.head {
             Some(head) => {
-                if let Some(Slot::Upstream { parts, .. }) = self.slots.get_mut(head) {
+                if let Some(Slot::Upstream { parts, .. }) = self.queue.slots.get_mut(head) {
                     *parts += 1;
                 }
                 false
             }
             None => {
-                run.head = Some(self.slots.len());
+                run.head = Some(self.queue.slots.len());
                 true
             }
         };
-        self.slots.push_back(Slot::Upstream {
+        self.queue.slots.push_back(Slot::Upstream {
             commands,
             handling: Handling::default(),
-            read_at: self.read_at,
+            read_at: self.input.read_at,
             name: if first { run.first } else { None },
             sent: None,
             seq,
@@ -102,6 +102,7 @@ impl Session {
             seq,
             ..
         }) = self
+            .queue
             .slots
             .get_mut(at)
             .map(|s| std::mem::replace(s, Slot::Local(Bytes::new())))
@@ -110,7 +111,7 @@ impl Session {
         };
         let mut segments = Vec::with_capacity(usize::from(parts));
         segments.push((at, commands));
-        for (i, slot) in self.slots.iter().enumerate().skip(at + 1) {
+        for (i, slot) in self.queue.slots.iter().enumerate().skip(at + 1) {
             if segments.len() == usize::from(parts) {
                 break;
             }
@@ -123,9 +124,9 @@ impl Session {
             }
         }
         let total: u32 = segments.iter().map(|(_, n)| n).sum();
-        self.inflight -= total as usize;
-        if self.inflight == 0 {
-            self.inflight_target = None;
+        self.queue.inflight -= total as usize;
+        if self.queue.inflight == 0 {
+            self.queue.inflight_target = None;
         }
         if let (Some(spread), Some(sent)) = (&mut self.spread, &sent) {
             spread.answered(&sent.hash_slots);
@@ -148,9 +149,9 @@ impl Session {
                 }
                 reply = with_errors.freeze();
             }
-            self.slots[i] = Slot::Local(reply);
+            self.queue.slots[i] = Slot::Local(reply);
         }
-        self.flush_local_slots();
+        self.queue.flush_local_slots();
     }
 }
 

@@ -123,7 +123,7 @@ impl Session {
         let kind = command::classify(args.get(0));
         match kind {
             // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
-            Kind::Subscribe(SubKind::Shard) if !self.in_multi => {
+            Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() => {
                 let channels = self.upstream_channels(action, args)?;
                 let first = slot(channels.first()?);
                 if channels.iter().any(|c| slot(c) != first) {
@@ -134,7 +134,9 @@ impl Session {
                     slot: first,
                 })))
             }
-            Kind::Unsubscribe(SubKind::Shard) if self.shard_subs.is_some() && !self.in_multi => {
+            Kind::Unsubscribe(SubKind::Shard)
+                if self.shard_subs.is_some() && !self.conn.in_multi() =>
+            {
                 let channels = self.upstream_channels(action, args)?;
                 if channels
                     .first()
@@ -146,7 +148,12 @@ impl Session {
                     channels,
                 })))
             }
-            _ if self.shard_subs.is_none() || self.proto != 2 || self.subscribed => None,
+            _ if self.shard_subs.is_none()
+                || self.client.proto != 2
+                || self.conn.holds(Holds::SUBSCRIPTIONS) =>
+            {
+                None
+            }
             Kind::Subscribe(_) | Kind::Unsubscribe(_) | Kind::Quit | Kind::Reset => None,
             _ if args.get(0).eq_ignore_ascii_case(b"PING") && args.len() <= 2 => {
                 // Redis's PING reply in RESP2 subscribed mode.
@@ -211,7 +218,7 @@ impl Session {
                             }
                             let count = subs.channels.len();
                             out.extend_from_slice(&confirmation(
-                                self.proto,
+                                self.client.proto,
                                 "ssubscribe",
                                 Some(&c),
                                 count,
@@ -235,12 +242,17 @@ impl Session {
                     let all: Vec<Bytes> = subs.channels.drain().map(|(c, _)| c).collect();
                     subs.conns.clear();
                     if all.is_empty() {
-                        out.extend_from_slice(&confirmation(self.proto, "sunsubscribe", None, 0));
+                        out.extend_from_slice(&confirmation(
+                            self.client.proto,
+                            "sunsubscribe",
+                            None,
+                            0,
+                        ));
                     }
                     for (i, c) in all.iter().enumerate() {
                         let left = all.len() - 1 - i;
                         out.extend_from_slice(&confirmation(
-                            self.proto,
+                            self.client.proto,
                             "sunsubscribe",
                             Some(c),
                             left,
@@ -254,7 +266,7 @@ impl Session {
                         }
                         let count = subs.channels.len();
                         out.extend_from_slice(&confirmation(
-                            self.proto,
+                            self.client.proto,
                             "sunsubscribe",
                             Some(&c),
                             count,
@@ -425,7 +437,7 @@ impl Session {
                         } else {
                             subs.channels.remove(&c);
                             tracing::warn!(
-                                id = self.id,
+                                id = self.client.id,
                                 slot = s,
                                 reply = %String::from_utf8_lossy(&reply).trim_end(),
                                 "shard channel not subscribed again in time; the client is told it is gone"
@@ -439,9 +451,9 @@ impl Session {
         let held = self.shard_subs.as_ref().map_or(0, |s| s.channels.len());
         for (i, c) in failed.iter().enumerate() {
             let left = held + failed.len() - 1 - i;
-            let frame = confirmation(self.proto, "sunsubscribe", Some(c), left);
+            let frame = confirmation(self.client.proto, "sunsubscribe", Some(c), left);
             let frame = self.visible(frame);
-            self.out.push(frame);
+            self.queue.out.push(frame);
         }
         self.schedule_retry();
         self.tidy_shard_subs();
@@ -457,7 +469,7 @@ impl Session {
         if !due {
             return;
         }
-        let wake = self.reply_sender();
+        let wake = self.queue.reply_sender();
         if let Some(subs) = &mut self.shard_subs {
             subs.retry_scheduled = true;
         }
@@ -602,12 +614,15 @@ impl Session {
         subs.next_id += 1;
         let id = SHARD_CONN | subs.next_id;
         let push = PushTarget {
-            to: self.reply_sender(),
-            budget: self.push_budget(),
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
             budget_size: PUSH_BUDGET,
             conn_id: id,
         };
-        let tx = router.pool(node).dedicated(self.proto, push, false).await?;
+        let tx = router
+            .pool(node)
+            .dedicated(self.client.proto, push, false)
+            .await?;
         let subs = self.shard_subs.get_or_insert_with(Box::default);
         subs.conns.push(NodeConn {
             node,
@@ -651,14 +666,14 @@ impl Session {
 
     /// Gives back the push budget of a push that is not written to the client.
     fn return_permits(&self, permits: u32) {
-        if let Some(budget) = &self.push_budget {
+        if let Some(budget) = &self.queue.push_budget {
             budget.add_permits(permits as usize);
         }
     }
 
     /// A frame the proxy made, with the tenant's namespace removed from channel names.
     fn visible(&self, frame: Bytes) -> Bytes {
-        match self.policy.access.namespace(self.tenant) {
+        match self.client.policy.access.namespace(self.client.tenant) {
             Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
             None => frame,
         }

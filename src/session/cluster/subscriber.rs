@@ -20,18 +20,16 @@ impl Session {
             return;
         };
         let Some(old) = self
+            .conn
             .dedicated
             .as_ref()
-            .filter(|_| conn_id == self.dedicated_gen)
+            .filter(|_| conn_id == self.conn.dedicated_gen)
         else {
             return;
         };
-        let movable = self.subscribed
-            && !(self.in_multi
-                || self.watching
-                || self.monitor
-                || self.connection_state
-                || self.upstream_auth);
+        let movable = self.conn.holds(Holds::SUBSCRIPTIONS)
+            && !self.conn.in_multi()
+            && !self.conn.held.other_than(Holds::SUBSCRIPTIONS);
         if !movable {
             return;
         }
@@ -39,7 +37,7 @@ impl Session {
         let up = |n: u16| n != dead && router.pool(n).any_up();
         let snapshot = router.snapshot();
         let Some(node) = router
-            .home(self.id)
+            .home(self.client.id)
             .filter(|&n| up(n))
             .or_else(|| snapshot.primaries().iter().copied().find(|&n| up(n)))
         else {
@@ -47,10 +45,10 @@ impl Session {
         };
         drop(snapshot);
         let push = PushTarget {
-            to: self.reply_sender(),
-            budget: self.push_budget(),
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
             budget_size: PUSH_BUDGET,
-            conn_id: self.dedicated_gen + 1,
+            conn_id: self.conn.dedicated_gen + 1,
         };
         let Ok(tx) = router.pool(node).dedicated(proto, push, false).await else {
             return;
@@ -79,14 +77,14 @@ impl Session {
             }
         }
         tracing::info!(
-            id = self.id,
+            id = self.client.id,
             from = %router.addr(dead),
             to = %router.addr(node),
             channels = subs.channels.len(),
             patterns = subs.patterns.len(),
             "subscriber's node failed; subscribed again on another node"
         );
-        self.dedicated_gen += 1;
-        self.dedicated = Some(Dedicated { tx, proto, node });
+        self.conn.dedicated_gen += 1;
+        self.conn.dedicated = Some(Dedicated { tx, proto, node });
     }
 }
