@@ -8,6 +8,7 @@
 pub mod access;
 pub mod config;
 pub mod namespace;
+mod shared_limits;
 pub mod ttl;
 
 use std::collections::HashMap;

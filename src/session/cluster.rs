@@ -143,27 +143,44 @@ impl Session {
         args: &Args<'_>,
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
-    ) -> Action {
+    ) -> Decision {
         if let Some(answer) = self.shard_route(&action, args) {
-            return answer;
+            return answer.into();
         }
         let Some((target, effect, rewrite)) = action.forwarded() else {
-            return action;
+            return action.into();
         };
         if let Some(answer) = self.cluster_command(args, effect, rewrite) {
-            return answer;
+            return answer.into();
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
         let Ok(slot) = self.key_slot(args, rewritten) else {
             if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
                 if let Some(split) = split(router, args, rewrite) {
-                    return split;
+                    return split.into();
                 }
             }
-            return Action::Refused(crossslot());
+            return Action::Refused(crossslot()).into();
         };
-        self.placed_slot
-            .store(slot.map_or(NO_SLOT, u32::from), Relaxed);
+        Decision {
+            action: self.place_on_node(router, action, slot, spec, queued),
+            hash_slot: slot,
+        }
+    }
+
+    /// The node a forwarded command whose keys hash to `slot` (`None`: keyless) goes to, and
+    /// through which connection; or the refusal when the session's state forbids it.
+    fn place_on_node(
+        &self,
+        router: &Router,
+        action: Action,
+        slot: Option<u16>,
+        spec: Option<&'static CommandSpec>,
+        queued: Option<Target>,
+    ) -> Action {
+        let Some((target, _, rewrite)) = action.forwarded() else {
+            return action;
+        };
         let snapshot = router.snapshot();
         let node = match slot {
             Some(s) => snapshot.owner(s),

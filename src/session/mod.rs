@@ -24,8 +24,6 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -38,7 +36,7 @@ use crate::command::{self, ClientSub, Kind};
 use crate::commands::CommandSpec;
 use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
 use crate::metrics::CommandOutcome;
-use crate::policy::{Client, Outcome, Policy, Verdict};
+use crate::policy::{Client, Policy, Verdict};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -93,8 +91,6 @@ const READ_CHUNK: usize = 16 * 1024;
 /// `seq`, so a reply's `seq` names one batch. `max_inflight` (commands, at least one per
 /// batch) is capped to it in cluster mode.
 pub const SEQ_WINDOW: usize = 32 * 1024;
-/// `Session::placed_slot` when there is no hash slot.
-const NO_SLOT: u32 = u32::MAX;
 
 /// Which upstream connection a command goes to. The second field is the node (an index
 /// from the cluster router; for a standalone or Sentinel upstream 0 is the primary and 1… the
@@ -296,6 +292,25 @@ enum Action {
     },
 }
 
+/// What `decide` made of one command: the action, and in cluster mode the hash slot its keys
+/// hash to (`None`: keyless, or not a cluster), which orders it against the slot's other
+/// commands in flight (`spread`) and binds an open transaction to one slot.
+struct Decision {
+    /// What to do with the command.
+    action: Action,
+    /// The command's hash slot, found while placing it on a node.
+    hash_slot: Option<u16>,
+}
+
+impl From<Action> for Decision {
+    fn from(action: Action) -> Decision {
+        Decision {
+            action,
+            hash_slot: None,
+        }
+    }
+}
+
 /// Session state changed by a command the proxy answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LocalEffect {
@@ -423,10 +438,6 @@ struct Session {
     /// Cluster mode: the hash slots in flight and where (`None` standalone, which then keeps
     /// the one-target-at-a-time rule and pays nothing for it).
     spread: Option<Box<spread::Spread>>,
-    /// Cluster mode: the hash slot `place` found for the command being decided, taken by
-    /// `process` right after; an atomic (uncontended) because `decide` takes `&self` and the
-    /// session future must stay `Send`. `NO_SLOT`: keyless or not placed.
-    placed_slot: AtomicU32,
     /// Cluster mode: the hash slot of the command `execute` is carrying out, as
     /// `batch_name` is its name.
     batch_slot: Option<u16>,
@@ -651,7 +662,6 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             batch_name: None,
         },
         spread: ctx_cluster.then(Box::default),
-        placed_slot: AtomicU32::new(NO_SLOT),
         batch_slot: None,
         parked: Vec::new(),
         parked_frames: 0,
@@ -974,55 +984,22 @@ impl ReplyQueue {
 }
 
 impl Session {
-    /// Checks the Redis-counted rate limits for the command being decided, after every
-    /// synchronous rule passed; `Some(refusal)` when one is exceeded. Redis unreachable: the
-    /// limit is not applied (fail open, logged), as a limiter outage must not stop traffic.
-    async fn shared_limits(&mut self, command: &str) -> Option<Bytes> {
-        let policy = self.client.policy.clone();
+    /// The policy's Redis-counted rate limits for the command being decided, run on the
+    /// control connection of the upstream (any primary in cluster mode).
+    async fn shared_limits(&self, command: &str) -> Option<Bytes> {
         let client = Client {
             id: self.client.id,
             addr: self.client.peer.ip(),
             tenant: self.client.tenant,
         };
-        for check in policy.shared_limits(&client) {
-            let transport = match &self.ctx.cluster {
-                None => self.ctx.pool.control(),
-                Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
-            };
-            let limiter = match crate::ratelimit::redis::RedisLimiter::new(
-                transport,
-                check.prefix,
-                check.limit,
-            ) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(rule = %check.rule, error = %e, "shared rate limit not applied");
-                    continue;
-                }
-            };
-            match Box::pin(limiter.check(&check.key)).await {
-                Ok(crate::ratelimit::Decision::Allowed { .. }) => {}
-                Ok(crate::ratelimit::Decision::Limited { retry_after }) => {
-                    if check.audit {
-                        check.counters.add(client.tenant, Outcome::Audited);
-                        tracing::info!(rule = %check.rule, "policy audit: would rate-limit");
-                        continue;
-                    }
-                    check.counters.add(client.tenant, Outcome::RateLimited);
-                    policy.log_denial(check.rule, command, &client, Outcome::RateLimited);
-                    let text = crate::ratelimit::refusal(check.rule, &check.limit, retry_after);
-                    let text = match check.message {
-                        Some(m) => format!("{text}; {m}"),
-                        None => text,
-                    };
-                    return Some(simple_error("ERR", &text));
-                }
-                Err(e) => {
-                    tracing::warn!(rule = %check.rule, error = %e, "shared rate limit not applied");
-                }
-            }
-        }
-        None
+        let transport = || match &self.ctx.cluster {
+            None => self.ctx.pool.control(),
+            Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
+        };
+        let policy = self.client.policy.clone();
+        policy
+            .check_shared_limits(&client, command, transport)
+            .await
     }
 
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
@@ -1329,8 +1306,10 @@ impl Session {
                         let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
                         arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
                     };
-                    let mut action =
-                        self.decide(&self.input.rbuf[base..base + len], spec, run.target);
+                    let Decision {
+                        mut action,
+                        hash_slot: slot,
+                    } = self.decide(&self.input.rbuf[base..base + len], spec, run.target);
                     if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                         && self.client.policy.has_shared_limits()
                     {
@@ -1340,10 +1319,6 @@ impl Session {
                             action = Action::Refused(refusal);
                         }
                     }
-                    let slot = match self.spread {
-                        Some(_) => u16::try_from(self.placed_slot.swap(NO_SLOT, Relaxed)).ok(),
-                        None => None,
-                    };
                     if self.conn.in_multi()
                         && slot.is_some()
                         && matches!(action, Action::Forward { .. } | Action::Rewritten { .. })

@@ -15,7 +15,7 @@ impl Session {
         frame: &[u8],
         spec: Option<&'static crate::commands::CommandSpec>,
         queued: Option<Target>,
-    ) -> Action {
+    ) -> Decision {
         let args = Args {
             frame,
             ranges: &self.input.args,
@@ -23,12 +23,12 @@ impl Session {
         if self.client.policy.access.require_auth && self.client.user.is_none() {
             let kind = command::classify(args.get(0));
             if !matches!(kind, Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset) {
-                return Action::Refused(simple_error("NOAUTH", "Authentication required."));
+                return Action::Refused(simple_error("NOAUTH", "Authentication required.")).into();
             }
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
         if args.get(0).eq_ignore_ascii_case(b"PROXY") {
-            return Action::Local(self.proxy_command(&args), LocalEffect::None);
+            return Action::Local(self.proxy_command(&args), LocalEffect::None).into();
         }
         let mut rewrite = None;
         if !self.client.policy.is_empty() {
@@ -41,7 +41,7 @@ impl Session {
                 Verdict::Allow => {}
                 // Inside MULTI the refused command must still spoil the transaction, as a
                 // command Redis rejects at queue time does (see `Effect::AbortExec`).
-                Verdict::Refuse(reply) => return Action::Refused(reply),
+                Verdict::Refuse(reply) => return Action::Refused(reply).into(),
                 Verdict::Rewrite(rw) => rewrite = Some(rw),
             }
         }
@@ -59,7 +59,8 @@ impl Session {
                     return Action::Refused(simple_error(
                         "NOPERM",
                         "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
-                    ));
+                    ))
+                    .into();
                 }
                 Action::Rewritten {
                     target,
@@ -77,9 +78,9 @@ impl Session {
             (action, None) => action,
         };
         match (&self.ctx.cluster, &self.ctx.replicas) {
-            (None, None) => action,
+            (None, None) => action.into(),
             (Some(router), _) => self.place(router, action, &args, spec, queued),
-            (None, Some(replicas)) => self.place_read(replicas, action, spec, queued),
+            (None, Some(replicas)) => self.place_read(replicas, action, spec, queued).into(),
         }
     }
 
