@@ -172,8 +172,11 @@ pub async fn serve(
     };
     let ctx = Arc::new(Context {
         pool,
-        cluster,
-        replicas,
+        upstreams: match (cluster, config.upstream.mode.value) {
+            (Some(router), _) => crate::session::Upstreams::Cluster(router),
+            (None, UpstreamMode::Sentinel) => crate::session::Upstreams::Sentinel { replicas },
+            (None, _) => crate::session::Upstreams::Standalone,
+        },
         codec: CodecLimits {
             max_bulk_len: limits.max_bulk_len.value,
             max_multibulk_len: limits.max_multibulk_len.value,

@@ -181,6 +181,7 @@ impl Session {
         let Some((target, _, rewrite)) = action.forwarded() else {
             return action;
         };
+        let multi_slot = self.routing.cluster().and_then(|c| c.multi_slot);
         let snapshot = router.snapshot();
         let node = match slot {
             Some(s) => snapshot.owner(s),
@@ -206,7 +207,10 @@ impl Session {
                     // A slot with commands in flight (on its primary) is read there too: the
                     // read must see them, and elsewhere it would wait for them.
                     Some(s)
-                        if !self.spread.as_ref().is_some_and(|sp| sp.in_flight(s))
+                        if !self
+                            .routing
+                            .cluster()
+                            .is_some_and(|c| c.spread.in_flight(s))
                             && self
                                 .may_read_replica(router, spec, rewrite, queued, proto, node) =>
                     {
@@ -221,14 +225,14 @@ impl Session {
                 // otherwise): refused while queuing, so EXEC aborts and nothing runs.
                 _ if self.conn.in_multi()
                     && slot.is_some()
-                    && ![None, slot].contains(&self.multi_slot) =>
+                    && ![None, slot].contains(&multi_slot) =>
                 {
                     return Action::Refused(crossslot());
                 }
                 // The transaction's slot stays with the node holding the transaction even
                 // when the map says it moved: that node answers with a redirection, and EXEC
                 // replays the whole transaction on the new owner (`transaction`).
-                Some(d) if self.conn.in_multi() && slot.is_some() && slot == self.multi_slot => {
+                Some(d) if self.conn.in_multi() && slot.is_some() && slot == multi_slot => {
                     Target::Dedicated(d.node)
                 }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
@@ -428,7 +432,7 @@ impl Session {
     /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
     /// cursor; the reply's cursor is made composite again.
     pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return cluster_disabled();
         };
         // Ordered by address: stable across refreshes that keep the same primaries.
@@ -594,7 +598,7 @@ impl Session {
         if !may_redirect(data) {
             return false;
         }
-        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(seq)) else {
+        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(seq)) else {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
@@ -626,7 +630,7 @@ impl Session {
             return;
         };
         let seq = *seq;
-        let (Some(router), Some(sent)) = (self.ctx.cluster.as_ref(), self.sent_of(seq)) else {
+        let (Some(router), Some(sent)) = (self.routing.router(), self.sent_of(seq)) else {
             return;
         };
         if router.read_from() == ReadFrom::Primary || router.snapshot().is_primary(sent.node) {
@@ -668,7 +672,7 @@ impl Session {
             return false;
         };
         let seq = *seq;
-        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(seq)) else {
+        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(seq)) else {
             return false;
         };
         let origin = router.addr(sent.node);
@@ -810,7 +814,7 @@ impl Session {
     /// timeout, then gives up and the client gets the original error: no hang. `None` when
     /// the map did not change in time or the nodes failed again.
     async fn reroute_unsent(&self, seq: u16) -> Option<Bytes> {
-        let router = self.ctx.cluster.clone()?;
+        let router = self.routing.router().cloned()?;
         let sent = self.sent_of(seq)?;
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
@@ -1005,7 +1009,7 @@ impl Session {
 
     /// Sends the parts of a split multi-key command and joins their replies.
     pub(super) async fn split(&mut self, split: Split) -> Bytes {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return cluster_disabled();
         };
         let mut pending = Vec::with_capacity(split.batches.len());
@@ -1079,7 +1083,7 @@ impl Session {
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
     pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return cluster_disabled();
         };
         let primaries = router.snapshot().primaries().to_vec();

@@ -14,9 +14,13 @@ mod proxy_commands;
 mod replica_reads;
 mod replies;
 mod route;
+mod routing;
 mod scatter;
 mod shard_subs;
 mod spread;
+
+use routing::Routing;
+pub use routing::Upstreams;
 
 use replies::{apply_mask, filter_exec, with_client_id};
 
@@ -47,12 +51,8 @@ pub struct Context {
     /// Shared and dedicated upstream connections; in cluster mode, the pool of one primary,
     /// used for what is not about one node (HELLO replies, the rate limiter's connection).
     pub pool: Arc<Pool>,
-    /// The cluster router in cluster mode; `None` for a standalone upstream, whose commands
-    /// then take no cluster branch at all.
-    pub cluster: Option<Arc<crate::cluster::Router>>,
-    /// Sentinel mode with `read_from: replica`: the replicas reads may go to; `None`
-    /// otherwise, so other sessions take no replica branch at all.
-    pub replicas: Option<Arc<crate::upstream::replicas::Replicas>>,
+    /// The kind of upstream: standalone, Sentinel (with its replicas) or cluster (its router).
+    pub upstreams: Upstreams,
     /// Request framing limits.
     pub codec: CodecLimits,
     /// Unanswered commands per client before the proxy stops reading it.
@@ -435,29 +435,8 @@ struct Session {
     queue: ReplyQueue,
     /// Request bytes read and not yet dispatched, and whether to read more.
     input: Input,
-    /// Cluster mode: the hash slots in flight and where (`None` standalone, which then keeps
-    /// the one-target-at-a-time rule and pays nothing for it).
-    spread: Option<Box<spread::Spread>>,
-    /// Cluster mode: the hash slot of the command `execute` is carrying out, as
-    /// `batch_name` is its name.
-    batch_slot: Option<u16>,
-    /// Cluster mode: runs for other nodes, parked while a pipeline alternates between nodes
-    /// and sent with the current run (see `scatter`); always empty standalone.
-    parked: Vec<Run>,
-    /// Frames in `parked`, which count toward `max_inflight` like the current run's.
-    parked_frames: usize,
-    /// Cluster mode: the hash slot of the open MULTI's keyed commands, which must all share
-    /// it; the transaction stays on its node even if the map moves the slot meanwhile.
-    multi_slot: Option<u16>,
-    /// Cluster mode: the transaction open on the dedicated connection as its replies show
-    /// it, to replay it on another node if its slot moved (see `cluster::transaction`).
-    tx_log: Option<Box<cluster::TxLog>>,
-    /// The upstream's address epoch when the session started; a different epoch at WAIT time
-    /// means a Sentinel failover came after writes the WAIT would cover.
-    wait_epoch: u64,
-    /// Cluster mode: shard channels subscribed on any node and their per-node connections
-    /// (see `shard_subs`); `None` until the first SSUBSCRIBE, and always standalone.
-    shard_subs: Option<Box<shard_subs::ShardSubs>>,
+    /// The upstream mode and what only that mode keeps per session.
+    routing: Routing,
 }
 
 /// What the client negotiated and who it is: the connection's identity as Redis would see it.
@@ -635,8 +614,8 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let tenant = policy
         .access
         .tenant_of(stream.peer_addr().unwrap_or(unknown_peer).ip(), None);
-    let ctx_cluster = ctx.cluster.is_some();
     let mut s = Session {
+        routing: Routing::new(&ctx.upstreams, wait_epoch),
         client: ClientState {
             id,
             peer: stream.peer_addr().unwrap_or(unknown),
@@ -661,14 +640,6 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
             active: false,
             batch_name: None,
         },
-        spread: ctx_cluster.then(Box::default),
-        batch_slot: None,
-        parked: Vec::new(),
-        parked_frames: 0,
-        multi_slot: None,
-        tx_log: None,
-        wait_epoch,
-        shard_subs: None,
     };
     let (mut rd, mut wr) = stream.split();
     // The tick is waited on by a future kept across iterations: made anew in each `select!`,
@@ -708,29 +679,29 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
                 let Some(mut msg) = msg else { break };
                 s.input.active = true;
                 // Boxed: rare, and large enough to matter in every idle session's task.
-                if s.ctx.replicas.is_some() {
+                if s.routing.replicas().is_some() {
                     Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
                 }
-                let resent = s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                let resent = s.routing.is_cluster() && Box::pin(s.follow_redirects(&mut msg)).await;
                 if !resent {
                     s.on_reply(msg);
                 }
                 while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                    if s.ctx.replicas.is_some() {
+                    if s.routing.replicas().is_some() {
                         Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
                     }
                     let resent =
-                        s.ctx.cluster.is_some() && Box::pin(s.follow_redirects(&mut msg)).await;
+                        s.routing.is_cluster() && Box::pin(s.follow_redirects(&mut msg)).await;
                     if !resent {
                         s.on_reply(msg);
                     }
                 }
                 if s.queue.inflight == 0 {
                     s.input.paused = false;
-                    if let Some(spread) = &mut s.spread {
+                    if let Some(spread) = s.routing.spread_mut() {
                         spread.clear_wait();
                     }
-                } else if s.input.paused && s.spread.as_mut().is_some_and(|sp| sp.resumable()) {
+                } else if s.input.paused && s.routing.spread_mut().is_some_and(|sp| sp.resumable()) {
                     // Only the slot the paused command waits for had to be answered.
                     s.input.paused = false;
                 }
@@ -992,7 +963,7 @@ impl Session {
             addr: self.client.peer.ip(),
             tenant: self.client.tenant,
         };
-        let transport = || match &self.ctx.cluster {
+        let transport = || match self.routing.router() {
             None => self.ctx.pool.control(),
             Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
         };
@@ -1032,7 +1003,7 @@ impl Session {
         if self.queue.inflight != 0
             || !self.queue.slots.is_empty()
             || self.conn.dedicated.is_some()
-            || self.shard_subs.is_some()
+            || self.routing.shard_subs().is_some()
         {
             return false;
         }
@@ -1088,7 +1059,7 @@ impl Session {
                     return;
                 };
                 let at = at.unwrap_or(0);
-                if let (Some(spread), Some(sent)) = (&mut self.spread, &sent) {
+                if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
                     spread.answered(&sent.hash_slots);
                 }
                 // Where this reply's output starts: kept in its slot if earlier ones are due.
@@ -1097,7 +1068,7 @@ impl Session {
                 if self.queue.inflight == 0 {
                     self.queue.inflight_target = None;
                 }
-                if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
+                if let (Some(router), Some(_)) = (self.routing.router(), &error) {
                     // A node that failed may have been replaced (failover): learn it now
                     // rather than at the next periodic refresh.
                     router.refresh_soon();
@@ -1200,7 +1171,7 @@ impl Session {
     /// commands must run first, see `spread`); with a dedicated connection on either side,
     /// everything in flight, as standalone.
     fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
-        let Some(spread) = &mut self.spread else {
+        let Some(spread) = self.routing.spread_mut() else {
             return self
                 .queue
                 .inflight_target
@@ -1263,7 +1234,7 @@ impl Session {
         }
         let mut run = Run::default();
         while !self.input.closing {
-            if self.queue.inflight + self.parked_frames + run.frames as usize
+            if self.queue.inflight + self.routing.parked_frames() + run.frames as usize
                 >= self.ctx.max_inflight
             {
                 break;
@@ -1323,7 +1294,9 @@ impl Session {
                         && slot.is_some()
                         && matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
                     {
-                        self.multi_slot = self.multi_slot.or(slot);
+                        if let Some(c) = self.routing.cluster_mut() {
+                            c.multi_slot = c.multi_slot.or(slot);
+                        }
                     }
                     let joins = |effect: Effect| {
                         self.client.reply_mode == ReplyMode::On
@@ -1387,7 +1360,7 @@ impl Session {
                                 continue;
                             }
                             if let (Some(slot), Target::Shared(..), Some(spread)) =
-                                (slot, target, &mut self.spread)
+                                (slot, target, self.routing.spread_mut())
                             {
                                 // Counted from now: a later command for the slot must not
                                 // join another node's run.
@@ -1433,7 +1406,9 @@ impl Session {
                             let closes = matches!(action, Action::LocalThenClose(_));
                             self.flush_run(&mut run).await;
                             self.input.batch_name = spec;
-                            self.batch_slot = slot;
+                            if let Some(c) = self.routing.cluster_mut() {
+                                c.batch_slot = slot;
+                            }
                             let before = self.input.rbuf.len();
                             // Boxed: the path for commands that cannot join a run (MULTI,
                             // SUBSCRIBE, refusals, local replies) carries the largest futures,
@@ -1468,9 +1443,15 @@ impl Session {
     async fn flush_run(&mut self, run: &mut Run) {
         let run = std::mem::take(run);
         self.send_run(run).await;
-        if !self.parked.is_empty() {
-            self.parked_frames = 0;
-            for run in std::mem::take(&mut self.parked) {
+        let parked = match self.routing.cluster_mut() {
+            Some(c) if !c.parked.is_empty() => {
+                c.parked_frames = 0;
+                std::mem::take(&mut c.parked)
+            }
+            _ => Vec::new(),
+        };
+        if !parked.is_empty() {
+            for run in parked {
                 self.send_run(run).await;
             }
             // Segments answered with an error right away may now head the reply order.
@@ -1550,7 +1531,7 @@ impl Session {
                 seq
             }
         };
-        let cluster = self.ctx.cluster.is_some();
+        let cluster = self.routing.is_cluster();
         let dedicated_kept = match (target, expect) {
             (Target::Dedicated(_), Expect::Frames(frames)) if cluster => {
                 self.kept_dedicated(frames)
@@ -1585,7 +1566,7 @@ impl Session {
             })),
             _ => {
                 // Not tracked for redirections: nothing to keep counted either.
-                if let Some(spread) = &mut self.spread {
+                if let Some(spread) = self.routing.spread_mut() {
                     spread.answered(&hash_slots);
                 }
                 None
@@ -1599,13 +1580,13 @@ impl Session {
             seq,
         };
         let sent = match target {
-            Target::Shared(proto, node) => match &self.ctx.cluster {
+            Target::Shared(proto, node) => match self.routing.router() {
                 None if node == 0 => {
                     enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await
                 }
                 None => {
                     // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
-                    let pool = match &self.ctx.replicas {
+                    let pool = match self.routing.replicas() {
                         Some(replicas) => replicas.pool(node),
                         None => self.ctx.pool.clone(),
                     };
@@ -1656,7 +1637,7 @@ impl Session {
                 self.queue.inflight_target = Some(target);
             }
             Err(_) => {
-                if let (Some(spread), Some(sent)) = (&mut self.spread, &kept) {
+                if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &kept) {
                     spread.answered(&sent.hash_slots);
                 }
                 let e = ProxyError::Upstream(UpstreamError::Unavailable {
@@ -1773,7 +1754,7 @@ impl Session {
                 }
                 self.input.rbuf.advance(len);
                 let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
-                    Some(reply) if self.ctx.cluster.is_some() => {
+                    Some(reply) if self.routing.is_cluster() => {
                         cluster::as_standalone(with_client_id(&reply, self.client.id))
                     }
                     Some(reply) => with_client_id(&reply, self.client.id),
@@ -1863,19 +1844,21 @@ impl Session {
         rewrite: Option<crate::policy::ttl::Rewrite>,
     ) -> bool {
         let suppress = self.client.reply_mode != ReplyMode::On;
-        let slot = self.batch_slot.take();
+        let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
             self.input.paused = true;
             return false;
         }
-        if matches!(effect, Effect::Wait(_)) && !self.stateful() && self.ctx.cluster.is_none() {
+        if matches!(effect, Effect::Wait(_)) && !self.stateful() && !self.routing.is_cluster() {
             // WAIT runs on a connection opened now, to the current primary; if the primary
             // moved since the earlier writes it would cover, its count would vouch for writes
             // made on the previous one.
             let epoch = self.ctx.pool.epoch();
-            if epoch != self.wait_epoch {
+            if let Routing::Sentinel(sentinel) = &self.routing
+                && epoch != sentinel.wait_epoch
+            {
                 // Then close, as Sentinel has Redis close the old primary's clients: a WAIT
                 // retried on this connection would otherwise seem to vouch for those writes,
                 // while on a new connection it covers only writes made there.
@@ -1977,7 +1960,7 @@ impl Session {
             exec_mask,
             strip,
         };
-        let hash_slots = match (slot, target, &mut self.spread) {
+        let hash_slots = match (slot, target, self.routing.spread_mut()) {
             (Some(slot), Target::Shared(..), Some(spread)) => {
                 spread.sent(target, &[slot]);
                 vec![slot]
@@ -2019,7 +2002,7 @@ impl Session {
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
-        let pool = match &self.ctx.cluster {
+        let pool = match self.routing.router() {
             None => self.ctx.pool.clone(),
             Some(router) => router.pool(node),
         };
@@ -2070,7 +2053,9 @@ impl Session {
             Effect::Multi => self.conn.multi = Some(Transaction::default()),
             Effect::EndMulti => {
                 self.conn.multi = None;
-                self.multi_slot = None;
+                if let Some(c) = self.routing.cluster_mut() {
+                    c.multi_slot = None;
+                }
                 self.conn.held.remove(Holds::WATCH);
             }
             Effect::Watch => self.conn.held.insert(Holds::WATCH),
@@ -2097,14 +2082,16 @@ impl Session {
     /// drops every subscription, transaction and watch on the upstream.
     fn reset(&mut self) {
         self.conn.dedicated = None;
-        self.shard_subs = None;
         self.login(None);
         self.client.proto = 2;
         self.client.db = 0;
         self.client.name = None;
         self.conn.multi = None;
-        self.multi_slot = None;
-        self.tx_log = None;
+        if let Some(c) = self.routing.cluster_mut() {
+            c.shard_subs = None;
+            c.multi_slot = None;
+            c.tx_log = None;
+        }
         self.conn.held = Holds::default();
         self.client.reply_mode = ReplyMode::On;
     }
@@ -2125,8 +2112,7 @@ mod size_tests {
         let ops = crate::server::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
-            cluster: None,
-            replicas: None,
+            upstreams: Upstreams::Standalone,
             codec: CodecLimits::default(),
             max_inflight: 16,
             max_query_buffer: 1 << 20,

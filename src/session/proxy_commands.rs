@@ -139,7 +139,7 @@ impl Session {
             self.client.policy.version(),
             self.client.policy.rule_ids().count(),
         );
-        let read_from = match (&self.ctx.cluster, &self.ctx.replicas) {
+        let read_from = match (self.routing.router(), self.routing.replicas()) {
             (Some(router), _) => Some(router.read_from()),
             (None, Some(_)) => Some(crate::config::ReadFrom::Replica),
             (None, None) => None,

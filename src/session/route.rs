@@ -77,7 +77,7 @@ impl Session {
             )),
             (action, None) => action,
         };
-        match (&self.ctx.cluster, &self.ctx.replicas) {
+        match (self.routing.router(), self.routing.replicas()) {
             (None, None) => action.into(),
             (Some(router), _) => self.place(router, action, &args, spec, queued),
             (None, Some(replicas)) => self.place_read(replicas, action, spec, queued).into(),

@@ -18,7 +18,7 @@ use super::*;
 impl Session {
     /// Whether a command for `target` may leave the current run parked instead of sending it.
     pub(super) fn may_scatter(&self, run: &Run, target: Target, hidden: bool) -> bool {
-        self.spread.is_some()
+        self.routing.is_cluster()
             && !hidden
             && run.mask.is_none()
             && matches!(
@@ -29,11 +29,14 @@ impl Session {
 
     /// Parks the current run and makes the run for `target` current (parked before, or new).
     pub(super) fn switch_run(&mut self, run: &mut Run, target: Target) {
-        let next = match self.parked.iter().position(|r| r.target == Some(target)) {
-            Some(i) => self.parked.swap_remove(i),
+        let Some(c) = self.routing.cluster_mut() else {
+            return;
+        };
+        let next = match c.parked.iter().position(|r| r.target == Some(target)) {
+            Some(i) => c.parked.swap_remove(i),
             None => Run::default(),
         };
-        self.parked_frames -= next.frames as usize;
+        c.parked_frames -= next.frames as usize;
         let mut current = std::mem::replace(run, next);
         // The run's bytes leave the read buffer now: the next commands belong to others.
         match &mut current.owned {
@@ -43,8 +46,10 @@ impl Session {
         self.input.rbuf.advance(current.len);
         current.len = 0;
         self.cut_segment(&mut current);
-        self.parked_frames += current.frames as usize;
-        self.parked.push(current);
+        if let Some(c) = self.routing.cluster_mut() {
+            c.parked_frames += current.frames as usize;
+            c.parked.push(current);
+        }
     }
 
     /// Gives the run's commands not yet in a segment their reply position: a slot at the end
@@ -128,10 +133,10 @@ impl Session {
         if self.queue.inflight == 0 {
             self.queue.inflight_target = None;
         }
-        if let (Some(spread), Some(sent)) = (&mut self.spread, &sent) {
+        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
             spread.answered(&sent.hash_slots);
         }
-        if let (Some(router), Some(_)) = (&self.ctx.cluster, &error) {
+        if let (Some(router), Some(_)) = (self.routing.router(), &error) {
             router.refresh_soon();
         }
         self.observe(read_at, total, name);

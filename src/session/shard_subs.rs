@@ -117,7 +117,7 @@ impl Session {
     pub(super) fn shard_route(&self, action: &Action, args: &Args<'_>) -> Option<Action> {
         // Every cluster command passes here: without shard channels only SSUBSCRIBE matters,
         // and one comparison tells it.
-        if self.shard_subs.is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
+        if self.routing.shard_subs().is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
             return None;
         }
         let kind = command::classify(args.get(0));
@@ -135,7 +135,7 @@ impl Session {
                 })))
             }
             Kind::Unsubscribe(SubKind::Shard)
-                if self.shard_subs.is_some() && !self.conn.in_multi() =>
+                if self.routing.shard_subs().is_some() && !self.conn.in_multi() =>
             {
                 let channels = self.upstream_channels(action, args)?;
                 if channels
@@ -148,7 +148,7 @@ impl Session {
                     channels,
                 })))
             }
-            _ if self.shard_subs.is_none()
+            _ if self.routing.shard_subs().is_none()
                 || self.client.proto != 2
                 || self.conn.holds(Holds::SUBSCRIPTIONS) =>
             {
@@ -196,7 +196,7 @@ impl Session {
     /// Carries out a sharded pub/sub command; the reply is every confirmation, as Redis
     /// would give them.
     pub(super) async fn shard_command(&mut self, command: ShardCommand) -> Bytes {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return simple_error("ERR", "This instance has cluster support disabled");
         };
         let reply = match command {
@@ -207,7 +207,9 @@ impl Session {
                     .await
                 {
                     Ok(node) => {
-                        let subs = self.shard_subs.get_or_insert_with(Box::default);
+                        let Some(subs) = self.routing.shard_subs_or_new() else {
+                            return not_a_cluster();
+                        };
                         let mut out = BytesMut::new();
                         let mut stale = Vec::new();
                         for c in channels {
@@ -235,7 +237,9 @@ impl Session {
                 reply
             }
             ShardCommand::Unsubscribe { channels } => {
-                let subs = self.shard_subs.get_or_insert_with(Box::default);
+                let Some(subs) = self.routing.shard_subs_or_new() else {
+                    return not_a_cluster();
+                };
                 let mut out = BytesMut::new();
                 if channels.is_empty() {
                     // Every connection goes: closing it unsubscribes everything upstream.
@@ -302,8 +306,8 @@ impl Session {
                     _ => return false,
                 };
                 let tracked = channel.and_then(|c| {
-                    self.shard_subs
-                        .as_ref()
+                    self.routing
+                        .shard_subs()
                         .and_then(|s| s.channels.get_key_value(c))
                 });
                 match (kind, tracked) {
@@ -313,7 +317,7 @@ impl Session {
                     (Some(false), Some((c, _))) => {
                         let c = c.clone();
                         self.return_permits(*permits);
-                        if let Some(subs) = &mut self.shard_subs {
+                        if let Some(subs) = self.routing.shard_subs_mut() {
                             subs.channels.remove(&c);
                         }
                         vec![c]
@@ -328,7 +332,7 @@ impl Session {
                 }
             }
             Reply::PinnedClosed(RETRY_WAKE) => {
-                let Some(subs) = &mut self.shard_subs else {
+                let Some(subs) = self.routing.shard_subs_mut() else {
                     return true;
                 };
                 subs.retry_scheduled = false;
@@ -342,7 +346,7 @@ impl Session {
             }
             Reply::PinnedClosed(id) if *id & SHARD_CONN != 0 => {
                 let id = *id;
-                let Some(subs) = &mut self.shard_subs else {
+                let Some(subs) = self.routing.shard_subs_mut() else {
                     return true;
                 };
                 let Some(at) = subs.conns.iter().position(|c| c.id == id) else {
@@ -369,7 +373,7 @@ impl Session {
     /// `ShardSubs::orphans`); those may find more, hence the loop.
     async fn adopt_orphans(&mut self) {
         loop {
-            let orphans = match &mut self.shard_subs {
+            let orphans = match self.routing.shard_subs_mut() {
                 Some(subs) if !subs.orphans.is_empty() => std::mem::take(&mut subs.orphans),
                 _ => return,
             };
@@ -380,7 +384,7 @@ impl Session {
     /// Subscribes again channels Redis dropped, each slot's on its owner, trying for up to
     /// `resubscribe_timeout_ms` (see `resubscribe_until`).
     async fn resubscribe(&mut self, channels: Vec<Bytes>) {
-        let Some(router) = self.ctx.cluster.as_ref() else {
+        let Some(router) = self.routing.router() else {
             return;
         };
         let give_up = tokio::time::Instant::now() + router.resubscribe_timeout();
@@ -394,7 +398,7 @@ impl Session {
     /// holding the session; one past its deadline is announced to the client with the
     /// `sunsubscribe` Redis would have sent it.
     async fn resubscribe_until(&mut self, channels: Vec<(Bytes, tokio::time::Instant)>) {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return;
         };
         let mut by_slot: Vec<(u16, Vec<(Bytes, tokio::time::Instant)>)> = Vec::new();
@@ -421,7 +425,9 @@ impl Session {
                 router.refresh_soon();
                 Err(Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n"))
             };
-            let subs = self.shard_subs.get_or_insert_with(Box::default);
+            let Some(subs) = self.routing.shard_subs_or_new() else {
+                return;
+            };
             match attempt {
                 Ok(node) => {
                     for (c, _) in group {
@@ -448,7 +454,7 @@ impl Session {
                 }
             }
         }
-        let held = self.shard_subs.as_ref().map_or(0, |s| s.channels.len());
+        let held = self.routing.shard_subs().map_or(0, |s| s.channels.len());
         for (i, c) in failed.iter().enumerate() {
             let left = held + failed.len() - 1 - i;
             let frame = confirmation(self.client.proto, "sunsubscribe", Some(c), left);
@@ -463,14 +469,14 @@ impl Session {
     /// pending channels, unless a wake-up is already on its way.
     fn schedule_retry(&mut self) {
         let due = self
-            .shard_subs
-            .as_ref()
+            .routing
+            .shard_subs()
             .is_some_and(|s| !s.pending.is_empty() && !s.retry_scheduled);
         if !due {
             return;
         }
         let wake = self.queue.reply_sender();
-        if let Some(subs) = &mut self.shard_subs {
+        if let Some(subs) = self.routing.shard_subs_mut() {
             subs.retry_scheduled = true;
         }
         tokio::spawn(async move {
@@ -593,7 +599,7 @@ impl Session {
         let Some(channel) = crate::reply::element(frame, 1).filter(|_| dropped) else {
             return;
         };
-        if let Some(subs) = &mut self.shard_subs
+        if let Some(subs) = self.routing.shard_subs_mut()
             && let Some((c, _)) = subs.channels.remove_entry(channel)
         {
             subs.orphans.push(c);
@@ -606,7 +612,9 @@ impl Session {
         router: &Router,
         node: u16,
     ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
-        let subs = self.shard_subs.get_or_insert_with(Box::default);
+        let Some(subs) = self.routing.shard_subs_or_new() else {
+            return Err(not_a_cluster_upstream());
+        };
         subs.conns.retain(|c| !c.tx.is_closed());
         if let Some(c) = subs.conns.iter().find(|c| c.node == node) {
             return Ok(c.tx.clone());
@@ -623,7 +631,9 @@ impl Session {
             .pool(node)
             .dedicated(self.client.proto, push, false)
             .await?;
-        let subs = self.shard_subs.get_or_insert_with(Box::default);
+        let Some(subs) = self.routing.shard_subs_or_new() else {
+            return Err(not_a_cluster_upstream());
+        };
         subs.conns.push(NodeConn {
             node,
             tx: tx.clone(),
@@ -637,7 +647,7 @@ impl Session {
     /// dropped because the channel is no longer tracked. A connection left without channels
     /// is closed instead (by `tidy_shard_subs`), which unsubscribes it as well.
     fn unsubscribe_upstream(&self, node: u16, channel: &Bytes) {
-        let Some(subs) = &self.shard_subs else {
+        let Some(subs) = self.routing.shard_subs() else {
             return;
         };
         let Some(conn) = subs.conns.iter().find(|c| c.node == node) else {
@@ -656,10 +666,12 @@ impl Session {
     /// Closes connections that hold nothing, and forgets the whole state once no shard
     /// channel is left (the session is then as if it never subscribed).
     fn tidy_shard_subs(&mut self) {
-        if let Some(subs) = &mut self.shard_subs {
+        if let Some(c) = self.routing.cluster_mut()
+            && let Some(subs) = &mut c.shard_subs
+        {
             subs.prune();
             if subs.channels.is_empty() {
-                self.shard_subs = None;
+                c.shard_subs = None;
             }
         }
     }
@@ -682,6 +694,23 @@ impl Session {
 
 /// How long subscribing may take before giving up: twice the connect timeout (a refused
 /// connection or a map still naming a failed node is retried meanwhile), at least a second.
+/// The answer to a sharded pub/sub command outside cluster mode, which `shard_route` never
+/// lets through: an error rather than a reply the client would misread.
+fn not_a_cluster() -> Bytes {
+    simple_error(
+        "ERR",
+        "sharded pub/sub through the proxy needs a cluster upstream",
+    )
+}
+
+/// `not_a_cluster` for the connection to a node.
+fn not_a_cluster_upstream() -> UpstreamError {
+    UpstreamError::Unavailable {
+        addr: "cluster".into(),
+        reason: "no cluster upstream".into(),
+    }
+}
+
 fn resubscribe_within(router: &Router) -> Duration {
     router
         .connect_timeout()

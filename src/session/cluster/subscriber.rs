@@ -16,7 +16,7 @@ impl Session {
     /// (the old one's `PinnedClosed` is then ignored). Leaves the session to end as before
     /// when it holds other state or no node can take the subscriptions.
     pub(in crate::session) async fn move_subscriber(&mut self, conn_id: u64, subs: Subscriptions) {
-        let Some(router) = self.ctx.cluster.clone() else {
+        let Some(router) = self.routing.router().cloned() else {
             return;
         };
         let Some(old) = self

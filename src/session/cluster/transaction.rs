@@ -71,14 +71,19 @@ impl Session {
         let Reply::Batch { data, seq, .. } = msg else {
             return;
         };
-        let (Some(router), Some(sent)) = (self.ctx.cluster.clone(), self.sent_of(*seq)) else {
+        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(*seq))
+        else {
             return;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
         let mut frames = split_frames(data);
         let origin = router.addr(from);
-        let mut log = self.tx_log.take().unwrap_or_default();
+        let mut log = self
+            .routing
+            .cluster_mut()
+            .and_then(|c| c.tx_log.take())
+            .unwrap_or_default();
         let mut changed = false;
         for (command, frame) in commands.iter().zip(frames.iter_mut()) {
             match command_name(command, &self.ctx.codec) {
@@ -115,8 +120,10 @@ impl Session {
                 _ => {}
             }
         }
-        if log.open {
-            self.tx_log = Some(log);
+        if let Some(c) = self.routing.cluster_mut()
+            && log.open
+        {
+            c.tx_log = Some(log);
         }
         if changed {
             *data = frames.concat().into();

@@ -1,0 +1,155 @@
+//! The upstream mode a session routes through, and the per-session state only that mode
+//! needs. A standalone session holds nothing here (a zero-sized variant), a Sentinel one the
+//! primary's epoch and the replicas, a cluster one (boxed: one pointer in every other
+//! session) the slot bookkeeping, parked runs, the transaction log and shard channels.
+//! An enum rather than a trait object: nothing is boxed per call and the session future
+//! stays small.
+
+use std::sync::Arc;
+
+use super::{Run, cluster, shard_subs, spread};
+use crate::upstream::replicas::Replicas;
+
+/// Which kind of upstream the proxy fronts, shared by every session.
+pub enum Upstreams {
+    /// One Redis server.
+    Standalone,
+    /// A Sentinel-managed primary; with `read_from: replica`, the replicas reads may go to.
+    Sentinel {
+        /// `None` unless `read_from: replica`, so other sessions take no replica branch.
+        replicas: Option<Arc<Replicas>>,
+    },
+    /// A Redis Cluster, through its router (slot map, node pools).
+    Cluster(Arc<crate::cluster::Router>),
+}
+
+/// One session's routing state, by upstream mode.
+pub(super) enum Routing {
+    /// One Redis: every command goes to the pool's primary.
+    Standalone,
+    /// A Sentinel-managed primary (see `Sentinel`).
+    Sentinel(Sentinel),
+    /// A Redis Cluster (see `ClusterState`).
+    Cluster(Box<ClusterState>),
+}
+
+/// A Sentinel session's routing state.
+pub(super) struct Sentinel {
+    /// The replicas reads may go to (`read_from: replica`); `None` otherwise.
+    pub(super) replicas: Option<Arc<Replicas>>,
+    /// The upstream's address epoch when the session started; a different epoch at WAIT time
+    /// means a failover came after writes the WAIT would cover.
+    pub(super) wait_epoch: u64,
+}
+
+/// A cluster session's routing state.
+pub(super) struct ClusterState {
+    /// The slot map and the nodes' pools.
+    pub(super) router: Arc<crate::cluster::Router>,
+    /// The hash slots in flight and where, so a slot's commands run in order across nodes.
+    pub(super) spread: spread::Spread,
+    /// The hash slot of the command `execute` is carrying out, as `Input::batch_name` is its
+    /// name.
+    pub(super) batch_slot: Option<u16>,
+    /// Runs for other nodes, parked while a pipeline alternates between nodes and sent with
+    /// the current run (see `scatter`).
+    pub(super) parked: Vec<Run>,
+    /// Frames in `parked`, which count toward `max_inflight` like the current run's.
+    pub(super) parked_frames: usize,
+    /// The hash slot of the open MULTI's keyed commands, which must all share it; the
+    /// transaction stays on its node even if the map moves the slot meanwhile.
+    pub(super) multi_slot: Option<u16>,
+    /// The transaction open on the dedicated connection as its replies show it, to replay it
+    /// on another node if its slot moved (see `cluster::transaction`).
+    pub(super) tx_log: Option<Box<cluster::TxLog>>,
+    /// Shard channels subscribed on any node and their per-node connections (see
+    /// `shard_subs`); `None` until the first SSUBSCRIBE.
+    pub(super) shard_subs: Option<Box<shard_subs::ShardSubs>>,
+}
+
+impl Routing {
+    /// The routing state a new session starts with; `epoch` is the upstream's address epoch
+    /// now.
+    pub(super) fn new(upstreams: &Upstreams, epoch: u64) -> Routing {
+        match upstreams {
+            Upstreams::Standalone => Routing::Standalone,
+            Upstreams::Sentinel { replicas } => Routing::Sentinel(Sentinel {
+                replicas: replicas.clone(),
+                wait_epoch: epoch,
+            }),
+            Upstreams::Cluster(router) => Routing::Cluster(Box::new(ClusterState {
+                router: router.clone(),
+                spread: spread::Spread::default(),
+                batch_slot: None,
+                parked: Vec::new(),
+                parked_frames: 0,
+                multi_slot: None,
+                tx_log: None,
+                shard_subs: None,
+            })),
+        }
+    }
+
+    /// The cluster's router, in cluster mode.
+    pub(super) fn router(&self) -> Option<&Arc<crate::cluster::Router>> {
+        match self {
+            Routing::Cluster(c) => Some(&c.router),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a cluster session.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Routing::Cluster(_))
+    }
+
+    /// The Sentinel replicas reads may go to.
+    pub(super) fn replicas(&self) -> Option<&Arc<Replicas>> {
+        match self {
+            Routing::Sentinel(s) => s.replicas.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The cluster state, in cluster mode.
+    pub(super) fn cluster(&self) -> Option<&ClusterState> {
+        match self {
+            Routing::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The cluster state, in cluster mode.
+    pub(super) fn cluster_mut(&mut self) -> Option<&mut ClusterState> {
+        match self {
+            Routing::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The slot bookkeeping, in cluster mode.
+    pub(super) fn spread_mut(&mut self) -> Option<&mut spread::Spread> {
+        self.cluster_mut().map(|c| &mut c.spread)
+    }
+
+    /// Frames parked for other nodes (always 0 outside cluster mode).
+    pub(super) fn parked_frames(&self) -> usize {
+        self.cluster().map_or(0, |c| c.parked_frames)
+    }
+
+    /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
+    pub(super) fn shard_subs(&self) -> Option<&shard_subs::ShardSubs> {
+        self.cluster().and_then(|c| c.shard_subs.as_deref())
+    }
+
+    /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
+    pub(super) fn shard_subs_mut(&mut self) -> Option<&mut shard_subs::ShardSubs> {
+        self.cluster_mut().and_then(|c| c.shard_subs.as_deref_mut())
+    }
+
+    /// The shard subscriptions, created on first use; `None` outside cluster mode.
+    pub(super) fn shard_subs_or_new(&mut self) -> Option<&mut shard_subs::ShardSubs> {
+        self.cluster_mut()
+            .map(|c| &mut **c.shard_subs.get_or_insert_with(Box::default))
+    }
+}
