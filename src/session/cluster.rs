@@ -52,6 +52,20 @@ pub(super) enum Merge {
     Info,
 }
 
+/// A cluster command the session answers itself, after every earlier command has run:
+/// from several nodes (their replies gathered into one), or from its own state.
+pub(super) enum Gather {
+    /// A whole-keyspace command sent to every primary, the replies merged.
+    Fanout(Fanout),
+    /// A multi-key command split by slot, the parts' replies joined.
+    Split(Split),
+    /// One step of a SCAN over every primary.
+    Scan(Scan),
+    /// SSUBSCRIBE/SUNSUBSCRIBE, answered over the per-node pub/sub connections (see
+    /// `shard_subs`).
+    ShardPubSub(super::shard_subs::ShardCommand),
+}
+
 /// A whole-keyspace command to send to every primary.
 pub(super) struct Fanout {
     /// The command as it is sent (after the policy's rewrite).
@@ -122,6 +136,16 @@ struct NodeBatch {
 }
 
 impl Session {
+    /// Carries out a `Gather`: the one reply the client gets.
+    pub(super) async fn gather(&mut self, gather: Gather) -> Bytes {
+        match gather {
+            Gather::Fanout(fanout) => self.fanout(fanout).await,
+            Gather::Split(split) => self.split(split).await,
+            Gather::Scan(scan) => self.scan(scan).await,
+            Gather::ShardPubSub(command) => self.shard_command(command).await,
+        }
+    }
+
     /// Counts a redirection being followed in `rpp_upstream_redirections_total`.
     fn count_redirect(&self, redirect: &Redirect) {
         let metrics = &self.ctx.ops.metrics;
@@ -380,7 +404,7 @@ impl Session {
             Some(command) => command,
             None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
         };
-        Some(Action::Fanout(Box::new(Fanout {
+        Some(Action::Gather(Box::new(Gather::Fanout(Fanout {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
@@ -390,7 +414,7 @@ impl Session {
                 Effect::Wait(wait) => wait,
                 _ => ReplyWait::Prompt,
             },
-        })))
+        }))))
     }
 
     /// SCAN over every primary with a composite cursor (see [`Scan`]).
@@ -422,11 +446,11 @@ impl Session {
         let Some(cursor) = cursor else {
             return Action::Local(simple_error("ERR", "invalid cursor"), LocalEffect::None);
         };
-        Action::Scan(Box::new(Scan {
+        Action::Gather(Box::new(Gather::Scan(Scan {
             cursor,
             options: argv.into_iter().skip(2).collect(),
             strip: rewrite.and_then(|r| r.strip.clone()),
-        }))
+        })))
     }
 
     /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
@@ -571,7 +595,7 @@ impl Session {
         if self.sent_of(seq).is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }
-        Box::pin(self.reroute_replica_reads(msg)).await;
+        Box::pin(self.resend_failed_replica_reads(msg)).await;
         let unsent = matches!(
             msg,
             Reply::Batch { data, error: Some(e), .. }
@@ -612,49 +636,6 @@ impl Session {
             .await;
         *data = frames.concat().into();
         false
-    }
-
-    /// A batch sent to a replica whose connection failed (down before it was sent, or lost
-    /// with replies missing): it holds only reads (see `may_read_replica`), so the commands
-    /// without a reply are sent to their primaries at once, whether or not the replica ran
-    /// them. The client sees no error for a replica that dies. Leaves `msg` alone when that
-    /// is not the case or the primaries cannot answer either.
-    async fn reroute_replica_reads(&self, msg: &mut Reply) {
-        let Reply::Batch {
-            data,
-            missing,
-            error: Some(_),
-            seq,
-        } = msg
-        else {
-            return;
-        };
-        let seq = *seq;
-        let (Some(router), Some(sent)) = (self.routing.router(), self.sent_of(seq)) else {
-            return;
-        };
-        if router.read_from() == ReadFrom::Primary || router.snapshot().is_primary(sent.node) {
-            return;
-        }
-        let commands = split_commands(&sent.bytes, &self.ctx.codec);
-        let answered = commands.len().saturating_sub(*missing as usize);
-        let rest = &commands[answered..];
-        let Some(nodes) = rest
-            .iter()
-            .map(|c| node_of_command(router, c, &self.ctx.codec))
-            .collect::<Option<Vec<u16>>>()
-        else {
-            return;
-        };
-        let Some(replies) = self.send_routed(router, sent.proto, rest, &nodes).await else {
-            return;
-        };
-        *msg = Reply::Batch {
-            data: [&data[..], &replies[..]].concat().into(),
-            missing: 0,
-            error: None,
-            seq,
-        };
     }
 
     /// A blocking command answered MOVED, ASK or TRYAGAIN on the dedicated connection: sent
@@ -839,7 +820,7 @@ impl Session {
 
     /// Sends `commands[i]` to `nodes[i]`, consecutive commands for one node as one batch, in
     /// order, following redirections; the replies concatenated, or `None` if a node is down.
-    async fn send_routed(
+    pub(super) async fn send_routed(
         &self,
         router: &Router,
         proto: u8,
@@ -1257,11 +1238,11 @@ fn split(
         batches[b].bytes.extend_from_slice(hidden);
         batches[b].hidden += 1;
     }
-    Some(Action::Split(Box::new(Split {
+    Some(Action::Gather(Box::new(Gather::Split(Split {
         batches,
         join,
         keys: (argv.len() - 1) / step,
-    })))
+    }))))
 }
 
 /// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
@@ -1282,7 +1263,11 @@ pub(super) fn as_standalone(hello: Bytes) -> Bytes {
 }
 
 /// The node owning the keys of one encoded command (a primary for a keyless one).
-fn node_of_command(router: &Router, command: &[u8], limits: &CodecLimits) -> Option<u16> {
+pub(super) fn node_of_command(
+    router: &Router,
+    command: &[u8],
+    limits: &CodecLimits,
+) -> Option<u16> {
     let mut ranges = Vec::new();
     match codec::decode(command, limits, &mut ranges) {
         Ok(Some(Decoded::Command { .. })) => {

@@ -274,15 +274,9 @@ enum Action {
         effect: Effect,
         rewrite: crate::policy::ttl::Rewrite,
     },
-    /// Cluster mode: a whole-keyspace command sent to every primary, the replies merged.
-    Fanout(Box<cluster::Fanout>),
-    /// Cluster mode: a multi-key command split by slot, the parts' replies joined.
-    Split(Box<cluster::Split>),
-    /// Cluster mode: one step of a SCAN over every primary.
-    Scan(Box<cluster::Scan>),
-    /// Cluster mode: SSUBSCRIBE/SUNSUBSCRIBE, answered by the session over its per-node
-    /// pub/sub connections (see `shard_subs`).
-    ShardPubSub(Box<shard_subs::ShardCommand>),
+    /// Cluster mode: a command answered from several nodes, or by the session itself (see
+    /// `cluster::Gather`).
+    Gather(Box<cluster::Gather>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -1794,30 +1788,13 @@ impl Session {
             // Commands answered from several nodes (or, for sharded pub/sub, by the session):
             // every earlier command must have run first, on whichever node (a SCAN sees
             // earlier writes; split parts go out at once).
-            Action::Fanout(_) | Action::Scan(_) | Action::Split(_) | Action::ShardPubSub(_)
-                if self.queue.inflight > 0 =>
-            {
+            Action::Gather(_) if self.queue.inflight > 0 => {
                 self.input.paused = true;
                 return false;
             }
-            Action::Fanout(fanout) => {
+            Action::Gather(gather) => {
                 self.input.rbuf.advance(len);
-                let reply = Box::pin(self.fanout(*fanout)).await;
-                self.answer_gathered(reply, suppress);
-            }
-            Action::Scan(scan) => {
-                self.input.rbuf.advance(len);
-                let reply = Box::pin(self.scan(*scan)).await;
-                self.answer_gathered(reply, suppress);
-            }
-            Action::Split(split) => {
-                self.input.rbuf.advance(len);
-                let reply = Box::pin(self.split(*split)).await;
-                self.answer_gathered(reply, suppress);
-            }
-            Action::ShardPubSub(command) => {
-                self.input.rbuf.advance(len);
-                let reply = Box::pin(self.shard_command(*command)).await;
+                let reply = Box::pin(self.gather(*gather)).await;
                 self.answer_gathered(reply, suppress);
             }
             Action::Reset => {

@@ -62,10 +62,12 @@ impl Session {
     }
 
     /// A batch sent to a replica whose connection failed (down before it was sent, or lost
-    /// with replies missing) holds only reads: the commands without a reply are sent to the
-    /// primary at once, whether or not the replica ran them, and the client sees no error.
-    /// Leaves `msg` alone for any other reply, or when the primary cannot answer either
-    /// (the client then gets the replica's error, as for any upstream failure).
+    /// with replies missing) holds only reads (see `replica_may_serve`): the commands without
+    /// a reply are sent to their primary at once, whether or not the replica ran them, and
+    /// the client sees no error for a replica that dies. Sentinel and cluster mode alike; only
+    /// where "the primary" is differs (`to_primaries`). Leaves `msg` alone for any other
+    /// reply, or when the primary cannot answer either (the client then gets the replica's
+    /// error, as for any upstream failure).
     pub(super) async fn resend_failed_replica_reads(&self, msg: &mut Reply) {
         let Reply::Batch {
             data,
@@ -79,70 +81,62 @@ impl Session {
         let Some(sent) = self.sent_of(*seq) else {
             return;
         };
-        if sent.dedicated || sent.node == 0 || *missing == 0 {
+        if sent.dedicated || *missing == 0 || !self.is_replica(sent.node) {
             return;
         }
-        let Some(rest) = unanswered(&sent.bytes, *missing, &self.ctx.codec) else {
+        let commands = split_commands(&sent.bytes, &self.ctx.codec);
+        let Some(first) = commands.len().checked_sub(*missing as usize) else {
             return;
         };
+        let Some(replies) = self.to_primaries(sent.proto, &commands[first..]).await else {
+            return;
+        };
+        *msg = Reply::Batch {
+            data: [&data[..], &replies[..]].concat().into(),
+            missing: 0,
+            error: None,
+            seq: *seq,
+        };
+    }
+
+    /// Whether `node` (of a shared batch) is a replica.
+    fn is_replica(&self, node: u16) -> bool {
+        match &self.routing {
+            Routing::Cluster(c) => {
+                c.router.read_from() != crate::config::ReadFrom::Primary
+                    && !c.router.snapshot().is_primary(node)
+            }
+            // Node 0 is the primary, 1… the Sentinel replicas.
+            _ => node != 0,
+        }
+    }
+
+    /// Sends `commands` to their primary (in cluster mode, each to its slot's) and returns
+    /// their replies, in order; `None` when any of them got no reply.
+    async fn to_primaries(&self, proto: u8, commands: &[Bytes]) -> Option<Bytes> {
+        if let Some(router) = self.routing.router() {
+            let nodes = commands
+                .iter()
+                .map(|c| cluster::node_of_command(router, c, &self.ctx.codec))
+                .collect::<Option<Vec<u16>>>()?;
+            return self.send_routed(router, proto, commands, &nodes).await;
+        }
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         let batch = Batch {
-            bytes: rest,
-            expect: Expect::Frames(*missing),
+            bytes: commands.concat().into(),
+            expect: Expect::Frames(commands.len() as u32),
             wait: ReplyWait::Prompt,
             reply_to,
             seq: 0,
         };
-        if enqueue(self.ctx.pool.shared(sent.proto, self.client.id), batch)
+        enqueue(self.ctx.pool.shared(proto, self.client.id), batch)
             .await
-            .is_err()
-        {
-            return;
+            .ok()?;
+        match rx.recv().await {
+            Some(Reply::Batch {
+                data, error: None, ..
+            }) => Some(data),
+            _ => None,
         }
-        if let Some(Reply::Batch {
-            data: replies,
-            error: None,
-            ..
-        }) = rx.recv().await
-        {
-            *msg = Reply::Batch {
-                data: [&data[..], &replies[..]].concat().into(),
-                missing: 0,
-                error: None,
-                seq: *seq,
-            };
-        }
-    }
-}
-
-/// The last `missing` commands of a batch's bytes; `None` when the batch holds fewer.
-fn unanswered(bytes: &Bytes, missing: u32, limits: &CodecLimits) -> Option<Bytes> {
-    let commands = split_commands(bytes, limits);
-    let first = commands.len().checked_sub(missing as usize)?;
-    // A slice of `bytes`: its offset there is where the unanswered tail starts.
-    let start = commands.get(first)?.as_ptr() as usize - bytes.as_ptr() as usize;
-    Some(bytes.slice(start..))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_unanswered_tail_of_a_batch() {
-        let bytes = Bytes::from_static(
-            b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n\r\nGET b\r\n*2\r\n$3\r\nGET\r\n$1\r\nc\r\n",
-        );
-        let limits = CodecLimits::default();
-        assert_eq!(
-            unanswered(&bytes, 1, &limits).unwrap(),
-            &b"*2\r\n$3\r\nGET\r\n$1\r\nc\r\n"[..]
-        );
-        assert_eq!(
-            unanswered(&bytes, 2, &limits).unwrap(),
-            &b"GET b\r\n*2\r\n$3\r\nGET\r\n$1\r\nc\r\n"[..]
-        );
-        assert_eq!(unanswered(&bytes, 3, &limits).unwrap(), bytes);
-        assert!(unanswered(&bytes, 4, &limits).is_none());
     }
 }

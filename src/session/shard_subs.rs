@@ -129,10 +129,12 @@ impl Session {
                 if channels.iter().any(|c| slot(c) != first) {
                     return Some(Action::Refused(crossslot()));
                 }
-                Some(Action::ShardPubSub(Box::new(ShardCommand::Subscribe {
-                    channels,
-                    slot: first,
-                })))
+                Some(Action::Gather(Box::new(
+                    super::cluster::Gather::ShardPubSub(ShardCommand::Subscribe {
+                        channels,
+                        slot: first,
+                    }),
+                )))
             }
             Kind::Unsubscribe(SubKind::Shard)
                 if self.routing.shard_subs().is_some() && !self.conn.in_multi() =>
@@ -144,9 +146,9 @@ impl Session {
                 {
                     return Some(Action::Refused(crossslot()));
                 }
-                Some(Action::ShardPubSub(Box::new(ShardCommand::Unsubscribe {
-                    channels,
-                })))
+                Some(Action::Gather(Box::new(
+                    super::cluster::Gather::ShardPubSub(ShardCommand::Unsubscribe { channels }),
+                )))
             }
             _ if self.routing.shard_subs().is_none()
                 || self.client.proto != 2
