@@ -601,40 +601,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
     // The idle tick is read through its own handle: `s` is borrowed mutably by the handlers.
     let ticks = ctx.clone();
-    let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-    let policy = ctx.policy.load_full();
-    let wait_epoch = ctx.pool.epoch();
-    let unknown_peer = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-    let tenant = policy
-        .access
-        .tenant_of(stream.peer_addr().unwrap_or(unknown_peer).ip(), None);
-    let mut s = Session {
-        routing: Routing::new(&ctx.upstreams, wait_epoch),
-        client: ClientState {
-            id,
-            peer: stream.peer_addr().unwrap_or(unknown),
-            local: stream.local_addr().unwrap_or(unknown),
-            policy,
-            user: None,
-            tenant,
-            proto: 2,
-            db: 0,
-            name: None,
-            reply_mode: ReplyMode::On,
-        },
-        ctx,
-        conn: ConnState::default(),
-        queue: ReplyQueue::default(),
-        input: Input {
-            rbuf: BytesMut::new(),
-            args: Vec::new(),
-            read_at: Instant::now(),
-            closing: false,
-            paused: false,
-            active: false,
-            batch_name: None,
-        },
-    };
+    let mut s = Session::new(&stream, ctx, id);
     let (mut rd, mut wr) = stream.split();
     // The tick is waited on by a future kept across iterations: made anew in each `select!`,
     // it would join and leave the notifier's waiter list (a lock each time) on every
@@ -643,22 +610,10 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
     tokio::pin!(tick);
     // A `Notified` sees every `notify_waiters` after its creation; one before it set the flag
     // first, so looking at the flag now leaves no gap.
-    if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
-        s.input.closing = true;
-    }
+    s.note_stopping(&ticks);
     loop {
-        if !s.queue.out.is_empty() {
-            let bytes: usize = s.queue.out.iter().map(Bytes::len).sum();
-            if write_all(&mut wr, &mut s.queue.out).await.is_err() {
-                break;
-            }
-            s.ctx.ops.metrics.bytes_out.inc_by(bytes as u64);
-            if s.queue.out_permits > 0 {
-                if let Some(budget) = &s.queue.push_budget {
-                    budget.add_permits(s.queue.out_permits as usize);
-                }
-                s.queue.out_permits = 0;
-            }
+        if !s.queue.out.is_empty() && !s.write_out(&mut wr).await {
+            break;
         }
         if s.input.closing && s.queue.inflight == 0 && s.queue.slots.is_empty() {
             break;
@@ -670,94 +625,180 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
         tokio::select! {
             biased;
             msg = recv(&mut reply_rx) => {
-                let Some(mut msg) = msg else { break };
-                s.input.active = true;
-                // Boxed: rare, and large enough to matter in every idle session's task.
-                if s.routing.replicas().is_some() {
-                    Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
-                }
-                let resent = s.routing.is_cluster() && Box::pin(s.follow_redirects(&mut msg)).await;
-                if !resent {
-                    s.on_reply(msg);
-                }
-                while let Some(mut msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                    if s.routing.replicas().is_some() {
-                        Box::pin(s.resend_failed_replica_reads(&mut msg)).await;
-                    }
-                    let resent =
-                        s.routing.is_cluster() && Box::pin(s.follow_redirects(&mut msg)).await;
-                    if !resent {
-                        s.on_reply(msg);
-                    }
-                }
-                if s.queue.inflight == 0 {
-                    s.input.paused = false;
-                    if let Some(spread) = s.routing.spread_mut() {
-                        spread.clear_wait();
-                    }
-                } else if s.input.paused && s.routing.spread_mut().is_some_and(|sp| sp.resumable()) {
-                    // Only the slot the paused command waits for had to be answered.
-                    s.input.paused = false;
-                }
-                if !s.input.paused && !s.input.rbuf.is_empty() && s.queue.inflight < s.ctx.max_inflight {
-                    Box::pin(s.process()).await;
-                }
+                let Some(msg) = msg else { break };
+                s.on_messages(msg, &mut reply_rx).await;
             }
             // Wait for readability before touching the buffer: an idle client holds no read
             // buffer at all (see `release_idle`).
-            ready = rd.readable(), if can_read => {
-                if ready.is_err() {
-                    s.input.closing = true;
-                    continue;
-                }
-                if s.input.rbuf.capacity() - s.input.rbuf.len() < READ_CHUNK / 4 {
-                    s.input.rbuf.reserve(READ_CHUNK);
-                }
-                let r = match read_now(&mut rd, &mut s.input.rbuf).await {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        // Readiness can be stale (edge-triggered events already consumed by
-                        // an earlier read): a client that never sent anything must not keep
-                        // the buffer just reserved for it.
-                        if !s.input.active && s.input.rbuf.is_empty() {
-                            s.input.rbuf = BytesMut::new();
-                        }
-                        continue;
-                    }
-                    r => r,
-                };
-                match r {
-                Ok(0) | Err(_) => {
-                    // Half-closed: answer what was already sent, then close. A blocked
-                    // command would never answer; like Redis dropping a client on EOF, close
-                    // its dedicated connection, which unblocks it upstream.
-                    s.input.closing = true;
-                    if s.queue.slots.iter().any(|slot| matches!(slot, Slot::Upstream { handling, .. } if handling.blocking)) {
-                        s.conn.dedicated = None;
-                    }
-                }
-                Ok(n) => {
-                    s.input.read_at = Instant::now();
-                    s.input.active = true;
-                    s.ctx.ops.metrics.bytes_in.inc_by(n as u64);
-                    // Boxed, one allocation per read: processing needs the largest future
-                    // of the session, and inline it would sit in every idle client's task.
-                    Box::pin(s.process()).await;
-                }
-                }
-            },
+            ready = rd.readable(), if can_read => s.on_readable(ready, &mut rd).await,
             _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
                 tick.set(ticks.idle_tick.notified());
-                if ticks.stopping.load(std::sync::atomic::Ordering::Acquire) {
-                    s.input.closing = true;
-                }
-                if !s.input.active && reply_rx.as_ref().is_none_or(|rx| rx.is_empty()) && s.release_idle() {
+                s.note_stopping(&ticks);
+                if s.on_idle_tick(reply_rx.as_ref()) {
                     reply_rx = None;
                 }
-                s.input.active = false;
             }
         }
     }
     let _ = wr.shutdown().await;
+}
+
+impl Session {
+    /// A session for the client on `stream`, with nothing negotiated yet.
+    fn new(stream: &TcpStream, ctx: Arc<Context>, id: u64) -> Session {
+        let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+        let peer = stream.peer_addr().unwrap_or(unknown);
+        let policy = ctx.policy.load_full();
+        let tenant = policy.access.tenant_of(peer.ip(), None);
+        Session {
+            routing: Routing::new(&ctx.upstreams, ctx.pool.epoch()),
+            client: ClientState {
+                id,
+                peer,
+                local: stream.local_addr().unwrap_or(unknown),
+                policy,
+                user: None,
+                tenant,
+                proto: 2,
+                db: 0,
+                name: None,
+                reply_mode: ReplyMode::On,
+            },
+            ctx,
+            conn: ConnState::default(),
+            queue: ReplyQueue::default(),
+            input: Input {
+                rbuf: BytesMut::new(),
+                args: Vec::new(),
+                read_at: Instant::now(),
+                closing: false,
+                paused: false,
+                active: false,
+                batch_name: None,
+            },
+        }
+    }
+
+    /// Starts closing when the proxy drains for shutdown (`ctx` is the session's context,
+    /// through the handle `serve` keeps for the tick).
+    fn note_stopping(&mut self, ctx: &Context) {
+        if ctx.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            self.input.closing = true;
+        }
+    }
+
+    /// Writes the replies ready in `queue.out` and gives their push bytes back to the
+    /// budget; `false` when the client's socket failed.
+    async fn write_out(&mut self, wr: &mut tokio::net::tcp::WriteHalf<'_>) -> bool {
+        let bytes: usize = self.queue.out.iter().map(Bytes::len).sum();
+        if write_all(wr, &mut self.queue.out).await.is_err() {
+            return false;
+        }
+        self.ctx.ops.metrics.bytes_out.inc_by(bytes as u64);
+        if self.queue.out_permits > 0 {
+            if let Some(budget) = &self.queue.push_budget {
+                budget.add_permits(self.queue.out_permits as usize);
+            }
+            self.queue.out_permits = 0;
+        }
+        true
+    }
+
+    /// Handles `msg` and every other message already waiting on the reply channel, then
+    /// resumes reading the requests that waited for them.
+    async fn on_messages(
+        &mut self,
+        msg: Reply,
+        reply_rx: &mut Option<mpsc::UnboundedReceiver<Reply>>,
+    ) {
+        self.input.active = true;
+        self.on_message(msg).await;
+        while let Some(msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            self.on_message(msg).await;
+        }
+        if self.queue.inflight == 0 {
+            self.input.paused = false;
+            if let Some(spread) = self.routing.spread_mut() {
+                spread.clear_wait();
+            }
+        } else if self.input.paused && self.routing.spread_mut().is_some_and(|sp| sp.resumable()) {
+            // Only the slot the paused command waits for had to be answered.
+            self.input.paused = false;
+        }
+        if !self.input.paused
+            && !self.input.rbuf.is_empty()
+            && self.queue.inflight < self.ctx.max_inflight
+        {
+            Box::pin(self.process()).await;
+        }
+    }
+
+    /// One message from an upstream connection: what the mode does with it first (resend a
+    /// failed replica's reads, follow a redirection), then its place in the reply order.
+    async fn on_message(&mut self, mut msg: Reply) {
+        // Boxed: rare, and large enough to matter in every idle session's task.
+        if self.routing.replicas().is_some() {
+            Box::pin(self.resend_failed_replica_reads(&mut msg)).await;
+        }
+        let resent = self.routing.is_cluster() && Box::pin(self.follow_redirects(&mut msg)).await;
+        if !resent {
+            self.on_reply(msg);
+        }
+    }
+
+    /// The client's socket is readable (`ready`): reads what it holds and processes it.
+    async fn on_readable(
+        &mut self,
+        ready: std::io::Result<()>,
+        rd: &mut tokio::net::tcp::ReadHalf<'_>,
+    ) {
+        if ready.is_err() {
+            self.input.closing = true;
+            return;
+        }
+        if self.input.rbuf.capacity() - self.input.rbuf.len() < READ_CHUNK / 4 {
+            self.input.rbuf.reserve(READ_CHUNK);
+        }
+        match read_now(rd, &mut self.input.rbuf).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Readiness can be stale (edge-triggered events already consumed by an
+                // earlier read): a client that never sent anything must not keep the buffer
+                // just reserved for it.
+                if !self.input.active && self.input.rbuf.is_empty() {
+                    self.input.rbuf = BytesMut::new();
+                }
+            }
+            Ok(0) | Err(_) => {
+                // Half-closed: answer what was already sent, then close. A blocked command
+                // would never answer; like Redis dropping a client on EOF, close its
+                // dedicated connection, which unblocks it upstream.
+                self.input.closing = true;
+                let blocked = self.queue.slots.iter().any(
+                    |slot| matches!(slot, Slot::Upstream { handling, .. } if handling.blocking),
+                );
+                if blocked {
+                    self.conn.dedicated = None;
+                }
+            }
+            Ok(n) => {
+                self.input.read_at = Instant::now();
+                self.input.active = true;
+                self.ctx.ops.metrics.bytes_in.inc_by(n as u64);
+                // Boxed, one allocation per read: processing needs the largest future of the
+                // session, and inline it would sit in every idle client's task.
+                Box::pin(self.process()).await;
+            }
+        }
+    }
+
+    /// The process-wide idle tick: a session quiet for a whole tick gives its memory back.
+    /// `true` when its reply channel was dropped, so `serve` drops the receiving end too.
+    fn on_idle_tick(&mut self, reply_rx: Option<&mpsc::UnboundedReceiver<Reply>>) -> bool {
+        let released =
+            !self.input.active && reply_rx.is_none_or(|rx| rx.is_empty()) && self.release_idle();
+        self.input.active = false;
+        released
+    }
 }
 
 /// Reads what the socket holds, without waiting: `WouldBlock` when nothing is there. Goes
