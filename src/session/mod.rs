@@ -305,6 +305,44 @@ impl From<Action> for Decision {
     }
 }
 
+/// One decoded command, looked up once: where it ends in the read buffer, its command-table
+/// entry and what it means for routing.
+struct Command {
+    /// Its bytes in the read buffer, after the current run's.
+    len: usize,
+    /// Its entry in the command table (`None`: unknown to Redis 7).
+    spec: Option<&'static CommandSpec>,
+    /// Its routing and session-state kind.
+    kind: Kind,
+}
+
+/// Whether `process` goes on to the next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// The command was dispatched (or answered): decode the next one.
+    Next,
+    /// Stop reading requests for now: paused, waiting for replies, or closing.
+    Stop,
+}
+
+/// How a decided command is carried out.
+enum Dispatch {
+    /// With the current run of plain commands.
+    Join(Joining),
+    /// On its own, once the run is sent.
+    Alone(Action),
+}
+
+/// A forwarded command that joins the current run.
+struct Joining {
+    /// Where it goes.
+    target: Target,
+    /// The state it changes once dispatched.
+    effect: Effect,
+    /// The policy's rewrite, if any.
+    rewrite: Option<crate::policy::ttl::Rewrite>,
+}
+
 /// Session state changed by a command the proxy answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LocalEffect {
@@ -1260,13 +1298,7 @@ impl Session {
     /// Parses and dispatches every complete request in the read buffer, stopping early when
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
-        let policy = self.ctx.policy.load_full();
-        if !Arc::ptr_eq(&policy, &self.client.policy) {
-            self.client.policy = policy;
-            // A reloaded policy may map this client to another tenant.
-            let user = self.client.user.take();
-            self.login(user);
-        }
+        self.follow_reload();
         let mut run = Run::default();
         while !self.input.closing {
             if self.queue.inflight + self.routing.parked_frames() + run.frames as usize
@@ -1274,30 +1306,8 @@ impl Session {
             {
                 break;
             }
-            let decoded = codec::decode(
-                &self.input.rbuf[run.len..],
-                &self.ctx.codec,
-                &mut self.input.args,
-            );
-            let decoded = match decoded {
-                Ok(Some(d)) => d,
-                Ok(None) => {
-                    if self.input.rbuf.len() - run.len > self.ctx.max_query_buffer {
-                        self.flush_run(&mut run).await;
-                        let e = ClientError::QueryBufferFull {
-                            limit: self.ctx.max_query_buffer,
-                        };
-                        self.queue.local(error_reply(&ProxyError::Client(e)));
-                        self.input.closing = true;
-                    }
-                    break;
-                }
-                Err(e) => {
-                    self.flush_run(&mut run).await;
-                    self.queue.local(error_reply(&ProxyError::Client(e.into())));
-                    self.input.closing = true;
-                    break;
-                }
+            let Some(decoded) = self.next_request(&mut run).await else {
+                break;
             };
             match decoded {
                 Decoded::Empty { len } => {
@@ -1306,158 +1316,8 @@ impl Session {
                     run.len += len;
                 }
                 Decoded::Command { len } => {
-                    let mut base = run.len;
-                    let spec = {
-                        let frame = &self.input.rbuf[base..base + len];
-                        let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
-                        arg(0).and_then(|name| crate::commands::lookup(name, arg(1)))
-                    };
-                    let Decision {
-                        mut action,
-                        hash_slot: slot,
-                    } = self.decide(&self.input.rbuf[base..base + len], spec, run.target);
-                    if matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
-                        && self.client.policy.has_shared_limits()
-                    {
-                        let command = spec.map_or("-", |s| s.name);
-                        // Boxed: only policies with `backend: redis` limits get here.
-                        if let Some(refusal) = Box::pin(self.shared_limits(command)).await {
-                            action = Action::Refused(refusal);
-                        }
-                    }
-                    if self.conn.in_multi()
-                        && slot.is_some()
-                        && matches!(action, Action::Forward { .. } | Action::Rewritten { .. })
-                    {
-                        if let Some(c) = self.routing.cluster_mut() {
-                            c.multi_slot = c.multi_slot.or(slot);
-                        }
-                    }
-                    let joins = |effect: Effect| {
-                        self.client.reply_mode == ReplyMode::On
-                            && effect.batchable()
-                            && !self.conn.multi_deferred()
-                    };
-                    let joining = match action {
-                        Action::Forward {
-                            target,
-                            expect: Expect::Frames(1),
-                            effect,
-                        } if joins(effect) => Ok((target, effect, None)),
-                        Action::Rewritten {
-                            target,
-                            expect: Expect::Frames(1),
-                            effect,
-                            rewrite,
-                        } if joins(effect) && rewrite.strip.is_none() => {
-                            Ok((target, effect, Some(rewrite)))
-                        }
-                        other => Err(other),
-                    };
-                    match joining {
-                        Ok((target, effect, rewrite)) => {
-                            let hidden = rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
-                            if run.target.is_some_and(|t| t != target) {
-                                if self.may_scatter(&run, target, hidden) {
-                                    self.switch_run(&mut run, target);
-                                } else {
-                                    // Another connection: the runs so far go out first.
-                                    self.flush_run(&mut run).await;
-                                }
-                                base = 0;
-                            } else if hidden && run.seq.is_some() {
-                                // Segments carry no mask: hidden frames start a new batch.
-                                self.flush_run(&mut run).await;
-                                base = 0;
-                            }
-                            if self.blocked(target, slot) {
-                                // Decided again once resumed.
-                                self.input.paused = true;
-                                break;
-                            }
-                            let metrics = &self.ctx.ops.metrics;
-                            metrics.command(
-                                crate::metrics::class_of(spec),
-                                if rewrite.is_some() {
-                                    CommandOutcome::Rewritten
-                                } else {
-                                    CommandOutcome::Forwarded
-                                },
-                            );
-                            if run.first.is_none() {
-                                run.first = spec;
-                            }
-                            if let Target::Dedicated(node) = target
-                                && !self.ensure_dedicated(false, node).await
-                            {
-                                self.flush_run(&mut run).await;
-                                self.input.rbuf.advance(len);
-                                continue;
-                            }
-                            if let (Some(slot), Target::Shared(..), Some(spread)) =
-                                (slot, target, self.routing.spread_mut())
-                            {
-                                // Counted from now: a later command for the slot must not
-                                // join another node's run.
-                                spread.sent(target, &[slot]);
-                                run.hash_slots.push(slot);
-                            }
-                            match rewrite {
-                                None => {
-                                    run.push_plain(&self.input.rbuf[base..base + len], target);
-                                    self.note_queued(effect, None);
-                                }
-                                Some(rewrite) => {
-                                    let (prefix, rest) = self.input.rbuf.split_at(base);
-                                    let hint = rest.len() + rest.len() / 2;
-                                    run.push_rewritten(
-                                        prefix,
-                                        &rest[..len],
-                                        hint,
-                                        &rewrite,
-                                        target,
-                                    );
-                                    if rewrite.after.is_empty() {
-                                        self.note_queued(effect, None);
-                                    } else {
-                                        let mut frames = vec![true];
-                                        frames.extend(std::iter::repeat_n(
-                                            false,
-                                            rewrite.after.len(),
-                                        ));
-                                        self.note_queued(effect, Some(&frames));
-                                    }
-                                }
-                            }
-                            self.apply(effect);
-                        }
-                        Err(action) => {
-                            let outcome = match &action {
-                                Action::Forward { .. } => CommandOutcome::Forwarded,
-                                Action::Rewritten { .. } => CommandOutcome::Rewritten,
-                                Action::Refused(_) => CommandOutcome::Refused,
-                                _ => CommandOutcome::Local,
-                            };
-                            let closes = matches!(action, Action::LocalThenClose(_));
-                            self.flush_run(&mut run).await;
-                            self.input.batch_name = spec;
-                            if let Some(c) = self.routing.cluster_mut() {
-                                c.batch_slot = slot;
-                            }
-                            let before = self.input.rbuf.len();
-                            // Boxed: the path for commands that cannot join a run (MULTI,
-                            // SUBSCRIBE, refusals, local replies) carries the largest futures,
-                            // which would otherwise sit in every session's state.
-                            let done = Box::pin(self.execute(action, len)).await;
-                            // Counted once dispatched: a paused command is decided again.
-                            if done || closes || self.input.rbuf.len() != before {
-                                let class = crate::metrics::class_of(spec);
-                                self.ctx.ops.metrics.command(class, outcome);
-                            }
-                            if !done {
-                                break;
-                            }
-                        }
+                    if self.on_command(&mut run, len).await == Flow::Stop {
+                        break;
                     }
                 }
                 Decoded::Inline { len, args } => {
@@ -1472,6 +1332,237 @@ impl Session {
             }
         }
         self.flush_run(&mut run).await;
+    }
+
+    /// Picks up a reloaded policy: from the next read on, commands are checked against it,
+    /// and the client's tenant is the one it maps to.
+    fn follow_reload(&mut self) {
+        let policy = self.ctx.policy.load_full();
+        if !Arc::ptr_eq(&policy, &self.client.policy) {
+            self.client.policy = policy;
+            let user = self.client.user.take();
+            self.login(user);
+        }
+    }
+
+    /// The next complete request after the run's bytes; `None` when there is none yet, or
+    /// when the client broke the protocol or filled its query buffer (answered, and the
+    /// session closes).
+    async fn next_request(&mut self, run: &mut Run) -> Option<Decoded> {
+        let decoded = codec::decode(
+            &self.input.rbuf[run.len..],
+            &self.ctx.codec,
+            &mut self.input.args,
+        );
+        let e = match decoded {
+            Ok(Some(d)) => return Some(d),
+            Ok(None) if self.input.rbuf.len() - run.len <= self.ctx.max_query_buffer => {
+                return None;
+            }
+            Ok(None) => ClientError::QueryBufferFull {
+                limit: self.ctx.max_query_buffer,
+            },
+            Err(e) => e.into(),
+        };
+        self.flush_run(run).await;
+        self.queue.local(error_reply(&ProxyError::Client(e)));
+        self.input.closing = true;
+        None
+    }
+
+    /// Decides the command of `len` bytes after the run and carries it out: joins the run,
+    /// or goes alone once the run is sent.
+    async fn on_command(&mut self, run: &mut Run, len: usize) -> Flow {
+        let command = {
+            let frame = &self.input.rbuf[run.len..run.len + len];
+            let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
+            let name = arg(0).unwrap_or_default();
+            Command {
+                len,
+                spec: crate::commands::lookup(name, arg(1)),
+                kind: command::classify(name),
+            }
+        };
+        let Decision {
+            mut action,
+            hash_slot,
+        } = self.decide(
+            &self.input.rbuf[run.len..run.len + len],
+            &command,
+            run.target,
+        );
+        if action.forwarded().is_some() && self.client.policy.has_shared_limits() {
+            let name = command.spec.map_or("-", |s| s.name);
+            // Boxed: only policies with `backend: redis` limits get here.
+            if let Some(refusal) = Box::pin(self.shared_limits(name)).await {
+                action = Action::Refused(refusal);
+            }
+        }
+        if self.conn.in_multi()
+            && hash_slot.is_some()
+            && action.forwarded().is_some()
+            && let Some(c) = self.routing.cluster_mut()
+        {
+            c.multi_slot = c.multi_slot.or(hash_slot);
+        }
+        match self.joinable(action) {
+            Dispatch::Join(join) => self.join_run(run, &command, hash_slot, join).await,
+            Dispatch::Alone(action) => self.dispatch_alone(run, &command, hash_slot, action).await,
+        }
+    }
+
+    /// A forwarded command that may join the current run of plain commands (one reply frame,
+    /// no effect needing `execute`, replies on, no deferred MULTI), as its target, effect and
+    /// rewrite; the action back otherwise.
+    fn joinable(&self, action: Action) -> Dispatch {
+        let joins = |effect: Effect| {
+            self.client.reply_mode == ReplyMode::On
+                && effect.batchable()
+                && !self.conn.multi_deferred()
+        };
+        match action {
+            Action::Forward {
+                target,
+                expect: Expect::Frames(1),
+                effect,
+            } if joins(effect) => Dispatch::Join(Joining {
+                target,
+                effect,
+                rewrite: None,
+            }),
+            Action::Rewritten {
+                target,
+                expect: Expect::Frames(1),
+                effect,
+                rewrite,
+            } if joins(effect) && rewrite.strip.is_none() => Dispatch::Join(Joining {
+                target,
+                effect,
+                rewrite: Some(rewrite),
+            }),
+            other => Dispatch::Alone(other),
+        }
+    }
+
+    /// Adds a command to the run (sending the run first when it goes elsewhere), or pauses
+    /// when it must wait for replies from another connection.
+    async fn join_run(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        join: Joining,
+    ) -> Flow {
+        let Joining {
+            target,
+            effect,
+            rewrite,
+        } = join;
+        let hidden = rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+        if run.target.is_some_and(|t| t != target) {
+            if self.may_scatter(run, target, hidden) {
+                self.switch_run(run, target);
+            } else {
+                // Another connection: the runs so far go out first.
+                self.flush_run(run).await;
+            }
+        } else if hidden && run.seq.is_some() {
+            // Segments carry no mask: hidden frames start a new batch.
+            self.flush_run(run).await;
+        }
+        if self.blocked(target, hash_slot) {
+            // Decided again once resumed.
+            self.input.paused = true;
+            return Flow::Stop;
+        }
+        let outcome = match rewrite {
+            Some(_) => CommandOutcome::Rewritten,
+            None => CommandOutcome::Forwarded,
+        };
+        let class = crate::metrics::class_of(command.spec);
+        self.ctx.ops.metrics.command(class, outcome);
+        if run.first.is_none() {
+            run.first = command.spec;
+        }
+        if let Target::Dedicated(node) = target
+            && !self.ensure_dedicated(false, node).await
+        {
+            self.flush_run(run).await;
+            self.input.rbuf.advance(command.len);
+            return Flow::Next;
+        }
+        if let (Some(slot), Target::Shared(..), Some(spread)) =
+            (hash_slot, target, self.routing.spread_mut())
+        {
+            // Counted from now: a later command for the slot must not join another node's run.
+            spread.sent(target, &[slot]);
+            run.hash_slots.push(slot);
+        }
+        self.push_to_run(run, command.len, target, effect, rewrite);
+        self.apply(effect);
+        Flow::Next
+    }
+
+    /// Appends the command of `len` bytes after the run to it, as sent or as rewritten, and
+    /// notes its frames in an open transaction.
+    fn push_to_run(
+        &mut self,
+        run: &mut Run,
+        len: usize,
+        target: Target,
+        effect: Effect,
+        rewrite: Option<crate::policy::ttl::Rewrite>,
+    ) {
+        let base = run.len;
+        let Some(rewrite) = rewrite else {
+            run.push_plain(&self.input.rbuf[base..base + len], target);
+            self.note_queued(effect, None);
+            return;
+        };
+        let (prefix, rest) = self.input.rbuf.split_at(base);
+        let hint = rest.len() + rest.len() / 2;
+        run.push_rewritten(prefix, &rest[..len], hint, &rewrite, target);
+        if rewrite.after.is_empty() {
+            self.note_queued(effect, None);
+        } else {
+            let mut frames = vec![true];
+            frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
+            self.note_queued(effect, Some(&frames));
+        }
+    }
+
+    /// Sends the run, then carries out a command that cannot join one (MULTI, SUBSCRIBE,
+    /// refusals, replies the proxy makes…).
+    async fn dispatch_alone(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        action: Action,
+    ) -> Flow {
+        let outcome = match &action {
+            Action::Forward { .. } => CommandOutcome::Forwarded,
+            Action::Rewritten { .. } => CommandOutcome::Rewritten,
+            Action::Refused(_) => CommandOutcome::Refused,
+            _ => CommandOutcome::Local,
+        };
+        let closes = matches!(action, Action::LocalThenClose(_));
+        self.flush_run(run).await;
+        self.input.batch_name = command.spec;
+        if let Some(c) = self.routing.cluster_mut() {
+            c.batch_slot = hash_slot;
+        }
+        let before = self.input.rbuf.len();
+        // Boxed: the path for commands that cannot join a run (MULTI, SUBSCRIBE, refusals,
+        // local replies) carries the largest futures, which would otherwise sit in every
+        // session's state.
+        let done = Box::pin(self.execute(action, command.len)).await;
+        // Counted once dispatched: a paused command is decided again.
+        if done || closes || self.input.rbuf.len() != before {
+            let class = crate::metrics::class_of(command.spec);
+            self.ctx.ops.metrics.command(class, outcome);
+        }
+        if done { Flow::Next } else { Flow::Stop }
     }
 
     /// Sends the current run of forwardable commands as one batch, and the parked ones.

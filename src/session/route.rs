@@ -13,18 +13,22 @@ impl Session {
     pub(super) fn decide(
         &self,
         frame: &[u8],
-        spec: Option<&'static crate::commands::CommandSpec>,
+        command: &Command,
         queued: Option<Target>,
     ) -> Decision {
+        let spec = command.spec;
         let args = Args {
             frame,
             ranges: &self.input.args,
         };
-        if self.client.policy.access.require_auth && self.client.user.is_none() {
-            let kind = command::classify(args.get(0));
-            if !matches!(kind, Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset) {
-                return Action::Refused(simple_error("NOAUTH", "Authentication required.")).into();
-            }
+        if self.client.policy.access.require_auth
+            && self.client.user.is_none()
+            && !matches!(
+                command.kind,
+                Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset
+            )
+        {
+            return Action::Refused(simple_error("NOAUTH", "Authentication required.")).into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
         if args.get(0).eq_ignore_ascii_case(b"PROXY") {
@@ -45,7 +49,7 @@ impl Session {
                 Verdict::Rewrite(rw) => rewrite = Some(rw),
             }
         }
-        let action = match (self.route(&args), rewrite) {
+        let action = match (self.route(&args, command.kind), rewrite) {
             (
                 Action::Forward {
                     target,
@@ -85,14 +89,13 @@ impl Session {
     }
 
     /// Where a command goes and what it changes, policy aside.
-    fn route(&self, args: &Args<'_>) -> Action {
+    fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
         let forward = |target, effect| Action::Forward {
             target,
             expect: Expect::Frames(1),
             effect,
         };
         let current = self.current_target();
-        let kind = command::classify(args.get(0));
         match kind {
             Kind::Plain => forward(current, Effect::None),
             Kind::Info => {
