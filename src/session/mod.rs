@@ -325,6 +325,21 @@ enum Flow {
     Stop,
 }
 
+/// A forwarded command as it goes upstream (see `Session::outgoing`).
+struct Outgoing {
+    /// The bytes sent.
+    bytes: Bytes,
+    /// One entry per reply frame the bytes produce: whether the client sees it.
+    frames: Vec<bool>,
+    /// What an open transaction queues (hidden commands included), before a deferred MULTI
+    /// joined the frames; `None` when the client sees every frame.
+    queued: Option<Vec<bool>>,
+    /// The reply the client gets instead of Redis's (EXECABORT for a spoiled EXEC).
+    replace: Option<Bytes>,
+    /// The namespace prefix to remove from the reply's key names.
+    strip: Option<Box<crate::policy::namespace::Strip>>,
+}
+
 /// How a decided command is carried out.
 enum Dispatch {
     /// With the current run of plain commands.
@@ -1099,93 +1114,7 @@ impl Session {
                 missing,
                 error,
                 seq,
-            } => {
-                // Standalone (and on one node) the reply answers the oldest slot; in cluster
-                // mode another node's batch may be older and still unanswered.
-                let at = self.queue.slot_of(seq);
-                if let Some(i) = at
-                    && matches!(self.queue.slots[i], Slot::Upstream { parts, .. } if parts > 1)
-                {
-                    self.on_parts(i, data, missing, error);
-                    return;
-                }
-                let slot = match at {
-                    Some(0) => self.queue.slots.pop_front(),
-                    Some(i) => Some(std::mem::replace(
-                        &mut self.queue.slots[i],
-                        Slot::Local(Bytes::new()),
-                    )),
-                    None => None,
-                };
-                let Some(Slot::Upstream {
-                    commands,
-                    handling,
-                    read_at,
-                    name,
-                    sent,
-                    ..
-                }) = slot
-                else {
-                    // Anything else is a bug we must not turn into a misattributed reply.
-                    tracing::error!(id = self.client.id, "upstream reply without a waiting slot");
-                    self.input.closing = true;
-                    return;
-                };
-                let at = at.unwrap_or(0);
-                if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
-                    spread.answered(&sent.hash_slots);
-                }
-                // Where this reply's output starts: kept in its slot if earlier ones are due.
-                let mark = self.queue.out.len();
-                self.queue.inflight -= commands as usize;
-                if self.queue.inflight == 0 {
-                    self.queue.inflight_target = None;
-                }
-                if let (Some(router), Some(_)) = (self.routing.router(), &error) {
-                    // A node that failed may have been replaced (failover): learn it now
-                    // rather than at the next periodic refresh.
-                    router.refresh_soon();
-                }
-                self.observe(read_at, commands, name);
-                let (data, missing) = match &handling.mask {
-                    None => (data, missing),
-                    Some(mask) => apply_mask(data, commands - missing, mask),
-                };
-                let data = if let (Some(r), None) = (&handling.replace, &error) {
-                    r.clone()
-                } else if let (Some(strip), None) = (&handling.strip, &error) {
-                    strip.apply(&data)
-                } else if let (Some(mask), None) = (&handling.exec_mask, &error) {
-                    filter_exec(data, mask)
-                } else if handling.client_info && error.is_none() {
-                    self.rewrite_client_info(data)
-                } else if handling.info && error.is_none() {
-                    replies::append_to_text(data, &self.proxy_info())
-                } else {
-                    data
-                };
-                if !handling.suppress {
-                    if !data.is_empty() {
-                        self.queue.out.push(data);
-                    }
-                    if let Some(e) = error {
-                        let reply = error_reply(&ProxyError::Upstream(*e));
-                        for _ in 0..missing {
-                            self.queue.out.push(reply.clone());
-                        }
-                    }
-                }
-                if at > 0 {
-                    let mut own = self.queue.out.split_off(mark);
-                    let reply = match own.len() {
-                        1 => own.pop().unwrap_or_default(),
-                        _ => own.concat().into(),
-                    };
-                    self.queue.slots[at] = Slot::Local(reply);
-                } else {
-                    self.queue.flush_local_slots();
-                }
-            }
+            } => self.on_batch_reply(seq, data, missing, error),
             Reply::Push(frame, permits) => {
                 // A namespaced subscriber sees channel names without its prefix.
                 let frame = match self.client.policy.access.namespace(self.client.tenant) {
@@ -1212,13 +1141,109 @@ impl Session {
         }
     }
 
-    /// Queues the reply the proxy gathered from several nodes, unless replies are off.
-    fn answer_gathered(&mut self, reply: Bytes, suppress: bool) {
-        if !suppress {
-            self.queue.local(reply);
+    /// The replies of the batch `seq`: shaped as its slot says, written if the slot heads the
+    /// reply order, else kept in it until the earlier ones are in.
+    fn on_batch_reply(
+        &mut self,
+        seq: u16,
+        data: Bytes,
+        missing: u32,
+        error: Option<Box<UpstreamError>>,
+    ) {
+        // Standalone (and on one node) the reply answers the oldest slot; in cluster mode
+        // another node's batch may be older and still unanswered.
+        let at = self.queue.slot_of(seq);
+        if let Some(i) = at
+            && matches!(self.queue.slots[i], Slot::Upstream { parts, .. } if parts > 1)
+        {
+            self.on_parts(i, data, missing, error);
+            return;
         }
-        if self.client.reply_mode == ReplyMode::Skip {
-            self.client.reply_mode = ReplyMode::On;
+        let slot = match at {
+            Some(0) => self.queue.slots.pop_front(),
+            Some(i) => Some(std::mem::replace(
+                &mut self.queue.slots[i],
+                Slot::Local(Bytes::new()),
+            )),
+            None => None,
+        };
+        let Some(Slot::Upstream {
+            commands,
+            handling,
+            read_at,
+            name,
+            sent,
+            ..
+        }) = slot
+        else {
+            // Anything else is a bug we must not turn into a misattributed reply.
+            tracing::error!(id = self.client.id, "upstream reply without a waiting slot");
+            self.input.closing = true;
+            return;
+        };
+        let at = at.unwrap_or(0);
+        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
+            spread.answered(&sent.hash_slots);
+        }
+        // Where this reply's output starts: kept in its slot if earlier ones are due.
+        let mark = self.queue.out.len();
+        self.queue.inflight -= commands as usize;
+        if self.queue.inflight == 0 {
+            self.queue.inflight_target = None;
+        }
+        if let (Some(router), Some(_)) = (self.routing.router(), &error) {
+            // A node that failed may have been replaced (failover): learn it now rather than
+            // at the next periodic refresh.
+            router.refresh_soon();
+        }
+        self.observe(read_at, commands, name);
+        let (data, missing) = match &handling.mask {
+            None => (data, missing),
+            Some(mask) => apply_mask(data, commands - missing, mask),
+        };
+        let data = match &error {
+            None => self.shape_reply(&handling, data),
+            Some(_) => data,
+        };
+        if !handling.suppress {
+            if !data.is_empty() {
+                self.queue.out.push(data);
+            }
+            if let Some(e) = error {
+                let reply = error_reply(&ProxyError::Upstream(*e));
+                for _ in 0..missing {
+                    self.queue.out.push(reply.clone());
+                }
+            }
+        }
+        if at > 0 {
+            let mut own = self.queue.out.split_off(mark);
+            let reply = match own.len() {
+                1 => own.pop().unwrap_or_default(),
+                _ => own.concat().into(),
+            };
+            self.queue.slots[at] = Slot::Local(reply);
+        } else {
+            self.queue.flush_local_slots();
+        }
+    }
+
+    /// A complete reply as the client sees it, per its slot's `handling`: replaced (EXECABORT),
+    /// namespace stripped, EXEC's hidden results removed, CLIENT INFO made about the client,
+    /// INFO with the proxy's section; as Redis sent it otherwise.
+    fn shape_reply(&self, handling: &Handling, data: Bytes) -> Bytes {
+        if let Some(r) = &handling.replace {
+            r.clone()
+        } else if let Some(strip) = &handling.strip {
+            strip.apply(&data)
+        } else if let Some(mask) = &handling.exec_mask {
+            filter_exec(data, mask)
+        } else if handling.client_info {
+            self.rewrite_client_info(data)
+        } else if handling.info {
+            replies::append_to_text(data, &self.proxy_info())
+        } else {
+            data
         }
     }
 
@@ -1657,6 +1682,52 @@ impl Session {
                 seq
             }
         };
+        let kept = self.kept_batch(target, expect, &bytes, hash_slots, handling.wait);
+        let batch = Batch {
+            bytes,
+            expect,
+            wait: handling.wait,
+            reply_to: self.queue.reply_sender(),
+            seq,
+        };
+        if self.enqueue_to(target, batch, commands).await.is_err() {
+            self.send_failed(kept, seq, commands, &handling, parts);
+            return;
+        }
+        match parts {
+            Some((_, head)) => {
+                if let Some(Slot::Upstream { sent, .. }) = self.queue.slots.get_mut(head) {
+                    *sent = kept;
+                }
+            }
+            None => self.queue.slots.push_back(Slot::Upstream {
+                commands,
+                handling,
+                read_at: self.input.read_at,
+                name: self.input.batch_name,
+                sent: kept,
+                seq,
+                parts: 1,
+            }),
+        }
+        self.queue.inflight += commands as usize;
+        self.queue.inflight_target = Some(target);
+    }
+
+    /// What is kept of a batch until its replies are in, for what may have to be done with
+    /// them: cluster batches, for redirections; a Sentinel replica's batch (node 1…), which
+    /// holds only reads, so they can go to the primary if the replica fails
+    /// (`resend_failed_replica_reads`); a cluster transaction's or blocking command's batch on
+    /// the dedicated connection (`kept_dedicated`). `None` for the rest, whose hash slots are
+    /// then not counted in flight either.
+    fn kept_batch(
+        &mut self,
+        target: Target,
+        expect: Expect,
+        bytes: &Bytes,
+        hash_slots: Vec<u16>,
+        wait: ReplyWait,
+    ) -> Option<Box<Sent>> {
         let cluster = self.routing.is_cluster();
         let dedicated_kept = match (target, expect) {
             (Target::Dedicated(_), Expect::Frames(frames)) if cluster => {
@@ -1664,10 +1735,7 @@ impl Session {
             }
             _ => None,
         };
-        let kept = match (target, expect, dedicated_kept) {
-            // Cluster batches, for redirections; a Sentinel replica's batch (node 1…), which
-            // holds only reads, so they can go to the primary if the replica fails
-            // (`resend_failed_replica_reads`).
+        match (target, expect, dedicated_kept) {
             (Target::Shared(proto, node), Expect::Frames(_), _) if cluster || node != 0 => {
                 Some(Box::new(Sent {
                     bytes: bytes.clone(),
@@ -1686,114 +1754,97 @@ impl Session {
                 node,
                 dedicated: true,
                 redirects: 0,
-                wait: handling.wait,
+                wait,
                 hash_slots: Vec::new(),
                 transaction,
             })),
             _ => {
-                // Not tracked for redirections: nothing to keep counted either.
                 if let Some(spread) = self.routing.spread_mut() {
                     spread.answered(&hash_slots);
                 }
                 None
             }
-        };
-        let batch = Batch {
-            bytes,
-            expect,
-            wait: handling.wait,
-            reply_to: self.queue.reply_sender(),
-            seq,
-        };
-        let sent = match target {
-            Target::Shared(proto, node) => match self.routing.router() {
-                None if node == 0 => {
-                    enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await
-                }
-                None => {
-                    // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
-                    let pool = match self.routing.replicas() {
-                        Some(replicas) => replicas.pool(node),
-                        None => self.ctx.pool.clone(),
-                    };
-                    self.ctx
-                        .ops
-                        .metrics
-                        .replica_reads
-                        .inc_by(u64::from(commands));
-                    enqueue(pool.shared(proto, self.client.id), batch).await
-                }
-                Some(router) => {
-                    if router.read_from() != crate::config::ReadFrom::Primary
-                        && !router.snapshot().is_primary(node)
-                    {
-                        self.ctx
-                            .ops
-                            .metrics
-                            .replica_reads
-                            .inc_by(u64::from(commands));
-                    }
-                    enqueue(router.pool(node).shared(proto, self.client.id), batch).await
-                }
-            },
-            Target::Dedicated(_) => match &self.conn.dedicated {
-                Some(d) => enqueue(&d.tx, batch).await,
-                None => Err(mpsc::error::SendError(batch)),
-            },
-        };
-        match sent {
-            Ok(()) => {
-                match parts {
-                    Some((_, head)) => {
-                        if let Some(Slot::Upstream { sent, .. }) = self.queue.slots.get_mut(head) {
-                            *sent = kept;
-                        }
-                    }
-                    None => self.queue.slots.push_back(Slot::Upstream {
-                        commands,
-                        handling,
-                        read_at: self.input.read_at,
-                        name: self.input.batch_name,
-                        sent: kept,
-                        seq,
-                        parts: 1,
-                    }),
-                }
-                self.queue.inflight += commands as usize;
-                self.queue.inflight_target = Some(target);
+        }
+    }
+
+    /// Queues `batch` (of `commands` commands) on the connection `target` names: the
+    /// dedicated one, or the shared one of the node's pool (the primary's, a Sentinel
+    /// replica's, a cluster node's).
+    async fn enqueue_to(
+        &self,
+        target: Target,
+        batch: Batch,
+        commands: u32,
+    ) -> Result<(), mpsc::error::SendError<Batch>> {
+        let (proto, node) = match target {
+            Target::Shared(proto, node) => (proto, node),
+            Target::Dedicated(_) => {
+                return match &self.conn.dedicated {
+                    Some(d) => enqueue(&d.tx, batch).await,
+                    None => Err(mpsc::error::SendError(batch)),
+                };
             }
-            Err(_) => {
-                if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &kept) {
-                    spread.answered(&sent.hash_slots);
+        };
+        let (pool, replica) = match self.routing.router() {
+            None if node == 0 => {
+                return enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await;
+            }
+            // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
+            None => match self.routing.replicas() {
+                Some(replicas) => (replicas.pool(node), true),
+                None => (self.ctx.pool.clone(), true),
+            },
+            Some(router) => (
+                router.pool(node),
+                router.read_from() != crate::config::ReadFrom::Primary
+                    && !router.snapshot().is_primary(node),
+            ),
+        };
+        if replica {
+            let metrics = &self.ctx.ops.metrics;
+            metrics.replica_reads.inc_by(u64::from(commands));
+        }
+        enqueue(pool.shared(proto, self.client.id), batch).await
+    }
+
+    /// A batch that could not be queued (its connection closed): every command it carries
+    /// gets the error in its place in the reply order.
+    fn send_failed(
+        &mut self,
+        kept: Option<Box<Sent>>,
+        seq: u16,
+        commands: u32,
+        handling: &Handling,
+        parts: Option<(u16, usize)>,
+    ) {
+        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &kept) {
+            spread.answered(&sent.hash_slots);
+        }
+        let e = ProxyError::Upstream(UpstreamError::Unavailable {
+            addr: self.ctx.pool.addr(),
+            reason: "connection closed".into(),
+        });
+        let reply = error_reply(&e);
+        if let Some((_, head)) = parts {
+            // Its segments already hold its place in the reply order.
+            for slot in self.queue.slots.range_mut(head..) {
+                if let Slot::Upstream {
+                    commands, seq: s, ..
+                } = slot
+                    && *s == seq
+                {
+                    *slot = Slot::Local(reply.repeat(*commands as usize).into());
                 }
-                let e = ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: self.ctx.pool.addr(),
-                    reason: "connection closed".into(),
-                });
-                if let Some((_, head)) = parts {
-                    // Its segments already hold its place in the reply order.
-                    let reply = error_reply(&e);
-                    for slot in self.queue.slots.range_mut(head..) {
-                        if let Slot::Upstream {
-                            commands, seq: s, ..
-                        } = slot
-                            && *s == seq
-                        {
-                            *slot = Slot::Local(reply.repeat(*commands as usize).into());
-                        }
-                    }
-                    return;
-                }
-                if !handling.suppress {
-                    let reply = error_reply(&e);
-                    let visible = match &handling.mask {
-                        Some(mask) => mask.iter().filter(|&&k| k).count() as u32,
-                        None => commands,
-                    };
-                    for _ in 0..visible {
-                        self.queue.local(reply.clone());
-                    }
-                }
+            }
+            return;
+        }
+        if !handling.suppress {
+            let visible = match &handling.mask {
+                Some(mask) => mask.iter().filter(|&&k| k).count() as u32,
+                None => commands,
+            };
+            for _ in 0..visible {
+                self.queue.local(reply.clone());
             }
         }
     }
@@ -1823,7 +1874,6 @@ impl Session {
     /// Carries out a non-batchable action for the command occupying the first `len` bytes of
     /// the read buffer. Returns `false` when processing must pause (nothing consumed).
     async fn execute(&mut self, action: Action, len: usize) -> bool {
-        let suppress = self.client.reply_mode != ReplyMode::On;
         match action {
             Action::Forward {
                 target,
@@ -1840,33 +1890,11 @@ impl Session {
                     .forward(len, target, expect, effect, Some(rewrite))
                     .await;
             }
-            Action::Local(reply, effect) => {
-                self.input.rbuf.advance(len);
-                if !suppress || effect == LocalEffect::ReplyMode(ReplyMode::On) {
-                    self.queue.local(reply);
-                }
-                if self.client.reply_mode == ReplyMode::Skip {
-                    self.client.reply_mode = ReplyMode::On;
-                }
-                match effect {
-                    LocalEffect::None => {}
-                    LocalEffect::SetName(name) => self.client.name = name,
-                    LocalEffect::ReplyMode(mode) => self.client.reply_mode = mode,
-                    LocalEffect::Login(user) => self.login(Some(user)),
-                    LocalEffect::DeferMulti => {
-                        self.conn.multi = Some(Transaction {
-                            deferred: true,
-                            ..Transaction::default()
-                        });
-                    }
-                    LocalEffect::EndMulti => self.apply(Effect::EndMulti),
-                }
-            }
+            Action::Local(reply, effect) => self.answer_local(len, reply, effect),
             Action::LocalThenClose(reply) => {
                 self.input.rbuf.advance(len);
                 self.queue.local(reply);
                 self.input.closing = true;
-                return true;
             }
             Action::Silent(mode) => {
                 self.input.rbuf.advance(len);
@@ -1875,71 +1903,100 @@ impl Session {
                 }
             }
             Action::Hello { proto, name, login } => {
-                if login.is_some() {
-                    self.login(login);
-                }
-                self.input.rbuf.advance(len);
-                let reply = match Box::pin(self.ctx.pool.hello(proto)).await {
-                    Some(reply) if self.routing.is_cluster() => {
-                        cluster::as_standalone(with_client_id(&reply, self.client.id))
-                    }
-                    Some(reply) => with_client_id(&reply, self.client.id),
-                    None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                        addr: self.ctx.pool.addr(),
-                        reason: "no connection established yet".into(),
-                    })),
-                };
-                let ok = reply.first() != Some(&b'-');
-                if !suppress {
-                    self.queue.local(reply);
-                }
-                if self.client.reply_mode == ReplyMode::Skip {
-                    self.client.reply_mode = ReplyMode::On;
-                }
-                if ok {
-                    self.client.proto = proto;
-                    if name.is_some() {
-                        self.client.name = name;
-                    }
-                }
+                Box::pin(self.answer_hello(len, proto, name, login)).await;
             }
             Action::Refused(reply) => {
                 self.input.rbuf.advance(len);
-                if self.conn.in_multi() {
-                    if let Some(multi) = &mut self.conn.multi {
-                        multi.refused = true;
-                    }
+                if let Some(multi) = &mut self.conn.multi {
+                    multi.refused = true;
                 }
-                if !suppress {
-                    self.queue.local(reply);
-                }
-                if self.client.reply_mode == ReplyMode::Skip {
-                    self.client.reply_mode = ReplyMode::On;
-                }
+                self.answer(reply);
             }
-            // Commands answered from several nodes (or, for sharded pub/sub, by the session):
-            // every earlier command must have run first, on whichever node (a SCAN sees
-            // earlier writes; split parts go out at once).
-            Action::Gather(_) if self.queue.inflight > 0 => {
+            // Commands answered from several nodes (or, for sharded pub/sub, by the session),
+            // and RESET: every earlier command must have run first, on whichever node (a SCAN
+            // sees earlier writes; split parts go out at once).
+            Action::Gather(_) | Action::Reset if self.queue.inflight > 0 => {
                 self.input.paused = true;
                 return false;
             }
             Action::Gather(gather) => {
                 self.input.rbuf.advance(len);
                 let reply = Box::pin(self.gather(*gather)).await;
-                self.answer_gathered(reply, suppress);
+                self.answer(reply);
             }
             Action::Reset => {
-                if self.queue.inflight > 0 {
-                    self.input.paused = true;
-                    return false;
-                }
                 self.input.rbuf.advance(len);
                 self.reset();
                 self.queue.local(Bytes::from_static(b"+RESET\r\n"));
             }
         }
         true
+    }
+
+    /// Queues a reply the proxy made (or gathered) for the command just consumed, unless the
+    /// client switched replies off; a CLIENT REPLY SKIP is used up by it.
+    fn answer(&mut self, reply: Bytes) {
+        if self.client.reply_mode == ReplyMode::On {
+            self.queue.local(reply);
+        }
+        if self.client.reply_mode == ReplyMode::Skip {
+            self.client.reply_mode = ReplyMode::On;
+        }
+    }
+
+    /// Answers a command the proxy handles itself, and applies the session state it changes.
+    fn answer_local(&mut self, len: usize, reply: Bytes, effect: LocalEffect) {
+        self.input.rbuf.advance(len);
+        if effect == LocalEffect::ReplyMode(ReplyMode::On) {
+            // CLIENT REPLY ON is answered even while replies are off.
+            self.client.reply_mode = ReplyMode::On;
+        }
+        self.answer(reply);
+        match effect {
+            LocalEffect::None | LocalEffect::ReplyMode(_) => {}
+            LocalEffect::SetName(name) => self.client.name = name,
+            LocalEffect::Login(user) => self.login(Some(user)),
+            LocalEffect::DeferMulti => {
+                self.conn.multi = Some(Transaction {
+                    deferred: true,
+                    ..Transaction::default()
+                });
+            }
+            LocalEffect::EndMulti => self.apply(Effect::EndMulti),
+        }
+    }
+
+    /// HELLO answered by the proxy: the upstream's HELLO reply (as one server in cluster
+    /// mode) with this client's id; the RESP version and name apply once it succeeded.
+    async fn answer_hello(
+        &mut self,
+        len: usize,
+        proto: u8,
+        name: Option<Bytes>,
+        login: Option<Bytes>,
+    ) {
+        if login.is_some() {
+            self.login(login);
+        }
+        self.input.rbuf.advance(len);
+        let reply = match self.ctx.pool.hello(proto).await {
+            Some(reply) if self.routing.is_cluster() => {
+                cluster::as_standalone(with_client_id(&reply, self.client.id))
+            }
+            Some(reply) => with_client_id(&reply, self.client.id),
+            None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
+                addr: self.ctx.pool.addr(),
+                reason: "no connection established yet".into(),
+            })),
+        };
+        let ok = reply.first() != Some(&b'-');
+        self.answer(reply);
+        if ok {
+            self.client.proto = proto;
+            if name.is_some() {
+                self.client.name = name;
+            }
+        }
     }
 
     /// Forwards the command occupying the first `len` bytes of the read buffer, as the policy
@@ -1960,24 +2017,8 @@ impl Session {
             self.input.paused = true;
             return false;
         }
-        if matches!(effect, Effect::Wait(_)) && !self.stateful() && !self.routing.is_cluster() {
-            // WAIT runs on a connection opened now, to the current primary; if the primary
-            // moved since the earlier writes it would cover, its count would vouch for writes
-            // made on the previous one.
-            let epoch = self.ctx.pool.epoch();
-            if let Routing::Sentinel(sentinel) = &self.routing
-                && epoch != sentinel.wait_epoch
-            {
-                // Then close, as Sentinel has Redis close the old primary's clients: a WAIT
-                // retried on this connection would otherwise seem to vouch for those writes,
-                // while on a new connection it covers only writes made there.
-                self.input.rbuf.advance(len);
-                self.queue.local(error_reply(&ProxyError::Upstream(
-                    UpstreamError::PrimaryChanged,
-                )));
-                self.input.closing = true;
-                return true;
-            }
+        if self.wait_after_failover(len, effect) {
+            return true;
         }
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
         let raw = auth && !self.ctx.pool.has_credentials();
@@ -1987,7 +2028,79 @@ impl Session {
             self.input.rbuf.advance(len);
             return true;
         }
-        let mut command = self.input.rbuf.split_to(len).freeze();
+        let command = self.input.rbuf.split_to(len).freeze();
+        let out = self.outgoing(command, target, effect, rewrite);
+        let expect = match expect {
+            Expect::Frames(_) => Expect::Frames(out.frames.len() as u32),
+            other => other,
+        };
+        let exec_mask = self.exec_mask(effect);
+        self.note_queued(effect, out.queued.as_deref());
+        let (blocking, wait) = match effect {
+            Effect::Blocking(wait) | Effect::Wait(wait) => (true, wait),
+            _ => (false, ReplyWait::Prompt),
+        };
+        let handling = Handling {
+            suppress,
+            blocking,
+            wait,
+            mask: out.frames.contains(&false).then_some(out.frames),
+            client_info: effect == Effect::ClientInfo,
+            info: effect == Effect::Info,
+            replace: out.replace,
+            exec_mask,
+            strip: out.strip,
+        };
+        let hash_slots = match (slot, target, self.routing.spread_mut()) {
+            (Some(slot), Target::Shared(..), Some(spread)) => {
+                spread.sent(target, &[slot]);
+                vec![slot]
+            }
+            _ => Vec::new(),
+        };
+        self.send(target, out.bytes, expect, handling, hash_slots)
+            .await;
+        self.apply(effect);
+        if self.client.reply_mode == ReplyMode::Skip {
+            self.client.reply_mode = ReplyMode::On;
+        }
+        true
+    }
+
+    /// Sentinel mode: a WAIT after a failover that came after the writes it would cover is
+    /// answered with an error and the session closes; `true` when so. WAIT runs on a
+    /// connection opened now, to the current primary, whose count would vouch for writes made
+    /// on the previous one; Sentinel has Redis close the old primary's clients, and a WAIT
+    /// retried on this connection would otherwise seem to vouch for those writes, while on a
+    /// new connection it covers only writes made there.
+    fn wait_after_failover(&mut self, len: usize, effect: Effect) -> bool {
+        let Routing::Sentinel(sentinel) = &self.routing else {
+            return false;
+        };
+        if !matches!(effect, Effect::Wait(_))
+            || self.stateful()
+            || self.ctx.pool.epoch() == sentinel.wait_epoch
+        {
+            return false;
+        }
+        self.input.rbuf.advance(len);
+        let e = ProxyError::Upstream(UpstreamError::PrimaryChanged);
+        self.queue.local(error_reply(&e));
+        self.input.closing = true;
+        true
+    }
+
+    /// The bytes a forwarded command goes upstream as: the policy's rewrite, EXEC replaced by
+    /// DISCARD for a spoiled transaction, and the commands the proxy adds (the TTL rule's, the
+    /// HELLO after a raw AUTH, WAIT's barrier, a deferred MULTI), with which reply frames the
+    /// client sees.
+    fn outgoing(
+        &mut self,
+        mut command: Bytes,
+        target: Target,
+        effect: Effect,
+        rewrite: Option<crate::policy::ttl::Rewrite>,
+    ) -> Outgoing {
         let mut replace = None;
         if effect == Effect::AbortExec {
             command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
@@ -2047,41 +2160,13 @@ impl Session {
         } else {
             bytes
         };
-        let expect = match expect {
-            Expect::Frames(_) => Expect::Frames(frames.len() as u32),
-            other => other,
-        };
-        let mask = frames.contains(&false).then_some(frames);
-        let exec_mask = self.exec_mask(effect);
-        self.note_queued(effect, queued.as_deref());
-        let (blocking, wait) = match effect {
-            Effect::Blocking(wait) | Effect::Wait(wait) => (true, wait),
-            _ => (false, ReplyWait::Prompt),
-        };
-        let handling = Handling {
-            suppress,
-            blocking,
-            wait,
-            mask,
-            client_info: effect == Effect::ClientInfo,
-            info: effect == Effect::Info,
+        Outgoing {
+            bytes,
+            frames,
+            queued,
             replace,
-            exec_mask,
             strip,
-        };
-        let hash_slots = match (slot, target, self.routing.spread_mut()) {
-            (Some(slot), Target::Shared(..), Some(spread)) => {
-                spread.sent(target, &[slot]);
-                vec![slot]
-            }
-            _ => Vec::new(),
-        };
-        self.send(target, bytes, expect, handling, hash_slots).await;
-        self.apply(effect);
-        if self.client.reply_mode == ReplyMode::Skip {
-            self.client.reply_mode = ReplyMode::On;
         }
-        true
     }
 
     /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
