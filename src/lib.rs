@@ -30,9 +30,10 @@
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
 //!   under `read_from` (replica reads, docs/cluster.md).
-//! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels and
-//!   confirmed with `ROLE`, followed through `+switch-master`; `upstream::address` makes the
-//!   pool's connections follow it. With `read_from: replica`, `sentinel::replicas` lists the
+//! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels (asked
+//!   through fred) and confirmed with `ROLE`, followed through `+switch-master`; published as
+//!   an `upstream::address::AddrEpoch`, which `upstream::address` makes the pool's connections
+//!   follow. With `read_from: replica`, `sentinel::replicas` lists the
 //!   usable replicas, `upstream::replicas` keeps their pools and picks one per client, and
 //!   `session::replica_reads` says which commands may go there (docs/sentinel.md).
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.

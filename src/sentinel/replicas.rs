@@ -2,14 +2,16 @@
 //! which ones the sentinels consider usable now. Asked with `SENTINEL REPLICAS`, again after
 //! every primary change and every [`REFRESH`], and published as a sorted address list that
 //! `upstream::replicas` turns into pools. Like the rest of this module, no pool knowledge.
+//! The question goes through fred (`node`); the entries come back as fred `Value`s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::types::Value;
 use tokio::sync::watch;
 
-use super::{Primary, SentinelSpec, call, connect, join_host_port, text};
-use crate::ratelimit::redis::Frame;
+use super::node::{Node, join_host_port, text};
+use super::{Primary, SentinelSpec};
 
 /// How often the replica list is asked again when no failover prompts it: a replica that
 /// went down, came back or finished its sync is noticed within this (the same period as
@@ -22,23 +24,8 @@ const BAD_FLAGS: [&str; 3] = ["s_down", "o_down", "disconnected"];
 
 /// The usable replicas one sentinel lists, as sorted `host:port`; `primary` (the address
 /// published now) is left out: a replica promoted a moment ago may still be listed.
-async fn ask(
-    sentinel: &str,
-    spec: &SentinelSpec,
-    primary: Option<&str>,
-) -> Result<Vec<Arc<str>>, String> {
-    let mut s = connect(sentinel, spec.timeout).await?;
-    let reply = call(
-        &mut s,
-        &[b"SENTINEL", b"REPLICAS", spec.master_name.as_bytes()],
-        spec.timeout,
-    )
-    .await?;
-    let entries = match reply {
-        Frame::Array(entries) => entries,
-        Frame::Error(e) => return Err(e),
-        _ => return Err("unexpected reply".into()),
-    };
+async fn ask(node: &Node, master: &str, primary: Option<&str>) -> Result<Vec<Arc<str>>, String> {
+    let entries = node.replicas(master).await?;
     let mut out: Vec<Arc<str>> = entries
         .iter()
         .filter_map(usable)
@@ -53,8 +40,8 @@ async fn ask(
 /// The address of one `SENTINEL REPLICAS` entry (a flat field/value array) when the
 /// sentinel considers it healthy and in sync: no bad flag, and a replication link that is
 /// `ok` (a replica still loading its first sync answers reads with stale or no data).
-fn usable(entry: &Frame) -> Option<String> {
-    let Frame::Array(fields) = entry else {
+fn usable(entry: &Value) -> Option<String> {
+    let Value::Array(fields) = entry else {
         return None;
     };
     let field = |name: &str| {
@@ -83,11 +70,16 @@ pub async fn follow_replicas(
     mut primary: watch::Receiver<Option<Primary>>,
     tx: watch::Sender<Vec<Arc<str>>>,
 ) {
+    let sentinels = Node::for_questions(&spec);
     while !tx.is_closed() {
         let current = primary.borrow_and_update().as_ref().map(|p| p.addr.clone());
         let mut tried = Vec::new();
-        for sentinel in &spec.sentinels {
-            match ask(sentinel, &spec, current.as_deref()).await {
+        for (sentinel, node) in spec.sentinels.iter().zip(&sentinels) {
+            let answer = match node {
+                Ok(node) => ask(node, &spec.master_name, current.as_deref()).await,
+                Err(e) => Err(e.clone()),
+            };
+            match answer {
                 Ok(list) => {
                     tx.send_if_modified(|cur| {
                         if *cur == list {
@@ -118,18 +110,12 @@ pub async fn follow_replicas(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
-    fn entry(fields: &[(&str, &str)]) -> Frame {
-        Frame::Array(
+    fn entry(fields: &[(&str, &str)]) -> Value {
+        Value::Array(
             fields
                 .iter()
-                .flat_map(|(k, v)| {
-                    [
-                        Frame::String(Bytes::copy_from_slice(k.as_bytes())),
-                        Frame::String(Bytes::copy_from_slice(v.as_bytes())),
-                    ]
-                })
+                .flat_map(|(k, v)| [Value::from(*k), Value::from(*v)])
                 .collect(),
         )
     }
@@ -161,6 +147,6 @@ mod tests {
             ("master-link-status", "ok"),
         ];
         assert_eq!(usable(&entry(&v6)).as_deref(), Some("[::1]:7002"));
-        assert_eq!(usable(&Frame::Nil), None);
+        assert_eq!(usable(&Value::Null), None);
     }
 }

@@ -8,7 +8,17 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::sentinel::Primary;
+/// A moving node's address as last published (in sentinel mode, by `sentinel::follow_primary`:
+/// the primary of the moment). Defined here so that connections depend on an address and
+/// its epoch, not on whoever finds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrEpoch {
+    /// `host:port` to connect to.
+    pub addr: Arc<str>,
+    /// How many times the address has changed since the first one; a WAIT compares epochs to
+    /// know whether the writes it would cover may have gone to a previous node.
+    pub epoch: u64,
+}
 
 /// A future that resolves, with the reason, when a connection must be given up although it
 /// still works (its node is no longer the one the pool should talk to).
@@ -22,7 +32,7 @@ pub enum Address {
     /// Sentinel mode: the primary as published by `sentinel::follow_primary`.
     Followed {
         /// The latest primary; `None` until a sentinel has named one.
-        primary: watch::Receiver<Option<Primary>>,
+        primary: watch::Receiver<Option<AddrEpoch>>,
         /// Names the node in messages while no primary is known (`sentinel:<master_name>`).
         label: Arc<str>,
     },
@@ -101,8 +111,8 @@ impl Address {
 mod tests {
     use super::*;
 
-    fn primary(addr: &str, epoch: u64) -> Option<Primary> {
-        Some(Primary {
+    fn primary(addr: &str, epoch: u64) -> Option<AddrEpoch> {
+        Some(AddrEpoch {
             addr: addr.into(),
             epoch,
         })
