@@ -298,45 +298,70 @@ impl Session {
         effect: Effect,
         rewrite: Option<&crate::policy::ttl::Rewrite>,
     ) -> Option<Action> {
+        if let Some(answer) = self.transaction_answer(args, effect) {
+            return Some(answer);
+        }
+        if let Some(answer) = self.cluster_only_answer(args, rewrite) {
+            return Some(answer);
+        }
+        let merge = self.fanout_merge(args, effect)?;
+        Some(self.fanout_action(args, effect, rewrite, merge))
+    }
+
+    /// What the session answers itself about its own state before anything reaches a node:
+    /// SELECT n, and MULTI (answered here, sent later with the first queued command, whose
+    /// keys name the node) with the EXEC/DISCARD of a transaction that never reached one.
+    fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
         match effect {
-            Effect::Select(db) if db != 0 => {
-                return Some(Action::Local(
-                    simple_error("ERR", "SELECT is not allowed in cluster mode"),
-                    LocalEffect::None,
-                ));
-            }
-            Effect::Multi if !self.conn.in_multi() => {
-                return Some(Action::Local(
-                    Bytes::from_static(b"+OK\r\n"),
-                    LocalEffect::DeferMulti,
-                ));
-            }
-            Effect::Multi if self.conn.multi_deferred() => {
-                return Some(Action::Local(
-                    simple_error("ERR", "MULTI calls can not be nested"),
-                    LocalEffect::None,
-                ));
-            }
+            Effect::Select(db) if db != 0 => Some(Action::Local(
+                simple_error("ERR", "SELECT is not allowed in cluster mode"),
+                LocalEffect::None,
+            )),
+            Effect::Multi if !self.conn.in_multi() => Some(Action::Local(
+                Bytes::from_static(b"+OK\r\n"),
+                LocalEffect::DeferMulti,
+            )),
+            Effect::Multi if self.conn.multi_deferred() => Some(Action::Local(
+                simple_error("ERR", "MULTI calls can not be nested"),
+                LocalEffect::None,
+            )),
             // With a WATCH on the connection, EXEC must run there even with nothing queued:
             // a watched key that changed makes it answer nil.
             Effect::EndMulti | Effect::AbortExec
                 if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
             {
-                let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
-                let reply = if !exec {
-                    Bytes::from_static(b"+OK\r\n")
-                } else if self.conn.multi_refused() {
-                    simple_error(
-                        "EXECABORT",
-                        "Transaction discarded because of previous errors.",
-                    )
-                } else {
-                    Bytes::from_static(b"*0\r\n")
-                };
-                return Some(Action::Local(reply, LocalEffect::EndMulti));
+                Some(Action::Local(
+                    self.unsent_transaction_end(args),
+                    LocalEffect::EndMulti,
+                ))
             }
-            _ => {}
+            _ => None,
         }
+    }
+
+    /// The reply to EXEC or DISCARD ending a deferred MULTI that queued nothing upstream:
+    /// Redis's own answers for an empty (or refused) transaction.
+    fn unsent_transaction_end(&self, args: &Args<'_>) -> Bytes {
+        let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
+        if !exec {
+            Bytes::from_static(b"+OK\r\n")
+        } else if self.conn.multi_refused() {
+            simple_error(
+                "EXECABORT",
+                "Transaction discarded because of previous errors.",
+            )
+        } else {
+            Bytes::from_static(b"*0\r\n")
+        }
+    }
+
+    /// Commands about the cluster itself, which the proxy hides (to its clients it is one
+    /// server), and SCAN, which walks every primary with a composite cursor.
+    fn cluster_only_answer(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Option<Action> {
         let name = args.get(0);
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("CLUSTER") {
@@ -352,59 +377,70 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if matches!(effect, Effect::Wait(_)) {
-            if self.pinned() {
-                // A transaction or WATCH holds the session on one node: WAIT runs there.
-                return None;
-            }
-            Merge::Min
-        } else if is("INFO") {
-            Merge::Info
+        None
+    }
+
+    /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
+    /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
+    fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        let sub_in = |subs: &[&[u8]]| {
+            args.len() > 1 && subs.iter().any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        };
+        if matches!(effect, Effect::Wait(_)) {
+            // A transaction or WATCH holds the session on one node: WAIT runs there.
+            return (!self.pinned()).then_some(Merge::Min);
+        }
+        if is("INFO") {
+            Some(Merge::Info)
         } else if is("DBSIZE") {
-            Merge::Sum
+            Some(Merge::Sum)
         } else if is("KEYS") {
-            Merge::Concat
+            Some(Merge::Concat)
         } else if is("FLUSHALL") || is("FLUSHDB") {
-            Merge::AllOk
-        } else if is("CONFIG")
-            && args.len() > 1
-            && [&b"SET"[..], b"RESETSTAT", b"REWRITE"]
-                .iter()
-                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
-        {
+            Some(Merge::AllOk)
+        } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
             // To its clients the proxy is one server: a setting changed through it applies
             // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
-            Merge::AllOk
+            Some(Merge::AllOk)
         } else if is("RANDOMKEY") {
-            Merge::FirstNonNil
+            Some(Merge::FirstNonNil)
         } else if (is("SCRIPT") || is("FUNCTION"))
-            && args.len() > 1
-            && [&b"LOAD"[..], b"FLUSH", b"DELETE", b"RESTORE"]
-                .iter()
-                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+            && sub_in(&[b"LOAD", b"FLUSH", b"DELETE", b"RESTORE"])
         {
             // Scripts and functions live per node, and a command using one may go to any
             // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
             // gets NOSCRIPT for keys on the other nodes, forever.
-            Merge::AllOk
+            Some(Merge::AllOk)
         } else {
-            return None;
-        };
+            None
+        }
+    }
+
+    /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
+    fn fanout_action(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        merge: Merge,
+    ) -> Action {
         if self.conn.in_multi() {
             // EXEC's reply would hold one node's answer only.
-            return Some(Action::Refused(simple_error(
+            return Action::Refused(simple_error(
                 "ERR",
                 &format!(
                     "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
-                    String::from_utf8_lossy(name).to_ascii_uppercase()
+                    String::from_utf8_lossy(args.get(0)).to_ascii_uppercase()
                 ),
-            )));
+            ));
         }
         let bytes = match rewrite.and_then(|r| r.command.clone()) {
             Some(command) => command,
             None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
         };
-        Some(Action::Gather(Box::new(Gather::Fanout(Fanout {
+        Action::Gather(Box::new(Gather::Fanout(Fanout {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
@@ -414,7 +450,7 @@ impl Session {
                 Effect::Wait(wait) => wait,
                 _ => ReplyWait::Prompt,
             },
-        }))))
+        })))
     }
 
     /// SCAN over every primary with a composite cursor (see [`Scan`]).
