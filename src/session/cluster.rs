@@ -702,66 +702,28 @@ impl Session {
         };
         if sent.redirects >= router.max_redirects() {
             if let Again::Redirect(r) = again {
-                *data = simple_error(
-                    "ERR",
-                    &format!("too many cluster redirections for slot {}", r.slot()),
-                );
-                if let Some(Slot::Upstream {
-                    commands, handling, ..
-                }) = self
-                    .queue
-                    .slot_of(seq)
-                    .and_then(|i| self.queue.slots.get_mut(i))
-                {
-                    // The error stands for the command alone.
-                    self.queue.inflight -= (*commands - 1) as usize;
-                    *commands = 1;
-                    handling.mask = None;
-                }
+                *data = too_many_redirections(&r);
+                self.answer_alone(seq);
             }
             return false;
         }
         let (command, proto, wait) = (sent.bytes.clone(), sent.proto, sent.wait);
-        if let Again::Redirect(r) = &again {
-            self.count_redirect(r);
-        }
-        match &again {
-            Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
-            Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-            Again::Redirect(Redirect::Ask { .. }) => {}
+        self.note_redirect(&router, &again);
+        if let Again::TryAgain(_) = again {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let node = router.node(again.addr());
-        // A WATCH answered MOVED watched nothing; when it is all the session has on its
-        // connection (nothing sent after it, no other state), the watch starts over on the
-        // slot's owner instead of the client getting a redirection it cannot follow.
-        let lone_watch = matches!(again, Again::Redirect(Redirect::Moved { .. }))
-            && self.conn.holds(Holds::WATCH)
-            && self.queue.inflight == 1
-            && !self.conn.in_multi()
-            && !self.conn.held.other_than(Holds::WATCH)
-            && transaction::command_name(&command, &self.ctx.codec)
-                .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
-        if lone_watch {
-            self.conn.held.remove(Holds::WATCH);
-        }
-        let tx = self.dedicated_to(&router, node, proto).await;
-        if lone_watch {
-            self.conn.held.insert(Holds::WATCH);
-        }
-        let Some(tx) = tx else {
+        let moved = matches!(again, Again::Redirect(Redirect::Moved { .. }));
+        let Some(tx) = self
+            .dedicated_for_resend(&router, node, proto, moved, &command)
+            .await
+        else {
             return false;
         };
         let ask = again.is_ask();
-        let bytes = if ask {
-            [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
-                .concat()
-                .into()
-        } else {
-            command
-        };
         let frames: u32 = if ask { 2 } else { 1 };
         let batch = Batch {
-            bytes,
+            bytes: with_asking(command, ask),
             expect: Expect::Frames(frames),
             wait,
             reply_to: self.queue.reply_sender(),
@@ -771,6 +733,70 @@ impl Session {
         if tx.send(batch).await.is_err() {
             return false;
         }
+        self.note_resent(seq, node, frames, ask);
+        true
+    }
+
+    /// Counts a redirection being followed and, for MOVED, teaches the map the slot's new
+    /// owner (ASK is for one command only; TRYAGAIN is no redirection).
+    fn note_redirect(&self, router: &Router, again: &Again) {
+        if let Again::Redirect(r) = again {
+            self.count_redirect(r);
+            if let Redirect::Moved { slot, addr } = r {
+                router.apply_moved(*slot, addr);
+            }
+        }
+    }
+
+    /// The reply slot `seq`, whose batch is answered with a too-many-redirections error, now
+    /// expects that one frame: the error stands for the command alone.
+    fn answer_alone(&mut self, seq: u16) {
+        if let Some(Slot::Upstream {
+            commands, handling, ..
+        }) = self
+            .queue
+            .slot_of(seq)
+            .and_then(|i| self.queue.slots.get_mut(i))
+        {
+            self.queue.inflight -= (*commands - 1) as usize;
+            *commands = 1;
+            handling.mask = None;
+        }
+    }
+
+    /// The dedicated connection a redirected command is sent again on (see `dedicated_to`).
+    /// A WATCH answered MOVED watched nothing; when it is all the session has on its
+    /// connection (nothing sent after it, no other state), the watch starts over on the
+    /// slot's owner instead of the client getting a redirection it cannot follow.
+    async fn dedicated_for_resend(
+        &mut self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        moved: bool,
+        command: &Bytes,
+    ) -> Option<mpsc::Sender<Batch>> {
+        let lone_watch = moved
+            && self.conn.holds(Holds::WATCH)
+            && self.queue.inflight == 1
+            && !self.conn.in_multi()
+            && !self.conn.held.other_than(Holds::WATCH)
+            && transaction::command_name(command, &self.ctx.codec)
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
+        if lone_watch {
+            self.conn.held.remove(Holds::WATCH);
+        }
+        let tx = self.dedicated_to(router, node, proto).await;
+        if lone_watch {
+            self.conn.held.insert(Holds::WATCH);
+        }
+        tx
+    }
+
+    /// Records that batch `seq` was sent again to `node` as `frames` commands (`ASKING`'s
+    /// reply, when `ask`, hidden from the client): the slot, the in-flight count and where
+    /// the session's commands now go.
+    fn note_resent(&mut self, seq: u16, node: u16, frames: u32, ask: bool) {
         if let Some(Slot::Upstream {
             commands,
             handling,
@@ -788,7 +814,6 @@ impl Session {
             sent.redirects += 1;
         }
         self.queue.inflight_target = Some(Target::Dedicated(node));
-        true
     }
 
     /// The session's dedicated connection, moved to `node` if it is elsewhere; `None` when
@@ -1323,6 +1348,26 @@ fn may_redirect(data: &[u8]) -> bool {
         || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
         || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
         || memchr::memmem::find(data, b"\r\n-TRYAGAIN").is_some()
+}
+
+/// The error a command gets when it is still redirected after `max_redirects` resends.
+fn too_many_redirections(redirect: &Redirect) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("too many cluster redirections for slot {}", redirect.slot()),
+    )
+}
+
+/// `command` preceded by `ASKING` when it follows an ASK: the target node serves the slot
+/// being imported only to a connection that said so, for the next command only.
+fn with_asking(command: Bytes, ask: bool) -> Bytes {
+    if ask {
+        [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
+            .concat()
+            .into()
+    } else {
+        command
+    }
 }
 
 /// A command to send again, and where.
