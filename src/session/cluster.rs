@@ -948,52 +948,17 @@ impl Session {
             let mut next = Vec::new();
             let mut start = 0;
             while start < todo.len() {
-                let (dest, ask) = (todo[start].1.addr().clone(), todo[start].1.is_ask());
-                let end = todo[start..]
-                    .iter()
-                    .position(|(_, r)| *r.addr() != dest || r.is_ask() != ask)
-                    .map_or(todo.len(), |n| start + n);
-                let group = &todo[start..end];
+                let end = same_destination_end(&todo, start);
+                self.resend_group(
+                    router,
+                    proto,
+                    commands,
+                    frames,
+                    &todo[start..end],
+                    &mut next,
+                )
+                .await;
                 start = end;
-                for (_, r) in group {
-                    if let Again::Redirect(r) = r {
-                        self.count_redirect(r);
-                    }
-                    if let Again::Redirect(Redirect::Moved { slot, addr }) = r {
-                        router.apply_moved(*slot, addr);
-                    }
-                }
-                let node = router.node(&dest);
-                let mut out = BytesMut::new();
-                for (i, _) in group {
-                    if ask {
-                        out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                    }
-                    out.extend_from_slice(&commands[*i]);
-                }
-                let per = if ask { 2 } else { 1 };
-                let expected = (group.len() * per) as u32;
-                let (data, error) = self
-                    .exchange(router, node, proto, out.freeze(), expected)
-                    .await;
-                let got = split_frames(&data);
-                for (k, (i, _)) in group.iter().enumerate() {
-                    match got.get(k * per + per - 1) {
-                        Some(frame) => {
-                            if let Some(r) = again_of(frame, &dest) {
-                                next.push((*i, r));
-                            }
-                            frames[*i] = frame.clone();
-                        }
-                        None => {
-                            let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
-                                addr: dest.clone(),
-                                reason: "no reply after a redirection".into(),
-                            });
-                            frames[*i] = error_reply(&ProxyError::Upstream(e));
-                        }
-                    }
-                }
             }
             todo = next;
         }
@@ -1001,11 +966,53 @@ impl Session {
             // A TRYAGAIN that outlasted the retries stays Redis's own error: the client may
             // retry it later, as Redis intends.
             if let Again::Redirect(r) = r {
-                frames[i] = simple_error(
-                    "ERR",
-                    &format!("too many cluster redirections for slot {}", r.slot()),
-                );
+                frames[i] = too_many_redirections(&r);
             }
+        }
+    }
+
+    /// One round of `redirect_frames` for a `group` of commands with one destination, all
+    /// after ASK or none: sent there as one batch, each reply put in `frames`, and the ones
+    /// redirected again pushed to `next` for the following round.
+    async fn resend_group(
+        &self,
+        router: &Router,
+        proto: u8,
+        commands: &[Bytes],
+        frames: &mut [Bytes],
+        group: &[(usize, Again)],
+        next: &mut Vec<(usize, Again)>,
+    ) {
+        let Some((_, first)) = group.first() else {
+            return;
+        };
+        let (dest, ask) = (first.addr().clone(), first.is_ask());
+        for (_, r) in group {
+            self.note_redirect(router, r);
+        }
+        let node = router.node(&dest);
+        let mut out = BytesMut::new();
+        for (i, _) in group {
+            if ask {
+                out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+            }
+            out.extend_from_slice(&commands[*i]);
+        }
+        let per = if ask { 2 } else { 1 };
+        let expected = (group.len() * per) as u32;
+        let (data, error) = self
+            .exchange(router, node, proto, out.freeze(), expected)
+            .await;
+        let got = split_frames(&data);
+        for (k, (i, _)) in group.iter().enumerate() {
+            let Some(frame) = got.get(k * per + per - 1) else {
+                frames[*i] = lost_reply(error.as_deref(), &dest, "no reply after a redirection");
+                continue;
+            };
+            if let Some(r) = again_of(frame, &dest) {
+                next.push((*i, r));
+            }
+            frames[*i] = frame.clone();
         }
     }
 
@@ -1368,6 +1375,26 @@ fn with_asking(command: Bytes, ask: bool) -> Bytes {
     } else {
         command
     }
+}
+
+/// Where the run of `todo` entries starting at `start` ends: the entries sent to one node
+/// in one batch share its address and whether they follow an ASK (each then needs `ASKING`).
+fn same_destination_end(todo: &[(usize, Again)], start: usize) -> usize {
+    let (dest, ask) = (todo[start].1.addr(), todo[start].1.is_ask());
+    todo[start..]
+        .iter()
+        .position(|(_, r)| r.addr() != dest || r.is_ask() != ask)
+        .map_or(todo.len(), |n| start + n)
+}
+
+/// The reply for a command whose node answered nothing for it: the node's error if it
+/// failed, else a lost connection (the command may have run, so it is not sent again).
+fn lost_reply(error: Option<&UpstreamError>, addr: &Arc<str>, reason: &str) -> Bytes {
+    let e = error.cloned().unwrap_or(UpstreamError::Lost {
+        addr: addr.clone(),
+        reason: reason.into(),
+    });
+    error_reply(&ProxyError::Upstream(e))
 }
 
 /// A command to send again, and where.
