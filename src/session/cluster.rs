@@ -1027,7 +1027,22 @@ impl Session {
         bytes: Bytes,
         frames: u32,
     ) -> (Bytes, Option<Box<UpstreamError>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let rx = self.send_shared(router, node, proto, bytes, frames).await;
+        receive(rx, router, node).await
+    }
+
+    /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
+    /// this client, outside the session's reply order: where the replies will come, or
+    /// `None` when the connection took nothing.
+    async fn send_shared(
+        &self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        bytes: Bytes,
+        frames: u32,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
         let batch = Batch {
             bytes,
             expect: Expect::Frames(frames),
@@ -1035,25 +1050,9 @@ impl Session {
             reply_to: tx,
             seq: 0,
         };
-        let answer = match router
-            .pool(node)
-            .shared(proto, self.client.id)
-            .send(batch)
-            .await
-        {
-            Ok(()) => rx.recv().await,
-            Err(_) => None,
-        };
-        match answer {
-            Some(Reply::Batch { data, error, .. }) => (data, error),
-            _ => (
-                Bytes::new(),
-                Some(Box::new(UpstreamError::Unavailable {
-                    addr: router.addr(node),
-                    reason: "connection closed".into(),
-                })),
-            ),
-        }
+        let pool = router.pool(node);
+        let sent = pool.shared(proto, self.client.id).send(batch).await;
+        sent.is_ok().then_some(rx)
     }
 
     /// Sends the parts of a split multi-key command and joins their replies.
@@ -1064,70 +1063,49 @@ impl Session {
         let mut pending = Vec::with_capacity(split.batches.len());
         for b in split.batches {
             let frames = (b.parts.len() + b.hidden) as u32;
-            let (tx, rx) = mpsc::unbounded_channel();
             let bytes = b.bytes.freeze();
-            let batch = Batch {
-                bytes: bytes.clone(),
-                expect: Expect::Frames(frames),
-                wait: ReplyWait::Prompt,
-                reply_to: tx,
-                seq: 0,
-            };
-            let sent = router
-                .pool(b.node)
-                .shared(self.client.proto, self.client.id)
-                .send(batch)
+            let proto = self.client.proto;
+            let rx = self
+                .send_shared(&router, b.node, proto, bytes.clone(), frames)
                 .await;
-            pending.push((b.node, b.parts, bytes, sent.is_ok().then_some(rx)));
+            pending.push((b.node, b.parts, bytes, rx));
         }
         // Every part's reply, with the client-order positions of its keys.
         let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
         for (node, positions, bytes, rx) in pending {
-            let answer = match rx {
-                Some(mut rx) => rx.recv().await,
-                None => None,
-            };
-            let (data, error) = match answer {
-                Some(Reply::Batch { data, error, .. }) => (data, error),
-                _ => (
-                    Bytes::new(),
-                    Some(Box::new(UpstreamError::Unavailable {
-                        addr: router.addr(node),
-                        reason: "connection closed".into(),
-                    })),
-                ),
-            };
+            let (data, error) = receive(rx, &router, node).await;
             let mut frames = split_frames(&data);
             if error.is_none() && may_redirect(&data) {
                 // The slot moved since the map was read: follow, as for any command.
-                let commands = split_commands(&bytes, &self.ctx.codec);
-                if commands.len() == frames.len() {
-                    let origin = router.addr(node);
-                    self.redirect_frames(
-                        &router,
-                        self.client.proto,
-                        &origin,
-                        &commands,
-                        &mut frames,
-                    )
+                self.redirect_batch(&router, node, &bytes, &mut frames)
                     .await;
-                }
             }
             for (k, p) in positions.into_iter().enumerate() {
                 let reply = match frames.get(k) {
                     Some(f) => f.clone(),
-                    None => {
-                        let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
-                            addr: router.addr(node),
-                            reason: "no reply".into(),
-                        });
-                        error_reply(&ProxyError::Upstream(e))
-                    }
+                    None => lost_reply(error.as_deref(), &router.addr(node), "no reply"),
                 };
                 parts.push((p, reply));
             }
         }
         join(split.join, split.keys, &parts, self.client.proto)
+    }
+
+    /// Follows the redirections among `frames`, the replies `node` gave to the batch `bytes`
+    /// sent for this client; nothing when the replies do not match the batch's commands.
+    async fn redirect_batch(
+        &self,
+        router: &Router,
+        node: u16,
+        bytes: &Bytes,
+        frames: &mut [Bytes],
+    ) {
+        let commands = split_commands(bytes, &self.ctx.codec);
+        if commands.len() == frames.len() {
+            let origin = router.addr(node);
+            self.redirect_frames(router, self.client.proto, &origin, &commands, frames)
+                .await;
+        }
     }
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
@@ -1144,71 +1122,68 @@ impl Session {
         // One-off connections of a blocking fan-out; dropped (closed) once answered.
         let mut connections = Vec::new();
         for &node in &primaries {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let sent = if fanout.blocking {
-                let batch = Batch {
-                    bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
-                        .concat()
-                        .into(),
-                    expect: Expect::Frames(2),
-                    wait: fanout.wait,
-                    reply_to: tx,
-                    seq: 0,
-                };
-                let (push_to, _) = mpsc::unbounded_channel();
-                let push = PushTarget {
-                    to: push_to,
-                    budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
-                    budget_size: PUSH_BUDGET,
-                    conn_id: 0,
-                };
-                match Box::pin(router.pool(node).dedicated(self.client.proto, push, false)).await {
-                    Ok(conn) => {
-                        let sent = conn.send(batch).await.is_ok();
-                        connections.push(conn);
-                        sent
-                    }
-                    Err(_) => false,
-                }
-            } else {
-                let batch = Batch {
-                    bytes: fanout.bytes.clone(),
-                    expect: Expect::Frames(1),
-                    wait: ReplyWait::Prompt,
-                    reply_to: tx,
-                    seq: 0,
-                };
-                router
-                    .pool(node)
-                    .shared(self.client.proto, self.client.id)
-                    .send(batch)
+            let rx = if fanout.blocking {
+                self.send_blocking(&router, node, &fanout, &mut connections)
                     .await
-                    .is_ok()
+            } else {
+                let (proto, bytes) = (self.client.proto, fanout.bytes.clone());
+                self.send_shared(&router, node, proto, bytes, 1).await
             };
-            receivers.push((node, sent.then_some(rx)));
+            receivers.push((node, rx));
         }
         let mut replies = Vec::with_capacity(receivers.len());
         for (node, rx) in receivers {
-            let answer = match rx {
-                Some(mut rx) => rx.recv().await,
-                None => None,
-            };
-            let reply = match answer {
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }) => data,
-                Some(Reply::Batch { error: Some(e), .. }) => error_reply(&ProxyError::Upstream(*e)),
-                _ => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: router.addr(node),
-                    reason: "connection closed".into(),
-                })),
+            let reply = match receive(rx, &router, node).await {
+                (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
+                // The barrier's reply comes first and is dropped.
+                (data, None) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
+                (data, None) => data,
             };
             replies.push(reply);
         }
         let merged = merge(fanout.merge, &replies, self.client.id);
+        self.finish_fanout(fanout, merged)
+    }
+
+    /// Sends a blocking fan-out's command (WAIT, WAITAOF) to `node` on a one-off dedicated
+    /// connection, as it blocks, after the `WAIT_BARRIER`; the connection goes to
+    /// `connections`, to live until answered. Where the replies will come, or `None` when
+    /// nothing could be sent.
+    async fn send_blocking(
+        &self,
+        router: &Router,
+        node: u16,
+        fanout: &Fanout,
+        connections: &mut Vec<mpsc::Sender<Batch>>,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
+                .concat()
+                .into(),
+            expect: Expect::Frames(2),
+            wait: fanout.wait,
+            reply_to: tx,
+            seq: 0,
+        };
+        let (push_to, _) = mpsc::unbounded_channel();
+        let push = PushTarget {
+            to: push_to,
+            budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
+            budget_size: PUSH_BUDGET,
+            conn_id: 0,
+        };
+        let conn = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
+            .await
+            .ok()?;
+        let sent = conn.send(batch).await.is_ok();
+        connections.push(conn);
+        sent.then_some(rx)
+    }
+
+    /// A fan-out's merged reply as the client gets it: with the proxy's own INFO section
+    /// and without the tenant's namespace, neither added to an error.
+    fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
         let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
             super::replies::append_to_text(merged, &self.proxy_info())
         } else {
@@ -1395,6 +1370,29 @@ fn lost_reply(error: Option<&UpstreamError>, addr: &Arc<str>, reason: &str) -> B
         reason: reason.into(),
     });
     error_reply(&ProxyError::Upstream(e))
+}
+
+/// The replies a batch sent outside the session's reply order got (`rx`: where they come;
+/// `None` when the batch was not taken), and why the node failed if it did.
+async fn receive(
+    rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    router: &Router,
+    node: u16,
+) -> (Bytes, Option<Box<UpstreamError>>) {
+    let answer = match rx {
+        Some(mut rx) => rx.recv().await,
+        None => None,
+    };
+    match answer {
+        Some(Reply::Batch { data, error, .. }) => (data, error),
+        _ => (
+            Bytes::new(),
+            Some(Box::new(UpstreamError::Unavailable {
+                addr: router.addr(node),
+                reason: "connection closed".into(),
+            })),
+        ),
+    }
 }
 
 /// A command to send again, and where.
