@@ -1216,55 +1216,17 @@ fn split(
         None => args.iter().collect(),
     };
     let name = argv[0];
-    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
-    let (join, step) = if is(b"MGET") {
-        (Join::Values, 1)
-    } else if is(b"MSET") {
-        (Join::AllOk, 2)
-    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
-        (Join::Sum, 1)
-    } else {
-        return None;
-    };
+    let (join, step) = split_join(name)?;
     if argv.len() < 2 || (argv.len() - 1) % step != 0 {
         return None;
     }
     let snapshot = router.snapshot();
-    // Sub-commands by slot, in the order slots first appear.
-    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
-        let s = slot(argv[i]);
-        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
-            Some((_, positions)) => positions.push(position),
-            None => by_slot.push((s, vec![position])),
-        }
-    }
     let mut batches: Vec<NodeBatch> = Vec::new();
-    let batch_of = |node: u16, batches: &mut Vec<NodeBatch>| -> usize {
-        match batches.iter().position(|b| b.node == node) {
-            Some(i) => i,
-            None => {
-                batches.push(NodeBatch {
-                    node,
-                    bytes: BytesMut::new(),
-                    parts: Vec::new(),
-                    hidden: 0,
-                });
-                batches.len() - 1
-            }
-        }
-    };
-    for (s, positions) in by_slot {
-        let node = snapshot.owner(s)?;
-        let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
-        sub.push(name);
-        for &p in &positions {
-            let i = 1 + p * step;
-            sub.extend_from_slice(&argv[i..i + step]);
-        }
-        let b = batch_of(node, &mut batches);
-        batches[b].bytes.extend_from_slice(&codec::encode(&sub));
-        batches[b].parts.push(positions);
+    for (s, positions) in slots_in_order(&argv, step) {
+        let b = batch_for(&mut batches, snapshot.owner(s)?);
+        b.bytes
+            .extend_from_slice(&sub_command(&argv, step, &positions));
+        b.parts.push(positions);
     }
     // The policy's hidden commands (a TTL per key after MSET) go to their own key's node,
     // after that node's sub-commands.
@@ -1276,16 +1238,74 @@ fn split(
             return None;
         };
         let key = &hidden[ranges.get(1)?.clone()];
-        let node = snapshot.owner(slot(key))?;
-        let b = batch_of(node, &mut batches);
-        batches[b].bytes.extend_from_slice(hidden);
-        batches[b].hidden += 1;
+        let b = batch_for(&mut batches, snapshot.owner(slot(key))?);
+        b.bytes.extend_from_slice(hidden);
+        b.hidden += 1;
     }
     Some(Action::Gather(Box::new(Gather::Split(Split {
         batches,
         join,
         keys: (argv.len() - 1) / step,
     }))))
+}
+
+/// How a splittable command's parts are joined, and how many arguments make one key's
+/// share of it (MSET's key and value); `None` for a command that cannot be split.
+fn split_join(name: &[u8]) -> Option<(Join, usize)> {
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    if is(b"MGET") {
+        Some((Join::Values, 1))
+    } else if is(b"MSET") {
+        Some((Join::AllOk, 2))
+    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
+        Some((Join::Sum, 1))
+    } else {
+        None
+    }
+}
+
+/// The slots of a split command's keys (every `step`-th argument), in the order they first
+/// appear, each with the client-order positions of its keys: one sub-command per slot.
+fn slots_in_order(argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
+        let s = slot(argv[i]);
+        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
+            Some((_, positions)) => positions.push(position),
+            None => by_slot.push((s, vec![position])),
+        }
+    }
+    by_slot
+}
+
+/// The encoded sub-command of `argv` (its name, then `step` arguments per key) for the
+/// keys at `positions`.
+fn sub_command(argv: &[&[u8]], step: usize, positions: &[usize]) -> Bytes {
+    let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
+    sub.push(argv[0]);
+    for &p in positions {
+        let i = 1 + p * step;
+        sub.extend_from_slice(&argv[i..i + step]);
+    }
+    codec::encode(&sub)
+}
+
+/// The batch for `node` among a split command's, added empty if it has none yet: one batch
+/// per node, however many slots of it the keys are in.
+fn batch_for(batches: &mut Vec<NodeBatch>, node: u16) -> &mut NodeBatch {
+    let i = match batches.iter().position(|b| b.node == node) {
+        Some(i) => i,
+        None => {
+            batches.push(NodeBatch {
+                node,
+                bytes: BytesMut::new(),
+                parts: Vec::new(),
+                hidden: 0,
+            });
+            batches.len() - 1
+        }
+    };
+    &mut batches[i]
 }
 
 /// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
