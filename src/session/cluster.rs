@@ -1655,63 +1655,84 @@ fn merge_info(replies: &[Bytes]) -> Bytes {
     let Some((verbatim, text)) = super::replies::text_of(first) else {
         return unexpected(first);
     };
-    // (db, field) → sum, for the integer fields worth adding up.
-    let mut sums: Vec<(Vec<u8>, &str, i64)> = Vec::new();
+    let sums = keyspace_sums(replies);
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        merged_info_line(line, &sums, &mut out);
+    }
+    super::replies::text_reply(verbatim, &out)
+}
+
+/// Per database, a keyspace count summed over every node's INFO.
+type KeyspaceSums = Vec<(Vec<u8>, &'static str, i64)>;
+
+/// (db, field) → sum over the nodes' INFO replies, for the integer fields worth adding up.
+fn keyspace_sums(replies: &[Bytes]) -> KeyspaceSums {
+    let mut sums = KeyspaceSums::new();
     for reply in replies {
         let Some((_, body)) = super::replies::text_of(reply) else {
             continue;
         };
         for line in body.split(|&b| b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some((db, fields)) = keyspace_line(line) else {
+            if let Some((db, fields)) = keyspace_line(line) {
+                add_keyspace_counts(&mut sums, db, fields);
+            }
+        }
+    }
+    sums
+}
+
+/// Adds the `keys` and `expires` counts of one node's keyspace line for `db` to `sums`.
+fn add_keyspace_counts(sums: &mut KeyspaceSums, db: &[u8], fields: &[u8]) {
+    for field in fields.split(|&b| b == b',') {
+        for name in ["keys", "expires"] {
+            let Some(v) = field
+                .strip_prefix(name.as_bytes())
+                .and_then(|r| r.strip_prefix(b"="))
+                .and_then(codec::parse_int)
+            else {
                 continue;
             };
-            for field in fields.split(|&b| b == b',') {
-                for name in ["keys", "expires"] {
-                    if let Some(v) = field
-                        .strip_prefix(name.as_bytes())
-                        .and_then(|r| r.strip_prefix(b"="))
-                        .and_then(codec::parse_int)
-                    {
-                        match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
-                            Some((_, _, total)) => *total += v,
-                            None => sums.push((db.to_vec(), name, v)),
-                        }
-                    }
-                }
+            match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
+                Some((_, _, total)) => *total += v,
+                None => sums.push((db.to_vec(), name, v)),
             }
         }
     }
-    let mut out: Vec<u8> = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        let bare = line.strip_suffix(b"\n").unwrap_or(line);
-        let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
-        let ending = &line[bare.len()..];
-        if bare == b"cluster_enabled:1" {
-            out.extend_from_slice(b"cluster_enabled:0");
-            out.extend_from_slice(ending);
-        } else if let Some((db, fields)) = keyspace_line(bare) {
-            out.extend_from_slice(db);
-            out.push(b':');
-            for (i, field) in fields.split(|&b| b == b',').enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
-                match sums
-                    .iter()
-                    .find(|(d, n, _)| d == db && n.as_bytes() == name)
-                {
-                    Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
-                    None => out.extend_from_slice(field),
-                }
-            }
-            out.extend_from_slice(ending);
-        } else {
-            out.extend_from_slice(line);
+}
+
+/// One line of the first node's INFO text (with its line ending) as the client gets it:
+/// `cluster_enabled:0`, a keyspace line with the summed counts, any other line as it is.
+fn merged_info_line(line: &[u8], sums: &KeyspaceSums, out: &mut Vec<u8>) {
+    let bare = line.strip_suffix(b"\n").unwrap_or(line);
+    let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
+    let ending = &line[bare.len()..];
+    if bare == b"cluster_enabled:1" {
+        out.extend_from_slice(b"cluster_enabled:0");
+        out.extend_from_slice(ending);
+        return;
+    }
+    let Some((db, fields)) = keyspace_line(bare) else {
+        out.extend_from_slice(line);
+        return;
+    };
+    out.extend_from_slice(db);
+    out.push(b':');
+    for (i, field) in fields.split(|&b| b == b',').enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
+        match sums
+            .iter()
+            .find(|(d, n, _)| d == db && n.as_bytes() == name)
+        {
+            Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
+            None => out.extend_from_slice(field),
         }
     }
-    super::replies::text_reply(verbatim, &out)
+    out.extend_from_slice(ending);
 }
 
 /// `dbN` and its fields, for a `# Keyspace` line such as `db0:keys=3,expires=1,avg_ttl=0`.
