@@ -298,45 +298,70 @@ impl Session {
         effect: Effect,
         rewrite: Option<&crate::policy::ttl::Rewrite>,
     ) -> Option<Action> {
+        if let Some(answer) = self.transaction_answer(args, effect) {
+            return Some(answer);
+        }
+        if let Some(answer) = self.cluster_only_answer(args, rewrite) {
+            return Some(answer);
+        }
+        let merge = self.fanout_merge(args, effect)?;
+        Some(self.fanout_action(args, effect, rewrite, merge))
+    }
+
+    /// What the session answers itself about its own state before anything reaches a node:
+    /// SELECT n, and MULTI (answered here, sent later with the first queued command, whose
+    /// keys name the node) with the EXEC/DISCARD of a transaction that never reached one.
+    fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
         match effect {
-            Effect::Select(db) if db != 0 => {
-                return Some(Action::Local(
-                    simple_error("ERR", "SELECT is not allowed in cluster mode"),
-                    LocalEffect::None,
-                ));
-            }
-            Effect::Multi if !self.conn.in_multi() => {
-                return Some(Action::Local(
-                    Bytes::from_static(b"+OK\r\n"),
-                    LocalEffect::DeferMulti,
-                ));
-            }
-            Effect::Multi if self.conn.multi_deferred() => {
-                return Some(Action::Local(
-                    simple_error("ERR", "MULTI calls can not be nested"),
-                    LocalEffect::None,
-                ));
-            }
+            Effect::Select(db) if db != 0 => Some(Action::Local(
+                simple_error("ERR", "SELECT is not allowed in cluster mode"),
+                LocalEffect::None,
+            )),
+            Effect::Multi if !self.conn.in_multi() => Some(Action::Local(
+                Bytes::from_static(b"+OK\r\n"),
+                LocalEffect::DeferMulti,
+            )),
+            Effect::Multi if self.conn.multi_deferred() => Some(Action::Local(
+                simple_error("ERR", "MULTI calls can not be nested"),
+                LocalEffect::None,
+            )),
             // With a WATCH on the connection, EXEC must run there even with nothing queued:
             // a watched key that changed makes it answer nil.
             Effect::EndMulti | Effect::AbortExec
                 if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
             {
-                let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
-                let reply = if !exec {
-                    Bytes::from_static(b"+OK\r\n")
-                } else if self.conn.multi_refused() {
-                    simple_error(
-                        "EXECABORT",
-                        "Transaction discarded because of previous errors.",
-                    )
-                } else {
-                    Bytes::from_static(b"*0\r\n")
-                };
-                return Some(Action::Local(reply, LocalEffect::EndMulti));
+                Some(Action::Local(
+                    self.unsent_transaction_end(args),
+                    LocalEffect::EndMulti,
+                ))
             }
-            _ => {}
+            _ => None,
         }
+    }
+
+    /// The reply to EXEC or DISCARD ending a deferred MULTI that queued nothing upstream:
+    /// Redis's own answers for an empty (or refused) transaction.
+    fn unsent_transaction_end(&self, args: &Args<'_>) -> Bytes {
+        let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
+        if !exec {
+            Bytes::from_static(b"+OK\r\n")
+        } else if self.conn.multi_refused() {
+            simple_error(
+                "EXECABORT",
+                "Transaction discarded because of previous errors.",
+            )
+        } else {
+            Bytes::from_static(b"*0\r\n")
+        }
+    }
+
+    /// Commands about the cluster itself, which the proxy hides (to its clients it is one
+    /// server), and SCAN, which walks every primary with a composite cursor.
+    fn cluster_only_answer(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+    ) -> Option<Action> {
         let name = args.get(0);
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("CLUSTER") {
@@ -352,59 +377,70 @@ impl Session {
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
         }
-        let merge = if matches!(effect, Effect::Wait(_)) {
-            if self.pinned() {
-                // A transaction or WATCH holds the session on one node: WAIT runs there.
-                return None;
-            }
-            Merge::Min
-        } else if is("INFO") {
-            Merge::Info
+        None
+    }
+
+    /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
+    /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
+    fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        let sub_in = |subs: &[&[u8]]| {
+            args.len() > 1 && subs.iter().any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        };
+        if matches!(effect, Effect::Wait(_)) {
+            // A transaction or WATCH holds the session on one node: WAIT runs there.
+            return (!self.pinned()).then_some(Merge::Min);
+        }
+        if is("INFO") {
+            Some(Merge::Info)
         } else if is("DBSIZE") {
-            Merge::Sum
+            Some(Merge::Sum)
         } else if is("KEYS") {
-            Merge::Concat
+            Some(Merge::Concat)
         } else if is("FLUSHALL") || is("FLUSHDB") {
-            Merge::AllOk
-        } else if is("CONFIG")
-            && args.len() > 1
-            && [&b"SET"[..], b"RESETSTAT", b"REWRITE"]
-                .iter()
-                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
-        {
+            Some(Merge::AllOk)
+        } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
             // To its clients the proxy is one server: a setting changed through it applies
             // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
-            Merge::AllOk
+            Some(Merge::AllOk)
         } else if is("RANDOMKEY") {
-            Merge::FirstNonNil
+            Some(Merge::FirstNonNil)
         } else if (is("SCRIPT") || is("FUNCTION"))
-            && args.len() > 1
-            && [&b"LOAD"[..], b"FLUSH", b"DELETE", b"RESTORE"]
-                .iter()
-                .any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+            && sub_in(&[b"LOAD", b"FLUSH", b"DELETE", b"RESTORE"])
         {
             // Scripts and functions live per node, and a command using one may go to any
             // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
             // gets NOSCRIPT for keys on the other nodes, forever.
-            Merge::AllOk
+            Some(Merge::AllOk)
         } else {
-            return None;
-        };
+            None
+        }
+    }
+
+    /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
+    fn fanout_action(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        merge: Merge,
+    ) -> Action {
         if self.conn.in_multi() {
             // EXEC's reply would hold one node's answer only.
-            return Some(Action::Refused(simple_error(
+            return Action::Refused(simple_error(
                 "ERR",
                 &format!(
                     "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
-                    String::from_utf8_lossy(name).to_ascii_uppercase()
+                    String::from_utf8_lossy(args.get(0)).to_ascii_uppercase()
                 ),
-            )));
+            ));
         }
         let bytes = match rewrite.and_then(|r| r.command.clone()) {
             Some(command) => command,
             None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
         };
-        Some(Action::Gather(Box::new(Gather::Fanout(Fanout {
+        Action::Gather(Box::new(Gather::Fanout(Fanout {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
@@ -414,7 +450,7 @@ impl Session {
                 Effect::Wait(wait) => wait,
                 _ => ReplyWait::Prompt,
             },
-        }))))
+        })))
     }
 
     /// SCAN over every primary with a composite cursor (see [`Scan`]).
@@ -666,66 +702,28 @@ impl Session {
         };
         if sent.redirects >= router.max_redirects() {
             if let Again::Redirect(r) = again {
-                *data = simple_error(
-                    "ERR",
-                    &format!("too many cluster redirections for slot {}", r.slot()),
-                );
-                if let Some(Slot::Upstream {
-                    commands, handling, ..
-                }) = self
-                    .queue
-                    .slot_of(seq)
-                    .and_then(|i| self.queue.slots.get_mut(i))
-                {
-                    // The error stands for the command alone.
-                    self.queue.inflight -= (*commands - 1) as usize;
-                    *commands = 1;
-                    handling.mask = None;
-                }
+                *data = too_many_redirections(&r);
+                self.answer_alone(seq);
             }
             return false;
         }
         let (command, proto, wait) = (sent.bytes.clone(), sent.proto, sent.wait);
-        if let Again::Redirect(r) = &again {
-            self.count_redirect(r);
-        }
-        match &again {
-            Again::Redirect(Redirect::Moved { slot, addr }) => router.apply_moved(*slot, addr),
-            Again::TryAgain(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-            Again::Redirect(Redirect::Ask { .. }) => {}
+        self.note_redirect(&router, &again);
+        if let Again::TryAgain(_) = again {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let node = router.node(again.addr());
-        // A WATCH answered MOVED watched nothing; when it is all the session has on its
-        // connection (nothing sent after it, no other state), the watch starts over on the
-        // slot's owner instead of the client getting a redirection it cannot follow.
-        let lone_watch = matches!(again, Again::Redirect(Redirect::Moved { .. }))
-            && self.conn.holds(Holds::WATCH)
-            && self.queue.inflight == 1
-            && !self.conn.in_multi()
-            && !self.conn.held.other_than(Holds::WATCH)
-            && transaction::command_name(&command, &self.ctx.codec)
-                .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
-        if lone_watch {
-            self.conn.held.remove(Holds::WATCH);
-        }
-        let tx = self.dedicated_to(&router, node, proto).await;
-        if lone_watch {
-            self.conn.held.insert(Holds::WATCH);
-        }
-        let Some(tx) = tx else {
+        let moved = matches!(again, Again::Redirect(Redirect::Moved { .. }));
+        let Some(tx) = self
+            .dedicated_for_resend(&router, node, proto, moved, &command)
+            .await
+        else {
             return false;
         };
         let ask = again.is_ask();
-        let bytes = if ask {
-            [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
-                .concat()
-                .into()
-        } else {
-            command
-        };
         let frames: u32 = if ask { 2 } else { 1 };
         let batch = Batch {
-            bytes,
+            bytes: with_asking(command, ask),
             expect: Expect::Frames(frames),
             wait,
             reply_to: self.queue.reply_sender(),
@@ -735,6 +733,70 @@ impl Session {
         if tx.send(batch).await.is_err() {
             return false;
         }
+        self.note_resent(seq, node, frames, ask);
+        true
+    }
+
+    /// Counts a redirection being followed and, for MOVED, teaches the map the slot's new
+    /// owner (ASK is for one command only; TRYAGAIN is no redirection).
+    fn note_redirect(&self, router: &Router, again: &Again) {
+        if let Again::Redirect(r) = again {
+            self.count_redirect(r);
+            if let Redirect::Moved { slot, addr } = r {
+                router.apply_moved(*slot, addr);
+            }
+        }
+    }
+
+    /// The reply slot `seq`, whose batch is answered with a too-many-redirections error, now
+    /// expects that one frame: the error stands for the command alone.
+    fn answer_alone(&mut self, seq: u16) {
+        if let Some(Slot::Upstream {
+            commands, handling, ..
+        }) = self
+            .queue
+            .slot_of(seq)
+            .and_then(|i| self.queue.slots.get_mut(i))
+        {
+            self.queue.inflight -= (*commands - 1) as usize;
+            *commands = 1;
+            handling.mask = None;
+        }
+    }
+
+    /// The dedicated connection a redirected command is sent again on (see `dedicated_to`).
+    /// A WATCH answered MOVED watched nothing; when it is all the session has on its
+    /// connection (nothing sent after it, no other state), the watch starts over on the
+    /// slot's owner instead of the client getting a redirection it cannot follow.
+    async fn dedicated_for_resend(
+        &mut self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        moved: bool,
+        command: &Bytes,
+    ) -> Option<mpsc::Sender<Batch>> {
+        let lone_watch = moved
+            && self.conn.holds(Holds::WATCH)
+            && self.queue.inflight == 1
+            && !self.conn.in_multi()
+            && !self.conn.held.other_than(Holds::WATCH)
+            && transaction::command_name(command, &self.ctx.codec)
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"WATCH"));
+        if lone_watch {
+            self.conn.held.remove(Holds::WATCH);
+        }
+        let tx = self.dedicated_to(router, node, proto).await;
+        if lone_watch {
+            self.conn.held.insert(Holds::WATCH);
+        }
+        tx
+    }
+
+    /// Records that batch `seq` was sent again to `node` as `frames` commands (`ASKING`'s
+    /// reply, when `ask`, hidden from the client): the slot, the in-flight count and where
+    /// the session's commands now go.
+    fn note_resent(&mut self, seq: u16, node: u16, frames: u32, ask: bool) {
         if let Some(Slot::Upstream {
             commands,
             handling,
@@ -752,7 +814,6 @@ impl Session {
             sent.redirects += 1;
         }
         self.queue.inflight_target = Some(Target::Dedicated(node));
-        true
     }
 
     /// The session's dedicated connection, moved to `node` if it is elsewhere; `None` when
@@ -887,52 +948,17 @@ impl Session {
             let mut next = Vec::new();
             let mut start = 0;
             while start < todo.len() {
-                let (dest, ask) = (todo[start].1.addr().clone(), todo[start].1.is_ask());
-                let end = todo[start..]
-                    .iter()
-                    .position(|(_, r)| *r.addr() != dest || r.is_ask() != ask)
-                    .map_or(todo.len(), |n| start + n);
-                let group = &todo[start..end];
+                let end = same_destination_end(&todo, start);
+                self.resend_group(
+                    router,
+                    proto,
+                    commands,
+                    frames,
+                    &todo[start..end],
+                    &mut next,
+                )
+                .await;
                 start = end;
-                for (_, r) in group {
-                    if let Again::Redirect(r) = r {
-                        self.count_redirect(r);
-                    }
-                    if let Again::Redirect(Redirect::Moved { slot, addr }) = r {
-                        router.apply_moved(*slot, addr);
-                    }
-                }
-                let node = router.node(&dest);
-                let mut out = BytesMut::new();
-                for (i, _) in group {
-                    if ask {
-                        out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
-                    }
-                    out.extend_from_slice(&commands[*i]);
-                }
-                let per = if ask { 2 } else { 1 };
-                let expected = (group.len() * per) as u32;
-                let (data, error) = self
-                    .exchange(router, node, proto, out.freeze(), expected)
-                    .await;
-                let got = split_frames(&data);
-                for (k, (i, _)) in group.iter().enumerate() {
-                    match got.get(k * per + per - 1) {
-                        Some(frame) => {
-                            if let Some(r) = again_of(frame, &dest) {
-                                next.push((*i, r));
-                            }
-                            frames[*i] = frame.clone();
-                        }
-                        None => {
-                            let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
-                                addr: dest.clone(),
-                                reason: "no reply after a redirection".into(),
-                            });
-                            frames[*i] = error_reply(&ProxyError::Upstream(e));
-                        }
-                    }
-                }
             }
             todo = next;
         }
@@ -940,11 +966,53 @@ impl Session {
             // A TRYAGAIN that outlasted the retries stays Redis's own error: the client may
             // retry it later, as Redis intends.
             if let Again::Redirect(r) = r {
-                frames[i] = simple_error(
-                    "ERR",
-                    &format!("too many cluster redirections for slot {}", r.slot()),
-                );
+                frames[i] = too_many_redirections(&r);
             }
+        }
+    }
+
+    /// One round of `redirect_frames` for a `group` of commands with one destination, all
+    /// after ASK or none: sent there as one batch, each reply put in `frames`, and the ones
+    /// redirected again pushed to `next` for the following round.
+    async fn resend_group(
+        &self,
+        router: &Router,
+        proto: u8,
+        commands: &[Bytes],
+        frames: &mut [Bytes],
+        group: &[(usize, Again)],
+        next: &mut Vec<(usize, Again)>,
+    ) {
+        let Some((_, first)) = group.first() else {
+            return;
+        };
+        let (dest, ask) = (first.addr().clone(), first.is_ask());
+        for (_, r) in group {
+            self.note_redirect(router, r);
+        }
+        let node = router.node(&dest);
+        let mut out = BytesMut::new();
+        for (i, _) in group {
+            if ask {
+                out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+            }
+            out.extend_from_slice(&commands[*i]);
+        }
+        let per = if ask { 2 } else { 1 };
+        let expected = (group.len() * per) as u32;
+        let (data, error) = self
+            .exchange(router, node, proto, out.freeze(), expected)
+            .await;
+        let got = split_frames(&data);
+        for (k, (i, _)) in group.iter().enumerate() {
+            let Some(frame) = got.get(k * per + per - 1) else {
+                frames[*i] = lost_reply(error.as_deref(), &dest, "no reply after a redirection");
+                continue;
+            };
+            if let Some(r) = again_of(frame, &dest) {
+                next.push((*i, r));
+            }
+            frames[*i] = frame.clone();
         }
     }
 
@@ -959,7 +1027,22 @@ impl Session {
         bytes: Bytes,
         frames: u32,
     ) -> (Bytes, Option<Box<UpstreamError>>) {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let rx = self.send_shared(router, node, proto, bytes, frames).await;
+        receive(rx, router, node).await
+    }
+
+    /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
+    /// this client, outside the session's reply order: where the replies will come, or
+    /// `None` when the connection took nothing.
+    async fn send_shared(
+        &self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        bytes: Bytes,
+        frames: u32,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
         let batch = Batch {
             bytes,
             expect: Expect::Frames(frames),
@@ -967,25 +1050,9 @@ impl Session {
             reply_to: tx,
             seq: 0,
         };
-        let answer = match router
-            .pool(node)
-            .shared(proto, self.client.id)
-            .send(batch)
-            .await
-        {
-            Ok(()) => rx.recv().await,
-            Err(_) => None,
-        };
-        match answer {
-            Some(Reply::Batch { data, error, .. }) => (data, error),
-            _ => (
-                Bytes::new(),
-                Some(Box::new(UpstreamError::Unavailable {
-                    addr: router.addr(node),
-                    reason: "connection closed".into(),
-                })),
-            ),
-        }
+        let pool = router.pool(node);
+        let sent = pool.shared(proto, self.client.id).send(batch).await;
+        sent.is_ok().then_some(rx)
     }
 
     /// Sends the parts of a split multi-key command and joins their replies.
@@ -996,70 +1063,49 @@ impl Session {
         let mut pending = Vec::with_capacity(split.batches.len());
         for b in split.batches {
             let frames = (b.parts.len() + b.hidden) as u32;
-            let (tx, rx) = mpsc::unbounded_channel();
             let bytes = b.bytes.freeze();
-            let batch = Batch {
-                bytes: bytes.clone(),
-                expect: Expect::Frames(frames),
-                wait: ReplyWait::Prompt,
-                reply_to: tx,
-                seq: 0,
-            };
-            let sent = router
-                .pool(b.node)
-                .shared(self.client.proto, self.client.id)
-                .send(batch)
+            let proto = self.client.proto;
+            let rx = self
+                .send_shared(&router, b.node, proto, bytes.clone(), frames)
                 .await;
-            pending.push((b.node, b.parts, bytes, sent.is_ok().then_some(rx)));
+            pending.push((b.node, b.parts, bytes, rx));
         }
         // Every part's reply, with the client-order positions of its keys.
         let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
         for (node, positions, bytes, rx) in pending {
-            let answer = match rx {
-                Some(mut rx) => rx.recv().await,
-                None => None,
-            };
-            let (data, error) = match answer {
-                Some(Reply::Batch { data, error, .. }) => (data, error),
-                _ => (
-                    Bytes::new(),
-                    Some(Box::new(UpstreamError::Unavailable {
-                        addr: router.addr(node),
-                        reason: "connection closed".into(),
-                    })),
-                ),
-            };
+            let (data, error) = receive(rx, &router, node).await;
             let mut frames = split_frames(&data);
             if error.is_none() && may_redirect(&data) {
                 // The slot moved since the map was read: follow, as for any command.
-                let commands = split_commands(&bytes, &self.ctx.codec);
-                if commands.len() == frames.len() {
-                    let origin = router.addr(node);
-                    self.redirect_frames(
-                        &router,
-                        self.client.proto,
-                        &origin,
-                        &commands,
-                        &mut frames,
-                    )
+                self.redirect_batch(&router, node, &bytes, &mut frames)
                     .await;
-                }
             }
             for (k, p) in positions.into_iter().enumerate() {
                 let reply = match frames.get(k) {
                     Some(f) => f.clone(),
-                    None => {
-                        let e = error.as_deref().cloned().unwrap_or(UpstreamError::Lost {
-                            addr: router.addr(node),
-                            reason: "no reply".into(),
-                        });
-                        error_reply(&ProxyError::Upstream(e))
-                    }
+                    None => lost_reply(error.as_deref(), &router.addr(node), "no reply"),
                 };
                 parts.push((p, reply));
             }
         }
         join(split.join, split.keys, &parts, self.client.proto)
+    }
+
+    /// Follows the redirections among `frames`, the replies `node` gave to the batch `bytes`
+    /// sent for this client; nothing when the replies do not match the batch's commands.
+    async fn redirect_batch(
+        &self,
+        router: &Router,
+        node: u16,
+        bytes: &Bytes,
+        frames: &mut [Bytes],
+    ) {
+        let commands = split_commands(bytes, &self.ctx.codec);
+        if commands.len() == frames.len() {
+            let origin = router.addr(node);
+            self.redirect_frames(router, self.client.proto, &origin, &commands, frames)
+                .await;
+        }
     }
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
@@ -1076,71 +1122,68 @@ impl Session {
         // One-off connections of a blocking fan-out; dropped (closed) once answered.
         let mut connections = Vec::new();
         for &node in &primaries {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let sent = if fanout.blocking {
-                let batch = Batch {
-                    bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
-                        .concat()
-                        .into(),
-                    expect: Expect::Frames(2),
-                    wait: fanout.wait,
-                    reply_to: tx,
-                    seq: 0,
-                };
-                let (push_to, _) = mpsc::unbounded_channel();
-                let push = PushTarget {
-                    to: push_to,
-                    budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
-                    budget_size: PUSH_BUDGET,
-                    conn_id: 0,
-                };
-                match Box::pin(router.pool(node).dedicated(self.client.proto, push, false)).await {
-                    Ok(conn) => {
-                        let sent = conn.send(batch).await.is_ok();
-                        connections.push(conn);
-                        sent
-                    }
-                    Err(_) => false,
-                }
-            } else {
-                let batch = Batch {
-                    bytes: fanout.bytes.clone(),
-                    expect: Expect::Frames(1),
-                    wait: ReplyWait::Prompt,
-                    reply_to: tx,
-                    seq: 0,
-                };
-                router
-                    .pool(node)
-                    .shared(self.client.proto, self.client.id)
-                    .send(batch)
+            let rx = if fanout.blocking {
+                self.send_blocking(&router, node, &fanout, &mut connections)
                     .await
-                    .is_ok()
+            } else {
+                let (proto, bytes) = (self.client.proto, fanout.bytes.clone());
+                self.send_shared(&router, node, proto, bytes, 1).await
             };
-            receivers.push((node, sent.then_some(rx)));
+            receivers.push((node, rx));
         }
         let mut replies = Vec::with_capacity(receivers.len());
         for (node, rx) in receivers {
-            let answer = match rx {
-                Some(mut rx) => rx.recv().await,
-                None => None,
-            };
-            let reply = match answer {
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
-                Some(Reply::Batch {
-                    data, error: None, ..
-                }) => data,
-                Some(Reply::Batch { error: Some(e), .. }) => error_reply(&ProxyError::Upstream(*e)),
-                _ => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
-                    addr: router.addr(node),
-                    reason: "connection closed".into(),
-                })),
+            let reply = match receive(rx, &router, node).await {
+                (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
+                // The barrier's reply comes first and is dropped.
+                (data, None) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
+                (data, None) => data,
             };
             replies.push(reply);
         }
         let merged = merge(fanout.merge, &replies, self.client.id);
+        self.finish_fanout(fanout, merged)
+    }
+
+    /// Sends a blocking fan-out's command (WAIT, WAITAOF) to `node` on a one-off dedicated
+    /// connection, as it blocks, after the `WAIT_BARRIER`; the connection goes to
+    /// `connections`, to live until answered. Where the replies will come, or `None` when
+    /// nothing could be sent.
+    async fn send_blocking(
+        &self,
+        router: &Router,
+        node: u16,
+        fanout: &Fanout,
+        connections: &mut Vec<mpsc::Sender<Batch>>,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
+                .concat()
+                .into(),
+            expect: Expect::Frames(2),
+            wait: fanout.wait,
+            reply_to: tx,
+            seq: 0,
+        };
+        let (push_to, _) = mpsc::unbounded_channel();
+        let push = PushTarget {
+            to: push_to,
+            budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
+            budget_size: PUSH_BUDGET,
+            conn_id: 0,
+        };
+        let conn = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
+            .await
+            .ok()?;
+        let sent = conn.send(batch).await.is_ok();
+        connections.push(conn);
+        sent.then_some(rx)
+    }
+
+    /// A fan-out's merged reply as the client gets it: with the proxy's own INFO section
+    /// and without the tenant's namespace, neither added to an error.
+    fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
         let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
             super::replies::append_to_text(merged, &self.proxy_info())
         } else {
@@ -1173,55 +1216,17 @@ fn split(
         None => args.iter().collect(),
     };
     let name = argv[0];
-    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
-    let (join, step) = if is(b"MGET") {
-        (Join::Values, 1)
-    } else if is(b"MSET") {
-        (Join::AllOk, 2)
-    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
-        (Join::Sum, 1)
-    } else {
-        return None;
-    };
+    let (join, step) = split_join(name)?;
     if argv.len() < 2 || (argv.len() - 1) % step != 0 {
         return None;
     }
     let snapshot = router.snapshot();
-    // Sub-commands by slot, in the order slots first appear.
-    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
-        let s = slot(argv[i]);
-        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
-            Some((_, positions)) => positions.push(position),
-            None => by_slot.push((s, vec![position])),
-        }
-    }
     let mut batches: Vec<NodeBatch> = Vec::new();
-    let batch_of = |node: u16, batches: &mut Vec<NodeBatch>| -> usize {
-        match batches.iter().position(|b| b.node == node) {
-            Some(i) => i,
-            None => {
-                batches.push(NodeBatch {
-                    node,
-                    bytes: BytesMut::new(),
-                    parts: Vec::new(),
-                    hidden: 0,
-                });
-                batches.len() - 1
-            }
-        }
-    };
-    for (s, positions) in by_slot {
-        let node = snapshot.owner(s)?;
-        let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
-        sub.push(name);
-        for &p in &positions {
-            let i = 1 + p * step;
-            sub.extend_from_slice(&argv[i..i + step]);
-        }
-        let b = batch_of(node, &mut batches);
-        batches[b].bytes.extend_from_slice(&codec::encode(&sub));
-        batches[b].parts.push(positions);
+    for (s, positions) in slots_in_order(&argv, step) {
+        let b = batch_for(&mut batches, snapshot.owner(s)?);
+        b.bytes
+            .extend_from_slice(&sub_command(&argv, step, &positions));
+        b.parts.push(positions);
     }
     // The policy's hidden commands (a TTL per key after MSET) go to their own key's node,
     // after that node's sub-commands.
@@ -1233,16 +1238,74 @@ fn split(
             return None;
         };
         let key = &hidden[ranges.get(1)?.clone()];
-        let node = snapshot.owner(slot(key))?;
-        let b = batch_of(node, &mut batches);
-        batches[b].bytes.extend_from_slice(hidden);
-        batches[b].hidden += 1;
+        let b = batch_for(&mut batches, snapshot.owner(slot(key))?);
+        b.bytes.extend_from_slice(hidden);
+        b.hidden += 1;
     }
     Some(Action::Gather(Box::new(Gather::Split(Split {
         batches,
         join,
         keys: (argv.len() - 1) / step,
     }))))
+}
+
+/// How a splittable command's parts are joined, and how many arguments make one key's
+/// share of it (MSET's key and value); `None` for a command that cannot be split.
+fn split_join(name: &[u8]) -> Option<(Join, usize)> {
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    if is(b"MGET") {
+        Some((Join::Values, 1))
+    } else if is(b"MSET") {
+        Some((Join::AllOk, 2))
+    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
+        Some((Join::Sum, 1))
+    } else {
+        None
+    }
+}
+
+/// The slots of a split command's keys (every `step`-th argument), in the order they first
+/// appear, each with the client-order positions of its keys: one sub-command per slot.
+fn slots_in_order(argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
+        let s = slot(argv[i]);
+        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
+            Some((_, positions)) => positions.push(position),
+            None => by_slot.push((s, vec![position])),
+        }
+    }
+    by_slot
+}
+
+/// The encoded sub-command of `argv` (its name, then `step` arguments per key) for the
+/// keys at `positions`.
+fn sub_command(argv: &[&[u8]], step: usize, positions: &[usize]) -> Bytes {
+    let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
+    sub.push(argv[0]);
+    for &p in positions {
+        let i = 1 + p * step;
+        sub.extend_from_slice(&argv[i..i + step]);
+    }
+    codec::encode(&sub)
+}
+
+/// The batch for `node` among a split command's, added empty if it has none yet: one batch
+/// per node, however many slots of it the keys are in.
+fn batch_for(batches: &mut Vec<NodeBatch>, node: u16) -> &mut NodeBatch {
+    let i = match batches.iter().position(|b| b.node == node) {
+        Some(i) => i,
+        None => {
+            batches.push(NodeBatch {
+                node,
+                bytes: BytesMut::new(),
+                parts: Vec::new(),
+                hidden: 0,
+            });
+            batches.len() - 1
+        }
+    };
+    &mut batches[i]
 }
 
 /// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
@@ -1287,6 +1350,69 @@ fn may_redirect(data: &[u8]) -> bool {
         || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
         || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
         || memchr::memmem::find(data, b"\r\n-TRYAGAIN").is_some()
+}
+
+/// The error a command gets when it is still redirected after `max_redirects` resends.
+fn too_many_redirections(redirect: &Redirect) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("too many cluster redirections for slot {}", redirect.slot()),
+    )
+}
+
+/// `command` preceded by `ASKING` when it follows an ASK: the target node serves the slot
+/// being imported only to a connection that said so, for the next command only.
+fn with_asking(command: Bytes, ask: bool) -> Bytes {
+    if ask {
+        [Bytes::from_static(b"*1\r\n$6\r\nASKING\r\n"), command]
+            .concat()
+            .into()
+    } else {
+        command
+    }
+}
+
+/// Where the run of `todo` entries starting at `start` ends: the entries sent to one node
+/// in one batch share its address and whether they follow an ASK (each then needs `ASKING`).
+fn same_destination_end(todo: &[(usize, Again)], start: usize) -> usize {
+    let (dest, ask) = (todo[start].1.addr(), todo[start].1.is_ask());
+    todo[start..]
+        .iter()
+        .position(|(_, r)| r.addr() != dest || r.is_ask() != ask)
+        .map_or(todo.len(), |n| start + n)
+}
+
+/// The reply for a command whose node answered nothing for it: the node's error if it
+/// failed, else a lost connection (the command may have run, so it is not sent again).
+fn lost_reply(error: Option<&UpstreamError>, addr: &Arc<str>, reason: &str) -> Bytes {
+    let e = error.cloned().unwrap_or(UpstreamError::Lost {
+        addr: addr.clone(),
+        reason: reason.into(),
+    });
+    error_reply(&ProxyError::Upstream(e))
+}
+
+/// The replies a batch sent outside the session's reply order got (`rx`: where they come;
+/// `None` when the batch was not taken), and why the node failed if it did.
+async fn receive(
+    rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    router: &Router,
+    node: u16,
+) -> (Bytes, Option<Box<UpstreamError>>) {
+    let answer = match rx {
+        Some(mut rx) => rx.recv().await,
+        None => None,
+    };
+    match answer {
+        Some(Reply::Batch { data, error, .. }) => (data, error),
+        _ => (
+            Bytes::new(),
+            Some(Box::new(UpstreamError::Unavailable {
+                addr: router.addr(node),
+                reason: "connection closed".into(),
+            })),
+        ),
+    }
 }
 
 /// A command to send again, and where.
@@ -1529,63 +1655,84 @@ fn merge_info(replies: &[Bytes]) -> Bytes {
     let Some((verbatim, text)) = super::replies::text_of(first) else {
         return unexpected(first);
     };
-    // (db, field) → sum, for the integer fields worth adding up.
-    let mut sums: Vec<(Vec<u8>, &str, i64)> = Vec::new();
+    let sums = keyspace_sums(replies);
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        merged_info_line(line, &sums, &mut out);
+    }
+    super::replies::text_reply(verbatim, &out)
+}
+
+/// Per database, a keyspace count summed over every node's INFO.
+type KeyspaceSums = Vec<(Vec<u8>, &'static str, i64)>;
+
+/// (db, field) → sum over the nodes' INFO replies, for the integer fields worth adding up.
+fn keyspace_sums(replies: &[Bytes]) -> KeyspaceSums {
+    let mut sums = KeyspaceSums::new();
     for reply in replies {
         let Some((_, body)) = super::replies::text_of(reply) else {
             continue;
         };
         for line in body.split(|&b| b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some((db, fields)) = keyspace_line(line) else {
+            if let Some((db, fields)) = keyspace_line(line) {
+                add_keyspace_counts(&mut sums, db, fields);
+            }
+        }
+    }
+    sums
+}
+
+/// Adds the `keys` and `expires` counts of one node's keyspace line for `db` to `sums`.
+fn add_keyspace_counts(sums: &mut KeyspaceSums, db: &[u8], fields: &[u8]) {
+    for field in fields.split(|&b| b == b',') {
+        for name in ["keys", "expires"] {
+            let Some(v) = field
+                .strip_prefix(name.as_bytes())
+                .and_then(|r| r.strip_prefix(b"="))
+                .and_then(codec::parse_int)
+            else {
                 continue;
             };
-            for field in fields.split(|&b| b == b',') {
-                for name in ["keys", "expires"] {
-                    if let Some(v) = field
-                        .strip_prefix(name.as_bytes())
-                        .and_then(|r| r.strip_prefix(b"="))
-                        .and_then(codec::parse_int)
-                    {
-                        match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
-                            Some((_, _, total)) => *total += v,
-                            None => sums.push((db.to_vec(), name, v)),
-                        }
-                    }
-                }
+            match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
+                Some((_, _, total)) => *total += v,
+                None => sums.push((db.to_vec(), name, v)),
             }
         }
     }
-    let mut out: Vec<u8> = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        let bare = line.strip_suffix(b"\n").unwrap_or(line);
-        let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
-        let ending = &line[bare.len()..];
-        if bare == b"cluster_enabled:1" {
-            out.extend_from_slice(b"cluster_enabled:0");
-            out.extend_from_slice(ending);
-        } else if let Some((db, fields)) = keyspace_line(bare) {
-            out.extend_from_slice(db);
-            out.push(b':');
-            for (i, field) in fields.split(|&b| b == b',').enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
-                match sums
-                    .iter()
-                    .find(|(d, n, _)| d == db && n.as_bytes() == name)
-                {
-                    Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
-                    None => out.extend_from_slice(field),
-                }
-            }
-            out.extend_from_slice(ending);
-        } else {
-            out.extend_from_slice(line);
+}
+
+/// One line of the first node's INFO text (with its line ending) as the client gets it:
+/// `cluster_enabled:0`, a keyspace line with the summed counts, any other line as it is.
+fn merged_info_line(line: &[u8], sums: &KeyspaceSums, out: &mut Vec<u8>) {
+    let bare = line.strip_suffix(b"\n").unwrap_or(line);
+    let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
+    let ending = &line[bare.len()..];
+    if bare == b"cluster_enabled:1" {
+        out.extend_from_slice(b"cluster_enabled:0");
+        out.extend_from_slice(ending);
+        return;
+    }
+    let Some((db, fields)) = keyspace_line(bare) else {
+        out.extend_from_slice(line);
+        return;
+    };
+    out.extend_from_slice(db);
+    out.push(b':');
+    for (i, field) in fields.split(|&b| b == b',').enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
+        match sums
+            .iter()
+            .find(|(d, n, _)| d == db && n.as_bytes() == name)
+        {
+            Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
+            None => out.extend_from_slice(field),
         }
     }
-    super::replies::text_reply(verbatim, &out)
+    out.extend_from_slice(ending);
 }
 
 /// `dbN` and its fields, for a `# Keyspace` line such as `db0:keys=3,expires=1,avg_ttl=0`.

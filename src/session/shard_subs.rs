@@ -108,6 +108,39 @@ impl ShardSubs {
         self.conns
             .retain(|c| !c.tx.is_closed() && channels.values().any(|&n| n == c.node));
     }
+
+    /// Forgets every channel and connection: the confirmations of `SUNSUBSCRIBE` without
+    /// channels, one per channel with the count left, or one without a channel when there
+    /// was none.
+    fn unsubscribe_all(&mut self, proto: u8) -> Bytes {
+        // Every connection goes: closing it unsubscribes everything upstream.
+        let all: Vec<Bytes> = self.channels.drain().map(|(c, _)| c).collect();
+        self.conns.clear();
+        let mut out = BytesMut::new();
+        if all.is_empty() {
+            out.extend_from_slice(&confirmation(proto, "sunsubscribe", None, 0));
+        }
+        for (i, c) in all.iter().enumerate() {
+            let left = all.len() - 1 - i;
+            out.extend_from_slice(&confirmation(proto, "sunsubscribe", Some(c), left));
+        }
+        out.freeze()
+    }
+
+    /// Forgets `channels`: their confirmations, each with the count left, and the channels
+    /// that were held, with their nodes, to unsubscribe upstream.
+    fn unsubscribe_some(&mut self, proto: u8, channels: Vec<Bytes>) -> (Bytes, Vec<(u16, Bytes)>) {
+        let mut out = BytesMut::new();
+        let mut gone = Vec::new();
+        for c in channels {
+            if let Some(node) = self.channels.remove(&c) {
+                gone.push((node, c.clone()));
+            }
+            let count = self.channels.len();
+            out.extend_from_slice(&confirmation(proto, "sunsubscribe", Some(&c), count));
+        }
+        (out.freeze(), gone)
+    }
 }
 
 impl Session {
@@ -209,29 +242,10 @@ impl Session {
                     .await
                 {
                     Ok(node) => {
-                        let Some(subs) = self.routing.shard_subs_or_new() else {
+                        let Some(reply) = self.record_subscribed(node, channels) else {
                             return not_a_cluster();
                         };
-                        let mut out = BytesMut::new();
-                        let mut stale = Vec::new();
-                        for c in channels {
-                            if let Some(old) = subs.channels.insert(c.clone(), node)
-                                && old != node
-                            {
-                                stale.push((old, c.clone()));
-                            }
-                            let count = subs.channels.len();
-                            out.extend_from_slice(&confirmation(
-                                self.client.proto,
-                                "ssubscribe",
-                                Some(&c),
-                                count,
-                            ));
-                        }
-                        for (old, c) in stale {
-                            self.unsubscribe_upstream(old, &c);
-                        }
-                        self.visible(out.freeze())
+                        reply
                     }
                     Err(reply) => reply,
                 };
@@ -239,54 +253,54 @@ impl Session {
                 reply
             }
             ShardCommand::Unsubscribe { channels } => {
-                let Some(subs) = self.routing.shard_subs_or_new() else {
+                let Some(reply) = self.shard_unsubscribe(channels) else {
                     return not_a_cluster();
                 };
-                let mut out = BytesMut::new();
-                if channels.is_empty() {
-                    // Every connection goes: closing it unsubscribes everything upstream.
-                    let all: Vec<Bytes> = subs.channels.drain().map(|(c, _)| c).collect();
-                    subs.conns.clear();
-                    if all.is_empty() {
-                        out.extend_from_slice(&confirmation(
-                            self.client.proto,
-                            "sunsubscribe",
-                            None,
-                            0,
-                        ));
-                    }
-                    for (i, c) in all.iter().enumerate() {
-                        let left = all.len() - 1 - i;
-                        out.extend_from_slice(&confirmation(
-                            self.client.proto,
-                            "sunsubscribe",
-                            Some(c),
-                            left,
-                        ));
-                    }
-                } else {
-                    let mut gone = Vec::new();
-                    for c in channels {
-                        if let Some(node) = subs.channels.remove(&c) {
-                            gone.push((node, c.clone()));
-                        }
-                        let count = subs.channels.len();
-                        out.extend_from_slice(&confirmation(
-                            self.client.proto,
-                            "sunsubscribe",
-                            Some(&c),
-                            count,
-                        ));
-                    }
-                    for (node, c) in gone {
-                        self.unsubscribe_upstream(node, &c);
-                    }
-                }
-                self.visible(out.freeze())
+                reply
             }
         };
         self.tidy_shard_subs();
         reply
+    }
+
+    /// `channels`, now subscribed on `node`, recorded as held there: the confirmations, each
+    /// counting every shard channel of the session as Redis does. A channel held on another
+    /// node before (its slot moved) is unsubscribed there. `None` outside cluster mode.
+    fn record_subscribed(&mut self, node: u16, channels: Vec<Bytes>) -> Option<Bytes> {
+        let proto = self.client.proto;
+        let subs = self.routing.shard_subs_or_new()?;
+        let mut out = BytesMut::new();
+        let mut stale = Vec::new();
+        for c in channels {
+            if let Some(old) = subs.channels.insert(c.clone(), node)
+                && old != node
+            {
+                stale.push((old, c.clone()));
+            }
+            let count = subs.channels.len();
+            out.extend_from_slice(&confirmation(proto, "ssubscribe", Some(&c), count));
+        }
+        for (old, c) in stale {
+            self.unsubscribe_upstream(old, &c);
+        }
+        Some(self.visible(out.freeze()))
+    }
+
+    /// `SUNSUBSCRIBE` of `channels` (every shard channel when empty), upstream and in the
+    /// session's record: the confirmations Redis would give. `None` outside cluster mode.
+    fn shard_unsubscribe(&mut self, channels: Vec<Bytes>) -> Option<Bytes> {
+        let proto = self.client.proto;
+        let subs = self.routing.shard_subs_or_new()?;
+        let out = if channels.is_empty() {
+            subs.unsubscribe_all(proto)
+        } else {
+            let (out, gone) = subs.unsubscribe_some(proto, channels);
+            for (node, c) in gone {
+                self.unsubscribe_upstream(node, &c);
+            }
+            out
+        };
+        Some(self.visible(out))
     }
 
     /// Hook in `follow_redirects` for what is not a batch reply: pushes and connection ends.

@@ -130,16 +130,6 @@ impl Session {
         }
     }
 
-    /// Counts a redirection and teaches the map a MOVED.
-    fn note_redirect(&self, router: &Router, again: &Again) {
-        if let Again::Redirect(r) = again {
-            self.count_redirect(r);
-            if let Redirect::Moved { slot, addr } = r {
-                router.apply_moved(*slot, addr);
-            }
-        }
-    }
-
     /// Sends `MULTI`, `queued` and `EXEC` where `again` says, following further
     /// redirections up to `max_redirects`, and returns EXEC's reply. The replay goes over
     /// the node's shared connection as one batch: nothing of another client's can come
