@@ -44,6 +44,11 @@
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
+#![forbid(
+    unsafe_code,
+    reason = "the proxy parses hostile input; safe Rust is its first line of defence"
+)]
+
 pub mod admin;
 pub mod cluster;
 pub mod codec;

@@ -1,5 +1,10 @@
 //! `redis-policy-proxy`: command line, logging, signals.
 
+#![forbid(
+    unsafe_code,
+    reason = "the proxy parses hostile input; safe Rust is its first line of defence"
+)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

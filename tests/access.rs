@@ -1,5 +1,10 @@
 //! Proxy-side users, identities and tenant-scoped rules, through the proxy.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,11 @@
 //! without waiting for the others, and still answers in request order; commands for one hash
 //! slot still run in request order while that slot migrates live (MOVED/ASK followed).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::HashMap;

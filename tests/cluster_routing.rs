@@ -6,6 +6,11 @@
 //! blocking commands and pub/sub run on the right node, and the policies (default policy,
 //! namespaces, the shared rate limiter) still apply.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::HashSet;

@@ -2,6 +2,11 @@
 //! bytes, they answer without panicking and never claim bytes they were not given. A fixed
 //! seed keeps every run identical, so a failure reproduces.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 use std::net::IpAddr;
 use std::path::Path;
 

@@ -1,6 +1,11 @@
 //! Tenant isolation through key-prefix namespaces: a tenant's keys live under its prefix and
 //! no command it can send reads, lists, changes or subscribes to anything outside it.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -1,6 +1,11 @@
 //! Operations: the admin endpoint scraped after specific commands, readiness following the
 //! upstream, and the proxy's own INFO section and PROXY commands.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -4,6 +4,11 @@
 //! clients with the policy applied, through a failover under a write load (nothing hangs,
 //! no WAIT-confirmed write is lost), closing pinned sessions of the old primary.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

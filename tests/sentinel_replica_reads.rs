@@ -5,6 +5,11 @@
 //! readers no error (reads fall back to the primary); after a failover writes go to the new
 //! primary and reads to the new replica set, with no error beyond in-flight commands.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

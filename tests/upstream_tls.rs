@@ -1,5 +1,10 @@
 //! TLS to the upstream: a real redis-server with a TLS port and a CA made for the test.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

@@ -60,7 +60,7 @@ struct LogBudget {
     /// Events left out since the last one logged.
     suppressed: AtomicU64,
     /// Origin of the second count.
-    origin: std::time::Instant,
+    origin: tokio::time::Instant,
 }
 
 impl Default for LogBudget {
@@ -69,7 +69,7 @@ impl Default for LogBudget {
             per_second: 10,
             state: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
-            origin: std::time::Instant::now(),
+            origin: tokio::time::Instant::now(),
         }
     }
 }
