@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command;
 use crate::commands;
-use crate::policy::namespace::{self, Shape, Strip};
+use crate::policy::namespace;
+use crate::policy::rewrite::{Shape, Strip};
 use crate::policy::{Client, Policy, Verdict};
 use crate::reply;
 

@@ -26,14 +26,7 @@ const PENDING: &[&[&str]] = &[
     ],
     // The generated table uses the types its parent defines.
     &["commands", "commands::table"],
-    &[
-        "config",
-        "policy",
-        "policy::access",
-        "policy::namespace",
-        "policy::ttl",
-        "upstream::tls",
-    ],
+    &["config", "policy", "policy::access", "upstream::tls"],
     // The session restructuring splits the session into parts that do not import their parent.
     &[
         "server",

@@ -7,7 +7,9 @@
 
 pub mod access;
 pub mod config;
+pub mod line;
 pub mod namespace;
+pub mod rewrite;
 pub mod ttl;
 
 use std::collections::HashMap;
@@ -23,6 +25,8 @@ use crate::config::Problem;
 use crate::error::simple_error;
 use crate::ratelimit::{self, Clock, Decision, Limit, MonotonicClock, local::LocalLimiter};
 pub use config::{Mode, Per, RuleConfig};
+pub use line::CommandLine;
+use rewrite::Rewrite;
 
 /// Who sent a command, for rules that count per client.
 #[derive(Debug, Clone, Copy)]
@@ -297,25 +301,7 @@ pub enum Verdict {
     /// Answer with this error instead.
     Refuse(Bytes),
     /// Forward the command as rewritten (TTL added or cut).
-    Rewrite(ttl::Rewrite),
-}
-
-/// A command line as the policy sees it: argument `i` through a function, so callers keep
-/// their own argument storage.
-pub trait CommandLine {
-    /// Number of arguments, the command name included.
-    fn argc(&self) -> usize;
-    /// Argument `i` (0 is the command name).
-    fn arg(&self, i: usize) -> &[u8];
-}
-
-impl<A: AsRef<[u8]>> CommandLine for [A] {
-    fn argc(&self) -> usize {
-        self.len()
-    }
-    fn arg(&self, i: usize) -> &[u8] {
-        self[i].as_ref()
-    }
+    Rewrite(Rewrite),
 }
 
 impl Policy {
@@ -703,7 +689,7 @@ impl Policy {
         }
         // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then adds its
         // PEXPIRE after it, and the namespace finally prefixes every key of both.
-        let mut rewrite: Option<ttl::Rewrite> = None;
+        let mut rewrite: Option<Rewrite> = None;
         if let Some(spec) = spec {
             if let Some(rules) = self.by_command.get(&(spec as *const _ as usize)) {
                 for &r in rules {
@@ -1024,7 +1010,7 @@ fn rewritten(
     rule: &Rule,
     spec: &CommandSpec,
     client: &Client,
-    rw: ttl::Rewrite,
+    rw: Rewrite,
 ) -> Option<Verdict> {
     match rule.mode {
         Mode::Audit => {
@@ -1041,11 +1027,7 @@ fn rewritten(
 
 /// XADD without MAXLEN/MINID, rewritten with `MAXLEN ~ n` right after the key (Redis reads
 /// XADD's options up to the entry id, in any order).
-fn stream_cap<L: CommandLine + ?Sized>(
-    spec: &CommandSpec,
-    line: &L,
-    n: u64,
-) -> Option<ttl::Rewrite> {
+fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> Option<Rewrite> {
     if spec.name != "xadd" || line.argc() < 3 {
         return None;
     }
@@ -1065,10 +1047,10 @@ fn stream_cap<L: CommandLine + ?Sized>(
     let n = n.to_string();
     let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
-    Some(ttl::Rewrite {
+    Some(Rewrite {
         command: Some(crate::codec::encode(&args)),
         note: "XADD gets MAXLEN ~ <n>".into(),
-        ..ttl::Rewrite::default()
+        ..Rewrite::default()
     })
 }
 

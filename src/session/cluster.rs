@@ -10,7 +10,7 @@ use super::*;
 use crate::cluster::{Redirect, Router, slot};
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
-use crate::policy::namespace::Strip;
+use crate::policy::rewrite::Strip;
 
 mod subscriber;
 mod transaction;
@@ -237,7 +237,7 @@ impl Session {
         &self,
         router: &Router,
         spec: Option<&'static CommandSpec>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
         queued: Option<Target>,
         proto: u8,
         primary: u16,
@@ -251,7 +251,7 @@ impl Session {
         &self,
         args: &Args<'_>,
         effect: Effect,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Option<Action> {
         match effect {
             Effect::Select(db) if db != 0 => {
@@ -374,7 +374,7 @@ impl Session {
     fn decide_scan(
         &self,
         args: &Args<'_>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Action {
         if self.in_multi {
             return Action::Refused(simple_error(
@@ -1130,7 +1130,7 @@ impl Session {
 fn split(
     router: &Router,
     args: &Args<'_>,
-    rewrite: Option<&crate::policy::ttl::Rewrite>,
+    rewrite: Option<&crate::policy::rewrite::Rewrite>,
 ) -> Option<Action> {
     if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some()) {
         return None;

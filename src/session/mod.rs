@@ -203,7 +203,7 @@ struct Handling {
     /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
     replace: Option<Bytes>,
     /// Remove the tenant's namespace prefix from key names in the reply (SCAN, KEYS).
-    strip: Option<Box<crate::policy::namespace::Strip>>,
+    strip: Option<Box<crate::policy::rewrite::Strip>>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -276,7 +276,7 @@ enum Action {
         target: Target,
         expect: Expect,
         effect: Effect,
-        rewrite: crate::policy::ttl::Rewrite,
+        rewrite: crate::policy::rewrite::Rewrite,
     },
     /// Cluster mode: a whole-keyspace command sent to every primary, the replies merged.
     Fanout(Box<cluster::Fanout>),
@@ -371,7 +371,7 @@ impl Run {
         prefix: &[u8],
         consumed: &[u8],
         capacity_hint: usize,
-        rewrite: &crate::policy::ttl::Rewrite,
+        rewrite: &crate::policy::rewrite::Rewrite,
         target: Target,
     ) {
         let owned = self.owned.get_or_insert_with(|| {
@@ -792,7 +792,7 @@ async fn write_all(
 impl Action {
     /// Where a forwarded command goes, its effect and the policy's rewrite; `None` for the
     /// actions the proxy answers or handles itself.
-    fn forwarded(&self) -> Option<(Target, Effect, Option<&crate::policy::ttl::Rewrite>)> {
+    fn forwarded(&self) -> Option<(Target, Effect, Option<&crate::policy::rewrite::Rewrite>)> {
         match self {
             Action::Forward { target, effect, .. } => Some((*target, *effect, None)),
             Action::Rewritten {
@@ -1793,7 +1793,7 @@ impl Session {
         target: Target,
         expect: Expect,
         effect: Effect,
-        rewrite: Option<crate::policy::ttl::Rewrite>,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) -> bool {
         let suppress = self.reply_mode != ReplyMode::On;
         let slot = self.batch_slot.take();
