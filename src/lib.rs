@@ -42,6 +42,7 @@
 //! - [`metrics`]: Prometheus metrics, pre-registered handles; [`admin`] serves them over HTTP
 //!   with `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
+//! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
 #![forbid(
@@ -59,6 +60,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
+pub mod ops;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;

@@ -15,8 +15,8 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use redis_policy_proxy::Config;
 use redis_policy_proxy::metrics::Metrics;
+use redis_policy_proxy::ops::{Ops, Reload};
 use redis_policy_proxy::policy::{Client, Policy, Verdict};
-use redis_policy_proxy::server::{Ops, Reload};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
 /// 65; 64 is what operators' tooling expects from `--check`).

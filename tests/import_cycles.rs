@@ -29,7 +29,6 @@ const PENDING: &[&[&str]] = &[
     &["config", "policy", "policy::access", "upstream::tls"],
     // The session restructuring splits the session into parts that do not import their parent.
     &[
-        "server",
         "session",
         "session::cluster",
         "session::cluster::transaction",

@@ -79,7 +79,7 @@ pub struct Context {
     /// reload.
     pub policy: Arc<ArcSwap<Policy>>,
     /// Metrics, slow log and reload, shared with the admin endpoint and `PROXY` commands.
-    pub ops: crate::server::Ops,
+    pub ops: crate::ops::Ops,
 }
 
 /// How often idle sessions are asked to give memory back; a session is released after one to
@@ -2062,7 +2062,7 @@ mod size_tests {
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let config = crate::Config::default();
         let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
-        let ops = crate::server::Ops::new(&config, policy.clone(), None);
+        let ops = crate::ops::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
             cluster: None,
