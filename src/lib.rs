@@ -17,7 +17,8 @@
 //!   -> reply      raw upstream bytes written back in request order
 //! ```
 //!
-//! - [`config`]: the YAML file, strict and validated with file/line/field messages.
+//! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
+//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`command`]: command classification and the routing facts the session needs.
@@ -67,6 +68,7 @@ pub mod reply;
 pub mod sentinel;
 pub mod server;
 pub mod session;
+pub mod setup;
 pub mod slowlog;
 pub mod upstream;
 

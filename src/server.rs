@@ -50,7 +50,7 @@ async fn run_inner(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let policy = Policy::from_config(&config).map_err(|problems| {
+    let policy = crate::setup::policy(&config).map_err(|problems| {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         std::io::Error::other(text.join("; "))
     })?;

@@ -26,7 +26,6 @@ const PENDING: &[&[&str]] = &[
     ],
     // The generated table uses the types its parent defines.
     &["commands", "commands::table"],
-    &["config", "policy", "policy::access", "upstream::tls"],
     // The session restructuring splits the session into parts that do not import their parent.
     &[
         "session",

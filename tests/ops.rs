@@ -12,7 +12,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use common::{DEADLINE, POLL, Proxy, Raw, RedisServer, http_get, resp, resp_cmds, sample, show};
-use redis_policy_proxy::Config;
 
 /// A proxy in front of `redis` with `policy/default.yaml`, plus `extra` YAML appended (e.g. an
 /// `access:` section).
@@ -33,7 +32,8 @@ async fn proxy_with_default_policy_edited(
         text = text.replace(from, to);
     }
     text += extra;
-    let mut config = Config::from_yaml(&text, &path).expect("default policy parses");
+    let mut config =
+        redis_policy_proxy::setup::from_yaml(&text, &path).expect("default policy parses");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
 }

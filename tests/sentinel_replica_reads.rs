@@ -24,7 +24,7 @@ fn config(setup: &SentinelSetup) -> Config {
         "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [{}]\n    master_name: {MASTER}\n    timeout_ms: 500\n    read_from: replica\n  reconnect_min_ms: 10\n  reconnect_max_ms: 200\n",
         setup.sentinel_addrs().join(", ")
     );
-    Config::from_yaml(&text, std::path::Path::new("sentinel-replica-test.yaml"))
+    redis_policy_proxy::setup::from_yaml(&text, std::path::Path::new("sentinel-replica-test.yaml"))
         .expect("config parses")
 }
 

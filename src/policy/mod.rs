@@ -319,16 +319,19 @@ impl Policy {
         Policy::compile_full(rules, &config::Access::default(), clock)
     }
 
-    /// The policy of a whole configuration: its rules and its `access:` section.
-    pub fn from_config(config: &crate::Config) -> Result<Policy, Vec<Problem>> {
-        let mut policy = Policy::compile_full(
-            &config.rules,
-            &config.access,
-            Arc::new(MonotonicClock::new()),
-        )?;
-        policy.version = config.version.clone();
-        policy.denial_log.per_second = config.admin.denial_logs_per_second.value;
-        policy.audit_log.per_second = config.admin.denial_logs_per_second.value;
+    /// The policy of a policy file: its rules and its `access:` section, named `version` (in
+    /// `PROXY POLICY` and the metrics), logging at most `logs_per_second` denials and as many
+    /// audits. `setup::policy` calls it with a whole configuration.
+    pub fn from_parts(
+        rules: &[RuleConfig],
+        access: &config::Access,
+        version: String,
+        logs_per_second: u32,
+    ) -> Result<Policy, Vec<Problem>> {
+        let mut policy = Policy::compile_full(rules, access, Arc::new(MonotonicClock::new()))?;
+        policy.version = version;
+        policy.denial_log.per_second = logs_per_second;
+        policy.audit_log.per_second = logs_per_second;
         Ok(policy)
     }
 
