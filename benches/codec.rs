@@ -12,6 +12,11 @@
 //! `cargo bench --bench codec -- --test` (and `cargo test --all-targets`) runs each benchmark
 //! once plus the allocation check, and skips the summary.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark measures wall-clock time, which tokio's paused clock must not steer"
+)]
+
 use std::hint::black_box;
 use std::ops::Range;
 use std::sync::atomic::Ordering;

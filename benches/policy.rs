@@ -5,18 +5,17 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use redis_policy_proxy::Config;
 use redis_policy_proxy::policy::{Client, Policy};
 
 fn policy_check(c: &mut Criterion) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let config = Config::load(&path).expect("default policy");
+    let config = redis_policy_proxy::setup::load(&path).expect("default policy");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let policy = Policy::from_config(&config).expect("compiles");
+    let policy = redis_policy_proxy::setup::policy(&config).expect("compiles");
     let empty = Policy::compile(&[]).unwrap();
     let client = Client {
         id: 1,

@@ -41,7 +41,7 @@ pub struct Config {
     /// needs on the same host; measurements in docs/performance.md.
     pub workers: Located<usize>,
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
-    pub rules: Vec<crate::policy::RuleConfig>,
+    pub rules: Vec<crate::policy::config::RuleConfig>,
     /// Proxy-side users and the identities that map clients to tenants.
     pub access: crate::policy::config::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
@@ -450,34 +450,62 @@ fn version_of(text: &str) -> String {
 }
 
 impl Config {
-    /// Reads, parses and validates a configuration file.
+    /// Reads, parses and validates a configuration file (its own values; `setup::load`
+    /// checks the TLS files and the rules too).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut config = Config::from_yaml(&text, path)?;
-        config.version = version_of(&text);
-        Ok(config)
-    }
-
-    /// Parses and validates YAML text; `path` is only used in messages.
-    pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        // An empty file means "all defaults", which saphyr would otherwise reject as no document.
-        let config: Config = if text.trim().is_empty() {
-            Config::default()
-        } else {
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?
-        };
+        let config = Config::read(path)?;
         config.validate(path)?;
         Ok(config)
     }
 
-    /// Checks every value and reports all problems at once.
+    /// Parses and validates YAML text (its own values; `setup::from_yaml` checks the TLS
+    /// files and the rules too); `path` is only used in messages.
+    pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::parse(text, path)?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Reads and parses a configuration file, not yet validated; its version is the file's
+    /// digest.
+    pub fn read(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config = Config::parse(&text, path)?;
+        config.version = version_of(&text);
+        Ok(config)
+    }
+
+    /// Parses YAML text, not yet validated; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        // An empty file means "all defaults", which saphyr would otherwise reject as no document.
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Checks this file's own values and reports all problems at once. The checks that need
+    /// other modules (the TLS files load, the rules compile) are `setup::validate`'s.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            })
+        }
+    }
+
+    /// Every problem with this file's own values, in file order.
+    pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
             if !ok {
@@ -605,27 +633,7 @@ impl Config {
             "limits.max_query_buffer",
             "must be at least limits.max_inline_len",
         );
-        if let Some(tls) = &u.tls {
-            let host = self.tls_host();
-            if let Err(e) = crate::upstream::tls::build(tls, &host) {
-                problems.push(Problem {
-                    line: tls.ca_file.referenced.line(),
-                    field: "upstream.tls".to_string(),
-                    message: e,
-                });
-            }
-        }
-        if let Err(rule_problems) = crate::policy::Policy::from_config(self) {
-            problems.extend(rule_problems);
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                problems,
-            })
-        }
+        problems
     }
 
     /// Checks `upstream.mode` against `upstream.cluster` and the cluster settings.

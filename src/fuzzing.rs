@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command;
 use crate::commands;
-use crate::policy::namespace::{self, Shape, Strip};
+use crate::policy::namespace;
+use crate::policy::rewrite::{Shape, Strip};
 use crate::policy::{Client, Policy, Verdict};
 use crate::reply;
 
@@ -233,9 +234,9 @@ fn policy() -> &'static Policy {
              - {tenant: t2, cidr: 10.1.0.0/16}\n  namespaces:\n    t1: 't1:'\n    \
              t2: 'a*b?[c]\\:'\n  scripts: [e0e1f9fabfc9d4800c877a703b823ac0578ff8db]\n",
         );
-        let config = crate::Config::from_yaml(&yaml, std::path::Path::new("fuzz.yaml"))
+        let config = crate::setup::from_yaml(&yaml, std::path::Path::new("fuzz.yaml"))
             .expect("fuzz policy parses");
-        let policy = Policy::from_config(&config).expect("fuzz policy compiles");
+        let policy = crate::setup::policy(&config).expect("fuzz policy compiles");
         for (name, prefix) in TENANT_PREFIXES {
             let t = policy.access.tenant_index(name).expect("tenant");
             assert_eq!(policy.access.namespace(t), Some(prefix.as_bytes()));

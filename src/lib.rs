@@ -17,7 +17,8 @@
 //!   -> reply      raw upstream bytes written back in request order
 //! ```
 //!
-//! - [`config`]: the YAML file, strict and validated with file/line/field messages.
+//! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
+//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`command`]: command classification and the routing facts the session needs.
@@ -43,7 +44,13 @@
 //! - [`metrics`]: Prometheus metrics, pre-registered handles; [`admin`] serves them over HTTP
 //!   with `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
+//! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
+
+#![forbid(
+    unsafe_code,
+    reason = "the proxy parses hostile input; safe Rust is its first line of defence"
+)]
 
 pub mod admin;
 pub mod cluster;
@@ -55,12 +62,14 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
+pub mod ops;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;
 pub mod sentinel;
 pub mod server;
 pub mod session;
+pub mod setup;
 pub mod slowlog;
 pub mod upstream;
 

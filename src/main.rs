@@ -1,5 +1,10 @@
 //! `redis-policy-proxy`: command line, logging, signals.
 
+#![forbid(
+    unsafe_code,
+    reason = "the proxy parses hostile input; safe Rust is its first line of defence"
+)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -8,10 +13,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use clap::Parser;
-use redis_policy_proxy::Config;
 use redis_policy_proxy::metrics::Metrics;
+use redis_policy_proxy::ops::{Ops, Reload};
 use redis_policy_proxy::policy::{Client, Policy, Verdict};
-use redis_policy_proxy::server::{Ops, Reload};
+use redis_policy_proxy::{Config, setup};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
 /// 65; 64 is what operators' tooling expects from `--check`).
@@ -82,7 +87,7 @@ fn main() -> ExitCode {
     }
 
     if let Some(path) = &cli.check {
-        return match Config::load(path) {
+        return match setup::load(path) {
             Ok(_) => {
                 println!("{}: OK", path.display());
                 ExitCode::SUCCESS
@@ -100,7 +105,7 @@ fn main() -> ExitCode {
     }
 
     let mut config = match &cli.config {
-        Some(path) => match Config::load(path) {
+        Some(path) => match setup::load(path) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("{e}");
@@ -122,7 +127,7 @@ fn main() -> ExitCode {
         .config
         .clone()
         .unwrap_or_else(|| PathBuf::from("<command line>"));
-    if let Err(e) = config.validate(&source) {
+    if let Err(e) = setup::validate(&config, &source) {
         eprintln!("{e}");
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -148,7 +153,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.listen.value).await?;
-        let policy = Policy::from_config(&config).map_err(|p| {
+        let policy = setup::policy(&config).map_err(|p| {
             std::io::Error::other(
                 p.iter()
                     .map(ToString::to_string)
@@ -260,7 +265,7 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
         tracing::error!(file = %path.display(), "reload failed: the file is empty; keeping the running policy");
         return Err(why);
     }
-    match Config::load(path).map(|c| Policy::from_config(&c)) {
+    match setup::load(path).map(|c| setup::policy(&c)) {
         Ok(Ok(new)) => {
             let version = new.version().to_string();
             tracing::info!(file = %path.display(), policy = ?new, %version, "policy reloaded");
@@ -288,14 +293,14 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
 /// `--explain FILE COMMAND`: what the policy does to one command (inline syntax, quotes as in
 /// redis-cli), for a client at `addr` authenticated as `user` (if any).
 fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str>) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match setup::load(path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let policy = match Policy::from_config(&config) {
+    let policy = match setup::policy(&config) {
         Ok(p) => p,
         Err(problems) => {
             for p in problems {

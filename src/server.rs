@@ -13,9 +13,9 @@ use crate::codec::CodecLimits;
 use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
 use crate::metrics::Metrics;
+use crate::ops::Ops;
 use crate::policy::Policy;
 use crate::session::{self, Context};
-use crate::slowlog::SlowLog;
 use crate::upstream::address::Address;
 use crate::upstream::pool::{Pool, PoolSettings};
 use crate::upstream::replicas::Replicas;
@@ -50,44 +50,13 @@ async fn run_inner(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let policy = Policy::from_config(&config).map_err(|problems| {
+    let policy = crate::setup::policy(&config).map_err(|problems| {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         std::io::Error::other(text.join("; "))
     })?;
     let policy = Arc::new(ArcSwap::from_pointee(policy));
     let ops = Ops::new(&config, policy.clone(), None);
     serve(listener, admin, config, policy, ops, shutdown).await
-}
-
-/// Reloads the policy file and swaps it in: `Ok` with the new version, `Err` with every
-/// problem (the running policy stays). Provided by whoever knows the file (`main`).
-pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
-
-/// What the proxy shares with its operators' tools: metrics, the slow log, and the reload
-/// behind `PROXY RELOAD`.
-#[derive(Clone)]
-pub struct Ops {
-    /// Every counter and histogram, rendered by the admin endpoint.
-    pub metrics: Arc<Metrics>,
-    /// Slow batches, for `PROXY SLOWLOG`.
-    pub slowlog: Arc<SlowLog>,
-    /// `None` when the configuration did not come from a file.
-    pub reload: Option<Reload>,
-}
-
-impl Ops {
-    /// Metrics reading `policy`, and the slow log `config` asks for.
-    pub fn new(config: &Config, policy: Arc<ArcSwap<Policy>>, reload: Option<Reload>) -> Ops {
-        let admin = &config.admin;
-        Ops {
-            metrics: Metrics::new(policy),
-            slowlog: Arc::new(SlowLog::new(
-                Duration::from_micros(admin.slowlog_threshold_us.value),
-                admin.slowlog_max_len.value,
-            )),
-            reload,
-        }
-    }
 }
 
 /// [`run`] with a policy the caller can replace while the proxy runs (hot reload): store a

@@ -1,5 +1,10 @@
 //! Proxy-side users, identities and tenant-scoped rules, through the proxy.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
@@ -19,7 +24,7 @@ fn config(redis: &RedisServer, require_auth: bool) -> Config {
         "upstream:\n  address: {}\naccess:\n  require_auth: {require_auth}\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n    - {{name: app, password_sha256: {APP_SHA256}}}\n  identities:\n    - {{tenant: admin, user: admin}}\n    - {{tenant: app, user: app}}\nrules:\n  - id: deny-admin\n    deny: [config|set, DEBUG]\n    except_tenants: [admin]\n    message: reserved for operators\n  - id: app-no-keys\n    deny: [KEYS]\n    tenants: [app]\n",
         redis.addr()
     );
-    Config::from_yaml(&yaml, Path::new("access.yaml")).unwrap()
+    redis_policy_proxy::setup::from_yaml(&yaml, Path::new("access.yaml")).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +97,9 @@ async fn networks_pick_the_tenant() {
         "upstream:\n  address: {}\naccess:\n  identities:\n    - {{tenant: remote, cidr: 10.0.0.0/8}}\n    - {{tenant: local, cidr: 127.0.0.0/8}}\nrules:\n  - id: local-no-flush\n    deny: [FLUSHDB]\n    tenants: [local]\n  - id: remote-no-get\n    deny: [GET]\n    tenants: [remote]\n",
         redis.addr()
     );
-    let proxy = Proxy::start(Config::from_yaml(&yaml, Path::new("n.yaml")).unwrap()).await;
+    let proxy =
+        Proxy::start(redis_policy_proxy::setup::from_yaml(&yaml, Path::new("n.yaml")).unwrap())
+            .await;
     let mut c = Raw::connect(proxy.addr).await;
     assert!(text(&c.call(&["FLUSHDB"]).await).starts_with("-NOPERM policy local-no-flush"));
     assert_eq!(c.call(&["GET", "x"]).await, b"$-1\r\n");
@@ -101,7 +108,7 @@ async fn networks_pick_the_tenant() {
 #[test]
 fn access_mistakes_are_reported_with_their_fields() {
     let yaml = "access:\n  require_auth: true\n  users:\n    - {name: a, password_sha256: nothex}\n  identities:\n    - {tenant: t, user: ghost, cidr: 300.0.0.0/8}\nrules:\n  - id: r\n    deny: [KEYS]\n    tenants: [nosuch]\n";
-    let err = Config::from_yaml(yaml, Path::new("bad.yaml"))
+    let err = redis_policy_proxy::setup::from_yaml(yaml, Path::new("bad.yaml"))
         .unwrap_err()
         .to_string();
     for needle in [

@@ -2,6 +2,11 @@
 //! without waiting for the others, and still answers in request order; commands for one hash
 //! slot still run in request order while that slot migrates live (MOVED/ASK followed).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::HashMap;
@@ -284,7 +289,8 @@ async fn a_command_waits_for_its_slot_in_flight_on_the_old_owner() {
     let text = format!(
         "upstream:\n  mode: cluster\n  connect_timeout_ms: 100\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 600000\n"
     );
-    let config = Config::from_yaml(&text, Path::new("cluster-test.yaml")).unwrap();
+    let config =
+        redis_policy_proxy::setup::from_yaml(&text, Path::new("cluster-test.yaml")).unwrap();
     let proxy = Proxy::start(config).await;
     let mut x = Raw::connect(proxy.addr).await;
     assert_eq!(x.call(&["INCR", k]).await, b":1\r\n");

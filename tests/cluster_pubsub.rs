@@ -4,6 +4,11 @@
 //! seeing Redis's `sunsubscribe` or the proxy's own re-subscription; SUNSUBSCRIBE answers as
 //! Redis does, counting shard channels over every node.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -4,6 +4,11 @@
 //! primary; replies keep request order across the switches; a killed replica costs its
 //! clients no error (reads fall back to the primary). `nearest` serves correct reads too.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::cluster::RedisCluster;

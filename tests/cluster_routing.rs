@@ -6,6 +6,11 @@
 //! blocking commands and pub/sub run on the right node, and the policies (default policy,
 //! namespaces, the shared rate limiter) still apply.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::HashSet;
@@ -456,7 +461,8 @@ async fn the_default_policy_applies_in_cluster_mode() {
         upstream,
         &format!("  mode: cluster\n  cluster:\n    seeds: [{seeds}]\n"),
     );
-    let config = Config::from_yaml(&text, &path).expect("default policy in cluster mode");
+    let config =
+        redis_policy_proxy::setup::from_yaml(&text, &path).expect("default policy in cluster mode");
     let proxy = Proxy::start(config).await;
     let mut c = Raw::connect(proxy.addr).await;
 
@@ -597,7 +603,7 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
     proxy.stop().await;
 
     // The redis rate-limit backend counts on the node owning the limiter's key.
-    config.rules = Config::from_yaml(
+    config.rules = redis_policy_proxy::setup::from_yaml(
         "rules:\n  - id: shared-limit\n    rate_limit: {requests: 5, window_ms: 60000, per: address, backend: redis}\n",
         Path::new("limit.yaml"),
     )
@@ -644,11 +650,11 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
             redis.live_addrs()[0]
         )
     };
-    let err = Config::from_yaml(&access("{a}:"), Path::new("ns.yaml"))
+    let err = redis_policy_proxy::setup::from_yaml(&access("{a}:"), Path::new("ns.yaml"))
         .unwrap_err()
         .to_string();
     assert!(err.contains("field `access.namespaces.a`"), "{err}");
-    let config = Config::from_yaml(&access("a:"), Path::new("ns.yaml")).unwrap();
+    let config = redis_policy_proxy::setup::from_yaml(&access("a:"), Path::new("ns.yaml")).unwrap();
     let proxy = Proxy::start(config).await;
     let mut alice = Raw::connect(proxy.addr).await;
     assert_eq!(alice.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");

@@ -3,6 +3,11 @@
 //! nodes redirect with MOVED (and ASK during a migration) as the parser says, and discovery
 //! survives dead seeds.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::{HashMap, HashSet};

@@ -6,6 +6,11 @@
 //! the proxy refreshes its map only on redirections (no periodic refresh), so its map is
 //! stale exactly as it would be right after a real reshard.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::cluster::{RedisCluster, begin_migration, end_migration, node_id, other_primary};

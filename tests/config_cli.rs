@@ -1,6 +1,11 @@
 //! The `redis-policy-proxy` binary: `--check`, start-up with a bad file, command-line
 //! overrides, and serving real traffic as a separate process.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::process::ProxyProcess;

@@ -2,15 +2,19 @@
 //! bytes, they answer without panicking and never claim bytes they were not given. A fixed
 //! seed keeps every run identical, so a failure reproduces.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 use std::net::IpAddr;
 use std::path::Path;
 
 mod common;
 
 use common::Rng;
-use redis_policy_proxy::Config;
 use redis_policy_proxy::codec::{self, CodecLimits, Decoded};
-use redis_policy_proxy::policy::{Client, Policy};
+use redis_policy_proxy::policy::Client;
 use redis_policy_proxy::reply;
 
 /// Fragments RESP is made of, so random inputs look like protocol often enough to go deep.
@@ -114,13 +118,13 @@ fn reply_scanner_never_panics_or_overreads() {
 #[test]
 fn default_policy_accepts_any_argument_bytes() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let config = Config::load(&path).unwrap();
+    let config = redis_policy_proxy::setup::load(&path).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let policy = Policy::from_config(&config).unwrap();
+    let policy = redis_policy_proxy::setup::policy(&config).unwrap();
     let client = Client {
         id: 1,
         addr: IpAddr::from([127, 0, 0, 1]),

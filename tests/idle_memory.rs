@@ -4,6 +4,11 @@
 //! `scripts/idle_memory.py`), this does not depend on the allocator's free lists or on what
 //! the machine is doing, so the bar (under 2 KiB per idle client) can be asserted.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 #[path = "../benches/support/counting_alloc.rs"]
 mod counting_alloc;

@@ -9,6 +9,11 @@
 //! do not allocate, with a counting global allocator (per thread, so parallel tests do not
 //! disturb it).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::Rng;
@@ -41,6 +46,10 @@ fn count_one() {
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
 }
 
+#[allow(
+    unsafe_code,
+    reason = "a counting global allocator is an unsafe trait; it only forwards to `System`"
+)]
 // SAFETY: forwards to `System`, only counting on the side.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

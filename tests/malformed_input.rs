@@ -3,6 +3,11 @@
 //! applies, with its documented error), close like Redis, and stay up. The same table is then
 //! replayed many times against the real binary with its memory measured before and after.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::process::ProxyProcess;

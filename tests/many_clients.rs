@@ -2,6 +2,11 @@
 //! every one, and its memory per idle connection is measured (reported on stderr; bounded here
 //! against regressions, the target is in docs/performance.md).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -13,6 +18,10 @@ use tokio::net::TcpStream;
 
 /// Raises this process's open-file limit to its hard limit (children inherit it) and returns
 /// the limit.
+#[allow(
+    unsafe_code,
+    reason = "getrlimit/setrlimit are FFI calls; std has no safe wrapper"
+)]
 fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -1,12 +1,16 @@
 //! Tenant isolation through key-prefix namespaces: a tenant's keys live under its prefix and
 //! no command it can send reads, lists, changes or subscribes to anything outside it.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
 
 use common::{DEADLINE, Proxy, Raw, RedisServer};
-use redis_policy_proxy::Config;
 
 const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
 const BOB: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b"; // bobpw
@@ -28,7 +32,7 @@ async fn proxy_with(redis: &RedisServer, policy_file: Option<&str>, extra: &str)
     let yaml = format!(
         "{base}\naccess:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n{extra}"
     );
-    let mut config = Config::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
+    let mut config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
     config.set_upstream(redis.addr());
     Proxy::spawn(config).await
 }

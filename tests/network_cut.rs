@@ -6,6 +6,11 @@
 //! connection (MULTI, WATCH, blocking commands) get the same error instead of a hang, while a
 //! blocking command waits its own timeout and a subscriber its messages.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::collections::BTreeMap;

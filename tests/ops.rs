@@ -1,13 +1,17 @@
 //! Operations: the admin endpoint scraped after specific commands, readiness following the
 //! upstream, and the proxy's own INFO section and PROXY commands.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
 use std::time::Instant;
 
 use common::{DEADLINE, POLL, Proxy, Raw, RedisServer, http_get, resp, resp_cmds, sample, show};
-use redis_policy_proxy::Config;
 
 /// A proxy in front of `redis` with `policy/default.yaml`, plus `extra` YAML appended (e.g. an
 /// `access:` section).
@@ -28,7 +32,8 @@ async fn proxy_with_default_policy_edited(
         text = text.replace(from, to);
     }
     text += extra;
-    let mut config = Config::from_yaml(&text, &path).expect("default policy parses");
+    let mut config =
+        redis_policy_proxy::setup::from_yaml(&text, &path).expect("default policy parses");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
 }

@@ -1,17 +1,21 @@
 //! The shipped default policy, enforced through the proxy against a real Redis: refusals name
 //! the rule and the better pattern, and nothing refused reaches the server.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
 
 use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, resp, show};
-use redis_policy_proxy::Config;
 
 /// A proxy in front of `redis` running `policy/default.yaml`.
 async fn default_policy(redis: &RedisServer) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let mut config = Config::load(&path).expect("default policy loads");
+    let mut config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
 }
@@ -125,7 +129,7 @@ async fn rate_limit_per_connection_refuses_with_a_retry_hint() {
         "upstream:\n  address: {}\nrules:\n  - id: ratelimit-default\n    rate_limit: {{requests: 5, window_ms: 60000}}\n    message: slow down\n",
         redis.addr()
     );
-    let config = Config::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
     let proxy = Proxy::start(config).await;
     // `Proxy::start` probes readiness on its own connections; this one starts with a full budget.
     let mut c = Raw::connect(proxy.addr).await;
@@ -427,7 +431,9 @@ async fn streams_are_capped_and_key_names_enforced() {
         "upstream:\n  address: {}\nrules:\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+(:[A-Za-z0-9_-]+)+$'\n    message: name keys resource:id:field\n",
         redis.addr()
     );
-    let proxy = Proxy::start(Config::from_yaml(&yaml, Path::new("s.yaml")).unwrap()).await;
+    let proxy =
+        Proxy::start(redis_policy_proxy::setup::from_yaml(&yaml, Path::new("s.yaml")).unwrap())
+            .await;
     let mut c = Raw::connect(proxy.addr).await;
     let mut pipeline = Vec::new();
     for i in 0..1000 {
@@ -462,7 +468,7 @@ async fn a_redis_rate_limit_is_one_budget_for_every_proxy() {
         "upstream:\n  address: {}\nrules:\n  - id: shared-limit\n    rate_limit: {{requests: 5, window_ms: 60000, per: address, backend: redis}}\n",
         redis.addr()
     );
-    let config = || Config::from_yaml(&yaml, Path::new("shared.yaml")).unwrap();
+    let config = || redis_policy_proxy::setup::from_yaml(&yaml, Path::new("shared.yaml")).unwrap();
     // Two proxy replicas in front of the same Redis. No readiness probe: it would spend budget.
     let first = Proxy::spawn(config()).await;
     let second = Proxy::spawn(config()).await;
@@ -589,7 +595,7 @@ async fn the_default_policy_refuses_whatever_changes_roles_users_modules_or_othe
 #[test]
 fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
     use redis_policy_proxy::commands::{AclCategories, all_commands};
-    use redis_policy_proxy::policy::{Client, Policy, Verdict};
+    use redis_policy_proxy::policy::{Client, Verdict};
     // Read-only or connection-local, used by clients; each named in policy/default.yaml.
     const ALLOWED: &[&str] = &[
         "info",
@@ -619,8 +625,8 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
         "restore-asking",
     ];
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let config = Config::load(&path).expect("default policy loads");
-    let policy = Policy::from_config(&config).expect("default policy compiles");
+    let config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
+    let policy = redis_policy_proxy::setup::policy(&config).expect("default policy compiles");
     let client = Client {
         id: 1,
         addr: std::net::Ipv4Addr::LOCALHOST.into(),

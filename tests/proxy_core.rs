@@ -2,6 +2,11 @@
 //! Redis), connection state (RESP version, db, name, transactions, subscriptions, tracking),
 //! pipelining, blocking commands, scripts, upstream failures and graceful shutdown.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::*;

@@ -8,6 +8,11 @@
 //!
 //! Self-contained on purpose (no `tests/common`): one tiny `redis-server` fixture below.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,5 +1,10 @@
 //! `redis-cli` against the proxy: its output must be what it prints against Redis itself.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use common::*;

@@ -4,6 +4,11 @@
 //! clients with the policy applied, through a failover under a write load (nothing hangs,
 //! no WAIT-confirmed write is lost), closing pinned sessions of the old primary.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
@@ -110,7 +115,7 @@ fn default_policy_config(setup: &SentinelSetup) -> Config {
     let upstream = "  address: 127.0.0.1:6379\n";
     assert!(text.contains(upstream));
     let text = text.replace(upstream, &sentinel_upstream(setup));
-    Config::from_yaml(&text, &path).expect("default policy in sentinel mode")
+    redis_policy_proxy::setup::from_yaml(&text, &path).expect("default policy in sentinel mode")
 }
 
 /// Sentinel mode with no rules: reconnect quickly, as a failover test wants.
@@ -119,7 +124,8 @@ fn plain_config(setup: &SentinelSetup) -> Config {
         "upstream:\n{}  reconnect_min_ms: 10\n  reconnect_max_ms: 200\n",
         sentinel_upstream(setup)
     );
-    Config::from_yaml(&text, Path::new("sentinel-test.yaml")).expect("sentinel config parses")
+    redis_policy_proxy::setup::from_yaml(&text, Path::new("sentinel-test.yaml"))
+        .expect("sentinel config parses")
 }
 
 fn text(reply: &[u8]) -> String {

@@ -5,6 +5,11 @@
 //! readers no error (reads fall back to the primary); after a failover writes go to the new
 //! primary and reads to the new replica set, with no error beyond in-flight commands.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -19,7 +24,7 @@ fn config(setup: &SentinelSetup) -> Config {
         "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [{}]\n    master_name: {MASTER}\n    timeout_ms: 500\n    read_from: replica\n  reconnect_min_ms: 10\n  reconnect_max_ms: 200\n",
         setup.sentinel_addrs().join(", ")
     );
-    Config::from_yaml(&text, std::path::Path::new("sentinel-replica-test.yaml"))
+    redis_policy_proxy::setup::from_yaml(&text, std::path::Path::new("sentinel-replica-test.yaml"))
         .expect("config parses")
 }
 

@@ -6,6 +6,11 @@
 //!     SOAK_SECS=3600 cargo test --release --test soak -- --nocapture
 //! prints the RSS curve (one sample a second, summarised every minute).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;

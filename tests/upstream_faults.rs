@@ -2,6 +2,11 @@
 //! gets a reply (a result or a clear error) within the command timeout, nothing hangs, and
 //! every write the proxy acknowledged is in Redis afterwards.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,10 @@
 //! TLS to the upstream: a real redis-server with a TLS port and a CA made for the test.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::path::Path;
@@ -50,7 +55,7 @@ fn config(tls_port: u16, ca_file: &Path, server_name: &str) -> Config {
         "upstream:\n  address: 127.0.0.1:{tls_port}\n  tls:\n    ca_file: {}\n    server_name: {server_name}\n",
         ca_file.display()
     );
-    Config::from_yaml(&yaml, Path::new("tls.yaml")).unwrap()
+    redis_policy_proxy::setup::from_yaml(&yaml, Path::new("tls.yaml")).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +93,7 @@ async fn wrong_server_name_is_refused_with_a_clear_error() {
 #[test]
 fn missing_ca_file_names_the_file_and_field() {
     let yaml = "upstream:\n  tls:\n    ca_file: /nonexistent/ca.pem\n";
-    let err = Config::from_yaml(yaml, Path::new("p.yaml"))
+    let err = redis_policy_proxy::setup::from_yaml(yaml, Path::new("p.yaml"))
         .unwrap_err()
         .to_string();
     assert!(err.contains("p.yaml:3: field `upstream.tls`"), "{err}");

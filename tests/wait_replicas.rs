@@ -1,6 +1,11 @@
 //! WAIT through the proxy counts the client's own earlier writes, even though those went over
 //! a shared connection and WAIT runs on a dedicated one.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,11 @@
 //! prove a hot path allocates nothing and by the test that pins the heap an idle client costs.
 //! Include with `#[path = "support/counting_alloc.rs"] mod counting_alloc;`.
 
+#![allow(
+    unsafe_code,
+    reason = "a global allocator is an unsafe trait; this one only forwards to `System`"
+)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

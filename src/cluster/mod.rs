@@ -170,9 +170,10 @@ async fn request<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
+    use tokio::time::Instant;
 
     const SLOTS_CAPTURE: &[u8] = include_bytes!("testdata/slots-resp2.resp");
 

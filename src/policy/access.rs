@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
+use tokio::time::Instant;
 
 use super::config::Access;
 use crate::config::Problem;

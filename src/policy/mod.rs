@@ -1,13 +1,16 @@
 //! The policy engine: rules compiled from the policy file and checked in-line for every
 //! command, before it is routed.
 //!
-//! Phases run in a fixed order (deny → argument guards → size limits); the first refusal
+//! Phases run in a fixed order (`Phase`, `PHASE_ORDER`: identify → deny → argument guards →
+//! rate limit → size and key-name limits → stream cap → TTL → namespace); the first refusal
 //! answers the command in its reply slot. A rule in `audit` mode logs and counts what it would
 //! have refused and lets the command through. With no rules the check is one branch.
 
 pub mod access;
 pub mod config;
+pub mod line;
 pub mod namespace;
+pub mod rewrite;
 mod shared_limits;
 pub mod ttl;
 
@@ -24,6 +27,8 @@ use crate::config::Problem;
 use crate::error::simple_error;
 use crate::ratelimit::{self, Clock, Decision, Limit, MonotonicClock, local::LocalLimiter};
 pub use config::{Mode, Per, RuleConfig};
+pub use line::CommandLine;
+use rewrite::Rewrite;
 
 /// Who sent a command, for rules that count per client.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +66,7 @@ struct LogBudget {
     /// Events left out since the last one logged.
     suppressed: AtomicU64,
     /// Origin of the second count.
-    origin: std::time::Instant,
+    origin: tokio::time::Instant,
 }
 
 impl Default for LogBudget {
@@ -70,7 +75,7 @@ impl Default for LogBudget {
             per_second: 10,
             state: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
-            origin: std::time::Instant::now(),
+            origin: tokio::time::Instant::now(),
         }
     }
 }
@@ -222,7 +227,7 @@ pub struct Policy {
     /// is static). Commands without rules are absent.
     by_command: HashMap<usize, Vec<usize>, BuildPtrHasher>,
     /// Rules that apply to every command with a value argument or keys (size limits), checked
-    /// after the per-command rules.
+    /// after the per-command rules, in `PHASE_ORDER` (file order within a phase).
     global: Vec<usize>,
     /// Users, tenants and the identities mapping clients to tenants.
     pub access: access::Identities,
@@ -298,25 +303,7 @@ pub enum Verdict {
     /// Answer with this error instead.
     Refuse(Bytes),
     /// Forward the command as rewritten (TTL added or cut).
-    Rewrite(ttl::Rewrite),
-}
-
-/// A command line as the policy sees it: argument `i` through a function, so callers keep
-/// their own argument storage.
-pub trait CommandLine {
-    /// Number of arguments, the command name included.
-    fn argc(&self) -> usize;
-    /// Argument `i` (0 is the command name).
-    fn arg(&self, i: usize) -> &[u8];
-}
-
-impl<A: AsRef<[u8]>> CommandLine for [A] {
-    fn argc(&self) -> usize {
-        self.len()
-    }
-    fn arg(&self, i: usize) -> &[u8] {
-        self[i].as_ref()
-    }
+    Rewrite(Rewrite),
 }
 
 impl Policy {
@@ -334,16 +321,19 @@ impl Policy {
         Policy::compile_full(rules, &config::Access::default(), clock)
     }
 
-    /// The policy of a whole configuration: its rules and its `access:` section.
-    pub fn from_config(config: &crate::Config) -> Result<Policy, Vec<Problem>> {
-        let mut policy = Policy::compile_full(
-            &config.rules,
-            &config.access,
-            Arc::new(MonotonicClock::new()),
-        )?;
-        policy.version = config.version.clone();
-        policy.denial_log.per_second = config.admin.denial_logs_per_second.value;
-        policy.audit_log.per_second = config.admin.denial_logs_per_second.value;
+    /// The policy of a policy file: its rules and its `access:` section, named `version` (in
+    /// `PROXY POLICY` and the metrics), logging at most `logs_per_second` denials and as many
+    /// audits. `setup::policy` calls it with a whole configuration.
+    pub fn from_parts(
+        rules: &[RuleConfig],
+        access: &config::Access,
+        version: String,
+        logs_per_second: u32,
+    ) -> Result<Policy, Vec<Problem>> {
+        let mut policy = Policy::compile_full(rules, access, Arc::new(MonotonicClock::new()))?;
+        policy.version = version;
+        policy.denial_log.per_second = logs_per_second;
+        policy.audit_log.per_second = logs_per_second;
         Ok(policy)
     }
 
@@ -437,229 +427,22 @@ impl Policy {
             .map(|_| AtomicU64::new(0))
             .collect();
         let mut ids = HashMap::new();
+        let mut global = Vec::new();
         for (index, rc) in rules.iter().enumerate() {
-            let line = rc.id.referenced.line();
-            let field = format!("rules[{index}]");
-            let mut problem = |field: String, line: u64, message: String| {
-                problems.push(Problem {
-                    line,
-                    field,
-                    message,
-                })
+            let mut out = Problems {
+                list: &mut problems,
+                field: format!("rules[{index}]"),
+                line: rc.id.referenced.line(),
             };
-            if rc.id.value.is_empty() || rc.id.value.contains(|c: char| c.is_whitespace()) {
-                problem(
-                    format!("{field}.id"),
-                    line,
-                    "must be a non-empty word".into(),
-                );
-            }
-            if let Some(first) = ids.insert(rc.id.value.clone(), line) {
-                problem(
-                    format!("{field}.id"),
-                    line,
-                    format!("`{}` is already used on line {first}", rc.id.value),
-                );
-            }
-            let mut kinds = Vec::new();
-            let mut commands_of_rule: Vec<&'static CommandSpec> = Vec::new();
-            if let Some(deny) = &rc.deny {
-                for name in &deny.value {
-                    match resolve(name) {
-                        Ok(specs) => commands_of_rule.extend(specs),
-                        Err(e) => problem(format!("{field}.deny"), deny.referenced.line(), e),
-                    }
-                }
-                kinds.push(Kind::Deny {
-                    unless_arg: rc
-                        .unless_arg
-                        .as_ref()
-                        .map(|a| a.to_ascii_uppercase().into()),
-                });
-            } else if rc.unless_arg.is_some() {
-                problem(
-                    format!("{field}.unless_arg"),
-                    line,
-                    "only goes with `deny`".into(),
-                );
-            }
-            if let Some(n) = &rc.max_scan_count {
-                for name in ["scan", "sscan", "hscan", "zscan"] {
-                    commands_of_rule.extend(commands::lookup_name(name.as_bytes()));
-                }
-                kinds.push(Kind::MaxScanCount(n.value));
-            }
-            if let Some(on) = &rc.deny_unbounded_reads {
-                if on.value {
-                    for name in ["lrange", "zrange", "hgetall", "smembers"] {
-                        commands_of_rule.extend(commands::lookup_name(name.as_bytes()));
-                    }
-                    kinds.push(Kind::UnboundedReads);
-                }
-            }
-            let mut global = false;
-            if let Some(n) = &rc.max_value_bytes {
-                kinds.push(Kind::MaxValueBytes(n.value));
-                global = true;
-            }
-            if let Some(n) = &rc.max_keys {
-                kinds.push(Kind::MaxKeys(n.value));
-                global = true;
-            }
-            if let Some(rl) = rc
-                .rate_limit
-                .as_ref()
-                .filter(|rl| rl.value.backend == config::Backend::Redis)
-            {
-                let limit = Limit {
-                    requests: rl.value.requests,
-                    window: Duration::from_millis(rl.value.window_ms),
-                };
-                if let Err(e) = limit.validate() {
-                    problem(
-                        format!("{field}.rate_limit"),
-                        rl.referenced.line(),
-                        e.to_string(),
-                    );
-                } else if rl.value.per == Per::Connection {
-                    problem(
-                        format!("{field}.rate_limit.per"),
-                        rl.referenced.line(),
-                        "a shared (redis) limit counts per address or per tenant; connections \
-                         are not shared between proxies"
-                            .into(),
-                    );
-                } else {
-                    kinds.push(Kind::SharedRateLimit {
-                        limit,
-                        per: rl.value.per,
-                        prefix: format!("rpp:rl:{}:", rc.id.value).into_bytes(),
-                    });
-                    global = true;
-                }
-            } else if let Some(rl) = &rc.rate_limit {
-                let limit = Limit {
-                    requests: rl.value.requests,
-                    window: Duration::from_millis(rl.value.window_ms),
-                };
-                match LocalLimiter::new(limit, rl.value.max_tracked, clock.clone()) {
-                    Ok(limiter) => {
-                        kinds.push(Kind::RateLimit {
-                            limiter,
-                            per: rl.value.per,
-                        });
-                        global = true;
-                    }
-                    Err(e) => problem(
-                        format!("{field}.rate_limit"),
-                        rl.referenced.line(),
-                        e.to_string(),
-                    ),
-                }
-            }
-            if let Some(t) = &rc.ttl {
-                match compile_ttl(&t.value) {
-                    Ok(rule) => {
-                        kinds.push(Kind::Ttl(rule));
-                        global = true;
-                    }
-                    Err(e) => problem(format!("{field}.ttl"), t.referenced.line(), e),
-                }
-            }
-            if let Some(n) = &rc.stream_maxlen {
-                if n.value == 0 {
-                    problem(
-                        format!("{field}.stream_maxlen"),
-                        n.referenced.line(),
-                        "must be above 0".into(),
-                    );
-                } else {
-                    kinds.push(Kind::StreamMaxLen(n.value));
-                    global = true;
-                }
-            }
-            if let Some(pattern) = &rc.key_pattern {
-                match regex::bytes::Regex::new(&pattern.value) {
-                    Ok(re) => {
-                        kinds.push(Kind::KeyPattern(re));
-                        global = true;
-                    }
-                    Err(e) => problem(
-                        format!("{field}.key_pattern"),
-                        pattern.referenced.line(),
-                        format!("not a valid regular expression: {e}"),
-                    ),
-                }
-            }
-            if kinds.len() != 1 {
-                problem(
-                    field.clone(),
-                    line,
-                    format!(
-                        "rule `{}` needs exactly one of deny, max_scan_count, \
-                         deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
-                        rc.id.value,
-                        kinds.len()
-                    ),
-                );
+            check_id(rc, &mut ids, &mut out);
+            let Some(compiled) = compile_rule(rc, &policy.access, &clock, &mut out) else {
                 continue;
-            }
-            let tenants = match (&rc.tenants, &rc.except_tenants) {
-                (None, None) => None,
-                (Some(_), Some(_)) => {
-                    problem(
-                        field.clone(),
-                        line,
-                        "give `tenants` or `except_tenants`, not both".into(),
-                    );
-                    None
-                }
-                (only, except) => {
-                    let names = only.as_ref().or(except.as_ref()).expect("one is set");
-                    let mut set = vec![except.is_some(); policy.access.tenant_count()];
-                    for name in names {
-                        match policy.access.tenant_index(name) {
-                            Some(i) => set[usize::from(i)] = only.is_some(),
-                            None => problem(
-                                format!("{field}.tenants"),
-                                line,
-                                format!("no tenant `{name}` in access.identities (or `default`)"),
-                            ),
-                        }
-                    }
-                    Some(set)
-                }
             };
-            let rule_index = policy.rules.len();
-            policy.rules.push(Rule {
-                id: rc.id.value.clone(),
-                tenants,
-                mode: rc.mode,
-                message: rc.message.clone(),
-                kind: kinds.pop().expect("one kind"),
-                counters: Counters::new(policy.access.tenant_count()),
-            });
-            if global {
-                policy.global.push(rule_index);
-            }
-            for spec in commands_of_rule {
-                let list = policy
-                    .by_command
-                    .entry(spec as *const _ as usize)
-                    .or_default();
-                if !list.contains(&rule_index) {
-                    list.push(rule_index);
-                }
+            if let Some(rule_index) = policy.register(compiled) {
+                global.push(rule_index);
             }
         }
-        // Rate limits run before size limits, TTL enforcement last (see `check`).
-        let rules = &policy.rules;
-        policy.global.sort_by_key(|&r| match rules[r].kind {
-            Kind::RateLimit { .. } => 0,
-            Kind::StreamMaxLen(_) => 2,
-            Kind::Ttl(_) => 3,
-            _ => 1,
-        });
+        policy.global = in_phase_order(&policy.rules, &global);
         policy.shared_limits = policy
             .rules
             .iter()
@@ -669,6 +452,23 @@ impl Policy {
         } else {
             Err(problems)
         }
+    }
+
+    /// Adds a compiled rule and indexes it by command; `Some(index)` when it applies to every
+    /// command (its place among those is decided by its phase).
+    fn register(&mut self, compiled: Compiled) -> Option<usize> {
+        let rule_index = self.rules.len();
+        self.rules.push(compiled.rule);
+        for spec in compiled.commands {
+            let list = self
+                .by_command
+                .entry(spec as *const _ as usize)
+                .or_default();
+            if !list.contains(&rule_index) {
+                list.push(rule_index);
+            }
+        }
+        compiled.global.then_some(rule_index)
     }
 
     /// Whether there is nothing to check: no rules and no namespaced tenant.
@@ -704,61 +504,77 @@ impl Policy {
         }
         // Rewrites compose: the stream cap changes XADD's arguments, the TTL rule then adds its
         // PEXPIRE after it, and the namespace finally prefixes every key of both.
-        let mut rewrite: Option<ttl::Rewrite> = None;
+        let mut rewrite: Option<Rewrite> = None;
         if let Some(spec) = spec {
-            if let Some(rules) = self.by_command.get(&(spec as *const _ as usize)) {
-                for &r in rules {
-                    if let Some(refusal) = self.apply(r, spec, client, line) {
-                        return refusal;
-                    }
-                }
+            if let Some(refusal) = self.command_rules(spec, client, line) {
+                return refusal;
             }
-            for &r in &self.global {
-                match self.apply(r, spec, client, line) {
-                    None => {}
-                    Some(Verdict::Rewrite(rw)) => match &mut rewrite {
-                        None => rewrite = Some(rw),
-                        Some(acc) => {
-                            if rw.command.is_some() {
-                                acc.command = rw.command;
-                                acc.append = None;
-                            }
-                            if let Some(extra) = rw.append {
-                                match &acc.command {
-                                    Some(base) => {
-                                        let mut out = bytes::BytesMut::new();
-                                        if extra.extend_frame(base, &mut out) {
-                                            acc.command = Some(out.freeze());
-                                        }
-                                    }
-                                    None => acc.append = Some(extra),
-                                }
-                            }
-                            acc.after.extend(rw.after);
-                            acc.note = format!("{}; {}", acc.note, rw.note).into();
-                        }
-                    },
-                    Some(other) => return other,
-                }
+            if let Err(refusal) = self.global_rules(spec, client, line, &mut rewrite) {
+                return refusal;
             }
         }
         if let Some(prefix) = namespace {
-            let scripts = |sha: &[u8]| self.access.script_allowed(sha);
-            return match namespace::apply(prefix, spec, line, rewrite, &scripts) {
-                Ok(rw) if rw.command.is_none() && rw.after.is_empty() => self.allow(client),
-                Ok(rw) => Verdict::Rewrite(rw),
-                Err(reason) => Verdict::Refuse(simple_error(
-                    "NOPERM",
-                    &format!(
-                        "policy namespace: {reason}; tenant `{}`",
-                        self.access.tenant_name(client.tenant)
-                    ),
-                )),
-            };
+            return self.namespaced(prefix, spec, client, line, rewrite);
         }
         match rewrite {
             Some(rw) => Verdict::Rewrite(rw),
             None => self.allow(client),
+        }
+    }
+
+    /// Phases `Deny` and `ArgumentGuards`: the rules indexed by the command; the first that
+    /// answers (a refusal) ends the check.
+    fn command_rules<L: CommandLine + ?Sized>(
+        &self,
+        spec: &'static CommandSpec,
+        client: &Client,
+        line: &L,
+    ) -> Option<Verdict> {
+        let rules = self.by_command.get(&(spec as *const _ as usize))?;
+        rules
+            .iter()
+            .find_map(|&r| self.apply(r, spec, client, line))
+    }
+
+    /// The phases of rules that apply to every command, in [`PHASE_ORDER`]: a refusal ends
+    /// the check (`Err`), rewrites are composed into `rewrite`.
+    fn global_rules<L: CommandLine + ?Sized>(
+        &self,
+        spec: &'static CommandSpec,
+        client: &Client,
+        line: &L,
+        rewrite: &mut Option<Rewrite>,
+    ) -> Result<(), Verdict> {
+        for &r in &self.global {
+            match self.apply(r, spec, client, line) {
+                None => {}
+                Some(Verdict::Rewrite(rw)) => compose(rewrite, rw),
+                Some(other) => return Err(other),
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase `Namespace`: the tenant's prefix on every key of the command as rewritten so far.
+    fn namespaced<L: CommandLine + ?Sized>(
+        &self,
+        prefix: &[u8],
+        spec: Option<&'static CommandSpec>,
+        client: &Client,
+        line: &L,
+        rewrite: Option<Rewrite>,
+    ) -> Verdict {
+        let scripts = |sha: &[u8]| self.access.script_allowed(sha);
+        match namespace::apply(prefix, spec, line, rewrite, &scripts) {
+            Ok(rw) if rw.command.is_none() && rw.after.is_empty() => self.allow(client),
+            Ok(rw) => Verdict::Rewrite(rw),
+            Err(reason) => Verdict::Refuse(simple_error(
+                "NOPERM",
+                &format!(
+                    "policy namespace: {reason}; tenant `{}`",
+                    self.access.tenant_name(client.tenant)
+                ),
+            )),
         }
     }
 
@@ -933,6 +749,352 @@ impl Policy {
     }
 }
 
+/// The fixed sequence of policy phases a command passes. `Identify` (the client's tenant) is
+/// the session's, before the check; `Deny` and `ArgumentGuards` are the rules indexed by the
+/// command, in file order; the phases after them apply to every command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The client's tenant, from its address and AUTH user (`access`).
+    Identify,
+    /// `deny` rules.
+    Deny,
+    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`.
+    ArgumentGuards,
+    /// Rate limits counted in the proxy.
+    RateLimit,
+    /// Size limits (`max_value_bytes`, `max_keys`), the key-name pattern and the Redis-counted
+    /// rate limit's marker (checked by the session afterwards): one phase, in file order, so a
+    /// command breaking two of them gets the same refusal as before phases had names.
+    Limits,
+    /// `stream_maxlen`: XADD gets its cap.
+    StreamCap,
+    /// Forced TTLs, after every refusal (a refused command never gets a PEXPIRE).
+    Ttl,
+    /// The tenant's key prefix, on the command as every phase before rewrote it.
+    Namespace,
+}
+
+/// The order the phases run in.
+const PHASE_ORDER: [Phase; 8] = [
+    Phase::Identify,
+    Phase::Deny,
+    Phase::ArgumentGuards,
+    Phase::RateLimit,
+    Phase::Limits,
+    Phase::StreamCap,
+    Phase::Ttl,
+    Phase::Namespace,
+];
+
+impl Kind {
+    /// The phase a rule of this kind runs in.
+    fn phase(&self) -> Phase {
+        match self {
+            Kind::Deny { .. } => Phase::Deny,
+            Kind::MaxScanCount(_) | Kind::UnboundedReads => Phase::ArgumentGuards,
+            Kind::RateLimit { .. } => Phase::RateLimit,
+            Kind::MaxValueBytes(_)
+            | Kind::MaxKeys(_)
+            | Kind::KeyPattern(_)
+            | Kind::SharedRateLimit { .. } => Phase::Limits,
+            Kind::StreamMaxLen(_) => Phase::StreamCap,
+            Kind::Ttl(_) => Phase::Ttl,
+        }
+    }
+}
+
+/// `global` (rule indices in file order) by phase, file order kept within a phase.
+fn in_phase_order(rules: &[Rule], global: &[usize]) -> Vec<usize> {
+    let mut ordered = Vec::with_capacity(global.len());
+    for phase in PHASE_ORDER {
+        if ordered.len() == global.len() {
+            break;
+        }
+        ordered.extend(global.iter().filter(|&&r| rules[r].kind.phase() == phase));
+    }
+    ordered
+}
+
+/// Folds the rewrite of a later phase into the rewrites so far.
+fn compose(acc: &mut Option<Rewrite>, rw: Rewrite) {
+    let Some(acc) = acc else {
+        *acc = Some(rw);
+        return;
+    };
+    if rw.command.is_some() {
+        acc.command = rw.command;
+        acc.append = None;
+    }
+    if let Some(extra) = rw.append {
+        match &acc.command {
+            Some(base) => {
+                let mut out = bytes::BytesMut::new();
+                if extra.extend_frame(base, &mut out) {
+                    acc.command = Some(out.freeze());
+                }
+            }
+            None => acc.append = Some(extra),
+        }
+    }
+    acc.after.extend(rw.after);
+    acc.note = format!("{}; {}", acc.note, rw.note).into();
+}
+
+/// Where one rule's problems go: the list, the rule's field (`rules[3]`) and its line.
+struct Problems<'a> {
+    /// Every problem of the file so far.
+    list: &'a mut Vec<Problem>,
+    /// `rules[<index>]`, the prefix of every field named.
+    field: String,
+    /// The rule's `id:` line, for problems without a line of their own.
+    line: u64,
+}
+
+impl Problems<'_> {
+    /// A problem at `field` (under the rule's) on `line`.
+    fn push(&mut self, field: &str, line: u64, message: String) {
+        let field = if field.is_empty() {
+            self.field.clone()
+        } else {
+            format!("{}.{field}", self.field)
+        };
+        self.list.push(Problem {
+            line,
+            field,
+            message,
+        });
+    }
+}
+
+/// A rule compiled, before it is registered in the policy.
+struct Compiled {
+    /// The rule.
+    rule: Rule,
+    /// The commands its phase indexes it by (deny, argument guards).
+    commands: Vec<&'static CommandSpec>,
+    /// Whether it applies to every command (the phases after the argument guards).
+    global: bool,
+}
+
+/// What one rule's fields compile to: its kinds (exactly one is valid), the commands it is
+/// indexed by, and whether it applies to every command.
+#[derive(Default)]
+struct Parts {
+    /// Every kind the rule gives; more or fewer than one is a problem.
+    kinds: Vec<Kind>,
+    /// Commands the rule is indexed by.
+    commands: Vec<&'static CommandSpec>,
+    /// Whether a kind applies to every command.
+    global: bool,
+}
+
+impl Parts {
+    /// A kind that applies to every command.
+    fn global(&mut self, kind: Kind) {
+        self.kinds.push(kind);
+        self.global = true;
+    }
+}
+
+/// The id must be one word, and not used by an earlier rule.
+fn check_id(rc: &RuleConfig, ids: &mut HashMap<String, u64>, out: &mut Problems<'_>) {
+    let line = out.line;
+    if rc.id.value.is_empty() || rc.id.value.contains(|c: char| c.is_whitespace()) {
+        out.push("id", line, "must be a non-empty word".into());
+    }
+    if let Some(first) = ids.insert(rc.id.value.clone(), line) {
+        out.push(
+            "id",
+            line,
+            format!("`{}` is already used on line {first}", rc.id.value),
+        );
+    }
+}
+
+/// One rule; `None` (with problems) when it does not have exactly one kind. A rule with
+/// other problems is still returned: the file fails as a whole, with all of them.
+fn compile_rule(
+    rc: &RuleConfig,
+    access: &access::Identities,
+    clock: &Arc<dyn Clock>,
+    out: &mut Problems<'_>,
+) -> Option<Compiled> {
+    let mut parts = Parts::default();
+    command_kinds(rc, &mut parts, out);
+    limit_kinds(rc, clock, &mut parts, out);
+    rewrite_kinds(rc, &mut parts, out);
+    if parts.kinds.len() != 1 {
+        let line = out.line;
+        out.push(
+            "",
+            line,
+            format!(
+                "rule `{}` needs exactly one of deny, max_scan_count, \
+                 deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
+                rc.id.value,
+                parts.kinds.len()
+            ),
+        );
+        return None;
+    }
+    let tenants = tenant_set(rc, access, out);
+    Some(Compiled {
+        rule: Rule {
+            id: rc.id.value.clone(),
+            tenants,
+            mode: rc.mode,
+            message: rc.message.clone(),
+            kind: parts.kinds.pop().expect("one kind"),
+            counters: Counters::new(access.tenant_count()),
+        },
+        commands: parts.commands,
+        global: parts.global,
+    })
+}
+
+/// Phases `Deny` and `ArgumentGuards`: kinds indexed by the commands they concern.
+fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
+    if let Some(deny) = &rc.deny {
+        for name in &deny.value {
+            match resolve(name) {
+                Ok(specs) => parts.commands.extend(specs),
+                Err(e) => out.push("deny", deny.referenced.line(), e),
+            }
+        }
+        parts.kinds.push(Kind::Deny {
+            unless_arg: rc
+                .unless_arg
+                .as_ref()
+                .map(|a| a.to_ascii_uppercase().into()),
+        });
+    } else if rc.unless_arg.is_some() {
+        let line = out.line;
+        out.push("unless_arg", line, "only goes with `deny`".into());
+    }
+    if let Some(n) = &rc.max_scan_count {
+        for name in ["scan", "sscan", "hscan", "zscan"] {
+            parts
+                .commands
+                .extend(commands::lookup_name(name.as_bytes()));
+        }
+        parts.kinds.push(Kind::MaxScanCount(n.value));
+    }
+    if rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value) {
+        for name in ["lrange", "zrange", "hgetall", "smembers"] {
+            parts
+                .commands
+                .extend(commands::lookup_name(name.as_bytes()));
+        }
+        parts.kinds.push(Kind::UnboundedReads);
+    }
+}
+
+/// Phases `RateLimit` and `Limits`: size limits and rate limits (in the proxy or in Redis).
+fn limit_kinds(rc: &RuleConfig, clock: &Arc<dyn Clock>, parts: &mut Parts, out: &mut Problems<'_>) {
+    if let Some(n) = &rc.max_value_bytes {
+        parts.global(Kind::MaxValueBytes(n.value));
+    }
+    if let Some(n) = &rc.max_keys {
+        parts.global(Kind::MaxKeys(n.value));
+    }
+    let Some(rl) = &rc.rate_limit else {
+        return;
+    };
+    let limit = Limit {
+        requests: rl.value.requests,
+        window: Duration::from_millis(rl.value.window_ms),
+    };
+    let at = rl.referenced.line();
+    if rl.value.backend != config::Backend::Redis {
+        match LocalLimiter::new(limit, rl.value.max_tracked, clock.clone()) {
+            Ok(limiter) => parts.global(Kind::RateLimit {
+                limiter,
+                per: rl.value.per,
+            }),
+            Err(e) => out.push("rate_limit", at, e.to_string()),
+        }
+    } else if let Err(e) = limit.validate() {
+        out.push("rate_limit", at, e.to_string());
+    } else if rl.value.per == Per::Connection {
+        out.push(
+            "rate_limit.per",
+            at,
+            "a shared (redis) limit counts per address or per tenant; connections \
+             are not shared between proxies"
+                .into(),
+        );
+    } else {
+        parts.global(Kind::SharedRateLimit {
+            limit,
+            per: rl.value.per,
+            prefix: format!("rpp:rl:{}:", rc.id.value).into_bytes(),
+        });
+    }
+}
+
+/// Phases `Ttl`, `StreamCap` and the key-name pattern (`Limits`), in the order the file's
+/// fields were always read.
+fn rewrite_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
+    if let Some(t) = &rc.ttl {
+        match compile_ttl(&t.value) {
+            Ok(rule) => parts.global(Kind::Ttl(rule)),
+            Err(e) => out.push("ttl", t.referenced.line(), e),
+        }
+    }
+    if let Some(n) = &rc.stream_maxlen {
+        if n.value == 0 {
+            out.push(
+                "stream_maxlen",
+                n.referenced.line(),
+                "must be above 0".into(),
+            );
+        } else {
+            parts.global(Kind::StreamMaxLen(n.value));
+        }
+    }
+    if let Some(pattern) = &rc.key_pattern {
+        match regex::bytes::Regex::new(&pattern.value) {
+            Ok(re) => parts.global(Kind::KeyPattern(re)),
+            Err(e) => out.push(
+                "key_pattern",
+                pattern.referenced.line(),
+                format!("not a valid regular expression: {e}"),
+            ),
+        }
+    }
+}
+
+/// `tenants:` or `except_tenants:` as a set by tenant index; `None`: every tenant.
+fn tenant_set(
+    rc: &RuleConfig,
+    access: &access::Identities,
+    out: &mut Problems<'_>,
+) -> Option<Vec<bool>> {
+    let line = out.line;
+    let (only, except) = (&rc.tenants, &rc.except_tenants);
+    if only.is_some() && except.is_some() {
+        out.push(
+            "",
+            line,
+            "give `tenants` or `except_tenants`, not both".into(),
+        );
+        return None;
+    }
+    let names = only.as_ref().or(except.as_ref())?;
+    let mut set = vec![except.is_some(); access.tenant_count()];
+    for name in names {
+        match access.tenant_index(name) {
+            Some(i) => set[usize::from(i)] = only.is_some(),
+            None => out.push(
+                "tenants",
+                line,
+                format!("no tenant `{name}` in access.identities (or `default`)"),
+            ),
+        }
+    }
+    Some(set)
+}
+
 /// The error code and reason when `kind` refuses the command, else `None`.
 fn violation<L: CommandLine + ?Sized>(
     kind: &Kind,
@@ -1025,7 +1187,7 @@ fn rewritten(
     rule: &Rule,
     spec: &CommandSpec,
     client: &Client,
-    rw: ttl::Rewrite,
+    rw: Rewrite,
 ) -> Option<Verdict> {
     match rule.mode {
         Mode::Audit => {
@@ -1042,11 +1204,7 @@ fn rewritten(
 
 /// XADD without MAXLEN/MINID, rewritten with `MAXLEN ~ n` right after the key (Redis reads
 /// XADD's options up to the entry id, in any order).
-fn stream_cap<L: CommandLine + ?Sized>(
-    spec: &CommandSpec,
-    line: &L,
-    n: u64,
-) -> Option<ttl::Rewrite> {
+fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> Option<Rewrite> {
     if spec.name != "xadd" || line.argc() < 3 {
         return None;
     }
@@ -1066,10 +1224,10 @@ fn stream_cap<L: CommandLine + ?Sized>(
     let n = n.to_string();
     let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
-    Some(ttl::Rewrite {
+    Some(Rewrite {
         command: Some(crate::codec::encode(&args)),
         note: "XADD gets MAXLEN ~ <n>".into(),
-        ..ttl::Rewrite::default()
+        ..Rewrite::default()
     })
 }
 
@@ -1194,6 +1352,18 @@ mod tests {
         // Audit: allowed, counted (CONFIG GET above is @admin too).
         assert_eq!(check(&p, "DEBUG SLEEP 0"), Verdict::Allow);
         assert_eq!(p.counters("danger").unwrap().total(Outcome::Audited), 2);
+    }
+
+    #[test]
+    fn rules_apply_to_every_command_in_phase_order_and_file_order_within_a_phase() {
+        let p = policy(
+            "rules:\n  - id: ttl\n    ttl:\n      default: 60s\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+:'\n  - id: big\n    max_value_bytes: 10\n  - id: rate\n    rate_limit:\n      requests: 100\n      window_ms: 1000\n",
+        );
+        let order: Vec<&str> = p.global.iter().map(|&r| p.rules[r].id.as_str()).collect();
+        assert_eq!(order, ["rate", "names", "big", "cap", "ttl"]);
+        let phases: Vec<Phase> = p.global.iter().map(|&r| p.rules[r].kind.phase()).collect();
+        let rank = |phase: &Phase| PHASE_ORDER.iter().position(|p| p == phase);
+        assert!(phases.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])));
     }
 
     #[test]

@@ -13,8 +13,8 @@
 
 use bytes::Bytes;
 
-use super::CommandLine;
-use super::ttl::Rewrite;
+use super::line::CommandLine;
+use super::rewrite::{Rewrite, Shape, Strip};
 use crate::codec::encode;
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::commands::{self, CommandSpec};
@@ -151,33 +151,6 @@ pub fn apply<L: CommandLine + ?Sized>(
         }));
     }
     Ok(rw)
-}
-
-/// How a reply naming keys is cleaned of the namespace prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Strip {
-    /// The prefix to remove.
-    pub prefix: Bytes,
-    /// Where the key names are in the reply.
-    pub shape: Shape,
-}
-
-/// Reply shapes that carry key names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// KEYS, PUBSUB CHANNELS: an array of names.
-    Names,
-    /// SCAN: `[cursor, [names…]]`.
-    Scan,
-    /// BLPOP, BZPOPMIN, LMPOP…: an array whose first element is the key (or nil).
-    FirstElement,
-    /// XREAD/XREADGROUP: streams by name, `[[name, entries]…]` (RESP2) or `{name: entries}`
-    /// (RESP3), or nil.
-    Streams,
-    /// (Un)subscribe confirmations and messages: channel and pattern names.
-    PubSub,
-    /// PUBSUB NUMSUB/SHARDNUMSUB: `[channel, count, …]`.
-    ChannelCounts,
 }
 
 /// SCAN/KEYS confined to the prefix: the pattern (MATCH, or KEYS's argument) gets the

@@ -10,7 +10,7 @@ use super::*;
 use crate::cluster::{Redirect, Router, slot};
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
-use crate::policy::namespace::Strip;
+use crate::policy::rewrite::Strip;
 
 mod subscriber;
 mod transaction;
@@ -282,7 +282,7 @@ impl Session {
         &self,
         router: &Router,
         spec: Option<&'static CommandSpec>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
         queued: Option<Target>,
         proto: u8,
         primary: u16,
@@ -296,7 +296,7 @@ impl Session {
         &self,
         args: &Args<'_>,
         effect: Effect,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Option<Action> {
         if let Some(answer) = self.transaction_answer(args, effect) {
             return Some(answer);
@@ -360,7 +360,7 @@ impl Session {
     fn cluster_only_answer(
         &self,
         args: &Args<'_>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Option<Action> {
         let name = args.get(0);
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
@@ -423,7 +423,7 @@ impl Session {
         &self,
         args: &Args<'_>,
         effect: Effect,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
         merge: Merge,
     ) -> Action {
         if self.conn.in_multi() {
@@ -457,7 +457,7 @@ impl Session {
     fn decide_scan(
         &self,
         args: &Args<'_>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Action {
         if self.conn.in_multi() {
             return Action::Refused(simple_error(
@@ -1202,7 +1202,7 @@ impl Session {
 fn split(
     router: &Router,
     args: &Args<'_>,
-    rewrite: Option<&crate::policy::ttl::Rewrite>,
+    rewrite: Option<&crate::policy::rewrite::Rewrite>,
 ) -> Option<Action> {
     if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some()) {
         return None;

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -77,7 +77,7 @@ pub struct Context {
     /// reload.
     pub policy: Arc<ArcSwap<Policy>>,
     /// Metrics, slow log and reload, shared with the admin endpoint and `PROXY` commands.
-    pub ops: crate::server::Ops,
+    pub ops: crate::ops::Ops,
 }
 
 /// How often idle sessions are asked to give memory back; a session is released after one to
@@ -199,7 +199,7 @@ struct Handling {
     /// Answer this instead of the upstream's reply (EXECABORT for a DISCARDed EXEC).
     replace: Option<Bytes>,
     /// Remove the tenant's namespace prefix from key names in the reply (SCAN, KEYS).
-    strip: Option<Box<crate::policy::namespace::Strip>>,
+    strip: Option<Box<crate::policy::rewrite::Strip>>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -272,7 +272,7 @@ enum Action {
         target: Target,
         expect: Expect,
         effect: Effect,
-        rewrite: crate::policy::ttl::Rewrite,
+        rewrite: crate::policy::rewrite::Rewrite,
     },
     /// Cluster mode: a command answered from several nodes, or by the session itself (see
     /// `cluster::Gather`).
@@ -337,7 +337,7 @@ struct Outgoing {
     /// The reply the client gets instead of Redis's (EXECABORT for a spoiled EXEC).
     replace: Option<Bytes>,
     /// The namespace prefix to remove from the reply's key names.
-    strip: Option<Box<crate::policy::namespace::Strip>>,
+    strip: Option<Box<crate::policy::rewrite::Strip>>,
 }
 
 /// How a decided command is carried out.
@@ -355,7 +355,7 @@ struct Joining {
     /// The state it changes once dispatched.
     effect: Effect,
     /// The policy's rewrite, if any.
-    rewrite: Option<crate::policy::ttl::Rewrite>,
+    rewrite: Option<crate::policy::rewrite::Rewrite>,
 }
 
 /// Session state changed by a command the proxy answers itself.
@@ -433,7 +433,7 @@ impl Run {
         prefix: &[u8],
         consumed: &[u8],
         capacity_hint: usize,
-        rewrite: &crate::policy::ttl::Rewrite,
+        rewrite: &crate::policy::rewrite::Rewrite,
         target: Target,
     ) {
         let owned = self.owned.get_or_insert_with(|| {
@@ -940,7 +940,7 @@ async fn write_all(
 impl Action {
     /// Where a forwarded command goes, its effect and the policy's rewrite; `None` for the
     /// actions the proxy answers or handles itself.
-    fn forwarded(&self) -> Option<(Target, Effect, Option<&crate::policy::ttl::Rewrite>)> {
+    fn forwarded(&self) -> Option<(Target, Effect, Option<&crate::policy::rewrite::Rewrite>)> {
         match self {
             Action::Forward { target, effect, .. } => Some((*target, *effect, None)),
             Action::Rewritten {
@@ -1536,7 +1536,7 @@ impl Session {
         len: usize,
         target: Target,
         effect: Effect,
-        rewrite: Option<crate::policy::ttl::Rewrite>,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) {
         let base = run.len;
         let Some(rewrite) = rewrite else {
@@ -2007,7 +2007,7 @@ impl Session {
         target: Target,
         expect: Expect,
         effect: Effect,
-        rewrite: Option<crate::policy::ttl::Rewrite>,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) -> bool {
         let suppress = self.client.reply_mode != ReplyMode::On;
         let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
@@ -2099,7 +2099,7 @@ impl Session {
         mut command: Bytes,
         target: Target,
         effect: Effect,
-        rewrite: Option<crate::policy::ttl::Rewrite>,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) -> Outgoing {
         let mut replace = None;
         if effect == Effect::AbortExec {
@@ -2303,7 +2303,7 @@ mod size_tests {
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let config = crate::Config::default();
         let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
-        let ops = crate::server::Ops::new(&config, policy.clone(), None);
+        let ops = crate::ops::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
             upstreams: Upstreams::Standalone,

@@ -47,7 +47,7 @@ impl Session {
     pub(super) fn replica_may_serve(
         &self,
         spec: Option<&'static CommandSpec>,
-        rewrite: Option<&crate::policy::ttl::Rewrite>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
         queued: Option<Target>,
         primary: Target,
     ) -> bool {

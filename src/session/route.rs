@@ -387,7 +387,7 @@ pub(super) struct Args<'a> {
     ranges: &'a [Range<usize>],
 }
 
-impl crate::policy::CommandLine for Args<'_> {
+impl crate::policy::line::CommandLine for Args<'_> {
     fn argc(&self) -> usize {
         self.len()
     }

@@ -357,7 +357,10 @@ fn node_spec(base: &Arc<NodeSpec>, address: &mut Address) -> Result<Arc<NodeSpec
 /// until the next attempt, with exponential backoff. When the address moves, the connection
 /// is given up (its in-flight commands get the usual "may have been applied" error, never a
 /// resend) and the new node connected at once.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the supervisor task owns each of these for its whole life; a struct would only be unpacked again"
+)]
 async fn supervise(
     base: Arc<NodeSpec>,
     mut address: Address,

@@ -57,7 +57,7 @@ pub fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config
     for line in settings {
         text.push_str(&format!("    {line}\n"));
     }
-    redis_policy_proxy::Config::from_yaml(&text, std::path::Path::new("cluster-test.yaml"))
+    redis_policy_proxy::setup::from_yaml(&text, std::path::Path::new("cluster-test.yaml"))
         .expect("cluster config parses")
 }
 

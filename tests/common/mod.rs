@@ -6,7 +6,10 @@
 //! sleeps as readiness checks (poll with a short interval under a deadline), and every wait is
 //! bounded so a bug fails a test instead of hanging it.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses only some of the shared fixtures"
+)]
 
 pub mod cluster;
 pub mod process;

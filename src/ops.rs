@@ -1,0 +1,44 @@
+//! What the proxy shares with its operators' tools (metrics, the slow log, the policy reload),
+//! made once by the entry layer and handed to every session. Its own module so the session
+//! can hold it without importing the server that starts sessions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::slowlog::SlowLog;
+
+/// Reloads the policy file and swaps it in: `Ok` with the new version, `Err` with every
+/// problem (the running policy stays). Provided by whoever knows the file (`main`).
+pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// What the proxy shares with its operators' tools: metrics, the slow log, and the reload
+/// behind `PROXY RELOAD`.
+#[derive(Clone)]
+pub struct Ops {
+    /// Every counter and histogram, rendered by the admin endpoint.
+    pub metrics: Arc<Metrics>,
+    /// Slow batches, for `PROXY SLOWLOG`.
+    pub slowlog: Arc<SlowLog>,
+    /// `None` when the configuration did not come from a file.
+    pub reload: Option<Reload>,
+}
+
+impl Ops {
+    /// Metrics reading `policy`, and the slow log `config` asks for.
+    pub fn new(config: &Config, policy: Arc<ArcSwap<Policy>>, reload: Option<Reload>) -> Ops {
+        let admin = &config.admin;
+        Ops {
+            metrics: Metrics::new(policy),
+            slowlog: Arc::new(SlowLog::new(
+                Duration::from_micros(admin.slowlog_threshold_us.value),
+                admin.slowlog_max_len.value,
+            )),
+            reload,
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! A command as the proxy forwards it after the policy's rewrites (TTL added or cut, key
+//! namespace prefixed), and how its reply is cleaned on the way back ([`Strip`]). Its own
+//! module because every rewriting phase (`ttl`, `namespace`, the stream cap) makes one and
+//! the session carries it to the upstream; the phases do not depend on each other.
+
+use std::borrow::Cow;
+
+use bytes::{Bytes, BytesMut};
+
+use super::line::CommandLine;
+use crate::codec::{encode, itoa_buf, parse_int, put_bulk, put_len};
+
+/// A command as the proxy will forward it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Rewrite {
+    /// Replacement for the client's command; `None` forwards it as sent.
+    pub command: Option<Bytes>,
+    /// Arguments added at the end of the command as sent (`PX <ttl>` on SET): the session
+    /// patches the frame's header and appends them while copying it into the upstream batch,
+    /// so the commonest rewrite costs neither an allocation nor an encoding. Never set
+    /// together with `command` (see [`Rewrite::materialize`]).
+    pub append: Option<Appended>,
+    /// Commands sent right after it, whose replies the client never sees.
+    pub after: Vec<Bytes>,
+    /// What was done, for audit logs and `--explain` (static on the hot SET path).
+    pub note: Cow<'static, str>,
+    /// The reply names keys under a namespace prefix the client must not see.
+    pub strip: Option<Box<Strip>>,
+}
+
+/// An option and its integer value to append to a command (`PX <ttl>`), kept as values and
+/// encoded while the frame is copied: 24 bytes, held across the session's awaits, so no
+/// pre-encoded buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The option's name, e.g. `PX`.
+    pub option: &'static str,
+    /// Its argument.
+    pub value: u64,
+}
+
+impl Appended {
+    /// Writes the multibulk `frame` with the option appended to `out`; `false` (nothing
+    /// written) when `frame` does not start with a `*<argc>\r\n` header, which the decoder
+    /// never lets through.
+    pub fn extend_frame(&self, frame: &[u8], out: &mut BytesMut) -> bool {
+        let Some(end) = frame.iter().position(|&b| b == b'\r') else {
+            return false;
+        };
+        let Some(argc) = frame
+            .strip_prefix(b"*")
+            .and_then(|f| parse_int(&f[..end - 1]))
+            .filter(|&n| n >= 0)
+        else {
+            return false;
+        };
+        let value = itoa_buf(self.value);
+        let value = value.as_str().as_bytes();
+        let option = self.option.as_bytes();
+        out.reserve(frame.len() + option.len() + value.len() + 16);
+        put_len(out, b'*', argc as usize + 2);
+        // The frame after its header: the arguments.
+        out.extend_from_slice(frame.get(end + 2..).unwrap_or_default());
+        put_bulk(out, option);
+        put_bulk(out, value);
+        true
+    }
+}
+
+impl Rewrite {
+    /// The same rewrite with `append` folded into `command`, for the paths that need the whole
+    /// command as bytes (namespacing, `--explain`): `line` is the command as the client sent it.
+    pub fn materialize<L: CommandLine + ?Sized>(mut self, line: &L) -> Rewrite {
+        if let Some(extra) = self.append.take() {
+            let base = match self.command.take() {
+                Some(c) => c,
+                None => {
+                    let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+                    encode(&args)
+                }
+            };
+            let mut out = BytesMut::new();
+            if extra.extend_frame(&base, &mut out) {
+                self.command = Some(out.freeze());
+            } else {
+                self.command = Some(base);
+            }
+        }
+        self
+    }
+}
+
+/// How a reply naming keys is cleaned of the namespace prefix (applied by
+/// `policy::namespace`, which makes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strip {
+    /// The prefix to remove.
+    pub prefix: Bytes,
+    /// Where the key names are in the reply.
+    pub shape: Shape,
+}
+
+/// Reply shapes that carry key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// KEYS, PUBSUB CHANNELS: an array of names.
+    Names,
+    /// SCAN: `[cursor, [names…]]`.
+    Scan,
+    /// BLPOP, BZPOPMIN, LMPOP…: an array whose first element is the key (or nil).
+    FirstElement,
+    /// XREAD/XREADGROUP: streams by name, `[[name, entries]…]` (RESP2) or `{name: entries}`
+    /// (RESP3), or nil.
+    Streams,
+    /// (Un)subscribe confirmations and messages: channel and pattern names.
+    PubSub,
+    /// PUBSUB NUMSUB/SHARDNUMSUB: `[channel, count, …]`.
+    ChannelCounts,
+}

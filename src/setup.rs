@@ -1,0 +1,61 @@
+//! The entry layer's composer: a configuration file with everything it names checked — its
+//! own values (`config`), the upstream TLS files (`upstream::tls`) and the rules (`policy`) —
+//! every problem with file, line and field, reported at once. Here, above the three, so none
+//! of them imports another to validate itself.
+
+use std::path::Path;
+
+use crate::config::{Config, ConfigError, Problem};
+use crate::policy::Policy;
+
+/// Reads, parses and validates a configuration file: [`Config::read`], then [`validate`].
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let config = Config::read(path)?;
+    validate(&config, path)?;
+    Ok(config)
+}
+
+/// Parses and validates YAML text: [`Config::parse`], then [`validate`]; `path` is only used
+/// in messages.
+pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    let config = Config::parse(text, path)?;
+    validate(&config, path)?;
+    Ok(config)
+}
+
+/// Every problem of `config`: its own values, then the TLS files, then the rules.
+pub fn validate(config: &Config, path: &Path) -> Result<(), ConfigError> {
+    let mut problems = config.problems();
+    if let Some(tls) = &config.upstream.tls {
+        let host = config.tls_host();
+        if let Err(e) = crate::upstream::tls::build(tls, &host) {
+            problems.push(Problem {
+                line: tls.ca_file.referenced.line(),
+                field: "upstream.tls".to_string(),
+                message: e,
+            });
+        }
+    }
+    if let Err(rule_problems) = policy(config) {
+        problems.extend(rule_problems);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+/// The policy of a whole configuration: its rules and `access:` section, its version, and
+/// the log budget `admin.denial_logs_per_second` sets.
+pub fn policy(config: &Config) -> Result<Policy, Vec<Problem>> {
+    Policy::from_parts(
+        &config.rules,
+        &config.access,
+        config.version.clone(),
+        config.admin.denial_logs_per_second.value,
+    )
+}

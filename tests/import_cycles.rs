@@ -1,0 +1,504 @@
+//! No import cycles between the library's modules: a module never imports a module that imports
+//! it back, directly or through others. Reads `src/**/*.rs`, one node per file module
+//! (`src/policy/ttl.rs` is `policy::ttl`), and an edge for every reference that names another
+//! module: `crate::…` and `super::…` paths (use trees included), and a parent's `child::…`.
+//! `mod x;` declarations are not edges. Comments and string literals are skipped.
+//!
+//! `scripts/import-cycles.sh` prints the report. Cycles that other work is still cutting are
+//! listed in `PENDING`: a cycle found must fit inside one of them, so no new one can appear;
+//! remove an entry once its cycle is gone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Strongly connected groups of modules that are known and being cut elsewhere; each found
+/// cycle must lie within one of them.
+const PENDING: &[&[&str]] = &[
+    // The cluster's router holds upstream pools and the pool's control path names the router
+    // (being cut in src/upstream and src/cluster); cluster's mod.rs re-exports its children,
+    // which use its helpers.
+    &[
+        "cluster",
+        "cluster::router",
+        "cluster::topology",
+        "upstream::pool",
+    ],
+    // The generated table uses the types its parent defines.
+    &["commands", "commands::table"],
+    // The session restructuring splits the session into parts that do not import their parent.
+    &[
+        "session",
+        "session::cluster",
+        "session::cluster::transaction",
+        "session::replies",
+        "session::route",
+        "session::shard_subs",
+        "session::spread",
+    ],
+];
+
+/// A module's dependency edges: target module -> first `file:line` that made it.
+type Edges = BTreeMap<String, String>;
+
+#[test]
+fn no_new_import_cycles() {
+    let graph = graph(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path());
+    let groups = cycles(&graph);
+    let report = report(&graph, &groups);
+    eprintln!("{report}");
+    let unexpected: Vec<&BTreeSet<String>> = groups
+        .iter()
+        .filter(|g| {
+            !PENDING
+                .iter()
+                .any(|p| g.iter().all(|m| p.contains(&m.as_str())))
+        })
+        .collect();
+    assert!(unexpected.is_empty(), "new import cycles:\n{report}");
+}
+
+/// Every file module and its edges.
+fn graph(src: &Path) -> BTreeMap<String, Edges> {
+    let mut files = Vec::new();
+    collect(src, &mut files);
+    let modules: BTreeMap<String, PathBuf> = files
+        .iter()
+        .filter_map(|f| module_of(src, f).map(|m| (m, f.clone())))
+        .collect();
+    let names: BTreeSet<&str> = modules.keys().map(String::as_str).collect();
+    let reexports = root_reexports(&code_of(&src.join("lib.rs")));
+    let mut graph = BTreeMap::new();
+    for (module, file) in &modules {
+        let code = code_of(file);
+        let mut edges = Edges::new();
+        let rel = file.strip_prefix(src).unwrap_or(file).display().to_string();
+        for (line, path) in references(module, &code, &names) {
+            let Some(target) = resolve(&path, &names, &reexports) else {
+                continue;
+            };
+            if target != *module && !target.is_empty() {
+                edges
+                    .entry(target)
+                    .or_insert_with(|| format!("src/{rel}:{line}"));
+            }
+        }
+        graph.insert(module.clone(), edges);
+    }
+    graph
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read src")
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            collect(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `policy::ttl` for `src/policy/ttl.rs`, `policy` for `src/policy/mod.rs`, `""` for lib.rs;
+/// `None` for the binary's root, which is another crate.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?.with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    match parts.last().map(String::as_str) {
+        Some("main") if parts.len() == 1 => return None,
+        Some("lib") if parts.len() == 1 => return Some(String::new()),
+        Some("mod") => {
+            parts.pop();
+        }
+        _ => {}
+    }
+    Some(parts.join("::"))
+}
+
+/// The file's text with comments, string and char literals blanked (newlines kept, so line
+/// numbers stay true).
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).expect("read source");
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut String, s: &[u8]| {
+        for &c in s {
+            out.push(if c == b'\n' { '\n' } else { ' ' });
+        }
+    };
+    while i < b.len() {
+        let rest = &b[i..];
+        if rest.starts_with(b"//") {
+            let end = rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len());
+            blank(&mut out, &rest[..end]);
+            i += end;
+        } else if rest.starts_with(b"/*") {
+            let end = find(rest, b"*/").map_or(rest.len(), |e| e + 2);
+            blank(&mut out, &rest[..end]);
+            i += end;
+        } else if let Some(len) = raw_string(rest) {
+            blank(&mut out, &rest[..len]);
+            i += len;
+        } else if rest[0] == b'"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != b'"' {
+                j += if rest[j] == b'\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(rest.len());
+            blank(&mut out, &rest[..end]);
+            i += end;
+        } else if rest[0] == b'\'' {
+            // A char literal ('x', '\n', b'"'); a lifetime ('a) is left alone.
+            let len = if rest.get(1) == Some(&b'\\') {
+                rest[2..].iter().position(|&c| c == b'\'').map(|p| p + 3)
+            } else if rest.get(2) == Some(&b'\'') {
+                Some(3)
+            } else {
+                None
+            };
+            match len {
+                Some(len) => {
+                    blank(&mut out, &rest[..len]);
+                    i += len;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            let ch = text[i..].chars().next().expect("char");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Length of a raw string literal (`r"…"`, `r#"…"#`, `br#"…"#`) at the start of `s`.
+fn raw_string(s: &[u8]) -> Option<usize> {
+    let start = if s.starts_with(b"br") {
+        2
+    } else if s.starts_with(b"r") {
+        1
+    } else {
+        return None;
+    };
+    let hashes = s[start..].iter().take_while(|&&c| c == b'#').count();
+    if s.get(start + hashes) != Some(&b'"') {
+        return None;
+    }
+    let mut close = vec![b'"'];
+    close.extend(std::iter::repeat_n(b'#', hashes));
+    let body = start + hashes + 1;
+    find(&s[body..], &close).map(|e| body + e + close.len())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `pub use module::{A, B}` in lib.rs: `A` and `B` resolve to `module`.
+fn root_reexports(code: &str) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for stmt in code.split(';') {
+        let Some(tree) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        for path in use_tree(&tokens(tree), &mut 0, &[]) {
+            if let (Some(first), Some(last)) = (path.first(), path.last()) {
+                map.insert(last.clone(), first.clone());
+            }
+        }
+    }
+    map
+}
+
+/// Identifiers and the punctuation use trees are made of.
+fn tokens(code: &str) -> Vec<String> {
+    tokens_with_lines(code)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
+}
+
+/// [`tokens`], each with its 1-based line.
+fn tokens_with_lines(code: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut chars = code.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '\n' {
+            line += 1;
+        } else if c.is_alphanumeric() || c == '_' {
+            let mut end = i + c.len_utf8();
+            while let Some(&(j, d)) = chars.peek() {
+                if !(d.is_alphanumeric() || d == '_') {
+                    break;
+                }
+                end = j + d.len_utf8();
+                chars.next();
+            }
+            out.push((code[i..end].to_string(), line));
+        } else if c == ':' && chars.peek().map(|&(_, d)| d) == Some(':') {
+            chars.next();
+            out.push(("::".to_string(), line));
+        } else if !c.is_whitespace() {
+            out.push((c.to_string(), line));
+        }
+    }
+    out
+}
+
+/// Parses a use tree at `tokens[*at..]` under `prefix`; returns every path it names.
+fn use_tree(tokens: &[String], at: &mut usize, prefix: &[String]) -> Vec<Vec<String>> {
+    let mut path = prefix.to_vec();
+    loop {
+        match tokens.get(*at).map(String::as_str) {
+            Some("{") => {
+                *at += 1;
+                let mut all = Vec::new();
+                loop {
+                    match tokens.get(*at).map(String::as_str) {
+                        Some("}") => {
+                            *at += 1;
+                            break;
+                        }
+                        Some(",") => *at += 1,
+                        None => break,
+                        _ => all.extend(use_tree(tokens, at, &path)),
+                    }
+                }
+                return all;
+            }
+            Some("*") => {
+                *at += 1;
+                return vec![path];
+            }
+            Some(t) if is_ident(t) => {
+                if t != "self" {
+                    path.push(t.to_string());
+                }
+                *at += 1;
+                if tokens.get(*at).map(String::as_str) == Some("::") {
+                    *at += 1;
+                    continue;
+                }
+                if tokens.get(*at).map(String::as_str) == Some("as") {
+                    *at += 2;
+                }
+                return vec![path];
+            }
+            _ => return vec![path],
+        }
+    }
+}
+
+fn is_ident(t: &str) -> bool {
+    t.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+/// Every module path the code names, as absolute segments, with its line.
+fn references(module: &str, code: &str, names: &BTreeSet<&str>) -> Vec<(usize, Vec<String>)> {
+    let own: Vec<String> = if module.is_empty() {
+        Vec::new()
+    } else {
+        module.split("::").map(str::to_string).collect()
+    };
+    let children: BTreeSet<String> = names
+        .iter()
+        .filter_map(|n| {
+            let rest = if module.is_empty() {
+                Some(*n)
+            } else {
+                n.strip_prefix(module).and_then(|r| r.strip_prefix("::"))
+            }?;
+            (!rest.is_empty() && !rest.contains("::")).then(|| rest.to_string())
+        })
+        .collect();
+    let mut out = Vec::new();
+    let with_lines = tokens_with_lines(code);
+    let toks: Vec<String> = with_lines.iter().map(|(t, _)| t.clone()).collect();
+    // Inline modules (`mod tests { … }`) open inside the file: `(brace depth, name)`.
+    let mut inline: Vec<(usize, String)> = Vec::new();
+    let mut depth = 0;
+    {
+        let mut i = 0;
+        while i < toks.len() {
+            let line = with_lines[i].1;
+            match toks[i].as_str() {
+                "{" => depth += 1,
+                "}" => {
+                    depth -= 1;
+                    if inline.last().is_some_and(|(d, _)| *d == depth) {
+                        inline.pop();
+                    }
+                }
+                "mod" if toks.get(i + 2).map(String::as_str) == Some("{") => {
+                    inline.push((depth, toks[i + 1].clone()));
+                }
+                _ => {}
+            }
+            let mut own = own.clone();
+            own.extend(inline.iter().map(|(_, name)| name.clone()));
+            let children = if inline.is_empty() {
+                children.clone()
+            } else {
+                BTreeSet::new()
+            };
+            let after_path = i > 0 && toks[i - 1] == "::";
+            let next_is_path = toks.get(i + 1).map(String::as_str) == Some("::");
+            let base: Option<Vec<String>> = match toks[i].as_str() {
+                _ if after_path || !next_is_path => None,
+                "crate" => Some(Vec::new()),
+                "super" => {
+                    let mut base = own.clone();
+                    base.pop();
+                    // `super::super::…`
+                    let mut j = i + 2;
+                    while toks.get(j).map(String::as_str) == Some("super")
+                        && toks.get(j + 1).map(String::as_str) == Some("::")
+                    {
+                        base.pop();
+                        j += 2;
+                    }
+                    i = j - 2;
+                    Some(base)
+                }
+                "self" => Some(own.clone()),
+                t if children.contains(t) => {
+                    let mut base = own.clone();
+                    base.push(t.to_string());
+                    Some(base)
+                }
+                _ => None,
+            };
+            let Some(base) = base else {
+                i += 1;
+                continue;
+            };
+            let mut at = if matches!(toks[i].as_str(), "crate" | "super" | "self") {
+                i + 2
+            } else {
+                i + 1
+            };
+            if at > i + 1 || toks.get(at).map(String::as_str) == Some("::") {
+                if toks.get(at).map(String::as_str) == Some("::") {
+                    at += 1;
+                }
+                for path in use_tree(&toks, &mut at, &base) {
+                    out.push((line, path));
+                }
+            } else {
+                out.push((line, base));
+            }
+            i = at.max(i + 1);
+        }
+    }
+    out
+}
+
+/// The longest prefix of `path` that is a module; a root re-export resolves to its module.
+fn resolve(
+    path: &[String],
+    names: &BTreeSet<&str>,
+    reexports: &BTreeMap<String, String>,
+) -> Option<String> {
+    for len in (1..=path.len()).rev() {
+        let candidate = path[..len].join("::");
+        if names.contains(candidate.as_str()) {
+            return Some(candidate);
+        }
+    }
+    path.first().and_then(|f| reexports.get(f)).cloned()
+}
+
+/// Groups of two or more modules that reach each other (Tarjan's strongly connected
+/// components), each sorted.
+fn cycles(graph: &BTreeMap<String, Edges>) -> Vec<BTreeSet<String>> {
+    struct State<'a> {
+        graph: &'a BTreeMap<String, Edges>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        groups: Vec<BTreeSet<String>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a str) {
+        let i = s.index.len();
+        s.index.insert(v, i);
+        s.low.insert(v, i);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        let graph = s.graph;
+        for w in graph[v].keys().filter(|w| graph.contains_key(*w)) {
+            let w = w.as_str();
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let low = s.low[v].min(s.low[w]);
+                s.low.insert(v, low);
+            } else if s.on_stack.contains(w) {
+                let low = s.low[v].min(s.index[w]);
+                s.low.insert(v, low);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut group = BTreeSet::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                group.insert(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if group.len() > 1 {
+                s.groups.push(group);
+            }
+        }
+    }
+    let mut s = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        groups: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !s.index.contains_key(v.as_str()) {
+            visit(&mut s, v);
+        }
+    }
+    s.groups.sort();
+    s.groups
+}
+
+/// The cycles found, each with the edges inside it and where each edge comes from.
+fn report(graph: &BTreeMap<String, Edges>, groups: &[BTreeSet<String>]) -> String {
+    let mut out = String::new();
+    if groups.is_empty() {
+        out.push_str("no import cycles\n");
+    }
+    for group in groups {
+        let names: Vec<&str> = group.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "cycle: {}", names.join(", "));
+        for from in group {
+            for (to, at) in &graph[from] {
+                if group.contains(to) {
+                    let _ = writeln!(out, "    {from} -> {to}    ({at})");
+                }
+            }
+        }
+    }
+    out
+}
