@@ -20,6 +20,8 @@
 //! - [`config`]: the YAML file, strict and validated with file/line/field messages.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
+//! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
+//!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
 //! - [`command`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
 //!   decides each command (policy verdict, then route), `session::replies` shapes replies
@@ -57,6 +59,7 @@ pub mod metrics;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;
+pub mod resp_value;
 pub mod sentinel;
 pub mod server;
 pub mod session;
