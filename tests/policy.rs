@@ -570,16 +570,8 @@ async fn the_default_policy_refuses_whatever_changes_roles_users_modules_or_othe
     }
     // Nothing refused reached Redis: no new user, still a primary, writes still accepted, the
     // proxy's own connections alive.
-    assert_eq!(
-        redis.direct(&["ACL", "USERS"]).await,
-        b"*1\r\n$7\r\ndefault\r\n"
-    );
-    assert!(
-        redis
-            .direct(&["ROLE"])
-            .await
-            .starts_with(b"*3\r\n$6\r\nmaster\r\n")
-    );
+    assert_eq!(redis.direct(&["ACL", "USERS"]).await, b"*1\r\n$7\r\ndefault\r\n");
+    assert!(redis.direct(&["ROLE"]).await.starts_with(b"*3\r\n$6\r\nmaster\r\n"));
     assert_eq!(c.call(&["SET", "still", "writable"]).await, b"+OK\r\n");
 }
 
@@ -642,11 +634,7 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
             leaks.push(format!(
                 "{} ({})",
                 spec.name,
-                if refused {
-                    "refused but listed as allowed"
-                } else {
-                    "not refused"
-                }
+                if refused { "refused but listed as allowed" } else { "not refused" }
             ));
         }
     }

@@ -133,4 +133,36 @@ mod tests {
         assert_eq!(slot(b"tenant:{user1}.x"), slot(b"{user1}.x"));
         assert_ne!(slot(b"tenant:foo"), slot(b"foo"));
     }
+
+    #[test]
+    fn agrees_with_redis_protocol() {
+        // Every shape of brace placement over a small alphabet, plus long and binary keys.
+        let alphabet = [b'a', b'{', b'}', b'x'];
+        let mut keys: Vec<Vec<u8>> = vec![Vec::new()];
+        for len in 1..=6 {
+            let mut i = 0usize;
+            while i < alphabet.len().pow(len) {
+                let mut n = i;
+                keys.push(
+                    (0..len)
+                        .map(|_| {
+                            let b = alphabet[n % alphabet.len()];
+                            n /= alphabet.len();
+                            b
+                        })
+                        .collect(),
+                );
+                i += 1;
+            }
+        }
+        for i in 0..2000u32 {
+            keys.push(format!("user:{i}").into_bytes());
+            keys.push(format!("{{user{i}}}:followers").into_bytes());
+            keys.push(format!("foo{{}}{{bar{i}}}").into_bytes());
+            keys.push(i.to_le_bytes().repeat(40));
+        }
+        for k in &keys {
+            assert_eq!(slot(k), redis_protocol::redis_keyslot(k), "{k:?}");
+        }
+    }
 }
