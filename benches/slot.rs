@@ -22,9 +22,7 @@ fn key_sets() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let tagged = (0..n)
         .map(|i| format!("{{user{i}}}:followers").into_bytes())
         .collect();
-    let long = (0..n)
-        .map(|i| format!("{i:0>100}").into_bytes())
-        .collect();
+    let long = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
     let mixed = (0..n)
         .map(|i| match i % 4 {
             0 => format!("foo{{}}{{bar{i}}}"),

@@ -3,7 +3,10 @@
 //!
 //! The CRC is written here rather than taken from the `crc16` crate: that crate has had no
 //! release since 2018, and the whole algorithm is a 256-entry table built at compile time plus
-//! a three-line loop, which is less to audit than a dependency. A wrong slot would send every
+//! a three-line loop, which is less to audit than a dependency. `redis-protocol`'s
+//! `redis_keyslot` computes the same slots (a test compares them) but measured 1.1–1.7×
+//! slower on tagged and long keys (`benches/slot.rs`, docs/architecture.md), and this runs
+//! once per keyed command. A wrong slot would send every
 //! command to the wrong node (and then through a MOVED), so the tests pin the function to
 //! published check values and the integration test compares it with `CLUSTER KEYSLOT`.
 
