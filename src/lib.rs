@@ -21,6 +21,8 @@
 //!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
+//! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
+//!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
 //! - [`command`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
 //!   decides each command (policy verdict, then route), `session::replies` shapes replies
@@ -66,6 +68,7 @@ pub mod ops;
 pub mod policy;
 pub mod ratelimit;
 pub mod reply;
+pub mod resp_value;
 pub mod sentinel;
 pub mod server;
 pub mod session;

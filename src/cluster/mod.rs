@@ -11,7 +11,6 @@
 pub mod router;
 pub mod slot;
 pub mod topology;
-mod value;
 
 use std::sync::Arc;
 
@@ -20,10 +19,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::upstream::{ReadReplyError, read_reply};
 
+pub use crate::resp_value::DecodeError;
 pub use router::Router;
 pub use slot::{SLOTS, hash_tag, slot};
 pub use topology::{Node, Redirect, Shard, SlotMap};
-pub use value::DecodeError;
 
 use crate::error::UpstreamError;
 use crate::upstream::handshake::{self, NodeSpec, UpstreamStream};

@@ -17,8 +17,9 @@ use tokio::sync::Notify;
 
 use super::{SLOTS, SlotMap, discover};
 use crate::config::{Config, ReadFrom, UpstreamMode};
+use crate::error::UpstreamError;
 use crate::metrics::Metrics;
-use crate::upstream::pool::{Pool, PoolSettings};
+use crate::upstream::pool::{ControlRoute, Pool, PoolSettings};
 
 /// Refresh requests closer together than this are served by one refresh, so a burst of
 /// MOVED replies after a reshard costs one topology query, not one per command.
@@ -377,6 +378,23 @@ impl Router {
             }
         }
         seeds
+    }
+}
+
+/// The rate limiter's control commands go to the primary owning their key, so a limit counts
+/// in one place.
+impl ControlRoute for Router {
+    fn pool_for(&self, args: &[&[u8]]) -> Result<Arc<Pool>, UpstreamError> {
+        match self.node_for(args) {
+            Some(node) => Ok(self.pool(node)),
+            None => {
+                self.refresh_soon();
+                Err(UpstreamError::Unavailable {
+                    addr: "cluster".into(),
+                    reason: "no node serves the key's slot".into(),
+                })
+            }
+        }
     }
 }
 

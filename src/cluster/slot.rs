@@ -3,7 +3,10 @@
 //!
 //! The CRC is written here rather than taken from the `crc16` crate: that crate has had no
 //! release since 2018, and the whole algorithm is a 256-entry table built at compile time plus
-//! a three-line loop, which is less to audit than a dependency. A wrong slot would send every
+//! a three-line loop, which is less to audit than a dependency. `redis-protocol`'s
+//! `redis_keyslot` computes the same slots (a test compares them) but measured 1.1–1.7×
+//! slower on tagged and long keys (`benches/slot.rs`, docs/architecture.md), and this runs
+//! once per keyed command. A wrong slot would send every
 //! command to the wrong node (and then through a MOVED), so the tests pin the function to
 //! published check values and the integration test compares it with `CLUSTER KEYSLOT`.
 
@@ -132,5 +135,37 @@ mod tests {
         // does not (in general).
         assert_eq!(slot(b"tenant:{user1}.x"), slot(b"{user1}.x"));
         assert_ne!(slot(b"tenant:foo"), slot(b"foo"));
+    }
+
+    #[test]
+    fn agrees_with_redis_protocol() {
+        // Every shape of brace placement over a small alphabet, plus long and binary keys.
+        let alphabet = [b'a', b'{', b'}', b'x'];
+        let mut keys: Vec<Vec<u8>> = vec![Vec::new()];
+        for len in 1..=6 {
+            let mut i = 0usize;
+            while i < alphabet.len().pow(len) {
+                let mut n = i;
+                keys.push(
+                    (0..len)
+                        .map(|_| {
+                            let b = alphabet[n % alphabet.len()];
+                            n /= alphabet.len();
+                            b
+                        })
+                        .collect(),
+                );
+                i += 1;
+            }
+        }
+        for i in 0..2000u32 {
+            keys.push(format!("user:{i}").into_bytes());
+            keys.push(format!("{{user{i}}}:followers").into_bytes());
+            keys.push(format!("foo{{}}{{bar{i}}}").into_bytes());
+            keys.push(i.to_le_bytes().repeat(40));
+        }
+        for k in &keys {
+            assert_eq!(slot(k), redis_protocol::redis_keyslot(k), "{k:?}");
+        }
     }
 }

@@ -4,12 +4,13 @@
 //! Everything here parses bytes from the network and so returns errors instead of panicking:
 //! a confused or hostile node must cost one failed refresh, never the proxy.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::ClusterError;
 use super::slot::SLOTS;
-use super::value::{Value, decode};
+use crate::resp_value::{Value, decode};
 
 /// Marks a slot that no shard owns (an incomplete cluster, or a shard that failed without a
 /// replica to take over): commands for it get Redis's own CLUSTERDOWN error.
@@ -87,7 +88,7 @@ impl Redirect {
         } else {
             return Ok(None);
         };
-        let malformed = || ClusterError::Malformed(format!("redirection {:?}", lossy(text)));
+        let malformed = || ClusterError::Malformed(format!("redirection {:?}", lossy(&text)));
         let mut parts = rest.split(|&b| b == b' ').filter(|p| !p.is_empty());
         let slot = parts.next().and_then(parse_slot).ok_or_else(malformed)?;
         let target = parts.next().ok_or_else(malformed)?;
@@ -127,16 +128,22 @@ impl Redirect {
     }
 }
 
-/// The message of a simple (`-`) or blob (`!`) error frame.
-fn error_text(reply: &[u8]) -> Option<&[u8]> {
+/// Deepest nesting a topology reply may have. Topology replies nest at most five levels
+/// (CLUSTER SHARDS: shards → shard → nodes → node → value); a little headroom tolerates
+/// attributes.
+const MAX_DEPTH: usize = 16;
+
+/// The message of a simple (`-`) or blob (`!`) error frame; a simple one (what Redis sends)
+/// is read in place, as every error reply in cluster mode is checked for MOVED/ASK.
+fn error_text(reply: &[u8]) -> Option<Cow<'_, [u8]>> {
     match reply.first()? {
         b'-' => {
             let body = &reply[1..];
             let end = memchr::memchr(b'\r', body).unwrap_or(body.len());
-            Some(&body[..end])
+            Some(Cow::Borrowed(&body[..end]))
         }
-        b'!' => match decode(reply) {
-            Ok((Value::Error(text), _)) => Some(text),
+        b'!' => match decode(reply, 0) {
+            Ok((Value::Error(text), _)) => Some(Cow::Owned(text.into_bytes())),
             _ => None,
         },
         _ => None,
@@ -160,7 +167,7 @@ impl SlotMap {
         answered_by: &str,
         tls: bool,
     ) -> Result<SlotMap, ClusterError> {
-        let (value, _) = decode(reply)?;
+        let (value, _) = decode(reply, MAX_DEPTH)?;
         refused(&value)?;
         let shards = value
             .as_array()
@@ -223,7 +230,7 @@ impl SlotMap {
     /// older than Redis 7. A primary owning several ranges appears once per range there; the
     /// ranges are merged into one shard.
     pub fn from_cluster_slots(reply: &[u8], answered_by: &str) -> Result<SlotMap, ClusterError> {
-        let (value, _) = decode(reply)?;
+        let (value, _) = decode(reply, MAX_DEPTH)?;
         refused(&value)?;
         let entries = value
             .as_array()
@@ -434,9 +441,9 @@ fn lossy(bytes: &[u8]) -> String {
 /// An error reply where a topology was expected becomes [`ClusterError::Refused`], so the
 /// caller can tell "this node cannot answer" (not a cluster, no permission, unknown command)
 /// from garbage.
-fn refused(value: &Value<'_>) -> Result<(), ClusterError> {
+fn refused(value: &Value) -> Result<(), ClusterError> {
     match value {
-        Value::Error(text) => Err(ClusterError::Refused(lossy(text))),
+        Value::Error(text) => Err(ClusterError::Refused(text.clone())),
         _ => Ok(()),
     }
 }
@@ -447,8 +454,8 @@ fn parse_slot(s: &[u8]) -> Option<u16> {
         .filter(|&n| usize::from(n) < SLOTS)
 }
 
-fn slot_range(start: &Value<'_>, end: &Value<'_>) -> Result<(u16, u16), ClusterError> {
-    let bound = |v: &Value<'_>| {
+fn slot_range(start: &Value, end: &Value) -> Result<(u16, u16), ClusterError> {
+    let bound = |v: &Value| {
         v.as_int()
             .and_then(|n| u16::try_from(n).ok())
             .filter(|&n| usize::from(n) < SLOTS)
@@ -510,18 +517,14 @@ fn node_host<'a>(
     }
 }
 
-fn port_of(v: &Value<'_>) -> Option<u16> {
+fn port_of(v: &Value) -> Option<u16> {
     v.as_int()
         .and_then(|n| u16::try_from(n).ok())
         .filter(|&p| p != 0)
 }
 
 /// One node of a `CLUSTER SHARDS` shard, and whether it is the primary.
-fn shards_node(
-    node: &Value<'_>,
-    answered_by: &str,
-    tls: bool,
-) -> Result<(Node, bool), ClusterError> {
+fn shards_node(node: &Value, answered_by: &str, tls: bool) -> Result<(Node, bool), ClusterError> {
     let fields = node
         .fields()
         .ok_or_else(|| malformed("CLUSTER SHARDS node is not a record"))?;
@@ -559,7 +562,7 @@ fn shards_node(
 }
 
 /// One node of a `CLUSTER SLOTS` entry: `[endpoint, port, id?, metadata?]`.
-fn slots_node(node: &Value<'_>, answered_by: &str) -> Result<Node, ClusterError> {
+fn slots_node(node: &Value, answered_by: &str) -> Result<Node, ClusterError> {
     let items = node
         .as_array()
         .ok_or_else(|| malformed("CLUSTER SLOTS node is not an array"))?;
@@ -575,7 +578,7 @@ fn slots_node(node: &Value<'_>, answered_by: &str) -> Result<Node, ClusterError>
         .and_then(|f| f.into_iter().find(|(k, _)| *k == b"ip"))
         .and_then(|(_, v)| v.as_str());
     let endpoint = match endpoint {
-        Value::Null => None,
+        Value::Nil => None,
         other => Some(
             other
                 .as_str()

@@ -71,6 +71,7 @@
 
 pub mod local;
 pub mod redis;
+mod transport;
 
 use std::fmt;
 use std::sync::Arc;

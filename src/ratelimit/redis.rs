@@ -26,18 +26,16 @@
 //! # Decoupling
 //!
 //! The limiter sends through a [`Transport`]: one command in, one decoded [`Frame`] out. The
-//! proxy implements it on its upstream connections (raw reply bytes decode with
-//! [`Frame::from_resp`]); the tests implement it with the `redis` crate.
+//! proxy implements it on its upstream control connections (`ratelimit::transport`; raw
+//! reply bytes decode with [`Frame::from_resp`]); the tests implement it with the `redis`
+//! crate.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::{Clock, Decision, Limit, RateLimitError};
-use crate::codec::parse_int;
 
 /// The script's text, exactly as sent with EVAL and hashed for EVALSHA.
 pub const SCRIPT: &str = include_str!("../../lua/sliding_window.lua");
@@ -49,89 +47,9 @@ pub fn script_sha1() -> &'static str {
     &SHA1
 }
 
-/// A reply from Redis, decoded as far as the limiter reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
-    /// `:n` — the script's two results are integers.
-    Integer(i64),
-    /// A simple or bulk string (e.g. `SCRIPT LOAD`'s SHA-1).
-    String(Bytes),
-    /// An error reply (`-…` or RESP3 `!…`), with its code: `NOSCRIPT No matching script…`.
-    Error(String),
-    /// An array (RESP3 sets and pushes are not expected and not decoded).
-    Array(Vec<Frame>),
-    /// A null bulk string or array, or RESP3 `_`.
-    Nil,
-}
-
-impl Frame {
-    /// Decodes one complete RESP2/RESP3 reply, e.g. the raw bytes an upstream connection
-    /// delivered, of the shapes above (nested at most 4 deep). Anything else is
-    /// [`RateLimitError::UnexpectedReply`]: the script never returns it.
-    pub fn from_resp(reply: &[u8]) -> Result<Frame, RateLimitError> {
-        match parse(reply, 0, 4) {
-            Some((frame, end)) if end == reply.len() => Ok(frame),
-            _ => Err(RateLimitError::UnexpectedReply(format!(
-                "cannot decode {:?}",
-                String::from_utf8_lossy(&reply[..reply.len().min(64)])
-            ))),
-        }
-    }
-}
-
-/// The frame starting at `pos` and where it ends, or `None` if the bytes are not one of the
-/// shapes of [`Frame`].
-fn parse(buf: &[u8], pos: usize, depth: u32) -> Option<(Frame, usize)> {
-    let kind = *buf.get(pos)?;
-    let cr = pos + 1 + memchr::memchr(b'\r', buf.get(pos + 1..)?)?;
-    if buf.get(cr + 1) != Some(&b'\n') {
-        return None;
-    }
-    let line = &buf[pos + 1..cr];
-    let next = cr + 2;
-    let text = || String::from_utf8_lossy(line).into_owned();
-    match kind {
-        b':' => Some((Frame::Integer(parse_int(line)?), next)),
-        b'+' => Some((Frame::String(Bytes::copy_from_slice(line)), next)),
-        b'-' => Some((Frame::Error(text()), next)),
-        b'_' => Some((Frame::Nil, next)),
-        b'$' | b'!' => {
-            let len = parse_int(line)?;
-            if len < 0 {
-                return (kind == b'$').then_some((Frame::Nil, next));
-            }
-            let end = next.checked_add(usize::try_from(len).ok()?)?;
-            if buf.get(end..end.checked_add(2)?)? != b"\r\n" {
-                return None;
-            }
-            let body = &buf[next..end];
-            let frame = if kind == b'$' {
-                Frame::String(Bytes::copy_from_slice(body))
-            } else {
-                Frame::Error(String::from_utf8_lossy(body).into_owned())
-            };
-            Some((frame, end + 2))
-        }
-        b'*' => {
-            let len = parse_int(line)?;
-            if len < 0 {
-                return Some((Frame::Nil, next));
-            }
-            if depth == 0 || len as u64 > (buf.len() - next) as u64 / 3 {
-                return None;
-            }
-            let mut items = Vec::with_capacity(len as usize);
-            let mut at = next;
-            for _ in 0..len {
-                let (item, end) = parse(buf, at, depth - 1)?;
-                items.push(item);
-                at = end;
-            }
-            Some((Frame::Array(items), at))
-        }
-        _ => None,
-    }
-}
+/// A reply from Redis as the [`Transport`] hands it over: the crate's one control-plane
+/// value ([`crate::resp_value::Value`]), under the name this module's users know.
+pub use crate::resp_value::Value as Frame;
 
 /// How the limiter reaches Redis: send one command, get its reply.
 ///
@@ -274,40 +192,6 @@ mod tests {
             sha1_smol::Sha1::from("return 1").digest().to_string(),
             "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
         );
-    }
-
-    #[test]
-    fn decodes_the_replies_the_limiter_reads() {
-        let f = |b: &[u8]| Frame::from_resp(b).unwrap();
-        assert_eq!(
-            f(b"*2\r\n:1\r\n:41\r\n"),
-            Frame::Array(vec![Frame::Integer(1), Frame::Integer(41)])
-        );
-        assert_eq!(
-            f(b"-NOSCRIPT No matching script.\r\n"),
-            Frame::Error("NOSCRIPT No matching script.".into())
-        );
-        assert_eq!(f(b"!9\r\nERR oops!\r\n"), Frame::Error("ERR oops!".into()));
-        assert_eq!(
-            f(b"$3\r\nabc\r\n"),
-            Frame::String(Bytes::from_static(b"abc"))
-        );
-        assert_eq!(f(b"+OK\r\n"), Frame::String(Bytes::from_static(b"OK")));
-        assert_eq!(f(b"$-1\r\n"), Frame::Nil);
-        assert_eq!(f(b"*-1\r\n"), Frame::Nil);
-        assert_eq!(f(b"_\r\n"), Frame::Nil);
-        for bad in [
-            &b""[..],
-            b":1\r\n:2\r\n",
-            b"*2\r\n:1\r\n",
-            b"$3\r\nab\r\n",
-            b"%1\r\n:1\r\n:2\r\n",
-            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
-            b"*1000000\r\n",
-            b":1\rx",
-        ] {
-            assert!(Frame::from_resp(bad).is_err(), "{bad:?}");
-        }
     }
 
     #[test]

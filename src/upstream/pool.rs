@@ -495,36 +495,43 @@ async fn wait_to_retry(
     }
 }
 
-/// The proxy's control connection, as the rate limiter's transport: one command, one reply.
+/// The proxy's control connection: one command in, its raw reply out, never in a client's
+/// reply order. The rate limiter's `Transport` is built on it (`ratelimit::transport`).
 #[derive(Clone)]
 pub struct Control {
     /// Where commands go.
     to: ControlTo,
 }
 
-/// The control connection of one node, or of whichever cluster node owns the command's key.
+/// The control connection of one node, or of whichever node a route picks per command.
 #[derive(Clone)]
 enum ControlTo {
     /// Queue of the standalone upstream's control connection supervisor.
     Node(mpsc::Sender<Batch>),
-    /// Cluster mode: each command goes to the control connection of the primary owning its
-    /// key (the limiter's EVALSHA names one key), so a limit counts in one place.
-    Cluster(Arc<crate::cluster::Router>),
+    /// Cluster mode: each command goes to the control connection of the pool the route
+    /// names (the primary owning the command's key: the limiter's EVALSHA names one key, so
+    /// a limit counts in one place).
+    Routed(Arc<dyn ControlRoute>),
+}
+
+/// Picks the pool whose control connection serves a command. A trait so the pool needs no
+/// knowledge of who routes (`cluster::Router` implements it).
+pub trait ControlRoute: Send + Sync {
+    /// The pool of the node that serves `args` (a whole command), or why none does now.
+    fn pool_for(&self, args: &[&[u8]]) -> Result<Arc<Pool>, UpstreamError>;
 }
 
 impl Control {
-    /// A transport that routes each command by its key's slot.
-    pub fn cluster(router: Arc<crate::cluster::Router>) -> Control {
+    /// A control handle that sends each command to the pool `router` picks for it (a
+    /// cluster's router: by the slot of the command's key).
+    pub fn cluster(router: Arc<impl ControlRoute + 'static>) -> Control {
         Control {
-            to: ControlTo::Cluster(router),
+            to: ControlTo::Routed(router),
         }
     }
-}
 
-impl crate::ratelimit::redis::Transport for Control {
-    type Error = UpstreamError;
-
-    async fn call(&self, args: &[&[u8]]) -> Result<crate::ratelimit::redis::Frame, UpstreamError> {
+    /// Sends `args` as one command and returns its one raw reply (an error reply is `Ok`).
+    pub async fn request(&self, args: &[&[u8]]) -> Result<Bytes, UpstreamError> {
         let bytes = crate::codec::encode(args);
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         let closed = || UpstreamError::Unavailable {
@@ -533,16 +540,7 @@ impl crate::ratelimit::redis::Transport for Control {
         };
         let tx = match &self.to {
             ControlTo::Node(tx) => tx.clone(),
-            ControlTo::Cluster(router) => match router.node_for(args) {
-                Some(node) => router.pool(node).control.clone(),
-                None => {
-                    router.refresh_soon();
-                    return Err(UpstreamError::Unavailable {
-                        addr: "cluster".into(),
-                        reason: "no node serves the key's slot".into(),
-                    });
-                }
-            },
+            ControlTo::Routed(route) => route.pool_for(args)?.control.clone(),
         };
         tx.send(Batch {
             bytes,
@@ -556,12 +554,7 @@ impl crate::ratelimit::redis::Transport for Control {
         match rx.recv().await {
             Some(Reply::Batch {
                 data, error: None, ..
-            }) => {
-                crate::ratelimit::redis::Frame::from_resp(&data).map_err(|e| UpstreamError::Lost {
-                    addr: "control".into(),
-                    reason: e.to_string().into(),
-                })
-            }
+            }) => Ok(data),
             Some(Reply::Batch { error: Some(e), .. }) => Err(*e),
             _ => Err(closed()),
         }

@@ -1,0 +1,18 @@
+//! The proxy's [`Transport`]: the upstream's control connection, whose raw replies decode
+//! into [`Frame`]s here. Kept on this side so `upstream` knows nothing of rate limiting.
+
+use super::redis::{Frame, Transport};
+use crate::error::UpstreamError;
+use crate::upstream::pool::Control;
+
+impl Transport for Control {
+    type Error = UpstreamError;
+
+    async fn call(&self, args: &[&[u8]]) -> Result<Frame, UpstreamError> {
+        let reply = self.request(args).await?;
+        Frame::from_resp(&reply).map_err(|e| UpstreamError::Lost {
+            addr: "control".into(),
+            reason: e.to_string().into(),
+        })
+    }
+}
