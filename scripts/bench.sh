@@ -27,6 +27,10 @@
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
+#   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
+#                adds the targets base-passthrough and base-default, run interleaved with the
+#                rest on the same policy files, so a change is measured before and after in
+#                one run (ratios to direct, like every other target)
 #
 # Needs redis-server (7.0 or later for the cluster rows), redis-cli and redis-benchmark
 # (Debian: redis-server redis-tools), and twemproxy for that column (Debian: nutcracker).
@@ -224,8 +228,9 @@ pid_of[direct]=""
 
 proxy_config=""
 proxy_log=""
+proxy_bin="$bin"
 launch_proxy() {
-    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$bin" --config "$proxy_config" \
+    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$proxy_bin" --config "$proxy_config" \
         --listen "127.0.0.1:$1" --upstream "127.0.0.1:$redis_port" --admin off 2>>"$proxy_log" &
     launched_pid=$!
 }
@@ -236,6 +241,19 @@ for name in proxy-passthrough proxy-default; do
     port_of[$name]="$started_port"
     pid_of[$name]="$started_pid"
 done
+if [[ -n "${BASELINE:-}" ]]; then
+    [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
+    proxy_bin="$BASELINE"
+    for name in base-passthrough base-default; do
+        proxy_config="policy/${name#base-}.yaml"
+        proxy_log="$work/$name.log"
+        start "$name" launch_proxy "$proxy_log"
+        targets+=("$name")
+        port_of[$name]="$started_port"
+        pid_of[$name]="$started_pid"
+    done
+    proxy_bin="$bin"
+fi
 
 launch_twemproxy() {
     cat >"$work/nutcracker.yml" <<EOF

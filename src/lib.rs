@@ -55,6 +55,7 @@
 )]
 
 pub mod admin;
+pub mod answers;
 pub mod cluster;
 pub mod codec;
 pub mod command;

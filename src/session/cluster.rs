@@ -3,6 +3,7 @@
 //! to every primary. Nothing here runs for a standalone upstream (`Context::cluster` is
 //! `None` and `decide`/`serve` skip it).
 
+use crate::answers;
 use bytes::{Bytes, BytesMut};
 
 use super::route::Args;
@@ -12,26 +13,11 @@ use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::policy::rewrite::Strip;
 
+pub(super) mod shard_subs;
 mod subscriber;
 mod transaction;
 
 pub(super) use transaction::{InTransaction, TxLog};
-
-/// Redis Cluster's own reply to a command whose keys are in several slots, word for word.
-pub(super) fn crossslot() -> Bytes {
-    Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
-}
-
-/// Redis Cluster's reply for a slot no node serves, word for word.
-fn clusterdown() -> Bytes {
-    Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")
-}
-
-/// A plain Redis's answer to cluster commands, so cluster-aware clients fall back to treating
-/// the proxy as one server (which is what it is to them).
-fn cluster_disabled() -> Bytes {
-    simple_error("ERR", "This instance has cluster support disabled")
-}
 
 /// How the replies of a command sent to every primary become one reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +49,7 @@ pub(super) enum Gather {
     Scan(Scan),
     /// SSUBSCRIBE/SUNSUBSCRIBE, answered over the per-node pub/sub connections (see
     /// `shard_subs`).
-    ShardPubSub(super::shard_subs::ShardCommand),
+    ShardPubSub(shard_subs::ShardCommand),
 }
 
 /// A whole-keyspace command to send to every primary.
@@ -184,7 +170,7 @@ impl Session {
                     return split.into();
                 }
             }
-            return Action::Refused(crossslot()).into();
+            return Action::Refused(answers::crossslot()).into();
         };
         Decision {
             action: self.place_on_node(router, action, slot, spec, queued),
@@ -223,7 +209,7 @@ impl Session {
         };
         let Some(node) = node else {
             router.refresh_soon();
-            return Action::Refused(clusterdown());
+            return Action::Refused(answers::clusterdown());
         };
         let target = match target {
             Target::Shared(proto, _) => {
@@ -251,7 +237,7 @@ impl Session {
                     && slot.is_some()
                     && ![None, slot].contains(&multi_slot) =>
                 {
-                    return Action::Refused(crossslot());
+                    return Action::Refused(answers::crossslot());
                 }
                 // The transaction's slot stays with the node holding the transaction even
                 // when the map says it moved: that node answers with a redirection, and EXEC
@@ -261,7 +247,7 @@ impl Session {
                 }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
                 Some(d) if slot.is_some() && d.node != node => {
-                    return Action::Refused(crossslot());
+                    return Action::Refused(answers::crossslot());
                 }
                 Some(d) => Target::Dedicated(d.node),
                 None => Target::Dedicated(node),
@@ -314,17 +300,15 @@ impl Session {
     fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
         match effect {
             Effect::Select(db) if db != 0 => Some(Action::Local(
-                simple_error("ERR", "SELECT is not allowed in cluster mode"),
+                answers::select_in_cluster(),
                 LocalEffect::None,
             )),
-            Effect::Multi if !self.conn.in_multi() => Some(Action::Local(
-                Bytes::from_static(b"+OK\r\n"),
-                LocalEffect::DeferMulti,
-            )),
-            Effect::Multi if self.conn.multi_deferred() => Some(Action::Local(
-                simple_error("ERR", "MULTI calls can not be nested"),
-                LocalEffect::None,
-            )),
+            Effect::Multi if !self.conn.in_multi() => {
+                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti))
+            }
+            Effect::Multi if self.conn.multi_deferred() => {
+                Some(Action::Local(answers::nested_multi(), LocalEffect::None))
+            }
             // With a WATCH on the connection, EXEC must run there even with nothing queued:
             // a watched key that changed makes it answer nil.
             Effect::EndMulti | Effect::AbortExec
@@ -344,14 +328,11 @@ impl Session {
     fn unsent_transaction_end(&self, args: &Args<'_>) -> Bytes {
         let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
         if !exec {
-            Bytes::from_static(b"+OK\r\n")
+            answers::ok()
         } else if self.conn.multi_refused() {
-            simple_error(
-                "EXECABORT",
-                "Transaction discarded because of previous errors.",
-            )
+            answers::execabort()
         } else {
-            Bytes::from_static(b"*0\r\n")
+            answers::empty_array()
         }
     }
 
@@ -366,13 +347,19 @@ impl Session {
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("CLUSTER") {
             if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") {
-                let reply = format!(":{}\r\n", slot(args.get(2)));
-                return Some(Action::Local(Bytes::from(reply), LocalEffect::None));
+                let reply = answers::integer(i64::from(slot(args.get(2))));
+                return Some(Action::Local(reply, LocalEffect::None));
             }
-            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+            return Some(Action::Local(
+                answers::cluster_disabled(),
+                LocalEffect::None,
+            ));
         }
         if is("READONLY") || is("READWRITE") || is("ASKING") {
-            return Some(Action::Local(cluster_disabled(), LocalEffect::None));
+            return Some(Action::Local(
+                answers::cluster_disabled(),
+                LocalEffect::None,
+            ));
         }
         if is("SCAN") {
             return Some(self.decide_scan(args, rewrite));
@@ -428,13 +415,7 @@ impl Session {
     ) -> Action {
         if self.conn.in_multi() {
             // EXEC's reply would hold one node's answer only.
-            return Action::Refused(simple_error(
-                "ERR",
-                &format!(
-                    "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
-                    String::from_utf8_lossy(args.get(0)).to_ascii_uppercase()
-                ),
-            ));
+            return Action::Refused(answers::fanout_in_multi(args.get(0)));
         }
         let bytes = match rewrite.and_then(|r| r.command.clone()) {
             Some(command) => command,
@@ -460,10 +441,7 @@ impl Session {
         rewrite: Option<&crate::policy::rewrite::Rewrite>,
     ) -> Action {
         if self.conn.in_multi() {
-            return Action::Refused(simple_error(
-                "ERR",
-                "SCAN inside MULTI is not supported across a cluster by redis-policy-proxy",
-            ));
+            return Action::Refused(answers::fanout_in_multi(b"SCAN"));
         }
         let mut ranges = Vec::new();
         let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
@@ -471,7 +449,7 @@ impl Session {
                 Ok(Some(Decoded::Command { .. })) => {
                     ranges.iter().map(|r| frame.slice(r.clone())).collect()
                 }
-                _ => return Action::Refused(crossslot()),
+                _ => return Action::Refused(answers::crossslot()),
             },
             None => args.iter().map(Bytes::copy_from_slice).collect(),
         };
@@ -480,7 +458,7 @@ impl Session {
             .and_then(|c| std::str::from_utf8(c).ok())
             .and_then(|c| c.parse::<u64>().ok());
         let Some(cursor) = cursor else {
-            return Action::Local(simple_error("ERR", "invalid cursor"), LocalEffect::None);
+            return Action::Local(answers::invalid_cursor(), LocalEffect::None);
         };
         Action::Gather(Box::new(Gather::Scan(Scan {
             cursor,
@@ -493,7 +471,7 @@ impl Session {
     /// cursor; the reply's cursor is made composite again.
     pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return cluster_disabled();
+            return answers::cluster_disabled();
         };
         // Ordered by address: stable across refreshes that keep the same primaries.
         let mut primaries: Vec<(Arc<str>, u16)> = router
@@ -526,10 +504,7 @@ impl Session {
             Ok((0, _)) if shard + 1 < primaries.len() => ((shard + 1) as u64) << NODE_CURSOR_BITS,
             Ok((0, _)) => 0,
             Ok((c, _)) if c > NODE_CURSOR_MASK => {
-                return simple_error(
-                    "ERR",
-                    "a node's SCAN cursor does not fit redis-policy-proxy's composite cursor",
-                );
+                return answers::scan_cursor_too_large();
             }
             Ok((c, _)) => ((shard as u64) << NODE_CURSOR_BITS) | c,
         };
@@ -1058,7 +1033,7 @@ impl Session {
     /// Sends the parts of a split multi-key command and joins their replies.
     pub(super) async fn split(&mut self, split: Split) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return cluster_disabled();
+            return answers::cluster_disabled();
         };
         let mut pending = Vec::with_capacity(split.batches.len());
         for b in split.batches {
@@ -1111,12 +1086,12 @@ impl Session {
     /// Sends a whole-keyspace command to every primary and merges the replies.
     pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return cluster_disabled();
+            return answers::cluster_disabled();
         };
         let primaries = router.snapshot().primaries().to_vec();
         if primaries.is_empty() {
             router.refresh_soon();
-            return clusterdown();
+            return answers::clusterdown();
         }
         let mut receivers = Vec::with_capacity(primaries.len());
         // One-off connections of a blocking fan-out; dropped (closed) once answered.
@@ -1354,10 +1329,7 @@ fn may_redirect(data: &[u8]) -> bool {
 
 /// The error a command gets when it is still redirected after `max_redirects` resends.
 fn too_many_redirections(redirect: &Redirect) -> Bytes {
-    simple_error(
-        "ERR",
-        &format!("too many cluster redirections for slot {}", redirect.slot()),
-    )
+    answers::too_many_redirections(redirect.slot())
 }
 
 /// `command` preceded by `ASKING` when it follows an ASK: the target node serves the slot
@@ -1489,7 +1461,7 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
                     None => return unexpected(r),
                 }
             }
-            Bytes::from(format!(":{total}\r\n"))
+            answers::integer(total)
         }
         Merge::Concat => {
             let mut count: i64 = 0;
@@ -1509,7 +1481,10 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
             out.extend_from_slice(&body);
             out.freeze()
         }
-        Merge::AllOk => replies.first().cloned().unwrap_or_else(clusterdown),
+        Merge::AllOk => replies
+            .first()
+            .cloned()
+            .unwrap_or_else(answers::clusterdown),
         Merge::Info => merge_info(replies),
         Merge::Min => merge_min(replies),
         Merge::FirstNonNil => {
@@ -1523,7 +1498,7 @@ fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
                 .or_else(|| replies.iter().find(|r| r.first() != Some(&b'-')))
                 .or(replies.first())
                 .cloned()
-                .unwrap_or_else(clusterdown)
+                .unwrap_or_else(answers::clusterdown)
         }
     }
 }
@@ -1620,7 +1595,7 @@ fn merge_min(replies: &[Bytes]) -> Bytes {
             .collect()
     };
     let Some(first) = replies.first() else {
-        return clusterdown();
+        return answers::clusterdown();
     };
     let Some(mut min) = ints(first) else {
         return unexpected(first);
@@ -1636,7 +1611,7 @@ fn merge_min(replies: &[Bytes]) -> Bytes {
         }
     }
     if first.first() == Some(&b':') {
-        Bytes::from(format!(":{}\r\n", min[0]))
+        answers::integer(min[0])
     } else {
         let mut out = format!("*{}\r\n", min.len());
         for m in min {
@@ -1650,7 +1625,7 @@ fn merge_min(replies: &[Bytes]) -> Bytes {
 /// nodes and `cluster_enabled:1` turned to 0.
 fn merge_info(replies: &[Bytes]) -> Bytes {
     let Some(first) = replies.first() else {
-        return clusterdown();
+        return answers::clusterdown();
     };
     let Some((verbatim, text)) = super::replies::text_of(first) else {
         return unexpected(first);
@@ -1748,13 +1723,7 @@ fn keyspace_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// A node's reply that does not have the shape its command promises.
 fn unexpected(reply: &[u8]) -> Bytes {
-    simple_error(
-        "ERR",
-        &format!(
-            "unexpected reply from a cluster node: {}",
-            String::from_utf8_lossy(&reply[..reply.len().min(64)])
-        ),
-    )
+    answers::unexpected_node_reply(reply)
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@ mod replies;
 mod route;
 mod routing;
 mod scatter;
-mod shard_subs;
 mod spread;
 
+use crate::answers;
 use routing::Routing;
 pub use routing::Upstreams;
 
@@ -38,7 +38,7 @@ use tokio::sync::{Semaphore, mpsc};
 use crate::codec::{self, CodecLimits, Decoded};
 use crate::command::{self, ClientSub, Kind};
 use crate::commands::CommandSpec;
-use crate::error::{ClientError, ProxyError, UpstreamError, error_reply, simple_error};
+use crate::error::{ClientError, ProxyError, UpstreamError, error_reply};
 use crate::metrics::CommandOutcome;
 use crate::policy::{Client, Policy, Verdict};
 use crate::upstream::conn::PushTarget;
@@ -1927,7 +1927,7 @@ impl Session {
             Action::Reset => {
                 self.input.rbuf.advance(len);
                 self.reset();
-                self.queue.local(Bytes::from_static(b"+RESET\r\n"));
+                self.queue.local(answers::reset());
             }
         }
         true
@@ -2104,10 +2104,7 @@ impl Session {
         let mut replace = None;
         if effect == Effect::AbortExec {
             command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
-            replace = Some(simple_error(
-                "EXECABORT",
-                "Transaction discarded because of previous errors.",
-            ));
+            replace = Some(answers::execabort());
         }
         // One entry per reply frame: does the client see it?
         let mut frames = vec![true];

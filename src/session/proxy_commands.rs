@@ -1,6 +1,7 @@
 //! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | HELP`, for admin
 //! tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
+use crate::answers;
 use std::fmt::Write;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -27,25 +28,19 @@ impl Session {
     /// Answers a PROXY command.
     pub(super) fn proxy_command(&self, args: &Args<'_>) -> Bytes {
         if !self.client.policy.access.is_admin(self.client.tenant) {
-            return simple_error(
-                "NOPERM",
-                "PROXY commands are for admin tenants (access.admin_tenants)",
-            );
+            return answers::proxy_commands_for_admins();
         }
         let sub = if args.len() > 1 { args.get(1) } else { b"" };
         let upper = sub.to_ascii_uppercase();
         match (upper.as_slice(), args.len()) {
-            (b"INFO", 2) => bulk(self.proxy_info().as_bytes()),
-            (b"POLICY", 2) => bulk(self.policy_report().as_bytes()),
+            (b"INFO", 2) => answers::bulk(self.proxy_info().as_bytes()),
+            (b"POLICY", 2) => answers::bulk(self.policy_report().as_bytes()),
             (b"RELOAD", 2) => match &self.ctx.ops.reload {
                 Some(reload) => match reload() {
-                    Ok(version) => simple(&format!("OK policy version {version}")),
-                    Err(problems) => simple_error(
-                        "ERR",
-                        &format!("reload failed, the running policy stays: {problems}"),
-                    ),
+                    Ok(version) => answers::simple(&format!("OK policy version {version}")),
+                    Err(problems) => answers::reload_failed(&problems.to_string()),
                 },
-                None => simple_error("ERR", "no policy file to reload (started without --config)"),
+                None => answers::nothing_to_reload(),
             },
             (b"SLOWLOG", _) => self.slowlog_command(args),
             (b"HELP", 2) => {
@@ -56,13 +51,7 @@ impl Session {
                 }
                 out.freeze()
             }
-            _ => simple_error(
-                "ERR",
-                &format!(
-                    "unknown subcommand or wrong number of arguments for '{}'. Try PROXY HELP.",
-                    String::from_utf8_lossy(sub)
-                ),
-            ),
+            _ => answers::unknown_proxy_subcommand(sub),
         }
     }
 
@@ -74,20 +63,17 @@ impl Session {
             b"GET".to_vec()
         };
         match (op.as_slice(), args.len()) {
-            (b"LEN", 3) => Bytes::from(format!(":{}\r\n", log.len())),
+            (b"LEN", 3) => answers::integer(log.len() as i64),
             (b"RESET", 3) => {
                 log.reset();
-                Bytes::from_static(b"+OK\r\n")
+                answers::ok()
             }
             (b"GET", 2..=4) => {
                 let count = match args.len() {
                     4 => match codec::parse_int(args.get(3)) {
                         Some(n) if n >= -1 => usize::try_from(n).unwrap_or(usize::MAX),
                         _ => {
-                            return simple_error(
-                                "ERR",
-                                "count should be greater than or equal to -1",
-                            );
+                            return answers::slowlog_bad_count();
                         }
                     },
                     _ => 10,
@@ -120,7 +106,7 @@ impl Session {
                 }
                 out.freeze()
             }
-            _ => simple_error("ERR", "PROXY SLOWLOG GET [<count>] | LEN | RESET"),
+            _ => answers::slowlog_usage(),
         }
     }
 
@@ -200,14 +186,4 @@ impl Session {
             });
         rules
     }
-}
-
-fn bulk(text: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(text.len() + 16);
-    codec::put_bulk(&mut out, text);
-    out.freeze()
-}
-
-fn simple(text: &str) -> Bytes {
-    Bytes::from(format!("+{text}\r\n"))
 }

@@ -1,6 +1,7 @@
 //! Deciding what to do with one command: the policy verdict, then the route (shared or
 //! dedicated connection, proxy-answered, refused) and the session state it changes.
 
+use crate::answers;
 use bytes::Bytes;
 
 use super::*;
@@ -28,7 +29,7 @@ impl Session {
                 Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset
             )
         {
-            return Action::Refused(simple_error("NOAUTH", "Authentication required.")).into();
+            return Action::Refused(answers::noauth()).into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
         if args.get(0).eq_ignore_ascii_case(b"PROXY") {
@@ -60,11 +61,7 @@ impl Session {
             ) if expect == Expect::Frames(1) || rewrite.strip.is_some() => {
                 if rewrite.strip.is_some() && self.conn.in_multi() {
                     // EXEC's reply would carry the unstripped names.
-                    return Action::Refused(simple_error(
-                        "NOPERM",
-                        "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
-                    ))
-                    .into();
+                    return Action::Refused(answers::namespace_scan_in_multi()).into();
                 }
                 Action::Rewritten {
                     target,
@@ -75,10 +72,7 @@ impl Session {
             }
             // A rewrite the route cannot carry (a pub/sub or local command) must never turn
             // into forwarding the original: refuse instead.
-            (_, Some(_)) => Action::Refused(simple_error(
-                "NOPERM",
-                "policy: this command cannot be rewritten as the policy requires",
-            )),
+            (_, Some(_)) => Action::Refused(answers::cannot_rewrite()),
             (action, None) => action,
         };
         match (self.routing.router(), self.routing.replicas()) {
@@ -167,9 +161,10 @@ impl Session {
                         user,
                         pass,
                     ) {
-                        Ok(()) => {
-                            Action::Local(ok(), LocalEffect::Login(Bytes::copy_from_slice(user)))
-                        }
+                        Ok(()) => Action::Local(
+                            answers::ok(),
+                            LocalEffect::Login(Bytes::copy_from_slice(user)),
+                        ),
                         Err(failure) => Action::Local(auth_refusal(failure), LocalEffect::None),
                     };
                 }
@@ -180,7 +175,7 @@ impl Session {
                             && constant_time_eq(user, pool_user.as_bytes())
                             && constant_time_eq(pass, p.as_bytes()) =>
                     {
-                        Action::Local(ok(), LocalEffect::None)
+                        Action::Local(answers::ok(), LocalEffect::None)
                     }
                     _ => forward(self.dedicated_target(), Effect::Auth),
                 }
@@ -191,14 +186,14 @@ impl Session {
                 }
                 match codec::parse_int(args.get(1)) {
                     Some(0) if !matches!(current, Target::Dedicated(_)) => {
-                        Action::Local(ok(), LocalEffect::None)
+                        Action::Local(answers::ok(), LocalEffect::None)
                     }
                     Some(db) if db >= 0 => forward(self.dedicated_target(), Effect::Select(db)),
                     _ => forward(current, Effect::None),
                 }
             }
             Kind::Client => self.decide_client(args, current),
-            Kind::Quit => Action::LocalThenClose(Bytes::from_static(b"+OK\r\n")),
+            Kind::Quit => Action::LocalThenClose(answers::ok()),
             Kind::Reset => Action::Reset,
             Kind::Monitor => Action::Forward {
                 target: self.dedicated_target(),
@@ -227,16 +222,10 @@ impl Session {
             match codec::parse_int(args.get(1)) {
                 Some(v @ 2..=3) => proto = v as u8,
                 Some(_) => {
-                    return Action::Local(
-                        simple_error("NOPROTO", "unsupported protocol version"),
-                        LocalEffect::None,
-                    );
+                    return Action::Local(answers::noproto(), LocalEffect::None);
                 }
                 None => {
-                    return Action::Local(
-                        simple_error("ERR", "Protocol version is not an integer or out of range"),
-                        LocalEffect::None,
-                    );
+                    return Action::Local(answers::hello_bad_version(), LocalEffect::None);
                 }
             }
             let mut j = 2;
@@ -251,43 +240,20 @@ impl Session {
                     name = Some(args.get(j + 1));
                     j += 2;
                 } else {
-                    return Action::Local(
-                        simple_error(
-                            "ERR",
-                            &format!(
-                                "Syntax error in HELLO option '{}'",
-                                String::from_utf8_lossy(opt)
-                            ),
-                        ),
-                        LocalEffect::None,
-                    );
+                    return Action::Local(answers::hello_bad_option(opt), LocalEffect::None);
                 }
             }
         }
         if let Some(n) = name {
             if !valid_name(n) {
-                return Action::Local(
-                    simple_error(
-                        "ERR",
-                        "Client names cannot contain spaces, newlines or special characters.",
-                    ),
-                    LocalEffect::None,
-                );
+                return Action::Local(answers::bad_client_name(), LocalEffect::None);
             }
         }
         if credentials.is_none()
             && self.client.policy.access.require_auth
             && self.client.user.is_none()
         {
-            return Action::Local(
-                simple_error(
-                    "NOAUTH",
-                    "HELLO must be called with the client already authenticated, otherwise the \
-                     HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
-                     client and select the RESP protocol version at the same time",
-                ),
-                LocalEffect::None,
-            );
+            return Action::Local(answers::hello_noauth(), LocalEffect::None);
         }
         let mut login = None;
         if let Some((user, pass)) = credentials.filter(|_| self.client.policy.access.has_users()) {
@@ -339,38 +305,31 @@ impl Session {
                 let name = args.get(2);
                 if valid_name(name) {
                     let name = (!name.is_empty()).then(|| Bytes::copy_from_slice(name));
-                    Action::Local(ok(), LocalEffect::SetName(name))
+                    Action::Local(answers::ok(), LocalEffect::SetName(name))
                 } else {
-                    Action::Local(
-                        simple_error(
-                            "ERR",
-                            "Client names cannot contain spaces, newlines or special characters.",
-                        ),
-                        LocalEffect::None,
-                    )
+                    Action::Local(answers::bad_client_name(), LocalEffect::None)
                 }
             }
             ClientSub::GetName if args.len() == 2 => Action::Local(
                 match &self.client.name {
-                    Some(n) => bulk(n),
-                    None => null(self.client.proto),
+                    Some(n) => answers::bulk(n),
+                    None => answers::null(self.client.proto),
                 },
                 LocalEffect::None,
             ),
-            ClientSub::Id if args.len() == 2 => Action::Local(
-                Bytes::from(format!(":{}\r\n", self.client.id)),
-                LocalEffect::None,
-            ),
+            ClientSub::Id if args.len() == 2 => {
+                Action::Local(answers::integer(self.client.id as i64), LocalEffect::None)
+            }
             ClientSub::Reply if args.len() == 3 => {
                 let mode = args.get(2);
                 if mode.eq_ignore_ascii_case(b"ON") {
-                    Action::Local(ok(), LocalEffect::ReplyMode(ReplyMode::On))
+                    Action::Local(answers::ok(), LocalEffect::ReplyMode(ReplyMode::On))
                 } else if mode.eq_ignore_ascii_case(b"OFF") {
                     Action::Silent(ReplyMode::Off)
                 } else if mode.eq_ignore_ascii_case(b"SKIP") {
                     Action::Silent(ReplyMode::Skip)
                 } else {
-                    Action::Local(simple_error("ERR", "syntax error"), LocalEffect::None)
+                    Action::Local(answers::syntax_error(), LocalEffect::None)
                 }
             }
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
@@ -416,41 +375,11 @@ fn valid_name(name: &[u8]) -> bool {
     name.iter().all(|&c| (b'!'..=b'~').contains(&c))
 }
 
-/// Redis's reply to wrong credentials, word for word.
-fn wrongpass() -> Bytes {
-    simple_error(
-        "WRONGPASS",
-        "invalid username-password pair or user is disabled.",
-    )
-}
-
 /// The reply to a refused proxy-side AUTH: Redis's own for wrong credentials; a throttled
 /// address is told how long to wait (its attempt was not checked).
 fn auth_refusal(failure: AuthFailure) -> Bytes {
     match failure {
-        AuthFailure::Wrong => wrongpass(),
-        AuthFailure::Throttled(wait) => simple_error(
-            "ERR",
-            &format!(
-                "too many failed AUTH attempts from this address; retry in {} ms",
-                wait.as_millis().max(1)
-            ),
-        ),
+        AuthFailure::Wrong => answers::wrongpass(),
+        AuthFailure::Throttled(wait) => answers::auth_throttled(wait),
     }
-}
-
-fn ok() -> Bytes {
-    Bytes::from_static(b"+OK\r\n")
-}
-
-fn bulk(b: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(b.len() + 16);
-    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-    out.extend_from_slice(b);
-    out.extend_from_slice(b"\r\n");
-    Bytes::from(out)
-}
-
-fn null(proto: u8) -> Bytes {
-    Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
 }

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use super::{Run, cluster, shard_subs, spread};
+use super::cluster::shard_subs;
+use super::{Run, cluster, spread};
 use crate::upstream::replicas::Replicas;
 
 /// Which kind of upstream the proxy fronts, shared by every session.

@@ -13,6 +13,7 @@
 //! already be in the next transaction when this one's replies come back.
 
 use super::*;
+use crate::answers;
 
 /// Redis's answer to a command queued in MULTI.
 const QUEUED: &[u8] = b"+QUEUED\r\n";
@@ -100,7 +101,7 @@ impl Session {
                     let outcome = exec_outcome(frame, &origin, log.again.take());
                     if let ExecOutcome::Replay(again) = outcome {
                         *frame = match how {
-                            InTransaction::Watched => null_array(proto),
+                            InTransaction::Watched => answers::null_array(proto),
                             _ => self.replay(&router, proto, &log.queued, again).await,
                         };
                         changed = true;
@@ -186,10 +187,7 @@ impl Session {
             Again::Redirect(r) => r.slot().to_string(),
             Again::TryAgain(_) => "in migration".to_string(),
         };
-        simple_error(
-            "ERR",
-            &format!("too many cluster redirections for slot {slot}"),
-        )
+        answers::too_many_redirections(slot)
     }
 }
 
@@ -205,11 +203,6 @@ fn exec_outcome(exec: &[u8], answered_by: &str, queued_again: Option<Again>) -> 
         Some(again) if exec.starts_with(b"-EXECABORT") => ExecOutcome::Replay(again),
         _ => ExecOutcome::AsIs,
     }
-}
-
-/// EXEC's answer when a watched key changed, in the connection's RESP version.
-fn null_array(proto: u8) -> Bytes {
-    Bytes::from_static(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" })
 }
 
 /// The name of one encoded command.

@@ -20,17 +20,17 @@
 //! `follow_redirects` and `execute`'s cluster-only action, and the session holds only an
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
+use crate::answers;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
-use super::cluster::crossslot;
-use super::route::Args;
 use super::*;
 use crate::cluster::{Redirect, Router, slot};
 use crate::reply::{PubSubFrame, SubKind};
+use crate::session::route::Args;
 
 /// Set in the `conn_id` of shard connections, so that their end (`Reply::PinnedClosed`) is
 /// never taken for the end of the session's dedicated connection, whose ids count from 1.
@@ -52,7 +52,7 @@ const RETRY_EVERY: Duration = Duration::from_millis(250);
 
 /// The session's shard subscriptions and the connections holding them.
 #[derive(Default)]
-pub(super) struct ShardSubs {
+pub(in crate::session) struct ShardSubs {
     /// Every shard channel the session is subscribed to, as named upstream (namespaced), and
     /// the node holding it. Its size is the count Redis reports in confirmations.
     channels: HashMap<Bytes, u16>,
@@ -84,7 +84,7 @@ struct NodeConn {
 }
 
 /// A sharded pub/sub command the session answers itself (see the module comment).
-pub(super) enum ShardCommand {
+pub(in crate::session) enum ShardCommand {
     /// `SSUBSCRIBE` of channels (as named upstream) that all hash to `slot`.
     Subscribe { channels: Vec<Bytes>, slot: u16 },
     /// `SUNSUBSCRIBE` of these channels; every shard channel when empty.
@@ -147,7 +147,11 @@ impl Session {
     /// Hook in `place`: sharded pub/sub commands become `Action::ShardPubSub`, and a RESP2
     /// client holding shard subscriptions (and no classic ones, whose connection would say
     /// it) is held to what Redis allows in subscribed mode. `None`: nothing to do here.
-    pub(super) fn shard_route(&self, action: &Action, args: &Args<'_>) -> Option<Action> {
+    pub(in crate::session) fn shard_route(
+        &self,
+        action: &Action,
+        args: &Args<'_>,
+    ) -> Option<Action> {
         // Every cluster command passes here: without shard channels only SSUBSCRIBE matters,
         // and one comparison tells it.
         if self.routing.shard_subs().is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
@@ -160,14 +164,14 @@ impl Session {
                 let channels = self.upstream_channels(action, args)?;
                 let first = slot(channels.first()?);
                 if channels.iter().any(|c| slot(c) != first) {
-                    return Some(Action::Refused(crossslot()));
+                    return Some(Action::Refused(answers::crossslot()));
                 }
-                Some(Action::Gather(Box::new(
-                    super::cluster::Gather::ShardPubSub(ShardCommand::Subscribe {
+                Some(Action::Gather(Box::new(Gather::ShardPubSub(
+                    ShardCommand::Subscribe {
                         channels,
                         slot: first,
-                    }),
-                )))
+                    },
+                ))))
             }
             Kind::Unsubscribe(SubKind::Shard)
                 if self.routing.shard_subs().is_some() && !self.conn.in_multi() =>
@@ -177,11 +181,11 @@ impl Session {
                     .first()
                     .is_some_and(|f| channels.iter().any(|c| slot(c) != slot(f)))
                 {
-                    return Some(Action::Refused(crossslot()));
+                    return Some(Action::Refused(answers::crossslot()));
                 }
-                Some(Action::Gather(Box::new(
-                    super::cluster::Gather::ShardPubSub(ShardCommand::Unsubscribe { channels }),
-                )))
+                Some(Action::Gather(Box::new(Gather::ShardPubSub(
+                    ShardCommand::Unsubscribe { channels },
+                ))))
             }
             _ if self.routing.shard_subs().is_none()
                 || self.client.proto != 2
@@ -199,13 +203,8 @@ impl Session {
                 pong.extend_from_slice(b"\r\n");
                 Some(Action::Local(pong.freeze(), LocalEffect::None))
             }
-            _ => Some(Action::Refused(simple_error(
-                "ERR",
-                &format!(
-                    "Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / \
-                     RESET are allowed in this context",
-                    String::from_utf8_lossy(args.get(0)).to_ascii_lowercase()
-                ),
+            _ => Some(Action::Refused(answers::not_in_subscribed_context(
+                args.get(0),
             ))),
         }
     }
@@ -230,9 +229,9 @@ impl Session {
 
     /// Carries out a sharded pub/sub command; the reply is every confirmation, as Redis
     /// would give them.
-    pub(super) async fn shard_command(&mut self, command: ShardCommand) -> Bytes {
+    pub(in crate::session) async fn shard_command(&mut self, command: ShardCommand) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return simple_error("ERR", "This instance has cluster support disabled");
+            return answers::cluster_disabled();
         };
         let reply = match command {
             ShardCommand::Subscribe { channels, slot } => {
@@ -243,7 +242,7 @@ impl Session {
                 {
                     Ok(node) => {
                         let Some(reply) = self.record_subscribed(node, channels) else {
-                            return not_a_cluster();
+                            return answers::shard_pubsub_needs_cluster();
                         };
                         reply
                     }
@@ -254,7 +253,7 @@ impl Session {
             }
             ShardCommand::Unsubscribe { channels } => {
                 let Some(reply) = self.shard_unsubscribe(channels) else {
-                    return not_a_cluster();
+                    return answers::shard_pubsub_needs_cluster();
                 };
                 reply
             }
@@ -305,7 +304,7 @@ impl Session {
 
     /// Hook in `follow_redirects` for what is not a batch reply: pushes and connection ends.
     /// Returns `true` when the message is consumed here (hidden from the client).
-    pub(super) async fn shard_event(&mut self, msg: &mut Reply) -> bool {
+    pub(in crate::session) async fn shard_event(&mut self, msg: &mut Reply) -> bool {
         let resubscribe = match msg {
             Reply::Push(frame, permits) => {
                 let (kind, channel) = match crate::reply::classify_pubsub(frame) {
@@ -439,7 +438,7 @@ impl Session {
                     .await
             } else {
                 router.refresh_soon();
-                Err(Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n"))
+                Err(answers::clusterdown())
             };
             let Some(subs) = self.routing.shard_subs_or_new() else {
                 return;
@@ -525,13 +524,10 @@ impl Session {
                         node = Some(router.node(&addr));
                         continue;
                     }
-                    Err(Failure::Moved(_)) => simple_error(
-                        "ERR",
-                        &format!("too many cluster redirections for slot {slot}"),
-                    ),
+                    Err(Failure::Moved(_)) => answers::too_many_redirections(slot),
                     Err(Failure::Other(reply)) => reply,
                 },
-                None => Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n"),
+                None => answers::clusterdown(),
             };
             if tokio::time::Instant::now() + RETRY_PAUSE >= give_up {
                 return Err(failure);
@@ -710,16 +706,8 @@ impl Session {
 
 /// How long subscribing may take before giving up: twice the connect timeout (a refused
 /// connection or a map still naming a failed node is retried meanwhile), at least a second.
-/// The answer to a sharded pub/sub command outside cluster mode, which `shard_route` never
-/// lets through: an error rather than a reply the client would misread.
-fn not_a_cluster() -> Bytes {
-    simple_error(
-        "ERR",
-        "sharded pub/sub through the proxy needs a cluster upstream",
-    )
-}
-
-/// `not_a_cluster` for the connection to a node.
+/// What connecting to a node answers outside cluster mode (never reached: `shard_route`
+/// routes nothing there).
 fn not_a_cluster_upstream() -> UpstreamError {
     UpstreamError::Unavailable {
         addr: "cluster".into(),

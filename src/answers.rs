@@ -1,0 +1,281 @@
+//! Every reply the proxy makes itself, as named constructors: the RESP builders (OK, bulk,
+//! null…) and every proxy-made error text. Texts that copy Redis's own are word for word, so
+//! a client cannot tell who answered; `error::error_reply` maps the proxy's error types, the
+//! policy composes its refusals from the rules, and both go through `error::simple_error`.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::simple_error;
+
+/// `+OK`.
+pub fn ok() -> Bytes {
+    Bytes::from_static(b"+OK\r\n")
+}
+
+/// `+RESET`, RESET's reply.
+pub fn reset() -> Bytes {
+    Bytes::from_static(b"+RESET\r\n")
+}
+
+/// A simple string (`+text`); `text` holds no CR or LF.
+pub fn simple(text: &str) -> Bytes {
+    Bytes::from(format!("+{text}\r\n"))
+}
+
+/// An integer reply.
+pub fn integer(n: i64) -> Bytes {
+    Bytes::from(format!(":{n}\r\n"))
+}
+
+/// A bulk string.
+pub fn bulk(text: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(text.len() + 16);
+    crate::codec::put_bulk(&mut out, text);
+    out.freeze()
+}
+
+/// A null bulk string in the client's RESP version (`_` in RESP3).
+pub fn null(proto: u8) -> Bytes {
+    Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
+}
+
+/// A null array in the client's RESP version: EXEC's answer when a watched key changed.
+pub fn null_array(proto: u8) -> Bytes {
+    Bytes::from_static(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" })
+}
+
+/// An empty array: EXEC of a transaction with nothing queued.
+pub fn empty_array() -> Bytes {
+    Bytes::from_static(b"*0\r\n")
+}
+
+// --- Redis's own errors, word for word --------------------------------------------------------
+
+/// A command before AUTH when authentication is required.
+pub fn noauth() -> Bytes {
+    simple_error("NOAUTH", "Authentication required.")
+}
+
+/// HELLO without AUTH when authentication is required.
+pub fn hello_noauth() -> Bytes {
+    simple_error(
+        "NOAUTH",
+        "HELLO must be called with the client already authenticated, otherwise the HELLO \
+         <proto> AUTH <user> <pass> option can be used to authenticate the client and select \
+         the RESP protocol version at the same time",
+    )
+}
+
+/// Wrong credentials.
+pub fn wrongpass() -> Bytes {
+    simple_error(
+        "WRONGPASS",
+        "invalid username-password pair or user is disabled.",
+    )
+}
+
+/// HELLO with a protocol version other than 2 or 3.
+pub fn noproto() -> Bytes {
+    simple_error("NOPROTO", "unsupported protocol version")
+}
+
+/// HELLO whose version is not a number.
+pub fn hello_bad_version() -> Bytes {
+    simple_error("ERR", "Protocol version is not an integer or out of range")
+}
+
+/// HELLO with an option it does not know.
+pub fn hello_bad_option(option: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "Syntax error in HELLO option '{}'",
+            String::from_utf8_lossy(option)
+        ),
+    )
+}
+
+/// CLIENT SETNAME or HELLO SETNAME with a name Redis refuses.
+pub fn bad_client_name() -> Bytes {
+    simple_error(
+        "ERR",
+        "Client names cannot contain spaces, newlines or special characters.",
+    )
+}
+
+/// A command's arguments Redis would not parse.
+pub fn syntax_error() -> Bytes {
+    simple_error("ERR", "syntax error")
+}
+
+/// EXEC of a transaction in which a command was refused at queue time.
+pub fn execabort() -> Bytes {
+    simple_error(
+        "EXECABORT",
+        "Transaction discarded because of previous errors.",
+    )
+}
+
+/// MULTI inside MULTI.
+pub fn nested_multi() -> Bytes {
+    simple_error("ERR", "MULTI calls can not be nested")
+}
+
+/// A command a RESP2 subscriber may not send.
+pub fn not_in_subscribed_context(command: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET \
+             are allowed in this context",
+            String::from_utf8_lossy(command).to_ascii_lowercase()
+        ),
+    )
+}
+
+/// A command whose keys are in several slots (Redis Cluster's own text).
+pub fn crossslot() -> Bytes {
+    Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
+}
+
+/// A slot no node serves (Redis Cluster's own text).
+pub fn clusterdown() -> Bytes {
+    Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")
+}
+
+/// A plain Redis's answer to cluster commands, so cluster-aware clients fall back to treating
+/// the proxy as one server (which is what it is to them).
+pub fn cluster_disabled() -> Bytes {
+    simple_error("ERR", "This instance has cluster support disabled")
+}
+
+/// SELECT n (n ≠ 0) in front of a cluster, as Redis Cluster answers it.
+pub fn select_in_cluster() -> Bytes {
+    simple_error("ERR", "SELECT is not allowed in cluster mode")
+}
+
+/// A SCAN cursor that is not a number.
+pub fn invalid_cursor() -> Bytes {
+    simple_error("ERR", "invalid cursor")
+}
+
+// --- The proxy's own errors -------------------------------------------------------------------
+
+/// A throttled address's AUTH, not even checked: how long to wait.
+pub fn auth_throttled(wait: std::time::Duration) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "too many failed AUTH attempts from this address; retry in {} ms",
+            wait.as_millis().max(1)
+        ),
+    )
+}
+
+/// SCAN or KEYS inside MULTI from a namespaced tenant: EXEC's reply would carry the names with
+/// the prefix.
+pub fn namespace_scan_in_multi() -> Bytes {
+    simple_error(
+        "NOPERM",
+        "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
+    )
+}
+
+/// A rewrite the command's route cannot carry (a pub/sub or local command): refused rather
+/// than forwarded as it came.
+pub fn cannot_rewrite() -> Bytes {
+    simple_error(
+        "NOPERM",
+        "policy: this command cannot be rewritten as the policy requires",
+    )
+}
+
+/// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
+/// node's answer only.
+pub fn fanout_in_multi(command: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "{} inside MULTI is not supported across a cluster by redis-policy-proxy",
+            String::from_utf8_lossy(command).to_ascii_uppercase()
+        ),
+    )
+}
+
+/// A node's SCAN cursor too large for the proxy's composite cursor.
+pub fn scan_cursor_too_large() -> Bytes {
+    simple_error(
+        "ERR",
+        "a node's SCAN cursor does not fit redis-policy-proxy's composite cursor",
+    )
+}
+
+/// Redirections followed up to `max_redirects` without an answer, for `slot` (a number, or
+/// what stands for it, "in migration").
+pub fn too_many_redirections(slot: impl std::fmt::Display) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("too many cluster redirections for slot {slot}"),
+    )
+}
+
+/// Sharded pub/sub outside cluster mode, which the session never routes there.
+pub fn shard_pubsub_needs_cluster() -> Bytes {
+    simple_error(
+        "ERR",
+        "sharded pub/sub through the proxy needs a cluster upstream",
+    )
+}
+
+/// A `PROXY` command from a tenant that is not an admin tenant.
+pub fn proxy_commands_for_admins() -> Bytes {
+    simple_error(
+        "NOPERM",
+        "PROXY commands are for admin tenants (access.admin_tenants)",
+    )
+}
+
+/// `PROXY RELOAD` that failed: the problems, and that the running policy stays.
+pub fn reload_failed(problems: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("reload failed, the running policy stays: {problems}"),
+    )
+}
+
+/// `PROXY RELOAD` on a proxy started without a policy file.
+pub fn nothing_to_reload() -> Bytes {
+    simple_error("ERR", "no policy file to reload (started without --config)")
+}
+
+/// An unknown `PROXY` subcommand.
+pub fn unknown_proxy_subcommand(sub: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "unknown subcommand or wrong number of arguments for '{}'. Try PROXY HELP.",
+            String::from_utf8_lossy(sub)
+        ),
+    )
+}
+
+/// `PROXY SLOWLOG GET` with a count below -1 (Redis's SLOWLOG wording).
+pub fn slowlog_bad_count() -> Bytes {
+    simple_error("ERR", "count should be greater than or equal to -1")
+}
+
+/// `PROXY SLOWLOG` misused.
+pub fn slowlog_usage() -> Bytes {
+    simple_error("ERR", "PROXY SLOWLOG GET [<count>] | LEN | RESET")
+}
+
+/// A cluster node's reply without the shape its command promises (its first bytes quoted).
+pub fn unexpected_node_reply(reply: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "unexpected reply from a cluster node: {}",
+            String::from_utf8_lossy(&reply[..reply.len().min(64)])
+        ),
+    )
+}
