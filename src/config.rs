@@ -397,6 +397,20 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// `Ok` when `problems` is empty, else every one of them as the error for `path`.
+    pub fn unless_none(path: &Path, problems: Vec<Problem>) -> Result<(), ConfigError> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            })
+        }
+    }
+}
+
 /// One validation problem: where, which field, and what is wrong.
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -493,15 +507,7 @@ impl Config {
     /// Checks this file's own values and reports all problems at once. The checks that need
     /// other modules (the TLS files load, the rules compile) are `setup::validate`'s.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let problems = self.problems();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                problems,
-            })
-        }
+        ConfigError::unless_none(path, self.problems())
     }
 
     /// Every problem with this file's own values, in file order.

@@ -1,5 +1,6 @@
 //! Every error the proxy can meet, tagged with the side that failed, and the one function
-//! that turns an error into the reply a client sees. Every proxy-made error string lives here.
+//! that turns an error into the reply a client sees (the texts of replies the proxy makes
+//! without an error value are named constructors in `answers`).
 
 use std::sync::Arc;
 

@@ -9,12 +9,17 @@
 //! ```text
 //! client socket
 //!   -> codec      request framing with limits checked before buffering (RESP + inline)
-//!   -> command    command name -> kind, without allocating
-//!   -> session    per-connection state (RESP version, MULTI/WATCH, subscriptions, pinning),
-//!                 batching of forwardable commands, in-order replies
-//!   -> upstream   shared pipelined connections (pool) or a pinned one per stateful session;
-//!                 reply boundaries found by `reply::scan`, raw bytes forwarded
-//!   -> reply      raw upstream bytes written back in request order
+//!   -> command    command name -> kind, without allocating; the table's key specs
+//!   -> session    per connection: ClientState, ConnState, ReplyQueue, Input; one Command
+//!                 value per command, decided (Decision) then carried out
+//!   -> policy     phases in a fixed order (Phase): deny, guards, rate limits, limits,
+//!                 stream cap, TTL, namespace; the Redis-counted rate limit last
+//!   -> routing    by upstream mode (session::routing): standalone, Sentinel (replicas),
+//!                 cluster (slot, node, redirections, fan-out)
+//!   -> upstream   shared pipelined connections (pool) or a dedicated one per stateful
+//!                 session; reply boundaries found by `reply::scan`, raw bytes forwarded
+//!   -> reply      shaped where the policy or mode must (session::replies), written back in
+//!                 request order; replies the proxy makes itself come from [`answers`]
 //! ```
 //!
 //! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
@@ -25,10 +30,12 @@
 //!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
 //! - [`command`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
-//!   decides each command (policy verdict, then route), `session::replies` shapes replies
-//!   (hidden replies removed, EXEC filtered, CLIENT INFO/HELLO made about the client);
-//!   in cluster mode `session::scatter` sends a pipeline as one batch per node and
-//!   `session::spread` keeps each hash slot's commands in order across nodes.
+//!   decides each command (policy verdict, then route), `session::routing` holds what the
+//!   upstream mode keeps per session, `session::replies` shapes replies (hidden replies
+//!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client); in cluster mode
+//!   `session::cluster` places commands on nodes and follows redirections,
+//!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
+//!   each hash slot's commands in order across nodes.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
@@ -45,7 +52,8 @@
 //!   Redis (Lua), used by the policy's `rate_limit` rules.
 //! - [`metrics`]: Prometheus metrics, pre-registered handles; [`admin`] serves them over HTTP
 //!   with `/healthz` and `/readyz`.
-//! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies.
+//! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
+//!   [`answers`]: every reply the proxy makes itself, as named constructors.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 

@@ -39,14 +39,7 @@ pub fn validate(config: &Config, path: &Path) -> Result<(), ConfigError> {
     if let Err(rule_problems) = policy(config) {
         problems.extend(rule_problems);
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(ConfigError::Invalid {
-            path: path.to_path_buf(),
-            problems,
-        })
-    }
+    ConfigError::unless_none(path, problems)
 }
 
 /// The policy of a whole configuration: its rules and `access:` section, its version, and
