@@ -84,25 +84,10 @@ impl Session {
 
     /// Where a command goes and what it changes, policy aside.
     fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
-        let forward = |target, effect| Action::Forward {
-            target,
-            expect: Expect::Frames(1),
-            effect,
-        };
         let current = self.current_target();
         match kind {
             Kind::Plain => forward(current, Effect::None),
-            Kind::Info => {
-                // Sections named explicitly (`INFO memory`) are Redis's alone; the default
-                // set, `all`, `everything` and `proxy` include the proxy's.
-                let ours = args.len() == 1
-                    || args.iter().skip(1).any(|a| {
-                        [&b"default"[..], b"all", b"everything", b"proxy"]
-                            .iter()
-                            .any(|s| a.eq_ignore_ascii_case(s))
-                    });
-                forward(current, if ours { Effect::Info } else { Effect::None })
-            }
+            Kind::Info => forward(current, info_effect(args)),
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
             Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking(self.wait(args))),
             Kind::Wait => forward(self.dedicated_target(), Effect::Wait(self.wait(args))),
@@ -120,78 +105,10 @@ impl Session {
             Kind::Exec | Kind::Discard => forward(current, Effect::EndMulti),
             Kind::Watch => forward(self.dedicated_target(), Effect::Watch),
             Kind::Unwatch => forward(current, Effect::Unwatch),
-            Kind::Subscribe(_) => {
-                let expect = if args.len() > 1 {
-                    Expect::Confirmations(args.len() as u32 - 1)
-                } else {
-                    Expect::Frames(1)
-                };
-                Action::Forward {
-                    target: self.dedicated_target(),
-                    expect,
-                    effect: Effect::Subscribe,
-                }
-            }
-            Kind::Unsubscribe(sub) => {
-                let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
-                    (1, true) => Expect::UnsubscribeAll(sub),
-                    (1, false) => Expect::Frames(1),
-                    (n, true) => Expect::Confirmations(n as u32 - 1),
-                    // Not subscribed: Redis still confirms each channel.
-                    (n, false) => Expect::Frames(n as u32 - 1),
-                };
-                Action::Forward {
-                    target: current,
-                    expect,
-                    effect: Effect::None,
-                }
-            }
+            Kind::Subscribe(_) | Kind::Unsubscribe(_) => self.decide_pubsub(args, kind, current),
             Kind::Hello => self.decide_hello(args, current),
-            Kind::Auth => {
-                let (user, pass) = match args.len() {
-                    2 => ("default".as_bytes(), args.get(1)),
-                    3 => (args.get(1), args.get(2)),
-                    _ => return forward(current, Effect::None),
-                };
-                if self.client.policy.access.has_users() {
-                    // Proxy-side users: the proxy checks AUTH; upstream credentials are the
-                    // pool's own.
-                    return match self.client.policy.access.authenticate_from(
-                        self.client.peer.ip(),
-                        user,
-                        pass,
-                    ) {
-                        Ok(()) => Action::Local(
-                            answers::ok(),
-                            LocalEffect::Login(Bytes::copy_from_slice(user)),
-                        ),
-                        Err(failure) => Action::Local(auth_refusal(failure), LocalEffect::None),
-                    };
-                }
-                let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
-                match &self.ctx.upstream_password {
-                    Some(p)
-                        if !self.conn.holds(Holds::OTHER_USER)
-                            && constant_time_eq(user, pool_user.as_bytes())
-                            && constant_time_eq(pass, p.as_bytes()) =>
-                    {
-                        Action::Local(answers::ok(), LocalEffect::None)
-                    }
-                    _ => forward(self.dedicated_target(), Effect::Auth),
-                }
-            }
-            Kind::Select => {
-                if args.len() != 2 {
-                    return forward(current, Effect::None);
-                }
-                match codec::parse_int(args.get(1)) {
-                    Some(0) if !matches!(current, Target::Dedicated(_)) => {
-                        Action::Local(answers::ok(), LocalEffect::None)
-                    }
-                    Some(db) if db >= 0 => forward(self.dedicated_target(), Effect::Select(db)),
-                    _ => forward(current, Effect::None),
-                }
-            }
+            Kind::Auth => self.decide_auth(args, current),
+            Kind::Select => self.decide_select(args, current),
             Kind::Client => self.decide_client(args, current),
             Kind::Quit => Action::LocalThenClose(answers::ok()),
             Kind::Reset => Action::Reset,
@@ -200,6 +117,88 @@ impl Session {
                 expect: Expect::Monitor,
                 effect: Effect::Monitor,
             },
+        }
+    }
+
+    /// SUBSCRIBE-family commands go to the dedicated connection, which then holds the
+    /// subscriptions; an UNSUBSCRIBE expects as many confirmations as Redis sends (one per
+    /// channel named even when not subscribed, one per subscription for a bare one).
+    fn decide_pubsub(&self, args: &Args<'_>, kind: Kind, current: Target) -> Action {
+        if let Kind::Unsubscribe(sub) = kind {
+            let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
+                (1, true) => Expect::UnsubscribeAll(sub),
+                (1, false) => Expect::Frames(1),
+                (n, true) => Expect::Confirmations(n as u32 - 1),
+                // Not subscribed: Redis still confirms each channel.
+                (n, false) => Expect::Frames(n as u32 - 1),
+            };
+            return Action::Forward {
+                target: current,
+                expect,
+                effect: Effect::None,
+            };
+        }
+        let expect = if args.len() > 1 {
+            Expect::Confirmations(args.len() as u32 - 1)
+        } else {
+            Expect::Frames(1)
+        };
+        Action::Forward {
+            target: self.dedicated_target(),
+            expect,
+            effect: Effect::Subscribe,
+        }
+    }
+
+    /// AUTH: checked by the proxy against its own users when it has some; answered `OK` when
+    /// it names the pool's own credentials; otherwise sent on a dedicated connection, which
+    /// then holds another user's login.
+    fn decide_auth(&self, args: &Args<'_>, current: Target) -> Action {
+        let (user, pass) = match args.len() {
+            2 => ("default".as_bytes(), args.get(1)),
+            3 => (args.get(1), args.get(2)),
+            _ => return forward(current, Effect::None),
+        };
+        if self.client.policy.access.has_users() {
+            // Proxy-side users: the proxy checks AUTH; upstream credentials are the
+            // pool's own.
+            return match self.client.policy.access.authenticate_from(
+                self.client.peer.ip(),
+                user,
+                pass,
+            ) {
+                Ok(()) => Action::Local(
+                    answers::ok(),
+                    LocalEffect::Login(Bytes::copy_from_slice(user)),
+                ),
+                Err(failure) => Action::Local(auth_refusal(failure), LocalEffect::None),
+            };
+        }
+        let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
+        match &self.ctx.upstream_password {
+            Some(p)
+                if !self.conn.holds(Holds::OTHER_USER)
+                    && constant_time_eq(user, pool_user.as_bytes())
+                    && constant_time_eq(pass, p.as_bytes()) =>
+            {
+                Action::Local(answers::ok(), LocalEffect::None)
+            }
+            _ => forward(self.dedicated_target(), Effect::Auth),
+        }
+    }
+
+    /// SELECT 0 on the shared connection is answered by the proxy; any other database pins
+    /// the session to a dedicated connection where it is selected.
+    fn decide_select(&self, args: &Args<'_>, current: Target) -> Action {
+        if args.len() != 2 {
+            return forward(current, Effect::None);
+        }
+        match codec::parse_int(args.get(1)) {
+            Some(0) if !matches!(current, Target::Dedicated(_)) => {
+                Action::Local(answers::ok(), LocalEffect::None)
+            }
+            Some(db) if db >= 0 => forward(self.dedicated_target(), Effect::Select(db)),
+            _ => forward(current, Effect::None),
         }
     }
 
@@ -295,11 +294,6 @@ impl Session {
                 effect: Effect::None,
             };
         }
-        let forward = |target, effect| Action::Forward {
-            target,
-            expect: Expect::Frames(1),
-            effect,
-        };
         match command::classify_client(args.get(1)) {
             ClientSub::SetName if args.len() == 3 => {
                 let name = args.get(2);
@@ -368,6 +362,27 @@ impl<'a> Args<'a> {
     pub(super) fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
+}
+
+/// A command forwarded to `target` as it is, one reply expected.
+fn forward(target: Target, effect: Effect) -> Action {
+    Action::Forward {
+        target,
+        expect: Expect::Frames(1),
+        effect,
+    }
+}
+
+/// Whether INFO gets the proxy's section: sections named explicitly (`INFO memory`) are
+/// Redis's alone; the default set, `all`, `everything` and `proxy` include the proxy's.
+fn info_effect(args: &Args<'_>) -> Effect {
+    let ours = args.len() == 1
+        || args.iter().skip(1).any(|a| {
+            [&b"default"[..], b"all", b"everything", b"proxy"]
+                .iter()
+                .any(|s| a.eq_ignore_ascii_case(s))
+        });
+    if ours { Effect::Info } else { Effect::None }
 }
 
 /// Redis's rule for client names and library info: printable ASCII without spaces.
