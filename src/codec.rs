@@ -235,81 +235,100 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     };
     let mut out = Vec::new();
     let mut i = 0;
-    let n = line.len();
     loop {
-        while i < n && is_c_space(line[i]) {
+        while i < line.len() && is_c_space(line[i]) {
             i += 1;
         }
-        if i >= n {
+        if i >= line.len() {
             return Some(out);
         }
-        let mut cur = Vec::new();
-        let mut in_dq = false;
-        let mut in_sq = false;
-        loop {
-            if in_dq {
-                if i >= n {
-                    return None;
-                }
-                let c = line[i];
-                if c == b'\\'
-                    && i + 3 < n
-                    && line[i + 1] == b'x'
-                    && line[i + 2].is_ascii_hexdigit()
-                    && line[i + 3].is_ascii_hexdigit()
-                {
-                    cur.push(hex(line[i + 2]) * 16 + hex(line[i + 3]));
-                    i += 3;
-                } else if c == b'\\' && i + 1 < n {
-                    i += 1;
-                    cur.push(match line[i] {
-                        b'n' => b'\n',
-                        b'r' => b'\r',
-                        b't' => b'\t',
-                        b'b' => 0x08,
-                        b'a' => 0x07,
-                        other => other,
-                    });
-                } else if c == b'"' {
-                    if i + 1 < n && !is_c_space(line[i + 1]) {
-                        return None;
-                    }
-                    i += 1;
-                    break;
-                } else {
-                    cur.push(c);
-                }
-            } else if in_sq {
-                if i >= n {
-                    return None;
-                }
-                let c = line[i];
-                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
-                    i += 1;
-                    cur.push(b'\'');
-                } else if c == b'\'' {
-                    if i + 1 < n && !is_c_space(line[i + 1]) {
-                        return None;
-                    }
-                    i += 1;
-                    break;
-                } else {
-                    cur.push(c);
-                }
-            } else {
-                if i >= n {
-                    break;
-                }
-                match line[i] {
-                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
-                    b'"' => in_dq = true,
-                    b'\'' => in_sq = true,
-                    c => cur.push(c),
-                }
-            }
-            i += 1;
+        let mut arg = Vec::new();
+        i = split_arg(line, i, &mut arg)?;
+        out.push(arg);
+    }
+}
+
+/// Reads the argument that starts at `i` (not a space) into `arg` and returns the index just
+/// past it. Quotes may open in the middle of an unquoted argument (`a"b c"` is `ab c`), as in
+/// sdssplitargs, and a closing quote ends the argument. `None` means unbalanced quotes.
+fn split_arg(line: &[u8], mut i: usize, arg: &mut Vec<u8>) -> Option<usize> {
+    while let Some(&c) = line.get(i) {
+        match c {
+            // sdssplitargs ends an unquoted argument at these four (and the NUL), not at every
+            // `isspace` byte: a vertical tab or form feed stays inside the argument.
+            b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+            b'"' => return double_quoted(line, i + 1, arg),
+            b'\'' => return single_quoted(line, i + 1, arg),
+            c => arg.push(c),
         }
-        out.push(cur);
+        i += 1;
+    }
+    Some(i)
+}
+
+/// Reads a `"..."` part from `i` (just past the opening quote) into `arg`, with its escapes,
+/// and returns the index just past the closing quote. `None` when the line ends inside the
+/// quotes or the closing quote is followed by anything but a space.
+fn double_quoted(line: &[u8], mut i: usize, arg: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        match line.get(i..)? {
+            [b'\\', b'x', h, l, ..] if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => {
+                arg.push(hex(*h) * 16 + hex(*l));
+                i += 4;
+            }
+            [b'\\', c, ..] => {
+                arg.push(unescape(*c));
+                i += 2;
+            }
+            [b'"', rest @ ..] => return closing_quote(rest, i),
+            [c, ..] => {
+                arg.push(*c);
+                i += 1;
+            }
+            [] => return None,
+        }
+    }
+}
+
+/// Reads a `'...'` part from `i` (just past the opening quote) into `arg`, where the only
+/// escape is `\'`, and returns the index just past the closing quote. `None` as for
+/// [`double_quoted`].
+fn single_quoted(line: &[u8], mut i: usize, arg: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        match line.get(i..)? {
+            [b'\\', b'\'', ..] => {
+                arg.push(b'\'');
+                i += 2;
+            }
+            [b'\'', rest @ ..] => return closing_quote(rest, i),
+            [c, ..] => {
+                arg.push(*c);
+                i += 1;
+            }
+            [] => return None,
+        }
+    }
+}
+
+/// The index past a closing quote at `at`, followed by `rest`: sdssplitargs wants a space or
+/// the end of the line after it, so that `"a"b` is an error rather than two arguments.
+fn closing_quote(rest: &[u8], at: usize) -> Option<usize> {
+    match rest.first() {
+        Some(&next) if !is_c_space(next) => None,
+        _ => Some(at + 1),
+    }
+}
+
+/// The byte a backslash escape inside double quotes stands for: `\n \r \t \b \a`, and any
+/// other byte for itself (`\\`, `\"`).
+fn unescape(c: u8) -> u8 {
+    match c {
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        b'b' => 0x08,
+        b'a' => 0x07,
+        other => other,
     }
 }
 

@@ -16,7 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tokio::time::Instant;
 
 use crate::commands::{AclCategories as A, CommandSpec};
@@ -226,166 +226,219 @@ pub struct Metrics {
 
 type Labels = Vec<(&'static str, &'static str)>;
 
+/// Registers a clone of `metric`: clones share their value, so the handle kept in [`Metrics`]
+/// counts what `/metrics` renders.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: &M) {
+    registry.register(name, help, metric.clone());
+}
+
+/// Registers a counter family with one label and returns a handle for each of its `values`,
+/// created up front: the family's series exist (at 0) from the first scrape, and counting
+/// needs no label lookup.
+fn labelled<const N: usize>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: [&'static str; N],
+) -> [Counter; N] {
+    let family = Family::<Labels, Counter>::default();
+    registry.register(name, help, family.clone());
+    values.map(|v| family.get_or_create(&vec![(label, v)]).clone())
+}
+
 impl Metrics {
     /// Registers every metric; `policy` is read at each scrape for the per-rule counters.
+    /// Families are registered in a fixed order, which is the order `/metrics` renders them in.
     pub fn new(policy: Arc<ArcSwap<Policy>>) -> Arc<Metrics> {
-        let mut registry = Registry::with_prefix("rpp");
-        let commands_family = Family::<Labels, Counter>::default();
-        registry.register(
+        let mut m = Metrics::unregistered();
+        m.register_commands();
+        m.register_latencies();
+        m.register_upstream();
+        m.register_cluster();
+        m.register_clients();
+        m.register_operations();
+        m.registry
+            .register_collector(Box::new(PolicyCollector { policy }));
+        Arc::new(m)
+    }
+
+    /// Every handle, none registered yet: the `register_*` functions register each one (a
+    /// labelled family's handles are replaced by the family's own).
+    fn unregistered() -> Metrics {
+        Metrics {
+            registry: Registry::with_prefix("rpp"),
+            commands: Vec::new(),
+            request_duration: LatencyHistogram::default(),
+            upstream_duration: LatencyHistogram::default(),
+            upstream_connections: Gauge::default(),
+            upstream_reconnects: Counter::default(),
+            upstream_connect_errors: Counter::default(),
+            upstream_lost: Counter::default(),
+            upstream_error_replies: Counter::default(),
+            redirections_moved: Counter::default(),
+            redirections_ask: Counter::default(),
+            map_refreshes_changed: Counter::default(),
+            map_refreshes_unchanged: Counter::default(),
+            map_refreshes_failed: Counter::default(),
+            replica_reads: Counter::default(),
+            clients: Gauge::default(),
+            clients_total: Counter::default(),
+            clients_rejected: Counter::default(),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            reloads_ok: Counter::default(),
+            reloads_failed: Counter::default(),
+            slow_commands: Counter::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The command counters: one family, every class and outcome pair created up front so a
+    /// command indexes an array instead of looking up labels.
+    fn register_commands(&mut self) {
+        let family = Family::<Labels, Counter>::default();
+        self.registry.register(
             "commands",
             "Commands by class (Redis command group) and outcome at the proxy",
-            commands_family.clone(),
+            family.clone(),
         );
-        let commands = CLASSES
+        self.commands = CLASSES
             .iter()
             .map(|class| {
                 OUTCOME_NAMES.map(|outcome| {
-                    commands_family
+                    family
                         .get_or_create(&vec![("class", *class), ("outcome", outcome)])
                         .clone()
                 })
             })
             .collect();
-        let request_duration = LatencyHistogram::default();
-        registry.register(
+    }
+
+    /// The two latency histograms: what clients see, and what the upstream takes.
+    fn register_latencies(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
             "request_duration_seconds",
             "Client-observed latency of forwarded commands: from reading the command to its reply being ready to write",
-            request_duration.clone(),
+            &self.request_duration,
         );
-        let upstream_duration = LatencyHistogram::default();
-        registry.register(
+        register(
+            r,
             "upstream_duration_seconds",
             "Upstream round trip of each batch of commands",
-            upstream_duration.clone(),
+            &self.upstream_duration,
         );
-        let gauge = |registry: &mut Registry, name: &str, help: &str| {
-            let g = Gauge::default();
-            registry.register(name, help, g.clone());
-            g
-        };
-        let counter = |registry: &mut Registry, name: &str, help: &str| {
-            let c = Counter::default();
-            registry.register(name, help, c.clone());
-            c
-        };
-        fn labelled<const N: usize>(
-            registry: &mut Registry,
-            name: &str,
-            help: &str,
-            label: &'static str,
-            values: [&'static str; N],
-        ) -> [Counter; N] {
-            let family = Family::<Labels, Counter>::default();
-            registry.register(name, help, family.clone());
-            values.map(|v| family.get_or_create(&vec![(label, v)]).clone())
-        }
-        let upstream_connections = gauge(
-            &mut registry,
+    }
+
+    /// The upstream connections' health: how many, reconnects, failures, error replies.
+    fn register_upstream(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
             "upstream_connections",
             "Shared upstream connections established",
+            &self.upstream_connections,
         );
-        let upstream_reconnects = counter(
-            &mut registry,
+        register(
+            r,
             "upstream_reconnects",
             "Shared upstream connections re-established after a loss",
+            &self.upstream_reconnects,
         );
-        let [upstream_connect_errors, upstream_lost] = labelled(
-            &mut registry,
+        [self.upstream_connect_errors, self.upstream_lost] = labelled(
+            r,
             "upstream_errors",
             "Upstream connection failures: connect (connect or handshake failed), lost (an established connection ended)",
             "kind",
             ["connect", "lost"],
         );
-        let upstream_error_replies = counter(
-            &mut registry,
+        register(
+            r,
             "upstream_error_replies",
             "Error replies from Redis, forwarded to clients",
+            &self.upstream_error_replies,
         );
-        let [redirections_moved, redirections_ask] = labelled(
-            &mut registry,
+    }
+
+    /// Cluster mode: redirections, slot map refreshes, replica reads.
+    fn register_cluster(&mut self) {
+        let r = &mut self.registry;
+        [self.redirections_moved, self.redirections_ask] = labelled(
+            r,
             "upstream_redirections",
             "Cluster redirections followed (MOVED, ASK)",
             "kind",
             ["moved", "ask"],
         );
-        let [
-            map_refreshes_changed,
-            map_refreshes_unchanged,
-            map_refreshes_failed,
+        [
+            self.map_refreshes_changed,
+            self.map_refreshes_unchanged,
+            self.map_refreshes_failed,
         ] = labelled(
-            &mut registry,
+            r,
             "cluster_map_refreshes",
             "Cluster slot map refreshes: changed (a new map installed), unchanged, failed (no node answered)",
             "outcome",
             ["changed", "unchanged", "failed"],
         );
-        let replica_reads = counter(
-            &mut registry,
+        register(
+            r,
             "replica_reads",
             "Read-only commands sent to a cluster replica (read_from replica or nearest)",
+            &self.replica_reads,
         );
-        let clients = gauge(&mut registry, "client_connections", "Clients connected");
+    }
+
+    /// The client side: connections now, accepted, refused, and bytes each way.
+    fn register_clients(&mut self) {
+        let r = &mut self.registry;
+        register(r, "client_connections", "Clients connected", &self.clients);
         // Not `client_connections_total`: a counter family may not share its name with the
         // gauge above, or OpenMetrics parsers reject the whole scrape.
-        let clients_total = counter(
-            &mut registry,
+        register(
+            r,
             "client_connections_accepted",
             "Clients accepted since start",
+            &self.clients_total,
         );
-        let clients_rejected = counter(
-            &mut registry,
+        register(
+            r,
             "client_connections_rejected",
             "Clients refused at accept because max_clients was reached",
+            &self.clients_rejected,
         );
-        let bytes_in = counter(
-            &mut registry,
+        register(
+            r,
             "client_bytes_received",
             "Request bytes read from clients",
+            &self.bytes_in,
         );
-        let bytes_out = counter(
-            &mut registry,
+        register(
+            r,
             "client_bytes_sent",
             "Reply bytes written to clients",
+            &self.bytes_out,
         );
-        let [reloads_ok, reloads_failed] = labelled(
-            &mut registry,
+    }
+
+    /// The proxy's own operation: policy reloads and slow commands.
+    fn register_operations(&mut self) {
+        let r = &mut self.registry;
+        [self.reloads_ok, self.reloads_failed] = labelled(
+            r,
             "config_reloads",
             "Policy reloads by result; a failed one keeps the running policy",
             "result",
             ["ok", "failed"],
         );
-        let slow_commands = counter(
-            &mut registry,
+        register(
+            r,
             "slow_commands",
             "Commands slower than the slow log threshold",
+            &self.slow_commands,
         );
-        registry.register_collector(Box::new(PolicyCollector { policy }));
-        Arc::new(Metrics {
-            registry,
-            commands,
-            request_duration,
-            upstream_duration,
-            upstream_connections,
-            upstream_reconnects,
-            upstream_connect_errors,
-            upstream_lost,
-            upstream_error_replies,
-            redirections_moved,
-            redirections_ask,
-            map_refreshes_changed,
-            map_refreshes_unchanged,
-            map_refreshes_failed,
-            replica_reads,
-            clients,
-            clients_total,
-            clients_rejected,
-            bytes_in,
-            bytes_out,
-            reloads_ok,
-            reloads_failed,
-            slow_commands,
-            started: Instant::now(),
-        })
     }
 
     /// Counts one command of `class` (see [`class_of`]).

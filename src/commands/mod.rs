@@ -857,266 +857,323 @@ fn c_atoi(s: &[u8]) -> i32 {
     long as i32
 }
 
-/// Redis's `getKeysUsingKeySpecs`. Returns false where Redis returns -1 (an unknown spec, an
-/// out-of-bounds range, a bad numkeys, or an incomplete spec that matched), in which case the
-/// caller falls back to the procedure.
+/// Where Redis's `getKeysUsingKeySpecs` returns -1 (an unknown spec, an out-of-bounds range, a
+/// bad numkeys, or an incomplete spec that matched): the caller falls back to the procedure.
+struct SpecsFailed;
+
+/// Redis's `getKeysUsingKeySpecs`. Returns false where Redis returns -1 (see [`SpecsFailed`]),
+/// in which case the caller falls back to the procedure.
 fn keys_from_specs<A: AsRef<[u8]>>(spec: &CommandSpec, args: &[A], out: &mut Vec<KeyRef>) -> bool {
-    let argc = args.len() as i64;
-    for ks in spec.key_specs {
-        if ks.flags.contains(KeySpecFlags::NOT_KEY) {
-            continue;
-        }
-        let first: i64 = match ks.begin_search {
-            BeginSearch::Index(pos) => i64::from(pos),
-            BeginSearch::Keyword { keyword, startfrom } => {
-                let startfrom = i64::from(startfrom);
-                let (start, end) = if startfrom > 0 {
-                    (startfrom, argc - 1)
-                } else {
-                    (argc + startfrom, 1)
-                };
-                let mut found = 0;
-                let mut i = start;
-                while i != end {
-                    if i >= argc || i < 1 {
-                        break;
-                    }
-                    if c_eq_ignore_case(args[i as usize].as_ref(), keyword.as_bytes()) {
-                        found = i + 1;
-                        break;
-                    }
-                    i = if start <= end { i + 1 } else { i - 1 };
-                }
-                if found == 0 {
-                    continue; // keyword absent: this spec has no keys
-                }
-                found
-            }
-            BeginSearch::Unknown => return false,
-        };
-
-        let (first, last, step) = match ks.find_keys {
-            FindKeys::Range {
-                lastkey,
-                keystep,
-                limit,
-            } => {
-                let lastkey = i64::from(lastkey);
-                let last = if lastkey >= 0 {
-                    first + lastkey
-                } else if limit == 0 {
-                    argc + lastkey
-                } else {
-                    first + ((argc - first) / i64::from(limit) + lastkey)
-                };
-                (first, last, i64::from(keystep))
-            }
-            FindKeys::Keynum {
-                keynumidx,
-                firstkey,
-                keystep,
-            } => {
-                let at = first + i64::from(keynumidx);
-                if at >= argc {
-                    return false;
-                }
-                let Some(numkeys) = crate::codec::parse_int(args[at as usize].as_ref()) else {
-                    return false;
-                };
-                if numkeys < 0 {
-                    return false;
-                }
-                let first = first + i64::from(firstkey);
-                // C: `last = first + (int)numkeys - 1` in int arithmetic.
-                let last = (first as i32).wrapping_add(numkeys as i32).wrapping_sub(1);
-                (first, i64::from(last), i64::from(keystep))
-            }
-            FindKeys::Unknown => return false,
-        };
-
-        if last >= argc || last < first || first >= argc || step <= 0 {
-            return false;
-        }
-        let mut i = first;
-        while i <= last {
-            out.push(KeyRef {
-                index: i as usize,
-                flags: ks.flags,
-            });
-            i += step;
-        }
-        if ks.flags.contains(KeySpecFlags::INCOMPLETE) {
-            return false;
-        }
-    }
-    true
+    spec.key_specs
+        .iter()
+        .all(|ks| keys_from_spec(ks, args, out).is_ok())
 }
 
-/// Runs the command's Redis key procedure (the fallback of `getKeysFromCommandWithSpecs`).
+/// One key spec's turn in `getKeysUsingKeySpecs`: pushes the keys it finds in `args`.
+fn keys_from_spec<A: AsRef<[u8]>>(
+    ks: &KeySpec,
+    args: &[A],
+    out: &mut Vec<KeyRef>,
+) -> Result<(), SpecsFailed> {
+    if ks.flags.contains(KeySpecFlags::NOT_KEY) {
+        return Ok(());
+    }
+    let argc = args.len() as i64;
+    let Some(first) = begin_search(ks.begin_search, args)? else {
+        return Ok(()); // keyword absent: this spec has no keys
+    };
+    let (first, last, step) = find_keys(ks.find_keys, first, args)?;
+    if last >= argc || last < first || first >= argc || step <= 0 {
+        return Err(SpecsFailed);
+    }
+    let mut i = first;
+    while i <= last {
+        out.push(KeyRef {
+            index: i as usize,
+            flags: ks.flags,
+        });
+        i += step;
+    }
+    if ks.flags.contains(KeySpecFlags::INCOMPLETE) {
+        return Err(SpecsFailed);
+    }
+    Ok(())
+}
+
+/// The index where a key spec's keys begin, `None` when its keyword is absent (the spec then
+/// finds no keys).
+fn begin_search<A: AsRef<[u8]>>(
+    begin: BeginSearch,
+    args: &[A],
+) -> Result<Option<i64>, SpecsFailed> {
+    match begin {
+        BeginSearch::Index(pos) => Ok(Some(i64::from(pos))),
+        BeginSearch::Keyword { keyword, startfrom } => {
+            Ok(keyword_search(keyword, i64::from(startfrom), args))
+        }
+        BeginSearch::Unknown => Err(SpecsFailed),
+    }
+}
+
+/// One past the first argument equal to `keyword`, searching from `startfrom` towards the end,
+/// or from `argc + startfrom` towards the start when it is negative, never at the command name.
+fn keyword_search<A: AsRef<[u8]>>(keyword: &str, startfrom: i64, args: &[A]) -> Option<i64> {
+    let argc = args.len() as i64;
+    let (start, end) = if startfrom > 0 {
+        (startfrom, argc - 1)
+    } else {
+        (argc + startfrom, 1)
+    };
+    let mut i = start;
+    while i != end {
+        if i >= argc || i < 1 {
+            return None;
+        }
+        if c_eq_ignore_case(args[i as usize].as_ref(), keyword.as_bytes()) {
+            return Some(i + 1);
+        }
+        i = if start <= end { i + 1 } else { i - 1 };
+    }
+    None
+}
+
+/// The first and last key index and the step between keys, for a spec whose search began at
+/// `first`; not yet checked against the arguments' bounds.
+fn find_keys<A: AsRef<[u8]>>(
+    find: FindKeys,
+    first: i64,
+    args: &[A],
+) -> Result<(i64, i64, i64), SpecsFailed> {
+    let argc = args.len() as i64;
+    match find {
+        FindKeys::Range {
+            lastkey,
+            keystep,
+            limit,
+        } => {
+            let lastkey = i64::from(lastkey);
+            let last = if lastkey >= 0 {
+                first + lastkey
+            } else if limit == 0 {
+                argc + lastkey
+            } else {
+                first + ((argc - first) / i64::from(limit) + lastkey)
+            };
+            Ok((first, last, i64::from(keystep)))
+        }
+        FindKeys::Keynum {
+            keynumidx,
+            firstkey,
+            keystep,
+        } => {
+            let at = first + i64::from(keynumidx);
+            let numkeys = args
+                .get(at as usize)
+                .filter(|_| at < argc)
+                .and_then(|a| crate::codec::parse_int(a.as_ref()))
+                .filter(|&n| n >= 0)
+                .ok_or(SpecsFailed)?;
+            let first = first + i64::from(firstkey);
+            // C: `last = first + (int)numkeys - 1` in int arithmetic.
+            let last = (first as i32).wrapping_add(numkeys as i32).wrapping_sub(1);
+            Ok((first, i64::from(last), i64::from(keystep)))
+        }
+        FindKeys::Unknown => Err(SpecsFailed),
+    }
+}
+
+/// Runs the command's Redis key procedure (the fallback of `getKeysFromCommandWithSpecs`):
+/// one small function per procedure, each mirroring its C original.
 fn keys_from_proc<A: AsRef<[u8]>>(spec: &CommandSpec, args: &[A], out: &mut Vec<KeyRef>) {
-    let arg = |i: usize| -> &[u8] { args.get(i).map_or(&[][..], AsRef::as_ref) };
-    let argc = args.len();
     // Flags for procedures that report none (Redis leaves them 0).
-    let unknown = spec.all_key_flags();
+    let unknown = || spec.all_key_flags();
     match spec.keys_proc {
         KeysProc::None => {}
-        KeysProc::ZunionInterDiffStore => generic_get_keys(1, 2, 3, 1, args, unknown, out),
+        KeysProc::ZunionInterDiffStore => generic_get_keys(1, 2, 3, 1, args, unknown(), out),
         KeysProc::ZunionInterDiff | KeysProc::Sintercard | KeysProc::Lmpop | KeysProc::Zmpop => {
-            generic_get_keys(0, 1, 2, 1, args, unknown, out)
+            generic_get_keys(0, 1, 2, 1, args, unknown(), out)
         }
         KeysProc::Eval | KeysProc::Function | KeysProc::Blmpop | KeysProc::Bzmpop => {
-            generic_get_keys(0, 2, 3, 1, args, unknown, out)
+            generic_get_keys(0, 2, 3, 1, args, unknown(), out)
         }
-        KeysProc::SortRo => out.push(KeyRef {
-            index: 1,
-            flags: KeySpecFlags::RO | KeySpecFlags::ACCESS,
-        }),
-        KeysProc::Sort => {
-            out.push(KeyRef {
-                index: 1,
-                flags: KeySpecFlags::RO | KeySpecFlags::ACCESS,
-            });
-            // sortGetKeys: LIMIT skips 2, GET and BY skip 1, anything else 0; the last STORE
-            // with an argument after it wins (and its argument is scanned as an option too).
-            let mut store = None;
-            let mut i = 2;
-            while i < argc {
-                let a = arg(i);
-                if c_eq_ignore_case(a, b"limit") {
-                    i += 2;
-                } else if c_eq_ignore_case(a, b"store") && i + 1 < argc {
-                    store = Some(i + 1);
-                } else if c_eq_ignore_case(a, b"get") || c_eq_ignore_case(a, b"by") {
-                    i += 1;
-                }
-                i += 1;
-            }
-            if let Some(index) = store {
-                out.push(KeyRef {
-                    index,
-                    flags: KeySpecFlags::OW | KeySpecFlags::UPDATE,
-                });
-            }
-        }
-        KeysProc::Migrate => {
-            let mut first = 3;
-            let mut num = 1;
-            if argc > 6 {
-                let mut i = 6;
-                while i < argc {
-                    let a = arg(i);
-                    if c_eq_ignore_case(a, b"keys") {
-                        if !arg(3).is_empty() {
-                            num = 0; // syntax error left to MIGRATE itself
-                        } else {
-                            first = i + 1;
-                            num = argc - first;
-                        }
-                        break;
-                    }
-                    if c_eq_ignore_case(a, b"auth") {
-                        i += 1;
-                    } else if c_eq_ignore_case(a, b"auth2") {
-                        i += 2;
-                    }
-                    i += 1;
-                }
-            }
-            let flags = KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::DELETE;
-            out.extend((first..first + num).map(|index| KeyRef { index, flags }));
-        }
-        KeysProc::Georadius => {
-            let mut stored = None;
-            let mut i = 5;
-            while i < argc {
-                let a = arg(i);
-                if (c_eq_ignore_case(a, b"store") || c_eq_ignore_case(a, b"storedist"))
-                    && i + 1 < argc
-                {
-                    stored = Some(i + 1);
-                    i += 1;
-                }
-                i += 1;
-            }
-            out.push(KeyRef {
-                index: 1,
-                flags: unknown,
-            });
-            if let Some(index) = stored {
-                out.push(KeyRef {
-                    index,
-                    flags: unknown,
-                });
-            }
-        }
-        KeysProc::Xread => {
-            let mut streams_pos = None;
-            let mut i = 1;
-            while i < argc {
-                let a = arg(i);
-                if c_eq_ignore_case(a, b"block") || c_eq_ignore_case(a, b"count") {
-                    i += 1;
-                } else if c_eq_ignore_case(a, b"group") {
-                    i += 2;
-                } else if c_eq_ignore_case(a, b"noack") {
-                } else if c_eq_ignore_case(a, b"streams") {
-                    streams_pos = Some(i);
-                    break;
-                } else {
-                    break;
-                }
-                i += 1;
-            }
-            let Some(pos) = streams_pos else { return };
-            let num = argc - pos - 1;
-            if num == 0 || num % 2 != 0 {
-                return;
-            }
-            let num = num / 2;
-            out.extend((pos + 1..argc - num).map(|index| KeyRef {
-                index,
-                flags: unknown,
-            }));
-        }
-        KeysProc::Set => {
-            // setGetKeys compares the first three bytes and a NUL: "get" as a C string.
-            let get = (3..argc).any(|i| c_eq_ignore_case(arg(i), b"get"));
-            let flags = if get {
-                KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE
-            } else {
-                KeySpecFlags::OW | KeySpecFlags::UPDATE
-            };
-            out.push(KeyRef { index: 1, flags });
-        }
-        KeysProc::Bitfield => {
-            let mut readonly = true;
-            let mut i = 2;
-            while i < argc {
-                let remaining = argc - i - 1;
-                let a = arg(i);
-                if c_eq_ignore_case(a, b"get") && remaining >= 2 {
-                    i += 2;
-                } else if (c_eq_ignore_case(a, b"set") || c_eq_ignore_case(a, b"incrby"))
-                    && remaining >= 3
-                {
-                    readonly = false;
-                    break;
-                } else if c_eq_ignore_case(a, b"overflow") && remaining >= 1 {
-                    i += 1;
-                } else {
-                    readonly = false; // syntax error: assume a write, as Redis does
-                    break;
-                }
-                i += 1;
-            }
-            let flags = if readonly {
-                KeySpecFlags::RO | KeySpecFlags::ACCESS
-            } else {
-                KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE
-            };
-            out.push(KeyRef { index: 1, flags });
-        }
+        KeysProc::SortRo => out.push(sorted_key()),
+        KeysProc::Sort => sort_get_keys(args, out),
+        KeysProc::Migrate => migrate_get_keys(args, out),
+        KeysProc::Georadius => georadius_get_keys(args, unknown(), out),
+        KeysProc::Xread => xread_get_keys(args, unknown(), out),
+        KeysProc::Set => out.push(set_get_key(args)),
+        KeysProc::Bitfield => out.push(bitfield_get_key(args)),
     }
+}
+
+/// Argument `i` of a command line, empty past its end (as a procedure sees a missing one).
+fn arg_at<A: AsRef<[u8]>>(args: &[A], i: usize) -> &[u8] {
+    args.get(i).map_or(&[][..], AsRef::as_ref)
+}
+
+/// The key SORT and SORT_RO sort: read, at index 1.
+fn sorted_key() -> KeyRef {
+    KeyRef {
+        index: 1,
+        flags: KeySpecFlags::RO | KeySpecFlags::ACCESS,
+    }
+}
+
+/// Redis's `sortGetKeys`: the sorted key, then the `STORE` destination if any.
+fn sort_get_keys<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<KeyRef>) {
+    out.push(sorted_key());
+    // sortGetKeys: LIMIT skips 2, GET and BY skip 1, anything else 0; the last STORE
+    // with an argument after it wins (and its argument is scanned as an option too).
+    let argc = args.len();
+    let mut store = None;
+    let mut i = 2;
+    while i < argc {
+        let a = arg_at(args, i);
+        if c_eq_ignore_case(a, b"limit") {
+            i += 2;
+        } else if c_eq_ignore_case(a, b"store") && i + 1 < argc {
+            store = Some(i + 1);
+        } else if c_eq_ignore_case(a, b"get") || c_eq_ignore_case(a, b"by") {
+            i += 1;
+        }
+        i += 1;
+    }
+    if let Some(index) = store {
+        out.push(KeyRef {
+            index,
+            flags: KeySpecFlags::OW | KeySpecFlags::UPDATE,
+        });
+    }
+}
+
+/// Redis's `migrateGetKeys`: the key at 3, or the keys after `KEYS` when the key at 3 is
+/// empty.
+fn migrate_get_keys<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<KeyRef>) {
+    let (first, num) = migrate_key_range(args);
+    let flags = KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::DELETE;
+    out.extend((first..first + num).map(|index| KeyRef { index, flags }));
+}
+
+/// The first key index and the number of keys of a MIGRATE command line: the options after
+/// index 5 are scanned for `KEYS` (skipping the arguments of `AUTH` and `AUTH2`).
+fn migrate_key_range<A: AsRef<[u8]>>(args: &[A]) -> (usize, usize) {
+    let argc = args.len();
+    let mut i = 6;
+    while i < argc {
+        let a = arg_at(args, i);
+        if c_eq_ignore_case(a, b"keys") {
+            if !arg_at(args, 3).is_empty() {
+                return (3, 0); // syntax error left to MIGRATE itself
+            }
+            return (i + 1, argc - (i + 1));
+        }
+        if c_eq_ignore_case(a, b"auth") {
+            i += 1;
+        } else if c_eq_ignore_case(a, b"auth2") {
+            i += 2;
+        }
+        i += 1;
+    }
+    (3, 1)
+}
+
+/// Redis's `georadiusGetKeys`: the key, and the last `STORE`/`STOREDIST` destination.
+fn georadius_get_keys<A: AsRef<[u8]>>(args: &[A], flags: KeySpecFlags, out: &mut Vec<KeyRef>) {
+    let argc = args.len();
+    let mut stored = None;
+    let mut i = 5;
+    while i < argc {
+        let a = arg_at(args, i);
+        if (c_eq_ignore_case(a, b"store") || c_eq_ignore_case(a, b"storedist")) && i + 1 < argc {
+            stored = Some(i + 1);
+            i += 1;
+        }
+        i += 1;
+    }
+    out.push(KeyRef { index: 1, flags });
+    if let Some(index) = stored {
+        out.push(KeyRef { index, flags });
+    }
+}
+
+/// Redis's `xreadGetKeys`: the first half of the arguments after `STREAMS`, none when their
+/// number is odd or zero.
+fn xread_get_keys<A: AsRef<[u8]>>(args: &[A], flags: KeySpecFlags, out: &mut Vec<KeyRef>) {
+    let argc = args.len();
+    let Some(pos) = xread_streams_pos(args) else {
+        return;
+    };
+    let num = argc - pos - 1;
+    if num == 0 || num % 2 != 0 {
+        return;
+    }
+    let num = num / 2;
+    out.extend((pos + 1..argc - num).map(|index| KeyRef { index, flags }));
+}
+
+/// The index of XREAD's (or XREADGROUP's) `STREAMS` keyword, found by skipping the options
+/// before it; `None` when an unknown option comes first.
+fn xread_streams_pos<A: AsRef<[u8]>>(args: &[A]) -> Option<usize> {
+    let mut i = 1;
+    while i < args.len() {
+        let a = arg_at(args, i);
+        if c_eq_ignore_case(a, b"block") || c_eq_ignore_case(a, b"count") {
+            i += 1;
+        } else if c_eq_ignore_case(a, b"group") {
+            i += 2;
+        } else if c_eq_ignore_case(a, b"streams") {
+            return Some(i);
+        } else if !c_eq_ignore_case(a, b"noack") {
+            return None;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Redis's `setGetKeys`: the key, read-write with `GET`, overwritten without.
+fn set_get_key<A: AsRef<[u8]>>(args: &[A]) -> KeyRef {
+    // setGetKeys compares the first three bytes and a NUL: "get" as a C string.
+    let get = (3..args.len()).any(|i| c_eq_ignore_case(arg_at(args, i), b"get"));
+    let flags = if get {
+        KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE
+    } else {
+        KeySpecFlags::OW | KeySpecFlags::UPDATE
+    };
+    KeyRef { index: 1, flags }
+}
+
+/// Redis's `bitfieldGetKeys`: the key, read-only when only `GET` operations are given.
+fn bitfield_get_key<A: AsRef<[u8]>>(args: &[A]) -> KeyRef {
+    let flags = if bitfield_readonly(args) {
+        KeySpecFlags::RO | KeySpecFlags::ACCESS
+    } else {
+        KeySpecFlags::RW | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE
+    };
+    KeyRef { index: 1, flags }
+}
+
+/// Whether a BITFIELD command line has only `GET` (and `OVERFLOW`) operations, each with all
+/// its arguments.
+fn bitfield_readonly<A: AsRef<[u8]>>(args: &[A]) -> bool {
+    let argc = args.len();
+    let mut i = 2;
+    while i < argc {
+        let remaining = argc - i - 1;
+        let a = arg_at(args, i);
+        if c_eq_ignore_case(a, b"get") && remaining >= 2 {
+            i += 2;
+        } else if (c_eq_ignore_case(a, b"set") || c_eq_ignore_case(a, b"incrby")) && remaining >= 3
+        {
+            return false;
+        } else if c_eq_ignore_case(a, b"overflow") && remaining >= 1 {
+            i += 1;
+        } else {
+            return false; // syntax error: assume a write, as Redis does
+        }
+        i += 1;
+    }
+    true
 }
 
 /// Redis's `genericGetKeys`: `atoi(args[count_at])` keys from `first`, every `step`-th, then
