@@ -997,6 +997,35 @@ impl Effect {
 }
 
 impl ReplyQueue {
+    /// Takes the slot at `at` out of the reply order (the head is removed, a later one left
+    /// as an empty placeholder until its reply is in).
+    fn take(&mut self, at: Option<usize>) -> Option<Slot> {
+        match at {
+            Some(0) => self.slots.pop_front(),
+            Some(i) => Some(std::mem::replace(
+                &mut self.slots[i],
+                Slot::Local(Bytes::new()),
+            )),
+            None => None,
+        }
+    }
+
+    /// The replies pushed to `out` from `mark` on answer the slot at `at`: written now when
+    /// it heads the reply order (with the proxy-made replies behind it), else kept in its
+    /// slot until the earlier ones are in.
+    fn settle(&mut self, at: usize, mark: usize) {
+        if at == 0 {
+            self.flush_local_slots();
+            return;
+        }
+        let mut own = self.out.split_off(mark);
+        let reply = match own.len() {
+            1 => own.pop().unwrap_or_default(),
+            _ => own.concat().into(),
+        };
+        self.slots[at] = Slot::Local(reply);
+    }
+
     /// The budget of unwritten push bytes shared with dedicated connections, created on
     /// first use.
     fn push_budget(&mut self) -> Arc<Semaphore> {
@@ -1159,14 +1188,6 @@ impl Session {
             self.on_parts(i, data, missing, error);
             return;
         }
-        let slot = match at {
-            Some(0) => self.queue.slots.pop_front(),
-            Some(i) => Some(std::mem::replace(
-                &mut self.queue.slots[i],
-                Slot::Local(Bytes::new()),
-            )),
-            None => None,
-        };
         let Some(Slot::Upstream {
             commands,
             handling,
@@ -1174,7 +1195,7 @@ impl Session {
             name,
             sent,
             ..
-        }) = slot
+        }) = self.queue.take(at)
         else {
             // Anything else is a bug we must not turn into a misattributed reply.
             tracing::error!(id = self.client.id, "upstream reply without a waiting slot");
@@ -1216,16 +1237,7 @@ impl Session {
                 }
             }
         }
-        if at > 0 {
-            let mut own = self.queue.out.split_off(mark);
-            let reply = match own.len() {
-                1 => own.pop().unwrap_or_default(),
-                _ => own.concat().into(),
-            };
-            self.queue.slots[at] = Slot::Local(reply);
-        } else {
-            self.queue.flush_local_slots();
-        }
+        self.queue.settle(at, mark);
     }
 
     /// A complete reply as the client sees it, per its slot's `handling`: replaced (EXECABORT),
