@@ -275,20 +275,7 @@ impl Reader {
                         read
                     }
                     Err(_) => match overdue(lock(pending).front(), t) {
-                        Overdue::Yes(ReplyWait::Blocks(limit)) => {
-                            return format!(
-                                "no reply within {} ms (upstream.command_timeout_ms) after the \
-                                 command's own {} ms timeout",
-                                t.as_millis(),
-                                limit.as_millis()
-                            );
-                        }
-                        Overdue::Yes(_) => {
-                            return format!(
-                                "no reply within {} ms (upstream.command_timeout_ms)",
-                                t.as_millis()
-                            );
-                        }
+                        Overdue::Yes(limit) => return timed_out(t, limit),
                         // Sleep only until the oldest batch is due, so a silent upstream is
                         // noticed about `timeout` after its deadline, not up to twice that.
                         Overdue::In(left) => {
@@ -490,6 +477,23 @@ enum Overdue {
     Yes(ReplyWait),
     /// Not yet: look again after this long (the full timeout when nothing can be overdue).
     In(Duration),
+}
+
+/// Why a connection is declared dead after `timeout` without a reply to its oldest batch,
+/// which could wait `limit` on its own.
+fn timed_out(timeout: Duration, limit: ReplyWait) -> String {
+    match limit {
+        ReplyWait::Blocks(limit) => format!(
+            "no reply within {} ms (upstream.command_timeout_ms) after the command's own {} ms \
+             timeout",
+            timeout.as_millis(),
+            limit.as_millis()
+        ),
+        _ => format!(
+            "no reply within {} ms (upstream.command_timeout_ms)",
+            timeout.as_millis()
+        ),
+    }
 }
 
 /// Judges the oldest unanswered batch: overdue once `timeout` has passed since it reached
