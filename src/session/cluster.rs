@@ -1,7 +1,7 @@
 //! Cluster mode: which node a command goes to, what the proxy answers itself because a
 //! cluster cannot do it like one Redis, following MOVED/ASK, and whole-keyspace commands sent
-//! to every primary. Nothing here runs for a standalone upstream (`Context::cluster` is
-//! `None` and `decide`/`serve` skip it).
+//! to every primary. Nothing here runs for a standalone upstream (the session's `Routing` is
+//! not `Cluster`, and `decide`/`serve` skip it).
 
 use crate::answers;
 use bytes::{Bytes, BytesMut};
