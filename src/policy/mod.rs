@@ -1125,60 +1125,75 @@ fn violation<L: CommandLine + ?Sized>(
             };
             whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
         }
-        Kind::MaxValueBytes(max) => {
-            // Cheap exits first: most commands have no argument that long.
-            if !spec.is_write() || !(1..line.argc()).any(|i| line.arg(i).len() as u64 > *max) {
-                return None;
-            }
-            let mut keys = commands::KeyPositions::with_capacity(0);
-            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-            let _ = commands::keys_into(&args, &mut keys);
-            let largest = (1..args.len())
-                .filter(|i| !keys.indices().any(|k| k == *i))
-                .map(|i| args[i].len())
-                .max()?;
-            (largest as u64 > *max).then(|| {
-                (
-                    "ERR",
-                    format!("{} value of {largest} bytes is above {max}", upper()),
-                )
-            })
-        }
+        Kind::MaxValueBytes(max) => oversized_value(spec, line, *max).map(|largest| {
+            (
+                "ERR",
+                format!("{} value of {largest} bytes is above {max}", upper()),
+            )
+        }),
         Kind::RateLimit { .. }
         | Kind::SharedRateLimit { .. }
         | Kind::Ttl(_)
         | Kind::StreamMaxLen(_) => None,
-        Kind::KeyPattern(re) => {
-            if !spec.may_have_keys() {
-                return None;
-            }
-            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-            let keys = commands::keys(&args).ok()?;
-            let bad = keys.indices().map(|i| args[i]).find(|k| !re.is_match(k))?;
-            Some((
-                "ERR",
-                format!(
-                    "key '{}' does not match the naming pattern {}",
-                    String::from_utf8_lossy(bad),
-                    re.as_str()
-                ),
-            ))
-        }
-        Kind::MaxKeys(max) => {
-            // A command cannot name more keys than it has arguments.
-            if !spec.may_have_keys() || (line.argc() as u64).saturating_sub(1) <= *max {
-                return None;
-            }
-            let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-            let keys = commands::keys(&args).ok()?;
-            (keys.len() as u64 > *max).then(|| {
-                (
-                    "ERR",
-                    format!("{} names {} keys, above {max}", upper(), keys.len()),
-                )
-            })
-        }
+        Kind::KeyPattern(re) => bad_key_name(spec, line, re).map(|message| ("ERR", message)),
+        Kind::MaxKeys(max) => too_many_keys(spec, line, *max)
+            .map(|n| ("ERR", format!("{} names {n} keys, above {max}", upper()))),
     }
+}
+
+/// The largest value argument of a write (any argument that is not the name or a key) when
+/// it is above `max` bytes.
+fn oversized_value<L: CommandLine + ?Sized>(
+    spec: &'static CommandSpec,
+    line: &L,
+    max: u64,
+) -> Option<usize> {
+    // Cheap exits first: most commands have no argument that long.
+    if !spec.is_write() || !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
+        return None;
+    }
+    let mut keys = commands::KeyPositions::with_capacity(0);
+    let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+    let _ = commands::keys_into(&args, &mut keys);
+    let largest = (1..args.len())
+        .filter(|i| !keys.indices().any(|k| k == *i))
+        .map(|i| args[i].len())
+        .max()?;
+    (largest as u64 > max).then_some(largest)
+}
+
+/// The refusal for the first key that does not match the naming pattern `re`.
+fn bad_key_name<L: CommandLine + ?Sized>(
+    spec: &'static CommandSpec,
+    line: &L,
+    re: &regex::bytes::Regex,
+) -> Option<String> {
+    if !spec.may_have_keys() {
+        return None;
+    }
+    let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+    let keys = commands::keys(&args).ok()?;
+    let bad = keys.indices().map(|i| args[i]).find(|k| !re.is_match(k))?;
+    Some(format!(
+        "key '{}' does not match the naming pattern {}",
+        String::from_utf8_lossy(bad),
+        re.as_str()
+    ))
+}
+
+/// How many keys the command names, when above `max`.
+fn too_many_keys<L: CommandLine + ?Sized>(
+    spec: &'static CommandSpec,
+    line: &L,
+    max: u64,
+) -> Option<usize> {
+    // A command cannot name more keys than it has arguments.
+    if !spec.may_have_keys() || (line.argc() as u64).saturating_sub(1) <= max {
+        return None;
+    }
+    let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+    let keys = commands::keys(&args).ok()?;
+    (keys.len() as u64 > max).then_some(keys.len())
 }
 
 /// A rewrite by `rule`: forwarded (enforce), or logged and counted only (audit).

@@ -127,30 +127,42 @@ pub fn apply<L: CommandLine + ?Sized>(
     {
         return Err(refusal_reason(spec));
     }
+    keyed(prefix, line, rewrite, strip_shape).ok_or_else(|| refusal_reason(spec))
+}
+
+/// A keyed command (and the policy's hidden commands after it) with every key prefixed, and
+/// the reply's key names stripped where `shape` says they come back; `None` when a key cannot
+/// be found.
+fn keyed<L: CommandLine + ?Sized>(
+    prefix: &[u8],
+    line: &L,
+    rewrite: Option<Rewrite>,
+    shape: Option<Shape>,
+) -> Option<Rewrite> {
     let mut rw = rewrite.map(|rw| rw.materialize(line)).unwrap_or_default();
     let command = match rw.command.take() {
-        Some(bytes) => prefixed_bytes(prefix, &bytes).ok_or_else(|| refusal_reason(spec))?,
+        Some(bytes) => prefixed_bytes(prefix, &bytes)?,
         None => {
             let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-            prefixed(prefix, &args).ok_or_else(|| refusal_reason(spec))?
+            prefixed(prefix, &args)?
         }
     };
     rw.command = Some(command);
     if rw.note.is_empty() {
         rw.note = "keys prefixed with the tenant's namespace".into();
     }
-    let mut after = Vec::with_capacity(rw.after.len());
-    for c in &rw.after {
-        after.push(prefixed_bytes(prefix, c).ok_or_else(|| refusal_reason(spec))?);
-    }
-    rw.after = after;
-    if let Some(shape) = strip_shape {
+    rw.after = rw
+        .after
+        .iter()
+        .map(|c| prefixed_bytes(prefix, c))
+        .collect::<Option<Vec<_>>>()?;
+    if let Some(shape) = shape {
         rw.strip = Some(Box::new(Strip {
             prefix: Bytes::copy_from_slice(prefix),
             shape,
         }));
     }
-    Ok(rw)
+    Some(rw)
 }
 
 /// SCAN/KEYS confined to the prefix: the pattern (MATCH, or KEYS's argument) gets the

@@ -81,14 +81,7 @@ pub async fn follow_replicas(
             };
             match answer {
                 Ok(list) => {
-                    tx.send_if_modified(|cur| {
-                        if *cur == list {
-                            return false;
-                        }
-                        tracing::info!(master = %spec.master_name, replicas = ?list, "sentinel: replicas changed");
-                        *cur = list;
-                        true
-                    });
+                    publish(&tx, &spec.master_name, list);
                     tried.clear();
                     break;
                 }
@@ -105,6 +98,18 @@ pub async fn follow_replicas(
             },
         }
     }
+}
+
+/// Publishes the replica list when it changed, saying so in the log.
+fn publish(tx: &watch::Sender<Vec<Arc<str>>>, master: &str, list: Vec<Arc<str>>) {
+    tx.send_if_modified(|cur| {
+        if *cur == list {
+            return false;
+        }
+        tracing::info!(master = %master, replicas = ?list, "sentinel: replicas changed");
+        *cur = list;
+        true
+    });
 }
 
 #[cfg(test)]
