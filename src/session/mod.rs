@@ -340,6 +340,22 @@ struct Outgoing {
     strip: Option<Box<crate::policy::rewrite::Strip>>,
 }
 
+/// What `Session::on_command_now` did with a command.
+enum Now {
+    /// Carried out without waiting.
+    Done(Flow),
+    /// Decided, to be carried out by `on_command`, which may wait.
+    Later(Pending),
+}
+
+/// A decided command `process` must wait for (see `Session::on_command`).
+struct Pending {
+    /// The command.
+    command: Command,
+    /// What `decide` made of it.
+    decision: Decision,
+}
+
 /// How a decided command is carried out.
 enum Dispatch {
     /// With the current run of plain commands.
@@ -356,6 +372,25 @@ struct Joining {
     effect: Effect,
     /// The policy's rewrite, if any.
     rewrite: Option<crate::policy::rewrite::Rewrite>,
+}
+
+impl Joining {
+    /// The action it was made from.
+    fn into_action(self) -> Action {
+        match self.rewrite {
+            None => Action::Forward {
+                target: self.target,
+                expect: Expect::Frames(1),
+                effect: self.effect,
+            },
+            Some(rewrite) => Action::Rewritten {
+                target: self.target,
+                expect: Expect::Frames(1),
+                effect: self.effect,
+                rewrite,
+            },
+        }
+    }
 }
 
 /// Session state changed by a command the proxy answers itself.
@@ -1353,7 +1388,13 @@ impl Session {
                     run.len += len;
                 }
                 Decoded::Command { len } => {
-                    if self.on_command(&mut run, len).await == Flow::Stop {
+                    // Most commands join the run without waiting for anything: decided and
+                    // added synchronously, so no future is built for them.
+                    let flow = match self.on_command_now(&mut run, len) {
+                        Now::Done(flow) => flow,
+                        Now::Later(pending) => self.on_command(&mut run, pending).await,
+                    };
+                    if flow == Flow::Stop {
                         break;
                     }
                 }
@@ -1407,9 +1448,10 @@ impl Session {
         None
     }
 
-    /// Decides the command of `len` bytes after the run and carries it out: joins the run,
-    /// or goes alone once the run is sent.
-    async fn on_command(&mut self, run: &mut Run, len: usize) -> Flow {
+    /// Decides the command of `len` bytes after the run and, when that needs no waiting (it
+    /// joins the run for the same shared connection, or another node's run in cluster mode),
+    /// carries it out; otherwise hands the decided command to `on_command`, nothing changed.
+    fn on_command_now(&mut self, run: &mut Run, len: usize) -> Now {
         let command = {
             let frame = &self.input.rbuf[run.len..run.len + len];
             let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
@@ -1420,21 +1462,64 @@ impl Session {
                 kind: command::classify(name),
             }
         };
-        let Decision {
-            mut action,
-            hash_slot,
-        } = self.decide(
+        let decision = self.decide(
             &self.input.rbuf[run.len..run.len + len],
             &command,
             run.target,
         );
+        if decision.action.forwarded().is_some() && self.client.policy.has_shared_limits() {
+            return Now::Later(Pending { command, decision });
+        }
+        let Decision { action, hash_slot } = decision;
+        self.note_multi_slot(&action, hash_slot);
+        let join = match self.joinable(action) {
+            Dispatch::Join(join) if self.joins_without_waiting(run, &join) => join,
+            Dispatch::Join(join) => {
+                return Now::Later(Pending {
+                    command,
+                    decision: Decision {
+                        action: join.into_action(),
+                        hash_slot,
+                    },
+                });
+            }
+            Dispatch::Alone(action) => {
+                return Now::Later(Pending {
+                    command,
+                    decision: Decision { action, hash_slot },
+                });
+            }
+        };
+        if run.target.is_some_and(|t| t != join.target) {
+            self.switch_run(run, join.target);
+        }
+        Now::Done(self.join_prepared(run, &command, hash_slot, join))
+    }
+
+    /// Carries out a decided command that may have to wait: for the Redis-counted rate limit,
+    /// for the run to be sent first, for a dedicated connection, or for `execute`.
+    async fn on_command(&mut self, run: &mut Run, pending: Pending) -> Flow {
+        let Pending { command, decision } = pending;
+        let Decision {
+            mut action,
+            hash_slot,
+        } = decision;
         if action.forwarded().is_some() && self.client.policy.has_shared_limits() {
             let name = command.spec.map_or("-", |s| s.name);
             // Boxed: only policies with `backend: redis` limits get here.
             if let Some(refusal) = Box::pin(self.shared_limits(name)).await {
                 action = Action::Refused(refusal);
             }
+            self.note_multi_slot(&action, hash_slot);
         }
+        match self.joinable(action) {
+            Dispatch::Join(join) => self.join_run(run, &command, hash_slot, join).await,
+            Dispatch::Alone(action) => self.dispatch_alone(run, &command, hash_slot, action).await,
+        }
+    }
+
+    /// Cluster mode: an open transaction is bound to the hash slot of its first keyed command.
+    fn note_multi_slot(&mut self, action: &Action, hash_slot: Option<u16>) {
         if self.conn.in_multi()
             && hash_slot.is_some()
             && action.forwarded().is_some()
@@ -1442,10 +1527,18 @@ impl Session {
         {
             c.multi_slot = c.multi_slot.or(hash_slot);
         }
-        match self.joinable(action) {
-            Dispatch::Join(join) => self.join_run(run, &command, hash_slot, join).await,
-            Dispatch::Alone(action) => self.dispatch_alone(run, &command, hash_slot, action).await,
-        }
+    }
+
+    /// Whether `join` can be added to the run without waiting: a shared connection, and the
+    /// run either goes there too (and may take its hidden frames) or can be parked
+    /// (`scatter`) instead of sent.
+    fn joins_without_waiting(&self, run: &Run, join: &Joining) -> bool {
+        let hidden = join.rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+        matches!(join.target, Target::Shared(..))
+            && match run.target {
+                Some(t) if t != join.target => self.may_scatter(run, join.target, hidden),
+                _ => !(hidden && run.seq.is_some()),
+            }
     }
 
     /// A forwarded command that may join the current run of plain commands (one reply frame,
@@ -1490,12 +1583,8 @@ impl Session {
         hash_slot: Option<u16>,
         join: Joining,
     ) -> Flow {
-        let Joining {
-            target,
-            effect,
-            rewrite,
-        } = join;
-        let hidden = rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+        let target = join.target;
+        let hidden = join.rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
         if run.target.is_some_and(|t| t != target) {
             if self.may_scatter(run, target, hidden) {
                 self.switch_run(run, target);
@@ -1507,6 +1596,47 @@ impl Session {
             // Segments carry no mask: hidden frames start a new batch.
             self.flush_run(run).await;
         }
+        if let Target::Dedicated(node) = target {
+            if self.blocked(target, hash_slot) {
+                // Decided again once resumed.
+                self.input.paused = true;
+                return Flow::Stop;
+            }
+            if !self.ensure_dedicated(false, node).await {
+                self.count_joined(command, &join);
+                self.flush_run(run).await;
+                self.input.rbuf.advance(command.len);
+                return Flow::Next;
+            }
+        }
+        self.join_prepared(run, command, hash_slot, join)
+    }
+
+    /// Counts a command that joined a run as forwarded or rewritten.
+    fn count_joined(&self, command: &Command, join: &Joining) {
+        let outcome = match join.rewrite {
+            Some(_) => CommandOutcome::Rewritten,
+            None => CommandOutcome::Forwarded,
+        };
+        let class = crate::metrics::class_of(command.spec);
+        self.ctx.ops.metrics.command(class, outcome);
+    }
+
+    /// The part of joining a run that never waits, once the run goes where the command goes
+    /// (and a dedicated connection is up): pauses if the command must wait for replies from
+    /// another connection, else counts it and appends it.
+    fn join_prepared(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        join: Joining,
+    ) -> Flow {
+        let Joining {
+            target,
+            effect,
+            rewrite,
+        } = join;
         if self.blocked(target, hash_slot) {
             // Decided again once resumed.
             self.input.paused = true;
@@ -1520,13 +1650,6 @@ impl Session {
         self.ctx.ops.metrics.command(class, outcome);
         if run.first.is_none() {
             run.first = command.spec;
-        }
-        if let Target::Dedicated(node) = target
-            && !self.ensure_dedicated(false, node).await
-        {
-            self.flush_run(run).await;
-            self.input.rbuf.advance(command.len);
-            return Flow::Next;
         }
         if let (Some(slot), Target::Shared(..), Some(spread)) =
             (hash_slot, target, self.routing.spread_mut())
