@@ -1632,22 +1632,17 @@ impl Session {
         hash_slot: Option<u16>,
         join: Joining,
     ) -> Flow {
+        if self.blocked(join.target, hash_slot) {
+            // Decided again once resumed.
+            self.input.paused = true;
+            return Flow::Stop;
+        }
+        self.count_joined(command, &join);
         let Joining {
             target,
             effect,
             rewrite,
         } = join;
-        if self.blocked(target, hash_slot) {
-            // Decided again once resumed.
-            self.input.paused = true;
-            return Flow::Stop;
-        }
-        let outcome = match rewrite {
-            Some(_) => CommandOutcome::Rewritten,
-            None => CommandOutcome::Forwarded,
-        };
-        let class = crate::metrics::class_of(command.spec);
-        self.ctx.ops.metrics.command(class, outcome);
         if run.first.is_none() {
             run.first = command.spec;
         }
