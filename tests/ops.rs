@@ -70,8 +70,11 @@ async fn metrics_count_commands_policy_decisions_and_latency() {
         show(&got.joined())
     );
 
-    let text = scrape_until(&proxy, "the GET", |t| {
+    // The upstream connections come up on their own tasks (the control one too): wait for
+    // them as for the counters, then check there are exactly three.
+    let text = scrape_until(&proxy, "the GET and three upstream connections", |t| {
         sample(t, r#"rpp_request_duration_seconds_count"#) >= 3.0
+            && sample(t, "rpp_upstream_connections") >= 3.0
     })
     .await;
     let series = |s: &str| sample(&text, s);
