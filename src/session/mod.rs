@@ -375,6 +375,11 @@ struct Joining {
 }
 
 impl Joining {
+    /// Whether the policy added hidden commands after it (their replies are masked).
+    fn hidden(&self) -> bool {
+        self.rewrite.as_ref().is_some_and(|r| !r.after.is_empty())
+    }
+
     /// The action it was made from.
     fn into_action(self) -> Action {
         match self.rewrite {
@@ -1533,7 +1538,7 @@ impl Session {
     /// run either goes there too (and may take its hidden frames) or can be parked
     /// (`scatter`) instead of sent.
     fn joins_without_waiting(&self, run: &Run, join: &Joining) -> bool {
-        let hidden = join.rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+        let hidden = join.hidden();
         matches!(join.target, Target::Shared(..))
             && match run.target {
                 Some(t) if t != join.target => self.may_scatter(run, join.target, hidden),
@@ -1584,7 +1589,7 @@ impl Session {
         join: Joining,
     ) -> Flow {
         let target = join.target;
-        let hidden = join.rewrite.as_ref().is_some_and(|r| !r.after.is_empty());
+        let hidden = join.hidden();
         if run.target.is_some_and(|t| t != target) {
             if self.may_scatter(run, target, hidden) {
                 self.switch_run(run, target);
