@@ -128,9 +128,10 @@ impl Session {
             let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
                 (1, true) => Expect::UnsubscribeAll(sub),
                 (1, false) => Expect::Frames(1),
-                (n, true) => Expect::Confirmations(n as u32 - 1),
-                // Not subscribed: Redis still confirms each channel.
-                (n, false) => Expect::Frames(n as u32 - 1),
+                // Subscribed or not, Redis confirms each channel named: one command whose
+                // reply is n frames (not n commands, which would hand the later frames to
+                // the replies of the commands after it).
+                (n, _) => Expect::Confirmations(n as u32 - 1),
             };
             return Action::Forward {
                 target: current,
