@@ -116,6 +116,14 @@ pub fn execabort() -> Bytes {
     )
 }
 
+/// A command sent after a MULTI the proxy could not open upstream (no dedicated connection).
+pub fn not_queued_unopened_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "not queued: the transaction's MULTI failed (no upstream connection), so EXEC will abort",
+    )
+}
+
 /// MULTI inside MULTI.
 pub fn nested_multi() -> Bytes {
     simple_error("ERR", "MULTI calls can not be nested")

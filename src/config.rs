@@ -146,6 +146,17 @@ pub struct UpstreamConfig {
     /// script is not mistaken for a dead server. A blocking command gets its own timeout on
     /// top (none when that is 0); a subscriber's wait between messages is never timed.
     pub command_timeout_ms: Located<u64>,
+    /// Most dedicated connections (blocking commands, MULTI, WATCH, subscribers, another
+    /// user's AUTH) per upstream node, the warm ones included, so clients that each pin one
+    /// cannot use up Redis's `maxclients` for the proxy's own shared connections.
+    pub dedicated_max: Located<usize>,
+    /// Dedicated connections kept connected and logged in per RESP version in use: a command
+    /// that needs one is sent at once, so it reaches Redis before a command another client
+    /// sends after it (dialled on demand, it would arrive a handshake later).
+    pub dedicated_warm: Located<usize>,
+    /// How long a command waits for a dedicated connection when `dedicated_max` are in use,
+    /// before it gets an error.
+    pub dedicated_wait_ms: Located<u64>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
 }
@@ -334,6 +345,9 @@ impl Default for UpstreamConfig {
             reconnect_max_ms: located(2_000),
             queue_depth: located(1024),
             command_timeout_ms: located(10_000),
+            dedicated_max: located(10_000),
+            dedicated_warm: located(4),
+            dedicated_wait_ms: located(1_000),
             tls: None,
         }
     }
@@ -595,6 +609,18 @@ impl Config {
             &u.queue_depth.referenced,
             "upstream.queue_depth",
             "must be above 0",
+        );
+        check(
+            u.dedicated_max.value > 0,
+            &u.dedicated_max.referenced,
+            "upstream.dedicated_max",
+            "must be above 0",
+        );
+        check(
+            u.dedicated_warm.value <= u.dedicated_max.value.min(64),
+            &u.dedicated_warm.referenced,
+            "upstream.dedicated_warm",
+            "must be at most 64 and at most upstream.dedicated_max",
         );
         check(
             u.password.is_some() || u.username.is_none(),

@@ -68,6 +68,12 @@ pub fn error_reply(err: &ProxyError) -> Bytes {
     simple_error("ERR", &message)
 }
 
+/// The error for a command whose connection state could not be set up (no dedicated
+/// connection), with what that means for the client's later commands.
+pub fn state_not_established(err: &UpstreamError, consequence: &str) -> Bytes {
+    simple_error("ERR", &format!("{err}; {consequence}"))
+}
+
 /// `-<CODE> <message>\r\n` with any CR/LF in the message flattened, so a message can never
 /// break the framing of the reply stream.
 pub fn simple_error(code: &str, message: &str) -> Bytes {

@@ -25,8 +25,210 @@ async fn unsubscribe_without_subscriptions_confirms_every_channel() {
             step(0, b"SUNSUBSCRIBE a b c d\r\n", 4),
             // The reply after them is its own, not a stray confirmation.
             step(0, b"PING\r\n", 1),
-            step(0, b"UNSUBSCRIBE\r\nPUNSUBSCRIBE\r\nSUNSUBSCRIBE\r\nPING\r\n", 4),
+            step(
+                0,
+                b"UNSUBSCRIBE\r\nPUNSUBSCRIBE\r\nSUNSUBSCRIBE\r\nPING\r\n",
+                4,
+            ),
         ];
         pair.compare_steps(&steps).await;
     }
+}
+
+/// A command that needs a dedicated connection (here a blocking BLPOP) reaches Redis no
+/// later than a command another client sends after it: the session takes a connection that
+/// is already logged in instead of dialling one. Dialled on demand, the RPUSH+LPOP sent
+/// afterwards by a second client overtook the BLPOP, the LPOP took the element, and the BLPOP
+/// waited forever (the Tcl suite's "BRPOPLPUSH with multiple blocked clients" and the
+/// XREADGROUP-when-the-key-is-deleted tests lost the same race).
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocking_command_is_not_overtaken_by_a_later_client() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    for round in 0..50 {
+        let key = format!("race:{round}");
+        let mut blocked = Raw::connect(proxy.addr).await;
+        blocked.send(&resp(&["BLPOP", &key, "0"])).await;
+        writer
+            .send(&[resp(&["RPUSH", &key, "x"]), resp(&["LPOP", &key])].concat())
+            .await;
+        let replies = writer.read_frames(2).await;
+        assert_eq!(replies[0], b":1\r\n", "round {round}");
+        assert_eq!(
+            replies[1], b"$-1\r\n",
+            "round {round}: the LPOP sent after the BLPOP took the element"
+        );
+        let popped = blocked.read_frame().await;
+        assert_eq!(
+            popped,
+            [b"*2\r\n".as_slice(), &bulk(key.as_bytes()), &bulk(b"x")].concat()
+        );
+    }
+}
+
+/// Dedicated connections are capped per node: past `upstream.dedicated_max` a command that
+/// needs one waits `dedicated_wait_ms`, then gets an error naming the limit; one freed by
+/// its client is usable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedicated_connections_are_capped_with_a_clear_error() {
+    let redis = RedisServer::start();
+    let mut config = config_for(&redis.addr());
+    config.upstream.dedicated_max.value = 2;
+    config.upstream.dedicated_warm.value = 1;
+    config.upstream.dedicated_wait_ms.value = 200;
+    let proxy = Proxy::start(config).await;
+    let mut first = Raw::connect(proxy.addr).await;
+    let mut second = Raw::connect(proxy.addr).await;
+    assert_eq!(first.request(b"MULTI\r\n", 1).await, b"+OK\r\n");
+    assert_eq!(second.request(b"MULTI\r\n", 1).await, b"+OK\r\n");
+    let mut third = Raw::connect(proxy.addr).await;
+    let refused = third.request(b"SUBSCRIBE ch\r\n", 1).await;
+    let text = String::from_utf8_lossy(&refused);
+    assert!(
+        text.starts_with('-') && text.contains("upstream.dedicated_max"),
+        "{text}"
+    );
+    // Plain commands still use the shared connection.
+    assert_eq!(third.request(b"PING\r\n", 1).await, b"+PONG\r\n");
+    drop(first);
+    let mut ok = Vec::new();
+    for _ in 0..50 {
+        ok = third.request(b"SUBSCRIBE ch\r\n", 1).await;
+        if ok.starts_with(b"*3") {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(ok.starts_with(b"*3\r\n$9\r\nsubscribe"), "{}", show(&ok));
+    assert_eq!(second.request(b"EXEC\r\n", 1).await, b"*0\r\n");
+}
+
+/// A Redis at its `maxclients`, with `held` of its connections taken by the proxy's shared
+/// ones (RESP2, RESP3, control) and one direct checker: every further connection is refused.
+async fn full_redis() -> (RedisServer, Proxy, Raw) {
+    let redis = RedisServer::start_with(&["--maxclients", "4"]);
+    let checker = Raw::connect(redis.addr()).await;
+    let mut config = config_for(&redis.addr());
+    // No stock: the dedicated connection is dialled, and Redis refuses it.
+    config.upstream.dedicated_warm.value = 0;
+    let proxy = Proxy::start(config).await;
+    (redis, proxy, checker)
+}
+
+/// Integrity when Redis refuses the connection a transaction needs (maxclients): MULTI gets
+/// the error, and the commands the client believes queued are not run, EXEC aborts. (Before:
+/// they ran at once over the shared connection and EXEC said "EXEC without MULTI", so a
+/// client that retried applied them twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_multi_runs_nothing_and_exec_aborts() {
+    let (_redis, proxy, mut checker) = full_redis().await;
+    let mut client = Raw::connect(proxy.addr).await;
+    let replies = client
+        .request(
+            b"MULTI\r\nINCR a\r\nSET b 1\r\nEXEC\r\nGET a\r\nDISCARD\r\n",
+            6,
+        )
+        .await;
+    let text = String::from_utf8_lossy(&replies).to_string();
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    assert!(
+        lines[0].starts_with("-ERR upstream") && lines[0].contains("the transaction is not open"),
+        "{text}"
+    );
+    assert!(lines[1].starts_with("-ERR not queued"), "{text}");
+    assert!(lines[2].starts_with("-ERR not queued"), "{text}");
+    assert_eq!(
+        lines[3], "-EXECABORT Transaction discarded because of previous errors.",
+        "{text}"
+    );
+    // After EXEC the session is out of the transaction: GET runs (shared connection).
+    assert_eq!(lines[4], "$-1", "{text}");
+    assert_eq!(lines[5], "-ERR DISCARD without MULTI", "{text}");
+    assert_eq!(
+        checker.request(b"MGET a b\r\n", 1).await,
+        b"*2\r\n$-1\r\n$-1\r\n"
+    );
+    // DISCARD ends a transaction that never opened, too.
+    let replies = client
+        .request(b"MULTI\r\nINCR a\r\nDISCARD\r\nPING\r\n", 4)
+        .await;
+    assert!(replies.ends_with(b"+OK\r\n+PONG\r\n"), "{}", show(&replies));
+    assert_eq!(checker.request(b"EXISTS a\r\n", 1).await, b":0\r\n");
+}
+
+/// A WATCH that could not be established makes the following transaction abort even when its
+/// MULTI then gets a connection; a SELECT that could not get one says the db is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_watch_aborts_the_next_exec_and_a_refused_select_keeps_the_db() {
+    let (redis, proxy, checker) = full_redis().await;
+    let mut client = Raw::connect(proxy.addr).await;
+    let watch = client.request(b"WATCH k\r\n", 1).await;
+    let text = String::from_utf8_lossy(&watch);
+    assert!(text.contains("the keys are not watched"), "{text}");
+    let select = client.request(b"SELECT 3\r\n", 1).await;
+    let text = String::from_utf8_lossy(&select);
+    assert!(text.contains("stays on db 0"), "{text}");
+    // A connection frees up: MULTI opens, but the transaction must not commit.
+    drop(checker);
+    let mut multi = Vec::new();
+    for _ in 0..200 {
+        multi = client.request(b"MULTI\r\n", 1).await;
+        if multi == b"+OK\r\n" {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(multi, b"+OK\r\n");
+    let replies = client.request(b"SET k v\r\nEXEC\r\n", 2).await;
+    assert_eq!(
+        replies,
+        b"+QUEUED\r\n-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    // The next transaction, with no lost WATCH, commits.
+    let replies = client.request(b"MULTI\r\nSET k2 v\r\nEXEC\r\n", 3).await;
+    assert_eq!(replies, b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n");
+    drop(client);
+    let mut check = None;
+    for _ in 0..200 {
+        let mut c = Raw::connect(redis.addr()).await;
+        let got = c.request(b"MGET k k2\r\n", 1).await;
+        if !got.starts_with(b"-ERR max number") {
+            check = Some(got);
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(check.unwrap(), b"*2\r\n$-1\r\n$1\r\nv\r\n");
+}
+
+/// The same refusal as seen by redis-py's `pipeline(transaction=True)`: the client gets an
+/// error, and neither INCR was applied (redis-py does not retry a response error, so nothing
+/// can be applied twice either). Needs python3 with redis-py (`.ci/run` installs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_transaction_on_a_refusing_upstream_applies_nothing() {
+    let (_redis, proxy, mut checker) = full_redis().await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/transaction_refused.py"
+    );
+    let out = tokio::process::Command::new("python3")
+        .args([script, "127.0.0.1", &proxy.port().to_string()])
+        .output()
+        .await
+        .expect("python3 (with redis-py: pip install redis) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python3 failed (redis-py installed? `python3 -m pip install redis`): {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("\"error\"") && stdout.contains("not open"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("\"result\""), "{stdout}");
+    assert!(stdout.contains("\"after\": null"), "{stdout}");
+    assert_eq!(checker.request(b"GET counter\r\n", 1).await, b"$-1\r\n");
 }

@@ -562,6 +562,10 @@ struct ConnState {
     dedicated_gen: u64,
     /// The open MULTI, if any.
     multi: Option<Transaction>,
+    /// A WATCH could not be established (no dedicated connection): the next transaction must
+    /// abort, since the keys it relies on were not watched. Cleared by UNWATCH, EXEC, DISCARD
+    /// and RESET.
+    watch_lost: bool,
     /// State held on the dedicated connection, each of which pins the session to it.
     held: Holds,
 }
@@ -572,8 +576,12 @@ struct Transaction {
     /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
     /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
     deferred: bool,
-    /// The policy refused a command inside it: EXEC must abort.
+    /// The policy refused a command inside it (or a WATCH before it was lost): EXEC must
+    /// abort.
     refused: bool,
+    /// MULTI itself could not be sent (no dedicated connection): nothing is queued upstream,
+    /// so the proxy answers every command up to EXEC/DISCARD itself and runs none of them.
+    unopened: bool,
     /// For each command queued (hidden ones included), whether the client sees its result:
     /// the mask applied to EXEC's reply.
     mask: Vec<bool>,
@@ -638,6 +646,11 @@ impl ConnState {
     /// The policy refused a command in the open MULTI.
     fn multi_refused(&self) -> bool {
         self.multi.as_ref().is_some_and(|m| m.refused)
+    }
+
+    /// The open MULTI was never sent upstream (see `Transaction::unopened`).
+    fn multi_unopened(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.unopened)
     }
 }
 
@@ -1607,7 +1620,7 @@ impl Session {
                 self.input.paused = true;
                 return Flow::Stop;
             }
-            if !self.ensure_dedicated(false, node).await {
+            if !self.ensure_dedicated(false, node, join.effect).await {
                 self.count_joined(command, &join);
                 self.flush_run(run).await;
                 self.input.rbuf.advance(command.len);
@@ -2094,6 +2107,7 @@ impl Session {
             LocalEffect::DeferMulti => {
                 self.conn.multi = Some(Transaction {
                     deferred: true,
+                    refused: std::mem::take(&mut self.conn.watch_lost),
                     ..Transaction::default()
                 });
             }
@@ -2158,7 +2172,7 @@ impl Session {
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
         let raw = auth && !self.ctx.pool.has_credentials();
         if let Target::Dedicated(node) = target
-            && !self.ensure_dedicated(raw, node).await
+            && !self.ensure_dedicated(raw, node, effect).await
         {
             self.input.rbuf.advance(len);
             return true;
@@ -2302,8 +2316,9 @@ impl Session {
     }
 
     /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
-    /// slot gets the error and `false` is returned.
-    async fn ensure_dedicated(&mut self, raw: bool, node: u16) -> bool {
+    /// slot gets the error, the state `effect` would have set is marked as not established
+    /// (see `not_established`) and `false` is returned.
+    async fn ensure_dedicated(&mut self, raw: bool, node: u16, effect: Effect) -> bool {
         if let Some(d) = &self.conn.dedicated {
             if (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node {
                 return true;
@@ -2343,10 +2358,42 @@ impl Session {
                 true
             }
             Err(e) => {
-                self.queue.local(error_reply(&ProxyError::Upstream(e)));
+                self.not_established(effect, &e);
                 false
             }
         }
+    }
+
+    /// The command that would have set up `effect` on a dedicated connection could not get
+    /// one: it gets the error, and no later command runs in a state the client did not ask
+    /// for. A MULTI leaves a transaction that was never opened (every command up to EXEC or
+    /// DISCARD answered with an error and not run, EXEC aborted); a WATCH makes the next EXEC
+    /// abort; a SELECT leaves the database the client had, and each error says so.
+    fn not_established(&mut self, effect: Effect, e: &UpstreamError) {
+        let consequence = match effect {
+            Effect::Multi => {
+                self.conn.multi = Some(Transaction {
+                    unopened: true,
+                    refused: true,
+                    ..Transaction::default()
+                });
+                Some("the transaction is not open: the commands up to EXEC are not run and EXEC aborts".to_string())
+            }
+            Effect::Watch => {
+                self.conn.watch_lost = true;
+                Some("the keys are not watched: the next EXEC aborts".to_string())
+            }
+            Effect::Select(_) => Some(format!(
+                "SELECT not done: the connection stays on db {}",
+                self.client.db
+            )),
+            _ => None,
+        };
+        let reply = match consequence {
+            Some(c) => crate::error::state_not_established(e, &c),
+            None => error_reply(&ProxyError::Upstream(e.clone())),
+        };
+        self.queue.local(reply);
     }
 
     /// Records the frames of a command queued in the open MULTI (see `multi_mask`).
@@ -2376,16 +2423,25 @@ impl Session {
             | Effect::ClientInfo
             | Effect::Info => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
-            Effect::Multi => self.conn.multi = Some(Transaction::default()),
+            Effect::Multi => {
+                self.conn.multi = Some(Transaction {
+                    refused: std::mem::take(&mut self.conn.watch_lost),
+                    ..Transaction::default()
+                });
+            }
             Effect::EndMulti => {
                 self.conn.multi = None;
+                self.conn.watch_lost = false;
                 if let Some(c) = self.routing.cluster_mut() {
                     c.multi_slot = None;
                 }
                 self.conn.held.remove(Holds::WATCH);
             }
             Effect::Watch => self.conn.held.insert(Holds::WATCH),
-            Effect::Unwatch => self.conn.held.remove(Holds::WATCH),
+            Effect::Unwatch => {
+                self.conn.held.remove(Holds::WATCH);
+                self.conn.watch_lost = false;
+            }
             Effect::Subscribe => self.conn.held.insert(Holds::SUBSCRIPTIONS),
             Effect::Select(db) => self.client.db = db,
             Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
@@ -2413,6 +2469,7 @@ impl Session {
         self.client.db = 0;
         self.client.name = None;
         self.conn.multi = None;
+        self.conn.watch_lost = false;
         if let Some(c) = self.routing.cluster_mut() {
             c.shard_subs = None;
             c.multi_slot = None;

@@ -31,6 +31,9 @@ impl Session {
         {
             return Action::Refused(answers::noauth()).into();
         }
+        if self.conn.multi_unopened() {
+            return unopened_multi(command.kind).into();
+        }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
         if args.get(0).eq_ignore_ascii_case(b"PROXY") {
             return Action::Local(self.proxy_command(&args), LocalEffect::None).into();
@@ -397,5 +400,19 @@ fn auth_refusal(failure: AuthFailure) -> Bytes {
     match failure {
         AuthFailure::Wrong => answers::wrongpass(),
         AuthFailure::Throttled(wait) => answers::auth_throttled(wait),
+    }
+}
+
+/// A command inside a transaction whose MULTI could not be sent: nothing reaches Redis until
+/// the transaction ends (EXEC aborts, DISCARD ends it), so none of its commands runs outside
+/// the transaction the client believes is open. QUIT and RESET act as always.
+fn unopened_multi(kind: Kind) -> Action {
+    match kind {
+        Kind::Exec => Action::Local(answers::execabort(), LocalEffect::EndMulti),
+        Kind::Discard => Action::Local(answers::ok(), LocalEffect::EndMulti),
+        Kind::Multi => Action::Local(answers::nested_multi(), LocalEffect::None),
+        Kind::Quit => Action::LocalThenClose(answers::ok()),
+        Kind::Reset => Action::Reset,
+        _ => Action::Local(answers::not_queued_unopened_multi(), LocalEffect::None),
     }
 }

@@ -9,6 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use super::address::Address;
 use super::tls::Tls;
 
 use crate::error::UpstreamError;
@@ -46,6 +47,26 @@ impl NodeSpec {
             addr: self.addr.clone(),
             reason: reason.to_string().into(),
         }
+    }
+}
+
+/// The login of `base` aimed at `address`'s current node: `base` itself when the address is
+/// fixed (no copy), a copy with the primary's address when followed, an error while no
+/// primary is known.
+pub fn node_spec(
+    base: &Arc<NodeSpec>,
+    address: &mut Address,
+) -> Result<Arc<NodeSpec>, UpstreamError> {
+    match address.current() {
+        Some(addr) if addr == base.addr => Ok(base.clone()),
+        Some(addr) => Ok(Arc::new(NodeSpec {
+            addr,
+            ..(**base).clone()
+        })),
+        None => Err(UpstreamError::Unavailable {
+            addr: base.addr.clone(),
+            reason: "no sentinel has named a reachable primary yet".into(),
+        }),
     }
 }
 

@@ -4,12 +4,15 @@
 //! - [`conn`]: the pipelined connection task: batched writes, FIFO reply matching on raw bytes,
 //!   pub/sub-aware framing for dedicated connections.
 //! - [`tls`]: the optional TLS layer.
-//! - [`pool`]: the shared connections with reconnect and backoff, and dedicated ones on demand.
+//! - [`pool`]: the shared connections with reconnect and backoff.
+//! - [`dedicated`]: each node's dedicated connections, capped and kept warm so a command that
+//!   needs one reaches Redis no later than one sent after it over a shared connection.
 //! - [`address`]: where the pool's node is, fixed or followed through Sentinel failovers.
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
 
 pub mod address;
 pub mod conn;
+pub mod dedicated;
 pub mod handshake;
 pub mod pool;
 pub mod replicas;

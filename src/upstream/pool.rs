@@ -1,7 +1,7 @@
 //! The upstream pool: a few shared pipelined connections per RESP version, each kept alive by a
-//! supervisor that reconnects with backoff, and dedicated connections opened on demand for
-//! stateful sessions. With a followed address (Sentinel), every connection is opened to the
-//! current primary and given up when the primary moves.
+//! supervisor that reconnects with backoff, and the node's dedicated connections for stateful
+//! sessions (capped and kept warm: [`super::dedicated`]). With a followed address (Sentinel),
+//! every connection is opened to the current primary and given up when the primary moves.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +12,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::address::Address;
 use super::conn::{self, PushTarget};
-use super::handshake::{self, NodeSpec};
+use super::dedicated::{Dedicated, DedicatedLimits, Link};
+use super::handshake::{self, NodeSpec, node_spec};
 use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
@@ -21,8 +22,6 @@ use crate::metrics::Metrics;
 
 /// The shared connections to one upstream node.
 pub struct Pool {
-    /// Connection states, errors and round trips are counted here.
-    metrics: Arc<Metrics>,
     /// How to log in to the node; its `addr` is the one connections use when the address is
     /// fixed (a followed one is read from `address` at each connect).
     spec: Arc<NodeSpec>,
@@ -40,11 +39,8 @@ pub struct Pool {
     rtt_us: AtomicU64,
     /// The upstream's latest HELLO reply per RESP version, replayed to clients' plain HELLO.
     hello: [watch::Receiver<Option<Bytes>>; 2],
-    /// Queue depth for dedicated connections.
-    queue_depth: usize,
-    /// Reply deadline, on dedicated connections too (each batch says how long its command
-    /// may block on top of it).
-    command_timeout: Option<Duration>,
+    /// The node's dedicated connections: capped, with a warm stock (see [`dedicated`]).
+    dedicated: Arc<Dedicated>,
     /// The proxy's own connection for control commands (shared rate-limit scripts), so they
     /// never sit in a client's reply order.
     control: mpsc::Sender<Batch>,
@@ -85,6 +81,17 @@ impl Pool {
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let (retired, retired_rx) = watch::channel(false);
+        let dedicated = Dedicated::start(
+            spec.clone(),
+            address.clone(),
+            settings.dedicated,
+            Link {
+                metrics: metrics.clone(),
+                queue_depth: settings.queue_depth,
+                command_timeout,
+            },
+            retired_rx.clone(),
+        );
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
@@ -122,15 +129,13 @@ impl Pool {
             retired_rx,
         ));
         Arc::new(Pool {
-            metrics,
             spec,
             address,
             shared,
             up,
             rtt_us: AtomicU64::new(0),
             hello: [hello2, hello3],
-            queue_depth: settings.queue_depth,
-            command_timeout,
+            dedicated,
             control,
             retired,
         })
@@ -233,59 +238,22 @@ impl Pool {
         self.spec.password.is_some()
     }
 
-    /// Opens a dedicated connection for one session. It lives until the session drops the
-    /// returned sender or the connection fails; then the session gets `Reply::PinnedClosed`.
-    /// `raw` skips the handshake: the connection starts as a fresh RESP2 one, unauthenticated.
+    /// A dedicated connection for one session, from the warm stock when one is ready (see
+    /// [`dedicated`]). It lives until the session drops the returned sender or the connection
+    /// fails; then the session gets `Reply::PinnedClosed`. `raw` skips the handshake: the
+    /// connection starts as a fresh RESP2 one, unauthenticated.
     pub async fn dedicated(
         &self,
         proto: u8,
         push: PushTarget,
         raw: bool,
     ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
-        let mut address = self.address.clone();
-        let spec = node_spec(&self.spec, &mut address)?;
-        let (stream, _) = handshake::connect(&spec, (!raw).then_some(proto))
-            .await
-            .inspect_err(|_| {
-                self.metrics.upstream_connect_errors.inc();
-            })?;
-        // A pinned session's state lives on this node: when the primary moves, the connection
-        // is closed (not just left to fail: a demoted primary keeps serving as a replica), so
-        // the session gets `PinnedClosed` and its client an error instead of a stale node.
-        let stop = address.moved_from(&spec.addr);
-        let (tx, mut rx) = mpsc::channel::<Batch>(self.queue_depth);
-        let addr = spec.addr.clone();
-        let metrics = self.metrics.clone();
-        let command_timeout = self.command_timeout;
-        tokio::spawn(async move {
-            let to = push.to.clone();
-            let conn_id = push.conn_id;
-            let reason = conn::run(
-                stream,
-                &mut rx,
-                &addr,
-                Some(push),
-                Some(metrics),
-                command_timeout,
-                stop,
-            )
-            .await;
-            tracing::debug!(upstream = %addr, %reason, "dedicated connection ended");
-            rx.close();
-            while let Some(b) = rx.recv().await {
-                let _ = b.reply_to.send(Reply::Batch {
-                    data: Bytes::new(),
-                    missing: b.expect.commands(),
-                    error: Some(Box::new(UpstreamError::Unavailable {
-                        addr: addr.clone(),
-                        reason: reason.clone().into(),
-                    })),
-                    seq: b.seq,
-                });
-            }
-            let _ = to.send(Reply::PinnedClosed(conn_id));
-        });
-        Ok(tx)
+        self.dedicated.open(proto, push, raw).await
+    }
+
+    /// Stocked dedicated connections ready now, per RESP version (RESP2, RESP3).
+    pub fn dedicated_ready(&self) -> [usize; 2] {
+        self.dedicated.ready()
     }
 }
 
@@ -303,6 +271,8 @@ pub struct PoolSettings {
     pub backoff: (Duration, Duration),
     /// Reply deadline for commands that do not block (`None`: wait forever).
     pub command_timeout: Option<Duration>,
+    /// Cap, warm stock and wait of the dedicated connections.
+    pub dedicated: DedicatedLimits,
 }
 
 impl PoolSettings {
@@ -331,24 +301,12 @@ impl PoolSettings {
             ),
             command_timeout: (u.command_timeout_ms.value > 0)
                 .then(|| Duration::from_millis(u.command_timeout_ms.value)),
+            dedicated: DedicatedLimits {
+                max: u.dedicated_max.value,
+                warm: u.dedicated_warm.value,
+                wait: Duration::from_millis(u.dedicated_wait_ms.value),
+            },
         })
-    }
-}
-
-/// The login of `base` aimed at `address`'s current node: `base` itself when the address is
-/// fixed (no copy), a copy with the primary's address when followed, an error while no
-/// primary is known.
-fn node_spec(base: &Arc<NodeSpec>, address: &mut Address) -> Result<Arc<NodeSpec>, UpstreamError> {
-    match address.current() {
-        Some(addr) if addr == base.addr => Ok(base.clone()),
-        Some(addr) => Ok(Arc::new(NodeSpec {
-            addr,
-            ..(**base).clone()
-        })),
-        None => Err(UpstreamError::Unavailable {
-            addr: base.addr.clone(),
-            reason: "no sentinel has named a reachable primary yet".into(),
-        }),
     }
 }
 
