@@ -18,6 +18,9 @@ pub enum Kind {
     Wait,
     /// XREAD/XREADGROUP: blocking only with a BLOCK argument.
     StreamRead,
+    /// EVAL/EVALSHA/FCALL and their read-only forms: a script may keep Redis busy past
+    /// `busy-reply-threshold`, holding every command queued behind it on its connection.
+    Script,
     Multi,
     Exec,
     Discard,
@@ -55,6 +58,7 @@ pub fn classify(name: &[u8]) -> Kind {
         | b"BZMPOP" => Kind::Blocking,
         b"WAIT" | b"WAITAOF" => Kind::Wait,
         b"XREAD" | b"XREADGROUP" => Kind::StreamRead,
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => Kind::Script,
         b"MULTI" => Kind::Multi,
         b"EXEC" => Kind::Exec,
         b"DISCARD" => Kind::Discard,

@@ -157,6 +157,12 @@ pub struct UpstreamConfig {
     /// How long a command waits for a dedicated connection when `dedicated_max` are in use,
     /// before it gets an error.
     pub dedicated_wait_ms: Located<u64>,
+    /// Scripts (EVAL, EVALSHA, FCALL and their `_RO` forms) run on the client's dedicated
+    /// connection, so a busy script holds only its own client, as in Redis (others get
+    /// `-BUSY`, `SCRIPT KILL` gets through). `false` pipelines them on the shared connection:
+    /// cheaper for script-heavy clients, but a script running past `busy-reply-threshold`
+    /// then holds every client on that connection, and past `command_timeout_ms` fails them.
+    pub scripts_on_dedicated: Located<bool>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
 }
@@ -348,6 +354,7 @@ impl Default for UpstreamConfig {
             dedicated_max: located(10_000),
             dedicated_warm: located(4),
             dedicated_wait_ms: located(1_000),
+            scripts_on_dedicated: located(true),
             tls: None,
         }
     }

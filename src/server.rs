@@ -155,6 +155,7 @@ pub async fn serve(
         max_query_buffer: limits.max_query_buffer.value,
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
+        scripts_dedicated: config.upstream.scripts_on_dedicated.value,
         stopping: Default::default(),
         idle_tick: tokio::sync::Notify::new(),
         policy,

@@ -232,3 +232,52 @@ async fn redis_py_transaction_on_a_refusing_upstream_applies_nothing() {
     assert!(stdout.contains("\"after\": null"), "{stdout}");
     assert_eq!(checker.request(b"GET counter\r\n", 1).await, b"$-1\r\n");
 }
+
+/// A script that keeps Redis busy holds only its own client: another client gets Redis's
+/// `-BUSY`, and its `SCRIPT KILL` gets through and ends the script, as directly. (Scripts
+/// used to share the shared connection: the other client's commands, SCRIPT KILL included,
+/// waited behind the script until the command timeout failed every client on it; the Tcl
+/// suite's scripting and functions units lost 165 tests to it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_script_gives_other_clients_busy_and_script_kill_gets_through() {
+    let redis = RedisServer::start_with(&["--busy-reply-threshold", "50"]);
+    let proxy = Proxy::to(&redis).await;
+    for (looping, kill) in [("EVAL", "SCRIPT"), ("FCALL", "FUNCTION")] {
+        let mut other = Raw::connect(proxy.addr).await;
+        if looping == "FCALL" {
+            let load = other
+                .call(&[
+                    "FUNCTION",
+                    "LOAD",
+                    "REPLACE",
+                    "#!lua name=spin\nredis.register_function('spin', function() while true do end end)",
+                ])
+                .await;
+            assert_eq!(load, b"$4\r\nspin\r\n");
+        }
+        let mut busy = Raw::connect(proxy.addr).await;
+        match looping {
+            "EVAL" => busy.send(b"EVAL \"while true do end\" 0\r\n").await,
+            _ => busy.send(b"FCALL spin 0\r\n").await,
+        }
+        let mut ping = Vec::new();
+        for _ in 0..500 {
+            ping = other.request(b"PING\r\n", 1).await;
+            if ping.starts_with(b"-BUSY") {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        assert!(ping.starts_with(b"-BUSY"), "{looping}: {}", show(&ping));
+        assert_eq!(other.call(&[kill, "KILL"]).await, b"+OK\r\n", "{looping}");
+        let killed = busy.read_frame().await;
+        assert!(
+            String::from_utf8_lossy(&killed).contains("killed by user"),
+            "{looping}: {}",
+            show(&killed)
+        );
+        // Both connections carry on.
+        assert_eq!(busy.request(b"PING\r\n", 1).await, b"+PONG\r\n");
+        assert_eq!(other.request(b"PING\r\n", 1).await, b"+PONG\r\n");
+    }
+}

@@ -64,6 +64,9 @@ pub struct Context {
     pub upstream_user: Option<String>,
     /// See `upstream_user`.
     pub upstream_password: Option<String>,
+    /// Scripts (EVAL…, FCALL…) run on the session's dedicated connection rather than the
+    /// shared one (`upstream.scripts_on_dedicated`, see `Kind::Script`).
+    pub scripts_dedicated: bool,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
     /// sessions asleep notice at once and sessions awake see the flag on their next turn.
     pub stopping: std::sync::atomic::AtomicBool,
@@ -2501,6 +2504,7 @@ mod size_tests {
             max_query_buffer: 1 << 20,
             upstream_user: None,
             upstream_password: None,
+            scripts_dedicated: true,
             stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),
             policy,

@@ -93,6 +93,16 @@ impl Session {
             Kind::Info => forward(current, info_effect(args)),
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
             Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking(self.wait(args))),
+            // On the session's own connection (not pinned, like a blocking command): while a
+            // script keeps Redis busy, other clients' commands on the shared connection get
+            // Redis's `-BUSY` and `SCRIPT KILL`/`FUNCTION KILL` get through, as they would
+            // directly, instead of waiting behind the script until the command timeout
+            // declares the shared connection dead. Cluster mode keeps scripts on the node's
+            // shared connection (docs/architecture.md).
+            Kind::Script if self.ctx.scripts_dedicated && self.routing.router().is_none() => {
+                forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
+            }
+            Kind::Script => forward(current, Effect::None),
             Kind::Wait => forward(self.dedicated_target(), Effect::Wait(self.wait(args))),
             Kind::StreamRead => {
                 if command::stream_read_blocks(args.iter()) {
