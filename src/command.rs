@@ -189,6 +189,10 @@ pub enum ClientSub {
     Info,
     /// TRACKING, CACHING, NO-EVICT, NO-TOUCH: state of the upstream connection itself.
     ConnectionState,
+    /// UNBLOCK <id>: names another client by the id the proxy gave it.
+    Unblock,
+    /// KILL: may name a client by id (`ID <id>`).
+    Kill,
     /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
     /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
@@ -204,6 +208,8 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"REPLY") => ClientSub::Reply,
         Some(b"INFO") => ClientSub::Info,
         Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH") => ClientSub::ConnectionState,
+        Some(b"UNBLOCK") => ClientSub::Unblock,
+        Some(b"KILL") => ClientSub::Kill,
         _ => ClientSub::Other,
     }
 }

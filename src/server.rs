@@ -156,6 +156,7 @@ pub async fn serve(
         upstream_user: config.upstream.username.clone(),
         upstream_password: config.upstream.password.clone(),
         scripts_dedicated: config.upstream.scripts_on_dedicated.value,
+        client_ids: Default::default(),
         stopping: Default::default(),
         idle_tick: tokio::sync::Notify::new(),
         policy,

@@ -281,3 +281,86 @@ async fn a_busy_script_gives_other_clients_busy_and_script_kill_gets_through() {
         assert_eq!(other.request(b"PING\r\n", 1).await, b"+PONG\r\n");
     }
 }
+
+/// The id the proxy gives a client (`CLIENT ID`) works where another client names it, as
+/// directly: `CLIENT UNBLOCK` wakes its blocked command, `CLIENT TRACKING on REDIRECT` sends
+/// invalidations to it, `CLIENT KILL ID` ends its connection of its own. An id with no
+/// connection behind it is answered as Redis answers for one that is not there, never
+/// forwarded (it could name the proxy's own shared connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ids_name_the_clients_connection_upstream() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut blocked = Raw::connect(proxy.addr).await;
+    let id = String::from_utf8(blocked.request(b"CLIENT ID\r\n", 1).await).unwrap();
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    let mut other = Raw::connect(proxy.addr).await;
+    // Not blocked (no connection of its own yet): 0, as Redis says for a client not blocked.
+    assert_eq!(other.call(&["CLIENT", "UNBLOCK", &id]).await, b":0\r\n");
+    blocked.send(b"BLPOP nothing 0\r\n").await;
+    let mut unblocked = Vec::new();
+    for _ in 0..500 {
+        unblocked = other.call(&["CLIENT", "UNBLOCK", &id]).await;
+        if unblocked == b":1\r\n" {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(unblocked, b":1\r\n");
+    assert_eq!(blocked.read_frame().await, b"*-1\r\n");
+    // ERROR mode, as Redis words it.
+    blocked.send(b"BLPOP nothing 0\r\n").await;
+    let mut unblocked = Vec::new();
+    for _ in 0..500 {
+        unblocked = other.call(&["CLIENT", "UNBLOCK", &id, "ERROR"]).await;
+        if unblocked == b":1\r\n" {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(unblocked, b":1\r\n");
+    let err = blocked.read_frame().await;
+    assert!(err.starts_with(b"-UNBLOCKED"), "{}", show(&err));
+
+    // Tracking with REDIRECT to a subscriber.
+    let mut sink = Raw::connect(proxy.addr).await;
+    let sink_id = String::from_utf8(sink.request(b"CLIENT ID\r\n", 1).await).unwrap();
+    let sink_id = sink_id.trim_start_matches(':').trim_end().to_string();
+    assert!(
+        sink.request(b"SUBSCRIBE __redis__:invalidate\r\n", 1)
+            .await
+            .starts_with(b"*3\r\n$9\r\nsubscribe")
+    );
+    let mut tracker = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        tracker
+            .call(&["CLIENT", "TRACKING", "on", "REDIRECT", &sink_id])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(tracker.request(b"GET tracked\r\n", 1).await, b"$-1\r\n");
+    assert_eq!(other.request(b"SET tracked 1\r\n", 1).await, b"+OK\r\n");
+    let invalidation = sink.read_frame().await;
+    assert!(
+        invalidation.windows(7).any(|w| w == b"tracked"),
+        "{}",
+        show(&invalidation)
+    );
+    assert_eq!(
+        tracker
+            .call(&["CLIENT", "TRACKING", "on", "REDIRECT", "999999"])
+            .await,
+        b"-ERR The client ID you want redirect to does not exist\r\n"
+    );
+    // KILL ID: the subscriber's own upstream connection goes, and with it the client.
+    assert_eq!(
+        other.call(&["CLIENT", "KILL", "ID", &sink_id]).await,
+        b":1\r\n"
+    );
+    let closed = sink.collect_frames(1, DEADLINE).await;
+    assert!(closed.closed, "{}", show(&closed.joined()));
+    assert_eq!(
+        other.call(&["CLIENT", "KILL", "ID", "999999"]).await,
+        b":0\r\n"
+    );
+}

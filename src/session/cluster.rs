@@ -815,12 +815,18 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
-        let tx = router.pool(node).dedicated(proto, push, false).await.ok()?;
+        let tx = router
+            .pool(node)
+            .dedicated(proto, push, false)
+            .await
+            .ok()?
+            .tx;
         self.conn.dedicated_gen += 1;
         self.conn.dedicated = Some(Dedicated {
             tx: tx.clone(),
             proto,
             node,
+            _id: None,
         });
         Some(tx)
     }
@@ -1150,7 +1156,8 @@ impl Session {
         };
         let conn = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
             .await
-            .ok()?;
+            .ok()?
+            .tx;
         let sent = conn.send(batch).await.is_ok();
         connections.push(conn);
         sent.then_some(rx)

@@ -9,6 +9,7 @@
 //! dedicated waits until the other side has answered everything, so commands still run in the
 //! order the client sent them.
 
+mod client_ids;
 mod cluster;
 mod proxy_commands;
 mod replica_reads;
@@ -67,6 +68,9 @@ pub struct Context {
     /// Scripts (EVAL…, FCALL…) run on the session's dedicated connection rather than the
     /// shared one (`upstream.scripts_on_dedicated`, see `Kind::Script`).
     pub scripts_dedicated: bool,
+    /// Which upstream connection each client id names (`CLIENT UNBLOCK`, `KILL ID`,
+    /// `REDIRECT`).
+    pub client_ids: Arc<client_ids::ClientIds>,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
     /// sessions asleep notice at once and sessions awake see the flag on their next turn.
     pub stopping: std::sync::atomic::AtomicBool,
@@ -423,6 +427,8 @@ struct Dedicated {
     proto: u8,
     /// The node it is connected to (0 for a standalone upstream).
     node: u16,
+    /// Maps the client's id to this connection while it lives (see `client_ids`).
+    _id: Option<client_ids::Registration>,
 }
 
 /// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer,
@@ -2351,12 +2357,19 @@ impl Session {
             Some(router) => router.pool(node),
         };
         match Box::pin(pool.dedicated(self.client.proto, push, raw)).await {
-            Ok(tx) => {
+            Ok(opened) => {
                 self.conn.dedicated_gen += 1;
+                let id = match (self.routing.router(), opened.upstream_id) {
+                    (None, Some(upstream)) => {
+                        Some(self.ctx.client_ids.register(self.client.id, upstream))
+                    }
+                    _ => None,
+                };
                 self.conn.dedicated = Some(Dedicated {
-                    tx,
+                    tx: opened.tx,
                     proto: if raw { 2 } else { self.client.proto },
                     node,
+                    _id: id,
                 });
                 true
             }
@@ -2505,6 +2518,7 @@ mod size_tests {
             upstream_user: None,
             upstream_password: None,
             scripts_dedicated: true,
+            client_ids: Default::default(),
             stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),
             policy,

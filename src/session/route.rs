@@ -341,8 +341,63 @@ impl Session {
                 }
             }
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
-            ClientSub::ConnectionState => forward(self.dedicated_target(), Effect::ConnectionState),
+            ClientSub::ConnectionState => {
+                let target = self.dedicated_target();
+                match id_after(args, b"REDIRECT") {
+                    Some(at) => self.with_upstream_id(args, at, target, Effect::ConnectionState),
+                    None => forward(target, Effect::ConnectionState),
+                }
+            }
+            ClientSub::Unblock if args.len() >= 3 => {
+                self.with_upstream_id(args, 2, current, Effect::None)
+            }
+            ClientSub::Kill => match id_after(args, b"ID") {
+                Some(at) => self.with_upstream_id(args, at, current, Effect::None),
+                None => forward(current, Effect::None),
+            },
             _ => forward(current, Effect::None),
+        }
+    }
+
+    /// A CLIENT subcommand whose argument `at` is a client id the proxy gave out, forwarded
+    /// with Redis's id of that client's dedicated connection instead (see `client_ids`). A
+    /// client without one is answered as Redis answers for a client that is not blocked,
+    /// killed or there: never forwarded with the proxy's id, which could name an unrelated
+    /// upstream connection (the proxy's own shared one).
+    fn with_upstream_id(
+        &self,
+        args: &Args<'_>,
+        at: usize,
+        target: Target,
+        effect: Effect,
+    ) -> Action {
+        let upstream = codec::parse_int(args.get(at))
+            .and_then(|id| u64::try_from(id).ok())
+            .and_then(|id| self.ctx.client_ids.upstream(id));
+        let Some(upstream) = upstream else {
+            if codec::parse_int(args.get(at)).is_none() {
+                // Not a number: Redis's own error.
+                return forward(target, effect);
+            }
+            return match command::classify_client(args.get(1)) {
+                ClientSub::Unblock | ClientSub::Kill => {
+                    Action::Local(answers::integer(0), LocalEffect::None)
+                }
+                _ => Action::Local(answers::no_such_redirect_client(), LocalEffect::None),
+            };
+        };
+        let id = crate::codec::itoa_buf(upstream);
+        let mut parts: Vec<&[u8]> = args.iter().collect();
+        parts[at] = id.as_str().as_bytes();
+        Action::Rewritten {
+            target,
+            expect: Expect::Frames(1),
+            effect,
+            rewrite: crate::policy::rewrite::Rewrite {
+                command: Some(crate::codec::encode(&parts)),
+                note: "client id mapped to its upstream connection".into(),
+                ..Default::default()
+            },
         }
     }
 }
@@ -425,4 +480,12 @@ fn unopened_multi(kind: Kind) -> Action {
         Kind::Reset => Action::Reset,
         _ => Action::Local(answers::not_queued_unopened_multi(), LocalEffect::None),
     }
+}
+
+/// The position of the argument after `option` (case-insensitive) among a CLIENT
+/// subcommand's options, if there is one.
+fn id_after(args: &Args<'_>, option: &[u8]) -> Option<usize> {
+    (2..args.len().saturating_sub(1))
+        .find(|&i| args.get(i).eq_ignore_ascii_case(option))
+        .map(|i| i + 1)
 }

@@ -21,7 +21,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch}
 
 use super::address::{Address, Stop};
 use super::conn::{self, PushTarget};
-use super::handshake::{self, NodeSpec, UpstreamStream, node_spec};
+use super::handshake::{self, NodeSpec, UpstreamStream, hello_id, node_spec};
 use super::{Batch, Reply};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
@@ -73,8 +73,19 @@ pub(super) struct Dedicated {
     retired: watch::Receiver<bool>,
 }
 
+/// A dedicated connection as handed to its session.
+pub struct Opened {
+    /// The connection's command queue.
+    pub tx: mpsc::Sender<Batch>,
+    /// Redis's id of the connection (from its HELLO reply; `None` for a raw one), so the
+    /// client's own id can name it in `CLIENT UNBLOCK`, `CLIENT KILL ID`, `REDIRECT`.
+    pub upstream_id: Option<u64>,
+}
+
 /// A stocked connection, waiting in its own task.
 struct Parked {
+    /// Redis's id of the connection.
+    upstream_id: Option<u64>,
     /// The node it is logged in to: a connection to a former primary is never handed out.
     addr: Arc<str>,
     /// The connection's command queue, handed to the session that takes it.
@@ -122,7 +133,7 @@ impl Dedicated {
         proto: u8,
         push: PushTarget,
         raw: bool,
-    ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
+    ) -> Result<Opened, UpstreamError> {
         let push = if raw {
             push
         } else {
@@ -134,7 +145,7 @@ impl Dedicated {
         let permit = self.permit().await?;
         let mut address = self.address.clone();
         let spec = node_spec(&self.spec, &mut address)?;
-        let (stream, _) = handshake::connect(&spec, (!raw).then_some(proto))
+        let (stream, hello) = handshake::connect(&spec, (!raw).then_some(proto))
             .await
             .inspect_err(|_| {
                 self.link.metrics.upstream_connect_errors.inc();
@@ -150,12 +161,15 @@ impl Dedicated {
             stop,
             permit,
         ));
-        Ok(tx)
+        Ok(Opened {
+            tx,
+            upstream_id: hello_id(&hello),
+        })
     }
 
     /// Hands a stocked connection of `proto` to the session, or gives `push` back when none is
     /// ready; either way the stock is refilled behind it.
-    fn take(&self, proto: u8, mut push: PushTarget) -> Result<mpsc::Sender<Batch>, PushTarget> {
+    fn take(&self, proto: u8, mut push: PushTarget) -> Result<Opened, PushTarget> {
         let index = usize::from(proto == 3);
         if !self.wanted[index].swap(true, std::sync::atomic::Ordering::Relaxed) {
             self.refill[index].notify_one();
@@ -183,7 +197,10 @@ impl Dedicated {
             match parked.handover.send(push) {
                 Ok(()) => {
                     self.refill[index].notify_one();
-                    return Ok(parked.tx);
+                    return Ok(Opened {
+                        tx: parked.tx,
+                        upstream_id: parked.upstream_id,
+                    });
                 }
                 // Its socket closed while it waited: the next one.
                 Err(back) => push = back,
@@ -289,7 +306,7 @@ async fn stock_one(
 ) -> Result<Parked, UpstreamError> {
     let mut address = d.address.clone();
     let spec = node_spec(&d.spec, &mut address)?;
-    let (stream, _) = handshake::connect(&spec, Some(proto))
+    let (stream, hello) = handshake::connect(&spec, Some(proto))
         .await
         .inspect_err(|_| {
             d.link.metrics.upstream_connect_errors.inc();
@@ -308,7 +325,12 @@ async fn stock_one(
         stop,
         permit,
     ));
-    Ok(Parked { addr, tx, handover })
+    Ok(Parked {
+        upstream_id: hello_id(&hello),
+        addr,
+        tx,
+        handover,
+    })
 }
 
 #[expect(

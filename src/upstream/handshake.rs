@@ -70,6 +70,24 @@ pub fn node_spec(
     }
 }
 
+/// The connection id in a HELLO reply (its `id` field, in RESP2 and RESP3 alike); `None` for
+/// an empty reply (no handshake) or one without it.
+pub fn hello_id(hello: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"$2\r\nid\r\n:";
+    let at = hello
+        .windows(KEY.len())
+        .position(|w| w.eq_ignore_ascii_case(KEY))?
+        + KEY.len();
+    let digits = hello[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&hello[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
 /// Connects and negotiates RESP `proto` (`None`: no handshake at all, for a client that
 /// authenticates itself); returns the stream and the upstream's HELLO reply, which the proxy
 /// replays to clients that send a plain `HELLO`.

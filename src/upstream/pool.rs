@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::address::Address;
 use super::conn::{self, PushTarget};
-use super::dedicated::{Dedicated, DedicatedLimits, Link};
+use super::dedicated::{Dedicated, DedicatedLimits, Link, Opened};
 use super::handshake::{self, NodeSpec, node_spec};
 use super::tls;
 use super::{Batch, Reply};
@@ -247,7 +247,7 @@ impl Pool {
         proto: u8,
         push: PushTarget,
         raw: bool,
-    ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
+    ) -> Result<Opened, UpstreamError> {
         self.dedicated.open(proto, push, raw).await
     }
 

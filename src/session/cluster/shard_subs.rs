@@ -642,7 +642,8 @@ impl Session {
         let tx = router
             .pool(node)
             .dedicated(self.client.proto, push, false)
-            .await?;
+            .await?
+            .tx;
         let Some(subs) = self.routing.shard_subs_or_new() else {
             return Err(not_a_cluster_upstream());
         };

@@ -50,7 +50,9 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
-        let Ok(tx) = router.pool(node).dedicated(proto, push, false).await else {
+        let Ok(crate::upstream::dedicated::Opened { tx, .. }) =
+            router.pool(node).dedicated(proto, push, false).await
+        else {
             return;
         };
         // The confirmations are the proxy's, not the client's: they go to a channel nobody
@@ -85,6 +87,11 @@ impl Session {
             "subscriber's node failed; subscribed again on another node"
         );
         self.conn.dedicated_gen += 1;
-        self.conn.dedicated = Some(Dedicated { tx, proto, node });
+        self.conn.dedicated = Some(Dedicated {
+            tx,
+            proto,
+            node,
+            _id: None,
+        });
     }
 }

@@ -1,0 +1,72 @@
+//! Which upstream connection each client id names. A client learns its id from the proxy
+//! (`CLIENT ID`, HELLO), and hands it to another client's `CLIENT UNBLOCK`, `CLIENT KILL ID`
+//! or `CLIENT TRACKING … REDIRECT`, which Redis must apply to that client's own connection:
+//! its dedicated one, the only one Redis can block, kill or send invalidations on for it. A
+//! client without one is not blocked and has no connection of its own upstream.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+/// Proxy client id → Redis's id of that client's dedicated connection, for clients that have
+/// one (standalone and Sentinel upstreams; cluster connections are per node, not mapped).
+#[derive(Default)]
+pub struct ClientIds(DashMap<u64, u64>);
+
+impl ClientIds {
+    /// Redis's id of `client`'s dedicated connection, if it has one.
+    pub fn upstream(&self, client: u64) -> Option<u64> {
+        self.0.get(&client).map(|id| *id)
+    }
+
+    /// Records that `client`'s dedicated connection is `upstream` until the returned value
+    /// is dropped (with the connection).
+    pub fn register(self: &Arc<Self>, client: u64, upstream: u64) -> Registration {
+        self.0.insert(client, upstream);
+        Registration {
+            ids: self.clone(),
+            client,
+            upstream,
+        }
+    }
+}
+
+/// A client's entry in [`ClientIds`], removed when its connection goes.
+pub struct Registration {
+    /// The map it is in.
+    ids: Arc<ClientIds>,
+    /// The proxy's id of the client.
+    client: u64,
+    /// Redis's id of the connection: the entry is removed only while it still names this one
+    /// (a newer connection of the same client may have replaced it).
+    upstream: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.ids
+            .0
+            .remove_if(&self.client, |_, upstream| *upstream == self.upstream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_lives_as_long_as_its_connection() {
+        let ids = Arc::new(ClientIds::default());
+        let first = ids.register(7, 100);
+        assert_eq!(ids.upstream(7), Some(100));
+        let second = ids.register(7, 101);
+        drop(first);
+        assert_eq!(
+            ids.upstream(7),
+            Some(101),
+            "a replaced connection keeps the new one"
+        );
+        drop(second);
+        assert_eq!(ids.upstream(7), None);
+    }
+}
