@@ -193,6 +193,10 @@ pub enum ClientSub {
     Unblock,
     /// KILL: may name a client by id (`ID <id>`).
     Kill,
+    /// PAUSE <ms> [WRITE|ALL]: the proxy routes around what Redis holds back.
+    Pause,
+    /// UNPAUSE.
+    Unpause,
     /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
     /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
@@ -210,6 +214,8 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH") => ClientSub::ConnectionState,
         Some(b"UNBLOCK") => ClientSub::Unblock,
         Some(b"KILL") => ClientSub::Kill,
+        Some(b"PAUSE") => ClientSub::Pause,
+        Some(b"UNPAUSE") => ClientSub::Unpause,
         _ => ClientSub::Other,
     }
 }

@@ -364,3 +364,46 @@ async fn client_ids_name_the_clients_connection_upstream() {
         b":0\r\n"
     );
 }
+
+/// Under `CLIENT PAUSE … WRITE` sent through the proxy, one client's paused write holds only
+/// that client: other clients' reads are answered and their `CLIENT UNPAUSE` gets through, as
+/// directly. (The paused SET used to hold the shared connection, and with it every read and
+/// the UNPAUSE queued behind it; the Tcl suite's pause unit lost 13 tests to it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_write_holds_only_its_client() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut admin = Raw::connect(proxy.addr).await;
+    let mut info = Raw::connect(redis.addr()).await;
+    assert_eq!(admin.request(b"SET k before\r\n", 1).await, b"+OK\r\n");
+    assert_eq!(
+        admin.request(b"CLIENT PAUSE 60000 WRITE\r\n", 1).await,
+        b"+OK\r\n"
+    );
+    let mut writer = Raw::connect(proxy.addr).await;
+    writer.send(b"SET k after\r\n").await;
+    // Redis holds the SET: it counts as a blocked client.
+    let mut blocked = false;
+    for _ in 0..500 {
+        let got = info.request(b"INFO clients\r\n", 1).await;
+        if String::from_utf8_lossy(&got).contains("blocked_clients:1") {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(blocked, "the SET never reached Redis's pause");
+    let mut reader = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        reader.request(b"GET k\r\nPING\r\n", 2).await,
+        b"$6\r\nbefore\r\n+PONG\r\n"
+    );
+    assert_eq!(admin.request(b"CLIENT UNPAUSE\r\n", 1).await, b"+OK\r\n");
+    assert_eq!(writer.read_frame().await, b"+OK\r\n");
+    assert_eq!(reader.request(b"GET k\r\n", 1).await, b"$5\r\nafter\r\n");
+    // The writer carries on as before.
+    assert_eq!(
+        writer.request(b"INCR n\r\nGET k\r\n", 2).await,
+        b":1\r\n$5\r\nafter\r\n"
+    );
+}

@@ -11,6 +11,7 @@
 
 mod client_ids;
 mod cluster;
+mod pause;
 mod proxy_commands;
 mod replica_reads;
 mod replies;
@@ -71,6 +72,8 @@ pub struct Context {
     /// Which upstream connection each client id names (`CLIENT UNBLOCK`, `KILL ID`,
     /// `REDIRECT`).
     pub client_ids: Arc<client_ids::ClientIds>,
+    /// The `CLIENT PAUSE` in force, as forwarded through this proxy.
+    pub pause: Arc<pause::Pause>,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
     /// sessions asleep notice at once and sessions awake see the flag on their next turn.
     pub stopping: std::sync::atomic::AtomicBool,
@@ -256,6 +259,10 @@ enum Effect {
     /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
     /// answer EXECABORT, as Redis does after a command rejected at queue time.
     AbortExec,
+    /// CLIENT PAUSE for this long (ms): what it holds back is routed around (`pause`).
+    Pause(pause::Paused, u64),
+    /// CLIENT UNPAUSE.
+    Unpause,
 }
 
 /// What to do with one command.
@@ -2473,6 +2480,8 @@ impl Session {
             }
             Effect::Monitor => self.conn.held.insert(Holds::MONITOR),
             Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
+            Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
+            Effect::Unpause => self.ctx.pause.end(),
         }
     }
 
@@ -2519,6 +2528,7 @@ mod size_tests {
             upstream_password: None,
             scripts_dedicated: true,
             client_ids: Default::default(),
+            pause: Default::default(),
             stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),
             policy,

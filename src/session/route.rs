@@ -4,6 +4,7 @@
 use crate::answers;
 use bytes::Bytes;
 
+use super::pause::Paused;
 use super::*;
 use crate::policy::access::{AuthFailure, constant_time_eq};
 
@@ -78,10 +79,59 @@ impl Session {
             (_, Some(_)) => Action::Refused(answers::cannot_rewrite()),
             (action, None) => action,
         };
+        let action = self.around_pause(action, spec);
         match (self.routing.router(), self.routing.replicas()) {
             (None, None) => action.into(),
             (Some(router), _) => self.place(router, action, &args, spec, queued),
             (None, Some(replicas)) => self.place_read(replicas, action, spec, queued).into(),
+        }
+    }
+
+    /// While a forwarded `CLIENT PAUSE` is in force, a command Redis holds back goes on the
+    /// client's dedicated connection (see `pause`), so it holds only its own client.
+    fn around_pause(&self, action: Action, spec: Option<&CommandSpec>) -> Action {
+        let paused = self.ctx.pause.current();
+        if paused == Paused::Nothing
+            || self.routing.router().is_some()
+            || !super::pause::holds(paused, spec)
+        {
+            return action;
+        }
+        let to_dedicated = |target: Target, effect: Effect| match (target, effect) {
+            (Target::Shared(..), Effect::None) => (
+                self.dedicated_target(),
+                Effect::Blocking(ReplyWait::Unbounded),
+            ),
+            other => other,
+        };
+        match action {
+            Action::Forward {
+                target,
+                expect,
+                effect,
+            } => {
+                let (target, effect) = to_dedicated(target, effect);
+                Action::Forward {
+                    target,
+                    expect,
+                    effect,
+                }
+            }
+            Action::Rewritten {
+                target,
+                expect,
+                effect,
+                rewrite,
+            } => {
+                let (target, effect) = to_dedicated(target, effect);
+                Action::Rewritten {
+                    target,
+                    expect,
+                    effect,
+                    rewrite,
+                }
+            }
+            other => other,
         }
     }
 
@@ -351,6 +401,17 @@ impl Session {
             ClientSub::Unblock if args.len() >= 3 => {
                 self.with_upstream_id(args, 2, current, Effect::None)
             }
+            ClientSub::Pause if args.len() >= 3 => {
+                let mode = match args.get(3.min(args.len() - 1)) {
+                    m if args.len() >= 4 && m.eq_ignore_ascii_case(b"WRITE") => Paused::Writes,
+                    _ => Paused::All,
+                };
+                match codec::parse_int(args.get(2)).and_then(|ms| u64::try_from(ms).ok()) {
+                    Some(ms) => forward(current, Effect::Pause(mode, ms)),
+                    None => forward(current, Effect::None),
+                }
+            }
+            ClientSub::Unpause => forward(current, Effect::Unpause),
             ClientSub::Kill => match id_after(args, b"ID") {
                 Some(at) => self.with_upstream_id(args, at, current, Effect::None),
                 None => forward(current, Effect::None),
