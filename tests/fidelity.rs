@@ -407,3 +407,29 @@ async fn a_paused_write_holds_only_its_client() {
         b":1\r\n$5\r\nafter\r\n"
     );
 }
+
+/// With `CLIENT REPLY OFF`, Redis still sends (un)subscribe confirmations (they are pushed, in
+/// RESP2 as in RESP3); the proxy dropped them with the replies it suppresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_confirmations_come_with_replies_off() {
+    let pair = Pair::start().await;
+    pair.compare_steps(&[
+        step(
+            0,
+            b"CLIENT REPLY OFF\r\nSUBSCRIBE channel\r\nPSUBSCRIBE ch*\r\n",
+            2,
+        ),
+        step(0, b"UNSUBSCRIBE channel other\r\n", 2),
+    ])
+    .await;
+    pair.compare_steps(&[
+        step(0, b"HELLO 3\r\n", 1),
+        step(
+            0,
+            b"CLIENT REPLY OFF\r\nSUBSCRIBE channel\r\nPSUBSCRIBE ch*\r\n",
+            2,
+        ),
+        step(0, b"UNSUBSCRIBE channel\r\nPUNSUBSCRIBE ch*\r\n", 2),
+    ])
+    .await;
+}

@@ -2174,7 +2174,10 @@ impl Session {
         effect: Effect,
         rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) -> bool {
-        let suppress = self.client.reply_mode != ReplyMode::On;
+        // Pub/sub confirmations are pushed, so Redis sends them even with replies off.
+        let pushed = effect == Effect::Subscribe
+            || matches!(expect, Expect::Confirmations(_) | Expect::UnsubscribeAll(_));
+        let suppress = self.client.reply_mode != ReplyMode::On && !pushed;
         let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
