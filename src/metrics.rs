@@ -182,6 +182,8 @@ pub struct Metrics {
     pub upstream_duration: LatencyHistogram,
     /// Shared upstream connections established now.
     pub upstream_connections: Gauge,
+    /// Dedicated upstream connections connected, logged in and waiting in the warm stock.
+    pub upstream_dedicated_ready: Gauge,
     /// Shared upstream connections re-established after a loss.
     pub upstream_reconnects: Counter,
     /// Failed attempts to connect (and handshake) upstream.
@@ -272,6 +274,7 @@ impl Metrics {
             request_duration: LatencyHistogram::default(),
             upstream_duration: LatencyHistogram::default(),
             upstream_connections: Gauge::default(),
+            upstream_dedicated_ready: Gauge::default(),
             upstream_reconnects: Counter::default(),
             upstream_connect_errors: Counter::default(),
             upstream_lost: Counter::default(),
@@ -340,6 +343,12 @@ impl Metrics {
             "upstream_connections",
             "Shared upstream connections established",
             &self.upstream_connections,
+        );
+        register(
+            r,
+            "upstream_dedicated_ready",
+            "Dedicated upstream connections connected and waiting in the warm stock",
+            &self.upstream_dedicated_ready,
         );
         register(
             r,

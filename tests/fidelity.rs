@@ -45,6 +45,7 @@ async fn unsubscribe_without_subscriptions_confirms_every_channel() {
 async fn a_blocking_command_is_not_overtaken_by_a_later_client() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
+    wait_for_warm_stock(&proxy, 4).await;
     let mut writer = Raw::connect(proxy.addr).await;
     for round in 0..50 {
         let key = format!("race:{round}");
@@ -65,6 +66,21 @@ async fn a_blocking_command_is_not_overtaken_by_a_later_client() {
             [b"*2\r\n".as_slice(), &bulk(key.as_bytes()), &bulk(b"x")].concat()
         );
     }
+}
+
+/// Waits until the proxy's warm stock holds `n` dedicated connections (they are dialled once
+/// the proxy is up, on their own task).
+async fn wait_for_warm_stock(proxy: &Proxy, n: usize) {
+    let mut ready = 0.0;
+    for _ in 0..500 {
+        let (_, metrics) = http_get(proxy.admin, "/metrics").await;
+        ready = sample(&metrics, "rpp_upstream_dedicated_ready");
+        if ready >= n as f64 {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("warm stock never reached {n} (last {ready})");
 }
 
 /// Dedicated connections are capped per node: past `upstream.dedicated_max` a command that

@@ -26,6 +26,10 @@ use super::{Batch, Reply};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
 
+/// How long after a stocked connection was taken the stock is refilled while over half of it
+/// is left (see `refill`).
+const REFILL_DELAY: Duration = Duration::from_millis(100);
+
 /// How many dedicated connections a node may have, how many are kept ready, and how long a
 /// session waits for one.
 #[derive(Debug, Clone, Copy)]
@@ -256,8 +260,24 @@ async fn refill(dedicated: Weak<Dedicated>, index: usize) {
     };
     let proto = if index == 1 { 3 } else { 2 };
     let mut backoff = Duration::from_millis(50);
+    let mut first = true;
     loop {
         notify.notified().await;
+        if !first
+            && dedicated
+                .upgrade()
+                .is_some_and(|d| d.ready()[index] > d.limits.warm / 2)
+        {
+            // Over half the stock is left: refill a moment later, not at once. A new
+            // connection's HELLO shows in MONITOR, and a client that just started monitoring
+            // expects to see the commands it is about to run, not the proxy's handshake
+            // (Redis's own suite checks that). A further take cuts the wait short.
+            tokio::select! {
+                () = tokio::time::sleep(REFILL_DELAY) => {}
+                () = notify.notified() => {}
+            }
+        }
+        first = false;
         loop {
             let Some(d) = dedicated.upgrade() else {
                 return;
@@ -349,11 +369,13 @@ async fn park(
     mut stop: Option<Stop>,
     permit: OwnedSemaphorePermit,
 ) {
+    link.metrics.upstream_dedicated_ready.inc();
     let push = tokio::select! {
         push = taken => push.ok(),
         () = unusable(&stream) => None,
         _ = async { match &mut stop { Some(s) => s.await, None => std::future::pending().await } } => None,
     };
+    link.metrics.upstream_dedicated_ready.dec();
     match push {
         Some(push) => serve(stream, rx, addr, push, link, stop, permit).await,
         None => {
