@@ -448,3 +448,38 @@ async fn a_classic_subscriber_whose_node_fails_moves_to_another_node() {
     sub.assert_quiet(QUIET).await;
     proxy.stop().await;
 }
+
+/// PUBLISH through the proxy counts the subscribers through the proxy, as on one server: every
+/// session's classic pub/sub goes to one node, so publishers whose other keyless commands are
+/// spread over the primaries (by client id) all publish where the subscribers are. (Redis
+/// Cluster delivers everywhere but counts only the node's own receivers: spread, PUBLISH
+/// answered 0 for most publishers while a subscriber listened; the guide checks the count.)
+#[tokio::test]
+async fn publish_counts_subscribers_through_the_proxy() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let mut sub = Raw::connect(proxy.addr).await;
+        assert!(sub.call(&["SUBSCRIBE", "orders"]).await.starts_with(b"*3"));
+        subs.push(sub);
+    }
+    // Publishers with consecutive ids land on every primary for their keyless commands.
+    for round in 0..6 {
+        let mut publisher = Raw::connect(proxy.addr).await;
+        let message = format!("m{round}");
+        assert_eq!(
+            publisher.call(&["PUBLISH", "orders", &message]).await,
+            b":3\r\n",
+            "publisher {round}"
+        );
+        for sub in &mut subs {
+            let got = sub.read_frame().await;
+            assert!(
+                got.ends_with(format!("{message}\r\n").as_bytes()),
+                "{}",
+                show(&got)
+            );
+        }
+    }
+}

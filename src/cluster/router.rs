@@ -193,6 +193,15 @@ impl Router {
         }
     }
 
+    /// The node every session's classic pub/sub goes to (SUBSCRIBE, PSUBSCRIBE, PUBLISH): the
+    /// first primary. Redis Cluster delivers a message on every node, but PUBLISH counts only
+    /// the receivers on the node it ran on; with all of this proxy's subscribers and
+    /// publishers on one node the count includes every subscriber through the proxy, as on
+    /// one server. `None` while no primary is known.
+    pub fn pubsub_node(&self) -> Option<u16> {
+        self.snapshot().primaries().first().copied()
+    }
+
     /// The node a client's keyless commands go to when nothing better is known: spread by
     /// client id over the primaries. `None` while no primary is known.
     pub fn home(&self, client_id: u64) -> Option<u16> {

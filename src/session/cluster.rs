@@ -69,6 +69,9 @@ pub(super) struct Fanout {
     wait: ReplyWait,
 }
 
+/// Commands of classic (not sharded) pub/sub, which all go to `Router::pubsub_node`.
+const CLASSIC_PUBSUB: [&str; 3] = ["subscribe", "psubscribe", "publish"];
+
 /// How the replies of a multi-key command split by slot become the client's one reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Join {
@@ -204,6 +207,7 @@ impl Session {
                 {
                     Some(n)
                 }
+                _ if spec.is_some_and(|s| CLASSIC_PUBSUB.contains(&s.name)) => router.pubsub_node(),
                 _ => router.home(self.client.id),
             },
         };

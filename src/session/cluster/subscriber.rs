@@ -37,7 +37,7 @@ impl Session {
         let up = |n: u16| n != dead && router.pool(n).any_up();
         let snapshot = router.snapshot();
         let Some(node) = router
-            .home(self.client.id)
+            .pubsub_node()
             .filter(|&n| up(n))
             .or_else(|| snapshot.primaries().iter().copied().find(|&n| up(n)))
         else {
