@@ -483,3 +483,48 @@ async fn publish_counts_subscribers_through_the_proxy() {
         }
     }
 }
+
+/// A session that unsubscribed from everything, or a RESP3 subscriber, reaches keys on every
+/// node: neither stays pinned to the node it subscribed on (keys elsewhere got CROSSSLOT until
+/// RESET). A RESP3 subscriber still gets its messages meanwhile.
+#[tokio::test]
+async fn subscribers_are_not_pinned_to_one_node() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    // Keys owned by different primaries (slots 0..16383 are split over 3 nodes).
+    let keys = ["{a}k", "{b}k", "{c}k", "{d}k", "{e}k", "{f}k"];
+    let mut client = Raw::connect(proxy.addr).await;
+    assert!(client.call(&["SUBSCRIBE", "ch"]).await.starts_with(b"*3"));
+    assert!(client.call(&["PSUBSCRIBE", "p*"]).await.starts_with(b"*3"));
+    assert!(
+        client
+            .call(&["UNSUBSCRIBE", "ch"])
+            .await
+            .ends_with(b":1\r\n")
+    );
+    assert!(client.call(&["PUNSUBSCRIBE"]).await.ends_with(b":0\r\n"));
+    for key in keys {
+        assert_eq!(client.call(&["SET", key, "v"]).await, b"+OK\r\n", "{key}");
+    }
+    let mut resp3 = Raw::connect(proxy.addr).await;
+    assert!(resp3.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+    assert!(resp3.call(&["SUBSCRIBE", "news"]).await.starts_with(b">3"));
+    for key in keys {
+        assert_eq!(resp3.call(&["GET", key]).await, b"$1\r\nv\r\n", "{key}");
+    }
+    let mut publisher = Raw::connect(proxy.addr).await;
+    assert_eq!(publisher.call(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
+    let message = resp3.read_frame().await;
+    assert!(
+        message.starts_with(b">3\r\n$7\r\nmessage"),
+        "{}",
+        show(&message)
+    );
+    assert!(
+        resp3
+            .call(&["UNSUBSCRIBE", "news"])
+            .await
+            .ends_with(b":0\r\n")
+    );
+    assert_eq!(resp3.call(&["GET", "{a}k"]).await, b"$1\r\nv\r\n");
+}

@@ -43,6 +43,7 @@ use crate::commands::CommandSpec;
 use crate::error::{ClientError, ProxyError, UpstreamError, error_reply};
 use crate::metrics::CommandOutcome;
 use crate::policy::{Client, Policy, Verdict};
+use crate::reply::SubKind;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -199,6 +200,10 @@ struct Handling {
     /// Which reply frames of the batch the client sees (`None`: all). The others answer
     /// commands the proxy added: TTL PEXPIREs, WAIT's barrier, the HELLO after a raw AUTH.
     mask: Option<Vec<bool>>,
+    /// A classic UNSUBSCRIBE/PUNSUBSCRIBE: when its last confirmation counts 0, the session
+    /// holds no subscription any more and is released from its dedicated connection (in
+    /// cluster mode it could otherwise reach only the node it subscribed on).
+    unsubscribe: bool,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
     /// INFO: append the proxy's section to the upstream's text.
@@ -237,7 +242,11 @@ enum Effect {
     EndMulti,
     Watch,
     Unwatch,
-    Subscribe,
+    /// SUBSCRIBE-family: the dedicated connection holds subscriptions of this kind.
+    Subscribe(SubKind),
+    /// UNSUBSCRIBE-family: once the confirmations count none left, classic subscriptions
+    /// stop pinning the session (see `Handling::unsubscribe`).
+    Unsubscribe(SubKind),
     Select(i64),
     Auth,
     /// HELLO with AUTH: authenticates and switches RESP version.
@@ -620,6 +629,9 @@ impl Holds {
     const CLIENT_MODE: Holds = Holds(8);
     /// Authenticated upstream as a user other than the pool's.
     const OTHER_USER: Holds = Holds(16);
+    /// SSUBSCRIBE was sent on it (standalone): a classic UNSUBSCRIBE counting none left
+    /// does not release the connection then, since its count omits shard channels.
+    const SHARD_SUBSCRIPTIONS: Holds = Holds(32);
 
     fn insert(&mut self, h: Holds) {
         self.0 |= h.0;
@@ -1061,6 +1073,7 @@ impl Effect {
                 | Effect::Info
                 | Effect::AbortExec
                 | Effect::EndMulti
+                | Effect::Unsubscribe(_)
         )
     }
 }
@@ -1295,6 +1308,13 @@ impl Session {
             None => self.shape_reply(&handling, data),
             Some(_) => data,
         };
+        if handling.unsubscribe
+            && error.is_none()
+            && data.ends_with(b":0\r\n")
+            && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
+        {
+            self.conn.held.remove(Holds::SUBSCRIPTIONS);
+        }
         if !handling.suppress {
             if !data.is_empty() {
                 self.queue.out.push(data);
@@ -1386,6 +1406,22 @@ impl Session {
             || self.client.db != 0
     }
 
+    /// A RESP3 client whose only state is its subscriptions: its other commands need not go
+    /// on the connection that holds them (RESP3 lets a subscriber run any command, and the
+    /// messages are pushes), so they take the shared path, and in cluster mode reach any
+    /// node instead of only the one it subscribed on. RESP2 subscribers stay: Redis answers
+    /// their PING in the subscriber's format and refuses other commands.
+    fn resp3_subscriber_only(&self) -> bool {
+        self.client.proto == 3
+            && self.conn.holds(Holds::SUBSCRIPTIONS)
+            && !self.conn.in_multi()
+            && self.client.db == 0
+            && !self
+                .conn
+                .held
+                .other_than(Holds(Holds::SUBSCRIPTIONS.0 | Holds::SHARD_SUBSCRIPTIONS.0))
+    }
+
     /// The dedicated connection as a target (in cluster mode `place` picks the node).
     fn dedicated_target(&self) -> Target {
         Target::Dedicated(self.conn.dedicated.as_ref().map_or(0, |d| d.node))
@@ -1394,7 +1430,7 @@ impl Session {
     /// Where a command that has no routing needs of its own goes (in cluster mode the node
     /// is then chosen by `place`).
     fn current_target(&self) -> Target {
-        if self.stateful() {
+        if self.stateful() && !self.resp3_subscriber_only() {
             self.dedicated_target()
         } else {
             Target::Shared(self.client.proto, 0)
@@ -2175,7 +2211,7 @@ impl Session {
         rewrite: Option<crate::policy::rewrite::Rewrite>,
     ) -> bool {
         // Pub/sub confirmations are pushed, so Redis sends them even with replies off.
-        let pushed = effect == Effect::Subscribe
+        let pushed = matches!(effect, Effect::Subscribe(_))
             || matches!(expect, Expect::Confirmations(_) | Expect::UnsubscribeAll(_));
         let suppress = self.client.reply_mode != ReplyMode::On && !pushed;
         let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
@@ -2213,6 +2249,10 @@ impl Session {
             blocking,
             wait,
             mask: out.frames.contains(&false).then_some(out.frames),
+            unsubscribe: matches!(
+                effect,
+                Effect::Unsubscribe(SubKind::Channel | SubKind::Pattern)
+            ),
             client_info: effect == Effect::ClientInfo,
             info: effect == Effect::Info,
             replace: out.replace,
@@ -2468,7 +2508,12 @@ impl Session {
                 self.conn.held.remove(Holds::WATCH);
                 self.conn.watch_lost = false;
             }
-            Effect::Subscribe => self.conn.held.insert(Holds::SUBSCRIPTIONS),
+            Effect::Subscribe(SubKind::Shard) => {
+                self.conn.held.insert(Holds::SUBSCRIPTIONS);
+                self.conn.held.insert(Holds::SHARD_SUBSCRIPTIONS);
+            }
+            Effect::Subscribe(_) => self.conn.held.insert(Holds::SUBSCRIPTIONS),
+            Effect::Unsubscribe(_) => {}
             Effect::Select(db) => self.client.db = db,
             Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
             Effect::AuthHello(proto) => {

@@ -196,12 +196,22 @@ impl Session {
                 // the replies of the commands after it).
                 (n, _) => Expect::Confirmations(n as u32 - 1),
             };
+            // To the connection that holds the subscriptions (a RESP3 subscriber's other
+            // commands take the shared path).
+            let target = if self.conn.holds(Holds::SUBSCRIPTIONS) {
+                self.dedicated_target()
+            } else {
+                current
+            };
             return Action::Forward {
-                target: current,
+                target,
                 expect,
-                effect: Effect::None,
+                effect: Effect::Unsubscribe(sub),
             };
         }
+        let Kind::Subscribe(sub) = kind else {
+            return forward(current, Effect::None);
+        };
         let expect = if args.len() > 1 {
             Expect::Confirmations(args.len() as u32 - 1)
         } else {
@@ -210,7 +220,7 @@ impl Session {
         Action::Forward {
             target: self.dedicated_target(),
             expect,
-            effect: Effect::Subscribe,
+            effect: Effect::Subscribe(sub),
         }
     }
 
