@@ -197,6 +197,8 @@ pub enum ClientSub {
     Pause,
     /// UNPAUSE.
     Unpause,
+    /// LIST: answered by the proxy about its own clients.
+    List,
     /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
     /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
@@ -216,6 +218,7 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"KILL") => ClientSub::Kill,
         Some(b"PAUSE") => ClientSub::Pause,
         Some(b"UNPAUSE") => ClientSub::Unpause,
+        Some(b"LIST") => ClientSub::List,
         _ => ClientSub::Other,
     }
 }

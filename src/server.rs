@@ -157,6 +157,7 @@ pub async fn serve(
         upstream_password: config.upstream.password.clone(),
         scripts_dedicated: config.upstream.scripts_on_dedicated.value,
         client_ids: Default::default(),
+        client_list: Default::default(),
         pause: Default::default(),
         stopping: Default::default(),
         idle_tick: tokio::sync::Notify::new(),

@@ -454,3 +454,63 @@ async fn subscribe_confirmations_come_with_replies_off() {
     ])
     .await;
 }
+
+/// `CLIENT LIST` lists the proxy's clients, as Redis lists its own: the id `CLIENT ID` gave,
+/// the name `CLIENT SETNAME` set, the address the client connected from, the subscriber and
+/// monitor flags, with `TYPE` and `ID` filters; a client that left is gone from it. (It used
+/// to list the proxy's upstream connections, none of which a client could recognise.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_list_shows_the_proxys_clients() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut me = Raw::connect(proxy.addr).await;
+    let id = String::from_utf8(me.request(b"CLIENT ID\r\n", 1).await).unwrap();
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    assert_eq!(
+        me.request(b"CLIENT SETNAME myname\r\n", 1).await,
+        b"+OK\r\n"
+    );
+    let listed = me.call(&["CLIENT", "LIST", "ID", &id]).await;
+    let text = String::from_utf8_lossy(&listed).to_string();
+    let addr = me.stream.local_addr().unwrap().to_string();
+    assert!(
+        text.contains(&format!("id={id} addr={addr} "))
+            && text.contains(" name=myname ")
+            && text.contains(" cmd=client|list "),
+        "{text}"
+    );
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert!(sub.call(&["SUBSCRIBE", "c"]).await.starts_with(b"*3"));
+    let mut other = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        other.request(b"CLIENT SETNAME foobar\r\n", 1).await,
+        b"+OK\r\n"
+    );
+    let all = String::from_utf8_lossy(&me.request(b"CLIENT LIST\r\n", 1).await).to_string();
+    assert_eq!(all.matches(" addr=").count(), 3, "{all}");
+    assert!(
+        all.contains("name=foobar") && all.contains("flags=P"),
+        "{all}"
+    );
+    let pubsub =
+        String::from_utf8_lossy(&me.request(b"CLIENT LIST TYPE pubsub\r\n", 1).await).to_string();
+    assert_eq!(pubsub.matches(" addr=").count(), 1, "{pubsub}");
+    drop(other);
+    let mut gone = false;
+    for _ in 0..500 {
+        let all = me.request(b"CLIENT LIST\r\n", 1).await;
+        if !String::from_utf8_lossy(&all).contains("foobar") {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(gone, "a closed client stays listed");
+    // RESP3: a verbatim string, as Redis answers.
+    assert!(me.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+    assert!(me.request(b"CLIENT LIST\r\n", 1).await.starts_with(b"="));
+    assert_eq!(
+        me.request(b"CLIENT LIST TYPE bogus\r\n", 1).await,
+        b"-ERR syntax error\r\n"
+    );
+}

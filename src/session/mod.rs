@@ -10,6 +10,7 @@
 //! order the client sent them.
 
 mod client_ids;
+mod client_list;
 mod cluster;
 mod pause;
 mod proxy_commands;
@@ -73,6 +74,8 @@ pub struct Context {
     /// Which upstream connection each client id names (`CLIENT UNBLOCK`, `KILL ID`,
     /// `REDIRECT`).
     pub client_ids: Arc<client_ids::ClientIds>,
+    /// Every client's row for `CLIENT LIST`.
+    pub client_list: Arc<client_list::ClientList>,
     /// The `CLIENT PAUSE` in force, as forwarded through this proxy.
     pub pause: Arc<pause::Pause>,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
@@ -549,6 +552,8 @@ struct Session {
     input: Input,
     /// The upstream mode and what only that mode keeps per session.
     routing: Routing,
+    /// This client's row in `CLIENT LIST`, removed when the session ends.
+    _listed: client_list::Listed,
 }
 
 /// What the client negotiated and who it is: the connection's identity as Redis would see it.
@@ -784,12 +789,14 @@ impl Session {
         let peer = stream.peer_addr().unwrap_or(unknown);
         let policy = ctx.policy.load_full();
         let tenant = policy.access.tenant_of(peer.ip(), None);
+        let local = stream.local_addr().unwrap_or(unknown);
         Session {
+            _listed: ctx.client_list.join(id, peer, local),
             routing: Routing::new(&ctx.upstreams, ctx.pool.epoch()),
             client: ClientState {
                 id,
                 peer,
-                local: stream.local_addr().unwrap_or(unknown),
+                local,
                 policy,
                 user: None,
                 tenant,
@@ -1174,6 +1181,9 @@ impl Session {
 
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
     fn login(&mut self, user: Option<Bytes>) {
+        self.ctx
+            .client_list
+            .update(self.client.id, |r| r.user = user.clone());
         self.client.user = user;
         self.client.tenant = self
             .client
@@ -1314,6 +1324,7 @@ impl Session {
             && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
         {
             self.conn.held.remove(Holds::SUBSCRIPTIONS);
+            self.list_flag('N');
         }
         if !handling.suppress {
             if !data.is_empty() {
@@ -2154,7 +2165,12 @@ impl Session {
         self.answer(reply);
         match effect {
             LocalEffect::None | LocalEffect::ReplyMode(_) => {}
-            LocalEffect::SetName(name) => self.client.name = name,
+            LocalEffect::SetName(name) => {
+                self.ctx
+                    .client_list
+                    .update(self.client.id, |r| r.name = name.clone());
+                self.client.name = name;
+            }
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti => {
                 self.conn.multi = Some(Transaction {
@@ -2509,33 +2525,59 @@ impl Session {
                 self.conn.watch_lost = false;
             }
             Effect::Subscribe(SubKind::Shard) => {
+                self.list_flag('P');
                 self.conn.held.insert(Holds::SUBSCRIPTIONS);
                 self.conn.held.insert(Holds::SHARD_SUBSCRIPTIONS);
             }
-            Effect::Subscribe(_) => self.conn.held.insert(Holds::SUBSCRIPTIONS),
+            Effect::Subscribe(_) => {
+                self.list_flag('P');
+                self.conn.held.insert(Holds::SUBSCRIPTIONS);
+            }
             Effect::Unsubscribe(_) => {}
-            Effect::Select(db) => self.client.db = db,
+            Effect::Select(db) => {
+                self.ctx.client_list.update(self.client.id, |r| r.db = db);
+                self.client.db = db;
+            }
             Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
             Effect::AuthHello(proto) => {
                 self.conn.held.insert(Holds::OTHER_USER);
                 self.apply(Effect::Hello(proto));
             }
             Effect::Hello(proto) => {
+                self.ctx
+                    .client_list
+                    .update(self.client.id, |r| r.resp = proto);
                 self.client.proto = proto;
                 if let Some(d) = &mut self.conn.dedicated {
                     d.proto = proto;
                 }
             }
-            Effect::Monitor => self.conn.held.insert(Holds::MONITOR),
+            Effect::Monitor => {
+                self.list_flag('O');
+                self.conn.held.insert(Holds::MONITOR);
+            }
             Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
             Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
             Effect::Unpause => self.ctx.pause.end(),
         }
     }
 
+    /// Sets this client's `CLIENT LIST` flag (`P` subscriber, `O` monitor, `N` neither).
+    fn list_flag(&self, flag: char) {
+        self.ctx
+            .client_list
+            .update(self.client.id, |r| r.flag = flag);
+    }
+
     /// RESET: back to a fresh connection's state; the dedicated connection is closed, which
     /// drops every subscription, transaction and watch on the upstream.
     fn reset(&mut self) {
+        self.ctx.client_list.update(self.client.id, |r| {
+            r.name = None;
+            r.db = 0;
+            r.resp = 2;
+            r.flag = 'N';
+        });
         self.conn.dedicated = None;
         self.login(None);
         self.client.proto = 2;
@@ -2576,6 +2618,7 @@ mod size_tests {
             upstream_password: None,
             scripts_dedicated: true,
             client_ids: Default::default(),
+            client_list: Default::default(),
             pause: Default::default(),
             stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),

@@ -422,6 +422,16 @@ impl Session {
                 }
             }
             ClientSub::Unpause => forward(current, Effect::Unpause),
+            ClientSub::List => match list_filter(args) {
+                Some(filter) => {
+                    let text = self.ctx.client_list.render(self.client.id, &filter);
+                    Action::Local(
+                        replies::text_reply(self.client.proto == 3, text.as_bytes()),
+                        LocalEffect::None,
+                    )
+                }
+                None => Action::Local(answers::syntax_error(), LocalEffect::None),
+            },
             ClientSub::Kill => match id_after(args, b"ID") {
                 Some(at) => self.with_upstream_id(args, at, current, Effect::None),
                 None => forward(current, Effect::None),
@@ -559,4 +569,32 @@ fn id_after(args: &Args<'_>, option: &[u8]) -> Option<usize> {
     (2..args.len().saturating_sub(1))
         .find(|&i| args.get(i).eq_ignore_ascii_case(option))
         .map(|i| i + 1)
+}
+
+/// The filter of `CLIENT LIST [TYPE t] [ID id …]`; `None` for arguments Redis would refuse.
+fn list_filter(args: &Args<'_>) -> Option<client_list::Filter> {
+    use client_list::Filter;
+    match args.len() {
+        2 => Some(Filter::All),
+        4 if args.get(2).eq_ignore_ascii_case(b"TYPE") => {
+            let t = args.get(3);
+            if t.eq_ignore_ascii_case(b"normal") {
+                Some(Filter::Pubsub(false))
+            } else if t.eq_ignore_ascii_case(b"pubsub") {
+                Some(Filter::Pubsub(true))
+            } else if t.eq_ignore_ascii_case(b"master")
+                || t.eq_ignore_ascii_case(b"replica")
+                || t.eq_ignore_ascii_case(b"slave")
+            {
+                Some(Filter::Nothing)
+            } else {
+                None
+            }
+        }
+        n if n > 3 && args.get(2).eq_ignore_ascii_case(b"ID") => (3..n)
+            .map(|i| codec::parse_int(args.get(i)).and_then(|id| u64::try_from(id).ok()))
+            .collect::<Option<Vec<u64>>>()
+            .map(Filter::Ids),
+        _ => None,
+    }
 }
