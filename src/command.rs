@@ -199,6 +199,8 @@ pub enum ClientSub {
     Unpause,
     /// LIST: answered by the proxy about its own clients.
     List,
+    /// GETREDIR, TRACKINGINFO: the reply names the redirect client by its upstream id.
+    Redirect,
     /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
     /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
@@ -219,6 +221,7 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"PAUSE") => ClientSub::Pause,
         Some(b"UNPAUSE") => ClientSub::Unpause,
         Some(b"LIST") => ClientSub::List,
+        Some(b"GETREDIR" | b"TRACKINGINFO") => ClientSub::Redirect,
         _ => ClientSub::Other,
     }
 }

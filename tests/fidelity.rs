@@ -367,6 +367,20 @@ async fn client_ids_name_the_clients_connection_upstream() {
         "{}",
         show(&invalidation)
     );
+    // The redirect is reported by the id the proxy gave, as it was given.
+    assert_eq!(
+        tracker.call(&["CLIENT", "GETREDIR"]).await,
+        format!(":{sink_id}\r\n").as_bytes()
+    );
+    let info = tracker.call(&["CLIENT", "TRACKINGINFO"]).await;
+    assert!(
+        String::from_utf8_lossy(&info).contains(&format!("redirect\r\n:{sink_id}\r\n")),
+        "{}",
+        show(&info)
+    );
+    // Ids Redis refuses get Redis's error.
+    let refused = other.call(&["CLIENT", "KILL", "ID", "-1"]).await;
+    assert!(refused.starts_with(b"-ERR"), "{}", show(&refused));
     assert_eq!(
         tracker
             .call(&["CLIENT", "TRACKING", "on", "REDIRECT", "999999"])

@@ -11,18 +11,30 @@ use dashmap::DashMap;
 /// Proxy client id → Redis's id of that client's dedicated connection, for clients that have
 /// one (standalone and Sentinel upstreams; cluster connections are per node, not mapped).
 #[derive(Default)]
-pub struct ClientIds(DashMap<u64, u64>);
+pub struct ClientIds {
+    /// Proxy id → upstream id.
+    upstream: DashMap<u64, u64>,
+    /// Upstream id → proxy id, for replies that name a connection (`CLIENT GETREDIR`,
+    /// `CLIENT TRACKINGINFO`'s redirect).
+    client: DashMap<u64, u64>,
+}
 
 impl ClientIds {
     /// Redis's id of `client`'s dedicated connection, if it has one.
     pub fn upstream(&self, client: u64) -> Option<u64> {
-        self.0.get(&client).map(|id| *id)
+        self.upstream.get(&client).map(|id| *id)
+    }
+
+    /// The proxy's id of the client whose dedicated connection Redis calls `upstream`.
+    pub fn client(&self, upstream: u64) -> Option<u64> {
+        self.client.get(&upstream).map(|id| *id)
     }
 
     /// Records that `client`'s dedicated connection is `upstream` until the returned value
     /// is dropped (with the connection).
     pub fn register(self: &Arc<Self>, client: u64, upstream: u64) -> Registration {
-        self.0.insert(client, upstream);
+        self.upstream.insert(client, upstream);
+        self.client.insert(upstream, client);
         Registration {
             ids: self.clone(),
             client,
@@ -45,8 +57,9 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.ids
-            .0
+            .upstream
             .remove_if(&self.client, |_, upstream| *upstream == self.upstream);
+        self.ids.client.remove(&self.upstream);
     }
 }
 
@@ -59,6 +72,7 @@ mod tests {
         let ids = Arc::new(ClientIds::default());
         let first = ids.register(7, 100);
         assert_eq!(ids.upstream(7), Some(100));
+        assert_eq!(ids.client(100), Some(7));
         let second = ids.register(7, 101);
         drop(first);
         assert_eq!(
@@ -66,7 +80,9 @@ mod tests {
             Some(101),
             "a replaced connection keeps the new one"
         );
+        assert_eq!(ids.client(100), None);
         drop(second);
         assert_eq!(ids.upstream(7), None);
+        assert_eq!(ids.client(101), None);
     }
 }

@@ -209,6 +209,8 @@ struct Handling {
     unsubscribe: bool,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
+    /// CLIENT GETREDIR/TRACKINGINFO: the redirect connection's id made its client's.
+    names_redirect: bool,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
@@ -275,6 +277,8 @@ enum Effect {
     Pause(pause::Paused, u64),
     /// CLIENT UNPAUSE.
     Unpause,
+    /// CLIENT GETREDIR/TRACKINGINFO: the redirect id in the reply is made the client's.
+    NamesRedirect,
 }
 
 /// What to do with one command.
@@ -1081,6 +1085,7 @@ impl Effect {
                 | Effect::AbortExec
                 | Effect::EndMulti
                 | Effect::Unsubscribe(_)
+                | Effect::NamesRedirect
         )
     }
 }
@@ -1352,6 +1357,8 @@ impl Session {
             filter_exec(data, mask)
         } else if handling.client_info {
             self.rewrite_client_info(data)
+        } else if handling.names_redirect {
+            replies::map_redirect(data, |upstream| self.ctx.client_ids.client(upstream))
         } else if handling.info {
             replies::append_to_text(data, &self.proxy_info())
         } else {
@@ -2270,6 +2277,7 @@ impl Session {
                 Effect::Unsubscribe(SubKind::Channel | SubKind::Pattern)
             ),
             client_info: effect == Effect::ClientInfo,
+            names_redirect: effect == Effect::NamesRedirect,
             info: effect == Effect::Info,
             replace: out.replace,
             exec_mask,
@@ -2559,6 +2567,7 @@ impl Session {
             Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
             Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
             Effect::Unpause => self.ctx.pause.end(),
+            Effect::NamesRedirect => {}
         }
     }
 

@@ -151,6 +151,35 @@ pub(super) fn with_client_id(hello: &Bytes, id: u64) -> Bytes {
     Bytes::from(out)
 }
 
+/// A `CLIENT GETREDIR` (`:<id>`) or `CLIENT TRACKINGINFO` (`redirect` field) reply with the
+/// redirect connection's upstream id replaced by its client's proxy id (`client`); ids it does
+/// not know (0, -1, a connection that is gone) are left as Redis gave them.
+pub(super) fn map_redirect(data: Bytes, client: impl Fn(u64) -> Option<u64>) -> Bytes {
+    const FIELD: &[u8] = b"$8\r\nredirect\r\n:";
+    let at = if data.starts_with(b":") {
+        1
+    } else {
+        match memchr::memmem::find(&data, FIELD) {
+            Some(i) => i + FIELD.len(),
+            None => return data,
+        }
+    };
+    let digits = data[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let Some(proxy) = std::str::from_utf8(&data[at..at + digits])
+        .ok()
+        .and_then(|d| d.parse::<u64>().ok())
+        .filter(|&id| id > 0)
+        .and_then(client)
+    else {
+        return data;
+    };
+    let mut out = Vec::with_capacity(data.len() + 8);
+    out.extend_from_slice(&data[..at]);
+    out.extend_from_slice(proxy.to_string().as_bytes());
+    out.extend_from_slice(&data[at + digits..]);
+    Bytes::from(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -422,6 +422,7 @@ impl Session {
                 }
             }
             ClientSub::Unpause => forward(current, Effect::Unpause),
+            ClientSub::Redirect => forward(current, Effect::NamesRedirect),
             ClientSub::List => match list_filter(args) {
                 Some(filter) => {
                     let text = self.ctx.client_list.render(self.client.id, &filter);
@@ -452,14 +453,11 @@ impl Session {
         target: Target,
         effect: Effect,
     ) -> Action {
-        let upstream = codec::parse_int(args.get(at))
-            .and_then(|id| u64::try_from(id).ok())
-            .and_then(|id| self.ctx.client_ids.upstream(id));
-        let Some(upstream) = upstream else {
-            if codec::parse_int(args.get(at)).is_none() {
-                // Not a number: Redis's own error.
-                return forward(target, effect);
-            }
+        let Some(id) = codec::parse_int(args.get(at)).filter(|&id| id > 0) else {
+            // Not an id Redis accepts: Redis's own error.
+            return forward(target, effect);
+        };
+        let Some(upstream) = self.ctx.client_ids.upstream(id as u64) else {
             return match command::classify_client(args.get(1)) {
                 ClientSub::Unblock | ClientSub::Kill => {
                     Action::Local(answers::integer(0), LocalEffect::None)
