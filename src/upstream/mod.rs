@@ -6,11 +6,14 @@
 //! - [`tls`]: the optional TLS layer.
 //! - [`pool`]: the shared connections with reconnect and backoff, and dedicated ones on demand.
 //! - [`address`]: where the pool's node is, fixed or followed through Sentinel failovers.
+//! - [`outage`]: what the log says when a node goes down and comes back (once, not per
+//!   connection per retry).
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
 
 pub mod address;
 pub mod conn;
 pub mod handshake;
+pub mod outage;
 pub mod pool;
 pub mod replicas;
 pub mod tls;
