@@ -45,14 +45,14 @@ COPY policy/ /etc/redis-policy-proxy/
 RUN for f in /etc/redis-policy-proxy/*.yaml; do redis-policy-proxy --check "$f" || exit 1; done
 
 USER 10001:10001
-# 6380: Redis clients; 9121: the admin endpoint (/metrics, /healthz, /readyz).
-EXPOSE 6380 9121
+# 6380: Redis clients; 6390: the admin endpoint (/metrics, /healthz, /readyz).
+EXPOSE 6380 6390
 
 # Healthy when /readyz answers 200: the process serves, a policy is loaded and an upstream
 # connection is up. A 2 s read timeout bounds a hung connection.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9121 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && IFS= read -r -t 2 status <&3 && [[ \"$status\" == *' 200 '* ]]"]
+    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/6390 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && IFS= read -r -t 2 status <&3 && [[ \"$status\" == *' 200 '* ]]"]
 
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/redis-policy-proxy"]
-CMD ["--config", "/etc/redis-policy-proxy/default.yaml", "--listen", "0.0.0.0:6380", "--admin", "0.0.0.0:9121"]
+CMD ["--config", "/etc/redis-policy-proxy/default.yaml", "--listen", "0.0.0.0:6380", "--admin", "0.0.0.0:6390"]
