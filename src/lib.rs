@@ -56,7 +56,8 @@
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
-//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
+//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
+//!   [`startup`]: the one summary line the binary logs once it listens.
 
 #![forbid(
     unsafe_code,
@@ -85,6 +86,7 @@ pub mod server;
 pub mod session;
 pub mod setup;
 pub mod slowlog;
+pub mod startup;
 pub mod upstream;
 
 pub use config::Config;
