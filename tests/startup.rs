@@ -1,7 +1,7 @@
 //! What the binary does and says when it starts: the one summary line, the warning when no
-//! policy is in force, the defaults the container image passes through the environment (which
-//! extra arguments add to instead of replacing), and a start that fails with the address when
-//! a port is taken.
+//! policy is in force, flags over their RPP_* variables, and a start that fails with the
+//! address when a port is taken. (What the container image runs, its defaults in RPP_*
+//! variables, is tests/deploy.rs's.)
 
 #![allow(
     clippy::disallowed_methods,
@@ -217,41 +217,6 @@ async fn without_a_config_file_the_proxy_warns_that_no_policy_is_in_force() {
             .unwrap_or_else(|| panic!("no warning: {log}"));
         assert!(warning.contains(" WARN "), "{warning}");
         assert!(warning.contains("--config"), "{warning}");
-    }
-}
-
-/// What the container image does (Dockerfile: ENV RPP_CONFIG, RPP_LISTEN, RPP_ADMIN, and an
-/// ENTRYPOINT without CMD), with loopback addresses: `docker run IMAGE --log-format json` must
-/// keep the policy, the listen address and the admin endpoint, adding JSON logs to them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn container_defaults_from_the_environment_survive_extra_arguments() {
-    let redis = RedisServer::start();
-    let policy = default_policy();
-    let env = [
-        ("RPP_CONFIG", policy.to_str().unwrap()),
-        ("RPP_LISTEN", "127.0.0.1:0"),
-        ("RPP_ADMIN", "127.0.0.1:0"),
-        ("RPP_UPSTREAM", &redis.addr()),
-    ];
-    let mut proxy = Started::spawn(&["--log-format", "json"], &env);
-    let line = proxy.summary().await;
-    let summary: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
-    assert_eq!(summary["policy_file"], policy.to_str().unwrap(), "{line}");
-    let listen = summary["listen"].as_str().unwrap().to_string();
-    let admin: std::net::SocketAddr = summary["admin"].as_str().unwrap().parse().unwrap();
-    wait_pong(&listen).await;
-
-    // The image's policy is in force, the admin endpoint serves.
-    let mut c = Raw::connect(&listen).await;
-    let reply = c.call(&["KEYS", "*"]).await;
-    assert!(
-        reply.starts_with(b"-NOPERM policy deny-keys"),
-        "{}",
-        show(&reply)
-    );
-    assert_eq!(http_get(admin, "/healthz").await.0, 200);
-    for l in proxy.log_text().lines() {
-        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"));
     }
 }
 
