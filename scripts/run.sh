@@ -205,15 +205,21 @@ fi
 # We own the Redis: run the proxy as a child, forward SIGHUP to it (reload), forward SIGINT and
 # SIGTERM (SIGTERM drains gracefully), then stop Redis in the EXIT trap. The traps are set
 # before the proxy starts, so a signal that arrives as soon as it serves is never missed.
-trap 'if [[ -n "$proxy_pid" ]]; then kill -HUP "$proxy_pid" 2>/dev/null || true; fi' HUP
-trap 'if [[ -n "$proxy_pid" ]]; then kill -TERM "$proxy_pid" 2>/dev/null || true; else exit 143; fi' INT TERM
+interrupted=0
+trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -HUP "$proxy_pid" 2>/dev/null || true; fi' HUP
+trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -TERM "$proxy_pid" 2>/dev/null || true; else exit 143; fi' INT TERM
 "$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" 2>&3 3>&- &
 proxy_pid=$!
 usage "$proxy_pid" $$
 status=0
-while kill -0 "$proxy_pid" 2>/dev/null; do
-    # `wait` returns early (status > 128) when a trapped signal arrives; loop until it exits.
-    if wait "$proxy_pid"; then status=0; else status=$?; fi
+while :; do
+    # `wait` also returns (status > 128) when a trapped signal arrives; then wait again, for
+    # the proxy's own exit status (bash keeps it even if the proxy is already gone).
+    interrupted=0
+    if wait "$proxy_pid"; then rc=0; else rc=$?; fi
+    # 127: the previous wait already collected the exit (a signal came just before this one).
+    if [[ "$rc" -ne 127 ]]; then status=$rc; fi
+    if [[ "$interrupted" -eq 0 || "$rc" -eq 127 ]]; then break; fi
 done
 proxy_pid=""
 exit "$status"
