@@ -2,16 +2,20 @@
 #
 # redis-policy-proxy container image.
 #
-#   docker build -t redis-policy-proxy .
-#   docker run --rm -p 6380:6380 redis-policy-proxy      # upstream 127.0.0.1:6379: a sidecar
-#                                                        # in the Redis pod, or --network host
-#   docker run --rm -p 6380:6380 redis-policy-proxy \
-#       --config /etc/redis-policy-proxy/default.yaml --listen 0.0.0.0:6380 \
-#       --upstream redis.example:6379
+#   docker build -t redis-policy-proxy --build-arg RPP_GIT_COMMIT=$(git rev-parse --short HEAD) .
+#   docker run --rm -p 6380:6380 redis-policy-proxy        # upstream 127.0.0.1:6379: a sidecar
+#                                                          # in the Redis pod, or --network host
+#   docker run --rm -p 6380:6380 -p 8379:8379 \
+#       -v "$PWD/policy:/etc/redis-policy-proxy:ro" \
+#       -e RPP_UPSTREAM=redis.example:6379 redis-policy-proxy --log-format json
+#   docker kill -s HUP <container>                         # reload the policy
 #
-# Arguments after the image name replace the whole default CMD (repeat --config and --listen);
-# the ENTRYPOINT, the binary, stays. The config files live in /etc/redis-policy-proxy/ (mount
-# your own there). The health check expects the proxy on port 6380 inside the container.
+# The defaults live in the environment (RPP_CONFIG, RPP_LISTEN, RPP_ADMIN below), not in a CMD,
+# so arguments after the image name add to them (`--log-format json`, `--upstream ...`) instead
+# of replacing them; a flag wins over its variable, and both win over the file's `listen` and
+# `admin.listen`. Set -e RPP_CONFIG=/etc/redis-policy-proxy/<yours>.yaml to pick another file of
+# the mounted directory (mount a directory, not a file: edits are then picked up without a
+# restart). The health check reads /readyz on the admin port (RPP_ADMIN's, 8379 by default).
 
 # ---- build ---------------------------------------------------------------------------------
 FROM rust:1-bookworm AS builder
@@ -23,6 +27,9 @@ WORKDIR /src
 # between builds instead of a dependency-only layer; the binary is copied out of the mount
 # in the same step.
 COPY . .
+# The commit for --version and rpp_build_info: .git is not in the context (.dockerignore).
+# Build arguments reach RUN as environment variables, which build.rs reads.
+ARG RPP_GIT_COMMIT=unknown
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin redis-policy-proxy \
@@ -45,14 +52,22 @@ COPY policy/ /etc/redis-policy-proxy/
 RUN for f in /etc/redis-policy-proxy/*.yaml; do redis-policy-proxy --check "$f" || exit 1; done
 
 USER 10001:10001
-# 6380: Redis clients; 9121: the admin endpoint (/metrics, /healthz, /readyz).
-EXPOSE 6380 9121
+# 6380: Redis clients; 8379: the admin endpoint (/metrics, /healthz, /readyz).
+EXPOSE 6380 8379
+
+# The defaults, as variables the binary reads (`redis-policy-proxy --help`): the shipped
+# policy, clients from outside the container, and the admin endpoint reachable by probes and
+# Prometheus. Override any of them with -e, or with its flag after the image name.
+ENV RPP_CONFIG=/etc/redis-policy-proxy/default.yaml \
+    RPP_LISTEN=0.0.0.0:6380 \
+    RPP_ADMIN=0.0.0.0:8379
 
 # Healthy when /readyz answers 200: the process serves, a policy is loaded and an upstream
-# connection is up. A 2 s read timeout bounds a hung connection.
+# connection is up. A 2 s read timeout bounds a hung connection. The port is RPP_ADMIN's, so
+# moving the admin endpoint with -e RPP_ADMIN=0.0.0.0:PORT moves the check with it.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9121 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && IFS= read -r -t 2 status <&3 && [[ \"$status\" == *' 200 '* ]]"]
+    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${RPP_ADMIN##*:} && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && IFS= read -r -t 2 status <&3 && [[ \"$status\" == *' 200 '* ]]"]
 
 STOPSIGNAL SIGTERM
+# No CMD: `docker run IMAGE ARGS...` appends ARGS to the binary, keeping the defaults above.
 ENTRYPOINT ["/usr/local/bin/redis-policy-proxy"]
-CMD ["--config", "/etc/redis-policy-proxy/default.yaml", "--listen", "0.0.0.0:6380", "--admin", "0.0.0.0:9121"]

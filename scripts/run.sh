@@ -8,17 +8,25 @@
 # - Uses the Redis answering PING on $UPSTREAM (default 127.0.0.1:6379); when none answers and
 #   the address is local, starts a throwaway redis-server there (no persistence) and stops it
 #   when this script exits.
-# - Builds the release binary and runs it with --config policy/default.yaml --upstream $UPSTREAM
-#   plus the extra arguments. Pass the upstream through UPSTREAM, not --upstream.
+# - Builds the release binary only when it is missing or older than the sources, then runs it
+#   with --config $CONFIG --upstream $UPSTREAM plus the extra arguments. Pass the upstream
+#   through UPSTREAM, not --upstream.
+# - Prints the proxy's pid and how to reload, stop and read its logs. SIGHUP sent to this
+#   script reaches the proxy (a reload), as does SIGHUP sent to the proxy itself; SIGINT and
+#   SIGTERM stop it (SIGTERM drains) and then the Redis this script started.
 #
 # Environment: UPSTREAM=host:port of Redis (default 127.0.0.1:6379),
-#              CONFIG=path of the config file (default policy/default.yaml).
+#              CONFIG=path of the config file (default policy/default.yaml),
+#              LOG=file to append the proxy's log to (default: this terminal's stderr),
+#              RPP_BIN=a proxy binary to run instead of building one (e.g. a debug build),
+#              RPP_LISTEN, RPP_ADMIN… are read by the proxy itself (redis-policy-proxy --help).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 UPSTREAM="${UPSTREAM:-127.0.0.1:6379}"
 CONFIG="${CONFIG:-policy/default.yaml}"
+LOG="${LOG:-}"
 upstream_host="${UPSTREAM%:*}"
 upstream_port="${UPSTREAM##*:}"
 if [[ -z "$upstream_host" || ! "$upstream_port" =~ ^[0-9]+$ || "$upstream_host" == "$UPSTREAM" ]]; then
@@ -115,42 +123,103 @@ else
 fi
 
 # --- Build --------------------------------------------------------------------------------------
-if ! command -v cargo >/dev/null 2>&1; then
-    log "cargo not found: install the Rust toolchain (https://rustup.rs) and retry"
-    exit 1
+# A release build (fat LTO) takes minutes, and even an up-to-date `cargo build` checks every
+# dependency; so build only when the binary is missing or a source is newer than it.
+if [[ -n "${RPP_BIN:-}" ]]; then
+    bin="$RPP_BIN"
+    log "using RPP_BIN=$bin (not building)"
+else
+    bin="${CARGO_TARGET_DIR:-target}/release/redis-policy-proxy"
+    why=""
+    if [[ ! -x "$bin" ]]; then
+        why="no release binary yet"
+    elif [[ -n "$(find src lua build.rs Cargo.toml Cargo.lock -newer "$bin" -print -quit 2>/dev/null)" ]]; then
+        why="sources changed since $bin was built"
+    fi
+    if [[ -n "$why" ]]; then
+        if ! command -v cargo >/dev/null 2>&1; then
+            log "cargo not found: install the Rust toolchain (https://rustup.rs) and retry"
+            exit 1
+        fi
+        log "building the release binary ($why); this takes a few minutes the first time"
+        cargo build --release
+    else
+        log "release binary up to date: $bin"
+    fi
 fi
-cargo build --release
-bin="${CARGO_TARGET_DIR:-target}/release/redis-policy-proxy"
 
 # --- Run ----------------------------------------------------------------------------------------
-# The port clients should use: from --listen in the extra args, else the config file's default.
-listen_port=6380
+# The ports to print: from --listen/--admin in the extra args, else RPP_LISTEN/RPP_ADMIN, else
+# the defaults (the proxy's own startup line shows the addresses it actually bound).
+listen_addr="${RPP_LISTEN:-127.0.0.1:6380}"
+admin_addr="${RPP_ADMIN:-127.0.0.1:8379}"
 prev=""
 for arg in "$@"; do
     case "$arg" in
-        --listen=*) listen_port="${arg##*:}" ;;
-        *) if [[ "$prev" == "--listen" ]]; then listen_port="${arg##*:}"; fi ;;
+        --listen=*) listen_addr="${arg#--listen=}" ;;
+        --admin=*) admin_addr="${arg#--admin=}" ;;
+        *)
+            if [[ "$prev" == "--listen" ]]; then listen_addr="$arg"; fi
+            if [[ "$prev" == "--admin" ]]; then admin_addr="$arg"; fi
+            ;;
     esac
     prev="$arg"
 done
 
-echo "redis-policy-proxy -> Redis at $UPSTREAM; try: redis-cli -p $listen_port"
-
-if [[ -z "$redis_pid" ]]; then
-    # Nothing to clean up afterwards: become the proxy, so signals reach it directly.
-    trap - EXIT
-    exec "$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@"
+# Where the proxy logs: this terminal's stderr, or the LOG file.
+if [[ -n "$LOG" ]]; then
+    logs="$LOG (tail -f $LOG)"
+    exec 3>>"$LOG"
+else
+    logs="this terminal (stderr); LOG=FILE scripts/run.sh to write them to a file"
+    exec 3>&2
 fi
 
-# We own the Redis: run the proxy as a child, forward SIGINT/SIGTERM to it (SIGTERM drains
-# gracefully), then stop Redis in the EXIT trap.
-"$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" &
+# How to drive the proxy, printed once its pid is known; the second argument is this script's
+# pid when the proxy runs as its child (a HUP to the script is forwarded).
+usage() {
+    local pid=$1 script_pid=${2:-}
+    log "redis-policy-proxy pid $pid: clients on $listen_addr -> Redis at $UPSTREAM, policy $CONFIG"
+    log "  try:     redis-cli -p ${listen_addr##*:}"
+    if [[ -n "$script_pid" ]]; then
+        log "  reload:  kill -HUP $pid   (or kill -HUP $script_pid, this script, which forwards it; or edit $CONFIG: the file is watched)"
+    else
+        log "  reload:  kill -HUP $pid   (or edit $CONFIG: the file is watched)"
+    fi
+    log "  stop:    Ctrl-C, or kill $pid (SIGTERM drains clients first)"
+    log "  logs:    $logs"
+    if [[ "$admin_addr" != off ]]; then
+        log "  metrics: curl -s http://$admin_addr/metrics   (health: /healthz, /readyz)"
+    else
+        log "  metrics: off (--admin off)"
+    fi
+}
+
+if [[ -z "$redis_pid" ]]; then
+    # Nothing to clean up afterwards: become the proxy (same pid), so signals reach it directly.
+    trap - EXIT
+    usage $$
+    exec "$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" 2>&3 3>&-
+fi
+
+# We own the Redis: run the proxy as a child, forward SIGHUP to it (reload), forward SIGINT and
+# SIGTERM (SIGTERM drains gracefully), then stop Redis in the EXIT trap. The traps are set
+# before the proxy starts, so a signal that arrives as soon as it serves is never missed.
+interrupted=0
+trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -HUP "$proxy_pid" 2>/dev/null || true; fi' HUP
+trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -TERM "$proxy_pid" 2>/dev/null || true; else exit 143; fi' INT TERM
+"$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" 2>&3 3>&- &
 proxy_pid=$!
-trap 'kill -TERM "$proxy_pid" 2>/dev/null || true' HUP INT TERM
+usage "$proxy_pid" $$
 status=0
-while kill -0 "$proxy_pid" 2>/dev/null; do
-    # `wait` returns early (status > 128) when a trapped signal arrives; loop until it exits.
-    if wait "$proxy_pid"; then status=0; else status=$?; fi
+while :; do
+    # `wait` also returns (status > 128) when a trapped signal arrives; then wait again, for
+    # the proxy's own exit status (bash keeps it even if the proxy is already gone).
+    interrupted=0
+    if wait "$proxy_pid"; then rc=0; else rc=$?; fi
+    # 127: the previous wait already collected the exit (a signal came just before this one).
+    if [[ "$rc" -ne 127 ]]; then status=$rc; fi
+    if [[ "$interrupted" -eq 0 || "$rc" -eq 127 ]]; then break; fi
 done
 proxy_pid=""
 exit "$status"

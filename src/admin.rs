@@ -1,5 +1,6 @@
 //! The admin HTTP endpoint: `GET /metrics` (Prometheus), `/healthz` (the process serves) and
-//! `/readyz` (an upstream connection is up and a policy is loaded).
+//! `/readyz` (an upstream connection is up and a policy is loaded); `HEAD` on each answers the
+//! same status and headers without the body (load balancers and uptime checkers use it).
 //!
 //! Hand-written on tokio rather than a web framework: three fixed GET routes, one request per
 //! connection, no bodies. `httparse` does the parsing; what remains is bounded reading and one
@@ -35,8 +36,9 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // At debug: the startup summary line names the admin address.
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "admin endpoint: /metrics /healthz /readyz");
+        tracing::debug!(%addr, "admin endpoint: /metrics /healthz /readyz");
     }
     loop {
         let permit = tokio::select! {
@@ -78,6 +80,7 @@ async fn answer(
     ready: &ReadyCheck,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
+    let mut head_only = false;
     let (status, content_type, body) = loop {
         let mut chunk = [0u8; 1024];
         let n = stream.read(&mut chunk).await?;
@@ -89,6 +92,7 @@ async fn answer(
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(&buf) {
             Ok(httparse::Status::Complete(_)) => {
+                head_only = request.method == Some("HEAD");
                 break route(request.method, request.path, metrics, ready);
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
@@ -104,7 +108,9 @@ async fn answer(
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    if !head_only {
+        stream.write_all(body.as_bytes()).await?;
+    }
     stream.shutdown().await
 }
 
@@ -118,8 +124,8 @@ fn route(
     metrics: &Metrics,
     ready: &ReadyCheck,
 ) -> (u16, &'static str, String) {
-    if method != Some("GET") {
-        return (405, TEXT, "only GET\n".into());
+    if !matches!(method, Some("GET" | "HEAD")) {
+        return (405, TEXT, "only GET and HEAD\n".into());
     }
     let path = path.unwrap_or("/");
     let path = path.split('?').next().unwrap_or(path);

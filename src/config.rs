@@ -75,7 +75,7 @@ pub struct AdminConfig {
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
-            listen: located("127.0.0.1:9121".to_string()),
+            listen: located("127.0.0.1:8379".to_string()),
             slowlog_threshold_us: located(10_000),
             slowlog_max_len: located(128),
             denial_logs_per_second: located(10),
@@ -554,7 +554,7 @@ impl Config {
                 || self.admin.listen.value.parse::<SocketAddr>().is_ok(),
             &self.admin.listen.referenced,
             "admin.listen",
-            "must be an IP:port such as 127.0.0.1:9121, or off",
+            "must be an IP:port such as 127.0.0.1:8379, or off",
         );
         check(
             tracing_subscriber::EnvFilter::try_new(&self.log_level.value).is_ok(),

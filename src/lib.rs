@@ -50,12 +50,14 @@
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
 //! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
 //!   Redis (Lua), used by the policy's `rate_limit` rules.
-//! - [`metrics`]: Prometheus metrics, pre-registered handles; [`admin`] serves them over HTTP
-//!   with `/healthz` and `/readyz`.
+//! - [`metrics`]: Prometheus metrics, pre-registered handles, plus the standard `process_*`
+//!   ones read from `/proc/self` by [`procfs`]; [`admin`] serves them over HTTP with
+//!   `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
-//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
+//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
+//!   [`startup`]: the one summary line the binary logs once it listens.
 
 #![forbid(
     unsafe_code,
@@ -75,6 +77,7 @@ pub mod fuzzing;
 pub mod metrics;
 pub mod ops;
 pub mod policy;
+pub mod procfs;
 pub mod ratelimit;
 pub mod reply;
 pub mod resp_value;
@@ -83,7 +86,16 @@ pub mod server;
 pub mod session;
 pub mod setup;
 pub mod slowlog;
+pub mod startup;
 pub mod upstream;
 
 pub use config::Config;
 pub use server::{run, run_with_admin, serve};
+
+/// The crate's version (Cargo.toml).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit the binary was built from (`build.rs`: `git rev-parse`, `RPP_GIT_COMMIT`, or
+/// `unknown`), so `--version`, the startup line and `rpp_build_info` say which code runs.
+pub const COMMIT: &str = env!("RPP_COMMIT");
+/// `VERSION (COMMIT)`, as `--version` prints it.
+pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RPP_COMMIT"), ")");

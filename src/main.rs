@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use redis_policy_proxy::metrics::Metrics;
 use redis_policy_proxy::ops::{Ops, Reload};
 use redis_policy_proxy::policy::{Client, Policy, Verdict};
@@ -22,38 +22,123 @@ use redis_policy_proxy::{Config, setup};
 /// 65; 64 is what operators' tooling expects from `--check`).
 const EXIT_CONFIG: u8 = 64;
 
+/// What `--help` says before the flags.
+const LONG_ABOUT: &str = "\
+A Redis-protocol proxy that enforces Redis best practices in-line. Point any Redis client at it
+instead of Redis: a YAML policy says what it refuses (with a message naming the better pattern),
+rewrites (a TTL on every key, capped streams), rate-limits or confines to a tenant's namespace.";
+
+/// What `--help` says after the flags: examples, precedence, signals and exit codes.
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  redis-policy-proxy --config policy/default.yaml
+      clients on 127.0.0.1:6380, Redis on 127.0.0.1:6379, the best-practice rules,
+      metrics on http://127.0.0.1:8379/metrics
+  redis-policy-proxy -c policy/default.yaml --listen 0.0.0.0:6380 --upstream redis.internal:6379
+  RPP_CONFIG=policy/default.yaml RPP_LISTEN=0.0.0.0:6380 redis-policy-proxy --log-format json
+  redis-policy-proxy --check policy/default.yaml          validate only: exit 0, or 64
+  redis-policy-proxy --explain policy/default.yaml 'KEYS *'
+  kill -HUP <pid>                                         reload the --config file
+
+Each value comes from its flag, else its RPP_* environment variable, else the file, else the
+built-in default; an empty RPP_* variable counts as unset.
+The container image sets RPP_CONFIG, RPP_LISTEN and RPP_ADMIN, so arguments given to
+`docker run IMAGE ...` add to those defaults instead of replacing them.
+
+Signals: SIGHUP reloads the policy (so does any change to the file), SIGTERM stops accepting
+and drains for shutdown_grace_ms, SIGINT exits at once.
+Exit status: 0 after a drain, 64 for an unusable configuration, 1 when the proxy cannot start
+(an address already in use), 130 after SIGINT.
+Docs: README.md, policy/README.md (the file), docs/operations.md (metrics, logs, deploying).";
+
 /// A Redis-protocol proxy that enforces Redis best practices in-line.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    version = redis_policy_proxy::LONG_VERSION,
+    about,
+    long_about = LONG_ABOUT,
+    after_help = "Examples and precedence rules: --help",
+    after_long_help = AFTER_LONG_HELP
+)]
 struct Cli {
-    /// Policy/config file (YAML).
-    #[arg(long, short = 'c')]
+    /// Policy/config file (YAML): listen, upstream, limits, admin and the rules.
+    ///
+    /// Without one the proxy runs on built-in defaults with no rules, forwarding every command
+    /// unchanged (it warns at start). The rules and access sections are reloaded on SIGHUP and
+    /// whenever the file changes. Example: --config policy/default.yaml
+    #[arg(long, short = 'c', value_name = "FILE", env = "RPP_CONFIG")]
     config: Option<PathBuf>,
-    /// Address to listen on, overriding the file (e.g. 127.0.0.1:6380).
-    #[arg(long)]
+    /// Address clients connect to, overriding `listen` in the file (default 127.0.0.1:6380).
+    ///
+    /// Example: --listen 0.0.0.0:6380 to accept clients from other hosts or containers.
+    #[arg(long, value_name = "IP:PORT", env = "RPP_LISTEN")]
     listen: Option<String>,
-    /// Upstream Redis host:port, overriding the file.
-    #[arg(long)]
+    /// Upstream Redis, overriding `upstream.address` (default 127.0.0.1:6379).
+    ///
+    /// Standalone mode only (cluster and sentinel modes take their nodes from the file).
+    /// Example: --upstream redis.internal:6379
+    #[arg(long, value_name = "HOST:PORT", env = "RPP_UPSTREAM")]
     upstream: Option<String>,
+    /// Admin endpoint (/metrics, /healthz, /readyz), overriding `admin.listen`; `off` disables it.
+    ///
+    /// Default 127.0.0.1:8379. The proxy does not start if the address cannot be bound.
+    /// Example: --admin 0.0.0.0:8379 so that Prometheus and probes reach it from outside.
+    #[arg(long, value_name = "IP:PORT|off", env = "RPP_ADMIN")]
+    admin: Option<String>,
+    /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
+    ///
+    /// Example: --log-format json for log shippers. The level comes from `log_level` in the
+    /// file, or RUST_LOG (e.g. RUST_LOG=info,redis_policy_proxy::upstream=debug).
+    #[arg(long, value_enum, default_value = "text", env = "RPP_LOG_FORMAT")]
+    log_format: LogFormat,
     /// Validate FILE, print every problem, and exit (0 valid, 64 invalid).
+    ///
+    /// Problems are printed as FILE:LINE: field `...`: message. Example: --check policy/default.yaml
     #[arg(long, value_name = "FILE")]
     check: Option<PathBuf>,
-    /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
+    /// Print what the policy in FILE does to COMMAND, then exit.
+    ///
+    /// Refused with which error, rewritten into what, or allowed; COMMAND is written as in
+    /// redis-cli. Example: --explain policy/default.yaml 'SET user:1 alice'
     #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
     explain: Option<Vec<String>>,
-    /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Admin endpoint address (/metrics, /healthz, /readyz), overriding `admin.listen`;
-    /// `off` disables it.
-    #[arg(long, value_name = "ADDR")]
-    admin: Option<String>,
     /// With --explain: as this proxy user (access.users), as after a successful AUTH.
+    ///
+    /// Example: --explain policy.yaml 'GET k' --as-user app
     #[arg(long, value_name = "USER", requires = "explain")]
     as_user: Option<String>,
-    /// With --explain: from this client address (default 127.0.0.1).
+    /// With --explain: from this client address (default 127.0.0.1), which picks the tenant.
+    ///
+    /// Example: --explain policy.yaml 'GET k' --from 10.1.2.3
     #[arg(long, value_name = "IP", requires = "explain")]
     from: Option<std::net::IpAddr>,
+}
+
+/// The variables behind flags that take a value, by argument id.
+const ENV_VARS: [(&str, &str); 5] = [
+    ("config", "RPP_CONFIG"),
+    ("listen", "RPP_LISTEN"),
+    ("upstream", "RPP_UPSTREAM"),
+    ("admin", "RPP_ADMIN"),
+    ("log_format", "RPP_LOG_FORMAT"),
+];
+
+/// Parses the command line. An empty variable (`RPP_CONFIG=`) counts as unset, so a
+/// deployment can clear an image's default (clap would refuse the empty value).
+fn parse_cli() -> Cli {
+    let mut command = Cli::command();
+    for (id, var) in ENV_VARS {
+        if std::env::var_os(var).is_some_and(|v| v.is_empty()) {
+            command = command.mut_arg(id, |a| a.env(None::<&str>));
+        }
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// An empty value given on the command line (`--listen ''`) counts as unset too.
+fn given<T: AsRef<std::ffi::OsStr>>(value: Option<T>) -> Option<T> {
+    value.filter(|v| !v.as_ref().is_empty())
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -81,7 +166,7 @@ fn init_logging(format: LogFormat, level: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     if cli.check.is_some() || cli.explain.is_some() {
         init_logging(cli.log_format, "warn");
     }
@@ -104,7 +189,8 @@ fn main() -> ExitCode {
         return explain(Path::new(&args[0]), &args[1], addr, cli.as_user.as_deref());
     }
 
-    let mut config = match &cli.config {
+    let policy_file = given(cli.config.clone());
+    let mut config = match &policy_file {
         Some(path) => match setup::load(path) {
             Ok(c) => c,
             Err(e) => {
@@ -114,17 +200,16 @@ fn main() -> ExitCode {
         },
         None => Config::default(),
     };
-    if let Some(l) = cli.listen {
+    if let Some(l) = given(cli.listen) {
         config.set_listen(l);
     }
-    if let Some(u) = cli.upstream {
+    if let Some(u) = given(cli.upstream) {
         config.set_upstream(u);
     }
-    if let Some(a) = cli.admin {
+    if let Some(a) = given(cli.admin) {
         config.admin.listen.value = a;
     }
-    let source = cli
-        .config
+    let source = policy_file
         .clone()
         .unwrap_or_else(|| PathBuf::from("<command line>"));
     if let Err(e) = setup::validate(&config, &source) {
@@ -152,7 +237,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&config.listen.value).await?;
+        let (listener, admin) = bind(&config).await?;
         let policy = setup::policy(&config).map_err(|p| {
             std::io::Error::other(
                 p.iter()
@@ -161,30 +246,27 @@ fn main() -> ExitCode {
                     .join("; "),
             )
         })?;
-        // Not fatal: client traffic matters more than metrics. The error is logged, and
-        // `/readyz` being unreachable makes an orchestrator notice.
-        let admin = match config.admin.listen_addr() {
-            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::error!(%addr, error = %e, "admin endpoint not started (admin.listen)");
-                    None
-                }
-            },
-            None => None,
-        };
+        redis_policy_proxy::startup::log(&redis_policy_proxy::startup::Started {
+            listen: listener.local_addr()?,
+            admin: admin.as_ref().and_then(|a| a.local_addr().ok()),
+            config: &config,
+            policy_file: policy_file.as_deref(),
+            policy: &policy,
+        });
         let policy = Arc::new(ArcSwap::from_pointee(policy));
         let mut ops = Ops::new(&config, policy.clone(), None);
-        if let Some(path) = cli.config.clone() {
-            let reload: Reload = {
-                let (policy, metrics) = (policy.clone(), ops.metrics.clone());
-                Arc::new(move || reload(&path, &policy, &metrics))
+        if let Some(path) = policy_file.clone() {
+            let on_command: Reload = {
+                let (path, policy, metrics) = (path.clone(), policy.clone(), ops.metrics.clone());
+                Arc::new(move || reload(&path, &policy, &metrics, "PROXY RELOAD"))
             };
-            ops.reload = Some(reload.clone());
+            ops.reload = Some(on_command);
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            let path = cli.config.clone().unwrap_or_default();
-            tokio::spawn(reload_on_change(path, reload, hup));
+            let (policy, metrics) = (policy.clone(), ops.metrics.clone());
+            let watched = path.clone();
+            let on_signal = move |trigger| reload(&path, &policy, &metrics, trigger);
+            tokio::spawn(reload_on_change(watched, on_signal, hup));
         }
         redis_policy_proxy::serve(listener, admin, config, policy, ops, shutdown_signal()).await
     });
@@ -197,6 +279,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Binds the client listener and the admin endpoint (unless it is off). Either failing stops
+/// the start with an error naming the address and the setting: a proxy without its admin
+/// endpoint would serve with no metrics and no health checks, which is worse than not
+/// starting where an orchestrator is watching.
+async fn bind(
+    config: &Config,
+) -> std::io::Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>)> {
+    let at = &config.listen.value;
+    let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen for clients on {at} (listen, --listen, RPP_LISTEN): {e}"),
+        )
+    })?;
+    let admin = match config.admin.listen_addr() {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot start the admin endpoint on {addr} (admin.listen, --admin, RPP_ADMIN; \
+                     `off` disables it): {e}"
+                ),
+            )
+        })?),
+        None => None,
+    };
+    Ok((listener, admin))
 }
 
 /// Resolves on SIGTERM (graceful drain). SIGINT exits at once: an operator at a terminal
@@ -221,7 +332,11 @@ async fn shutdown_signal() {
 /// length, modification time and inode of the file the path resolves to, so editors that
 /// write a new file and rename it, and Kubernetes ConfigMaps that swap a symlink, are seen).
 /// Only `rules` and `access` are reloaded; `listen`, `upstream` and `limits` need a restart.
-async fn reload_on_change(path: PathBuf, reload: Reload, mut hup: tokio::signal::unix::Signal) {
+async fn reload_on_change(
+    path: PathBuf,
+    reload: impl Fn(&'static str) -> Result<String, String>,
+    mut hup: tokio::signal::unix::Signal,
+) {
     let mut seen = fingerprint(&path);
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
@@ -231,13 +346,13 @@ async fn reload_on_change(path: PathBuf, reload: Reload, mut hup: tokio::signal:
                     return;
                 }
                 seen = fingerprint(&path);
-                let _ = reload();
+                let _ = reload("SIGHUP");
             }
             _ = tick.tick() => {
                 let now = fingerprint(&path);
                 if now.is_some() && now != seen {
                     seen = now;
-                    let _ = reload();
+                    let _ = reload("file change");
                 }
             }
         }
@@ -252,8 +367,14 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
 }
 
 /// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
-/// Returns the new version, or every problem.
-fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<String, String> {
+/// Returns the new version, or every problem. `trigger` (SIGHUP, file change, PROXY RELOAD)
+/// is logged, so an operator can tell a reload they asked for from one the file watch did.
+fn reload(
+    path: &Path,
+    policy: &ArcSwap<Policy>,
+    metrics: &Metrics,
+    trigger: &str,
+) -> Result<String, String> {
     // An empty file is valid at start (all defaults), but on reload it is far more likely a
     // file caught mid-rewrite than an operator dropping every rule.
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
@@ -262,13 +383,13 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
             "{}: the file is empty; keeping the running policy",
             path.display()
         );
-        tracing::error!(file = %path.display(), "reload failed: the file is empty; keeping the running policy");
+        tracing::error!(file = %path.display(), trigger, "reload failed: the file is empty; keeping the running policy");
         return Err(why);
     }
     match setup::load(path).map(|c| setup::policy(&c)) {
         Ok(Ok(new)) => {
             let version = new.version().to_string();
-            tracing::info!(file = %path.display(), policy = ?new, %version, "policy reloaded");
+            tracing::info!(file = %path.display(), trigger, policy = ?new, %version, "policy reloaded");
             policy.store(Arc::new(new));
             metrics.reloads_ok.inc();
             Ok(version)
@@ -277,14 +398,14 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
             metrics.reloads_failed.inc();
             let mut text = Vec::new();
             for p in problems {
-                tracing::error!(file = %path.display(), problem = %p, "reload failed; keeping the running policy");
+                tracing::error!(file = %path.display(), trigger, problem = %p, "reload failed; keeping the running policy");
                 text.push(format!("{}: {p}", path.display()));
             }
             Err(text.join("; "))
         }
         Err(e) => {
             metrics.reloads_failed.inc();
-            tracing::error!(error = %e, "reload failed; keeping the running policy");
+            tracing::error!(trigger, error = %e, "reload failed; keeping the running policy");
             Err(e.to_string())
         }
     }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::commands::{AclCategories as A, CommandSpec};
 use crate::policy::Policy;
+use crate::procfs::ProcessStats;
 
 /// Command classes: Redis's command groups, told apart by ACL category.
 pub const CLASSES: [&str; 18] = [
@@ -172,15 +173,19 @@ impl EncodeMetric for LatencyHistogram {
 /// global).
 #[derive(Debug)]
 pub struct Metrics {
-    /// What `/metrics` renders.
+    /// What `/metrics` renders: the proxy's own metrics, under the `rpp_` prefix.
     registry: Registry,
+    /// The standard `process_*` metrics, unprefixed as every Prometheus client library
+    /// names them, so generic dashboards and alerts find them.
+    process: Registry,
     /// `commands[class][outcome]`, pre-registered for every pair.
     commands: Vec<[Counter; 4]>,
     /// Client-observed latency of forwarded commands: read to reply ready.
     pub request_duration: LatencyHistogram,
     /// Round trip of each upstream batch: written to last reply read.
     pub upstream_duration: LatencyHistogram,
-    /// Shared upstream connections established now.
+    /// Upstream connections established now: the shared ones and each node's control
+    /// connection (standalone readiness means at least one is up).
     pub upstream_connections: Gauge,
     /// Dedicated upstream connections connected, logged in and waiting in the warm stock.
     pub upstream_dedicated_ready: Gauge,
@@ -262,6 +267,9 @@ impl Metrics {
         m.register_operations();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
+        m.process.register_collector(Box::new(ProcessCollector {
+            started: std::time::SystemTime::now(),
+        }));
         Arc::new(m)
     }
 
@@ -270,6 +278,7 @@ impl Metrics {
     fn unregistered() -> Metrics {
         Metrics {
             registry: Registry::with_prefix("rpp"),
+            process: Registry::default(),
             commands: Vec::new(),
             request_duration: LatencyHistogram::default(),
             upstream_duration: LatencyHistogram::default(),
@@ -341,7 +350,7 @@ impl Metrics {
         register(
             r,
             "upstream_connections",
-            "Shared upstream connections established",
+            "Upstream connections established: the shared ones (one per RESP version and upstream.connections) and the proxy's control connection, per node",
             &self.upstream_connections,
         );
         register(
@@ -418,15 +427,16 @@ impl Metrics {
             "Clients refused at accept because max_clients was reached",
             &self.clients_rejected,
         );
+        // The unit before `_total` (Prometheus naming: `…_received_bytes_total`).
         register(
             r,
-            "client_bytes_received",
+            "client_received_bytes",
             "Request bytes read from clients",
             &self.bytes_in,
         );
         register(
             r,
-            "client_bytes_sent",
+            "client_sent_bytes",
             "Reply bytes written to clients",
             &self.bytes_out,
         );
@@ -464,11 +474,14 @@ impl Metrics {
             .map_or(0, |i| self.commands[i][outcome as usize].get())
     }
 
-    /// The OpenMetrics text exposition of every metric.
+    /// The OpenMetrics text exposition of every metric: the proxy's, then the process's.
     pub fn render(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::with_capacity(16 * 1024);
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.process);
+        let _ = encode_eof(&mut out);
         out
     }
 }
@@ -519,7 +532,64 @@ impl Collector for PolicyCollector {
             None,
             MetricType::Gauge,
         )?;
-        build.encode(family.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        let labels = [("version", crate::VERSION), ("commit", crate::COMMIT)];
+        build.encode(family.encode_family(&labels)?)?;
+        Ok(())
+    }
+}
+
+/// The `process_*` metrics, read from `/proc/self` at each scrape ([`ProcessStats`]).
+#[derive(Debug)]
+struct ProcessCollector {
+    /// The start time where `/proc` cannot give it (see [`ProcessStats::read`]).
+    started: std::time::SystemTime,
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = ProcessStats::read(self.started);
+        if let Some(v) = s.cpu_seconds {
+            let family = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(v).encode(family)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                s.resident_memory_bytes.map(|v| v as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                s.virtual_memory_bytes.map(|v| v as f64),
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                s.open_fds.map(|v| v as f64),
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors (soft limit)",
+                s.max_fds.map(|v| v as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds",
+                s.start_time_seconds,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(v) = value {
+                let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                ConstGauge::new(v).encode(family)?;
+            }
+        }
         Ok(())
     }
 }
@@ -585,5 +655,32 @@ mod tests {
         );
         assert!(text.contains("rpp_build_info{version="), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_metrics_have_their_standard_unprefixed_names() {
+        let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
+        let text = Metrics::new(policy).render();
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_virtual_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(name)),
+                "{name}missing:\n{text}"
+            );
+        }
+        assert!(
+            text.contains("# TYPE process_cpu_seconds counter"),
+            "{text}"
+        );
+        assert!(!text.contains("rpp_process_"), "{text}");
+        assert!(text.contains("rpp_client_received_bytes_total 0"), "{text}");
     }
 }

@@ -179,7 +179,8 @@ pub async fn serve(
     let next_id = AtomicU64::new(1);
     // Every session holds a clone; when all are dropped, `recv` returns `None`: drained.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
+    // At debug: the binary's startup summary (`startup::log`) says this and more.
+    tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

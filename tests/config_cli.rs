@@ -329,10 +329,17 @@ impl Server {
         Server::spawn_logging(args, Stdio::null())
     }
 
-    /// Like `spawn`, with the proxy's log (stderr) going to `log`.
+    /// Like `spawn`, with the proxy's log (stderr) going to `log`. The admin endpoint is off
+    /// unless `args` name one: its default port is fixed, and tests run in parallel.
     fn spawn_logging(args: &[&str], log: impl Into<Stdio>) -> Server {
+        let admin_off: &[&str] = if args.contains(&"--admin") {
+            &[]
+        } else {
+            &["--admin", "off"]
+        };
         let child = Command::new(BIN)
             .args(args)
+            .args(admin_off)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -121,8 +121,8 @@ async fn metrics_count_commands_policy_decisions_and_latency() {
     families.sort_unstable();
     families.dedup();
     assert_eq!(families.len(), n, "duplicate metric families:\n{text}");
-    assert!(series("rpp_client_bytes_received_total") >= 60.0);
-    assert!(series("rpp_client_bytes_sent_total") > 0.0);
+    assert!(series("rpp_client_received_bytes_total") >= 60.0);
+    assert!(series("rpp_client_sent_bytes_total") > 0.0);
     assert_eq!(
         series("rpp_upstream_connections"),
         3.0,
@@ -196,6 +196,23 @@ async fn the_admin_endpoint_refuses_what_it_does_not_serve() {
         .await;
     let (out, _) = c.read_to_close(DEADLINE).await;
     assert!(out.starts_with(b"HTTP/1.1 431"), "{}", show(&out));
+    // HEAD: the status and headers GET would give, no body (uptime checkers, balancers).
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let mut c = Raw::connect(proxy.admin).await;
+        c.send(format!("HEAD {path} HTTP/1.1\r\nhost: test\r\n\r\n").as_bytes())
+            .await;
+        let (out, _) = c.read_to_close(DEADLINE).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "HEAD {path}: {text}"
+        );
+        assert!(text.contains("content-length: "), "HEAD {path}: {text}");
+        assert!(
+            text.ends_with("\r\n\r\n"),
+            "HEAD {path} sent a body: {text}"
+        );
+    }
     // The proxy still serves Redis clients.
     assert_eq!(
         Raw::connect(proxy.addr).await.call(&["PING"]).await,

@@ -108,7 +108,7 @@ async fn memory_stays_flat_under_a_mixed_workload() {
     let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
     let text = std::fs::read_to_string(default)
         .unwrap()
-        .replace("listen: 127.0.0.1:9121", "listen: \"off\"");
+        .replace("listen: 127.0.0.1:8379", "listen: \"off\"");
     let policy = write_file(tmp.path(), "policy.yaml", &text);
     let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
 

@@ -379,6 +379,12 @@ impl Policy {
         }
     }
 
+    /// How many rules enforce and how many only audit, for the startup line.
+    pub fn mode_counts(&self) -> (usize, usize) {
+        let audit = self.rules.iter().filter(|r| r.mode == Mode::Audit).count();
+        (self.rules.len() - audit, audit)
+    }
+
     /// Ids of the rules, in file order.
     pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
         self.rules.iter().map(|r| r.id.as_str())

@@ -8,12 +8,15 @@
 //! - [`dedicated`]: each node's dedicated connections, capped and kept warm so a command that
 //!   needs one reaches Redis no later than one sent after it over a shared connection.
 //! - [`address`]: where the pool's node is, fixed or followed through Sentinel failovers.
+//! - [`outage`]: what the log says when a node goes down and comes back (once, not per
+//!   connection per retry).
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
 
 pub mod address;
 pub mod conn;
 pub mod dedicated;
 pub mod handshake;
+pub mod outage;
 pub mod pool;
 pub mod replicas;
 pub mod tls;

@@ -12,8 +12,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::address::Address;
 use super::conn::{self, PushTarget};
-use super::dedicated::{Dedicated, DedicatedLimits, Link, Opened};
+use super::dedicated::{Dedicated, DedicatedLimits, Link as DedicatedLink, Opened};
 use super::handshake::{self, NodeSpec, node_spec};
+use super::outage::{Outage, Report, Role, Up};
 use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
@@ -85,13 +86,14 @@ impl Pool {
             spec.clone(),
             address.clone(),
             settings.dedicated,
-            Link {
+            DedicatedLink {
                 metrics: metrics.clone(),
                 queue_depth: settings.queue_depth,
                 command_timeout,
             },
             retired_rx.clone(),
         );
+        let outage = Arc::new(Outage::default());
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
@@ -100,10 +102,15 @@ impl Pool {
                 shared[index].push(tx);
                 let flag = Arc::new(AtomicBool::new(false));
                 up[index].push(flag.clone());
+                let link = Link {
+                    proto,
+                    role: Role::Shared,
+                    outage: outage.clone(),
+                };
                 tokio::spawn(supervise(
                     spec.clone(),
                     address.clone(),
-                    proto,
+                    link,
                     rx,
                     hello_tx[index].clone(),
                     backoff,
@@ -116,10 +123,15 @@ impl Pool {
         }
         let (control, control_rx) = mpsc::channel(settings.queue_depth);
         let (control_hello, _) = watch::channel(None);
+        let link = Link {
+            proto: 2,
+            role: Role::Control,
+            outage,
+        };
         tokio::spawn(supervise(
             spec.clone(),
             address.clone(),
-            2,
+            link,
             control_rx,
             Arc::new(control_hello),
             backoff,
@@ -310,9 +322,60 @@ impl PoolSettings {
     }
 }
 
-/// Keeps one shared connection alive: connect, serve until it fails, then refuse queued
-/// commands immediately (they were never sent, so an error is honest and nothing waits)
-/// until the next attempt, with exponential backoff. When the address moves, the connection
+/// Which connection of a pool a supervisor keeps, and where it reports failures so that the
+/// log tells an outage once rather than once per connection per retry.
+struct Link {
+    /// RESP version of the handshake.
+    proto: u8,
+    /// Shared (clients' commands) or control (the proxy's own), as the log names it.
+    role: Role,
+    /// The node's outage state, shared by all of the pool's supervisors.
+    outage: Arc<Outage>,
+}
+
+impl Link {
+    /// Logs a connection that came up: the node's first at INFO, the end of an outage at
+    /// INFO once, any other at debug.
+    fn came_up(&self, addr: &str) {
+        let (proto, role) = (self.proto, self.role.name());
+        match self.outage.up(tokio::time::Instant::now()) {
+            Up::First => tracing::info!(upstream = %addr, "upstream connected"),
+            Up::Recovered { down_for, failures } => tracing::info!(
+                upstream = %addr,
+                down_for_ms = down_for.as_millis() as u64,
+                failures,
+                "upstream recovered"
+            ),
+            Up::Again => {}
+        }
+        tracing::debug!(upstream = %addr, proto, role, "upstream connection up");
+    }
+
+    /// Logs a failure (`what`: "connect failed" or "connection lost") under the outage's
+    /// budget: the first at WARN, then a summary at growing intervals, the rest at debug.
+    fn failed(&self, addr: &str, what: &str, error: &dyn std::fmt::Display) {
+        let role = self.role.name();
+        match self.outage.failed(tokio::time::Instant::now()) {
+            Report::First => {
+                tracing::warn!(upstream = %addr, role, error = %error, "upstream {what}; retrying with backoff (further failures summarised)");
+            }
+            Report::StillDown { down_for, failures } => tracing::warn!(
+                upstream = %addr,
+                down_for_ms = down_for.as_millis() as u64,
+                failures,
+                last_error = %error,
+                "upstream still down"
+            ),
+            Report::Quiet => {
+                tracing::debug!(upstream = %addr, role, error = %error, "upstream {what}");
+            }
+        }
+    }
+}
+
+/// Keeps one shared (or control) connection alive: connect, serve until it fails, then
+/// refuse queued commands immediately (they were never sent, so an error is honest and
+/// nothing waits) until the next attempt, with exponential backoff. When the address moves, the connection
 /// is given up (its in-flight commands get the usual "may have been applied" error, never a
 /// resend) and the new node connected at once.
 #[expect(
@@ -322,7 +385,7 @@ impl PoolSettings {
 async fn supervise(
     base: Arc<NodeSpec>,
     mut address: Address,
-    proto: u8,
+    link: Link,
     mut rx: mpsc::Receiver<Batch>,
     hello: Arc<watch::Sender<Option<Bytes>>>,
     (min_backoff, max_backoff): (Duration, Duration),
@@ -343,11 +406,12 @@ async fn supervise(
                 continue;
             }
         };
+        let proto = link.proto;
         let connected = handshake::connect(&spec, Some(proto)).await;
         let error = match connected {
             Ok((stream, reply)) => {
                 hello.send_replace(Some(reply));
-                tracing::info!(upstream = %spec.addr, proto, "shared upstream connection up");
+                link.came_up(&spec.addr);
                 backoff = min_backoff;
                 metrics.upstream_connections.inc();
                 if was_up {
@@ -372,11 +436,12 @@ async fn supervise(
                 }
                 if address.name() != spec.addr {
                     // Queued batches were never sent to the old node: they go to the new one.
-                    tracing::info!(upstream = %spec.addr, proto, %reason, "shared upstream connection follows the primary");
+                    let role = link.role.name();
+                    tracing::info!(upstream = %spec.addr, proto, role, %reason, "upstream connection follows the primary");
                     continue;
                 }
                 metrics.upstream_lost.inc();
-                tracing::warn!(upstream = %spec.addr, %reason, "shared upstream connection lost");
+                link.failed(&spec.addr, "connection lost", &reason);
                 UpstreamError::Unavailable {
                     addr: spec.addr.clone(),
                     reason: reason.into(),
@@ -384,7 +449,7 @@ async fn supervise(
             }
             Err(e) => {
                 metrics.upstream_connect_errors.inc();
-                tracing::warn!(upstream = %spec.addr, error = %e, "upstream connect failed");
+                link.failed(&spec.addr, "connect failed", &e);
                 e
             }
         };

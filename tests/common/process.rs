@@ -21,7 +21,8 @@ pub struct ProxyProcess {
 
 impl ProxyProcess {
     /// Starts the binary with `--config policy` in front of `redis` on a free port, plus
-    /// `extra` arguments, retrying on another port when it loses the race for one.
+    /// `extra` arguments (`--admin off` unless they name an admin address), retrying on
+    /// another port when it loses the race for one.
     pub async fn start(
         policy: &Path,
         redis: &RedisServer,
@@ -32,11 +33,19 @@ impl ProxyProcess {
         for _ in 0..5 {
             let port = free_port();
             let log_file = std::fs::File::create(&log).expect("create the proxy log");
+            // The admin endpoint's default port is fixed and tests run in parallel: off
+            // unless the test names one (a failed admin bind stops the start).
+            let admin_off: &[&str] = if extra.contains(&"--admin") {
+                &[]
+            } else {
+                &["--admin", "off"]
+            };
             let child = Command::new(BIN)
                 .arg("--config")
                 .arg(policy)
                 .args(["--listen", &format!("127.0.0.1:{port}")])
                 .args(["--upstream", &redis.addr()])
+                .args(admin_off)
                 .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

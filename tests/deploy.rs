@@ -1,0 +1,511 @@
+//! The deployment files hold what the code does: the Dockerfile's defaults survive
+//! `docker run IMAGE <args>` and its health check reads `/readyz` on the admin port; the
+//! docker-compose example and the Kubernetes manifests name the ports the binary uses and
+//! carry policies that validate; every metric the docs and deploy files name is exported.
+//! Docker and Kubernetes are not needed: the files are parsed, and what the image would run
+//! is run with the binary itself.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The admin endpoint's default port, from the code.
+fn admin_port() -> u16 {
+    let config = redis_policy_proxy::Config::default();
+    config
+        .admin
+        .listen_addr()
+        .expect("admin on by default")
+        .port()
+}
+
+/// The default client port, from the code.
+fn client_port() -> u16 {
+    let listen = redis_policy_proxy::Config::default().listen.value;
+    listen.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dockerfile
+// ---------------------------------------------------------------------------------------------
+
+/// The final stage's instructions (after the last FROM), keyword upper-cased, continuation
+/// lines joined, comments dropped.
+fn final_stage() -> Vec<(String, String)> {
+    let mut all = Vec::new();
+    let mut current = String::new();
+    for line in read("Dockerfile").lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                let (keyword, args) = current.split_once(' ').unwrap_or((&current, ""));
+                all.push((keyword.to_ascii_uppercase(), args.trim().to_string()));
+                current.clear();
+            }
+        }
+    }
+    let last_from = all.iter().rposition(|(k, _)| k == "FROM").expect("a FROM");
+    all.split_off(last_from)
+}
+
+fn instructions<'a>(stage: &'a [(String, String)], keyword: &str) -> Vec<&'a str> {
+    stage
+        .iter()
+        .filter(|(k, _)| k == keyword)
+        .map(|(_, a)| a.as_str())
+        .collect()
+}
+
+/// `ENV A=1 B=2` instructions of the stage, merged.
+fn image_env(stage: &[(String, String)]) -> BTreeMap<String, String> {
+    instructions(stage, "ENV")
+        .iter()
+        .flat_map(|args| args.split_whitespace())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("ENV {kv}"));
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_image_keeps_its_defaults_in_the_environment_and_has_no_cmd() {
+    let stage = final_stage();
+    let entrypoint = instructions(&stage, "ENTRYPOINT");
+    assert_eq!(entrypoint.len(), 1, "{stage:?}");
+    let entrypoint: Vec<String> = serde_json::from_str(entrypoint[0]).expect("exec form");
+    assert_eq!(entrypoint, ["/usr/local/bin/redis-policy-proxy"]);
+    // A CMD would be replaced wholesale by `docker run IMAGE <args>`: defaults go elsewhere.
+    assert!(instructions(&stage, "CMD").is_empty(), "{stage:?}");
+
+    let env = image_env(&stage);
+    assert_eq!(env["RPP_LISTEN"], format!("0.0.0.0:{}", client_port()));
+    assert_eq!(env["RPP_ADMIN"], format!("0.0.0.0:{}", admin_port()));
+    // The policy is one the image ships and it validates.
+    let shipped = image_policy(&stage, &env["RPP_CONFIG"]);
+    redis_policy_proxy::setup::load(&shipped).expect("the image's policy validates");
+
+    let expose: BTreeSet<u16> = instructions(&stage, "EXPOSE")
+        .iter()
+        .flat_map(|a| a.split_whitespace())
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(expose, BTreeSet::from([client_port(), admin_port()]));
+}
+
+/// The repository file a path in the image comes from, by the stage's `COPY src/ dest/`.
+fn image_policy(stage: &[(String, String)], in_image: &str) -> PathBuf {
+    for copy in instructions(stage, "COPY") {
+        let parts: Vec<&str> = copy.split_whitespace().collect();
+        if let [src, dest] = parts[..] {
+            if let Some(rest) = in_image.strip_prefix(dest) {
+                if !src.starts_with("--") {
+                    let local = repo(src).join(rest);
+                    assert!(local.exists(), "{in_image} comes from {}", local.display());
+                    return local;
+                }
+            }
+        }
+    }
+    panic!("no COPY puts {in_image} in the image: {stage:?}");
+}
+
+/// What `docker run IMAGE --log-format json` runs: the binary with the image's environment
+/// (addresses moved to loopback port 0, the policy to its repository copy) and the extra
+/// argument added. The policy, the listen address and the admin endpoint must all survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_run_with_extra_arguments_keeps_the_image_defaults() {
+    let redis = RedisServer::start();
+    let stage = final_stage();
+    let env = image_env(&stage);
+    let policy = image_policy(&stage, &env["RPP_CONFIG"]);
+    let dir = TempDir::new("image");
+    let log = dir.path().join("proxy.log");
+    let mut cmd = Command::new(BIN);
+    for (k, v) in &env {
+        let v = match k.as_str() {
+            "RPP_CONFIG" => policy.to_str().unwrap(),
+            // Loopback and any free port: tests run in parallel.
+            "RPP_LISTEN" | "RPP_ADMIN" => "127.0.0.1:0",
+            _ => v,
+        };
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .env("RPP_UPSTREAM", redis.addr())
+        .env_remove("RUST_LOG")
+        .env_remove("RPP_LOG_FORMAT")
+        .arg("--log-format")
+        .arg("json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _child = KillOnDrop(child);
+
+    let summary = wait_for_line(&log, "redis-policy-proxy started").await;
+    let summary: Value = serde_json::from_str(&summary).expect("JSON logs, as asked");
+    assert_eq!(
+        summary["policy_file"],
+        policy.to_str().unwrap(),
+        "{summary}"
+    );
+    let listen = summary["listen"].as_str().unwrap().to_string();
+    let admin: std::net::SocketAddr = summary["admin"].as_str().unwrap().parse().unwrap();
+    let mut c = connect_raw(&listen).await;
+    let reply = c.call(&["KEYS", "*"]).await;
+    assert!(
+        reply.starts_with(b"-NOPERM policy deny-keys"),
+        "{}",
+        show(&reply)
+    );
+    assert_eq!(http_get(admin, "/healthz").await.0, 200);
+}
+
+/// The image's HEALTHCHECK command, run as Docker would (bash, with RPP_ADMIN from the
+/// environment): healthy while the proxy is ready, unhealthy when its upstream is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_check_reads_readyz_on_the_admin_port() {
+    let stage = final_stage();
+    let check = instructions(&stage, "HEALTHCHECK");
+    assert_eq!(check.len(), 1);
+    let cmd = check[0]
+        .split_once("CMD ")
+        .expect("HEALTHCHECK ... CMD [...]")
+        .1;
+    let argv: Vec<String> = serde_json::from_str(cmd).expect("exec form");
+
+    let mut redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let run = |admin: &str| {
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("RPP_ADMIN", admin)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    let admin = proxy.admin.to_string();
+    assert!(run(&admin), "unhealthy while ready");
+    redis.kill();
+    let until = Instant::now() + DEADLINE;
+    while run(&admin) {
+        assert!(Instant::now() < until, "healthy with the upstream gone");
+        tokio::time::sleep(POLL).await;
+    }
+    // Nothing on the port at all: unhealthy too.
+    assert!(!run(&format!("127.0.0.1:{}", free_port())));
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The first line of `log` containing `text`, bounded by the deadline.
+async fn wait_for_line(log: &Path, text: &str) -> String {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let content = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(l) = content.lines().find(|l| l.contains(text)) {
+            return l.to_string();
+        }
+        assert!(Instant::now() < until, "no {text:?} in: {content}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A raw connection once the proxy answers PING.
+async fn connect_raw(addr: &str) -> Raw {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(mut c) = Raw::try_connect(addr, DEADLINE).await {
+            c.send(b"PING\r\n").await;
+            let got = c.collect_frames(1, Duration::from_secs(2)).await;
+            if got.frames.first().is_some_and(|f| f == b"+PONG\r\n") {
+                return c;
+            }
+        }
+        assert!(Instant::now() < until, "no PONG from {addr}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// docker-compose and Prometheus
+// ---------------------------------------------------------------------------------------------
+
+fn yaml(path: &str) -> Value {
+    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn yaml_docs(path: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn compose_runs_redis_the_proxy_and_prometheus_on_the_ports_the_binary_uses() {
+    let compose = yaml("deploy/docker-compose.yaml");
+    let services = &compose["services"];
+    for name in ["redis", "proxy", "prometheus"] {
+        assert!(services[name].is_object(), "no service {name}: {compose}");
+    }
+    let proxy = &services["proxy"];
+    let context = proxy["build"]["context"].as_str().unwrap();
+    assert!(repo("deploy").join(context).join("Dockerfile").exists());
+    assert_eq!(proxy["environment"]["RPP_UPSTREAM"], "redis:6379");
+    // Flags added to the image's defaults, not a command line replacing them.
+    let command = proxy["command"].as_array().unwrap();
+    assert!(
+        command[0].as_str().unwrap().starts_with("--"),
+        "{command:?}"
+    );
+    let ports: Vec<&str> = proxy["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    for port in [client_port(), admin_port()] {
+        assert!(
+            ports
+                .iter()
+                .any(|p| p.ends_with(&format!(":{port}:{port}"))),
+            "{port} not published: {ports:?}"
+        );
+    }
+    for volume in proxy["volumes"].as_array().unwrap() {
+        let (src, _) = volume.as_str().unwrap().split_once(':').unwrap();
+        assert!(repo("deploy").join(src).exists(), "{src}");
+    }
+    // SIGTERM drains for shutdown_grace_ms: compose must wait longer before SIGKILL.
+    let grace = redis_policy_proxy::Config::default()
+        .shutdown_grace_ms
+        .value
+        / 1000;
+    let stop: u64 = proxy["stop_grace_period"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!(stop > grace, "stop_grace_period {stop}s <= {grace}s");
+
+    // Prometheus scrapes the proxy's admin port and loads the alerts, both mounted.
+    let mut mounted = BTreeMap::new();
+    for volume in services["prometheus"]["volumes"].as_array().unwrap() {
+        let parts: Vec<&str> = volume.as_str().unwrap().split(':').collect();
+        assert!(repo("deploy").join(parts[0]).exists(), "{volume}");
+        mounted.insert(parts[1].to_string(), parts[0].to_string());
+    }
+    let prometheus = yaml("deploy/prometheus/prometheus.yml");
+    let job = &prometheus["scrape_configs"][0];
+    assert_eq!(
+        job["static_configs"][0]["targets"][0],
+        format!("proxy:{}", admin_port())
+    );
+    for rules in prometheus["rule_files"].as_array().unwrap() {
+        assert!(mounted.contains_key(rules.as_str().unwrap()), "{rules}");
+    }
+    assert!(mounted.contains_key("/etc/prometheus/prometheus.yml"));
+    let alerts = yaml("deploy/prometheus/alerts.yml");
+    assert!(!alerts["groups"][0]["rules"].as_array().unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn kubernetes_manifests_carry_valid_policies_and_probe_the_admin_port() {
+    for path in [
+        "deploy/kubernetes/redis-policy-proxy.yaml",
+        "deploy/kubernetes/sidecar.yaml",
+    ] {
+        let docs = yaml_docs(path);
+        let kind = |k: &'static str| docs.iter().filter(move |d| d["kind"] == k);
+        let mut policies = BTreeMap::new();
+        for map in kind("ConfigMap") {
+            for (name, text) in map["data"].as_object().unwrap() {
+                let text = text.as_str().unwrap();
+                redis_policy_proxy::setup::from_yaml(text, Path::new(name))
+                    .unwrap_or_else(|e| panic!("{path}: {e}"));
+                policies.insert(name.clone(), text.to_string());
+            }
+        }
+        let deployment = kind("Deployment").next().expect("a Deployment");
+        let pod = &deployment["spec"]["template"];
+        assert_eq!(
+            pod["metadata"]["annotations"]["prometheus.io/port"],
+            admin_port().to_string(),
+            "{path}"
+        );
+        let spec = &pod["spec"];
+        let containers = ["containers", "initContainers"]
+            .iter()
+            .filter_map(|k| spec[*k].as_array())
+            .flatten();
+        let proxy = containers
+            .filter(|c| {
+                c["image"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("redis-policy-proxy")
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(proxy.len(), 1, "{path}: one proxy container");
+        let proxy = proxy[0];
+        assert!(
+            proxy["args"].is_null() && proxy["command"].is_null(),
+            "{path}"
+        );
+        // Probes name the admin port, which is the default admin port.
+        let ports: BTreeMap<&str, u64> = proxy["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap(),
+                    p["containerPort"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let port = proxy[probe]["httpGet"]["port"].as_str().unwrap();
+            assert_eq!(ports[port], u64::from(admin_port()), "{path} {probe}");
+        }
+        assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/healthz");
+        // RPP_CONFIG names a file of the mounted ConfigMap.
+        let env: BTreeMap<&str, &str> = proxy["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+            .collect();
+        let config = env["RPP_CONFIG"];
+        let mount = proxy["volumeMounts"][0]["mountPath"].as_str().unwrap();
+        let file = config
+            .strip_prefix(&format!("{mount}/"))
+            .expect("in the mount");
+        assert!(policies.contains_key(file), "{path}: {config}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metric names
+// ---------------------------------------------------------------------------------------------
+
+/// Every sample name `/metrics` can render, from a fresh registry's `# TYPE` lines: a
+/// counter `x` renders `x_total`, a histogram `x_bucket`, `x_sum` and `x_count` (docs name
+/// the family `x` too).
+fn exported_names() -> BTreeSet<String> {
+    let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(
+        redis_policy_proxy::policy::Policy::default(),
+    ));
+    let text = redis_policy_proxy::metrics::Metrics::new(policy).render();
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        match kind {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for suffix in ["", "_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_metric_the_docs_and_deploy_files_name_is_exported() {
+    let exported = exported_names();
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_cpu_seconds_total",
+        "process_start_time_seconds",
+        "rpp_client_received_bytes_total",
+        "rpp_client_sent_bytes_total",
+    ] {
+        assert!(exported.contains(name), "{name} not exported: {exported:?}");
+    }
+    let pattern = regex::Regex::new(r"(?-u)\b(?:rpp|process)_[a-z0-9_]*[a-z0-9]\b").unwrap();
+    let mut files = vec![
+        repo("README.md"),
+        repo("Dockerfile"),
+        repo("policy/README.md"),
+    ];
+    for dir in [
+        "docs",
+        "deploy",
+        "deploy/kubernetes",
+        "deploy/prometheus",
+        "policy",
+    ] {
+        for entry in std::fs::read_dir(repo(dir)).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_file() {
+                files.push(p);
+            }
+        }
+    }
+    let mut unknown = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for m in pattern.find_iter(&text) {
+            if !exported.contains(m.as_str()) {
+                unknown.push(format!("{}: {}", file.display(), m.as_str()));
+            }
+        }
+    }
+    assert!(unknown.is_empty(), "named but not exported: {unknown:#?}");
+}

@@ -1,0 +1,273 @@
+//! `scripts/run.sh`, the README's first command, run as a user would: it prints the proxy's
+//! pid and how to reload, stop and find the logs, a SIGHUP sent to the script reloads the
+//! proxy instead of stopping it, and SIGTERM stops the proxy and the Redis the script started.
+//! The script runs the test build of the binary (RPP_BIN) instead of building a release one.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+/// `scripts/run.sh` running in its own process group (so that whatever it started can be
+/// stopped with it if a test fails), its stderr and the proxy's log in files.
+struct RunScript {
+    child: Child,
+    /// The script's own messages.
+    out: PathBuf,
+    /// The proxy's log (the script's LOG).
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl RunScript {
+    /// Starts the script with `upstream` as UPSTREAM, `config` as CONFIG, `args` for the
+    /// proxy and `env` (RPP_BIN or CARGO_TARGET_DIR: which binary it runs).
+    fn start(upstream: &str, config: &Path, args: &[&str], env: &[(&str, &str)]) -> RunScript {
+        let dir = TempDir::new("runsh");
+        let out = dir.path().join("run.out");
+        let log = dir.path().join("proxy.log");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/run.sh");
+        let out_file = std::fs::File::create(&out).unwrap();
+        let child = Command::new("bash")
+            .arg(script)
+            .args(args)
+            .env("UPSTREAM", upstream)
+            .env("CONFIG", config)
+            .env("LOG", &log)
+            .env_remove("RPP_BIN")
+            .env_remove("CARGO_TARGET_DIR")
+            .envs(env.iter().copied())
+            .env_remove("RPP_LISTEN")
+            .env_remove("RPP_ADMIN")
+            .env_remove("RPP_CONFIG")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out_file.try_clone().unwrap())
+            .stderr(out_file)
+            .process_group(0)
+            .spawn()
+            .expect("run scripts/run.sh");
+        RunScript {
+            child,
+            out,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn out(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Both files, for failure messages.
+    fn both(&self) -> String {
+        format!("run.sh:\n{}\nproxy log:\n{}", self.out(), self.log())
+    }
+
+    /// Sends `signal` (e.g. `-HUP`) to the script itself, not its group.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Polls until `ok` holds for the script's output and the proxy's log, or fails.
+    async fn wait_for(&mut self, what: &str, ok: impl Fn(&str, &str) -> bool) {
+        let until = Instant::now() + DEADLINE;
+        while !ok(&self.out(), &self.log()) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "run.sh exited ({status}) waiting for {what}: {}",
+                    self.both()
+                );
+            }
+            assert!(Instant::now() < until, "no {what}: {}", self.both());
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Waits (bounded) for the script to exit.
+    async fn exit_status(&mut self) -> std::process::ExitStatus {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < until,
+                "run.sh still running: {}",
+                self.both()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for RunScript {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // The whole group: the script, the proxy and the Redis it may have started.
+            let group = format!("-{}", self.child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A policy denying KEYS.
+fn policy(dir: &Path) -> PathBuf {
+    write_file(
+        dir,
+        "policy.yaml",
+        "rules:\n  - id: no-keys\n    deny: [KEYS]\n",
+    )
+}
+
+/// The proxy's pid as the script printed it.
+fn printed_pid(out: &str) -> u32 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("run.sh: redis-policy-proxy pid "))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid printed: {out}"))
+}
+
+/// Runs the script until it serves, HUPs the script, and checks the proxy reloaded (the
+/// reload counter and the log's trigger) and still serves. Returns the script for the caller
+/// to stop.
+async fn serve_and_reload(upstream: &str, env: &[(&str, &str)]) -> (RunScript, u16, TempDir) {
+    let tmp = TempDir::new("runsh-policy");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = policy(tmp.path());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = ["--listen", &listen, "--admin", &admin];
+    let mut run = RunScript::start(upstream, &config, &args, env);
+    // Serving, and done printing (the metrics line is the script's last).
+    run.wait_for("the startup summary and the script's hints", |out, log| {
+        log.contains("redis-policy-proxy started") && out.contains("  metrics: ")
+    })
+    .await;
+    let mut c = Raw::connect(&listen).await;
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert!(
+        c.call(&["KEYS", "*"])
+            .await
+            .starts_with(b"-NOPERM policy no-keys"),
+        "{}",
+        run.both()
+    );
+
+    // What the script tells the user.
+    let out = run.out();
+    let pid = printed_pid(&out);
+    for hint in [
+        format!("kill -HUP {pid}"),
+        format!("kill {pid}"),
+        format!("redis-cli -p {port}"),
+        run.log.display().to_string(),
+        format!("http://{admin}/metrics"),
+    ] {
+        assert!(out.contains(&hint), "run.sh did not print {hint:?}: {out}");
+    }
+
+    // SIGHUP to the script: the proxy reloads (the file did not change, so the file watch
+    // cannot be what reloaded it) and keeps serving.
+    run.signal("-HUP");
+    run.wait_for("a SIGHUP reload", |_, log| {
+        log.lines()
+            .any(|l| l.contains("policy reloaded") && l.contains("SIGHUP"))
+    })
+    .await;
+    let admin: std::net::SocketAddr = admin.parse().unwrap();
+    let metrics = http_get(admin, "/metrics").await.1;
+    assert_eq!(
+        sample(&metrics, r#"rpp_config_reloads_total{result="ok"}"#),
+        1.0,
+        "{metrics}"
+    );
+    assert!(run.child.try_wait().unwrap().is_none(), "{}", run.both());
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    (run, port, tmp)
+}
+
+/// No Redis on UPSTREAM: the script starts one, runs the proxy as its child and forwards
+/// SIGHUP to it; SIGTERM stops both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sh_forwards_sighup_to_the_proxy_it_runs_beside_its_own_redis() {
+    let redis_port = free_port();
+    let upstream = format!("127.0.0.1:{redis_port}");
+    let (mut run, port, _policy) = serve_and_reload(&upstream, &[("RPP_BIN", BIN)]).await;
+    assert!(run.out().contains("using RPP_BIN="), "{}", run.both());
+    let out = run.out();
+    assert!(out.contains("starting redis-server"), "{out}");
+    assert!(
+        out.contains(&format!("or kill -HUP {}, this script", run.child.id())),
+        "{out}"
+    );
+    assert_ne!(
+        printed_pid(&out),
+        run.child.id(),
+        "the proxy is a child here"
+    );
+
+    run.signal("-TERM");
+    let status = run.exit_status().await;
+    assert!(status.success(), "{status}: {}", run.both());
+    assert!(
+        run.log().contains("SIGTERM: draining clients"),
+        "{}",
+        run.both()
+    );
+    assert!(
+        run.out().contains("stopping the redis-server"),
+        "{}",
+        run.both()
+    );
+    // Both are gone: nothing answers on either port.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_err());
+}
+
+/// A Redis already answers: the script becomes the proxy (same pid), so SIGHUP reaches it
+/// directly. The release binary it finds is newer than every source: it runs it without
+/// building.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sh_in_front_of_a_running_redis_becomes_the_proxy() {
+    let redis = RedisServer::start();
+    let target = TempDir::new("runsh-target");
+    std::fs::create_dir(target.path().join("release")).unwrap();
+    // A symlink made now: `find -newer` compares the link's own time, which is after any
+    // source's.
+    std::os::unix::fs::symlink(BIN, target.path().join("release/redis-policy-proxy")).unwrap();
+    let env = [("CARGO_TARGET_DIR", target.path().to_str().unwrap())];
+    let (mut run, _, _policy) = serve_and_reload(&redis.addr(), &env).await;
+    let out = run.out();
+    assert!(out.contains("using the Redis already answering"), "{out}");
+    assert!(out.contains("release binary up to date"), "{out}");
+    assert!(!out.contains("building"), "{out}");
+    assert_eq!(
+        printed_pid(&out),
+        run.child.id(),
+        "the script execs the proxy"
+    );
+    run.signal("-TERM");
+    assert!(run.exit_status().await.success(), "{}", run.both());
+}
