@@ -124,12 +124,6 @@ pub fn not_queued_unopened_multi() -> Bytes {
     )
 }
 
-/// `CLIENT TRACKING on REDIRECT <id>` naming no client with a connection of its own (Redis's
-/// words for an id that does not exist).
-pub fn no_such_redirect_client() -> Bytes {
-    simple_error("ERR", "The client ID you want redirect to does not exist")
-}
-
 /// MULTI inside MULTI.
 pub fn nested_multi() -> Bytes {
     simple_error("ERR", "MULTI calls can not be nested")

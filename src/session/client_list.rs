@@ -77,8 +77,9 @@ impl ClientList {
         }
     }
 
-    /// The `CLIENT LIST` text for `filter`, as `requester` (whose line names the command).
-    pub(super) fn render(&self, requester: u64, filter: &Filter) -> String {
+    /// The `CLIENT LIST` text for `filter`, as `requester` (whose line names the command and,
+    /// as `qbuf`, its length: what Redis's query buffer holds while it runs).
+    pub(super) fn render(&self, requester: u64, qbuf: usize, filter: &Filter) -> String {
         let mut rows: Vec<(u64, String)> = Vec::new();
         for entry in self.0.iter() {
             let (id, row) = (*entry.key(), entry.value());
@@ -89,7 +90,8 @@ impl ClientList {
                 Filter::Nothing => false,
             };
             if wanted {
-                rows.push((id, line(id, row, id == requester)));
+                let own = (id == requester).then_some(qbuf);
+                rows.push((id, line(id, row, own)));
             }
         }
         rows.sort_unstable_by_key(|(id, _)| *id);
@@ -98,8 +100,9 @@ impl ClientList {
 }
 
 /// One client's line, in Redis 7.0's field order; the fields about Redis's own buffers of a
-/// connection (qbuf, obl, tot-mem…) are the proxy's unknowns and read 0.
-fn line(id: u64, row: &Row, requester: bool) -> String {
+/// connection (obl, tot-mem…) are the proxy's unknowns and read 0, and so does `qbuf` but on
+/// the requester's line (`own`: its command's length).
+fn line(id: u64, row: &Row, own: Option<usize>) -> String {
     let mut l = String::with_capacity(256);
     let name = row
         .name
@@ -111,11 +114,12 @@ fn line(id: u64, row: &Row, requester: bool) -> String {
         .as_deref()
         .map(String::from_utf8_lossy)
         .unwrap_or("default".into());
-    let cmd = if requester { "client|list" } else { "NULL" };
+    let cmd = if own.is_some() { "client|list" } else { "NULL" };
+    let qbuf = own.unwrap_or(0);
     let _ = writeln!(
         l,
         "id={id} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={} db={} sub=0 psub=0 \
-         ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 \
+         ssub=0 multi=-1 qbuf={qbuf} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 \
          omem=0 tot-mem=0 events=r cmd={cmd} user={user} redir=-1 resp={}",
         row.addr,
         row.laddr,
@@ -156,18 +160,18 @@ mod tests {
             r.name = Some(Bytes::from_static(b"worker"));
             r.flag = 'P';
         });
-        let all = list.render(1, &Filter::All);
+        let all = list.render(1, 26, &Filter::All);
         assert!(
             all.starts_with("id=1 addr=127.0.0.1:5000 laddr=127.0.0.1:6380 "),
             "{all}"
         );
         assert!(all.contains("cmd=client|list"));
         assert!(all.contains("id=2 ") && all.contains("name=worker") && all.contains("flags=P"));
-        assert_eq!(list.render(1, &Filter::Pubsub(true)).lines().count(), 1);
-        assert_eq!(list.render(1, &Filter::Ids(vec![2])).lines().count(), 1);
+        assert_eq!(list.render(1, 26, &Filter::Pubsub(true)).lines().count(), 1);
+        assert_eq!(list.render(1, 26, &Filter::Ids(vec![2])).lines().count(), 1);
         drop(two);
-        assert_eq!(list.render(1, &Filter::All).lines().count(), 1);
+        assert_eq!(list.render(1, 26, &Filter::All).lines().count(), 1);
         drop(one);
-        assert!(list.render(1, &Filter::All).is_empty());
+        assert!(list.render(1, 26, &Filter::All).is_empty());
     }
 }

@@ -425,7 +425,10 @@ impl Session {
             ClientSub::Redirect => forward(current, Effect::NamesRedirect),
             ClientSub::List => match list_filter(args) {
                 Some(filter) => {
-                    let text = self.ctx.client_list.render(self.client.id, &filter);
+                    let text =
+                        self.ctx
+                            .client_list
+                            .render(self.client.id, args.frame.len(), &filter);
                     Action::Local(
                         replies::text_reply(self.client.proto == 3, text.as_bytes()),
                         LocalEffect::None,
@@ -442,10 +445,11 @@ impl Session {
     }
 
     /// A CLIENT subcommand whose argument `at` is a client id the proxy gave out, forwarded
-    /// with Redis's id of that client's dedicated connection instead (see `client_ids`). A
-    /// client without one is answered as Redis answers for a client that is not blocked,
-    /// killed or there: never forwarded with the proxy's id, which could name an unrelated
-    /// upstream connection (the proxy's own shared one).
+    /// with Redis's id of that client's dedicated connection instead (see `client_ids`). An id
+    /// with no such connection behind it becomes one no connection has (Redis's largest), so
+    /// Redis answers as for a client that is not there — and parses the rest of the command
+    /// as always — instead of acting on an unrelated upstream connection that happens to
+    /// carry the proxy's id (the proxy's own shared one).
     fn with_upstream_id(
         &self,
         args: &Args<'_>,
@@ -457,14 +461,11 @@ impl Session {
             // Not an id Redis accepts: Redis's own error.
             return forward(target, effect);
         };
-        let Some(upstream) = self.ctx.client_ids.upstream(id as u64) else {
-            return match command::classify_client(args.get(1)) {
-                ClientSub::Unblock | ClientSub::Kill => {
-                    Action::Local(answers::integer(0), LocalEffect::None)
-                }
-                _ => Action::Local(answers::no_such_redirect_client(), LocalEffect::None),
-            };
-        };
+        let upstream = self
+            .ctx
+            .client_ids
+            .upstream(id as u64)
+            .unwrap_or(i64::MAX as u64);
         let id = crate::codec::itoa_buf(upstream);
         let mut parts: Vec<&[u8]> = args.iter().collect();
         parts[at] = id.as_str().as_bytes();
