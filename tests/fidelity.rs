@@ -528,3 +528,49 @@ async fn client_list_shows_the_proxys_clients() {
         b"-ERR syntax error\r\n"
     );
 }
+
+/// A redirect target stays the same upstream connection while it unsubscribes, changes RESP
+/// version and subscribes again (Redis's tracking unit does this): invalidations sent to it
+/// afterwards still arrive, in the protocol it speaks now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_target_keeps_its_connection_across_hello() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut sink = Raw::connect(proxy.addr).await;
+    let sink_id = String::from_utf8(sink.request(b"CLIENT ID\r\n", 1).await).unwrap();
+    let sink_id = sink_id.trim_start_matches(':').trim_end().to_string();
+    assert!(
+        sink.call(&["SUBSCRIBE", "__redis__:invalidate"])
+            .await
+            .starts_with(b"*3")
+    );
+    assert!(
+        sink.call(&["UNSUBSCRIBE", "__redis__:invalidate"])
+            .await
+            .ends_with(b":0\r\n")
+    );
+    assert!(sink.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+    assert!(
+        sink.call(&["SUBSCRIBE", "__redis__:invalidate"])
+            .await
+            .starts_with(b">3")
+    );
+    let mut tracker = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        tracker
+            .call(&["CLIENT", "TRACKING", "on", "REDIRECT", &sink_id])
+            .await,
+        b"+OK\r\n"
+    );
+    // Back to RESP2 while subscribed: the connection Redis redirects to answers it.
+    assert!(sink.request(b"HELLO 2\r\n", 1).await.starts_with(b"*14"));
+    assert_eq!(tracker.request(b"GET key1\r\n", 1).await, b"$-1\r\n");
+    let mut writer = Raw::connect(proxy.addr).await;
+    assert_eq!(writer.request(b"SET key1 1\r\n", 1).await, b"+OK\r\n");
+    let message = sink.read_frame().await;
+    assert!(
+        message.starts_with(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate"),
+        "{}",
+        show(&message)
+    );
+}

@@ -203,9 +203,9 @@ struct Handling {
     /// Which reply frames of the batch the client sees (`None`: all). The others answer
     /// commands the proxy added: TTL PEXPIREs, WAIT's barrier, the HELLO after a raw AUTH.
     mask: Option<Vec<bool>>,
-    /// A classic UNSUBSCRIBE/PUNSUBSCRIBE: when its last confirmation counts 0, the session
-    /// holds no subscription any more and is released from its dedicated connection (in
-    /// cluster mode it could otherwise reach only the node it subscribed on).
+    /// A classic UNSUBSCRIBE/PUNSUBSCRIBE: when its last confirmation counts 0 in cluster
+    /// mode, the session holds no subscription any more and is released from its dedicated
+    /// connection (it could otherwise reach only the node it subscribed on).
     unsubscribe: bool,
     /// CLIENT INFO: rewrite the reply to describe this client.
     client_info: bool,
@@ -1323,7 +1323,11 @@ impl Session {
             None => self.shape_reply(&handling, data),
             Some(_) => data,
         };
+        // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
+        // connection, and with it the identity Redis knows it by (a REDIRECT target that
+        // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
         if handling.unsubscribe
+            && self.routing.router().is_some()
             && error.is_none()
             && data.ends_with(b":0\r\n")
             && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)

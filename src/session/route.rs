@@ -342,7 +342,9 @@ impl Session {
             login = Some(Bytes::copy_from_slice(user));
             auth = false;
         }
-        if auth || matches!(current, Target::Dedicated(_)) {
+        // A session holding state (a RESP3 subscriber's commands take the shared path) changes
+        // protocol on the connection that holds it, as Redis would.
+        if auth || matches!(current, Target::Dedicated(_)) || self.stateful() {
             return Action::Forward {
                 target: self.dedicated_target(),
                 expect: Expect::Frames(1),
