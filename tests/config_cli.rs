@@ -591,6 +591,15 @@ async fn explain_prints_what_the_policy_does_to_a_command() {
         r.stdout,
         "client 127.0.0.1 user (none) -> tenant default\nrewritten: SET without a TTL gets PX <ttl of its key prefix>\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
     );
+    // A script's declared key gets the TTL rule, and --explain says so.
+    let eval = "EVAL \"return redis.call('SET', KEYS[1], ARGV[1])\" 1 user:2 v";
+    let r = run_bin(&["--explain", path_str(&default), eval]).await;
+    assert!(
+        r.stdout
+            .contains("then (reply hidden): *4 $7 PEXPIRE $6 user:2 $7 3600000 $2 NX"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

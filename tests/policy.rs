@@ -225,6 +225,170 @@ async fn every_write_family_leaves_a_ttl_on_the_server() {
     assert!(pttl(&redis, "own").await > 0);
 }
 
+/// Unix time in seconds, as Redis reads it for EXAT and EXPIREAT.
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The TTL rule applies to the keys a script declares, as policy/README.md says: a script that
+/// SETs its key without a TTL leaves one with the key's TTL; a read-only script adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_declared_keys_get_the_ttl_rule() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let set = "return redis.call('SET', KEYS[1], ARGV[1])";
+    assert_eq!(
+        c.call(&["EVAL", set, "1", "scripted", "v"]).await,
+        b"+OK\r\n"
+    );
+    let ttl = pttl(&redis, "scripted").await;
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "PTTL scripted = {ttl}");
+    // EVALSHA of the same script, on a session key: the prefix's TTL.
+    let sha = text(&c.call(&["SCRIPT", "LOAD", set]).await);
+    let sha = sha.lines().nth(1).unwrap().to_string();
+    assert_eq!(
+        c.call(&["EVALSHA", &sha, "1", "session:s", "v"]).await,
+        b"+OK\r\n"
+    );
+    assert!(pttl(&redis, "session:s").await > 86_000_000);
+    // FCALL of a function library (loaded directly: FUNCTION LOAD is an operator's job).
+    let lib = "#!lua name=rpp\nredis.register_function('put', function(keys, args) return redis.call('SET', keys[1], args[1]) end)";
+    redis.direct(&["FUNCTION", "LOAD", lib]).await;
+    assert_eq!(
+        c.call(&["FCALL", "put", "1", "fn:key", "v"]).await,
+        b"+OK\r\n"
+    );
+    assert!(pttl(&redis, "fn:key").await > 3_500_000);
+    // A read-only script adds nothing (and an existing key keeps no TTL it never had).
+    redis.direct(&["SET", "persistent", "v"]).await;
+    let get = "return redis.call('GET', KEYS[1])";
+    assert_eq!(
+        c.call(&["EVAL_RO", get, "1", "persistent"]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert_eq!(pttl(&redis, "persistent").await, -1);
+}
+
+/// Every TTL-setting and TTL-removing form of Redis 7's command table keeps the rule: none
+/// leaves a key it writes without a TTL, none sets one above `max` (7 days).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ttl_variant_escapes_the_rule_or_its_maximum() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let week: i64 = 604_800_000;
+    let within_max = |ttl: i64| ttl > week - 60_000 && ttl <= week;
+    let month_s = (unix_s() + 30 * 86_400).to_string();
+    let month_ms = ((unix_s() + 30 * 86_400) * 1000).to_string();
+
+    // KEEPTTL on a new key: no TTL to keep, so the key's own.
+    assert_eq!(c.call(&["SET", "kt", "v", "KEEPTTL"]).await, b"+OK\r\n");
+    let ttl = pttl(&redis, "kt").await;
+    assert!(
+        ttl > 3_500_000 && ttl <= 3_600_000,
+        "KEEPTTL on a new key: {ttl}"
+    );
+    // KEEPTTL on a key with a TTL keeps exactly that TTL.
+    c.call(&["SET", "kt2", "v", "EX", "100"]).await;
+    c.call(&["SET", "kt2", "w", "KEEPTTL"]).await;
+    assert!(pttl(&redis, "kt2").await <= 100_000);
+    // A SET without expiry on an existing key (which Redis would make persistent) gets one.
+    c.call(&["SET", "over", "v", "EX", "100"]).await;
+    assert_eq!(c.call(&["SET", "over", "w"]).await, b"+OK\r\n");
+    assert!(pttl(&redis, "over").await > 0);
+    assert_eq!(c.call(&["GETSET", "over", "x"]).await, b"$1\r\nw\r\n");
+    assert!(pttl(&redis, "over").await > 0);
+
+    // Absolute expiries a month away are cut to the week, with the reply Redis gives.
+    assert_eq!(
+        c.call(&["SET", "exat", "v", "EXAT", &month_s]).await,
+        b"+OK\r\n"
+    );
+    assert!(within_max(pttl(&redis, "exat").await), "SET EXAT");
+    assert_eq!(
+        c.call(&["SET", "pxat", "v", "PXAT", &month_ms, "GET"])
+            .await,
+        b"$-1\r\n"
+    );
+    assert!(within_max(pttl(&redis, "pxat").await), "SET PXAT");
+    assert_eq!(c.call(&["EXPIREAT", "exat", &month_s]).await, b":1\r\n");
+    assert!(within_max(pttl(&redis, "exat").await), "EXPIREAT");
+    assert_eq!(c.call(&["PEXPIREAT", "pxat", &month_ms]).await, b":1\r\n");
+    assert!(within_max(pttl(&redis, "pxat").await), "PEXPIREAT");
+    assert_eq!(
+        c.call(&["GETEX", "exat", "EXAT", &month_s]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert!(within_max(pttl(&redis, "exat").await), "GETEX EXAT");
+    assert_eq!(
+        c.call(&["GETEX", "pxat", "PXAT", &month_ms]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert!(within_max(pttl(&redis, "pxat").await), "GETEX PXAT");
+    // An absolute expiry within the week is kept as sent.
+    let soon = (unix_s() + 3600).to_string();
+    c.call(&["EXPIREAT", "exat", &soon]).await;
+    assert!(pttl(&redis, "exat").await <= 3_600_000);
+
+    // The TTL-removing forms are refused; the key keeps its TTL.
+    for cmd in [&["PERSIST", "exat"][..], &["GETEX", "exat", "PERSIST"]] {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-NOPERM policy ttl-default: "),
+            "{cmd:?}: {reply}"
+        );
+    }
+    assert!(pttl(&redis, "exat").await > 0);
+
+    // RESTORE: TTL 0 would restore a persistent key; a month (relative or ABSTTL) is cut.
+    redis.direct(&["SET", "src", "payload"]).await;
+    let dump = redis.direct(&["DUMP", "src"]).await;
+    // The DUMP payload is binary: send it as raw bytes.
+    let payload = &dump[dump.iter().position(|&b| b == b'\n').unwrap() + 1..dump.len() - 2];
+    let restore = |key: &str, ttl: &str, extra: &[&str]| {
+        let mut args: Vec<Vec<u8>> = vec![
+            b"RESTORE".to_vec(),
+            key.into(),
+            ttl.into(),
+            payload.to_vec(),
+        ];
+        args.extend(extra.iter().map(|a| a.as_bytes().to_vec()));
+        common::resp(&args)
+    };
+    for (key, ttl, extra, expect_week) in [
+        ("r0", "0", &[][..], false),
+        ("r1", "2592000000", &[][..], true),
+        ("r2", month_ms.as_str(), &["ABSTTL"][..], true),
+    ] {
+        c.send(&restore(key, ttl, extra)).await;
+        assert_eq!(
+            c.collect_frames(1, DEADLINE).await.joined(),
+            b"+OK\r\n",
+            "RESTORE {key}"
+        );
+        let ttl = pttl(&redis, key).await;
+        if expect_week {
+            assert!(within_max(ttl), "RESTORE {key}: {ttl}");
+        } else {
+            assert!(ttl > 3_500_000 && ttl <= 3_600_000, "RESTORE {key}: {ttl}");
+        }
+    }
+    assert_eq!(redis.direct(&["GET", "r2"]).await, b"$7\r\npayload\r\n");
+
+    // COPY into another database leaves this database's key of the same name alone.
+    redis.direct(&["SET", "other", "mine"]).await;
+    c.call(&["SET", "copied", "v"]).await;
+    assert_eq!(
+        c.call(&["COPY", "copied", "other", "DB", "1"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(pttl(&redis, "other").await, -1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_keep_their_own_ttl_and_release_with_lua() {
     let redis = RedisServer::start();

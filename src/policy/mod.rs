@@ -1276,6 +1276,7 @@ fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
         prefixes,
         max_ms,
         deny_persist: c.deny_persist,
+        clock: ttl::unix_ms,
     })
 }
 

@@ -1,20 +1,32 @@
 //! Forced TTLs: every key a write creates gets an expiry, by key prefix; explicit TTLs above
 //! the maximum are cut; PERSIST can be refused.
 //!
-//! How each write family is handled (see also `policy/README.md`):
+//! Every form of Redis 7's command table that sets, keeps or removes a TTL is handled (see
+//! also `policy/README.md`, which lists what is guaranteed):
 //! - `SET` without `EX/PX/EXAT/PXAT/KEEPTTL`: `PX <ttl>` is appended to the command itself, so
 //!   the write and its TTL are one atomic command, inside MULTI too. `SET k v NX PX 5000` (the
-//!   lock pattern) keeps its own PX; EX/PX above the maximum are cut to it.
-//! - `SETEX`/`PSETEX`/`EXPIRE`/`PEXPIRE`/`GETEX EX|PX` above the maximum: rewritten to the
-//!   millisecond form with the maximum (same reply).
+//!   lock pattern) keeps its own PX; EX/PX above the maximum are cut to it. `SET … KEEPTTL`
+//!   keeps the TTL of an existing key and gets `PEXPIRE <key> <ttl> NX` after it, so a key it
+//!   creates has one too.
+//! - Relative expiries above the maximum (`SETEX`/`PSETEX`/`EXPIRE`/`PEXPIRE`/`GETEX EX|PX`,
+//!   `SET EX|PX`): rewritten to the millisecond form with the maximum (same reply).
+//! - Absolute expiries (`SET`/`GETEX` `EXAT|PXAT`, `EXPIREAT`, `PEXPIREAT`) further away than
+//!   the maximum, by the proxy's wall clock: rewritten to the relative millisecond form with the
+//!   maximum (`PX`, `PEXPIRE`; same reply).
+//! - `RESTORE`/`RESTORE-ASKING` with TTL 0 (no expiry) get the key's TTL, with a TTL (relative
+//!   or `ABSTTL`) above the maximum get the maximum: the TTL argument is rewritten, `ABSTTL`
+//!   dropped.
 //! - `PERSIST`, `GETEX … PERSIST`: refused when `deny_persist` is set.
 //! - Every other write that may create a key (key spec flags insert, overwrite or update:
 //!   HSET, SADD, ZADD, LPUSH, XADD, PFADD, INCR, SETNX, MSET, GETSET, COPY, RENAME's target,
-//!   *STORE destinations…): a `PEXPIRE <key> <ttl> NX` follows the command in the same batch
-//!   and its reply is hidden. `NX` (Redis 7) only sets a TTL on a key that has none, so a TTL
-//!   the application chose is never changed. Inside MULTI the PEXPIRE is queued in the same
-//!   transaction and removed from EXEC's reply.
-//! - Absolute expiries (`EXAT`, `PXAT`, `EXPIREAT`, `PEXPIREAT`) are left as they are.
+//!   *STORE destinations…) and the declared keys of `EVAL`/`EVALSHA`/`FCALL` (their key specs
+//!   say RW and UPDATE; the `_RO` forms cannot write): a `PEXPIRE <key> <ttl> NX` follows the
+//!   command in the same batch and its reply is hidden. `NX` (Redis 7) only sets a TTL on a key
+//!   that has none, so a TTL the application chose is never changed. Inside MULTI the PEXPIRE
+//!   is queued in the same transaction and removed from EXEC's reply.
+//! - `COPY … DB n` copies into another database, which a PEXPIRE sent here cannot reach: the
+//!   copy keeps the source's TTL and nothing is added (a PEXPIRE of the destination name here
+//!   would hit an unrelated key).
 
 use std::borrow::Cow;
 
@@ -33,6 +45,17 @@ pub struct Ttl {
     pub max_ms: Option<u64>,
     /// Refuse PERSIST and GETEX PERSIST.
     pub deny_persist: bool,
+    /// Unix time in milliseconds, read only for absolute expiries (EXAT, PXAT, EXPIREAT,
+    /// RESTORE ABSTTL); a field so tests can fix it.
+    pub clock: fn() -> u64,
+}
+
+/// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
+/// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What the rule does to one command.
@@ -44,6 +67,28 @@ pub enum TtlAction {
     Refuse(String),
     /// Forward this instead.
     Rewrite(Rewrite),
+}
+
+/// Where an expiry argument is and how it is written.
+#[derive(Clone, Copy)]
+struct Expiry {
+    /// Index of the number in the arguments.
+    at: usize,
+    /// Milliseconds per unit: 1000 for seconds, 1 for milliseconds.
+    unit: u64,
+    /// A Unix timestamp rather than a duration.
+    absolute: bool,
+    /// How the millisecond, relative form is written when the expiry is cut.
+    form: Form,
+}
+
+/// How a cut expiry is written back.
+#[derive(Clone, Copy)]
+enum Form {
+    /// The option before the number becomes `PX` (SET, GETEX).
+    Option,
+    /// The command is renamed (SETEX → PSETEX, EXPIREAT → PEXPIRE).
+    Command(&'static str),
 }
 
 impl Ttl {
@@ -71,17 +116,36 @@ impl Ttl {
             heap = (0..line.argc()).map(|i| line.arg(i)).collect();
             &heap
         };
+        let relative = |at, unit, form| Expiry {
+            at,
+            unit,
+            absolute: false,
+            form,
+        };
+        let absolute = |at, unit| Expiry {
+            at,
+            unit,
+            absolute: true,
+            form: Form::Command("PEXPIRE"),
+        };
         match spec.name {
             "persist" if self.deny_persist => {
                 TtlAction::Refuse("PERSIST would leave the key without a TTL".into())
             }
             "getex" => self.getex(args),
             "set" => self.set(args),
-            "setex" => self.clamp_seconds(args, 2, "PSETEX"),
-            "psetex" => self.clamp_millis(args, 2),
-            "expire" => self.clamp_seconds(args, 2, "PEXPIRE"),
-            "pexpire" => self.clamp_millis(args, 2),
-            "expireat" | "pexpireat" | "persist" => TtlAction::Keep,
+            "setex" => self.clamp(args, relative(2, 1000, Form::Command("PSETEX"))),
+            "psetex" => self.clamp(args, relative(2, 1, Form::Command("PSETEX"))),
+            "expire" => self.clamp(args, relative(2, 1000, Form::Command("PEXPIRE"))),
+            "pexpire" => self.clamp(args, relative(2, 1, Form::Command("PEXPIRE"))),
+            "expireat" => self.clamp(args, absolute(2, 1000)),
+            "pexpireat" => self.clamp(args, absolute(2, 1)),
+            "restore" | "restore-asking" => self.restore(args),
+            "persist" => TtlAction::Keep,
+            "copy" if copies_to_another_db(args) => TtlAction::Keep,
+            // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
+            // specs because a script may do anything with them (the _RO forms are RO).
+            "eval" | "evalsha" | "fcall" => self.expire_written_keys(args),
             _ if spec.is_write() => self.expire_written_keys(args),
             _ => TtlAction::Keep,
         }
@@ -91,22 +155,14 @@ impl Ttl {
         if args.len() < 3 {
             return TtlAction::Keep;
         }
-        let mut i = 3;
-        while i < args.len() {
-            let opt = args[i];
-            if opt.eq_ignore_ascii_case(b"KEEPTTL")
-                || opt.eq_ignore_ascii_case(b"EXAT")
-                || opt.eq_ignore_ascii_case(b"PXAT")
-            {
-                return TtlAction::Keep;
+        for (i, opt) in args.iter().enumerate().skip(3) {
+            if opt.eq_ignore_ascii_case(b"KEEPTTL") {
+                // The TTL an existing key has is kept; a key the SET creates gets one.
+                return self.expire_keys(args, [1]);
             }
-            if opt.eq_ignore_ascii_case(b"EX") {
-                return self.clamp_seconds(args, i + 1, "");
+            if let Some(expiry) = expiry_option(opt, i + 1) {
+                return self.clamp(args, expiry);
             }
-            if opt.eq_ignore_ascii_case(b"PX") {
-                return self.clamp_millis(args, i + 1);
-            }
-            i += 1;
         }
         match self.ttl_for(args[1]) {
             Some(ms) => TtlAction::Rewrite(Rewrite {
@@ -128,57 +184,95 @@ impl Ttl {
             if a.eq_ignore_ascii_case(b"PERSIST") && self.deny_persist {
                 return TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into());
             }
-            if a.eq_ignore_ascii_case(b"EX") {
-                return self.clamp_seconds(args, i + 1, "");
-            }
-            if a.eq_ignore_ascii_case(b"PX") {
-                return self.clamp_millis(args, i + 1);
+            if let Some(expiry) = expiry_option(a, i + 1) {
+                return self.clamp(args, expiry);
             }
         }
         TtlAction::Keep
     }
 
-    /// Cuts the seconds at `args[at]` to the maximum. `millis_command` renames the command to
-    /// its millisecond form (SETEX → PSETEX); empty means the option before `at` becomes PX.
-    fn clamp_seconds(&self, args: &[&[u8]], at: usize, millis_command: &str) -> TtlAction {
-        let (Some(max), Some(v)) = (self.max_ms, args.get(at).and_then(|a| parse_int(a))) else {
+    /// Cuts the expiry at `args[e.at]` to the maximum: the command is then sent in its relative
+    /// millisecond form with the maximum, which Redis answers exactly as the original.
+    fn clamp(&self, args: &[&[u8]], e: Expiry) -> TtlAction {
+        let (Some(max), Some(v)) = (self.max_ms, args.get(e.at).and_then(|a| parse_int(a))) else {
             return TtlAction::Keep;
         };
-        if v <= 0 || (v as u64).saturating_mul(1000) <= max {
+        if v <= 0 {
             return TtlAction::Keep;
         }
-        let max_text = max.to_string();
-        let mut new: Vec<&[u8]> = args.to_vec();
-        if millis_command.is_empty() {
-            new[at - 1] = b"PX";
+        let ms = (v as u64).saturating_mul(e.unit);
+        let ttl = if e.absolute {
+            ms.saturating_sub((self.clock)())
         } else {
-            new[0] = millis_command.as_bytes();
-        }
-        new[at] = max_text.as_bytes();
-        TtlAction::Rewrite(Rewrite {
-            command: Some(encode(&new)),
-            note: format!("TTL of {v} s cut to {max} ms").into(),
-            ..Rewrite::default()
-        })
-    }
-
-    fn clamp_millis(&self, args: &[&[u8]], at: usize) -> TtlAction {
-        let (Some(max), Some(v)) = (self.max_ms, args.get(at).and_then(|a| parse_int(a))) else {
-            return TtlAction::Keep;
+            ms
         };
-        if v <= 0 || v as u64 <= max {
+        if ttl <= max {
             return TtlAction::Keep;
         }
         let max_text = max.to_string();
         let mut new: Vec<&[u8]> = args.to_vec();
-        new[at] = max_text.as_bytes();
+        match e.form {
+            Form::Option => new[e.at - 1] = b"PX",
+            Form::Command(name) => new[0] = name.as_bytes(),
+        }
+        new[e.at] = max_text.as_bytes();
+        let what = match (e.absolute, e.unit) {
+            (true, 1000) => "an expiry time (seconds)",
+            (true, _) => "an expiry time (milliseconds)",
+            (false, 1000) => "a TTL in seconds",
+            (false, _) => "a TTL in milliseconds",
+        };
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
-            note: format!("TTL of {v} ms cut to {max} ms").into(),
+            note: format!("{what} {ttl} ms away cut to `max` {max} ms").into(),
             ..Rewrite::default()
         })
     }
 
+    /// `RESTORE key ttl payload [REPLACE] [ABSTTL] …`: TTL 0 restores a key without expiry, so
+    /// it gets the key's TTL; a TTL (relative or ABSTTL) above the maximum gets the maximum.
+    /// Either way the TTL argument becomes relative milliseconds and ABSTTL is dropped.
+    fn restore(&self, args: &[&[u8]]) -> TtlAction {
+        let Some(v) = args.get(2).and_then(|a| parse_int(a)).filter(|&v| v >= 0) else {
+            return TtlAction::Keep; // Redis refuses a negative or malformed TTL itself.
+        };
+        let abs = args
+            .iter()
+            .skip(4)
+            .position(|a| a.eq_ignore_ascii_case(b"ABSTTL"))
+            .map(|p| p + 4);
+        let ttl = match (v, abs) {
+            (0, _) => None,
+            (v, Some(_)) => Some((v as u64).saturating_sub((self.clock)())),
+            (v, None) => Some(v as u64),
+        };
+        let new_ttl = match (ttl, self.max_ms) {
+            (None, _) => match self.ttl_for(args[1]) {
+                Some(ms) => ms,
+                None => return TtlAction::Keep,
+            },
+            (Some(t), Some(max)) if t > max => max,
+            _ => return TtlAction::Keep,
+        };
+        let text = new_ttl.to_string();
+        let mut new: Vec<&[u8]> = args.to_vec();
+        new[2] = text.as_bytes();
+        if let Some(i) = abs {
+            new.remove(i);
+        }
+        let note = match ttl {
+            None => "RESTORE without a TTL gets <ttl of its key prefix>",
+            Some(_) => "RESTORE TTL above `max` cut to `max`",
+        };
+        TtlAction::Rewrite(Rewrite {
+            command: Some(encode(&new)),
+            note: note.into(),
+            ..Rewrite::default()
+        })
+    }
+
+    /// A hidden `PEXPIRE <key> <ttl> NX` for every key the command may create (its key specs
+    /// say insert, overwrite or update).
     fn expire_written_keys(&self, args: &[&[u8]]) -> TtlAction {
         let Ok(keys) = commands::keys(args) else {
             return TtlAction::Keep;
@@ -186,12 +280,19 @@ impl Ttl {
         let creates = KeySpecFlags::INSERT
             .union(KeySpecFlags::OW)
             .union(KeySpecFlags::UPDATE);
+        let written = keys
+            .keys()
+            .iter()
+            .filter(|k| k.flags.intersects(creates))
+            .map(|k| k.index);
+        self.expire_keys(args, written)
+    }
+
+    /// A hidden `PEXPIRE <key> <ttl> NX` for each of the keys at `indices` whose prefix has a TTL.
+    fn expire_keys(&self, args: &[&[u8]], indices: impl IntoIterator<Item = usize>) -> TtlAction {
         let mut after = Vec::new();
-        for key in keys.keys() {
-            if !key.flags.intersects(creates) {
-                continue;
-            }
-            let name = args[key.index];
+        for index in indices {
+            let name = args[index];
             if let Some(ms) = self.ttl_for(name) {
                 let ms = itoa_buf(ms);
                 let cmd = encode(&[b"PEXPIRE", name, ms.as_str().as_bytes(), b"NX"]);
@@ -212,6 +313,32 @@ impl Ttl {
     }
 }
 
+/// The expiry an option of SET or GETEX gives, its number at `at`.
+fn expiry_option(opt: &[u8], at: usize) -> Option<Expiry> {
+    let (unit, absolute) = if opt.eq_ignore_ascii_case(b"EX") {
+        (1000, false)
+    } else if opt.eq_ignore_ascii_case(b"PX") {
+        (1, false)
+    } else if opt.eq_ignore_ascii_case(b"EXAT") {
+        (1000, true)
+    } else if opt.eq_ignore_ascii_case(b"PXAT") {
+        (1, true)
+    } else {
+        return None;
+    };
+    Some(Expiry {
+        at,
+        unit,
+        absolute,
+        form: Form::Option,
+    })
+}
+
+/// `COPY src dst DB n`: the destination is in another database.
+fn copies_to_another_db(args: &[&[u8]]) -> bool {
+    args.iter().skip(3).any(|a| a.eq_ignore_ascii_case(b"DB"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,8 +353,12 @@ mod tests {
             ],
             max_ms: Some(604_800_000),
             deny_persist: true,
+            clock: || NOW_MS,
         }
     }
+
+    /// The fixed "now" of these tests: 2023-11-14T22:13:20Z.
+    const NOW_MS: u64 = 1_700_000_000_000;
 
     fn run(line: &str) -> TtlAction {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
@@ -265,8 +396,102 @@ mod tests {
         );
         assert_eq!(run("SET lock:x v NX PX 5000"), TtlAction::Keep);
         assert_eq!(run("SET lock:x v NX"), TtlAction::Keep);
-        assert_eq!(run("SET k v KEEPTTL"), TtlAction::Keep);
         assert_eq!(run("SET k v EX 60"), TtlAction::Keep);
+        assert_eq!(run("SET lock:x v KEEPTTL"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn keepttl_keeps_an_existing_ttl_and_gives_a_created_key_one() {
+        let (cmd, after) = rewritten("SET k v KEEPTTL");
+        assert_eq!(cmd, None);
+        assert_eq!(
+            after,
+            ["*4\r\n$7\r\nPEXPIRE\r\n$1\r\nk\r\n$7\r\n3600000\r\n$2\r\nNX\r\n"]
+        );
+    }
+
+    #[test]
+    fn absolute_expiries_beyond_the_maximum_become_the_maximum() {
+        let week = 604_800_000;
+        let far_s = (NOW_MS + 30 * 86_400_000) / 1000;
+        let far_ms = NOW_MS + 30 * 86_400_000;
+        let near_s = (NOW_MS + 60_000) / 1000;
+        let px_week = "$2\r\nPX\r\n$9\r\n604800000\r\n";
+        let set = rewritten(&format!("SET k v EXAT {far_s}")).0.unwrap();
+        assert!(set.contains(px_week), "{set}");
+        let set = rewritten(&format!("SET k v NX PXAT {far_ms} GET"))
+            .0
+            .unwrap();
+        assert!(
+            set.contains(px_week) && set.ends_with("$3\r\nGET\r\n"),
+            "{set}"
+        );
+        assert_eq!(run(&format!("SET k v EXAT {near_s}")), TtlAction::Keep);
+        let getex = rewritten(&format!("GETEX k PXAT {far_ms}")).0.unwrap();
+        assert_eq!(
+            getex,
+            "*4\r\n$5\r\nGETEX\r\n$1\r\nk\r\n$2\r\nPX\r\n$9\r\n604800000\r\n"
+        );
+        let at = rewritten(&format!("EXPIREAT k {far_s} GT")).0.unwrap();
+        assert_eq!(
+            at,
+            format!("*4\r\n$7\r\nPEXPIRE\r\n$1\r\nk\r\n$9\r\n{week}\r\n$2\r\nGT\r\n")
+        );
+        assert!(
+            rewritten(&format!("PEXPIREAT k {far_ms}"))
+                .0
+                .unwrap()
+                .starts_with("*3\r\n$7\r\nPEXPIRE\r\n")
+        );
+        assert_eq!(run(&format!("EXPIREAT k {near_s}")), TtlAction::Keep);
+        // In the past: Redis deletes the key, nothing to cut.
+        assert_eq!(run("PEXPIREAT k 1000"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn restore_gets_a_ttl_and_its_maximum() {
+        // TTL 0 is "no expiry": the key's TTL goes in its place.
+        let cmd = rewritten("RESTORE session:1 0 payload REPLACE").0.unwrap();
+        assert_eq!(
+            cmd,
+            "*5\r\n$7\r\nRESTORE\r\n$9\r\nsession:1\r\n$8\r\n86400000\r\n$7\r\npayload\r\n$7\r\nREPLACE\r\n"
+        );
+        let cmd = rewritten("RESTORE k 0 payload ABSTTL").0.unwrap();
+        assert!(!cmd.contains("ABSTTL") && cmd.contains("3600000"), "{cmd}");
+        let cmd = rewritten("RESTORE k 999999999999 payload").0.unwrap();
+        assert!(cmd.contains("604800000"), "{cmd}");
+        let far = NOW_MS + 30 * 86_400_000;
+        let cmd = rewritten(&format!("RESTORE-ASKING k {far} payload ABSTTL IDLETIME 5"))
+            .0
+            .unwrap();
+        assert!(
+            cmd.contains("604800000") && !cmd.contains("ABSTTL"),
+            "{cmd}"
+        );
+        assert!(cmd.ends_with("$8\r\nIDLETIME\r\n$1\r\n5\r\n"), "{cmd}");
+        assert_eq!(run("RESTORE k 60000 payload"), TtlAction::Keep);
+        assert_eq!(run("RESTORE lock:k 0 payload"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn scripts_declared_keys_get_a_ttl_and_read_only_scripts_nothing() {
+        let (_, after) = rewritten("EVAL body 2 a lock:b x");
+        assert_eq!(
+            after,
+            ["*4\r\n$7\r\nPEXPIRE\r\n$1\r\na\r\n$7\r\n3600000\r\n$2\r\nNX\r\n"]
+        );
+        assert_eq!(rewritten("EVALSHA 0123 1 session:x").1.len(), 1);
+        assert_eq!(rewritten("FCALL f 1 k arg").1.len(), 1);
+        assert_eq!(run("EVAL body 0"), TtlAction::Keep);
+        assert_eq!(run("EVAL_RO body 1 k"), TtlAction::Keep);
+        assert_eq!(run("EVALSHA_RO 0123 1 k"), TtlAction::Keep);
+        assert_eq!(run("FCALL_RO f 1 k"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn copy_into_another_database_adds_nothing_here() {
+        assert_eq!(rewritten("COPY a b").1.len(), 1);
+        assert_eq!(run("COPY a b DB 1"), TtlAction::Keep);
     }
 
     #[test]
