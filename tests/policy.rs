@@ -96,6 +96,64 @@ async fn guards_and_size_limits() {
     );
 }
 
+/// `max_value_bytes` (102400 in the default policy) holds for writes at an offset, whose
+/// resulting size the arguments give, and for a script's values; APPEND is refused when its
+/// chunk alone is above the cap (what it appends to is Redis's to know: policy/README.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_cannot_grow_past_the_cap_by_offset_or_through_a_script() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let refusals: &[(&[&str], &str)] = &[
+        (
+            &["SETRANGE", "sr", "102400", "x"],
+            "SETRANGE would grow the value to 102401 bytes",
+        ),
+        (
+            &["SETRANGE", "sr", "536870000", "x"],
+            "SETRANGE would grow the value",
+        ),
+        (
+            &["SETBIT", "sb", "819200", "1"],
+            "SETBIT would grow the value to 102401 bytes",
+        ),
+        (
+            &["BITFIELD", "bf", "SET", "u8", "#102400", "1"],
+            "BITFIELD would grow the value",
+        ),
+    ];
+    for (cmd, want) in refusals {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with(&format!("-ERR policy max-value-size: {want}")),
+            "{cmd:?}: {reply}"
+        );
+    }
+    assert_eq!(redis.direct(&["EXISTS", "sr", "sb", "bf"]).await, b":0\r\n");
+    // Within the cap they work as in Redis.
+    assert_eq!(
+        c.call(&["SETRANGE", "sr", "102399", "x"]).await,
+        b":102400\r\n"
+    );
+    assert_eq!(c.call(&["SETBIT", "sb", "819199", "1"]).await, b":0\r\n");
+    // A script cannot store a value the cap refuses to a SET.
+    let big = "x".repeat(102_401);
+    let set = "return redis.call('SET', KEYS[1], ARGV[1])";
+    let reply = text(&c.call(&["EVAL", set, "1", "scripted", &big]).await);
+    assert!(
+        reply.starts_with("-ERR policy max-value-size: EVAL value of 102401 bytes"),
+        "{reply}"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "scripted"]).await, b":0\r\n");
+    // APPEND: a chunk above the cap is refused; appending small chunks is best effort.
+    let reply = text(&c.call(&["APPEND", "ap", &big]).await);
+    assert!(
+        reply.starts_with("-ERR policy max-value-size: APPEND value of 102401"),
+        "{reply}"
+    );
+    assert_eq!(c.call(&["APPEND", "ap", "xy"]).await, b":2\r\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_inside_multi_aborts_the_transaction() {
     let redis = RedisServer::start();

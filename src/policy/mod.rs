@@ -1125,12 +1125,20 @@ fn violation<L: CommandLine + ?Sized>(
             };
             whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
         }
-        Kind::MaxValueBytes(max) => oversized_value(spec, line, *max).map(|largest| {
-            (
-                "ERR",
-                format!("{} value of {largest} bytes is above {max}", upper()),
-            )
-        }),
+        Kind::MaxValueBytes(max) => {
+            if let Some(n) = grown_value(spec, line).filter(|n| n > max) {
+                return Some((
+                    "ERR",
+                    format!("{} would grow the value to {n} bytes, above {max}", upper()),
+                ));
+            }
+            oversized_value(spec, line, *max).map(|largest| {
+                (
+                    "ERR",
+                    format!("{} value of {largest} bytes is above {max}", upper()),
+                )
+            })
+        }
         Kind::RateLimit { .. }
         | Kind::SharedRateLimit { .. }
         | Kind::Ttl(_)
@@ -1142,24 +1150,88 @@ fn violation<L: CommandLine + ?Sized>(
 }
 
 /// The largest value argument of a write (any argument that is not the name or a key) when
-/// it is above `max` bytes.
+/// it is above `max` bytes. Scripts that may write (EVAL, EVALSHA, FCALL) count as writes:
+/// their arguments after the keys are the values a script can store; the script body or name
+/// is not a value.
 fn oversized_value<L: CommandLine + ?Sized>(
     spec: &'static CommandSpec,
     line: &L,
     max: u64,
 ) -> Option<usize> {
     // Cheap exits first: most commands have no argument that long.
-    if !spec.is_write() || !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
+    if !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
+        return None;
+    }
+    let scripted = matches!(spec.name, "eval" | "evalsha" | "fcall");
+    if !spec.is_write() && !scripted {
         return None;
     }
     let mut keys = commands::KeyPositions::with_capacity(0);
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     let _ = commands::keys_into(&args, &mut keys);
-    let largest = (1..args.len())
+    let first_value = if scripted { 2 } else { 1 };
+    let largest = (first_value..args.len())
         .filter(|i| !keys.indices().any(|k| k == *i))
         .map(|i| args[i].len())
         .max()?;
     (largest as u64 > max).then_some(largest)
+}
+
+/// The length in bytes a string value reaches at least after a write that extends it at an
+/// offset the arguments give: SETRANGE (offset + length of the value; an empty value extends
+/// nothing), SETBIT (the byte of the bit) and BITFIELD's SET and INCRBY (the last byte of the
+/// field). APPEND is not here: what it reaches depends on the value already stored.
+fn grown_value<L: CommandLine + ?Sized>(spec: &'static CommandSpec, line: &L) -> Option<u64> {
+    let number = |i: usize| {
+        (i < line.argc())
+            .then(|| crate::codec::parse_int(line.arg(i)))
+            .flatten()
+            .and_then(|n| u64::try_from(n).ok())
+    };
+    match spec.name {
+        "setrange" if line.argc() == 4 && !line.arg(3).is_empty() => {
+            Some(number(2)?.saturating_add(line.arg(3).len() as u64))
+        }
+        "setbit" => Some(number(2)? / 8 + 1),
+        "bitfield" => bitfield_reach(line),
+        _ => None,
+    }
+}
+
+/// The bytes BITFIELD's SET and INCRBY operations reach: a field of type `i<bits>`/`u<bits>` at
+/// offset `n` (bits) or `#n` (fields) ends at bit `offset + bits`.
+fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
+    let mut reach = 0u64;
+    let mut i = 2;
+    while i < line.argc() {
+        let op = line.arg(i);
+        if op.eq_ignore_ascii_case(b"SET") || op.eq_ignore_ascii_case(b"INCRBY") {
+            if i + 3 >= line.argc() {
+                break; // Redis refuses the syntax.
+            }
+            let ty = line.arg(i + 1);
+            let bits = ty
+                .get(1..)
+                .and_then(crate::codec::parse_int)
+                .and_then(|b| u64::try_from(b).ok())?;
+            let offset = line.arg(i + 2);
+            let offset = match offset.strip_prefix(b"#") {
+                Some(n) => u64::try_from(crate::codec::parse_int(n)?)
+                    .ok()?
+                    .saturating_mul(bits),
+                None => u64::try_from(crate::codec::parse_int(offset)?).ok()?,
+            };
+            reach = reach.max(offset.saturating_add(bits).div_ceil(8));
+            i += 4;
+        } else if op.eq_ignore_ascii_case(b"GET") {
+            i += 3;
+        } else if op.eq_ignore_ascii_case(b"OVERFLOW") {
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    (reach > 0).then_some(reach)
 }
 
 /// The refusal for the first key that does not match the naming pattern `re`.
@@ -1396,6 +1468,21 @@ mod tests {
         // A long key name is not a value.
         assert_eq!(check(&p, "SET kkkkkkkkkkkkkkkk v"), Verdict::Allow);
         assert_eq!(check(&p, "GET kkkkkkkkkkkkkkkkkkkk"), Verdict::Allow);
+        // Writes at an offset: the size they reach is known from the arguments.
+        assert!(refused(check(&p, "SETRANGE k 8 abc")).contains("grow the value to 11 bytes"));
+        assert_eq!(check(&p, "SETRANGE k 7 abc"), Verdict::Allow);
+        assert_eq!(check(&p, "SETRANGE k 99 "), Verdict::Allow);
+        assert!(refused(check(&p, "SETBIT k 80 1")).contains("to 11 bytes"));
+        assert_eq!(check(&p, "SETBIT k 79 1"), Verdict::Allow);
+        assert!(refused(check(&p, "BITFIELD k GET u8 0 SET u8 #10 1")).contains("to 11 bytes"));
+        assert_eq!(
+            check(&p, "BITFIELD k INCRBY i16 64 1 GET u8 #99"),
+            Verdict::Allow
+        );
+        // A script's values are its arguments after the keys; the body is not one.
+        assert!(refused(check(&p, "EVAL s 1 k 12345678901")).contains("policy big"));
+        assert_eq!(check(&p, "EVAL return_a_long_body 1 k v"), Verdict::Allow);
+        assert_eq!(check(&p, "EVAL_RO s 1 k 12345678901"), Verdict::Allow);
         assert!(refused(check(&p, "MGET a b c")).contains("names 3 keys"));
         assert_eq!(check(&p, "MGET a b"), Verdict::Allow);
     }
