@@ -154,6 +154,73 @@ async fn values_cannot_grow_past_the_cap_by_offset_or_through_a_script() {
     assert_eq!(c.call(&["APPEND", "ap", "xy"]).await, b":2\r\n");
 }
 
+/// Range guards measure what a read can return, so no spelling of a whole-collection or huge
+/// read gets through: the literal `LRANGE k 0 -1` was the only one caught before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_guards_catch_every_spelling_of_a_huge_read() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: ranges\n    max_range: 1000\n    message: page your reads\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("r.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    redis.direct(&["RPUSH", "l", "a", "b"]).await;
+    redis.direct(&["ZADD", "z", "1", "a", "2", "b"]).await;
+    redis.direct(&["SADD", "s", "a"]).await;
+    redis.direct(&["HSET", "h", "f", "v"]).await;
+    let whole: &[&[&str]] = &[
+        &["LRANGE", "l", "0", "-1"],
+        &["ZRANGE", "z", "0", "-1"],
+        &["ZRANGE", "z", "0", "-1", "REV"],
+        &["ZRANGE", "z", "-inf", "+inf", "BYSCORE"],
+        &["ZRANGE", "z", "-", "+", "BYLEX"],
+        &["ZREVRANGE", "z", "0", "-1"],
+        &["ZRANGEBYSCORE", "z", "-inf", "+inf"],
+        &["HGETALL", "h"],
+        &["SMEMBERS", "s"],
+    ];
+    for cmd in whole {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-ERR policy ranges: ") && reply.contains("reads a whole collection"),
+            "{cmd:?}: {reply}"
+        );
+    }
+    let huge: &[&[&str]] = &[
+        &["LRANGE", "l", "0", "999999999"],
+        &["SRANDMEMBER", "s", "-1000000"],
+        &["HRANDFIELD", "h", "5000"],
+        &["ZRANDMEMBER", "z", "1001"],
+        &[
+            "ZRANGE", "z", "-inf", "+inf", "BYSCORE", "LIMIT", "0", "5000",
+        ],
+    ];
+    for cmd in huge {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-ERR policy ranges: ")
+                && reply.contains("elements, above 1000; page your reads"),
+            "{cmd:?}: {reply}"
+        );
+    }
+    // Paged reads are answered by Redis as usual.
+    assert_eq!(
+        c.call(&["LRANGE", "l", "0", "999"]).await,
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.call(&["ZRANGE", "z", "-inf", "+inf", "BYSCORE", "LIMIT", "0", "10"])
+            .await,
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.call(&["SRANDMEMBER", "s", "-3"]).await,
+        b"*3\r\n$1\r\na\r\n$1\r\na\r\n$1\r\na\r\n"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_inside_multi_aborts_the_transaction() {
     let redis = RedisServer::start();

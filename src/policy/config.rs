@@ -91,10 +91,14 @@ pub struct RuleConfig {
     /// Refuse SCAN/SSCAN/HSCAN/ZSCAN with a `COUNT` above this.
     #[serde(default)]
     pub max_scan_count: Option<Spanned<u64>>,
-    /// Refuse whole-collection range reads (`LRANGE k 0 -1`, `ZRANGE k 0 -1`) and HGETALL,
-    /// SMEMBERS.
+    /// Refuse reads whose arguments do not bound what they return (`LRANGE k 0 -1`, `ZRANGE k
+    /// 0 -1`, BYSCORE/BYLEX without LIMIT, XRANGE without COUNT, HGETALL, SMEMBERS…).
     #[serde(default)]
     pub deny_unbounded_reads: Option<Spanned<bool>>,
+    /// Refuse reads that can return more elements than this (`LRANGE k 0 999999999`,
+    /// `SRANDMEMBER k -1000000`), and the unbounded ones too: one bound for every range read.
+    #[serde(default)]
+    pub max_range: Option<Spanned<u64>>,
     /// Refuse a write whose value argument is larger than this many bytes.
     #[serde(default)]
     pub max_value_bytes: Option<Spanned<u64>>,

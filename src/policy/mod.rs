@@ -10,6 +10,7 @@ pub mod access;
 pub mod config;
 pub mod line;
 pub mod namespace;
+pub mod ranges;
 pub mod rewrite;
 mod shared_limits;
 pub mod ttl;
@@ -199,7 +200,10 @@ enum Kind {
         unless_arg: Option<Vec<u8>>,
     },
     MaxScanCount(u64),
+    /// Refuse reads whose arguments do not bound how much they return (`ranges`).
     UnboundedReads,
+    /// Refuse reads that can return more than this many elements, or an unbounded number.
+    MaxRange(u64),
     MaxValueBytes(u64),
     MaxKeys(u64),
     RateLimit {
@@ -758,7 +762,7 @@ enum Phase {
     Identify,
     /// `deny` rules.
     Deny,
-    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`.
+    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`, `max_range`.
     ArgumentGuards,
     /// Rate limits counted in the proxy.
     RateLimit,
@@ -791,7 +795,9 @@ impl Kind {
     fn phase(&self) -> Phase {
         match self {
             Kind::Deny { .. } => Phase::Deny,
-            Kind::MaxScanCount(_) | Kind::UnboundedReads => Phase::ArgumentGuards,
+            Kind::MaxScanCount(_) | Kind::UnboundedReads | Kind::MaxRange(_) => {
+                Phase::ArgumentGuards
+            }
             Kind::RateLimit { .. } => Phase::RateLimit,
             Kind::MaxValueBytes(_)
             | Kind::MaxKeys(_)
@@ -930,7 +936,7 @@ fn compile_rule(
             line,
             format!(
                 "rule `{}` needs exactly one of deny, max_scan_count, \
-                 deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
+                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
                 rc.id.value,
                 parts.kinds.len()
             ),
@@ -979,13 +985,18 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
         }
         parts.kinds.push(Kind::MaxScanCount(n.value));
     }
+    let range_commands = || {
+        ranges::COMMANDS
+            .iter()
+            .flat_map(|n| commands::lookup_name(n.as_bytes()))
+    };
     if rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value) {
-        for name in ["lrange", "zrange", "hgetall", "smembers"] {
-            parts
-                .commands
-                .extend(commands::lookup_name(name.as_bytes()));
-        }
+        parts.commands.extend(range_commands());
         parts.kinds.push(Kind::UnboundedReads);
+    }
+    if let Some(n) = &rc.max_range {
+        parts.commands.extend(range_commands());
+        parts.kinds.push(Kind::MaxRange(n.value));
     }
 }
 
@@ -1116,15 +1127,24 @@ fn violation<L: CommandLine + ?Sized>(
             let n = crate::codec::parse_int(count)?;
             (n > *max as i64).then(|| ("ERR", format!("{} COUNT {n} is above {max}", upper())))
         }
-        Kind::UnboundedReads => {
-            let whole = match spec.name {
-                "lrange" | "zrange" => {
-                    line.argc() >= 4 && line.arg(2) == b"0" && line.arg(3) == b"-1"
-                }
-                _ => true,
-            };
-            whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
-        }
+        Kind::UnboundedReads => match ranges::read_size(spec, line)? {
+            ranges::Size::Whole => Some(("ERR", format!("{} reads a whole collection", upper()))),
+            ranges::Size::AtMost(_) => None,
+        },
+        Kind::MaxRange(max) => match ranges::read_size(spec, line)? {
+            ranges::Size::Whole => Some((
+                "ERR",
+                format!(
+                    "{} reads a whole collection; ask for at most {max}",
+                    upper()
+                ),
+            )),
+            ranges::Size::AtMost(n) if n > *max => Some((
+                "ERR",
+                format!("{} asks for up to {n} elements, above {max}", upper()),
+            )),
+            ranges::Size::AtMost(_) => None,
+        },
         Kind::MaxValueBytes(max) => {
             if let Some(n) = grown_value(spec, line).filter(|n| n > max) {
                 return Some((
@@ -1463,7 +1483,17 @@ mod tests {
         assert_eq!(check(&p, "SCAN 0 COUNT 100"), Verdict::Allow);
         assert!(refused(check(&p, "HSCAN h 0 count 5000")).contains("policy scan"));
         assert!(refused(check(&p, "LRANGE l 0 -1")).contains("policy reads"));
+        assert!(refused(check(&p, "ZRANGE z -inf +inf BYSCORE")).contains("policy reads"));
         assert_eq!(check(&p, "LRANGE l 0 99"), Verdict::Allow);
+        let r = policy("rules:\n  - id: range\n    max_range: 1000\n");
+        assert!(
+            refused(check(&r, "LRANGE l 0 999999999"))
+                .contains("LRANGE asks for up to 1000000000 elements, above 1000")
+        );
+        assert!(refused(check(&r, "SRANDMEMBER s -5000")).contains("up to 5000 elements"));
+        assert!(refused(check(&r, "ZREVRANGE z 0 -1")).contains("reads a whole collection"));
+        assert_eq!(check(&r, "ZRANGE z 0 999"), Verdict::Allow);
+        assert_eq!(check(&r, "HRANDFIELD h 10"), Verdict::Allow);
         assert!(refused(check(&p, "SET k 12345678901")).contains("policy big"));
         // A long key name is not a value.
         assert_eq!(check(&p, "SET kkkkkkkkkkkkkkkk v"), Verdict::Allow);
