@@ -148,6 +148,25 @@ pub struct UpstreamConfig {
     pub command_timeout_ms: Located<u64>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
+    /// What the proxy does at start and after each reload about scripts, which run as its
+    /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
+    /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
+    /// the ACL that mirrors the deny rules (`--print-acl` prints it), or `off`.
+    pub script_acl: Located<ScriptAclMode>,
+}
+
+/// What the proxy does about its upstream user's ACL (see [`UpstreamConfig::script_acl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptAclMode {
+    /// Ask Redis (`ACL DRYRUN`) whether the user may run each denied command; warn if so.
+    #[default]
+    Check,
+    /// Set the user's command permissions (`ACL SETUSER`) to the mirror of the deny rules,
+    /// then check.
+    Apply,
+    /// Neither: for a Redis without ACLs or a user that may not run ACL DRYRUN.
+    Off,
 }
 
 /// What kind of upstream the proxy fronts.
@@ -335,6 +354,7 @@ impl Default for UpstreamConfig {
             queue_depth: located(1024),
             command_timeout_ms: located(10_000),
             tls: None,
+            script_acl: located(ScriptAclMode::Check),
         }
     }
 }

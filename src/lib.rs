@@ -54,7 +54,10 @@
 //!   with `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
+//! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
+//!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
+//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam.
 
 #![forbid(
@@ -78,11 +81,13 @@ pub mod policy;
 pub mod ratelimit;
 pub mod reply;
 pub mod resp_value;
+pub mod script_acl;
 pub mod sentinel;
 pub mod server;
 pub mod session;
 pub mod setup;
 pub mod slowlog;
+pub mod tools;
 pub mod upstream;
 
 pub use config::Config;

@@ -54,6 +54,10 @@ struct Cli {
     /// With --explain: from this client address (default 127.0.0.1).
     #[arg(long, value_name = "IP", requires = "explain")]
     from: Option<std::net::IpAddr>,
+    /// Print the `ACL SETUSER` line that keeps scripts from running what the policy in FILE
+    /// denies (for the proxy's upstream user), then exit.
+    #[arg(long, value_name = "FILE")]
+    print_acl: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -90,6 +94,20 @@ fn main() -> ExitCode {
         return match setup::load(path) {
             Ok(_) => {
                 println!("{}: OK", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+
+    if let Some(path) = &cli.print_acl {
+        return match redis_policy_proxy::tools::print_acl::print_acl(path) {
+            Ok((line, notes)) => {
+                println!("{line}");
+                notes.iter().for_each(|n| eprintln!("{n}"));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -705,3 +705,47 @@ async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
         assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
     }
 }
+
+/// `--print-acl` prints the `ACL SETUSER` line mirroring the policy's deny rules; applied to
+/// Redis, it keeps a script from running KEYS while what the policy allows still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_commands() {
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let r = run_bin(&["--print-acl", path_str(&default)]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.trim_end();
+    assert!(
+        line.starts_with("ACL SETUSER default +@all ")
+            && line.contains(" -keys ")
+            && line.contains(" -flushall ")
+            && line.contains(" -swapdb"),
+        "{line}"
+    );
+    let redis = RedisServer::start();
+    let args: Vec<&str> = line.split(' ').collect();
+    assert_eq!(redis.direct(&args).await, b"+OK\r\n");
+    let keys = redis
+        .direct(&["EVAL", "return redis.call('KEYS','*')", "0"])
+        .await;
+    assert!(
+        keys.starts_with(b"-ERR The user executing the script can't run this command"),
+        "{}",
+        String::from_utf8_lossy(&keys)
+    );
+    assert_eq!(
+        redis
+            .direct(&["EVAL", "return redis.call('SET', KEYS[1], 'v')", "1", "k"])
+            .await,
+        b"+OK\r\n"
+    );
+    // A file that does not validate: exit 64 with its problems.
+    let tmp = TempDir::new("print-acl");
+    let bad = write_file(
+        tmp.path(),
+        "bad.yaml",
+        "rules:\n  - id: x\n    deny: [NOPE]\n",
+    );
+    let r = run_bin(&["--print-acl", path_str(&bad)]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "{}", r.stdout);
+    assert!(r.stderr.contains("unknown command `NOPE`"), "{}", r.stderr);
+}

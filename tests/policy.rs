@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, resp, show};
+use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, http_get, resp, sample, show};
 
 /// A proxy in front of `redis` running `policy/default.yaml`.
 async fn default_policy(redis: &RedisServer) -> Proxy {
@@ -946,4 +946,149 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
         }
     }
     assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
+/// A proxy in front of `redis` running `policy/default.yaml` with `upstream.script_acl` set.
+async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Proxy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("upstream:\n", &format!("upstream:\n  script_acl: {mode}\n"));
+    let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
+    config.set_upstream(redis.addr());
+    Proxy::start(config).await
+}
+
+/// `/readyz`'s body once the script ACL check has reported (it runs beside serving).
+async fn readyz_after_acl_check(proxy: &Proxy) -> String {
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = http_get(proxy.admin, "/readyz").await;
+        if status == 200 && (body.contains("cannot run") || body.contains("scripts could run")) {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no script ACL check: {body}"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
+/// Scripts run as the proxy's upstream user, which could run KEYS or FLUSHALL though the
+/// policy refuses them: the proxy says so at start (log, metric, /readyz).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_warns_when_scripts_could_run_what_the_policy_denies() {
+    let redis = RedisServer::start();
+    let proxy = default_policy_with_script_acl(&redis, "check").await;
+    let body = readyz_after_acl_check(&proxy).await;
+    assert!(
+        body.contains("scripts could run what the policy denies as upstream user `default`: ")
+            && body.contains("KEYS")
+            && body.contains("FLUSHALL"),
+        "{body}"
+    );
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    assert!(
+        sample(&metrics, "rpp_script_acl_open_commands") > 0.0,
+        "{metrics}"
+    );
+    // Checking changed nothing on the server.
+    assert_eq!(
+        redis.direct(&["ACL", "LIST"]).await,
+        b"*1\r\n$34\r\nuser default on nopass ~* &* +@all\r\n".to_vec()
+    );
+}
+
+/// With `script_acl: apply` the proxy gives its upstream user the ACL mirroring the deny
+/// rules, so a script cannot run what the proxy refuses; everything the policy allows works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_acl_applied_a_script_cannot_run_what_the_policy_denies() {
+    let redis = RedisServer::start();
+    redis.direct(&["SET", "data", "kept"]).await;
+    let proxy = default_policy_with_script_acl(&redis, "apply").await;
+    let body = readyz_after_acl_check(&proxy).await;
+    assert!(
+        body.contains(
+            "upstream user `default` cannot run the commands the policy denies (ACL applied)"
+        ),
+        "{body}"
+    );
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    assert_eq!(
+        sample(&metrics, "rpp_script_acl_open_commands"),
+        0.0,
+        "{metrics}"
+    );
+    let mut c = Raw::connect(proxy.addr).await;
+    for script in [
+        "return redis.call('KEYS','*')",
+        "return redis.call('FLUSHALL')",
+        "return redis.call('SWAPDB', 0, 1)",
+    ] {
+        let reply = text(&c.call(&["EVAL", script, "0"]).await);
+        assert!(
+            reply.starts_with(
+                "-ERR The user executing the script can't run this command or subcommand"
+            ),
+            "{script}: {reply}"
+        );
+    }
+    assert_eq!(redis.direct(&["GET", "data"]).await, b"$4\r\nkept\r\n");
+    // What the policy allows still runs, in scripts and directly.
+    assert_eq!(
+        c.call(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "data"])
+            .await,
+        b"$4\r\nkept\r\n"
+    );
+    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert!(c.call(&["SCAN", "0"]).await.starts_with(b"*2\r\n"));
+}
+
+/// A `scripts` rule lets a tenant run only the scripts and functions the operator listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripts_rule_runs_only_listed_scripts_for_its_tenant() {
+    let redis = RedisServer::start();
+    // sha1("return 1")
+    let sha = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db";
+    let yaml = format!(
+        "upstream:\n  address: {}\naccess:\n  identities:\n    - {{tenant: app, cidr: 127.0.0.1/32}}\nrules:\n  - id: reviewed-scripts\n    tenants: [app]\n    scripts:\n      allow: listed\n      sha1: ['{sha}']\n      functions: [put]\n    message: ask for a script review\n  - id: no-scripts\n    tenants: [default]\n    scripts: {{allow: none}}\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("s.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
+    assert_eq!(c.call(&["EVALSHA", sha, "0"]).await, b":1\r\n");
+    let reply = text(
+        &c.call(&["EVAL", "return redis.call('KEYS','*')", "0"])
+            .await,
+    );
+    assert!(
+        reply.starts_with(
+            "-NOPERM policy reviewed-scripts: EVAL of a script that is not listed (sha1 "
+        ) && reply.ends_with("); ask for a script review\r\n"),
+        "{reply}"
+    );
+    let lib = "#!lua name=rpp\nredis.register_function('put', function(keys, args) return redis.call('SET', keys[1], args[1]) end)";
+    let reply = text(&c.call(&["FUNCTION", "LOAD", lib]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy reviewed-scripts: FUNCTION LOAD would change"),
+        "{reply}"
+    );
+    redis.direct(&["FUNCTION", "LOAD", lib]).await;
+    assert_eq!(c.call(&["FCALL", "put", "1", "k", "v"]).await, b"+OK\r\n");
+    redis
+        .direct(&[
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+            &lib.replace("'put'", "'other'"),
+        ])
+        .await;
+    let reply = text(&c.call(&["FCALL", "other", "1", "k", "v"]).await);
+    assert!(
+        reply.contains("FCALL of function `other`, which is not listed"),
+        "{reply}"
+    );
 }

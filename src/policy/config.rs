@@ -117,6 +117,36 @@ pub struct RuleConfig {
     /// Every key must match this regular expression (e.g. `^[a-z]+(:[A-Za-z0-9_-]+)+$`).
     #[serde(default)]
     pub key_pattern: Option<Spanned<String>>,
+    /// Which Lua scripts and functions may run: all, only listed ones, or none.
+    #[serde(default)]
+    pub scripts: Option<Spanned<ScriptsConfig>>,
+}
+
+/// `scripts:` — which scripts (EVAL/EVALSHA, by the SHA1 of the body) and functions (FCALL,
+/// by name) the rule's tenants may run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptsConfig {
+    /// `all`, `listed` (only `sha1` and `functions`) or `none`.
+    pub allow: ScriptsAllow,
+    /// SHA1 digests of the reviewed scripts (`sha1sum script.lua`, or what SCRIPT LOAD says).
+    #[serde(default)]
+    pub sha1: Vec<String>,
+    /// Names of the reviewed functions (`redis.register_function('name', …)`).
+    #[serde(default)]
+    pub functions: Vec<String>,
+}
+
+/// What a `scripts` rule lets run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptsAllow {
+    /// Every script and function.
+    All,
+    /// Only the listed SHA1s and function names; registering code is refused.
+    Listed,
+    /// No scripting at all.
+    None,
 }
 
 /// `ttl:` — durations are written `500ms`, `30s`, `15m`, `24h`, `7d`, or `none` (never forced).

@@ -7,11 +7,13 @@
 //! have refused and lets the command through. With no rules the check is one branch.
 
 pub mod access;
+pub mod acl;
 pub mod config;
 pub mod line;
 pub mod namespace;
 pub mod ranges;
 pub mod rewrite;
+pub mod scripts;
 mod shared_limits;
 pub mod ttl;
 
@@ -221,6 +223,8 @@ enum Kind {
     Ttl(ttl::Ttl),
     StreamMaxLen(u64),
     KeyPattern(regex::bytes::Regex),
+    /// Which scripts and functions may run (`scripts`).
+    Scripts(scripts::Scripts),
 }
 
 /// The compiled policy.
@@ -760,7 +764,7 @@ impl Policy {
 enum Phase {
     /// The client's tenant, from its address and AUTH user (`access`).
     Identify,
-    /// `deny` rules.
+    /// `deny` and `scripts` rules.
     Deny,
     /// Argument guards: `max_scan_count`, `deny_unbounded_reads`, `max_range`.
     ArgumentGuards,
@@ -794,7 +798,7 @@ impl Kind {
     /// The phase a rule of this kind runs in.
     fn phase(&self) -> Phase {
         match self {
-            Kind::Deny { .. } => Phase::Deny,
+            Kind::Deny { .. } | Kind::Scripts(_) => Phase::Deny,
             Kind::MaxScanCount(_) | Kind::UnboundedReads | Kind::MaxRange(_) => {
                 Phase::ArgumentGuards
             }
@@ -936,7 +940,7 @@ fn compile_rule(
             line,
             format!(
                 "rule `{}` needs exactly one of deny, max_scan_count, \
-                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
+                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern, scripts (found {})",
                 rc.id.value,
                 parts.kinds.len()
             ),
@@ -976,6 +980,19 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
     } else if rc.unless_arg.is_some() {
         let line = out.line;
         out.push("unless_arg", line, "only goes with `deny`".into());
+    }
+    if let Some(s) = &rc.scripts {
+        match scripts::Scripts::compile(&s.value) {
+            Ok(rule) => {
+                for name in scripts::COMMANDS {
+                    parts
+                        .commands
+                        .extend(commands::lookup_name(name.as_bytes()));
+                }
+                parts.kinds.push(Kind::Scripts(rule));
+            }
+            Err(e) => out.push("scripts", s.referenced.line(), e),
+        }
     }
     if let Some(n) = &rc.max_scan_count {
         for name in ["scan", "sscan", "hscan", "zscan"] {
@@ -1164,6 +1181,7 @@ fn violation<L: CommandLine + ?Sized>(
         | Kind::Ttl(_)
         | Kind::StreamMaxLen(_) => None,
         Kind::KeyPattern(re) => bad_key_name(spec, line, re).map(|message| ("ERR", message)),
+        Kind::Scripts(s) => s.refusal(spec, line).map(|r| ("NOPERM", r)),
         Kind::MaxKeys(max) => too_many_keys(spec, line, *max)
             .map(|n| ("ERR", format!("{} names {n} keys, above {max}", upper()))),
     }

@@ -1,0 +1,6 @@
+//! The operator's command-line tools beside serving: `--print-acl` (the upstream ACL that
+//! mirrors the policy) and `--survey` (what the policy would change in an existing Redis).
+//! Here rather than in `main.rs`, so they are tested as library code and `main` only
+//! dispatches.
+
+pub mod print_acl;
