@@ -953,7 +953,7 @@ async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Prox
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace("upstream:\n", &format!("upstream:\n  script_acl: {mode}\n"));
+        .replace("  script_acl: check\n", &format!("  script_acl: {mode}\n"));
     let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
