@@ -356,6 +356,9 @@ fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str
             let rw = rw.materialize(&args[..]);
             println!("rewritten: {}", rw.note);
             let show = |b: &[u8]| String::from_utf8_lossy(b).replace("\r\n", " ");
+            for c in rw.before() {
+                println!("  first (reply hidden): {}", show(c));
+            }
             if let Some(c) = &rw.command {
                 println!("  sent instead: {}", show(c));
             }

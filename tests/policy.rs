@@ -20,6 +20,17 @@ async fn default_policy(redis: &RedisServer) -> Proxy {
     Proxy::start(config).await
 }
 
+/// [`default_policy`] with `from` replaced by `to` in the file's text (which must contain it).
+async fn default_policy_edited(redis: &RedisServer, from: &str, to: &str) -> Proxy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "{from:?} not in default.yaml");
+    let mut config = redis_policy_proxy::setup::from_yaml(&text.replace(from, to), &path)
+        .expect("edited default policy loads");
+    config.set_upstream(redis.addr());
+    Proxy::start(config).await
+}
+
 fn text(reply: &[u8]) -> String {
     String::from_utf8_lossy(reply).into_owned()
 }
@@ -350,6 +361,105 @@ async fn every_write_family_leaves_a_ttl_on_the_server() {
     assert!(pttl(&redis, "own").await > 0);
 }
 
+/// Keys written before the proxy arrived, without a TTL.
+async fn seed_persistent_keys(redis: &RedisServer) {
+    redis
+        .direct(&["HSET", "config:features", "dark", "on"])
+        .await;
+    redis.direct(&["SET", "counter", "5"]).await;
+    redis.direct(&["SET", "config:name", "shop"]).await;
+    redis.direct(&["SADD", "members", "a"]).await;
+    redis.direct(&["RPUSH", "jobs", "j1"]).await;
+    redis.direct(&["SET", "old", "x"]).await;
+    redis.direct(&["SET", "mset:old", "x"]).await;
+}
+
+/// Writes an application sends to keys that exist and keys that do not.
+async fn write_through(c: &mut Raw) {
+    let writes: &[(&[&str], &[u8])] = &[
+        (&["HSET", "config:features", "beta", "off"], b":1\r\n"),
+        (&["INCR", "counter"], b":6\r\n"),
+        (&["SET", "config:name", "store"], b"+OK\r\n"),
+        (&["SADD", "members", "b"], b":1\r\n"),
+        (&["GETSET", "old", "y"], b"$1\r\nx\r\n"),
+        (
+            &[
+                "EVAL",
+                "return redis.call('RPUSH', KEYS[1], ARGV[1])",
+                "1",
+                "jobs",
+                "j2",
+            ],
+            b":2\r\n",
+        ),
+        (&["HSET", "fresh:hash", "f", "v"], b":1\r\n"),
+        (&["SET", "fresh:string", "v"], b"+OK\r\n"),
+        (&["INCR", "fresh:counter"], b":1\r\n"),
+        (&["MSET", "mset:old", "y", "mset:new", "z"], b"+OK\r\n"),
+    ];
+    for (cmd, reply) in writes {
+        assert_eq!(c.call(cmd).await, *reply, "{cmd:?}");
+    }
+}
+
+/// In front of a Redis with persistent data, the default policy (`keys: created`) gives a TTL
+/// to the keys writes create and leaves the keys that existed without one persistent, inside
+/// MULTI too; `keys: written` gives every key it writes a TTL, as its comment warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_persistent_keys_stay_persistent_unless_the_policy_says_written() {
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "members",
+        "old",
+        "jobs",
+    ] {
+        assert_eq!(pttl(&redis, key).await, -1, "{key} got a TTL");
+    }
+    for key in ["fresh:hash", "fresh:string", "fresh:counter", "mset:new"] {
+        let ttl = pttl(&redis, key).await;
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
+    }
+    // MSET makes what it writes persistent in Redis, so the rule cannot tell an old key from
+    // a new one: it gets the TTL (policy/README.md).
+    assert!(pttl(&redis, "mset:old").await > 0);
+    // A key that had a TTL keeps it across a SET; inside MULTI the checks are queued too, and
+    // EXEC shows the client's results only.
+    c.call(&["SET", "short", "v", "EX", "100"]).await;
+    c.send(b"MULTI\r\nSET short w\r\nHSET config:features x 1\r\nSADD fresh:set a\r\nEXEC\r\n")
+        .await;
+    let got = c.collect_frames(5, DEADLINE).await.frames;
+    assert_eq!(got[4], b"*3\r\n+OK\r\n:1\r\n:1\r\n");
+    assert!(pttl(&redis, "short").await <= 100_000);
+    assert_eq!(pttl(&redis, "config:features").await, -1);
+    assert!(pttl(&redis, "fresh:set").await > 3_500_000);
+    // No marker is left behind: the keyspace holds the application's keys only.
+    assert_eq!(redis.direct(&["DBSIZE"]).await, b":13\r\n");
+
+    // `keys: written`: every key written without a TTL gets one, existing ones included.
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let proxy = default_policy_edited(&redis, "keys: created", "keys: written").await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "members",
+        "old",
+        "jobs",
+    ] {
+        assert!(pttl(&redis, key).await > 0, "{key} has no TTL");
+    }
+}
+
 /// Unix time in seconds, as Redis reads it for EXAT and EXPIREAT.
 fn unix_s() -> u64 {
     std::time::SystemTime::now()
@@ -668,8 +778,9 @@ async fn a_long_pipeline_of_sets_gets_its_ttls_appended_in_place() {
     // The session appends `PX <ttl>` to SET frames while copying them into the upstream batch
     // (no re-encoding): a pipeline mixing rewritten, kept, inline and multibulk SETs with reads
     // must reach Redis intact and answer in order.
+    // `keys: written` is the mode whose SET gets `PX` appended in place.
     let redis = RedisServer::start();
-    let proxy = default_policy(&redis).await;
+    let proxy = default_policy_edited(&redis, "keys: created", "keys: written").await;
     let mut c = Raw::connect(proxy.addr).await;
     let mut input = Vec::new();
     let mut expected = Vec::new();

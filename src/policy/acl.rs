@@ -19,6 +19,7 @@ use crate::commands::{self, CommandFlags, CommandSpec};
 /// survey): never removed from its user, whatever the rules say.
 const PROXY_NEEDS: &[&str] = &[
     "pexpire",
+    "persist",
     "ping",
     "info",
     "role",

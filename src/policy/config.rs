@@ -164,6 +164,22 @@ pub struct TtlConfig {
     /// Refuse PERSIST and GETEX PERSIST, which would leave a key without a TTL.
     #[serde(default)]
     pub deny_persist: bool,
+    /// Which keys get the TTL: those a write creates, or every key written without one. No
+    /// default: in front of existing data the difference is whether persistent keys start to
+    /// expire, which an operator must choose knowingly.
+    #[serde(default)]
+    pub keys: Option<TtlKeys>,
+}
+
+/// Which keys a `ttl` rule gives a TTL (see policy/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TtlKeys {
+    /// Keys a write creates; a key that existed without a TTL keeps none (detected by a
+    /// hidden script before the write and one after it).
+    Created,
+    /// Every key a write touches that has no TTL, keys that existed before included.
+    Written,
 }
 
 /// One `prefixes:` entry.

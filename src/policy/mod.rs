@@ -846,6 +846,9 @@ fn compose(acc: &mut Option<Rewrite>, rw: Rewrite) {
             None => acc.append = Some(extra),
         }
     }
+    if let Some(before) = rw.before {
+        acc.add_before(*before);
+    }
     acc.after.extend(rw.after);
     acc.note = format!("{}; {}", acc.note, rw.note).into();
 }
@@ -1064,7 +1067,7 @@ fn limit_kinds(rc: &RuleConfig, clock: &Arc<dyn Clock>, parts: &mut Parts, out: 
 /// fields were always read.
 fn rewrite_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
     if let Some(t) = &rc.ttl {
-        match compile_ttl(&t.value) {
+        match compile_ttl(&t.value, t.referenced.line()) {
             Ok(rule) => parts.global(Kind::Ttl(rule)),
             Err(e) => out.push("ttl", t.referenced.line(), e),
         }
@@ -1357,7 +1360,15 @@ fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> 
 }
 
 /// Compiles a `ttl:` rule; checks every duration and that none exceeds `max`.
-fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
+fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
+    let Some(keys) = c.keys else {
+        return Err(
+            "choose which keys get the TTL: `keys: created` (keys a write creates; \
+             keys that exist without a TTL keep none) or `keys: written` (every key a write \
+             touches without a TTL, existing persistent keys included)"
+                .into(),
+        );
+    };
     let default_ms = config::parse_duration(&c.default)?;
     let max_ms = match &c.max {
         Some(m) => Some(config::parse_duration(m)?.ok_or("`max` cannot be `none`")?),
@@ -1386,6 +1397,7 @@ fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
         prefixes,
         max_ms,
         deny_persist: c.deny_persist,
+        keys,
         clock: ttl::unix_ms,
     })
 }
@@ -1483,7 +1495,7 @@ mod tests {
     #[test]
     fn rules_apply_to_every_command_in_phase_order_and_file_order_within_a_phase() {
         let p = policy(
-            "rules:\n  - id: ttl\n    ttl:\n      default: 60s\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+:'\n  - id: big\n    max_value_bytes: 10\n  - id: rate\n    rate_limit:\n      requests: 100\n      window_ms: 1000\n",
+            "rules:\n  - id: ttl\n    ttl:\n      default: 60s\n      keys: written\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+:'\n  - id: big\n    max_value_bytes: 10\n  - id: rate\n    rate_limit:\n      requests: 100\n      window_ms: 1000\n",
         );
         let order: Vec<&str> = p.global.iter().map(|&r| p.rules[r].id.as_str()).collect();
         assert_eq!(order, ["rate", "names", "big", "cap", "ttl"]);
@@ -1589,6 +1601,36 @@ mod tests {
         assert!(refused(check(&p, "GET Bad_Key")).contains("key 'Bad_Key' does not match"));
         assert_eq!(check(&p, "GET user:42"), Verdict::Allow);
         assert_eq!(check(&p, "PING"), Verdict::Allow);
+    }
+
+    #[test]
+    fn a_namespaced_tenants_listed_script_gets_the_ttl_of_its_prefixed_keys() {
+        #[derive(Deserialize)]
+        struct WithAccess {
+            rules: Vec<RuleConfig>,
+            access: config::Access,
+        }
+        // sha1("return 1")
+        let f: WithAccess = serde_saphyr::from_str(
+            "access:\n  identities:\n    - {tenant: app, cidr: 127.0.0.1/32}\n  namespaces:\n    app: 'app:'\n  scripts: [e0e1f9fabfc9d4800c877a703b823ac0578ff8db]\nrules:\n  - id: ttl\n    ttl: {default: 1h, keys: written}\n",
+        )
+        .unwrap();
+        let p = Policy::compile_full(&f.rules, &f.access, Arc::new(MonotonicClock::new())).unwrap();
+        let client = Client {
+            id: 1,
+            addr: IpAddr::from([127, 0, 0, 1]),
+            tenant: p.access.tenant_of(IpAddr::from([127, 0, 0, 1]), None),
+        };
+        let args: Vec<&[u8]> = vec![b"EVAL", b"return 1", b"1", b"k"];
+        let Verdict::Rewrite(rw) = p.check(&client, &args[..]) else {
+            panic!("not rewritten");
+        };
+        assert_eq!(
+            rw.after,
+            [crate::codec::encode(&[
+                b"PEXPIRE", b"app:k", b"3600000", b"NX"
+            ])]
+        );
     }
 
     #[test]

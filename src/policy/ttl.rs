@@ -24,12 +24,16 @@
 //!   command in the same batch and its reply is hidden. `NX` (Redis 7) only sets a TTL on a key
 //!   that has none, so a TTL the application chose is never changed. Inside MULTI the PEXPIRE
 //!   is queued in the same transaction and removed from EXEC's reply.
+//! - `keys: created` (see [`TtlKeys`]): for writes that keep a key's TTL, [`MARK`] before and
+//!   [`SETTLE`] after instead of `PEXPIRE NX`, so a key that existed without a TTL keeps none;
+//!   SET and GETSET are sent with `KEEPTTL` between them.
 //! - `COPY … DB n` copies into another database, which a PEXPIRE sent here cannot reach: the
 //!   copy keeps the source's TTL and nothing is added (a PEXPIRE of the destination name here
 //!   would hit an unrelated key).
 
 use std::borrow::Cow;
 
+pub use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
 use crate::codec::{encode, itoa_buf, parse_int};
@@ -45,10 +49,21 @@ pub struct Ttl {
     pub max_ms: Option<u64>,
     /// Refuse PERSIST and GETEX PERSIST.
     pub deny_persist: bool,
+    /// Which keys get the TTL: created ones, or every key written without one.
+    pub keys: TtlKeys,
     /// Unix time in milliseconds, read only for absolute expiries (EXAT, PXAT, EXPIREAT,
     /// RESTORE ABSTTL); a field so tests can fix it.
     pub clock: fn() -> u64,
 }
+
+/// `keys: created`, before a write that keeps a key's TTL: a key that exists without one is
+/// marked with an expiry 2^60 ms (36 million years) away, which no application sets and the
+/// write keeps. If the proxy dies before [`SETTLE`] runs, the key stays as good as persistent.
+const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], '1152921504606846976') end return 0";
+
+/// `keys: created`, after the write: a marked key (TTL above 2^59 ms) goes back to no TTL, a
+/// key without one (the write created it) gets `ARGV[1]` ms, and a TTL the key had is kept.
+const SETTLE: &[u8] = b"local t = redis.call('pttl', KEYS[1]) if t > 576460752303423488 then redis.call('persist', KEYS[1]) elseif t == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
 
 /// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
 /// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
@@ -143,6 +158,11 @@ impl Ttl {
             "restore" | "restore-asking" => self.restore(args),
             "persist" => TtlAction::Keep,
             "copy" if copies_to_another_db(args) => TtlAction::Keep,
+            // GETSET drops the key's TTL, so under `keys: created` it is sent as the SET that
+            // keeps it (same reply), and a key that existed without one keeps none.
+            "getset" if self.keys == TtlKeys::Created && args.len() == 3 => {
+                self.set_keeping_ttl(args, &[b"KEEPTTL", b"GET"])
+            }
             // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
             // specs because a script may do anything with them (the _RO forms are RO).
             "eval" | "evalsha" | "fcall" => self.expire_written_keys(args),
@@ -158,11 +178,16 @@ impl Ttl {
         for (i, opt) in args.iter().enumerate().skip(3) {
             if opt.eq_ignore_ascii_case(b"KEEPTTL") {
                 // The TTL an existing key has is kept; a key the SET creates gets one.
-                return self.expire_keys(args, [1]);
+                return self.expire_keys(args, [(1, false)]);
             }
             if let Some(expiry) = expiry_option(opt, i + 1) {
                 return self.clamp(args, expiry);
             }
+        }
+        if self.keys == TtlKeys::Created {
+            // A SET drops the TTL of the key it replaces: sent with KEEPTTL, a key that existed
+            // without a TTL keeps none, one with a TTL keeps it, a new key gets the rule's.
+            return self.set_keeping_ttl(args, &[b"KEEPTTL"]);
         }
         match self.ttl_for(args[1]) {
             Some(ms) => TtlAction::Rewrite(Rewrite {
@@ -171,6 +196,7 @@ impl Ttl {
                     option: "PX",
                     value: ms,
                 }),
+                before: None,
                 after: Vec::new(),
                 note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
                 strip: None,
@@ -284,32 +310,73 @@ impl Ttl {
             .keys()
             .iter()
             .filter(|k| k.flags.intersects(creates))
-            .map(|k| k.index);
+            .map(|k| (k.index, k.flags.contains(KeySpecFlags::OW)));
         self.expire_keys(args, written)
     }
 
-    /// A hidden `PEXPIRE <key> <ttl> NX` for each of the keys at `indices` whose prefix has a TTL.
-    fn expire_keys(&self, args: &[&[u8]], indices: impl IntoIterator<Item = usize>) -> TtlAction {
+    /// Hidden commands giving each of the keys at `(index, replaced)` whose prefix has a TTL
+    /// one: `PEXPIRE <key> <ttl> NX` after the write (`keys: written`, and keys the write
+    /// replaces, which drops their TTL anyway), or [`MARK`] before and [`SETTLE`] after it
+    /// (`keys: created`, for writes that keep a key's TTL).
+    fn expire_keys(
+        &self,
+        args: &[&[u8]],
+        keys: impl IntoIterator<Item = (usize, bool)>,
+    ) -> TtlAction {
+        let mut before = Vec::new();
         let mut after = Vec::new();
-        for index in indices {
+        for (index, replaced) in keys {
             let name = args[index];
-            if let Some(ms) = self.ttl_for(name) {
-                let ms = itoa_buf(ms);
-                let cmd = encode(&[b"PEXPIRE", name, ms.as_str().as_bytes(), b"NX"]);
-                if !after.contains(&cmd) {
-                    after.push(cmd);
-                }
+            let Some(ms) = self.ttl_for(name) else {
+                continue;
+            };
+            let ms = itoa_buf(ms);
+            let ms = ms.as_str().as_bytes();
+            let (pre, post) = if self.keys == TtlKeys::Written || replaced {
+                (None, encode(&[b"PEXPIRE", name, ms, b"NX"]))
+            } else {
+                (
+                    Some(encode(&[b"EVAL", MARK, b"1", name])),
+                    encode(&[b"EVAL", SETTLE, b"1", name, ms]),
+                )
+            };
+            if !after.contains(&post) {
+                after.push(post);
+                before.extend(pre);
             }
         }
         if after.is_empty() {
             return TtlAction::Keep;
         }
-        let note = Cow::Borrowed("each key it may create gets PEXPIRE <ttl> NX");
-        TtlAction::Rewrite(Rewrite {
+        let note = Cow::Borrowed(if before.is_empty() {
+            "each key it may create gets PEXPIRE <ttl> NX"
+        } else {
+            "each key it may create gets <ttl>; a key that existed without a TTL keeps none"
+        });
+        let mut rw = Rewrite {
             after,
             note,
             ..Rewrite::default()
-        })
+        };
+        rw.add_before(before);
+        TtlAction::Rewrite(rw)
+    }
+
+    /// `keys: created`: the SET (or GETSET) sent with `extra` options that keep the key's
+    /// TTL, between [`MARK`] and [`SETTLE`].
+    fn set_keeping_ttl(&self, args: &[&[u8]], extra: &[&[u8]]) -> TtlAction {
+        let TtlAction::Rewrite(mut rw) = self.expire_keys(args, [(1, false)]) else {
+            return TtlAction::Keep;
+        };
+        let mut set: Vec<&[u8]> = Vec::with_capacity(args.len() + extra.len());
+        set.push(b"SET");
+        set.extend_from_slice(&args[1..]);
+        set.extend_from_slice(extra);
+        rw.command = Some(encode(&set));
+        rw.note = Cow::Borrowed(
+            "SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none",
+        );
+        TtlAction::Rewrite(rw)
     }
 }
 
@@ -353,6 +420,7 @@ mod tests {
             ],
             max_ms: Some(604_800_000),
             deny_persist: true,
+            keys: TtlKeys::Written,
             clock: || NOW_MS,
         }
     }
@@ -486,6 +554,53 @@ mod tests {
         assert_eq!(run("EVAL_RO body 1 k"), TtlAction::Keep);
         assert_eq!(run("EVALSHA_RO 0123 1 k"), TtlAction::Keep);
         assert_eq!(run("FCALL_RO f 1 k"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn created_mode_marks_existing_persistent_keys_around_writes_that_keep_ttls() {
+        let created = Ttl {
+            keys: TtlKeys::Created,
+            ..rule()
+        };
+        let run = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            let spec = commands::lookup_args(&args).unwrap();
+            match created.apply(spec, &args[..]) {
+                TtlAction::Rewrite(rw) => rw,
+                other => panic!("{line}: {other:?}"),
+            }
+        };
+        let eval = |script: &[u8], args: &[&[u8]]| {
+            let mut all: Vec<&[u8]> = vec![b"EVAL", script, b"1"];
+            all.extend_from_slice(args);
+            encode(&all)
+        };
+        let hset = run("HSET config:x f v");
+        assert_eq!(hset.command, None);
+        assert_eq!(hset.before(), [eval(MARK, &[b"config:x"])]);
+        assert_eq!(hset.after, [eval(SETTLE, &[b"config:x", b"3600000"])]);
+        // SET and GETSET keep the key's TTL (none, for a key that had none).
+        let set = run("SET k v NX");
+        assert_eq!(
+            set.command.clone().unwrap(),
+            encode(&[b"SET", b"k", b"v", b"NX", b"KEEPTTL"])
+        );
+        assert_eq!(set.before().len(), 1);
+        let getset = run("GETSET k v");
+        assert_eq!(
+            getset.command.unwrap(),
+            encode(&[b"SET", b"k", b"v", b"KEEPTTL", b"GET"])
+        );
+        // A write that replaces its key (and drops its TTL) gets PEXPIRE NX as before.
+        let mset = run("MSET a 1 b 2");
+        assert!(mset.before().is_empty());
+        assert_eq!(mset.after.len(), 2);
+        // Lock keys are exempt, and an explicit TTL is as in `written`.
+        let args: Vec<&[u8]> = vec![b"SET", b"lock:a", b"v"];
+        assert_eq!(
+            created.apply(commands::lookup_args(&args).unwrap(), &args[..]),
+            TtlAction::Keep
+        );
     }
 
     #[test]
