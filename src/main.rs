@@ -58,6 +58,16 @@ struct Cli {
     /// denies (for the proxy's upstream user), then exit.
     #[arg(long, value_name = "FILE")]
     print_acl: Option<PathBuf>,
+    /// Read the upstream (read-only: SCAN, PTTL, TYPE, STRLEN) and report what the policy in
+    /// FILE would change in the data it holds, then exit. `--upstream` picks the node.
+    #[arg(long, value_name = "FILE")]
+    survey: Option<PathBuf>,
+    /// With --survey: read at most N keys.
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "survey")]
+    sample: u64,
+    /// With --survey: read at most N keys a second.
+    #[arg(long, value_name = "N", default_value_t = 1_000, requires = "survey")]
+    rate: u64,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -108,6 +118,28 @@ fn main() -> ExitCode {
             Ok((line, notes)) => {
                 println!("{line}");
                 notes.iter().for_each(|n| eprintln!("{n}"));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+
+    if let Some(path) = &cli.survey {
+        init_logging(cli.log_format, "warn");
+        let options = redis_policy_proxy::tools::survey::Options {
+            sample: cli.sample,
+            rate: cli.rate,
+        };
+        return match redis_policy_proxy::tools::survey::survey(
+            path,
+            cli.upstream.as_deref(),
+            options,
+        ) {
+            Ok(report) => {
+                print!("{report}");
                 ExitCode::SUCCESS
             }
             Err(e) => {

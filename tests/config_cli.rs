@@ -756,3 +756,84 @@ async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_comman
     assert_eq!(r.code, Some(EX_USAGE), "{}", r.stdout);
     assert!(r.stderr.contains("unknown command `NOPE`"), "{}", r.stderr);
 }
+
+/// `--survey` reads a Redis seeded with known keys (read-only) and reports what the policy
+/// would change: keys without a TTL by prefix, TTLs above the max, values above the cap,
+/// names off the pattern, and keys left with the created-mode marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survey_reports_what_the_policy_would_change_in_existing_data() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    redis
+        .direct(&["HSET", "config:features", "dark", "on"])
+        .await;
+    redis.direct(&["SET", "config:name", "shop"]).await;
+    redis.direct(&["SET", "session:1", "u", "EX", "1000"]).await;
+    redis
+        .direct(&["SET", "cache:page", "v", "EX", "2592000"])
+        .await;
+    redis.direct(&["SET", "BadName", "v", "EX", "60"]).await;
+    let blob = "x".repeat(200_000);
+    redis.direct(&["SET", "blob:1", &blob]).await;
+    redis.direct(&["SET", "marked:1", "v"]).await;
+    redis
+        .direct(&["PEXPIRE", "marked:1", "1152921504606846976"])
+        .await;
+    let before = redis.direct(&["DEBUG", "DIGEST"]).await;
+    assert!(
+        before.starts_with(b"+") && before.len() == 43,
+        "{}",
+        String::from_utf8_lossy(&before)
+    );
+    let tmp = TempDir::new("survey");
+    let file = write_file(
+        tmp.path(),
+        "p.yaml",
+        "rules:\n  - id: ttl\n    ttl: {default: 1h, prefixes: [{prefix: 'session:', ttl: 24h}], max: 7d, keys: created}\n  - id: big\n    max_value_bytes: 102400\n  - id: names\n    key_pattern: '^[a-z]+(:[A-Za-z0-9_-]+)+$'\n",
+    );
+    let addr = redis.addr();
+    let r = run_bin(&[
+        "--survey",
+        path_str(&file),
+        "--upstream",
+        &addr,
+        "--rate",
+        "100000",
+    ])
+    .await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let out = &r.stdout;
+    for line in [
+        "7 keys read (the whole keyspace)",
+        "keys without a TTL, by prefix (rule `ttl`, keys: created: writes leave them persistent",
+        "  config:: 2 of 2 keys; TTL 1h\n",
+        "  session:: 0 of 1 keys; TTL 1d\n",
+        "  blob:: 1 of 1 keys; TTL 1h\n",
+        "TTLs above the max 7d (rule `ttl`): 1 (",
+        "  cache:page (",
+        "string values above max_value_bytes 102400 (rule `big`): 1 (",
+        "  blob:1 (200000 bytes)",
+        "keys not matching key_pattern ^[a-z]+(:[A-Za-z0-9_-]+)+$ (rule `names`): 1 (",
+        "  BadName\n",
+        "marker's far expiry (a proxy stopped between its two scripts; PERSIST them): 1\n  marked:1\n",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    // Read-only: the dataset is exactly as it was.
+    assert_eq!(redis.direct(&["DEBUG", "DIGEST"]).await, before);
+    // A sample stops early and says so.
+    let r = run_bin(&[
+        "--survey",
+        path_str(&file),
+        "--upstream",
+        &addr,
+        "--sample",
+        "2",
+    ])
+    .await;
+    assert!(
+        r.stdout
+            .contains("2 keys read (a sample: raise --sample to read more)"),
+        "{}",
+        r.stdout
+    );
+}

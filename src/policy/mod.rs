@@ -751,10 +751,40 @@ impl Policy {
         }
     }
 
+    /// What the file's first `ttl`, `max_value_bytes` and `key_pattern` rules expect of the
+    /// data already stored, whatever their tenants and modes: what `--survey` checks.
+    pub fn expectations(&self) -> Expectations<'_> {
+        let mut e = Expectations::default();
+        for rule in &self.rules {
+            match &rule.kind {
+                Kind::Ttl(t) if e.ttl.is_none() => e.ttl = Some((&rule.id, t)),
+                Kind::MaxValueBytes(n) if e.max_value_bytes.is_none() => {
+                    e.max_value_bytes = Some((&rule.id, *n))
+                }
+                Kind::KeyPattern(re) if e.key_pattern.is_none() => {
+                    e.key_pattern = Some((&rule.id, re))
+                }
+                _ => {}
+            }
+        }
+        e
+    }
+
     /// Counters of a rule by id, for metrics and tests.
     pub fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
     }
+}
+
+/// The rules that say what stored data should look like, each with its id.
+#[derive(Default)]
+pub struct Expectations<'a> {
+    /// Every key has a TTL (by prefix), none above `max`.
+    pub ttl: Option<(&'a str, &'a ttl::Ttl)>,
+    /// No value is longer.
+    pub max_value_bytes: Option<(&'a str, u64)>,
+    /// Every key name matches.
+    pub key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
 }
 
 /// The fixed sequence of policy phases a command passes. `Identify` (the client's tenant) is

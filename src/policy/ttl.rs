@@ -59,6 +59,10 @@ pub struct Ttl {
 /// `keys: created`, before a write that keeps a key's TTL: a key that exists without one is
 /// marked with an expiry 2^60 ms (36 million years) away, which no application sets and the
 /// write keeps. If the proxy dies before [`SETTLE`] runs, the key stays as good as persistent.
+/// Expiries above this (2^59 ms) are [`MARK`]'s, left by a proxy that stopped between the two
+/// scripts: `--survey` reports them.
+pub const MARKED_ABOVE_MS: i64 = 576_460_752_303_423_488;
+
 const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], '1152921504606846976') end return 0";
 
 /// `keys: created`, after the write: a marked key (TTL above 2^59 ms) goes back to no TTL, a

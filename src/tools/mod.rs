@@ -4,3 +4,4 @@
 //! dispatches.
 
 pub mod print_acl;
+pub mod survey;
