@@ -211,6 +211,12 @@ fn main() -> ExitCode {
                     .join("; "),
             )
         })?;
+        tracing::info!(
+            file = %source.display(),
+            version = policy.version(),
+            rules = %policy.rules_summary(),
+            "policy loaded"
+        );
         // Not fatal: client traffic matters more than metrics. The error is logged, and
         // `/readyz` being unreachable makes an orchestrator notice.
         let admin = match config.admin.listen_addr() {
@@ -318,7 +324,7 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
     match setup::load(path).map(|c| setup::policy(&c)) {
         Ok(Ok(new)) => {
             let version = new.version().to_string();
-            tracing::info!(file = %path.display(), policy = ?new, %version, "policy reloaded");
+            tracing::info!(file = %path.display(), %version, rules = %new.rules_summary(), "policy reloaded");
             policy.store(Arc::new(new));
             metrics.reloads_ok.inc();
             Ok(version)

@@ -453,7 +453,7 @@ async fn a_live_migration_is_followed_without_errors() {
 async fn the_default_policy_applies_in_cluster_mode() {
     let redis = RedisCluster::start(3, 0);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = common::default_policy_enforced();
     let upstream = "  address: 127.0.0.1:6379\n";
     assert!(text.contains(upstream));
     let seeds = redis.live_addrs().join(", ");

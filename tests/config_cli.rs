@@ -572,7 +572,9 @@ async fn sighup_reloads_rules_and_keeps_the_old_ones_when_the_file_is_broken() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_prints_what_the_policy_does_to_a_command() {
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    // The default policy with its data-changing rules enforced, as after the rollout.
+    let tmp = TempDir::new("explain-enforced");
+    let default = write_file(tmp.path(), "default.yaml", &default_policy_enforced());
     let r = run_bin(&["--explain", path_str(&default), "KEYS user:*"]).await;
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(
@@ -836,4 +838,36 @@ async fn survey_reports_what_the_policy_would_change_in_existing_data() {
         "{}",
         r.stdout
     );
+}
+
+/// The startup log names the policy file, its version, and each rule with its mode, so an
+/// operator sees what is enforced and what is only audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_log_names_the_policy_file_its_version_and_each_rules_mode() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("startup-log");
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let proxy = ProxyProcess::start(
+        &default,
+        &redis,
+        tmp.path().join("log"),
+        &["--admin", &admin],
+    )
+    .await;
+    let log = proxy.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("policy loaded"))
+        .unwrap_or_else(|| panic!("no policy loaded line in {log}"));
+    for part in [
+        path_str(&default),
+        "version=",
+        "deny-keys enforce",
+        "unbounded-reads audit",
+        "streams-capped audit",
+        "ttl-default audit",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line}");
+    }
 }

@@ -12,18 +12,16 @@ use std::path::Path;
 
 use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, http_get, resp, sample, show};
 
-/// A proxy in front of `redis` running `policy/default.yaml`.
+/// A proxy in front of `redis` running `policy/default.yaml` with its data-changing rules
+/// enforced, as after the rollout the file describes.
 async fn default_policy(redis: &RedisServer) -> Proxy {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let mut config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
-    config.set_upstream(redis.addr());
-    Proxy::start(config).await
+    default_policy_edited(redis, "\nrules:\n", "\nrules:\n").await
 }
 
 /// [`default_policy`] with `from` replaced by `to` in the file's text (which must contain it).
 async fn default_policy_edited(redis: &RedisServer, from: &str, to: &str) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = common::default_policy_enforced();
     assert!(text.contains(from), "{from:?} not in default.yaml");
     let mut config = redis_policy_proxy::setup::from_yaml(&text.replace(from, to), &path)
         .expect("edited default policy loads");
@@ -1062,8 +1060,7 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
 /// A proxy in front of `redis` running `policy/default.yaml` with `upstream.script_acl` set.
 async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap()
+    let text = common::default_policy_enforced()
         .replace("  script_acl: check\n", &format!("  script_acl: {mode}\n"));
     let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
     config.set_upstream(redis.addr());
@@ -1202,4 +1199,90 @@ async fn a_scripts_rule_runs_only_listed_scripts_for_its_tenant() {
         reply.contains("FCALL of function `other`, which is not listed"),
         "{reply}"
     );
+}
+
+/// The shipped `policy/default.yaml` (the container's default) in front of a Redis with
+/// existing data changes none of it: its data-changing rules are in audit mode, so writes
+/// keep their keys as they were and the audit counts what enforcing would have done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_default_policy_changes_no_data_until_its_rules_are_enforced() {
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let mut config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
+    config.set_upstream(redis.addr());
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "old",
+        "fresh:hash",
+        "fresh:string",
+        "mset:new",
+    ] {
+        assert_eq!(pttl(&redis, key).await, -1, "{key}");
+    }
+    let mut pipeline = Vec::new();
+    for i in 0..300 {
+        pipeline.extend(resp(&["XADD", "events", "*", "n", &i.to_string()]));
+    }
+    c.send(&pipeline).await;
+    c.collect_frames(300, DEADLINE).await;
+    assert_eq!(redis.direct(&["XLEN", "events"]).await, b":300\r\n");
+    // What is still enforced: refusals, which change nothing.
+    assert!(c.call(&["KEYS", "*"]).await.starts_with(b"-NOPERM"));
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    for rule in ["ttl-default", "streams-capped"] {
+        let series = format!(
+            "rpp_policy_decisions_total{{rule=\"{rule}\",tenant=\"default\",outcome=\"audited\"}}"
+        );
+        assert!(sample(&metrics, &series) > 0.0, "{series} in {metrics}");
+    }
+}
+
+/// The deployment artefacts start the rules that change data in audit mode and validate: the
+/// container's default (`policy/default.yaml`, per the Dockerfile) and the Kubernetes
+/// ConfigMap's policy.
+#[test]
+fn deployment_artefacts_validate_and_start_data_changing_rules_in_audit_mode() {
+    use redis_policy_proxy::policy::Mode;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("/etc/redis-policy-proxy/default.yaml"));
+    let manifest =
+        std::fs::read_to_string(root.join("deploy/kubernetes/redis-policy-proxy.yaml")).unwrap();
+    let start = manifest
+        .find("  policy.yaml: |\n")
+        .expect("the ConfigMap's policy")
+        + 17;
+    let configmap: String = manifest[start..]
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    let shipped = [
+        (
+            "policy/default.yaml",
+            std::fs::read_to_string(root.join("policy/default.yaml")).unwrap(),
+        ),
+        ("the ConfigMap", configmap),
+    ];
+    for (name, text) in shipped {
+        let config = redis_policy_proxy::setup::from_yaml(&text, Path::new(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for rule in &config.rules {
+            let changes_data = rule.ttl.is_some() || rule.stream_maxlen.is_some();
+            if changes_data {
+                assert_eq!(rule.mode, Mode::Audit, "{name}: rule {}", rule.id.value);
+            }
+        }
+        let ids: Vec<&str> = config.rules.iter().map(|r| r.id.value.as_str()).collect();
+        assert!(
+            ids.contains(&"ttl-default") && ids.contains(&"streams-capped"),
+            "{name}: {ids:?}"
+        );
+    }
 }

@@ -387,6 +387,25 @@ impl Policy {
         }
     }
 
+    /// Each rule with its mode, in file order (`deny-keys enforce, ttl-default audit, …`), for
+    /// the startup and reload logs: an operator sees what is enforced without reading the file.
+    pub fn rules_summary(&self) -> String {
+        let mode = |m: Mode| match m {
+            Mode::Enforce => "enforce",
+            Mode::Audit => "audit",
+        };
+        let parts: Vec<String> = self
+            .rules
+            .iter()
+            .map(|r| format!("{} {}", r.id, mode(r.mode)))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     /// Ids of the rules, in file order.
     pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
         self.rules.iter().map(|r| r.id.as_str())
