@@ -23,7 +23,8 @@
 //! ```
 //!
 //! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
-//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy.
+//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy;
+//!   [`config_recovery`] reports every parse error of a file, not only the first.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
@@ -72,6 +73,7 @@ pub mod codec;
 pub mod command;
 pub mod commands;
 pub mod config;
+pub mod config_recovery;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -35,9 +35,10 @@ struct Cli {
     /// Upstream Redis host:port, overriding the file.
     #[arg(long)]
     upstream: Option<String>,
-    /// Validate FILE, print every problem, and exit (0 valid, 64 invalid).
-    #[arg(long, value_name = "FILE")]
-    check: Option<PathBuf>,
+    /// Validate FILE (or the --config file), print every problem, and exit (0 valid, 64
+    /// invalid).
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    check: Option<Option<PathBuf>>,
     /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
     #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
     explain: Option<Vec<String>>,
@@ -100,7 +101,11 @@ fn main() -> ExitCode {
         init_logging(cli.log_format, "warn");
     }
 
-    if let Some(path) = &cli.check {
+    if let Some(check) = &cli.check {
+        let Some(path) = check.as_ref().or(cli.config.as_ref()) else {
+            eprintln!("--check needs a file: --check FILE, or -c FILE --check");
+            return ExitCode::from(EXIT_CONFIG);
+        };
         return match setup::load(path) {
             Ok(_) => {
                 println!("{}: OK", path.display());

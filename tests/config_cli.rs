@@ -871,3 +871,62 @@ async fn the_startup_log_names_the_policy_file_its_version_and_each_rules_mode()
         assert!(line.contains(part), "{part:?} not in {line}");
     }
 }
+
+/// `--check` reports every problem in one run, parse errors included, each with file, line and
+/// field, in the operator's words, with a "did you mean" for misspelt settings and commands,
+/// and without follow-on errors; `-c FILE --check` checks the --config file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_every_problem_once_in_the_operators_words() {
+    let tmp = TempDir::new("check-all");
+    let bad = write_file(
+        tmp.path(),
+        "bad.yaml",
+        "listen: 127.0.0.1:6380\nupstream:\n  adress: 127.0.0.1:6379\n  connect_timeout_ms: 5s\nrules:\n  - id: a\n    denny: [KEYS]\n  - id: b\n    mode: enfroce\n    deny: [KEY]\n  - id: c\n    ttl: {default: 5x, keys: created}\n  - id: d\n    deny: ['@dangerus']\n",
+    );
+    let file = path_str(&bad);
+    for args in [&["--check", file][..], &["-c", file, "--check"]] {
+        let r = run_bin(args).await;
+        assert_eq!(r.code, Some(EX_USAGE), "{args:?}: {}", r.stderr);
+        let want = [
+            format!(
+                "{file}:3: field `upstream.adress`: unknown setting `adress`; did you mean `address`?"
+            ),
+            format!(
+                "{file}:4: field `upstream.connect_timeout_ms`: expected a number of milliseconds like 2000 (this setting is in ms), got `5s`"
+            ),
+            format!(
+                "{file}:7: field `rules[0].denny`: unknown setting `denny`; did you mean `deny`?"
+            ),
+            format!(
+                "{file}:9: field `rules[1].mode`: `enfroce` is not one of enforce, audit; did you mean `enforce`?"
+            ),
+            format!(
+                "{file}:10: field `rules[1].deny`: unknown command `KEY`; did you mean `KEYS`?"
+            ),
+            format!(
+                "{file}:12: field `rules[2].ttl`: `default`: expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `5x`"
+            ),
+            format!(
+                "{file}:14: field `rules[3].deny`: unknown category `@dangerus`; did you mean `@dangerous`?"
+            ),
+        ];
+        let got: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(got, want, "{args:?}");
+    }
+    // A YAML syntax error is reported too, and says that what follows was not checked.
+    let syntax = write_file(
+        tmp.path(),
+        "syntax.yaml",
+        "rules:\n  - id: b\n    deny: [KEYS\n  - id: c\n",
+    );
+    let r = run_bin(&["--check", path_str(&syntax)]).await;
+    assert_eq!(r.code, Some(EX_USAGE));
+    assert!(
+        r.stderr.contains("nothing after it was checked"),
+        "{}",
+        r.stderr
+    );
+    let r = run_bin(&["--check"]).await;
+    assert_eq!(r.code, Some(EX_USAGE));
+    assert!(r.stderr.contains("-c FILE --check"), "{}", r.stderr);
+}

@@ -200,16 +200,16 @@ pub fn parse_duration(text: &str) -> Result<Option<u64>, String> {
     }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 30s, 15m, 24h, 7d or none"))?;
+    let wrong =
+        || format!("expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `{text}`");
+    let n: u64 = digits.parse().map_err(|_| wrong())?;
     let ms = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("`{text}`: unit must be ms, s, m, h or d")),
+        _ => return Err(wrong()),
     };
     match n.checked_mul(ms) {
         Some(0) => Err(format!("`{text}`: a TTL must be above zero (or `none`)")),

@@ -985,18 +985,23 @@ fn compile_rule(
     command_kinds(rc, &mut parts, out);
     limit_kinds(rc, clock, &mut parts, out);
     rewrite_kinds(rc, &mut parts, out);
-    if parts.kinds.len() != 1 {
+    // Counted as written, not as compiled: a kind that failed to compile has its own problem
+    // already, and must not add "found 0" after it.
+    let given = kinds_given(rc);
+    if given != 1 {
         let line = out.line;
         out.push(
             "",
             line,
             format!(
                 "rule `{}` needs exactly one of deny, max_scan_count, \
-                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern, scripts (found {})",
+                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern, scripts (found {given})",
                 rc.id.value,
-                parts.kinds.len()
             ),
         );
+        return None;
+    }
+    if parts.kinds.len() != 1 {
         return None;
     }
     let tenants = tenant_set(rc, access, out);
@@ -1012,6 +1017,26 @@ fn compile_rule(
         commands: parts.commands,
         global: parts.global,
     })
+}
+
+/// How many kind fields the rule sets (`deny_unbounded_reads: false` sets none).
+fn kinds_given(rc: &RuleConfig) -> usize {
+    [
+        rc.deny.is_some(),
+        rc.max_scan_count.is_some(),
+        rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value),
+        rc.max_range.is_some(),
+        rc.max_value_bytes.is_some(),
+        rc.max_keys.is_some(),
+        rc.rate_limit.is_some(),
+        rc.ttl.is_some(),
+        rc.stream_maxlen.is_some(),
+        rc.key_pattern.is_some(),
+        rc.scripts.is_some(),
+    ]
+    .iter()
+    .filter(|&&set| set)
+    .count()
 }
 
 /// Phases `Deny` and `ArgumentGuards`: kinds indexed by the commands they concern.
@@ -1418,16 +1443,20 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
                 .into(),
         );
     };
-    let default_ms = config::parse_duration(&c.default)?;
+    let default_ms = config::parse_duration(&c.default).map_err(|e| format!("`default`: {e}"))?;
     let max_ms = match &c.max {
-        Some(m) => Some(config::parse_duration(m)?.ok_or("`max` cannot be `none`")?),
+        Some(m) => Some(
+            config::parse_duration(m)
+                .map_err(|e| format!("`max`: {e}"))?
+                .ok_or("`max` cannot be `none`")?,
+        ),
         None => None,
     };
     let mut prefixes = Vec::new();
     for p in &c.prefixes {
         prefixes.push((
             p.prefix.as_bytes().to_vec(),
-            config::parse_duration(&p.ttl)?,
+            config::parse_duration(&p.ttl).map_err(|e| format!("prefix `{}`: {e}", p.prefix))?,
         ));
     }
     if let Some(max) = max_ms {
@@ -1464,14 +1493,27 @@ fn option_value<'a, L: CommandLine + ?Sized>(line: &'a L, name: &[u8]) -> Option
 /// category (`@dangerous`).
 fn resolve(name: &str) -> Result<Vec<&'static CommandSpec>, String> {
     if let Some(cat) = name.strip_prefix('@') {
-        let cat = AclCategories::from_category(cat.as_bytes())
-            .ok_or_else(|| format!("unknown category `{name}`"))?;
+        let cat = AclCategories::from_category(cat.as_bytes()).ok_or_else(|| {
+            let names: Vec<&str> = AclCategories::NAMES.iter().map(|(_, n)| *n).collect();
+            match crate::config_recovery::closest(cat, &names) {
+                Some(s) => format!("unknown category `{name}`; did you mean `@{s}`?"),
+                None => format!("unknown category `{name}`"),
+            }
+        })?;
         return Ok(commands::all_commands()
             .filter(|c| c.in_categories(cat))
             .collect());
     }
-    let spec = commands::lookup_name(name.as_bytes())
-        .ok_or_else(|| format!("unknown command `{name}`"))?;
+    let spec = commands::lookup_name(name.as_bytes()).ok_or_else(|| {
+        let names: Vec<&str> = commands::all_commands().map(|c| c.name).collect();
+        match crate::config_recovery::closest(name, &names) {
+            Some(s) => format!(
+                "unknown command `{name}`; did you mean `{}`?",
+                s.to_ascii_uppercase()
+            ),
+            None => format!("unknown command `{name}`"),
+        }
+    })?;
     // Denying a container denies every subcommand too.
     Ok(std::iter::once(spec)
         .chain(spec.subcommands.iter())
