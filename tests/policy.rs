@@ -1286,3 +1286,29 @@ fn deployment_artefacts_validate_and_start_data_changing_rules_in_audit_mode() {
         );
     }
 }
+
+/// Every refusal message of the shipped policies points at something that exists: no "see the
+/// guide" that no one ships, and any file it names is in the repository.
+#[test]
+fn refusal_messages_point_at_things_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in ["policy/default.yaml", "policy/passthrough.yaml"] {
+        let config = redis_policy_proxy::setup::load(&root.join(name)).unwrap();
+        for rule in &config.rules {
+            let Some(message) = &rule.message else {
+                continue;
+            };
+            assert!(
+                !message.to_ascii_lowercase().contains("guide"),
+                "{name}: rule {} points at a guide: {message}",
+                rule.id.value
+            );
+            for word in message.split_whitespace() {
+                let word = word.trim_matches(|c: char| "()`,;.".contains(c));
+                if word.ends_with(".md") || word.ends_with(".yaml") {
+                    assert!(root.join(word).exists(), "{name}: {word} does not exist");
+                }
+            }
+        }
+    }
+}
