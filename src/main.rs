@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use redis_policy_proxy::metrics::Metrics;
 use redis_policy_proxy::ops::{Ops, Reload};
-use redis_policy_proxy::policy::{Client, Policy, Verdict};
+use redis_policy_proxy::policy::Policy;
 use redis_policy_proxy::{Config, setup};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
@@ -39,8 +39,9 @@ struct Cli {
     /// invalid).
     #[arg(long, value_name = "FILE", num_args = 0..=1)]
     check: Option<Option<PathBuf>>,
-    /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), then exit.
-    #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
+    /// Print what the policy in FILE does to COMMAND (e.g. 'SET foo bar'), or to each line of
+    /// standard input without COMMAND, then exit: 0, or 1 when a command would be refused.
+    #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 1..=2)]
     explain: Option<Vec<String>>,
     /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
     #[arg(long, value_enum, default_value = "text")]
@@ -156,7 +157,23 @@ fn main() -> ExitCode {
 
     if let Some(args) = &cli.explain {
         let addr = cli.from.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-        return explain(Path::new(&args[0]), &args[1], addr, cli.as_user.as_deref());
+        let mut out = String::new();
+        let result = redis_policy_proxy::tools::explain::explain(
+            Path::new(&args[0]),
+            args.get(1).map(String::as_str),
+            addr,
+            cli.as_user.as_deref(),
+            &mut out,
+        );
+        print!("{out}");
+        return match result {
+            Ok(redis_policy_proxy::tools::explain::Outcome::Allowed) => ExitCode::SUCCESS,
+            Ok(redis_policy_proxy::tools::explain::Outcome::Refused) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
     }
 
     let mut config = match &cli.config {
@@ -349,70 +366,4 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
             Err(e.to_string())
         }
     }
-}
-
-/// `--explain FILE COMMAND`: what the policy does to one command (inline syntax, quotes as in
-/// redis-cli), for a client at `addr` authenticated as `user` (if any).
-fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str>) -> ExitCode {
-    let config = match setup::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let policy = match setup::policy(&config) {
-        Ok(p) => p,
-        Err(problems) => {
-            for p in problems {
-                eprintln!("{}: {p}", path.display());
-            }
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let Some(args) = redis_policy_proxy::codec::split_args(command.as_bytes()) else {
-        eprintln!("unbalanced quotes in {command:?}");
-        return ExitCode::from(EXIT_CONFIG);
-    };
-    let tenant = policy.access.tenant_of(addr, user.map(str::as_bytes));
-    println!(
-        "client {addr} user {} -> tenant {}",
-        user.unwrap_or("(none)"),
-        policy.access.tenant_name(tenant)
-    );
-    let client = Client {
-        id: 0,
-        addr,
-        tenant,
-    };
-    // A policy check needs a runtime for the rate limiter's clock.
-    let verdict = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map(|rt| rt.block_on(async { policy.check(&client, &args[..]) }));
-    match verdict {
-        Ok(Verdict::Allow) => println!("allowed: forwarded unchanged"),
-        Ok(Verdict::Refuse(reply)) => {
-            println!("refused: {}", String::from_utf8_lossy(&reply).trim_end())
-        }
-        Ok(Verdict::Rewrite(rw)) => {
-            let rw = rw.materialize(&args[..]);
-            println!("rewritten: {}", rw.note);
-            let show = |b: &[u8]| String::from_utf8_lossy(b).replace("\r\n", " ");
-            for c in rw.before() {
-                println!("  first (reply hidden): {}", show(c));
-            }
-            if let Some(c) = &rw.command {
-                println!("  sent instead: {}", show(c));
-            }
-            for c in &rw.after {
-                println!("  then (reply hidden): {}", show(c));
-            }
-        }
-        Err(e) => {
-            eprintln!("cannot start runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
 }

@@ -570,42 +570,89 @@ async fn sighup_reloads_rules_and_keeps_the_old_ones_when_the_file_is_broken() {
     panic!("could not start the binary: {last}");
 }
 
+/// Runs the binary with `stdin` as its standard input.
+async fn run_bin_with_stdin(args: &[&str], stdin: &str) -> Run {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("redis-policy-proxy exited in time")
+        .unwrap();
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_prints_what_the_policy_does_to_a_command() {
     // The default policy with its data-changing rules enforced, as after the rollout.
     let tmp = TempDir::new("explain-enforced");
     let default = write_file(tmp.path(), "default.yaml", &default_policy_enforced());
     let r = run_bin(&["--explain", path_str(&default), "KEYS user:*"]).await;
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.code, Some(1), "a refusal exits 1: {}", r.stderr);
     assert!(
-        r.stdout
-            .contains("\nrefused: -NOPERM policy deny-keys: KEYS is not allowed"),
+        r.stdout.contains(
+            "\n  deny-keys: refuses\n  refused: -NOPERM policy deny-keys: KEYS is not allowed"
+        ),
         "{}",
         r.stdout
     );
     let r = run_bin(&["--explain", path_str(&default), "GET user:1"]).await;
+    assert_eq!(r.code, Some(0));
     assert_eq!(
         r.stdout,
-        "client 127.0.0.1 user (none) -> tenant default\nallowed: forwarded unchanged\n"
+        "client 127.0.0.1 user (none) -> tenant default\n> GET user:1\n  forwarded unchanged\n"
     );
-    let r = run_bin(&["--explain", path_str(&default), "SET user:1 \"a b\""]).await;
+    // Enforced, the rewrite shows its rule, the prefix behind the TTL, and what is sent.
+    let r = run_bin(&["--explain", path_str(&default), "SET session:1 \"a b\""]).await;
+    assert_eq!(r.code, Some(0));
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines[2],
+        "  ttl-default: rewrites: SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none (`session:1` 1d (prefix `session:`))"
+    );
     assert!(
-        r.stdout.starts_with("client 127.0.0.1 user (none) -> tenant default\nrewritten: SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none\n  first (reply hidden): *4 $4 EVAL "),
+        lines[3]
+            .starts_with("  first, reply hidden: EVAL \"if redis.call('pttl', KEYS[1]) == -1 then"),
+        "{}",
+        lines[3]
+    );
+    assert_eq!(lines[4], "  sent as: SET session:1 \"a b\" KEEPTTL");
+    assert!(
+        lines[5].starts_with("  then, reply hidden: EVAL \"local t")
+            && lines[5].ends_with("\" 1 session:1 86400000"),
+        "{}",
+        lines[5]
+    );
+    // `keys: written`: the PX appended in place, and a script's declared key its PEXPIRE NX.
+    let written = write_file(
+        tmp.path(),
+        "written.yaml",
+        &default_policy_enforced().replace("keys: created", "keys: written"),
+    );
+    let input = "SET user:1 v\nEVAL \"return redis.call('SET', KEYS[1], ARGV[1])\" 1 user:2 v\n";
+    let r = run_bin_with_stdin(&["--explain", path_str(&written)], input).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("\n  sent as: SET user:1 v PX 3600000\n"),
         "{}",
         r.stdout
     );
     assert!(
         r.stdout
-            .contains("\n  sent instead: *4 $3 SET $6 user:1 $3 a b $7 KEEPTTL \n"),
-        "{}",
-        r.stdout
-    );
-    // A script's declared key gets the TTL rule, and --explain says so.
-    let eval = "EVAL \"return redis.call('SET', KEYS[1], ARGV[1])\" 1 user:2 v";
-    let r = run_bin(&["--explain", path_str(&default), eval]).await;
-    assert!(
-        r.stdout.contains("then (reply hidden): *5 $4 EVAL ")
-            && r.stdout.contains(" $6 user:2 $7 3600000 \n"),
+            .contains("\n  then, reply hidden: PEXPIRE user:2 3600000 NX\n"),
         "{}",
         r.stdout
     );
@@ -623,14 +670,45 @@ async fn explain_shows_a_tenants_view() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(
         r.stdout,
-        "client 127.0.0.1 user app -> tenant app\nrewritten: keys prefixed with the tenant's namespace\n  sent instead: *2 $3 GET $5 app:k \n"
+        "client 127.0.0.1 user app -> tenant app\n> GET k\n  namespace: tenant `app`'s prefix `app:` on every key\n  sent as: GET app:k\n"
     );
     let r = run_bin(&["--explain", path_str(&file), "FLUSHALL", "--as-user", "app"]).await;
+    assert_eq!(r.code, Some(1));
     assert!(
         r.stdout.contains("refused: -NOPERM policy namespace"),
         "{}",
         r.stdout
     );
+}
+
+/// policy/README.md's `--explain` example is exactly what `--explain` prints for its commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_explain_example_is_what_explain_prints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("policy/README.md")).unwrap();
+    let marker = "<!-- explain example: tests/config_cli.rs the_readmes_explain_example_is_what_explain_prints -->\n```\n";
+    let start = readme
+        .find(marker)
+        .expect("the example in policy/README.md")
+        + marker.len();
+    let block = &readme[start..start + readme[start..].find("```\n").unwrap()];
+    let (command_line, expected) = block.split_once('\n').unwrap();
+    assert_eq!(
+        command_line,
+        "$ redis-policy-proxy --explain policy/default.yaml < commands.txt"
+    );
+    let commands: String = expected
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .map(|c| format!("{c}\n"))
+        .collect();
+    let default = root.join("policy/default.yaml");
+    let r = run_bin_with_stdin(&["--explain", path_str(&default)], &commands).await;
+    assert_eq!(
+        r.stdout, expected,
+        "policy/README.md's example is out of date"
+    );
+    assert_eq!(r.code, Some(1), "the example has refusals");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

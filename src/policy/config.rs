@@ -218,6 +218,21 @@ pub fn parse_duration(text: &str) -> Result<Option<u64>, String> {
     }
 }
 
+/// A duration in the file's own words: `15m`, `24h` (whole days shown as `7d`), `1500ms`.
+pub fn format_duration(ms: u64) -> String {
+    for (unit, per) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms % per == 0 && ms >= per {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// `rate_limit:` — at most `requests` commands per `window_ms` for each client identity.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

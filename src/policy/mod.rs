@@ -662,30 +662,65 @@ impl Policy {
         line: &L,
     ) -> Option<Verdict> {
         let rule = &self.rules[index];
-        if let Some(set) = &rule.tenants {
-            if !set
-                .get(usize::from(client.tenant))
-                .copied()
-                .unwrap_or(false)
-            {
-                return None;
-            }
+        if !rule.applies_to(client) {
+            return None;
         }
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client, spec.name);
         }
-        if let Kind::StreamMaxLen(n) = &rule.kind {
-            return rewritten(self, rule, spec, client, stream_cap(spec, line, *n)?);
+        match act(&rule.kind, spec, line)? {
+            Act::Refuse(code, reason) => self.refuse(rule, spec, client, code, reason),
+            Act::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
         }
-        if let Kind::Ttl(t) = &rule.kind {
-            return match t.apply(spec, line) {
-                ttl::TtlAction::Keep => None,
-                ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, client, "NOPERM", reason),
-                ttl::TtlAction::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
+    }
+
+    /// What every rule would do to one command from `client`, audited ones included, without
+    /// counting or logging anything: `--explain`'s account. Rules run in the order `check`
+    /// runs them; the account stops at the first enforced refusal, which answers the command.
+    /// Rate limits are listed, not spent.
+    pub fn explain<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Vec<Step> {
+        let mut steps = Vec::new();
+        let Some(spec) = (line.argc() > 0)
+            .then(|| commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1))))
+            .flatten()
+        else {
+            return steps;
+        };
+        let indexed = self
+            .by_command
+            .get(&(spec as *const _ as usize))
+            .map_or(&[][..], Vec::as_slice);
+        for &r in indexed.iter().chain(&self.global) {
+            let rule = &self.rules[r];
+            if !rule.applies_to(client) {
+                continue;
+            }
+            let what = match &rule.kind {
+                Kind::RateLimit { limiter, .. } => Some(Effect::Counts(*limiter.limit())),
+                Kind::SharedRateLimit { limit, .. } => Some(Effect::Counts(*limit)),
+                kind => act(kind, spec, line).map(|a| match a {
+                    Act::Refuse(code, reason) => Effect::Refuses(refusal(rule, code, &reason)),
+                    Act::Rewrite(rw) => match kind {
+                        // Which prefix gave each key its TTL.
+                        Kind::Ttl(t) if rw.note.contains("<ttl") => {
+                            Effect::Rewrites(format!("{} ({})", rw.note, t.sources(line)))
+                        }
+                        _ => Effect::Rewrites(rw.note.into_owned()),
+                    },
+                }),
             };
+            let Some(what) = what else { continue };
+            let stops = rule.mode == Mode::Enforce && matches!(what, Effect::Refuses(_));
+            steps.push(Step {
+                rule: rule.id.clone(),
+                mode: rule.mode,
+                what,
+            });
+            if stops {
+                break;
+            }
         }
-        let (code, reason) = violation(&rule.kind, spec, line)?;
-        self.refuse(rule, spec, client, code, reason)
+        steps
     }
 
     /// Refuses (enforce) or logs and counts (audit).
@@ -706,11 +741,7 @@ impl Policy {
             Mode::Enforce => {
                 rule.counters.add(client.tenant, Outcome::Denied);
                 self.log_denial(&rule.id, spec.name, client, Outcome::Denied);
-                let text = match &rule.message {
-                    Some(m) => format!("policy {}: {reason}; {m}", rule.id),
-                    None => format!("policy {}: {reason}", rule.id),
-                };
-                Some(Verdict::Refuse(simple_error(code, &text)))
+                Some(Verdict::Refuse(refusal(rule, code, &reason)))
             }
         }
     }
@@ -804,6 +835,70 @@ pub struct Expectations<'a> {
     pub max_value_bytes: Option<(&'a str, u64)>,
     /// Every key name matches.
     pub key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
+}
+
+/// One rule's part in `--explain`'s account of a command.
+#[derive(Debug)]
+pub struct Step {
+    /// The rule's id.
+    pub rule: String,
+    /// Enforced, or only audited (it would have done `what`).
+    pub mode: Mode,
+    /// What it does.
+    pub what: Effect,
+}
+
+/// What a rule does to a command, as `--explain` shows it.
+#[derive(Debug)]
+pub enum Effect {
+    /// Answers with this error.
+    Refuses(Bytes),
+    /// Changes the command, as this note says.
+    Rewrites(String),
+    /// Counts it against a rate limit.
+    Counts(Limit),
+}
+
+/// What a rule of `kind` (not a rate limit) does to a command, if anything.
+enum Act {
+    /// Refuse with this code and reason.
+    Refuse(&'static str, String),
+    /// Forward as rewritten.
+    Rewrite(Rewrite),
+}
+
+/// The rule's verdict on a command before its mode is considered: pure, so `check` and
+/// `explain` share it. Rate limits are not here (checking one spends budget).
+fn act<L: CommandLine + ?Sized>(kind: &Kind, spec: &'static CommandSpec, line: &L) -> Option<Act> {
+    match kind {
+        Kind::StreamMaxLen(n) => stream_cap(spec, line, *n).map(Act::Rewrite),
+        Kind::Ttl(t) => match t.apply(spec, line) {
+            ttl::TtlAction::Keep => None,
+            ttl::TtlAction::Refuse(reason) => Some(Act::Refuse("NOPERM", reason)),
+            ttl::TtlAction::Rewrite(rw) => Some(Act::Rewrite(rw)),
+        },
+        kind => violation(kind, spec, line).map(|(code, reason)| Act::Refuse(code, reason)),
+    }
+}
+
+/// The error reply refusing a command: the rule, the reason, the operator's advice.
+fn refusal(rule: &Rule, code: &'static str, reason: &str) -> Bytes {
+    let text = match &rule.message {
+        Some(m) => format!("policy {}: {reason}; {m}", rule.id),
+        None => format!("policy {}: {reason}", rule.id),
+    };
+    simple_error(code, &text)
+}
+
+impl Rule {
+    /// Whether the rule applies to `client`'s tenant.
+    fn applies_to(&self, client: &Client) -> bool {
+        self.tenants.as_ref().is_none_or(|set| {
+            set.get(usize::from(client.tenant))
+                .copied()
+                .unwrap_or(false)
+        })
+    }
 }
 
 /// The fixed sequence of policy phases a command passes. `Identify` (the client's tenant) is

@@ -121,6 +121,33 @@ impl Ttl {
         self.default_ms
     }
 
+    /// Where each key of a command gets its TTL from, for `--explain`:
+    /// `` `session:1` 24h (prefix `session:`) ``, `` `user:1` 1h (default) ``.
+    pub fn sources<L: CommandLine + ?Sized>(&self, line: &L) -> String {
+        let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+        let Ok(keys) = commands::keys(&args) else {
+            return String::new();
+        };
+        let show = |ms: Option<u64>| ms.map_or("none".to_string(), super::config::format_duration);
+        let mut parts = Vec::new();
+        for index in keys.indices() {
+            let key = args[index];
+            let name = String::from_utf8_lossy(key);
+            let part = match self.prefixes.iter().find(|(p, _)| key.starts_with(p)) {
+                Some((p, ttl)) => format!(
+                    "`{name}` {} (prefix `{}`)",
+                    show(*ttl),
+                    String::from_utf8_lossy(p)
+                ),
+                None => format!("`{name}` {} (default)", show(self.default_ms)),
+            };
+            if !parts.contains(&part) {
+                parts.push(part);
+            }
+        }
+        parts.join(", ")
+    }
+
     /// Applies the rule to one command.
     pub fn apply<L: CommandLine + ?Sized>(&self, spec: &CommandSpec, line: &L) -> TtlAction {
         let mut stack: [&[u8]; 8] = [&[]; 8];
@@ -246,15 +273,19 @@ impl Ttl {
             Form::Command(name) => new[0] = name.as_bytes(),
         }
         new[e.at] = max_text.as_bytes();
-        let what = match (e.absolute, e.unit) {
-            (true, 1000) => "an expiry time (seconds)",
-            (true, _) => "an expiry time (milliseconds)",
-            (false, 1000) => "a TTL in seconds",
-            (false, _) => "a TTL in milliseconds",
+        let what = if e.absolute {
+            "an expiry time"
+        } else {
+            "a TTL"
         };
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
-            note: format!("{what} {ttl} ms away cut to `max` {max} ms").into(),
+            note: format!(
+                "{what} {} s away cut to the max {}",
+                ttl / 1000,
+                super::config::format_duration(max)
+            )
+            .into(),
             ..Rewrite::default()
         })
     }

@@ -277,15 +277,20 @@ fn render(r: &Report, policy: &Policy, node: &str, path: &Path) -> String {
                 prefix.as_bytes()
             };
             match t.ttl_for(p) {
-                Some(ms) => format!("; TTL {}", human(ms)),
+                Some(ms) => format!("; TTL {}", crate::policy::config::format_duration(ms)),
                 None => "; TTL none (exempt)".into(),
             }
         });
         let _ = writeln!(out, "  {prefix}: {} of {} keys{ttl}", c.without_ttl, c.keys);
     }
-    let max = expect
-        .ttl
-        .and_then(|(id, t)| t.max_ms.map(|m| format!("max {} (rule `{id}`)", human(m))));
+    let max = expect.ttl.and_then(|(id, t)| {
+        t.max_ms.map(|m| {
+            format!(
+                "max {} (rule `{id}`)",
+                crate::policy::config::format_duration(m)
+            )
+        })
+    });
     finding(
         &mut out,
         "TTLs above the",
@@ -338,21 +343,6 @@ fn finding(out: &mut String, what: &str, rule: Option<String>, f: &Finding, effe
             let _ = writeln!(out, "  {k} ({detail})");
         }
     }
-}
-
-/// A duration in the file's own words (`15m`, `24h`, `7d`).
-fn human(ms: u64) -> String {
-    for (unit, per) in [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms % per == 0 {
-            return format!("{}{unit}", ms / per);
-        }
-    }
-    format!("{ms}ms")
 }
 
 /// Sends one command and decodes its reply.
