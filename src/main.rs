@@ -186,6 +186,9 @@ fn main() -> ExitCode {
         },
         None => Config::default(),
     };
+    // The file as the proxy starts with it, before the command line's overrides: a reload
+    // compares the file with it to report the settings only a restart applies.
+    let started = Arc::new(config.clone());
     if let Some(l) = cli.listen {
         config.set_listen(l);
     }
@@ -256,7 +259,8 @@ fn main() -> ExitCode {
         if let Some(path) = cli.config.clone() {
             let reload: Reload = {
                 let (policy, metrics) = (policy.clone(), ops.metrics.clone());
-                Arc::new(move || reload(&path, &policy, &metrics))
+                let started = started.clone();
+                Arc::new(move || reload(&path, &started, &policy, &metrics))
             };
             ops.reload = Some(reload.clone());
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
@@ -331,7 +335,12 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
 
 /// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
 /// Returns the new version, or every problem.
-fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<String, String> {
+fn reload(
+    path: &Path,
+    started: &Config,
+    policy: &ArcSwap<Policy>,
+    metrics: &Metrics,
+) -> Result<String, String> {
     // An empty file is valid at start (all defaults), but on reload it is far more likely a
     // file caught mid-rewrite than an operator dropping every rule.
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
@@ -343,15 +352,22 @@ fn reload(path: &Path, policy: &ArcSwap<Policy>, metrics: &Metrics) -> Result<St
         tracing::error!(file = %path.display(), "reload failed: the file is empty; keeping the running policy");
         return Err(why);
     }
-    match setup::load(path).map(|c| setup::policy(&c)) {
-        Ok(Ok(new)) => {
+    match setup::load(path).map(|c| (setup::policy(&c), started.restart_needed(&c))) {
+        Ok((Ok(new), restart)) => {
             let version = new.version().to_string();
             tracing::info!(file = %path.display(), %version, rules = %new.rules_summary(), "policy reloaded");
             policy.store(Arc::new(new));
             metrics.reloads_ok.inc();
-            Ok(version)
+            if restart.is_empty() {
+                return Ok(version);
+            }
+            let settings = restart.join(", ");
+            tracing::warn!(file = %path.display(), %settings, "changed settings need a restart; the running ones stay");
+            Ok(format!(
+                "{version}; rules and access reloaded, but {settings} changed and need a restart (the running ones stay)"
+            ))
         }
-        Ok(Err(problems)) => {
+        Ok((Err(problems), _)) => {
             metrics.reloads_failed.inc();
             let mut text = Vec::new();
             for p in problems {

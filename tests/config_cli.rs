@@ -1008,3 +1008,53 @@ async fn check_reports_every_problem_once_in_the_operators_words() {
     assert_eq!(r.code, Some(EX_USAGE));
     assert!(r.stderr.contains("-c FILE --check"), "{}", r.stderr);
 }
+
+/// A reload that changes settings only a restart applies says so (log, PROXY RELOAD), names
+/// them, and keeps running with the old ones; moving lines around is no change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reports_the_settings_that_need_a_restart() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("reload-restart");
+    let v1 = "# v1\nlimits:\n  max_clients: 100\nrules:\n  - id: no-KEYS\n    deny: [KEYS]\n";
+    let file = write_file(tmp.path(), "p.yaml", v1);
+    let proxy = ProxyProcess::start(&file, &redis, tmp.path().join("log"), &[]).await;
+    // Comments and order changed, values the same: a plain reload.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        "rules:\n  - id: no-KEYS\n    deny: [KEYS]\n# limits moved\nlimits: {max_clients: 100}\n",
+    );
+    proxy.signal("-HUP");
+    wait_for_log(&proxy, "policy reloaded", 1).await;
+    assert!(
+        !proxy.log_text().contains("need a restart"),
+        "{}",
+        proxy.log_text()
+    );
+    // listen and limits changed, and a rule: the rule applies, the rest is reported.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        "listen: 127.0.0.1:1\nlimits:\n  max_clients: 200\nrules:\n  - id: no-DBSIZE\n    deny: [DBSIZE]\n",
+    );
+    proxy.signal("-HUP");
+    wait_for_log(&proxy, "need a restart", 1).await;
+    let log = proxy.log_text();
+    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
+    assert!(line.contains("settings=listen, limits"), "{line}");
+    let out = redis_cli(proxy.port, &["DBSIZE"]).await;
+    assert!(out.stdout.contains("policy no-DBSIZE"), "{}", out.stdout);
+}
+
+/// Waits until the proxy's log holds `text` at least `n` times.
+async fn wait_for_log(proxy: &ProxyProcess, text: &str, n: usize) {
+    let until = Instant::now() + DEADLINE;
+    while proxy.log_text().matches(text).count() < n {
+        assert!(
+            Instant::now() < until,
+            "no {text:?} in the log: {}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
