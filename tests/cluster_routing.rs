@@ -473,8 +473,9 @@ async fn the_default_policy_applies_in_cluster_mode() {
         "{}",
         show(&keys)
     );
-    // SET without a TTL gets the default hour (a PX appended), on the node owning the key;
-    // HSET gets its hidden PEXPIRE NX, whose reply the client never sees.
+    // SET without a TTL gets the default hour (`keys: created`: sent with KEEPTTL between two
+    // hidden scripts), on the node owning the key; so does HSET, whose hidden replies the
+    // client never sees.
     for primary in redis.primaries() {
         let key = redis.key_on(&primary, "ttl");
         assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n");
