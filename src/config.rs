@@ -165,6 +165,25 @@ pub struct UpstreamConfig {
     pub scripts_on_dedicated: Located<bool>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
+    /// What the proxy does at start and after each reload about scripts, which run as its
+    /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
+    /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
+    /// the ACL that mirrors the deny rules (`--print-acl` prints it), or `off`.
+    pub script_acl: Located<ScriptAclMode>,
+}
+
+/// What the proxy does about its upstream user's ACL (see [`UpstreamConfig::script_acl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptAclMode {
+    /// Ask Redis (`ACL DRYRUN`) whether the user may run each denied command; warn if so.
+    #[default]
+    Check,
+    /// Set the user's command permissions (`ACL SETUSER`) to the mirror of the deny rules,
+    /// then check.
+    Apply,
+    /// Neither: for a Redis without ACLs or a user that may not run ACL DRYRUN.
+    Off,
 }
 
 /// What kind of upstream the proxy fronts.
@@ -356,6 +375,7 @@ impl Default for UpstreamConfig {
             dedicated_wait_ms: located(1_000),
             scripts_on_dedicated: located(true),
             tls: None,
+            script_acl: located(ScriptAclMode::Check),
         }
     }
 }
@@ -913,6 +933,66 @@ impl Config {
     pub fn set_upstream(&mut self, address: String) {
         self.upstream.address = located(address);
     }
+
+    /// The settings that differ between `self` (the file the proxy started with) and `new` (the
+    /// file now) and are read only at start, so a reload cannot apply them: `listen`,
+    /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
+    /// `shutdown_grace_ms`, `log_level`. Compared by value: moving a line changes nothing.
+    pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
+        let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
+            without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
+        };
+        let admin = |a: &AdminConfig| {
+            (
+                a.listen.value.clone(),
+                a.slowlog_threshold_us.value,
+                a.slowlog_max_len.value,
+            )
+        };
+        [
+            ("listen", differs(&self.listen.value, &new.listen.value)),
+            ("upstream", differs(&self.upstream, &new.upstream)),
+            ("limits", differs(&self.limits, &new.limits)),
+            ("admin", admin(&self.admin) != admin(&new.admin)),
+            ("workers", self.workers.value != new.workers.value),
+            (
+                "shutdown_grace_ms",
+                self.shutdown_grace_ms.value != new.shutdown_grace_ms.value,
+            ),
+            ("log_level", self.log_level.value != new.log_level.value),
+        ]
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
+    }
+}
+
+/// `Debug` output without the `Location { … }` of each value: where a value was written is not
+/// part of the setting.
+fn without_locations(debug: &str) -> String {
+    let mut out = String::with_capacity(debug.len());
+    let mut rest = debug;
+    while let Some(at) = rest.find("Location {") {
+        out.push_str(&rest[..at]);
+        let mut depth = 0usize;
+        let mut end = rest.len();
+        for (i, c) in rest[at..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = at + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn valid_host_port(s: &str) -> bool {

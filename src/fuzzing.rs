@@ -298,7 +298,7 @@ pub fn check_policy_rewrite(data: &[u8]) {
                     None => owned.clone(),
                 };
                 let mut hidden = Vec::new();
-                for c in &rw.after {
+                for c in rw.before().iter().chain(&rw.after) {
                     hidden.push(decode_one(c));
                 }
                 if let Some(prefix) = prefix {

@@ -23,7 +23,8 @@
 //! ```
 //!
 //! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
-//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy.
+//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy;
+//!   [`config_recovery`] reports every parse error of a file, not only the first.
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
@@ -55,7 +56,10 @@
 //!   `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
+//! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
+//!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
+//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
@@ -71,6 +75,7 @@ pub mod codec;
 pub mod command;
 pub mod commands;
 pub mod config;
+pub mod config_recovery;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -81,12 +86,14 @@ pub mod procfs;
 pub mod ratelimit;
 pub mod reply;
 pub mod resp_value;
+pub mod script_acl;
 pub mod sentinel;
 pub mod server;
 pub mod session;
 pub mod setup;
 pub mod slowlog;
 pub mod startup;
+pub mod tools;
 pub mod upstream;
 
 pub use config::Config;

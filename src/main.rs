@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redis_policy_proxy::metrics::Metrics;
 use redis_policy_proxy::ops::{Ops, Reload};
-use redis_policy_proxy::policy::{Client, Policy, Verdict};
+use redis_policy_proxy::policy::Policy;
 use redis_policy_proxy::{Config, setup};
 
 /// Exit status for a configuration that cannot be used (sysexits' EX_USAGE... EX_DATAERR is
@@ -91,16 +91,19 @@ struct Cli {
     /// file, or RUST_LOG (e.g. RUST_LOG=info,redis_policy_proxy::upstream=debug).
     #[arg(long, value_enum, default_value = "text", env = "RPP_LOG_FORMAT")]
     log_format: LogFormat,
-    /// Validate FILE, print every problem, and exit (0 valid, 64 invalid).
+    /// Validate FILE (or the --config file), print every problem, and exit (0 valid, 64
+    /// invalid).
     ///
-    /// Problems are printed as FILE:LINE: field `...`: message. Example: --check policy/default.yaml
-    #[arg(long, value_name = "FILE")]
-    check: Option<PathBuf>,
-    /// Print what the policy in FILE does to COMMAND, then exit.
+    /// Problems are printed as FILE:LINE: field `...`: message, parse errors included.
+    /// Example: --check policy/default.yaml, or -c policy/default.yaml --check
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    check: Option<Option<PathBuf>>,
+    /// Print what the policy in FILE does to COMMAND, or to each line of standard input
+    /// without COMMAND, then exit: 0, or 1 when a command would be refused.
     ///
-    /// Refused with which error, rewritten into what, or allowed; COMMAND is written as in
+    /// Each rule's verdict (audited ones too) and what is sent; COMMAND is written as in
     /// redis-cli. Example: --explain policy/default.yaml 'SET user:1 alice'
-    #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 2)]
+    #[arg(long, value_names = ["FILE", "COMMAND"], num_args = 1..=2)]
     explain: Option<Vec<String>>,
     /// With --explain: as this proxy user (access.users), as after a successful AUTH.
     ///
@@ -112,6 +115,20 @@ struct Cli {
     /// Example: --explain policy.yaml 'GET k' --from 10.1.2.3
     #[arg(long, value_name = "IP", requires = "explain")]
     from: Option<std::net::IpAddr>,
+    /// Print the `ACL SETUSER` line that keeps scripts from running what the policy in FILE
+    /// denies (for the proxy's upstream user), then exit.
+    #[arg(long, value_name = "FILE")]
+    print_acl: Option<PathBuf>,
+    /// Read the upstream (read-only: SCAN, PTTL, TYPE, STRLEN) and report what the policy in
+    /// FILE would change in the data it holds, then exit. `--upstream` picks the node.
+    #[arg(long, value_name = "FILE")]
+    survey: Option<PathBuf>,
+    /// With --survey: read at most N keys.
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "survey")]
+    sample: u64,
+    /// With --survey: read at most N keys a second.
+    #[arg(long, value_name = "N", default_value_t = 1_000, requires = "survey")]
+    rate: u64,
 }
 
 /// The variables behind flags that take a value, by argument id.
@@ -171,7 +188,11 @@ fn main() -> ExitCode {
         init_logging(cli.log_format, "warn");
     }
 
-    if let Some(path) = &cli.check {
+    if let Some(check) = &cli.check {
+        let Some(path) = check.as_ref().or(cli.config.as_ref()) else {
+            eprintln!("--check needs a file: --check FILE, or -c FILE --check");
+            return ExitCode::from(EXIT_CONFIG);
+        };
         return match setup::load(path) {
             Ok(_) => {
                 println!("{}: OK", path.display());
@@ -184,9 +205,61 @@ fn main() -> ExitCode {
         };
     }
 
+    if let Some(path) = &cli.print_acl {
+        return match redis_policy_proxy::tools::print_acl::print_acl(path) {
+            Ok((line, notes)) => {
+                println!("{line}");
+                notes.iter().for_each(|n| eprintln!("{n}"));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+
+    if let Some(path) = &cli.survey {
+        init_logging(cli.log_format, "warn");
+        let options = redis_policy_proxy::tools::survey::Options {
+            sample: cli.sample,
+            rate: cli.rate,
+        };
+        return match redis_policy_proxy::tools::survey::survey(
+            path,
+            cli.upstream.as_deref(),
+            options,
+        ) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+
     if let Some(args) = &cli.explain {
         let addr = cli.from.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-        return explain(Path::new(&args[0]), &args[1], addr, cli.as_user.as_deref());
+        let mut out = String::new();
+        let result = redis_policy_proxy::tools::explain::explain(
+            Path::new(&args[0]),
+            args.get(1).map(String::as_str),
+            addr,
+            cli.as_user.as_deref(),
+            &mut out,
+        );
+        print!("{out}");
+        return match result {
+            Ok(redis_policy_proxy::tools::explain::Outcome::Allowed) => ExitCode::SUCCESS,
+            Ok(redis_policy_proxy::tools::explain::Outcome::Refused) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
     }
 
     let policy_file = given(cli.config.clone());
@@ -200,6 +273,9 @@ fn main() -> ExitCode {
         },
         None => Config::default(),
     };
+    // The file as the proxy starts with it, before the command line's overrides: a reload
+    // compares the file with it to report the settings only a restart applies.
+    let started = Arc::new(config.clone());
     if let Some(l) = given(cli.listen) {
         config.set_listen(l);
     }
@@ -258,14 +334,15 @@ fn main() -> ExitCode {
         if let Some(path) = policy_file.clone() {
             let on_command: Reload = {
                 let (path, policy, metrics) = (path.clone(), policy.clone(), ops.metrics.clone());
-                Arc::new(move || reload(&path, &policy, &metrics, "PROXY RELOAD"))
+                let started = started.clone();
+                Arc::new(move || reload(&path, &started, &policy, &metrics, "PROXY RELOAD"))
             };
             ops.reload = Some(on_command);
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
             let (policy, metrics) = (policy.clone(), ops.metrics.clone());
             let watched = path.clone();
-            let on_signal = move |trigger| reload(&path, &policy, &metrics, trigger);
+            let on_signal = move |trigger| reload(&path, &started, &policy, &metrics, trigger);
             tokio::spawn(reload_on_change(watched, on_signal, hup));
         }
         redis_policy_proxy::serve(listener, admin, config, policy, ops, shutdown_signal()).await
@@ -371,6 +448,7 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
 /// is logged, so an operator can tell a reload they asked for from one the file watch did.
 fn reload(
     path: &Path,
+    started: &Config,
     policy: &ArcSwap<Policy>,
     metrics: &Metrics,
     trigger: &str,
@@ -386,15 +464,22 @@ fn reload(
         tracing::error!(file = %path.display(), trigger, "reload failed: the file is empty; keeping the running policy");
         return Err(why);
     }
-    match setup::load(path).map(|c| setup::policy(&c)) {
-        Ok(Ok(new)) => {
+    match setup::load(path).map(|c| (setup::policy(&c), started.restart_needed(&c))) {
+        Ok((Ok(new), restart)) => {
             let version = new.version().to_string();
-            tracing::info!(file = %path.display(), trigger, policy = ?new, %version, "policy reloaded");
+            tracing::info!(file = %path.display(), trigger, %version, rules = %new.rules_summary(), "policy reloaded");
             policy.store(Arc::new(new));
             metrics.reloads_ok.inc();
-            Ok(version)
+            if restart.is_empty() {
+                return Ok(version);
+            }
+            let settings = restart.join(", ");
+            tracing::warn!(file = %path.display(), %settings, "changed settings need a restart; the running ones stay");
+            Ok(format!(
+                "{version}; rules and access reloaded, but {settings} changed and need a restart (the running ones stay)"
+            ))
         }
-        Ok(Err(problems)) => {
+        Ok((Err(problems), _)) => {
             metrics.reloads_failed.inc();
             let mut text = Vec::new();
             for p in problems {
@@ -409,67 +494,4 @@ fn reload(
             Err(e.to_string())
         }
     }
-}
-
-/// `--explain FILE COMMAND`: what the policy does to one command (inline syntax, quotes as in
-/// redis-cli), for a client at `addr` authenticated as `user` (if any).
-fn explain(path: &Path, command: &str, addr: std::net::IpAddr, user: Option<&str>) -> ExitCode {
-    let config = match setup::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let policy = match setup::policy(&config) {
-        Ok(p) => p,
-        Err(problems) => {
-            for p in problems {
-                eprintln!("{}: {p}", path.display());
-            }
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let Some(args) = redis_policy_proxy::codec::split_args(command.as_bytes()) else {
-        eprintln!("unbalanced quotes in {command:?}");
-        return ExitCode::from(EXIT_CONFIG);
-    };
-    let tenant = policy.access.tenant_of(addr, user.map(str::as_bytes));
-    println!(
-        "client {addr} user {} -> tenant {}",
-        user.unwrap_or("(none)"),
-        policy.access.tenant_name(tenant)
-    );
-    let client = Client {
-        id: 0,
-        addr,
-        tenant,
-    };
-    // A policy check needs a runtime for the rate limiter's clock.
-    let verdict = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map(|rt| rt.block_on(async { policy.check(&client, &args[..]) }));
-    match verdict {
-        Ok(Verdict::Allow) => println!("allowed: forwarded unchanged"),
-        Ok(Verdict::Refuse(reply)) => {
-            println!("refused: {}", String::from_utf8_lossy(&reply).trim_end())
-        }
-        Ok(Verdict::Rewrite(rw)) => {
-            let rw = rw.materialize(&args[..]);
-            println!("rewritten: {}", rw.note);
-            let show = |b: &[u8]| String::from_utf8_lossy(b).replace("\r\n", " ");
-            if let Some(c) = &rw.command {
-                println!("  sent instead: {}", show(c));
-            }
-            for c in &rw.after {
-                println!("  then (reply hidden): {}", show(c));
-            }
-        }
-        Err(e) => {
-            eprintln!("cannot start runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
 }

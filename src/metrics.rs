@@ -227,6 +227,9 @@ pub struct Metrics {
     pub reloads_failed: Counter,
     /// Commands slower than the slow log threshold.
     pub slow_commands: Counter,
+    /// Commands the policy denies that a script could still run as the proxy's upstream user
+    /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
+    pub script_acl_open: Gauge,
     /// For uptime in INFO.
     pub started: Instant,
 }
@@ -302,6 +305,11 @@ impl Metrics {
             reloads_ok: Counter::default(),
             reloads_failed: Counter::default(),
             slow_commands: Counter::default(),
+            script_acl_open: {
+                let g = Gauge::default();
+                g.set(-1);
+                g
+            },
             started: Instant::now(),
         }
     }
@@ -457,6 +465,12 @@ impl Metrics {
             "slow_commands",
             "Commands slower than the slow log threshold",
             &self.slow_commands,
+        );
+        register(
+            r,
+            "script_acl_open_commands",
+            "Commands the policy denies that a script could run as the proxy's upstream user (-1: not checked)",
+            &self.script_acl_open,
         );
     }
 

@@ -114,6 +114,25 @@ pub async fn serve(
             })
         }
     };
+    // Scripts run as the proxy's upstream user: its ACL is checked (or applied) whenever the
+    // policy changes, and `/readyz` says what the check found.
+    let acl_status = crate::script_acl::Status::default();
+    let ready: crate::admin::ReadyCheck = {
+        let status = acl_status.clone();
+        Arc::new(move || {
+            ready().map(|what| match status.load().as_deref() {
+                Some(acl) => format!("{what}; {acl}"),
+                None => what,
+            })
+        })
+    };
+    let acl_task = tokio::spawn(crate::script_acl::watch(
+        pool.control(),
+        policy.clone(),
+        config.upstream.script_acl.value,
+        metrics.clone(),
+        acl_status,
+    ));
     let admin_task = admin.map(|l| {
         tokio::spawn(crate::admin::serve(
             l,
@@ -231,6 +250,7 @@ pub async fn serve(
     drop(alive_tx);
     sweeper.abort();
     idle_ticker.abort();
+    acl_task.abort();
     for task in followers {
         task.abort();
     }

@@ -9,8 +9,16 @@ use crate::config::{Config, ConfigError, Problem};
 use crate::policy::Policy;
 
 /// Reads, parses and validates a configuration file: [`Config::read`], then [`validate`].
+/// A file that does not parse gets every problem reported, not only the parser's first
+/// ([`recovered`]).
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let config = Config::read(path)?;
+    let config = match Config::read(path) {
+        Err(ConfigError::Parse { .. }) => {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            return Err(recovered(&text, path));
+        }
+        other => other?,
+    };
     validate(&config, path)?;
     Ok(config)
 }
@@ -18,13 +26,41 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Parses and validates YAML text: [`Config::parse`], then [`validate`]; `path` is only used
 /// in messages.
 pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
-    let config = Config::parse(text, path)?;
+    let config = match Config::parse(text, path) {
+        Err(ConfigError::Parse { .. }) => return Err(recovered(text, path)),
+        other => other?,
+    };
     validate(&config, path)?;
     Ok(config)
 }
 
+/// Every problem of `text`, which does not parse: each parse error (`config_recovery`), then
+/// the validation problems of what parses once their lines are blanked, less those that only
+/// follow from a blanked line.
+fn recovered(text: &str, path: &Path) -> ConfigError {
+    let r = crate::config_recovery::recover(text);
+    let mut problems = r.problems;
+    if let Some(config) = r.config {
+        let rest = all_problems(&config);
+        problems.extend(
+            rest.into_iter()
+                .filter(|p| !crate::config_recovery::follows_from_blanked(p, text, &r.blanked)),
+        );
+    }
+    problems.sort_by_key(|p| p.line);
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        problems,
+    }
+}
+
 /// Every problem of `config`: its own values, then the TLS files, then the rules.
 pub fn validate(config: &Config, path: &Path) -> Result<(), ConfigError> {
+    ConfigError::unless_none(path, all_problems(config))
+}
+
+/// The problems [`validate`] reports.
+fn all_problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
     if let Some(tls) = &config.upstream.tls {
         let host = config.tls_host();
@@ -39,7 +75,7 @@ pub fn validate(config: &Config, path: &Path) -> Result<(), ConfigError> {
     if let Err(rule_problems) = policy(config) {
         problems.extend(rule_problems);
     }
-    ConfigError::unless_none(path, problems)
+    problems
 }
 
 /// The policy of a whole configuration: its rules and `access:` section, its version, and

@@ -51,6 +51,7 @@ pub fn log(s: &Started<'_>) {
         rules = enforce + audit,
         enforce,
         audit,
+        rule_modes = %s.policy.rules_summary(),
         workers = s.config.workers.value,
         "redis-policy-proxy started"
     );

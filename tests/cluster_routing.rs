@@ -453,7 +453,7 @@ async fn a_live_migration_is_followed_without_errors() {
 async fn the_default_policy_applies_in_cluster_mode() {
     let redis = RedisCluster::start(3, 0);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = common::default_policy_enforced();
     let upstream = "  address: 127.0.0.1:6379\n";
     assert!(text.contains(upstream));
     let seeds = redis.live_addrs().join(", ");
@@ -473,8 +473,9 @@ async fn the_default_policy_applies_in_cluster_mode() {
         "{}",
         show(&keys)
     );
-    // SET without a TTL gets the default hour (a PX appended), on the node owning the key;
-    // HSET gets its hidden PEXPIRE NX, whose reply the client never sees.
+    // SET without a TTL gets the default hour (`keys: created`: sent with KEEPTTL between two
+    // hidden scripts), on the node owning the key; so does HSET, whose hidden replies the
+    // client never sees.
     for primary in redis.primaries() {
         let key = redis.key_on(&primary, "ttl");
         assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n");

@@ -577,26 +577,91 @@ async fn sighup_reloads_rules_and_keeps_the_old_ones_when_the_file_is_broken() {
     panic!("could not start the binary: {last}");
 }
 
+/// Runs the binary with `stdin` as its standard input.
+async fn run_bin_with_stdin(args: &[&str], stdin: &str) -> Run {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("redis-policy-proxy exited in time")
+        .unwrap();
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_prints_what_the_policy_does_to_a_command() {
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    // The default policy with its data-changing rules enforced, as after the rollout.
+    let tmp = TempDir::new("explain-enforced");
+    let default = write_file(tmp.path(), "default.yaml", &default_policy_enforced());
     let r = run_bin(&["--explain", path_str(&default), "KEYS user:*"]).await;
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.code, Some(1), "a refusal exits 1: {}", r.stderr);
     assert!(
-        r.stdout
-            .contains("\nrefused: -NOPERM policy deny-keys: KEYS is not allowed"),
+        r.stdout.contains(
+            "\n  deny-keys: refuses\n  refused: -NOPERM policy deny-keys: KEYS is not allowed"
+        ),
         "{}",
         r.stdout
     );
     let r = run_bin(&["--explain", path_str(&default), "GET user:1"]).await;
+    assert_eq!(r.code, Some(0));
     assert_eq!(
         r.stdout,
-        "client 127.0.0.1 user (none) -> tenant default\nallowed: forwarded unchanged\n"
+        "client 127.0.0.1 user (none) -> tenant default\n> GET user:1\n  forwarded unchanged\n"
     );
-    let r = run_bin(&["--explain", path_str(&default), "SET user:1 \"a b\""]).await;
+    // Enforced, the rewrite shows its rule, the prefix behind the TTL, and what is sent.
+    let r = run_bin(&["--explain", path_str(&default), "SET session:1 \"a b\""]).await;
+    assert_eq!(r.code, Some(0));
+    let lines: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(
-        r.stdout,
-        "client 127.0.0.1 user (none) -> tenant default\nrewritten: SET without a TTL gets PX <ttl of its key prefix>\n  sent instead: *5 $3 SET $6 user:1 $3 a b $2 PX $7 3600000 \n"
+        lines[2],
+        "  ttl-default: rewrites: SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none (`session:1` 1d (prefix `session:`))"
+    );
+    assert!(
+        lines[3]
+            .starts_with("  first, reply hidden: EVAL \"if redis.call('pttl', KEYS[1]) == -1 then"),
+        "{}",
+        lines[3]
+    );
+    assert_eq!(lines[4], "  sent as: SET session:1 \"a b\" KEEPTTL");
+    assert!(
+        lines[5].starts_with("  then, reply hidden: EVAL \"local t")
+            && lines[5].ends_with("\" 1 session:1 86400000"),
+        "{}",
+        lines[5]
+    );
+    // `keys: written`: the PX appended in place, and a script's declared key its PEXPIRE NX.
+    let written = write_file(
+        tmp.path(),
+        "written.yaml",
+        &default_policy_enforced().replace("keys: created", "keys: written"),
+    );
+    let input = "SET user:1 v\nEVAL \"return redis.call('SET', KEYS[1], ARGV[1])\" 1 user:2 v\n";
+    let r = run_bin_with_stdin(&["--explain", path_str(&written)], input).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("\n  sent as: SET user:1 v PX 3600000\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("\n  then, reply hidden: PEXPIRE user:2 3600000 NX\n"),
+        "{}",
+        r.stdout
     );
 }
 
@@ -612,14 +677,45 @@ async fn explain_shows_a_tenants_view() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(
         r.stdout,
-        "client 127.0.0.1 user app -> tenant app\nrewritten: keys prefixed with the tenant's namespace\n  sent instead: *2 $3 GET $5 app:k \n"
+        "client 127.0.0.1 user app -> tenant app\n> GET k\n  namespace: tenant `app`'s prefix `app:` on every key\n  sent as: GET app:k\n"
     );
     let r = run_bin(&["--explain", path_str(&file), "FLUSHALL", "--as-user", "app"]).await;
+    assert_eq!(r.code, Some(1));
     assert!(
         r.stdout.contains("refused: -NOPERM policy namespace"),
         "{}",
         r.stdout
     );
+}
+
+/// policy/README.md's `--explain` example is exactly what `--explain` prints for its commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_explain_example_is_what_explain_prints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("policy/README.md")).unwrap();
+    let marker = "<!-- explain example: tests/config_cli.rs the_readmes_explain_example_is_what_explain_prints -->\n```\n";
+    let start = readme
+        .find(marker)
+        .expect("the example in policy/README.md")
+        + marker.len();
+    let block = &readme[start..start + readme[start..].find("```\n").unwrap()];
+    let (command_line, expected) = block.split_once('\n').unwrap();
+    assert_eq!(
+        command_line,
+        "$ redis-policy-proxy --explain policy/default.yaml < commands.txt"
+    );
+    let commands: String = expected
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .map(|c| format!("{c}\n"))
+        .collect();
+    let default = root.join("policy/default.yaml");
+    let r = run_bin_with_stdin(&["--explain", path_str(&default)], &commands).await;
+    assert_eq!(
+        r.stdout, expected,
+        "policy/README.md's example is out of date"
+    );
+    assert_eq!(r.code, Some(1), "the example has refusals");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -701,5 +797,271 @@ async fn json_logs_and_metrics_record_denials_and_failed_reloads() {
         }
         let out = redis_cli(port, &["KEYS", "*"]).await;
         assert!(out.stdout.contains("policy no-KEYS"), "{}", out.stdout);
+    }
+}
+
+/// `--print-acl` prints the `ACL SETUSER` line mirroring the policy's deny rules; applied to
+/// Redis, it keeps a script from running KEYS while what the policy allows still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_commands() {
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let r = run_bin(&["--print-acl", path_str(&default)]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.trim_end();
+    assert!(
+        line.starts_with("ACL SETUSER default +@all ")
+            && line.contains(" -keys ")
+            && line.contains(" -flushall ")
+            && line.contains(" -swapdb"),
+        "{line}"
+    );
+    let redis = RedisServer::start();
+    let args: Vec<&str> = line.split(' ').collect();
+    assert_eq!(redis.direct(&args).await, b"+OK\r\n");
+    let keys = redis
+        .direct(&["EVAL", "return redis.call('KEYS','*')", "0"])
+        .await;
+    assert!(
+        keys.starts_with(b"-ERR The user executing the script can't run this command"),
+        "{}",
+        String::from_utf8_lossy(&keys)
+    );
+    assert_eq!(
+        redis
+            .direct(&["EVAL", "return redis.call('SET', KEYS[1], 'v')", "1", "k"])
+            .await,
+        b"+OK\r\n"
+    );
+    // A file that does not validate: exit 64 with its problems.
+    let tmp = TempDir::new("print-acl");
+    let bad = write_file(
+        tmp.path(),
+        "bad.yaml",
+        "rules:\n  - id: x\n    deny: [NOPE]\n",
+    );
+    let r = run_bin(&["--print-acl", path_str(&bad)]).await;
+    assert_eq!(r.code, Some(EX_USAGE), "{}", r.stdout);
+    assert!(r.stderr.contains("unknown command `NOPE`"), "{}", r.stderr);
+}
+
+/// `--survey` reads a Redis seeded with known keys (read-only) and reports what the policy
+/// would change: keys without a TTL by prefix, TTLs above the max, values above the cap,
+/// names off the pattern, and keys left with the created-mode marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survey_reports_what_the_policy_would_change_in_existing_data() {
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    redis
+        .direct(&["HSET", "config:features", "dark", "on"])
+        .await;
+    redis.direct(&["SET", "config:name", "shop"]).await;
+    redis.direct(&["SET", "session:1", "u", "EX", "1000"]).await;
+    redis
+        .direct(&["SET", "cache:page", "v", "EX", "2592000"])
+        .await;
+    redis.direct(&["SET", "BadName", "v", "EX", "60"]).await;
+    let blob = "x".repeat(200_000);
+    redis.direct(&["SET", "blob:1", &blob]).await;
+    redis.direct(&["SET", "marked:1", "v"]).await;
+    redis
+        .direct(&["PEXPIRE", "marked:1", "1152921504606846976"])
+        .await;
+    let before = redis.direct(&["DEBUG", "DIGEST"]).await;
+    assert!(
+        before.starts_with(b"+") && before.len() == 43,
+        "{}",
+        String::from_utf8_lossy(&before)
+    );
+    let tmp = TempDir::new("survey");
+    let file = write_file(
+        tmp.path(),
+        "p.yaml",
+        "rules:\n  - id: ttl\n    ttl: {default: 1h, prefixes: [{prefix: 'session:', ttl: 24h}], max: 7d, keys: created}\n  - id: big\n    max_value_bytes: 102400\n  - id: names\n    key_pattern: '^[a-z]+(:[A-Za-z0-9_-]+)+$'\n",
+    );
+    let addr = redis.addr();
+    let r = run_bin(&[
+        "--survey",
+        path_str(&file),
+        "--upstream",
+        &addr,
+        "--rate",
+        "100000",
+    ])
+    .await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let out = &r.stdout;
+    for line in [
+        "7 keys read (the whole keyspace)",
+        "keys without a TTL, by prefix (rule `ttl`, keys: created: writes leave them persistent",
+        "  config:: 2 of 2 keys; TTL 1h\n",
+        "  session:: 0 of 1 keys; TTL 1d\n",
+        "  blob:: 1 of 1 keys; TTL 1h\n",
+        "TTLs above the max 7d (rule `ttl`): 1 (",
+        "  cache:page (",
+        "string values above max_value_bytes 102400 (rule `big`): 1 (",
+        "  blob:1 (200000 bytes)",
+        "keys not matching key_pattern ^[a-z]+(:[A-Za-z0-9_-]+)+$ (rule `names`): 1 (",
+        "  BadName\n",
+        "marker's far expiry (a proxy stopped between its two scripts; PERSIST them): 1\n  marked:1\n",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    // Read-only: the dataset is exactly as it was.
+    assert_eq!(redis.direct(&["DEBUG", "DIGEST"]).await, before);
+    // A sample stops early and says so.
+    let r = run_bin(&[
+        "--survey",
+        path_str(&file),
+        "--upstream",
+        &addr,
+        "--sample",
+        "2",
+    ])
+    .await;
+    assert!(
+        r.stdout
+            .contains("2 keys read (a sample: raise --sample to read more)"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// The startup log names the policy file, its version, and each rule with its mode, so an
+/// operator sees what is enforced and what is only audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_log_names_the_policy_file_its_version_and_each_rules_mode() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("startup-log");
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let proxy = ProxyProcess::start(
+        &default,
+        &redis,
+        tmp.path().join("log"),
+        &["--admin", &admin],
+    )
+    .await;
+    let log = proxy.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("redis-policy-proxy started"))
+        .unwrap_or_else(|| panic!("no startup line in {log}"));
+    for part in [
+        path_str(&default),
+        "version=",
+        "deny-keys enforce",
+        "unbounded-reads audit",
+        "streams-capped audit",
+        "ttl-default audit",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line}");
+    }
+}
+
+/// `--check` reports every problem in one run, parse errors included, each with file, line and
+/// field, in the operator's words, with a "did you mean" for misspelt settings and commands,
+/// and without follow-on errors; `-c FILE --check` checks the --config file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_every_problem_once_in_the_operators_words() {
+    let tmp = TempDir::new("check-all");
+    let bad = write_file(
+        tmp.path(),
+        "bad.yaml",
+        "listen: 127.0.0.1:6380\nupstream:\n  adress: 127.0.0.1:6379\n  connect_timeout_ms: 5s\nrules:\n  - id: a\n    denny: [KEYS]\n  - id: b\n    mode: enfroce\n    deny: [KEY]\n  - id: c\n    ttl: {default: 5x, keys: created}\n  - id: d\n    deny: ['@dangerus']\n",
+    );
+    let file = path_str(&bad);
+    for args in [&["--check", file][..], &["-c", file, "--check"]] {
+        let r = run_bin(args).await;
+        assert_eq!(r.code, Some(EX_USAGE), "{args:?}: {}", r.stderr);
+        let want = [
+            format!(
+                "{file}:3: field `upstream.adress`: unknown setting `adress`; did you mean `address`?"
+            ),
+            format!(
+                "{file}:4: field `upstream.connect_timeout_ms`: expected a number of milliseconds like 2000 (this setting is in ms), got `5s`"
+            ),
+            format!(
+                "{file}:7: field `rules[0].denny`: unknown setting `denny`; did you mean `deny`?"
+            ),
+            format!(
+                "{file}:9: field `rules[1].mode`: `enfroce` is not one of enforce, audit; did you mean `enforce`?"
+            ),
+            format!(
+                "{file}:10: field `rules[1].deny`: unknown command `KEY`; did you mean `KEYS`?"
+            ),
+            format!(
+                "{file}:12: field `rules[2].ttl`: `default`: expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `5x`"
+            ),
+            format!(
+                "{file}:14: field `rules[3].deny`: unknown category `@dangerus`; did you mean `@dangerous`?"
+            ),
+        ];
+        let got: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(got, want, "{args:?}");
+    }
+    // A YAML syntax error is reported too, and says that what follows was not checked.
+    let syntax = write_file(
+        tmp.path(),
+        "syntax.yaml",
+        "rules:\n  - id: b\n    deny: [KEYS\n  - id: c\n",
+    );
+    let r = run_bin(&["--check", path_str(&syntax)]).await;
+    assert_eq!(r.code, Some(EX_USAGE));
+    assert!(
+        r.stderr.contains("nothing after it was checked"),
+        "{}",
+        r.stderr
+    );
+    let r = run_bin(&["--check"]).await;
+    assert_eq!(r.code, Some(EX_USAGE));
+    assert!(r.stderr.contains("-c FILE --check"), "{}", r.stderr);
+}
+
+/// A reload that changes settings only a restart applies says so (log, PROXY RELOAD), names
+/// them, and keeps running with the old ones; moving lines around is no change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reports_the_settings_that_need_a_restart() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("reload-restart");
+    let v1 = "# v1\nlimits:\n  max_clients: 100\nrules:\n  - id: no-KEYS\n    deny: [KEYS]\n";
+    let file = write_file(tmp.path(), "p.yaml", v1);
+    let proxy = ProxyProcess::start(&file, &redis, tmp.path().join("log"), &[]).await;
+    // Comments and order changed, values the same: a plain reload.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        "rules:\n  - id: no-KEYS\n    deny: [KEYS]\n# limits moved\nlimits: {max_clients: 100}\n",
+    );
+    proxy.signal("-HUP");
+    wait_for_log(&proxy, "policy reloaded", 1).await;
+    assert!(
+        !proxy.log_text().contains("need a restart"),
+        "{}",
+        proxy.log_text()
+    );
+    // listen and limits changed, and a rule: the rule applies, the rest is reported.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        "listen: 127.0.0.1:1\nlimits:\n  max_clients: 200\nrules:\n  - id: no-DBSIZE\n    deny: [DBSIZE]\n",
+    );
+    proxy.signal("-HUP");
+    wait_for_log(&proxy, "need a restart", 1).await;
+    let log = proxy.log_text();
+    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
+    assert!(line.contains("settings=listen, limits"), "{line}");
+    let out = redis_cli(proxy.port, &["DBSIZE"]).await;
+    assert!(out.stdout.contains("policy no-DBSIZE"), "{}", out.stdout);
+}
+
+/// Waits until the proxy's log holds `text` at least `n` times.
+async fn wait_for_log(proxy: &ProxyProcess, text: &str, n: usize) {
+    let until = Instant::now() + DEADLINE;
+    while proxy.log_text().matches(text).count() < n {
+        assert!(
+            Instant::now() < until,
+            "no {text:?} in the log: {}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(POLL).await;
     }
 }

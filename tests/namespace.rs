@@ -26,6 +26,7 @@ async fn proxy_for(redis: &RedisServer, policy_file: Option<&str>) -> Proxy {
 /// `extra` is appended to the `access:` section.
 async fn proxy_with(redis: &RedisServer, policy_file: Option<&str>, extra: &str) -> Proxy {
     let base = match policy_file {
+        Some("policy/default.yaml") => common::default_policy_enforced(),
         Some(f) => std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap(),
         None => String::new(),
     };

@@ -10,12 +10,21 @@ mod common;
 
 use std::path::Path;
 
-use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, resp, show};
+use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, http_get, resp, sample, show};
 
-/// A proxy in front of `redis` running `policy/default.yaml`.
+/// A proxy in front of `redis` running `policy/default.yaml` with its data-changing rules
+/// enforced, as after the rollout the file describes.
 async fn default_policy(redis: &RedisServer) -> Proxy {
+    default_policy_edited(redis, "\nrules:\n", "\nrules:\n").await
+}
+
+/// [`default_policy`] with `from` replaced by `to` in the file's text (which must contain it).
+async fn default_policy_edited(redis: &RedisServer, from: &str, to: &str) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let mut config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
+    let text = common::default_policy_enforced();
+    assert!(text.contains(from), "{from:?} not in default.yaml");
+    let mut config = redis_policy_proxy::setup::from_yaml(&text.replace(from, to), &path)
+        .expect("edited default policy loads");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
 }
@@ -93,6 +102,131 @@ async fn guards_and_size_limits() {
     assert_eq!(
         c.call(&["LRANGE", "l", "0", "-1"]).await,
         b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+}
+
+/// `max_value_bytes` (102400 in the default policy) holds for writes at an offset, whose
+/// resulting size the arguments give, and for a script's values; APPEND is refused when its
+/// chunk alone is above the cap (what it appends to is Redis's to know: policy/README.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_cannot_grow_past_the_cap_by_offset_or_through_a_script() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let refusals: &[(&[&str], &str)] = &[
+        (
+            &["SETRANGE", "sr", "102400", "x"],
+            "SETRANGE would grow the value to 102401 bytes",
+        ),
+        (
+            &["SETRANGE", "sr", "536870000", "x"],
+            "SETRANGE would grow the value",
+        ),
+        (
+            &["SETBIT", "sb", "819200", "1"],
+            "SETBIT would grow the value to 102401 bytes",
+        ),
+        (
+            &["BITFIELD", "bf", "SET", "u8", "#102400", "1"],
+            "BITFIELD would grow the value",
+        ),
+    ];
+    for (cmd, want) in refusals {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with(&format!("-ERR policy max-value-size: {want}")),
+            "{cmd:?}: {reply}"
+        );
+    }
+    assert_eq!(redis.direct(&["EXISTS", "sr", "sb", "bf"]).await, b":0\r\n");
+    // Within the cap they work as in Redis.
+    assert_eq!(
+        c.call(&["SETRANGE", "sr", "102399", "x"]).await,
+        b":102400\r\n"
+    );
+    assert_eq!(c.call(&["SETBIT", "sb", "819199", "1"]).await, b":0\r\n");
+    // A script cannot store a value the cap refuses to a SET.
+    let big = "x".repeat(102_401);
+    let set = "return redis.call('SET', KEYS[1], ARGV[1])";
+    let reply = text(&c.call(&["EVAL", set, "1", "scripted", &big]).await);
+    assert!(
+        reply.starts_with("-ERR policy max-value-size: EVAL value of 102401 bytes"),
+        "{reply}"
+    );
+    assert_eq!(redis.direct(&["EXISTS", "scripted"]).await, b":0\r\n");
+    // APPEND: a chunk above the cap is refused; appending small chunks is best effort.
+    let reply = text(&c.call(&["APPEND", "ap", &big]).await);
+    assert!(
+        reply.starts_with("-ERR policy max-value-size: APPEND value of 102401"),
+        "{reply}"
+    );
+    assert_eq!(c.call(&["APPEND", "ap", "xy"]).await, b":2\r\n");
+}
+
+/// Range guards measure what a read can return, so no spelling of a whole-collection or huge
+/// read gets through: the literal `LRANGE k 0 -1` was the only one caught before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_guards_catch_every_spelling_of_a_huge_read() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: ranges\n    max_range: 1000\n    message: page your reads\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("r.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    redis.direct(&["RPUSH", "l", "a", "b"]).await;
+    redis.direct(&["ZADD", "z", "1", "a", "2", "b"]).await;
+    redis.direct(&["SADD", "s", "a"]).await;
+    redis.direct(&["HSET", "h", "f", "v"]).await;
+    let whole: &[&[&str]] = &[
+        &["LRANGE", "l", "0", "-1"],
+        &["ZRANGE", "z", "0", "-1"],
+        &["ZRANGE", "z", "0", "-1", "REV"],
+        &["ZRANGE", "z", "-inf", "+inf", "BYSCORE"],
+        &["ZRANGE", "z", "-", "+", "BYLEX"],
+        &["ZREVRANGE", "z", "0", "-1"],
+        &["ZRANGEBYSCORE", "z", "-inf", "+inf"],
+        &["HGETALL", "h"],
+        &["SMEMBERS", "s"],
+    ];
+    for cmd in whole {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-ERR policy ranges: ") && reply.contains("reads a whole collection"),
+            "{cmd:?}: {reply}"
+        );
+    }
+    let huge: &[&[&str]] = &[
+        &["LRANGE", "l", "0", "999999999"],
+        &["SRANDMEMBER", "s", "-1000000"],
+        &["HRANDFIELD", "h", "5000"],
+        &["ZRANDMEMBER", "z", "1001"],
+        &[
+            "ZRANGE", "z", "-inf", "+inf", "BYSCORE", "LIMIT", "0", "5000",
+        ],
+    ];
+    for cmd in huge {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-ERR policy ranges: ")
+                && reply.contains("elements, above 1000; page your reads"),
+            "{cmd:?}: {reply}"
+        );
+    }
+    // Paged reads are answered by Redis as usual.
+    assert_eq!(
+        c.call(&["LRANGE", "l", "0", "999"]).await,
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.call(&["ZRANGE", "z", "-inf", "+inf", "BYSCORE", "LIMIT", "0", "10"])
+            .await,
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.call(&["SRANDMEMBER", "s", "-3"]).await,
+        b"*3\r\n$1\r\na\r\n$1\r\na\r\n$1\r\na\r\n"
     );
 }
 
@@ -223,6 +357,269 @@ async fn every_write_family_leaves_a_ttl_on_the_server() {
         "{reply}"
     );
     assert!(pttl(&redis, "own").await > 0);
+}
+
+/// Keys written before the proxy arrived, without a TTL.
+async fn seed_persistent_keys(redis: &RedisServer) {
+    redis
+        .direct(&["HSET", "config:features", "dark", "on"])
+        .await;
+    redis.direct(&["SET", "counter", "5"]).await;
+    redis.direct(&["SET", "config:name", "shop"]).await;
+    redis.direct(&["SADD", "members", "a"]).await;
+    redis.direct(&["RPUSH", "jobs", "j1"]).await;
+    redis.direct(&["SET", "old", "x"]).await;
+    redis.direct(&["SET", "mset:old", "x"]).await;
+}
+
+/// Writes an application sends to keys that exist and keys that do not.
+async fn write_through(c: &mut Raw) {
+    let writes: &[(&[&str], &[u8])] = &[
+        (&["HSET", "config:features", "beta", "off"], b":1\r\n"),
+        (&["INCR", "counter"], b":6\r\n"),
+        (&["SET", "config:name", "store"], b"+OK\r\n"),
+        (&["SADD", "members", "b"], b":1\r\n"),
+        (&["GETSET", "old", "y"], b"$1\r\nx\r\n"),
+        (
+            &[
+                "EVAL",
+                "return redis.call('RPUSH', KEYS[1], ARGV[1])",
+                "1",
+                "jobs",
+                "j2",
+            ],
+            b":2\r\n",
+        ),
+        (&["HSET", "fresh:hash", "f", "v"], b":1\r\n"),
+        (&["SET", "fresh:string", "v"], b"+OK\r\n"),
+        (&["INCR", "fresh:counter"], b":1\r\n"),
+        (&["MSET", "mset:old", "y", "mset:new", "z"], b"+OK\r\n"),
+    ];
+    for (cmd, reply) in writes {
+        assert_eq!(c.call(cmd).await, *reply, "{cmd:?}");
+    }
+}
+
+/// In front of a Redis with persistent data, the default policy (`keys: created`) gives a TTL
+/// to the keys writes create and leaves the keys that existed without one persistent, inside
+/// MULTI too; `keys: written` gives every key it writes a TTL, as its comment warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_persistent_keys_stay_persistent_unless_the_policy_says_written() {
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "members",
+        "old",
+        "jobs",
+    ] {
+        assert_eq!(pttl(&redis, key).await, -1, "{key} got a TTL");
+    }
+    for key in ["fresh:hash", "fresh:string", "fresh:counter", "mset:new"] {
+        let ttl = pttl(&redis, key).await;
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
+    }
+    // MSET makes what it writes persistent in Redis, so the rule cannot tell an old key from
+    // a new one: it gets the TTL (policy/README.md).
+    assert!(pttl(&redis, "mset:old").await > 0);
+    // A key that had a TTL keeps it across a SET; inside MULTI the checks are queued too, and
+    // EXEC shows the client's results only.
+    c.call(&["SET", "short", "v", "EX", "100"]).await;
+    c.send(b"MULTI\r\nSET short w\r\nHSET config:features x 1\r\nSADD fresh:set a\r\nEXEC\r\n")
+        .await;
+    let got = c.collect_frames(5, DEADLINE).await.frames;
+    assert_eq!(got[4], b"*3\r\n+OK\r\n:1\r\n:1\r\n");
+    assert!(pttl(&redis, "short").await <= 100_000);
+    assert_eq!(pttl(&redis, "config:features").await, -1);
+    assert!(pttl(&redis, "fresh:set").await > 3_500_000);
+    // No marker is left behind: the keyspace holds the application's keys only.
+    assert_eq!(redis.direct(&["DBSIZE"]).await, b":13\r\n");
+
+    // `keys: written`: every key written without a TTL gets one, existing ones included.
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let proxy = default_policy_edited(&redis, "keys: created", "keys: written").await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "members",
+        "old",
+        "jobs",
+    ] {
+        assert!(pttl(&redis, key).await > 0, "{key} has no TTL");
+    }
+}
+
+/// Unix time in seconds, as Redis reads it for EXAT and EXPIREAT.
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The TTL rule applies to the keys a script declares, as policy/README.md says: a script that
+/// SETs its key without a TTL leaves one with the key's TTL; a read-only script adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_declared_keys_get_the_ttl_rule() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let set = "return redis.call('SET', KEYS[1], ARGV[1])";
+    assert_eq!(
+        c.call(&["EVAL", set, "1", "scripted", "v"]).await,
+        b"+OK\r\n"
+    );
+    let ttl = pttl(&redis, "scripted").await;
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "PTTL scripted = {ttl}");
+    // EVALSHA of the same script, on a session key: the prefix's TTL.
+    let sha = text(&c.call(&["SCRIPT", "LOAD", set]).await);
+    let sha = sha.lines().nth(1).unwrap().to_string();
+    assert_eq!(
+        c.call(&["EVALSHA", &sha, "1", "session:s", "v"]).await,
+        b"+OK\r\n"
+    );
+    assert!(pttl(&redis, "session:s").await > 86_000_000);
+    // FCALL of a function library (loaded directly: FUNCTION LOAD is an operator's job).
+    let lib = "#!lua name=rpp\nredis.register_function('put', function(keys, args) return redis.call('SET', keys[1], args[1]) end)";
+    redis.direct(&["FUNCTION", "LOAD", lib]).await;
+    assert_eq!(
+        c.call(&["FCALL", "put", "1", "fn:key", "v"]).await,
+        b"+OK\r\n"
+    );
+    assert!(pttl(&redis, "fn:key").await > 3_500_000);
+    // A read-only script adds nothing (and an existing key keeps no TTL it never had).
+    redis.direct(&["SET", "persistent", "v"]).await;
+    let get = "return redis.call('GET', KEYS[1])";
+    assert_eq!(
+        c.call(&["EVAL_RO", get, "1", "persistent"]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert_eq!(pttl(&redis, "persistent").await, -1);
+}
+
+/// Every TTL-setting and TTL-removing form of Redis 7's command table keeps the rule: none
+/// leaves a key it writes without a TTL, none sets one above `max` (7 days).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ttl_variant_escapes_the_rule_or_its_maximum() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let week: i64 = 604_800_000;
+    let within_max = |ttl: i64| ttl > week - 60_000 && ttl <= week;
+    let month_s = (unix_s() + 30 * 86_400).to_string();
+    let month_ms = ((unix_s() + 30 * 86_400) * 1000).to_string();
+
+    // KEEPTTL on a new key: no TTL to keep, so the key's own.
+    assert_eq!(c.call(&["SET", "kt", "v", "KEEPTTL"]).await, b"+OK\r\n");
+    let ttl = pttl(&redis, "kt").await;
+    assert!(
+        ttl > 3_500_000 && ttl <= 3_600_000,
+        "KEEPTTL on a new key: {ttl}"
+    );
+    // KEEPTTL on a key with a TTL keeps exactly that TTL.
+    c.call(&["SET", "kt2", "v", "EX", "100"]).await;
+    c.call(&["SET", "kt2", "w", "KEEPTTL"]).await;
+    assert!(pttl(&redis, "kt2").await <= 100_000);
+    // A SET without expiry on an existing key (which Redis would make persistent) gets one.
+    c.call(&["SET", "over", "v", "EX", "100"]).await;
+    assert_eq!(c.call(&["SET", "over", "w"]).await, b"+OK\r\n");
+    assert!(pttl(&redis, "over").await > 0);
+    assert_eq!(c.call(&["GETSET", "over", "x"]).await, b"$1\r\nw\r\n");
+    assert!(pttl(&redis, "over").await > 0);
+
+    // Absolute expiries a month away are cut to the week, with the reply Redis gives.
+    assert_eq!(
+        c.call(&["SET", "exat", "v", "EXAT", &month_s]).await,
+        b"+OK\r\n"
+    );
+    assert!(within_max(pttl(&redis, "exat").await), "SET EXAT");
+    assert_eq!(
+        c.call(&["SET", "pxat", "v", "PXAT", &month_ms, "GET"])
+            .await,
+        b"$-1\r\n"
+    );
+    assert!(within_max(pttl(&redis, "pxat").await), "SET PXAT");
+    assert_eq!(c.call(&["EXPIREAT", "exat", &month_s]).await, b":1\r\n");
+    assert!(within_max(pttl(&redis, "exat").await), "EXPIREAT");
+    assert_eq!(c.call(&["PEXPIREAT", "pxat", &month_ms]).await, b":1\r\n");
+    assert!(within_max(pttl(&redis, "pxat").await), "PEXPIREAT");
+    assert_eq!(
+        c.call(&["GETEX", "exat", "EXAT", &month_s]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert!(within_max(pttl(&redis, "exat").await), "GETEX EXAT");
+    assert_eq!(
+        c.call(&["GETEX", "pxat", "PXAT", &month_ms]).await,
+        b"$1\r\nv\r\n"
+    );
+    assert!(within_max(pttl(&redis, "pxat").await), "GETEX PXAT");
+    // An absolute expiry within the week is kept as sent.
+    let soon = (unix_s() + 3600).to_string();
+    c.call(&["EXPIREAT", "exat", &soon]).await;
+    assert!(pttl(&redis, "exat").await <= 3_600_000);
+
+    // The TTL-removing forms are refused; the key keeps its TTL.
+    for cmd in [&["PERSIST", "exat"][..], &["GETEX", "exat", "PERSIST"]] {
+        let reply = text(&c.call(cmd).await);
+        assert!(
+            reply.starts_with("-NOPERM policy ttl-default: "),
+            "{cmd:?}: {reply}"
+        );
+    }
+    assert!(pttl(&redis, "exat").await > 0);
+
+    // RESTORE: TTL 0 would restore a persistent key; a month (relative or ABSTTL) is cut.
+    redis.direct(&["SET", "src", "payload"]).await;
+    let dump = redis.direct(&["DUMP", "src"]).await;
+    // The DUMP payload is binary: send it as raw bytes.
+    let payload = &dump[dump.iter().position(|&b| b == b'\n').unwrap() + 1..dump.len() - 2];
+    let restore = |key: &str, ttl: &str, extra: &[&str]| {
+        let mut args: Vec<Vec<u8>> = vec![
+            b"RESTORE".to_vec(),
+            key.into(),
+            ttl.into(),
+            payload.to_vec(),
+        ];
+        args.extend(extra.iter().map(|a| a.as_bytes().to_vec()));
+        common::resp(&args)
+    };
+    for (key, ttl, extra, expect_week) in [
+        ("r0", "0", &[][..], false),
+        ("r1", "2592000000", &[][..], true),
+        ("r2", month_ms.as_str(), &["ABSTTL"][..], true),
+    ] {
+        c.send(&restore(key, ttl, extra)).await;
+        assert_eq!(
+            c.collect_frames(1, DEADLINE).await.joined(),
+            b"+OK\r\n",
+            "RESTORE {key}"
+        );
+        let ttl = pttl(&redis, key).await;
+        if expect_week {
+            assert!(within_max(ttl), "RESTORE {key}: {ttl}");
+        } else {
+            assert!(ttl > 3_500_000 && ttl <= 3_600_000, "RESTORE {key}: {ttl}");
+        }
+    }
+    assert_eq!(redis.direct(&["GET", "r2"]).await, b"$7\r\npayload\r\n");
+
+    // COPY into another database leaves this database's key of the same name alone.
+    redis.direct(&["SET", "other", "mine"]).await;
+    c.call(&["SET", "copied", "v"]).await;
+    assert_eq!(
+        c.call(&["COPY", "copied", "other", "DB", "1"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(pttl(&redis, "other").await, -1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,8 +776,9 @@ async fn a_long_pipeline_of_sets_gets_its_ttls_appended_in_place() {
     // The session appends `PX <ttl>` to SET frames while copying them into the upstream batch
     // (no re-encoding): a pipeline mixing rewritten, kept, inline and multibulk SETs with reads
     // must reach Redis intact and answer in order.
+    // `keys: written` is the mode whose SET gets `PX` appended in place.
     let redis = RedisServer::start();
-    let proxy = default_policy(&redis).await;
+    let proxy = default_policy_edited(&redis, "keys: created", "keys: written").await;
     let mut c = Raw::connect(proxy.addr).await;
     let mut input = Vec::new();
     let mut expected = Vec::new();
@@ -657,4 +1055,260 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
         }
     }
     assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
+/// A proxy in front of `redis` running `policy/default.yaml` with `upstream.script_acl` set.
+async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Proxy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = common::default_policy_enforced()
+        .replace("  script_acl: check\n", &format!("  script_acl: {mode}\n"));
+    let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
+    config.set_upstream(redis.addr());
+    Proxy::start(config).await
+}
+
+/// `/readyz`'s body once the script ACL check has reported (it runs beside serving).
+async fn readyz_after_acl_check(proxy: &Proxy) -> String {
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = http_get(proxy.admin, "/readyz").await;
+        if status == 200 && (body.contains("cannot run") || body.contains("scripts could run")) {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no script ACL check: {body}"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
+/// Scripts run as the proxy's upstream user, which could run KEYS or FLUSHALL though the
+/// policy refuses them: the proxy says so at start (log, metric, /readyz).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_warns_when_scripts_could_run_what_the_policy_denies() {
+    let redis = RedisServer::start();
+    let proxy = default_policy_with_script_acl(&redis, "check").await;
+    let body = readyz_after_acl_check(&proxy).await;
+    assert!(
+        body.contains("scripts could run what the policy denies as upstream user `default`: ")
+            && body.contains("KEYS")
+            && body.contains("FLUSHALL"),
+        "{body}"
+    );
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    assert!(
+        sample(&metrics, "rpp_script_acl_open_commands") > 0.0,
+        "{metrics}"
+    );
+    // Checking changed nothing on the server.
+    assert_eq!(
+        redis.direct(&["ACL", "LIST"]).await,
+        b"*1\r\n$34\r\nuser default on nopass ~* &* +@all\r\n".to_vec()
+    );
+}
+
+/// With `script_acl: apply` the proxy gives its upstream user the ACL mirroring the deny
+/// rules, so a script cannot run what the proxy refuses; everything the policy allows works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_acl_applied_a_script_cannot_run_what_the_policy_denies() {
+    let redis = RedisServer::start();
+    redis.direct(&["SET", "data", "kept"]).await;
+    let proxy = default_policy_with_script_acl(&redis, "apply").await;
+    let body = readyz_after_acl_check(&proxy).await;
+    assert!(
+        body.contains(
+            "upstream user `default` cannot run the commands the policy denies (ACL applied)"
+        ),
+        "{body}"
+    );
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    assert_eq!(
+        sample(&metrics, "rpp_script_acl_open_commands"),
+        0.0,
+        "{metrics}"
+    );
+    let mut c = Raw::connect(proxy.addr).await;
+    for script in [
+        "return redis.call('KEYS','*')",
+        "return redis.call('FLUSHALL')",
+        "return redis.call('SWAPDB', 0, 1)",
+    ] {
+        let reply = text(&c.call(&["EVAL", script, "0"]).await);
+        assert!(
+            reply.starts_with(
+                "-ERR The user executing the script can't run this command or subcommand"
+            ),
+            "{script}: {reply}"
+        );
+    }
+    assert_eq!(redis.direct(&["GET", "data"]).await, b"$4\r\nkept\r\n");
+    // What the policy allows still runs, in scripts and directly.
+    assert_eq!(
+        c.call(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "data"])
+            .await,
+        b"$4\r\nkept\r\n"
+    );
+    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert!(c.call(&["SCAN", "0"]).await.starts_with(b"*2\r\n"));
+}
+
+/// A `scripts` rule lets a tenant run only the scripts and functions the operator listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripts_rule_runs_only_listed_scripts_for_its_tenant() {
+    let redis = RedisServer::start();
+    // sha1("return 1")
+    let sha = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db";
+    let yaml = format!(
+        "upstream:\n  address: {}\naccess:\n  identities:\n    - {{tenant: app, cidr: 127.0.0.1/32}}\nrules:\n  - id: reviewed-scripts\n    tenants: [app]\n    scripts:\n      allow: listed\n      sha1: ['{sha}']\n      functions: [put]\n    message: ask for a script review\n  - id: no-scripts\n    tenants: [default]\n    scripts: {{allow: none}}\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("s.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
+    assert_eq!(c.call(&["EVALSHA", sha, "0"]).await, b":1\r\n");
+    let reply = text(
+        &c.call(&["EVAL", "return redis.call('KEYS','*')", "0"])
+            .await,
+    );
+    assert!(
+        reply.starts_with(
+            "-NOPERM policy reviewed-scripts: EVAL of a script that is not listed (sha1 "
+        ) && reply.ends_with("); ask for a script review\r\n"),
+        "{reply}"
+    );
+    let lib = "#!lua name=rpp\nredis.register_function('put', function(keys, args) return redis.call('SET', keys[1], args[1]) end)";
+    let reply = text(&c.call(&["FUNCTION", "LOAD", lib]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy reviewed-scripts: FUNCTION LOAD would change"),
+        "{reply}"
+    );
+    redis.direct(&["FUNCTION", "LOAD", lib]).await;
+    assert_eq!(c.call(&["FCALL", "put", "1", "k", "v"]).await, b"+OK\r\n");
+    redis
+        .direct(&[
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+            &lib.replace("'put'", "'other'"),
+        ])
+        .await;
+    let reply = text(&c.call(&["FCALL", "other", "1", "k", "v"]).await);
+    assert!(
+        reply.contains("FCALL of function `other`, which is not listed"),
+        "{reply}"
+    );
+}
+
+/// The shipped `policy/default.yaml` (the container's default) in front of a Redis with
+/// existing data changes none of it: its data-changing rules are in audit mode, so writes
+/// keep their keys as they were and the audit counts what enforcing would have done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_default_policy_changes_no_data_until_its_rules_are_enforced() {
+    let redis = RedisServer::start();
+    seed_persistent_keys(&redis).await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let mut config = redis_policy_proxy::setup::load(&path).expect("default policy loads");
+    config.set_upstream(redis.addr());
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    write_through(&mut c).await;
+    for key in [
+        "config:features",
+        "counter",
+        "config:name",
+        "old",
+        "fresh:hash",
+        "fresh:string",
+        "mset:new",
+    ] {
+        assert_eq!(pttl(&redis, key).await, -1, "{key}");
+    }
+    let mut pipeline = Vec::new();
+    for i in 0..300 {
+        pipeline.extend(resp(&["XADD", "events", "*", "n", &i.to_string()]));
+    }
+    c.send(&pipeline).await;
+    c.collect_frames(300, DEADLINE).await;
+    assert_eq!(redis.direct(&["XLEN", "events"]).await, b":300\r\n");
+    // What is still enforced: refusals, which change nothing.
+    assert!(c.call(&["KEYS", "*"]).await.starts_with(b"-NOPERM"));
+    let metrics = http_get(proxy.admin, "/metrics").await.1;
+    for rule in ["ttl-default", "streams-capped"] {
+        let series = format!(
+            "rpp_policy_decisions_total{{rule=\"{rule}\",tenant=\"default\",outcome=\"audited\"}}"
+        );
+        assert!(sample(&metrics, &series) > 0.0, "{series} in {metrics}");
+    }
+}
+
+/// The deployment artefacts start the rules that change data in audit mode and validate: the
+/// container's default (`policy/default.yaml`, per the Dockerfile) and the Kubernetes
+/// ConfigMap's policy.
+#[test]
+fn deployment_artefacts_validate_and_start_data_changing_rules_in_audit_mode() {
+    use redis_policy_proxy::policy::Mode;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("/etc/redis-policy-proxy/default.yaml"));
+    let manifest =
+        std::fs::read_to_string(root.join("deploy/kubernetes/redis-policy-proxy.yaml")).unwrap();
+    let start = manifest
+        .find("  policy.yaml: |\n")
+        .expect("the ConfigMap's policy")
+        + 17;
+    let configmap: String = manifest[start..]
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    let shipped = [
+        (
+            "policy/default.yaml",
+            std::fs::read_to_string(root.join("policy/default.yaml")).unwrap(),
+        ),
+        ("the ConfigMap", configmap),
+    ];
+    for (name, text) in shipped {
+        let config = redis_policy_proxy::setup::from_yaml(&text, Path::new(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for rule in &config.rules {
+            let changes_data = rule.ttl.is_some() || rule.stream_maxlen.is_some();
+            if changes_data {
+                assert_eq!(rule.mode, Mode::Audit, "{name}: rule {}", rule.id.value);
+            }
+        }
+        let ids: Vec<&str> = config.rules.iter().map(|r| r.id.value.as_str()).collect();
+        assert!(
+            ids.contains(&"ttl-default") && ids.contains(&"streams-capped"),
+            "{name}: {ids:?}"
+        );
+    }
+}
+
+/// Every refusal message of the shipped policies points at something that exists: no "see the
+/// guide" that no one ships, and any file it names is in the repository.
+#[test]
+fn refusal_messages_point_at_things_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in ["policy/default.yaml", "policy/passthrough.yaml"] {
+        let config = redis_policy_proxy::setup::load(&root.join(name)).unwrap();
+        for rule in &config.rules {
+            let Some(message) = &rule.message else {
+                continue;
+            };
+            assert!(
+                !message.to_ascii_lowercase().contains("guide"),
+                "{name}: rule {} points at a guide: {message}",
+                rule.id.value
+            );
+            for word in message.split_whitespace() {
+                let word = word.trim_matches(|c: char| "()`,;.".contains(c));
+                if word.ends_with(".md") || word.ends_with(".yaml") {
+                    assert!(root.join(word).exists(), "{name}: {word} does not exist");
+                }
+            }
+        }
+    }
 }

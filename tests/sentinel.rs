@@ -111,7 +111,8 @@ fn sentinel_upstream(setup: &SentinelSetup) -> String {
 /// `policy/default.yaml` with its upstream replaced by sentinel mode for `setup`.
 fn default_policy_config(setup: &SentinelSetup) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
+    // Its data-changing rules enforced, as after the rollout the file describes.
+    let text = common::default_policy_enforced();
     let upstream = "  address: 127.0.0.1:6379\n";
     assert!(text.contains(upstream));
     let text = text.replace(upstream, &sentinel_upstream(setup));

@@ -91,10 +91,14 @@ pub struct RuleConfig {
     /// Refuse SCAN/SSCAN/HSCAN/ZSCAN with a `COUNT` above this.
     #[serde(default)]
     pub max_scan_count: Option<Spanned<u64>>,
-    /// Refuse whole-collection range reads (`LRANGE k 0 -1`, `ZRANGE k 0 -1`) and HGETALL,
-    /// SMEMBERS.
+    /// Refuse reads whose arguments do not bound what they return (`LRANGE k 0 -1`, `ZRANGE k
+    /// 0 -1`, BYSCORE/BYLEX without LIMIT, XRANGE without COUNT, HGETALL, SMEMBERS…).
     #[serde(default)]
     pub deny_unbounded_reads: Option<Spanned<bool>>,
+    /// Refuse reads that can return more elements than this (`LRANGE k 0 999999999`,
+    /// `SRANDMEMBER k -1000000`), and the unbounded ones too: one bound for every range read.
+    #[serde(default)]
+    pub max_range: Option<Spanned<u64>>,
     /// Refuse a write whose value argument is larger than this many bytes.
     #[serde(default)]
     pub max_value_bytes: Option<Spanned<u64>>,
@@ -113,6 +117,36 @@ pub struct RuleConfig {
     /// Every key must match this regular expression (e.g. `^[a-z]+(:[A-Za-z0-9_-]+)+$`).
     #[serde(default)]
     pub key_pattern: Option<Spanned<String>>,
+    /// Which Lua scripts and functions may run: all, only listed ones, or none.
+    #[serde(default)]
+    pub scripts: Option<Spanned<ScriptsConfig>>,
+}
+
+/// `scripts:` — which scripts (EVAL/EVALSHA, by the SHA1 of the body) and functions (FCALL,
+/// by name) the rule's tenants may run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptsConfig {
+    /// `all`, `listed` (only `sha1` and `functions`) or `none`.
+    pub allow: ScriptsAllow,
+    /// SHA1 digests of the reviewed scripts (`sha1sum script.lua`, or what SCRIPT LOAD says).
+    #[serde(default)]
+    pub sha1: Vec<String>,
+    /// Names of the reviewed functions (`redis.register_function('name', …)`).
+    #[serde(default)]
+    pub functions: Vec<String>,
+}
+
+/// What a `scripts` rule lets run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScriptsAllow {
+    /// Every script and function.
+    All,
+    /// Only the listed SHA1s and function names; registering code is refused.
+    Listed,
+    /// No scripting at all.
+    None,
 }
 
 /// `ttl:` — durations are written `500ms`, `30s`, `15m`, `24h`, `7d`, or `none` (never forced).
@@ -130,6 +164,22 @@ pub struct TtlConfig {
     /// Refuse PERSIST and GETEX PERSIST, which would leave a key without a TTL.
     #[serde(default)]
     pub deny_persist: bool,
+    /// Which keys get the TTL: those a write creates, or every key written without one. No
+    /// default: in front of existing data the difference is whether persistent keys start to
+    /// expire, which an operator must choose knowingly.
+    #[serde(default)]
+    pub keys: Option<TtlKeys>,
+}
+
+/// Which keys a `ttl` rule gives a TTL (see policy/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TtlKeys {
+    /// Keys a write creates; a key that existed without a TTL keeps none (detected by a
+    /// hidden script before the write and one after it).
+    Created,
+    /// Every key a write touches that has no TTL, keys that existed before included.
+    Written,
 }
 
 /// One `prefixes:` entry.
@@ -150,22 +200,37 @@ pub fn parse_duration(text: &str) -> Result<Option<u64>, String> {
     }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 30s, 15m, 24h, 7d or none"))?;
+    let wrong =
+        || format!("expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `{text}`");
+    let n: u64 = digits.parse().map_err(|_| wrong())?;
     let ms = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("`{text}`: unit must be ms, s, m, h or d")),
+        _ => return Err(wrong()),
     };
     match n.checked_mul(ms) {
         Some(0) => Err(format!("`{text}`: a TTL must be above zero (or `none`)")),
         Some(v) => Ok(Some(v)),
         None => Err(format!("`{text}` is too long")),
     }
+}
+
+/// A duration in the file's own words: `15m`, `24h` (whole days shown as `7d`), `1500ms`.
+pub fn format_duration(ms: u64) -> String {
+    for (unit, per) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms % per == 0 && ms >= per {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
 }
 
 /// `rate_limit:` — at most `requests` commands per `window_ms` for each client identity.

@@ -7,10 +7,13 @@
 //! have refused and lets the command through. With no rules the check is one branch.
 
 pub mod access;
+pub mod acl;
 pub mod config;
 pub mod line;
 pub mod namespace;
+pub mod ranges;
 pub mod rewrite;
+pub mod scripts;
 mod shared_limits;
 pub mod ttl;
 
@@ -199,7 +202,10 @@ enum Kind {
         unless_arg: Option<Vec<u8>>,
     },
     MaxScanCount(u64),
+    /// Refuse reads whose arguments do not bound how much they return (`ranges`).
     UnboundedReads,
+    /// Refuse reads that can return more than this many elements, or an unbounded number.
+    MaxRange(u64),
     MaxValueBytes(u64),
     MaxKeys(u64),
     RateLimit {
@@ -217,6 +223,8 @@ enum Kind {
     Ttl(ttl::Ttl),
     StreamMaxLen(u64),
     KeyPattern(regex::bytes::Regex),
+    /// Which scripts and functions may run (`scripts`).
+    Scripts(scripts::Scripts),
 }
 
 /// The compiled policy.
@@ -383,6 +391,25 @@ impl Policy {
     pub fn mode_counts(&self) -> (usize, usize) {
         let audit = self.rules.iter().filter(|r| r.mode == Mode::Audit).count();
         (self.rules.len() - audit, audit)
+    }
+
+    /// Each rule with its mode, in file order (`deny-keys enforce, ttl-default audit, …`), for
+    /// the startup and reload logs: an operator sees what is enforced without reading the file.
+    pub fn rules_summary(&self) -> String {
+        let mode = |m: Mode| match m {
+            Mode::Enforce => "enforce",
+            Mode::Audit => "audit",
+        };
+        let parts: Vec<String> = self
+            .rules
+            .iter()
+            .map(|r| format!("{} {}", r.id, mode(r.mode)))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
     }
 
     /// Ids of the rules, in file order.
@@ -641,30 +668,65 @@ impl Policy {
         line: &L,
     ) -> Option<Verdict> {
         let rule = &self.rules[index];
-        if let Some(set) = &rule.tenants {
-            if !set
-                .get(usize::from(client.tenant))
-                .copied()
-                .unwrap_or(false)
-            {
-                return None;
-            }
+        if !rule.applies_to(client) {
+            return None;
         }
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client, spec.name);
         }
-        if let Kind::StreamMaxLen(n) = &rule.kind {
-            return rewritten(self, rule, spec, client, stream_cap(spec, line, *n)?);
+        match act(&rule.kind, spec, line)? {
+            Act::Refuse(code, reason) => self.refuse(rule, spec, client, code, reason),
+            Act::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
         }
-        if let Kind::Ttl(t) = &rule.kind {
-            return match t.apply(spec, line) {
-                ttl::TtlAction::Keep => None,
-                ttl::TtlAction::Refuse(reason) => self.refuse(rule, spec, client, "NOPERM", reason),
-                ttl::TtlAction::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
+    }
+
+    /// What every rule would do to one command from `client`, audited ones included, without
+    /// counting or logging anything: `--explain`'s account. Rules run in the order `check`
+    /// runs them; the account stops at the first enforced refusal, which answers the command.
+    /// Rate limits are listed, not spent.
+    pub fn explain<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Vec<Step> {
+        let mut steps = Vec::new();
+        let Some(spec) = (line.argc() > 0)
+            .then(|| commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1))))
+            .flatten()
+        else {
+            return steps;
+        };
+        let indexed = self
+            .by_command
+            .get(&(spec as *const _ as usize))
+            .map_or(&[][..], Vec::as_slice);
+        for &r in indexed.iter().chain(&self.global) {
+            let rule = &self.rules[r];
+            if !rule.applies_to(client) {
+                continue;
+            }
+            let what = match &rule.kind {
+                Kind::RateLimit { limiter, .. } => Some(Effect::Counts(*limiter.limit())),
+                Kind::SharedRateLimit { limit, .. } => Some(Effect::Counts(*limit)),
+                kind => act(kind, spec, line).map(|a| match a {
+                    Act::Refuse(code, reason) => Effect::Refuses(refusal(rule, code, &reason)),
+                    Act::Rewrite(rw) => match kind {
+                        // Which prefix gave each key its TTL.
+                        Kind::Ttl(t) if rw.note.contains("<ttl") => {
+                            Effect::Rewrites(format!("{} ({})", rw.note, t.sources(line)))
+                        }
+                        _ => Effect::Rewrites(rw.note.into_owned()),
+                    },
+                }),
             };
+            let Some(what) = what else { continue };
+            let stops = rule.mode == Mode::Enforce && matches!(what, Effect::Refuses(_));
+            steps.push(Step {
+                rule: rule.id.clone(),
+                mode: rule.mode,
+                what,
+            });
+            if stops {
+                break;
+            }
         }
-        let (code, reason) = violation(&rule.kind, spec, line)?;
-        self.refuse(rule, spec, client, code, reason)
+        steps
     }
 
     /// Refuses (enforce) or logs and counts (audit).
@@ -685,11 +747,7 @@ impl Policy {
             Mode::Enforce => {
                 rule.counters.add(client.tenant, Outcome::Denied);
                 self.log_denial(&rule.id, spec.name, client, Outcome::Denied);
-                let text = match &rule.message {
-                    Some(m) => format!("policy {}: {reason}; {m}", rule.id),
-                    None => format!("policy {}: {reason}", rule.id),
-                };
-                Some(Verdict::Refuse(simple_error(code, &text)))
+                Some(Verdict::Refuse(refusal(rule, code, &reason)))
             }
         }
     }
@@ -749,9 +807,103 @@ impl Policy {
         }
     }
 
+    /// What the file's first `ttl`, `max_value_bytes` and `key_pattern` rules expect of the
+    /// data already stored, whatever their tenants and modes: what `--survey` checks.
+    pub fn expectations(&self) -> Expectations<'_> {
+        let mut e = Expectations::default();
+        for rule in &self.rules {
+            match &rule.kind {
+                Kind::Ttl(t) if e.ttl.is_none() => e.ttl = Some((&rule.id, t)),
+                Kind::MaxValueBytes(n) if e.max_value_bytes.is_none() => {
+                    e.max_value_bytes = Some((&rule.id, *n))
+                }
+                Kind::KeyPattern(re) if e.key_pattern.is_none() => {
+                    e.key_pattern = Some((&rule.id, re))
+                }
+                _ => {}
+            }
+        }
+        e
+    }
+
     /// Counters of a rule by id, for metrics and tests.
     pub fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
+    }
+}
+
+/// The rules that say what stored data should look like, each with its id.
+#[derive(Default)]
+pub struct Expectations<'a> {
+    /// Every key has a TTL (by prefix), none above `max`.
+    pub ttl: Option<(&'a str, &'a ttl::Ttl)>,
+    /// No value is longer.
+    pub max_value_bytes: Option<(&'a str, u64)>,
+    /// Every key name matches.
+    pub key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
+}
+
+/// One rule's part in `--explain`'s account of a command.
+#[derive(Debug)]
+pub struct Step {
+    /// The rule's id.
+    pub rule: String,
+    /// Enforced, or only audited (it would have done `what`).
+    pub mode: Mode,
+    /// What it does.
+    pub what: Effect,
+}
+
+/// What a rule does to a command, as `--explain` shows it.
+#[derive(Debug)]
+pub enum Effect {
+    /// Answers with this error.
+    Refuses(Bytes),
+    /// Changes the command, as this note says.
+    Rewrites(String),
+    /// Counts it against a rate limit.
+    Counts(Limit),
+}
+
+/// What a rule of `kind` (not a rate limit) does to a command, if anything.
+enum Act {
+    /// Refuse with this code and reason.
+    Refuse(&'static str, String),
+    /// Forward as rewritten.
+    Rewrite(Rewrite),
+}
+
+/// The rule's verdict on a command before its mode is considered: pure, so `check` and
+/// `explain` share it. Rate limits are not here (checking one spends budget).
+fn act<L: CommandLine + ?Sized>(kind: &Kind, spec: &'static CommandSpec, line: &L) -> Option<Act> {
+    match kind {
+        Kind::StreamMaxLen(n) => stream_cap(spec, line, *n).map(Act::Rewrite),
+        Kind::Ttl(t) => match t.apply(spec, line) {
+            ttl::TtlAction::Keep => None,
+            ttl::TtlAction::Refuse(reason) => Some(Act::Refuse("NOPERM", reason)),
+            ttl::TtlAction::Rewrite(rw) => Some(Act::Rewrite(rw)),
+        },
+        kind => violation(kind, spec, line).map(|(code, reason)| Act::Refuse(code, reason)),
+    }
+}
+
+/// The error reply refusing a command: the rule, the reason, the operator's advice.
+fn refusal(rule: &Rule, code: &'static str, reason: &str) -> Bytes {
+    let text = match &rule.message {
+        Some(m) => format!("policy {}: {reason}; {m}", rule.id),
+        None => format!("policy {}: {reason}", rule.id),
+    };
+    simple_error(code, &text)
+}
+
+impl Rule {
+    /// Whether the rule applies to `client`'s tenant.
+    fn applies_to(&self, client: &Client) -> bool {
+        self.tenants.as_ref().is_none_or(|set| {
+            set.get(usize::from(client.tenant))
+                .copied()
+                .unwrap_or(false)
+        })
     }
 }
 
@@ -762,9 +914,9 @@ impl Policy {
 enum Phase {
     /// The client's tenant, from its address and AUTH user (`access`).
     Identify,
-    /// `deny` rules.
+    /// `deny` and `scripts` rules.
     Deny,
-    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`.
+    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`, `max_range`.
     ArgumentGuards,
     /// Rate limits counted in the proxy.
     RateLimit,
@@ -796,8 +948,10 @@ impl Kind {
     /// The phase a rule of this kind runs in.
     fn phase(&self) -> Phase {
         match self {
-            Kind::Deny { .. } => Phase::Deny,
-            Kind::MaxScanCount(_) | Kind::UnboundedReads => Phase::ArgumentGuards,
+            Kind::Deny { .. } | Kind::Scripts(_) => Phase::Deny,
+            Kind::MaxScanCount(_) | Kind::UnboundedReads | Kind::MaxRange(_) => {
+                Phase::ArgumentGuards
+            }
             Kind::RateLimit { .. } => Phase::RateLimit,
             Kind::MaxValueBytes(_)
             | Kind::MaxKeys(_)
@@ -841,6 +995,9 @@ fn compose(acc: &mut Option<Rewrite>, rw: Rewrite) {
             }
             None => acc.append = Some(extra),
         }
+    }
+    if let Some(before) = rw.before {
+        acc.add_before(*before);
     }
     acc.after.extend(rw.after);
     acc.note = format!("{}; {}", acc.note, rw.note).into();
@@ -929,18 +1086,23 @@ fn compile_rule(
     command_kinds(rc, &mut parts, out);
     limit_kinds(rc, clock, &mut parts, out);
     rewrite_kinds(rc, &mut parts, out);
-    if parts.kinds.len() != 1 {
+    // Counted as written, not as compiled: a kind that failed to compile has its own problem
+    // already, and must not add "found 0" after it.
+    let given = kinds_given(rc);
+    if given != 1 {
         let line = out.line;
         out.push(
             "",
             line,
             format!(
                 "rule `{}` needs exactly one of deny, max_scan_count, \
-                 deny_unbounded_reads, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern (found {})",
+                 deny_unbounded_reads, max_range, max_value_bytes, max_keys, rate_limit, ttl, stream_maxlen, key_pattern, scripts (found {given})",
                 rc.id.value,
-                parts.kinds.len()
             ),
         );
+        return None;
+    }
+    if parts.kinds.len() != 1 {
         return None;
     }
     let tenants = tenant_set(rc, access, out);
@@ -956,6 +1118,26 @@ fn compile_rule(
         commands: parts.commands,
         global: parts.global,
     })
+}
+
+/// How many kind fields the rule sets (`deny_unbounded_reads: false` sets none).
+fn kinds_given(rc: &RuleConfig) -> usize {
+    [
+        rc.deny.is_some(),
+        rc.max_scan_count.is_some(),
+        rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value),
+        rc.max_range.is_some(),
+        rc.max_value_bytes.is_some(),
+        rc.max_keys.is_some(),
+        rc.rate_limit.is_some(),
+        rc.ttl.is_some(),
+        rc.stream_maxlen.is_some(),
+        rc.key_pattern.is_some(),
+        rc.scripts.is_some(),
+    ]
+    .iter()
+    .filter(|&&set| set)
+    .count()
 }
 
 /// Phases `Deny` and `ArgumentGuards`: kinds indexed by the commands they concern.
@@ -977,6 +1159,19 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
         let line = out.line;
         out.push("unless_arg", line, "only goes with `deny`".into());
     }
+    if let Some(s) = &rc.scripts {
+        match scripts::Scripts::compile(&s.value) {
+            Ok(rule) => {
+                for name in scripts::COMMANDS {
+                    parts
+                        .commands
+                        .extend(commands::lookup_name(name.as_bytes()));
+                }
+                parts.kinds.push(Kind::Scripts(rule));
+            }
+            Err(e) => out.push("scripts", s.referenced.line(), e),
+        }
+    }
     if let Some(n) = &rc.max_scan_count {
         for name in ["scan", "sscan", "hscan", "zscan"] {
             parts
@@ -985,13 +1180,18 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
         }
         parts.kinds.push(Kind::MaxScanCount(n.value));
     }
+    let range_commands = || {
+        ranges::COMMANDS
+            .iter()
+            .flat_map(|n| commands::lookup_name(n.as_bytes()))
+    };
     if rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value) {
-        for name in ["lrange", "zrange", "hgetall", "smembers"] {
-            parts
-                .commands
-                .extend(commands::lookup_name(name.as_bytes()));
-        }
+        parts.commands.extend(range_commands());
         parts.kinds.push(Kind::UnboundedReads);
+    }
+    if let Some(n) = &rc.max_range {
+        parts.commands.extend(range_commands());
+        parts.kinds.push(Kind::MaxRange(n.value));
     }
 }
 
@@ -1042,7 +1242,7 @@ fn limit_kinds(rc: &RuleConfig, clock: &Arc<dyn Clock>, parts: &mut Parts, out: 
 /// fields were always read.
 fn rewrite_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
     if let Some(t) = &rc.ttl {
-        match compile_ttl(&t.value) {
+        match compile_ttl(&t.value, t.referenced.line()) {
             Ok(rule) => parts.global(Kind::Ttl(rule)),
             Err(e) => out.push("ttl", t.referenced.line(), e),
         }
@@ -1122,50 +1322,132 @@ fn violation<L: CommandLine + ?Sized>(
             let n = crate::codec::parse_int(count)?;
             (n > *max as i64).then(|| ("ERR", format!("{} COUNT {n} is above {max}", upper())))
         }
-        Kind::UnboundedReads => {
-            let whole = match spec.name {
-                "lrange" | "zrange" => {
-                    line.argc() >= 4 && line.arg(2) == b"0" && line.arg(3) == b"-1"
-                }
-                _ => true,
-            };
-            whole.then(|| ("ERR", format!("{} reads a whole collection", upper())))
-        }
-        Kind::MaxValueBytes(max) => oversized_value(spec, line, *max).map(|largest| {
-            (
+        Kind::UnboundedReads => match ranges::read_size(spec, line)? {
+            ranges::Size::Whole => Some(("ERR", format!("{} reads a whole collection", upper()))),
+            ranges::Size::AtMost(_) => None,
+        },
+        Kind::MaxRange(max) => match ranges::read_size(spec, line)? {
+            ranges::Size::Whole => Some((
                 "ERR",
-                format!("{} value of {largest} bytes is above {max}", upper()),
-            )
-        }),
+                format!(
+                    "{} reads a whole collection; ask for at most {max}",
+                    upper()
+                ),
+            )),
+            ranges::Size::AtMost(n) if n > *max => Some((
+                "ERR",
+                format!("{} asks for up to {n} elements, above {max}", upper()),
+            )),
+            ranges::Size::AtMost(_) => None,
+        },
+        Kind::MaxValueBytes(max) => {
+            if let Some(n) = grown_value(spec, line).filter(|n| n > max) {
+                return Some((
+                    "ERR",
+                    format!("{} would grow the value to {n} bytes, above {max}", upper()),
+                ));
+            }
+            oversized_value(spec, line, *max).map(|largest| {
+                (
+                    "ERR",
+                    format!("{} value of {largest} bytes is above {max}", upper()),
+                )
+            })
+        }
         Kind::RateLimit { .. }
         | Kind::SharedRateLimit { .. }
         | Kind::Ttl(_)
         | Kind::StreamMaxLen(_) => None,
         Kind::KeyPattern(re) => bad_key_name(spec, line, re).map(|message| ("ERR", message)),
+        Kind::Scripts(s) => s.refusal(spec, line).map(|r| ("NOPERM", r)),
         Kind::MaxKeys(max) => too_many_keys(spec, line, *max)
             .map(|n| ("ERR", format!("{} names {n} keys, above {max}", upper()))),
     }
 }
 
 /// The largest value argument of a write (any argument that is not the name or a key) when
-/// it is above `max` bytes.
+/// it is above `max` bytes. Scripts that may write (EVAL, EVALSHA, FCALL) count as writes:
+/// their arguments after the keys are the values a script can store; the script body or name
+/// is not a value.
 fn oversized_value<L: CommandLine + ?Sized>(
     spec: &'static CommandSpec,
     line: &L,
     max: u64,
 ) -> Option<usize> {
     // Cheap exits first: most commands have no argument that long.
-    if !spec.is_write() || !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
+    if !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
+        return None;
+    }
+    let scripted = matches!(spec.name, "eval" | "evalsha" | "fcall");
+    if !spec.is_write() && !scripted {
         return None;
     }
     let mut keys = commands::KeyPositions::with_capacity(0);
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     let _ = commands::keys_into(&args, &mut keys);
-    let largest = (1..args.len())
+    let first_value = if scripted { 2 } else { 1 };
+    let largest = (first_value..args.len())
         .filter(|i| !keys.indices().any(|k| k == *i))
         .map(|i| args[i].len())
         .max()?;
     (largest as u64 > max).then_some(largest)
+}
+
+/// The length in bytes a string value reaches at least after a write that extends it at an
+/// offset the arguments give: SETRANGE (offset + length of the value; an empty value extends
+/// nothing), SETBIT (the byte of the bit) and BITFIELD's SET and INCRBY (the last byte of the
+/// field). APPEND is not here: what it reaches depends on the value already stored.
+fn grown_value<L: CommandLine + ?Sized>(spec: &'static CommandSpec, line: &L) -> Option<u64> {
+    let number = |i: usize| {
+        (i < line.argc())
+            .then(|| crate::codec::parse_int(line.arg(i)))
+            .flatten()
+            .and_then(|n| u64::try_from(n).ok())
+    };
+    match spec.name {
+        "setrange" if line.argc() == 4 && !line.arg(3).is_empty() => {
+            Some(number(2)?.saturating_add(line.arg(3).len() as u64))
+        }
+        "setbit" => Some(number(2)? / 8 + 1),
+        "bitfield" => bitfield_reach(line),
+        _ => None,
+    }
+}
+
+/// The bytes BITFIELD's SET and INCRBY operations reach: a field of type `i<bits>`/`u<bits>` at
+/// offset `n` (bits) or `#n` (fields) ends at bit `offset + bits`.
+fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
+    let mut reach = 0u64;
+    let mut i = 2;
+    while i < line.argc() {
+        let op = line.arg(i);
+        if op.eq_ignore_ascii_case(b"SET") || op.eq_ignore_ascii_case(b"INCRBY") {
+            if i + 3 >= line.argc() {
+                break; // Redis refuses the syntax.
+            }
+            let ty = line.arg(i + 1);
+            let bits = ty
+                .get(1..)
+                .and_then(crate::codec::parse_int)
+                .and_then(|b| u64::try_from(b).ok())?;
+            let offset = line.arg(i + 2);
+            let offset = match offset.strip_prefix(b"#") {
+                Some(n) => u64::try_from(crate::codec::parse_int(n)?)
+                    .ok()?
+                    .saturating_mul(bits),
+                None => u64::try_from(crate::codec::parse_int(offset)?).ok()?,
+            };
+            reach = reach.max(offset.saturating_add(bits).div_ceil(8));
+            i += 4;
+        } else if op.eq_ignore_ascii_case(b"GET") {
+            i += 3;
+        } else if op.eq_ignore_ascii_case(b"OVERFLOW") {
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    (reach > 0).then_some(reach)
 }
 
 /// The refusal for the first key that does not match the naming pattern `re`.
@@ -1253,17 +1535,29 @@ fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> 
 }
 
 /// Compiles a `ttl:` rule; checks every duration and that none exceeds `max`.
-fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
-    let default_ms = config::parse_duration(&c.default)?;
+fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
+    let Some(keys) = c.keys else {
+        return Err(
+            "choose which keys get the TTL: `keys: created` (keys a write creates; \
+             keys that exist without a TTL keep none) or `keys: written` (every key a write \
+             touches without a TTL, existing persistent keys included)"
+                .into(),
+        );
+    };
+    let default_ms = config::parse_duration(&c.default).map_err(|e| format!("`default`: {e}"))?;
     let max_ms = match &c.max {
-        Some(m) => Some(config::parse_duration(m)?.ok_or("`max` cannot be `none`")?),
+        Some(m) => Some(
+            config::parse_duration(m)
+                .map_err(|e| format!("`max`: {e}"))?
+                .ok_or("`max` cannot be `none`")?,
+        ),
         None => None,
     };
     let mut prefixes = Vec::new();
     for p in &c.prefixes {
         prefixes.push((
             p.prefix.as_bytes().to_vec(),
-            config::parse_duration(&p.ttl)?,
+            config::parse_duration(&p.ttl).map_err(|e| format!("prefix `{}`: {e}", p.prefix))?,
         ));
     }
     if let Some(max) = max_ms {
@@ -1282,6 +1576,8 @@ fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, String> {
         prefixes,
         max_ms,
         deny_persist: c.deny_persist,
+        keys,
+        clock: ttl::unix_ms,
     })
 }
 
@@ -1298,14 +1594,27 @@ fn option_value<'a, L: CommandLine + ?Sized>(line: &'a L, name: &[u8]) -> Option
 /// category (`@dangerous`).
 fn resolve(name: &str) -> Result<Vec<&'static CommandSpec>, String> {
     if let Some(cat) = name.strip_prefix('@') {
-        let cat = AclCategories::from_category(cat.as_bytes())
-            .ok_or_else(|| format!("unknown category `{name}`"))?;
+        let cat = AclCategories::from_category(cat.as_bytes()).ok_or_else(|| {
+            let names: Vec<&str> = AclCategories::NAMES.iter().map(|(_, n)| *n).collect();
+            match crate::config_recovery::closest(cat, &names) {
+                Some(s) => format!("unknown category `{name}`; did you mean `@{s}`?"),
+                None => format!("unknown category `{name}`"),
+            }
+        })?;
         return Ok(commands::all_commands()
             .filter(|c| c.in_categories(cat))
             .collect());
     }
-    let spec = commands::lookup_name(name.as_bytes())
-        .ok_or_else(|| format!("unknown command `{name}`"))?;
+    let spec = commands::lookup_name(name.as_bytes()).ok_or_else(|| {
+        let names: Vec<&str> = commands::all_commands().map(|c| c.name).collect();
+        match crate::config_recovery::closest(name, &names) {
+            Some(s) => format!(
+                "unknown command `{name}`; did you mean `{}`?",
+                s.to_ascii_uppercase()
+            ),
+            None => format!("unknown command `{name}`"),
+        }
+    })?;
     // Denying a container denies every subcommand too.
     Ok(std::iter::once(spec)
         .chain(spec.subcommands.iter())
@@ -1378,7 +1687,7 @@ mod tests {
     #[test]
     fn rules_apply_to_every_command_in_phase_order_and_file_order_within_a_phase() {
         let p = policy(
-            "rules:\n  - id: ttl\n    ttl:\n      default: 60s\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+:'\n  - id: big\n    max_value_bytes: 10\n  - id: rate\n    rate_limit:\n      requests: 100\n      window_ms: 1000\n",
+            "rules:\n  - id: ttl\n    ttl:\n      default: 60s\n      keys: written\n  - id: cap\n    stream_maxlen: 10\n  - id: names\n    key_pattern: '^[a-z]+:'\n  - id: big\n    max_value_bytes: 10\n  - id: rate\n    rate_limit:\n      requests: 100\n      window_ms: 1000\n",
         );
         let order: Vec<&str> = p.global.iter().map(|&r| p.rules[r].id.as_str()).collect();
         assert_eq!(order, ["rate", "names", "big", "cap", "ttl"]);
@@ -1396,11 +1705,36 @@ mod tests {
         assert_eq!(check(&p, "SCAN 0 COUNT 100"), Verdict::Allow);
         assert!(refused(check(&p, "HSCAN h 0 count 5000")).contains("policy scan"));
         assert!(refused(check(&p, "LRANGE l 0 -1")).contains("policy reads"));
+        assert!(refused(check(&p, "ZRANGE z -inf +inf BYSCORE")).contains("policy reads"));
         assert_eq!(check(&p, "LRANGE l 0 99"), Verdict::Allow);
+        let r = policy("rules:\n  - id: range\n    max_range: 1000\n");
+        assert!(
+            refused(check(&r, "LRANGE l 0 999999999"))
+                .contains("LRANGE asks for up to 1000000000 elements, above 1000")
+        );
+        assert!(refused(check(&r, "SRANDMEMBER s -5000")).contains("up to 5000 elements"));
+        assert!(refused(check(&r, "ZREVRANGE z 0 -1")).contains("reads a whole collection"));
+        assert_eq!(check(&r, "ZRANGE z 0 999"), Verdict::Allow);
+        assert_eq!(check(&r, "HRANDFIELD h 10"), Verdict::Allow);
         assert!(refused(check(&p, "SET k 12345678901")).contains("policy big"));
         // A long key name is not a value.
         assert_eq!(check(&p, "SET kkkkkkkkkkkkkkkk v"), Verdict::Allow);
         assert_eq!(check(&p, "GET kkkkkkkkkkkkkkkkkkkk"), Verdict::Allow);
+        // Writes at an offset: the size they reach is known from the arguments.
+        assert!(refused(check(&p, "SETRANGE k 8 abc")).contains("grow the value to 11 bytes"));
+        assert_eq!(check(&p, "SETRANGE k 7 abc"), Verdict::Allow);
+        assert_eq!(check(&p, "SETRANGE k 99 "), Verdict::Allow);
+        assert!(refused(check(&p, "SETBIT k 80 1")).contains("to 11 bytes"));
+        assert_eq!(check(&p, "SETBIT k 79 1"), Verdict::Allow);
+        assert!(refused(check(&p, "BITFIELD k GET u8 0 SET u8 #10 1")).contains("to 11 bytes"));
+        assert_eq!(
+            check(&p, "BITFIELD k INCRBY i16 64 1 GET u8 #99"),
+            Verdict::Allow
+        );
+        // A script's values are its arguments after the keys; the body is not one.
+        assert!(refused(check(&p, "EVAL s 1 k 12345678901")).contains("policy big"));
+        assert_eq!(check(&p, "EVAL return_a_long_body 1 k v"), Verdict::Allow);
+        assert_eq!(check(&p, "EVAL_RO s 1 k 12345678901"), Verdict::Allow);
         assert!(refused(check(&p, "MGET a b c")).contains("names 3 keys"));
         assert_eq!(check(&p, "MGET a b"), Verdict::Allow);
     }
@@ -1459,6 +1793,36 @@ mod tests {
         assert!(refused(check(&p, "GET Bad_Key")).contains("key 'Bad_Key' does not match"));
         assert_eq!(check(&p, "GET user:42"), Verdict::Allow);
         assert_eq!(check(&p, "PING"), Verdict::Allow);
+    }
+
+    #[test]
+    fn a_namespaced_tenants_listed_script_gets_the_ttl_of_its_prefixed_keys() {
+        #[derive(Deserialize)]
+        struct WithAccess {
+            rules: Vec<RuleConfig>,
+            access: config::Access,
+        }
+        // sha1("return 1")
+        let f: WithAccess = serde_saphyr::from_str(
+            "access:\n  identities:\n    - {tenant: app, cidr: 127.0.0.1/32}\n  namespaces:\n    app: 'app:'\n  scripts: [e0e1f9fabfc9d4800c877a703b823ac0578ff8db]\nrules:\n  - id: ttl\n    ttl: {default: 1h, keys: written}\n",
+        )
+        .unwrap();
+        let p = Policy::compile_full(&f.rules, &f.access, Arc::new(MonotonicClock::new())).unwrap();
+        let client = Client {
+            id: 1,
+            addr: IpAddr::from([127, 0, 0, 1]),
+            tenant: p.access.tenant_of(IpAddr::from([127, 0, 0, 1]), None),
+        };
+        let args: Vec<&[u8]> = vec![b"EVAL", b"return 1", b"1", b"k"];
+        let Verdict::Rewrite(rw) = p.check(&client, &args[..]) else {
+            panic!("not rewritten");
+        };
+        assert_eq!(
+            rw.after,
+            [crate::codec::encode(&[
+                b"PEXPIRE", b"app:k", b"3600000", b"NX"
+            ])]
+        );
     }
 
     #[test]

@@ -111,15 +111,12 @@ pub fn apply<L: CommandLine + ?Sized>(
     }
     if allowed_script(spec, line, script_allowed) {
         let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-        // EVAL with no keys is allowed as is; with keys they get the prefix.
-        return match prefixed(prefix, &args) {
-            Some(command) => Ok(Rewrite {
-                command: Some(command),
-                ..Rewrite::default()
-            }),
-            None if commands::keys(&args).is_ok_and(|k| k.is_empty()) => Ok(Rewrite::default()),
-            None => Err(refusal_reason(spec)),
-        };
+        // EVAL with no keys is allowed as is; with keys they get the prefix, and so do the
+        // TTL rule's hidden commands for them.
+        if commands::keys(&args).is_ok_and(|k| k.is_empty()) {
+            return Ok(rewrite.unwrap_or_default());
+        }
+        return keyed(prefix, line, rewrite, None).ok_or_else(|| refusal_reason(spec));
     }
     if spec
         .acl_categories
@@ -151,11 +148,16 @@ fn keyed<L: CommandLine + ?Sized>(
     if rw.note.is_empty() {
         rw.note = "keys prefixed with the tenant's namespace".into();
     }
-    rw.after = rw
-        .after
-        .iter()
-        .map(|c| prefixed_bytes(prefix, c))
-        .collect::<Option<Vec<_>>>()?;
+    let prefix_all = |hidden: &[Bytes]| {
+        hidden
+            .iter()
+            .map(|c| prefixed_bytes(prefix, c))
+            .collect::<Option<Vec<_>>>()
+    };
+    rw.after = prefix_all(&rw.after)?;
+    if let Some(before) = &mut rw.before {
+        **before = prefix_all(before)?;
+    }
     if let Some(shape) = shape {
         rw.strip = Some(Box::new(Strip {
             prefix: Bytes::copy_from_slice(prefix),
@@ -200,6 +202,7 @@ fn listing<L: CommandLine + ?Sized>(
     Some(Rewrite {
         command: Some(encode(&refs)),
         append: None,
+        before: None,
         after: Vec::new(),
         note: "pattern confined to the namespace".into(),
         strip: Some(Box::new(Strip {
@@ -350,6 +353,7 @@ fn pubsub<L: CommandLine + ?Sized>(prefix: &[u8], spec: &CommandSpec, line: &L) 
     Some(Rewrite {
         command: Some(encode(&refs)),
         append: None,
+        before: None,
         after: Vec::new(),
         note: "channels confined to the namespace".into(),
         strip: Some(Box::new(Strip {

@@ -20,6 +20,10 @@ pub struct Rewrite {
     /// so the commonest rewrite costs neither an allocation nor an encoding. Never set
     /// together with `command` (see [`Rewrite::materialize`]).
     pub append: Option<Appended>,
+    /// Commands sent right before it, whose replies the client never sees (the TTL rule's
+    /// check of what existed, `keys: created`); read through [`Rewrite::before`]. Rare, so
+    /// boxed: a rewrite is held by every pending command and the session's future.
+    pub before: Option<Box<Vec<Bytes>>>,
     /// Commands sent right after it, whose replies the client never sees.
     pub after: Vec<Bytes>,
     /// What was done, for audit logs and `--explain` (static on the hot SET path).
@@ -68,6 +72,22 @@ impl Appended {
 }
 
 impl Rewrite {
+    /// The hidden commands sent before the command.
+    pub fn before(&self) -> &[Bytes] {
+        self.before.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// Adds hidden commands to send before the command.
+    pub fn add_before(&mut self, commands: Vec<Bytes>) {
+        if commands.is_empty() {
+            return;
+        }
+        match &mut self.before {
+            Some(b) => b.extend(commands),
+            None => self.before = Some(Box::new(commands)),
+        }
+    }
+
     /// The same rewrite with `append` folded into `command`, for the paths that need the whole
     /// command as bytes (namespacing, `--explain`): `line` is the command as the client sent it.
     pub fn materialize<L: CommandLine + ?Sized>(mut self, line: &L) -> Rewrite {

@@ -1,23 +1,39 @@
 //! Forced TTLs: every key a write creates gets an expiry, by key prefix; explicit TTLs above
 //! the maximum are cut; PERSIST can be refused.
 //!
-//! How each write family is handled (see also `policy/README.md`):
+//! Every form of Redis 7's command table that sets, keeps or removes a TTL is handled (see
+//! also `policy/README.md`, which lists what is guaranteed):
 //! - `SET` without `EX/PX/EXAT/PXAT/KEEPTTL`: `PX <ttl>` is appended to the command itself, so
 //!   the write and its TTL are one atomic command, inside MULTI too. `SET k v NX PX 5000` (the
-//!   lock pattern) keeps its own PX; EX/PX above the maximum are cut to it.
-//! - `SETEX`/`PSETEX`/`EXPIRE`/`PEXPIRE`/`GETEX EX|PX` above the maximum: rewritten to the
-//!   millisecond form with the maximum (same reply).
+//!   lock pattern) keeps its own PX; EX/PX above the maximum are cut to it. `SET … KEEPTTL`
+//!   keeps the TTL of an existing key and gets `PEXPIRE <key> <ttl> NX` after it, so a key it
+//!   creates has one too.
+//! - Relative expiries above the maximum (`SETEX`/`PSETEX`/`EXPIRE`/`PEXPIRE`/`GETEX EX|PX`,
+//!   `SET EX|PX`): rewritten to the millisecond form with the maximum (same reply).
+//! - Absolute expiries (`SET`/`GETEX` `EXAT|PXAT`, `EXPIREAT`, `PEXPIREAT`) further away than
+//!   the maximum, by the proxy's wall clock: rewritten to the relative millisecond form with the
+//!   maximum (`PX`, `PEXPIRE`; same reply).
+//! - `RESTORE`/`RESTORE-ASKING` with TTL 0 (no expiry) get the key's TTL, with a TTL (relative
+//!   or `ABSTTL`) above the maximum get the maximum: the TTL argument is rewritten, `ABSTTL`
+//!   dropped.
 //! - `PERSIST`, `GETEX … PERSIST`: refused when `deny_persist` is set.
 //! - Every other write that may create a key (key spec flags insert, overwrite or update:
 //!   HSET, SADD, ZADD, LPUSH, XADD, PFADD, INCR, SETNX, MSET, GETSET, COPY, RENAME's target,
-//!   *STORE destinations…): a `PEXPIRE <key> <ttl> NX` follows the command in the same batch
-//!   and its reply is hidden. `NX` (Redis 7) only sets a TTL on a key that has none, so a TTL
-//!   the application chose is never changed. Inside MULTI the PEXPIRE is queued in the same
-//!   transaction and removed from EXEC's reply.
-//! - Absolute expiries (`EXAT`, `PXAT`, `EXPIREAT`, `PEXPIREAT`) are left as they are.
+//!   *STORE destinations…) and the declared keys of `EVAL`/`EVALSHA`/`FCALL` (their key specs
+//!   say RW and UPDATE; the `_RO` forms cannot write): a `PEXPIRE <key> <ttl> NX` follows the
+//!   command in the same batch and its reply is hidden. `NX` (Redis 7) only sets a TTL on a key
+//!   that has none, so a TTL the application chose is never changed. Inside MULTI the PEXPIRE
+//!   is queued in the same transaction and removed from EXEC's reply.
+//! - `keys: created` (see [`TtlKeys`]): for writes that keep a key's TTL, [`MARK`] before and
+//!   [`SETTLE`] after instead of `PEXPIRE NX`, so a key that existed without a TTL keeps none;
+//!   SET and GETSET are sent with `KEEPTTL` between them.
+//! - `COPY … DB n` copies into another database, which a PEXPIRE sent here cannot reach: the
+//!   copy keeps the source's TTL and nothing is added (a PEXPIRE of the destination name here
+//!   would hit an unrelated key).
 
 use std::borrow::Cow;
 
+pub use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
 use crate::codec::{encode, itoa_buf, parse_int};
@@ -33,6 +49,32 @@ pub struct Ttl {
     pub max_ms: Option<u64>,
     /// Refuse PERSIST and GETEX PERSIST.
     pub deny_persist: bool,
+    /// Which keys get the TTL: created ones, or every key written without one.
+    pub keys: TtlKeys,
+    /// Unix time in milliseconds, read only for absolute expiries (EXAT, PXAT, EXPIREAT,
+    /// RESTORE ABSTTL); a field so tests can fix it.
+    pub clock: fn() -> u64,
+}
+
+/// `keys: created`, before a write that keeps a key's TTL: a key that exists without one is
+/// marked with an expiry 2^60 ms (36 million years) away, which no application sets and the
+/// write keeps. If the proxy dies before [`SETTLE`] runs, the key stays as good as persistent.
+/// Expiries above this (2^59 ms) are [`MARK`]'s, left by a proxy that stopped between the two
+/// scripts: `--survey` reports them.
+pub const MARKED_ABOVE_MS: i64 = 576_460_752_303_423_488;
+
+const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], '1152921504606846976') end return 0";
+
+/// `keys: created`, after the write: a marked key (TTL above 2^59 ms) goes back to no TTL, a
+/// key without one (the write created it) gets `ARGV[1]` ms, and a TTL the key had is kept.
+const SETTLE: &[u8] = b"local t = redis.call('pttl', KEYS[1]) if t > 576460752303423488 then redis.call('persist', KEYS[1]) elseif t == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
+
+/// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
+/// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What the rule does to one command.
@@ -46,6 +88,28 @@ pub enum TtlAction {
     Rewrite(Rewrite),
 }
 
+/// Where an expiry argument is and how it is written.
+#[derive(Clone, Copy)]
+struct Expiry {
+    /// Index of the number in the arguments.
+    at: usize,
+    /// Milliseconds per unit: 1000 for seconds, 1 for milliseconds.
+    unit: u64,
+    /// A Unix timestamp rather than a duration.
+    absolute: bool,
+    /// How the millisecond, relative form is written when the expiry is cut.
+    form: Form,
+}
+
+/// How a cut expiry is written back.
+#[derive(Clone, Copy)]
+enum Form {
+    /// The option before the number becomes `PX` (SET, GETEX).
+    Option,
+    /// The command is renamed (SETEX → PSETEX, EXPIREAT → PEXPIRE).
+    Command(&'static str),
+}
+
 impl Ttl {
     /// The TTL a key gets when written without one.
     pub fn ttl_for(&self, key: &[u8]) -> Option<u64> {
@@ -55,6 +119,33 @@ impl Ttl {
             }
         }
         self.default_ms
+    }
+
+    /// Where each key of a command gets its TTL from, for `--explain`:
+    /// `` `session:1` 24h (prefix `session:`) ``, `` `user:1` 1h (default) ``.
+    pub fn sources<L: CommandLine + ?Sized>(&self, line: &L) -> String {
+        let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
+        let Ok(keys) = commands::keys(&args) else {
+            return String::new();
+        };
+        let show = |ms: Option<u64>| ms.map_or("none".to_string(), super::config::format_duration);
+        let mut parts = Vec::new();
+        for index in keys.indices() {
+            let key = args[index];
+            let name = String::from_utf8_lossy(key);
+            let part = match self.prefixes.iter().find(|(p, _)| key.starts_with(p)) {
+                Some((p, ttl)) => format!(
+                    "`{name}` {} (prefix `{}`)",
+                    show(*ttl),
+                    String::from_utf8_lossy(p)
+                ),
+                None => format!("`{name}` {} (default)", show(self.default_ms)),
+            };
+            if !parts.contains(&part) {
+                parts.push(part);
+            }
+        }
+        parts.join(", ")
     }
 
     /// Applies the rule to one command.
@@ -71,17 +162,41 @@ impl Ttl {
             heap = (0..line.argc()).map(|i| line.arg(i)).collect();
             &heap
         };
+        let relative = |at, unit, form| Expiry {
+            at,
+            unit,
+            absolute: false,
+            form,
+        };
+        let absolute = |at, unit| Expiry {
+            at,
+            unit,
+            absolute: true,
+            form: Form::Command("PEXPIRE"),
+        };
         match spec.name {
             "persist" if self.deny_persist => {
                 TtlAction::Refuse("PERSIST would leave the key without a TTL".into())
             }
             "getex" => self.getex(args),
             "set" => self.set(args),
-            "setex" => self.clamp_seconds(args, 2, "PSETEX"),
-            "psetex" => self.clamp_millis(args, 2),
-            "expire" => self.clamp_seconds(args, 2, "PEXPIRE"),
-            "pexpire" => self.clamp_millis(args, 2),
-            "expireat" | "pexpireat" | "persist" => TtlAction::Keep,
+            "setex" => self.clamp(args, relative(2, 1000, Form::Command("PSETEX"))),
+            "psetex" => self.clamp(args, relative(2, 1, Form::Command("PSETEX"))),
+            "expire" => self.clamp(args, relative(2, 1000, Form::Command("PEXPIRE"))),
+            "pexpire" => self.clamp(args, relative(2, 1, Form::Command("PEXPIRE"))),
+            "expireat" => self.clamp(args, absolute(2, 1000)),
+            "pexpireat" => self.clamp(args, absolute(2, 1)),
+            "restore" | "restore-asking" => self.restore(args),
+            "persist" => TtlAction::Keep,
+            "copy" if copies_to_another_db(args) => TtlAction::Keep,
+            // GETSET drops the key's TTL, so under `keys: created` it is sent as the SET that
+            // keeps it (same reply), and a key that existed without one keeps none.
+            "getset" if self.keys == TtlKeys::Created && args.len() == 3 => {
+                self.set_keeping_ttl(args, &[b"KEEPTTL", b"GET"])
+            }
+            // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
+            // specs because a script may do anything with them (the _RO forms are RO).
+            "eval" | "evalsha" | "fcall" => self.expire_written_keys(args),
             _ if spec.is_write() => self.expire_written_keys(args),
             _ => TtlAction::Keep,
         }
@@ -91,22 +206,19 @@ impl Ttl {
         if args.len() < 3 {
             return TtlAction::Keep;
         }
-        let mut i = 3;
-        while i < args.len() {
-            let opt = args[i];
-            if opt.eq_ignore_ascii_case(b"KEEPTTL")
-                || opt.eq_ignore_ascii_case(b"EXAT")
-                || opt.eq_ignore_ascii_case(b"PXAT")
-            {
-                return TtlAction::Keep;
+        for (i, opt) in args.iter().enumerate().skip(3) {
+            if opt.eq_ignore_ascii_case(b"KEEPTTL") {
+                // The TTL an existing key has is kept; a key the SET creates gets one.
+                return self.expire_keys(args, [(1, false)]);
             }
-            if opt.eq_ignore_ascii_case(b"EX") {
-                return self.clamp_seconds(args, i + 1, "");
+            if let Some(expiry) = expiry_option(opt, i + 1) {
+                return self.clamp(args, expiry);
             }
-            if opt.eq_ignore_ascii_case(b"PX") {
-                return self.clamp_millis(args, i + 1);
-            }
-            i += 1;
+        }
+        if self.keys == TtlKeys::Created {
+            // A SET drops the TTL of the key it replaces: sent with KEEPTTL, a key that existed
+            // without a TTL keeps none, one with a TTL keeps it, a new key gets the rule's.
+            return self.set_keeping_ttl(args, &[b"KEEPTTL"]);
         }
         match self.ttl_for(args[1]) {
             Some(ms) => TtlAction::Rewrite(Rewrite {
@@ -115,6 +227,7 @@ impl Ttl {
                     option: "PX",
                     value: ms,
                 }),
+                before: None,
                 after: Vec::new(),
                 note: Cow::Borrowed("SET without a TTL gets PX <ttl of its key prefix>"),
                 strip: None,
@@ -128,57 +241,99 @@ impl Ttl {
             if a.eq_ignore_ascii_case(b"PERSIST") && self.deny_persist {
                 return TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into());
             }
-            if a.eq_ignore_ascii_case(b"EX") {
-                return self.clamp_seconds(args, i + 1, "");
-            }
-            if a.eq_ignore_ascii_case(b"PX") {
-                return self.clamp_millis(args, i + 1);
+            if let Some(expiry) = expiry_option(a, i + 1) {
+                return self.clamp(args, expiry);
             }
         }
         TtlAction::Keep
     }
 
-    /// Cuts the seconds at `args[at]` to the maximum. `millis_command` renames the command to
-    /// its millisecond form (SETEX → PSETEX); empty means the option before `at` becomes PX.
-    fn clamp_seconds(&self, args: &[&[u8]], at: usize, millis_command: &str) -> TtlAction {
-        let (Some(max), Some(v)) = (self.max_ms, args.get(at).and_then(|a| parse_int(a))) else {
+    /// Cuts the expiry at `args[e.at]` to the maximum: the command is then sent in its relative
+    /// millisecond form with the maximum, which Redis answers exactly as the original.
+    fn clamp(&self, args: &[&[u8]], e: Expiry) -> TtlAction {
+        let (Some(max), Some(v)) = (self.max_ms, args.get(e.at).and_then(|a| parse_int(a))) else {
             return TtlAction::Keep;
         };
-        if v <= 0 || (v as u64).saturating_mul(1000) <= max {
+        if v <= 0 {
             return TtlAction::Keep;
         }
-        let max_text = max.to_string();
-        let mut new: Vec<&[u8]> = args.to_vec();
-        if millis_command.is_empty() {
-            new[at - 1] = b"PX";
+        let ms = (v as u64).saturating_mul(e.unit);
+        let ttl = if e.absolute {
+            ms.saturating_sub((self.clock)())
         } else {
-            new[0] = millis_command.as_bytes();
-        }
-        new[at] = max_text.as_bytes();
-        TtlAction::Rewrite(Rewrite {
-            command: Some(encode(&new)),
-            note: format!("TTL of {v} s cut to {max} ms").into(),
-            ..Rewrite::default()
-        })
-    }
-
-    fn clamp_millis(&self, args: &[&[u8]], at: usize) -> TtlAction {
-        let (Some(max), Some(v)) = (self.max_ms, args.get(at).and_then(|a| parse_int(a))) else {
-            return TtlAction::Keep;
+            ms
         };
-        if v <= 0 || v as u64 <= max {
+        if ttl <= max {
             return TtlAction::Keep;
         }
         let max_text = max.to_string();
         let mut new: Vec<&[u8]> = args.to_vec();
-        new[at] = max_text.as_bytes();
+        match e.form {
+            Form::Option => new[e.at - 1] = b"PX",
+            Form::Command(name) => new[0] = name.as_bytes(),
+        }
+        new[e.at] = max_text.as_bytes();
+        let what = if e.absolute {
+            "an expiry time"
+        } else {
+            "a TTL"
+        };
         TtlAction::Rewrite(Rewrite {
             command: Some(encode(&new)),
-            note: format!("TTL of {v} ms cut to {max} ms").into(),
+            note: format!(
+                "{what} {} s away cut to the max {}",
+                ttl / 1000,
+                super::config::format_duration(max)
+            )
+            .into(),
             ..Rewrite::default()
         })
     }
 
+    /// `RESTORE key ttl payload [REPLACE] [ABSTTL] …`: TTL 0 restores a key without expiry, so
+    /// it gets the key's TTL; a TTL (relative or ABSTTL) above the maximum gets the maximum.
+    /// Either way the TTL argument becomes relative milliseconds and ABSTTL is dropped.
+    fn restore(&self, args: &[&[u8]]) -> TtlAction {
+        let Some(v) = args.get(2).and_then(|a| parse_int(a)).filter(|&v| v >= 0) else {
+            return TtlAction::Keep; // Redis refuses a negative or malformed TTL itself.
+        };
+        let abs = args
+            .iter()
+            .skip(4)
+            .position(|a| a.eq_ignore_ascii_case(b"ABSTTL"))
+            .map(|p| p + 4);
+        let ttl = match (v, abs) {
+            (0, _) => None,
+            (v, Some(_)) => Some((v as u64).saturating_sub((self.clock)())),
+            (v, None) => Some(v as u64),
+        };
+        let new_ttl = match (ttl, self.max_ms) {
+            (None, _) => match self.ttl_for(args[1]) {
+                Some(ms) => ms,
+                None => return TtlAction::Keep,
+            },
+            (Some(t), Some(max)) if t > max => max,
+            _ => return TtlAction::Keep,
+        };
+        let text = new_ttl.to_string();
+        let mut new: Vec<&[u8]> = args.to_vec();
+        new[2] = text.as_bytes();
+        if let Some(i) = abs {
+            new.remove(i);
+        }
+        let note = match ttl {
+            None => "RESTORE without a TTL gets <ttl of its key prefix>",
+            Some(_) => "RESTORE TTL above `max` cut to `max`",
+        };
+        TtlAction::Rewrite(Rewrite {
+            command: Some(encode(&new)),
+            note: note.into(),
+            ..Rewrite::default()
+        })
+    }
+
+    /// A hidden `PEXPIRE <key> <ttl> NX` for every key the command may create (its key specs
+    /// say insert, overwrite or update).
     fn expire_written_keys(&self, args: &[&[u8]]) -> TtlAction {
         let Ok(keys) = commands::keys(args) else {
             return TtlAction::Keep;
@@ -186,30 +341,104 @@ impl Ttl {
         let creates = KeySpecFlags::INSERT
             .union(KeySpecFlags::OW)
             .union(KeySpecFlags::UPDATE);
+        let written = keys
+            .keys()
+            .iter()
+            .filter(|k| k.flags.intersects(creates))
+            .map(|k| (k.index, k.flags.contains(KeySpecFlags::OW)));
+        self.expire_keys(args, written)
+    }
+
+    /// Hidden commands giving each of the keys at `(index, replaced)` whose prefix has a TTL
+    /// one: `PEXPIRE <key> <ttl> NX` after the write (`keys: written`, and keys the write
+    /// replaces, which drops their TTL anyway), or [`MARK`] before and [`SETTLE`] after it
+    /// (`keys: created`, for writes that keep a key's TTL).
+    fn expire_keys(
+        &self,
+        args: &[&[u8]],
+        keys: impl IntoIterator<Item = (usize, bool)>,
+    ) -> TtlAction {
+        let mut before = Vec::new();
         let mut after = Vec::new();
-        for key in keys.keys() {
-            if !key.flags.intersects(creates) {
+        for (index, replaced) in keys {
+            let name = args[index];
+            let Some(ms) = self.ttl_for(name) else {
                 continue;
-            }
-            let name = args[key.index];
-            if let Some(ms) = self.ttl_for(name) {
-                let ms = itoa_buf(ms);
-                let cmd = encode(&[b"PEXPIRE", name, ms.as_str().as_bytes(), b"NX"]);
-                if !after.contains(&cmd) {
-                    after.push(cmd);
-                }
+            };
+            let ms = itoa_buf(ms);
+            let ms = ms.as_str().as_bytes();
+            let (pre, post) = if self.keys == TtlKeys::Written || replaced {
+                (None, encode(&[b"PEXPIRE", name, ms, b"NX"]))
+            } else {
+                (
+                    Some(encode(&[b"EVAL", MARK, b"1", name])),
+                    encode(&[b"EVAL", SETTLE, b"1", name, ms]),
+                )
+            };
+            if !after.contains(&post) {
+                after.push(post);
+                before.extend(pre);
             }
         }
         if after.is_empty() {
             return TtlAction::Keep;
         }
-        let note = Cow::Borrowed("each key it may create gets PEXPIRE <ttl> NX");
-        TtlAction::Rewrite(Rewrite {
+        let note = Cow::Borrowed(if before.is_empty() {
+            "each key it may create gets PEXPIRE <ttl> NX"
+        } else {
+            "each key it may create gets <ttl>; a key that existed without a TTL keeps none"
+        });
+        let mut rw = Rewrite {
             after,
             note,
             ..Rewrite::default()
-        })
+        };
+        rw.add_before(before);
+        TtlAction::Rewrite(rw)
     }
+
+    /// `keys: created`: the SET (or GETSET) sent with `extra` options that keep the key's
+    /// TTL, between [`MARK`] and [`SETTLE`].
+    fn set_keeping_ttl(&self, args: &[&[u8]], extra: &[&[u8]]) -> TtlAction {
+        let TtlAction::Rewrite(mut rw) = self.expire_keys(args, [(1, false)]) else {
+            return TtlAction::Keep;
+        };
+        let mut set: Vec<&[u8]> = Vec::with_capacity(args.len() + extra.len());
+        set.push(b"SET");
+        set.extend_from_slice(&args[1..]);
+        set.extend_from_slice(extra);
+        rw.command = Some(encode(&set));
+        rw.note = Cow::Borrowed(
+            "SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none",
+        );
+        TtlAction::Rewrite(rw)
+    }
+}
+
+/// The expiry an option of SET or GETEX gives, its number at `at`.
+fn expiry_option(opt: &[u8], at: usize) -> Option<Expiry> {
+    let (unit, absolute) = if opt.eq_ignore_ascii_case(b"EX") {
+        (1000, false)
+    } else if opt.eq_ignore_ascii_case(b"PX") {
+        (1, false)
+    } else if opt.eq_ignore_ascii_case(b"EXAT") {
+        (1000, true)
+    } else if opt.eq_ignore_ascii_case(b"PXAT") {
+        (1, true)
+    } else {
+        return None;
+    };
+    Some(Expiry {
+        at,
+        unit,
+        absolute,
+        form: Form::Option,
+    })
+}
+
+/// `COPY src dst DB n`: the destination is in another database.
+fn copies_to_another_db(args: &[&[u8]]) -> bool {
+    args.iter().skip(3).any(|a| a.eq_ignore_ascii_case(b"DB"))
 }
 
 #[cfg(test)]
@@ -226,8 +455,13 @@ mod tests {
             ],
             max_ms: Some(604_800_000),
             deny_persist: true,
+            keys: TtlKeys::Written,
+            clock: || NOW_MS,
         }
     }
+
+    /// The fixed "now" of these tests: 2023-11-14T22:13:20Z.
+    const NOW_MS: u64 = 1_700_000_000_000;
 
     fn run(line: &str) -> TtlAction {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
@@ -265,8 +499,149 @@ mod tests {
         );
         assert_eq!(run("SET lock:x v NX PX 5000"), TtlAction::Keep);
         assert_eq!(run("SET lock:x v NX"), TtlAction::Keep);
-        assert_eq!(run("SET k v KEEPTTL"), TtlAction::Keep);
         assert_eq!(run("SET k v EX 60"), TtlAction::Keep);
+        assert_eq!(run("SET lock:x v KEEPTTL"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn keepttl_keeps_an_existing_ttl_and_gives_a_created_key_one() {
+        let (cmd, after) = rewritten("SET k v KEEPTTL");
+        assert_eq!(cmd, None);
+        assert_eq!(
+            after,
+            ["*4\r\n$7\r\nPEXPIRE\r\n$1\r\nk\r\n$7\r\n3600000\r\n$2\r\nNX\r\n"]
+        );
+    }
+
+    #[test]
+    fn absolute_expiries_beyond_the_maximum_become_the_maximum() {
+        let week = 604_800_000;
+        let far_s = (NOW_MS + 30 * 86_400_000) / 1000;
+        let far_ms = NOW_MS + 30 * 86_400_000;
+        let near_s = (NOW_MS + 60_000) / 1000;
+        let px_week = "$2\r\nPX\r\n$9\r\n604800000\r\n";
+        let set = rewritten(&format!("SET k v EXAT {far_s}")).0.unwrap();
+        assert!(set.contains(px_week), "{set}");
+        let set = rewritten(&format!("SET k v NX PXAT {far_ms} GET"))
+            .0
+            .unwrap();
+        assert!(
+            set.contains(px_week) && set.ends_with("$3\r\nGET\r\n"),
+            "{set}"
+        );
+        assert_eq!(run(&format!("SET k v EXAT {near_s}")), TtlAction::Keep);
+        let getex = rewritten(&format!("GETEX k PXAT {far_ms}")).0.unwrap();
+        assert_eq!(
+            getex,
+            "*4\r\n$5\r\nGETEX\r\n$1\r\nk\r\n$2\r\nPX\r\n$9\r\n604800000\r\n"
+        );
+        let at = rewritten(&format!("EXPIREAT k {far_s} GT")).0.unwrap();
+        assert_eq!(
+            at,
+            format!("*4\r\n$7\r\nPEXPIRE\r\n$1\r\nk\r\n$9\r\n{week}\r\n$2\r\nGT\r\n")
+        );
+        assert!(
+            rewritten(&format!("PEXPIREAT k {far_ms}"))
+                .0
+                .unwrap()
+                .starts_with("*3\r\n$7\r\nPEXPIRE\r\n")
+        );
+        assert_eq!(run(&format!("EXPIREAT k {near_s}")), TtlAction::Keep);
+        // In the past: Redis deletes the key, nothing to cut.
+        assert_eq!(run("PEXPIREAT k 1000"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn restore_gets_a_ttl_and_its_maximum() {
+        // TTL 0 is "no expiry": the key's TTL goes in its place.
+        let cmd = rewritten("RESTORE session:1 0 payload REPLACE").0.unwrap();
+        assert_eq!(
+            cmd,
+            "*5\r\n$7\r\nRESTORE\r\n$9\r\nsession:1\r\n$8\r\n86400000\r\n$7\r\npayload\r\n$7\r\nREPLACE\r\n"
+        );
+        let cmd = rewritten("RESTORE k 0 payload ABSTTL").0.unwrap();
+        assert!(!cmd.contains("ABSTTL") && cmd.contains("3600000"), "{cmd}");
+        let cmd = rewritten("RESTORE k 999999999999 payload").0.unwrap();
+        assert!(cmd.contains("604800000"), "{cmd}");
+        let far = NOW_MS + 30 * 86_400_000;
+        let cmd = rewritten(&format!("RESTORE-ASKING k {far} payload ABSTTL IDLETIME 5"))
+            .0
+            .unwrap();
+        assert!(
+            cmd.contains("604800000") && !cmd.contains("ABSTTL"),
+            "{cmd}"
+        );
+        assert!(cmd.ends_with("$8\r\nIDLETIME\r\n$1\r\n5\r\n"), "{cmd}");
+        assert_eq!(run("RESTORE k 60000 payload"), TtlAction::Keep);
+        assert_eq!(run("RESTORE lock:k 0 payload"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn scripts_declared_keys_get_a_ttl_and_read_only_scripts_nothing() {
+        let (_, after) = rewritten("EVAL body 2 a lock:b x");
+        assert_eq!(
+            after,
+            ["*4\r\n$7\r\nPEXPIRE\r\n$1\r\na\r\n$7\r\n3600000\r\n$2\r\nNX\r\n"]
+        );
+        assert_eq!(rewritten("EVALSHA 0123 1 session:x").1.len(), 1);
+        assert_eq!(rewritten("FCALL f 1 k arg").1.len(), 1);
+        assert_eq!(run("EVAL body 0"), TtlAction::Keep);
+        assert_eq!(run("EVAL_RO body 1 k"), TtlAction::Keep);
+        assert_eq!(run("EVALSHA_RO 0123 1 k"), TtlAction::Keep);
+        assert_eq!(run("FCALL_RO f 1 k"), TtlAction::Keep);
+    }
+
+    #[test]
+    fn created_mode_marks_existing_persistent_keys_around_writes_that_keep_ttls() {
+        let created = Ttl {
+            keys: TtlKeys::Created,
+            ..rule()
+        };
+        let run = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            let spec = commands::lookup_args(&args).unwrap();
+            match created.apply(spec, &args[..]) {
+                TtlAction::Rewrite(rw) => rw,
+                other => panic!("{line}: {other:?}"),
+            }
+        };
+        let eval = |script: &[u8], args: &[&[u8]]| {
+            let mut all: Vec<&[u8]> = vec![b"EVAL", script, b"1"];
+            all.extend_from_slice(args);
+            encode(&all)
+        };
+        let hset = run("HSET config:x f v");
+        assert_eq!(hset.command, None);
+        assert_eq!(hset.before(), [eval(MARK, &[b"config:x"])]);
+        assert_eq!(hset.after, [eval(SETTLE, &[b"config:x", b"3600000"])]);
+        // SET and GETSET keep the key's TTL (none, for a key that had none).
+        let set = run("SET k v NX");
+        assert_eq!(
+            set.command.clone().unwrap(),
+            encode(&[b"SET", b"k", b"v", b"NX", b"KEEPTTL"])
+        );
+        assert_eq!(set.before().len(), 1);
+        let getset = run("GETSET k v");
+        assert_eq!(
+            getset.command.unwrap(),
+            encode(&[b"SET", b"k", b"v", b"KEEPTTL", b"GET"])
+        );
+        // A write that replaces its key (and drops its TTL) gets PEXPIRE NX as before.
+        let mset = run("MSET a 1 b 2");
+        assert!(mset.before().is_empty());
+        assert_eq!(mset.after.len(), 2);
+        // Lock keys are exempt, and an explicit TTL is as in `written`.
+        let args: Vec<&[u8]> = vec![b"SET", b"lock:a", b"v"];
+        assert_eq!(
+            created.apply(commands::lookup_args(&args).unwrap(), &args[..]),
+            TtlAction::Keep
+        );
+    }
+
+    #[test]
+    fn copy_into_another_database_adds_nothing_here() {
+        assert_eq!(rewritten("COPY a b").1.len(), 1);
+        assert_eq!(run("COPY a b DB 1"), TtlAction::Keep);
     }
 
     #[test]

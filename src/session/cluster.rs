@@ -1190,7 +1190,7 @@ fn split(
     args: &Args<'_>,
     rewrite: Option<&crate::policy::rewrite::Rewrite>,
 ) -> Option<Action> {
-    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some()) {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
         return None;
     }
     let mut ranges = Vec::new();

@@ -405,9 +405,11 @@ struct Joining {
 }
 
 impl Joining {
-    /// Whether the policy added hidden commands after it (their replies are masked).
+    /// Whether the policy added hidden commands around it (their replies are masked).
     fn hidden(&self) -> bool {
-        self.rewrite.as_ref().is_some_and(|r| !r.after.is_empty())
+        self.rewrite
+            .as_ref()
+            .is_some_and(|r| !r.after.is_empty() || !r.before().is_empty())
     }
 
     /// The action it was made from.
@@ -515,6 +517,9 @@ impl Run {
             owned.extend_from_slice(prefix);
             owned
         });
+        for c in rewrite.before() {
+            owned.extend_from_slice(c);
+        }
         match (&rewrite.command, &rewrite.append) {
             (Some(command), _) => owned.extend_from_slice(command),
             (None, Some(extra)) => {
@@ -527,14 +532,16 @@ impl Run {
         for c in &rewrite.after {
             owned.extend_from_slice(c);
         }
-        if !rewrite.after.is_empty() || self.mask.is_some() {
+        let hidden = rewrite.before().len() + rewrite.after.len();
+        if hidden > 0 || self.mask.is_some() {
             let frames = self.frames as usize;
             let mask = self.mask.get_or_insert_with(|| vec![true; frames]);
+            mask.extend(std::iter::repeat_n(false, rewrite.before().len()));
             mask.push(true);
             mask.extend(std::iter::repeat_n(false, rewrite.after.len()));
         }
         self.len += consumed.len();
-        self.frames += 1 + rewrite.after.len() as u32;
+        self.frames += 1 + hidden as u32;
         self.target = Some(target);
     }
 }
@@ -1769,10 +1776,11 @@ impl Session {
         let (prefix, rest) = self.input.rbuf.split_at(base);
         let hint = rest.len() + rest.len() / 2;
         run.push_rewritten(prefix, &rest[..len], hint, &rewrite, target);
-        if rewrite.after.is_empty() {
+        if rewrite.after.is_empty() && rewrite.before().is_empty() {
             self.note_queued(effect, None);
         } else {
-            let mut frames = vec![true];
+            let mut frames = vec![false; rewrite.before().len()];
+            frames.push(true);
             frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
             self.note_queued(effect, Some(&frames));
         }
@@ -2355,8 +2363,14 @@ impl Session {
                     command = out.freeze();
                 }
             }
-            if !rw.after.is_empty() {
-                let mut all = BytesMut::from(&command[..]);
+            let before = rw.before.as_deref().map_or(&[][..], Vec::as_slice);
+            if !rw.after.is_empty() || !before.is_empty() {
+                let mut all = BytesMut::new();
+                for c in before {
+                    all.extend_from_slice(c);
+                    frames.insert(0, false);
+                }
+                all.extend_from_slice(&command);
                 for c in &rw.after {
                     all.extend_from_slice(c);
                     frames.push(false);

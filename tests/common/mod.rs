@@ -1204,3 +1204,21 @@ impl Rng {
         (self.next() % n as u64) as usize
     }
 }
+
+/// The line `policy/default.yaml` starts its data-changing rules (ttl-default,
+/// streams-capped) with: audit mode, for a safe rollout.
+pub const ROLLOUT_AUDIT: &str =
+    "    mode: audit  # changes data: enforce it after the rollout (README.md, Deployment)\n";
+
+/// `policy/default.yaml` with its data-changing rules switched to enforce, as after the
+/// rollout: what most policy tests exercise.
+pub fn default_policy_enforced() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text = std::fs::read_to_string(path).expect("read policy/default.yaml");
+    assert_eq!(
+        text.matches(ROLLOUT_AUDIT).count(),
+        2,
+        "default.yaml's rollout lines"
+    );
+    text.replace(ROLLOUT_AUDIT, "    mode: enforce\n")
+}
