@@ -45,9 +45,11 @@ async fn unsubscribe_without_subscriptions_confirms_every_channel() {
 async fn a_blocking_command_is_not_overtaken_by_a_later_client() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
-    wait_for_warm_stock(&proxy, 4).await;
     let mut writer = Raw::connect(proxy.addr).await;
-    for round in 0..50 {
+    for round in 0..20 {
+        // The stock refills behind each take; a burst larger than it dials on demand and may
+        // lose the race again (docs/architecture.md), which is not what this test measures.
+        wait_for_warm_stock(&proxy, 4).await;
         let key = format!("race:{round}");
         let mut blocked = Raw::connect(proxy.addr).await;
         blocked.send(&resp(&["BLPOP", &key, "0"])).await;

@@ -64,6 +64,8 @@ pub(super) struct Dedicated {
     stock: [Mutex<Vec<Parked>>; 2],
     /// Wakes each version's refill task: a connection was taken, or one left the stock.
     refill: [Arc<Notify>; 2],
+    /// Wakes sessions waiting for a connection: one was just stocked.
+    stocked: Notify,
     /// Whether each version's stock is kept: RESP2 from the start, RESP3 once a RESP3 client
     /// first needed a connection, so a proxy whose clients never say `HELLO 3` keeps none.
     wanted: [std::sync::atomic::AtomicBool; 2],
@@ -113,6 +115,7 @@ impl Dedicated {
             limits,
             stock: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
             refill: [Arc::new(Notify::new()), Arc::new(Notify::new())],
+            stocked: Notify::new(),
             wanted: [true.into(), false.into()],
             spec,
             address,
@@ -138,15 +141,10 @@ impl Dedicated {
         push: PushTarget,
         raw: bool,
     ) -> Result<Opened, UpstreamError> {
-        let push = if raw {
-            push
-        } else {
-            match self.take(proto, push) {
-                Ok(tx) => return Ok(tx),
-                Err(push) => push,
-            }
+        let (push, permit) = match self.take_or_permit(proto, push, raw).await? {
+            Ok(opened) => return Ok(opened),
+            Err(pair) => pair,
         };
-        let permit = self.permit().await?;
         let mut address = self.address.clone();
         let spec = node_spec(&self.spec, &mut address)?;
         let (stream, hello) = handshake::connect(&spec, (!raw).then_some(proto))
@@ -212,20 +210,49 @@ impl Dedicated {
         }
     }
 
-    /// A permit for one more connection, waiting up to `limits.wait` for one to be freed.
-    async fn permit(&self) -> Result<OwnedSemaphorePermit, UpstreamError> {
-        match tokio::time::timeout(self.limits.wait, self.permits.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(UpstreamError::Unavailable {
-                addr: self.address.name(),
-                reason: format!(
-                    "all {} dedicated connections (upstream.dedicated_max) are in use; waited {} ms \
-                     (upstream.dedicated_wait_ms)",
-                    self.limits.max,
-                    self.limits.wait.as_millis()
-                )
-                .into(),
-            }),
+    /// A stocked connection (never for `raw`), or else a permit to dial one: whichever comes
+    /// first within `limits.wait`. A connection the refill stocks meanwhile counts too (it
+    /// may hold the last permit while it dials).
+    async fn take_or_permit(
+        &self,
+        proto: u8,
+        mut push: PushTarget,
+        raw: bool,
+    ) -> Result<Result<Opened, (PushTarget, OwnedSemaphorePermit)>, UpstreamError> {
+        let deadline = tokio::time::Instant::now() + self.limits.wait;
+        loop {
+            // Registered before looking, so a connection stocked in between is not missed.
+            let stocked = self.stocked.notified();
+            if !raw {
+                match self.take(proto, push) {
+                    Ok(opened) => return Ok(Ok(opened)),
+                    Err(back) => push = back,
+                }
+            }
+            tokio::select! {
+                permit = self.permits.clone().acquire_owned() => {
+                    if let Ok(permit) = permit {
+                        return Ok(Err((push, permit)));
+                    }
+                    return Err(self.exhausted());
+                }
+                () = stocked, if !raw => {}
+                () = tokio::time::sleep_until(deadline) => return Err(self.exhausted()),
+            }
+        }
+    }
+
+    /// The error for a command that found no dedicated connection within `limits.wait`.
+    fn exhausted(&self) -> UpstreamError {
+        UpstreamError::Unavailable {
+            addr: self.address.name(),
+            reason: format!(
+                "all {} dedicated connections (upstream.dedicated_max) are in use; waited {} ms \
+                 (upstream.dedicated_wait_ms)",
+                self.limits.max,
+                self.limits.wait.as_millis()
+            )
+            .into(),
         }
     }
 
@@ -306,6 +333,7 @@ async fn refill(dedicated: Weak<Dedicated>, index: usize) {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push(parked);
+                    d.stocked.notify_waiters();
                 }
                 Err(e) => {
                     tracing::debug!(upstream = %d.spec.addr, error = %e, "warm dedicated connection failed");

@@ -51,24 +51,45 @@ for port in "$rport" "$pport"; do
     done
 done
 
-rm -rf "$out"
-TCL_SUITE_UNITS=${CONFORMANCE_UNITS:-all} TCL_SUITE_ADMIN="127.0.0.1:$rport" \
-    TCL_SUITE_BASELINE="$here/baseline" REDIS_SRC="$src" \
-    "$here/redis-tcl-suite.sh" 127.0.0.1 "$pport" "$out" | tail -4 || true
-
-lost=$out/lost-vs-baseline.txt
-[[ -f $lost ]] || { echo "conformance: the suite did not run (no $lost)" >&2; exit 2; }
+# Runs the suite (units "$1") into "$2" and prints the baseline-passing tests it lost that
+# known-losses.txt does not list.
 known=$(grep -v '^#' "$here/known-losses.txt" | grep -v '^[[:space:]]*$' || true)
-unexpected=$(grep -vxF -f <(printf '%s\n' "$known") "$lost" || true)
+run_units() {
+    rm -rf "$2"
+    TCL_SUITE_UNITS=$1 TCL_SUITE_ADMIN="127.0.0.1:$rport" \
+        TCL_SUITE_BASELINE="$here/baseline" REDIS_SRC="$src" \
+        "$here/redis-tcl-suite.sh" 127.0.0.1 "$pport" "$2" >&2 || true
+    [[ -f $2/lost-vs-baseline.txt ]] || { echo "conformance: the suite did not run (no $2/lost-vs-baseline.txt)" >&2; exit 2; }
+    grep -vxF -f <(printf '%s\n' "$known") "$2/lost-vs-baseline.txt" || true
+}
+
+unexpected=$(run_units "${CONFORMANCE_UNITS:-all}" "$out")
+lost=$out/lost-vs-baseline.txt
+[[ -f $lost ]] || exit 2
 recovered=$(printf '%s\n' "$known" | grep -vxF -f "$lost" || true)
 if [[ -n $recovered ]]; then
     echo "conformance: listed in known-losses.txt but passed now (remove them):"
     printf '  %s\n' "$recovered"
 fi
 if [[ -n $unexpected ]]; then
-    echo "conformance: FAILED: tests that pass directly against Redis but not through the proxy:"
+    # A test that fails once may have lost a race of the suite's own (the machines are shared
+    # and busy); its unit runs again, and only what it loses again counts.
+    units=$(printf '%s\n' "$unexpected" | cut -f1 | sort -u | tr '\n' ' ')
+    echo "conformance: unexpected losses in $units; running those units again"
     printf '  %s\n' "$unexpected"
-    echo "(logs: $out/logs; fix the proxy, or list the test with its reason in tests/conformance/known-losses.txt and docs/conformance.md)"
+    again=$(run_units "$units" "$out/again")
+    [[ -f $out/again/lost-vs-baseline.txt ]] || exit 2
+    flaky=$(printf '%s\n' "$unexpected" | grep -vxF -f <(printf '%s\n' "$again") || true)
+    if [[ -n $flaky ]]; then
+        echo "conformance: passed on the second run (flaky through the proxy; see $out/logs):"
+        printf '  %s\n' "$flaky"
+    fi
+    unexpected=$(printf '%s\n' "$again" | grep -xF -f <(printf '%s\n' "$unexpected") || true)
+fi
+if [[ -n $unexpected ]]; then
+    echo "conformance: FAILED: tests that pass directly against Redis but not through the proxy, twice:"
+    printf '  %s\n' "$unexpected"
+    echo "(logs: $out/logs and $out/again/logs; fix the proxy, or list the test with its reason in tests/conformance/known-losses.txt and docs/conformance.md)"
     exit 1
 fi
-echo "conformance: ok ($(wc -l <"$lost") known losses)"
+echo "conformance: ok ($(wc -l <"$lost") known losses of $(awk -F'\t' 'FNR>1 && $2=="ok"' "$here/baseline/results.tsv" | wc -l) baseline-passing tests)"
