@@ -70,6 +70,12 @@ async fn a_blocking_command_is_not_overtaken_by_a_later_client() {
     }
 }
 
+/// The id the proxy gives `client` (`CLIENT ID`), as text.
+async fn client_id(client: &mut Raw) -> String {
+    let reply = String::from_utf8(client.request(b"CLIENT ID\r\n", 1).await).unwrap();
+    reply.trim_start_matches(':').trim_end().to_string()
+}
+
 /// Waits until the proxy's warm stock holds `n` dedicated connections (they are dialled once
 /// the proxy is up, on their own task).
 async fn wait_for_warm_stock(proxy: &Proxy, n: usize) {
@@ -315,8 +321,7 @@ async fn client_ids_name_the_clients_connection_upstream() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
     let mut blocked = Raw::connect(proxy.addr).await;
-    let id = String::from_utf8(blocked.request(b"CLIENT ID\r\n", 1).await).unwrap();
-    let id = id.trim_start_matches(':').trim_end().to_string();
+    let id = client_id(&mut blocked).await;
     let mut other = Raw::connect(proxy.addr).await;
     // Not blocked (no connection of its own yet): 0, as Redis says for a client not blocked.
     assert_eq!(other.call(&["CLIENT", "UNBLOCK", &id]).await, b":0\r\n");
@@ -347,8 +352,7 @@ async fn client_ids_name_the_clients_connection_upstream() {
 
     // Tracking with REDIRECT to a subscriber.
     let mut sink = Raw::connect(proxy.addr).await;
-    let sink_id = String::from_utf8(sink.request(b"CLIENT ID\r\n", 1).await).unwrap();
-    let sink_id = sink_id.trim_start_matches(':').trim_end().to_string();
+    let sink_id = client_id(&mut sink).await;
     assert!(
         sink.request(b"SUBSCRIBE __redis__:invalidate\r\n", 1)
             .await
@@ -480,8 +484,7 @@ async fn client_list_shows_the_proxys_clients() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
     let mut me = Raw::connect(proxy.addr).await;
-    let id = String::from_utf8(me.request(b"CLIENT ID\r\n", 1).await).unwrap();
-    let id = id.trim_start_matches(':').trim_end().to_string();
+    let id = client_id(&mut me).await;
     assert_eq!(
         me.request(b"CLIENT SETNAME myname\r\n", 1).await,
         b"+OK\r\n"
@@ -539,8 +542,7 @@ async fn a_redirect_target_keeps_its_connection_across_hello() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
     let mut sink = Raw::connect(proxy.addr).await;
-    let sink_id = String::from_utf8(sink.request(b"CLIENT ID\r\n", 1).await).unwrap();
-    let sink_id = sink_id.trim_start_matches(':').trim_end().to_string();
+    let sink_id = client_id(&mut sink).await;
     assert!(
         sink.call(&["SUBSCRIBE", "__redis__:invalidate"])
             .await
