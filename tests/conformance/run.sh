@@ -69,26 +69,26 @@ lost=$out/lost-vs-baseline.txt
 recovered=$(printf '%s\n' "$known" | grep -vxF -f "$lost" || true)
 if [[ -n $recovered ]]; then
     echo "conformance: listed in known-losses.txt but passed now (remove them):"
-    printf '  %s\n' "$recovered"
+    printf '%s\n' "$recovered" | sed 's/^/  /'
 fi
 if [[ -n $unexpected ]]; then
     # A test that fails once may have lost a race of the suite's own (the machines are shared
     # and busy); its unit runs again, and only what it loses again counts.
     units=$(printf '%s\n' "$unexpected" | cut -f1 | sort -u | tr '\n' ' ')
     echo "conformance: unexpected losses in $units; running those units again"
-    printf '  %s\n' "$unexpected"
+    printf '%s\n' "$unexpected" | sed 's/^/  /'
     again=$(run_units "$units" "$out/again")
     [[ -f $out/again/lost-vs-baseline.txt ]] || exit 2
     flaky=$(printf '%s\n' "$unexpected" | grep -vxF -f <(printf '%s\n' "$again") || true)
     if [[ -n $flaky ]]; then
         echo "conformance: passed on the second run (flaky through the proxy; see $out/logs):"
-        printf '  %s\n' "$flaky"
+        printf '%s\n' "$flaky" | sed 's/^/  /'
     fi
     unexpected=$(printf '%s\n' "$again" | grep -xF -f <(printf '%s\n' "$unexpected") || true)
 fi
 if [[ -n $unexpected ]]; then
     echo "conformance: FAILED: tests that pass directly against Redis but not through the proxy, twice:"
-    printf '  %s\n' "$unexpected"
+    printf '%s\n' "$unexpected" | sed 's/^/  /'
     echo "(logs: $out/logs and $out/again/logs; fix the proxy, or list the test with its reason in tests/conformance/known-losses.txt and docs/conformance.md)"
     exit 1
 fi
