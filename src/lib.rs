@@ -36,8 +36,11 @@
 //!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client); in cluster mode
 //!   `session::cluster` places commands on nodes and follows redirections,
 //!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
-//!   each hash slot's commands in order across nodes.
-//! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool.
+//!   each hash slot's commands in order across nodes. `session::client_ids` maps the ids the
+//!   proxy gives to its clients' upstream connections, `session::client_list` answers
+//!   CLIENT LIST, `session::pause` routes around a forwarded CLIENT PAUSE.
+//! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool,
+//!   and `upstream::dedicated`, each node's capped, warm stock of dedicated connections.
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
 //!   under `read_from` (replica reads, docs/cluster.md).
