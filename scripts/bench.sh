@@ -27,6 +27,8 @@
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
+#   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
+#                (default policy/): an earlier commit's own, when the files changed since
 #   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
 #                adds the targets base-passthrough and base-default, run interleaved with the
 #                rest on the same policy files, so a change is measured before and after in
@@ -245,7 +247,7 @@ if [[ -n "${BASELINE:-}" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
     proxy_bin="$BASELINE"
     for name in base-passthrough base-default; do
-        proxy_config="policy/${name#base-}.yaml"
+        proxy_config="${BASELINE_POLICY_DIR:-policy}/${name#base-}.yaml"
         proxy_log="$work/$name.log"
         start "$name" launch_proxy "$proxy_log"
         targets+=("$name")
