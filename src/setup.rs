@@ -88,3 +88,15 @@ pub fn policy(config: &Config) -> Result<Policy, Vec<Problem>> {
         config.admin.denial_logs_per_second.value,
     )
 }
+
+/// [`policy`] for the operator's tools (`--explain`, `--print-acl`): every problem on its own
+/// line, prefixed with the file it came from.
+pub fn policy_or_report(config: &Config, path: &Path) -> Result<Policy, String> {
+    policy(config).map_err(|problems| {
+        problems
+            .iter()
+            .map(|p| format!("{}: {p}", path.display()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}

@@ -1055,17 +1055,24 @@ impl Action {
     /// The same action sent to `target` instead (cluster placement, replica reads); other
     /// actions have no target and stay as they are.
     fn retarget(self, target: Target) -> Action {
+        match self.forwarded() {
+            Some((_, effect, _)) => self.rerouted(target, effect),
+            None => self,
+        }
+    }
+
+    /// The same forwarded command sent to `target` with `effect` instead (a write held back by
+    /// CLIENT PAUSE goes to the dedicated connection as a blocking command); other actions
+    /// stay as they are.
+    fn rerouted(self, target: Target, effect: Effect) -> Action {
         match self {
-            Action::Forward { expect, effect, .. } => Action::Forward {
+            Action::Forward { expect, .. } => Action::Forward {
                 target,
                 expect,
                 effect,
             },
             Action::Rewritten {
-                expect,
-                effect,
-                rewrite,
-                ..
+                expect, rewrite, ..
             } => Action::Rewritten {
                 target,
                 expect,

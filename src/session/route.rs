@@ -97,41 +97,12 @@ impl Session {
         {
             return action;
         }
-        let to_dedicated = |target: Target, effect: Effect| match (target, effect) {
-            (Target::Shared(..), Effect::None) => (
+        match action.forwarded() {
+            Some((Target::Shared(..), Effect::None, _)) => action.rerouted(
                 self.dedicated_target(),
                 Effect::Blocking(ReplyWait::Unbounded),
             ),
-            other => other,
-        };
-        match action {
-            Action::Forward {
-                target,
-                expect,
-                effect,
-            } => {
-                let (target, effect) = to_dedicated(target, effect);
-                Action::Forward {
-                    target,
-                    expect,
-                    effect,
-                }
-            }
-            Action::Rewritten {
-                target,
-                expect,
-                effect,
-                rewrite,
-            } => {
-                let (target, effect) = to_dedicated(target, effect);
-                Action::Rewritten {
-                    target,
-                    expect,
-                    effect,
-                    rewrite,
-                }
-            }
-            other => other,
+            _ => action,
         }
     }
 

@@ -33,13 +33,7 @@ pub fn explain(
     let mut config = crate::setup::load(path).map_err(|e| e.to_string())?;
     // The account is printed; the check's own denial and audit log lines would repeat it.
     config.admin.denial_logs_per_second.value = 0;
-    let policy = crate::setup::policy(&config).map_err(|problems| {
-        problems
-            .iter()
-            .map(|p| format!("{}: {p}", path.display()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
+    let policy = crate::setup::policy_or_report(&config, path)?;
     let tenant = policy.access.tenant_of(addr, user.map(str::as_bytes));
     let _ = writeln!(
         out,

@@ -10,13 +10,7 @@ use crate::policy::acl::ScriptAcl;
 /// problem of the file.
 pub fn print_acl(path: &Path) -> Result<(String, Vec<String>), String> {
     let config = crate::setup::load(path).map_err(|e| e.to_string())?;
-    let policy = crate::setup::policy(&config).map_err(|problems| {
-        problems
-            .iter()
-            .map(|p| format!("{}: {p}", path.display()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
+    let policy = crate::setup::policy_or_report(&config, path)?;
     let acl = ScriptAcl::of(&policy);
     let user = config.upstream.username.as_deref().unwrap_or("default");
     let notes = acl
