@@ -26,6 +26,9 @@
 #                cP1 or cP16 in WORKLOADS also starts the cluster.
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
+#   PREDIXY=path predixy binary (not packaged; build it from its source outside the repo, see
+#                docs/performance.md): adds the predixy target, one worker thread, standalone
+#                pool in front of the same Redis; skipped when unset
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
 #   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
 #                (default policy/): an earlier commit's own, when the files changed since
@@ -291,9 +294,47 @@ if [[ "$have_twemproxy" == 1 ]]; then
     pid_of[twemproxy]="$started_pid"
 fi
 
+# predixy is not a Debian package: PREDIXY=path/to/predixy adds it (a build of its source, see
+# docs/performance.md). One worker thread, like twemproxy and the proxy, on the proxies' core.
+launch_predixy() {
+    cat >"$work/predixy.conf" <<EOF
+Name bench
+Bind 127.0.0.1:$1
+WorkerThreads 1
+ClientTimeout 0
+Log $work/predixy.log
+LogVerbSample 0
+LogDebugSample 0
+LogInfoSample 0
+LogNoticeSample 1
+LogWarnSample 1
+LogErrorSample 1
+Authority {
+    Auth {
+        Mode write
+    }
+}
+StandaloneServerPool {
+    RefreshMethod fixed
+    Group shard001 {
+        + 127.0.0.1:$redis_port
+    }
+}
+EOF
+    "${proxy_pin[@]}" "$PREDIXY" "$work/predixy.conf" >>"$work/predixy.out" 2>&1 &
+    launched_pid=$!
+}
+if [[ -n "${PREDIXY:-}" ]]; then
+    [[ -x "$PREDIXY" ]] || die "PREDIXY=$PREDIXY is not an executable"
+    start predixy launch_predixy "$work/predixy.log" "$work/predixy.out"
+    targets+=(predixy)
+    port_of[predixy]="$started_port"
+    pid_of[predixy]="$started_pid"
+fi
+
 log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${port_of[proxy-default]}$(
     [[ "$have_twemproxy" == 1 ]] && echo "  twemproxy :$tw_port"
-)  (temp dir $work)"
+)$([[ -n "${PREDIXY:-}" ]] && echo "  predixy :${port_of[predixy]}")  (temp dir $work)"
 
 # --- Redis Cluster and the proxy in front of it (CLUSTER=1) ---------------------------------
 cluster_ports=()

@@ -394,6 +394,26 @@ pub(crate) fn itoa_buf(mut n: u64) -> Digits {
     }
 }
 
+/// Commands of a batch as sent, as slices of its bytes (empty lines left out; a client's
+/// inline command, forwarded as it came, counts like any other). Stops at bytes that are not
+/// a whole command, which a batch the proxy built never holds.
+pub fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut ranges = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        match decode(&bytes[pos..], limits, &mut ranges) {
+            Ok(Some(Decoded::Empty { len })) => pos += len,
+            Ok(Some(decoded)) => {
+                out.push(bytes.slice(pos..pos + decoded.len()));
+                pos += decoded.len();
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,11 @@
 //! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
 //!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
 //! - [`command`]: command classification and the routing facts the session needs.
-//! - [`session`]: one client connection: read, batch, forward, reply in order; `session::route`
+//! - [`session`]: one client connection: read, batch, forward, reply in order. `session` itself
+//!   holds the shape (the session's parts, `Action`, `Decision`, `Command`) and `process`;
+//!   `session::io` is the socket loop, `session::batch` joins commands into runs,
+//!   `session::forward` sends them, `session::queue` puts replies in order, `session::state`
+//!   applies what a command changes on the connection; `session::route`
 //!   decides each command (policy verdict, then route), `session::routing` holds what the
 //!   upstream mode keeps per session, `session::replies` shapes replies (hidden replies
 //!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client); in cluster mode

@@ -3,15 +3,25 @@
 //! to every primary. Nothing here runs for a standalone upstream (the session's `Routing` is
 //! not `Cluster`, and `decide`/`serve` skip it).
 
-use crate::answers;
-use bytes::{Bytes, BytesMut};
-
 use super::route::Args;
-use super::*;
-use crate::cluster::{Redirect, Router, slot};
+use super::{
+    Action, Decision, Dedicated, Effect, Holds, LocalEffect, PUSH_BUDGET, Sent, Session, Slot,
+    Target, WAIT_BARRIER,
+};
+use crate::codec::split_commands;
+use crate::codec::{CodecLimits, Decoded};
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
+use crate::error::{ProxyError, UpstreamError, error_reply};
 use crate::policy::rewrite::Strip;
+use crate::upstream::conn::PushTarget;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::{answers, codec};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+use crate::cluster::{Redirect, Router, slot};
 
 pub(super) mod shard_subs;
 mod subscriber;

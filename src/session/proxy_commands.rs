@@ -1,14 +1,13 @@
 //! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | HELP`, for admin
 //! tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
-use crate::answers;
+use super::Session;
+use super::route::Args;
+use crate::policy::Outcome;
+use crate::{answers, codec};
 use std::fmt::Write;
 
 use bytes::{BufMut, Bytes, BytesMut};
-
-use super::route::Args;
-use super::*;
-use crate::policy::Outcome;
 
 const HELP: &[&str] = &[
     "PROXY <subcommand> [<arg> ...]. Subcommands are:",

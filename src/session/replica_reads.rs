@@ -2,11 +2,15 @@
 //! mode's rules, docs/cluster.md), and reads sent again to the primary when their replica's
 //! connection fails. Which replica is `upstream::replicas`' choice.
 
-use bytes::Bytes;
-
-use super::*;
-use crate::commands::AclCategories;
+use super::forward::enqueue;
+use super::routing::Routing;
+use super::{Action, Effect, Session, Target, cluster};
+use crate::codec::split_commands;
+use crate::commands::{AclCategories, CommandSpec};
 use crate::upstream::replicas::Replicas;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use bytes::Bytes;
+use tokio::sync::mpsc;
 
 impl Session {
     /// Sends a read for the primary's shared connection to the client's replica instead,

@@ -3,7 +3,8 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::*;
+use super::Session;
+use crate::codec;
 
 /// Removes the results of hidden commands from EXEC's array; any other reply (nil after a
 /// WATCH conflict, EXECABORT) is returned as is.
@@ -183,6 +184,8 @@ pub(super) fn map_redirect(data: Bytes, client: impl Fn(u64) -> Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::{CodecLimits, Decoded};
+    use crate::session::WAIT_BARRIER;
 
     #[test]
     fn wait_barrier_is_one_well_formed_command() {

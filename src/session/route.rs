@@ -1,11 +1,19 @@
 //! Deciding what to do with one command: the policy verdict, then the route (shared or
 //! dedicated connection, proxy-answered, refused) and the session state it changes.
 
-use crate::answers;
-use bytes::Bytes;
-
 use super::pause::Paused;
-use super::*;
+use super::{
+    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_list,
+    replies,
+};
+use crate::command::{ClientSub, Kind};
+use crate::commands::CommandSpec;
+use crate::policy::{Client, Verdict};
+use crate::upstream::{Expect, ReplyWait};
+use crate::{answers, codec, command};
+use bytes::Bytes;
+use std::ops::Range;
+
 use crate::policy::access::{AuthFailure, constant_time_eq};
 
 impl Session {
@@ -361,18 +369,7 @@ impl Session {
             ClientSub::Id if args.len() == 2 => {
                 Action::Local(answers::integer(self.client.id as i64), LocalEffect::None)
             }
-            ClientSub::Reply if args.len() == 3 => {
-                let mode = args.get(2);
-                if mode.eq_ignore_ascii_case(b"ON") {
-                    Action::Local(answers::ok(), LocalEffect::ReplyMode(ReplyMode::On))
-                } else if mode.eq_ignore_ascii_case(b"OFF") {
-                    Action::Silent(ReplyMode::Off)
-                } else if mode.eq_ignore_ascii_case(b"SKIP") {
-                    Action::Silent(ReplyMode::Skip)
-                } else {
-                    Action::Local(answers::syntax_error(), LocalEffect::None)
-                }
-            }
+            ClientSub::Reply if args.len() == 3 => reply_mode(args.get(2)),
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
             ClientSub::ConnectionState => {
                 let target = self.dedicated_target();
@@ -384,37 +381,31 @@ impl Session {
             ClientSub::Unblock if args.len() >= 3 => {
                 self.with_upstream_id(args, 2, current, Effect::None)
             }
-            ClientSub::Pause if args.len() >= 3 => {
-                let mode = match args.get(3.min(args.len() - 1)) {
-                    m if args.len() >= 4 && m.eq_ignore_ascii_case(b"WRITE") => Paused::Writes,
-                    _ => Paused::All,
-                };
-                match codec::parse_int(args.get(2)).and_then(|ms| u64::try_from(ms).ok()) {
-                    Some(ms) => forward(current, Effect::Pause(mode, ms)),
-                    None => forward(current, Effect::None),
-                }
-            }
+            ClientSub::Pause if args.len() >= 3 => forward(current, pause_effect(args)),
             ClientSub::Unpause => forward(current, Effect::Unpause),
             ClientSub::Redirect => forward(current, Effect::NamesRedirect),
-            ClientSub::List => match list_filter(args) {
-                Some(filter) => {
-                    let text =
-                        self.ctx
-                            .client_list
-                            .render(self.client.id, args.frame.len(), &filter);
-                    Action::Local(
-                        replies::text_reply(self.client.proto == 3, text.as_bytes()),
-                        LocalEffect::None,
-                    )
-                }
-                None => Action::Local(answers::syntax_error(), LocalEffect::None),
-            },
+            ClientSub::List => self.client_list(args),
             ClientSub::Kill => match id_after(args, b"ID") {
                 Some(at) => self.with_upstream_id(args, at, current, Effect::None),
                 None => forward(current, Effect::None),
             },
             _ => forward(current, Effect::None),
         }
+    }
+
+    /// CLIENT LIST, answered by the proxy about its own clients (see `client_list`).
+    fn client_list(&self, args: &Args<'_>) -> Action {
+        let Some(filter) = list_filter(args) else {
+            return Action::Local(answers::syntax_error(), LocalEffect::None);
+        };
+        let text = self
+            .ctx
+            .client_list
+            .render(self.client.id, args.frame.len(), &filter);
+        Action::Local(
+            replies::text_reply(self.client.proto == 3, text.as_bytes()),
+            LocalEffect::None,
+        )
     }
 
     /// A CLIENT subcommand whose argument `at` is a client id the proxy gave out, forwarded
@@ -505,6 +496,32 @@ fn info_effect(args: &Args<'_>) -> Effect {
                 .any(|s| a.eq_ignore_ascii_case(s))
         });
     if ours { Effect::Info } else { Effect::None }
+}
+
+/// CLIENT REPLY ON/OFF/SKIP: kept by the proxy, since the upstream connection is shared.
+fn reply_mode(mode: &[u8]) -> Action {
+    if mode.eq_ignore_ascii_case(b"ON") {
+        Action::Local(answers::ok(), LocalEffect::ReplyMode(ReplyMode::On))
+    } else if mode.eq_ignore_ascii_case(b"OFF") {
+        Action::Silent(ReplyMode::Off)
+    } else if mode.eq_ignore_ascii_case(b"SKIP") {
+        Action::Silent(ReplyMode::Skip)
+    } else {
+        Action::Local(answers::syntax_error(), LocalEffect::None)
+    }
+}
+
+/// CLIENT PAUSE's effect: what it holds back and for how long; none when Redis will refuse
+/// the timeout.
+fn pause_effect(args: &Args<'_>) -> Effect {
+    let mode = match args.get(3.min(args.len() - 1)) {
+        m if args.len() >= 4 && m.eq_ignore_ascii_case(b"WRITE") => Paused::Writes,
+        _ => Paused::All,
+    };
+    match codec::parse_int(args.get(2)).and_then(|ms| u64::try_from(ms).ok()) {
+        Some(ms) => Effect::Pause(mode, ms),
+        None => Effect::None,
+    }
 }
 
 /// Redis's rule for client names and library info: printable ASCII without spaces.

@@ -13,7 +13,9 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::*;
+use super::{Handling, Run, Session, Slot, Target};
+use crate::error::{ProxyError, UpstreamError, error_reply};
+use bytes::Buf;
 
 impl Session {
     /// Whether a command for `target` may leave the current run parked instead of sending it.

@@ -94,6 +94,21 @@ impl Pool {
             retired_rx.clone(),
         );
         let outage = Arc::new(Outage::default());
+        // Every connection of the node (shared and control) is one supervisor task.
+        let start = |link, rx, hello, up| {
+            tokio::spawn(supervise(
+                spec.clone(),
+                address.clone(),
+                link,
+                rx,
+                hello,
+                backoff,
+                metrics.clone(),
+                command_timeout,
+                up,
+                retired_rx.clone(),
+            ));
+        };
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
@@ -107,18 +122,7 @@ impl Pool {
                     role: Role::Shared,
                     outage: outage.clone(),
                 };
-                tokio::spawn(supervise(
-                    spec.clone(),
-                    address.clone(),
-                    link,
-                    rx,
-                    hello_tx[index].clone(),
-                    backoff,
-                    metrics.clone(),
-                    command_timeout,
-                    flag,
-                    retired_rx.clone(),
-                ));
+                start(link, rx, hello_tx[index].clone(), flag);
             }
         }
         let (control, control_rx) = mpsc::channel(settings.queue_depth);
@@ -128,18 +132,12 @@ impl Pool {
             role: Role::Control,
             outage,
         };
-        tokio::spawn(supervise(
-            spec.clone(),
-            address.clone(),
+        start(
             link,
             control_rx,
             Arc::new(control_hello),
-            backoff,
-            metrics.clone(),
-            command_timeout,
             Arc::new(AtomicBool::new(false)),
-            retired_rx,
-        ));
+        );
         Arc::new(Pool {
             spec,
             address,

@@ -20,17 +20,23 @@
 //! `follow_redirects` and `execute`'s cluster-only action, and the session holds only an
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
-use crate::answers;
-use std::collections::HashMap;
-use std::time::Duration;
-
-use bytes::{Bytes, BytesMut};
-use tokio::sync::mpsc;
-
-use super::*;
+use super::Gather;
 use crate::cluster::{Redirect, Router, slot};
+use crate::codec::Decoded;
+use crate::command::Kind;
+use crate::error::{ProxyError, UpstreamError, error_reply};
 use crate::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
+use crate::session::{Action, Holds, LocalEffect, PUSH_BUDGET, Session};
+use crate::upstream::conn::PushTarget;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::{answers, codec, command};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+use bytes::{Bytes, BytesMut};
 
 /// Set in the `conn_id` of shard connections, so that their end (`Reply::PinnedClosed`) is
 /// never taken for the end of the session's dedicated connection, whose ids count from 1.

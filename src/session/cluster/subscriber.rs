@@ -7,8 +7,11 @@
 //! (MULTI, WATCH, MONITOR, CLIENT TRACKING, a client's own AUTH) still ends the session:
 //! that state cannot move.
 
-use super::*;
-use crate::upstream::Subscriptions;
+use crate::codec;
+use crate::session::{Dedicated, Holds, PUSH_BUDGET, Session};
+use crate::upstream::conn::PushTarget;
+use crate::upstream::{Batch, Expect, ReplyWait, Subscriptions};
+use tokio::sync::mpsc;
 
 impl Session {
     /// The dedicated connection `conn_id` failed holding `subs`: subscribe them again on a

@@ -12,8 +12,15 @@
 //! proxy keeps reading and queuing while replies are on their way, so the request side may
 //! already be in the next transaction when this one's replies come back.
 
-use super::*;
-use crate::answers;
+use super::{Again, again_of, split_frames, unexpected};
+use crate::cluster::Router;
+use crate::codec::split_commands;
+use crate::codec::{CodecLimits, Decoded};
+use crate::error::{ProxyError, error_reply};
+use crate::session::Session;
+use crate::upstream::Reply;
+use crate::{answers, codec};
+use bytes::{Bytes, BytesMut};
 
 /// Redis's answer to a command queued in MULTI.
 const QUEUED: &[u8] = b"+QUEUED\r\n";

@@ -1,0 +1,420 @@
+//! Building runs: decoded commands joined into one batch per upstream connection, or sent alone.
+
+use super::{
+    Action, Command, Decision, Dispatch, Effect, Flow, Joining, Now, Pending, ReplyMode, Run,
+    Session, Target,
+};
+use crate::codec::Decoded;
+use crate::error::{ClientError, ProxyError, error_reply};
+use crate::metrics::CommandOutcome;
+use crate::upstream::Expect;
+use crate::{codec, command};
+use bytes::{Buf, BytesMut};
+
+impl Run {
+    /// Adds a command that is forwarded as the client sent it: `bytes` are the next bytes of
+    /// the read buffer.
+    pub(super) fn push_plain(&mut self, bytes: &[u8], target: Target) {
+        if let Some(owned) = &mut self.owned {
+            owned.extend_from_slice(bytes);
+        }
+        if let Some(mask) = &mut self.mask {
+            mask.push(true);
+        }
+        self.len += bytes.len();
+        self.frames += 1;
+        self.target = Some(target);
+    }
+
+    /// Adds a command the policy rewrote; `consumed` are its bytes in the read buffer and
+    /// `prefix` the run's bytes so far (copied once, when the first rewrite joins), and
+    /// `capacity_hint` how many bytes may still follow.
+    pub(super) fn push_rewritten(
+        &mut self,
+        prefix: &[u8],
+        consumed: &[u8],
+        capacity_hint: usize,
+        rewrite: &crate::policy::rewrite::Rewrite,
+        target: Target,
+    ) {
+        let owned = self.owned.get_or_insert_with(|| {
+            // Room for the rest of the read buffer and its appended TTLs, so a pipeline of
+            // rewritten SETs grows the buffer once, not by doubling.
+            let mut owned = BytesMut::with_capacity(prefix.len() + capacity_hint);
+            owned.extend_from_slice(prefix);
+            owned
+        });
+        for c in rewrite.before() {
+            owned.extend_from_slice(c);
+        }
+        match (&rewrite.command, &rewrite.append) {
+            (Some(command), _) => owned.extend_from_slice(command),
+            (None, Some(extra)) => {
+                if !extra.extend_frame(consumed, owned) {
+                    owned.extend_from_slice(consumed);
+                }
+            }
+            (None, None) => owned.extend_from_slice(consumed),
+        }
+        for c in &rewrite.after {
+            owned.extend_from_slice(c);
+        }
+        let hidden = rewrite.before().len() + rewrite.after.len();
+        if hidden > 0 || self.mask.is_some() {
+            let frames = self.frames as usize;
+            let mask = self.mask.get_or_insert_with(|| vec![true; frames]);
+            mask.extend(std::iter::repeat_n(false, rewrite.before().len()));
+            mask.push(true);
+            mask.extend(std::iter::repeat_n(false, rewrite.after.len()));
+        }
+        self.len += consumed.len();
+        self.frames += 1 + hidden as u32;
+        self.target = Some(target);
+    }
+}
+
+impl Joining {
+    /// Whether the policy added hidden commands around it (their replies are masked).
+    pub(super) fn hidden(&self) -> bool {
+        self.rewrite
+            .as_ref()
+            .is_some_and(|r| !r.after.is_empty() || !r.before().is_empty())
+    }
+
+    /// The action it was made from.
+    pub(super) fn into_action(self) -> Action {
+        match self.rewrite {
+            None => Action::Forward {
+                target: self.target,
+                expect: Expect::Frames(1),
+                effect: self.effect,
+            },
+            Some(rewrite) => Action::Rewritten {
+                target: self.target,
+                expect: Expect::Frames(1),
+                effect: self.effect,
+                rewrite,
+            },
+        }
+    }
+}
+
+impl Session {
+    /// The next complete request after the run's bytes; `None` when there is none yet, or
+    /// when the client broke the protocol or filled its query buffer (answered, and the
+    /// session closes).
+    pub(super) async fn next_request(&mut self, run: &mut Run) -> Option<Decoded> {
+        let decoded = codec::decode(
+            &self.input.rbuf[run.len..],
+            &self.ctx.codec,
+            &mut self.input.args,
+        );
+        let e = match decoded {
+            Ok(Some(d)) => return Some(d),
+            Ok(None) if self.input.rbuf.len() - run.len <= self.ctx.max_query_buffer => {
+                return None;
+            }
+            Ok(None) => ClientError::QueryBufferFull {
+                limit: self.ctx.max_query_buffer,
+            },
+            Err(e) => e.into(),
+        };
+        self.flush_run(run).await;
+        self.queue.local(error_reply(&ProxyError::Client(e)));
+        self.input.closing = true;
+        None
+    }
+
+    /// Decides the command of `len` bytes after the run and, when that needs no waiting (it
+    /// joins the run for the same shared connection, or another node's run in cluster mode),
+    /// carries it out; otherwise hands the decided command to `on_command`, nothing changed.
+    pub(super) fn on_command_now(&mut self, run: &mut Run, len: usize) -> Now {
+        let command = {
+            let frame = &self.input.rbuf[run.len..run.len + len];
+            let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
+            let name = arg(0).unwrap_or_default();
+            Command {
+                len,
+                spec: crate::commands::lookup(name, arg(1)),
+                kind: command::classify(name),
+            }
+        };
+        let decision = self.decide(
+            &self.input.rbuf[run.len..run.len + len],
+            &command,
+            run.target,
+        );
+        if decision.action.forwarded().is_some() && self.client.policy.has_shared_limits() {
+            return Now::Later(Pending { command, decision });
+        }
+        let Decision { action, hash_slot } = decision;
+        self.note_multi_slot(&action, hash_slot);
+        let join = match self.joinable(action) {
+            Dispatch::Join(join) if self.joins_without_waiting(run, &join) => join,
+            Dispatch::Join(join) => {
+                return Now::Later(Pending {
+                    command,
+                    decision: Decision {
+                        action: join.into_action(),
+                        hash_slot,
+                    },
+                });
+            }
+            Dispatch::Alone(action) => {
+                return Now::Later(Pending {
+                    command,
+                    decision: Decision { action, hash_slot },
+                });
+            }
+        };
+        if run.target.is_some_and(|t| t != join.target) {
+            self.switch_run(run, join.target);
+        }
+        Now::Done(self.join_prepared(run, &command, hash_slot, join))
+    }
+
+    /// Carries out a decided command that may have to wait: for the Redis-counted rate limit,
+    /// for the run to be sent first, for a dedicated connection, or for `execute`.
+    pub(super) async fn on_command(&mut self, run: &mut Run, pending: Pending) -> Flow {
+        let Pending { command, decision } = pending;
+        let Decision {
+            mut action,
+            hash_slot,
+        } = decision;
+        if action.forwarded().is_some() && self.client.policy.has_shared_limits() {
+            let name = command.spec.map_or("-", |s| s.name);
+            // Boxed: only policies with `backend: redis` limits get here.
+            if let Some(refusal) = Box::pin(self.shared_limits(name)).await {
+                action = Action::Refused(refusal);
+            }
+            self.note_multi_slot(&action, hash_slot);
+        }
+        match self.joinable(action) {
+            Dispatch::Join(join) => self.join_run(run, &command, hash_slot, join).await,
+            Dispatch::Alone(action) => self.dispatch_alone(run, &command, hash_slot, action).await,
+        }
+    }
+
+    /// Cluster mode: an open transaction is bound to the hash slot of its first keyed command.
+    pub(super) fn note_multi_slot(&mut self, action: &Action, hash_slot: Option<u16>) {
+        if self.conn.in_multi()
+            && hash_slot.is_some()
+            && action.forwarded().is_some()
+            && let Some(c) = self.routing.cluster_mut()
+        {
+            c.multi_slot = c.multi_slot.or(hash_slot);
+        }
+    }
+
+    /// Whether `join` can be added to the run without waiting: a shared connection, and the
+    /// run either goes there too (and may take its hidden frames) or can be parked
+    /// (`scatter`) instead of sent.
+    pub(super) fn joins_without_waiting(&self, run: &Run, join: &Joining) -> bool {
+        let hidden = join.hidden();
+        matches!(join.target, Target::Shared(..))
+            && match run.target {
+                Some(t) if t != join.target => self.may_scatter(run, join.target, hidden),
+                _ => !(hidden && run.seq.is_some()),
+            }
+    }
+
+    /// A forwarded command that may join the current run of plain commands (one reply frame,
+    /// no effect needing `execute`, replies on, no deferred MULTI), as its target, effect and
+    /// rewrite; the action back otherwise.
+    pub(super) fn joinable(&self, action: Action) -> Dispatch {
+        let joins = |effect: Effect| {
+            self.client.reply_mode == ReplyMode::On
+                && effect.batchable()
+                && !self.conn.multi_deferred()
+        };
+        match action {
+            Action::Forward {
+                target,
+                expect: Expect::Frames(1),
+                effect,
+            } if joins(effect) => Dispatch::Join(Joining {
+                target,
+                effect,
+                rewrite: None,
+            }),
+            Action::Rewritten {
+                target,
+                expect: Expect::Frames(1),
+                effect,
+                rewrite,
+            } if joins(effect) && rewrite.strip.is_none() => Dispatch::Join(Joining {
+                target,
+                effect,
+                rewrite: Some(rewrite),
+            }),
+            other => Dispatch::Alone(other),
+        }
+    }
+
+    /// Adds a command to the run (sending the run first when it goes elsewhere), or pauses
+    /// when it must wait for replies from another connection.
+    pub(super) async fn join_run(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        join: Joining,
+    ) -> Flow {
+        let target = join.target;
+        let hidden = join.hidden();
+        if run.target.is_some_and(|t| t != target) {
+            if self.may_scatter(run, target, hidden) {
+                self.switch_run(run, target);
+            } else {
+                // Another connection: the runs so far go out first.
+                self.flush_run(run).await;
+            }
+        } else if hidden && run.seq.is_some() {
+            // Segments carry no mask: hidden frames start a new batch.
+            self.flush_run(run).await;
+        }
+        if let Target::Dedicated(node) = target {
+            if self.blocked(target, hash_slot) {
+                // Decided again once resumed.
+                self.input.paused = true;
+                return Flow::Stop;
+            }
+            if !self.ensure_dedicated(false, node, join.effect).await {
+                self.count_joined(command, &join);
+                self.flush_run(run).await;
+                self.input.rbuf.advance(command.len);
+                return Flow::Next;
+            }
+        }
+        self.join_prepared(run, command, hash_slot, join)
+    }
+
+    /// Counts a command that joined a run as forwarded or rewritten.
+    pub(super) fn count_joined(&self, command: &Command, join: &Joining) {
+        let outcome = match join.rewrite {
+            Some(_) => CommandOutcome::Rewritten,
+            None => CommandOutcome::Forwarded,
+        };
+        let class = crate::metrics::class_of(command.spec);
+        self.ctx.ops.metrics.command(class, outcome);
+    }
+
+    /// The part of joining a run that never waits, once the run goes where the command goes
+    /// (and a dedicated connection is up): pauses if the command must wait for replies from
+    /// another connection, else counts it and appends it.
+    pub(super) fn join_prepared(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        join: Joining,
+    ) -> Flow {
+        if self.blocked(join.target, hash_slot) {
+            // Decided again once resumed.
+            self.input.paused = true;
+            return Flow::Stop;
+        }
+        self.count_joined(command, &join);
+        let Joining {
+            target,
+            effect,
+            rewrite,
+        } = join;
+        if run.first.is_none() {
+            run.first = command.spec;
+        }
+        if let (Some(slot), Target::Shared(..), Some(spread)) =
+            (hash_slot, target, self.routing.spread_mut())
+        {
+            // Counted from now: a later command for the slot must not join another node's run.
+            spread.sent(target, &[slot]);
+            run.hash_slots.push(slot);
+        }
+        self.push_to_run(run, command.len, target, effect, rewrite);
+        self.apply(effect);
+        Flow::Next
+    }
+
+    /// Appends the command of `len` bytes after the run to it, as sent or as rewritten, and
+    /// notes its frames in an open transaction.
+    pub(super) fn push_to_run(
+        &mut self,
+        run: &mut Run,
+        len: usize,
+        target: Target,
+        effect: Effect,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
+    ) {
+        let base = run.len;
+        let Some(rewrite) = rewrite else {
+            run.push_plain(&self.input.rbuf[base..base + len], target);
+            self.note_queued(effect, None);
+            return;
+        };
+        let (prefix, rest) = self.input.rbuf.split_at(base);
+        let hint = rest.len() + rest.len() / 2;
+        run.push_rewritten(prefix, &rest[..len], hint, &rewrite, target);
+        if rewrite.after.is_empty() && rewrite.before().is_empty() {
+            self.note_queued(effect, None);
+        } else {
+            let mut frames = vec![false; rewrite.before().len()];
+            frames.push(true);
+            frames.extend(std::iter::repeat_n(false, rewrite.after.len()));
+            self.note_queued(effect, Some(&frames));
+        }
+    }
+
+    /// Sends the run, then carries out a command that cannot join one (MULTI, SUBSCRIBE,
+    /// refusals, replies the proxy makes…).
+    pub(super) async fn dispatch_alone(
+        &mut self,
+        run: &mut Run,
+        command: &Command,
+        hash_slot: Option<u16>,
+        action: Action,
+    ) -> Flow {
+        let outcome = match &action {
+            Action::Forward { .. } => CommandOutcome::Forwarded,
+            Action::Rewritten { .. } => CommandOutcome::Rewritten,
+            Action::Refused(_) => CommandOutcome::Refused,
+            _ => CommandOutcome::Local,
+        };
+        let closes = matches!(action, Action::LocalThenClose(_));
+        self.flush_run(run).await;
+        self.input.batch_name = command.spec;
+        if let Some(c) = self.routing.cluster_mut() {
+            c.batch_slot = hash_slot;
+        }
+        let before = self.input.rbuf.len();
+        // Boxed: the path for commands that cannot join a run (MULTI, SUBSCRIBE, refusals,
+        // local replies) carries the largest futures, which would otherwise sit in every
+        // session's state.
+        let done = Box::pin(self.execute(action, command.len)).await;
+        // Counted once dispatched: a paused command is decided again.
+        if done || closes || self.input.rbuf.len() != before {
+            let class = crate::metrics::class_of(command.spec);
+            self.ctx.ops.metrics.command(class, outcome);
+        }
+        if done { Flow::Next } else { Flow::Stop }
+    }
+
+    /// Sends the current run of forwardable commands as one batch, and the parked ones.
+    pub(super) async fn flush_run(&mut self, run: &mut Run) {
+        let run = std::mem::take(run);
+        self.send_run(run).await;
+        let parked = match self.routing.cluster_mut() {
+            Some(c) if !c.parked.is_empty() => {
+                c.parked_frames = 0;
+                std::mem::take(&mut c.parked)
+            }
+            _ => Vec::new(),
+        };
+        if !parked.is_empty() {
+            for run in parked {
+                self.send_run(run).await;
+            }
+            // Segments answered with an error right away may now head the reply order.
+            self.queue.flush_local_slots();
+        }
+    }
+}

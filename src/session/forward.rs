@@ -1,0 +1,561 @@
+//! Forwarding: runs and commands sent to their upstream connection, and what a failed send
+//! leaves behind.
+
+use super::routing::Routing;
+use super::{
+    Dedicated, Effect, Handling, Holds, Outgoing, PUSH_BUDGET, ReplyMode, Run, Sent, Session, Slot,
+    Target, Transaction, WAIT_BARRIER, cluster,
+};
+use crate::answers;
+use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::reply::SubKind;
+use crate::upstream::conn::PushTarget;
+use crate::upstream::{Batch, Expect, ReplyWait};
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+impl Session {
+    /// Sends one run as one batch.
+    pub(super) async fn send_run(&mut self, mut run: Run) {
+        let Some(target) = run.target else {
+            // Only skipped empty requests: drop them.
+            self.input.rbuf.advance(run.len);
+            return;
+        };
+        let parts = match run.seq {
+            Some(seq) => {
+                self.cut_segment(&mut run);
+                run.head.map(|head| (seq, head))
+            }
+            None => None,
+        };
+        let bytes = match run.owned {
+            Some(owned) => {
+                self.input.rbuf.advance(run.len);
+                owned.freeze()
+            }
+            None => self.input.rbuf.split_to(run.len).freeze(),
+        };
+        let handling = Handling {
+            mask: run.mask,
+            ..Handling::default()
+        };
+        self.input.batch_name = run.first;
+        self.send_as(
+            target,
+            bytes,
+            Expect::Frames(run.frames),
+            handling,
+            run.hash_slots,
+            parts,
+        )
+        .await;
+    }
+
+    /// Sends a batch and records its slot; on failure answers every command with the error.
+    /// `hash_slots`: cluster mode, the hash slots of its keyed commands for a shared
+    /// connection (see `spread`).
+    pub(super) async fn send(
+        &mut self,
+        target: Target,
+        bytes: Bytes,
+        expect: Expect,
+        handling: Handling,
+        hash_slots: Vec<u16>,
+    ) {
+        self.send_as(target, bytes, expect, handling, hash_slots, None)
+            .await;
+    }
+
+    /// `send`, for a batch whose reply slots may be in place already: `parts` is then its
+    /// `seq` and the position of its first segment (see `scatter`).
+    pub(super) async fn send_as(
+        &mut self,
+        target: Target,
+        bytes: Bytes,
+        expect: Expect,
+        handling: Handling,
+        hash_slots: Vec<u16>,
+        parts: Option<(u16, usize)>,
+    ) {
+        let commands = expect.commands();
+        let seq = match parts {
+            Some((seq, _)) => seq,
+            None => {
+                let seq = self.queue.next_seq;
+                self.queue.next_seq = seq.wrapping_add(1);
+                seq
+            }
+        };
+        let kept = self.kept_batch(target, expect, &bytes, hash_slots, handling.wait);
+        let batch = Batch {
+            bytes,
+            expect,
+            wait: handling.wait,
+            reply_to: self.queue.reply_sender(),
+            seq,
+        };
+        if self.enqueue_to(target, batch, commands).await.is_err() {
+            self.send_failed(kept, seq, commands, &handling, parts);
+            return;
+        }
+        match parts {
+            Some((_, head)) => {
+                if let Some(Slot::Upstream { sent, .. }) = self.queue.slots.get_mut(head) {
+                    *sent = kept;
+                }
+            }
+            None => self.queue.slots.push_back(Slot::Upstream {
+                commands,
+                handling,
+                read_at: self.input.read_at,
+                name: self.input.batch_name,
+                sent: kept,
+                seq,
+                parts: 1,
+            }),
+        }
+        self.queue.inflight += commands as usize;
+        self.queue.inflight_target = Some(target);
+    }
+
+    /// What is kept of a batch until its replies are in, for what may have to be done with
+    /// them: cluster batches, for redirections; a Sentinel replica's batch (node 1…), which
+    /// holds only reads, so they can go to the primary if the replica fails
+    /// (`resend_failed_replica_reads`); a cluster transaction's or blocking command's batch on
+    /// the dedicated connection (`kept_dedicated`). `None` for the rest, whose hash slots are
+    /// then not counted in flight either.
+    pub(super) fn kept_batch(
+        &mut self,
+        target: Target,
+        expect: Expect,
+        bytes: &Bytes,
+        hash_slots: Vec<u16>,
+        wait: ReplyWait,
+    ) -> Option<Box<Sent>> {
+        let cluster = self.routing.is_cluster();
+        let dedicated_kept = match (target, expect) {
+            (Target::Dedicated(_), Expect::Frames(frames)) if cluster => {
+                self.kept_dedicated(frames)
+            }
+            _ => None,
+        };
+        match (target, expect, dedicated_kept) {
+            (Target::Shared(proto, node), Expect::Frames(_), _) if cluster || node != 0 => {
+                Some(Box::new(Sent {
+                    bytes: bytes.clone(),
+                    proto,
+                    node,
+                    dedicated: false,
+                    redirects: 0,
+                    wait: ReplyWait::Prompt,
+                    hash_slots,
+                    transaction: cluster::InTransaction::No,
+                }))
+            }
+            (Target::Dedicated(node), _, Some(transaction)) => Some(Box::new(Sent {
+                bytes: bytes.clone(),
+                proto: self.client.proto,
+                node,
+                dedicated: true,
+                redirects: 0,
+                wait,
+                hash_slots: Vec::new(),
+                transaction,
+            })),
+            _ => {
+                if let Some(spread) = self.routing.spread_mut() {
+                    spread.answered(&hash_slots);
+                }
+                None
+            }
+        }
+    }
+
+    /// Queues `batch` (of `commands` commands) on the connection `target` names: the
+    /// dedicated one, or the shared one of the node's pool (the primary's, a Sentinel
+    /// replica's, a cluster node's).
+    pub(super) async fn enqueue_to(
+        &self,
+        target: Target,
+        batch: Batch,
+        commands: u32,
+    ) -> Result<(), mpsc::error::SendError<Batch>> {
+        let (proto, node) = match target {
+            Target::Shared(proto, node) => (proto, node),
+            Target::Dedicated(_) => {
+                return match &self.conn.dedicated {
+                    Some(d) => enqueue(&d.tx, batch).await,
+                    None => Err(mpsc::error::SendError(batch)),
+                };
+            }
+        };
+        let (pool, replica) = match self.routing.router() {
+            None if node == 0 => {
+                return enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await;
+            }
+            // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
+            None => match self.routing.replicas() {
+                Some(replicas) => (replicas.pool(node), true),
+                None => (self.ctx.pool.clone(), true),
+            },
+            Some(router) => (
+                router.pool(node),
+                router.read_from() != crate::config::ReadFrom::Primary
+                    && !router.snapshot().is_primary(node),
+            ),
+        };
+        if replica {
+            let metrics = &self.ctx.ops.metrics;
+            metrics.replica_reads.inc_by(u64::from(commands));
+        }
+        enqueue(pool.shared(proto, self.client.id), batch).await
+    }
+
+    /// A batch that could not be queued (its connection closed): every command it carries
+    /// gets the error in its place in the reply order.
+    pub(super) fn send_failed(
+        &mut self,
+        kept: Option<Box<Sent>>,
+        seq: u16,
+        commands: u32,
+        handling: &Handling,
+        parts: Option<(u16, usize)>,
+    ) {
+        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &kept) {
+            spread.answered(&sent.hash_slots);
+        }
+        let e = ProxyError::Upstream(UpstreamError::Unavailable {
+            addr: self.ctx.pool.addr(),
+            reason: "connection closed".into(),
+        });
+        let reply = error_reply(&e);
+        if let Some((_, head)) = parts {
+            // Its segments already hold its place in the reply order.
+            for slot in self.queue.slots.range_mut(head..) {
+                if let Slot::Upstream {
+                    commands, seq: s, ..
+                } = slot
+                    && *s == seq
+                {
+                    *slot = Slot::Local(reply.repeat(*commands as usize).into());
+                }
+            }
+            return;
+        }
+        if !handling.suppress {
+            let visible = match &handling.mask {
+                Some(mask) => mask.iter().filter(|&&k| k).count() as u32,
+                None => commands,
+            };
+            for _ in 0..visible {
+                self.queue.local(reply.clone());
+            }
+        }
+    }
+
+    /// Cluster mode: whether a batch of `frames` commands for the dedicated connection is kept
+    /// for what a redirection of it means, and its part in a transaction. Kept: a
+    /// transaction's batches (MULTI with its first command, queued commands, EXEC), to replay
+    /// the transaction if its slot moved, unless the connection holds other state (another
+    /// user's AUTH, CLIENT TRACKING) that a replay on the node's shared connection would not
+    /// have; a blocking command, followed to the new node; a WATCH, which may start over on
+    /// another node if the map was stale (see `redirect_dedicated`).
+    pub(super) fn kept_dedicated(&self, frames: u32) -> Option<cluster::InTransaction> {
+        if self.conn.in_multi() {
+            (!self.conn.holds(Holds::OTHER_USER) && !self.conn.holds(Holds::CLIENT_MODE)).then_some(
+                if self.conn.holds(Holds::WATCH) {
+                    cluster::InTransaction::Watched
+                } else {
+                    cluster::InTransaction::Replayable
+                },
+            )
+        } else {
+            (frames == 1 && (!self.pinned() || self.conn.holds(Holds::WATCH)))
+                .then_some(cluster::InTransaction::No)
+        }
+    }
+
+    /// Forwards the command occupying the first `len` bytes of the read buffer, as the policy
+    /// may have rewritten it. Returns `false` when processing must pause.
+    pub(super) async fn forward(
+        &mut self,
+        len: usize,
+        target: Target,
+        expect: Expect,
+        effect: Effect,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
+    ) -> bool {
+        // Pub/sub confirmations are pushed, so Redis sends them even with replies off.
+        let pushed = matches!(effect, Effect::Subscribe(_))
+            || matches!(expect, Expect::Confirmations(_) | Expect::UnsubscribeAll(_));
+        let suppress = self.client.reply_mode != ReplyMode::On && !pushed;
+        let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
+        if self.blocked(target, slot) {
+            // Wait until the other connection has answered: commands must run in the
+            // order they were sent.
+            self.input.paused = true;
+            return false;
+        }
+        if self.wait_after_failover(len, effect) {
+            return true;
+        }
+        let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
+        let raw = auth && !self.ctx.pool.has_credentials();
+        if let Target::Dedicated(node) = target
+            && !self.ensure_dedicated(raw, node, effect).await
+        {
+            self.input.rbuf.advance(len);
+            return true;
+        }
+        let command = self.input.rbuf.split_to(len).freeze();
+        let out = self.outgoing(command, target, effect, rewrite);
+        let expect = match expect {
+            Expect::Frames(_) => Expect::Frames(out.frames.len() as u32),
+            other => other,
+        };
+        let exec_mask = self.exec_mask(effect);
+        self.note_queued(effect, out.queued.as_deref());
+        let (blocking, wait) = match effect {
+            Effect::Blocking(wait) | Effect::Wait(wait) => (true, wait),
+            _ => (false, ReplyWait::Prompt),
+        };
+        let handling = Handling {
+            suppress,
+            blocking,
+            wait,
+            mask: out.frames.contains(&false).then_some(out.frames),
+            unsubscribe: matches!(
+                effect,
+                Effect::Unsubscribe(SubKind::Channel | SubKind::Pattern)
+            ),
+            client_info: effect == Effect::ClientInfo,
+            names_redirect: effect == Effect::NamesRedirect,
+            info: effect == Effect::Info,
+            replace: out.replace,
+            exec_mask,
+            strip: out.strip,
+        };
+        let hash_slots = match (slot, target, self.routing.spread_mut()) {
+            (Some(slot), Target::Shared(..), Some(spread)) => {
+                spread.sent(target, &[slot]);
+                vec![slot]
+            }
+            _ => Vec::new(),
+        };
+        self.send(target, out.bytes, expect, handling, hash_slots)
+            .await;
+        self.apply(effect);
+        if self.client.reply_mode == ReplyMode::Skip {
+            self.client.reply_mode = ReplyMode::On;
+        }
+        true
+    }
+
+    /// Sentinel mode: a WAIT after a failover that came after the writes it would cover is
+    /// answered with an error and the session closes; `true` when so. WAIT runs on a
+    /// connection opened now, to the current primary, whose count would vouch for writes made
+    /// on the previous one; Sentinel has Redis close the old primary's clients, and a WAIT
+    /// retried on this connection would otherwise seem to vouch for those writes, while on a
+    /// new connection it covers only writes made there.
+    pub(super) fn wait_after_failover(&mut self, len: usize, effect: Effect) -> bool {
+        let Routing::Sentinel(sentinel) = &self.routing else {
+            return false;
+        };
+        if !matches!(effect, Effect::Wait(_))
+            || self.stateful()
+            || self.ctx.pool.epoch() == sentinel.wait_epoch
+        {
+            return false;
+        }
+        self.input.rbuf.advance(len);
+        let e = ProxyError::Upstream(UpstreamError::PrimaryChanged);
+        self.queue.local(error_reply(&e));
+        self.input.closing = true;
+        true
+    }
+
+    /// The bytes a forwarded command goes upstream as: the policy's rewrite, EXEC replaced by
+    /// DISCARD for a spoiled transaction, and the commands the proxy adds (the TTL rule's, the
+    /// HELLO after a raw AUTH, WAIT's barrier, a deferred MULTI), with which reply frames the
+    /// client sees.
+    pub(super) fn outgoing(
+        &mut self,
+        mut command: Bytes,
+        target: Target,
+        effect: Effect,
+        rewrite: Option<crate::policy::rewrite::Rewrite>,
+    ) -> Outgoing {
+        let mut replace = None;
+        if effect == Effect::AbortExec {
+            command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
+            replace = Some(answers::execabort());
+        }
+        // One entry per reply frame: does the client see it?
+        let mut frames = vec![true];
+        let mut strip = None;
+        if let Some(rw) = rewrite {
+            strip = rw.strip;
+            if let Some(c) = rw.command {
+                command = c;
+            } else if let Some(extra) = rw.append {
+                let mut out = BytesMut::new();
+                if extra.extend_frame(&command, &mut out) {
+                    command = out.freeze();
+                }
+            }
+            let before = rw.before.as_deref().map_or(&[][..], Vec::as_slice);
+            if !rw.after.is_empty() || !before.is_empty() {
+                let mut all = BytesMut::new();
+                for c in before {
+                    all.extend_from_slice(c);
+                    frames.insert(0, false);
+                }
+                all.extend_from_slice(&command);
+                for c in &rw.after {
+                    all.extend_from_slice(c);
+                    frames.push(false);
+                }
+                command = all.freeze();
+            }
+        }
+        let bytes = if effect == Effect::Auth && self.client.proto == 3 {
+            // A connection opened without handshake speaks RESP2: after the client's AUTH,
+            // switch it to the client's RESP3 (reply hidden).
+            frames.push(false);
+            [
+                command,
+                Bytes::from_static(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"),
+            ]
+            .concat()
+            .into()
+        } else if matches!(effect, Effect::Wait(_)) && !self.stateful() {
+            frames.insert(0, false);
+            [Bytes::from_static(WAIT_BARRIER), command].concat().into()
+        } else {
+            command
+        };
+        // What the transaction queues, before a deferred MULTI joins the frames.
+        let queued = frames.contains(&false).then(|| frames.clone());
+        let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
+            if let Some(multi) = &mut self.conn.multi {
+                multi.deferred = false;
+            }
+            frames.insert(0, false);
+            [Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"), bytes]
+                .concat()
+                .into()
+        } else {
+            bytes
+        };
+        Outgoing {
+            bytes,
+            frames,
+            queued,
+            replace,
+            strip,
+        }
+    }
+
+    /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
+    /// slot gets the error, the state `effect` would have set is marked as not established
+    /// (see `not_established`) and `false` is returned.
+    pub(super) async fn ensure_dedicated(&mut self, raw: bool, node: u16, effect: Effect) -> bool {
+        if let Some(d) = &self.conn.dedicated {
+            if (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node {
+                return true;
+            }
+            if self.pinned() {
+                self.queue.local(error_reply(&ProxyError::Upstream(
+                    UpstreamError::Unavailable {
+                        addr: self.ctx.pool.addr(),
+                        reason: "dedicated connection lost".into(),
+                    },
+                )));
+                self.input.closing = true;
+                return true;
+            }
+            self.conn.dedicated = None;
+        }
+        let push = PushTarget {
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
+            budget_size: PUSH_BUDGET,
+            conn_id: self.conn.dedicated_gen + 1,
+        };
+        // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
+        // every idle session's task.
+        let pool = match self.routing.router() {
+            None => self.ctx.pool.clone(),
+            Some(router) => router.pool(node),
+        };
+        match Box::pin(pool.dedicated(self.client.proto, push, raw)).await {
+            Ok(opened) => {
+                self.conn.dedicated_gen += 1;
+                let id = match (self.routing.router(), opened.upstream_id) {
+                    (None, Some(upstream)) => {
+                        Some(self.ctx.client_ids.register(self.client.id, upstream))
+                    }
+                    _ => None,
+                };
+                self.conn.dedicated = Some(Dedicated {
+                    tx: opened.tx,
+                    proto: if raw { 2 } else { self.client.proto },
+                    node,
+                    _id: id,
+                });
+                true
+            }
+            Err(e) => {
+                self.not_established(effect, &e);
+                false
+            }
+        }
+    }
+
+    /// The command that would have set up `effect` on a dedicated connection could not get
+    /// one: it gets the error, and no later command runs in a state the client did not ask
+    /// for. A MULTI leaves a transaction that was never opened (every command up to EXEC or
+    /// DISCARD answered with an error and not run, EXEC aborted); a WATCH makes the next EXEC
+    /// abort; a SELECT leaves the database the client had, and each error says so.
+    pub(super) fn not_established(&mut self, effect: Effect, e: &UpstreamError) {
+        let consequence = match effect {
+            Effect::Multi => {
+                self.conn.multi = Some(Transaction {
+                    unopened: true,
+                    refused: true,
+                    ..Transaction::default()
+                });
+                Some("the transaction is not open: the commands up to EXEC are not run and EXEC aborts".to_string())
+            }
+            Effect::Watch => {
+                self.conn.watch_lost = true;
+                Some("the keys are not watched: the next EXEC aborts".to_string())
+            }
+            Effect::Select(_) => Some(format!(
+                "SELECT not done: the connection stays on db {}",
+                self.client.db
+            )),
+            _ => None,
+        };
+        let reply = match consequence {
+            Some(c) => crate::error::state_not_established(e, &c),
+            None => error_reply(&ProxyError::Upstream(e.clone())),
+        };
+        self.queue.local(reply);
+    }
+}
+
+/// Queues a batch for an upstream connection. The queue is rarely full, so the waiting send
+/// (its future holds the batch and a semaphore waiter) is boxed: inline, it would sit in every
+/// session's task state for the rare case.
+pub(super) async fn enqueue(
+    tx: &mpsc::Sender<Batch>,
+    batch: Batch,
+) -> Result<(), mpsc::error::SendError<Batch>> {
+    match tx.try_send(batch) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Closed(batch)) => Err(mpsc::error::SendError(batch)),
+        Err(mpsc::error::TrySendError::Full(batch)) => Box::pin(tx.send(batch)).await,
+    }
+}

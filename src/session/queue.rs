@@ -1,0 +1,247 @@
+//! The reply stream: upstream replies put in their place, shaped, and written in request order.
+
+use super::replies::{apply_mask, filter_exec};
+use super::{Handling, Holds, PUSH_BUDGET, ReplyQueue, Session, Slot, replies};
+use crate::commands::CommandSpec;
+use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::upstream::Reply;
+use bytes::Bytes;
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+
+impl ReplyQueue {
+    /// Takes the slot at `at` out of the reply order (the head is removed, a later one left
+    /// as an empty placeholder until its reply is in).
+    pub(super) fn take(&mut self, at: Option<usize>) -> Option<Slot> {
+        match at {
+            Some(0) => self.slots.pop_front(),
+            Some(i) => Some(std::mem::replace(
+                &mut self.slots[i],
+                Slot::Local(Bytes::new()),
+            )),
+            None => None,
+        }
+    }
+
+    /// The replies pushed to `out` from `mark` on answer the slot at `at`: written now when
+    /// it heads the reply order (with the proxy-made replies behind it), else kept in its
+    /// slot until the earlier ones are in.
+    pub(super) fn settle(&mut self, at: usize, mark: usize) {
+        if at == 0 {
+            self.flush_local_slots();
+            return;
+        }
+        let mut own = self.out.split_off(mark);
+        let reply = match own.len() {
+            1 => own.pop().unwrap_or_default(),
+            _ => own.concat().into(),
+        };
+        self.slots[at] = Slot::Local(reply);
+    }
+
+    /// The budget of unwritten push bytes shared with dedicated connections, created on
+    /// first use.
+    pub(super) fn push_budget(&mut self) -> Arc<Semaphore> {
+        self.push_budget
+            .get_or_insert_with(|| Arc::new(Semaphore::new(PUSH_BUDGET as usize)))
+            .clone()
+    }
+    /// The session's reply channel, created on first use.
+    pub(super) fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
+        match &self.reply_tx {
+            Some(tx) => tx.clone(),
+            None => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.reply_tx = Some(tx.clone());
+                self.new_reply_rx = Some(rx);
+                tx
+            }
+        }
+    }
+    /// Moves proxy-made replies at the head of the order to the output.
+    pub(super) fn flush_local_slots(&mut self) {
+        while let Some(Slot::Local(_)) = self.slots.front() {
+            if let Some(Slot::Local(b)) = self.slots.pop_front()
+                && !b.is_empty()
+            {
+                self.out.push(b);
+            }
+        }
+    }
+    /// The position of the slot a reply with this `seq` answers.
+    pub(super) fn slot_of(&self, seq: u16) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
+    }
+    /// Queues a proxy-made reply in order.
+    pub(super) fn local(&mut self, reply: Bytes) {
+        if self.slots.is_empty() {
+            self.out.push(reply);
+        } else {
+            self.slots.push_back(Slot::Local(reply));
+        }
+    }
+}
+
+impl Session {
+    /// Handles one message from an upstream connection.
+    pub(super) fn on_reply(&mut self, msg: Reply) {
+        match msg {
+            Reply::Batch {
+                data,
+                missing,
+                error,
+                seq,
+            } => self.on_batch_reply(seq, data, missing, error),
+            Reply::Push(frame, permits) => {
+                // A namespaced subscriber sees channel names without its prefix.
+                let frame = match self.client.policy.access.namespace(self.client.tenant) {
+                    Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
+                    None => frame,
+                };
+                self.queue.out.push(frame);
+                self.queue.out_permits += permits;
+            }
+            // Cluster sessions act on it before (`cluster::subscriber`); elsewhere the
+            // `PinnedClosed` that follows ends the session.
+            Reply::Subscriptions(..) => {}
+            Reply::PinnedClosed(conn_id) => {
+                if conn_id != self.conn.dedicated_gen {
+                    return;
+                }
+                self.conn.dedicated = None;
+                if self.stateful() {
+                    // The state the client built on that connection is gone; like Redis
+                    // closing the connection, end the session so the client starts over.
+                    self.input.closing = true;
+                }
+            }
+        }
+    }
+
+    /// The replies of the batch `seq`: shaped as its slot says, written if the slot heads the
+    /// reply order, else kept in it until the earlier ones are in.
+    pub(super) fn on_batch_reply(
+        &mut self,
+        seq: u16,
+        data: Bytes,
+        missing: u32,
+        error: Option<Box<UpstreamError>>,
+    ) {
+        // Standalone (and on one node) the reply answers the oldest slot; in cluster mode
+        // another node's batch may be older and still unanswered.
+        let at = self.queue.slot_of(seq);
+        if let Some(i) = at
+            && matches!(self.queue.slots[i], Slot::Upstream { parts, .. } if parts > 1)
+        {
+            self.on_parts(i, data, missing, error);
+            return;
+        }
+        let Some(Slot::Upstream {
+            commands,
+            handling,
+            read_at,
+            name,
+            sent,
+            ..
+        }) = self.queue.take(at)
+        else {
+            // Anything else is a bug we must not turn into a misattributed reply.
+            tracing::error!(id = self.client.id, "upstream reply without a waiting slot");
+            self.input.closing = true;
+            return;
+        };
+        let at = at.unwrap_or(0);
+        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
+            spread.answered(&sent.hash_slots);
+        }
+        // Where this reply's output starts: kept in its slot if earlier ones are due.
+        let mark = self.queue.out.len();
+        self.queue.inflight -= commands as usize;
+        if self.queue.inflight == 0 {
+            self.queue.inflight_target = None;
+        }
+        if let (Some(router), Some(_)) = (self.routing.router(), &error) {
+            // A node that failed may have been replaced (failover): learn it now rather than
+            // at the next periodic refresh.
+            router.refresh_soon();
+        }
+        self.observe(read_at, commands, name);
+        let (data, missing) = match &handling.mask {
+            None => (data, missing),
+            Some(mask) => apply_mask(data, commands - missing, mask),
+        };
+        let data = match &error {
+            None => self.shape_reply(&handling, data),
+            Some(_) => data,
+        };
+        // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
+        // connection, and with it the identity Redis knows it by (a REDIRECT target that
+        // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
+        if handling.unsubscribe
+            && self.routing.router().is_some()
+            && error.is_none()
+            && data.ends_with(b":0\r\n")
+            && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
+        {
+            self.conn.held.remove(Holds::SUBSCRIPTIONS);
+            self.list_flag('N');
+        }
+        if !handling.suppress {
+            if !data.is_empty() {
+                self.queue.out.push(data);
+            }
+            if let Some(e) = error {
+                let reply = error_reply(&ProxyError::Upstream(*e));
+                for _ in 0..missing {
+                    self.queue.out.push(reply.clone());
+                }
+            }
+        }
+        self.queue.settle(at, mark);
+    }
+
+    /// A complete reply as the client sees it, per its slot's `handling`: replaced (EXECABORT),
+    /// namespace stripped, EXEC's hidden results removed, CLIENT INFO made about the client,
+    /// INFO with the proxy's section; as Redis sent it otherwise.
+    pub(super) fn shape_reply(&self, handling: &Handling, data: Bytes) -> Bytes {
+        if let Some(r) = &handling.replace {
+            r.clone()
+        } else if let Some(strip) = &handling.strip {
+            strip.apply(&data)
+        } else if let Some(mask) = &handling.exec_mask {
+            filter_exec(data, mask)
+        } else if handling.client_info {
+            self.rewrite_client_info(data)
+        } else if handling.names_redirect {
+            replies::map_redirect(data, |upstream| self.ctx.client_ids.client(upstream))
+        } else if handling.info {
+            replies::append_to_text(data, &self.proxy_info())
+        } else {
+            data
+        }
+    }
+
+    /// Records the latency of an answered upstream batch: histogram, and slow log above its
+    /// threshold.
+    pub(super) fn observe(
+        &self,
+        read_at: Instant,
+        commands: u32,
+        name: Option<&'static CommandSpec>,
+    ) {
+        let took = read_at.elapsed();
+        let ops = &self.ctx.ops;
+        ops.metrics
+            .request_duration
+            .observe_n(took, u64::from(commands));
+        if ops.slowlog.is_slow(took) {
+            ops.metrics.slow_commands.inc();
+            let others = commands.saturating_sub(1);
+            let name = name.map_or("(unknown)", |s| s.name);
+            ops.slowlog.record(took, name, others, self.client.peer);
+        }
+    }
+}

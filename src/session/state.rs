@@ -1,0 +1,274 @@
+//! Connection state: what a dispatched command changes, and what that state means for routing.
+
+use super::{ConnState, Effect, Holds, ReplyMode, Session, Target, Transaction};
+use crate::reply::SubKind;
+use bytes::Bytes;
+
+impl Holds {
+    /// WATCH is in force.
+    pub(super) const WATCH: Holds = Holds(1);
+    /// SUBSCRIBE/PSUBSCRIBE channels or patterns are held.
+    pub(super) const SUBSCRIPTIONS: Holds = Holds(2);
+    /// The connection is in MONITOR mode.
+    pub(super) const MONITOR: Holds = Holds(4);
+    /// CLIENT TRACKING/CACHING/NO-EVICT/NO-TOUCH was set.
+    pub(super) const CLIENT_MODE: Holds = Holds(8);
+    /// Authenticated upstream as a user other than the pool's.
+    pub(super) const OTHER_USER: Holds = Holds(16);
+    /// SSUBSCRIBE was sent on it (standalone): a classic UNSUBSCRIBE counting none left
+    /// does not release the connection then, since its count omits shard channels.
+    pub(super) const SHARD_SUBSCRIPTIONS: Holds = Holds(32);
+
+    pub(super) fn insert(&mut self, h: Holds) {
+        self.0 |= h.0;
+    }
+
+    pub(super) fn remove(&mut self, h: Holds) {
+        self.0 &= !h.0;
+    }
+
+    pub(super) fn contains(self, h: Holds) -> bool {
+        self.0 & h.0 != 0
+    }
+
+    pub(super) fn any(self) -> bool {
+        self.0 != 0
+    }
+
+    /// Whether anything but `h` is held.
+    pub(super) fn other_than(self, h: Holds) -> bool {
+        self.0 & !h.0 != 0
+    }
+}
+
+impl ConnState {
+    /// Whether `h` is held on the dedicated connection.
+    pub(super) fn holds(&self, h: Holds) -> bool {
+        self.held.contains(h)
+    }
+
+    /// Whether MULTI is open (sent or deferred).
+    pub(super) fn in_multi(&self) -> bool {
+        self.multi.is_some()
+    }
+
+    /// Cluster mode: MULTI is open but not sent yet.
+    pub(super) fn multi_deferred(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.deferred)
+    }
+
+    /// The policy refused a command in the open MULTI.
+    pub(super) fn multi_refused(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.refused)
+    }
+
+    /// The open MULTI was never sent upstream (see `Transaction::unopened`).
+    pub(super) fn multi_unopened(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.unopened)
+    }
+}
+
+impl Session {
+    /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
+    pub(super) fn login(&mut self, user: Option<Bytes>) {
+        self.ctx
+            .client_list
+            .update(self.client.id, |r| r.user = user.clone());
+        self.client.user = user;
+        self.client.tenant = self
+            .client
+            .policy
+            .access
+            .tenant_of(self.client.peer.ip(), self.client.user.as_deref());
+    }
+
+    /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
+    /// `target`; when so, notes what it waits for. Standalone: any other target in flight.
+    /// Cluster: between shared connections only a hash slot in flight on another one (its
+    /// commands must run first, see `spread`); with a dedicated connection on either side,
+    /// everything in flight, as standalone.
+    pub(super) fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
+        let Some(spread) = self.routing.spread_mut() else {
+            return self
+                .queue
+                .inflight_target
+                .is_some_and(|last| last != target);
+        };
+        if let Some(last) = self.queue.inflight_target {
+            let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
+            if !shared && last != target {
+                spread.clear_wait();
+                return true;
+            }
+        }
+        // The slot's commands may also be in a run not sent yet (counted when they joined).
+        match slot {
+            Some(s) if spread.elsewhere(s, target) => {
+                spread.wait_for(s);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// State held on the dedicated connection that keeps the session on it.
+    pub(super) fn stateful(&self) -> bool {
+        self.conn.in_multi() || self.pinned()
+    }
+
+    /// State that ties the session to its dedicated connection's node: `stateful` except a
+    /// MULTI the proxy has not sent yet.
+    pub(super) fn pinned(&self) -> bool {
+        (self.conn.in_multi() && !self.conn.multi_deferred())
+            || self.conn.held.any()
+            || self.client.db != 0
+    }
+
+    /// A RESP3 client whose only state is its subscriptions: its other commands need not go
+    /// on the connection that holds them (RESP3 lets a subscriber run any command, and the
+    /// messages are pushes), so they take the shared path, and in cluster mode reach any
+    /// node instead of only the one it subscribed on. RESP2 subscribers stay: Redis answers
+    /// their PING in the subscriber's format and refuses other commands.
+    pub(super) fn resp3_subscriber_only(&self) -> bool {
+        self.client.proto == 3
+            && self.conn.holds(Holds::SUBSCRIPTIONS)
+            && !self.conn.in_multi()
+            && self.client.db == 0
+            && !self
+                .conn
+                .held
+                .other_than(Holds(Holds::SUBSCRIPTIONS.0 | Holds::SHARD_SUBSCRIPTIONS.0))
+    }
+
+    /// The dedicated connection as a target (in cluster mode `place` picks the node).
+    pub(super) fn dedicated_target(&self) -> Target {
+        Target::Dedicated(self.conn.dedicated.as_ref().map_or(0, |d| d.node))
+    }
+
+    /// Where a command that has no routing needs of its own goes (in cluster mode the node
+    /// is then chosen by `place`).
+    pub(super) fn current_target(&self) -> Target {
+        if self.stateful() && !self.resp3_subscriber_only() {
+            self.dedicated_target()
+        } else {
+            Target::Shared(self.client.proto, 0)
+        }
+    }
+
+    /// Records the frames of a command queued in the open MULTI (see `multi_mask`).
+    pub(super) fn note_queued(&mut self, effect: Effect, frames: Option<&[bool]>) {
+        if let Some(multi) = &mut self.conn.multi
+            && !matches!(effect, Effect::EndMulti | Effect::AbortExec | Effect::Multi)
+        {
+            match frames {
+                Some(mask) => multi.mask.extend_from_slice(mask),
+                None => multi.mask.push(true),
+            }
+        }
+    }
+
+    /// The mask for EXEC's reply, when hidden commands were queued.
+    pub(super) fn exec_mask(&self, effect: Effect) -> Option<Vec<bool>> {
+        let mask = &self.conn.multi.as_ref()?.mask;
+        (effect == Effect::EndMulti && mask.contains(&false)).then(|| mask.clone())
+    }
+
+    /// Applies the state change of a dispatched command.
+    pub(super) fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::None
+            | Effect::Blocking(_)
+            | Effect::Wait(_)
+            | Effect::ClientInfo
+            | Effect::Info => {}
+            Effect::AbortExec => self.apply(Effect::EndMulti),
+            Effect::Multi => {
+                self.conn.multi = Some(Transaction {
+                    refused: std::mem::take(&mut self.conn.watch_lost),
+                    ..Transaction::default()
+                });
+            }
+            Effect::EndMulti => {
+                self.conn.multi = None;
+                self.conn.watch_lost = false;
+                if let Some(c) = self.routing.cluster_mut() {
+                    c.multi_slot = None;
+                }
+                self.conn.held.remove(Holds::WATCH);
+            }
+            Effect::Watch => self.conn.held.insert(Holds::WATCH),
+            Effect::Unwatch => {
+                self.conn.held.remove(Holds::WATCH);
+                self.conn.watch_lost = false;
+            }
+            Effect::Subscribe(SubKind::Shard) => {
+                self.list_flag('P');
+                self.conn.held.insert(Holds::SUBSCRIPTIONS);
+                self.conn.held.insert(Holds::SHARD_SUBSCRIPTIONS);
+            }
+            Effect::Subscribe(_) => {
+                self.list_flag('P');
+                self.conn.held.insert(Holds::SUBSCRIPTIONS);
+            }
+            Effect::Unsubscribe(_) => {}
+            Effect::Select(db) => {
+                self.ctx.client_list.update(self.client.id, |r| r.db = db);
+                self.client.db = db;
+            }
+            Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
+            Effect::AuthHello(proto) => {
+                self.conn.held.insert(Holds::OTHER_USER);
+                self.apply(Effect::Hello(proto));
+            }
+            Effect::Hello(proto) => {
+                self.ctx
+                    .client_list
+                    .update(self.client.id, |r| r.resp = proto);
+                self.client.proto = proto;
+                if let Some(d) = &mut self.conn.dedicated {
+                    d.proto = proto;
+                }
+            }
+            Effect::Monitor => {
+                self.list_flag('O');
+                self.conn.held.insert(Holds::MONITOR);
+            }
+            Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
+            Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
+            Effect::Unpause => self.ctx.pause.end(),
+            Effect::NamesRedirect => {}
+        }
+    }
+
+    /// Sets this client's `CLIENT LIST` flag (`P` subscriber, `O` monitor, `N` neither).
+    pub(super) fn list_flag(&self, flag: char) {
+        self.ctx
+            .client_list
+            .update(self.client.id, |r| r.flag = flag);
+    }
+
+    /// RESET: back to a fresh connection's state; the dedicated connection is closed, which
+    /// drops every subscription, transaction and watch on the upstream.
+    pub(super) fn reset(&mut self) {
+        self.ctx.client_list.update(self.client.id, |r| {
+            r.name = None;
+            r.db = 0;
+            r.resp = 2;
+            r.flag = 'N';
+        });
+        self.conn.dedicated = None;
+        self.login(None);
+        self.client.proto = 2;
+        self.client.db = 0;
+        self.client.name = None;
+        self.conn.multi = None;
+        self.conn.watch_lost = false;
+        if let Some(c) = self.routing.cluster_mut() {
+            c.shard_subs = None;
+            c.multi_slot = None;
+            c.tx_log = None;
+        }
+        self.conn.held = Holds::default();
+        self.client.reply_mode = ReplyMode::On;
+    }
+}
