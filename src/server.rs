@@ -72,67 +72,21 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
-    let mut followers = Vec::new();
-    let mut replicas = None;
-    let (pool, cluster) = match config.upstream.mode.value {
-        UpstreamMode::Cluster => {
-            let router = crate::cluster::Router::start(&config, metrics.clone())
-                .await
-                .map_err(std::io::Error::other)?;
-            (router.home_pool(), Some(router))
-        }
-        UpstreamMode::Sentinel => {
-            let sentinel = start_sentinel(&config, metrics.clone()).await?;
-            followers = sentinel.tasks;
-            replicas = sentinel.replicas;
-            (sentinel.pool, None)
-        }
-        UpstreamMode::Standalone => {
-            let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
-            (pool, None)
-        }
-    };
-    let ready: crate::admin::ReadyCheck = match &cluster {
-        Some(router) => {
-            let router = router.clone();
-            Arc::new(move || router.readiness())
-        }
-        // With replica pools the connection gauge counts replicas too: ready means the
-        // primary's own shared connections.
-        None if replicas.is_some() => {
-            let pool = pool.clone();
-            Arc::new(move || match pool.any_up() {
-                true => Ok(format!("primary {} connected", pool.addr())),
-                false => Err(format!("no connection to the primary {}", pool.addr())),
-            })
-        }
-        None => {
-            let metrics = metrics.clone();
-            Arc::new(move || match metrics.upstream_connections.get() {
-                0 => Err("no upstream connection".into()),
-                up => Ok(format!("{up} upstream connections up")),
-            })
-        }
-    };
+    let upstream = start_upstream(&config, &metrics).await?;
     // Scripts run as the proxy's upstream user: its ACL is checked (or applied) whenever the
     // policy changes, and `/readyz` says what the check found.
     let acl_status = crate::script_acl::Status::default();
-    let ready: crate::admin::ReadyCheck = {
-        let status = acl_status.clone();
-        Arc::new(move || {
-            ready().map(|what| match status.load().as_deref() {
-                Some(acl) => format!("{what}; {acl}"),
-                None => what,
-            })
-        })
-    };
-    let acl_task = tokio::spawn(crate::script_acl::watch(
-        pool.control(),
-        policy.clone(),
-        config.upstream.script_acl.value,
-        metrics.clone(),
-        acl_status,
-    ));
+    let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
+    let mut tasks = vec![
+        tokio::spawn(crate::script_acl::watch(
+            upstream.pool.control(),
+            policy.clone(),
+            config.upstream.script_acl.value,
+            metrics.clone(),
+            acl_status,
+        ))
+        .abort_handle(),
+    ];
     let admin_task = admin.map(|l| {
         tokio::spawn(crate::admin::serve(
             l,
@@ -141,28 +95,137 @@ pub async fn serve(
             stop_rx.clone(),
         ))
     });
-    // Rate-limit state of idle clients is dropped in the background, bounding its memory.
-    let sweeper = {
-        let policy = policy.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                policy.load().sweep();
+    tasks.extend(upstream.followers.iter().map(|t| t.abort_handle()));
+    let ctx = context(&config, upstream, policy, ops);
+    tasks.extend(spawn_ticks(&ctx));
+    // At debug: the binary's startup summary (`startup::log`) says this and more.
+    tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
+    let mut clients = Clients::new(config.limits.max_clients.value);
+    accept(&listener, &ctx, &mut clients, shutdown).await;
+    drop(listener);
+    let _ = stop_tx.send(true);
+    ctx.stopping.store(true, Ordering::Release);
+    ctx.idle_tick.notify_waiters();
+    for task in tasks {
+        task.abort();
+    }
+    if let Some(task) = admin_task {
+        // It stops on the same signal; awaiting it keeps the port until `serve` returns.
+        let _ = task.await;
+    }
+    clients
+        .drain(Duration::from_millis(config.shutdown_grace_ms.value))
+        .await;
+    Ok(())
+}
+
+/// The upstream side as the configured mode starts it.
+struct Upstream {
+    /// The pool sessions use first: the standalone node, Sentinel's primary, or the cluster's
+    /// home node (its control connection runs the proxy's own commands).
+    pool: Arc<Pool>,
+    /// Cluster mode: the slot map and every node's pool.
+    cluster: Option<Arc<crate::cluster::Router>>,
+    /// Sentinel mode with `read_from: replica`: the replicas' pools.
+    replicas: Option<Arc<Replicas>>,
+    /// Sentinel mode: the tasks that follow the primary and replicas, aborted at shutdown.
+    followers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts the upstream side of the configured mode.
+async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Result<Upstream> {
+    Ok(match config.upstream.mode.value {
+        UpstreamMode::Cluster => {
+            let router = crate::cluster::Router::start(config, metrics.clone())
+                .await
+                .map_err(std::io::Error::other)?;
+            Upstream {
+                pool: router.home_pool(),
+                cluster: Some(router),
+                replicas: None,
+                followers: Vec::new(),
             }
+        }
+        UpstreamMode::Sentinel => {
+            let sentinel = start_sentinel(config, metrics.clone()).await?;
+            Upstream {
+                pool: sentinel.pool,
+                cluster: None,
+                replicas: sentinel.replicas,
+                followers: sentinel.tasks,
+            }
+        }
+        UpstreamMode::Standalone => Upstream {
+            pool: Pool::start(config, metrics.clone()).map_err(std::io::Error::other)?,
+            cluster: None,
+            replicas: None,
+            followers: Vec::new(),
+        },
+    })
+}
+
+impl Upstream {
+    /// What `/readyz` reports: the cluster's coverage, the Sentinel primary's connections,
+    /// or the standalone node's.
+    fn readiness(&self, metrics: &Arc<Metrics>) -> crate::admin::ReadyCheck {
+        match &self.cluster {
+            Some(router) => {
+                let router = router.clone();
+                Arc::new(move || router.readiness())
+            }
+            // With replica pools the connection gauge counts replicas too: ready means the
+            // primary's own shared connections.
+            None if self.replicas.is_some() => {
+                let pool = self.pool.clone();
+                Arc::new(move || match pool.any_up() {
+                    true => Ok(format!("primary {} connected", pool.addr())),
+                    false => Err(format!("no connection to the primary {}", pool.addr())),
+                })
+            }
+            None => {
+                let metrics = metrics.clone();
+                Arc::new(move || match metrics.upstream_connections.get() {
+                    0 => Err("no upstream connection".into()),
+                    up => Ok(format!("{up} upstream connections up")),
+                })
+            }
+        }
+    }
+}
+
+/// `ready` with what the script ACL check found appended.
+fn with_acl_status(
+    ready: crate::admin::ReadyCheck,
+    status: crate::script_acl::Status,
+) -> crate::admin::ReadyCheck {
+    Arc::new(move || {
+        ready().map(|what| match status.load().as_deref() {
+            Some(acl) => format!("{what}; {acl}"),
+            None => what,
         })
-    };
+    })
+}
+
+/// What every session shares.
+fn context(
+    config: &Config,
+    upstream: Upstream,
+    policy: Arc<ArcSwap<Policy>>,
+    ops: Ops,
+) -> Arc<Context> {
     let limits = &config.limits;
     // A cluster session matches replies to batches by a 16-bit `seq`.
-    let max_inflight = match &cluster {
+    let max_inflight = match &upstream.cluster {
         Some(_) => limits.max_inflight.value.min(crate::session::SEQ_WINDOW),
         None => limits.max_inflight.value,
     };
-    let ctx = Arc::new(Context {
-        pool,
-        upstreams: match (cluster, config.upstream.mode.value) {
+    Arc::new(Context {
+        pool: upstream.pool,
+        upstreams: match (upstream.cluster, config.upstream.mode.value) {
             (Some(router), _) => crate::session::Upstreams::Cluster(router),
-            (None, UpstreamMode::Sentinel) => crate::session::Upstreams::Sentinel { replicas },
+            (None, UpstreamMode::Sentinel) => crate::session::Upstreams::Sentinel {
+                replicas: upstream.replicas,
+            },
             (None, _) => crate::session::Upstreams::Standalone,
         },
         codec: CodecLimits {
@@ -182,90 +245,127 @@ pub async fn serve(
         idle_tick: tokio::sync::Notify::new(),
         policy,
         ops,
+    })
+}
+
+/// The periodic tasks: idle clients' rate-limit state dropped (bounding its memory) and the
+/// idle tick that lets quiet sessions give their buffers back.
+fn spawn_ticks(ctx: &Arc<Context>) -> [tokio::task::AbortHandle; 2] {
+    let policy = ctx.policy.clone();
+    let sweeper = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            policy.load().sweep();
+        }
     });
-    let idle_ticker = {
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(session::IDLE_TICK);
-            loop {
-                tick.tick().await;
-                ctx.idle_tick.notify_waiters();
-            }
-        })
-    };
-    let max_clients = limits.max_clients.value;
-    let clients = Arc::new(AtomicUsize::new(0));
-    let next_id = AtomicU64::new(1);
-    // Every session holds a clone; when all are dropped, `recv` returns `None`: drained.
-    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    // At debug: the binary's startup summary (`startup::log`) says this and more.
-    tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
+    let ctx = ctx.clone();
+    let idle_ticker = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(session::IDLE_TICK);
+        loop {
+            tick.tick().await;
+            ctx.idle_tick.notify_waiters();
+        }
+    });
+    [sweeper.abort_handle(), idle_ticker.abort_handle()]
+}
+
+/// The clients being served: how many, under which cap, and the signal that all are gone.
+struct Clients {
+    /// Sessions running now, against `max`.
+    count: Arc<AtomicUsize>,
+    /// `limits.max_clients`: one more is answered with an error and closed.
+    max: usize,
+    /// The id of the next session (`CLIENT ID`).
+    next_id: AtomicU64,
+    /// Every session holds a clone; when all are dropped, `alive_rx` returns `None`: drained.
+    alive_tx: Option<mpsc::Sender<()>>,
+    /// See `alive_tx`.
+    alive_rx: mpsc::Receiver<()>,
+}
+
+impl Clients {
+    fn new(max: usize) -> Clients {
+        let (alive_tx, alive_rx) = mpsc::channel::<()>(1);
+        Clients {
+            count: Arc::new(AtomicUsize::new(0)),
+            max,
+            next_id: AtomicU64::new(1),
+            alive_tx: Some(alive_tx),
+            alive_rx,
+        }
+    }
+
+    /// Waits up to `grace` for every session to finish what it already read.
+    async fn drain(mut self, grace: Duration) {
+        self.alive_tx = None;
+        if tokio::time::timeout(grace, self.alive_rx.recv())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.count.load(Ordering::Acquire),
+                "shutdown grace period over; closing remaining clients"
+            );
+        }
+    }
+}
+
+/// Accepts clients until `shutdown` completes, one task each.
+async fn accept(
+    listener: &TcpListener,
+    ctx: &Arc<Context>,
+    clients: &mut Clients,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (mut stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off briefly instead of
-                        // spinning, and keep serving the clients we have.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                if clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
-                    clients.fetch_sub(1, Ordering::AcqRel);
-                    metrics.clients_rejected.inc();
-                    tracing::warn!(%peer, max_clients, "client refused: max clients reached");
-                    tokio::spawn(async move {
-                        let reply = error_reply(&ProxyError::Client(ClientError::TooManyClients));
-                        let _ = stream.write_all(&reply).await;
-                        let _ = stream.shutdown().await;
-                    });
-                    continue;
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => admit(stream, peer, ctx, clients),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly instead of
+                    // spinning, and keep serving the clients we have.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                let id = next_id.fetch_add(1, Ordering::Relaxed);
-                let ctx = ctx.clone();
-                let clients = clients.clone();
-                let alive = alive_tx.clone();
-                metrics.clients_total.inc();
-                metrics.clients.inc();
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    session::serve(stream, ctx, id).await;
-                    clients.fetch_sub(1, Ordering::AcqRel);
-                    metrics.clients.dec();
-                    drop(alive);
-                });
-            }
+            },
         }
     }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    ctx.stopping
-        .store(true, std::sync::atomic::Ordering::Release);
-    ctx.idle_tick.notify_waiters();
-    drop(alive_tx);
-    sweeper.abort();
-    idle_ticker.abort();
-    acl_task.abort();
-    for task in followers {
-        task.abort();
+}
+
+/// Starts the session of an accepted client, or refuses it past `limits.max_clients`.
+fn admit(
+    mut stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    ctx: &Arc<Context>,
+    clients: &Clients,
+) {
+    let metrics = ctx.ops.metrics.clone();
+    if clients.count.fetch_add(1, Ordering::AcqRel) >= clients.max {
+        clients.count.fetch_sub(1, Ordering::AcqRel);
+        metrics.clients_rejected.inc();
+        tracing::warn!(%peer, max_clients = clients.max, "client refused: max clients reached");
+        tokio::spawn(async move {
+            let reply = error_reply(&ProxyError::Client(ClientError::TooManyClients));
+            let _ = stream.write_all(&reply).await;
+            let _ = stream.shutdown().await;
+        });
+        return;
     }
-    if let Some(task) = admin_task {
-        // It stops on the same signal; awaiting it keeps the port until `serve` returns.
-        let _ = task.await;
-    }
-    let grace = Duration::from_millis(config.shutdown_grace_ms.value);
-    if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {
-        tracing::warn!(
-            remaining = clients.load(Ordering::Acquire),
-            "shutdown grace period over; closing remaining clients"
-        );
-    }
-    Ok(())
+    let id = clients.next_id.fetch_add(1, Ordering::Relaxed);
+    let ctx = ctx.clone();
+    let count = clients.count.clone();
+    let alive = clients.alive_tx.clone();
+    metrics.clients_total.inc();
+    metrics.clients.inc();
+    tokio::spawn(async move {
+        session::serve(stream, ctx, id).await;
+        count.fetch_sub(1, Ordering::AcqRel);
+        metrics.clients.dec();
+        drop(alive);
+    });
 }
 
 /// What sentinel mode runs: the primary's pool, the replicas reads may use, and the tasks
