@@ -106,3 +106,55 @@ async fn ten_thousand_clients_are_held_and_served() {
     drop(clients);
     ping(&mut first).await;
 }
+
+/// The measure of a used connection: a fresh proxy process, clients that each
+/// connected, sent one PING (all at once: the worst moment for the allocator, every session
+/// holding its first read buffer and reply channel together), read the reply and went quiet.
+/// Their cost is the growth of the process's RSS once the idle tick has released what a quiet
+/// session does not need (`session::IDLE_TICK`, 2 s): sampled every 250 ms for 8 s, the last
+/// sample counts (nothing the test waits for can signal "released": it is the absence of
+/// traffic for a whole tick). The goal is 2 KiB per client and is not met: 5.3–5.4 KiB today
+/// (docs/performance.md, Memory per idle client, says where it goes); the bar guards against
+/// regressions until it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rss_per_client_that_pinged_once_is_measured() {
+    let limit = raise_fd_limit();
+    let n = 2_000.min(limit.saturating_sub(500) as usize);
+    assert!(n >= 200, "open-file hard limit {limit} is too low");
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("rss-per-client");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "admin:\n  listen: \"off\"\nlimits:\n  max_clients: 20000\n",
+    );
+    let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
+    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
+    ping(&mut first).await;
+    let before = proxy.rss_kib();
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(TcpStream::connect(proxy.addr()).await.expect("connect"));
+    }
+    for s in clients.iter_mut() {
+        s.write_all(b"PING\r\n").await.unwrap();
+    }
+    for s in clients.iter_mut() {
+        read_pong(s).await;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..32 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        samples.push(proxy.rss_kib());
+    }
+    let after = *samples.last().unwrap();
+    let per_client = after.saturating_sub(before) * 1024 / n as u64;
+    eprintln!(
+        "{n} clients pinged once: proxy RSS {before} -> {after} KiB ({per_client} bytes per client; samples {samples:?})"
+    );
+    assert!(
+        per_client <= 8 * 1024,
+        "{per_client} bytes of RSS per client"
+    );
+    ping(&mut first).await;
+}
