@@ -674,7 +674,11 @@ impl Policy {
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client, spec.name);
         }
-        match act(&rule.kind, spec, line)? {
+        let build = match rule.mode {
+            Mode::Enforce => ttl::Build::Commands,
+            Mode::Audit => ttl::Build::NoteOnly,
+        };
+        match act(&rule.kind, spec, line, build)? {
             Act::Refuse(code, reason) => self.refuse(rule, spec, client, code, reason),
             Act::Rewrite(rw) => rewritten(self, rule, spec, client, rw),
         }
@@ -704,7 +708,7 @@ impl Policy {
             let what = match &rule.kind {
                 Kind::RateLimit { limiter, .. } => Some(Effect::Counts(*limiter.limit())),
                 Kind::SharedRateLimit { limit, .. } => Some(Effect::Counts(*limit)),
-                kind => act(kind, spec, line).map(|a| match a {
+                kind => act(kind, spec, line, ttl::Build::NoteOnly).map(|a| match a {
                     Act::Refuse(code, reason) => Effect::Refuses(refusal(rule, code, &reason)),
                     Act::Rewrite(rw) => match kind {
                         // Which prefix gave each key its TTL.
@@ -875,10 +879,16 @@ enum Act {
 
 /// The rule's verdict on a command before its mode is considered: pure, so `check` and
 /// `explain` share it. Rate limits are not here (checking one spends budget).
-fn act<L: CommandLine + ?Sized>(kind: &Kind, spec: &'static CommandSpec, line: &L) -> Option<Act> {
+/// `build` says whether a rewrite's commands are needed or only its note.
+fn act<L: CommandLine + ?Sized>(
+    kind: &Kind,
+    spec: &'static CommandSpec,
+    line: &L,
+    build: ttl::Build,
+) -> Option<Act> {
     match kind {
         Kind::StreamMaxLen(n) => stream_cap(spec, line, *n).map(Act::Rewrite),
-        Kind::Ttl(t) => match t.apply(spec, line) {
+        Kind::Ttl(t) => match t.apply(spec, line, build) {
             ttl::TtlAction::Keep => None,
             ttl::TtlAction::Refuse(reason) => Some(Act::Refuse("NOPERM", reason)),
             ttl::TtlAction::Rewrite(rw) => Some(Act::Rewrite(rw)),

@@ -59,7 +59,7 @@ impl Appended {
             return false;
         };
         let value = itoa_buf(self.value);
-        let value = value.as_str().as_bytes();
+        let value = value.as_bytes();
         let option = self.option.as_bytes();
         out.reserve(frame.len() + option.len() + value.len() + 16);
         put_len(out, b'*', argc as usize + 2);

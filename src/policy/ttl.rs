@@ -148,8 +148,16 @@ impl Ttl {
         parts.join(", ")
     }
 
-    /// Applies the rule to one command.
-    pub fn apply<L: CommandLine + ?Sized>(&self, spec: &CommandSpec, line: &L) -> TtlAction {
+    /// Applies the rule to one command. With [`Build::NoteOnly`] (an audited rule, `--explain`)
+    /// a rewrite says what it would do and carries no commands: building the hidden commands
+    /// of `keys: created` cost the default policy, whose TTL rule starts in audit, a fifth of
+    /// the proxy's CPU per SET at `-P 16` for commands nobody sent (docs/performance.md).
+    pub fn apply<L: CommandLine + ?Sized>(
+        &self,
+        spec: &CommandSpec,
+        line: &L,
+        build: Build,
+    ) -> TtlAction {
         let mut stack: [&[u8]; 8] = [&[]; 8];
         let heap: Vec<&[u8]>;
         // Arguments as a slice without allocating for the usual short commands.
@@ -179,7 +187,7 @@ impl Ttl {
                 TtlAction::Refuse("PERSIST would leave the key without a TTL".into())
             }
             "getex" => self.getex(args),
-            "set" => self.set(args),
+            "set" => self.set(args, build),
             "setex" => self.clamp(args, relative(2, 1000, Form::Command("PSETEX"))),
             "psetex" => self.clamp(args, relative(2, 1, Form::Command("PSETEX"))),
             "expire" => self.clamp(args, relative(2, 1000, Form::Command("PEXPIRE"))),
@@ -192,24 +200,24 @@ impl Ttl {
             // GETSET drops the key's TTL, so under `keys: created` it is sent as the SET that
             // keeps it (same reply), and a key that existed without one keeps none.
             "getset" if self.keys == TtlKeys::Created && args.len() == 3 => {
-                self.set_keeping_ttl(args, &[b"KEEPTTL", b"GET"])
+                self.set_keeping_ttl(args, &[b"KEEPTTL", b"GET"], build)
             }
             // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
             // specs because a script may do anything with them (the _RO forms are RO).
-            "eval" | "evalsha" | "fcall" => self.expire_written_keys(args),
-            _ if spec.is_write() => self.expire_written_keys(args),
+            "eval" | "evalsha" | "fcall" => self.expire_written_keys(args, build),
+            _ if spec.is_write() => self.expire_written_keys(args, build),
             _ => TtlAction::Keep,
         }
     }
 
-    fn set(&self, args: &[&[u8]]) -> TtlAction {
+    fn set(&self, args: &[&[u8]], build: Build) -> TtlAction {
         if args.len() < 3 {
             return TtlAction::Keep;
         }
         for (i, opt) in args.iter().enumerate().skip(3) {
             if opt.eq_ignore_ascii_case(b"KEEPTTL") {
                 // The TTL an existing key has is kept; a key the SET creates gets one.
-                return self.expire_keys(args, [(1, false)]);
+                return self.expire_keys(args, [(1, false)], build);
             }
             if let Some(expiry) = expiry_option(opt, i + 1) {
                 return self.clamp(args, expiry);
@@ -218,7 +226,7 @@ impl Ttl {
         if self.keys == TtlKeys::Created {
             // A SET drops the TTL of the key it replaces: sent with KEEPTTL, a key that existed
             // without a TTL keeps none, one with a TTL keeps it, a new key gets the rule's.
-            return self.set_keeping_ttl(args, &[b"KEEPTTL"]);
+            return self.set_keeping_ttl(args, &[b"KEEPTTL"], build);
         }
         match self.ttl_for(args[1]) {
             Some(ms) => TtlAction::Rewrite(Rewrite {
@@ -334,7 +342,7 @@ impl Ttl {
 
     /// A hidden `PEXPIRE <key> <ttl> NX` for every key the command may create (its key specs
     /// say insert, overwrite or update).
-    fn expire_written_keys(&self, args: &[&[u8]]) -> TtlAction {
+    fn expire_written_keys(&self, args: &[&[u8]], build: Build) -> TtlAction {
         let Ok(keys) = commands::keys(args) else {
             return TtlAction::Keep;
         };
@@ -346,7 +354,7 @@ impl Ttl {
             .iter()
             .filter(|k| k.flags.intersects(creates))
             .map(|k| (k.index, k.flags.contains(KeySpecFlags::OW)));
-        self.expire_keys(args, written)
+        self.expire_keys(args, written, build)
     }
 
     /// Hidden commands giving each of the keys at `(index, replaced)` whose prefix has a TTL
@@ -357,16 +365,24 @@ impl Ttl {
         &self,
         args: &[&[u8]],
         keys: impl IntoIterator<Item = (usize, bool)>,
+        build: Build,
     ) -> TtlAction {
         let mut before = Vec::new();
         let mut after = Vec::new();
+        // Build::NoteOnly: whether any key gets a TTL, and whether one is marked first.
+        let (mut found, mut marks) = (false, false);
         for (index, replaced) in keys {
             let name = args[index];
             let Some(ms) = self.ttl_for(name) else {
                 continue;
             };
+            if build == Build::NoteOnly {
+                found = true;
+                marks |= self.keys == TtlKeys::Created && !replaced;
+                continue;
+            }
             let ms = itoa_buf(ms);
-            let ms = ms.as_str().as_bytes();
+            let ms = ms.as_bytes();
             let (pre, post) = if self.keys == TtlKeys::Written || replaced {
                 (None, encode(&[b"PEXPIRE", name, ms, b"NX"]))
             } else {
@@ -380,14 +396,16 @@ impl Ttl {
                 before.extend(pre);
             }
         }
+        if found {
+            return TtlAction::Rewrite(Rewrite {
+                note: Cow::Borrowed(note_for(marks)),
+                ..Rewrite::default()
+            });
+        }
         if after.is_empty() {
             return TtlAction::Keep;
         }
-        let note = Cow::Borrowed(if before.is_empty() {
-            "each key it may create gets PEXPIRE <ttl> NX"
-        } else {
-            "each key it may create gets <ttl>; a key that existed without a TTL keeps none"
-        });
+        let note = Cow::Borrowed(note_for(!before.is_empty()));
         let mut rw = Rewrite {
             after,
             note,
@@ -399,21 +417,44 @@ impl Ttl {
 
     /// `keys: created`: the SET (or GETSET) sent with `extra` options that keep the key's
     /// TTL, between [`MARK`] and [`SETTLE`].
-    fn set_keeping_ttl(&self, args: &[&[u8]], extra: &[&[u8]]) -> TtlAction {
-        let TtlAction::Rewrite(mut rw) = self.expire_keys(args, [(1, false)]) else {
+    fn set_keeping_ttl(&self, args: &[&[u8]], extra: &[&[u8]], build: Build) -> TtlAction {
+        let TtlAction::Rewrite(mut rw) = self.expire_keys(args, [(1, false)], build) else {
             return TtlAction::Keep;
         };
+        rw.note = Cow::Borrowed(SET_KEEPING_TTL);
+        if build == Build::NoteOnly {
+            return TtlAction::Rewrite(rw);
+        }
         let mut set: Vec<&[u8]> = Vec::with_capacity(args.len() + extra.len());
         set.push(b"SET");
         set.extend_from_slice(&args[1..]);
         set.extend_from_slice(extra);
         rw.command = Some(encode(&set));
-        rw.note = Cow::Borrowed(
-            "SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none",
-        );
         TtlAction::Rewrite(rw)
     }
 }
+
+/// Whether a rewrite is built to be sent, or only to say what it would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// The commands that carry it out (an enforced rule).
+    Commands,
+    /// Its note only (an audited rule, `--explain`): nothing will be sent.
+    NoteOnly,
+}
+
+/// `expire_keys`'s note: with `marks`, some key is marked before the write (`keys: created`).
+fn note_for(marks: bool) -> &'static str {
+    if marks {
+        "each key it may create gets <ttl>; a key that existed without a TTL keeps none"
+    } else {
+        "each key it may create gets PEXPIRE <ttl> NX"
+    }
+}
+
+/// `set_keeping_ttl`'s note.
+const SET_KEEPING_TTL: &str =
+    "SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none";
 
 /// The expiry an option of SET or GETEX gives, its number at `at`.
 fn expiry_option(opt: &[u8], at: usize) -> Option<Expiry> {
@@ -466,7 +507,7 @@ mod tests {
     fn run(line: &str) -> TtlAction {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         let spec = commands::lookup_args(&args).unwrap();
-        rule().apply(spec, &args[..])
+        rule().apply(spec, &args[..], Build::Commands)
     }
 
     fn rewritten(line: &str) -> (Option<String>, Vec<String>) {
@@ -600,7 +641,7 @@ mod tests {
         let run = |line: &str| {
             let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
             let spec = commands::lookup_args(&args).unwrap();
-            match created.apply(spec, &args[..]) {
+            match created.apply(spec, &args[..], Build::Commands) {
                 TtlAction::Rewrite(rw) => rw,
                 other => panic!("{line}: {other:?}"),
             }
@@ -633,7 +674,11 @@ mod tests {
         // Lock keys are exempt, and an explicit TTL is as in `written`.
         let args: Vec<&[u8]> = vec![b"SET", b"lock:a", b"v"];
         assert_eq!(
-            created.apply(commands::lookup_args(&args).unwrap(), &args[..]),
+            created.apply(
+                commands::lookup_args(&args).unwrap(),
+                &args[..],
+                Build::Commands
+            ),
             TtlAction::Keep
         );
     }
@@ -722,5 +767,38 @@ mod tests {
         assert_eq!(run("DEL a"), TtlAction::Keep);
         assert_eq!(run("LPOP a"), TtlAction::Keep);
         assert_eq!(run("SETNX lock:a 1"), TtlAction::Keep);
+    }
+
+    /// An audited rule (and `--explain`) needs only what the rewrite would do: the same note,
+    /// no commands built.
+    #[test]
+    fn note_only_says_the_same_and_builds_nothing() {
+        let mut created = rule();
+        created.keys = TtlKeys::Created;
+        for line in [
+            "SET session:1 v",
+            "SET k v KEEPTTL",
+            "GETSET k v",
+            "HSET h f v",
+            "MSET cache:1 a cache:2 b",
+            "LPUSH q a",
+            "EVAL return 1 2 k1 k2",
+        ] {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            let spec = commands::lookup_args(&args).unwrap();
+            for rule in [&rule(), &created] {
+                let built = rule.apply(spec, &args[..], Build::Commands);
+                let judged = rule.apply(spec, &args[..], Build::NoteOnly);
+                match (built, judged) {
+                    (TtlAction::Rewrite(b), TtlAction::Rewrite(j)) => {
+                        assert_eq!(b.note, j.note, "{line}");
+                        assert!(j.command.is_none() && j.after.is_empty(), "{line}");
+                        assert!(j.before().is_empty(), "{line}");
+                    }
+                    (TtlAction::Keep, TtlAction::Keep) => {}
+                    (b, j) => panic!("{line}: {b:?} vs {j:?}"),
+                }
+            }
+        }
     }
 }

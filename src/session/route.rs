@@ -432,7 +432,7 @@ impl Session {
             .unwrap_or(i64::MAX as u64);
         let id = crate::codec::itoa_buf(upstream);
         let mut parts: Vec<&[u8]> = args.iter().collect();
-        parts[at] = id.as_str().as_bytes();
+        parts[at] = id.as_bytes();
         Action::Rewritten {
             target,
             expect: Expect::Frames(1),
