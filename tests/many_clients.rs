@@ -50,6 +50,22 @@ async fn read_pong(s: &mut TcpStream) {
     assert_eq!(&buf, b"+PONG\r\n");
 }
 
+/// A fresh proxy process for up to 20,000 clients, in front of its own Redis, and its first
+/// client, served once (so the measured growth starts after the process's own warm-up).
+async fn start(tag: &str) -> (RedisServer, TempDir, ProxyProcess, TcpStream) {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new(tag);
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "admin:\n  listen: \"off\"\nlimits:\n  max_clients: 20000\n",
+    );
+    let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
+    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
+    ping(&mut first).await;
+    (redis, tmp, proxy, first)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_clients_are_held_and_served() {
     let limit = raise_fd_limit();
@@ -63,16 +79,7 @@ async fn ten_thousand_clients_are_held_and_served() {
     if n < 10_000 {
         eprintln!("open-file limit {limit}: testing {n} clients instead of 10,000");
     }
-    let redis = RedisServer::start();
-    let tmp = TempDir::new("many-clients");
-    let policy = write_file(
-        tmp.path(),
-        "policy.yaml",
-        "admin:\n  listen: \"off\"\nlimits:\n  max_clients: 20000\n",
-    );
-    let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
-    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
-    ping(&mut first).await;
+    let (_redis, _tmp, proxy, mut first) = start("many-clients").await;
     let before = proxy.rss_kib();
 
     let started = Instant::now();
@@ -121,16 +128,7 @@ async fn rss_per_client_that_pinged_once_is_measured() {
     let limit = raise_fd_limit();
     let n = 2_000.min(limit.saturating_sub(500) as usize);
     assert!(n >= 200, "open-file hard limit {limit} is too low");
-    let redis = RedisServer::start();
-    let tmp = TempDir::new("rss-per-client");
-    let policy = write_file(
-        tmp.path(),
-        "policy.yaml",
-        "admin:\n  listen: \"off\"\nlimits:\n  max_clients: 20000\n",
-    );
-    let proxy = ProxyProcess::start(&policy, &redis, tmp.path().join("proxy.log"), &[]).await;
-    let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
-    ping(&mut first).await;
+    let (_redis, _tmp, proxy, mut first) = start("rss-per-client").await;
     let before = proxy.rss_kib();
     let mut clients = Vec::with_capacity(n);
     for _ in 0..n {
