@@ -230,9 +230,28 @@ pub struct Metrics {
     /// Commands the policy denies that a script could still run as the proxy's upstream user
     /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
     pub script_acl_open: Gauge,
+    /// Client TLS handshakes by outcome ([`TLS_OUTCOMES`]): `ok`, then each reason a client
+    /// was closed before its session started.
+    pub tls_handshakes: [Counter; 8],
+    /// Reloads of the client TLS files that took effect.
+    pub tls_reloads_ok: Counter,
+    /// Reloads of the client TLS files refused (the certificate in use stays).
+    pub tls_reloads_failed: Counter,
     /// For uptime in INFO.
     pub started: Instant,
 }
+
+/// `outcome` labels of `rpp_tls_handshakes_total`: `ok`, then `listen::Refusal::ALL`'s.
+pub const TLS_OUTCOMES: [&str; 8] = [
+    "ok",
+    "plaintext",
+    "untrusted",
+    "expired",
+    "no_certificate",
+    "timeout",
+    "failed",
+    "closed",
+];
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -268,6 +287,7 @@ impl Metrics {
         m.register_cluster();
         m.register_clients();
         m.register_operations();
+        m.register_tls();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
         m.process.register_collector(Box::new(ProcessCollector {
@@ -310,6 +330,9 @@ impl Metrics {
                 g.set(-1);
                 g
             },
+            tls_handshakes: Default::default(),
+            tls_reloads_ok: Counter::default(),
+            tls_reloads_failed: Counter::default(),
             started: Instant::now(),
         }
     }
@@ -447,6 +470,25 @@ impl Metrics {
             "client_sent_bytes",
             "Reply bytes written to clients",
             &self.bytes_out,
+        );
+    }
+
+    /// Client TLS: handshakes by outcome, certificate reloads by result.
+    fn register_tls(&mut self) {
+        let r = &mut self.registry;
+        self.tls_handshakes = labelled(
+            r,
+            "tls_handshakes",
+            "Client TLS connections by outcome: ok, or why the client was closed before its session started (plaintext, untrusted, expired, no_certificate, timeout, failed, closed)",
+            "outcome",
+            TLS_OUTCOMES,
+        );
+        [self.tls_reloads_ok, self.tls_reloads_failed] = labelled(
+            r,
+            "tls_reloads",
+            "Reloads of the client TLS certificate, key and CA files by result; a failed one keeps the certificate in use",
+            "result",
+            ["ok", "failed"],
         );
     }
 

@@ -1,4 +1,5 @@
-//! The accept loop: client limit, one task per client, graceful shutdown.
+//! The accept loop: client limit, one task per client (TLS established in it), graceful
+//! shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use crate::codec::CodecLimits;
 use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
+use crate::listen::{Serving, TlsServer};
 use crate::metrics::Metrics;
 use crate::ops::Ops;
 use crate::policy::Policy;
@@ -198,51 +200,70 @@ pub async fn serve(
     let next_id = AtomicU64::new(1);
     // Every session holds a clone; when all are dropped, `recv` returns `None`: drained.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    let (serving, tls_listener, tls_watch) = listeners(&config, &metrics).await?;
     // At debug: the binary's startup summary (`startup::log`) says this and more.
     tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (mut stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off briefly instead of
-                        // spinning, and keep serving the clients we have.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                if clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
-                    clients.fetch_sub(1, Ordering::AcqRel);
-                    metrics.clients_rejected.inc();
-                    tracing::warn!(%peer, max_clients, "client refused: max clients reached");
-                    tokio::spawn(async move {
-                        let reply = error_reply(&ProxyError::Client(ClientError::TooManyClients));
-                        let _ = stream.write_all(&reply).await;
-                        let _ = stream.shutdown().await;
-                    });
-                    continue;
-                }
-                let id = next_id.fetch_add(1, Ordering::Relaxed);
-                let ctx = ctx.clone();
-                let clients = clients.clone();
-                let alive = alive_tx.clone();
+    let admit = |accepted: std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>,
+                 serving: &Serving| {
+        let (mut stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly instead of
+                // spinning, and keep serving the clients we have.
+                tracing::warn!(error = %e, "accept failed");
+                return false;
+            }
+        };
+        if clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
+            clients.fetch_sub(1, Ordering::AcqRel);
+            metrics.clients_rejected.inc();
+            tracing::warn!(%peer, max_clients, "client refused: max clients reached");
+            tokio::spawn(async move {
+                let reply = error_reply(&ProxyError::Client(ClientError::TooManyClients));
+                let _ = stream.write_all(&reply).await;
+                let _ = stream.shutdown().await;
+            });
+            return true;
+        }
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let ctx = ctx.clone();
+        let clients = clients.clone();
+        let alive = alive_tx.clone();
+        let metrics = metrics.clone();
+        let serving = serving.clone();
+        tokio::spawn(async move {
+            // The TLS handshake runs here, in the client's own task: a slow one holds only
+            // its own client (and its slot of max_clients, for at most the handshake timeout).
+            if let Some(stream) = crate::listen::establish(stream, peer, &serving, &metrics).await {
                 metrics.clients_total.inc();
                 metrics.clients.inc();
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    session::serve(stream, ctx, id).await;
-                    clients.fetch_sub(1, Ordering::AcqRel);
-                    metrics.clients.dec();
-                    drop(alive);
-                });
+                session::serve(stream, ctx, id).await;
+                metrics.clients.dec();
             }
+            clients.fetch_sub(1, Ordering::AcqRel);
+            drop(alive);
+        });
+        true
+    };
+    tokio::pin!(shutdown);
+    loop {
+        let ok = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => admit(accepted, &serving),
+            accepted = accept_on(tls_listener.as_ref()) => match &tls_listener {
+                Some((_, tls)) => admit(accepted, tls),
+                None => true,
+            },
+        };
+        if !ok {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    if let Some(task) = tls_watch {
+        task.abort();
+    }
     drop(listener);
+    drop(tls_listener);
     let _ = stop_tx.send(true);
     ctx.stopping
         .store(true, std::sync::atomic::Ordering::Release);
@@ -266,6 +287,60 @@ pub async fn serve(
         );
     }
     Ok(())
+}
+
+/// What the client listeners serve: `listen` (plain, or TLS when `tls` has no `listen` of
+/// its own), the TLS-only listener of `tls.listen` if any, and the task that reloads the TLS
+/// files.
+async fn listeners(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> std::io::Result<(
+    Serving,
+    Option<(TcpListener, Serving)>,
+    Option<tokio::task::JoinHandle<()>>,
+)> {
+    let Some(tls) = &config.tls else {
+        return Ok((Serving::Plain, None, None));
+    };
+    let server = Arc::new(TlsServer::new(tls).map_err(std::io::Error::other)?);
+    let watch = tokio::spawn(server.clone().watch(metrics.clone()));
+    match &tls.listen {
+        None => {
+            let serving = Serving::Tls {
+                server,
+                plaintext: tls.plaintext.value,
+            };
+            Ok((serving, None, Some(watch)))
+        }
+        Some(at) => {
+            let listener = TcpListener::bind(&at.value).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot listen for TLS clients on {} (tls.listen): {e}",
+                        at.value
+                    ),
+                )
+            })?;
+            tracing::info!(listen = %at.value, "serving TLS clients");
+            let serving = Serving::Tls {
+                server,
+                plaintext: false,
+            };
+            Ok((Serving::Plain, Some((listener, serving)), Some(watch)))
+        }
+    }
+}
+
+/// The next client on `listener`; never without one.
+async fn accept_on(
+    listener: Option<&(TcpListener, Serving)>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some((l, _)) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What sentinel mode runs: the primary's pool, the replicas reads may use, and the tasks

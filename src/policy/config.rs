@@ -18,6 +18,11 @@ pub struct Access {
     /// Proxy-side users, for `AUTH user pass` and `HELLO … AUTH user pass`.
     #[serde(default)]
     pub users: Vec<UserConfig>,
+    /// Users a verified TLS client certificate logs in as, without a password: a client
+    /// whose certificate names one of these (subject CN, or a DNS, URI or e-mail SAN) is that
+    /// user from its first command, and `identities` map it to a tenant like any user.
+    #[serde(default)]
+    pub cert_users: Vec<String>,
     /// Which tenant a client belongs to, first match wins: by AUTH user and/or address.
     #[serde(default)]
     pub identities: Vec<IdentityConfig>,
