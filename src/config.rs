@@ -285,6 +285,13 @@ pub struct UpstreamConfig {
     pub scripts_on_dedicated: Located<bool>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
+    /// What the upstream holds, for the eviction check (docs/operations.md, Eviction
+    /// awareness): `cache` (everything may be evicted), `queue` (nothing may be) or `mixed`
+    /// (both; the default). Until routes exist, one role for the one upstream.
+    pub role: Located<UpstreamRole>,
+    /// How often the upstream's `maxmemory`, `maxmemory-policy` and memory use are read and
+    /// checked against `role` and the TTL rule (also at start and after each reload); 0 never.
+    pub memory_check_ms: Located<u64>,
     /// What the proxy does at start and after each reload about scripts, which run as its
     /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
     /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
@@ -304,6 +311,32 @@ pub enum ScriptAclMode {
     Apply,
     /// Neither: for a Redis without ACLs or a user that may not run ACL DRYRUN.
     Off,
+}
+
+/// What the upstream's data is for (`upstream.role`), which decides which eviction policies
+/// fit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamRole {
+    /// Data that can be rebuilt: should evict (`allkeys-*`) under a `maxmemory`.
+    Cache,
+    /// Data that must not vanish (queues, streams, sessions of record): `noeviction`.
+    Queue,
+    /// Both in one Redis: only keys with a TTL should go (`volatile-*` with the TTL rule
+    /// enforced).
+    #[default]
+    Mixed,
+}
+
+impl UpstreamRole {
+    /// The name used in the file, INFO and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamRole::Cache => "cache",
+            UpstreamRole::Queue => "queue",
+            UpstreamRole::Mixed => "mixed",
+        }
+    }
 }
 
 /// What kind of upstream the proxy fronts.
@@ -495,6 +528,8 @@ impl Default for UpstreamConfig {
             dedicated_wait_ms: located(1_000),
             scripts_on_dedicated: located(true),
             tls: None,
+            role: located(UpstreamRole::Mixed),
+            memory_check_ms: located(60_000),
             script_acl: located(ScriptAclMode::Check),
         }
     }

@@ -60,6 +60,9 @@
 //!   `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
+//! - [`eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
+//!   checked against `upstream.role` and the TTL rule (log, metric, INFO, `/readyz`, the
+//!   note `upstream::oom` adds to OOM errors).
 //! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
 //!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
@@ -83,6 +86,7 @@ pub mod commands;
 pub mod config;
 pub mod config_recovery;
 pub mod error;
+pub mod eviction;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod listen;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -237,8 +237,26 @@ pub struct Metrics {
     pub tls_reloads_ok: Counter,
     /// Reloads of the client TLS files refused (the certificate in use stays).
     pub tls_reloads_failed: Counter,
+    /// Findings of the latest eviction check (`eviction`); -1 before the first.
+    pub eviction_findings: Gauge,
+    /// `OOM command not allowed` replies from the upstream, forwarded with the proxy's note.
+    pub oom_replies: Counter,
+    /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
+    /// it sits with the handles every connection and session already holds.
+    pub memory_report: ArcSwapOption<MemoryReport>,
     /// For uptime in INFO.
     pub started: Instant,
+}
+
+/// What the latest eviction check found, in the form each reader needs.
+#[derive(Debug, Default)]
+pub struct MemoryReport {
+    /// Appended to an upstream `-OOM` error: the upstream's memory state and the policy.
+    pub oom_note: String,
+    /// `field:value` lines for INFO's `# Proxy` section.
+    pub info: String,
+    /// One line for the log and `/readyz`.
+    pub summary: String,
 }
 
 /// `outcome` labels of `rpp_tls_handshakes_total`: `ok`, then `listen::Refusal::ALL`'s.
@@ -288,6 +306,7 @@ impl Metrics {
         m.register_clients();
         m.register_operations();
         m.register_tls();
+        m.register_memory();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
         m.process.register_collector(Box::new(ProcessCollector {
@@ -330,6 +349,13 @@ impl Metrics {
                 g.set(-1);
                 g
             },
+            eviction_findings: {
+                let g = Gauge::default();
+                g.set(-1);
+                g
+            },
+            oom_replies: Counter::default(),
+            memory_report: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
             tls_reloads_failed: Counter::default(),
@@ -489,6 +515,23 @@ impl Metrics {
             "Reloads of the client TLS certificate, key and CA files by result; a failed one keeps the certificate in use",
             "result",
             ["ok", "failed"],
+        );
+    }
+
+    /// The eviction check and the OOM replies it explains.
+    fn register_memory(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "eviction_findings",
+            "Problems the latest eviction check found with the upstream's maxmemory and maxmemory-policy for its role and the TTL rule; -1 before the first check",
+            &self.eviction_findings,
+        );
+        register(
+            r,
+            "oom_replies",
+            "OOM command not allowed errors from the upstream, forwarded to clients with the proxy's note",
+            &self.oom_replies,
         );
     }
 

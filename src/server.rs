@@ -128,6 +128,26 @@ pub async fn serve(
             })
         })
     };
+    // What the eviction check finds is a detail of `/readyz`, never a failure.
+    let ready: crate::admin::ReadyCheck = {
+        let metrics = metrics.clone();
+        Arc::new(move || {
+            ready().map(|what| match metrics.memory_report.load().as_deref() {
+                Some(report) => format!("{what}; {}", report.summary),
+                None => what,
+            })
+        })
+    };
+    let eviction_task = (config.upstream.memory_check_ms.value > 0).then(|| {
+        tokio::spawn(crate::eviction::watch(
+            pool.control(),
+            pool.addr().to_string(),
+            config.upstream.role.value,
+            Duration::from_millis(config.upstream.memory_check_ms.value),
+            policy.clone(),
+            metrics.clone(),
+        ))
+    });
     let acl_task = tokio::spawn(crate::script_acl::watch(
         pool.control(),
         policy.clone(),
@@ -272,6 +292,9 @@ pub async fn serve(
     sweeper.abort();
     idle_ticker.abort();
     acl_task.abort();
+    if let Some(task) = eviction_task {
+        task.abort();
+    }
     for task in followers {
         task.abort();
     }

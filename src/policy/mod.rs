@@ -826,6 +826,15 @@ impl Policy {
         e
     }
 
+    /// Each `ttl` rule's id and mode, in file order: what the eviction check weighs
+    /// `volatile-*` policies against.
+    pub fn ttl_rules(&self) -> impl Iterator<Item = (&str, Mode)> {
+        self.rules
+            .iter()
+            .filter(|r| matches!(r.kind, Kind::Ttl(_)))
+            .map(|r| (r.id.as_str(), r.mode))
+    }
+
     /// Counters of a rule by id, for metrics and tests.
     pub fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)

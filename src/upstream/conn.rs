@@ -128,6 +128,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         pubsub: PubSub::default(),
         push,
         metrics,
+        oom: false,
         timeout,
     };
     // Without a stop future the branch is disabled once, when `select!` starts, and never
@@ -246,6 +247,9 @@ struct Reader {
     /// Counts error replies, and round trips on shared connections (a dedicated one carries
     /// blocking commands, whose wait is not the upstream's latency).
     metrics: Option<Arc<Metrics>>,
+    /// The head batch has an OOM error among its replies: the proxy's note is added to it
+    /// when the batch is handed out (`oom`).
+    oom: bool,
     /// Longest wait for the oldest unanswered batch before the connection is declared dead
     /// (a stopped or partitioned Redis would otherwise hang every client on it), on top of
     /// the wait a blocking command asked for (see [`ReplyWait`]).
@@ -327,6 +331,10 @@ impl Reader {
             if let Some(m) = &self.metrics {
                 if self.rbuf[start] == b'-' {
                     m.upstream_error_replies.inc();
+                    if super::oom::is_oom(&self.rbuf[start..start + len]) {
+                        m.oom_replies.inc();
+                        self.oom = true;
+                    }
                 }
             }
             if head.got >= total {
@@ -354,6 +362,13 @@ impl Reader {
                     self.acc.split().freeze()
                 };
                 self.pos = 0;
+                let data = match (std::mem::take(&mut self.oom), &self.metrics) {
+                    (true, Some(m)) => match m.memory_report.load().as_deref() {
+                        Some(report) => super::oom::annotate(data, &report.oom_note),
+                        None => data,
+                    },
+                    _ => data,
+                };
                 let _ = head.reply_to.send(Reply::Batch {
                     data,
                     missing: 0,
