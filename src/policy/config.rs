@@ -174,6 +174,11 @@ pub struct TtlConfig {
     /// expire, which an operator must choose knowingly.
     #[serde(default)]
     pub keys: Option<TtlKeys>,
+    /// Spread of forced TTLs, as a fraction (0 to 0.9): a key gets its forced TTL shortened by
+    /// up to this part of it, by a hash of its name, so keys written together (a cache filled
+    /// at start, a batch job) do not all expire in the same second and stampede the backend.
+    #[serde(default)]
+    pub jitter: Option<f64>,
 }
 
 /// Which keys a `ttl` rule gives a TTL (see policy/README.md).

@@ -1578,6 +1578,12 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
             return Err("a default or prefix TTL is above `max`".into());
         }
     }
+    let jitter = c.jitter.unwrap_or(0.0);
+    if !(0.0..=0.9).contains(&jitter) {
+        return Err(
+            "`jitter` must be a fraction between 0 and 0.9 (0.1: up to 10% shorter)".into(),
+        );
+    }
     // Longest prefix first, so `session:admin:` can override `session:`.
     prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
     Ok(ttl::Ttl {
@@ -1586,6 +1592,7 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
         max_ms,
         deny_persist: c.deny_persist,
         keys,
+        jitter: ttl::Jitter::new(jitter, ttl::unix_ms()),
         clock: ttl::unix_ms,
     })
 }
