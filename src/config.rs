@@ -133,8 +133,8 @@ pub struct ClientTlsConfig {
     /// Without `tls.listen`: whether `listen` also serves plaintext clients (told apart by
     /// their first byte), for a migration where not every client has TLS yet.
     pub plaintext: Located<bool>,
-    /// Bound on the TLS handshake (and on the first byte): a client that connects and never
-    /// finishes is closed instead of holding a connection slot for ever.
+    /// Bound on the TLS handshake (and, on a TLS-only listener, on the first byte): a client
+    /// that starts one and never finishes is closed instead of holding a slot for ever.
     pub handshake_timeout_ms: Located<u64>,
     /// How often the certificate, key and CA files are looked at for changes (modification
     /// time and size); a change is loaded for new connections, a broken file is refused and

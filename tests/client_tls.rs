@@ -416,7 +416,13 @@ async fn one_port_serves_tls_and_plaintext_when_allowed() {
     let redis = RedisServer::start();
     let f = files("client-tls-same");
     // Proxy::start waits for a plaintext PING, which `plaintext: true` answers.
-    let proxy = Proxy::start(config(&redis, &f, "  plaintext: true\n", "")).await;
+    let proxy = Proxy::start(config(
+        &redis,
+        &f,
+        "  plaintext: true\n  handshake_timeout_ms: 300\n",
+        "",
+    ))
+    .await;
     assert_eq!(
         tls_exchange(&connector(&f, None), proxy.port(), b"PING\r\n", 7)
             .await
@@ -425,6 +431,17 @@ async fn one_port_serves_tls_and_plaintext_when_allowed() {
     );
     let out = redis_cli(proxy.port(), &["PING"]).await;
     assert_eq!(out.stdout.trim(), "PONG");
+    // A plain client that connects and stays silent is not timed out like a handshake: it
+    // outlives a stalled TLS handshake begun after it, which is closed.
+    let mut idle = common::Raw::connect(proxy.addr).await;
+    let mut stalled = TcpStream::connect(proxy.addr).await.unwrap();
+    stalled.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(DEADLINE, stalled.read_to_end(&mut rest))
+        .await
+        .expect("the stalled handshake was closed")
+        .ok();
+    assert_eq!(idle.call(&["PING"]).await, b"+PONG\r\n");
     let ca = f.path("server-ca.pem");
     let out = redis_cli(
         proxy.port(),

@@ -53,7 +53,8 @@ pub enum Refusal {
     Expired,
     /// `client_certs: required` and the client sent none.
     NoCertificate,
-    /// No first byte or no finished handshake within `tls.handshake_timeout_ms`.
+    /// No finished handshake within `tls.handshake_timeout_ms` (on a TLS-only listener, no
+    /// first byte either).
     Timeout,
     /// Any other handshake failure (protocol version, cipher, malformed records…).
     Failed,
@@ -112,13 +113,24 @@ async fn establish_tls(
     plaintext: bool,
     metrics: &Metrics,
 ) -> Option<ClientStream> {
-    let handshake = handshake(tcp, server, plaintext);
-    let outcome = match tokio::time::timeout(server.handshake_timeout(), handshake).await {
-        Ok(outcome) => outcome,
-        Err(_) => Err((
-            Refusal::Timeout,
-            "no finished TLS handshake in time".to_string(),
-        )),
+    let bound = server.handshake_timeout();
+    let outcome = if plaintext {
+        // Where plaintext is served too, a client that connects and says nothing yet is a
+        // plain client like any other (pools open connections ahead of use; Redis keeps them
+        // with `timeout 0`): only a TLS handshake, once begun, is bounded.
+        match first_byte(&tcp).await {
+            Err(refused) => Err(refused),
+            Ok(b) if b != TLS_HANDSHAKE_RECORD => Ok(ClientStream::plain(tcp)),
+            Ok(_) => bounded(bound, accept(tcp, server)).await,
+        }
+    } else {
+        let tls_only = async {
+            if first_byte(&tcp).await? != TLS_HANDSHAKE_RECORD {
+                return Err(refuse_plaintext(tcp).await);
+            }
+            accept(tcp, server).await
+        };
+        bounded(bound, tls_only).await
     };
     match outcome {
         Ok(stream) => {
@@ -136,29 +148,41 @@ async fn establish_tls(
     }
 }
 
-/// The first byte, then the handshake (or the plaintext client, where allowed).
-async fn handshake(
-    mut tcp: TcpStream,
-    server: &TlsServer,
-    plaintext: bool,
-) -> Result<ClientStream, (Refusal, String)> {
+/// What a step of establishing a client ends with: the stream, or why it was refused.
+type Outcome<T> = Result<T, (Refusal, String)>;
+
+/// `step` within `bound`, else [`Refusal::Timeout`].
+async fn bounded(
+    bound: std::time::Duration,
+    step: impl std::future::Future<Output = Outcome<ClientStream>>,
+) -> Outcome<ClientStream> {
+    match tokio::time::timeout(bound, step).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err((Refusal::Timeout, "no finished TLS handshake in time".into())),
+    }
+}
+
+/// The client's first byte, left in the socket.
+async fn first_byte(tcp: &TcpStream) -> Outcome<u8> {
     let mut first = [0u8; 1];
     match tcp.peek(&mut first).await {
-        Ok(0) => return Err((Refusal::Closed, "closed before sending anything".into())),
-        Ok(_) => {}
-        Err(e) => return Err((Refusal::Closed, e.to_string())),
+        Ok(0) => Err((Refusal::Closed, "closed before sending anything".into())),
+        Ok(_) => Ok(first[0]),
+        Err(e) => Err((Refusal::Closed, e.to_string())),
     }
-    if first[0] != TLS_HANDSHAKE_RECORD {
-        if plaintext {
-            return Ok(ClientStream::plain(tcp));
-        }
-        // Told in RESP, so a redis-cli without --tls shows why instead of hanging.
-        let _ = tcp.write_all(&crate::answers::tls_required()).await;
-        let _ = tcp.shutdown().await;
-        return Err((Refusal::Plaintext, "plaintext on a TLS port".into()));
-    }
-    let acceptor = server.acceptor();
-    match acceptor.accept(tcp).await {
+}
+
+/// Plaintext on a TLS-only listener: told in RESP, so a redis-cli without `--tls` shows why
+/// instead of hanging, then closed.
+async fn refuse_plaintext(mut tcp: TcpStream) -> (Refusal, String) {
+    let _ = tcp.write_all(&crate::answers::tls_required()).await;
+    let _ = tcp.shutdown().await;
+    (Refusal::Plaintext, "plaintext on a TLS port".into())
+}
+
+/// The TLS handshake, and the names of the client's verified certificate.
+async fn accept(tcp: TcpStream, server: &TlsServer) -> Outcome<ClientStream> {
+    match server.acceptor().accept(tcp).await {
         Ok(tls) => {
             let names = tls
                 .get_ref()
