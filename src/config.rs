@@ -292,6 +292,11 @@ pub struct UpstreamConfig {
     /// How often the upstream's `maxmemory`, `maxmemory-policy` and memory use are read and
     /// checked against `role` and the TTL rule (also at start and after each reload); 0 never.
     pub memory_check_ms: Located<u64>,
+    /// Request coalescing: identical concurrent read-only single-key commands (GET,
+    /// HGETALL… from any clients) share one upstream reply while one is in flight, so a hot
+    /// key costs Redis one command per round trip instead of one per client. Off by default;
+    /// standalone mode only until routes carry it per route.
+    pub coalesce_reads: Located<bool>,
     /// What the proxy does at start and after each reload about scripts, which run as its
     /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
     /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
@@ -530,6 +535,7 @@ impl Default for UpstreamConfig {
             tls: None,
             role: located(UpstreamRole::Mixed),
             memory_check_ms: located(60_000),
+            coalesce_reads: located(false),
             script_acl: located(ScriptAclMode::Check),
         }
     }

@@ -241,6 +241,9 @@ pub struct Metrics {
     pub eviction_findings: Gauge,
     /// `OOM command not allowed` replies from the upstream, forwarded with the proxy's note.
     pub oom_replies: Counter,
+    /// Reads not sent upstream because an identical one in flight shared its reply
+    /// (`upstream.coalesce_reads`).
+    pub coalesced_reads: Counter,
     /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
     /// it sits with the handles every connection and session already holds.
     pub memory_report: ArcSwapOption<MemoryReport>,
@@ -355,6 +358,7 @@ impl Metrics {
                 g
             },
             oom_replies: Counter::default(),
+            coalesced_reads: Counter::default(),
             memory_report: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
@@ -532,6 +536,12 @@ impl Metrics {
             "oom_replies",
             "OOM command not allowed errors from the upstream, forwarded to clients with the proxy's note",
             &self.oom_replies,
+        );
+        register(
+            r,
+            "coalesced_reads",
+            "Reads answered with the reply of an identical read already in flight on the same shared connection, instead of being sent upstream (upstream.coalesce_reads)",
+            &self.coalesced_reads,
         );
     }
 

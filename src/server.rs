@@ -90,6 +90,9 @@ pub async fn serve(
             (sentinel.pool, None)
         }
         UpstreamMode::Standalone => {
+            if config.upstream.coalesce_reads.value {
+                crate::upstream::coalesce::enable();
+            }
             let pool = Pool::start(&config, metrics.clone()).map_err(std::io::Error::other)?;
             (pool, None)
         }

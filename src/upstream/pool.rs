@@ -106,6 +106,7 @@ impl Pool {
                     proto,
                     role: Role::Shared,
                     outage: outage.clone(),
+                    coalesce: settings.coalesce,
                 };
                 tokio::spawn(supervise(
                     spec.clone(),
@@ -127,6 +128,7 @@ impl Pool {
             proto: 2,
             role: Role::Control,
             outage,
+            coalesce: false,
         };
         tokio::spawn(supervise(
             spec.clone(),
@@ -285,6 +287,9 @@ pub struct PoolSettings {
     pub command_timeout: Option<Duration>,
     /// Cap, warm stock and wait of the dedicated connections.
     pub dedicated: DedicatedLimits,
+    /// Identical concurrent reads share one reply on the shared connections
+    /// (`upstream.coalesce_reads`, standalone mode only for now).
+    pub coalesce: bool,
 }
 
 impl PoolSettings {
@@ -318,6 +323,8 @@ impl PoolSettings {
                 warm: u.dedicated_warm.value,
                 wait: Duration::from_millis(u.dedicated_wait_ms.value),
             },
+            coalesce: u.coalesce_reads.value
+                && u.mode.value == crate::config::UpstreamMode::Standalone,
         })
     }
 }
@@ -331,6 +338,9 @@ struct Link {
     role: Role,
     /// The node's outage state, shared by all of the pool's supervisors.
     outage: Arc<Outage>,
+    /// Identical reads on this connection share one reply (`upstream.coalesce_reads`; shared
+    /// connections only).
+    coalesce: bool,
 }
 
 impl Link {
@@ -427,6 +437,7 @@ async fn supervise(
                     Some(metrics.clone()),
                     command_timeout,
                     address.moved_from(&spec.addr),
+                    link.coalesce,
                 )
                 .await;
                 up.store(false, Ordering::Relaxed);
