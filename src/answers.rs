@@ -287,3 +287,12 @@ pub fn unexpected_node_reply(reply: &[u8]) -> Bytes {
         ),
     )
 }
+
+/// What a plaintext client on a TLS-only listener gets before it is closed: readable by
+/// `redis-cli` without `--tls`, where a silent close would leave the user guessing.
+pub fn tls_required() -> Bytes {
+    simple_error(
+        "ERR",
+        "this port serves TLS only; connect with TLS (redis-cli --tls)",
+    )
+}

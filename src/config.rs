@@ -46,6 +46,9 @@ pub struct Config {
     pub access: crate::policy::config::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
     pub admin: AdminConfig,
+    /// TLS for clients (docs/operations.md, TLS from clients): on `listen` itself or on a
+    /// second port beside it; absent, clients speak plain TCP only.
+    pub tls: Option<ClientTlsConfig>,
     /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
     /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
     pub log_level: Located<String>,
@@ -101,9 +104,126 @@ impl Default for Config {
             rules: Vec::new(),
             access: Default::default(),
             admin: AdminConfig::default(),
+            tls: None,
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
         }
+    }
+}
+
+/// TLS for clients: the proxy's certificate, the CA that signs client certificates, and where
+/// TLS is served.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    /// PEM certificate chain the proxy presents; re-read when the file changes, so a renewed
+    /// certificate needs no restart.
+    pub cert_file: Located<PathBuf>,
+    /// PEM private key of `cert_file`; re-read with it.
+    pub key_file: Located<PathBuf>,
+    /// PEM CA certificates that sign client certificates. Given, clients are asked for a
+    /// certificate and one that does not verify is refused; absent, none is asked for.
+    pub client_ca_file: Option<Located<PathBuf>>,
+    /// With `client_ca_file`: `required` (a client without a certificate is refused) or
+    /// `optional` (it may connect and authenticate with a password instead).
+    pub client_certs: Located<ClientCerts>,
+    /// `IP:port` of a second listener that serves TLS only, beside the plaintext `listen`;
+    /// absent, `listen` itself serves TLS.
+    pub listen: Option<Located<String>>,
+    /// Without `tls.listen`: whether `listen` also serves plaintext clients (told apart by
+    /// their first byte), for a migration where not every client has TLS yet.
+    pub plaintext: Located<bool>,
+    /// Bound on the TLS handshake (and, on a TLS-only listener, on the first byte): a client
+    /// that starts one and never finishes is closed instead of holding a slot for ever.
+    pub handshake_timeout_ms: Located<u64>,
+    /// How often the certificate, key and CA files are looked at for changes (modification
+    /// time and size); a change is loaded for new connections, a broken file is refused and
+    /// the certificate in use stays.
+    pub reload_check_ms: Located<u64>,
+}
+
+/// Whether clients must present a certificate (`tls.client_certs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCerts {
+    /// A client without a verified certificate is refused in the handshake.
+    #[default]
+    Required,
+    /// A certificate is asked for, verified when sent, and not required.
+    Optional,
+}
+
+impl Default for ClientTlsConfig {
+    fn default() -> Self {
+        ClientTlsConfig {
+            cert_file: located(PathBuf::new()),
+            key_file: located(PathBuf::new()),
+            client_ca_file: None,
+            client_certs: located(ClientCerts::Required),
+            listen: None,
+            plaintext: located(false),
+            handshake_timeout_ms: located(5_000),
+            reload_check_ms: located(5_000),
+        }
+    }
+}
+
+impl ClientTlsConfig {
+    /// Every problem with the section's own values (whether the files load is `setup`'s).
+    fn problems(&self, problems: &mut Vec<Problem>) {
+        let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
+            if !ok {
+                problems.push(Problem {
+                    line: loc.line(),
+                    field: field.to_string(),
+                    message: message.to_string(),
+                });
+            }
+        };
+        check(
+            !self.cert_file.value.as_os_str().is_empty(),
+            &self.cert_file.referenced,
+            "tls.cert_file",
+            "is required (a PEM certificate chain)",
+        );
+        check(
+            !self.key_file.value.as_os_str().is_empty(),
+            &self.key_file.referenced,
+            "tls.key_file",
+            "is required (the PEM private key of tls.cert_file)",
+        );
+        if let Some(listen) = &self.listen {
+            check(
+                listen.value.parse::<SocketAddr>().is_ok(),
+                &listen.referenced,
+                "tls.listen",
+                "must be an IP:port such as 127.0.0.1:6390",
+            );
+            check(
+                !self.plaintext.value,
+                &self.plaintext.referenced,
+                "tls.plaintext",
+                "only applies without tls.listen (plaintext is served on listen already)",
+            );
+        }
+        check(
+            (1..=600_000).contains(&self.handshake_timeout_ms.value),
+            &self.handshake_timeout_ms.referenced,
+            "tls.handshake_timeout_ms",
+            "must be between 1 and 600000",
+        );
+        check(
+            self.reload_check_ms.value >= 100,
+            &self.reload_check_ms.referenced,
+            "tls.reload_check_ms",
+            "must be at least 100",
+        );
+        check(
+            self.client_ca_file.is_some() || self.client_certs.referenced.line() == 0,
+            &self.client_certs.referenced,
+            "tls.client_certs",
+            "needs tls.client_ca_file (the CA that signs client certificates)",
+        );
     }
 }
 
@@ -165,6 +285,18 @@ pub struct UpstreamConfig {
     pub scripts_on_dedicated: Located<bool>,
     /// TLS to the upstream; plain TCP when absent.
     pub tls: Option<TlsConfig>,
+    /// What the upstream holds, for the eviction check (docs/operations.md, Eviction
+    /// awareness): `cache` (everything may be evicted), `queue` (nothing may be) or `mixed`
+    /// (both; the default). Until routes exist, one role for the one upstream.
+    pub role: Located<UpstreamRole>,
+    /// How often the upstream's `maxmemory`, `maxmemory-policy` and memory use are read and
+    /// checked against `role` and the TTL rule (also at start and after each reload); 0 never.
+    pub memory_check_ms: Located<u64>,
+    /// Request coalescing: identical concurrent read-only single-key commands (GET,
+    /// HGETALL… from any clients) share one upstream reply while one is in flight, so a hot
+    /// key costs Redis one command per round trip instead of one per client. Off by default;
+    /// standalone mode only until routes carry it per route.
+    pub coalesce_reads: Located<bool>,
     /// What the proxy does at start and after each reload about scripts, which run as its
     /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
     /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
@@ -184,6 +316,32 @@ pub enum ScriptAclMode {
     Apply,
     /// Neither: for a Redis without ACLs or a user that may not run ACL DRYRUN.
     Off,
+}
+
+/// What the upstream's data is for (`upstream.role`), which decides which eviction policies
+/// fit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamRole {
+    /// Data that can be rebuilt: should evict (`allkeys-*`) under a `maxmemory`.
+    Cache,
+    /// Data that must not vanish (queues, streams, sessions of record): `noeviction`.
+    Queue,
+    /// Both in one Redis: only keys with a TTL should go (`volatile-*` with the TTL rule
+    /// enforced).
+    #[default]
+    Mixed,
+}
+
+impl UpstreamRole {
+    /// The name used in the file, INFO and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamRole::Cache => "cache",
+            UpstreamRole::Queue => "queue",
+            UpstreamRole::Mixed => "mixed",
+        }
+    }
 }
 
 /// What kind of upstream the proxy fronts.
@@ -375,6 +533,9 @@ impl Default for UpstreamConfig {
             dedicated_wait_ms: located(1_000),
             scripts_on_dedicated: located(true),
             tls: None,
+            role: located(UpstreamRole::Mixed),
+            memory_check_ms: located(60_000),
+            coalesce_reads: located(false),
             script_acl: located(ScriptAclMode::Check),
         }
     }
@@ -595,6 +756,9 @@ impl Config {
             "upstream.address",
             "must be host:port such as 127.0.0.1:6379",
         );
+        if let Some(tls) = &self.tls {
+            tls.problems(&mut problems);
+        }
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
         self.validate_sentinel(&mut problems);
@@ -935,7 +1099,7 @@ impl Config {
     }
 
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the
-    /// file now) and are read only at start, so a reload cannot apply them: `listen`,
+    /// file now) and are read only at start, so a reload cannot apply them: `listen`, `tls`,
     /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
     /// `shutdown_grace_ms`, `log_level`. Compared by value: moving a line changes nothing.
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
@@ -951,6 +1115,7 @@ impl Config {
         };
         [
             ("listen", differs(&self.listen.value, &new.listen.value)),
+            ("tls", differs(&self.tls, &new.tls)),
             ("upstream", differs(&self.upstream, &new.upstream)),
             ("limits", differs(&self.limits, &new.limits)),
             ("admin", admin(&self.admin) != admin(&new.admin)),

@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! client socket
+//!   -> listen     plain TCP or TLS (handshake bounded, client certificate verified)
 //!   -> codec      request framing with limits checked before buffering (RESP + inline)
 //!   -> command    command name -> kind, without allocating; the table's key specs
 //!   -> session    per connection: ClientState, ConnState, ReplyQueue, Input; one Command
@@ -63,10 +64,15 @@
 //!   `/healthz` and `/readyz`.
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
+//! - [`eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
+//!   checked against `upstream.role` and the TTL rule (log, metric, INFO, `/readyz`, the
+//!   note `upstream::oom` adds to OOM errors).
 //! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
 //!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
+//! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
+//!   client stream the session reads, certificate reloads, client-certificate names.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
@@ -84,8 +90,10 @@ pub mod commands;
 pub mod config;
 pub mod config_recovery;
 pub mod error;
+pub mod eviction;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod listen;
 pub mod metrics;
 pub mod ops;
 pub mod policy;

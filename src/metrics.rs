@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -230,9 +230,49 @@ pub struct Metrics {
     /// Commands the policy denies that a script could still run as the proxy's upstream user
     /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
     pub script_acl_open: Gauge,
+    /// Client TLS handshakes by outcome ([`TLS_OUTCOMES`]): `ok`, then each reason a client
+    /// was closed before its session started.
+    pub tls_handshakes: [Counter; 8],
+    /// Reloads of the client TLS files that took effect.
+    pub tls_reloads_ok: Counter,
+    /// Reloads of the client TLS files refused (the certificate in use stays).
+    pub tls_reloads_failed: Counter,
+    /// Findings of the latest eviction check (`eviction`); -1 before the first.
+    pub eviction_findings: Gauge,
+    /// `OOM command not allowed` replies from the upstream, forwarded with the proxy's note.
+    pub oom_replies: Counter,
+    /// Reads not sent upstream because an identical one in flight shared its reply
+    /// (`upstream.coalesce_reads`).
+    pub coalesced_reads: Counter,
+    /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
+    /// it sits with the handles every connection and session already holds.
+    pub memory_report: ArcSwapOption<MemoryReport>,
     /// For uptime in INFO.
     pub started: Instant,
 }
+
+/// What the latest eviction check found, in the form each reader needs.
+#[derive(Debug, Default)]
+pub struct MemoryReport {
+    /// Appended to an upstream `-OOM` error: the upstream's memory state and the policy.
+    pub oom_note: String,
+    /// `field:value` lines for INFO's `# Proxy` section.
+    pub info: String,
+    /// One line for the log and `/readyz`.
+    pub summary: String,
+}
+
+/// `outcome` labels of `rpp_tls_handshakes_total`: `ok`, then `listen::Refusal::ALL`'s.
+pub const TLS_OUTCOMES: [&str; 8] = [
+    "ok",
+    "plaintext",
+    "untrusted",
+    "expired",
+    "no_certificate",
+    "timeout",
+    "failed",
+    "closed",
+];
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -268,6 +308,8 @@ impl Metrics {
         m.register_cluster();
         m.register_clients();
         m.register_operations();
+        m.register_tls();
+        m.register_memory();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
         m.process.register_collector(Box::new(ProcessCollector {
@@ -310,6 +352,17 @@ impl Metrics {
                 g.set(-1);
                 g
             },
+            eviction_findings: {
+                let g = Gauge::default();
+                g.set(-1);
+                g
+            },
+            oom_replies: Counter::default(),
+            coalesced_reads: Counter::default(),
+            memory_report: ArcSwapOption::empty(),
+            tls_handshakes: Default::default(),
+            tls_reloads_ok: Counter::default(),
+            tls_reloads_failed: Counter::default(),
             started: Instant::now(),
         }
     }
@@ -447,6 +500,48 @@ impl Metrics {
             "client_sent_bytes",
             "Reply bytes written to clients",
             &self.bytes_out,
+        );
+    }
+
+    /// Client TLS: handshakes by outcome, certificate reloads by result.
+    fn register_tls(&mut self) {
+        let r = &mut self.registry;
+        self.tls_handshakes = labelled(
+            r,
+            "tls_handshakes",
+            "Client TLS connections by outcome: ok, or why the client was closed before its session started (plaintext, untrusted, expired, no_certificate, timeout, failed, closed)",
+            "outcome",
+            TLS_OUTCOMES,
+        );
+        [self.tls_reloads_ok, self.tls_reloads_failed] = labelled(
+            r,
+            "tls_reloads",
+            "Reloads of the client TLS certificate, key and CA files by result; a failed one keeps the certificate in use",
+            "result",
+            ["ok", "failed"],
+        );
+    }
+
+    /// The eviction check and the OOM replies it explains.
+    fn register_memory(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "eviction_findings",
+            "Problems the latest eviction check found with the upstream's maxmemory and maxmemory-policy for its role and the TTL rule; -1 before the first check",
+            &self.eviction_findings,
+        );
+        register(
+            r,
+            "oom_replies",
+            "OOM command not allowed errors from the upstream, forwarded to clients with the proxy's note",
+            &self.oom_replies,
+        );
+        register(
+            r,
+            "coalesced_reads",
+            "Reads answered with the reply of an identical read already in flight on the same shared connection, instead of being sent upstream (upstream.coalesce_reads)",
+            &self.coalesced_reads,
         );
     }
 

@@ -1,4 +1,5 @@
-//! The accept loop: client limit, one task per client, graceful shutdown.
+//! The accept loop: client limit, one task per client (TLS established in it), graceful
+//! shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use crate::codec::CodecLimits;
 use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
+use crate::listen::{Serving, TlsServer};
 use crate::metrics::Metrics;
 use crate::ops::Ops;
 use crate::policy::Policy;
@@ -77,6 +79,7 @@ pub async fn serve(
     // policy changes, and `/readyz` says what the check found.
     let acl_status = crate::script_acl::Status::default();
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
+    let ready = with_memory_report(ready, metrics.clone());
     let mut tasks = vec![
         tokio::spawn(crate::script_acl::watch(
             upstream.pool.control(),
@@ -95,14 +98,29 @@ pub async fn serve(
             stop_rx.clone(),
         ))
     });
+    if config.upstream.memory_check_ms.value > 0 {
+        let check = tokio::spawn(crate::eviction::watch(
+            upstream.pool.control(),
+            upstream.pool.addr().to_string(),
+            config.upstream.role.value,
+            Duration::from_millis(config.upstream.memory_check_ms.value),
+            policy.clone(),
+            metrics.clone(),
+        ));
+        tasks.push(check.abort_handle());
+    }
     tasks.extend(upstream.followers.iter().map(|t| t.abort_handle()));
+    let (serving, tls_listener, tls_watch) = listeners(&config, &metrics).await?;
+    tasks.extend(tls_watch.map(|t| t.abort_handle()));
     let ctx = context(&config, upstream, policy, ops);
     tasks.extend(spawn_ticks(&ctx));
     // At debug: the binary's startup summary (`startup::log`) says this and more.
     tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
     let mut clients = Clients::new(config.limits.max_clients.value);
-    accept(&listener, &ctx, &mut clients, shutdown).await;
+    let tls = tls_listener.as_ref();
+    accept(&listener, &serving, tls, &ctx, &mut clients, shutdown).await;
     drop(listener);
+    drop(tls_listener);
     let _ = stop_tx.send(true);
     ctx.stopping.store(true, Ordering::Release);
     ctx.idle_tick.notify_waiters();
@@ -156,7 +174,12 @@ async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Res
             }
         }
         UpstreamMode::Standalone => Upstream {
-            pool: Pool::start(config, metrics.clone()).map_err(std::io::Error::other)?,
+            pool: {
+                if config.upstream.coalesce_reads.value {
+                    crate::upstream::coalesce::enable();
+                }
+                Pool::start(config, metrics.clone()).map_err(std::io::Error::other)?
+            },
             cluster: None,
             replicas: None,
             followers: Vec::new(),
@@ -201,6 +224,20 @@ fn with_acl_status(
     Arc::new(move || {
         ready().map(|what| match status.load().as_deref() {
             Some(acl) => format!("{what}; {acl}"),
+            None => what,
+        })
+    })
+}
+
+/// `ready` with what the eviction check found appended: a detail of `/readyz`, never a
+/// failure.
+fn with_memory_report(
+    ready: crate::admin::ReadyCheck,
+    metrics: Arc<Metrics>,
+) -> crate::admin::ReadyCheck {
+    Arc::new(move || {
+        ready().map(|what| match metrics.memory_report.load().as_deref() {
+            Some(report) => format!("{what}; {}", report.summary),
             None => what,
         })
     })
@@ -311,27 +348,45 @@ impl Clients {
     }
 }
 
-/// Accepts clients until `shutdown` completes, one task each.
+/// Accepts clients until `shutdown` completes, one task each: on `listener` (served as
+/// `serving` says) and on the TLS-only listener of `tls.listen`, if any.
 async fn accept(
     listener: &TcpListener,
+    serving: &Serving,
+    tls: Option<&(TcpListener, Serving)>,
     ctx: &Arc<Context>,
     clients: &mut Clients,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        let (accepted, serving) = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => admit(stream, peer, ctx, clients),
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly instead of
-                    // spinning, and keep serving the clients we have.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+            accepted = listener.accept() => (accepted, serving),
+            accepted = accept_on(tls) => match tls {
+                Some((_, tls)) => (accepted, tls),
+                None => continue,
             },
+        };
+        match accepted {
+            Ok((stream, peer)) => admit(stream, peer, serving, ctx, clients),
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly instead of
+                // spinning, and keep serving the clients we have.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
+    }
+}
+
+/// The next client on `listener`; never without one.
+async fn accept_on(
+    listener: Option<&(TcpListener, Serving)>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some((l, _)) => l.accept().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -339,6 +394,7 @@ async fn accept(
 fn admit(
     mut stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
+    serving: &Serving,
     ctx: &Arc<Context>,
     clients: &Clients,
 ) {
@@ -358,14 +414,63 @@ fn admit(
     let ctx = ctx.clone();
     let count = clients.count.clone();
     let alive = clients.alive_tx.clone();
-    metrics.clients_total.inc();
-    metrics.clients.inc();
+    let serving = serving.clone();
     tokio::spawn(async move {
-        session::serve(stream, ctx, id).await;
+        // The TLS handshake runs here, in the client's own task: a slow one holds only its
+        // own client (and its slot of max_clients, for at most the handshake timeout).
+        if let Some(stream) = crate::listen::establish(stream, peer, &serving, &metrics).await {
+            metrics.clients_total.inc();
+            metrics.clients.inc();
+            session::serve(stream, ctx, id).await;
+            metrics.clients.dec();
+        }
         count.fetch_sub(1, Ordering::AcqRel);
-        metrics.clients.dec();
         drop(alive);
     });
+}
+
+/// What the client listeners serve: `listen` (plain, or TLS when `tls` has no `listen` of
+/// its own), the TLS-only listener of `tls.listen` if any, and the task that reloads the TLS
+/// files.
+async fn listeners(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> std::io::Result<(
+    Serving,
+    Option<(TcpListener, Serving)>,
+    Option<tokio::task::JoinHandle<()>>,
+)> {
+    let Some(tls) = &config.tls else {
+        return Ok((Serving::Plain, None, None));
+    };
+    let server = Arc::new(TlsServer::new(tls).map_err(std::io::Error::other)?);
+    let watch = tokio::spawn(server.clone().watch(metrics.clone()));
+    match &tls.listen {
+        None => {
+            let serving = Serving::Tls {
+                server,
+                plaintext: tls.plaintext.value,
+            };
+            Ok((serving, None, Some(watch)))
+        }
+        Some(at) => {
+            let listener = TcpListener::bind(&at.value).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot listen for TLS clients on {} (tls.listen): {e}",
+                        at.value
+                    ),
+                )
+            })?;
+            tracing::info!(listen = %at.value, "serving TLS clients");
+            let serving = Serving::Tls {
+                server,
+                plaintext: false,
+            };
+            Ok((Serving::Plain, Some((listener, serving)), Some(watch)))
+        }
+    }
 }
 
 /// What sentinel mode runs: the primary's pool, the replicas reads may use, and the tasks

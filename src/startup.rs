@@ -40,12 +40,22 @@ pub fn log(s: &Started<'_>) {
         .policy_file
         .map_or_else(|| NO_POLICY.to_string(), |p| p.display().to_string());
     let admin = s.admin.map_or_else(|| "off".to_string(), |a| a.to_string());
+    // Where clients can speak TLS (docs/operations.md, TLS from clients).
+    let tls = match &s.config.tls {
+        None => "off".to_string(),
+        Some(t) => match (&t.listen, t.plaintext.value) {
+            (Some(at), _) => at.value.clone(),
+            (None, true) => "listen, plaintext too".to_string(),
+            (None, false) => "listen only".to_string(),
+        },
+    };
     tracing::info!(
         version = crate::LONG_VERSION,
         listen = %s.listen,
         upstream_mode = mode_name(s.config.upstream.mode.value),
         upstream = %s.config.upstream_nodes().join(","),
         admin = %admin,
+        tls = %tls,
         policy_file = %policy_file,
         policy_version = s.policy.version(),
         rules = enforce + audit,

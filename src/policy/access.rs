@@ -24,6 +24,8 @@ pub struct Identities {
     rules: Vec<Identity>,
     /// User name → SHA-256 of the password.
     users: HashMap<Vec<u8>, [u8; 32]>,
+    /// Users a verified client certificate logs in as (`access.cert_users`).
+    cert_users: Vec<Vec<u8>>,
     /// Commands other than AUTH/HELLO AUTH/QUIT/RESET need an authenticated client.
     pub require_auth: bool,
     /// Key prefix by tenant index; `None`: the tenant sees the whole keyspace.
@@ -62,6 +64,11 @@ impl Identities {
                 }),
             }
         }
+        ids.cert_users = access
+            .cert_users
+            .iter()
+            .map(|u| u.as_bytes().to_vec())
+            .collect();
         for (i, id) in access.identities.iter().enumerate() {
             let line = id.tenant.referenced.line();
             let tenant = ids.tenant_index_or_add(&id.tenant.value);
@@ -80,11 +87,13 @@ impl Identities {
                 },
             };
             if let Some(user) = &id.user {
-                if !ids.users.contains_key(user.as_bytes()) {
+                if !ids.users.contains_key(user.as_bytes())
+                    && !ids.cert_users.iter().any(|c| c == user.as_bytes())
+                {
                     problems.push(Problem {
                         line,
                         field: format!("access.identities[{i}].user"),
-                        message: format!("no user `{user}` in access.users"),
+                        message: format!("no user `{user}` in access.users or access.cert_users"),
                     });
                 }
             }
@@ -134,11 +143,11 @@ impl Identities {
                 }),
             }
         }
-        if ids.require_auth && ids.users.is_empty() {
+        if ids.require_auth && ids.users.is_empty() && ids.cert_users.is_empty() {
             problems.push(Problem {
                 line: 0,
                 field: "access.require_auth".into(),
-                message: "needs at least one user in access.users".into(),
+                message: "needs at least one user in access.users or access.cert_users".into(),
             });
         }
         ids
@@ -219,6 +228,17 @@ impl Identities {
     /// Whether any tenant is namespaced.
     pub fn has_namespaces(&self) -> bool {
         self.namespaces.iter().any(Option::is_some)
+    }
+
+    /// The user a verified client certificate logs in as: the first of its names (CN, then
+    /// SANs) listed in `access.cert_users`.
+    pub fn cert_user(&self, names: &[String]) -> Option<&[u8]> {
+        names.iter().find_map(|name| {
+            self.cert_users
+                .iter()
+                .find(|u| u.as_slice() == name.as_bytes())
+                .map(Vec::as_slice)
+        })
     }
 
     /// Whether the proxy checks AUTH itself.

@@ -18,6 +18,11 @@ pub struct Access {
     /// Proxy-side users, for `AUTH user pass` and `HELLO … AUTH user pass`.
     #[serde(default)]
     pub users: Vec<UserConfig>,
+    /// Users a verified TLS client certificate logs in as, without a password: a client
+    /// whose certificate names one of these (subject CN, or a DNS, URI or e-mail SAN) is that
+    /// user from its first command, and `identities` map it to a tenant like any user.
+    #[serde(default)]
+    pub cert_users: Vec<String>,
     /// Which tenant a client belongs to, first match wins: by AUTH user and/or address.
     #[serde(default)]
     pub identities: Vec<IdentityConfig>,
@@ -169,6 +174,11 @@ pub struct TtlConfig {
     /// expire, which an operator must choose knowingly.
     #[serde(default)]
     pub keys: Option<TtlKeys>,
+    /// Spread of forced TTLs, as a fraction (0 to 0.9): a key gets its forced TTL shortened by
+    /// up to this part of it, by a hash of its name, so keys written together (a cache filled
+    /// at start, a batch job) do not all expire in the same second and stampede the backend.
+    #[serde(default)]
+    pub jitter: Option<f64>,
 }
 
 /// Which keys a `ttl` rule gives a TTL (see policy/README.md).

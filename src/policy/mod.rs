@@ -830,6 +830,15 @@ impl Policy {
         e
     }
 
+    /// Each `ttl` rule's id and mode, in file order: what the eviction check weighs
+    /// `volatile-*` policies against.
+    pub fn ttl_rules(&self) -> impl Iterator<Item = (&str, Mode)> {
+        self.rules
+            .iter()
+            .filter(|r| matches!(r.kind, Kind::Ttl(_)))
+            .map(|r| (r.id.as_str(), r.mode))
+    }
+
     /// Counters of a rule by id, for metrics and tests.
     pub fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
@@ -1579,6 +1588,12 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
             return Err("a default or prefix TTL is above `max`".into());
         }
     }
+    let jitter = c.jitter.unwrap_or(0.0);
+    if !(0.0..=0.9).contains(&jitter) {
+        return Err(
+            "`jitter` must be a fraction between 0 and 0.9 (0.1: up to 10% shorter)".into(),
+        );
+    }
     // Longest prefix first, so `session:admin:` can override `session:`.
     prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
     Ok(ttl::Ttl {
@@ -1587,6 +1602,7 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
         max_ms,
         deny_persist: c.deny_persist,
         keys,
+        jitter: ttl::Jitter::new(jitter, ttl::unix_ms()),
         clock: ttl::unix_ms,
     })
 }

@@ -51,6 +51,8 @@ pub struct Ttl {
     pub deny_persist: bool,
     /// Which keys get the TTL: created ones, or every key written without one.
     pub keys: TtlKeys,
+    /// How forced TTLs are spread (`jitter`), so keys written together expire apart.
+    pub jitter: Jitter,
     /// Unix time in milliseconds, read only for absolute expiries (EXAT, PXAT, EXPIREAT,
     /// RESTORE ABSTTL); a field so tests can fix it.
     pub clock: fn() -> u64,
@@ -75,6 +77,48 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The spread of forced TTLs: a key's forced TTL is shortened by up to `fraction` of it, by
+/// a hash of the key's name. A hash rather than a random draw: the same key in one command
+/// gets one TTL (the hidden commands stay deduplicated), nothing is shared between threads,
+/// and different keys, which is what is written together, spread evenly.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Jitter {
+    /// Part of the TTL taken off at most, in millionths (0: no jitter).
+    ppm: u64,
+    /// Mixed into the hash, chosen at compile time, so clients cannot pick names that all
+    /// land on the same TTL.
+    seed: u64,
+}
+
+impl Jitter {
+    /// `fraction` (validated: 0 to 0.9) with `seed`.
+    pub fn new(fraction: f64, seed: u64) -> Jitter {
+        Jitter {
+            ppm: (fraction * 1_000_000.0).round() as u64,
+            seed,
+        }
+    }
+
+    /// `ms` as `key` gets it: in `(ms·(1 − fraction), ms]`, evenly spread over keys.
+    pub fn apply(&self, key: &[u8], ms: u64) -> u64 {
+        if self.ppm == 0 {
+            return ms;
+        }
+        // FNV-1a, then splitmix64's finaliser: cheap, and even in every bit.
+        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ self.seed;
+        for &b in key {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        // A millionth of the spread, 0 to 999,999, scaled without overflow.
+        let step = h % 1_000_000;
+        let off = (u128::from(ms) * u128::from(self.ppm) * u128::from(step)) / 1_000_000_000_000;
+        ms - off as u64
+    }
 }
 
 /// What the rule does to one command.
@@ -121,8 +165,15 @@ impl Ttl {
         self.default_ms
     }
 
+    /// The TTL the rule forces on `key` written without one: [`Ttl::ttl_for`], spread by
+    /// the rule's `jitter`.
+    pub fn forced_ms(&self, key: &[u8]) -> Option<u64> {
+        self.ttl_for(key).map(|ms| self.jitter.apply(key, ms))
+    }
+
     /// Where each key of a command gets its TTL from, for `--explain`:
-    /// `` `session:1` 24h (prefix `session:`) ``, `` `user:1` 1h (default) ``.
+    /// `` `session:1` 24h (prefix `session:`) ``, `` `user:1` 1h (default) ``, and with
+    /// `jitter` the key's own value: `` `user:1` 1h (default), 3412345ms after jitter ``.
     pub fn sources<L: CommandLine + ?Sized>(&self, line: &L) -> String {
         let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
         let Ok(keys) = commands::keys(&args) else {
@@ -140,6 +191,10 @@ impl Ttl {
                     String::from_utf8_lossy(p)
                 ),
                 None => format!("`{name}` {} (default)", show(self.default_ms)),
+            };
+            let part = match self.forced_ms(key) {
+                Some(ms) if self.jitter.ppm > 0 => format!("{part}, {ms}ms after jitter"),
+                _ => part,
             };
             if !parts.contains(&part) {
                 parts.push(part);
@@ -228,7 +283,7 @@ impl Ttl {
             // without a TTL keeps none, one with a TTL keeps it, a new key gets the rule's.
             return self.set_keeping_ttl(args, &[b"KEEPTTL"], build);
         }
-        match self.ttl_for(args[1]) {
+        match self.forced_ms(args[1]) {
             Some(ms) => TtlAction::Rewrite(Rewrite {
                 command: None,
                 append: Some(Appended {
@@ -316,7 +371,7 @@ impl Ttl {
             (v, None) => Some(v as u64),
         };
         let new_ttl = match (ttl, self.max_ms) {
-            (None, _) => match self.ttl_for(args[1]) {
+            (None, _) => match self.forced_ms(args[1]) {
                 Some(ms) => ms,
                 None => return TtlAction::Keep,
             },
@@ -373,7 +428,7 @@ impl Ttl {
         let (mut found, mut marks) = (false, false);
         for (index, replaced) in keys {
             let name = args[index];
-            let Some(ms) = self.ttl_for(name) else {
+            let Some(ms) = self.forced_ms(name) else {
                 continue;
             };
             if build == Build::NoteOnly {
@@ -497,6 +552,7 @@ mod tests {
             max_ms: Some(604_800_000),
             deny_persist: true,
             keys: TtlKeys::Written,
+            jitter: Jitter::default(),
             clock: || NOW_MS,
         }
     }
@@ -800,5 +856,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn jitter_spreads_forced_ttls_evenly_and_never_lengthens_them() {
+        let jittered = Ttl {
+            jitter: Jitter::new(0.2, 42),
+            ..rule()
+        };
+        let mut buckets = [0u32; 10];
+        for i in 0..10_000 {
+            let key = format!("user:{i}");
+            let ms = jittered.forced_ms(key.as_bytes()).unwrap();
+            assert!((2_880_000..=3_600_000).contains(&ms), "{key}: {ms}");
+            // The same key always gets the same TTL.
+            assert_eq!(jittered.forced_ms(key.as_bytes()), Some(ms));
+            buckets[((3_600_000 - ms) / 72_000).min(9) as usize] += 1;
+        }
+        // Even: each tenth of the spread holds about a tenth of the keys.
+        assert!(
+            buckets.iter().all(|&n| (800..=1200).contains(&n)),
+            "{buckets:?}"
+        );
+        // Explicit TTLs and cuts to `max` are the client's and the rule's: not spread.
+        assert_eq!(
+            run_with(&jittered, "SET k v EX 10"),
+            TtlAction::Keep,
+            "an explicit TTL stays"
+        );
+        assert_eq!(rule().forced_ms(b"user:1"), Some(3_600_000));
+    }
+
+    fn run_with(ttl: &Ttl, line: &str) -> TtlAction {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        let spec = commands::lookup_args(&args).unwrap();
+        ttl.apply(spec, &args[..], Build::Commands)
     }
 }

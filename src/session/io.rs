@@ -4,19 +4,20 @@ use super::routing::Routing;
 use super::{
     ClientState, ConnState, Context, Input, READ_CHUNK, ReplyMode, ReplyQueue, Session, Slot,
 };
+use crate::listen::ClientStream;
+use crate::listen::stream::{ClientRead, ClientWrite};
 use crate::upstream::Reply;
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 impl Session {
     /// A session for the client on `stream`, with nothing negotiated yet.
-    pub(super) fn new(stream: &TcpStream, ctx: Arc<Context>, id: u64) -> Session {
+    pub(super) fn new(stream: &ClientStream, ctx: Arc<Context>, id: u64) -> Session {
         let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
         let peer = stream.peer_addr().unwrap_or(unknown);
         let policy = ctx.policy.load_full();
@@ -62,7 +63,7 @@ impl Session {
 
     /// Writes the replies ready in `queue.out` and gives their push bytes back to the
     /// budget; `false` when the client's socket failed.
-    pub(super) async fn write_out(&mut self, wr: &mut tokio::net::tcp::WriteHalf<'_>) -> bool {
+    pub(super) async fn write_out(&mut self, wr: &mut ClientWrite<'_>) -> bool {
         let bytes: usize = self.queue.out.iter().map(Bytes::len).sum();
         if write_all(wr, &mut self.queue.out).await.is_err() {
             return false;
@@ -123,7 +124,7 @@ impl Session {
     pub(super) async fn on_readable(
         &mut self,
         ready: std::io::Result<()>,
-        rd: &mut tokio::net::tcp::ReadHalf<'_>,
+        rd: &mut ClientRead<'_>,
     ) {
         if ready.is_err() {
             self.input.closing = true;
@@ -213,12 +214,15 @@ impl Session {
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
-pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
+pub async fn serve(mut stream: ClientStream, ctx: Arc<Context>, id: u64) {
     let _ = stream.set_nodelay(true);
     let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
     // The idle tick is read through its own handle: `s` is borrowed mutably by the handlers.
     let ticks = ctx.clone();
     let mut s = Session::new(&stream, ctx, id);
+    if let Some(user) = s.client.policy.access.cert_user(stream.cert_names()) {
+        s.login(Some(Bytes::copy_from_slice(user)));
+    }
     let (mut rd, mut wr) = stream.split();
     // The tick is waited on by a future kept across iterations: made anew in each `select!`,
     // it would join and leave the notifier's waiter list (a lock each time) on every
@@ -267,7 +271,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<Context>, id: u64) {
 /// EAGAIN, which was one wasted syscall per request at `-P 1` (strace: 101,054 `recvfrom`
 /// for 50,000 GETs, half of them EAGAIN).
 pub(super) async fn read_now(
-    rd: &mut tokio::net::tcp::ReadHalf<'_>,
+    rd: &mut ClientRead<'_>,
     buf: &mut BytesMut,
 ) -> std::io::Result<usize> {
     let mut read = std::pin::pin!(rd.read_buf(buf));
@@ -292,7 +296,7 @@ pub(super) async fn recv(rx: &mut Option<mpsc::UnboundedReceiver<Reply>>) -> Opt
 /// slice array is built on the stack inside each poll, never held across an await: it would
 /// otherwise add 1 KiB to every session's task, idle or not.
 pub(super) async fn write_all(
-    wr: &mut tokio::net::tcp::WriteHalf<'_>,
+    wr: &mut ClientWrite<'_>,
     out: &mut Vec<Bytes>,
 ) -> std::io::Result<()> {
     const MAX_SLICES: usize = 64;
@@ -326,5 +330,6 @@ pub(super) async fn write_all(
         }
     }
     out.clear();
-    Ok(())
+    // TLS keeps what it encrypted until flushed; plain TCP's flush does nothing.
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *wr).poll_flush(cx)).await
 }

@@ -883,7 +883,7 @@ mod size_tests {
             policy,
             ops,
         });
-        let fut = serve(client, ctx, 1);
+        let fut = serve(crate::listen::ClientStream::plain(client), ctx, 1);
         // Measured 1024 bytes in debug since the session is in parts with its mode state in
         // `Routing` (1168 before; 2216 before processing a read was boxed per read; rare large
         // futures, such as a dedicated connect, the HELLO wait or a full upstream queue, are

@@ -137,6 +137,9 @@ impl Session {
                 m.replica_reads.get(),
             );
         }
+        if let Some(report) = m.memory_report.load().as_deref() {
+            s.push_str(&report.info);
+        }
         for (id, counts) in self.rule_counts() {
             let _ = write!(s, "proxy_rule_{id}:");
             for (i, (outcome, n)) in counts.iter().enumerate() {

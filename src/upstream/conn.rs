@@ -7,6 +7,7 @@
 //! registered before its bytes can reach Redis and no channel hop sits between them.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +65,13 @@ struct Pending {
     /// blocked, when that one was answered. Its command timeout counts from here, so a
     /// command is not blamed for the wait of a blocking command ahead of it.
     since: Instant,
+    /// With coalescing, a shareable read's bytes and the other connections' reply count when
+    /// it was sent: an identical read may join it while it is the last batch sent
+    /// (`coalesce`).
+    share: Option<(Bytes, u64)>,
+    /// Identical reads that joined this batch: each gets a copy of its reply (the
+    /// session's reply channel and `seq`). Empty, so unallocated, almost always.
+    followers: Vec<(ReplySender, u16)>,
 }
 
 /// Per-connection pub/sub state, needed to frame replies on a subscribed connection.
@@ -85,6 +93,10 @@ impl PubSub {
 /// Runs the connection until it fails, every sender is gone or `stop` resolves (the node is
 /// no longer the one to use: Sentinel moved the primary). Returns why it ended; batches still
 /// unanswered have had their error replies by then, and queued ones stay in `rx`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection task's settings, each used by one half of it"
+)]
 pub async fn run(
     stream: UpstreamStream,
     rx: &mut mpsc::Receiver<Batch>,
@@ -93,15 +105,16 @@ pub async fn run(
     metrics: Option<Arc<Metrics>>,
     timeout: Option<Duration>,
     stop: Option<Stop>,
+    coalesce: bool,
 ) -> String {
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
-            run_split(r, w, rx, addr, push, metrics, timeout, stop).await
+            run_split(r, w, rx, addr, push, metrics, timeout, stop, coalesce).await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
-            run_split(r, w, rx, addr, push, metrics, timeout, stop).await
+            run_split(r, w, rx, addr, push, metrics, timeout, stop, coalesce).await
         }
     }
 }
@@ -119,8 +132,12 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     metrics: Option<Arc<Metrics>>,
     timeout: Option<Duration>,
     stop: Option<Stop>,
+    coalesce: bool,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
+    // Batches this connection answered, for `coalesce::epoch`.
+    let own = AtomicU64::new(0);
+    let writer_metrics = metrics.clone();
     let mut reader = Reader {
         pos: 0,
         acc: BytesMut::new(),
@@ -128,17 +145,18 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         pubsub: PubSub::default(),
         push,
         metrics,
+        oom: false,
         timeout,
     };
     // Without a stop future the branch is disabled once, when `select!` starts, and never
     // polled: a fixed-address connection pays nothing per wake-up.
     let stoppable = stop.is_some();
     let (reason, by_proxy) = tokio::select! {
-        r = write_loop(w, rx, &pending) => match r {
+        r = write_loop(w, rx, &pending, coalesce.then_some(&own), writer_metrics.as_deref()) => match r {
             Ok(()) => ("closed by the proxy".to_string(), true),
             Err(e) => (format!("write failed: {e}"), false),
         },
-        r = reader.read_loop(r, &pending) => (r, false),
+        r = reader.read_loop(r, &pending, &own) => (r, false),
         r = async move {
             match stop {
                 Some(stop) => stop.await,
@@ -173,6 +191,15 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             error: Some(Box::new(lost.clone())),
             seq: head.seq,
         });
+        // A shared read has one command: it had no reply.
+        for (to, seq) in head.followers {
+            let _ = to.send(Reply::Batch {
+                data: Bytes::new(),
+                missing: 1,
+                error: Some(Box::new(lost.clone())),
+                seq,
+            });
+        }
     }
     for p in pending {
         let _ = p.reply_to.send(Reply::Batch {
@@ -181,38 +208,88 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             error: Some(Box::new(lost.clone())),
             seq: p.seq,
         });
+        for (to, seq) in p.followers {
+            let _ = to.send(Reply::Batch {
+                data: Bytes::new(),
+                missing: 1,
+                error: Some(Box::new(lost.clone())),
+                seq,
+            });
+        }
     }
     reason
 }
 
+/// Puts `batch` in the reply queue and hands back its bytes to write; `None` when it is a
+/// shareable read identical to the last batch sent (same bytes, no other connection's reply
+/// since: `share`), which it joins instead of being sent.
+fn register(
+    pending: &Mutex<VecDeque<Pending>>,
+    batch: Batch,
+    share: Option<(Bytes, u64)>,
+    now: Instant,
+) -> Option<Bytes> {
+    let mut queue = lock(pending);
+    if let (Some((bytes, epoch)), Some(last)) = (&share, queue.back_mut()) {
+        if matches!(&last.share, Some((b, e)) if b == bytes && e == epoch) {
+            last.followers.push((batch.reply_to, batch.seq));
+            return None;
+        }
+    }
+    queue.push_back(Pending {
+        expect: batch.expect,
+        total: None,
+        got: 0,
+        reply_to: batch.reply_to,
+        seq: batch.seq,
+        sent: now,
+        wait: batch.wait,
+        since: now,
+        share,
+        followers: Vec::new(),
+    });
+    Some(batch.bytes)
+}
+
+/// Writes queued batches. `coalesce`: this connection's reply count when identical reads
+/// may share a reply (`coalesce`), `None` otherwise.
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
     rx: &mut mpsc::Receiver<Batch>,
     pending: &Mutex<VecDeque<Pending>>,
+    coalesce: Option<&AtomicU64>,
+    metrics: Option<&Metrics>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(batch) = next {
             let now = Instant::now();
-            lock(pending).push_back(Pending {
-                expect: batch.expect,
-                total: None,
-                got: 0,
-                reply_to: batch.reply_to,
-                seq: batch.seq,
-                sent: now,
-                wait: batch.wait,
-                since: now,
-            });
-            if batch.bytes.len() >= COPY_LIMIT {
+            let share = match coalesce {
+                Some(own)
+                    if batch.expect == Expect::Frames(1)
+                        && super::coalesce::shareable(&batch.bytes) =>
+                {
+                    Some((batch.bytes.clone(), super::coalesce::epoch(own)))
+                }
+                _ => None,
+            };
+            let Some(bytes) = register(pending, batch, share, now) else {
+                // The same read, sent last and not answered: it shares that reply.
+                if let Some(m) = metrics {
+                    m.coalesced_reads.inc();
+                }
+                next = rx.try_recv().ok();
+                continue;
+            };
+            if bytes.len() >= COPY_LIMIT {
                 if !buf.is_empty() {
                     w.write_all(&buf).await?;
                     buf.clear();
                 }
-                w.write_all(&batch.bytes).await?;
+                w.write_all(&bytes).await?;
             } else {
-                buf.extend_from_slice(&batch.bytes);
+                buf.extend_from_slice(&bytes);
             }
             if buf.len() >= WRITE_BATCH {
                 break;
@@ -246,6 +323,9 @@ struct Reader {
     /// Counts error replies, and round trips on shared connections (a dedicated one carries
     /// blocking commands, whose wait is not the upstream's latency).
     metrics: Option<Arc<Metrics>>,
+    /// The head batch has an OOM error among its replies: the proxy's note is added to it
+    /// when the batch is handed out (`oom`).
+    oom: bool,
     /// Longest wait for the oldest unanswered batch before the connection is declared dead
     /// (a stopped or partitioned Redis would otherwise hang every client on it), on top of
     /// the wait a blocking command asked for (see [`ReplyWait`]).
@@ -257,6 +337,7 @@ impl Reader {
         &mut self,
         mut r: R,
         pending: &Mutex<VecDeque<Pending>>,
+        own: &AtomicU64,
     ) -> String {
         // How long the next read may wait before the oldest batch is looked at.
         let mut wait = self.timeout.unwrap_or_default();
@@ -290,14 +371,18 @@ impl Reader {
                 Ok(_) => {}
                 Err(e) => return format!("read failed: {e}"),
             }
-            if let Err(e) = self.process(pending).await {
+            if let Err(e) = self.process(pending, own).await {
                 return e;
             }
         }
     }
 
     /// Hands out every complete reply in the buffer.
-    async fn process(&mut self, pending: &Mutex<VecDeque<Pending>>) -> Result<(), String> {
+    async fn process(
+        &mut self,
+        pending: &Mutex<VecDeque<Pending>>,
+        own: &AtomicU64,
+    ) -> Result<(), String> {
         loop {
             let len = match reply::scan(&self.rbuf[self.pos..]) {
                 Ok(Some(len)) => len,
@@ -327,6 +412,10 @@ impl Reader {
             if let Some(m) = &self.metrics {
                 if self.rbuf[start] == b'-' {
                     m.upstream_error_replies.inc();
+                    if super::oom::is_oom(&self.rbuf[start..start + len]) {
+                        m.oom_replies.inc();
+                        self.oom = true;
+                    }
                 }
             }
             if head.got >= total {
@@ -354,12 +443,37 @@ impl Reader {
                     self.acc.split().freeze()
                 };
                 self.pos = 0;
+                let data = match (std::mem::take(&mut self.oom), &self.metrics) {
+                    (true, Some(m)) => match m.memory_report.load().as_deref() {
+                        Some(report) => super::oom::annotate(data, &report.oom_note),
+                        None => data,
+                    },
+                    _ => data,
+                };
+                if super::coalesce::enabled() {
+                    super::coalesce::answered(own);
+                }
+                // In the order the batches were sent: a session whose own reads joined gets
+                // its replies in order.
+                let shared = (!head.followers.is_empty()).then(|| data.clone());
                 let _ = head.reply_to.send(Reply::Batch {
                     data,
                     missing: 0,
                     error: None,
                     seq: head.seq,
                 });
+                for ((to, seq), data) in
+                    head.followers.into_iter().zip(std::iter::repeat_with(|| {
+                        shared.clone().unwrap_or_default()
+                    }))
+                {
+                    let _ = to.send(Reply::Batch {
+                        data,
+                        missing: 0,
+                        error: None,
+                        seq,
+                    });
+                }
             }
         }
     }

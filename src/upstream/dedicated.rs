@@ -449,6 +449,7 @@ async fn serve(
         Some(link.metrics),
         link.command_timeout,
         stop,
+        false,
     )
     .await;
     drop(permit);

@@ -3,6 +3,8 @@
 //! - [`handshake`]: connect, authenticate and pick the RESP version.
 //! - [`conn`]: the pipelined connection task: batched writes, FIFO reply matching on raw bytes,
 //!   pub/sub-aware framing for dedicated connections.
+//! - [`coalesce`]: identical concurrent reads sharing one reply (`upstream.coalesce_reads`).
+//! - [`oom`]: the proxy's note appended to Redis's OOM errors.
 //! - [`tls`]: the optional TLS layer.
 //! - [`pool`]: the shared connections with reconnect and backoff.
 //! - [`dedicated`]: each node's dedicated connections, capped and kept warm so a command that
@@ -13,9 +15,11 @@
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
 
 pub mod address;
+pub mod coalesce;
 pub mod conn;
 pub mod dedicated;
 pub mod handshake;
+pub mod oom;
 pub mod outage;
 pub mod pool;
 pub mod replicas;

@@ -121,6 +121,7 @@ impl Pool {
                     proto,
                     role: Role::Shared,
                     outage: outage.clone(),
+                    coalesce: settings.coalesce,
                 };
                 start(link, rx, hello_tx[index].clone(), flag);
             }
@@ -131,6 +132,7 @@ impl Pool {
             proto: 2,
             role: Role::Control,
             outage,
+            coalesce: false,
         };
         start(
             link,
@@ -283,6 +285,9 @@ pub struct PoolSettings {
     pub command_timeout: Option<Duration>,
     /// Cap, warm stock and wait of the dedicated connections.
     pub dedicated: DedicatedLimits,
+    /// Identical concurrent reads share one reply on the shared connections
+    /// (`upstream.coalesce_reads`, standalone mode only for now).
+    pub coalesce: bool,
 }
 
 impl PoolSettings {
@@ -316,6 +321,8 @@ impl PoolSettings {
                 warm: u.dedicated_warm.value,
                 wait: Duration::from_millis(u.dedicated_wait_ms.value),
             },
+            coalesce: u.coalesce_reads.value
+                && u.mode.value == crate::config::UpstreamMode::Standalone,
         })
     }
 }
@@ -329,6 +336,9 @@ struct Link {
     role: Role,
     /// The node's outage state, shared by all of the pool's supervisors.
     outage: Arc<Outage>,
+    /// Identical reads on this connection share one reply (`upstream.coalesce_reads`; shared
+    /// connections only).
+    coalesce: bool,
 }
 
 impl Link {
@@ -425,6 +435,7 @@ async fn supervise(
                     Some(metrics.clone()),
                     command_timeout,
                     address.moved_from(&spec.addr),
+                    link.coalesce,
                 )
                 .await;
                 up.store(false, Ordering::Relaxed);
