@@ -173,7 +173,14 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         addr: addr.clone(),
         reason: reason.clone().into(),
     };
-    let mut pending = pending.into_inner().unwrap_or_else(|e| e.into_inner());
+    let pending = pending.into_inner().unwrap_or_else(|e| e.into_inner());
+    fail_pending(pending, &mut reader, &lost);
+    reason
+}
+
+/// Answers every batch still waiting with `lost`: the head with the replies it got (they
+/// are complete and delivered), the rest with none. Never resent: each may have been applied.
+fn fail_pending(mut pending: VecDeque<Pending>, reader: &mut Reader, lost: &UpstreamError) {
     if let Some(head) = pending.pop_front() {
         let mut data = std::mem::take(&mut reader.acc);
         data.extend_from_slice(&reader.rbuf[..reader.pos]);
@@ -191,15 +198,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             error: Some(Box::new(lost.clone())),
             seq: head.seq,
         });
-        // A shared read has one command: it had no reply.
-        for (to, seq) in head.followers {
-            let _ = to.send(Reply::Batch {
-                data: Bytes::new(),
-                missing: 1,
-                error: Some(Box::new(lost.clone())),
-                seq,
-            });
-        }
+        fail_followers(head.followers, lost);
     }
     for p in pending {
         let _ = p.reply_to.send(Reply::Batch {
@@ -208,16 +207,20 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             error: Some(Box::new(lost.clone())),
             seq: p.seq,
         });
-        for (to, seq) in p.followers {
-            let _ = to.send(Reply::Batch {
-                data: Bytes::new(),
-                missing: 1,
-                error: Some(Box::new(lost.clone())),
-                seq,
-            });
-        }
+        fail_followers(p.followers, lost);
     }
-    reason
+}
+
+/// The reads that joined a lost batch (`coalesce`): one command each, without a reply.
+fn fail_followers(followers: Vec<(ReplySender, u16)>, lost: &UpstreamError) {
+    for (to, seq) in followers {
+        let _ = to.send(Reply::Batch {
+            data: Bytes::new(),
+            missing: 1,
+            error: Some(Box::new(lost.clone())),
+            seq,
+        });
+    }
 }
 
 /// Puts `batch` in the reply queue and hands back its bytes to write; `None` when it is a
@@ -431,50 +434,52 @@ impl Reader {
                     }
                 }
                 drop(queue);
-                if let (Some(m), None) = (&self.metrics, &self.push) {
-                    m.upstream_duration
-                        .observe_n(head.sent.elapsed(), u64::from(total));
-                }
-                let data = if self.acc.is_empty() {
-                    self.rbuf.split_to(self.pos).freeze()
-                } else {
-                    self.acc.extend_from_slice(&self.rbuf[..self.pos]);
-                    self.rbuf.advance(self.pos);
-                    self.acc.split().freeze()
-                };
-                self.pos = 0;
-                let data = match (std::mem::take(&mut self.oom), &self.metrics) {
-                    (true, Some(m)) => match m.memory_report.load().as_deref() {
-                        Some(report) => super::oom::annotate(data, &report.oom_note),
-                        None => data,
-                    },
-                    _ => data,
-                };
-                if super::coalesce::enabled() {
-                    super::coalesce::answered(own);
-                }
-                // In the order the batches were sent: a session whose own reads joined gets
-                // its replies in order.
-                let shared = (!head.followers.is_empty()).then(|| data.clone());
-                let _ = head.reply_to.send(Reply::Batch {
-                    data,
-                    missing: 0,
-                    error: None,
-                    seq: head.seq,
-                });
-                for ((to, seq), data) in
-                    head.followers.into_iter().zip(std::iter::repeat_with(|| {
-                        shared.clone().unwrap_or_default()
-                    }))
-                {
-                    let _ = to.send(Reply::Batch {
-                        data,
-                        missing: 0,
-                        error: None,
-                        seq,
-                    });
-                }
+                self.deliver(head, total, own);
             }
+        }
+    }
+
+    /// Hands the batch whose last reply ends at `pos` to its session (and to the reads that
+    /// joined it), as one slice of the read buffer.
+    fn deliver(&mut self, head: Pending, total: u32, own: &AtomicU64) {
+        if let (Some(m), None) = (&self.metrics, &self.push) {
+            m.upstream_duration
+                .observe_n(head.sent.elapsed(), u64::from(total));
+        }
+        let data = if self.acc.is_empty() {
+            self.rbuf.split_to(self.pos).freeze()
+        } else {
+            self.acc.extend_from_slice(&self.rbuf[..self.pos]);
+            self.rbuf.advance(self.pos);
+            self.acc.split().freeze()
+        };
+        self.pos = 0;
+        let data = match (std::mem::take(&mut self.oom), &self.metrics) {
+            (true, Some(m)) => match m.memory_report.load().as_deref() {
+                Some(report) => super::oom::annotate(data, &report.oom_note),
+                None => data,
+            },
+            _ => data,
+        };
+        if super::coalesce::enabled() {
+            super::coalesce::answered(own);
+        }
+        // In the order the batches were sent: a session whose own reads joined gets its
+        // replies in order.
+        let shared = (!head.followers.is_empty()).then(|| data.clone());
+        let _ = head.reply_to.send(Reply::Batch {
+            data,
+            missing: 0,
+            error: None,
+            seq: head.seq,
+        });
+        for (to, seq) in head.followers {
+            let _ = to.send(Reply::Batch {
+                data: shared.clone().unwrap_or_default(),
+                missing: 0,
+                error: None,
+                seq,
+            });
         }
     }
 

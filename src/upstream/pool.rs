@@ -76,8 +76,6 @@ impl Pool {
             addr: address.name(),
             ..settings.login.clone()
         });
-        let backoff = settings.backoff;
-        let command_timeout = settings.command_timeout;
         let (hello2_tx, hello2) = watch::channel(None);
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
@@ -89,7 +87,7 @@ impl Pool {
             DedicatedLink {
                 metrics: metrics.clone(),
                 queue_depth: settings.queue_depth,
-                command_timeout,
+                command_timeout: settings.command_timeout,
             },
             retired_rx.clone(),
         );
@@ -102,9 +100,9 @@ impl Pool {
                 link,
                 rx,
                 hello,
-                backoff,
+                settings.backoff,
                 metrics.clone(),
-                command_timeout,
+                settings.command_timeout,
                 up,
                 retired_rx.clone(),
             ));
