@@ -46,6 +46,8 @@ pub struct Config {
     pub access: crate::policy::config::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
     pub admin: AdminConfig,
+    /// The audit trail: which commands are logged with their client's identity, and where.
+    pub audit: AuditConfig,
     /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
     /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
     pub log_level: Located<String>,
@@ -101,8 +103,75 @@ impl Default for Config {
             rules: Vec::new(),
             access: Default::default(),
             admin: AdminConfig::default(),
+            audit: AuditConfig::default(),
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
+        }
+    }
+}
+
+/// Which commands the audit trail records (`audit.commands`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditCommands {
+    /// No audit trail: the data path pays one branch per command.
+    #[default]
+    Off,
+    /// Commands that may modify data (Redis's `write` flag): who changed what.
+    Writes,
+    /// Administrative and dangerous commands (`admin` flag, `@dangerous`): who reconfigured it.
+    Admin,
+    /// Every command; reads sampled 1 in `read_sample`.
+    All,
+}
+
+/// How key names appear in audit entries (`audit.keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditKeys {
+    /// As the client sent them (non-UTF-8 bytes replaced): the replay can judge key patterns.
+    #[default]
+    Names,
+    /// A 64-bit FNV-1a hash per key (`#` and 16 hex digits): entries can be correlated per
+    /// key without the log holding names; the replay cannot judge key-name rules.
+    Hash,
+}
+
+/// The audit trail: JSON lines with identity, command, key names and outcome, never values.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Which commands are recorded; `off` (the default) disables the audit trail.
+    pub commands: Located<AuditCommands>,
+    /// With `commands: all`, one read in this many is recorded (1: every read), so a
+    /// read-heavy service can keep the trail of its writes and a sample of its reads.
+    pub read_sample: Located<u64>,
+    /// Only these tenants' commands are recorded (empty: every tenant's).
+    pub tenants: Vec<String>,
+    /// Key names as sent, or hashed.
+    pub keys: Located<AuditKeys>,
+    /// `stdout`, or the path of the file the JSON lines are appended to.
+    pub output: Located<String>,
+    /// A file is rotated (renamed to `FILE.1`, older ones shifted) once it reaches this size.
+    pub max_file_bytes: Located<u64>,
+    /// Rotated files kept besides the current one (`FILE.1` … `FILE.N`).
+    pub max_files: Located<u32>,
+    /// Entries waiting for the writer; when it is full, entries are dropped and counted
+    /// (`rpp_audit_entries_total{result="dropped"}`), never a client's command delayed.
+    pub queue: Located<usize>,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            commands: located(AuditCommands::Off),
+            read_sample: located(1),
+            tenants: Vec::new(),
+            keys: located(AuditKeys::Names),
+            output: located("stdout".to_string()),
+            max_file_bytes: located(100 * 1024 * 1024),
+            max_files: located(5),
+            queue: located(65_536),
         }
     }
 }
@@ -582,6 +651,31 @@ impl Config {
             "log_level",
             "must be a level (error, warn, info, debug, trace) or tracing directives",
         );
+        let audit = &self.audit;
+        check(
+            audit.read_sample.value >= 1,
+            &audit.read_sample.referenced,
+            "audit.read_sample",
+            "must be at least 1 (1 records every read)",
+        );
+        check(
+            (1..=10_000_000).contains(&audit.queue.value),
+            &audit.queue.referenced,
+            "audit.queue",
+            "must be between 1 and 10000000",
+        );
+        check(
+            audit.max_file_bytes.value >= 4096,
+            &audit.max_file_bytes.referenced,
+            "audit.max_file_bytes",
+            "must be at least 4096",
+        );
+        check(
+            !audit.output.value.is_empty(),
+            &audit.output.referenced,
+            "audit.output",
+            "must be stdout or a file path",
+        );
         check(
             self.admin.slowlog_max_len.value <= 100_000,
             &self.admin.slowlog_max_len.referenced,
@@ -937,7 +1031,7 @@ impl Config {
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the
     /// file now) and are read only at start, so a reload cannot apply them: `listen`,
     /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
-    /// `shutdown_grace_ms`, `log_level`. Compared by value: moving a line changes nothing.
+    /// `shutdown_grace_ms`, `log_level`, `audit`. Compared by value: moving a line changes nothing.
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
         let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
             without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
@@ -960,6 +1054,7 @@ impl Config {
                 self.shutdown_grace_ms.value != new.shutdown_grace_ms.value,
             ),
             ("log_level", self.log_level.value != new.log_level.value),
+            ("audit", differs(&self.audit, &new.audit)),
         ]
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))

@@ -61,7 +61,11 @@
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
 //! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
 //!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
-//! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
+//! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
+//!   every session.
+//! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
+//!   or hashes, argument sizes, outcome, latency; never values), queued without waiting to a
+//!   writer thread that writes JSON lines to stdout or a size-rotated file.
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
@@ -73,6 +77,7 @@
 
 pub mod admin;
 pub mod answers;
+pub mod audit;
 pub mod cluster;
 pub mod codec;
 pub mod command;

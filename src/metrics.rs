@@ -230,6 +230,13 @@ pub struct Metrics {
     /// Commands the policy denies that a script could still run as the proxy's upstream user
     /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
     pub script_acl_open: Gauge,
+    /// Audit entries written by the writer thread.
+    pub audit_written: Counter,
+    /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
+    /// clients were not slowed.
+    pub audit_dropped: Counter,
+    /// Audit entries the writer could not write (disk full, file removed…).
+    pub audit_failed: Counter,
     /// For uptime in INFO.
     pub started: Instant,
 }
@@ -310,6 +317,9 @@ impl Metrics {
                 g.set(-1);
                 g
             },
+            audit_written: Counter::default(),
+            audit_dropped: Counter::default(),
+            audit_failed: Counter::default(),
             started: Instant::now(),
         }
     }
@@ -465,6 +475,13 @@ impl Metrics {
             "slow_commands",
             "Commands slower than the slow log threshold",
             &self.slow_commands,
+        );
+        [self.audit_written, self.audit_dropped, self.audit_failed] = labelled(
+            r,
+            "audit_entries",
+            "Audit trail entries: written, dropped (the writer's queue was full; no client waited), failed (the write failed)",
+            "result",
+            ["written", "dropped", "failed"],
         );
         register(
             r,

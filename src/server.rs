@@ -67,11 +67,14 @@ pub async fn serve(
     admin: Option<TcpListener>,
     config: Config,
     policy: Arc<ArcSwap<Policy>>,
-    ops: Ops,
+    mut ops: Ops,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
+    if ops.audit.is_none() {
+        ops.audit = crate::audit::Audit::start(&config.audit, &metrics)?;
+    }
     let mut followers = Vec::new();
     let mut replicas = None;
     let (pool, cluster) = match config.upstream.mode.value {

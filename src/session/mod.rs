@@ -9,6 +9,7 @@
 //! dedicated waits until the other side has answered everything, so commands still run in the
 //! order the client sent them.
 
+mod audited;
 mod client_ids;
 mod client_list;
 mod cluster;
@@ -344,6 +345,8 @@ struct Command {
     spec: Option<&'static CommandSpec>,
     /// Its routing and session-state kind.
     kind: Kind,
+    /// Its audit entry so far, when the audit trail records it (`audited`).
+    audit: Option<Box<crate::audit::Entry>>,
 }
 
 /// Whether `process` goes on to the next request.
@@ -565,6 +568,8 @@ struct Session {
     routing: Routing,
     /// This client's row in `CLIENT LIST`, removed when the session ends.
     _listed: client_list::Listed,
+    /// Audited commands waiting for their replies (`audited`); boxed, made on the first.
+    audit_trail: Option<Box<crate::audit::Trail>>,
 }
 
 /// What the client negotiated and who it is: the connection's identity as Redis would see it.
@@ -828,6 +833,7 @@ impl Session {
                 active: false,
                 batch_name: None,
             },
+            audit_trail: None,
         }
     }
 
@@ -1329,6 +1335,7 @@ impl Session {
             router.refresh_soon();
         }
         self.observe(read_at, commands, name);
+        self.audit_answered(read_at, commands, error.is_some());
         let (data, missing) = match &handling.mask {
             None => (data, missing),
             Some(mask) => apply_mask(data, commands - missing, mask),
@@ -1558,7 +1565,7 @@ impl Session {
     /// joins the run for the same shared connection, or another node's run in cluster mode),
     /// carries it out; otherwise hands the decided command to `on_command`, nothing changed.
     fn on_command_now(&mut self, run: &mut Run, len: usize) -> Now {
-        let command = {
+        let mut command = {
             let frame = &self.input.rbuf[run.len..run.len + len];
             let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
             let name = arg(0).unwrap_or_default();
@@ -1566,6 +1573,7 @@ impl Session {
                 len,
                 spec: crate::commands::lookup(name, arg(1)),
                 kind: command::classify(name),
+                audit: None,
             }
         };
         let decision = self.decide(
@@ -1573,6 +1581,7 @@ impl Session {
             &command,
             run.target,
         );
+        command.audit = self.audit_draft(&self.input.rbuf[run.len..], &command, &decision);
         if decision.action.forwarded().is_some() && self.client.policy.has_shared_limits() {
             return Now::Later(Pending { command, decision });
         }
@@ -1710,6 +1719,7 @@ impl Session {
             }
             if !self.ensure_dedicated(false, node, join.effect).await {
                 self.count_joined(command, &join);
+                self.audit_failed(command);
                 self.flush_run(run).await;
                 self.input.rbuf.advance(command.len);
                 return Flow::Next;
@@ -1744,6 +1754,7 @@ impl Session {
             return Flow::Stop;
         }
         self.count_joined(command, &join);
+        self.audit_joined(command, &join);
         let Joining {
             target,
             effect,
@@ -1823,6 +1834,7 @@ impl Session {
         if done || closes || self.input.rbuf.len() != before {
             let class = crate::metrics::class_of(command.spec);
             self.ctx.ops.metrics.command(class, outcome);
+            self.audit_dispatched(command, outcome);
         }
         if done { Flow::Next } else { Flow::Stop }
     }
