@@ -48,6 +48,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The audit trail: which commands are logged with their client's identity, and where.
     pub audit: AuditConfig,
+    /// The key-pattern report and hot keys (`PROXY KEYSPACE`, `/keyspace`).
+    pub keyspace: KeyspaceConfig,
     /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
     /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
     pub log_level: Located<String>,
@@ -104,6 +106,7 @@ impl Default for Config {
             access: Default::default(),
             admin: AdminConfig::default(),
             audit: AuditConfig::default(),
+            keyspace: KeyspaceConfig::default(),
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
         }
@@ -172,6 +175,37 @@ impl Default for AuditConfig {
             max_file_bytes: located(100 * 1024 * 1024),
             max_files: located(5),
             queue: located(65_536),
+        }
+    }
+}
+
+/// The key-pattern statistics and hot keys, sampled in-line.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyspaceConfig {
+    /// One keyed command in this many is counted (0, the default: off; 1: every one). The
+    /// report scales counts back up, so a sample costs precision, not correctness.
+    pub sample: Located<u64>,
+    /// A key's pattern keeps this many `:`-separated segments (it always stops at the first
+    /// run of digits): with 1, `cache:page:home` counts as `cache:*`; with 2, `cache:page:*`.
+    pub segments: Located<usize>,
+    /// (tenant, pattern) pairs tracked at most; later ones count under `(other)`, so memory
+    /// stays bounded whatever the key names.
+    pub max_patterns: Located<usize>,
+    /// Patterns per tenant in the report and in the metrics (the only key-derived labels).
+    pub top: Located<usize>,
+    /// Hot keys listed: the most requested over the last minute.
+    pub hot_keys: Located<usize>,
+}
+
+impl Default for KeyspaceConfig {
+    fn default() -> Self {
+        KeyspaceConfig {
+            sample: located(0),
+            segments: located(1),
+            max_patterns: located(1000),
+            top: located(10),
+            hot_keys: located(10),
         }
     }
 }
@@ -651,6 +685,25 @@ impl Config {
             "log_level",
             "must be a level (error, warn, info, debug, trace) or tracing directives",
         );
+        let keyspace = &self.keyspace;
+        check(
+            (1..=100_000).contains(&keyspace.max_patterns.value),
+            &keyspace.max_patterns.referenced,
+            "keyspace.max_patterns",
+            "must be between 1 and 100000",
+        );
+        check(
+            keyspace.top.value <= 100,
+            &keyspace.top.referenced,
+            "keyspace.top",
+            "must be at most 100 (each is a metric series per tenant)",
+        );
+        check(
+            keyspace.hot_keys.value <= 1000,
+            &keyspace.hot_keys.referenced,
+            "keyspace.hot_keys",
+            "must be at most 1000",
+        );
         let audit = &self.audit;
         check(
             audit.read_sample.value >= 1,
@@ -1031,7 +1084,7 @@ impl Config {
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the
     /// file now) and are read only at start, so a reload cannot apply them: `listen`,
     /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
-    /// `shutdown_grace_ms`, `log_level`, `audit`. Compared by value: moving a line changes nothing.
+    /// `shutdown_grace_ms`, `log_level`, `audit`, `keyspace`. Compared by value: moving a line changes nothing.
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
         let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
             without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
@@ -1055,6 +1108,7 @@ impl Config {
             ),
             ("log_level", self.log_level.value != new.log_level.value),
             ("audit", differs(&self.audit, &new.audit)),
+            ("keyspace", differs(&self.keyspace, &new.keyspace)),
         ]
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))

@@ -66,6 +66,9 @@
 //! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
 //!   or hashes, argument sizes, outcome, latency; never values), queued without waiting to a
 //!   writer thread that writes JSON lines to stdout or a size-rotated file.
+//! - [`keyspace`]: sampled, bounded statistics per tenant and key pattern (commands, bytes,
+//!   writes without a TTL, value sizes) and the hot keys of the last minute (a count-min
+//!   sketch per 10 s slice), for `PROXY KEYSPACE`, `/keyspace` and the top patterns' metrics.
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
@@ -87,6 +90,7 @@ pub mod config_recovery;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod keyspace;
 pub mod metrics;
 pub mod ops;
 pub mod policy;

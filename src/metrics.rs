@@ -230,6 +230,9 @@ pub struct Metrics {
     /// Commands the policy denies that a script could still run as the proxy's upstream user
     /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
     pub script_acl_open: Gauge,
+    /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
+    /// for the top patterns' metrics.
+    pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
     /// Audit entries written by the writer thread.
     pub audit_written: Counter,
     /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
@@ -277,6 +280,10 @@ impl Metrics {
         m.register_operations();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
+        m.registry
+            .register_collector(Box::new(crate::keyspace::KeyspaceCollector {
+                keyspace: m.keyspace.clone(),
+            }));
         m.process.register_collector(Box::new(ProcessCollector {
             started: std::time::SystemTime::now(),
         }));
@@ -317,6 +324,7 @@ impl Metrics {
                 g.set(-1);
                 g
             },
+            keyspace: Default::default(),
             audit_written: Counter::default(),
             audit_dropped: Counter::default(),
             audit_failed: Counter::default(),

@@ -29,6 +29,9 @@ pub struct Ops {
     /// The audit trail (`audit.commands`); `None` when off, so sessions pay one branch.
     /// Started by `server::serve`, which reports an output it cannot open.
     pub audit: Option<Arc<crate::audit::Audit>>,
+    /// The key-pattern statistics (`keyspace.sample`); `None` when off. Started by
+    /// `server::serve`, like `audit`.
+    pub keyspace: Option<Arc<crate::keyspace::Keyspace>>,
 }
 
 impl Ops {
@@ -43,6 +46,7 @@ impl Ops {
             )),
             reload,
             audit: None,
+            keyspace: None,
         }
     }
 }

@@ -75,6 +75,10 @@ pub async fn serve(
     if ops.audit.is_none() {
         ops.audit = crate::audit::Audit::start(&config.audit, &metrics)?;
     }
+    if ops.keyspace.is_none() {
+        ops.keyspace = crate::keyspace::Keyspace::new(&config.keyspace).map(Arc::new);
+    }
+    metrics.keyspace.store(ops.keyspace.clone());
     let mut followers = Vec::new();
     let mut replicas = None;
     let (pool, cluster) = match config.upstream.mode.value {

@@ -1,6 +1,7 @@
-//! One session's forwarded, audited commands waiting for their replies, so each entry is
-//! written with its latency and whether the upstream answered. Bounded: past `MAX_WAITING`
-//! the oldest is written without a latency rather than held.
+//! One session's forwarded commands that the audit trail or the keyspace statistics follow,
+//! waiting for their replies: an audit entry is written with its latency and whether the
+//! upstream answered, a keyspace sample gets its reply's bytes. Bounded: past `MAX_WAITING`
+//! the oldest is let go (its entry written without a latency) rather than held.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -8,64 +9,91 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Audit, Entry, Outcome};
+use crate::keyspace::{Keyspace, Sample};
 
-/// Entries one session keeps waiting for replies at most.
+/// Commands one session keeps waiting for replies at most.
 const MAX_WAITING: usize = 1024;
 
-/// A session's audited commands in flight, in the order they were sent.
+/// One followed command.
+struct Waiting {
+    /// When its bytes were read, which its batch's reply carries back
+    /// (`Slot::Upstream::read_at`): the commands of one read share it.
+    read_at: Instant,
+    /// Its audit entry, if audited.
+    entry: Option<Entry>,
+    /// Its keyspace sample, if sampled.
+    sample: Option<Sample>,
+}
+
+/// A session's followed commands in flight, in the order they were sent.
 pub struct Trail {
     /// Where finished entries go.
-    audit: Arc<Audit>,
-    /// Each entry with the instant its command's bytes were read, which its batch's reply
-    /// carries back (`Slot::Upstream::read_at`): commands of one read share it.
-    waiting: VecDeque<(Instant, Entry)>,
+    audit: Option<Arc<Audit>>,
+    /// Where reply bytes are counted.
+    keyspace: Option<Arc<Keyspace>>,
+    /// In the order sent.
+    waiting: VecDeque<Waiting>,
 }
 
 impl Trail {
-    /// An empty trail writing to `audit`.
-    pub fn new(audit: Arc<Audit>) -> Trail {
+    /// An empty trail writing to `audit` and counting in `keyspace`.
+    pub fn new(audit: Option<Arc<Audit>>, keyspace: Option<Arc<Keyspace>>) -> Trail {
         Trail {
             audit,
+            keyspace,
             waiting: VecDeque::new(),
         }
     }
 
-    /// Keeps `entry`, read at `read_at`, until its reply.
-    pub fn sent(&mut self, read_at: Instant, entry: Entry) {
+    /// Follows a command read at `read_at` until its reply.
+    pub fn sent(&mut self, read_at: Instant, entry: Option<Entry>, sample: Option<Sample>) {
         if self.waiting.len() >= MAX_WAITING
-            && let Some((_, oldest)) = self.waiting.pop_front()
+            && let Some(oldest) = self.waiting.pop_front()
         {
-            self.audit.record(oldest);
+            self.finish(oldest, None, false, 0);
         }
-        self.waiting.push_back((read_at, entry));
+        self.waiting.push_back(Waiting {
+            read_at,
+            entry,
+            sample,
+        });
     }
 
-    /// A batch read at `read_at` with `commands` replies came back (`failed`: the upstream
-    /// failed before answering all of them). Entries read earlier belong to batches answered
-    /// elsewhere (or never sent) and are written without a latency; then up to `commands`
-    /// entries of this read get the batch's latency.
-    pub fn answered(&mut self, read_at: Instant, commands: u32, failed: bool) {
-        let took = read_at.elapsed();
-        while let Some((at, _)) = self.waiting.front() {
-            if *at >= read_at {
-                break;
-            }
-            if let Some((_, e)) = self.waiting.pop_front() {
-                self.audit.record(e);
+    /// A batch read at `read_at` with `commands` replies (`bytes` of them) came back
+    /// (`failed`: the upstream failed before answering all of them). Commands read earlier
+    /// belong to batches answered elsewhere (or never sent) and are let go; then up to
+    /// `commands` of this read get the batch's latency and a share of its bytes.
+    pub fn answered(&mut self, read_at: Instant, commands: u32, failed: bool, bytes: usize) {
+        while self.waiting.front().is_some_and(|w| w.read_at < read_at) {
+            if let Some(w) = self.waiting.pop_front() {
+                self.finish(w, None, false, 0);
             }
         }
-        for _ in 0..commands {
-            match self.waiting.front() {
-                Some((at, _)) if *at == read_at => {}
-                _ => break,
+        let mine = self
+            .waiting
+            .iter()
+            .take(commands as usize)
+            .take_while(|w| w.read_at == read_at)
+            .count();
+        let took = read_at.elapsed().as_micros() as u64;
+        let share = bytes / mine.max(1);
+        for _ in 0..mine {
+            if let Some(w) = self.waiting.pop_front() {
+                self.finish(w, Some(took), failed, share);
             }
-            if let Some((_, mut e)) = self.waiting.pop_front() {
-                e.latency_us = Some(took.as_micros() as u64);
-                if failed {
-                    e.outcome = Outcome::Error;
-                }
-                self.audit.record(e);
+        }
+    }
+
+    fn finish(&self, w: Waiting, latency_us: Option<u64>, failed: bool, bytes: usize) {
+        if let (Some(audit), Some(mut e)) = (&self.audit, w.entry) {
+            e.latency_us = latency_us;
+            if failed {
+                e.outcome = Outcome::Error;
             }
+            audit.record(e);
+        }
+        if let (Some(keyspace), Some(s)) = (&self.keyspace, w.sample) {
+            keyspace.answered(&s, bytes);
         }
     }
 }
@@ -73,8 +101,8 @@ impl Trail {
 impl Drop for Trail {
     /// The session ended with commands unanswered: their entries are written as they are.
     fn drop(&mut self) {
-        for (_, e) in self.waiting.drain(..) {
-            self.audit.record(e);
+        while let Some(w) = self.waiting.pop_front() {
+            self.finish(w, None, false, 0);
         }
     }
 }

@@ -1,29 +1,65 @@
-//! The session's side of the audit trail (`crate::audit`): a draft entry made where a
-//! command is decided (its bytes are at hand), completed where it is counted (its outcome is
-//! known) and, for forwarded commands, where its reply comes back (its latency is known).
-//! Kept here so the session's own code carries one call at each of those places.
+//! The session's side of the audit trail (`crate::audit`) and the keyspace statistics
+//! (`crate::keyspace`): a draft made where a command is decided (its bytes are at hand),
+//! completed where it is counted (its outcome is known) and, for forwarded commands, where
+//! its reply comes back (its latency and size are known). Kept here so the session's own
+//! code carries one call at each of those places.
 
 use super::*;
 use crate::audit::{self, Entry, Outcome};
 
+/// What the audit trail and the keyspace statistics took from a decided command.
+pub(super) struct Draft {
+    /// Its audit entry so far (the outcome is set when it is dispatched).
+    entry: Option<Entry>,
+    /// Its keyspace measurement, counted if it is forwarded.
+    measured: Option<crate::keyspace::Measured>,
+}
+
 impl Session {
-    /// The audit draft of the command just decided from `frame`, when the audit trail wants
-    /// it; `None` (no allocation) otherwise. Made at decision time because that is where the
-    /// command's arguments are parsed; a paused command is decided again with a new draft,
-    /// so only the dispatched one is written.
+    /// The draft of the command just decided from `frame`, when the audit trail or the
+    /// keyspace statistics want it; `None` (no allocation) otherwise. Made at decision time
+    /// because that is where the command's arguments are parsed; a paused command is decided
+    /// again with a new draft, so only the dispatched one counts.
     pub(super) fn audit_draft(
         &self,
         frame: &[u8],
         command: &Command,
         decision: &Decision,
-    ) -> Option<Box<Entry>> {
-        let audit = self.ctx.ops.audit.as_ref()?;
+    ) -> Option<Box<Draft>> {
+        let ops = &self.ctx.ops;
+        if ops.audit.is_none() && ops.keyspace.is_none() {
+            return None;
+        }
         let tenant = self.client.policy.access.tenant_name(self.client.tenant);
-        if !audit.wants(command.spec, tenant) {
+        let audited = ops.audit.as_ref().filter(|a| a.wants(command.spec, tenant));
+        let sampled = ops.keyspace.as_ref().filter(|k| k.wants(command.spec));
+        if audited.is_none() && sampled.is_none() {
             return None;
         }
         let args: Vec<&[u8]> = self.input.args.iter().map(|r| &frame[r.clone()]).collect();
-        let (cmd, described) = audit.describe(command.spec, &args);
+        let measured = match (sampled, command.spec, &decision.action) {
+            (Some(k), Some(spec), action) if action.forwarded().is_some() => {
+                let ttl_added = matches!(action, Action::Rewritten { rewrite, .. }
+                    if rewrite.append.is_some_and(|a| matches!(a.option, "PX" | "EX"))
+                        || !rewrite.after.is_empty());
+                k.measure(tenant, spec, &args, command.len, ttl_added)
+            }
+            _ => None,
+        };
+        let entry = audited.map(|a| self.audit_entry(a, &args, command, decision, tenant));
+        (entry.is_some() || measured.is_some()).then(|| Box::new(Draft { entry, measured }))
+    }
+
+    /// The audit entry of a decided command, its outcome still to be set.
+    fn audit_entry(
+        &self,
+        audit: &audit::Audit,
+        args: &[&[u8]],
+        command: &Command,
+        decision: &Decision,
+        tenant: &str,
+    ) -> Entry {
+        let (cmd, described) = audit.describe(command.spec, args);
         let cluster = self.routing.router().is_some();
         let on = |kind: &str, node: u16| match cluster {
             true => format!("{kind}:{node}"),
@@ -38,7 +74,7 @@ impl Session {
                 None => ("proxy".to_string(), None),
             },
         };
-        Some(Box::new(Entry {
+        Entry {
             ts: audit::now_ts(),
             client: self.client.peer.to_string(),
             id: self.client.id,
@@ -52,33 +88,48 @@ impl Session {
             cmd,
             args: described,
             argc: args.len(),
-            // Set when the command is counted.
+            // Set when the command is dispatched.
             outcome: Outcome::Forwarded,
             rule,
             latency_us: None,
-        }))
+        }
     }
 
     /// The command was dispatched with `outcome`: refusals and local replies are written
-    /// now, forwarded commands when their reply is in (`audit_answered`).
+    /// now; forwarded commands are counted in the keyspace statistics and followed until
+    /// their reply is in (`audit_answered`).
     pub(super) fn audit_dispatched(&mut self, command: &Command, outcome: CommandOutcome) {
-        let (Some(draft), Some(audit)) = (&command.audit, &self.ctx.ops.audit) else {
+        let Some(draft) = &command.audit else {
             return;
         };
-        let mut entry = (**draft).clone();
-        entry.outcome = match outcome {
-            CommandOutcome::Forwarded => Outcome::Forwarded,
-            CommandOutcome::Rewritten => Outcome::Rewritten,
-            CommandOutcome::Refused => Outcome::Refused,
-            CommandOutcome::Local => Outcome::Local,
-        };
-        match entry.outcome {
-            Outcome::Forwarded | Outcome::Rewritten if !entry.route.starts_with("proxy") => self
-                .audit_trail
-                .get_or_insert_with(|| Box::new(audit::Trail::new(audit.clone())))
-                .sent(self.input.read_at, entry),
-            _ => audit.record(entry),
+        let ops = &self.ctx.ops;
+        let mut entry = draft.entry.clone();
+        if let Some(e) = &mut entry {
+            e.outcome = match outcome {
+                CommandOutcome::Forwarded => Outcome::Forwarded,
+                CommandOutcome::Rewritten => Outcome::Rewritten,
+                CommandOutcome::Refused => Outcome::Refused,
+                CommandOutcome::Local => Outcome::Local,
+            };
         }
+        let forwarded = matches!(
+            outcome,
+            CommandOutcome::Forwarded | CommandOutcome::Rewritten
+        ) && entry.as_ref().is_none_or(|e| e.route != "proxy");
+        if !forwarded {
+            if let (Some(audit), Some(e)) = (&ops.audit, entry) {
+                audit.record(e);
+            }
+            return;
+        }
+        let sample = match (&ops.keyspace, &draft.measured) {
+            (Some(k), Some(m)) => Some(k.count(m.clone())),
+            _ => None,
+        };
+        let (audit, keyspace) = (ops.audit.clone(), ops.keyspace.clone());
+        self.audit_trail
+            .get_or_insert_with(|| Box::new(audit::Trail::new(audit, keyspace)))
+            .sent(self.input.read_at, entry, sample);
     }
 
     /// The command joined a run: forwarded, or rewritten.
@@ -95,16 +146,23 @@ impl Session {
         let (Some(draft), Some(audit)) = (&command.audit, &self.ctx.ops.audit) else {
             return;
         };
-        let mut entry = (**draft).clone();
-        entry.outcome = Outcome::Error;
-        audit.record(entry);
+        if let Some(mut entry) = draft.entry.clone() {
+            entry.outcome = Outcome::Error;
+            audit.record(entry);
+        }
     }
 
-    /// A batch read at `read_at` was answered (`failed`: with an upstream error): the
-    /// entries waiting for it are written with its latency.
-    pub(super) fn audit_answered(&mut self, read_at: Instant, commands: u32, failed: bool) {
+    /// A batch read at `read_at` was answered with `bytes` (`failed`: with an upstream
+    /// error): the commands waiting for it get its latency and bytes.
+    pub(super) fn audit_answered(
+        &mut self,
+        read_at: Instant,
+        commands: u32,
+        failed: bool,
+        bytes: usize,
+    ) {
         if let Some(trail) = &mut self.audit_trail {
-            trail.answered(read_at, commands, failed);
+            trail.answered(read_at, commands, failed, bytes);
         }
     }
 }

@@ -345,8 +345,8 @@ struct Command {
     spec: Option<&'static CommandSpec>,
     /// Its routing and session-state kind.
     kind: Kind,
-    /// Its audit entry so far, when the audit trail records it (`audited`).
-    audit: Option<Box<crate::audit::Entry>>,
+    /// Its audit entry and keyspace measurement so far, when either follows it (`audited`).
+    audit: Option<Box<audited::Draft>>,
 }
 
 /// Whether `process` goes on to the next request.
@@ -568,7 +568,8 @@ struct Session {
     routing: Routing,
     /// This client's row in `CLIENT LIST`, removed when the session ends.
     _listed: client_list::Listed,
-    /// Audited commands waiting for their replies (`audited`); boxed, made on the first.
+    /// Audited and sampled commands waiting for their replies (`audited`); boxed, made on
+    /// the first.
     audit_trail: Option<Box<crate::audit::Trail>>,
 }
 
@@ -1335,7 +1336,7 @@ impl Session {
             router.refresh_soon();
         }
         self.observe(read_at, commands, name);
-        self.audit_answered(read_at, commands, error.is_some());
+        self.audit_answered(read_at, commands, error.is_some(), data.len());
         let (data, missing) = match &handling.mask {
             None => (data, missing),
             Some(mask) => apply_mask(data, commands - missing, mask),
