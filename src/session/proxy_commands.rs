@@ -1,5 +1,5 @@
-//! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | KEYSPACE | HELP`, for admin
-//! tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
+//! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | KEYSPACE | HELP`, for
+//! admin tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
 use crate::answers;
 use std::fmt::Write;
