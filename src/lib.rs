@@ -69,7 +69,8 @@
 //! - [`keyspace`]: sampled, bounded statistics per tenant and key pattern (commands, bytes,
 //!   writes without a TTL, value sizes) and the hot keys of the last minute (a count-min
 //!   sketch per 10 s slice), for `PROXY KEYSPACE`, `/keyspace` and the top patterns' metrics.
-//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
+//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
+//!   (a policy over recorded traffic).
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
