@@ -41,8 +41,9 @@ pub struct Entry {
     /// When the proxy decided the command: Unix time in seconds with microseconds, as
     /// MONITOR prints it, so one parser reads both.
     pub ts: f64,
-    /// The client's address (`IP:port`), who sent it.
-    pub client: String,
+    /// The client's address (`IP:port` in the JSON), who sent it; formatted by the writer
+    /// thread, not on the data path.
+    pub client: std::net::SocketAddr,
     /// The proxy's id of the client connection (`CLIENT ID`), to tell apart the connections
     /// of one address and to replay per-connection rate limits.
     pub id: u64,
@@ -114,7 +115,7 @@ mod tests {
     fn round_trips_as_one_json_line() {
         let e = Entry {
             ts: 1_700_000_000.123_456,
-            client: "127.0.0.1:5000".into(),
+            client: "127.0.0.1:5000".parse().unwrap(),
             id: 7,
             user: None,
             tenant: "default".into(),

@@ -168,7 +168,7 @@ mod tests {
     fn entry() -> Entry {
         Entry {
             ts: 0.0,
-            client: String::new(),
+            client: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
             id: 1,
             user: None,
             tenant: "default".into(),

@@ -44,8 +44,14 @@ struct Stats {
 
 /// What the locked part holds.
 struct State {
-    /// By (tenant, pattern); at most `max_patterns` entries besides the `(other)` ones.
-    patterns: HashMap<(String, String), Stats>,
+    /// By tenant, then pattern: looked up by `&str`, so counting a known pattern allocates
+    /// nothing. At most `max_patterns` pairs besides the `(other)` ones.
+    patterns: HashMap<String, HashMap<String, Stats>>,
+    /// Pairs in `patterns`.
+    pairs: usize,
+    /// Where a count would go if a pattern just inserted were not found (it cannot be), so
+    /// counting has no panicking path.
+    scratch: Stats,
     /// The hot-key sketch.
     hot: hot::HotKeys,
 }
@@ -116,6 +122,8 @@ impl Keyspace {
             started: Instant::now(),
             state: Mutex::new(State {
                 patterns: HashMap::new(),
+                pairs: 0,
+                scratch: Stats::default(),
                 hot: hot::HotKeys::new(config.hot_keys.value),
             }),
         })
@@ -199,8 +207,11 @@ impl Keyspace {
     pub fn answered(&self, sample: &Sample, bytes: usize) {
         let share = (bytes / sample.patterns.len().max(1)) as u64 * self.sample;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tenant) = state.patterns.get_mut(sample.tenant.as_str()) else {
+            return;
+        };
         for p in &sample.patterns {
-            if let Some(s) = state.patterns.get_mut(&(sample.tenant.clone(), p.clone())) {
+            if let Some(s) = tenant.get_mut(p.as_str()) {
                 s.bytes_out += share;
             }
         }
@@ -209,15 +220,27 @@ impl Keyspace {
     /// The stats of (tenant, pattern), made if there is room; else those of `(other)`, with
     /// `pattern` renamed to it so the reply's bytes find it.
     fn stats<'a>(&self, state: &'a mut State, tenant: &str, pattern: &mut String) -> &'a mut Stats {
-        let key = (tenant.to_string(), pattern.clone());
-        if !state.patterns.contains_key(&key) && state.patterns.len() >= self.max_patterns {
-            *pattern = OTHER.to_string();
-            return state
-                .patterns
-                .entry((tenant.to_string(), OTHER.to_string()))
-                .or_default();
+        if !state.patterns.contains_key(tenant) {
+            state.patterns.insert(tenant.to_string(), HashMap::new());
         }
-        state.patterns.entry(key).or_default()
+        let full = state.pairs >= self.max_patterns;
+        let Some(patterns) = state.patterns.get_mut(tenant) else {
+            return &mut state.scratch;
+        };
+        if !patterns.contains_key(pattern.as_str()) {
+            if full {
+                *pattern = OTHER.to_string();
+            } else {
+                state.pairs += 1;
+            }
+            if !patterns.contains_key(pattern.as_str()) {
+                patterns.insert(pattern.clone(), Stats::default());
+            }
+        }
+        match patterns.get_mut(pattern.as_str()) {
+            Some(s) => s,
+            None => &mut state.scratch,
+        }
     }
 
     /// The current 10-second period of the hot-key window.
@@ -229,11 +252,11 @@ impl Keyspace {
     fn top_patterns(&self) -> Vec<(String, Vec<(String, Stats)>)> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut by_tenant: HashMap<&str, Vec<(String, Stats)>> = HashMap::new();
-        for ((tenant, pattern), stats) in &state.patterns {
-            by_tenant
-                .entry(tenant)
-                .or_default()
-                .push((pattern.clone(), stats.clone()));
+        for (tenant, patterns) in &state.patterns {
+            let rows = by_tenant.entry(tenant).or_default();
+            for (pattern, stats) in patterns {
+                rows.push((pattern.clone(), stats.clone()));
+            }
         }
         let mut out: Vec<(String, Vec<(String, Stats)>)> = by_tenant
             .into_iter()

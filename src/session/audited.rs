@@ -15,17 +15,32 @@ pub(super) struct Draft {
     measured: Option<crate::keyspace::Measured>,
 }
 
+/// Where a command keeps its draft until it is dispatched: taken (not copied) by the one
+/// place that completes it. An atomic pointer rather than a plain `Option` because the
+/// command is only borrowed there, across awaits (so it must be `Sync`); one word, like the
+/// `Option<Box>` it replaces, so the pending command does not grow.
+#[derive(Default)]
+pub(super) struct Slot(arc_swap::ArcSwapOption<Draft>);
+
+impl Slot {
+    /// The draft, once.
+    fn take(&self) -> Option<Draft> {
+        self.0.swap(None).and_then(|d| Arc::try_unwrap(d).ok())
+    }
+}
+
 impl Session {
     /// The draft of the command just decided from `frame`, when the audit trail or the
     /// keyspace statistics want it; `None` (no allocation) otherwise. Made at decision time
     /// because that is where the command's arguments are parsed; a paused command is decided
     /// again with a new draft, so only the dispatched one counts.
-    pub(super) fn audit_draft(
-        &self,
-        frame: &[u8],
-        command: &Command,
-        decision: &Decision,
-    ) -> Option<Box<Draft>> {
+    pub(super) fn audit_draft(&self, frame: &[u8], command: &Command, decision: &Decision) -> Slot {
+        Slot(arc_swap::ArcSwapOption::new(
+            self.draft(frame, command, decision).map(Arc::new),
+        ))
+    }
+
+    fn draft(&self, frame: &[u8], command: &Command, decision: &Decision) -> Option<Draft> {
         let ops = &self.ctx.ops;
         if ops.audit.is_none() && ops.keyspace.is_none() {
             return None;
@@ -47,7 +62,7 @@ impl Session {
             _ => None,
         };
         let entry = audited.map(|a| self.audit_entry(a, &args, command, decision, tenant));
-        (entry.is_some() || measured.is_some()).then(|| Box::new(Draft { entry, measured }))
+        (entry.is_some() || measured.is_some()).then_some(Draft { entry, measured })
     }
 
     /// The audit entry of a decided command, its outcome still to be set.
@@ -76,7 +91,7 @@ impl Session {
         };
         Entry {
             ts: audit::now_ts(),
-            client: self.client.peer.to_string(),
+            client: self.client.peer,
             id: self.client.id,
             user: self
                 .client
@@ -99,11 +114,14 @@ impl Session {
     /// now; forwarded commands are counted in the keyspace statistics and followed until
     /// their reply is in (`audit_answered`).
     pub(super) fn audit_dispatched(&mut self, command: &Command, outcome: CommandOutcome) {
-        let Some(draft) = &command.audit else {
+        let Some(draft) = command.audit.take() else {
             return;
         };
         let ops = &self.ctx.ops;
-        let mut entry = draft.entry.clone();
+        let Draft {
+            mut entry,
+            measured,
+        } = draft;
         if let Some(e) = &mut entry {
             e.outcome = match outcome {
                 CommandOutcome::Forwarded => Outcome::Forwarded,
@@ -122,8 +140,8 @@ impl Session {
             }
             return;
         }
-        let sample = match (&ops.keyspace, &draft.measured) {
-            (Some(k), Some(m)) => Some(k.count(m.clone())),
+        let sample = match (&ops.keyspace, measured) {
+            (Some(k), Some(m)) => Some(k.count(m)),
             _ => None,
         };
         let (audit, keyspace) = (ops.audit.clone(), ops.keyspace.clone());
@@ -143,10 +161,10 @@ impl Session {
 
     /// The command could not be sent (no dedicated connection): written as an error.
     pub(super) fn audit_failed(&mut self, command: &Command) {
-        let (Some(draft), Some(audit)) = (&command.audit, &self.ctx.ops.audit) else {
+        let (Some(draft), Some(audit)) = (command.audit.take(), &self.ctx.ops.audit) else {
             return;
         };
-        if let Some(mut entry) = draft.entry.clone() {
+        if let Some(mut entry) = draft.entry {
             entry.outcome = Outcome::Error;
             audit.record(entry);
         }

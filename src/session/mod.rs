@@ -346,7 +346,7 @@ struct Command {
     /// Its routing and session-state kind.
     kind: Kind,
     /// Its audit entry and keyspace measurement so far, when either follows it (`audited`).
-    audit: Option<Box<audited::Draft>>,
+    audit: audited::Slot,
 }
 
 /// Whether `process` goes on to the next request.
@@ -1574,7 +1574,7 @@ impl Session {
                 len,
                 spec: crate::commands::lookup(name, arg(1)),
                 kind: command::classify(name),
-                audit: None,
+                audit: audited::Slot::default(),
             }
         };
         let decision = self.decide(

@@ -39,7 +39,7 @@ pub fn parse(line: &str) -> Option<Record> {
 }
 
 fn from_audit(e: &Entry) -> Option<Record> {
-    let addr: SocketAddr = e.client.parse().ok()?;
+    let addr = e.client;
     let mut line: Vec<Vec<u8>> = e.cmd.split(' ').map(|w| w.as_bytes().to_vec()).collect();
     let mut placeholders = vec![false; line.len()];
     placeholders.extend(e.args.iter().map(|a| matches!(a, Arg::Size(_))));
