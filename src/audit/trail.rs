@@ -106,3 +106,60 @@ impl Drop for Trail {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn entry(id: u64) -> Entry {
+        Entry {
+            ts: 0.0,
+            client: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
+            id,
+            user: None,
+            tenant: "default".into(),
+            route: "shared".into(),
+            cmd: "SET".into(),
+            args: vec![],
+            argc: 1,
+            outcome: Outcome::Forwarded,
+            rule: None,
+            latency_us: None,
+        }
+    }
+
+    #[test]
+    fn replies_complete_the_entries_of_their_read_in_order() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let audit = Arc::new(Audit {
+            commands: crate::config::AuditCommands::All,
+            read_sample: 1,
+            reads: AtomicU64::new(0),
+            tenants: vec![],
+            hash_keys: false,
+            tx,
+            dropped: Default::default(),
+        });
+        let mut trail = Trail::new(Some(audit), None);
+        let first = Instant::now();
+        let second = first + std::time::Duration::from_millis(1);
+        let third = second + std::time::Duration::from_millis(1);
+        trail.sent(first, Some(entry(1)), None);
+        trail.sent(second, Some(entry(2)), None);
+        trail.sent(second, Some(entry(3)), None);
+        trail.sent(third, Some(entry(4)), None);
+        // The batch of the second read fails: its two entries are errors with a latency,
+        // the first read's entry (answered elsewhere) is written without one.
+        trail.answered(second, 2, true, 10);
+        let got: Vec<Entry> = rx.try_iter().collect();
+        assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(got[0].latency_us, None);
+        assert!(got[1].latency_us.is_some() && got[1].outcome == Outcome::Error);
+        // The session ends with the third read unanswered: written as it is.
+        drop(trail);
+        let rest: Vec<Entry> = rx.try_iter().collect();
+        assert_eq!(rest.len(), 1);
+        assert_eq!((rest[0].id, rest[0].outcome), (4, Outcome::Forwarded));
+    }
+}
