@@ -97,24 +97,19 @@ impl Audit {
         }
     }
 
-    /// The name, arguments and argc of an entry for the command line `args` (the name at
-    /// index 0): keys by name or hash at their positions (found with the command table, as
-    /// Redis's COMMAND GETKEYS would), everything else by size.
-    pub fn describe(&self, spec: Option<&CommandSpec>, args: &[&[u8]]) -> (String, Vec<Arg>) {
-        let name_words = match spec {
-            Some(s) if s.subcommand_name().is_some() => 2,
-            _ => 1,
-        };
-        let cmd = args[..name_words.min(args.len())]
-            .iter()
-            .map(|a| String::from_utf8_lossy(a).to_ascii_uppercase())
-            .collect::<Vec<_>>()
-            .join(" ");
-        let keys: Vec<usize> = match spec {
-            Some(s) if s.may_have_keys() => crate::commands::keys(args)
-                .map(|k| k.indices().collect())
-                .unwrap_or_default(),
-            _ => Vec::new(),
+    /// The name and arguments of an entry for the command line `args` (the name at index 0):
+    /// the arguments at `keys` (see [`key_indices`]) by name or hash, everything else by size.
+    pub fn describe(
+        &self,
+        spec: Option<&CommandSpec>,
+        args: &[&[u8]],
+        keys: &[usize],
+    ) -> (String, Vec<Arg>) {
+        let upper = |a: &[u8]| String::from_utf8_lossy(a).to_ascii_uppercase();
+        let (cmd, name_words) = match (spec.and_then(CommandSpec::subcommand_name), args) {
+            (Some(_), [name, sub, ..]) => (format!("{} {}", upper(name), upper(sub)), 2),
+            (_, [name, ..]) => (upper(name), 1),
+            (_, []) => (String::new(), 0),
         };
         let described = args
             .iter()
@@ -137,6 +132,18 @@ impl Audit {
         {
             self.dropped.inc();
         }
+    }
+}
+
+/// The positions of the key arguments of `args` (the name at 0), as Redis's COMMAND GETKEYS
+/// finds them with the command table; empty for keyless or unknown commands. Found once per
+/// command for both the audit entry and the keyspace statistics.
+pub fn key_indices(spec: Option<&CommandSpec>, args: &[&[u8]]) -> Vec<usize> {
+    match spec {
+        Some(s) if s.may_have_keys() => crate::commands::keys(args)
+            .map(|k| k.indices().collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
     }
 }
 
@@ -218,7 +225,7 @@ mod tests {
         let (audit, _rx) = audit(AuditCommands::All, 1);
         let args: [&[u8]; 5] = [b"EVAL", b"return 1", b"1", b"k", b"argv"];
         let spec = crate::commands::lookup_args(&args);
-        let (cmd, described) = audit.describe(spec, &args);
+        let (cmd, described) = audit.describe(spec, &args, &key_indices(spec, &args));
         assert_eq!(cmd, "EVAL");
         assert_eq!(
             described,
@@ -230,7 +237,8 @@ mod tests {
             ]
         );
         let args: [&[u8]; 3] = [b"client", b"kill", b"ID"];
-        let (cmd, described) = audit.describe(crate::commands::lookup_args(&args), &args);
+        let spec = crate::commands::lookup_args(&args);
+        let (cmd, described) = audit.describe(spec, &args, &key_indices(spec, &args));
         assert_eq!(
             (cmd.as_str(), described),
             ("CLIENT KILL", vec![Arg::Size(2)])

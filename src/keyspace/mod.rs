@@ -137,7 +137,8 @@ impl Keyspace {
     }
 
     /// What a sampled command contributes, read off `args` as the client sent them (name at
-    /// 0): `request_bytes` its length, `ttl_added` whether the policy gives it a TTL. Pure:
+    /// 0) with its key arguments at `keys` (`audit::key_indices`): `request_bytes` its
+    /// length, `ttl_added` whether the policy gives it a TTL. Pure:
     /// a command decided again (paused) is measured again and counted once (`count`).
     /// `None` when it names no key.
     pub fn measure(
@@ -145,10 +146,10 @@ impl Keyspace {
         tenant: &str,
         spec: &CommandSpec,
         args: &[&[u8]],
+        keys: &[usize],
         request_bytes: usize,
         ttl_added: bool,
     ) -> Option<Measured> {
-        let keys: Vec<usize> = crate::commands::keys(args).ok()?.indices().collect();
         if keys.is_empty() {
             return None;
         }

@@ -52,16 +52,17 @@ impl Session {
             return None;
         }
         let args: Vec<&[u8]> = self.input.args.iter().map(|r| &frame[r.clone()]).collect();
+        let keys = audit::key_indices(command.spec, &args);
         let measured = match (sampled, command.spec, &decision.action) {
             (Some(k), Some(spec), action) if action.forwarded().is_some() => {
                 let ttl_added = matches!(action, Action::Rewritten { rewrite, .. }
                     if rewrite.append.is_some_and(|a| matches!(a.option, "PX" | "EX"))
                         || !rewrite.after.is_empty());
-                k.measure(tenant, spec, &args, command.len, ttl_added)
+                k.measure(tenant, spec, &args, &keys, command.len, ttl_added)
             }
             _ => None,
         };
-        let entry = audited.map(|a| self.audit_entry(a, &args, command, decision, tenant));
+        let entry = audited.map(|a| self.audit_entry(a, &args, &keys, command, decision, tenant));
         (entry.is_some() || measured.is_some()).then_some(Draft { entry, measured })
     }
 
@@ -70,11 +71,12 @@ impl Session {
         &self,
         audit: &audit::Audit,
         args: &[&[u8]],
+        keys: &[usize],
         command: &Command,
         decision: &Decision,
         tenant: &str,
     ) -> Entry {
-        let (cmd, described) = audit.describe(command.spec, args);
+        let (cmd, described) = audit.describe(command.spec, args, keys);
         let cluster = self.routing.router().is_some();
         let on = |kind: &str, node: u16| match cluster {
             true => format!("{kind}:{node}"),
