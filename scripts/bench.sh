@@ -30,6 +30,11 @@
 #                docs/performance.md): adds the predixy target, one worker thread, standalone
 #                pool in front of the same Redis; skipped when unset
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
+#   INSIGHT=1    add two targets: proxy-audit, the default policy with the audit trail of all
+#                writes on (`audit.commands: writes`, JSON lines to a file in the temp
+#                directory), and proxy-insight, the same plus the keyspace statistics of every
+#                keyed command (`keyspace.sample: 1`) where the binary has them; compare their
+#                ratios with proxy-default's for the cost (docs/performance.md)
 #   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
 #                (default policy/): an earlier commit's own, when the files changed since
 #   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
@@ -246,6 +251,31 @@ for name in proxy-passthrough proxy-default; do
     port_of[$name]="$started_port"
     pid_of[$name]="$started_pid"
 done
+if [[ "${INSIGHT:-0}" == 1 ]]; then
+    # The default policy plus the audit trail of every write (proxy-audit, and proxy-insight
+    # with the keyspace statistics too, where this build has them: `--check` says whether
+    # the file parses). Each writes its own trail, rotated at 20 MB, one old file kept.
+    for name in proxy-audit proxy-insight; do
+        proxy_config="$work/$name.yaml"
+        {
+            cat policy/default.yaml
+            printf '\naudit:\n  commands: writes\n  output: %s\n' "$work/$name.jsonl"
+            printf '  max_file_bytes: 20000000\n  max_files: 1\n'
+        } >"$proxy_config"
+        if [[ "$name" == proxy-insight ]]; then
+            printf 'keyspace:\n  sample: 1\n' >>"$proxy_config"
+            if ! "$bin" --check "$proxy_config" >/dev/null 2>&1; then
+                log "this build has no keyspace statistics: skipping proxy-insight"
+                continue
+            fi
+        fi
+        proxy_log="$work/$name.log"
+        start "$name" launch_proxy "$proxy_log"
+        targets+=("$name")
+        port_of[$name]="$started_port"
+        pid_of[$name]="$started_pid"
+    done
+fi
 if [[ -n "${BASELINE:-}" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
     proxy_bin="$BASELINE"
@@ -670,7 +700,12 @@ if [[ -s "$errors_log" ]]; then
     echo "Unexpected output from redis-benchmark (first lines per run):"
     cat "$errors_log"
 fi
-for name in proxy-passthrough proxy-default proxy-cluster; do
+for name in proxy-audit proxy-insight; do
+    [[ -f "$work/$name.jsonl" ]] || continue
+    echo
+    echo "$name audit trail: $(wc -l <"$work/$name.jsonl") entries in the current file, $(du -ch "$work/$name".jsonl* | tail -n 1 | cut -f1) in all"
+done
+for name in proxy-passthrough proxy-default proxy-audit proxy-insight proxy-cluster; do
     [[ -f "$work/$name.log" ]] || continue
     if grep -qiE 'warn|error' "$work/$name.log"; then
         echo

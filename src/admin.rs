@@ -1,5 +1,6 @@
-//! The admin HTTP endpoint: `GET /metrics` (Prometheus), `/healthz` (the process serves) and
-//! `/readyz` (an upstream connection is up and a policy is loaded); `HEAD` on each answers the
+//! The admin HTTP endpoint: `GET /metrics` (Prometheus), `/healthz` (the process serves),
+//! `/readyz` (an upstream connection is up and a policy is loaded) and `/keyspace` (the
+//! key-pattern report as JSON, when `keyspace.sample` is on); `HEAD` on each answers the
 //! same status and headers without the body (load balancers and uptime checkers use it).
 //!
 //! Hand-written on tokio rather than a web framework: three fixed GET routes, one request per
@@ -115,6 +116,8 @@ async fn answer(
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
+/// `/keyspace`'s report.
+const JSON: &str = "application/json";
 /// What `prometheus_client` renders (OpenMetrics text), which Prometheus reads natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -132,6 +135,14 @@ fn route(
     match path {
         "/metrics" => (200, OPENMETRICS, metrics.render()),
         "/healthz" => (200, TEXT, "ok\n".into()),
+        "/keyspace" => match metrics.keyspace.load_full() {
+            Some(keyspace) => (200, JSON, format!("{}\n", keyspace.report())),
+            None => (
+                404,
+                TEXT,
+                "keyspace statistics are off (keyspace.sample)\n".into(),
+            ),
+        },
         "/readyz" => match ready() {
             Ok(what) => (200, TEXT, format!("ready: {what}\n")),
             Err(why) => (503, TEXT, format!("not ready: {why}\n")),
@@ -139,7 +150,7 @@ fn route(
         _ => (
             404,
             TEXT,
-            "not found; try /metrics, /healthz or /readyz\n".into(),
+            "not found; try /metrics, /healthz, /readyz or /keyspace\n".into(),
         ),
     }
 }

@@ -235,6 +235,14 @@ pub fn shard_pubsub_needs_cluster() -> Bytes {
     )
 }
 
+/// `PROXY KEYSPACE` while the keyspace statistics are off.
+pub fn keyspace_off() -> Bytes {
+    simple_error(
+        "ERR",
+        "keyspace statistics are off; set keyspace.sample (1 counts every keyed command)",
+    )
+}
+
 /// A `PROXY` command from a tenant that is not an admin tenant.
 pub fn proxy_commands_for_admins() -> Bytes {
     simple_error(

@@ -49,6 +49,10 @@ pub struct Config {
     /// TLS for clients (docs/operations.md, TLS from clients): on `listen` itself or on a
     /// second port beside it; absent, clients speak plain TCP only.
     pub tls: Option<ClientTlsConfig>,
+    /// The audit trail: which commands are logged with their client's identity, and where.
+    pub audit: AuditConfig,
+    /// The key-pattern report and hot keys (`PROXY KEYSPACE`, `/keyspace`).
+    pub keyspace: KeyspaceConfig,
     /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
     /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
     pub log_level: Located<String>,
@@ -105,6 +109,8 @@ impl Default for Config {
             access: Default::default(),
             admin: AdminConfig::default(),
             tls: None,
+            audit: AuditConfig::default(),
+            keyspace: KeyspaceConfig::default(),
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
         }
@@ -168,6 +174,72 @@ impl Default for ClientTlsConfig {
     }
 }
 
+/// Which commands the audit trail records (`audit.commands`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditCommands {
+    /// No audit trail: the data path pays one branch per command.
+    #[default]
+    Off,
+    /// Commands that may modify data (Redis's `write` flag): who changed what.
+    Writes,
+    /// Administrative and dangerous commands (`admin` flag, `@dangerous`): who reconfigured it.
+    Admin,
+    /// Every command; reads sampled 1 in `read_sample`.
+    All,
+}
+
+/// How key names appear in audit entries (`audit.keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditKeys {
+    /// As the client sent them (non-UTF-8 bytes replaced): the replay can judge key patterns.
+    #[default]
+    Names,
+    /// A 64-bit FNV-1a hash per key (`#` and 16 hex digits): entries can be correlated per
+    /// key without the log holding names; the replay cannot judge key-name rules.
+    Hash,
+}
+
+/// The audit trail: JSON lines with identity, command, key names and outcome, never values.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Which commands are recorded; `off` (the default) disables the audit trail.
+    pub commands: Located<AuditCommands>,
+    /// With `commands: all`, one read in this many is recorded (1: every read), so a
+    /// read-heavy service can keep the trail of its writes and a sample of its reads.
+    pub read_sample: Located<u64>,
+    /// Only these tenants' commands are recorded (empty: every tenant's).
+    pub tenants: Vec<String>,
+    /// Key names as sent, or hashed.
+    pub keys: Located<AuditKeys>,
+    /// `stdout`, or the path of the file the JSON lines are appended to.
+    pub output: Located<String>,
+    /// A file is rotated (renamed to `FILE.1`, older ones shifted) once it reaches this size.
+    pub max_file_bytes: Located<u64>,
+    /// Rotated files kept besides the current one (`FILE.1` … `FILE.N`).
+    pub max_files: Located<u32>,
+    /// Entries waiting for the writer; when it is full, entries are dropped and counted
+    /// (`rpp_audit_entries_total{result="dropped"}`), never a client's command delayed.
+    pub queue: Located<usize>,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            commands: located(AuditCommands::Off),
+            read_sample: located(1),
+            tenants: Vec::new(),
+            keys: located(AuditKeys::Names),
+            output: located("stdout".to_string()),
+            max_file_bytes: located(100 * 1024 * 1024),
+            max_files: located(5),
+            queue: located(65_536),
+        }
+    }
+}
+
 impl ClientTlsConfig {
     /// Every problem with the section's own values (whether the files load is `setup`'s).
     fn problems(&self, problems: &mut Vec<Problem>) {
@@ -224,6 +296,37 @@ impl ClientTlsConfig {
             "tls.client_certs",
             "needs tls.client_ca_file (the CA that signs client certificates)",
         );
+    }
+}
+
+/// The key-pattern statistics and hot keys, sampled in-line.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyspaceConfig {
+    /// One keyed command in this many is counted (0, the default: off; 1: every one). The
+    /// report scales counts back up, so a sample costs precision, not correctness.
+    pub sample: Located<u64>,
+    /// A key's pattern keeps this many `:`-separated segments (it always stops at the first
+    /// run of digits): with 1, `cache:page:home` counts as `cache:*`; with 2, `cache:page:*`.
+    pub segments: Located<usize>,
+    /// (tenant, pattern) pairs tracked at most; later ones count under `(other)`, so memory
+    /// stays bounded whatever the key names.
+    pub max_patterns: Located<usize>,
+    /// Patterns per tenant in the report and in the metrics (the only key-derived labels).
+    pub top: Located<usize>,
+    /// Hot keys listed: the most requested over the last minute.
+    pub hot_keys: Located<usize>,
+}
+
+impl Default for KeyspaceConfig {
+    fn default() -> Self {
+        KeyspaceConfig {
+            sample: located(0),
+            segments: located(1),
+            max_patterns: located(1000),
+            top: located(10),
+            hot_keys: located(10),
+        }
     }
 }
 
@@ -743,6 +846,50 @@ impl Config {
             "log_level",
             "must be a level (error, warn, info, debug, trace) or tracing directives",
         );
+        let keyspace = &self.keyspace;
+        check(
+            (1..=100_000).contains(&keyspace.max_patterns.value),
+            &keyspace.max_patterns.referenced,
+            "keyspace.max_patterns",
+            "must be between 1 and 100000",
+        );
+        check(
+            keyspace.top.value <= 100,
+            &keyspace.top.referenced,
+            "keyspace.top",
+            "must be at most 100 (each is a metric series per tenant)",
+        );
+        check(
+            keyspace.hot_keys.value <= 1000,
+            &keyspace.hot_keys.referenced,
+            "keyspace.hot_keys",
+            "must be at most 1000",
+        );
+        let audit = &self.audit;
+        check(
+            audit.read_sample.value >= 1,
+            &audit.read_sample.referenced,
+            "audit.read_sample",
+            "must be at least 1 (1 records every read)",
+        );
+        check(
+            (1..=10_000_000).contains(&audit.queue.value),
+            &audit.queue.referenced,
+            "audit.queue",
+            "must be between 1 and 10000000",
+        );
+        check(
+            audit.max_file_bytes.value >= 4096,
+            &audit.max_file_bytes.referenced,
+            "audit.max_file_bytes",
+            "must be at least 4096",
+        );
+        check(
+            !audit.output.value.is_empty(),
+            &audit.output.referenced,
+            "audit.output",
+            "must be stdout or a file path",
+        );
         check(
             self.admin.slowlog_max_len.value <= 100_000,
             &self.admin.slowlog_max_len.referenced,
@@ -1101,7 +1248,7 @@ impl Config {
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the
     /// file now) and are read only at start, so a reload cannot apply them: `listen`, `tls`,
     /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
-    /// `shutdown_grace_ms`, `log_level`. Compared by value: moving a line changes nothing.
+    /// `shutdown_grace_ms`, `log_level`, `audit`, `keyspace`. Compared by value: moving a line changes nothing.
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
         let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
             without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
@@ -1125,6 +1272,8 @@ impl Config {
                 self.shutdown_grace_ms.value != new.shutdown_grace_ms.value,
             ),
             ("log_level", self.log_level.value != new.log_level.value),
+            ("audit", differs(&self.audit, &new.audit)),
+            ("keyspace", differs(&self.keyspace, &new.keyspace)),
         ]
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))

@@ -69,10 +69,18 @@
 //!   note `upstream::oom` adds to OOM errors).
 //! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
 //!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
-//! - [`ops`]: what operators' tools share (metrics, slow log, reload), held by every session.
-//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`.
+//! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
+//!   every session.
+//! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
+//!   or hashes, argument sizes, outcome, latency; never values), queued without waiting to a
+//!   writer thread that writes JSON lines to stdout or a size-rotated file.
+//! - [`keyspace`]: sampled, bounded statistics per tenant and key pattern (commands, bytes,
+//!   writes without a TTL, value sizes) and the hot keys of the last minute (a count-min
+//!   sketch per 10 s slice), for `PROXY KEYSPACE`, `/keyspace` and the top patterns' metrics.
 //! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
 //!   client stream the session reads, certificate reloads, client-certificate names.
+//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
+//!   (a policy over recorded traffic).
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
@@ -83,6 +91,7 @@
 
 pub mod admin;
 pub mod answers;
+pub mod audit;
 pub mod cluster;
 pub mod codec;
 pub mod command;
@@ -93,6 +102,7 @@ pub mod error;
 pub mod eviction;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod keyspace;
 pub mod listen;
 pub mod metrics;
 pub mod ops;

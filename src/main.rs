@@ -38,6 +38,7 @@ Examples:
   RPP_CONFIG=policy/default.yaml RPP_LISTEN=0.0.0.0:6380 redis-policy-proxy --log-format json
   redis-policy-proxy --check policy/default.yaml          validate only: exit 0, or 64
   redis-policy-proxy --explain policy/default.yaml 'KEYS *'
+  redis-policy-proxy replay --policy new.yaml audit.jsonl   what new.yaml would do to that traffic
   kill -HUP <pid>                                         reload the --config file
 
 Each value comes from its flag, else its RPP_* environment variable, else the file, else the
@@ -129,6 +130,29 @@ struct Cli {
     /// With --survey: read at most N keys a second.
     #[arg(long, value_name = "N", default_value_t = 1_000, requires = "survey")]
     rate: u64,
+    /// `replay`: what a policy would have done to recorded traffic.
+    #[command(subcommand)]
+    tool: Option<Tool>,
+}
+
+/// Tools run as a subcommand.
+#[derive(clap::Subcommand, Debug)]
+enum Tool {
+    /// Replay an audit log (or a MONITOR capture) against a policy and report what it would
+    /// have refused, rewritten or rate-limited, per rule and tenant, with examples; with two
+    /// --policy files, the commands the change treats differently. Nothing is sent to Redis.
+    ///
+    /// Example: replay --policy policy/default.yaml /var/log/rpp/audit.jsonl
+    Replay {
+        /// The policy file; give it twice (OLD, then NEW) for the difference.
+        #[arg(long, value_name = "FILE", required = true, num_args = 1)]
+        policy: Vec<PathBuf>,
+        /// Examples shown per row.
+        #[arg(long, value_name = "N", default_value_t = redis_policy_proxy::tools::replay::EXAMPLES)]
+        examples: usize,
+        /// The audit log (JSON lines) or MONITOR capture; `-` for standard input.
+        log: PathBuf,
+    },
 }
 
 /// The variables behind flags that take a value, by argument id.
@@ -186,6 +210,30 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     if cli.check.is_some() || cli.explain.is_some() {
         init_logging(cli.log_format, "warn");
+    }
+
+    if let Some(Tool::Replay {
+        policy,
+        examples,
+        log,
+    }) = &cli.tool
+    {
+        init_logging(cli.log_format, "error");
+        if policy.len() > 2 {
+            eprintln!("replay takes one --policy, or two (OLD then NEW)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        let policies: Vec<&Path> = policy.iter().map(PathBuf::as_path).collect();
+        return match redis_policy_proxy::tools::replay::replay(&policies, log, *examples) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
     }
 
     if let Some(check) = &cli.check {

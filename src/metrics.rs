@@ -247,6 +247,16 @@ pub struct Metrics {
     /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
     /// it sits with the handles every connection and session already holds.
     pub memory_report: ArcSwapOption<MemoryReport>,
+    /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
+    /// for the top patterns' metrics.
+    pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
+    /// Audit entries written by the writer thread.
+    pub audit_written: Counter,
+    /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
+    /// clients were not slowed.
+    pub audit_dropped: Counter,
+    /// Audit entries the writer could not write (disk full, file removed…).
+    pub audit_failed: Counter,
     /// For uptime in INFO.
     pub started: Instant,
 }
@@ -312,6 +322,10 @@ impl Metrics {
         m.register_memory();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
+        m.registry
+            .register_collector(Box::new(crate::keyspace::KeyspaceCollector {
+                keyspace: m.keyspace.clone(),
+            }));
         m.process.register_collector(Box::new(ProcessCollector {
             started: std::time::SystemTime::now(),
         }));
@@ -363,6 +377,10 @@ impl Metrics {
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
             tls_reloads_failed: Counter::default(),
+            keyspace: Default::default(),
+            audit_written: Counter::default(),
+            audit_dropped: Counter::default(),
+            audit_failed: Counter::default(),
             started: Instant::now(),
         }
     }
@@ -560,6 +578,13 @@ impl Metrics {
             "slow_commands",
             "Commands slower than the slow log threshold",
             &self.slow_commands,
+        );
+        [self.audit_written, self.audit_dropped, self.audit_failed] = labelled(
+            r,
+            "audit_entries",
+            "Audit trail entries: written, dropped (the writer's queue was full; no client waited), failed (the write failed)",
+            "result",
+            ["written", "dropped", "failed"],
         );
         register(
             r,

@@ -26,6 +26,12 @@ pub struct Ops {
     pub slowlog: Arc<SlowLog>,
     /// `None` when the configuration did not come from a file.
     pub reload: Option<Reload>,
+    /// The audit trail (`audit.commands`); `None` when off, so sessions pay one branch.
+    /// Started by `server::serve`, which reports an output it cannot open.
+    pub audit: Option<Arc<crate::audit::Audit>>,
+    /// The key-pattern statistics (`keyspace.sample`); `None` when off. Started by
+    /// `server::serve`, like `audit`.
+    pub keyspace: Option<Arc<crate::keyspace::Keyspace>>,
 }
 
 impl Ops {
@@ -39,6 +45,8 @@ impl Ops {
                 admin.slowlog_max_len.value,
             )),
             reload,
+            audit: None,
+            keyspace: None,
         }
     }
 }

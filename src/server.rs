@@ -69,11 +69,18 @@ pub async fn serve(
     admin: Option<TcpListener>,
     config: Config,
     policy: Arc<ArcSwap<Policy>>,
-    ops: Ops,
+    mut ops: Ops,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = ops.metrics.clone();
+    if ops.audit.is_none() {
+        ops.audit = crate::audit::Audit::start(&config.audit, &metrics)?;
+    }
+    if ops.keyspace.is_none() {
+        ops.keyspace = crate::keyspace::Keyspace::new(&config.keyspace).map(Arc::new);
+    }
+    metrics.keyspace.store(ops.keyspace.clone());
     let upstream = start_upstream(&config, &metrics).await?;
     // Scripts run as the proxy's upstream user: its ACL is checked (or applied) whenever the
     // policy changes, and `/readyz` says what the check found.

@@ -489,6 +489,7 @@ fn every_metric_the_docs_and_deploy_files_name_is_exported() {
         "deploy",
         "deploy/kubernetes",
         "deploy/prometheus",
+        "deploy/grafana",
         "policy",
     ] {
         for entry in std::fs::read_dir(repo(dir)).unwrap() {
@@ -508,4 +509,117 @@ fn every_metric_the_docs_and_deploy_files_name_is_exported() {
         }
     }
     assert!(unknown.is_empty(), "named but not exported: {unknown:#?}");
+}
+
+/// Every `expr` string anywhere in a Grafana dashboard (panels, rows' panels, templating).
+fn exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_dashboard_references_only_exported_metrics() {
+    let exported = exported_names();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/redis-policy-proxy.json")).unwrap();
+    let mut all = Vec::new();
+    exprs(&dashboard, &mut all);
+    assert!(all.len() >= 20, "{all:?}");
+    let name = regex::Regex::new(r"(?-u)\b(?:rpp|process)_[a-z0-9_]*[a-z0-9]\b").unwrap();
+    let mut used = BTreeSet::new();
+    for expr in &all {
+        let names: Vec<&str> = name.find_iter(expr).map(|m| m.as_str()).collect();
+        assert!(
+            !names.is_empty(),
+            "an expression without a proxy metric: {expr}"
+        );
+        for n in names {
+            assert!(
+                exported.contains(n),
+                "the dashboard names {n}, which is not exported: {expr}"
+            );
+            used.insert(n.to_string());
+        }
+    }
+    // What the dashboard is for: refusals, rate limits, upstream errors and reconnects,
+    // latency, connections, memory, and the insight features.
+    for needed in [
+        "rpp_policy_decisions_total",
+        "rpp_upstream_errors_total",
+        "rpp_upstream_reconnects_total",
+        "rpp_request_duration_seconds_bucket",
+        "rpp_client_connections",
+        "process_resident_memory_bytes",
+        "rpp_audit_entries_total",
+        "rpp_keyspace_commands_total",
+    ] {
+        assert!(
+            used.contains(needed),
+            "the dashboard does not show {needed}"
+        );
+    }
+    // Every panel with queries reads the dashboard's Prometheus data source.
+    for panel in dashboard["panels"].as_array().unwrap() {
+        if panel["targets"].is_array() {
+            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        }
+    }
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_admin_port() {
+    let docs = yaml_docs("deploy/kubernetes/servicemonitor.yaml");
+    let service = docs
+        .iter()
+        .find(|d| d["kind"] == "Service")
+        .expect("a Service");
+    let monitor = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("a ServiceMonitor");
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "the monitor selects the Service"
+        );
+    }
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == endpoint["port"])
+        .expect("the endpoint names a port of the Service");
+    assert_eq!(port["port"], u64::from(admin_port()));
+    // The Service's target is the Deployment's admin port, which is the binary's default.
+    let deployment = yaml_docs("deploy/kubernetes/redis-policy-proxy.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let target = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port["targetPort"])
+        .expect("targetPort names a container port");
+    assert_eq!(target["containerPort"], u64::from(admin_port()));
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["template"]["metadata"]["labels"]
+    );
 }

@@ -689,6 +689,19 @@ impl Policy {
     /// runs them; the account stops at the first enforced refusal, which answers the command.
     /// Rate limits are listed, not spent.
     pub fn explain<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Vec<Step> {
+        self.explain_judged(client, line, Evidence::Full)
+    }
+
+    /// [`Policy::explain`] for a command line that holds only `evidence` of what the client
+    /// sent (`replay` of an audit log: key names and argument sizes, no values). A rule that
+    /// needs more is not run and is listed as [`Effect::Unjudged`]: the line's placeholder
+    /// arguments would make it act, or not, on something the client never sent.
+    pub fn explain_judged<L: CommandLine + ?Sized>(
+        &self,
+        client: &Client,
+        line: &L,
+        evidence: Evidence,
+    ) -> Vec<Step> {
         let mut steps = Vec::new();
         let Some(spec) = (line.argc() > 0)
             .then(|| commands::lookup(line.arg(0), (line.argc() > 1).then(|| line.arg(1))))
@@ -705,7 +718,12 @@ impl Policy {
             if !rule.applies_to(client) {
                 continue;
             }
+            let per = match &rule.kind {
+                Kind::RateLimit { per, .. } | Kind::SharedRateLimit { per, .. } => *per,
+                _ => Per::Connection,
+            };
             let what = match &rule.kind {
+                _ if !judged(&rule.kind, spec, evidence) => Some(Effect::Unjudged),
                 Kind::RateLimit { limiter, .. } => Some(Effect::Counts(*limiter.limit())),
                 Kind::SharedRateLimit { limit, .. } => Some(Effect::Counts(*limit)),
                 kind => act(kind, spec, line, ttl::Build::NoteOnly).map(|a| match a {
@@ -725,6 +743,7 @@ impl Policy {
                 rule: rule.id.clone(),
                 mode: rule.mode,
                 what,
+                per,
             });
             if stops {
                 break;
@@ -865,6 +884,52 @@ pub struct Step {
     pub mode: Mode,
     /// What it does.
     pub what: Effect,
+    /// Whose budget a rate limit counts against (`Connection` for other rules), so a replay
+    /// can count the way the proxy does.
+    pub per: Per,
+}
+
+/// How much of the client's command a command line holds, for [`Policy::explain_judged`].
+/// Ordered: each holds what the one before it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Evidence {
+    /// The name, the argument count and each argument's size; keys hashed (an audit log
+    /// with `keys: hash`).
+    Sizes,
+    /// And the key names at their positions (an audit log with `keys: names`).
+    Names,
+    /// Every argument as sent (a MONITOR capture, `--explain`).
+    Full,
+}
+
+/// Whether a rule of `kind` can be judged on a command line holding `evidence`: the rules
+/// that read argument values (options such as COUNT, EX, MAXLEN, ranges, script bodies) need
+/// them all; key-name rules need names, and on a command whose key positions depend on its
+/// arguments (EVAL's numkeys, XREAD's STREAMS) the arguments too.
+fn judged(kind: &Kind, spec: &CommandSpec, evidence: Evidence) -> bool {
+    let keys_movable = spec.has_movable_keys();
+    let needs = match kind {
+        Kind::Deny { unless_arg: None }
+        | Kind::RateLimit { .. }
+        | Kind::SharedRateLimit { .. }
+        | Kind::MaxValueBytes(_) => Evidence::Sizes,
+        Kind::MaxKeys(_) if !keys_movable => Evidence::Sizes,
+        Kind::KeyPattern(_) if !keys_movable => Evidence::Names,
+        // They act on writes only: any other command is judged (untouched) on its name.
+        Kind::Ttl(_) | Kind::StreamMaxLen(_) if !spec.is_write() => Evidence::Sizes,
+        Kind::Deny {
+            unless_arg: Some(_),
+        }
+        | Kind::MaxKeys(_)
+        | Kind::KeyPattern(_)
+        | Kind::MaxScanCount(_)
+        | Kind::UnboundedReads
+        | Kind::MaxRange(_)
+        | Kind::Ttl(_)
+        | Kind::StreamMaxLen(_)
+        | Kind::Scripts(_) => Evidence::Full,
+    };
+    evidence >= needs
 }
 
 /// What a rule does to a command, as `--explain` shows it.
@@ -876,6 +941,9 @@ pub enum Effect {
     Rewrites(String),
     /// Counts it against a rate limit.
     Counts(Limit),
+    /// Cannot tell: the rule reads what the command line does not hold (see
+    /// [`Policy::explain_judged`]).
+    Unjudged,
 }
 
 /// What a rule of `kind` (not a rate limit) does to a command, if anything.

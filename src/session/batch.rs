@@ -1,5 +1,6 @@
 //! Building runs: decoded commands joined into one batch per upstream connection, or sent alone.
 
+use super::audited;
 use super::{
     Action, Command, Decision, Dispatch, Effect, Flow, Joining, Now, Pending, ReplyMode, Run,
     Session, Target,
@@ -129,7 +130,7 @@ impl Session {
     /// joins the run for the same shared connection, or another node's run in cluster mode),
     /// carries it out; otherwise hands the decided command to `on_command`, nothing changed.
     pub(super) fn on_command_now(&mut self, run: &mut Run, len: usize) -> Now {
-        let command = {
+        let mut command = {
             let frame = &self.input.rbuf[run.len..run.len + len];
             let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
             let name = arg(0).unwrap_or_default();
@@ -137,6 +138,7 @@ impl Session {
                 len,
                 spec: crate::commands::lookup(name, arg(1)),
                 kind: command::classify(name),
+                audit: audited::Slot::default(),
             }
         };
         let decision = self.decide(
@@ -144,6 +146,7 @@ impl Session {
             &command,
             run.target,
         );
+        command.audit = self.audit_draft(&self.input.rbuf[run.len..], &command, &decision);
         if decision.action.forwarded().is_some() && self.client.policy.has_shared_limits() {
             return Now::Later(Pending { command, decision });
         }
@@ -281,6 +284,7 @@ impl Session {
             }
             if !self.ensure_dedicated(false, node, join.effect).await {
                 self.count_joined(command, &join);
+                self.audit_failed(command);
                 self.flush_run(run).await;
                 self.input.rbuf.advance(command.len);
                 return Flow::Next;
@@ -315,6 +319,7 @@ impl Session {
             return Flow::Stop;
         }
         self.count_joined(command, &join);
+        self.audit_joined(command, &join);
         let Joining {
             target,
             effect,
@@ -394,6 +399,7 @@ impl Session {
         if done || closes || self.input.rbuf.len() != before {
             let class = crate::metrics::class_of(command.spec);
             self.ctx.ops.metrics.command(class, outcome);
+            self.audit_dispatched(command, outcome);
         }
         if done { Flow::Next } else { Flow::Stop }
     }

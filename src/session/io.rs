@@ -50,6 +50,7 @@ impl Session {
                 active: false,
                 batch_name: None,
             },
+            audit_trail: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! dedicated waits until the other side has answered everything, so commands still run in the
 //! order the client sent them.
 
+mod audited;
 mod batch;
 mod client_ids;
 mod client_list;
@@ -326,6 +327,8 @@ struct Command {
     spec: Option<&'static CommandSpec>,
     /// Its routing and session-state kind.
     kind: Kind,
+    /// Its audit entry and keyspace measurement so far, when either follows it (`audited`).
+    audit: audited::Slot,
 }
 
 /// Whether `process` goes on to the next request.
@@ -459,6 +462,9 @@ struct Session {
     routing: Routing,
     /// This client's row in `CLIENT LIST`, removed when the session ends.
     _listed: client_list::Listed,
+    /// Audited and sampled commands waiting for their replies (`audited`); boxed, made on
+    /// the first.
+    audit_trail: Option<Box<crate::audit::Trail>>,
 }
 
 /// What the client negotiated and who it is: the connection's identity as Redis would see it.

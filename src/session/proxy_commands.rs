@@ -1,5 +1,5 @@
-//! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | HELP`, for admin
-//! tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
+//! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | KEYSPACE | HELP`, for
+//! admin tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
 use super::Session;
 use super::route::Args;
@@ -19,6 +19,8 @@ const HELP: &[&str] = &[
     "    Reload the policy file now (as SIGHUP does); replies with the new version or the problems.",
     "SLOWLOG GET [<count>] | LEN | RESET",
     "    Batches slower than admin.slowlog_threshold_us (command names only, never values).",
+    "KEYSPACE",
+    "    Per tenant, the top key patterns (commands, bytes, writes without TTL, value sizes) and the hot keys, as JSON.",
     "HELP",
     "    Print this help.",
 ];
@@ -42,6 +44,10 @@ impl Session {
                 None => answers::nothing_to_reload(),
             },
             (b"SLOWLOG", _) => self.slowlog_command(args),
+            (b"KEYSPACE", 2) => match &self.ctx.ops.keyspace {
+                Some(keyspace) => answers::bulk(keyspace.report().to_string().as_bytes()),
+                None => answers::keyspace_off(),
+            },
             (b"HELP", 2) => {
                 let mut out = BytesMut::new();
                 out.put_slice(format!("*{}\r\n", HELP.len()).as_bytes());

@@ -169,6 +169,7 @@ impl Session {
             router.refresh_soon();
         }
         self.observe(read_at, commands, name);
+        self.audit_answered(read_at, commands, error.is_some(), data.len());
         let (data, missing) = match &handling.mask {
             None => (data, missing),
             Some(mask) => apply_mask(data, commands - missing, mask),

@@ -89,6 +89,8 @@ fn one(policy: &Policy, client: &Client, line: &str, out: &mut String) -> Result
             Effect::Refuses(_) => "refuses".to_string(),
             Effect::Rewrites(note) if audit => format!("would rewrite: {note}"),
             Effect::Rewrites(note) => format!("rewrites: {note}"),
+            // `explain` holds every argument: every rule is judged.
+            Effect::Unjudged => "not judged".to_string(),
             Effect::Counts(limit) => format!(
                 "counts it: {} requests per {} ms",
                 limit.requests,

@@ -1,9 +1,11 @@
 //! The operator's command-line tools beside serving: `--explain` (what the policy does to
 //! commands), `--print-acl` (the upstream ACL that mirrors the policy) and `--survey` (what
-//! the policy would change in an existing Redis).
+//! the policy would change in an existing Redis), `replay` (what a policy would have done to
+//! recorded traffic).
 //! Here rather than in `main.rs`, so they are tested as library code and `main` only
 //! dispatches.
 
 pub mod explain;
 pub mod print_acl;
+pub mod replay;
 pub mod survey;
