@@ -106,6 +106,7 @@ pub mod keyspace;
 pub mod listen;
 pub mod metrics;
 pub mod ops;
+pub mod pem;
 pub mod policy;
 pub mod procfs;
 pub mod ratelimit;

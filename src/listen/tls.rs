@@ -1,16 +1,14 @@
 //! The TLS server side: the proxy's certificate and key, the CA that signs client
 //! certificates, and their reload when the files change.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 use crate::config::{ClientCerts, ClientTlsConfig};
 use crate::metrics::Metrics;
@@ -96,20 +94,13 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
 
 /// Builds the acceptor from the files; errors name the file.
 pub fn build(config: &ClientTlsConfig) -> Result<TlsAcceptor, String> {
-    let chain = certs(&config.cert_file.value)?;
-    let key_path = &config.key_file.value;
-    let key = PrivateKeyDer::from_pem_file(key_path)
-        .map_err(|e| format!("{}: {e}", key_path.display()))?;
+    let chain = crate::pem::certs(&config.cert_file.value)?;
+    let key = crate::pem::key(&config.key_file.value)?;
     let builder = ServerConfig::builder();
     let builder = match &config.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for cert in certs(&ca.value)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{}: {e}", ca.value.display()))?;
-            }
+            let roots = crate::pem::roots(&ca.value)?;
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
             let verifier = match config.client_certs.value {
                 ClientCerts::Required => verifier,
@@ -125,15 +116,4 @@ pub fn build(config: &ClientTlsConfig) -> Result<TlsAcceptor, String> {
         .with_single_cert(chain, key)
         .map_err(|e| format!("{}: {e}", config.cert_file.value.display()))?;
     Ok(TlsAcceptor::from(Arc::new(server)))
-}
-
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .collect();
-    let certs = certs.map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate found", path.display()));
-    }
-    Ok(certs)
 }

@@ -1,13 +1,11 @@
 //! TLS to the upstream (rustls with ring: pure Rust apart from ring's small C/asm core,
 //! no OpenSSL to match at deploy time).
 
-use std::path::Path;
 use std::sync::Arc;
 
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::rustls::ClientConfig;
 
 use crate::config::TlsConfig;
 
@@ -23,18 +21,12 @@ pub struct Tls {
 
 /// Builds the TLS setup; errors name the file that could not be used.
 pub fn build(config: &TlsConfig, upstream_host: &str) -> Result<Tls, String> {
-    let mut roots = RootCertStore::empty();
-    for cert in certs(&config.ca_file.value)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: {e}", config.ca_file.value.display()))?;
-    }
+    let roots = crate::pem::roots(&config.ca_file.value)?;
     let builder = ClientConfig::builder().with_root_certificates(roots);
     let client = match (&config.cert_file, &config.key_file) {
         (Some(cert), Some(key)) => {
-            let chain = certs(cert)?;
-            let key =
-                PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+            let chain = crate::pem::certs(cert)?;
+            let key = crate::pem::key(key)?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| format!("client certificate: {e}"))?
@@ -49,17 +41,6 @@ pub fn build(config: &TlsConfig, upstream_host: &str) -> Result<Tls, String> {
         connector: TlsConnector::from(Arc::new(client)),
         server_name,
     })
-}
-
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .collect();
-    let certs = certs.map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate found", path.display()));
-    }
-    Ok(certs)
 }
 
 impl std::fmt::Debug for Tls {
