@@ -79,6 +79,7 @@
 //!   sketch per 10 s slice), for `PROXY KEYSPACE`, `/keyspace` and the top patterns' metrics.
 //! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
 //!   client stream the session reads, certificate reloads, client-certificate names.
+//! - [`pem`]: the PEM certificates, keys and CA roots both TLS sides load.
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
 //!   (a policy over recorded traffic).
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
