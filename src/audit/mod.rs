@@ -172,11 +172,12 @@ mod tests {
         (audit, rx)
     }
 
-    fn entry() -> Entry {
+    /// A forwarded SET from 127.0.0.1:1 as connection `id`: the fixture of the audit tests.
+    pub(super) fn entry_of(id: u64) -> Entry {
         Entry {
             ts: 0.0,
             client: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
-            id: 1,
+            id,
             user: None,
             tenant: "default".into(),
             route: "shared".into(),
@@ -187,6 +188,10 @@ mod tests {
             rule: None,
             latency_us: None,
         }
+    }
+
+    fn entry() -> Entry {
+        entry_of(1)
     }
 
     #[test]

@@ -113,20 +113,7 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     fn entry(id: u64) -> Entry {
-        Entry {
-            ts: 0.0,
-            client: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
-            id,
-            user: None,
-            tenant: "default".into(),
-            route: "shared".into(),
-            cmd: "SET".into(),
-            args: vec![],
-            argc: 1,
-            outcome: Outcome::Forwarded,
-            rule: None,
-            latency_us: None,
-        }
+        crate::audit::tests::entry_of(id)
     }
 
     #[test]
