@@ -146,6 +146,27 @@ pub fn crossslot() -> Bytes {
     Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
 }
 
+/// Routes mode: a command whose keys (or channels) belong to routes on different upstreams,
+/// and that cannot be split; named like CROSSSLOT so clients that know it recognise it.
+pub fn crossroute(first: &str, second: &str) -> Bytes {
+    simple_error(
+        "CROSSROUTE",
+        &format!(
+            "Keys in request belong to different routes ({first}, {second}), which are \
+             separate Redis servers; keep keys used together under one route's prefixes"
+        ),
+    )
+}
+
+/// Routes mode: SELECT n (n ≠ 0); each route names its database.
+pub fn select_with_routes() -> Bytes {
+    simple_error(
+        "ERR",
+        "SELECT is not allowed with routes: each route names its database (`db:` in the \
+         proxy's routes)",
+    )
+}
+
 /// A slot no node serves (Redis Cluster's own text).
 pub fn clusterdown() -> Bytes {
     Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")

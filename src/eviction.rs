@@ -6,11 +6,12 @@
 //! a failure: Redis serves either way), and the text an `OOM command not allowed` reply gains
 //! on its way to the client.
 //!
-//! Until routes exist, the one upstream (the home node in cluster mode, the primary in
-//! Sentinel mode) is judged under the one `upstream.role`; routes will carry a role each.
+//! The one upstream (the home node in cluster mode, the primary in Sentinel mode) is judged
+//! under `upstream.role`; with routes, each route's upstream under its own `role`, the
+//! reports combined on a [`Board`] (INFO lines named after the routes, findings added up).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -165,16 +166,97 @@ pub fn report(
     }
 }
 
+/// The latest report of every upstream checked, combined into the one report its readers
+/// (INFO, `/readyz`, OOM replies, the findings gauge) use.
+pub struct Board {
+    /// Per upstream checked: the routes it serves (`None`: the only upstream, whose report
+    /// is published as it is).
+    labels: Vec<Option<String>>,
+    /// Per upstream: its latest findings and report, `None` before its first check.
+    latest: Mutex<Vec<Option<(usize, MemoryReport)>>>,
+}
+
+impl Board {
+    /// A board for upstreams named `labels` (one `None` for a proxy without routes).
+    pub fn new(labels: Vec<Option<String>>) -> Arc<Board> {
+        let latest = Mutex::new(vec![None; labels.len()]);
+        Arc::new(Board { labels, latest })
+    }
+
+    /// Records upstream `index`'s check and publishes the combined report.
+    fn publish(&self, index: usize, findings: usize, report: MemoryReport, metrics: &Metrics) {
+        let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        latest[index] = Some((findings, report));
+        let mut total = 0;
+        let mut combined = MemoryReport {
+            oom_note: String::new(),
+            info: String::new(),
+            summary: String::new(),
+        };
+        for (label, entry) in self.labels.iter().zip(latest.iter()) {
+            let Some((n, report)) = entry else { continue };
+            total += n;
+            let Some(label) = label else {
+                combined = report.clone();
+                continue;
+            };
+            let sep = |s: &String| if s.is_empty() { "" } else { "; " };
+            combined.summary = format!(
+                "{}{}route {label}: {}",
+                combined.summary,
+                sep(&combined.summary),
+                report.summary
+            );
+            combined.oom_note = format!(
+                "{}{}{}",
+                combined.oom_note,
+                sep(&combined.oom_note),
+                report.oom_note
+            );
+            for line in report.info.split_terminator("\r\n") {
+                if line.starts_with("proxy_eviction_findings:") {
+                    continue;
+                }
+                let named = line.replacen("proxy_", &format!("proxy_route_{label}_"), 1);
+                let _ = write!(combined.info, "{named}\r\n");
+            }
+        }
+        if self.labels.len() > 1 {
+            let _ = write!(combined.info, "proxy_eviction_findings:{total}\r\n");
+        }
+        metrics.eviction_findings.set(total as i64);
+        metrics.memory_report.store(Some(Arc::new(combined)));
+    }
+}
+
+/// One upstream the eviction check reads: how to ask it, what to call it, what it is for,
+/// and where on the [`Board`] its report goes.
+pub struct Watched {
+    /// The upstream's control connection, for `INFO memory`.
+    pub control: Control,
+    /// Its address, in the report.
+    pub addr: String,
+    /// What it holds (`upstream.role`, or its route upstream's).
+    pub role: UpstreamRole,
+    /// Its place on the board.
+    pub index: usize,
+}
+
 /// Checks at start and every `every`, and again at once when the policy changes (its TTL
 /// rule may have), until the proxy stops. Logs a warning when the findings change.
 pub async fn watch(
-    control: Control,
-    addr: String,
-    role: UpstreamRole,
+    upstream: Watched,
+    board: Arc<Board>,
     every: Duration,
     policy: Arc<ArcSwap<Policy>>,
     metrics: Arc<Metrics>,
 ) {
+    let Watched {
+        control,
+        addr,
+        role,
+        index,
+    } = upstream;
     let mut last: Option<Vec<String>> = None;
     let mut checked_policy: Option<Arc<Policy>> = None;
     let mut next = tokio::time::Instant::now();
@@ -211,8 +293,7 @@ pub async fn watch(
                 tracing::warn!(status = %report.summary, "eviction check: the upstream's eviction does not fit its role or the policy");
             }
         }
-        metrics.eviction_findings.set(found.len() as i64);
-        metrics.memory_report.store(Some(Arc::new(report)));
+        board.publish(index, found.len(), report, &metrics);
         last = Some(found);
     }
 }

@@ -46,6 +46,9 @@
 //!   CLIENT LIST, `session::pause` routes around a forwarded CLIENT PAUSE.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool,
 //!   and `upstream::dedicated`, each node's capped, warm stock of dedicated connections.
+//! - [`routes`]: several upstreams behind one proxy: the route of a key by its prefix (and
+//!   tenant namespace), read by the policy (rules' `routes:`) and by the router, which in
+//!   routes mode is a fixed map of one node per upstream and database (docs/routes.md).
 //! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
 //!   under `read_from` (replica reads, docs/cluster.md).
@@ -113,6 +116,7 @@ pub mod procfs;
 pub mod ratelimit;
 pub mod reply;
 pub mod resp_value;
+pub mod routes;
 pub mod script_acl;
 pub mod sentinel;
 pub mod server;

@@ -250,6 +250,9 @@ pub struct Metrics {
     /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
     /// for the top patterns' metrics.
     pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
+    /// Routes mode: the route table, installed by `server::serve`; its per-route command
+    /// counts are read at scrape time (`route_commands_total`).
+    pub routes: Arc<ArcSwapOption<crate::routes::RouteTable>>,
     /// Audit entries written by the writer thread.
     pub audit_written: Counter,
     /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
@@ -262,7 +265,7 @@ pub struct Metrics {
 }
 
 /// What the latest eviction check found, in the form each reader needs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct MemoryReport {
     /// Appended to an upstream `-OOM` error: the upstream's memory state and the policy.
     pub oom_note: String,
@@ -326,6 +329,9 @@ impl Metrics {
             .register_collector(Box::new(crate::keyspace::KeyspaceCollector {
                 keyspace: m.keyspace.clone(),
             }));
+        m.registry.register_collector(Box::new(RoutesCollector {
+            routes: m.routes.clone(),
+        }));
         m.process.register_collector(Box::new(ProcessCollector {
             started: std::time::SystemTime::now(),
         }));
@@ -378,6 +384,7 @@ impl Metrics {
             tls_reloads_ok: Counter::default(),
             tls_reloads_failed: Counter::default(),
             keyspace: Default::default(),
+            routes: Default::default(),
             audit_written: Counter::default(),
             audit_dropped: Counter::default(),
             audit_failed: Counter::default(),
@@ -668,6 +675,32 @@ impl Collector for PolicyCollector {
         )?;
         let labels = [("version", crate::VERSION), ("commit", crate::COMMIT)];
         build.encode(family.encode_family(&labels)?)?;
+        Ok(())
+    }
+}
+
+/// Commands placed per route, read from the route table at scrape time; nothing without
+/// routes. Labels are the routes' names from the file (bounded).
+#[derive(Debug)]
+struct RoutesCollector {
+    /// Installed by `server::serve` in routes mode.
+    routes: Arc<ArcSwapOption<crate::routes::RouteTable>>,
+}
+
+impl Collector for RoutesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(table) = self.routes.load_full() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "route_commands",
+            "Commands placed on each route (by the route of their first key; keyless ones on default)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (route, count) in table.counts() {
+            ConstCounter::new(count).encode(family.encode_family(&[("route", route)])?)?;
+        }
         Ok(())
     }
 }

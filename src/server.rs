@@ -105,17 +105,7 @@ pub async fn serve(
             stop_rx.clone(),
         ))
     });
-    if config.upstream.memory_check_ms.value > 0 {
-        let check = tokio::spawn(crate::eviction::watch(
-            upstream.pool.control(),
-            upstream.pool.addr().to_string(),
-            config.upstream.role.value,
-            Duration::from_millis(config.upstream.memory_check_ms.value),
-            policy.clone(),
-            metrics.clone(),
-        ));
-        tasks.push(check.abort_handle());
-    }
+    tasks.extend(eviction_checks(&config, &upstream, &policy, &metrics));
     tasks.extend(upstream.followers.iter().map(|t| t.abort_handle()));
     let (serving, tls_listener, tls_watch) = listeners(&config, &metrics).await?;
     tasks.extend(tls_watch.map(|t| t.abort_handle()));
@@ -159,6 +149,9 @@ struct Upstream {
 
 /// Starts the upstream side of the configured mode.
 async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Result<Upstream> {
+    if config.has_routes() {
+        return start_routes(config, metrics).await;
+    }
     Ok(match config.upstream.mode.value {
         UpstreamMode::Cluster => {
             let router = crate::cluster::Router::start(config, metrics.clone())
@@ -191,6 +184,91 @@ async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Res
             replicas: None,
             followers: Vec::new(),
         },
+    })
+}
+
+/// The eviction check of the upstream, or with routes of each route's upstream and database
+/// (under its own `role` and `memory_check_ms`), all reporting to one board.
+fn eviction_checks(
+    config: &Config,
+    upstream: &Upstream,
+    policy: &Arc<ArcSwap<Policy>>,
+    metrics: &Arc<Metrics>,
+) -> Vec<tokio::task::AbortHandle> {
+    use crate::eviction::{Board, Watched, watch};
+    let mut checked = Vec::new();
+    match (&upstream.cluster, config.has_routes()) {
+        (Some(router), true) => {
+            let table = router.routes().cloned();
+            for (i, node) in config.route_nodes().iter().enumerate() {
+                let Some(u) = config.named_upstream(&node.upstream) else {
+                    continue;
+                };
+                let label = table.as_ref().map(|t| t.names_of_node(i as u16));
+                checked.push((router.pool(i as u16), u, label));
+            }
+        }
+        _ => checked.push((upstream.pool.clone(), &config.upstream, None)),
+    }
+    let board = Board::new(checked.iter().map(|(_, _, l)| l.clone()).collect());
+    let mut tasks = Vec::new();
+    for (index, (pool, u, _)) in checked.into_iter().enumerate() {
+        if u.memory_check_ms.value == 0 {
+            continue;
+        }
+        let watched = Watched {
+            control: pool.control(),
+            addr: pool.addr().to_string(),
+            role: u.role.value,
+            index,
+        };
+        let every = Duration::from_millis(u.memory_check_ms.value);
+        let task = tokio::spawn(watch(
+            watched,
+            board.clone(),
+            every,
+            policy.clone(),
+            metrics.clone(),
+        ));
+        tasks.push(task.abort_handle());
+    }
+    tasks
+}
+
+/// Routes mode: one pool per (upstream, database) the routes use, in `Config::route_nodes`
+/// order (the route table's node numbers), behind a router with a fixed map.
+async fn start_routes(config: &Config, metrics: &Arc<Metrics>) -> std::io::Result<Upstream> {
+    let table = crate::setup::route_table(config)
+        .ok_or_else(|| std::io::Error::other("routes: without a route table"))?;
+    let mut pools = Vec::new();
+    let mut followers = Vec::new();
+    for node in config.route_nodes() {
+        let one = config
+            .for_upstream(&node)
+            .ok_or_else(|| std::io::Error::other(format!("no upstream `{}`", node.upstream)))?;
+        let pool = match one.upstream.mode.value {
+            UpstreamMode::Sentinel => {
+                let sentinel = start_sentinel(&one, metrics.clone()).await?;
+                followers.extend(sentinel.tasks);
+                sentinel.pool
+            }
+            _ => {
+                if one.upstream.coalesce_reads.value {
+                    crate::upstream::coalesce::enable();
+                }
+                Pool::start(&one, metrics.clone()).map_err(std::io::Error::other)?
+            }
+        };
+        pools.push(pool);
+    }
+    metrics.routes.store(Some(table.clone()));
+    let settings = PoolSettings::from_config(config).map_err(std::io::Error::other)?;
+    let router = crate::cluster::Router::with_routes(table, pools, settings, metrics.clone());
+    Ok(Upstream {
+        pool: router.pool(0),
+        cluster: Some(router),
+        replicas: None,
+        followers,
     })
 }
 

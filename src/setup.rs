@@ -5,8 +5,11 @@
 
 use std::path::Path;
 
+use std::sync::Arc;
+
 use crate::config::{Config, ConfigError, Problem};
 use crate::policy::Policy;
+use crate::routes::{RouteSpec, RouteTable};
 
 /// Reads, parses and validates a configuration file: [`Config::read`], then [`validate`].
 /// A file that does not parse gets every problem reported, not only the parser's first
@@ -78,15 +81,55 @@ fn all_problems(config: &Config) -> Vec<Problem> {
     problems
 }
 
-/// The policy of a whole configuration: its rules and `access:` section, its version, and
-/// the log budget `admin.denial_logs_per_second` sets.
+/// The policy of a whole configuration: its rules and `access:` section, its version, the
+/// log budget `admin.denial_logs_per_second` sets, and the routes its rules may be scoped to.
 pub fn policy(config: &Config) -> Result<Policy, Vec<Problem>> {
     Policy::from_parts(
         &config.rules,
         &config.access,
         config.version.clone(),
         config.admin.denial_logs_per_second.value,
+        route_table(config),
     )
+}
+
+/// The route table of `routes:`, `None` without routes: each route's prefixes on the node
+/// [`Config::route_node`] numbers, entered behind every tenant namespace they apply to.
+pub fn route_table(config: &Config) -> Option<Arc<RouteTable>> {
+    if !config.has_routes() {
+        return None;
+    }
+    let namespace = |tenant: &str| {
+        config
+            .access
+            .namespaces
+            .get(tenant)
+            .map(|p| p.as_bytes().to_vec())
+    };
+    let specs: Vec<RouteSpec> = config
+        .routes
+        .iter()
+        .map(|r| RouteSpec {
+            name: r.name.value.clone(),
+            node: config.route_node(r),
+            prefixes: r
+                .prefixes
+                .iter()
+                .map(|p| p.value.as_bytes().to_vec())
+                .collect(),
+            namespaces: r
+                .tenants
+                .as_ref()
+                .map(|t| t.iter().filter_map(|t| namespace(t)).collect()),
+        })
+        .collect();
+    let all: Vec<Vec<u8>> = config
+        .access
+        .namespaces
+        .values()
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
+    Some(Arc::new(RouteTable::new(0, &specs, &all)))
 }
 
 /// [`policy`] for the operator's tools (`--explain`, `--print-acl`): every problem on its own

@@ -28,6 +28,7 @@ fn login() -> NodeSpec {
         connect_timeout: Duration::from_secs(2),
         tls: None,
         readonly: false,
+        db: 0,
     }
 }
 

@@ -185,6 +185,7 @@ mod tests {
             connect_timeout,
             tls: None,
             readonly: false,
+            db: 0,
         }
     }
 

@@ -19,6 +19,7 @@ use super::{SLOTS, SlotMap, discover};
 use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
+use crate::routes::RouteTable;
 use crate::upstream::pool::{ControlRoute, Pool, PoolSettings};
 
 /// Refresh requests closer together than this are served by one refresh, so a burst of
@@ -86,6 +87,9 @@ pub struct Router {
     refresh: Arc<Notify>,
     /// Counts installed maps, so a waiter can tell that the map changed.
     generation: AtomicU64,
+    /// Routes mode: keys are placed by prefix on a fixed map of one node per upstream and
+    /// database (node `i` owns "slot" `i`), not by hash slot; `None` for a real cluster.
+    routes: Option<Arc<RouteTable>>,
 }
 
 impl Router {
@@ -119,6 +123,7 @@ impl Router {
             }),
             refresh: Arc::new(Notify::new()),
             generation: AtomicU64::new(0),
+            routes: None,
         });
         match discover(&router.seeds, &router.settings.login).await {
             Ok(map) => router.install(map),
@@ -136,10 +141,63 @@ impl Router {
         Ok(router)
     }
 
+    /// Routes mode: a router over `pools` (node `i` is `pools[i]`, named `names[i]`, the
+    /// nodes `table` places keys on), whose map never changes: nothing is discovered or
+    /// refreshed, and no node answers with a redirection. `settings` are the default route's.
+    pub fn with_routes(
+        table: Arc<RouteTable>,
+        pools: Vec<Arc<Pool>>,
+        settings: PoolSettings,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Router> {
+        let names: Vec<Arc<str>> = pools.iter().map(|p| p.addr().clone()).collect();
+        let index = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u16))
+            .collect();
+        Arc::new(Router {
+            settings,
+            metrics,
+            seeds: Vec::new(),
+            max_redirects: 1,
+            read_from: ReadFrom::Primary,
+            resubscribe_timeout: Duration::from_secs(30),
+            nodes: ArcSwap::from_pointee(pools),
+            index: Mutex::new(index),
+            snapshot: ArcSwap::from_pointee(Snapshot {
+                map: SlotMap::fixed(&names),
+                owners: (0..names.len() as u16).collect(),
+                replicas: vec![Vec::new(); names.len()],
+            }),
+            refresh: Arc::new(Notify::new()),
+            generation: AtomicU64::new(1),
+            routes: Some(table),
+        })
+    }
+
+    /// The route table in routes mode; `None` for a real cluster.
+    pub fn routes(&self) -> Option<&Arc<RouteTable>> {
+        self.routes.as_ref()
+    }
+
+    /// The "slot" of a key as stored: its hash slot in a cluster, its route's node in routes
+    /// mode (where slot `i` is owned by node `i`).
+    pub fn slot_of(&self, key: &[u8]) -> u16 {
+        match &self.routes {
+            None => super::slot(key),
+            Some(table) => table.node_of(key),
+        }
+    }
+
     /// For `/readyz`: ready when every one of the 16384 slots has an owner and every owning
     /// primary has a shared connection up, i.e. any key can be served now; otherwise what
-    /// is missing (uncovered slots, primaries without a connection).
+    /// is missing (uncovered slots, primaries without a connection). In routes mode: every
+    /// route's node connected, each route named.
     pub fn readiness(&self) -> Result<String, String> {
+        if let Some(table) = &self.routes {
+            return self.routes_readiness(table);
+        }
         let snapshot = self.snapshot();
         let covered = snapshot.map.covered();
         if covered < SLOTS {
@@ -158,6 +216,24 @@ impl Router {
             "{} primaries up, all {SLOTS} slots covered",
             snapshot.primaries().len()
         ))
+    }
+
+    /// [`Router::readiness`] in routes mode.
+    fn routes_readiness(&self, table: &RouteTable) -> Result<String, String> {
+        let nodes = self.nodes.load();
+        let mut up = Vec::new();
+        let mut down = Vec::new();
+        for (route, name) in table.names().iter().enumerate() {
+            let pool = &nodes[usize::from(table.node(route as u16))];
+            match pool.any_up() {
+                true => up.push(format!("route {name} ({}) connected", pool.addr())),
+                false => down.push(format!("route {name}: no connection to {}", pool.addr())),
+            }
+        }
+        match down.is_empty() {
+            true => Ok(up.join("; ")),
+            false => Err(down.into_iter().chain(up).collect::<Vec<_>>().join("; ")),
+        }
     }
 
     /// The current routing table.
@@ -194,17 +270,25 @@ impl Router {
     }
 
     /// The node every session's classic pub/sub goes to (SUBSCRIBE, PSUBSCRIBE, PUBLISH): the
-    /// first primary. Redis Cluster delivers a message on every node, but PUBLISH counts only
+    /// first primary (in routes mode, those without a channel that names a route go to the
+    /// default route's node). Redis Cluster delivers a message on every node, but PUBLISH counts only
     /// the receivers on the node it ran on; with all of this proxy's subscribers and
     /// publishers on one node the count includes every subscriber through the proxy, as on
     /// one server. `None` while no primary is known.
     pub fn pubsub_node(&self) -> Option<u16> {
+        if let Some(table) = &self.routes {
+            return Some(table.node(0));
+        }
         self.snapshot().primaries().first().copied()
     }
 
     /// The node a client's keyless commands go to when nothing better is known: spread by
-    /// client id over the primaries. `None` while no primary is known.
+    /// client id over the primaries (the default route's node in routes mode). `None` while no primary is known.
     pub fn home(&self, client_id: u64) -> Option<u16> {
+        // Routes: a keyless command is the default route's, as on the one server it stands for.
+        if let Some(table) = &self.routes {
+            return Some(table.node(0));
+        }
         let snapshot = self.snapshot();
         let primaries = snapshot.primaries();
         (!primaries.is_empty()).then(|| primaries[(client_id % primaries.len() as u64) as usize])
@@ -218,7 +302,7 @@ impl Router {
             .ok()
             .and_then(|_| keys.indices().next());
         match first {
-            Some(i) => self.snapshot().owner(super::slot(args[i])),
+            Some(i) => self.snapshot().owner(self.slot_of(args[i])),
             None => self.home(0),
         }
     }

@@ -151,6 +151,27 @@ fn error_text(reply: &[u8]) -> Option<Cow<'_, [u8]>> {
 }
 
 impl SlotMap {
+    /// Routes mode's fixed map: shard `i` is the node named `names[i]` and owns slot `i` only.
+    pub fn fixed(names: &[Arc<str>]) -> SlotMap {
+        let mut owners = Box::new([UNOWNED; SLOTS]);
+        let shards = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                owners[i] = i as u16;
+                Shard {
+                    primary: Node {
+                        addr: name.clone(),
+                        id: None,
+                        online: true,
+                    },
+                    replicas: Vec::new(),
+                }
+            })
+            .collect();
+        SlotMap { shards, owners }
+    }
+
     /// A map in which no slot has an owner.
     pub fn empty() -> SlotMap {
         SlotMap {

@@ -86,6 +86,10 @@ pub struct RuleConfig {
     /// Apply to every tenant but these (e.g. `[admin]`).
     #[serde(default)]
     pub except_tenants: Option<Vec<String>>,
+    /// Apply only to commands with a key in these routes (`routes:` of the config), or
+    /// without keys.
+    #[serde(default)]
+    pub routes: Option<Vec<String>>,
     /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`).
     #[serde(default)]
     pub deny: Option<Spanned<Vec<String>>>,

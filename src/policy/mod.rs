@@ -13,6 +13,7 @@ pub mod line;
 pub mod namespace;
 pub mod ranges;
 pub mod rewrite;
+mod route_scope;
 pub mod scripts;
 mod shared_limits;
 pub mod ttl;
@@ -50,6 +51,8 @@ struct Rule {
     id: String,
     /// Which tenants the rule applies to, by tenant index; `None`: all.
     tenants: Option<Vec<bool>>,
+    /// Which routes the rule applies to, by route index (`routes:`); `None`: all.
+    routes: Option<Vec<bool>>,
     mode: Mode,
     /// Operator's advice, appended to the refusal.
     message: Option<String>,
@@ -250,6 +253,8 @@ pub struct Policy {
     audit_log: LogBudget,
     /// The policy file's version (a hash of its text), for metrics and INFO.
     version: String,
+    /// The routes rules may be scoped to (`routes:` in the config); `None` without routes.
+    route_table: Option<Arc<crate::routes::RouteTable>>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -337,8 +342,10 @@ impl Policy {
         access: &config::Access,
         version: String,
         logs_per_second: u32,
+        routes: Option<Arc<crate::routes::RouteTable>>,
     ) -> Result<Policy, Vec<Problem>> {
-        let mut policy = Policy::compile_full(rules, access, Arc::new(MonotonicClock::new()))?;
+        let clock = Arc::new(MonotonicClock::new());
+        let mut policy = Policy::compile_scoped(rules, access, clock, routes)?;
         policy.version = version;
         policy.denial_log.per_second = logs_per_second;
         policy.audit_log.per_second = logs_per_second;
@@ -451,9 +458,20 @@ impl Policy {
         access: &config::Access,
         clock: Arc<dyn Clock>,
     ) -> Result<Policy, Vec<Problem>> {
+        Policy::compile_scoped(rules, access, clock, None)
+    }
+
+    /// [`Policy::compile_full`] with the routes rules may name in `routes:`.
+    pub fn compile_scoped(
+        rules: &[RuleConfig],
+        access: &config::Access,
+        clock: Arc<dyn Clock>,
+        routes: Option<Arc<crate::routes::RouteTable>>,
+    ) -> Result<Policy, Vec<Problem>> {
         let mut problems = Vec::new();
         let mut policy = Policy {
             access: access::Identities::compile(access, &mut problems),
+            route_table: routes,
             ..Policy::default()
         };
         policy.allowed = (0..policy.access.tenant_count())
@@ -468,9 +486,15 @@ impl Policy {
                 line: rc.id.referenced.line(),
             };
             check_id(rc, &mut ids, &mut out);
-            let Some(compiled) = compile_rule(rc, &policy.access, &clock, &mut out) else {
+            let Some(mut compiled) = compile_rule(rc, &policy.access, &clock, &mut out) else {
                 continue;
             };
+            compiled.rule.routes = route_scope::route_set(
+                rc,
+                &compiled.rule.kind,
+                policy.route_table.as_deref(),
+                &mut out,
+            );
             if let Some(rule_index) = policy.register(compiled) {
                 global.push(rule_index);
             }
@@ -668,7 +692,7 @@ impl Policy {
         line: &L,
     ) -> Option<Verdict> {
         let rule = &self.rules[index];
-        if !rule.applies_to(client) {
+        if !rule.applies_to(client) || !self.in_scope(rule, client, line) {
             return None;
         }
         if let Kind::RateLimit { limiter, per } = &rule.kind {
@@ -715,7 +739,7 @@ impl Policy {
             .map_or(&[][..], Vec::as_slice);
         for &r in indexed.iter().chain(&self.global) {
             let rule = &self.rules[r];
-            if !rule.applies_to(client) {
+            if !rule.applies_to(client) || !self.in_scope(rule, client, line) {
                 continue;
             }
             let per = match &rule.kind {
@@ -1197,6 +1221,7 @@ fn compile_rule(
         rule: Rule {
             id: rc.id.value.clone(),
             tenants,
+            routes: None,
             mode: rc.mode,
             message: rc.message.clone(),
             kind: parts.kinds.pop().expect("one kind"),

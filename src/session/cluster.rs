@@ -177,13 +177,16 @@ impl Session {
             return answer.into();
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
-        let Ok(slot) = self.key_slot(args, rewritten) else {
-            if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
-                if let Some(split) = split(router, args, rewrite) {
-                    return split.into();
+        let slot = match self.key_slot(router, args, rewritten) {
+            Ok(slot) => slot,
+            Err((a, b)) => {
+                if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
+                    if let Some(split) = split(router, args, rewrite) {
+                        return split.into();
+                    }
                 }
+                return Action::Refused(cross(router, a, b)).into();
             }
-            return Action::Refused(answers::crossslot()).into();
         };
         Decision {
             action: self.place_on_node(router, action, slot, spec, queued),
@@ -251,7 +254,7 @@ impl Session {
                     && slot.is_some()
                     && ![None, slot].contains(&multi_slot) =>
                 {
-                    return Action::Refused(answers::crossslot());
+                    return Action::Refused(cross(router, multi_slot, slot));
                 }
                 // The transaction's slot stays with the node holding the transaction even
                 // when the map says it moved: that node answers with a redirection, and EXEC
@@ -261,7 +264,7 @@ impl Session {
                 }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
                 Some(d) if slot.is_some() && d.node != node => {
-                    return Action::Refused(answers::crossslot());
+                    return Action::Refused(cross(router, Some(d.node), Some(node)));
                 }
                 Some(d) => Target::Dedicated(d.node),
                 None => Target::Dedicated(node),
@@ -314,7 +317,10 @@ impl Session {
     fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
         match effect {
             Effect::Select(db) if db != 0 => Some(Action::Local(
-                answers::select_in_cluster(),
+                match self.routing.router().and_then(|r| r.routes()) {
+                    Some(_) => answers::select_with_routes(),
+                    None => answers::select_in_cluster(),
+                },
                 LocalEffect::None,
             )),
             Effect::Multi if !self.conn.in_multi() => {
@@ -359,8 +365,10 @@ impl Session {
     ) -> Option<Action> {
         let name = args.get(0);
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        let routes = self.routing.router().is_some_and(|r| r.routes().is_some());
         if is("CLUSTER") {
-            if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") {
+            // Routes front standalone servers, which answer every CLUSTER command so.
+            if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") && !routes {
                 let reply = answers::integer(i64::from(slot(args.get(2))));
                 return Some(Action::Local(reply, LocalEffect::None));
             }
@@ -537,8 +545,15 @@ impl Session {
 
     /// The one slot of the command's keys: `Ok(None)` for a command without keys (or one the
     /// table cannot read keys from: the node answers it, with MOVED followed if need be),
-    /// `Err(())` when keys are in several slots.
-    fn key_slot(&self, args: &Args<'_>, rewritten: Option<&Bytes>) -> Result<Option<u16>, ()> {
+    /// `Err` with two of the slots when keys are in several. In routes mode a slot is a
+    /// route's node, classic pub/sub channels count as keys (a channel is its route's), and
+    /// the command is counted on the route of its first key.
+    fn key_slot(
+        &self,
+        router: &Router,
+        args: &Args<'_>,
+        rewritten: Option<&Bytes>,
+    ) -> Result<Option<u16>, (Option<u16>, Option<u16>)> {
         let mut ranges = Vec::new();
         let argv: Vec<&[u8]> = match rewritten {
             Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
@@ -549,20 +564,11 @@ impl Session {
             },
             None => args.iter().collect(),
         };
+        let routes = router.routes();
         let mut keys = KeyPositions::with_capacity(4);
-        let name = argv[0];
-        // Shard channels are not keys to the command table, but Redis routes them by slot.
-        let shard_channels = if name.eq_ignore_ascii_case(b"SSUBSCRIBE")
-            || name.eq_ignore_ascii_case(b"SUNSUBSCRIBE")
-        {
-            1..argv.len()
-        } else if name.eq_ignore_ascii_case(b"SPUBLISH") && argv.len() > 1 {
-            1..2
-        } else {
-            0..0
-        };
-        let indices: Vec<usize> = if !shard_channels.is_empty() {
-            shard_channels.collect()
+        let channels = channel_positions(&argv, routes.is_some());
+        let indices: Vec<usize> = if !channels.is_empty() {
+            channels.collect()
         } else if crate::commands::keys_into(&argv, &mut keys).is_ok() {
             keys.indices().collect()
         } else {
@@ -570,14 +576,46 @@ impl Session {
         };
         let mut found = None;
         for i in indices {
-            let s = slot(argv[i]);
+            let s = match routes {
+                Some(table) => {
+                    let key = channel_literal(argv[0], argv[i]);
+                    let route = table.route_of(key);
+                    if found.is_none() {
+                        table.count(route);
+                    }
+                    table.node(route)
+                }
+                None => slot(argv[i]),
+            };
             match found {
                 None => found = Some(s),
-                Some(f) if f != s => return Err(()),
+                Some(f) if f != s => return Err((Some(f), Some(s))),
                 Some(_) => {}
             }
         }
+        if found.is_none() {
+            if let Some(table) = routes {
+                table.count(0);
+            }
+        }
         Ok(found)
+    }
+
+    /// The slot of `key` as stored, as the session's router places it: its hash slot, or its
+    /// route's node in routes mode.
+    pub(super) fn key_place(&self, key: &[u8]) -> u16 {
+        match self.routing.router() {
+            Some(router) => router.slot_of(key),
+            None => slot(key),
+        }
+    }
+
+    /// The refusal of keys placed in `a` and `b` (see [`cross`]).
+    pub(super) fn cross_places(&self, a: u16, b: u16) -> Bytes {
+        match self.routing.router() {
+            Some(router) => cross(router, Some(a), Some(b)),
+            None => answers::crossslot(),
+        }
     }
 
     /// The cluster batch the reply with this `seq` answers, as it was sent.
@@ -1218,7 +1256,7 @@ fn split(
     }
     let snapshot = router.snapshot();
     let mut batches: Vec<NodeBatch> = Vec::new();
-    for (s, positions) in slots_in_order(&argv, step) {
+    for (s, positions) in slots_in_order(router, &argv, step) {
         let b = batch_for(&mut batches, snapshot.owner(s)?);
         b.bytes
             .extend_from_slice(&sub_command(&argv, step, &positions));
@@ -1234,7 +1272,7 @@ fn split(
             return None;
         };
         let key = &hidden[ranges.get(1)?.clone()];
-        let b = batch_for(&mut batches, snapshot.owner(slot(key))?);
+        let b = batch_for(&mut batches, snapshot.owner(router.slot_of(key))?);
         b.bytes.extend_from_slice(hidden);
         b.hidden += 1;
     }
@@ -1243,6 +1281,50 @@ fn split(
         join,
         keys: (argv.len() - 1) / step,
     }))))
+}
+
+/// The refusal of keys in two slots `a` and `b`: Redis Cluster's CROSSSLOT, or in routes
+/// mode the routes they belong to, named.
+pub(super) fn cross(router: &Router, a: Option<u16>, b: Option<u16>) -> Bytes {
+    match (router.routes(), a, b) {
+        (Some(table), Some(a), Some(b)) => {
+            answers::crossroute(&table.names_of_node(a), &table.names_of_node(b))
+        }
+        _ => answers::crossslot(),
+    }
+}
+
+/// Where the arguments that place a command are when they are not the command table's keys:
+/// the shard channels of SSUBSCRIBE, SUNSUBSCRIBE and SPUBLISH (Redis routes them by slot),
+/// and in routes mode the channels of SUBSCRIBE, PSUBSCRIBE and PUBLISH (a channel goes to
+/// its route's server, where its subscribers are). Unsubscribing goes wherever the
+/// subscriptions are, so it is placed as a keyless command.
+fn channel_positions(argv: &[&[u8]], routes: bool) -> std::ops::Range<usize> {
+    let name = argv[0];
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    if is(b"SSUBSCRIBE")
+        || is(b"SUNSUBSCRIBE")
+        || (routes && (is(b"SUBSCRIBE") || is(b"PSUBSCRIBE")))
+    {
+        1..argv.len()
+    } else if (is(b"SPUBLISH") || (routes && is(b"PUBLISH"))) && argv.len() > 1 {
+        1..2
+    } else {
+        0..0
+    }
+}
+
+/// The part of argument `arg` of command `name` a route is chosen by: a PSUBSCRIBE pattern's
+/// literal start (`events:*` is `events:`'s), any other argument whole.
+fn channel_literal<'a>(name: &[u8], arg: &'a [u8]) -> &'a [u8] {
+    if !name.eq_ignore_ascii_case(b"PSUBSCRIBE") {
+        return arg;
+    }
+    let end = arg
+        .iter()
+        .position(|b| matches!(b, b'*' | b'?' | b'[' | b'\\'))
+        .unwrap_or(arg.len());
+    &arg[..end]
 }
 
 /// How a splittable command's parts are joined, and how many arguments make one key's
@@ -1262,10 +1344,10 @@ fn split_join(name: &[u8]) -> Option<(Join, usize)> {
 
 /// The slots of a split command's keys (every `step`-th argument), in the order they first
 /// appear, each with the client-order positions of its keys: one sub-command per slot.
-fn slots_in_order(argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
+fn slots_in_order(router: &Router, argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
     let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
     for (position, i) in (1..argv.len()).step_by(step).enumerate() {
-        let s = slot(argv[i]);
+        let s = router.slot_of(argv[i]);
         match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
             Some((_, positions)) => positions.push(position),
             None => by_slot.push((s, vec![position])),

@@ -32,6 +32,9 @@ pub struct NodeSpec {
     /// `read_from` is not `primary` (on a primary it changes nothing), so a node's
     /// connections need no redoing when it changes role.
     pub readonly: bool,
+    /// The database selected on every connection, after the login (a route's `db:`); 0
+    /// selects nothing.
+    pub db: u16,
 }
 
 /// A connected upstream stream, plain or TLS. An enum rather than a boxed trait object so the
@@ -137,7 +140,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
 ) -> Result<Bytes, UpstreamError> {
     let Some(proto) = proto else {
-        return Ok(Bytes::new());
+        return select_alone(spec, stream).await.map(|()| Bytes::new());
     };
     let mut args: Vec<&[u8]> = vec![b"HELLO", if proto == 3 { b"3" } else { b"2" }];
     if let Some(password) = &spec.password {
@@ -149,6 +152,9 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
     if spec.readonly {
         // Pipelined with HELLO: no extra round trip.
         req.extend_from_slice(b"*1\r\n$8\r\nREADONLY\r\n");
+    }
+    if spec.db != 0 {
+        req.extend_from_slice(&select(spec.db));
     }
     stream
         .write_all(&req)
@@ -166,7 +172,40 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
             .map_err(|e| spec.unavailable(format!("READONLY: {e}")))?;
         refused(spec, &reply)?;
     }
+    if spec.db != 0 {
+        let reply = super::read_reply(stream, &mut buf, 1024)
+            .await
+            .map_err(|e| spec.unavailable(format!("SELECT: {e}")))?;
+        refused(spec, &reply)?;
+    }
     Ok(hello)
+}
+
+/// `SELECT db` as RESP.
+fn select(db: u16) -> Vec<u8> {
+    let db = db.to_string();
+    crate::codec::encode(&[b"SELECT".as_slice(), db.as_bytes()]).to_vec()
+}
+
+/// The database of a connection without a handshake (its client logs in itself): selected
+/// before the client's first command, so a route's keys never land in database 0. Fails when
+/// the server wants a login first; the client's command then gets that error.
+async fn select_alone<S: AsyncRead + AsyncWrite + Unpin>(
+    spec: &NodeSpec,
+    stream: &mut S,
+) -> Result<(), UpstreamError> {
+    if spec.db == 0 {
+        return Ok(());
+    }
+    stream
+        .write_all(&select(spec.db))
+        .await
+        .map_err(|e| spec.unavailable(e))?;
+    let mut buf = BytesMut::with_capacity(64);
+    let reply = super::read_reply(stream, &mut buf, 1024)
+        .await
+        .map_err(|e| spec.unavailable(format!("SELECT: {e}")))?;
+    refused(spec, &reply)
 }
 
 /// The handshake error for an error reply (a refused login, READONLY on a server that is

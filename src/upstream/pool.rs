@@ -305,6 +305,7 @@ impl PoolSettings {
                 connect_timeout: Duration::from_millis(u.connect_timeout_ms.value),
                 tls,
                 readonly: false,
+                db: u.db,
             },
             connections: u.connections.value,
             queue_depth: u.queue_depth.value,

@@ -21,7 +21,7 @@
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
 use super::Gather;
-use crate::cluster::{Redirect, Router, slot};
+use crate::cluster::{Redirect, Router};
 use crate::codec::Decoded;
 use crate::command::Kind;
 use crate::error::{ProxyError, UpstreamError, error_reply};
@@ -168,9 +168,13 @@ impl Session {
             // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
             Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() => {
                 let channels = self.upstream_channels(action, args)?;
-                let first = slot(channels.first()?);
-                if channels.iter().any(|c| slot(c) != first) {
-                    return Some(Action::Refused(answers::crossslot()));
+                let first = self.key_place(channels.first()?);
+                if let Some(other) = channels
+                    .iter()
+                    .map(|c| self.key_place(c))
+                    .find(|s| *s != first)
+                {
+                    return Some(Action::Refused(self.cross_places(first, other)));
                 }
                 Some(Action::Gather(Box::new(Gather::ShardPubSub(
                     ShardCommand::Subscribe {
@@ -183,11 +187,15 @@ impl Session {
                 if self.routing.shard_subs().is_some() && !self.conn.in_multi() =>
             {
                 let channels = self.upstream_channels(action, args)?;
-                if channels
-                    .first()
-                    .is_some_and(|f| channels.iter().any(|c| slot(c) != slot(f)))
+                let first = channels.first().map(|f| self.key_place(f));
+                if let Some(other) = channels
+                    .iter()
+                    .map(|c| self.key_place(c))
+                    .find(|s| Some(*s) != first)
                 {
-                    return Some(Action::Refused(answers::crossslot()));
+                    return Some(Action::Refused(
+                        self.cross_places(first.unwrap_or(other), other),
+                    ));
                 }
                 Some(Action::Gather(Box::new(Gather::ShardPubSub(
                     ShardCommand::Unsubscribe { channels },
@@ -424,7 +432,7 @@ impl Session {
         };
         let mut by_slot: Vec<(u16, Vec<(Bytes, tokio::time::Instant)>)> = Vec::new();
         for (c, give_up) in channels {
-            let s = slot(&c);
+            let s = router.slot_of(&c);
             match by_slot.iter_mut().find(|(t, _)| *t == s) {
                 Some((_, group)) => group.push((c, give_up)),
                 None => by_slot.push((s, vec![(c, give_up)])),

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+mod routes;
+pub use routes::{RouteConfig, RouteNode};
+
 /// A value from the file together with where it was written, for validation messages.
 /// Defaults carry `Location::UNKNOWN` and are reported as "(default)".
 pub type Located<T> = Spanned<T>;
@@ -29,8 +32,14 @@ fn located<T>(value: T) -> Located<T> {
 pub struct Config {
     /// Address clients connect to; they cannot tell it from a Redis server.
     pub listen: Located<String>,
-    /// The Redis the proxy forwards to.
+    /// The Redis the proxy forwards to; with `routes:`, the `default` route's: every key no
+    /// route names.
     pub upstream: UpstreamConfig,
+    /// More upstreams by name, for `routes:` (docs/routes.md); each is configured as
+    /// `upstream:` is.
+    pub upstreams: std::collections::BTreeMap<String, UpstreamConfig>,
+    /// Key prefixes sent to other upstreams (or databases) than `upstream:`.
+    pub routes: Vec<RouteConfig>,
     /// Bounds on what one client may make the proxy hold, so no client can grow its memory
     /// without limit.
     pub limits: Limits,
@@ -102,6 +111,8 @@ impl Default for Config {
         Config {
             listen: located("127.0.0.1:6380".to_string()),
             upstream: UpstreamConfig::default(),
+            upstreams: Default::default(),
+            routes: Vec::new(),
             limits: Limits::default(),
             shutdown_grace_ms: located(10_000),
             workers: located(1),
@@ -405,6 +416,10 @@ pub struct UpstreamConfig {
     /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
     /// the ACL that mirrors the deny rules (`--print-acl` prints it), or `off`.
     pub script_acl: Located<ScriptAclMode>,
+    /// The database selected on every connection: a route's `db:`, set by
+    /// [`Config::for_upstream`]; never read from the file, where a client's SELECT says it.
+    #[serde(skip)]
+    pub db: u16,
 }
 
 /// What the proxy does about its upstream user's ACL (see [`UpstreamConfig::script_acl`]).
@@ -640,6 +655,7 @@ impl Default for UpstreamConfig {
             memory_check_ms: located(60_000),
             coalesce_reads: located(false),
             script_acl: located(ScriptAclMode::Check),
+            db: 0,
         }
     }
 }
@@ -906,6 +922,7 @@ impl Config {
         if let Some(tls) = &self.tls {
             tls.problems(&mut problems);
         }
+        self.route_problems(&mut problems);
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
         self.validate_sentinel(&mut problems);
@@ -1247,8 +1264,9 @@ impl Config {
 
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the
     /// file now) and are read only at start, so a reload cannot apply them: `listen`, `tls`,
-    /// `upstream`, `limits`, `admin` (all but `denial_logs_per_second`), `workers`,
-    /// `shutdown_grace_ms`, `log_level`, `audit`, `keyspace`. Compared by value: moving a line changes nothing.
+    /// `upstream`, `upstreams`, `routes` (and with routes the namespaces), `limits`, `admin`
+    /// (all but `denial_logs_per_second`), `workers`, `shutdown_grace_ms`, `log_level`,
+    /// `audit`, `keyspace`. Compared by value: moving a line changes nothing.
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
         let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
             without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
@@ -1264,6 +1282,13 @@ impl Config {
             ("listen", differs(&self.listen.value, &new.listen.value)),
             ("tls", differs(&self.tls, &new.tls)),
             ("upstream", differs(&self.upstream, &new.upstream)),
+            ("upstreams", differs(&self.upstreams, &new.upstreams)),
+            ("routes", differs(&self.routes, &new.routes)),
+            // The route table enters each route's prefixes behind every namespace.
+            (
+                "access.namespaces (with routes)",
+                self.has_routes() && differs(&self.access.namespaces, &new.access.namespaces),
+            ),
             ("limits", differs(&self.limits, &new.limits)),
             ("admin", admin(&self.admin) != admin(&new.admin)),
             ("workers", self.workers.value != new.workers.value),

@@ -1,0 +1,288 @@
+//! `upstreams:` and `routes:`: several Redis behind one proxy, keys sent to one of them by
+//! prefix (docs/routes.md). Plain data and its checks; the route table the router and the
+//! policy read is built from it by the composer (`setup::route_table`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use serde_saphyr::Location;
+
+use super::{Config, Located, Problem, UpstreamConfig, UpstreamMode};
+use crate::routes::DEFAULT_ROUTE;
+
+/// One route: a set of key prefixes and the upstream (and database) their keys live in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Names the route in errors, metrics labels, `/readyz` and rules' `routes:`.
+    pub name: Located<String>,
+    /// Key prefixes (`cache:`) whose keys take this route; the longest matching prefix of
+    /// all routes wins, a key no prefix names takes the `default` route (`upstream:`).
+    pub prefixes: Vec<Located<String>>,
+    /// The upstream the route's keys go to: a name under `upstreams:`, or `default` (the
+    /// `upstream:` section, the default).
+    #[serde(default = "default_upstream")]
+    pub upstream: Located<String>,
+    /// The database the route's keys live in on its upstream (`SELECT` on every connection);
+    /// 0 by default. Routes sharing an upstream and database share its connections.
+    #[serde(default)]
+    pub db: Option<Located<u16>>,
+    /// Only these tenants' keys take the route (others' keys with the prefix go on to the
+    /// next match); every tenant's when absent. Each must have a namespace
+    /// (`access.namespaces`), as it is the stored key that names the route.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+}
+
+fn default_upstream() -> Located<String> {
+    super::located(DEFAULT_ROUTE.to_string())
+}
+
+/// Where one node of the routes' layout lives: an upstream by name and a database. Nodes are
+/// numbered in [`Config::route_nodes`] order; node 0 is `upstream:` database 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteNode {
+    /// `default` or a name under `upstreams:`.
+    pub upstream: String,
+    /// The database selected on its connections.
+    pub db: u16,
+}
+
+impl Config {
+    /// Whether keys are routed to several upstreams (a `routes:` section).
+    pub fn has_routes(&self) -> bool {
+        !self.routes.is_empty()
+    }
+
+    /// The upstream named `name`: `upstream:` for `default`, else one under `upstreams:`.
+    pub fn named_upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        match name {
+            DEFAULT_ROUTE => Some(&self.upstream),
+            _ => self.upstreams.get(name),
+        }
+    }
+
+    /// The distinct (upstream, database) pairs the routes use, `default` database 0 first:
+    /// one pool each.
+    pub fn route_nodes(&self) -> Vec<RouteNode> {
+        let mut nodes = vec![RouteNode {
+            upstream: DEFAULT_ROUTE.to_string(),
+            db: 0,
+        }];
+        for route in &self.routes {
+            let node = RouteNode {
+                upstream: route.upstream.value.clone(),
+                db: route.db.as_ref().map_or(0, |d| d.value),
+            };
+            if !nodes.contains(&node) {
+                nodes.push(node);
+            }
+        }
+        nodes
+    }
+
+    /// The node index of `route` in [`Config::route_nodes`].
+    pub fn route_node(&self, route: &RouteConfig) -> u16 {
+        let node = RouteNode {
+            upstream: route.upstream.value.clone(),
+            db: route.db.as_ref().map_or(0, |d| d.value),
+        };
+        self.route_nodes()
+            .iter()
+            .position(|n| *n == node)
+            .map_or(0, |i| i as u16)
+    }
+
+    /// The configuration one node's pool is started from: this one with `upstream` replaced
+    /// by the node's upstream and database (pools read their settings from `upstream`).
+    pub fn for_upstream(&self, node: &RouteNode) -> Option<Config> {
+        let mut upstream = self.named_upstream(&node.upstream)?.clone();
+        upstream.db = node.db;
+        Some(Config {
+            upstream,
+            upstreams: BTreeMap::new(),
+            routes: Vec::new(),
+            ..self.clone()
+        })
+    }
+
+    /// Problems of `upstreams:` and `routes:`.
+    pub(super) fn route_problems(&self, problems: &mut Vec<Problem>) {
+        for (name, upstream) in &self.upstreams {
+            self.named_upstream_problems(name, upstream, problems);
+        }
+        if self.routes.is_empty() {
+            if let Some((name, u)) = self.upstreams.iter().next() {
+                problems.push(problem(
+                    &u.address.referenced,
+                    format!("upstreams.{name}"),
+                    &format!(
+                        "is used by no route: add a `routes:` entry with `upstream: {name}`, \
+                         or remove it"
+                    ),
+                ));
+            }
+            return;
+        }
+        if self.upstream.mode.value == UpstreamMode::Cluster {
+            problems.push(problem(
+                &self.upstream.mode.referenced,
+                "upstream.mode".into(),
+                "cluster cannot be combined with routes yet: a route's upstream is standalone \
+                 or sentinel (docs/routes.md)",
+            ));
+        }
+        let upstreams = std::iter::once((DEFAULT_ROUTE, &self.upstream))
+            .chain(self.upstreams.iter().map(|(n, u)| (n.as_str(), u)));
+        for (name, u) in upstreams {
+            let Some(s) = &u.sentinel else { continue };
+            if s.read_from() != super::ReadFrom::Primary {
+                let field = match name {
+                    DEFAULT_ROUTE => "upstream.sentinel.read_from".to_string(),
+                    _ => format!("upstreams.{name}.sentinel.read_from"),
+                };
+                problems.push(problem(
+                    &s.read_from.referenced,
+                    field,
+                    "replica reads are not supported with routes yet: use primary",
+                ));
+            }
+        }
+        let mut names: HashMap<&str, ()> = HashMap::new();
+        let mut prefixes: HashMap<(&str, Option<&Vec<String>>), &str> = HashMap::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let field = |f: &str| format!("routes[{i}].{f}");
+            let name = route.name.value.as_str();
+            if name.is_empty() || name == DEFAULT_ROUTE || !valid_label(name) {
+                problems.push(problem(
+                    &route.name.referenced,
+                    field("name"),
+                    "must be a name of letters, digits, `_` or `-`, and not `default` (the \
+                     route of every other key)",
+                ));
+            } else if names.insert(name, ()).is_some() {
+                problems.push(problem(
+                    &route.name.referenced,
+                    field("name"),
+                    &format!("`{name}` names two routes"),
+                ));
+            }
+            if route.prefixes.is_empty() {
+                problems.push(problem(
+                    &route.name.referenced,
+                    field("prefixes"),
+                    "must list at least one key prefix such as `cache:`",
+                ));
+            }
+            for (j, prefix) in route.prefixes.iter().enumerate() {
+                let at = format!("routes[{i}].prefixes[{j}]");
+                if prefix.value.is_empty() {
+                    problems.push(problem(&prefix.referenced, at, "must not be empty"));
+                } else if let Some(other) =
+                    prefixes.insert((prefix.value.as_str(), route.tenants.as_ref()), name)
+                {
+                    problems.push(problem(
+                        &prefix.referenced,
+                        at,
+                        &format!("`{}` is already a prefix of route `{other}`", prefix.value),
+                    ));
+                }
+            }
+            match self.named_upstream(&route.upstream.value) {
+                None => problems.push(problem(
+                    &route.upstream.referenced,
+                    field("upstream"),
+                    &format!(
+                        "no upstream `{}`: name one under `upstreams:`, or `default`",
+                        route.upstream.value
+                    ),
+                )),
+                Some(u) if u.mode.value == UpstreamMode::Cluster && route.db.is_some() => problems
+                    .push(problem(
+                        &route.upstream.referenced,
+                        field("db"),
+                        "a cluster has only database 0",
+                    )),
+                Some(_) => {}
+            }
+            if let Some(db) = &route.db {
+                if db.value > 15 {
+                    problems.push(problem(
+                        &db.referenced,
+                        field("db"),
+                        "must be between 0 and 15 (Redis's default `databases 16`)",
+                    ));
+                }
+            }
+            for tenant in route.tenants.iter().flatten() {
+                if !self.access.namespaces.contains_key(tenant) {
+                    problems.push(problem(
+                        &route.name.referenced,
+                        field("tenants"),
+                        &format!(
+                            "tenant `{tenant}` has no namespace (access.namespaces): a route by \
+                             tenant needs the tenant's keys to carry its prefix"
+                        ),
+                    ));
+                }
+            }
+        }
+        for (name, u) in &self.upstreams {
+            if !self.routes.iter().any(|r| r.upstream.value == *name) {
+                problems.push(problem(
+                    &u.address.referenced,
+                    format!("upstreams.{name}"),
+                    "is used by no route: name it in a route's `upstream:`, or remove it",
+                ));
+            }
+        }
+    }
+
+    /// A named upstream's own problems, found as `upstream:`'s are and named after it.
+    fn named_upstream_problems(
+        &self,
+        name: &str,
+        upstream: &UpstreamConfig,
+        problems: &mut Vec<Problem>,
+    ) {
+        if name == DEFAULT_ROUTE || !valid_label(name) {
+            problems.push(problem(
+                &upstream.address.referenced,
+                format!("upstreams.{name}"),
+                "must be named with letters, digits, `_` or `-`, and not `default` (that is \
+                 `upstream:`)",
+            ));
+        }
+        if upstream.mode.value == UpstreamMode::Cluster {
+            problems.push(problem(
+                &upstream.mode.referenced,
+                format!("upstreams.{name}.mode"),
+                "cluster is not supported behind a route yet: standalone or sentinel \
+                 (docs/routes.md)",
+            ));
+        }
+        let alone = Config {
+            upstream: upstream.clone(),
+            ..Config::default()
+        };
+        let within = format!("upstreams.{name}.");
+        problems.extend(alone.problems().into_iter().filter_map(|p| {
+            let field = format!("{within}{}", p.field.strip_prefix("upstream.")?);
+            Some(Problem { field, ..p })
+        }));
+    }
+}
+
+/// Whether `name` can be a metrics label value and a word in errors as it is.
+fn valid_label(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn problem(loc: &Location, field: String, message: &str) -> Problem {
+    Problem {
+        line: loc.line(),
+        field,
+        message: message.to_string(),
+    }
+}

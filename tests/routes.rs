@@ -1,0 +1,476 @@
+//! Routes (docs/routes.md) against real redis-servers: keys sent by prefix to separate
+//! instances (and databases), the guide's patterns landing where they belong, multi-key
+//! commands split or refused with both routes named, whole-keyspace commands walking every
+//! route, pub/sub by channel prefix, rules scoped to a route, readiness and metrics per route.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{DEADLINE, Proxy, Raw, RedisServer, http_get, sample, show};
+
+/// A cache instance (the `default` upstream, routes `cache` and db-2 `archive`) and a queue
+/// instance (route `queue`).
+struct Two {
+    cache: RedisServer,
+    queue: RedisServer,
+}
+
+impl Two {
+    fn start() -> Two {
+        Two {
+            cache: RedisServer::start(),
+            queue: RedisServer::start(),
+        }
+    }
+
+    /// Both instances with the eviction policy the other one needs: each route's check
+    /// has a finding.
+    fn start_swapped_eviction() -> Two {
+        Two {
+            cache: RedisServer::start_with(&[
+                "--maxmemory",
+                "64mb",
+                "--maxmemory-policy",
+                "noeviction",
+            ]),
+            queue: RedisServer::start_with(&[
+                "--maxmemory",
+                "64mb",
+                "--maxmemory-policy",
+                "allkeys-lru",
+            ]),
+        }
+    }
+
+    /// The guide's layout, `extra` (rules, access…) appended.
+    fn config(&self, extra: &str) -> redis_policy_proxy::Config {
+        let text = format!(
+            "upstream:\n  address: {cache}\nupstreams:\n  queue:\n    address: {queue}\n\
+             routes:\n  - name: cache\n    prefixes: [\"cache:\", \"session:\"]\n\
+             \x20 - name: queue\n    upstream: queue\n    prefixes: [\"queue:\", \"stream:\", \"events:\"]\n\
+             \x20 - name: archive\n    prefixes: [\"archive:\"]\n    db: 2\n{extra}",
+            cache = self.cache.addr(),
+            queue = self.queue.addr(),
+        );
+        redis_policy_proxy::setup::from_yaml(&text, Path::new("routes.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// `EXISTS key` on `redis` directly, as a number.
+async fn exists(redis: &RedisServer, key: &str) -> bool {
+    redis.direct(&["EXISTS", key]).await == b":1\r\n"
+}
+
+/// `EXISTS key` in database `db` of `redis`.
+async fn exists_in(redis: &RedisServer, db: &str, key: &str) -> bool {
+    let mut c = redis.raw().await;
+    assert_eq!(c.call(&["SELECT", db]).await, b"+OK\r\n");
+    c.call(&["EXISTS", key]).await == b":1\r\n"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_patterns_land_on_their_routes_instance() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config("")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Cache-aside: a miss, then the value written with a TTL.
+    assert_eq!(c.call(&["GET", "cache:user:1"]).await, b"$-1\r\n");
+    assert_eq!(
+        c.call(&["SET", "cache:user:1", "{}", "EX", "300"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["GET", "cache:user:1"]).await, b"$2\r\n{}\r\n");
+    // Sessions.
+    assert_eq!(
+        c.call(&["HSET", "session:abc", "user", "1"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(c.call(&["EXPIRE", "session:abc", "1800"]).await, b":1\r\n");
+    // A lock, taken and released by the guide's compare-and-delete script (declared key).
+    assert_eq!(
+        c.call(&["SET", "cache:lock:job", "token", "NX", "PX", "30000"])
+            .await,
+        b"+OK\r\n"
+    );
+    let unlock = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+    assert_eq!(
+        c.call(&["EVAL", unlock, "1", "cache:lock:job", "token"])
+            .await,
+        b":1\r\n"
+    );
+    // A fixed-window rate limit, on the default route.
+    assert_eq!(c.call(&["INCR", "ratelimit:ip:1"]).await, b":1\r\n");
+    assert_eq!(c.call(&["EXPIRE", "ratelimit:ip:1", "60"]).await, b":1\r\n");
+    // A queue, and a stream with a consumer group.
+    assert_eq!(c.call(&["LPUSH", "queue:jobs", "j1"]).await, b":1\r\n");
+    assert_eq!(
+        c.call(&["BRPOP", "queue:jobs", "1"]).await,
+        b"*2\r\n$10\r\nqueue:jobs\r\n$2\r\nj1\r\n"
+    );
+    let id = c.call(&["XADD", "stream:orders", "*", "o", "1"]).await;
+    assert!(id.starts_with(b"$"), "{}", show(&id));
+    assert_eq!(
+        c.call(&["XGROUP", "CREATE", "stream:orders", "billing", "0"])
+            .await,
+        b"+OK\r\n"
+    );
+    let read = c
+        .call(&[
+            "XREADGROUP",
+            "GROUP",
+            "billing",
+            "w1",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "stream:orders",
+            ">",
+        ])
+        .await;
+    assert!(show(&read).contains("stream:orders"), "{}", show(&read));
+    let id = String::from_utf8_lossy(&id[id.iter().position(|&b| b == b'\n').unwrap() + 1..])
+        .trim_end()
+        .to_string();
+    assert_eq!(
+        c.call(&["XACK", "stream:orders", "billing", &id]).await,
+        b":1\r\n"
+    );
+    // Everything is where its route says, and nowhere else.
+    for key in ["cache:user:1", "session:abc", "ratelimit:ip:1"] {
+        assert!(exists(&two.cache, key).await, "{key} on the cache instance");
+        assert!(!exists(&two.queue, key).await, "{key} not on the queue's");
+    }
+    assert!(exists(&two.queue, "stream:orders").await);
+    assert!(!exists(&two.cache, "stream:orders").await);
+    assert!(!exists(&two.cache, "cache:lock:job").await, "unlocked");
+    // A route's own database.
+    assert_eq!(c.call(&["SET", "archive:2025", "x"]).await, b"+OK\r\n");
+    assert!(exists_in(&two.cache, "2", "archive:2025").await);
+    assert!(!exists(&two.cache, "archive:2025").await, "not in db 0");
+    assert_eq!(c.call(&["GET", "archive:2025"]).await, b"$1\r\nx\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_stays_on_one_route_and_a_cross_route_one_aborts() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config("")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Tag invalidation in one MULTI: the tag's members and the tag, all on the cache route.
+    c.call(&["SADD", "cache:tag:user1", "cache:a", "cache:b"])
+        .await;
+    c.call(&["MSET", "cache:a", "1", "cache:b", "2"]).await;
+    let got = c
+        .request(
+            &common::resp_cmds(&[
+                "MULTI",
+                "DEL cache:a cache:b",
+                "DEL cache:tag:user1",
+                "EXEC",
+            ]),
+            4,
+        )
+        .await;
+    assert_eq!(
+        show(&got),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:2\r\n:1\r\n")
+    );
+    assert!(!exists(&two.cache, "cache:a").await);
+    // A key of another route inside the transaction: refused while queuing, EXEC aborts,
+    // nothing of it ran on either instance.
+    let got = c
+        .request(
+            &common::resp_cmds(&["MULTI", "SET cache:x 1", "LPUSH queue:y 1", "EXEC"]),
+            4,
+        )
+        .await;
+    let text = show(&got);
+    assert!(
+        text.contains("CROSSROUTE") && text.contains("cache") && text.contains("queue"),
+        "{text}"
+    );
+    assert!(text.contains("EXECABORT"), "{text}");
+    assert!(!exists(&two.cache, "cache:x").await);
+    assert!(!exists(&two.queue, "queue:y").await);
+    // WATCH on one route, then a key of another: the session is held on the first.
+    assert_eq!(c.call(&["WATCH", "queue:w"]).await, b"+OK\r\n");
+    let refused = c.call(&["GET", "cache:w"]).await;
+    assert!(refused.starts_with(b"-CROSSROUTE"), "{}", show(&refused));
+    assert_eq!(c.call(&["UNWATCH"]).await, b"+OK\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_key_commands_split_across_routes_or_are_refused_naming_both() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config("")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        c.call(&["MSET", "cache:a", "1", "queue:b", "2", "plain", "3"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert!(exists(&two.cache, "cache:a").await);
+    assert!(exists(&two.queue, "queue:b").await);
+    assert!(exists(&two.cache, "plain").await);
+    assert_eq!(
+        c.call(&["MGET", "queue:b", "cache:a", "nope", "plain"])
+            .await,
+        b"*4\r\n$1\r\n2\r\n$1\r\n1\r\n$-1\r\n$1\r\n3\r\n"
+    );
+    assert_eq!(
+        c.call(&["EXISTS", "cache:a", "queue:b", "queue:none"])
+            .await,
+        b":2\r\n"
+    );
+    let refused = c.call(&["RPOPLPUSH", "queue:b", "cache:list"]).await;
+    let text = String::from_utf8_lossy(&refused);
+    assert!(
+        text.starts_with("-CROSSROUTE") && text.contains("(queue, default/cache)"),
+        "{text}"
+    );
+    // Routes on one instance and database share it: no refusal between them.
+    assert_eq!(
+        c.call(&["SUNIONSTORE", "cache:u", "session:s", "plain-set"])
+            .await,
+        b":0\r\n"
+    );
+    assert_eq!(
+        c.call(&["DEL", "cache:a", "queue:b", "plain"]).await,
+        b":3\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_keyspace_commands_walk_every_route() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config(
+        "rules:\n  - id: no-flush-queue\n    deny: [FLUSHALL, FLUSHDB]\n    routes: [queue]\n",
+    ))
+    .await;
+    let mut c = Raw::connect(proxy.addr).await;
+    for key in ["cache:1", "cache:2", "queue:1", "stream:1", "x"] {
+        assert_eq!(c.call(&["SET", key, "v"]).await, b"+OK\r\n");
+    }
+    assert_eq!(c.call(&["DBSIZE"]).await, b":5\r\n");
+    let keys = String::from_utf8_lossy(&c.call(&["KEYS", "*"]).await).into_owned();
+    assert!(keys.starts_with("*5"), "{keys}");
+    for key in ["cache:1", "queue:1", "stream:1", "x"] {
+        assert!(keys.contains(key), "{keys}");
+    }
+    // SCAN to the end collects every route's keys once.
+    let mut cursor = "0".to_string();
+    let mut seen = Vec::new();
+    loop {
+        let reply = c.call(&["SCAN", &cursor, "COUNT", "100"]).await;
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        cursor = lines[2].to_string();
+        seen.extend(
+            lines[4..]
+                .iter()
+                .filter(|l| !l.is_empty() && !l.starts_with('$'))
+                .map(|l| l.to_string()),
+        );
+        if cursor == "0" {
+            break;
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["cache:1", "cache:2", "queue:1", "stream:1", "x"]);
+    // A rule scoped to the queue route holds for FLUSHALL: it would empty that route too.
+    let refused = c.call(&["FLUSHALL"]).await;
+    assert!(
+        show(&refused).contains("no-flush-queue"),
+        "{}",
+        show(&refused)
+    );
+    assert_eq!(c.call(&["DBSIZE"]).await, b":5\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_goes_to_the_route_its_channel_names() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config("")).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        sub.call(&["SUBSCRIBE", "events:orders"]).await,
+        b"*3\r\n$9\r\nsubscribe\r\n$13\r\nevents:orders\r\n:1\r\n"
+    );
+    // The subscription is on the queue instance, where PUBLISH of the channel goes.
+    let numsub = two
+        .queue
+        .direct(&["PUBSUB", "NUMSUB", "events:orders"])
+        .await;
+    assert_eq!(numsub, b"*2\r\n$13\r\nevents:orders\r\n:1\r\n");
+    let mut publisher = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        publisher.call(&["PUBLISH", "events:orders", "o1"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(
+        sub.read_frame().await,
+        b"*3\r\n$7\r\nmessage\r\n$13\r\nevents:orders\r\n$2\r\no1\r\n"
+    );
+    // A pattern goes by its literal start; a channel of another route cannot join.
+    assert_eq!(
+        sub.call(&["PSUBSCRIBE", "events:*"]).await,
+        b"*3\r\n$10\r\npsubscribe\r\n$8\r\nevents:*\r\n:2\r\n"
+    );
+    let refused = sub.call(&["SUBSCRIBE", "cache:news"]).await;
+    assert!(refused.starts_with(b"-CROSSROUTE"), "{}", show(&refused));
+    assert_eq!(
+        sub.call(&["UNSUBSCRIBE", "events:orders"]).await,
+        b"*3\r\n$11\r\nunsubscribe\r\n$13\r\nevents:orders\r\n:1\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_scoped_to_a_route_holds_there_only() {
+    let two = Two::start();
+    let proxy = Proxy::start(two.config(
+        "rules:\n  - id: small-cache-values\n    max_value_bytes: 8\n    routes: [cache]\n    message: cache values stay small\n",
+    ))
+    .await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let big = "0123456789abcdef";
+    let refused = c.call(&["SET", "cache:big", big]).await;
+    let text = show(&refused);
+    assert!(
+        text.contains("small-cache-values") && text.contains("cache values stay small"),
+        "{text}"
+    );
+    assert!(!exists(&two.cache, "cache:big").await);
+    assert_eq!(c.call(&["SET", "queue:big", big]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "other:big", big]).await, b"+OK\r\n");
+    // MSET with one key in the route: the rule applies to the whole command.
+    let refused = c.call(&["MSET", "queue:a", big, "cache:a", big]).await;
+    assert!(show(&refused).contains("small-cache-values"));
+    assert!(!exists(&two.queue, "queue:a").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_tenant_is_routed_by_the_key_it_names() {
+    let two = Two::start();
+    let extra = "access:\n  users:\n    - name: t1\n      password_sha256: \
+                 \"a665a45920422f9d417e4867efdc4fb8a04a1f3fff1fa07e998e86f7f7a27ae3\"\n  \
+                 identities:\n    - {tenant: t1, user: t1}\n  namespaces:\n    t1: \"t1:\"\n";
+    let proxy = Proxy::start(two.config(extra)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "t1", "123"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["LPUSH", "queue:jobs", "1"]).await, b":1\r\n");
+    assert_eq!(c.call(&["SET", "cache:a", "1"]).await, b"+OK\r\n");
+    assert!(exists(&two.queue, "t1:queue:jobs").await);
+    assert!(exists(&two.cache, "t1:cache:a").await);
+    assert_eq!(
+        c.call(&["MGET", "cache:a", "queue:none"]).await,
+        b"*2\r\n$1\r\n1\r\n$-1\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_and_metrics_are_per_route() {
+    let mut two = Two::start();
+    let proxy = Proxy::start(two.config("")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.call(&["SET", "queue:a", "1"]).await;
+    c.call(&["GET", "queue:a"]).await;
+    c.call(&["GET", "cache:a"]).await;
+    let (_, metrics) = http_get(proxy.admin, "/metrics").await;
+    assert!(
+        sample(&metrics, "rpp_route_commands_total{route=\"queue\"}") >= 2.0,
+        "{metrics}"
+    );
+    assert!(sample(&metrics, "rpp_route_commands_total{route=\"cache\"}") >= 1.0);
+    let (status, ready) = http_get(proxy.admin, "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert!(
+        ready.contains("route queue") && ready.contains("route archive"),
+        "{ready}"
+    );
+    // The queue instance goes away: not ready, the route named; its keys get an error that
+    // names the upstream, the other routes still serve.
+    two.queue.kill();
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, ready) = http_get(proxy.admin, "/readyz").await;
+        if status == 503 {
+            assert!(ready.contains("route queue: no connection"), "{ready}");
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "still ready: {ready}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failed = c.call(&["GET", "queue:a"]).await;
+    assert!(failed.starts_with(b"-"), "{}", show(&failed));
+    assert_eq!(c.call(&["GET", "cache:a"]).await, b"$-1\r\n");
+}
+
+#[test]
+fn route_mistakes_are_named_with_their_line() {
+    let bad = "upstream:\n  address: 127.0.0.1:6379\nupstreams:\n  queue:\n    address: nowhere\n  \
+               spare:\n    address: 127.0.0.1:1\nroutes:\n  - name: cache\n    prefixes: [\"cache:\"]\n    \
+               upstream: caches\n  - name: cache\n    prefixes: [\"cache:\", \"\"]\n    upstream: queue\n    \
+               db: 99\n  - name: vip\n    prefixes: [\"v:\"]\n    tenants: [nobody]\n\
+               rules:\n  - id: r\n    deny: [KEYS]\n    routes: [nope]\n";
+    let err = redis_policy_proxy::setup::from_yaml(bad, Path::new("bad.yaml"))
+        .unwrap_err()
+        .to_string();
+    for expected in [
+        "`upstreams.queue.address`",
+        "`upstreams.spare`: is used by no route",
+        "`routes[0].upstream`: no upstream `caches`",
+        "`routes[1].name`: `cache` names two routes",
+        "`routes[1].prefixes[0]`: `cache:` is already a prefix of route `cache`",
+        "`routes[1].prefixes[1]`: must not be empty",
+        "`routes[1].db`: must be between 0 and 15",
+        "`routes[2].tenants`: tenant `nobody` has no namespace",
+        "`rules[0].routes`: no route `nope`",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    assert!(err.contains("bad.yaml"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_routes_upstream_is_judged_under_its_own_role() {
+    let two = Two::start_swapped_eviction();
+    // The queue upstream is a queue, the default one a cache.
+    let text = format!(
+        "upstream:\n  address: {}\n  role: cache\n  memory_check_ms: 100\nupstreams:\n  queue:\n    address: {}\n    role: queue\n    memory_check_ms: 100\nroutes:\n  - name: queue\n    upstream: queue\n    prefixes: [\"queue:\"]\n",
+        two.cache.addr(),
+        two.queue.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&text, Path::new("r.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let until = std::time::Instant::now() + DEADLINE;
+    let info = loop {
+        let info = String::from_utf8_lossy(&c.call(&["INFO", "proxy"]).await).into_owned();
+        if info.contains("proxy_eviction_findings:2\r\n") {
+            break info;
+        }
+        assert!(std::time::Instant::now() < until, "{info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        info.contains("proxy_route_queue_upstream_role:queue"),
+        "{info}"
+    );
+    assert!(
+        info.contains("proxy_route_queue_upstream_maxmemory_policy:allkeys-lru"),
+        "{info}"
+    );
+    assert!(
+        info.contains("proxy_route_default_upstream_role:cache"),
+        "{info}"
+    );
+    let (_, metrics) = http_get(proxy.admin, "/metrics").await;
+    assert_eq!(sample(&metrics, "rpp_eviction_findings"), 2.0, "{metrics}");
+}
