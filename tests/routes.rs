@@ -474,3 +474,47 @@ async fn each_routes_upstream_is_judged_under_its_own_role() {
     let (_, metrics) = http_get(proxy.admin, "/metrics").await;
     assert_eq!(sample(&metrics, "rpp_eviction_findings"), 2.0, "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_managed_route_follows_its_failover() {
+    let cache = RedisServer::start();
+    let queue = common::sentinel::SentinelSetup::start();
+    let sentinels = queue
+        .sentinel_addrs()
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        "upstream:\n  address: {}\nupstreams:\n  queue:\n    mode: sentinel\n    sentinel:\n      \
+         sentinels: [{sentinels}]\n      master_name: {}\nroutes:\n  - name: queue\n    \
+         upstream: queue\n    prefixes: [\"queue:\"]\n",
+        cache.addr(),
+        common::sentinel::MASTER,
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&text, Path::new("s.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["LPUSH", "queue:jobs", "1"]).await, b":1\r\n");
+    assert_eq!(c.call(&["SET", "other", "1"]).await, b"+OK\r\n");
+    assert!(exists(&queue.primary, "queue:jobs").await);
+    assert!(!exists(&cache, "queue:jobs").await);
+    assert!(exists(&cache, "other").await);
+    queue.failover();
+    // Writes for the route reach the promoted replica once the pool follows it; the other
+    // route never noticed.
+    let until = std::time::Instant::now() + DEADLINE * 2;
+    loop {
+        let mut c = Raw::connect(proxy.addr).await;
+        if c.call(&["LPUSH", "queue:after", "1"]).await == b":1\r\n" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the route never followed the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(exists(&queue.replica, "queue:after").await);
+    assert_eq!(c.call(&["GET", "other"]).await, b"$1\r\n1\r\n");
+}
