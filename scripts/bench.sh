@@ -35,6 +35,8 @@
 #                directory), and proxy-insight, the same plus the keyspace statistics of every
 #                keyed command (`keyspace.sample: 1`) where the binary has them; compare their
 #                ratios with proxy-default's for the cost (docs/performance.md)
+#   ROUTES=1     add the target proxy-routes: the default policy with two routes, the upper
+#                half of the random keys on a second redis-server (docs/routes.md)
 #   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
 #                (default policy/): an earlier commit's own, when the files changed since
 #   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
@@ -275,6 +277,25 @@ if [[ "${INSIGHT:-0}" == 1 ]]; then
         port_of[$name]="$started_port"
         pid_of[$name]="$started_pid"
     done
+fi
+if [[ "${ROUTES:-0}" == 1 ]]; then
+    # The default policy with two routes (docs/routes.md): keys key:000000050000 and up (half
+    # of -r 100000) go to a second redis-server, the rest to the first. The second server's
+    # CPU is not in the Redis column: compare this target's proxy µs and throughput ratio.
+    start redis-server-2 launch_redis "$work/redis.log" "$work/redis.out"
+    second_port="$started_port"
+    proxy_config="$work/proxy-routes.yaml"
+    {
+        cat policy/default.yaml
+        printf '\nupstreams:\n  second:\n    address: 127.0.0.1:%s\n' "$second_port"
+        printf 'routes:\n  - name: upper-half\n    upstream: second\n'
+        printf '    prefixes: ["key:00000005", "key:00000006", "key:00000007", "key:00000008", "key:00000009"]\n'
+    } >"$proxy_config"
+    proxy_log="$work/proxy-routes.log"
+    start proxy-routes launch_proxy "$proxy_log"
+    targets+=(proxy-routes)
+    port_of[proxy-routes]="$started_port"
+    pid_of[proxy-routes]="$started_pid"
 fi
 if [[ -n "${BASELINE:-}" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
