@@ -12,12 +12,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The name of the route of every key no route's prefix names: the `upstream:` section.
 pub const DEFAULT_ROUTE: &str = "default";
 
+/// The node number of a route whose upstream is a Redis Cluster: its keys go by hash slot to
+/// the cluster's nodes, not to one node.
+pub const ON_CLUSTER: u16 = u16::MAX;
+
 /// One route as the table needs it: its name, where its keys go, which keys are its.
 #[derive(Debug, Clone)]
 pub struct RouteSpec {
     /// From the file; names the route in errors, metrics and rules' `routes:`.
     pub name: String,
-    /// The node (the pool of one upstream and database) the route's keys go to.
+    /// The node (the pool of one upstream and database) the route's keys go to, or
+    /// [`ON_CLUSTER`].
     pub node: u16,
     /// Key prefixes of the route, as clients write them.
     pub prefixes: Vec<Vec<u8>>,

@@ -207,6 +207,15 @@ fn eviction_checks(
                 let label = table.as_ref().map(|t| t.names_of_node(i as u16));
                 checked.push((router.pool(i as u16), u, label));
             }
+            let cluster = config
+                .route_cluster()
+                .and_then(|n| config.named_upstream(n));
+            if let (Some(u), Some(pool)) = (cluster, router.cluster_route_pool()) {
+                let label = table
+                    .as_ref()
+                    .map(|t| t.names_of_node(crate::routes::ON_CLUSTER));
+                checked.push((pool, u, label));
+            }
         }
         _ => checked.push((upstream.pool.clone(), &config.upstream, None)),
     }
@@ -236,11 +245,13 @@ fn eviction_checks(
 }
 
 /// Routes mode: one pool per (upstream, database) the routes use, in `Config::route_nodes`
-/// order (the route table's node numbers), behind a router with a fixed map.
+/// order (the route table's node numbers), and the nodes of the one cluster a route may
+/// name, behind one router.
 async fn start_routes(config: &Config, metrics: &Arc<Metrics>) -> std::io::Result<Upstream> {
     let table = crate::setup::route_table(config)
         .ok_or_else(|| std::io::Error::other("routes: without a route table"))?;
     let mut pools = Vec::new();
+    let mut names: Vec<Arc<str>> = Vec::new();
     let mut followers = Vec::new();
     for node in config.route_nodes() {
         let one = config
@@ -259,11 +270,46 @@ async fn start_routes(config: &Config, metrics: &Arc<Metrics>) -> std::io::Resul
                 Pool::start(&one, metrics.clone()).map_err(std::io::Error::other)?
             }
         };
+        // Unique, as the router names nodes by them: the database, and a number if two
+        // upstreams share an address.
+        let mut name = match node.db {
+            0 => pool.addr().to_string(),
+            db => format!("{} db {db}", pool.addr()),
+        };
+        if names.iter().any(|n| **n == *name) {
+            name = format!("{name} #{}", names.len());
+        }
+        names.push(name.into());
         pools.push(pool);
     }
+    let cluster = match config.route_cluster() {
+        None => None,
+        Some(upstream) => {
+            let node = crate::config::RouteNode {
+                upstream: upstream.to_string(),
+                db: 0,
+            };
+            let one = config
+                .for_upstream(&node)
+                .ok_or_else(|| std::io::Error::other(format!("no upstream `{upstream}`")))?;
+            let settings = PoolSettings::from_config(&one).map_err(std::io::Error::other)?;
+            Some((one, settings))
+        }
+    };
     metrics.routes.store(Some(table.clone()));
     let settings = PoolSettings::from_config(config).map_err(std::io::Error::other)?;
-    let router = crate::cluster::Router::with_routes(table, pools, settings, metrics.clone());
+    let cluster = cluster
+        .as_ref()
+        .and_then(|(one, s)| one.upstream.cluster.as_ref().map(|c| (c, s.clone())));
+    let router = crate::cluster::Router::start_routes(
+        table,
+        pools,
+        names,
+        cluster,
+        settings,
+        metrics.clone(),
+    )
+    .await;
     Ok(Upstream {
         pool: router.pool(0),
         cluster: Some(router),

@@ -518,3 +518,144 @@ async fn a_sentinel_managed_route_follows_its_failover() {
     assert!(exists(&queue.replica, "queue:after").await);
     assert_eq!(c.call(&["GET", "other"]).await, b"$1\r\n1\r\n");
 }
+
+/// `EXISTS key` on the cluster node at `addr`, directly (a node answers MOVED for a key it
+/// does not own, which is not `:1`).
+async fn exists_at(addr: &str, key: &str) -> bool {
+    Raw::connect(addr).await.call(&["EXISTS", key]).await == b":1\r\n"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_in_front_of_a_redis_cluster_routes_by_slot_inside_it() {
+    let cache = RedisServer::start();
+    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let seed = cluster.nodes()[0].addr();
+    let text = format!(
+        "upstream:\n  address: {}\nupstreams:\n  queue:\n    mode: cluster\n    cluster:\n      \
+         seeds: [{seed}]\nroutes:\n  - name: queue\n    upstream: queue\n    \
+         prefixes: [\"queue:\", \"stream:\", \"events:\"]\n",
+        cache.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&text, Path::new("c.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, ready) = http_get(proxy.admin, "/readyz").await;
+        if status == 200 {
+            assert!(
+                ready.contains("route queue (cluster): 3 primaries up"),
+                "{ready}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "not ready: {ready}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = Raw::connect(proxy.addr).await;
+    // Keys of the cluster route land on the primary of their slot.
+    let keys: Vec<String> = (0..12).map(|i| format!("queue:job:{i}")).collect();
+    for key in &keys {
+        assert_eq!(c.call(&["SET", key, "1"]).await, b"+OK\r\n");
+        let owner = cluster.primary_for_slot(redis_policy_proxy::cluster::slot(key.as_bytes()));
+        assert!(exists_at(&owner, key).await, "{key} on {owner}");
+        assert!(!exists(&cache, key).await);
+    }
+    assert_eq!(c.call(&["SET", "cache:a", "1"]).await, b"+OK\r\n");
+    assert!(exists(&cache, "cache:a").await);
+    // Split across slots of the cluster and the other route, answered in the client's order.
+    let mget = c
+        .call(&[
+            "MGET",
+            "queue:job:0",
+            "cache:a",
+            "queue:job:5",
+            "queue:nope",
+        ])
+        .await;
+    assert_eq!(mget, b"*4\r\n$1\r\n1\r\n$1\r\n1\r\n$1\r\n1\r\n$-1\r\n");
+    // Two slots of the cluster: Redis Cluster's own error; the cluster and another route:
+    // both routes named.
+    let (a, b) = (
+        &keys[0],
+        &keys[1..]
+            .iter()
+            .find(|k| {
+                redis_policy_proxy::cluster::slot(k.as_bytes())
+                    != redis_policy_proxy::cluster::slot(keys[0].as_bytes())
+            })
+            .unwrap(),
+    );
+    let refused = c.call(&["RENAME", a, b]).await;
+    assert!(refused.starts_with(b"-CROSSSLOT"), "{}", show(&refused));
+    let refused = c.call(&["RENAME", a, "cache:b"]).await;
+    let text = String::from_utf8_lossy(&refused);
+    assert!(
+        text.starts_with("-CROSSROUTE") && text.contains("(queue, default)"),
+        "{text}"
+    );
+    // A transaction on one slot of the cluster route (hash tags), a stream with a group.
+    let got = c
+        .request(
+            &common::resp_cmds(&[
+                "MULTI",
+                "LPUSH queue:{t}:a 1",
+                "LPUSH queue:{t}:b 2",
+                "EXEC",
+            ]),
+            4,
+        )
+        .await;
+    assert_eq!(
+        show(&got),
+        show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:1\r\n:1\r\n")
+    );
+    assert!(
+        c.call(&["XADD", "stream:o", "*", "k", "v"])
+            .await
+            .starts_with(b"$")
+    );
+    assert_eq!(
+        c.call(&["XGROUP", "CREATE", "stream:o", "g", "0"]).await,
+        b"+OK\r\n"
+    );
+    // Whole-keyspace commands cover the cluster's primaries and the other route.
+    assert_eq!(c.call(&["DBSIZE"]).await, b":16\r\n");
+    // Pub/sub on the cluster route.
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        sub.call(&["SUBSCRIBE", "events:x"]).await,
+        b"*3\r\n$9\r\nsubscribe\r\n$8\r\nevents:x\r\n:1\r\n"
+    );
+    assert_eq!(c.call(&["PUBLISH", "events:x", "m"]).await, b":1\r\n");
+    assert_eq!(
+        sub.read_frame().await,
+        b"*3\r\n$7\r\nmessage\r\n$8\r\nevents:x\r\n$1\r\nm\r\n"
+    );
+    // An empty slot of the route moves to another primary: the proxy's map still names the
+    // old owner, which answers MOVED; followed, and the map learns it, the other route
+    // untouched.
+    let key = "queue:{moved}";
+    let s = redis_policy_proxy::cluster::slot(key.as_bytes());
+    let source = cluster.primary_for_slot(s);
+    let target = common::cluster::other_primary(&cluster, &source);
+    let target_id = common::cluster::node_id(&cluster, &target);
+    for p in cluster.primaries() {
+        let reply = Raw::connect(&p)
+            .await
+            .request(&common::cluster::setslot(s, "NODE", &target_id), 1)
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+    assert_eq!(c.call(&["SET", key, "m"]).await, b"+OK\r\n");
+    assert!(
+        exists_at(&target, key).await,
+        "{key} on the new owner {target}"
+    );
+    assert_eq!(c.call(&["GET", key]).await, b"$1\r\nm\r\n");
+    assert_eq!(c.call(&["GET", "cache:a"]).await, b"$1\r\n1\r\n");
+    let (_, metrics) = http_get(proxy.admin, "/metrics").await;
+    assert!(
+        sample(&metrics, "rpp_upstream_redirections_total{kind=\"moved\"}") >= 1.0,
+        "{metrics}"
+    );
+}

@@ -16,10 +16,10 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use super::{SLOTS, SlotMap, discover};
-use crate::config::{Config, ReadFrom, UpstreamMode};
+use crate::config::{ClusterConfig, Config, ReadFrom, UpstreamMode};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
-use crate::routes::RouteTable;
+use crate::routes::{ON_CLUSTER, RouteTable};
 use crate::upstream::pool::{ControlRoute, Pool, PoolSettings};
 
 /// Refresh requests closer together than this are served by one refresh, so a burst of
@@ -87,9 +87,23 @@ pub struct Router {
     refresh: Arc<Notify>,
     /// Counts installed maps, so a waiter can tell that the map changed.
     generation: AtomicU64,
-    /// Routes mode: keys are placed by prefix on a fixed map of one node per upstream and
-    /// database (node `i` owns "slot" `i`), not by hash slot; `None` for a real cluster.
-    routes: Option<Arc<RouteTable>>,
+    /// Routes mode: keys are placed by prefix (see [`Routes`]); `None` for a cluster alone.
+    routes: Option<Routes>,
+}
+
+/// Routes mode's part of the router: fixed nodes (one per standalone or Sentinel upstream and
+/// database a route uses) beside at most one Redis Cluster behind a route. The map is the
+/// cluster's 16384 slots (empty without a cluster route), then fixed node `i` owning "slot"
+/// `SLOTS + i`: a cluster route's keys keep their real hash slots, so MOVED, ASK and the
+/// refresher work on the cluster part unchanged.
+struct Routes {
+    /// Key prefix → route → node or [`ON_CLUSTER`].
+    table: Arc<RouteTable>,
+    /// The fixed nodes' names (unique; node `i` is fixed node `i`), their shards' primaries
+    /// in the map.
+    fixed: Vec<Arc<str>>,
+    /// Whether a route's upstream is a cluster (discovered and refreshed from `seeds`).
+    cluster: bool,
 }
 
 impl Router {
@@ -104,18 +118,44 @@ impl Router {
             _ => return Err("upstream.mode is not cluster".to_string()),
         };
         let mut settings = PoolSettings::from_config(config)?;
-        let read_from = cluster.read_from();
-        settings.login.readonly = read_from != ReadFrom::Primary;
+        settings.login.readonly = cluster.read_from() != ReadFrom::Primary;
         let seeds: Vec<String> = cluster.seeds.iter().map(|s| s.value.clone()).collect();
-        let router = Arc::new(Router {
+        let router = Router::build(settings, metrics, seeds, cluster, None, Vec::new());
+        router.begin(cluster).await;
+        Ok(router)
+    }
+
+    /// A router with no map yet: `routes` and its fixed `pools` (node `i` is `pools[i]`) in
+    /// routes mode, the cluster's settings from `cluster` (defaults without a cluster).
+    fn build(
+        settings: PoolSettings,
+        metrics: Arc<Metrics>,
+        seeds: Vec<String>,
+        cluster: &ClusterConfig,
+        routes: Option<Routes>,
+        pools: Vec<Arc<Pool>>,
+    ) -> Arc<Router> {
+        let index = routes.as_ref().map_or_else(HashMap::new, |r| {
+            r.fixed
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), i as u16))
+                .collect()
+        });
+        // Replica reads are not offered behind a route (the configuration refuses them).
+        let read_from = match routes {
+            None => cluster.read_from(),
+            Some(_) => ReadFrom::Primary,
+        };
+        Arc::new(Router {
             settings,
             metrics,
             seeds,
             max_redirects: cluster.max_redirects.value,
             read_from,
             resubscribe_timeout: Duration::from_millis(cluster.resubscribe_timeout_ms.value),
-            nodes: ArcSwap::from_pointee(Vec::new()),
-            index: Mutex::new(HashMap::new()),
+            nodes: ArcSwap::from_pointee(pools),
+            index: Mutex::new(index),
             snapshot: ArcSwap::from_pointee(Snapshot {
                 map: SlotMap::empty(),
                 owners: Vec::new(),
@@ -123,70 +163,120 @@ impl Router {
             }),
             refresh: Arc::new(Notify::new()),
             generation: AtomicU64::new(0),
-            routes: None,
-        });
-        match discover(&router.seeds, &router.settings.login).await {
-            Ok(map) => router.install(map),
+            routes,
+        })
+    }
+
+    /// Learns the cluster's map from the seeds and starts the refresher (and the prober for
+    /// `read_from: nearest`).
+    async fn begin(self: &Arc<Self>, cluster: &ClusterConfig) {
+        match discover(&self.seeds, &self.settings.login).await {
+            Ok(map) => self.install(map),
             Err(e) => tracing::warn!(error = %e, "cluster topology unknown at start; retrying"),
         }
         let interval = Duration::from_millis(cluster.refresh_interval_ms.value);
         tokio::spawn(refresher(
-            Arc::downgrade(&router),
-            router.refresh.clone(),
+            Arc::downgrade(self),
+            self.refresh.clone(),
             interval,
         ));
-        if read_from == ReadFrom::Nearest {
-            tokio::spawn(prober(Arc::downgrade(&router)));
+        if self.read_from == ReadFrom::Nearest {
+            tokio::spawn(prober(Arc::downgrade(self)));
         }
-        Ok(router)
     }
 
-    /// Routes mode: a router over `pools` (node `i` is `pools[i]`, named `names[i]`, the
-    /// nodes `table` places keys on), whose map never changes: nothing is discovered or
-    /// refreshed, and no node answers with a redirection. `settings` are the default route's.
-    pub fn with_routes(
+    /// Routes mode: a router over the fixed `pools` (node `i` is `pools[i]`, named
+    /// `names[i]`: unique), and with `cluster` (its configuration, with the upstream's pool
+    /// settings) the nodes of the one Redis Cluster a route sends its keys to, discovered
+    /// and refreshed as in cluster mode. No fixed node answers with a redirection.
+    pub async fn start_routes(
         table: Arc<RouteTable>,
         pools: Vec<Arc<Pool>>,
+        names: Vec<Arc<str>>,
+        cluster: Option<(&ClusterConfig, PoolSettings)>,
         settings: PoolSettings,
         metrics: Arc<Metrics>,
     ) -> Arc<Router> {
-        let names: Vec<Arc<str>> = pools.iter().map(|p| p.addr().clone()).collect();
-        let index = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i as u16))
-            .collect();
-        Arc::new(Router {
-            settings,
-            metrics,
-            seeds: Vec::new(),
-            max_redirects: 1,
-            read_from: ReadFrom::Primary,
-            resubscribe_timeout: Duration::from_secs(30),
-            nodes: ArcSwap::from_pointee(pools),
-            index: Mutex::new(index),
-            snapshot: ArcSwap::from_pointee(Snapshot {
-                map: SlotMap::fixed(&names),
-                owners: (0..names.len() as u16).collect(),
-                replicas: vec![Vec::new(); names.len()],
-            }),
-            refresh: Arc::new(Notify::new()),
-            generation: AtomicU64::new(1),
-            routes: Some(table),
-        })
+        let routes = Routes {
+            table,
+            fixed: names,
+            cluster: cluster.is_some(),
+        };
+        let defaults = ClusterConfig::default();
+        let (config, settings) = cluster.unwrap_or((&defaults, settings));
+        let seeds = config.seeds.iter().map(|s| s.value.clone()).collect();
+        let router = Router::build(settings, metrics, seeds, config, Some(routes), pools);
+        router.install(SlotMap::empty());
+        if router.routes.as_ref().is_some_and(|r| r.cluster) {
+            router.begin(config).await;
+        }
+        router
     }
 
-    /// The route table in routes mode; `None` for a real cluster.
+    /// The route table in routes mode; `None` for a cluster alone.
     pub fn routes(&self) -> Option<&Arc<RouteTable>> {
-        self.routes.as_ref()
+        self.routes.as_ref().map(|r| &r.table)
     }
 
-    /// The "slot" of a key as stored: its hash slot in a cluster, its route's node in routes
-    /// mode (where slot `i` is owned by node `i`).
+    /// The "slot" of a key as stored: its hash slot in a cluster, in routes mode its route's
+    /// ([`Router::route_slot`]).
     pub fn slot_of(&self, key: &[u8]) -> u16 {
         match &self.routes {
             None => super::slot(key),
-            Some(table) => table.node_of(key),
+            Some(r) => self.route_slot(r.table.route_of(key), key),
+        }
+    }
+
+    /// Routes mode: the slot of `key` on `route`: its hash slot on a cluster route, else
+    /// `SLOTS + n` for the route's fixed node `n`.
+    pub fn route_slot(&self, route: u16, key: &[u8]) -> u16 {
+        let Some(r) = &self.routes else {
+            return super::slot(key);
+        };
+        match r.table.node(route) {
+            ON_CLUSTER => super::slot(key),
+            node => SLOTS as u16 + node,
+        }
+    }
+
+    /// Routes mode: the names of the routes whose keys are in `slot`, for errors.
+    pub fn route_names(&self, slot: u16) -> String {
+        match &self.routes {
+            None => String::new(),
+            Some(r) if usize::from(slot) < SLOTS => r.table.names_of_node(ON_CLUSTER),
+            Some(r) => r.table.names_of_node(slot - SLOTS as u16),
+        }
+    }
+
+    /// Routes mode: the names of the routes whose keys node `node` holds, for errors.
+    pub fn node_route_names(&self, node: u16) -> String {
+        match &self.routes {
+            None => String::new(),
+            Some(r) if usize::from(node) < r.fixed.len() => r.table.names_of_node(node),
+            Some(r) => r.table.names_of_node(ON_CLUSTER),
+        }
+    }
+
+    /// Routes mode: the pool of the cluster route's first primary (its eviction check asks
+    /// it, as cluster mode asks its home node); `None` without a cluster route or map yet.
+    pub fn cluster_route_pool(&self) -> Option<Arc<Pool>> {
+        self.routes.as_ref().filter(|r| r.cluster)?;
+        let map = self.cluster_map();
+        let addr = &map.shards().first()?.primary.addr;
+        let node = *self
+            .index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(addr)?;
+        Some(self.pool(node))
+    }
+
+    /// The cluster's own map: in routes mode without the fixed nodes.
+    fn cluster_map(&self) -> SlotMap {
+        let snapshot = self.snapshot();
+        match &self.routes {
+            None => snapshot.map.clone(),
+            Some(r) => snapshot.map.cluster_part(r.fixed.len()),
         }
     }
 
@@ -195,39 +285,62 @@ impl Router {
     /// is missing (uncovered slots, primaries without a connection). In routes mode: every
     /// route's node connected, each route named.
     pub fn readiness(&self) -> Result<String, String> {
-        if let Some(table) = &self.routes {
-            return self.routes_readiness(table);
+        if let Some(routes) = &self.routes {
+            return self.routes_readiness(routes);
         }
-        let snapshot = self.snapshot();
-        let covered = snapshot.map.covered();
+        self.cluster_readiness(&self.snapshot().map)
+    }
+
+    /// Whether `map` (a cluster's) covers every slot with a connected primary.
+    fn cluster_readiness(&self, map: &SlotMap) -> Result<String, String> {
+        let covered = map.covered();
         if covered < SLOTS {
             return Err(format!("{covered} of {SLOTS} slots have an owner"));
         }
-        let down: Vec<String> = snapshot
-            .primaries()
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = self.nodes.load();
+        let down: Vec<String> = map
+            .shards()
             .iter()
-            .filter(|&&node| !self.pool(node).any_up())
-            .map(|&node| self.addr(node).to_string())
+            .map(|s| &s.primary.addr)
+            .filter(|addr| {
+                index
+                    .get(*addr)
+                    .is_none_or(|&n| !nodes[usize::from(n)].any_up())
+            })
+            .map(|addr| addr.to_string())
             .collect();
         if !down.is_empty() {
             return Err(format!("no connection to primary {}", down.join(", ")));
         }
         Ok(format!(
             "{} primaries up, all {SLOTS} slots covered",
-            snapshot.primaries().len()
+            map.shards().len()
         ))
     }
 
-    /// [`Router::readiness`] in routes mode.
-    fn routes_readiness(&self, table: &RouteTable) -> Result<String, String> {
+    /// [`Router::readiness`] in routes mode: each route by name, a cluster route as in
+    /// cluster mode.
+    fn routes_readiness(&self, routes: &Routes) -> Result<String, String> {
         let nodes = self.nodes.load();
+        let table = &routes.table;
         let mut up = Vec::new();
         let mut down = Vec::new();
         for (route, name) in table.names().iter().enumerate() {
-            let pool = &nodes[usize::from(table.node(route as u16))];
-            match pool.any_up() {
-                true => up.push(format!("route {name} ({}) connected", pool.addr())),
-                false => down.push(format!("route {name}: no connection to {}", pool.addr())),
+            match table.node(route as u16) {
+                ON_CLUSTER => match self.cluster_readiness(&self.cluster_map()) {
+                    Ok(what) => up.push(format!("route {name} (cluster): {what}")),
+                    Err(what) => down.push(format!("route {name} (cluster): {what}")),
+                },
+                node => {
+                    let pool = &nodes[usize::from(node)];
+                    match pool.any_up() {
+                        true => up.push(format!("route {name} ({}) connected", pool.addr())),
+                        false => {
+                            down.push(format!("route {name}: no connection to {}", pool.addr()))
+                        }
+                    }
+                }
             }
         }
         match down.is_empty() {
@@ -276,8 +389,8 @@ impl Router {
     /// publishers on one node the count includes every subscriber through the proxy, as on
     /// one server. `None` while no primary is known.
     pub fn pubsub_node(&self) -> Option<u16> {
-        if let Some(table) = &self.routes {
-            return Some(table.node(0));
+        if let Some(r) = &self.routes {
+            return Some(r.table.node(0));
         }
         self.snapshot().primaries().first().copied()
     }
@@ -286,8 +399,8 @@ impl Router {
     /// client id over the primaries (the default route's node in routes mode). `None` while no primary is known.
     pub fn home(&self, client_id: u64) -> Option<u16> {
         // Routes: a keyless command is the default route's, as on the one server it stands for.
-        if let Some(table) = &self.routes {
-            return Some(table.node(0));
+        if let Some(r) = &self.routes {
+            return Some(r.table.node(0));
         }
         let snapshot = self.snapshot();
         let primaries = snapshot.primaries();
@@ -389,7 +502,7 @@ impl Router {
     /// Applies a MOVED at once (so the next command for the slot goes to the right node
     /// without waiting for the refresh) and asks for a refresh.
     pub fn apply_moved(&self, slot: u16, addr: &str) {
-        let mut map = self.snapshot().map.clone();
+        let mut map = self.cluster_map();
         if map
             .slot_owner(slot)
             .is_none_or(|s| *s.primary.addr != *addr)
@@ -405,9 +518,14 @@ impl Router {
         self.refresh.notify_one();
     }
 
-    /// Publishes `map`, creating pools for nodes seen for the first time and retiring those
+    /// Publishes `map` (a cluster's; in routes mode the fixed nodes are added after it),
+    /// creating pools for nodes seen for the first time and retiring those
     /// of nodes no longer in it (see `Pool::set_retired`).
     fn install(&self, map: SlotMap) {
+        let map = match &self.routes {
+            Some(r) => map.with_fixed(&r.fixed),
+            None => map,
+        };
         let owners: Vec<u16> = map
             .shards()
             .iter()
@@ -458,9 +576,8 @@ impl Router {
 
     /// Known primaries first, then the configured seeds.
     fn refresh_seeds(&self) -> Vec<String> {
-        let snapshot = self.snapshot();
-        let mut seeds: Vec<String> = snapshot
-            .map
+        let mut seeds: Vec<String> = self
+            .cluster_map()
             .shards()
             .iter()
             .map(|s| s.primary.addr.to_string())
@@ -505,7 +622,7 @@ async fn refresher(router: Weak<Router>, wake: Arc<Notify>, interval: Duration) 
         let seeds = r.refresh_seeds();
         match discover(&seeds, &r.settings.login).await {
             Ok(map) => {
-                if map != r.snapshot().map {
+                if map != r.cluster_map() {
                     tracing::info!(covered = map.covered(), "cluster topology changed");
                     r.install(map);
                     r.metrics.map_refreshes_changed.inc();

@@ -151,25 +151,37 @@ fn error_text(reply: &[u8]) -> Option<Cow<'_, [u8]>> {
 }
 
 impl SlotMap {
-    /// Routes mode's fixed map: shard `i` is the node named `names[i]` and owns slot `i` only.
-    pub fn fixed(names: &[Arc<str>]) -> SlotMap {
-        let mut owners = Box::new([UNOWNED; SLOTS]);
-        let shards = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                owners[i] = i as u16;
-                Shard {
-                    primary: Node {
-                        addr: name.clone(),
-                        id: None,
-                        online: true,
-                    },
-                    replicas: Vec::new(),
-                }
-            })
-            .collect();
-        SlotMap { shards, owners }
+    /// Routes mode's map: this (cluster) map's shards and slots, then one shard per fixed node
+    /// named in `names`, fixed node `i` owning "slot" `SLOTS + i` alone (a route's keys).
+    pub fn with_fixed(mut self, names: &[Arc<str>]) -> SlotMap {
+        let mut owners = self.owners.into_vec();
+        owners.truncate(SLOTS);
+        for name in names {
+            owners.push(self.shards.len() as u16);
+            self.shards.push(Shard {
+                primary: Node {
+                    addr: name.clone(),
+                    id: None,
+                    online: true,
+                },
+                replicas: Vec::new(),
+            });
+        }
+        SlotMap {
+            shards: self.shards,
+            owners: owners.into_boxed_slice(),
+        }
+    }
+
+    /// The cluster's own map inside a routes map with `fixed` fixed nodes (see
+    /// [`SlotMap::with_fixed`]): the shards before them and the 16384 slots.
+    pub fn cluster_part(&self, fixed: usize) -> SlotMap {
+        let mut shards = self.shards.clone();
+        shards.truncate(shards.len().saturating_sub(fixed));
+        SlotMap {
+            shards,
+            owners: self.owners[..SLOTS.min(self.owners.len())].into(),
+        }
     }
 
     /// A map in which no slot has an owner.
@@ -294,9 +306,12 @@ impl SlotMap {
         &self.shards
     }
 
-    /// How many slots have an owner.
+    /// How many of the 16384 slots have an owner.
     pub fn covered(&self) -> usize {
-        self.owners.iter().filter(|&&o| o != UNOWNED).count()
+        self.owners[..SLOTS.min(self.owners.len())]
+            .iter()
+            .filter(|&&o| o != UNOWNED)
+            .count()
     }
 
     /// Whether every slot has an owner.

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_saphyr::Location;
 
 use super::{Config, Located, Problem, UpstreamConfig, UpstreamMode};
-use crate::routes::DEFAULT_ROUTE;
+use crate::routes::{DEFAULT_ROUTE, ON_CLUSTER};
 
 /// One route: a set of key prefixes and the upstream (and database) their keys live in.
 #[derive(Debug, Clone, Deserialize)]
@@ -63,13 +63,13 @@ impl Config {
     }
 
     /// The distinct (upstream, database) pairs the routes use, `default` database 0 first:
-    /// one pool each.
+    /// one pool each. A cluster upstream is not one of them (its nodes are discovered).
     pub fn route_nodes(&self) -> Vec<RouteNode> {
         let mut nodes = vec![RouteNode {
             upstream: DEFAULT_ROUTE.to_string(),
             db: 0,
         }];
-        for route in &self.routes {
+        for route in self.routes.iter().filter(|r| !self.routes_to_cluster(r)) {
             let node = RouteNode {
                 upstream: route.upstream.value.clone(),
                 db: route.db.as_ref().map_or(0, |d| d.value),
@@ -81,8 +81,12 @@ impl Config {
         nodes
     }
 
-    /// The node index of `route` in [`Config::route_nodes`].
+    /// The node index of `route` in [`Config::route_nodes`], or [`ON_CLUSTER`] for a route
+    /// to a cluster.
     pub fn route_node(&self, route: &RouteConfig) -> u16 {
+        if self.routes_to_cluster(route) {
+            return ON_CLUSTER;
+        }
         let node = RouteNode {
             upstream: route.upstream.value.clone(),
             db: route.db.as_ref().map_or(0, |d| d.value),
@@ -91,6 +95,20 @@ impl Config {
             .iter()
             .position(|n| *n == node)
             .map_or(0, |i| i as u16)
+    }
+
+    /// Whether `route`'s upstream is a Redis Cluster.
+    fn routes_to_cluster(&self, route: &RouteConfig) -> bool {
+        self.named_upstream(&route.upstream.value)
+            .is_some_and(|u| u.mode.value == UpstreamMode::Cluster)
+    }
+
+    /// The name of the Redis Cluster upstream a route sends keys to, if any (one at most).
+    pub fn route_cluster(&self) -> Option<&str> {
+        self.routes
+            .iter()
+            .find(|r| self.routes_to_cluster(r))
+            .map(|r| r.upstream.value.as_str())
     }
 
     /// The configuration one node's pool is started from: this one with `upstream` replaced
@@ -128,8 +146,8 @@ impl Config {
             problems.push(problem(
                 &self.upstream.mode.referenced,
                 "upstream.mode".into(),
-                "cluster cannot be combined with routes yet: a route's upstream is standalone \
-                 or sentinel (docs/routes.md)",
+                "cluster cannot be the default route's upstream: name the cluster under \
+                 `upstreams:` and route its prefixes there (docs/routes.md)",
             ));
         }
         let upstreams = std::iter::once((DEFAULT_ROUTE, &self.upstream))
@@ -148,6 +166,7 @@ impl Config {
                 ));
             }
         }
+        self.cluster_route_problems(problems);
         let mut names: HashMap<&str, ()> = HashMap::new();
         let mut prefixes: HashMap<(&str, Option<&Vec<String>>), &str> = HashMap::new();
         for (i, route) in self.routes.iter().enumerate() {
@@ -238,6 +257,53 @@ impl Config {
         }
     }
 
+    /// A cluster behind a route: one at most, primary reads only, no brace in a namespace
+    /// (it would become the hash tag of every key of the tenant, as in cluster mode).
+    fn cluster_route_problems(&self, problems: &mut Vec<Problem>) {
+        let clusters: Vec<&String> = self
+            .upstreams
+            .iter()
+            .filter(|(n, u)| {
+                u.mode.value == UpstreamMode::Cluster
+                    && self.routes.iter().any(|r| r.upstream.value == **n)
+            })
+            .map(|(n, _)| n)
+            .collect();
+        if clusters.len() > 1 {
+            let u = &self.upstreams[clusters[1]];
+            problems.push(problem(
+                &u.mode.referenced,
+                format!("upstreams.{}.mode", clusters[1]),
+                &format!(
+                    "one Redis Cluster behind the routes at most (`{}` is one already)",
+                    clusters[0]
+                ),
+            ));
+        }
+        for name in clusters {
+            let Some(c) = &self.upstreams[name].cluster else {
+                continue;
+            };
+            if c.read_from() != super::ReadFrom::Primary {
+                problems.push(problem(
+                    &c.read_from.referenced,
+                    format!("upstreams.{name}.cluster.read_from"),
+                    "replica reads are not supported with routes yet: use primary",
+                ));
+            }
+            for (tenant, prefix) in &self.access.namespaces {
+                if prefix.contains('{') || prefix.contains('}') {
+                    problems.push(problem(
+                        &Location::UNKNOWN,
+                        format!("access.namespaces.{tenant}"),
+                        "must not contain `{` or `}` when a route's upstream is a cluster: it \
+                         would change the hash slot of every key of the tenant",
+                    ));
+                }
+            }
+        }
+    }
+
     /// A named upstream's own problems, found as `upstream:`'s are and named after it.
     fn named_upstream_problems(
         &self,
@@ -251,14 +317,6 @@ impl Config {
                 format!("upstreams.{name}"),
                 "must be named with letters, digits, `_` or `-`, and not `default` (that is \
                  `upstream:`)",
-            ));
-        }
-        if upstream.mode.value == UpstreamMode::Cluster {
-            problems.push(problem(
-                &upstream.mode.referenced,
-                format!("upstreams.{name}.mode"),
-                "cluster is not supported behind a route yet: standalone or sentinel \
-                 (docs/routes.md)",
             ));
         }
         let alone = Config {

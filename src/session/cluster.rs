@@ -264,7 +264,7 @@ impl Session {
                 }
                 // A pinned session's state lives on one node; a key elsewhere cannot join it.
                 Some(d) if slot.is_some() && d.node != node => {
-                    return Action::Refused(cross(router, Some(d.node), Some(node)));
+                    return Action::Refused(cross_nodes(router, d.node, node));
                 }
                 Some(d) => Target::Dedicated(d.node),
                 None => Target::Dedicated(node),
@@ -583,7 +583,7 @@ impl Session {
                     if found.is_none() {
                         table.count(route);
                     }
-                    table.node(route)
+                    router.route_slot(route, key)
                 }
                 None => slot(argv[i]),
             };
@@ -1284,14 +1284,26 @@ fn split(
 }
 
 /// The refusal of keys in two slots `a` and `b`: Redis Cluster's CROSSSLOT, or in routes
-/// mode the routes they belong to, named.
+/// mode (unless both are slots of the cluster route) the routes they belong to, named.
 pub(super) fn cross(router: &Router, a: Option<u16>, b: Option<u16>) -> Bytes {
-    match (router.routes(), a, b) {
-        (Some(table), Some(a), Some(b)) => {
-            answers::crossroute(&table.names_of_node(a), &table.names_of_node(b))
-        }
-        _ => answers::crossslot(),
+    let (Some(a), Some(b)) = (a, b) else {
+        return answers::crossslot();
+    };
+    let (first, second) = (router.route_names(a), router.route_names(b));
+    // Two slots of one cluster route are Redis Cluster's own CROSSSLOT.
+    if router.routes().is_none() || first == second {
+        return answers::crossslot();
     }
+    answers::crossroute(&first, &second)
+}
+
+/// [`cross`] for keys on nodes `a` and `b` (a pinned session's node and a key's).
+fn cross_nodes(router: &Router, a: u16, b: u16) -> Bytes {
+    let (first, second) = (router.node_route_names(a), router.node_route_names(b));
+    if router.routes().is_none() || first == second {
+        return answers::crossslot();
+    }
+    answers::crossroute(&first, &second)
 }
 
 /// Where the arguments that place a command are when they are not the command table's keys:
