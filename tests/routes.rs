@@ -659,3 +659,65 @@ async fn a_route_in_front_of_a_redis_cluster_routes_by_slot_inside_it() {
         "{metrics}"
     );
 }
+
+/// `calls` of `cmdstat_get` in `redis`'s INFO commandstats.
+async fn upstream_gets(redis: &RedisServer) -> u64 {
+    let info = redis.direct(&["INFO", "commandstats"]).await;
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_is_per_route_upstream() {
+    let two = Two::start();
+    let text = format!(
+        "upstream:\n  address: {}\nupstreams:\n  queue:\n    address: {}\n    coalesce_reads: true\n\
+         routes:\n  - name: hot\n    upstream: queue\n    prefixes: [\"hot:\"]\n",
+        two.cache.addr(),
+        two.queue.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&text, Path::new("co.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["SET", "hot:k", "v"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "cold:k", "v"]).await, b"+OK\r\n");
+    let (hot_before, cold_before) = (
+        upstream_gets(&two.queue).await,
+        upstream_gets(&two.cache).await,
+    );
+    const CLIENTS: usize = 100;
+    const READS: usize = 20;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(Raw::connect(proxy.addr).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                for _ in 0..READS {
+                    assert_eq!(c.call(&["GET", "hot:k"]).await, b"$1\r\nv\r\n");
+                    assert_eq!(c.call(&["GET", "cold:k"]).await, b"$1\r\nv\r\n");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let reads = (CLIENTS * READS) as u64;
+    let hot = upstream_gets(&two.queue).await - hot_before;
+    let cold = upstream_gets(&two.cache).await - cold_before;
+    assert_eq!(cold, reads, "the default route does not coalesce");
+    let (_, metrics) = http_get(proxy.admin, "/metrics").await;
+    let shared = sample(&metrics, "rpp_coalesced_reads_total") as u64;
+    assert_eq!(hot + shared, reads, "every hot read sent or shared");
+    assert!(shared > 0, "no read shared: {hot} sent");
+    eprintln!("hot route: {hot} upstream GETs for {reads} client reads ({shared} shared)");
+}
