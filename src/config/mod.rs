@@ -409,7 +409,8 @@ pub struct UpstreamConfig {
     /// Request coalescing: identical concurrent read-only single-key commands (GET,
     /// HGETALL… from any clients) share one upstream reply while one is in flight, so a hot
     /// key costs Redis one command per round trip instead of one per client. Off by default;
-    /// standalone mode only until routes carry it per route.
+    /// standalone upstreams only (also under `upstreams:`, so one route may coalesce and
+    /// another not; not yet in front of a cluster or Sentinel).
     pub coalesce_reads: Located<bool>,
     /// What the proxy does at start and after each reload about scripts, which run as its
     /// upstream user and so can call what the policy refuses clients: `check` the user's ACL

@@ -284,7 +284,7 @@ pub struct PoolSettings {
     /// Cap, warm stock and wait of the dedicated connections.
     pub dedicated: DedicatedLimits,
     /// Identical concurrent reads share one reply on the shared connections
-    /// (`upstream.coalesce_reads`, standalone mode only for now).
+    /// (`upstream.coalesce_reads`: standalone upstreams, and standalone route upstreams).
     pub coalesce: bool,
 }
 
