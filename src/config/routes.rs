@@ -129,17 +129,8 @@ impl Config {
         for (name, upstream) in &self.upstreams {
             self.named_upstream_problems(name, upstream, problems);
         }
+        self.unused_upstream_problems(problems);
         if self.routes.is_empty() {
-            if let Some((name, u)) = self.upstreams.iter().next() {
-                problems.push(problem(
-                    &u.address.referenced,
-                    format!("upstreams.{name}"),
-                    &format!(
-                        "is used by no route: add a `routes:` entry with `upstream: {name}`, \
-                         or remove it"
-                    ),
-                ));
-            }
             return;
         }
         if self.upstream.mode.value == UpstreamMode::Cluster {
@@ -150,6 +141,32 @@ impl Config {
                  `upstreams:` and route its prefixes there (docs/routes.md)",
             ));
         }
+        self.sentinel_route_problems(problems);
+        self.cluster_route_problems(problems);
+        self.route_name_problems(problems);
+        for (i, route) in self.routes.iter().enumerate() {
+            self.route_target_problems(i, route, problems);
+        }
+    }
+
+    /// Upstreams under `upstreams:` that no route names.
+    fn unused_upstream_problems(&self, problems: &mut Vec<Problem>) {
+        for (name, u) in &self.upstreams {
+            if !self.routes.iter().any(|r| r.upstream.value == *name) {
+                problems.push(problem(
+                    &u.address.referenced,
+                    format!("upstreams.{name}"),
+                    &format!(
+                        "is used by no route: name it in a route's `upstream: {name}`, or \
+                         remove it"
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Sentinel upstreams behind routes: primary reads only (no replica reads yet).
+    fn sentinel_route_problems(&self, problems: &mut Vec<Problem>) {
         let upstreams = std::iter::once((DEFAULT_ROUTE, &self.upstream))
             .chain(self.upstreams.iter().map(|(n, u)| (n.as_str(), u)));
         for (name, u) in upstreams {
@@ -166,92 +183,85 @@ impl Config {
                 ));
             }
         }
-        self.cluster_route_problems(problems);
+    }
+
+    /// Route names (unique, label-safe, not `default`) and prefixes (non-empty, each in one
+    /// route for the same tenants).
+    fn route_name_problems(&self, problems: &mut Vec<Problem>) {
         let mut names: HashMap<&str, ()> = HashMap::new();
         let mut prefixes: HashMap<(&str, Option<&Vec<String>>), &str> = HashMap::new();
         for (i, route) in self.routes.iter().enumerate() {
-            let field = |f: &str| format!("routes[{i}].{f}");
             let name = route.name.value.as_str();
+            let at = &route.name.referenced;
             if name.is_empty() || name == DEFAULT_ROUTE || !valid_label(name) {
                 problems.push(problem(
-                    &route.name.referenced,
-                    field("name"),
+                    at,
+                    format!("routes[{i}].name"),
                     "must be a name of letters, digits, `_` or `-`, and not `default` (the \
                      route of every other key)",
                 ));
             } else if names.insert(name, ()).is_some() {
-                problems.push(problem(
-                    &route.name.referenced,
-                    field("name"),
-                    &format!("`{name}` names two routes"),
-                ));
+                let message = format!("`{name}` names two routes");
+                problems.push(problem(at, format!("routes[{i}].name"), &message));
             }
             if route.prefixes.is_empty() {
                 problems.push(problem(
-                    &route.name.referenced,
-                    field("prefixes"),
+                    at,
+                    format!("routes[{i}].prefixes"),
                     "must list at least one key prefix such as `cache:`",
                 ));
             }
             for (j, prefix) in route.prefixes.iter().enumerate() {
-                let at = format!("routes[{i}].prefixes[{j}]");
+                let field = format!("routes[{i}].prefixes[{j}]");
+                let key = (prefix.value.as_str(), route.tenants.as_ref());
                 if prefix.value.is_empty() {
-                    problems.push(problem(&prefix.referenced, at, "must not be empty"));
-                } else if let Some(other) =
-                    prefixes.insert((prefix.value.as_str(), route.tenants.as_ref()), name)
-                {
-                    problems.push(problem(
-                        &prefix.referenced,
-                        at,
-                        &format!("`{}` is already a prefix of route `{other}`", prefix.value),
-                    ));
-                }
-            }
-            match self.named_upstream(&route.upstream.value) {
-                None => problems.push(problem(
-                    &route.upstream.referenced,
-                    field("upstream"),
-                    &format!(
-                        "no upstream `{}`: name one under `upstreams:`, or `default`",
-                        route.upstream.value
-                    ),
-                )),
-                Some(u) if u.mode.value == UpstreamMode::Cluster && route.db.is_some() => problems
-                    .push(problem(
-                        &route.upstream.referenced,
-                        field("db"),
-                        "a cluster has only database 0",
-                    )),
-                Some(_) => {}
-            }
-            if let Some(db) = &route.db {
-                if db.value > 15 {
-                    problems.push(problem(
-                        &db.referenced,
-                        field("db"),
-                        "must be between 0 and 15 (Redis's default `databases 16`)",
-                    ));
-                }
-            }
-            for tenant in route.tenants.iter().flatten() {
-                if !self.access.namespaces.contains_key(tenant) {
-                    problems.push(problem(
-                        &route.name.referenced,
-                        field("tenants"),
-                        &format!(
-                            "tenant `{tenant}` has no namespace (access.namespaces): a route by \
-                             tenant needs the tenant's keys to carry its prefix"
-                        ),
-                    ));
+                    problems.push(problem(&prefix.referenced, field, "must not be empty"));
+                } else if let Some(other) = prefixes.insert(key, name) {
+                    let message =
+                        format!("`{}` is already a prefix of route `{other}`", prefix.value);
+                    problems.push(problem(&prefix.referenced, field, &message));
                 }
             }
         }
-        for (name, u) in &self.upstreams {
-            if !self.routes.iter().any(|r| r.upstream.value == *name) {
+    }
+
+    /// Where route `i` sends its keys: a known upstream, a database it has, tenants with a
+    /// namespace.
+    fn route_target_problems(&self, i: usize, route: &RouteConfig, problems: &mut Vec<Problem>) {
+        let field = |f: &str| format!("routes[{i}].{f}");
+        match self.named_upstream(&route.upstream.value) {
+            None => problems.push(problem(
+                &route.upstream.referenced,
+                field("upstream"),
+                &format!(
+                    "no upstream `{}`: name one under `upstreams:`, or `default`",
+                    route.upstream.value
+                ),
+            )),
+            Some(u) if u.mode.value == UpstreamMode::Cluster && route.db.is_some() => problems
+                .push(problem(
+                    &route.upstream.referenced,
+                    field("db"),
+                    "a cluster has only database 0",
+                )),
+            Some(_) => {}
+        }
+        if let Some(db) = route.db.as_ref().filter(|d| d.value > 15) {
+            problems.push(problem(
+                &db.referenced,
+                field("db"),
+                "must be between 0 and 15 (Redis's default `databases 16`)",
+            ));
+        }
+        for tenant in route.tenants.iter().flatten() {
+            if !self.access.namespaces.contains_key(tenant) {
                 problems.push(problem(
-                    &u.address.referenced,
-                    format!("upstreams.{name}"),
-                    "is used by no route: name it in a route's `upstream:`, or remove it",
+                    &route.name.referenced,
+                    field("tenants"),
+                    &format!(
+                        "tenant `{tenant}` has no namespace (access.namespaces): a route by \
+                         tenant needs the tenant's keys to carry its prefix"
+                    ),
                 ));
             }
         }
