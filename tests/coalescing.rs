@@ -27,16 +27,6 @@ fn config(redis: &RedisServer, coalesce: bool) -> redis_policy_proxy::Config {
     redis_policy_proxy::setup::from_yaml(&yaml, Path::new("coalesce.yaml")).unwrap()
 }
 
-/// `calls` of `cmdstat_get` in Redis's INFO commandstats.
-async fn upstream_gets(redis: &RedisServer) -> u64 {
-    let info = redis.direct(&["INFO", "commandstats"]).await;
-    let info = String::from_utf8_lossy(&info);
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// `CLIENTS` clients, each reading the hot key `READS` times one after the other, all at
 /// once; every reply is checked. Returns each read's latency.
 async fn hammer(proxy: &Proxy) -> Vec<Duration> {
@@ -76,9 +66,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// Upstream GETs and coalesced reads for one run of [`hammer`], and its latencies.
 async fn run(redis: &RedisServer, coalesce: bool) -> (u64, u64, Vec<Duration>) {
     let proxy = Proxy::start(config(redis, coalesce)).await;
-    let before = upstream_gets(redis).await;
+    let before = redis.command_calls("get").await;
     let mut took = hammer(&proxy).await;
-    let upstream = upstream_gets(redis).await - before;
+    let upstream = redis.command_calls("get").await - before;
     let (_, metrics) = http_get(proxy.admin, "/metrics").await;
     let coalesced = sample(&metrics, "rpp_coalesced_reads_total") as u64;
     took.sort();

@@ -660,16 +660,6 @@ async fn a_route_in_front_of_a_redis_cluster_routes_by_slot_inside_it() {
     );
 }
 
-/// `calls` of `cmdstat_get` in `redis`'s INFO commandstats.
-async fn upstream_gets(redis: &RedisServer) -> u64 {
-    let info = redis.direct(&["INFO", "commandstats"]).await;
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalescing_is_per_route_upstream() {
     let two = Two::start();
@@ -685,8 +675,8 @@ async fn coalescing_is_per_route_upstream() {
     assert_eq!(c.call(&["SET", "hot:k", "v"]).await, b"+OK\r\n");
     assert_eq!(c.call(&["SET", "cold:k", "v"]).await, b"+OK\r\n");
     let (hot_before, cold_before) = (
-        upstream_gets(&two.queue).await,
-        upstream_gets(&two.cache).await,
+        two.queue.command_calls("get").await,
+        two.cache.command_calls("get").await,
     );
     const CLIENTS: usize = 100;
     const READS: usize = 20;
@@ -712,8 +702,8 @@ async fn coalescing_is_per_route_upstream() {
         t.await.unwrap();
     }
     let reads = (CLIENTS * READS) as u64;
-    let hot = upstream_gets(&two.queue).await - hot_before;
-    let cold = upstream_gets(&two.cache).await - cold_before;
+    let hot = two.queue.command_calls("get").await - hot_before;
+    let cold = two.cache.command_calls("get").await - cold_before;
     assert_eq!(cold, reads, "the default route does not coalesce");
     let (_, metrics) = http_get(proxy.admin, "/metrics").await;
     let shared = sample(&metrics, "rpp_coalesced_reads_total") as u64;

@@ -658,6 +658,17 @@ impl RedisServer {
         self.raw().await.call(args).await
     }
 
+    /// `calls` of `cmdstat_<name>` in Redis's INFO commandstats (0 before the first).
+    pub async fn command_calls(&self, name: &str) -> u64 {
+        let info = self.direct(&["INFO", "commandstats"]).await;
+        let prefix = format!("cmdstat_{name}:calls=");
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     /// A `redis` crate connection straight to Redis.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
         let url = match &self.password {
