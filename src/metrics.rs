@@ -679,7 +679,7 @@ impl Collector for PolicyCollector {
     }
 }
 
-/// Commands placed per route, read from the route table at scrape time; nothing without
+/// Commands placed per route, read from the route table at scrape time; no samples without
 /// routes. Labels are the routes' names from the file (bounded).
 #[derive(Debug)]
 struct RoutesCollector {
@@ -689,15 +689,17 @@ struct RoutesCollector {
 
 impl Collector for RoutesCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(table) = self.routes.load_full() else {
-            return Ok(());
-        };
+        // The family is described even without routes (no samples then), so the metrics the
+        // proxy can export are the same whatever the configuration.
         let mut family = encoder.encode_descriptor(
             "route_commands",
             "Commands placed on each route (by the route of their first key; keyless ones on default)",
             None,
             MetricType::Counter,
         )?;
+        let Some(table) = self.routes.load_full() else {
+            return Ok(());
+        };
         for (route, count) in table.counts() {
             ConstCounter::new(count).encode(family.encode_family(&[("route", route)])?)?;
         }
