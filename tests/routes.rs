@@ -711,3 +711,19 @@ async fn coalescing_is_per_route_upstream() {
     assert!(shared > 0, "no read shared: {hot} sent");
     eprintln!("hot route: {hot} upstream GETs for {reads} client reads ({shared} shared)");
 }
+
+#[test]
+fn the_example_file_is_valid_and_routes_as_it_says() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/examples/routes.yaml");
+    let config = redis_policy_proxy::setup::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let table = redis_policy_proxy::setup::route_table(&config).expect("routes");
+    let route = |key: &str| table.names()[usize::from(table.route_of(key.as_bytes()))].clone();
+    assert_eq!(route("cache:user:1"), "cache");
+    assert_eq!(route("session:abc"), "cache");
+    for key in ["queue:jobs", "stream:orders", "events:x"] {
+        assert_eq!(route(key), "queue", "{key}");
+    }
+    assert_eq!(route("user:1"), "default");
+    let queue = config.named_upstream("queue").unwrap();
+    assert_eq!(queue.address.value, "127.0.0.1:6390");
+}
