@@ -396,7 +396,17 @@ async fn readiness_and_metrics_are_per_route() {
     );
     // The queue instance goes away: not ready, the route named; its keys get an error that
     // names the upstream, the other routes still serve.
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert!(
+        sub.call(&["SUBSCRIBE", "events:a"])
+            .await
+            .starts_with(b"*3")
+    );
     two.queue.kill();
+    // The subscriber's route server is gone: it is closed, not moved to another route's
+    // server where its channel's messages never arrive.
+    let (_, closed) = sub.read_to_close(DEADLINE).await;
+    assert!(closed, "the subscriber of the dead route was left open");
     let until = std::time::Instant::now() + DEADLINE;
     loop {
         let (status, ready) = http_get(proxy.admin, "/readyz").await;

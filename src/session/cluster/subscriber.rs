@@ -17,11 +17,16 @@ impl Session {
     /// The dedicated connection `conn_id` failed holding `subs`: subscribe them again on a
     /// dedicated connection to another primary that is up, which becomes the session's
     /// (the old one's `PinnedClosed` is then ignored). Leaves the session to end as before
-    /// when it holds other state or no node can take the subscriptions.
+    /// when it holds other state or no node can take the subscriptions, and in routes mode.
     pub(in crate::session) async fn move_subscriber(&mut self, conn_id: u64, subs: Subscriptions) {
         let Some(router) = self.routing.router().cloned() else {
             return;
         };
+        // With routes a channel belongs to its route's server: subscribed anywhere else it
+        // would miss that server's messages, so the session ends as in front of one server.
+        if router.routes().is_some() {
+            return;
+        }
         let Some(old) = self
             .conn
             .dedicated
