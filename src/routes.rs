@@ -59,12 +59,12 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    /// The table for `routes` behind the `default` route on node `default_node`.
+    /// The table for `routes` behind the `default` route, whose keys go to node 0.
     /// `namespaces` are every namespaced tenant's prefixes: a route without `tenants:` takes
     /// its prefixes under each of them too, as a namespaced client's key is stored so.
-    pub fn new(default_node: u16, routes: &[RouteSpec], namespaces: &[Vec<u8>]) -> RouteTable {
+    pub fn new(routes: &[RouteSpec], namespaces: &[Vec<u8>]) -> RouteTable {
         let mut names = vec![DEFAULT_ROUTE.to_string()];
-        let mut nodes = vec![default_node];
+        let mut nodes = vec![0];
         let mut entries = Vec::new();
         for spec in routes {
             let route = names.len() as u16;
@@ -126,6 +126,11 @@ impl RouteTable {
         self.nodes[usize::from(route)]
     }
 
+    /// Whether a route's keys go to a Redis Cluster ([`ON_CLUSTER`]).
+    pub fn has_cluster(&self) -> bool {
+        self.nodes.contains(&ON_CLUSTER)
+    }
+
     /// Route names by index, `default` first.
     pub fn names(&self) -> &[String] {
         &self.names
@@ -178,7 +183,6 @@ mod tests {
 
     fn table() -> RouteTable {
         RouteTable::new(
-            0,
             &[
                 spec("cache", 0, &["cache:", "session:"], None),
                 spec("queue", 1, &["queue:", "stream:", "events:"], None),

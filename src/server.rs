@@ -282,25 +282,25 @@ async fn start_routes(config: &Config, metrics: &Arc<Metrics>) -> std::io::Resul
         names.push(name.into());
         pools.push(pool);
     }
-    let cluster = match config.route_cluster() {
+    // The configuration of the cluster a route names, read as `upstream:` would be.
+    let cluster_config = config.route_cluster().and_then(|upstream| {
+        config.for_upstream(&crate::config::RouteNode {
+            upstream: upstream.to_string(),
+            db: 0,
+        })
+    });
+    let cluster = match &cluster_config {
         None => None,
-        Some(upstream) => {
-            let node = crate::config::RouteNode {
-                upstream: upstream.to_string(),
-                db: 0,
-            };
-            let one = config
-                .for_upstream(&node)
-                .ok_or_else(|| std::io::Error::other(format!("no upstream `{upstream}`")))?;
-            let settings = PoolSettings::from_config(&one).map_err(std::io::Error::other)?;
-            Some((one, settings))
-        }
+        Some(one) => Some((
+            one.upstream
+                .cluster
+                .as_ref()
+                .ok_or_else(|| std::io::Error::other("a cluster route without `cluster:`"))?,
+            PoolSettings::from_config(one).map_err(std::io::Error::other)?,
+        )),
     };
     metrics.routes.store(Some(table.clone()));
     let settings = PoolSettings::from_config(config).map_err(std::io::Error::other)?;
-    let cluster = cluster
-        .as_ref()
-        .and_then(|(one, s)| one.upstream.cluster.as_ref().map(|c| (c, s.clone())));
     let router = crate::cluster::Router::start_routes(
         table,
         pools,

@@ -129,7 +129,7 @@ pub fn route_table(config: &Config) -> Option<Arc<RouteTable>> {
         .values()
         .map(|p| p.as_bytes().to_vec())
         .collect();
-    Some(Arc::new(RouteTable::new(0, &specs, &all)))
+    Some(Arc::new(RouteTable::new(&specs, &all)))
 }
 
 /// [`policy`] for the operator's tools (`--explain`, `--print-acl`): every problem on its own

@@ -94,7 +94,8 @@ pub struct Router {
 /// Routes mode's part of the router: fixed nodes (one per standalone or Sentinel upstream and
 /// database a route uses) beside at most one Redis Cluster behind a route. The map is the
 /// cluster's 16384 slots (empty without a cluster route), then fixed node `i` owning "slot"
-/// `SLOTS + i`: a cluster route's keys keep their real hash slots, so MOVED, ASK and the
+/// `SLOTS + i` (whether a cluster is behind a route is the table's `has_cluster`): a cluster
+/// route's keys keep their real hash slots, so MOVED, ASK and the
 /// refresher work on the cluster part unchanged.
 struct Routes {
     /// Key prefix → route → node or [`ON_CLUSTER`].
@@ -102,8 +103,6 @@ struct Routes {
     /// The fixed nodes' names (unique; node `i` is fixed node `i`), their shards' primaries
     /// in the map.
     fixed: Vec<Arc<str>>,
-    /// Whether a route's upstream is a cluster (discovered and refreshed from `seeds`).
-    cluster: bool,
 }
 
 impl Router {
@@ -200,14 +199,14 @@ impl Router {
         let routes = Routes {
             table,
             fixed: names,
-            cluster: cluster.is_some(),
         };
         let defaults = ClusterConfig::default();
+        let with_cluster = cluster.is_some();
         let (config, settings) = cluster.unwrap_or((&defaults, settings));
         let seeds = config.seeds.iter().map(|s| s.value.clone()).collect();
         let router = Router::build(settings, metrics, seeds, config, Some(routes), pools);
         router.install(SlotMap::empty());
-        if router.routes.as_ref().is_some_and(|r| r.cluster) {
+        if with_cluster {
             router.begin(config).await;
         }
         router
@@ -260,7 +259,7 @@ impl Router {
     /// Routes mode: the pool of the cluster route's first primary (its eviction check asks
     /// it, as cluster mode asks its home node); `None` without a cluster route or map yet.
     pub fn cluster_route_pool(&self) -> Option<Arc<Pool>> {
-        self.routes.as_ref().filter(|r| r.cluster)?;
+        self.routes.as_ref().filter(|r| r.table.has_cluster())?;
         let map = self.cluster_map();
         let addr = &map.shards().first()?.primary.addr;
         let node = *self

@@ -48,6 +48,16 @@ pub struct RouteNode {
     pub db: u16,
 }
 
+impl RouteNode {
+    /// Where `route`'s keys live.
+    fn of(route: &RouteConfig) -> RouteNode {
+        RouteNode {
+            upstream: route.upstream.value.clone(),
+            db: route.db.as_ref().map_or(0, |d| d.value),
+        }
+    }
+}
+
 impl Config {
     /// Whether keys are routed to several upstreams (a `routes:` section).
     pub fn has_routes(&self) -> bool {
@@ -70,10 +80,7 @@ impl Config {
             db: 0,
         }];
         for route in self.routes.iter().filter(|r| !self.routes_to_cluster(r)) {
-            let node = RouteNode {
-                upstream: route.upstream.value.clone(),
-                db: route.db.as_ref().map_or(0, |d| d.value),
-            };
+            let node = RouteNode::of(route);
             if !nodes.contains(&node) {
                 nodes.push(node);
             }
@@ -87,10 +94,7 @@ impl Config {
         if self.routes_to_cluster(route) {
             return ON_CLUSTER;
         }
-        let node = RouteNode {
-            upstream: route.upstream.value.clone(),
-            db: route.db.as_ref().map_or(0, |d| d.value),
-        };
+        let node = RouteNode::of(route);
         self.route_nodes()
             .iter()
             .position(|n| *n == node)
