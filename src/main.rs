@@ -206,6 +206,21 @@ fn init_logging(format: LogFormat, level: &str) {
     }
 }
 
+/// An operator tool's outcome: its report on stdout (success), or its error on stderr with
+/// the configuration exit code.
+fn printed<E: std::fmt::Display>(result: Result<String, E>) -> ExitCode {
+    match result {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = parse_cli();
     if cli.check.is_some() || cli.explain.is_some() {
@@ -224,16 +239,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
         let policies: Vec<&Path> = policy.iter().map(PathBuf::as_path).collect();
-        return match redis_policy_proxy::tools::replay::replay(&policies, log, *examples) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(EXIT_CONFIG)
-            }
-        };
+        return printed(redis_policy_proxy::tools::replay::replay(
+            &policies, log, *examples,
+        ));
     }
 
     if let Some(check) = &cli.check {
@@ -273,20 +281,11 @@ fn main() -> ExitCode {
             sample: cli.sample,
             rate: cli.rate,
         };
-        return match redis_policy_proxy::tools::survey::survey(
+        return printed(redis_policy_proxy::tools::survey::survey(
             path,
             cli.upstream.as_deref(),
             options,
-        ) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(EXIT_CONFIG)
-            }
-        };
+        ));
     }
 
     if let Some(args) = &cli.explain {
