@@ -233,10 +233,20 @@ start redis-server launch_redis "$work/redis.log" "$work/redis.out"
 redis_port="$started_port"
 redis_pid="$started_pid"
 
-targets=(direct proxy-passthrough proxy-default)
+targets=(direct)
 declare -A port_of pid_of
 port_of[direct]="$redis_port"
 pid_of[direct]=""
+
+# add_target NAME LAUNCHER LOG...: `start`s it and records it as a target of every standalone
+# workload.
+add_target() {
+    local name="$1"
+    start "$@"
+    targets+=("$name")
+    port_of[$name]="$started_port"
+    pid_of[$name]="$started_pid"
+}
 
 proxy_config=""
 proxy_log=""
@@ -246,12 +256,14 @@ launch_proxy() {
         --listen "127.0.0.1:$1" --upstream "127.0.0.1:$redis_port" --admin off 2>>"$proxy_log" &
     launched_pid=$!
 }
+# add_proxy NAME CONFIG: the proxy binary ($proxy_bin) with CONFIG as target NAME.
+add_proxy() {
+    proxy_config="$2"
+    proxy_log="$work/$1.log"
+    add_target "$1" launch_proxy "$proxy_log"
+}
 for name in proxy-passthrough proxy-default; do
-    proxy_config="policy/${name#proxy-}.yaml"
-    proxy_log="$work/$name.log"
-    start "$name" launch_proxy "$proxy_log"
-    port_of[$name]="$started_port"
-    pid_of[$name]="$started_pid"
+    add_proxy "$name" "policy/${name#proxy-}.yaml"
 done
 if [[ "${INSIGHT:-0}" == 1 ]]; then
     # The default policy plus the audit trail of every write (proxy-audit, and proxy-insight
@@ -271,11 +283,7 @@ if [[ "${INSIGHT:-0}" == 1 ]]; then
                 continue
             fi
         fi
-        proxy_log="$work/$name.log"
-        start "$name" launch_proxy "$proxy_log"
-        targets+=("$name")
-        port_of[$name]="$started_port"
-        pid_of[$name]="$started_pid"
+        add_proxy "$name" "$proxy_config"
     done
 fi
 if [[ "${ROUTES:-0}" == 1 ]]; then
@@ -284,29 +292,19 @@ if [[ "${ROUTES:-0}" == 1 ]]; then
     # CPU is not in the Redis column: compare this target's proxy µs and throughput ratio.
     start redis-server-2 launch_redis "$work/redis.log" "$work/redis.out"
     second_port="$started_port"
-    proxy_config="$work/proxy-routes.yaml"
     {
         cat policy/default.yaml
         printf '\nupstreams:\n  second:\n    address: 127.0.0.1:%s\n' "$second_port"
         printf 'routes:\n  - name: upper-half\n    upstream: second\n'
         printf '    prefixes: ["key:00000005", "key:00000006", "key:00000007", "key:00000008", "key:00000009"]\n'
-    } >"$proxy_config"
-    proxy_log="$work/proxy-routes.log"
-    start proxy-routes launch_proxy "$proxy_log"
-    targets+=(proxy-routes)
-    port_of[proxy-routes]="$started_port"
-    pid_of[proxy-routes]="$started_pid"
+    } >"$work/proxy-routes.yaml"
+    add_proxy proxy-routes "$work/proxy-routes.yaml"
 fi
 if [[ -n "${BASELINE:-}" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
     proxy_bin="$BASELINE"
     for name in base-passthrough base-default; do
-        proxy_config="${BASELINE_POLICY_DIR:-policy}/${name#base-}.yaml"
-        proxy_log="$work/$name.log"
-        start "$name" launch_proxy "$proxy_log"
-        targets+=("$name")
-        port_of[$name]="$started_port"
-        pid_of[$name]="$started_pid"
+        add_proxy "$name" "${BASELINE_POLICY_DIR:-policy}/${name#base-}.yaml"
     done
     proxy_bin="$bin"
 fi
@@ -338,11 +336,8 @@ EOF
 }
 tw_port=""
 if [[ "$have_twemproxy" == 1 ]]; then
-    start twemproxy launch_twemproxy "$work/nutcracker.log"
+    add_target twemproxy launch_twemproxy "$work/nutcracker.log"
     tw_port="$started_port"
-    targets+=(twemproxy)
-    port_of[twemproxy]="$started_port"
-    pid_of[twemproxy]="$started_pid"
 fi
 
 # predixy is not a Debian package: PREDIXY=path/to/predixy adds it (a build of its source, see
@@ -377,10 +372,7 @@ EOF
 }
 if [[ -n "${PREDIXY:-}" ]]; then
     [[ -x "$PREDIXY" ]] || die "PREDIXY=$PREDIXY is not an executable"
-    start predixy launch_predixy "$work/predixy.log" "$work/predixy.out"
-    targets+=(predixy)
-    port_of[predixy]="$started_port"
-    pid_of[predixy]="$started_pid"
+    add_target predixy launch_predixy "$work/predixy.log" "$work/predixy.out"
 fi
 
 log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${port_of[proxy-default]}$(
