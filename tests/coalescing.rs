@@ -30,33 +30,18 @@ fn config(redis: &RedisServer, coalesce: bool) -> redis_policy_proxy::Config {
 /// `CLIENTS` clients, each reading the hot key `READS` times one after the other, all at
 /// once; every reply is checked. Returns each read's latency.
 async fn hammer(proxy: &Proxy) -> Vec<Duration> {
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(Raw::connect(proxy.addr).await);
-    }
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CLIENTS));
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .map(|mut c| {
-            let start = start.clone();
-            tokio::spawn(async move {
-                start.wait().await;
-                let mut took = Vec::with_capacity(READS);
-                for _ in 0..READS {
-                    let at = Instant::now();
-                    let reply = c.call(&["GET", "hot"]).await;
-                    took.push(at.elapsed());
-                    assert_eq!(reply, b"$5\r\nhello\r\n");
-                }
-                took
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    all
+    let took = common::all_at_once(proxy.addr, CLIENTS, |_, mut c| async move {
+        let mut took = Vec::with_capacity(READS);
+        for _ in 0..READS {
+            let at = Instant::now();
+            let reply = c.call(&["GET", "hot"]).await;
+            took.push(at.elapsed());
+            assert_eq!(reply, b"$5\r\nhello\r\n");
+        }
+        took
+    })
+    .await;
+    took.into_iter().flatten().collect()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

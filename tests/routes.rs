@@ -690,27 +690,13 @@ async fn coalescing_is_per_route_upstream() {
     );
     const CLIENTS: usize = 100;
     const READS: usize = 20;
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(Raw::connect(proxy.addr).await);
-    }
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CLIENTS));
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .map(|mut c| {
-            let start = start.clone();
-            tokio::spawn(async move {
-                start.wait().await;
-                for _ in 0..READS {
-                    assert_eq!(c.call(&["GET", "hot:k"]).await, b"$1\r\nv\r\n");
-                    assert_eq!(c.call(&["GET", "cold:k"]).await, b"$1\r\nv\r\n");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    common::all_at_once(proxy.addr, CLIENTS, |_, mut c| async move {
+        for _ in 0..READS {
+            assert_eq!(c.call(&["GET", "hot:k"]).await, b"$1\r\nv\r\n");
+            assert_eq!(c.call(&["GET", "cold:k"]).await, b"$1\r\nv\r\n");
+        }
+    })
+    .await;
     let reads = (CLIENTS * READS) as u64;
     let hot = two.queue.command_calls("get").await - hot_before;
     let cold = two.cache.command_calls("get").await - cold_before;

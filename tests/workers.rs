@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::process::ProxyProcess;
 use common::{Raw, RedisServer, TempDir, resp};
 
@@ -48,43 +46,33 @@ async fn two_workers_keep_order_transactions_and_pubsub_under_load() {
     // transaction of two INCRs on a shared key (EXEC's pair must be consecutive).
     const CLIENTS: usize = 40;
     const DEPTH: usize = 200;
-    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (addr, start) = (addr.clone(), start.clone());
-            tokio::spawn(async move {
-                let mut conn = Raw::connect(&addr).await;
-                let key = format!("counter:{c}");
-                let input: Vec<u8> = (0..DEPTH).flat_map(|_| resp(&["INCR", &key])).collect();
-                start.wait().await;
-                conn.send(&input).await;
-                let replies = conn.read_frames(DEPTH).await;
-                for (i, r) in replies.iter().enumerate() {
-                    assert_eq!(r, format!(":{}\r\n", i + 1).as_bytes(), "client {c}");
-                }
-                for _ in 0..10 {
-                    let got = conn
-                        .request(
-                            &common::resp_cmds(&["MULTI", "INCR shared", "INCR shared", "EXEC"]),
-                            4,
-                        )
-                        .await;
-                    let text = String::from_utf8_lossy(&got).into_owned();
-                    let tail = text.rsplit("*2\r\n").next().unwrap().to_string();
-                    let n: Vec<i64> = tail
-                        .split("\r\n")
-                        .filter_map(|l| l.strip_prefix(':'))
-                        .map(|v| v.parse().unwrap())
-                        .collect();
-                    assert_eq!(n.len(), 2, "{text}");
-                    assert_eq!(n[1], n[0] + 1, "a transaction was interleaved: {text}");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    common::all_at_once(&addr, CLIENTS, |c, mut conn| async move {
+        let key = format!("counter:{c}");
+        let input: Vec<u8> = (0..DEPTH).flat_map(|_| resp(&["INCR", &key])).collect();
+        conn.send(&input).await;
+        let replies = conn.read_frames(DEPTH).await;
+        for (i, r) in replies.iter().enumerate() {
+            assert_eq!(r, format!(":{}\r\n", i + 1).as_bytes(), "client {c}");
+        }
+        for _ in 0..10 {
+            let got = conn
+                .request(
+                    &common::resp_cmds(&["MULTI", "INCR shared", "INCR shared", "EXEC"]),
+                    4,
+                )
+                .await;
+            let text = String::from_utf8_lossy(&got).into_owned();
+            let tail = text.rsplit("*2\r\n").next().unwrap().to_string();
+            let n: Vec<i64> = tail
+                .split("\r\n")
+                .filter_map(|l| l.strip_prefix(':'))
+                .map(|v| v.parse().unwrap())
+                .collect();
+            assert_eq!(n.len(), 2, "{text}");
+            assert_eq!(n[1], n[0] + 1, "a transaction was interleaved: {text}");
+        }
+    })
+    .await;
     publisher.await.unwrap();
     for i in 0..MESSAGES {
         let frame = sub.read_frame().await;
@@ -118,34 +106,25 @@ async fn a_rate_limit_is_one_budget_across_worker_threads() {
     // sent from the same address (one or two). Never more: that would be a budget counted
     // twice across threads.
     const CLIENTS: usize = 30;
-    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let (addr, start) = (addr.clone(), start.clone());
-            tokio::spawn(async move {
-                let mut conn = Raw::connect(&addr).await;
-                start.wait().await;
-                let mut passed = 0;
-                for _ in 0..20 {
-                    let reply = conn.call(&["INCR", "hits"]).await;
-                    if reply.starts_with(b":") {
-                        passed += 1;
-                    } else {
-                        assert!(
-                            String::from_utf8_lossy(&reply).contains("per-address"),
-                            "{}",
-                            String::from_utf8_lossy(&reply)
-                        );
-                    }
-                }
-                passed
-            })
-        })
-        .collect();
-    let mut passed = 0;
-    for t in tasks {
-        passed += t.await.unwrap();
-    }
+    let passed: usize = common::all_at_once(&addr, CLIENTS, |_, mut conn| async move {
+        let mut passed = 0;
+        for _ in 0..20 {
+            let reply = conn.call(&["INCR", "hits"]).await;
+            if reply.starts_with(b":") {
+                passed += 1;
+            } else {
+                assert!(
+                    String::from_utf8_lossy(&reply).contains("per-address"),
+                    "{}",
+                    String::from_utf8_lossy(&reply)
+                );
+            }
+        }
+        passed
+    })
+    .await
+    .into_iter()
+    .sum();
     assert!(
         (295..=300).contains(&passed),
         "{passed} of 600 passed a budget of 300"

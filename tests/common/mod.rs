@@ -395,6 +395,37 @@ impl Raw {
     }
 }
 
+/// `n` clients connected to `addr`, each running `work(index, client)` at the same moment
+/// (a barrier once all are connected); their results, in client order.
+pub async fn all_at_once<T, F, Fut>(addr: impl std::fmt::Display, n: usize, work: F) -> Vec<T>
+where
+    F: Fn(usize, Raw) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(Raw::connect(&addr).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (start, job) = (start.clone(), work(i, c));
+            tokio::spawn(async move {
+                start.wait().await;
+                job.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.expect("client task"));
+    }
+    out
+}
+
 /// Sends `input` on a fresh connection and reads `n` frames.
 pub async fn exchange(addr: impl std::fmt::Display, input: &[u8], n: usize) -> Vec<u8> {
     let mut c = Raw::connect(addr).await;
