@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use crate::codec::CodecLimits;
 use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::error::{ClientError, ProxyError, error_reply};
-use crate::listen::{Serving, TlsServer};
+use crate::listen::{ClientStream, Serving, TlsServer};
 use crate::metrics::Metrics;
 use crate::ops::Ops;
 use crate::policy::Policy;
@@ -417,7 +417,8 @@ fn context(
 }
 
 /// The periodic tasks: idle clients' rate-limit state dropped (bounding its memory) and the
-/// idle tick that lets quiet sessions give their buffers back.
+/// idle tick that lets quiet sessions give their buffers back (and the heap give them to the
+/// system, `heap`).
 fn spawn_ticks(ctx: &Arc<Context>) -> [tokio::task::AbortHandle; 2] {
     let policy = ctx.policy.clone();
     let sweeper = tokio::spawn(async move {
@@ -432,6 +433,11 @@ fn spawn_ticks(ctx: &Arc<Context>) -> [tokio::task::AbortHandle; 2] {
         let mut tick = tokio::time::interval(session::IDLE_TICK);
         loop {
             tick.tick().await;
+            // What the sessions released at the previous tick (or by ending) goes back to
+            // the system before this tick asks for more.
+            if crate::heap::trim_due() {
+                tokio::task::spawn_blocking(crate::heap::trim);
+            }
             ctx.idle_tick.notify_waiters();
         }
     });
@@ -543,21 +549,65 @@ fn admit(
     }
     let id = clients.next_id.fetch_add(1, Ordering::Relaxed);
     let ctx = ctx.clone();
-    let count = clients.count.clone();
-    let alive = clients.alive_tx.clone();
+    let seat = Seat {
+        count: clients.count.clone(),
+        alive: clients.alive_tx.clone(),
+        metrics,
+        served: false,
+    };
+    // A plain client's task is its session alone: what it holds is what every connected
+    // client costs (tests/many_clients.rs), so the TLS path's state is not in it.
+    if let Serving::Plain = serving {
+        tokio::spawn(session::serve(
+            ClientStream::plain(stream),
+            ctx,
+            id,
+            seat.served(),
+        ));
+        return;
+    }
     let serving = serving.clone();
     tokio::spawn(async move {
         // The TLS handshake runs here, in the client's own task: a slow one holds only its
         // own client (and its slot of max_clients, for at most the handshake timeout).
-        if let Some(stream) = crate::listen::establish(stream, peer, &serving, &metrics).await {
-            metrics.clients_total.inc();
-            metrics.clients.inc();
-            session::serve(stream, ctx, id).await;
-            metrics.clients.dec();
+        if let Some(stream) = crate::listen::establish(stream, peer, &serving, &seat.metrics).await
+        {
+            session::serve(stream, ctx, id, seat.served()).await;
         }
-        count.fetch_sub(1, Ordering::AcqRel);
-        drop(alive);
     });
+}
+
+/// An admitted client's place: its slot of `max_clients` and of the drain signal, and in
+/// `rpp_clients` once its session runs; all given back when the task ends.
+struct Seat {
+    /// `Clients::count`, decremented on drop.
+    count: Arc<AtomicUsize>,
+    /// A clone of `Clients::alive_tx`: shutdown waits until every seat is gone.
+    alive: Option<mpsc::Sender<()>>,
+    /// For `rpp_clients` and `rpp_clients_total`.
+    metrics: Arc<crate::metrics::Metrics>,
+    /// Counted in `rpp_clients` (its session started), so the drop uncounts it.
+    served: bool,
+}
+
+impl Seat {
+    /// The session starts: counted as a client until the seat is dropped.
+    fn served(mut self) -> Seat {
+        self.metrics.clients_total.inc();
+        self.metrics.clients.inc();
+        self.served = true;
+        self
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if self.served {
+            self.metrics.clients.dec();
+        }
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        drop(self.alive.take());
+    }
 }
 
 /// What the client listeners serve: `listen` (plain, or TLS when `tls` has no `listen` of

@@ -100,8 +100,8 @@ impl Session {
             id: self.client.id,
             user: self
                 .client
-                .user
-                .as_ref()
+                .names
+                .user()
                 .map(|u| String::from_utf8_lossy(u).into_owned()),
             tenant: tenant.to_string(),
             route,

@@ -22,18 +22,61 @@ pub(super) struct Row {
     pub addr: SocketAddr,
     /// The proxy address it connected to.
     pub laddr: SocketAddr,
-    /// CLIENT SETNAME.
-    pub name: Option<Bytes>,
+    /// The proxy user it authenticated as and its CLIENT SETNAME.
+    pub names: Names,
     /// Selected database.
     pub db: i64,
     /// RESP version.
     pub resp: u8,
-    /// Proxy user it authenticated as, if any.
-    pub user: Option<Bytes>,
     /// When it connected, for `age`.
     pub since: Instant,
     /// `P` subscriber, `O` monitor, `N` neither.
     pub flag: char,
+}
+
+/// A client's proxy user and CLIENT SETNAME, boxed: most clients have neither, and both the
+/// session (in every client's task, `size_tests`) and its row here hold them.
+#[derive(Default)]
+pub(super) struct Names(Option<Box<NamePair>>);
+
+/// See [`Names`].
+#[derive(Default)]
+struct NamePair {
+    /// The proxy user the client authenticated as (proxy-side users only).
+    user: Option<Bytes>,
+    /// CLIENT SETNAME value, answered by CLIENT GETNAME.
+    name: Option<Bytes>,
+}
+
+impl Names {
+    /// The proxy user the client authenticated as.
+    pub(super) fn user(&self) -> Option<&Bytes> {
+        self.0.as_ref()?.user.as_ref()
+    }
+
+    /// The CLIENT SETNAME value.
+    pub(super) fn name(&self) -> Option<&Bytes> {
+        self.0.as_ref()?.name.as_ref()
+    }
+
+    /// Sets (or with `None` clears) the user.
+    pub(super) fn set_user(&mut self, user: Option<Bytes>) {
+        self.change(|n| n.user = user);
+    }
+
+    /// Sets (or with `None` clears) the CLIENT SETNAME value.
+    pub(super) fn set_name(&mut self, name: Option<Bytes>) {
+        self.change(|n| n.name = name);
+    }
+
+    /// Applies `change`, keeping the box only while a name is set.
+    fn change(&mut self, change: impl FnOnce(&mut NamePair)) {
+        let pair = self.0.get_or_insert_with(Box::default);
+        change(pair);
+        if pair.user.is_none() && pair.name.is_none() {
+            self.0 = None;
+        }
+    }
 }
 
 /// Which clients a `CLIENT LIST` asks for.
@@ -56,10 +99,9 @@ impl ClientList {
             Row {
                 addr,
                 laddr,
-                name: None,
+                names: Names::default(),
                 db: 0,
                 resp: 2,
-                user: None,
                 since: Instant::now(),
                 flag: 'N',
             },
@@ -68,6 +110,11 @@ impl ClientList {
             list: self.clone(),
             id,
         }
+    }
+
+    /// The proxy address client `id` connected to.
+    pub(super) fn laddr(&self, id: u64) -> Option<SocketAddr> {
+        self.0.get(&id).map(|row| row.laddr)
     }
 
     /// Changes client `id`'s row.
@@ -105,14 +152,14 @@ impl ClientList {
 fn line(id: u64, row: &Row, own: Option<usize>) -> String {
     let mut l = String::with_capacity(256);
     let name = row
-        .name
-        .as_deref()
-        .map(String::from_utf8_lossy)
+        .names
+        .name()
+        .map(|n| String::from_utf8_lossy(n))
         .unwrap_or_default();
     let user = row
-        .user
-        .as_deref()
-        .map(String::from_utf8_lossy)
+        .names
+        .user()
+        .map(|u| String::from_utf8_lossy(u))
         .unwrap_or("default".into());
     let cmd = if own.is_some() { "client|list" } else { "NULL" };
     let qbuf = own.unwrap_or(0);
@@ -157,7 +204,7 @@ mod tests {
         let one = list.join(1, a, l);
         let two = list.join(2, a, l);
         list.update(2, |r| {
-            r.name = Some(Bytes::from_static(b"worker"));
+            r.names.set_name(Some(Bytes::from_static(b"worker")));
             r.flag = 'P';
         });
         let all = list.render(1, 26, &Filter::All);

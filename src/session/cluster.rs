@@ -1433,7 +1433,7 @@ pub(super) fn node_of_command(
 
 /// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
 /// happen to contain the text are sorted out by parsing each frame).
-fn may_redirect(data: &[u8]) -> bool {
+pub(super) fn may_redirect(data: &[u8]) -> bool {
     data.starts_with(b"-MOVED ")
         || data.starts_with(b"-ASK ")
         || data.starts_with(b"-TRYAGAIN")

@@ -29,13 +29,11 @@ impl Session {
             client: ClientState {
                 id,
                 peer,
-                local,
                 policy,
-                user: None,
+                names: Default::default(),
                 tenant,
                 proto: 2,
                 db: 0,
-                name: None,
                 reply_mode: ReplyMode::On,
             },
             ctx,
@@ -87,8 +85,11 @@ impl Session {
         reply_rx: &mut Option<mpsc::UnboundedReceiver<Reply>>,
     ) {
         self.input.active = true;
-        self.on_message(msg).await;
-        while let Some(msg) = reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        let mut next = Some(msg);
+        while let Some(msg) = next
+            .take()
+            .or_else(|| reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()))
+        {
             self.on_message(msg).await;
         }
         if self.queue.inflight == 0 {
@@ -108,14 +109,54 @@ impl Session {
         }
     }
 
-    /// One message from an upstream connection: what the mode does with it first (resend a
-    /// failed replica's reads, follow a redirection), then its place in the reply order.
-    pub(super) async fn on_message(&mut self, mut msg: Reply) {
-        // Boxed: rare, and large enough to matter in every idle session's task.
-        if self.routing.replicas().is_some() {
-            Box::pin(self.resend_failed_replica_reads(&mut msg)).await;
+    /// One message from an upstream connection: its place in the reply order, after what
+    /// the mode does with it first when it has to (`reply_step_due`).
+    /// Not an `async fn`: its state would sit in every client's task (`size_tests`); the
+    /// returned future is ready at once unless a step is due, which is boxed.
+    pub(super) fn on_message(&mut self, msg: Reply) -> impl Future<Output = ()> + Send + '_ {
+        let stepped = if self.reply_step_due(&msg) {
+            Some(Box::pin(self.on_message_stepped(msg)))
+        } else {
+            self.on_reply(msg);
+            None
+        };
+        async move {
+            if let Some(step) = stepped {
+                step.await;
+            }
         }
-        let resent = self.routing.is_cluster() && Box::pin(self.follow_redirects(&mut msg)).await;
+    }
+
+    /// Whether the mode acts on `msg` before its place in the reply order: a failed
+    /// replica's reads resent, a redirection followed, a transaction's or a dedicated
+    /// connection's reply, a subscriber's or shard channel's event. An answered batch that
+    /// is none of those (nearly every message) goes straight to `on_reply`, with no
+    /// allocation.
+    fn reply_step_due(&self, msg: &Reply) -> bool {
+        let cluster = self.routing.is_cluster();
+        if !cluster && self.routing.replicas().is_none() {
+            return false;
+        }
+        let Reply::Batch {
+            data, error, seq, ..
+        } = msg
+        else {
+            return cluster;
+        };
+        error.is_some()
+            || (cluster
+                && (super::cluster::may_redirect(data)
+                    || self.sent_of(*seq).is_some_and(|sent| {
+                        sent.dedicated || sent.transaction != super::cluster::InTransaction::No
+                    })))
+    }
+
+    /// [`on_message`](Self::on_message) when [`reply_step_due`](Self::reply_step_due).
+    async fn on_message_stepped(&mut self, mut msg: Reply) {
+        if self.routing.replicas().is_some() {
+            self.resend_failed_replica_reads(&mut msg).await;
+        }
+        let resent = self.routing.is_cluster() && self.follow_redirects(&mut msg).await;
         if !resent {
             self.on_reply(msg);
         }
@@ -205,6 +246,9 @@ impl Session {
         if !self.queue.out.is_empty() || !self.input.rbuf.is_empty() || self.conn.in_multi() {
             return false;
         }
+        if self.holds_idle_memory() {
+            crate::heap::released();
+        }
         self.input.rbuf = BytesMut::new();
         self.queue.out = Vec::new();
         self.input.args = Vec::new();
@@ -215,54 +259,74 @@ impl Session {
 }
 
 /// Serves one client until it disconnects, QUITs, breaks the protocol or the proxy shuts down.
-pub async fn serve(mut stream: ClientStream, ctx: Arc<Context>, id: u64) {
+///
+/// The session is set up before the returned future exists, and the future is an `async move`
+/// block rather than an `async fn`: an `async fn` keeps each argument twice in its state (the
+/// argument and the local it is moved to), and this state is what every connected client
+/// costs (`size_tests`); for the same reason the caller's guard of the client's place
+/// (`seat`, dropped when the session ends) is held in it rather than in a wrapping future,
+/// which would hold this one twice (moved into its `.await`).
+pub fn serve<Seat: Send + 'static>(
+    mut stream: ClientStream,
+    ctx: Arc<Context>,
+    id: u64,
+    seat: Seat,
+) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
-    let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
     // The idle tick is read through its own handle: `s` is borrowed mutably by the handlers.
     let ticks = ctx.clone();
     let mut s = Session::new(&stream, ctx, id);
     if let Some(user) = s.client.policy.access.cert_user(stream.cert_names()) {
         s.login(Some(Bytes::copy_from_slice(user)));
     }
-    let (mut rd, mut wr) = stream.split();
-    // The tick is waited on by a future kept across iterations: made anew in each `select!`,
-    // it would join and leave the notifier's waiter list (a lock each time) on every
-    // wake-up, 4% of the proxy's CPU at `-P 1` (with the shutdown watch it replaced).
-    let tick = ticks.idle_tick.notified();
-    tokio::pin!(tick);
-    // A `Notified` sees every `notify_waiters` after its creation; one before it set the flag
-    // first, so looking at the flag now leaves no gap.
-    s.note_stopping(&ticks);
-    loop {
-        if !s.queue.out.is_empty() && !s.write_out(&mut wr).await {
-            break;
-        }
-        if s.input.closing && s.queue.inflight == 0 && s.queue.slots.is_empty() {
-            break;
-        }
-        if let Some(rx) = s.queue.new_reply_rx.take() {
-            reply_rx = Some(rx);
-        }
-        let can_read = !s.input.closing && !s.input.paused && s.queue.inflight < s.ctx.max_inflight;
-        tokio::select! {
-            biased;
-            msg = recv(&mut reply_rx) => {
-                let Some(msg) = msg else { break };
-                s.on_messages(msg, &mut reply_rx).await;
+    async move {
+        // Moved in (an `async move` block takes what it names), dropped when it ends.
+        let _seat = &seat;
+        let s = &mut s;
+        let ticks = &*ticks;
+        let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
+        let (mut rd, mut wr) = stream.split();
+        // The tick is waited on by a future kept across iterations: made anew in each `select!`,
+        // it would join and leave the notifier's waiter list (a lock each time) on every
+        // wake-up, 4% of the proxy's CPU at `-P 1` (with the shutdown watch it replaced).
+        let tick = ticks.idle_tick.notified();
+        tokio::pin!(tick);
+        // A `Notified` sees every `notify_waiters` after its creation; one before it set the flag
+        // first, so looking at the flag now leaves no gap.
+        s.note_stopping(ticks);
+        loop {
+            if !s.queue.out.is_empty() && !s.write_out(&mut wr).await {
+                break;
             }
-            // Wait for readability before touching the buffer: an idle client holds no read
-            // buffer at all (see `release_idle`).
-            ready = rd.readable(), if can_read => s.on_readable(ready, &mut rd).await,
-            _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
-                tick.set(ticks.idle_tick.notified());
-                s.note_stopping(&ticks);
-                if s.on_idle_tick(reply_rx.as_ref()) {
-                    reply_rx = None;
+            if s.input.closing && s.queue.inflight == 0 && s.queue.slots.is_empty() {
+                break;
+            }
+            if let Some(rx) = s.queue.new_reply_rx.take() {
+                reply_rx = Some(rx);
+            }
+            let can_read =
+                !s.input.closing && !s.input.paused && s.queue.inflight < s.ctx.max_inflight;
+            tokio::select! {
+                biased;
+                msg = recv(&mut reply_rx) => {
+                    let Some(msg) = msg else { break };
+                    s.on_messages(msg, &mut reply_rx).await;
+                }
+                // Wait for readability before touching the buffer: an idle client holds no read
+                // buffer at all (see `release_idle`).
+                ready = rd.readable(), if can_read => s.on_readable(ready, &mut rd).await,
+                _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
+                    tick.set(ticks.idle_tick.notified());
+                    s.note_stopping(ticks);
+                    if s.on_idle_tick(reply_rx.as_ref()) {
+                        reply_rx = None;
+                    }
                 }
             }
         }
+        let _ = wr.shutdown().await;
+        crate::heap::released();
     }
-    let _ = wr.shutdown().await;
 }
 
 /// Reads what the socket holds, without waiting: `WouldBlock` when nothing is there. Goes

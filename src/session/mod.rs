@@ -473,22 +473,18 @@ struct ClientState {
     id: u64,
     /// The client's address, for CLIENT INFO and per-address rate limits.
     peer: std::net::SocketAddr,
-    /// The proxy's address the client connected to, for CLIENT INFO.
-    local: std::net::SocketAddr,
     /// The policy this batch of commands is checked against: loaded once per read, so a
     /// reload applies from the next read on and in-flight commands keep the policy they were
     /// checked with.
     policy: Arc<Policy>,
-    /// The proxy user the client authenticated as (proxy-side users only).
-    user: Option<Bytes>,
+    /// The proxy user it authenticated as and its CLIENT SETNAME.
+    names: client_list::Names,
     /// The client's tenant under `policy`, recomputed when the policy is reloaded.
     tenant: u16,
     /// RESP version the client negotiated with HELLO.
     proto: u8,
     /// Database selected on the dedicated connection; non-zero keeps the session there.
     db: i64,
-    /// CLIENT SETNAME value, answered by CLIENT GETNAME.
-    name: Option<Bytes>,
     /// CLIENT REPLY state, kept by the proxy because upstream connections are shared.
     reply_mode: ReplyMode,
 }
@@ -719,7 +715,7 @@ impl Session {
         let policy = self.ctx.policy.load_full();
         if !Arc::ptr_eq(&policy, &self.client.policy) {
             self.client.policy = policy;
-            let user = self.client.user.take();
+            let user = self.client.names.user().cloned();
             self.login(user);
         }
     }
@@ -810,8 +806,8 @@ impl Session {
             LocalEffect::SetName(name) => {
                 self.ctx
                     .client_list
-                    .update(self.client.id, |r| r.name = name.clone());
-                self.client.name = name;
+                    .update(self.client.id, |r| r.names.set_name(name.clone()));
+                self.client.names.set_name(name);
             }
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti => {
@@ -853,7 +849,7 @@ impl Session {
         if ok {
             self.client.proto = proto;
             if name.is_some() {
-                self.client.name = name;
+                self.client.names.set_name(name);
             }
         }
     }
@@ -889,13 +885,17 @@ mod size_tests {
             policy,
             ops,
         });
-        let fut = serve(crate::listen::ClientStream::plain(client), ctx, 1);
-        // Measured 1024 bytes in debug since the session is in parts with its mode state in
-        // `Routing` (1168 before; 2216 before processing a read was boxed per read; rare large
-        // futures, such as a dedicated connect, the HELLO wait or a full upstream queue, are
-        // boxed too). What an idle client costs in all is pinned by tests/idle_memory.rs.
+        let fut = serve(crate::listen::ClientStream::plain(client), ctx, 1, ());
+        // Measured 896 bytes in debug (release 920 with the server's 24-byte seat): `serve` is
+        // an `async move` block holding its arguments once, a reply is placed without an
+        // inline future (`on_message`), and the session keeps neither its local address nor
+        // unboxed names (1024 before; 1168 before the session was in parts; 2216 before
+        // processing a read was boxed per read; rare large futures, such as a dedicated
+        // connect, the HELLO wait or a full upstream queue, are boxed too). In release the
+        // client's whole task is then 1,024 bytes, eight of tokio's 128-byte-aligned blocks
+        // (eleven before). What an idle client costs in all is pinned by tests/idle_memory.rs.
         assert!(
-            std::mem::size_of_val(&fut) <= 1088,
+            std::mem::size_of_val(&fut) <= 920,
             "{}",
             std::mem::size_of_val(&fut)
         );

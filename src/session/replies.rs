@@ -72,15 +72,17 @@ impl Session {
                 b"addr" => {
                     fields.extend_from_slice(format!("addr={}", self.client.peer).as_bytes())
                 }
-                b"laddr" => {
-                    fields.extend_from_slice(format!("laddr={}", self.client.local).as_bytes())
-                }
+                // The session does not keep it: its row in the client list has it.
+                b"laddr" => match self.ctx.client_list.laddr(self.client.id) {
+                    Some(laddr) => fields.extend_from_slice(format!("laddr={laddr}").as_bytes()),
+                    None => fields.extend_from_slice(field),
+                },
                 b"resp" => {
                     fields.extend_from_slice(format!("resp={}", self.client.proto).as_bytes())
                 }
                 b"name" => {
                     fields.extend_from_slice(b"name=");
-                    fields.extend_from_slice(self.client.name.as_deref().unwrap_or(b""));
+                    fields.extend_from_slice(self.client.names.name().map_or(&b""[..], |n| &n[..]));
                 }
                 _ => fields.extend_from_slice(field),
             }

@@ -32,7 +32,7 @@ impl Session {
             ranges: &self.input.args,
         };
         if self.client.policy.access.require_auth
-            && self.client.user.is_none()
+            && self.client.names.user().is_none()
             && !matches!(
                 command.kind,
                 Kind::Auth | Kind::Hello | Kind::Quit | Kind::Reset
@@ -303,7 +303,7 @@ impl Session {
         }
         if credentials.is_none()
             && self.client.policy.access.require_auth
-            && self.client.user.is_none()
+            && self.client.names.user().is_none()
         {
             return Action::Local(answers::hello_noauth(), LocalEffect::None);
         }
@@ -360,7 +360,7 @@ impl Session {
                 }
             }
             ClientSub::GetName if args.len() == 2 => Action::Local(
-                match &self.client.name {
+                match self.client.names.name() {
                     Some(n) => answers::bulk(n),
                     None => answers::null(self.client.proto),
                 },

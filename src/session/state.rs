@@ -73,13 +73,12 @@ impl Session {
     pub(super) fn login(&mut self, user: Option<Bytes>) {
         self.ctx
             .client_list
-            .update(self.client.id, |r| r.user = user.clone());
-        self.client.user = user;
-        self.client.tenant = self
-            .client
-            .policy
-            .access
-            .tenant_of(self.client.peer.ip(), self.client.user.as_deref());
+            .update(self.client.id, |r| r.names.set_user(user.clone()));
+        self.client.names.set_user(user);
+        self.client.tenant = self.client.policy.access.tenant_of(
+            self.client.peer.ip(),
+            self.client.names.user().map(|u| &u[..]),
+        );
     }
 
     /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
@@ -251,7 +250,7 @@ impl Session {
     /// drops every subscription, transaction and watch on the upstream.
     pub(super) fn reset(&mut self) {
         self.ctx.client_list.update(self.client.id, |r| {
-            r.name = None;
+            r.names.set_name(None);
             r.db = 0;
             r.resp = 2;
             r.flag = 'N';
@@ -260,7 +259,7 @@ impl Session {
         self.login(None);
         self.client.proto = 2;
         self.client.db = 0;
-        self.client.name = None;
+        self.client.names.set_name(None);
         self.conn.multi = None;
         self.conn.watch_lost = false;
         if let Some(c) = self.routing.cluster_mut() {
