@@ -532,6 +532,22 @@ async fn client_list_shows_the_proxys_clients() {
         me.request(b"CLIENT LIST TYPE bogus\r\n", 1).await,
         b"-ERR syntax error\r\n"
     );
+    // What HELLO negotiates shows as Redis shows it: its protocol and its SETNAME.
+    let mut hello = Raw::connect(proxy.addr).await;
+    assert!(
+        hello
+            .call(&["HELLO", "3", "SETNAME", "greeter"])
+            .await
+            .starts_with(b"%")
+    );
+    let all = String::from_utf8_lossy(&me.request(b"CLIENT LIST\r\n", 1).await).to_string();
+    let line = all
+        .lines()
+        .find(|l| l.contains("name=greeter"))
+        .unwrap_or_else(|| {
+            panic!("HELLO SETNAME not listed: {all}");
+        });
+    assert!(line.contains(" resp=3"), "{line}");
 }
 
 /// A redirect target stays the same upstream connection while it unsubscribes, changes RESP

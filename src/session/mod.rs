@@ -848,9 +848,17 @@ impl Session {
         self.answer(reply);
         if ok {
             self.client.proto = proto;
-            if name.is_some() {
-                self.client.names.set_name(name);
+            let named = name.is_some();
+            if named {
+                self.client.names.set_name(name.clone());
             }
+            // CLIENT LIST shows what HELLO negotiated, as Redis's does.
+            self.ctx.client_list.update(self.client.id, |r| {
+                r.resp = proto;
+                if named {
+                    r.names.set_name(name);
+                }
+            });
         }
     }
 }
