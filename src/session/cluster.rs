@@ -632,6 +632,24 @@ impl Session {
         }
     }
 
+    /// Whether `follow_redirects` has anything to do with `msg`: every case it acts on (an
+    /// event that is not a batch's reply, a failed batch, a transaction's or a dedicated
+    /// connection's reply, a possible redirection). The gate that keeps an ordinary reply off
+    /// the boxed path (`on_message`): a case added there must be added here.
+    pub(super) fn cluster_step_due(&self, msg: &Reply) -> bool {
+        let Reply::Batch {
+            data, error, seq, ..
+        } = msg
+        else {
+            return true;
+        };
+        error.is_some()
+            || may_redirect(data)
+            || self
+                .sent_of(*seq)
+                .is_some_and(|sent| sent.dedicated || sent.transaction != InTransaction::No)
+    }
+
     /// Follows MOVED and ASK replies in a batch from a cluster node: each redirected command
     /// is sent again to the node named (after `ASKING` for ASK), up to `max_redirects` times,
     /// and its reply put where the redirection was. Resending is safe: a node that redirects
@@ -1433,7 +1451,7 @@ pub(super) fn node_of_command(
 
 /// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
 /// happen to contain the text are sorted out by parsing each frame).
-pub(super) fn may_redirect(data: &[u8]) -> bool {
+fn may_redirect(data: &[u8]) -> bool {
     data.starts_with(b"-MOVED ")
         || data.starts_with(b"-ASK ")
         || data.starts_with(b"-TRYAGAIN")

@@ -127,28 +127,15 @@ impl Session {
         }
     }
 
-    /// Whether the mode acts on `msg` before its place in the reply order: a failed
-    /// replica's reads resent, a redirection followed, a transaction's or a dedicated
-    /// connection's reply, a subscriber's or shard channel's event. An answered batch that
-    /// is none of those (nearly every message) goes straight to `on_reply`, with no
-    /// allocation.
+    /// Whether the mode acts on `msg` before its place in the reply order: in cluster mode
+    /// `cluster_step_due`; in front of replicas, a failed batch (its replica reads are resent
+    /// to the primary). Anything else (nearly every message) goes straight to `on_reply`,
+    /// with no allocation.
     fn reply_step_due(&self, msg: &Reply) -> bool {
-        let cluster = self.routing.is_cluster();
-        if !cluster && self.routing.replicas().is_none() {
-            return false;
+        if self.routing.is_cluster() {
+            return self.cluster_step_due(msg);
         }
-        let Reply::Batch {
-            data, error, seq, ..
-        } = msg
-        else {
-            return cluster;
-        };
-        error.is_some()
-            || (cluster
-                && (super::cluster::may_redirect(data)
-                    || self.sent_of(*seq).is_some_and(|sent| {
-                        sent.dedicated || sent.transaction != super::cluster::InTransaction::No
-                    })))
+        self.routing.replicas().is_some() && matches!(msg, Reply::Batch { error: Some(_), .. })
     }
 
     /// [`on_message`](Self::on_message) when [`reply_step_due`](Self::reply_step_due).
