@@ -110,7 +110,10 @@ impl SentinelSetup {
     }
 
     /// Asks the sentinels for a failover (the replica is promoted) and waits until they all
-    /// report the replica as the primary.
+    /// report the replica as the primary and the old primary replicates from it. The second
+    /// wait matters: a sentinel converts the demoted primary some 8 s after the switch with
+    /// `SLAVEOF` + `CLIENT KILL TYPE normal`, which would otherwise close a test's own direct
+    /// connection to that node at a moment of the sentinel's choosing.
     pub fn failover(&self) {
         let until = Instant::now() + DEADLINE * 3;
         let mut asked = false;
@@ -121,7 +124,12 @@ impl SentinelSetup {
             let done = self.sentinels.iter().all(|&s| {
                 cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
                     .contains(&self.replica.port.to_string())
-            });
+            }) && {
+                let demoted = cli(self.primary.port, &["INFO", "replication"]);
+                let port = format!("master_port:{}", self.replica.port);
+                let has = |want: &str| demoted.lines().any(|l| l.trim_end() == want);
+                has("role:slave") && has(&port) && has("master_link_status:up")
+            };
             if done {
                 return;
             }
