@@ -29,6 +29,10 @@
 #   PREDIXY=path predixy binary (not packaged; build it from its source outside the repo, see
 #                docs/performance.md): adds the predixy target, one worker thread, standalone
 #                pool in front of the same Redis; skipped when unset
+#   SYSCALLS=1   profile each proxy process per request (perf stat on syscall tracepoints,
+#                needs linux-perf): syscalls (reads, writes, epoll_wait, other) and user vs
+#                kernel CPU, a table per workload after the comparison; perf's counting costs
+#                the traced process a little, so compare these runs among themselves
 #   KEEP=1       keep the temp directory (logs, raw results) after exit
 #   INSIGHT=1    add two targets: proxy-audit, the default policy with the audit trail of all
 #                writes on (`audit.commands: writes`, JSON lines to a file in the temp
@@ -51,7 +55,10 @@
 # per-round ratios, with min-max), median p50/p99 latency from redis-benchmark --csv, and the
 # CPU each server process spent per request (utime+stime from /proc/PID/stat around each run,
 # divided by the run's requests; in the cluster rows, Redis's CPU is the three nodes' summed).
-# Ends with a Markdown table and one `summary:` line.
+# Ends with Markdown tables: per workload, then the comparison at a glance (a row per workload,
+# a column per target, "throughput ratio / cpu-ratio" where cpu-ratio = direct Redis CPU per
+# request / (proxy + Redis CPU per request behind it), and each proxy's CPU per request), then
+# per test with p50/p99; and one `summary:` line.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -504,6 +511,31 @@ targets_of() {
     fi
 }
 
+# "utime stime" in ticks of process $1.
+cpu_split() {
+    local rest
+    rest="$(cat "/proc/$1/stat")"
+    rest="${rest##*) }"
+    # shellcheck disable=SC2086  # split the fields on purpose
+    set -- $rest
+    echo "${12} ${13}"
+}
+
+# The syscalls SYSCALLS=1 counts, by the column they are reported in.
+sys_reads="read recvfrom readv recvmsg"
+sys_writes="write sendto writev sendmsg"
+sys_waits="epoll_wait epoll_pwait epoll_pwait2"
+sys_events="raw_syscalls:sys_enter"
+for call in $sys_reads $sys_writes $sys_waits; do
+    sys_events="$sys_events,syscalls:sys_enter_$call"
+done
+if [[ "${SYSCALLS:-0}" == 1 ]]; then
+    command -v perf >/dev/null 2>&1 || die "SYSCALLS=1 needs perf (Debian: linux-perf)"
+fi
+# One TSV line per (workload, round, proxy target) under SYSCALLS=1:
+#   workload round target requests all reads writes waits utime_ticks stime_ticks
+syscalls_tsv=""
+
 # Sum of the CPU ticks of several processes.
 sum_ticks() {
     local total=0 pid
@@ -519,6 +551,8 @@ results="$work/results.tsv"
 : >"$results"
 errors_log="$work/errors.log"
 : >"$errors_log"
+syscalls_tsv="$work/syscalls.tsv"
+: >"$syscalls_tsv"
 
 run_one() {
     local w="$1" round="$2" target="$3"
@@ -545,11 +579,37 @@ run_one() {
         # shellcheck disable=SC2206  # a command line, split on spaces on purpose
         select=(${wl_cmd[$w]})
     fi
+    local perf_pid="" perf_out="$work/perf.$w.$round.$target" split0=""
+    if [[ "${SYSCALLS:-0}" == 1 && -n "$ppid" ]]; then
+        split0="$(cpu_split "$ppid")"
+        perf stat -x, -e "$sys_events" -p "$ppid" -o "$perf_out" &
+        perf_pid=$!
+    fi
     # shellcheck disable=SC2086  # wl_args holds several options
     redis-benchmark -h 127.0.0.1 -p "$port" "${mode[@]}" -n "$n" ${wl_args[$w]} --csv "${select[@]}" \
         >"$out" 2>"$err" </dev/null || rc=$?
     r1="$(sum_ticks "${rpids[@]}")"
     [[ -n "$ppid" ]] && p1="$(cpu_ticks "$ppid")"
+    if [[ -n "$perf_pid" ]]; then
+        kill -INT "$perf_pid"
+        wait "$perf_pid" || true
+        # perf -x, lines: count,unit,event,...; an event it could not count reads "<not counted>".
+        awk -F, -v w="$w" -v round="$round" -v target="$target" -v req="$requests" \
+            -v reads="$sys_reads" -v writes="$sys_writes" -v waits="$sys_waits" \
+            -v split0="$split0" -v split1="$(cpu_split "$ppid")" '
+            BEGIN {
+                split(reads, a, " "); for (i in a) col["syscalls:sys_enter_" a[i]] = "r"
+                split(writes, a, " "); for (i in a) col["syscalls:sys_enter_" a[i]] = "w"
+                split(waits, a, " "); for (i in a) col["syscalls:sys_enter_" a[i]] = "e"
+            }
+            $3 == "raw_syscalls:sys_enter" { all = $1 + 0 }
+            $3 in col { n[col[$3]] += $1 + 0 }
+            END {
+                split(split0, s0, " "); split(split1, s1, " ")
+                printf "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", w, round, target, req,
+                    all, n["r"], n["w"], n["e"], s1[1] - s0[1], s1[2] - s0[2]
+            }' "$perf_out" >>"$syscalls_tsv"
+    fi
 
     # Anything unexpected: a non-zero exit (redis-benchmark 7 exits at the first error reply),
     # non-CSV stdout, stderr other than the CONFIG warning twemproxy causes (no CONFIG there).
@@ -621,6 +681,51 @@ function stats(list,    a, k) {
     return S_MED
 }
 function add(arr, key, v) { arr[key] = (key in arr) ? arr[key] " " v : v }
+# The comparison at a glance, for the standalone workloads (cluster = 0) or the cluster ones:
+# a row per workload, a column per target other than direct, each cell "throughput ratio /
+# cpu-ratio", then the CPU each proxy spent per request. cpu-ratio = direct Redis CPU per request
+# / (proxy + Redis CPU per request behind it), per round, median: the steadier figure on a
+# shared machine, since it does not depend on how the scheduler split the cores in that run.
+function compact(cluster,    i, w, nt, T, j, t, r, ratio, cr, pc, line, uline, head, sep, any) {
+    nt = split(cluster ? cluster_targets : targets, T, " ")
+    head = "| workload |"; sep = "|---|"
+    for (j = 2; j <= nt; j++) { head = head " " T[j] " |"; sep = sep "---|" }
+    any = 0
+    for (i = 1; i <= nw; i++) {
+        w = W[i]
+        if ((w in CW) != cluster) continue
+        if (!any) {
+            print "## " (cluster ? "Cluster: " : "") "throughput ratio / cpu-ratio (median of rounds)"
+            print ""
+            print head; print sep
+            any = 1
+        }
+        line = "| " w " |"; uline[w] = "| " w " |"
+        for (j = 2; j <= nt; j++) {
+            t = T[j]; ratio = ""; cr = ""; pc = ""
+            for (r = 1; r <= rounds; r++) {
+                if (!((w, r, t) in TIME) || !((w, r, "direct") in TIME)) continue
+                if (TIME[w, r, t] <= 0 || TIME[w, r, "direct"] <= 0) continue
+                ratio = ratio " " (REQ[w, r, t] / TIME[w, r, t]) / (REQ[w, r, "direct"] / TIME[w, r, "direct"])
+                if (PCPU[w, r, t] != "-" && PCPU[w, r, t] + RCPU[w, r, t] > 0) {
+                    cr = cr " " RCPU[w, r, "direct"] / (PCPU[w, r, t] + RCPU[w, r, t])
+                    pc = pc " " PCPU[w, r, t]
+                }
+            }
+            line = line (ratio == "" ? " - /" : sprintf(" %.2f /", stats(ratio)))
+            line = line (cr == "" ? " - |" : sprintf(" %.2f |", stats(cr)))
+            uline[w] = uline[w] (pc == "" ? " - |" : sprintf(" %.2f |", stats(pc)))
+        }
+        print line
+    }
+    if (!any) return
+    print ""
+    print "Proxy CPU us per request (median of rounds):"
+    print ""
+    print head; print sep
+    for (i = 1; i <= nw; i++) if ((W[i] in CW) == cluster) print uline[W[i]]
+    print ""
+}
 {
     w = $1; r = $2; t = $3; test = $4; n = $5; rps = $6
     if (!(w SUBSEP test in seen_test)) {
@@ -671,6 +776,8 @@ END {
         }
     }
     print ""
+    compact(0)
+    compact(1)
     print "## Per test"
     print ""
     print "| workload | test | target | ops/s (median) | vs direct: median (min-max) | p50 ms | p99 ms |"
@@ -708,6 +815,41 @@ echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, redis $(redis-server --versio
     "in microseconds (1 tick = $((1000000 / clk_tck)) us); the benchmark client's own CPU is not counted."
 echo
 cat "$report"
+if [[ -s "$syscalls_tsv" ]]; then
+    echo
+    echo "## Per request, each proxy process (SYSCALLS=1, median of rounds)"
+    echo
+    echo "| workload | target | syscalls | reads | writes | epoll waits | other | user CPU us | kernel CPU us |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' -v tck="$clk_tck" '
+        function med(list,    a, k, i, j, t) {
+            k = split(list, a, " ")
+            for (i = 2; i <= k; i++) {
+                t = a[i]
+                for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]
+                a[j + 1] = t
+            }
+            return (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+        }
+        function add(key, v) { L[key] = (key in L) ? L[key] " " v : v }
+        {
+            key = $1 "\t" $3
+            if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+            add(key SUBSEP "all", $5 / $4); add(key SUBSEP "r", $6 / $4)
+            add(key SUBSEP "w", $7 / $4); add(key SUBSEP "e", $8 / $4)
+            add(key SUBSEP "o", ($5 - $6 - $7 - $8) / $4)
+            add(key SUBSEP "u", $9 * 1e6 / tck / $4); add(key SUBSEP "s", $10 * 1e6 / tck / $4)
+        }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]; split(k, wt, "\t")
+                printf "| %s | %s | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f | %.2f |\n", wt[1], wt[2],
+                    med(L[k SUBSEP "all"]), med(L[k SUBSEP "r"]), med(L[k SUBSEP "w"]),
+                    med(L[k SUBSEP "e"]), med(L[k SUBSEP "o"]), med(L[k SUBSEP "u"]),
+                    med(L[k SUBSEP "s"])
+            }
+        }' "$syscalls_tsv"
+fi
 if [[ -s "$errors_log" ]]; then
     echo
     echo "Unexpected output from redis-benchmark (first lines per run):"
