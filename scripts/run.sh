@@ -8,8 +8,10 @@
 # - Uses the Redis answering PING on $UPSTREAM (default 127.0.0.1:6379); when none answers and
 #   the address is local, starts a throwaway redis-server there (no persistence) and stops it
 #   when this script exits.
-# - Builds the release binary only when it is missing or older than the sources, then runs it
-#   with --config $CONFIG --upstream $UPSTREAM plus the extra arguments. Pass the upstream
+# - Builds the binary (Cargo profile $PROFILE, default `quick`: about a minute and a half from
+#   scratch on 2 cores, against three or more for `release`, for 3-17% more CPU per request;
+#   docs/performance.md, "Build profiles") only when it is missing or older than the sources,
+#   then runs it with --config $CONFIG --upstream $UPSTREAM plus the extra arguments. Pass the upstream
 #   through UPSTREAM, not --upstream.
 # - Prints the proxy's pid and how to reload, stop and read its logs. SIGHUP sent to this
 #   script reaches the proxy (a reload), as does SIGHUP sent to the proxy itself; SIGINT and
@@ -18,6 +20,8 @@
 # Environment: UPSTREAM=host:port of Redis (default 127.0.0.1:6379),
 #              CONFIG=path of the config file (default policy/default.yaml),
 #              LOG=file to append the proxy's log to (default: this terminal's stderr),
+#              PROFILE=the Cargo profile to build (default quick; release for the build
+#                      deployments and the benchmarks use),
 #              RPP_BIN=a proxy binary to run instead of building one (e.g. a debug build),
 #              RPP_LISTEN, RPP_ADMIN… are read by the proxy itself (redis-policy-proxy --help).
 set -euo pipefail
@@ -123,16 +127,20 @@ else
 fi
 
 # --- Build --------------------------------------------------------------------------------------
-# A release build (fat LTO) takes minutes, and even an up-to-date `cargo build` checks every
-# dependency; so build only when the binary is missing or a source is newer than it.
+# Even an up-to-date `cargo build` checks every dependency; so build only when the binary is
+# missing or a source is newer than it.
+PROFILE="${PROFILE:-quick}"
 if [[ -n "${RPP_BIN:-}" ]]; then
     bin="$RPP_BIN"
     log "using RPP_BIN=$bin (not building)"
 else
-    bin="${CARGO_TARGET_DIR:-target}/release/redis-policy-proxy"
+    # Cargo puts the dev profile's output in debug/, every other profile's under its name.
+    profile_dir="$PROFILE"
+    [[ "$PROFILE" == dev ]] && profile_dir=debug
+    bin="${CARGO_TARGET_DIR:-target}/$profile_dir/redis-policy-proxy"
     why=""
     if [[ ! -x "$bin" ]]; then
-        why="no release binary yet"
+        why="no $PROFILE binary yet"
     elif [[ -n "$(find src lua build.rs Cargo.toml Cargo.lock -newer "$bin" -print -quit 2>/dev/null)" ]]; then
         why="sources changed since $bin was built"
     fi
@@ -141,10 +149,10 @@ else
             log "cargo not found: install the Rust toolchain (https://rustup.rs) and retry"
             exit 1
         fi
-        log "building the release binary ($why); this takes a few minutes the first time"
-        cargo build --release
+        log "building the $PROFILE binary ($why); the first build takes a minute or more"
+        cargo build --profile "$PROFILE" --bin redis-policy-proxy
     else
-        log "release binary up to date: $bin"
+        log "$PROFILE binary up to date: $bin"
     fi
 fi
 

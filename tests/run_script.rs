@@ -1,7 +1,7 @@
 //! `scripts/run.sh`, the README's first command, run as a user would: it prints the proxy's
 //! pid and how to reload, stop and find the logs, a SIGHUP sent to the script reloads the
 //! proxy instead of stopping it, and SIGTERM stops the proxy and the Redis the script started.
-//! The script runs the test build of the binary (RPP_BIN) instead of building a release one.
+//! The script runs the test build of the binary (RPP_BIN) instead of building its own.
 
 #![allow(
     clippy::disallowed_methods,
@@ -247,21 +247,21 @@ async fn run_sh_forwards_sighup_to_the_proxy_it_runs_beside_its_own_redis() {
 }
 
 /// A Redis already answers: the script becomes the proxy (same pid), so SIGHUP reaches it
-/// directly. The release binary it finds is newer than every source: it runs it without
-/// building.
+/// directly. The binary of the default `quick` profile it finds is newer than every source:
+/// it runs it without building.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_sh_in_front_of_a_running_redis_becomes_the_proxy() {
     let redis = RedisServer::start();
     let target = TempDir::new("runsh-target");
-    std::fs::create_dir(target.path().join("release")).unwrap();
+    std::fs::create_dir(target.path().join("quick")).unwrap();
     // A symlink made now: `find -newer` compares the link's own time, which is after any
     // source's.
-    std::os::unix::fs::symlink(BIN, target.path().join("release/redis-policy-proxy")).unwrap();
+    std::os::unix::fs::symlink(BIN, target.path().join("quick/redis-policy-proxy")).unwrap();
     let env = [("CARGO_TARGET_DIR", target.path().to_str().unwrap())];
     let (mut run, _, _policy) = serve_and_reload(&redis.addr(), &env).await;
     let out = run.out();
     assert!(out.contains("using the Redis already answering"), "{out}");
-    assert!(out.contains("release binary up to date"), "{out}");
+    assert!(out.contains("quick binary up to date"), "{out}");
     assert!(!out.contains("building"), "{out}");
     assert_eq!(
         printed_pid(&out),
