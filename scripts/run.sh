@@ -189,8 +189,10 @@ usage() {
     local pid=$1 script_pid=${2:-}
     log "redis-policy-proxy pid $pid: clients on $listen_addr -> Redis at $UPSTREAM, policy $CONFIG"
     log "  try:     redis-cli -p ${listen_addr##*:}"
-    if [[ -n "$script_pid" ]]; then
+    if [[ -n "$script_pid" && "$hup_forwarded" == 1 ]]; then
         log "  reload:  kill -HUP $pid   (or kill -HUP $script_pid, this script, which forwards it; or edit $CONFIG: the file is watched)"
+    elif [[ -n "$script_pid" ]]; then
+        log "  reload:  kill -HUP $pid   (this script started with SIGHUP ignored, e.g. under nohup, so it cannot forward one; or edit $CONFIG: the file is watched)"
     else
         log "  reload:  kill -HUP $pid   (or edit $CONFIG: the file is watched)"
     fi
@@ -213,6 +215,13 @@ fi
 # We own the Redis: run the proxy as a child, forward SIGHUP to it (reload), forward SIGINT and
 # SIGTERM (SIGTERM drains gracefully), then stop Redis in the EXIT trap. The traps are set
 # before the proxy starts, so a signal that arrives as soon as it serves is never missed.
+# A signal ignored when bash started (nohup ignores SIGHUP) cannot be trapped: then the HUP
+# hint names the proxy's pid only (SigIgn bit 0 is SIGHUP).
+hup_forwarded=1
+sig_ignored="$(awk '/^SigIgn:/ { print $2 }' "/proc/$$/status" 2>/dev/null || true)"
+if [[ -n "$sig_ignored" ]] && (((16#$sig_ignored & 1) != 0)); then
+    hup_forwarded=0
+fi
 interrupted=0
 trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -HUP "$proxy_pid" 2>/dev/null || true; fi' HUP
 trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -TERM "$proxy_pid" 2>/dev/null || true; else exit 143; fi' INT TERM

@@ -32,14 +32,28 @@ struct RunScript {
 
 impl RunScript {
     /// Starts the script with `upstream` as UPSTREAM, `config` as CONFIG, `args` for the
-    /// proxy and `env` (RPP_BIN or CARGO_TARGET_DIR: which binary it runs).
+    /// proxy and `env` (RPP_BIN or CARGO_TARGET_DIR: which binary it runs), with SIGHUP's
+    /// default action whatever this test was started with (under nohup it is ignored, and
+    /// bash cannot trap a signal ignored on entry).
     fn start(upstream: &str, config: &Path, args: &[&str], env: &[(&str, &str)]) -> RunScript {
+        RunScript::start_as(upstream, config, args, env, "--default-signal=HUP")
+    }
+
+    /// [`start`](Self::start) with `hup` (an `env` option) deciding SIGHUP's disposition.
+    fn start_as(
+        upstream: &str,
+        config: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        hup: &str,
+    ) -> RunScript {
         let dir = TempDir::new("runsh");
         let out = dir.path().join("run.out");
         let log = dir.path().join("proxy.log");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/run.sh");
         let out_file = std::fs::File::create(&out).unwrap();
-        let child = Command::new("bash")
+        let child = Command::new("env")
+            .args([hup, "bash"])
             .arg(script)
             .args(args)
             .env("UPSTREAM", upstream)
@@ -268,6 +282,40 @@ async fn run_sh_in_front_of_a_running_redis_becomes_the_proxy() {
         run.child.id(),
         "the script execs the proxy"
     );
+    run.signal("-TERM");
+    assert!(run.exit_status().await.success(), "{}", run.both());
+}
+
+/// Started with SIGHUP ignored (as under nohup), the script cannot forward a HUP: it says so
+/// and names the proxy's pid, which reloads on its own SIGHUP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sh_under_nohup_names_only_the_proxy_for_reloads() {
+    let redis_port = free_port();
+    let upstream = format!("127.0.0.1:{redis_port}");
+    let tmp = TempDir::new("runsh-policy");
+    let config = policy(tmp.path());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = ["--listen", &listen, "--admin", "off"];
+    let env = [("RPP_BIN", BIN)];
+    let mut run = RunScript::start_as(&upstream, &config, &args, &env, "--ignore-signal=HUP");
+    run.wait_for("the startup summary and the script's hints", |out, log| {
+        log.contains("redis-policy-proxy started") && out.contains("  metrics: ")
+    })
+    .await;
+    let out = run.out();
+    let pid = printed_pid(&out);
+    assert!(out.contains("started with SIGHUP ignored"), "{out}");
+    assert!(!out.contains("which forwards it"), "{out}");
+    let status = Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    run.wait_for("a SIGHUP reload of the proxy", |_, log| {
+        log.lines()
+            .any(|l| l.contains("policy reloaded") && l.contains("SIGHUP"))
+    })
+    .await;
     run.signal("-TERM");
     assert!(run.exit_status().await.success(), "{}", run.both());
 }
