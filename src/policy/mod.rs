@@ -240,6 +240,11 @@ pub struct Policy {
     /// Rules that apply to every command with a value argument or keys (size limits), checked
     /// after the per-command rules, in `PHASE_ORDER` (file order within a phase).
     global: Vec<usize>,
+    /// What `check` runs for each command of the table, by its address: its indexed rules and
+    /// the `global` rules that can act on it ([`Kind::may_act_on`]), so a GET is not checked
+    /// for value sizes, TTLs or a stream cap (a third of the default policy's cost per GET,
+    /// docs/performance.md "Policy cost"). Made once at compile from the two above.
+    plans: HashMap<usize, Plan, BuildPtrHasher>,
     /// Users, tenants and the identities mapping clients to tenants.
     pub access: access::Identities,
     /// Whether a rule counts in Redis; read per command, so computed once at compile.
@@ -289,6 +294,15 @@ impl std::hash::Hasher for PtrHasher {
 }
 
 type BuildPtrHasher = std::hash::BuildHasherDefault<PtrHasher>;
+
+/// The rules `check` runs for one command, in the order it runs them.
+#[derive(Debug, Default)]
+struct Plan {
+    /// Phases `Deny` and `ArgumentGuards`: the rules indexed by the command.
+    command: Box<[usize]>,
+    /// The phases after them: the `global` rules that can act on the command.
+    global: Box<[usize]>,
+}
 
 /// One Redis-counted rate limit to check for a command.
 pub struct SharedCheck<'a> {
@@ -500,6 +514,7 @@ impl Policy {
             }
         }
         policy.global = in_phase_order(&policy.rules, &global);
+        policy.plans = policy.plan_every_command();
         policy.shared_limits = policy
             .rules
             .iter()
@@ -526,6 +541,38 @@ impl Policy {
             }
         }
         compiled.global.then_some(rule_index)
+    }
+
+    /// A [`Plan`] for every command and subcommand of the table.
+    fn plan_every_command(&self) -> HashMap<usize, Plan, BuildPtrHasher> {
+        commands::all_commands()
+            .map(|spec| {
+                let key = spec as *const _ as usize;
+                let plan = Plan {
+                    command: self
+                        .by_command
+                        .get(&key)
+                        .map_or_else(Box::default, |r| r.as_slice().into()),
+                    global: (self.global.iter().copied())
+                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
+                        .collect(),
+                };
+                (key, plan)
+            })
+            .collect()
+    }
+
+    /// The rules `check` runs for `spec`: its plan, or (a policy made without one) every
+    /// indexed and global rule.
+    fn plan_of(&self, spec: &'static CommandSpec) -> (&[usize], &[usize]) {
+        let key = spec as *const _ as usize;
+        match self.plans.get(&key) {
+            Some(plan) => (&plan.command, &plan.global),
+            None => (
+                self.by_command.get(&key).map_or(&[][..], Vec::as_slice),
+                &self.global,
+            ),
+        }
     }
 
     /// Whether there is nothing to check: no rules and no namespaced tenant.
@@ -563,10 +610,11 @@ impl Policy {
         // PEXPIRE after it, and the namespace finally prefixes every key of both.
         let mut rewrite: Option<Rewrite> = None;
         if let Some(spec) = spec {
-            if let Some(refusal) = self.command_rules(spec, client, line) {
+            let (command, global) = self.plan_of(spec);
+            if let Some(refusal) = self.command_rules(command, spec, client, line) {
                 return refusal;
             }
-            if let Err(refusal) = self.global_rules(spec, client, line, &mut rewrite) {
+            if let Err(refusal) = self.global_rules(global, spec, client, line, &mut rewrite) {
                 return refusal;
             }
         }
@@ -583,11 +631,11 @@ impl Policy {
     /// answers (a refusal) ends the check.
     fn command_rules<L: CommandLine + ?Sized>(
         &self,
+        rules: &[usize],
         spec: &'static CommandSpec,
         client: &Client,
         line: &L,
     ) -> Option<Verdict> {
-        let rules = self.by_command.get(&(spec as *const _ as usize))?;
         rules
             .iter()
             .find_map(|&r| self.apply(r, spec, client, line))
@@ -597,12 +645,13 @@ impl Policy {
     /// the check (`Err`), rewrites are composed into `rewrite`.
     fn global_rules<L: CommandLine + ?Sized>(
         &self,
+        rules: &[usize],
         spec: &'static CommandSpec,
         client: &Client,
         line: &L,
         rewrite: &mut Option<Rewrite>,
     ) -> Result<(), Verdict> {
-        for &r in &self.global {
+        for &r in rules {
             match self.apply(r, spec, client, line) {
                 None => {}
                 Some(Verdict::Rewrite(rw)) => compose(rewrite, rw),
@@ -1055,7 +1104,32 @@ const PHASE_ORDER: [Phase; 8] = [
     Phase::Namespace,
 ];
 
+/// Whether `spec` may change the dataset: a write, or a script or function that may write.
+fn may_write(spec: &CommandSpec) -> bool {
+    spec.is_write() || runs_writable_script(spec)
+}
+
+/// EVAL, EVALSHA and FCALL: Redis does not flag them as writes, yet the script may write
+/// (their `_RO` forms cannot).
+fn runs_writable_script(spec: &CommandSpec) -> bool {
+    matches!(spec.name, "eval" | "evalsha" | "fcall")
+}
+
 impl Kind {
+    /// Whether a rule of this kind can act on some command line of `spec`: `false` only where
+    /// its check passes every such line unchanged (the test
+    /// `a_plan_leaves_out_only_rules_that_cannot_act` holds `act` to it for every command).
+    fn may_act_on(&self, spec: &CommandSpec) -> bool {
+        match self {
+            // `oversized_value` and `grown_value` look at writes only; the TTL rule's commands
+            // are writes, scripts and functions (`ttl::Ttl::apply`).
+            Kind::MaxValueBytes(_) | Kind::Ttl(_) => may_write(spec),
+            Kind::MaxKeys(_) | Kind::KeyPattern(_) => spec.may_have_keys(),
+            Kind::StreamMaxLen(_) => spec.name == "xadd",
+            _ => true,
+        }
+    }
+
     /// The phase a rule of this kind runs in.
     fn phase(&self) -> Phase {
         match self {
@@ -1490,10 +1564,10 @@ fn oversized_value<L: CommandLine + ?Sized>(
     if !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
         return None;
     }
-    let scripted = matches!(spec.name, "eval" | "evalsha" | "fcall");
-    if !spec.is_write() && !scripted {
+    if !may_write(spec) {
         return None;
     }
+    let scripted = runs_writable_script(spec);
     let mut keys = commands::KeyPositions::with_capacity(0);
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     let _ = commands::keys_into(&args, &mut keys);
@@ -1969,5 +2043,74 @@ mod tests {
             "{all}"
         );
         assert!(all.contains("unknown category `@nosuch`"), "{all}");
+    }
+
+    #[test]
+    fn a_plan_leaves_out_only_rules_that_cannot_act() {
+        // Every kind `may_act_on` filters, at limits any argument breaks; both TTL modes.
+        let p = policy(
+            "rules:\n  - id: created\n    ttl: {default: 60s, max: 1h, deny_persist: true, keys: created}\n  - id: written\n    ttl: {default: 60s, max: 1h, keys: written}\n  - id: cap\n    stream_maxlen: 1\n  - id: names\n    key_pattern: '^never$'\n  - id: big\n    max_value_bytes: 1\n  - id: many\n    max_keys: 1\n",
+        );
+        let big: &[u8] = b"12345678";
+        let shapes: [&[&[u8]]; 14] = [
+            &[],
+            &[b"k"],
+            &[b"k", big],
+            &[b"k", b"100", big],
+            &[b"k", b"f", big, b"g", big],
+            &[b"2", b"k1", b"k2", big],
+            &[b"1", b"k", big],
+            &[b"k", b"EX", b"99999999"],
+            &[b"k", big, b"KEEPTTL"],
+            &[b"k", b"PERSIST"],
+            &[b"k", b"*", b"f", big],
+            &[b"k1", b"k2", b"k3"],
+            &[b"k", b"SET", b"u8", b"800", b"1"],
+            &[b"k", b"0", b"-1"],
+        ];
+        let mut left_out = 0;
+        for spec in commands::all_commands() {
+            let (_, planned) = p.plan_of(spec);
+            for (r, rule) in p.rules.iter().enumerate() {
+                if planned.contains(&r) {
+                    continue;
+                }
+                left_out += 1;
+                for shape in shapes {
+                    let mut line: Vec<&[u8]> = spec.name.split('|').map(str::as_bytes).collect();
+                    line.extend_from_slice(shape);
+                    for build in [ttl::Build::Commands, ttl::Build::NoteOnly] {
+                        assert!(
+                            act(&rule.kind, spec, &line[..], build).is_none(),
+                            "rule {} left out of {}'s plan acts on {:?}",
+                            rule.id,
+                            spec.name,
+                            String::from_utf8_lossy(&line.join(&b' '))
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            left_out > 1000,
+            "the plans leave out {left_out} rule checks"
+        );
+        let global_ids = |name: &str| -> Vec<&str> {
+            let spec = commands::lookup_name(name.as_bytes()).unwrap();
+            (p.plan_of(spec).1.iter())
+                .map(|&r| p.rules[r].id.as_str())
+                .collect()
+        };
+        assert_eq!(global_ids("get"), ["names", "many"]);
+        assert_eq!(global_ids("ping"), Vec::<&str>::new());
+        assert_eq!(
+            global_ids("xadd"),
+            ["names", "big", "many", "cap", "created", "written"]
+        );
+        assert_eq!(
+            global_ids("evalsha"),
+            ["names", "big", "many", "created", "written"]
+        );
+        assert_eq!(global_ids("evalsha_ro"), ["names", "many"]);
     }
 }
