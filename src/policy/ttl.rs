@@ -37,7 +37,19 @@ pub use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
 use crate::codec::{encode, itoa_buf, parse_int};
-use crate::commands::{self, CommandSpec, KeySpecFlags};
+use crate::commands::{self, CommandSpec, KeyPositions, KeySpecFlags};
+
+thread_local! {
+    /// The key positions `expire_written_keys` fills, one per thread: the rule is shared by
+    /// every session, and collecting them afresh cost an allocation per write it checked
+    /// (docs/performance.md, "Policy cost"). Dropped after a command with more than
+    /// [`KEPT_KEY_POSITIONS`] keys, so one huge MSET does not pin its buffer for good.
+    static WRITTEN_KEYS: std::cell::RefCell<KeyPositions> =
+        std::cell::RefCell::new(KeyPositions::with_capacity(KEPT_KEY_POSITIONS));
+}
+
+/// How many key positions [`WRITTEN_KEYS`] keeps room for between commands.
+const KEPT_KEY_POSITIONS: usize = 64;
 
 /// A compiled `ttl:` rule.
 pub struct Ttl {
@@ -259,8 +271,8 @@ impl Ttl {
             }
             // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
             // specs because a script may do anything with them (the _RO forms are RO).
-            "eval" | "evalsha" | "fcall" => self.expire_written_keys(args, build),
-            _ if spec.is_write() => self.expire_written_keys(args, build),
+            "eval" | "evalsha" | "fcall" => self.expire_written_keys(spec, args, build),
+            _ if spec.is_write() => self.expire_written_keys(spec, args, build),
             _ => TtlAction::Keep,
         }
     }
@@ -397,19 +409,25 @@ impl Ttl {
 
     /// A hidden `PEXPIRE <key> <ttl> NX` for every key the command may create (its key specs
     /// say insert, overwrite or update).
-    fn expire_written_keys(&self, args: &[&[u8]], build: Build) -> TtlAction {
-        let Ok(keys) = commands::keys(args) else {
-            return TtlAction::Keep;
-        };
-        let creates = KeySpecFlags::INSERT
-            .union(KeySpecFlags::OW)
-            .union(KeySpecFlags::UPDATE);
-        let written = keys
-            .keys()
-            .iter()
-            .filter(|k| k.flags.intersects(creates))
-            .map(|k| (k.index, k.flags.contains(KeySpecFlags::OW)));
-        self.expire_keys(args, written, build)
+    fn expire_written_keys(&self, spec: &CommandSpec, args: &[&[u8]], build: Build) -> TtlAction {
+        WRITTEN_KEYS.with_borrow_mut(|keys| {
+            if spec.keys_into(args, keys).is_err() {
+                return TtlAction::Keep;
+            }
+            let creates = KeySpecFlags::INSERT
+                .union(KeySpecFlags::OW)
+                .union(KeySpecFlags::UPDATE);
+            let written = keys
+                .keys()
+                .iter()
+                .filter(|k| k.flags.intersects(creates))
+                .map(|k| (k.index, k.flags.contains(KeySpecFlags::OW)));
+            let action = self.expire_keys(args, written, build);
+            if keys.keys().len() > KEPT_KEY_POSITIONS {
+                *keys = KeyPositions::default();
+            }
+            action
+        })
     }
 
     /// Hidden commands giving each of the keys at `(index, replaced)` whose prefix has a TTL
@@ -564,6 +582,19 @@ mod tests {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         let spec = commands::lookup_args(&args).unwrap();
         rule().apply(spec, &args[..], Build::Commands)
+    }
+
+    #[test]
+    fn a_huge_write_gets_every_ttl_and_does_not_keep_its_key_buffer() {
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i} v")).collect();
+        let (command, after) = rewritten(&format!("MSET {}", keys.join(" ")));
+        assert_eq!(command, None);
+        assert_eq!(after.len(), 300, "a PEXPIRE NX per key");
+        assert!(after[299].contains("k299"), "{}", after[299]);
+        let kept = WRITTEN_KEYS.with_borrow(|k| k.keys().len());
+        assert_eq!(kept, 0, "the 300-key buffer was dropped");
+        // The next write on this thread fills a buffer again.
+        assert_eq!(rewritten("HSET h f v").1.len(), 1);
     }
 
     fn rewritten(line: &str) -> (Option<String>, Vec<String>) {
