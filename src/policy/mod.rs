@@ -2045,6 +2045,39 @@ mod tests {
         assert!(all.contains("unknown category `@nosuch`"), "{all}");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_log_budget_logs_its_events_per_second_and_counts_the_rest() {
+        let budget = LogBudget {
+            per_second: 2,
+            ..LogBudget::default()
+        };
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(
+            budget.take(),
+            None,
+            "the third event of the second is left out"
+        );
+        assert_eq!(budget.take(), None);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(budget.take(), None, "still the same second");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            budget.take(),
+            Some(3),
+            "the next one logged reports the three left out"
+        );
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), None);
+        let silent = LogBudget {
+            per_second: 0,
+            ..LogBudget::default()
+        };
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(silent.take(), None);
+        assert_eq!(silent.take(), None);
+    }
+
     #[test]
     fn a_plan_leaves_out_only_rules_that_cannot_act() {
         // Every kind `may_act_on` filters, at limits any argument breaks; both TTL modes.
