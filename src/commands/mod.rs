@@ -415,6 +415,18 @@ impl CommandSpec {
         self.flags.contains(CommandFlags::WRITE)
     }
 
+    /// Whether the command may change the dataset: a write, or a script or function that may
+    /// write ([`CommandSpec::runs_writable_script`]).
+    pub fn may_write(&self) -> bool {
+        self.is_write() || self.runs_writable_script()
+    }
+
+    /// EVAL, EVALSHA and FCALL: Redis does not flag them as writes, yet the script may write
+    /// (their `_RO` forms cannot).
+    pub fn runs_writable_script(&self) -> bool {
+        matches!(self.name, "eval" | "evalsha" | "fcall")
+    }
+
     /// Whether the command only reads the dataset.
     pub const fn is_readonly(&self) -> bool {
         self.flags.contains(CommandFlags::READONLY)

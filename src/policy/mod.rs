@@ -782,11 +782,8 @@ impl Policy {
         else {
             return steps;
         };
-        let indexed = self
-            .by_command
-            .get(&(spec as *const _ as usize))
-            .map_or(&[][..], Vec::as_slice);
-        for &r in indexed.iter().chain(&self.global) {
+        let (command, global) = self.plan_of(spec);
+        for &r in command.iter().chain(global) {
             let rule = &self.rules[r];
             if !rule.applies_to(client) || !self.in_scope(rule, client, line) {
                 continue;
@@ -1104,17 +1101,6 @@ const PHASE_ORDER: [Phase; 8] = [
     Phase::Namespace,
 ];
 
-/// Whether `spec` may change the dataset: a write, or a script or function that may write.
-fn may_write(spec: &CommandSpec) -> bool {
-    spec.is_write() || runs_writable_script(spec)
-}
-
-/// EVAL, EVALSHA and FCALL: Redis does not flag them as writes, yet the script may write
-/// (their `_RO` forms cannot).
-fn runs_writable_script(spec: &CommandSpec) -> bool {
-    matches!(spec.name, "eval" | "evalsha" | "fcall")
-}
-
 impl Kind {
     /// Whether a rule of this kind can act on some command line of `spec`: `false` only where
     /// its check passes every such line unchanged (the test
@@ -1123,7 +1109,7 @@ impl Kind {
         match self {
             // `oversized_value` and `grown_value` look at writes only; the TTL rule's commands
             // are writes, scripts and functions (`ttl::Ttl::apply`).
-            Kind::MaxValueBytes(_) | Kind::Ttl(_) => may_write(spec),
+            Kind::MaxValueBytes(_) | Kind::Ttl(_) => spec.may_write(),
             Kind::MaxKeys(_) | Kind::KeyPattern(_) => spec.may_have_keys(),
             Kind::StreamMaxLen(_) => spec.name == "xadd",
             _ => true,
@@ -1564,10 +1550,10 @@ fn oversized_value<L: CommandLine + ?Sized>(
     if !(1..line.argc()).any(|i| line.arg(i).len() as u64 > max) {
         return None;
     }
-    if !may_write(spec) {
+    if !spec.may_write() {
         return None;
     }
-    let scripted = runs_writable_script(spec);
+    let scripted = spec.runs_writable_script();
     let mut keys = commands::KeyPositions::with_capacity(0);
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     let _ = commands::keys_into(&args, &mut keys);

@@ -269,10 +269,9 @@ impl Ttl {
             "getset" if self.keys == TtlKeys::Created && args.len() == 3 => {
                 self.set_keeping_ttl(args, &[b"KEEPTTL", b"GET"], build)
             }
-            // Scripts and functions: their declared keys, flagged RW and UPDATE by Redis's key
-            // specs because a script may do anything with them (the _RO forms are RO).
-            "eval" | "evalsha" | "fcall" => self.expire_written_keys(spec, args, build),
-            _ if spec.is_write() => self.expire_written_keys(spec, args, build),
+            // Writes, and scripts and functions that may write: their declared keys, flagged RW
+            // and UPDATE by Redis's key specs because a script may do anything with them.
+            _ if spec.may_write() => self.expire_written_keys(spec, args, build),
             _ => TtlAction::Keep,
         }
     }
