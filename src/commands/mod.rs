@@ -23,6 +23,9 @@
 
 #[rustfmt::skip]
 mod table;
+pub mod grammar;
+
+use grammar::{c_atoi, keyword as c_eq_ignore_case};
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -835,38 +838,6 @@ pub fn keys_into<A: AsRef<[u8]>>(
     };
     spec.keys_into(args, out)?;
     Ok(spec)
-}
-
-/// C's `strcasecmp(arg, keyword) == 0` on a Redis argument: the argument ends at its first NUL
-/// byte, as Redis's own parsing sees it.
-fn c_eq_ignore_case(arg: &[u8], keyword: &[u8]) -> bool {
-    let end = arg.iter().position(|&b| b == 0).unwrap_or(arg.len());
-    arg[..end].eq_ignore_ascii_case(keyword)
-}
-
-/// C's `atoi` as glibc implements it, `(int) strtol(s, NULL, 10)`: leading white space, an
-/// optional sign, digits up to the first non-digit, saturating at the `long` range, then
-/// truncated to `int`. Redis's procedures parse numkeys with it.
-fn c_atoi(s: &[u8]) -> i32 {
-    let mut i = 0;
-    while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
-        i += 1;
-    }
-    let mut negative = false;
-    if i < s.len() && (s[i] == b'+' || s[i] == b'-') {
-        negative = s[i] == b'-';
-        i += 1;
-    }
-    let mut v: i128 = 0;
-    while i < s.len() && s[i].is_ascii_digit() {
-        if v <= i128::from(i64::MAX) + 1 {
-            v = v * 10 + i128::from(s[i] - b'0');
-        }
-        i += 1;
-    }
-    let v = if negative { -v } else { v };
-    let long = v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
-    long as i32
 }
 
 /// Where Redis's `getKeysUsingKeySpecs` returns -1 (an unknown spec, an out-of-bounds range, a
