@@ -4,6 +4,7 @@
 //! else is `Plain` and is forwarded as it is. Names are compared case-insensitively through a
 //! stack buffer, so classifying costs no allocation.
 
+use crate::commands::grammar;
 use crate::reply::SubKind;
 
 /// What a command means for routing and session state.
@@ -96,18 +97,17 @@ pub fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8
     Some(out)
 }
 
-/// Whether an XREAD/XREADGROUP argument list asks to block: a `BLOCK` option before
-/// `STREAMS` (after `STREAMS` every argument is a key or an id).
+/// Whether an XREAD/XREADGROUP argument list asks to block, its options read as Redis reads
+/// them ([`grammar::xread_options`]: `BLOCK\0` is BLOCK, a group named `STREAMS` is a name).
+/// Arguments Redis would refuse count as blocking: such a command only costs a dedicated
+/// connection, while a blocking read misjudged as quick would stall every client of a shared
+/// one.
 pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
-    for a in args.skip(1) {
-        if a.eq_ignore_ascii_case(b"STREAMS") {
-            return false;
-        }
-        if a.eq_ignore_ascii_case(b"BLOCK") {
-            return true;
-        }
-    }
-    false
+    let args: Vec<&[u8]> = args.collect();
+    let group = args
+        .first()
+        .is_some_and(|n| n.eq_ignore_ascii_case(b"XREADGROUP"));
+    grammar::xread_options(&args[..], group).is_none_or(|o| o.block.is_some())
 }
 
 /// How long a blocking command (a [`Kind::Blocking`], [`Kind::Wait`] or blocking
@@ -134,28 +134,11 @@ pub fn block_limit(args: &[&[u8]]) -> Option<std::time::Duration> {
     }
 }
 
-/// The argument of the last `BLOCK` option of XREAD/XREADGROUP, skipping the group and
-/// consumer names (which may be spelt `BLOCK` too) and stopping at `STREAMS`.
+/// The argument of the `BLOCK` option of XREAD/XREADGROUP that Redis applies.
 fn stream_block_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
-    let mut found = None;
-    let mut i = 1;
-    while i < args.len() {
-        let a = args[i];
-        if a.eq_ignore_ascii_case(b"STREAMS") {
-            break;
-        }
-        if a.eq_ignore_ascii_case(b"GROUP") {
-            i += 3;
-        } else if a.eq_ignore_ascii_case(b"BLOCK") || a.eq_ignore_ascii_case(b"COUNT") {
-            if a.eq_ignore_ascii_case(b"BLOCK") {
-                found = args.get(i + 1).copied();
-            }
-            i += 2;
-        } else {
-            i += 1;
-        }
-    }
-    found
+    let group = args.first()?.eq_ignore_ascii_case(b"XREADGROUP");
+    let at = grammar::xread_options(args, group)?.block?;
+    Some(args[at])
 }
 
 /// A timeout in seconds as Redis reads it (a float; 0 is forever).

@@ -575,7 +575,21 @@ impl CommandSpec {
         }
 
         if matches!(self.keys_proc, KeysProc::Sort | KeysProc::SortRo) {
-            sort_patterns(args, self.keys_proc == KeysProc::SortRo, &mut out.patterns);
+            let opts = grammar::sort_options(args, self.keys_proc == KeysProc::SortRo)
+                .ok_or(KeyError::InvalidArguments)?;
+            out.patterns.extend(
+                opts.patterns
+                    .iter()
+                    .copied()
+                    .filter(|&i| args[i].as_ref().contains(&b'*')),
+            );
+            if self.keys_proc == KeysProc::Sort {
+                written_destination(opts.store, out);
+            }
+        }
+        if matches!(self.name, "georadius" | "georadiusbymember") {
+            let opts = grammar::geo_options(args, self.name).ok_or(KeyError::InvalidArguments)?;
+            written_destination(opts.store, out);
         }
 
         // COMMAND GETKEYS: no keys is an error unless keys are optional for this command.
@@ -866,6 +880,12 @@ fn keys_from_spec<A: AsRef<[u8]>>(
         return Ok(()); // keyword absent: this spec has no keys
     };
     let (first, last, step) = find_keys(ks.find_keys, first, args)?;
+    // An open range (`lastkey` < 0) that begins where the arguments end names no keys: what
+    // the command does (`PFMERGE dest` creates `dest` with no sources), though Redis's
+    // GETKEYS calls the spec out of bounds and reports no key at all, not even `dest`.
+    if first == argc && matches!(ks.find_keys, FindKeys::Range { lastkey, .. } if lastkey < 0) {
+        return Ok(());
+    }
     if last >= argc || last < first || first >= argc || step <= 0 {
         return Err(SpecsFailed);
     }
@@ -1190,33 +1210,18 @@ fn generic_get_keys<A: AsRef<[u8]>>(
     }
 }
 
-/// The BY/GET pattern arguments of SORT (or SORT_RO, which has no STORE) that contain a `*`,
-/// parsed the way `sortCommandGeneric` parses its options, up to the first syntax error (Redis
-/// then runs nothing). Every BY pattern is listed, even one a later BY overrides.
-fn sort_patterns<A: AsRef<[u8]>>(args: &[A], readonly: bool, out: &mut Vec<usize>) {
-    let argc = args.len();
-    let mut j = 2;
-    while j < argc {
-        let a = args[j].as_ref();
-        let left = argc - j - 1;
-        if c_eq_ignore_case(a, b"asc")
-            || c_eq_ignore_case(a, b"desc")
-            || c_eq_ignore_case(a, b"alpha")
-        {
-        } else if c_eq_ignore_case(a, b"limit") && left >= 2 {
-            j += 2;
-        } else if !readonly && c_eq_ignore_case(a, b"store") && left >= 1 {
-            j += 1;
-        } else if (c_eq_ignore_case(a, b"by") || c_eq_ignore_case(a, b"get")) && left >= 1 {
-            // Conservative: a `*` anywhere, though Redis stops looking at a NUL byte.
-            if args[j + 1].as_ref().contains(&b'*') {
-                out.push(j + 1);
-            }
-            j += 1;
-        } else {
-            return;
-        }
-        j += 1;
+/// The destination a SORT or GEORADIUS(BYMEMBER) command really writes, in place of the one
+/// `COMMAND GETKEYS` reports: Redis's key procedure and key specs take the first `STORE` (or
+/// skip a `STORE` that follows `LIMIT`), while the command's own parser applies the last
+/// (`SORT k STORE a STORE b` writes `b`). A namespace or a cluster route that followed GETKEYS
+/// would prefix or route `a` and let `b` be written unconfined.
+fn written_destination(store: Option<usize>, out: &mut KeyPositions) {
+    out.keys.retain(|k| k.index == 1);
+    if let Some(index) = store {
+        out.keys.push(KeyRef {
+            index,
+            flags: KeySpecFlags::OW | KeySpecFlags::UPDATE,
+        });
     }
 }
 
@@ -1428,10 +1433,30 @@ mod tests {
         assert!(!k.incomplete());
         let k = keys(&split("SORT_RO k GET o_*")).unwrap();
         assert_eq!(k.key_patterns(), &[3]);
-        let k = keys(&split("SORT_RO k STORE d GET o_*")).unwrap();
-        assert!(!k.incomplete(), "SORT_RO rejects STORE before reaching GET");
+        assert!(
+            keys(&split("SORT_RO k STORE d GET o_*")).is_err(),
+            "SORT_RO refuses STORE: no keys to confine"
+        );
         let k = keys(&split("SORT k ALPHA DESC")).unwrap();
         assert!(!k.incomplete());
+    }
+
+    #[test]
+    fn destinations_are_what_the_command_writes_not_what_getkeys_reports() {
+        // GETKEYS reports `limit` (a STORE value its procedure mistakes for LIMIT) or the
+        // first STORE; SORT and GEORADIUS write the last.
+        let k = idx("SORT mine ALPHA STORE limit STORE other").unwrap();
+        assert_eq!(k, vec![1, 6]);
+        let k = idx("SORT mine STORE\0 a STORE b").unwrap();
+        assert_eq!(k, vec![1, 5]);
+        let k = idx("GEORADIUS g 13 38 200 km STORE x STORE other").unwrap();
+        assert_eq!(k, vec![1, 9]);
+        let k = idx("GEORADIUSBYMEMBER g m 200 km STOREDIST x STORE\0 other").unwrap();
+        assert_eq!(k, vec![1, 8]);
+        let k = idx("GEORADIUS g 13 38 200 km COUNT 5").unwrap();
+        assert_eq!(k, vec![1]);
+        // PFMERGE with no sources creates its destination.
+        assert_eq!(idx("PFMERGE dest").unwrap(), vec![1]);
     }
 
     #[test]

@@ -1483,15 +1483,16 @@ fn violation<L: CommandLine + ?Sized>(
     match kind {
         Kind::Deny { unless_arg } => {
             if let Some(word) = unless_arg {
-                if (1..line.argc()).any(|i| line.arg(i).eq_ignore_ascii_case(word)) {
+                if (1..line.argc()).any(|i| commands::grammar::keyword(line.arg(i), word)) {
                     return None;
                 }
             }
             Some(("NOPERM", format!("{} is not allowed", upper())))
         }
         Kind::MaxScanCount(max) => {
-            let count = option_value(line, b"COUNT")?;
-            let n = crate::codec::parse_int(count)?;
+            let from = if spec.name == "scan" { 2 } else { 3 };
+            let count = commands::grammar::scan_options(line, from)?.count?;
+            let n = crate::codec::parse_int(line.arg(count))?;
             (n > *max as i64).then(|| ("ERR", format!("{} COUNT {n} is above {max}", upper())))
         }
         Kind::UnboundedReads => match ranges::read_size(spec, line)? {
@@ -1581,45 +1582,9 @@ fn grown_value<L: CommandLine + ?Sized>(spec: &'static CommandSpec, line: &L) ->
             Some(number(2)?.saturating_add(line.arg(3).len() as u64))
         }
         "setbit" => Some(number(2)? / 8 + 1),
-        "bitfield" => bitfield_reach(line),
+        "bitfield" => commands::grammar::bitfield_reach(line),
         _ => None,
     }
-}
-
-/// The bytes BITFIELD's SET and INCRBY operations reach: a field of type `i<bits>`/`u<bits>` at
-/// offset `n` (bits) or `#n` (fields) ends at bit `offset + bits`.
-fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
-    let mut reach = 0u64;
-    let mut i = 2;
-    while i < line.argc() {
-        let op = line.arg(i);
-        if op.eq_ignore_ascii_case(b"SET") || op.eq_ignore_ascii_case(b"INCRBY") {
-            if i + 3 >= line.argc() {
-                break; // Redis refuses the syntax.
-            }
-            let ty = line.arg(i + 1);
-            let bits = ty
-                .get(1..)
-                .and_then(crate::codec::parse_int)
-                .and_then(|b| u64::try_from(b).ok())?;
-            let offset = line.arg(i + 2);
-            let offset = match offset.strip_prefix(b"#") {
-                Some(n) => u64::try_from(crate::codec::parse_int(n)?)
-                    .ok()?
-                    .saturating_mul(bits),
-                None => u64::try_from(crate::codec::parse_int(offset)?).ok()?,
-            };
-            reach = reach.max(offset.saturating_add(bits).div_ceil(8));
-            i += 4;
-        } else if op.eq_ignore_ascii_case(b"GET") {
-            i += 3;
-        } else if op.eq_ignore_ascii_case(b"OVERFLOW") {
-            i += 2;
-        } else {
-            break;
-        }
-    }
-    (reach > 0).then_some(reach)
 }
 
 /// The refusal for the first key that does not match the naming pattern `re`.
@@ -1683,18 +1648,10 @@ fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> 
     if spec.name != "xadd" || line.argc() < 3 {
         return None;
     }
-    let mut i = 2;
-    while i < line.argc() {
-        let a = line.arg(i);
-        if a.eq_ignore_ascii_case(b"MAXLEN") || a.eq_ignore_ascii_case(b"MINID") {
-            return None;
-        } else if a.eq_ignore_ascii_case(b"NOMKSTREAM") {
-            i += 1;
-        } else if a.eq_ignore_ascii_case(b"LIMIT") {
-            i += 2;
-        } else {
-            break; // the entry id: options end here
-        }
+    // Already capped as Redis reads it (`MAXLEN\0` is MAXLEN); options Redis refuses are
+    // left to Redis. The cap goes first, so an option the client gives wins as its last.
+    if commands::grammar::xadd_trims(line)? {
+        return None;
     }
     let n = n.to_string();
     let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
@@ -1758,15 +1715,6 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
         jitter: ttl::Jitter::new(jitter, ttl::unix_ms()),
         clock: ttl::unix_ms,
     })
-}
-
-/// The argument after option `name` (case-insensitive), scanning from the end as Redis's
-/// option parsers let the last occurrence win.
-fn option_value<'a, L: CommandLine + ?Sized>(line: &'a L, name: &[u8]) -> Option<&'a [u8]> {
-    (1..line.argc().saturating_sub(1))
-        .rev()
-        .find(|&i| line.arg(i).eq_ignore_ascii_case(name))
-        .map(|i| line.arg(i + 1))
 }
 
 /// Commands named by a `deny` entry: a command (`KEYS`), a subcommand (`config|set`) or a

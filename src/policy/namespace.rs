@@ -17,7 +17,7 @@ use super::line::CommandLine;
 use super::rewrite::{Rewrite, Shape, Strip};
 use crate::codec::encode;
 use crate::codec::{self, CodecLimits, Decoded};
-use crate::commands::{self, CommandSpec};
+use crate::commands::{self, CommandSpec, grammar};
 
 /// Commands that touch no key and reveal nothing of other tenants.
 const KEYLESS: &[&str] = &[
@@ -183,16 +183,19 @@ fn listing<L: CommandLine + ?Sized>(
         args[1] = [escaped.as_slice(), &args[1]].concat();
         Shape::Names
     } else {
-        let mut matched = false;
+        // The pattern Redis applies is the last MATCH as its parser walks the options
+        // (`MATCH\0` is MATCH); every MATCH value gets the prefix, and a SCAN without one
+        // gets `MATCH <prefix>*`, last, so it is the one applied. Options Redis refuses are
+        // refused here too.
+        let opts = grammar::scan_options(&args[..], 2)?;
         let mut i = 2;
         while i + 1 < args.len() {
-            if args[i].eq_ignore_ascii_case(b"MATCH") {
+            if grammar::keyword(&args[i], b"MATCH") {
                 args[i + 1] = [escaped.as_slice(), &args[i + 1]].concat();
-                matched = true;
             }
             i += 2;
         }
-        if !matched {
+        if opts.pattern.is_none() {
             args.push(b"MATCH".to_vec());
             args.push([escaped.as_slice(), b"*"].concat());
         }
@@ -368,25 +371,16 @@ fn pubsub<L: CommandLine + ?Sized>(prefix: &[u8], spec: &CommandSpec, line: &L) 
 /// confined to the namespace (BCAST without PREFIX would announce every tenant's keys), and
 /// the prefix stripped from invalidated key names ([`strip_pubsub`]).
 fn tracking<L: CommandLine + ?Sized>(prefix: &[u8], line: &L) -> Option<Rewrite> {
-    let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
-    let mut bcast = false;
-    let mut has_prefix = false;
-    let mut i = 3;
-    while i < args.len() {
-        let opt = args[i].to_ascii_uppercase();
-        match opt.as_slice() {
-            b"REDIRECT" => return None,
-            b"PREFIX" if i + 1 < args.len() => {
-                args[i + 1] = [prefix, args[i + 1].as_slice()].concat();
-                has_prefix = true;
-                i += 1;
-            }
-            b"BCAST" => bcast = true,
-            _ => {}
-        }
-        i += 1;
+    // Options as Redis reads them: `REDIRECT\0` is REDIRECT, `BCAST\0` is BCAST.
+    let opts = grammar::tracking_options(line)?;
+    if opts.redirect.is_some() {
+        return None;
     }
-    if bcast && !has_prefix {
+    let mut args: Vec<Vec<u8>> = (0..line.argc()).map(|i| line.arg(i).to_vec()).collect();
+    for &at in &opts.prefixes {
+        args[at] = [prefix, args[at].as_slice()].concat();
+    }
+    if opts.bcast && opts.prefixes.is_empty() {
         args.push(b"PREFIX".to_vec());
         args.push(prefix.to_vec());
     }
@@ -587,10 +581,9 @@ fn sort_without_patterns<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) 
     if !matches!(spec.name, "sort" | "sort_ro") {
         return false;
     }
-    !(2..line.argc()).any(|i| {
-        let a = line.arg(i);
-        a.eq_ignore_ascii_case(b"BY") || a.eq_ignore_ascii_case(b"GET")
-    })
+    // BY and GET as SORT's parser reads them (`GET\0` is GET); options Redis refuses are
+    // refused here too.
+    grammar::sort_options(line, spec.name == "sort_ro").is_some_and(|o| o.patterns.is_empty())
 }
 
 /// Re-encodes a command with every key argument prefixed; `None` when its keys cannot be

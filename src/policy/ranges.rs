@@ -8,7 +8,7 @@
 
 use super::line::CommandLine;
 use crate::codec::parse_int;
-use crate::commands::CommandSpec;
+use crate::commands::{CommandSpec, grammar};
 
 /// The commands a range guard is indexed by.
 pub const COMMANDS: &[&str] = &[
@@ -58,23 +58,42 @@ pub enum Size {
 }
 
 /// The size of the range `line` asks for; `None` when the command is not a range read or its
-/// arguments are malformed (Redis refuses those itself).
+/// arguments are malformed (Redis refuses those itself). Options are read as Redis's own
+/// parsers read them ([`grammar`]): `COUNT\0` is COUNT, a `LIMIT` that is the value of `GET`
+/// is no LIMIT, the last LIMIT or COUNT is the one applied.
 pub fn read_size<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> Option<Size> {
     let int = |i: usize| (i < line.argc()).then(|| parse_int(line.arg(i))).flatten();
+    let limit = |count: Option<usize>| match count.and_then(int) {
+        // A negative LIMIT count is the whole range.
+        Some(n) => u64::try_from(n).map_or(Size::Whole, Size::AtMost),
+        None => Size::Whole,
+    };
     match spec.name {
         "lrange" | "zrevrange" => indices(int(2)?, int(3)?),
-        "zrange" => zrange(line, 2),
-        "zrangestore" => zrange(line, 3),
-        "zrangebyscore" | "zrevrangebyscore" | "zrangebylex" | "zrevrangebylex" | "sort"
-        | "sort_ro" => Some(limit(line)),
-        "xrange"
-        | "xrevrange"
-        | "geosearch"
+        "zrange" | "zrangestore" => {
+            let from = if spec.name == "zrange" { 2 } else { 3 };
+            let o = grammar::zrange_options(line, from + 2, false)?;
+            if o.by_value {
+                Some(limit(o.limit_count))
+            } else {
+                indices(int(from)?, int(from + 1)?)
+            }
+        }
+        "zrangebyscore" | "zrevrangebyscore" | "zrangebylex" | "zrevrangebylex" => {
+            Some(limit(grammar::zrange_options(line, 4, true)?.limit_count))
+        }
+        "sort" | "sort_ro" => Some(limit(
+            grammar::sort_options(line, spec.name == "sort_ro")?.limit_count,
+        )),
+        "xrange" | "xrevrange" => Some(count(grammar::xrange_count(line)?.and_then(int))),
+        "geosearch"
         | "geosearchstore"
         | "georadius"
         | "georadius_ro"
         | "georadiusbymember"
-        | "georadiusbymember_ro" => Some(count_option(line).map_or(Size::Whole, Size::AtMost)),
+        | "georadiusbymember_ro" => Some(count(
+            grammar::geo_options(line, spec.name)?.count.and_then(int),
+        )),
         // A negative count returns that many elements, repeats allowed.
         "srandmember" | "hrandfield" | "zrandmember" => {
             Some(Size::AtMost(int(2).map_or(1, i64::unsigned_abs)))
@@ -82,11 +101,28 @@ pub fn read_size<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> Optio
         "spop" | "lpop" | "rpop" | "zpopmin" | "zpopmax" => {
             Some(Size::AtMost(int(2).map_or(1, i64::unsigned_abs)))
         }
-        "lmpop" | "blmpop" | "zmpop" | "bzmpop" => {
-            Some(Size::AtMost(count_option(line).unwrap_or(1)))
-        }
+        "lmpop" | "zmpop" => Some(Size::AtMost(mpop(grammar::mpop_count(line, 1)?, line)?)),
+        "blmpop" | "bzmpop" => Some(Size::AtMost(mpop(grammar::mpop_count(line, 2)?, line)?)),
         "hgetall" | "hkeys" | "hvals" | "smembers" => Some(Size::Whole),
         _ => None,
+    }
+}
+
+/// A COUNT option's value: at most that many; none (or a negative one, which XRANGE reads as
+/// 0 and GEO refuses) is the whole range.
+fn count(n: Option<i64>) -> Size {
+    match n {
+        Some(n) if n >= 0 => Size::AtMost(n as u64),
+        Some(_) => Size::AtMost(0),
+        None => Size::Whole,
+    }
+}
+
+/// The elements an *MPOP pops: its COUNT (1 when absent).
+fn mpop<L: CommandLine + ?Sized>(count: Option<usize>, line: &L) -> Option<u64> {
+    match count {
+        Some(i) => u64::try_from(parse_int(line.arg(i))?).ok(),
+        None => Some(1),
     }
 }
 
@@ -100,39 +136,6 @@ fn indices(start: i64, stop: i64) -> Option<Size> {
         (false, true) => span(0, stop),
         (true, false) => Size::Whole,
     })
-}
-
-/// ZRANGE (its range from argument `from`): by index unless BYSCORE or BYLEX, whose ranges
-/// are bounded only by LIMIT.
-fn zrange<L: CommandLine + ?Sized>(line: &L, from: usize) -> Option<Size> {
-    let by_value = (from + 2..line.argc()).any(|i| {
-        let a = line.arg(i);
-        a.eq_ignore_ascii_case(b"BYSCORE") || a.eq_ignore_ascii_case(b"BYLEX")
-    });
-    if by_value {
-        return Some(limit(line));
-    }
-    let int = |i: usize| (i < line.argc()).then(|| parse_int(line.arg(i))).flatten();
-    indices(int(from)?, int(from + 1)?)
-}
-
-/// `LIMIT offset count`: `count` elements; a negative count, or no LIMIT, is the whole range.
-fn limit<L: CommandLine + ?Sized>(line: &L) -> Size {
-    (2..line.argc().saturating_sub(2))
-        .rev()
-        .find(|&i| line.arg(i).eq_ignore_ascii_case(b"LIMIT"))
-        .and_then(|i| parse_int(line.arg(i + 2)))
-        .and_then(|n| u64::try_from(n).ok())
-        .map_or(Size::Whole, Size::AtMost)
-}
-
-/// The value of a `COUNT n` option (the last one wins, as in Redis's parsers).
-fn count_option<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
-    (2..line.argc().saturating_sub(1))
-        .rev()
-        .find(|&i| line.arg(i).eq_ignore_ascii_case(b"COUNT"))
-        .and_then(|i| parse_int(line.arg(i + 1)))
-        .and_then(|n| u64::try_from(n).ok())
 }
 
 #[cfg(test)]
@@ -205,5 +208,42 @@ mod tests {
         assert_eq!(size("LMPOP 2 a b LEFT COUNT 7"), Some(Size::AtMost(7)));
         assert_eq!(size("SORT l LIMIT 0 10 ALPHA"), Some(Size::AtMost(10)));
         assert_eq!(size("GET k"), None);
+    }
+
+    #[test]
+    fn hostile_spellings_are_read_as_redis_reads_them() {
+        // Keywords end at a NUL byte (strcasecmp); decoys are values of other options.
+        for line in [
+            "ZRANGE z -inf +inf BYSCORE\0",
+            "ZRANGE z -inf +inf byscore\0x",
+            "XRANGE s - + COUNT\0 100000",
+            "SORT k GET # BY LIMIT GET 10",
+            "SORT k BY LIMIT\0",
+            "GEOSEARCH g FROMLONLAT 0 0 BYRADIUS 10 km COUNT\0 5 COUNT\0 -5",
+        ] {
+            assert_ne!(size(line), Some(Size::AtMost(10)), "{line}");
+            let s = size(line);
+            assert!(
+                s.is_none()
+                    || s == Some(Size::Whole)
+                    || matches!(s, Some(Size::AtMost(n)) if n > 1000),
+                "{line}: {s:?}"
+            );
+        }
+        assert_eq!(
+            size("XRANGE s - + COUNT\0 100000"),
+            Some(Size::AtMost(100_000))
+        );
+        assert_eq!(
+            size("LMPOP 1 k LEFT COUNT\0 100000"),
+            Some(Size::AtMost(100_000))
+        );
+        assert_eq!(size("SORT k GET # BY LIMIT GET 10"), Some(Size::Whole));
+        assert_eq!(
+            size("ZRANGE z 0 1 LIMIT 0 1 LIMIT 0 5000 BYSCORE"),
+            Some(Size::AtMost(5000))
+        );
+        // LMPOP's COUNT may be given once: Redis refuses the second.
+        assert_eq!(size("LMPOP 1 k LEFT COUNT 1 COUNT 100000"), None);
     }
 }

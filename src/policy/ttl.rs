@@ -27,9 +27,12 @@
 //! - `keys: created` (see [`TtlKeys`]): for writes that keep a key's TTL, [`MARK`] before and
 //!   [`SETTLE`] after instead of `PEXPIRE NX`, so a key that existed without a TTL keeps none;
 //!   SET and GETSET are sent with `KEEPTTL` between them.
-//! - `COPY … DB n` copies into another database, which a PEXPIRE sent here cannot reach: the
-//!   copy keeps the source's TTL and nothing is added (a PEXPIRE of the destination name here
-//!   would hit an unrelated key).
+//! - `COPY … DB n` copies into database `n`, which a PEXPIRE sent in the client's database
+//!   cannot reach: a hidden script selects `n` for itself and gives the copy a TTL if it has
+//!   none (`COPY_TTL`).
+//! - Every option is read as Redis reads it (`commands::grammar`): `EX\0`, `PERSIST\0` and
+//!   `ABSTTL\0` are the options they spell to Redis, and a repeated `EX` is cut in every
+//!   occurrence, as Redis applies the last.
 
 use std::borrow::Cow;
 
@@ -37,7 +40,7 @@ pub use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
 use crate::codec::{encode, itoa_buf, parse_int};
-use crate::commands::{self, CommandSpec, KeyPositions, KeySpecFlags};
+use crate::commands::{self, CommandSpec, KeyPositions, KeySpecFlags, grammar};
 
 thread_local! {
     /// The key positions `expire_written_keys` fills, one per thread: the rule is shared by
@@ -82,6 +85,9 @@ const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexp
 /// `keys: created`, after the write: a marked key (TTL above 2^59 ms) goes back to no TTL, a
 /// key without one (the write created it) gets `ARGV[1]` ms, and a TTL the key had is kept.
 const SETTLE: &[u8] = b"local t = redis.call('pttl', KEYS[1]) if t > 576460752303423488 then redis.call('persist', KEYS[1]) elseif t == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
+
+/// After `COPY … DB n`: in database `ARGV[2]`, the copy gets `ARGV[1]` ms if it has no TTL.
+const COPY_TTL: &[u8] = b"redis.call('select', ARGV[2]) if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
 
 /// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
 /// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
@@ -263,7 +269,11 @@ impl Ttl {
             "pexpireat" => self.clamp(args, absolute(2, 1)),
             "restore" | "restore-asking" => self.restore(args),
             "persist" => TtlAction::Keep,
-            "copy" if copies_to_another_db(args) => TtlAction::Keep,
+            "copy" => match grammar::copy_db(args) {
+                None => TtlAction::Keep, // Redis refuses the options.
+                Some(Some(db)) => self.copy_to_db(args, db, build),
+                Some(None) => self.expire_written_keys(spec, args, build),
+            },
             // GETSET drops the key's TTL, so under `keys: created` it is sent as the SET that
             // keeps it (same reply), and a key that existed without one keeps none.
             "getset" if self.keys == TtlKeys::Created && args.len() == 3 => {
@@ -280,14 +290,17 @@ impl Ttl {
         if args.len() < 3 {
             return TtlAction::Keep;
         }
-        for (i, opt) in args.iter().enumerate().skip(3) {
-            if opt.eq_ignore_ascii_case(b"KEEPTTL") {
-                // The TTL an existing key has is kept; a key the SET creates gets one.
-                return self.expire_keys(args, [(1, false)], build);
-            }
-            if let Some(expiry) = expiry_option(opt, i + 1) {
-                return self.clamp(args, expiry);
-            }
+        // Options as Redis reads them: `EX\0` is EX, a repeated EX applies its last value.
+        // Options Redis refuses leave nothing to do.
+        let Some(opts) = grammar::string_options(args, false) else {
+            return TtlAction::Keep;
+        };
+        if opts.keepttl {
+            // The TTL an existing key has is kept; a key the SET creates gets one.
+            return self.expire_keys(args, [(1, false)], build);
+        }
+        if let Some(expiry) = opts.expiry {
+            return self.clamp(args, expiry_of(expiry));
         }
         if self.keys == TtlKeys::Created {
             // A SET drops the TTL of the key it replaces: sent with KEEPTTL, a key that existed
@@ -311,15 +324,16 @@ impl Ttl {
     }
 
     fn getex(&self, args: &[&[u8]]) -> TtlAction {
-        for (i, a) in args.iter().enumerate().skip(2) {
-            if a.eq_ignore_ascii_case(b"PERSIST") && self.deny_persist {
-                return TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into());
-            }
-            if let Some(expiry) = expiry_option(a, i + 1) {
-                return self.clamp(args, expiry);
-            }
+        let Some(opts) = grammar::string_options(args, true) else {
+            return TtlAction::Keep; // Redis refuses the options.
+        };
+        if opts.persist && self.deny_persist {
+            return TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into());
         }
-        TtlAction::Keep
+        match opts.expiry {
+            Some(expiry) => self.clamp(args, expiry_of(expiry)),
+            None => TtlAction::Keep,
+        }
     }
 
     /// Cuts the expiry at `args[e.at]` to the maximum: the command is then sent in its relative
@@ -343,7 +357,15 @@ impl Ttl {
         let max_text = max.to_string();
         let mut new: Vec<&[u8]> = args.to_vec();
         match e.form {
-            Form::Option => new[e.at - 1] = b"PX",
+            // Every occurrence of the option (Redis applies the last; a repeated one is
+            // allowed only when it is the same option, so all become `PX max`).
+            Form::Option => {
+                let getex = args[0].eq_ignore_ascii_case(b"GETEX");
+                for at in grammar::expiry_values(args, getex) {
+                    new[at - 1] = b"PX";
+                    new[at] = max_text.as_bytes();
+                }
+            }
             Form::Command(name) => new[0] = name.as_bytes(),
         }
         new[e.at] = max_text.as_bytes();
@@ -371,11 +393,9 @@ impl Ttl {
         let Some(v) = args.get(2).and_then(|a| parse_int(a)).filter(|&v| v >= 0) else {
             return TtlAction::Keep; // Redis refuses a negative or malformed TTL itself.
         };
-        let abs = args
-            .iter()
-            .skip(4)
-            .position(|a| a.eq_ignore_ascii_case(b"ABSTTL"))
-            .map(|p| p + 4);
+        let Some(abs) = grammar::restore_absttl(args) else {
+            return TtlAction::Keep; // Redis refuses the options.
+        };
         let ttl = match (v, abs) {
             (0, _) => None,
             (v, Some(_)) => Some((v as u64).saturating_sub((self.clock)())),
@@ -487,6 +507,37 @@ impl Ttl {
         TtlAction::Rewrite(rw)
     }
 
+    /// `COPY src dst DB n`: the copy lands in database `n` (which may be the client's own:
+    /// the proxy does not know which database a client selected), where a `PEXPIRE` sent in
+    /// the client's database cannot reach. A hidden script selects `n` for itself (a script's
+    /// SELECT does not change its caller's database) and gives the copy a TTL if it has none:
+    /// COPY replaces the destination whole, so it is a key the write made.
+    fn copy_to_db(&self, args: &[&[u8]], db: usize, build: Build) -> TtlAction {
+        let Some(ms) = self.forced_ms(args[2]) else {
+            return TtlAction::Keep;
+        };
+        let note = Cow::Borrowed("the copy in database <n> gets <ttl> if it has none");
+        if build == Build::NoteOnly {
+            return TtlAction::Rewrite(Rewrite {
+                note,
+                ..Rewrite::default()
+            });
+        }
+        let ms = itoa_buf(ms);
+        TtlAction::Rewrite(Rewrite {
+            after: vec![encode(&[
+                b"EVAL",
+                COPY_TTL,
+                b"1",
+                args[2],
+                ms.as_bytes(),
+                args[db],
+            ])],
+            note,
+            ..Rewrite::default()
+        })
+    }
+
     /// `keys: created`: the SET (or GETSET) sent with `extra` options that keep the key's
     /// TTL, between [`MARK`] and [`SETTLE`].
     fn set_keeping_ttl(&self, args: &[&[u8]], extra: &[&[u8]], build: Build) -> TtlAction {
@@ -528,30 +579,14 @@ fn note_for(marks: bool) -> &'static str {
 const SET_KEEPING_TTL: &str =
     "SET sent with KEEPTTL; a new key gets <ttl>, one that existed without a TTL keeps none";
 
-/// The expiry an option of SET or GETEX gives, its number at `at`.
-fn expiry_option(opt: &[u8], at: usize) -> Option<Expiry> {
-    let (unit, absolute) = if opt.eq_ignore_ascii_case(b"EX") {
-        (1000, false)
-    } else if opt.eq_ignore_ascii_case(b"PX") {
-        (1, false)
-    } else if opt.eq_ignore_ascii_case(b"EXAT") {
-        (1000, true)
-    } else if opt.eq_ignore_ascii_case(b"PXAT") {
-        (1, true)
-    } else {
-        return None;
-    };
-    Some(Expiry {
-        at,
-        unit,
-        absolute,
+/// The clamp's view of an expiry option of SET or GETEX.
+fn expiry_of(e: grammar::Expiry) -> Expiry {
+    Expiry {
+        at: e.at,
+        unit: e.unit_ms,
+        absolute: e.absolute,
         form: Form::Option,
-    })
-}
-
-/// `COPY src dst DB n`: the destination is in another database.
-fn copies_to_another_db(args: &[&[u8]]) -> bool {
-    args.iter().skip(3).any(|a| a.eq_ignore_ascii_case(b"DB"))
+    }
 }
 
 #[cfg(test)]
@@ -770,9 +805,47 @@ mod tests {
     }
 
     #[test]
-    fn copy_into_another_database_adds_nothing_here() {
+    fn copy_into_a_database_gets_its_ttl_there() {
         assert_eq!(rewritten("COPY a b").1.len(), 1);
-        assert_eq!(run("COPY a b DB 1"), TtlAction::Keep);
+        for line in [
+            "COPY a b DB 1",
+            "COPY a b db\0 0",
+            "COPY a b DB 2 REPLACE DB 1",
+        ] {
+            let (command, after) = rewritten(line);
+            assert_eq!(command, None);
+            assert_eq!(after.len(), 1, "{line}");
+            assert!(after[0].contains("select"), "{line}: {}", after[0]);
+            assert!(
+                after[0].ends_with("$1\r\n1\r\n") || after[0].ends_with("$1\r\n0\r\n"),
+                "{}",
+                after[0]
+            );
+        }
+        assert_eq!(run("COPY a b DB"), TtlAction::Keep, "Redis refuses it");
+    }
+
+    #[test]
+    fn options_are_read_as_redis_reads_them() {
+        assert_eq!(
+            run("GETEX k PERSIST\0"),
+            TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into())
+        );
+        for line in [
+            "GETEX k EX\0 99999999999",
+            "GETEX k ex\0junk 99999999999",
+            "SET k v EX 10 EX 99999999999",
+            "SET k v PXAT\0 99999999999999",
+        ] {
+            let (command, _) = rewritten(line);
+            let command = command.unwrap_or_else(|| panic!("{line} was not cut"));
+            assert!(command.contains("604800000"), "{line}: {command}");
+            assert!(!command.contains("99999999999"), "{line}: {command}");
+        }
+        // Two different expiry options: Redis refuses it, nothing to do.
+        assert_eq!(run("SET k v EX 10 PX 99999999999"), TtlAction::Keep);
+        // KEEPTTL\0 keeps the TTL: the key gets one only if the SET creates it.
+        assert_eq!(rewritten("SET k v KEEPTTL\0").1.len(), 1);
     }
 
     #[test]
