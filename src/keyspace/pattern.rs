@@ -41,18 +41,15 @@ fn with_star(prefix: &[u8]) -> String {
 /// RESTORE with a TTL. Other writes (HSET, LPUSH, INCR…) leave the key's TTL as it was: a
 /// key they create has none.
 pub fn sets_ttl(name: &str, args: &[&[u8]]) -> bool {
-    // Options come after the key (GETEX) or the key and value (SET).
-    let option = |skip: usize| {
-        args.iter().skip(skip).any(|a| {
-            [&b"EX"[..], b"PX", b"EXAT", b"PXAT", b"KEEPTTL"]
-                .iter()
-                .any(|w| a.eq_ignore_ascii_case(w))
-        })
+    // Options read as Redis reads them (commands::grammar): `EX\0` is EX.
+    let option = |getex: bool| {
+        crate::commands::grammar::string_options(args, getex)
+            .is_some_and(|o| o.expiry.is_some() || o.keepttl)
     };
     match name {
         "setex" | "psetex" | "expire" | "pexpire" | "expireat" | "pexpireat" => true,
-        "set" => option(3),
-        "getex" => option(2),
+        "set" => option(false),
+        "getex" => option(true),
         "restore" => args.get(2).is_some_and(|ttl| *ttl != b"0"),
         _ => false,
     }
