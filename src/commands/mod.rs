@@ -587,6 +587,26 @@ impl CommandSpec {
                 written_destination(opts.store, out);
             }
         }
+        if matches!(self.name, "xread" | "xreadgroup") {
+            // The key spec searches for the first `STREAMS` from a fixed index, which may be a
+            // group or consumer named STREAMS (`XREADGROUP COUNT 1 GROUP STREAMS c STREAMS k >`
+            // reads `k`, GETKEYS reports `c` and `STREAMS`); the command reads the streams
+            // after the `STREAMS` that ends its options.
+            let opts = grammar::xread_options(args, self.name == "xreadgroup")
+                .ok_or(KeyError::InvalidArguments)?;
+            let first = opts.streams.ok_or(KeyError::InvalidArguments)?;
+            let n = args.len() - first;
+            let flags = out
+                .keys
+                .first()
+                .map_or(KeySpecFlags::RO | KeySpecFlags::ACCESS, |k| k.flags);
+            out.keys.clear();
+            if n == 0 || n % 2 != 0 {
+                return Err(KeyError::InvalidArguments);
+            }
+            out.keys
+                .extend((first..first + n / 2).map(|index| KeyRef { index, flags }));
+        }
         if matches!(self.name, "georadius" | "georadiusbymember") {
             let opts = grammar::geo_options(args, self.name).ok_or(KeyError::InvalidArguments)?;
             written_destination(opts.store, out);
@@ -1455,6 +1475,17 @@ mod tests {
         assert_eq!(k, vec![1, 8]);
         let k = idx("GEORADIUS g 13 38 200 km COUNT 5").unwrap();
         assert_eq!(k, vec![1]);
+        // XREADGROUP reads the streams after the STREAMS that ends its options, even when a
+        // group named STREAMS comes after the search start of its key spec.
+        assert_eq!(
+            idx("XREADGROUP COUNT 1 GROUP STREAMS c STREAMS k >").unwrap(),
+            vec![7]
+        );
+        assert_eq!(
+            idx("XREADGROUP GROUP STREAMS c1 BLOCK 0 STREAMS a b > >").unwrap(),
+            vec![7, 8]
+        );
+        assert_eq!(idx("XREAD COUNT 1 STREAMS\0 k 0").unwrap(), vec![4]);
         // PFMERGE with no sources creates its destination.
         assert_eq!(idx("PFMERGE dest").unwrap(), vec![1]);
     }
