@@ -240,9 +240,34 @@ async fn tracking_options_with_nul_suffixes_stay_confined() {
     let redis = RedisServer::start();
     let proxy = proxy(&redis).await;
     let mut a = login(&proxy, "alice", "alicepw").await;
+    // A live upstream client id: Redis would accept the redirect to it.
+    let mut direct = redis.raw().await;
+    let id = text(&direct.call(&["CLIENT", "ID"]).await);
+    let id = id.trim_start_matches(':').trim().to_string();
     let reply = text(
-        &a.call(&[&b"CLIENT"[..], b"TRACKING", b"on", b"REDIRECT\0", b"1"])
-            .await,
+        &a.call(&[
+            &b"CLIENT"[..],
+            b"TRACKING",
+            b"on",
+            b"REDIRECT\0",
+            id.as_bytes(),
+        ])
+        .await,
     );
     assert!(reply.starts_with("-"), "REDIRECT\\0 refused: {reply}");
+    // BCAST\0 is BCAST: the namespace's PREFIX is added, so another tenant's writes are not
+    // announced to this client.
+    let mut b = login(&proxy, "bob", "bobpw").await;
+    let mut t = login(&proxy, "alice", "alicepw").await;
+    assert_eq!(t.call(&["HELLO", "3"]).await[0], b'%');
+    assert_eq!(
+        t.call(&[&b"CLIENT"[..], b"TRACKING", b"on", b"BCAST\0"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(b.call(&["SET", "bobkey", "v"]).await, b"+OK\r\n");
+    assert_eq!(a.call(&["SET", "mine", "v"]).await, b"+OK\r\n");
+    // The first push t gets is about its own tenant's key.
+    let push = text(&t.read_frame().await);
+    assert!(push.contains("mine") && !push.contains("bobkey"), "{push}");
 }
