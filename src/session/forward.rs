@@ -459,12 +459,13 @@ impl Session {
 
     /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
     /// slot gets the error, the state `effect` would have set is marked as not established
-    /// (see `not_established`) and `false` is returned.
+    /// (see `not_established`) and `false` is returned: the command is answered and must not
+    /// be sent.
     pub(super) async fn ensure_dedicated(&mut self, raw: bool, node: u16, effect: Effect) -> bool {
-        if let Some(d) = &self.conn.dedicated {
-            if (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node {
-                return true;
-            }
+        if self.dedicated_usable(raw, node) {
+            return true;
+        }
+        if self.conn.dedicated.is_some() {
             if self.pinned() {
                 self.queue.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::Unavailable {
@@ -473,7 +474,8 @@ impl Session {
                     },
                 )));
                 self.input.closing = true;
-                return true;
+                // The command got its one reply (the error): it must not be sent as well.
+                return false;
             }
             self.conn.dedicated = None;
         }
@@ -511,6 +513,15 @@ impl Session {
                 false
             }
         }
+    }
+
+    /// Whether the session's dedicated connection can take a command for `node` as it is:
+    /// open, to that node, and speaking the client's protocol (`raw`: any, since the command
+    /// is an AUTH that sets the protocol after it).
+    pub(super) fn dedicated_usable(&self, raw: bool, node: u16) -> bool {
+        self.conn.dedicated.as_ref().is_some_and(|d| {
+            (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node
+        })
     }
 
     /// The command that would have set up `effect` on a dedicated connection could not get
