@@ -197,6 +197,10 @@ pub struct Metrics {
     pub upstream_lost: Counter,
     /// Error replies Redis sent (forwarded to clients).
     pub upstream_error_replies: Counter,
+    /// RESP3 pushes that arrived on a shared connection, where nothing subscribes or tracks:
+    /// dropped, never matched to a client's request (`upstream::stray`). Above 0 means a
+    /// `CLIENT TRACKING … REDIRECT` names a shared connection.
+    pub upstream_stray_pushes: Counter,
     /// Cluster redirections followed, by kind (cluster mode).
     pub redirections_moved: Counter,
     /// See `redirections_moved`.
@@ -379,6 +383,7 @@ impl Metrics {
             },
             oom_replies: Counter::default(),
             coalesced_reads: Counter::default(),
+            upstream_stray_pushes: Counter::default(),
             memory_report: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
@@ -463,6 +468,12 @@ impl Metrics {
             "upstream_error_replies",
             "Error replies from Redis, forwarded to clients",
             &self.upstream_error_replies,
+        );
+        register(
+            r,
+            "upstream_stray_pushes",
+            "RESP3 pushes that arrived on a shared upstream connection and were dropped instead of being taken for a reply (a CLIENT TRACKING REDIRECT naming a shared connection)",
+            &self.upstream_stray_pushes,
         );
     }
 
