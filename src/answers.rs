@@ -219,6 +219,16 @@ pub fn cannot_rewrite() -> Bytes {
     )
 }
 
+/// CLIENT TRACKING from a namespaced tenant with an option keyword spelled with a NUL
+/// (`BCAST\0`): Redis reads it as the keyword, and the namespace's confinement of tracking
+/// prefixes must see every option Redis sees.
+pub fn tracking_option_spelling() -> Bytes {
+    simple_error(
+        "NOPERM",
+        "policy namespace: CLIENT TRACKING options must be spelled as plain keywords for this client",
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {

@@ -122,3 +122,128 @@ async fn a_push_on_a_shared_connection_is_never_a_reply() {
             .join("\n")
     );
 }
+
+const ADMIN_SHA256: &str = "5fcf82bc15aef42cd3ec93e6d4b51c04df110cf77ee715f62f3f172ff8ed9de9"; // adminpw
+const APP_SHA256: &str = "71d3d4e36cf4bc4309fd7390ba79fc6a1d03d8d7b45ef26f04bcdff3ff116868"; // apppw
+
+/// Two tenants, `ops` (user admin) and `app` (user app), told apart by their proxy users;
+/// `extra` is appended to the YAML.
+fn two_tenants(redis: &RedisServer, extra: &str) -> redis_policy_proxy::Config {
+    let yaml = format!(
+        "upstream:\n  address: {}\naccess:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n    - {{name: app, password_sha256: {APP_SHA256}}}\n  identities:\n    - {{tenant: ops, user: admin}}\n    - {{tenant: app, user: app}}\n{extra}",
+        redis.addr()
+    );
+    redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("tenants.yaml")).unwrap()
+}
+
+/// A client logged in as `user`, subscribed (RESP2) to the invalidation channel, and its id.
+async fn invalidation_subscriber(proxy: &Proxy, user: &str, password: &str) -> (Raw, String) {
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", user, password]).await, b"+OK\r\n");
+    let id = text(&c.call(&["CLIENT", "ID"]).await);
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    let confirmed = c.call(&["SUBSCRIBE", "__redis__:invalidate"]).await;
+    assert!(
+        text(&confirmed).contains("subscribe"),
+        "{}",
+        show(&confirmed)
+    );
+    (c, id)
+}
+
+/// `REDIRECT\0` is REDIRECT to Redis: its id is a proxy client id like any other, so one of
+/// the proxy's own shared connections cannot be named with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    let proxy = Proxy::start(config).await;
+    let shared = shared_resp3_id(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.call(&["HELLO", "3"]).await;
+    let reply = c
+        .call(&[
+            &b"CLIENT"[..],
+            b"TRACKING",
+            b"on",
+            b"BCAST\0",
+            b"REDIRECT\0",
+            shared.as_bytes(),
+        ])
+        .await;
+    assert_eq!(
+        text(&reply),
+        "-ERR The client ID you want redirect to does not exist\r\n"
+    );
+    let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+    assert!(!list.contains("flags=t"), "a connection tracks: {list}");
+}
+
+/// CLIENT KILL walks its options as Redis does and the last ID wins there: every ID is a
+/// proxy client id, so a decoy first ID cannot carry an upstream id in the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_maps_every_id_option() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    config.upstream.dedicated_warm.value = 0;
+    let proxy = Proxy::start(config).await;
+    let shared = shared_resp3_id(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let own = text(&c.call(&["CLIENT", "ID"]).await);
+    let own = own.trim_start_matches(':').trim_end().to_string();
+    let reply = c
+        .call(&["CLIENT", "KILL", "ID", &own, "ID", &shared, "SKIPME", "no"])
+        .await;
+    assert_eq!(text(&reply), ":0\r\n");
+    let list = text(&redis.direct(&["CLIENT", "LIST", "ID", &shared]).await);
+    assert!(list.contains(&format!("id={shared} ")), "killed: {list}");
+}
+
+/// A client may redirect its invalidations only to a client of its own tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_redirect_stays_within_the_tenant() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(two_tenants(&redis, "")).await;
+    let (_app, app_id) = invalidation_subscriber(&proxy, "app", "apppw").await;
+    let (_ops, ops_id) = invalidation_subscriber(&proxy, "admin", "adminpw").await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "admin", "adminpw"]).await, b"+OK\r\n");
+    assert_eq!(
+        text(
+            &c.call(&["CLIENT", "TRACKING", "on", "REDIRECT", &app_id])
+                .await
+        ),
+        "-ERR The client ID you want redirect to does not exist\r\n"
+    );
+    assert_eq!(
+        text(
+            &c.call(&["CLIENT", "TRACKING", "on", "REDIRECT", &ops_id])
+                .await
+        ),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&c.call(&["CLIENT", "GETREDIR"]).await),
+        format!(":{ops_id}\r\n")
+    );
+}
+
+/// A namespaced tenant's tracking prefixes are confined by the namespace rule, which must
+/// see every option Redis sees: `BCAST\0` (BCAST to Redis) is refused rather than
+/// announcing every tenant's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_bcast_spelled_with_a_nul_is_refused_in_a_namespace() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(two_tenants(&redis, "  namespaces:\n    app: 'app:'\n")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "apppw"]).await, b"+OK\r\n");
+    c.call(&["HELLO", "3"]).await;
+    let reply = c
+        .call(&[&b"CLIENT"[..], b"TRACKING", b"on", b"BCAST\0"])
+        .await;
+    assert!(text(&reply).starts_with("-NOPERM"), "{}", show(&reply));
+    let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+    assert!(!list.contains("flags=t"), "a connection tracks: {list}");
+}

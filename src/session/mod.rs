@@ -11,6 +11,7 @@
 
 mod audited;
 mod batch;
+mod client_args;
 mod client_ids;
 mod client_list;
 mod cluster;

@@ -71,14 +71,16 @@ impl ConnState {
 impl Session {
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
     pub(super) fn login(&mut self, user: Option<Bytes>) {
-        self.ctx
-            .client_list
-            .update(self.client.id, |r| r.names.set_user(user.clone()));
-        self.client.names.set_user(user);
+        self.client.names.set_user(user.clone());
         self.client.tenant = self.client.policy.access.tenant_of(
             self.client.peer.ip(),
             self.client.names.user().map(|u| &u[..]),
         );
+        let tenant = self.client.tenant;
+        self.ctx.client_list.update(self.client.id, |r| {
+            r.names.set_user(user);
+            r.tenant = tenant;
+        });
     }
 
     /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
