@@ -190,12 +190,12 @@ pub fn invalid_cursor() -> Bytes {
 
 // --- The proxy's own errors -------------------------------------------------------------------
 
-/// A throttled address's AUTH, not even checked: how long to wait.
+/// An AUTH for a user throttled at this address, not even checked: how long to wait.
 pub fn auth_throttled(wait: std::time::Duration) -> Bytes {
     simple_error(
         "ERR",
         &format!(
-            "too many failed AUTH attempts from this address; retry in {} ms",
+            "too many failed AUTH attempts for this user from this address; retry in {} ms",
             wait.as_millis().max(1)
         ),
     )

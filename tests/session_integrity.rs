@@ -247,3 +247,38 @@ async fn tracking_bcast_spelled_with_a_nul_is_refused_in_a_namespace() {
     let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
     assert!(!list.contains("flags=t"), "a connection tracks: {list}");
 }
+
+/// Through the binary: one user's failed logins from an address make that user wait, never
+/// another user logging in correctly from the same address (clients behind one NAT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_throttling_is_per_address_and_user() {
+    let redis = RedisServer::start();
+    let dir = common::TempDir::new("auth-throttle");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "access:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n    - {{name: app, password_sha256: {APP_SHA256}}}\n  identities:\n    - {{tenant: ops, user: admin}}\n    - {{tenant: app, user: app}}\n"
+        ),
+    )
+    .unwrap();
+    let proxy =
+        common::process::ProxyProcess::start(&policy, &redis, dir.path().join("proxy.log"), &[])
+            .await;
+    let mut attacker = Raw::connect(proxy.addr()).await;
+    for _ in 0..8 {
+        let r = text(&attacker.call(&["AUTH", "admin", "guess"]).await);
+        assert!(
+            r.starts_with("-WRONGPASS") || r.starts_with("-ERR too many"),
+            "{r}"
+        );
+    }
+    let r = text(&attacker.call(&["AUTH", "admin", "adminpw"]).await);
+    assert!(r.starts_with("-ERR too many failed AUTH"), "{r}");
+    let mut app = Raw::connect(proxy.addr()).await;
+    assert_eq!(text(&app.call(&["AUTH", "app", "apppw"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&app.call(&["HELLO", "3", "AUTH", "app", "apppw"]).await)[..1],
+        *"%"
+    );
+}
