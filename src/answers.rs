@@ -229,6 +229,16 @@ pub fn tracking_option_spelling() -> Bytes {
     )
 }
 
+/// Why a command that needs a dedicated connection got none: its tenant holds its whole
+/// share of them (`upstream.dedicated_caps`).
+pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms: u128) -> String {
+    format!(
+        "tenant '{tenant}' holds all {limit} of its dedicated upstream connections \
+         (upstream.dedicated_caps.per_tenant_percent of upstream.dedicated_max {max}); waited \
+         {waited_ms} ms (upstream.dedicated_wait_ms)"
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {

@@ -282,3 +282,53 @@ async fn auth_throttling_is_per_address_and_user() {
         *"%"
     );
 }
+
+/// One tenant's blocked BLPOP clients hold at most their tenant's share of the dedicated
+/// connections: past it they get an error naming the limit, and the other tenant's BLPOP
+/// still gets a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_blocked_clients_cannot_take_every_dedicated_connection() {
+    let redis = RedisServer::start();
+    let mut config = two_tenants(&redis, "");
+    config.upstream.dedicated_max.value = 4;
+    config.upstream.dedicated_warm.value = 0;
+    config.upstream.dedicated_wait_ms.value = 100;
+    let proxy = Proxy::start(config).await;
+    let mut app = Vec::new();
+    for _ in 0..4 {
+        let mut c = Raw::connect(proxy.addr).await;
+        assert_eq!(c.call(&["AUTH", "app", "apppw"]).await, b"+OK\r\n");
+        c.send(&resp(&["BLPOP", "appq", "0"])).await;
+        app.push(c);
+    }
+    // Half of 4 (upstream.dedicated_caps.per_tenant_percent: 50) block; the others are told.
+    redis.wait_blocked_clients(2).await;
+    let mut refused = 0;
+    for c in &mut app[2..] {
+        let reply = text(&c.read_frame().await);
+        assert!(
+            reply.contains("tenant 'app' holds all 2 of its dedicated upstream connections")
+                && reply.contains("upstream.dedicated_caps.per_tenant_percent"),
+            "{reply}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 2);
+    let mut ops = Raw::connect(proxy.addr).await;
+    assert_eq!(ops.call(&["AUTH", "admin", "adminpw"]).await, b"+OK\r\n");
+    ops.send(&resp(&["BLPOP", "opsq", "0"])).await;
+    redis.wait_blocked_clients(3).await;
+    redis.direct(&["LPUSH", "opsq", "v"]).await;
+    assert_eq!(
+        text(&ops.read_frame().await),
+        "*2\r\n$4\r\nopsq\r\n$1\r\nv\r\n"
+    );
+    let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+    assert_eq!(
+        common::sample(
+            &metrics,
+            "rpp_upstream_dedicated_refused_total{limit=\"tenant\"}"
+        ),
+        2.0
+    );
+}

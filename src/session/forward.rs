@@ -485,6 +485,15 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
+        // Boxed, as the connect below: rare, and it may wait.
+        let share = match Box::pin(self.take_share()).await {
+            Ok(share) => share,
+            Err(why) => {
+                self.ctx.ops.metrics.dedicated_refused[0].inc();
+                self.not_established(effect, &why);
+                return false;
+            }
+        };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
         let pool = match self.routing.router() {
@@ -505,6 +514,7 @@ impl Session {
                     proto: if raw { 2 } else { self.client.proto },
                     node,
                     _id: id,
+                    _share: Some(share),
                 });
                 true
             }
@@ -512,6 +522,24 @@ impl Session {
                 self.not_established(effect, &e);
                 false
             }
+        }
+    }
+
+    /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
+    /// to `upstream.dedicated_wait_ms` for one; the reason when none came.
+    async fn take_share(&self) -> Result<super::tenant_quota::Share, String> {
+        let (max, caps, wait) = &self.ctx.dedicated_caps;
+        let access = &self.client.policy.access;
+        let limit = caps.per_tenant(*max, access.tenant_count());
+        let tenant = self.client.tenant;
+        match self.ctx.tenant_quota.take(tenant, limit, *wait).await {
+            Some(share) => Ok(share),
+            None => Err(answers::dedicated_tenant_limit(
+                access.tenant_name(tenant),
+                limit,
+                *max,
+                wait.as_millis(),
+            )),
         }
     }
 
@@ -529,7 +557,7 @@ impl Session {
     /// for. A MULTI leaves a transaction that was never opened (every command up to EXEC or
     /// DISCARD answered with an error and not run, EXEC aborted); a WATCH makes the next EXEC
     /// abort; a SELECT leaves the database the client had, and each error says so.
-    pub(super) fn not_established(&mut self, effect: Effect, e: &UpstreamError) {
+    pub(super) fn not_established(&mut self, effect: Effect, e: &dyn std::fmt::Display) {
         let consequence = match effect {
             Effect::Multi => {
                 self.conn.multi = Some(Transaction {
@@ -551,7 +579,7 @@ impl Session {
         };
         let reply = match consequence {
             Some(c) => crate::error::state_not_established(e, &c),
-            None => error_reply(&ProxyError::Upstream(e.clone())),
+            None => crate::error::simple_error("ERR", &e.to_string()),
         };
         self.queue.local(reply);
     }
