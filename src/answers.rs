@@ -190,12 +190,12 @@ pub fn invalid_cursor() -> Bytes {
 
 // --- The proxy's own errors -------------------------------------------------------------------
 
-/// A throttled address's AUTH, not even checked: how long to wait.
+/// An AUTH for a user throttled at this address, not even checked: how long to wait.
 pub fn auth_throttled(wait: std::time::Duration) -> Bytes {
     simple_error(
         "ERR",
         &format!(
-            "too many failed AUTH attempts from this address; retry in {} ms",
+            "too many failed AUTH attempts for this user from this address; retry in {} ms",
             wait.as_millis().max(1)
         ),
     )
@@ -216,6 +216,26 @@ pub fn cannot_rewrite() -> Bytes {
     simple_error(
         "NOPERM",
         "policy: this command cannot be rewritten as the policy requires",
+    )
+}
+
+/// CLIENT TRACKING from a namespaced tenant with an option keyword spelled with a NUL
+/// (`BCAST\0`): Redis reads it as the keyword, and the namespace's confinement of tracking
+/// prefixes must see every option Redis sees.
+pub fn tracking_option_spelling() -> Bytes {
+    simple_error(
+        "NOPERM",
+        "policy namespace: CLIENT TRACKING options must be spelled as plain keywords for this client",
+    )
+}
+
+/// Why a command that needs a dedicated connection got none: its tenant holds its whole
+/// share of them (`upstream.dedicated_caps`).
+pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms: u128) -> String {
+    format!(
+        "tenant '{tenant}' holds all {limit} of its dedicated upstream connections \
+         (upstream.dedicated_caps.per_tenant_percent of upstream.dedicated_max {max}); waited \
+         {waited_ms} ms (upstream.dedicated_wait_ms)"
     )
 }
 

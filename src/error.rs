@@ -70,7 +70,7 @@ pub fn error_reply(err: &ProxyError) -> Bytes {
 
 /// The error for a command whose connection state could not be set up (no dedicated
 /// connection), with what that means for the client's later commands.
-pub fn state_not_established(err: &UpstreamError, consequence: &str) -> Bytes {
+pub fn state_not_established(err: &dyn std::fmt::Display, consequence: &str) -> Bytes {
     simple_error("ERR", &format!("{err}; {consequence}"))
 }
 

@@ -197,6 +197,13 @@ pub struct Metrics {
     pub upstream_lost: Counter,
     /// Error replies Redis sent (forwarded to clients).
     pub upstream_error_replies: Counter,
+    /// Commands that got no dedicated connection because their tenant held its whole share
+    /// (`upstream.dedicated_caps`), and because the node's `dedicated_max` was reached.
+    pub dedicated_refused: [Counter; 2],
+    /// RESP3 pushes that arrived on a shared connection, where nothing subscribes or tracks:
+    /// dropped, never matched to a client's request (`upstream::stray`). Above 0 means a
+    /// `CLIENT TRACKING … REDIRECT` names a shared connection.
+    pub upstream_stray_pushes: Counter,
     /// Cluster redirections followed, by kind (cluster mode).
     pub redirections_moved: Counter,
     /// See `redirections_moved`.
@@ -379,6 +386,8 @@ impl Metrics {
             },
             oom_replies: Counter::default(),
             coalesced_reads: Counter::default(),
+            upstream_stray_pushes: Counter::default(),
+            dedicated_refused: Default::default(),
             memory_report: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
@@ -463,6 +472,19 @@ impl Metrics {
             "upstream_error_replies",
             "Error replies from Redis, forwarded to clients",
             &self.upstream_error_replies,
+        );
+        self.dedicated_refused = labelled(
+            r,
+            "upstream_dedicated_refused",
+            "Commands that needed a dedicated upstream connection and got an error instead: tenant (the client's tenant held its share, upstream.dedicated_caps), node (upstream.dedicated_max reached)",
+            "limit",
+            ["tenant", "node"],
+        );
+        register(
+            r,
+            "upstream_stray_pushes",
+            "RESP3 pushes that arrived on a shared upstream connection and were dropped instead of being taken for a reply (a CLIENT TRACKING REDIRECT naming a shared connection)",
+            &self.upstream_stray_pushes,
         );
     }
 

@@ -408,6 +408,12 @@ fn context(
         scripts_dedicated: config.upstream.scripts_on_dedicated.value,
         client_ids: Default::default(),
         client_list: Default::default(),
+        tenant_quota: Default::default(),
+        dedicated_caps: (
+            config.upstream.dedicated_max.value,
+            config.upstream.dedicated_caps.clone(),
+            std::time::Duration::from_millis(config.upstream.dedicated_wait_ms.value),
+        ),
         pause: Default::default(),
         stopping: Default::default(),
         idle_tick: tokio::sync::Notify::new(),

@@ -122,7 +122,7 @@ fn access_mistakes_are_reported_with_their_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_brute_force_is_throttled_per_address() {
+async fn auth_brute_force_is_throttled_per_address_and_user() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(config(&redis, false)).await;
     let mut c = Raw::connect(proxy.addr).await;
@@ -133,7 +133,9 @@ async fn auth_brute_force_is_throttled_per_address() {
     // Now even the right password must wait; a new connection from the same address too.
     let r = c.call(&["AUTH", "app", "apppw"]).await;
     assert!(
-        text(&r).starts_with("-ERR too many failed AUTH attempts from this address; retry in "),
+        text(&r).starts_with(
+            "-ERR too many failed AUTH attempts for this user from this address; retry in "
+        ),
         "{}",
         text(&r)
     );

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+mod dedicated_caps;
 mod routes;
+pub use dedicated_caps::DedicatedCapsConfig;
 pub use routes::{RouteConfig, RouteNode};
 
 /// A value from the file together with where it was written, for validation messages.
@@ -391,6 +393,8 @@ pub struct UpstreamConfig {
     /// How long a command waits for a dedicated connection when `dedicated_max` are in use,
     /// before it gets an error.
     pub dedicated_wait_ms: Located<u64>,
+    /// Each tenant's share of `dedicated_max` (`dedicated_caps`).
+    pub dedicated_caps: DedicatedCapsConfig,
     /// Scripts (EVAL, EVALSHA, FCALL and their `_RO` forms) run on the client's dedicated
     /// connection, so a busy script holds only its own client, as in Redis (others get
     /// `-BUSY`, `SCRIPT KILL` gets through). `false` pipelines them on the shared connection:
@@ -650,6 +654,7 @@ impl Default for UpstreamConfig {
             dedicated_max: located(10_000),
             dedicated_warm: located(4),
             dedicated_wait_ms: located(1_000),
+            dedicated_caps: DedicatedCapsConfig::default(),
             scripts_on_dedicated: located(true),
             tls: None,
             role: located(UpstreamRole::Mixed),
@@ -835,6 +840,7 @@ impl Config {
     /// Every problem with this file's own values, in file order.
     pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
+        self.upstream.dedicated_caps.problems(&mut problems);
         let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
             if !ok {
                 problems.push(Problem {

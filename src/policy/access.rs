@@ -255,8 +255,18 @@ impl Identities {
         user: &[u8],
         password: &[u8],
     ) -> Result<(), AuthFailure> {
+        // A user the proxy does not know never logs in: all such names share one key per
+        // address, so guessing names cannot grow the table beyond one entry per address
+        // and user.
+        let key = ThrottleKey {
+            addr,
+            user: self
+                .users
+                .contains_key(user)
+                .then(|| user.to_vec().into_boxed_slice()),
+        };
         self.throttle
-            .attempt(addr, Instant::now(), || self.authenticate(user, password))
+            .attempt(key, Instant::now(), || self.authenticate(user, password))
     }
 
     pub fn authenticate(&self, user: &[u8], password: &[u8]) -> bool {
@@ -277,8 +287,8 @@ const FIRST_WAIT: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Failures older than this are forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
-/// Addresses tracked at most; beyond it only addresses being made to wait are kept, so a
-/// spray of source addresses cannot grow memory without bound.
+/// (Address, user) pairs tracked at most; beyond it only those being made to wait are kept,
+/// so a spray of source addresses cannot grow memory without bound.
 const MAX_TRACKED: usize = 100_000;
 
 /// Why a proxy-side AUTH failed.
@@ -286,17 +296,30 @@ const MAX_TRACKED: usize = 100_000;
 pub enum AuthFailure {
     /// Wrong user or password.
     Wrong,
-    /// Too many failures from this address: not even checked; retry after this long.
+    /// Too many failures for this user from this address: not even checked; retry after
+    /// this long.
     Throttled(Duration),
 }
 
-/// Brute-force throttling of proxy-side AUTH by client address: after a few failures each
-/// attempt must wait, doubling up to 30 s; a success clears the address. The password is not
-/// checked while an address must wait, so waiting cannot be skipped by guessing faster.
+/// Brute-force throttling of proxy-side AUTH by client address and user: after a few
+/// failures each attempt must wait, doubling up to 30 s; a success clears the pair. The
+/// password is not checked while a pair must wait, so waiting cannot be skipped by guessing
+/// faster. Keyed by the user too, because clients behind one NAT, node or sidecar share an
+/// address: one tenant's failed logins must never make another user's correct AUTH fail
+/// (issue 26), and a guesser still waits for every user it tries.
 #[derive(Debug, Default)]
 pub struct AuthThrottle {
-    /// Failures by address; bounded by `MAX_TRACKED`.
-    failures: DashMap<IpAddr, Failures>,
+    /// Failures by address and user; bounded by `MAX_TRACKED`.
+    failures: DashMap<ThrottleKey, Failures>,
+}
+
+/// Whose failures count together.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ThrottleKey {
+    /// The client's address.
+    pub addr: IpAddr,
+    /// The proxy user it tried; `None` for every name the proxy does not know.
+    pub user: Option<Box<[u8]>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -310,26 +333,26 @@ struct Failures {
 }
 
 impl AuthThrottle {
-    /// Checks `user`/`password` from `addr` with `check`, applying the throttle.
+    /// Checks the credentials `key` tries with `check`, applying the throttle.
     pub fn attempt(
         &self,
-        addr: IpAddr,
+        key: ThrottleKey,
         now: Instant,
         check: impl FnOnce() -> bool,
     ) -> Result<(), AuthFailure> {
-        if let Some(f) = self.failures.get(&addr) {
+        if let Some(f) = self.failures.get(&key) {
             if now < f.wait_until {
                 return Err(AuthFailure::Throttled(f.wait_until - now));
             }
         }
         if check() {
-            self.failures.remove(&addr);
+            self.failures.remove(&key);
             return Ok(());
         }
         if self.failures.len() >= MAX_TRACKED {
             self.failures.retain(|_, f| f.wait_until > now);
         }
-        let mut f = self.failures.entry(addr).or_insert(Failures {
+        let mut f = self.failures.entry(key).or_insert(Failures {
             count: 0,
             last: now,
             wait_until: now,
@@ -405,37 +428,45 @@ mod tests {
     #[test]
     fn auth_failures_make_an_address_wait_doubling_and_success_clears_it() {
         let t = AuthThrottle::default();
-        let a = IpAddr::from([10, 0, 0, 1]);
-        let b = IpAddr::from([10, 0, 0, 2]);
+        let key = |last: u8| ThrottleKey {
+            addr: IpAddr::from([10, 0, 0, last]),
+            user: Some(b"app".to_vec().into_boxed_slice()),
+        };
+        let (a, b) = (key(1), key(2));
         let t0 = Instant::now();
         for _ in 0..FREE_FAILURES {
-            assert_eq!(t.attempt(a, t0, || false), Err(AuthFailure::Wrong));
+            assert_eq!(t.attempt(a.clone(), t0, || false), Err(AuthFailure::Wrong));
         }
         // The sixth failure starts the wait; during it even the right password is not checked.
-        assert_eq!(t.attempt(a, t0, || false), Err(AuthFailure::Wrong));
+        assert_eq!(t.attempt(a.clone(), t0, || false), Err(AuthFailure::Wrong));
         let mut checked = false;
-        let r = t.attempt(a, t0 + Duration::from_millis(50), || {
+        let r = t.attempt(a.clone(), t0 + Duration::from_millis(50), || {
             checked = true;
             true
         });
         assert_eq!(r, Err(AuthFailure::Throttled(Duration::from_millis(50))));
         assert!(!checked);
-        // Another address is unaffected.
-        assert_eq!(t.attempt(b, t0, || true), Ok(()));
+        // Another address is unaffected, and so is another user from the same address.
+        assert_eq!(t.attempt(b.clone(), t0, || true), Ok(()));
+        let other_user = ThrottleKey {
+            user: Some(b"ops".to_vec().into_boxed_slice()),
+            ..a.clone()
+        };
+        assert_eq!(t.attempt(other_user, t0, || true), Ok(()));
         // After the wait, another failure doubles it.
         let t1 = t0 + FIRST_WAIT;
-        assert_eq!(t.attempt(a, t1, || false), Err(AuthFailure::Wrong));
+        assert_eq!(t.attempt(a.clone(), t1, || false), Err(AuthFailure::Wrong));
         assert_eq!(
-            t.attempt(a, t1, || true),
+            t.attempt(a.clone(), t1, || true),
             Err(AuthFailure::Throttled(FIRST_WAIT * 2))
         );
         // Success after the wait clears the address.
         let t2 = t1 + FIRST_WAIT * 2;
-        assert_eq!(t.attempt(a, t2, || true), Ok(()));
-        assert_eq!(t.attempt(a, t2, || false), Err(AuthFailure::Wrong));
+        assert_eq!(t.attempt(a.clone(), t2, || true), Ok(()));
+        assert_eq!(t.attempt(a.clone(), t2, || false), Err(AuthFailure::Wrong));
         // The wait is capped.
         for _ in 0..40 {
-            let _ = t.attempt(b, t0, || false);
+            let _ = t.attempt(b.clone(), t0, || false);
             let now = t.failures.get(&b).map(|f| f.wait_until).unwrap();
             assert!(now <= t0 + MAX_WAIT);
         }

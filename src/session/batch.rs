@@ -282,6 +282,11 @@ impl Session {
                 self.input.paused = true;
                 return Flow::Stop;
             }
+            if run.target.is_some() && !self.dedicated_usable(false, node) {
+                // The run goes out before the command's error can take its slot, so its
+                // replies keep their place ahead of it.
+                self.flush_run(run).await;
+            }
             if !self.ensure_dedicated(false, node, join.effect).await {
                 self.count_joined(command, &join);
                 self.audit_failed(command);

@@ -32,6 +32,9 @@ pub(super) struct Row {
     pub since: Instant,
     /// `P` subscriber, `O` monitor, `N` neither.
     pub flag: char,
+    /// The client's tenant: a client may name only clients of its own tenant by id (CLIENT
+    /// TRACKING REDIRECT, KILL ID, UNBLOCK).
+    pub tenant: u16,
 }
 
 /// A client's proxy user and CLIENT SETNAME, boxed: most clients have neither, and both the
@@ -93,7 +96,13 @@ pub(super) enum Filter {
 
 impl ClientList {
     /// Lists client `id` until the returned guard is dropped with its session.
-    pub(super) fn join(self: &Arc<Self>, id: u64, addr: SocketAddr, laddr: SocketAddr) -> Listed {
+    pub(super) fn join(
+        self: &Arc<Self>,
+        id: u64,
+        addr: SocketAddr,
+        laddr: SocketAddr,
+        tenant: u16,
+    ) -> Listed {
         self.0.insert(
             id,
             Row {
@@ -104,6 +113,7 @@ impl ClientList {
                 resp: 2,
                 since: Instant::now(),
                 flag: 'N',
+                tenant,
             },
         );
         Listed {
@@ -115,6 +125,11 @@ impl ClientList {
     /// The proxy address client `id` connected to.
     pub(super) fn laddr(&self, id: u64) -> Option<SocketAddr> {
         self.0.get(&id).map(|row| row.laddr)
+    }
+
+    /// The tenant of client `id`, while it is connected.
+    pub(super) fn tenant(&self, id: u64) -> Option<u16> {
+        self.0.get(&id).map(|row| row.tenant)
     }
 
     /// Changes client `id`'s row.
@@ -201,8 +216,8 @@ mod tests {
         let list = Arc::new(ClientList::default());
         let a: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let l: SocketAddr = "127.0.0.1:6380".parse().unwrap();
-        let one = list.join(1, a, l);
-        let two = list.join(2, a, l);
+        let one = list.join(1, a, l, 0);
+        let two = list.join(2, a, l, 0);
         list.update(2, |r| {
             r.names.set_name(Some(Bytes::from_static(b"worker")));
             r.flag = 'P';

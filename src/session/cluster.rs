@@ -892,11 +892,14 @@ impl Session {
             .ok()?
             .tx;
         self.conn.dedicated_gen += 1;
+        // The connection it replaces was counted against the tenant: this one is now.
+        let share = self.conn.dedicated.take().and_then(|d| d._share);
         self.conn.dedicated = Some(Dedicated {
             tx: tx.clone(),
             proto,
             node,
             _id: None,
+            _share: share,
         });
         Some(tx)
     }

@@ -459,12 +459,13 @@ impl Session {
 
     /// Makes sure a usable dedicated connection to `node` exists; on failure the command's
     /// slot gets the error, the state `effect` would have set is marked as not established
-    /// (see `not_established`) and `false` is returned.
+    /// (see `not_established`) and `false` is returned: the command is answered and must not
+    /// be sent.
     pub(super) async fn ensure_dedicated(&mut self, raw: bool, node: u16, effect: Effect) -> bool {
-        if let Some(d) = &self.conn.dedicated {
-            if (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node {
-                return true;
-            }
+        if self.dedicated_usable(raw, node) {
+            return true;
+        }
+        if self.conn.dedicated.is_some() {
             if self.pinned() {
                 self.queue.local(error_reply(&ProxyError::Upstream(
                     UpstreamError::Unavailable {
@@ -473,7 +474,8 @@ impl Session {
                     },
                 )));
                 self.input.closing = true;
-                return true;
+                // The command got its one reply (the error): it must not be sent as well.
+                return false;
             }
             self.conn.dedicated = None;
         }
@@ -482,6 +484,15 @@ impl Session {
             budget: self.queue.push_budget(),
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
+        };
+        // Boxed, as the connect below: rare, and it may wait.
+        let share = match Box::pin(self.take_share()).await {
+            Ok(share) => share,
+            Err(why) => {
+                self.ctx.ops.metrics.dedicated_refused[0].inc();
+                self.not_established(effect, &why);
+                return false;
+            }
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
@@ -503,6 +514,7 @@ impl Session {
                     proto: if raw { 2 } else { self.client.proto },
                     node,
                     _id: id,
+                    _share: Some(share),
                 });
                 true
             }
@@ -513,12 +525,39 @@ impl Session {
         }
     }
 
+    /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
+    /// to `upstream.dedicated_wait_ms` for one; the reason when none came.
+    async fn take_share(&self) -> Result<super::tenant_quota::Share, String> {
+        let (max, caps, wait) = &self.ctx.dedicated_caps;
+        let access = &self.client.policy.access;
+        let limit = caps.per_tenant(*max, access.tenant_count());
+        let tenant = self.client.tenant;
+        match self.ctx.tenant_quota.take(tenant, limit, *wait).await {
+            Some(share) => Ok(share),
+            None => Err(answers::dedicated_tenant_limit(
+                access.tenant_name(tenant),
+                limit,
+                *max,
+                wait.as_millis(),
+            )),
+        }
+    }
+
+    /// Whether the session's dedicated connection can take a command for `node` as it is:
+    /// open, to that node, and speaking the client's protocol (`raw`: any, since the command
+    /// is an AUTH that sets the protocol after it).
+    pub(super) fn dedicated_usable(&self, raw: bool, node: u16) -> bool {
+        self.conn.dedicated.as_ref().is_some_and(|d| {
+            (raw || d.proto == self.client.proto) && !d.tx.is_closed() && d.node == node
+        })
+    }
+
     /// The command that would have set up `effect` on a dedicated connection could not get
     /// one: it gets the error, and no later command runs in a state the client did not ask
     /// for. A MULTI leaves a transaction that was never opened (every command up to EXEC or
     /// DISCARD answered with an error and not run, EXEC aborted); a WATCH makes the next EXEC
     /// abort; a SELECT leaves the database the client had, and each error says so.
-    pub(super) fn not_established(&mut self, effect: Effect, e: &UpstreamError) {
+    pub(super) fn not_established(&mut self, effect: Effect, e: &dyn std::fmt::Display) {
         let consequence = match effect {
             Effect::Multi => {
                 self.conn.multi = Some(Transaction {
@@ -540,7 +579,7 @@ impl Session {
         };
         let reply = match consequence {
             Some(c) => crate::error::state_not_established(e, &c),
-            None => error_reply(&ProxyError::Upstream(e.clone())),
+            None => crate::error::simple_error("ERR", &e.to_string()),
         };
         self.queue.local(reply);
     }

@@ -24,7 +24,7 @@ impl Session {
         let tenant = policy.access.tenant_of(peer.ip(), None);
         let local = stream.local_addr().unwrap_or(unknown);
         Session {
-            _listed: ctx.client_list.join(id, peer, local),
+            _listed: ctx.client_list.join(id, peer, local, tenant),
             routing: Routing::new(&ctx.upstreams, ctx.pool.epoch()),
             client: ClientState {
                 id,

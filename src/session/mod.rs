@@ -11,6 +11,7 @@
 
 mod audited;
 mod batch;
+mod client_args;
 mod client_ids;
 mod client_list;
 mod cluster;
@@ -26,6 +27,7 @@ mod routing;
 mod scatter;
 mod spread;
 mod state;
+mod tenant_quota;
 
 pub use io::serve;
 
@@ -79,6 +81,16 @@ pub struct Context {
     pub client_ids: Arc<client_ids::ClientIds>,
     /// Every client's row for `CLIENT LIST`.
     pub client_list: Arc<client_list::ClientList>,
+    /// Dedicated connections held per tenant, against each tenant's share
+    /// (`upstream.dedicated_caps`).
+    pub tenant_quota: Arc<tenant_quota::TenantQuota>,
+    /// Each tenant's share, and how long a command waits for one: the node's
+    /// `dedicated_max`, the caps, and `dedicated_wait_ms`.
+    pub dedicated_caps: (
+        usize,
+        crate::config::DedicatedCapsConfig,
+        std::time::Duration,
+    ),
     /// The `CLIENT PAUSE` in force, as forwarded through this proxy.
     pub pause: Arc<pause::Pause>,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
@@ -413,6 +425,8 @@ struct Dedicated {
     node: u16,
     /// Maps the client's id to this connection while it lives (see `client_ids`).
     _id: Option<client_ids::Registration>,
+    /// Counts the connection against the client's tenant while it lives (`tenant_quota`).
+    _share: Option<tenant_quota::Share>,
 }
 
 /// A run of consecutive commands forwarded together: the first `len` bytes of the read buffer,
@@ -887,6 +901,12 @@ mod size_tests {
             scripts_dedicated: true,
             client_ids: Default::default(),
             client_list: Default::default(),
+            tenant_quota: Default::default(),
+            dedicated_caps: (
+                10_000,
+                Default::default(),
+                std::time::Duration::from_secs(1),
+            ),
             pause: Default::default(),
             stopping: Default::default(),
             idle_tick: tokio::sync::Notify::new(),

@@ -3,8 +3,8 @@
 
 use super::pause::Paused;
 use super::{
-    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_list,
-    replies,
+    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_args,
+    client_list, replies,
 };
 use crate::command::{ClientSub, Kind};
 use crate::commands::CommandSpec;
@@ -82,6 +82,8 @@ impl Session {
                     rewrite,
                 }
             }
+            // The route's own refusal stands, rewrite or not.
+            (refused @ Action::Refused(_), Some(_)) => refused,
             // A rewrite the route cannot carry (a pub/sub or local command) must never turn
             // into forwarding the original: refuse instead.
             (_, Some(_)) => Action::Refused(answers::cannot_rewrite()),
@@ -373,22 +375,32 @@ impl Session {
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
             ClientSub::ConnectionState => {
                 let target = self.dedicated_target();
-                match id_after(args, b"REDIRECT") {
-                    Some(at) => self.with_upstream_id(args, at, target, Effect::ConnectionState),
-                    None => forward(target, Effect::ConnectionState),
+                if !args.get(1).eq_ignore_ascii_case(b"TRACKING") {
+                    return forward(target, Effect::ConnectionState);
                 }
+                let tracking = client_args::tracking(args);
+                if tracking.odd_spelling
+                    && self
+                        .client
+                        .policy
+                        .access
+                        .namespace(self.client.tenant)
+                        .is_some()
+                {
+                    return Action::Refused(answers::tracking_option_spelling());
+                }
+                self.with_upstream_ids(args, &tracking.redirects, target, Effect::ConnectionState)
             }
             ClientSub::Unblock if args.len() >= 3 => {
-                self.with_upstream_id(args, 2, current, Effect::None)
+                self.with_upstream_ids(args, &[2], current, Effect::None)
             }
             ClientSub::Pause if args.len() >= 3 => forward(current, pause_effect(args)),
             ClientSub::Unpause => forward(current, Effect::Unpause),
             ClientSub::Redirect => forward(current, Effect::NamesRedirect),
             ClientSub::List => self.client_list(args),
-            ClientSub::Kill => match id_after(args, b"ID") {
-                Some(at) => self.with_upstream_id(args, at, current, Effect::None),
-                None => forward(current, Effect::None),
-            },
+            ClientSub::Kill => {
+                self.with_upstream_ids(args, &client_args::kill_ids(args), current, Effect::None)
+            }
             _ => forward(current, Effect::None),
         }
     }
@@ -408,31 +420,41 @@ impl Session {
         )
     }
 
-    /// A CLIENT subcommand whose argument `at` is a client id the proxy gave out, forwarded
-    /// with Redis's id of that client's dedicated connection instead (see `client_ids`). An id
-    /// with no such connection behind it becomes one no connection has (Redis's largest), so
-    /// Redis answers as for a client that is not there — and parses the rest of the command
-    /// as always — instead of acting on an unrelated upstream connection that happens to
-    /// carry the proxy's id (the proxy's own shared one).
-    fn with_upstream_id(
+    /// A CLIENT subcommand whose arguments at `positions` are client ids the proxy gave out,
+    /// forwarded with Redis's ids of those clients' dedicated connections instead (see
+    /// `client_ids`). An id with no such connection behind it, or of a client of another
+    /// tenant, becomes one no connection has (Redis's largest), so Redis answers as for a
+    /// client that is not there — and parses the rest of the command as always — instead of
+    /// acting on an unrelated upstream connection that happens to carry the id (one of the
+    /// proxy's shared ones), or on another tenant's client.
+    fn with_upstream_ids(
         &self,
         args: &Args<'_>,
-        at: usize,
+        positions: &[usize],
         target: Target,
         effect: Effect,
     ) -> Action {
-        let Some(id) = codec::parse_int(args.get(at)).filter(|&id| id > 0) else {
-            // Not an id Redis accepts: Redis's own error.
+        let mapped: Vec<(usize, String)> = positions
+            .iter()
+            .filter_map(|&at| {
+                // Not an id Redis accepts: left for Redis's own error.
+                let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
+                let upstream = self
+                    .ctx
+                    .client_ids
+                    .upstream(id)
+                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant))
+                    .unwrap_or(i64::MAX as u64);
+                Some((at, upstream.to_string()))
+            })
+            .collect();
+        if mapped.is_empty() {
             return forward(target, effect);
-        };
-        let upstream = self
-            .ctx
-            .client_ids
-            .upstream(id as u64)
-            .unwrap_or(i64::MAX as u64);
-        let id = crate::codec::itoa_buf(upstream);
+        }
         let mut parts: Vec<&[u8]> = args.iter().collect();
-        parts[at] = id.as_bytes();
+        for (at, id) in &mapped {
+            parts[*at] = id.as_bytes();
+        }
         Action::Rewritten {
             target,
             expect: Expect::Frames(1),
@@ -550,14 +572,6 @@ fn unopened_multi(kind: Kind) -> Action {
         Kind::Reset => Action::Reset,
         _ => Action::Local(answers::not_queued_unopened_multi(), LocalEffect::None),
     }
-}
-
-/// The position of the argument after `option` (case-insensitive) among a CLIENT
-/// subcommand's options, if there is one.
-fn id_after(args: &Args<'_>, option: &[u8]) -> Option<usize> {
-    (2..args.len().saturating_sub(1))
-        .find(|&i| args.get(i).eq_ignore_ascii_case(option))
-        .map(|i| i + 1)
 }
 
 /// The filter of `CLIENT LIST [TYPE t] [ID id …]`; `None` for arguments Redis would refuse.

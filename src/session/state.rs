@@ -71,14 +71,16 @@ impl ConnState {
 impl Session {
     /// Sets the authenticated proxy user (`None`: anonymous) and the tenant that follows.
     pub(super) fn login(&mut self, user: Option<Bytes>) {
-        self.ctx
-            .client_list
-            .update(self.client.id, |r| r.names.set_user(user.clone()));
-        self.client.names.set_user(user);
+        self.client.names.set_user(user.clone());
         self.client.tenant = self.client.policy.access.tenant_of(
             self.client.peer.ip(),
             self.client.names.user().map(|u| &u[..]),
         );
+        let tenant = self.client.tenant;
+        self.ctx.client_list.update(self.client.id, |r| {
+            r.names.set_user(user);
+            r.tenant = tenant;
+        });
     }
 
     /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
@@ -214,7 +216,18 @@ impl Session {
                 self.ctx.client_list.update(self.client.id, |r| r.db = db);
                 self.client.db = db;
             }
-            Effect::Auth => self.conn.held.insert(Holds::OTHER_USER),
+            Effect::Auth => {
+                self.conn.held.insert(Holds::OTHER_USER);
+                // `outgoing` followed the AUTH with a hidden `HELLO 3` for a RESP3 client, so
+                // the connection speaks the client's protocol now even if it was dialled raw
+                // (RESP2). Recorded as RESP2, the next command would see a mismatch and find
+                // its pinned connection unusable (issue 33). Should the AUTH fail, Redis
+                // refuses the HELLO too and the connection stays RESP2, but then it answers
+                // every command with `-NOAUTH`, which reads the same in both protocols.
+                if let Some(d) = &mut self.conn.dedicated {
+                    d.proto = self.client.proto;
+                }
+            }
             Effect::AuthHello(proto) => {
                 self.conn.held.insert(Holds::OTHER_USER);
                 self.apply(Effect::Hello(proto));

@@ -144,6 +144,8 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         pubsub: PubSub::default(),
         push,
+        stray: Default::default(),
+        addr: addr.clone(),
         metrics,
         oom: false,
         timeout,
@@ -323,6 +325,10 @@ struct Reader {
     pubsub: PubSub,
     /// Where out-of-band frames go; `None` on shared connections, which never subscribe.
     push: Option<PushTarget>,
+    /// Shared connections: the pushes that arrived anyway, dropped (see `stray`).
+    stray: super::stray::StrayPushes,
+    /// The node, for the log line about a stray push.
+    addr: Arc<str>,
     /// Counts error replies, and round trips on shared connections (a dedicated one carries
     /// blocking commands, whose wait is not the upstream's latency).
     metrics: Option<Arc<Metrics>>,
@@ -395,6 +401,17 @@ impl Reader {
             let start = self.pos;
             if self.push.is_some() && self.is_push(&self.rbuf[start..start + len], pending) {
                 self.forward_push(len).await?;
+                continue;
+            }
+            // A push on a shared connection (only `>` frames: no lock taken for the rest).
+            if self.push.is_none()
+                && self.rbuf[start] == b'>'
+                && !super::stray::is_reply(
+                    &self.rbuf[start..start + len],
+                    !lock(pending).is_empty(),
+                )
+            {
+                self.drop_stray(len);
                 continue;
             }
             let mut queue = lock(pending);
@@ -557,6 +574,20 @@ impl Reader {
         } else {
             set.remove(name);
         }
+    }
+
+    /// Drops the push frame at `pos..pos+len` from a shared connection (see `stray`),
+    /// keeping the head batch's partial replies intact.
+    fn drop_stray(&mut self, len: usize) {
+        let frame = &self.rbuf[self.pos..self.pos + len];
+        self.stray
+            .dropped(&self.addr, frame, self.metrics.as_deref());
+        if self.pos > 0 {
+            self.acc.extend_from_slice(&self.rbuf[..self.pos]);
+            self.rbuf.advance(self.pos);
+            self.pos = 0;
+        }
+        self.rbuf.advance(len);
     }
 
     /// Sends the push frame at `pos..pos+len` to the session, keeping the head batch's

@@ -244,6 +244,7 @@ impl Dedicated {
 
     /// The error for a command that found no dedicated connection within `limits.wait`.
     fn exhausted(&self) -> UpstreamError {
+        self.link.metrics.dedicated_refused[1].inc();
         UpstreamError::Unavailable {
             addr: self.address.name(),
             reason: format!(

@@ -13,6 +13,8 @@
 //! - [`outage`]: what the log says when a node goes down and comes back (once, not per
 //!   connection per retry).
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
+//! - [`stray`]: pushes on a shared connection, which answer no request: dropped, counted,
+//!   logged.
 
 pub mod address;
 pub mod coalesce;
@@ -23,6 +25,7 @@ pub mod oom;
 pub mod outage;
 pub mod pool;
 pub mod replicas;
+pub mod stray;
 pub mod tls;
 
 use std::time::Duration;

@@ -95,11 +95,14 @@ impl Session {
             "subscriber's node failed; subscribed again on another node"
         );
         self.conn.dedicated_gen += 1;
+        // The connection it replaces was counted against the tenant: this one is now.
+        let share = self.conn.dedicated.take().and_then(|d| d._share);
         self.conn.dedicated = Some(Dedicated {
             tx,
             proto,
             node,
             _id: None,
+            _share: share,
         });
     }
 }

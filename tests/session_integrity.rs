@@ -1,0 +1,334 @@
+//! Exactly one reply per request, in order, whatever happens to the upstream connections
+//! underneath, and one client's state never reaching another's: a client's own AUTH on a
+//! RESP3 connection (issue 33), pushes on shared connections, CLIENT TRACKING REDIRECT,
+//! dedicated connection caps (issue 26). Through the proxy and a real redis-server.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use common::{Proxy, Raw, RedisServer, resp, show};
+
+fn text(reply: &[u8]) -> String {
+    String::from_utf8_lossy(reply).into_owned()
+}
+
+/// `HELLO 3`, then the client's own `AUTH` (what redis-py's `r.auth()` sends), pipelined with
+/// the commands after it: each gets its one reply, in order, and the connection stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_after_hello_3_gets_one_reply_per_command() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut input = resp(&["HELLO", "3"]);
+    for args in [
+        &["AUTH", "default", "x"][..],
+        &["PING"],
+        &["SET", "k", "v"],
+        &["GET", "k"],
+        &["AUTH", "default", "y"],
+        &["HGETALL", "nothing"],
+        &["ECHO", "end"],
+    ] {
+        input.extend_from_slice(&resp(args));
+    }
+    c.send(&input).await;
+    let frames = c.read_frames(8).await;
+    assert!(frames[0].starts_with(b"%7\r\n"), "{}", show(&frames[0]));
+    let rest: Vec<String> = frames[1..].iter().map(|f| text(f)).collect();
+    assert_eq!(
+        rest,
+        [
+            "+OK\r\n",
+            "+PONG\r\n",
+            "+OK\r\n",
+            "$1\r\nv\r\n",
+            "+OK\r\n",
+            // RESP3 after the AUTH: an empty map, not RESP2's empty array.
+            "%0\r\n",
+            "$3\r\nend\r\n"
+        ]
+    );
+    // Still open and in order afterwards.
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+}
+
+/// The id and address of one of the proxy's shared RESP3 connections, read from Redis's
+/// CLIENT LIST (the proxy's shared connections are the RESP3 ones that ran HELLO).
+async fn shared_resp3_id(redis: &RedisServer) -> String {
+    let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+    list.lines()
+        .find(|l| l.contains(" resp=3") && l.contains("cmd=hello"))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .unwrap_or_else(|| panic!("no shared RESP3 connection in {list}"))
+        .to_string()
+}
+
+/// A RESP3 push on a shared upstream connection (invalidations sent there by a `CLIENT
+/// TRACKING … BCAST REDIRECT` set up directly on Redis) is dropped and counted, never taken
+/// for the reply of the request at the head of the queue: every reply stays with its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_on_a_shared_connection_is_never_a_reply() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    config.upstream.dedicated_warm.value = 0;
+    let proxy = Proxy::start(config).await;
+    let shared = shared_resp3_id(&redis).await;
+    let mut tracker = redis.raw().await;
+    assert_eq!(
+        tracker
+            .call(&["CLIENT", "TRACKING", "on", "BCAST", "REDIRECT", &shared])
+            .await,
+        b"+OK\r\n"
+    );
+    let mut a = Raw::connect(proxy.addr).await;
+    let mut b = Raw::connect(proxy.addr).await;
+    a.call(&["HELLO", "3"]).await;
+    b.call(&["HELLO", "3"]).await;
+    for i in 0..20 {
+        let (ka, va) = (format!("a:{i}"), format!("secret-a-{i}"));
+        let (kb, vb) = (format!("b:{i}"), format!("secret-b-{i}"));
+        // Each write sends an invalidation to the shared connection after its reply.
+        assert_eq!(a.call(&["SET", &ka, &va]).await, b"+OK\r\n");
+        assert_eq!(b.call(&["SET", &kb, &vb]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&a.call(&["GET", &ka]).await),
+            format!("${}\r\n{va}\r\n", va.len())
+        );
+        assert_eq!(
+            text(&b.call(&["GET", &kb]).await),
+            format!("${}\r\n{vb}\r\n", vb.len())
+        );
+    }
+    // RESP3 UNSUBSCRIBE without subscriptions takes the shared path: its pushed confirmation
+    // is its reply.
+    assert_eq!(
+        text(&a.call(&["UNSUBSCRIBE", "nothing"]).await),
+        ">3\r\n$11\r\nunsubscribe\r\n$7\r\nnothing\r\n:0\r\n"
+    );
+    assert_eq!(a.call(&["PING"]).await, b"+PONG\r\n");
+    let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+    assert!(
+        common::sample(&metrics, "rpp_upstream_stray_pushes_total") >= 40.0,
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("stray"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+const ADMIN_SHA256: &str = "5fcf82bc15aef42cd3ec93e6d4b51c04df110cf77ee715f62f3f172ff8ed9de9"; // adminpw
+const APP_SHA256: &str = "71d3d4e36cf4bc4309fd7390ba79fc6a1d03d8d7b45ef26f04bcdff3ff116868"; // apppw
+
+/// Two tenants, `ops` (user admin) and `app` (user app), told apart by their proxy users;
+/// `extra` is appended to the YAML.
+fn two_tenants(redis: &RedisServer, extra: &str) -> redis_policy_proxy::Config {
+    let yaml = format!(
+        "upstream:\n  address: {}\naccess:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n    - {{name: app, password_sha256: {APP_SHA256}}}\n  identities:\n    - {{tenant: ops, user: admin}}\n    - {{tenant: app, user: app}}\n{extra}",
+        redis.addr()
+    );
+    redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("tenants.yaml")).unwrap()
+}
+
+/// A client logged in as `user`, subscribed (RESP2) to the invalidation channel, and its id.
+async fn invalidation_subscriber(proxy: &Proxy, user: &str, password: &str) -> (Raw, String) {
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", user, password]).await, b"+OK\r\n");
+    let id = text(&c.call(&["CLIENT", "ID"]).await);
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    let confirmed = c.call(&["SUBSCRIBE", "__redis__:invalidate"]).await;
+    assert!(
+        text(&confirmed).contains("subscribe"),
+        "{}",
+        show(&confirmed)
+    );
+    (c, id)
+}
+
+/// `REDIRECT\0` is REDIRECT to Redis: its id is a proxy client id like any other, so one of
+/// the proxy's own shared connections cannot be named with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    let proxy = Proxy::start(config).await;
+    let shared = shared_resp3_id(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.call(&["HELLO", "3"]).await;
+    let reply = c
+        .call(&[
+            &b"CLIENT"[..],
+            b"TRACKING",
+            b"on",
+            b"BCAST\0",
+            b"REDIRECT\0",
+            shared.as_bytes(),
+        ])
+        .await;
+    assert_eq!(
+        text(&reply),
+        "-ERR The client ID you want redirect to does not exist\r\n"
+    );
+    let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+    assert!(!list.contains("flags=t"), "a connection tracks: {list}");
+}
+
+/// CLIENT KILL walks its options as Redis does and the last ID wins there: every ID is a
+/// proxy client id, so a decoy first ID cannot carry an upstream id in the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_maps_every_id_option() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    config.upstream.dedicated_warm.value = 0;
+    let proxy = Proxy::start(config).await;
+    let shared = shared_resp3_id(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let own = text(&c.call(&["CLIENT", "ID"]).await);
+    let own = own.trim_start_matches(':').trim_end().to_string();
+    let reply = c
+        .call(&["CLIENT", "KILL", "ID", &own, "ID", &shared, "SKIPME", "no"])
+        .await;
+    assert_eq!(text(&reply), ":0\r\n");
+    let list = text(&redis.direct(&["CLIENT", "LIST", "ID", &shared]).await);
+    assert!(list.contains(&format!("id={shared} ")), "killed: {list}");
+}
+
+/// A client may redirect its invalidations only to a client of its own tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_redirect_stays_within_the_tenant() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(two_tenants(&redis, "")).await;
+    let (_app, app_id) = invalidation_subscriber(&proxy, "app", "apppw").await;
+    let (_ops, ops_id) = invalidation_subscriber(&proxy, "admin", "adminpw").await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "admin", "adminpw"]).await, b"+OK\r\n");
+    assert_eq!(
+        text(
+            &c.call(&["CLIENT", "TRACKING", "on", "REDIRECT", &app_id])
+                .await
+        ),
+        "-ERR The client ID you want redirect to does not exist\r\n"
+    );
+    assert_eq!(
+        text(
+            &c.call(&["CLIENT", "TRACKING", "on", "REDIRECT", &ops_id])
+                .await
+        ),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&c.call(&["CLIENT", "GETREDIR"]).await),
+        format!(":{ops_id}\r\n")
+    );
+}
+
+/// A namespaced tenant's tracking prefixes are confined by the namespace rule, which must
+/// see every option Redis sees: `BCAST\0` (BCAST to Redis) is refused rather than
+/// announcing every tenant's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_bcast_spelled_with_a_nul_is_refused_in_a_namespace() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(two_tenants(&redis, "  namespaces:\n    app: 'app:'\n")).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "apppw"]).await, b"+OK\r\n");
+    c.call(&["HELLO", "3"]).await;
+    let reply = c
+        .call(&[&b"CLIENT"[..], b"TRACKING", b"on", b"BCAST\0"])
+        .await;
+    assert!(text(&reply).starts_with("-NOPERM"), "{}", show(&reply));
+    let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+    assert!(!list.contains("flags=t"), "a connection tracks: {list}");
+}
+
+/// Through the binary: one user's failed logins from an address make that user wait, never
+/// another user logging in correctly from the same address (clients behind one NAT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_throttling_is_per_address_and_user() {
+    let redis = RedisServer::start();
+    let dir = common::TempDir::new("auth-throttle");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "access:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n    - {{name: app, password_sha256: {APP_SHA256}}}\n  identities:\n    - {{tenant: ops, user: admin}}\n    - {{tenant: app, user: app}}\n"
+        ),
+    )
+    .unwrap();
+    let proxy =
+        common::process::ProxyProcess::start(&policy, &redis, dir.path().join("proxy.log"), &[])
+            .await;
+    let mut attacker = Raw::connect(proxy.addr()).await;
+    for _ in 0..8 {
+        let r = text(&attacker.call(&["AUTH", "admin", "guess"]).await);
+        assert!(
+            r.starts_with("-WRONGPASS") || r.starts_with("-ERR too many"),
+            "{r}"
+        );
+    }
+    let r = text(&attacker.call(&["AUTH", "admin", "adminpw"]).await);
+    assert!(r.starts_with("-ERR too many failed AUTH"), "{r}");
+    let mut app = Raw::connect(proxy.addr()).await;
+    assert_eq!(text(&app.call(&["AUTH", "app", "apppw"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&app.call(&["HELLO", "3", "AUTH", "app", "apppw"]).await)[..1],
+        *"%"
+    );
+}
+
+/// One tenant's blocked BLPOP clients hold at most their tenant's share of the dedicated
+/// connections: past it they get an error naming the limit, and the other tenant's BLPOP
+/// still gets a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_blocked_clients_cannot_take_every_dedicated_connection() {
+    let redis = RedisServer::start();
+    let mut config = two_tenants(&redis, "");
+    config.upstream.dedicated_max.value = 4;
+    config.upstream.dedicated_warm.value = 0;
+    config.upstream.dedicated_wait_ms.value = 100;
+    let proxy = Proxy::start(config).await;
+    let mut app = Vec::new();
+    for _ in 0..4 {
+        let mut c = Raw::connect(proxy.addr).await;
+        assert_eq!(c.call(&["AUTH", "app", "apppw"]).await, b"+OK\r\n");
+        c.send(&resp(&["BLPOP", "appq", "0"])).await;
+        app.push(c);
+    }
+    // Half of 4 (upstream.dedicated_caps.per_tenant_percent: 50) block; the others are told.
+    redis.wait_blocked_clients(2).await;
+    let mut refused = 0;
+    for c in &mut app[2..] {
+        let reply = text(&c.read_frame().await);
+        assert!(
+            reply.contains("tenant 'app' holds all 2 of its dedicated upstream connections")
+                && reply.contains("upstream.dedicated_caps.per_tenant_percent"),
+            "{reply}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 2);
+    let mut ops = Raw::connect(proxy.addr).await;
+    assert_eq!(ops.call(&["AUTH", "admin", "adminpw"]).await, b"+OK\r\n");
+    ops.send(&resp(&["BLPOP", "opsq", "0"])).await;
+    redis.wait_blocked_clients(3).await;
+    redis.direct(&["LPUSH", "opsq", "v"]).await;
+    assert_eq!(
+        text(&ops.read_frame().await),
+        "*2\r\n$4\r\nopsq\r\n$1\r\nv\r\n"
+    );
+    let (_, metrics) = common::http_get(proxy.admin, "/metrics").await;
+    assert_eq!(
+        common::sample(
+            &metrics,
+            "rpp_upstream_dedicated_refused_total{limit=\"tenant\"}"
+        ),
+        2.0
+    );
+}
