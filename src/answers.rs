@@ -219,16 +219,6 @@ pub fn cannot_rewrite() -> Bytes {
     )
 }
 
-/// CLIENT TRACKING from a namespaced tenant with an option keyword spelled with a NUL
-/// (`BCAST\0`): Redis reads it as the keyword, and the namespace's confinement of tracking
-/// prefixes must see every option Redis sees.
-pub fn tracking_option_spelling() -> Bytes {
-    simple_error(
-        "NOPERM",
-        "policy namespace: CLIENT TRACKING options must be spelled as plain keywords for this client",
-    )
-}
-
 /// Why a command that needs a dedicated connection got none: its tenant holds its whole
 /// share of them (`upstream.dedicated_caps`).
 pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms: u128) -> String {

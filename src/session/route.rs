@@ -7,7 +7,7 @@ use super::{
     client_list, replies,
 };
 use crate::command::{ClientSub, Kind};
-use crate::commands::CommandSpec;
+use crate::commands::{CommandSpec, grammar};
 use crate::policy::{Client, Verdict};
 use crate::upstream::{Expect, ReplyWait};
 use crate::{answers, codec, command};
@@ -378,18 +378,13 @@ impl Session {
                 if !args.get(1).eq_ignore_ascii_case(b"TRACKING") {
                     return forward(target, Effect::ConnectionState);
                 }
-                let tracking = client_args::tracking(args);
-                if tracking.odd_spelling
-                    && self
-                        .client
-                        .policy
-                        .access
-                        .namespace(self.client.tenant)
-                        .is_some()
-                {
-                    return Action::Refused(answers::tracking_option_spelling());
-                }
-                self.with_upstream_ids(args, &tracking.redirects, target, Effect::ConnectionState)
+                // The REDIRECT Redis reads (`REDIRECT\0` too; a namespaced tenant's was refused
+                // by the policy); options Redis refuses go on as written and Redis refuses them.
+                let redirects: Vec<usize> = grammar::tracking_options(args)
+                    .and_then(|o| o.redirect)
+                    .into_iter()
+                    .collect();
+                self.with_upstream_ids(args, &redirects, target, Effect::ConnectionState)
             }
             ClientSub::Unblock if args.len() >= 3 => {
                 self.with_upstream_ids(args, &[2], current, Effect::None)
