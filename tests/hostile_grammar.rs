@@ -64,6 +64,12 @@ async fn nul_suffixed_and_repeated_expiry_options_are_judged_as_redis_applies_th
         "GETEX PERSIST\\0 kept the TTL"
     );
 
+    // A word Redis 7.0 does not know (Valkey 8.1's IFEQ takes the next word as its value, so
+    // `SET k v IFEQ EX` would drop the TTL there): refused, never forwarded unjudged.
+    let reply = text(&a.call(&["SET", "k", "v", "IFEQ", "EX"]).await);
+    assert!(reply.contains("syntax error"), "{reply}");
+    assert!(pttl(&redis, "a:k").await > 0);
+
     for args in [
         vec![&b"GETEX"[..], b"k", b"EX\0", b"99999999999"],
         vec![&b"SET"[..], b"k", b"v", b"EX", b"10", b"EX", b"99999999999"],

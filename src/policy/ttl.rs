@@ -270,7 +270,7 @@ impl Ttl {
             "restore" | "restore-asking" => self.restore(args),
             "persist" => TtlAction::Keep,
             "copy" => match grammar::copy_db(args) {
-                None => TtlAction::Keep, // Redis refuses the options.
+                None => unreadable("COPY"),
                 Some(Some(db)) => self.copy_to_db(args, db, build),
                 Some(None) => self.expire_written_keys(spec, args, build),
             },
@@ -291,9 +291,8 @@ impl Ttl {
             return TtlAction::Keep;
         }
         // Options as Redis reads them: `EX\0` is EX, a repeated EX applies its last value.
-        // Options Redis refuses leave nothing to do.
         let Some(opts) = grammar::string_options(args, false) else {
-            return TtlAction::Keep;
+            return unreadable("SET");
         };
         if opts.keepttl {
             // The TTL an existing key has is kept; a key the SET creates gets one.
@@ -325,7 +324,7 @@ impl Ttl {
 
     fn getex(&self, args: &[&[u8]]) -> TtlAction {
         let Some(opts) = grammar::string_options(args, true) else {
-            return TtlAction::Keep; // Redis refuses the options.
+            return unreadable("GETEX");
         };
         if opts.persist && self.deny_persist {
             return TtlAction::Refuse("GETEX PERSIST would leave the key without a TTL".into());
@@ -394,7 +393,7 @@ impl Ttl {
             return TtlAction::Keep; // Redis refuses a negative or malformed TTL itself.
         };
         let Some(abs) = grammar::restore_absttl(args) else {
-            return TtlAction::Keep; // Redis refuses the options.
+            return unreadable("RESTORE");
         };
         let ttl = match (v, abs) {
             (0, _) => None,
@@ -555,6 +554,16 @@ impl Ttl {
         rw.command = Some(encode(&set));
         TtlAction::Rewrite(rw)
     }
+}
+
+/// Fail closed: options the proxy cannot read as Redis 7.0 reads them. Redis 7.0 refuses them
+/// too (a syntax error), but a newer server may accept a word the proxy does not know
+/// (Valkey's `SET k v IFEQ EX` compares with "EX" and drops the key's TTL), and a TTL rule
+/// that let it through would not know what it allowed.
+fn unreadable(command: &str) -> TtlAction {
+    TtlAction::Refuse(format!(
+        "syntax error: {command} with options the TTL rule cannot read as Redis 7.0 reads them"
+    ))
 }
 
 /// Whether a rewrite is built to be sent, or only to say what it would do.
@@ -822,7 +831,7 @@ mod tests {
                 after[0]
             );
         }
-        assert_eq!(run("COPY a b DB"), TtlAction::Keep, "Redis refuses it");
+        assert!(matches!(run("COPY a b DB"), TtlAction::Refuse(_)));
     }
 
     #[test]
@@ -842,8 +851,10 @@ mod tests {
             assert!(command.contains("604800000"), "{line}: {command}");
             assert!(!command.contains("99999999999"), "{line}: {command}");
         }
-        // Two different expiry options: Redis refuses it, nothing to do.
-        assert_eq!(run("SET k v EX 10 PX 99999999999"), TtlAction::Keep);
+        // Two different expiry options, or a word Redis 7.0 does not know: refused, not
+        // forwarded unjudged (a newer server may read the word differently).
+        assert!(matches!(run("SET k v EX 10 PX 99999999999"), TtlAction::Refuse(_)));
+        assert!(matches!(run("SET k v IFEQ EX"), TtlAction::Refuse(_)));
         // KEEPTTL\0 keeps the TTL: the key gets one only if the SET creates it.
         assert_eq!(rewritten("SET k v KEEPTTL\0").1.len(), 1);
     }
