@@ -129,7 +129,11 @@ fn mpop<L: CommandLine + ?Sized>(count: Option<usize>, line: &L) -> Option<u64> 
 /// `start stop` as list or rank indices; negative ones count from the end, so a range with a
 /// non-negative start and a negative stop reaches the end of any collection.
 fn indices(start: i64, stop: i64) -> Option<Size> {
-    let span = |a: i64, b: i64| Size::AtMost(u64::try_from(b - a + 1).unwrap_or(0));
+    // In i128: `LRANGE k -9223372036854775808 0` overflowed i64 (a panic in a debug build).
+    let span = |a: i64, b: i64| {
+        let n = i128::from(b) - i128::from(a) + 1;
+        Size::AtMost(n.clamp(0, i128::from(u64::MAX)) as u64)
+    };
     Some(match (start >= 0, stop >= 0) {
         (true, true) | (false, false) => span(start, stop),
         // A negative start is clamped to 0 by Redis: at most `stop + 1` elements.
@@ -245,5 +249,14 @@ mod tests {
         );
         // LMPOP's COUNT may be given once: Redis refuses the second.
         assert_eq!(size("LMPOP 1 k LEFT COUNT 1 COUNT 100000"), None);
+        // Extremes do not overflow.
+        assert_eq!(
+            size("LRANGE l -9223372036854775808 0"),
+            Some(Size::AtMost(1))
+        );
+        assert_eq!(
+            size("LRANGE l -9223372036854775808 -1"),
+            Some(Size::AtMost(1 << 63))
+        );
     }
 }

@@ -853,7 +853,10 @@ mod tests {
         }
         // Two different expiry options, or a word Redis 7.0 does not know: refused, not
         // forwarded unjudged (a newer server may read the word differently).
-        assert!(matches!(run("SET k v EX 10 PX 99999999999"), TtlAction::Refuse(_)));
+        assert!(matches!(
+            run("SET k v EX 10 PX 99999999999"),
+            TtlAction::Refuse(_)
+        ));
         assert!(matches!(run("SET k v IFEQ EX"), TtlAction::Refuse(_)));
         // KEEPTTL\0 keeps the TTL: the key gets one only if the SET creates it.
         assert_eq!(rewritten("SET k v KEEPTTL\0").1.len(), 1);
