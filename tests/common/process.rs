@@ -65,7 +65,7 @@ impl ProxyProcess {
         panic!("could not start redis-policy-proxy: {last}");
     }
 
-    /// Polls PING until it answers PONG, within the deadline; `Err` if the process exited
+    /// Polls PING until it answers PONG (or NOAUTH), within the deadline; `Err` if the process exited
     /// first (e.g. its port was taken meanwhile).
     async fn wait_ready(&mut self) -> Result<(), String> {
         let until = Instant::now() + DEADLINE;
@@ -76,7 +76,12 @@ impl ProxyProcess {
             if let Some(mut c) = Raw::try_connect(self.addr(), DEADLINE).await {
                 c.send(b"PING\r\n").await;
                 let got = c.collect_frames(1, Duration::from_secs(2)).await;
-                if got.frames.first().is_some_and(|f| f == b"+PONG\r\n") {
+                // Under `require_auth` PING gets NOAUTH, which proves the proxy serves too.
+                if got
+                    .frames
+                    .first()
+                    .is_some_and(|f| f == b"+PONG\r\n" || f.starts_with(b"-NOAUTH"))
+                {
                     return Ok(());
                 }
             }
@@ -99,6 +104,12 @@ impl ProxyProcess {
 
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// How the process ended, if it has (a crash is a finding for tests that must keep the
+    /// proxy up, such as the invariant fuzzer).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     pub fn log_text(&self) -> String {
