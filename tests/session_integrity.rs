@@ -181,7 +181,8 @@ async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() 
 }
 
 /// CLIENT KILL walks its options as Redis does and the last ID wins there: every ID is a
-/// proxy client id, so a decoy first ID cannot carry an upstream id in the second.
+/// proxy client id (the proxy carries KILL out on its own clients), so a decoy first ID
+/// cannot carry an upstream id in the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_kill_maps_every_id_option() {
     let redis = RedisServer::start();

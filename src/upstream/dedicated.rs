@@ -84,7 +84,7 @@ pub struct Opened {
     /// The connection's command queue.
     pub tx: mpsc::Sender<Batch>,
     /// Redis's id of the connection (from its HELLO reply; `None` for a raw one), so the
-    /// client's own id can name it in `CLIENT UNBLOCK`, `CLIENT KILL ID`, `REDIRECT`.
+    /// client's own id can name it in `CLIENT UNBLOCK` and `REDIRECT`.
     pub upstream_id: Option<u64>,
 }
 

@@ -242,6 +242,11 @@ impl Pool {
         }
     }
 
+    /// How long a connect and handshake may take (`upstream.connect_timeout_ms`).
+    pub fn connect_timeout(&self) -> Duration {
+        self.spec.connect_timeout
+    }
+
     /// Whether the pool logs in with its own credentials. Without them, a client's AUTH runs
     /// on a connection that has had no handshake at all, exactly as on a direct connection.
     pub fn has_credentials(&self) -> bool {
