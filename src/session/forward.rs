@@ -301,7 +301,13 @@ impl Session {
             return true;
         }
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
-        let raw = auth && !self.ctx.pool.has_credentials();
+        // A client's own AUTH goes on a connection without the proxy's login when the proxy
+        // has none, or when the upstream refuses it: the client's credentials decide, as on
+        // a direct connection, and the pool's state never breaks them.
+        let raw = auth && {
+            let pool = self.node_pool(target);
+            !pool.has_credentials() || pool.credentials_refused()
+        };
         if let Target::Dedicated(node) = target
             && !self.ensure_dedicated(raw, node, effect).await
         {
@@ -480,12 +486,36 @@ impl Session {
             }
             self.conn.dedicated = None;
         }
-        match self.open_dedicated(raw, node).await {
+        let mut opened = self.open_dedicated(raw, node).await;
+        let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
+        if opened.is_err()
+            && auth
+            && !raw
+            && self
+                .node_pool(Target::Dedicated(node))
+                .credentials_refused()
+        {
+            // The proxy's login was refused just now: the client's AUTH brings its own.
+            opened = self.open_dedicated(true, node).await;
+        }
+        match opened {
             Ok(()) => true,
             Err(why) => {
                 self.not_established(effect, &why);
                 false
             }
+        }
+    }
+
+    /// The pool of the node a target names (the standalone or Sentinel primary's pool
+    /// outside cluster mode).
+    pub(super) fn node_pool(&self, target: Target) -> std::sync::Arc<crate::upstream::pool::Pool> {
+        let node = match target {
+            Target::Shared(_, node) | Target::Dedicated(node) => node,
+        };
+        match self.routing.router() {
+            Some(router) => router.pool(node),
+            None => self.ctx.pool.clone(),
         }
     }
 

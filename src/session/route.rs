@@ -231,8 +231,11 @@ impl Session {
         }
         let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
         match &self.ctx.upstream_password {
+            // Answered OK only while the upstream accepts those credentials: after a change
+            // of password Redis must say whether the client's AUTH works.
             Some(p)
                 if !self.conn.holds(Holds::OTHER_USER)
+                    && !self.ctx.pool.credentials_refused()
                     && constant_time_eq(user, pool_user.as_bytes())
                     && constant_time_eq(pass, p.as_bytes()) =>
             {
