@@ -188,6 +188,15 @@ pub fn invalid_cursor() -> Bytes {
     simple_error("ERR", "invalid cursor")
 }
 
+/// A command with fewer arguments than its arity allows (`name` as Redis spells it,
+/// `client|kill`).
+pub fn wrong_arity(name: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("wrong number of arguments for '{name}' command"),
+    )
+}
+
 /// CLIENT KILL's old form (`CLIENT KILL addr`) when no client has that address.
 pub fn no_such_client() -> Bytes {
     simple_error("ERR", "No such client")

@@ -136,7 +136,16 @@ async fn client_kill_by_address_and_id_closes_the_proxys_client() {
         ":0\r\n"
     );
     assert_eq!(bystander.call(&["PING"]).await, b"+PONG\r\n");
-    // Options are keywords as Redis reads them; a bad one is Redis's error.
+    // Options are keywords as Redis reads them; a bad one is Redis's error, an unknown user
+    // (without proxy users, the upstream's) and a missing argument too.
+    assert_eq!(
+        text(&killer.call(&["CLIENT", "KILL", "USER", "wrong_user"]).await),
+        "-ERR No such user 'wrong_user'\r\n"
+    );
+    assert_eq!(
+        text(&killer.call(&["CLIENT", "KILL"]).await),
+        "-ERR wrong number of arguments for 'client|kill' command\r\n"
+    );
     assert_eq!(
         text(
             &killer

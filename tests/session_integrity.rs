@@ -378,7 +378,9 @@ async fn refused_upstream_credentials_are_named_and_never_break_a_clients_auth()
     let mut other = Raw::connect(proxy.addr()).await;
     other.call(&["HELLO", "3"]).await;
     assert_eq!(
-        admin.call(&["CONFIG", "SET", "requirepass", "secret"]).await,
+        admin
+            .call(&["CONFIG", "SET", "requirepass", "secret"])
+            .await,
         b"+OK\r\n"
     );
     // A new dedicated connection.
@@ -415,7 +417,8 @@ async fn refused_upstream_credentials_are_named_and_never_break_a_clients_auth()
     call_until(&mut fresh, &["GET", "k"], "$1\r\nv").await;
     let log = proxy.log_text();
     assert_eq!(
-        log.matches("upstream refused the proxy's credentials").count(),
+        log.matches("upstream refused the proxy's credentials")
+            .count(),
         1,
         "{log}"
     );
@@ -443,7 +446,9 @@ async fn a_clients_auth_works_after_the_proxys_password_changed() {
             .await;
     let mut operator = redis.raw().await;
     assert_eq!(
-        operator.call(&["CONFIG", "SET", "requirepass", "new"]).await,
+        operator
+            .call(&["CONFIG", "SET", "requirepass", "new"])
+            .await,
         b"+OK\r\n"
     );
     let mut c = Raw::connect(proxy.addr()).await;

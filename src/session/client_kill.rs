@@ -62,7 +62,7 @@ pub(super) fn parse<L: CommandLine + ?Sized>(line: &L) -> Result<KillFilter, Byt
         });
     }
     if argc < 3 {
-        return Err(answers::syntax_error());
+        return Err(answers::wrong_arity("client|kill"));
     }
     let mut filter = KillFilter {
         skipme: true,

@@ -808,20 +808,41 @@ impl Session {
             }
             Action::Kill(filter) => {
                 self.input.rbuf.advance(len);
-                let ctx = &self.ctx;
-                let outcome = ctx.client_list.kill(
-                    self.client.id,
-                    self.client.tenant,
-                    &filter,
-                    &ctx.idle_tick,
-                );
-                self.answer(filter.reply(outcome.killed));
-                // Redis closes a client that killed itself once its reply is written.
-                self.input.closing |= outcome.caller;
+                // Boxed: rare, and it may ask the upstream about a user.
+                Box::pin(self.kill(*filter)).await;
             }
             Action::Summon(summon) => return Box::pin(self.summon(*summon, len)).await,
         }
         true
+    }
+
+    /// CLIENT KILL (consumed already): closes the clients `filter` names and answers. Without
+    /// proxy users, a `USER` names one of the upstream's users, and Redis refuses a user it
+    /// does not have: asked on the control connection (`ACL GETUSER`, null for none; an
+    /// error there, such as a user without ACL rights, leaves the name to match nothing).
+    async fn kill(&mut self, filter: client_kill::KillFilter) {
+        if let Some(user) = &filter.user
+            && !self.client.policy.access.has_users()
+            && user.as_slice() != b"default"
+        {
+            let asked = self
+                .ctx
+                .pool
+                .control()
+                .request(&[b"ACL", b"GETUSER", user])
+                .await;
+            if asked.is_ok_and(|r| r.starts_with(b"$-1") || r.starts_with(b"*-1")) {
+                self.answer(answers::no_such_user(user));
+                return;
+            }
+        }
+        let ctx = &self.ctx;
+        let outcome =
+            ctx.client_list
+                .kill(self.client.id, self.client.tenant, &filter, &ctx.idle_tick);
+        self.answer(filter.reply(outcome.killed));
+        // Redis closes a client that killed itself once its reply is written.
+        self.input.closing |= outcome.caller;
     }
 
     /// Queues a reply the proxy made (or gathered) for the command just consumed, unless the

@@ -406,9 +406,8 @@ impl Session {
 
     /// CLIENT KILL: carried out by the proxy on its own clients (`client_kill`); a filter
     /// Redis would refuse gets Redis's error. A `USER` the proxy's own users do not include
-    /// is Redis's `No such user` (without proxy users, any name: the upstream's users are
-    /// not the proxy's to list, and such a name matches only the clients CLIENT LIST shows
-    /// with it).
+    /// is Redis's `No such user` (without proxy users the names are the upstream's, checked
+    /// there when the KILL is carried out, `Session::kill`).
     fn decide_kill(&self, args: &Args<'_>) -> Action {
         let filter = match client_kill::parse(args) {
             Ok(filter) => filter,
