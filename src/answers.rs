@@ -234,16 +234,6 @@ pub fn no_such_user(name: &[u8]) -> Bytes {
 
 // --- The proxy's own errors -------------------------------------------------------------------
 
-/// The text of `UpstreamError::CredentialsRefused`: the upstream refused the proxy's own login,
-/// so a command that needed a new upstream connection was not run.
-pub fn credentials_refused(addr: &str, reply: &str) -> String {
-    format!(
-        "upstream {addr} refused the proxy's upstream credentials ({reply}); the command was not \
-         run: upstream.username/upstream.password must match the server's (requirepass or ACL \
-         changed?)"
-    )
-}
-
 /// CLIENT TRACKING … REDIRECT to a live client of the tenant whose session could not give the
 /// redirect an upstream connection to name (see `session::summon`).
 pub fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {
