@@ -188,7 +188,63 @@ pub fn invalid_cursor() -> Bytes {
     simple_error("ERR", "invalid cursor")
 }
 
+/// A command with fewer arguments than its arity allows (`name` as Redis spells it,
+/// `client|kill`).
+pub fn wrong_arity(name: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("wrong number of arguments for '{name}' command"),
+    )
+}
+
+/// CLIENT KILL's old form (`CLIENT KILL addr`) when no client has that address.
+pub fn no_such_client() -> Bytes {
+    simple_error("ERR", "No such client")
+}
+
+/// CLIENT KILL ID with a value that is not a positive integer.
+pub fn kill_bad_id() -> Bytes {
+    simple_error("ERR", "client-id should be greater than 0")
+}
+
+/// CLIENT KILL MAXAGE with a value that is not an integer (Redis 7.4's text).
+pub fn kill_bad_maxage() -> Bytes {
+    simple_error("ERR", "maxage is not an integer or out of range")
+}
+
+/// CLIENT KILL TYPE with a type Redis does not know (printed up to a NUL, as `%s` prints).
+pub fn unknown_client_type(name: &[u8]) -> Bytes {
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    simple_error(
+        "ERR",
+        &format!(
+            "Unknown client type '{}'",
+            String::from_utf8_lossy(&name[..end])
+        ),
+    )
+}
+
+/// CLIENT KILL USER naming a user that does not exist.
+pub fn no_such_user(name: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!("No such user '{}'", String::from_utf8_lossy(name)),
+    )
+}
+
 // --- The proxy's own errors -------------------------------------------------------------------
+
+/// CLIENT TRACKING … REDIRECT to a live client of the tenant whose session could not give the
+/// redirect an upstream connection to name (see `session::summon`).
+pub fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "the client ID you want redirect to ({client}) has no upstream connection of its \
+             own and the proxy could not open one: {why}"
+        ),
+    )
+}
 
 /// An AUTH for a user throttled at this address, not even checked: how long to wait.
 pub fn auth_throttled(wait: std::time::Duration) -> Bytes {

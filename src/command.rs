@@ -174,7 +174,7 @@ pub enum ClientSub {
     ConnectionState,
     /// UNBLOCK <id>: names another client by the id the proxy gave it.
     Unblock,
-    /// KILL: may name a client by id (`ID <id>`).
+    /// KILL: carried out by the proxy on its own clients (`session::client_kill`).
     Kill,
     /// PAUSE <ms> [WRITE|ALL]: the proxy routes around what Redis holds back.
     Pause,
@@ -184,7 +184,7 @@ pub enum ClientSub {
     List,
     /// GETREDIR, TRACKINGINFO: the reply names the redirect client by its upstream id.
     Redirect,
-    /// LIST, INFO, KILL, PAUSE, SETINFO…: forwarded (SETINFO too, so a client gets exactly
+    /// SETINFO and the rest: forwarded (SETINFO too, so a client gets exactly
     /// the upstream version's answer — Redis 7.0 does not know it).
     Other,
 }

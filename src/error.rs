@@ -23,6 +23,13 @@ pub enum UpstreamError {
     /// The upstream refused the proxy's handshake (AUTH/HELLO).
     #[error("upstream {addr} refused the handshake: {reply}")]
     Handshake { addr: Arc<str>, reply: Arc<str> },
+    /// The upstream refused the proxy's own login (`NOAUTH`, `WRONGPASS`, `NOPERM` to its
+    /// HELLO): its credentials no longer work there (`upstream::credentials`). Nothing was
+    /// sent, so the command was not applied.
+    #[error(
+        "upstream {addr} refused the proxy's upstream credentials ({reply}); the command was not run: upstream.username/upstream.password must match the server's (requirepass or ACL changed?)"
+    )]
+    CredentialsRefused { addr: Arc<str>, reply: Arc<str> },
     /// WAIT after a Sentinel failover: the client's earlier writes may have gone to the
     /// previous primary (and be lost), so no count from the new one would be true. The
     /// session is closed after it, so a new connection's WAIT covers only its own writes.

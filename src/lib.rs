@@ -43,7 +43,10 @@
 //!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
 //!   each hash slot's commands in order across nodes. `session::client_ids` maps the ids the
 //!   proxy gives to its clients' upstream connections, `session::client_list` answers
-//!   CLIENT LIST, `session::pause` routes around a forwarded CLIENT PAUSE.
+//!   CLIENT LIST (with `session::sub_counts`, a subscriber's counts from its confirmations),
+//!   `session::client_kill` carries out CLIENT KILL on the proxy's own clients,
+//!   `session::summon` gets a REDIRECT target without a connection of its own one,
+//!   `session::pause` routes around a forwarded CLIENT PAUSE.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool,
 //!   and `upstream::dedicated`, each node's capped, warm stock of dedicated connections.
 //! - [`routes`]: several upstreams behind one proxy: the route of a key by its prefix (and

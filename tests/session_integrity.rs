@@ -181,7 +181,8 @@ async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() 
 }
 
 /// CLIENT KILL walks its options as Redis does and the last ID wins there: every ID is a
-/// proxy client id, so a decoy first ID cannot carry an upstream id in the second.
+/// proxy client id (the proxy carries KILL out on its own clients), so a decoy first ID
+/// cannot carry an upstream id in the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_kill_maps_every_id_option() {
     let redis = RedisServer::start();
@@ -334,5 +335,140 @@ async fn one_tenants_blocked_clients_cannot_take_every_dedicated_connection() {
             "rpp_upstream_dedicated_refused_total{limit=\"tenant\"}"
         ),
         2.0
+    );
+}
+
+/// Calls `args` on `c` until the reply contains `want` (a shared connection notices that
+/// Redis closed it only when a command finds it gone), within the deadline; the last reply.
+async fn call_until(c: &mut Raw, args: &[&str], want: &str) -> String {
+    let until = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let reply = text(&c.call(args).await);
+        if reply.contains(want) {
+            return reply;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{args:?} never answered {want}: last {reply}"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
+/// Through the binary: after `CONFIG SET requirepass` sent through the proxy (which has no
+/// upstream password), every new upstream connection is refused. A command that needs a new
+/// dedicated connection and one queued for a shared connection that must reconnect (Redis
+/// closed it, as its `timeout` does) get the same error, naming the proxy's credentials, and
+/// the log says so once; a client's own AUTH still logs it in, and once the password is
+/// cleared (through the proxy, as a test suite's teardown does) the proxy logs in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_upstream_credentials_are_named_and_never_break_a_clients_auth() {
+    let redis = RedisServer::start();
+    let dir = common::TempDir::new("credentials");
+    let policy = common::write_file(
+        dir.path(),
+        "proxy.yaml",
+        "upstream:\n  dedicated_warm: 0\n  connections: 1\n  reconnect_max_ms: 50\n",
+    );
+    let proxy =
+        common::process::ProxyProcess::start(&policy, &redis, dir.path().join("proxy.log"), &[])
+            .await;
+    let mut admin = Raw::connect(proxy.addr()).await;
+    admin.call(&["HELLO", "3"]).await;
+    let mut other = Raw::connect(proxy.addr()).await;
+    other.call(&["HELLO", "3"]).await;
+    assert_eq!(
+        admin
+            .call(&["CONFIG", "SET", "requirepass", "secret"])
+            .await,
+        b"+OK\r\n"
+    );
+    // A new dedicated connection.
+    let blocked = text(&other.call(&["BLPOP", "q", "0"]).await);
+    assert!(
+        blocked.contains("refused the proxy's upstream credentials (NOAUTH"),
+        "{blocked}"
+    );
+    // The shared connections, closed by Redis, cannot reconnect: the same error.
+    let mut killer = redis.raw().await;
+    assert_eq!(killer.call(&["AUTH", "secret"]).await, b"+OK\r\n");
+    let killed = text(&killer.call(&["CLIENT", "KILL", "TYPE", "normal"]).await);
+    assert!(killed.starts_with(':'), "{killed}");
+    let refused = call_until(
+        &mut other,
+        &["GET", "k"],
+        "refused the proxy's upstream credentials",
+    )
+    .await;
+    assert!(!refused.contains("unavailable"), "{refused}");
+    // The client's own AUTH logs it in regardless, on its own connection.
+    assert_eq!(admin.call(&["AUTH", "default", "secret"]).await, b"+OK\r\n");
+    assert_eq!(admin.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    // A wrong AUTH is Redis's answer to that client alone.
+    let wrong = text(&other.call(&["AUTH", "default", "nope"]).await);
+    assert!(wrong.starts_with("-WRONGPASS"), "{wrong}");
+    // The teardown clears the password through the proxy: the proxy logs in again.
+    assert_eq!(
+        admin.call(&["CONFIG", "SET", "requirepass", ""]).await,
+        b"+OK\r\n"
+    );
+    let mut fresh = Raw::connect(proxy.addr()).await;
+    fresh.call(&["HELLO", "3"]).await;
+    call_until(&mut fresh, &["GET", "k"], "$1\r\nv").await;
+    let log = proxy.log_text();
+    assert_eq!(
+        log.matches("upstream refused the proxy's credentials")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("upstream accepts the proxy's credentials again"),
+        "{log}"
+    );
+}
+
+/// Through the binary: when an operator changes the password the proxy logs in with, a
+/// client that brings the new one is logged in by it (its AUTH no longer answered by the
+/// proxy from the old credentials), while commands that need a new connection get the error
+/// naming the proxy's credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_auth_works_after_the_proxys_password_changed() {
+    let redis = RedisServer::start_with(&["--requirepass", "old"]);
+    let dir = common::TempDir::new("credentials-changed");
+    let policy = common::write_file(
+        dir.path(),
+        "proxy.yaml",
+        "upstream:\n  password: old\n  dedicated_warm: 0\n",
+    );
+    let proxy =
+        common::process::ProxyProcess::start(&policy, &redis, dir.path().join("proxy.log"), &[])
+            .await;
+    let mut operator = redis.raw().await;
+    assert_eq!(
+        operator
+            .call(&["CONFIG", "SET", "requirepass", "new"])
+            .await,
+        b"+OK\r\n"
+    );
+    let mut c = Raw::connect(proxy.addr()).await;
+    c.call(&["HELLO", "3"]).await;
+    let refused = text(&c.call(&["BLPOP", "q", "0"]).await);
+    assert!(
+        refused.contains("refused the proxy's upstream credentials (WRONGPASS"),
+        "{refused}"
+    );
+    // The old password is Redis's to refuse now, the new one logs the client in.
+    let old = text(&c.call(&["AUTH", "default", "old"]).await);
+    assert!(old.starts_with("-WRONGPASS"), "{old}");
+    assert_eq!(c.call(&["AUTH", "default", "new"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["HGETALL", "none"]).await, b"%0\r\n");
+    assert!(
+        proxy
+            .log_text()
+            .contains("upstream refused the proxy's credentials"),
+        "{}",
+        proxy.log_text()
     );
 }

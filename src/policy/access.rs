@@ -246,6 +246,12 @@ impl Identities {
         !self.users.is_empty()
     }
 
+    /// Whether `name` is one of the proxy's users (`access.users` or `access.cert_users`),
+    /// for `CLIENT KILL USER`, which Redis refuses for a user it does not have.
+    pub fn knows_user(&self, name: &[u8]) -> bool {
+        self.users.contains_key(name) || self.cert_users.iter().any(|c| c == name)
+    }
+
     /// Checks a user's password; the digest comparison takes the same time wherever the
     /// digests differ.
     /// [`Identities::authenticate`] from `addr`, under the brute-force throttle.

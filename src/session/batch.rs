@@ -141,6 +141,10 @@ impl Session {
                 audit: audited::Slot::default(),
             }
         };
+        if let Some(spec) = command.spec {
+            // CLIENT LIST's `cmd=`: one relaxed store, no lookup.
+            self.listed.live().note_command(spec);
+        }
         let decision = self.decide(
             &self.input.rbuf[run.len..run.len + len],
             &command,

@@ -1,8 +1,9 @@
 //! Which upstream connection each client id names. A client learns its id from the proxy
-//! (`CLIENT ID`, HELLO), and hands it to another client's `CLIENT UNBLOCK`, `CLIENT KILL ID`
-//! or `CLIENT TRACKING … REDIRECT`, which Redis must apply to that client's own connection:
-//! its dedicated one, the only one Redis can block, kill or send invalidations on for it. A
-//! client without one is not blocked and has no connection of its own upstream.
+//! (`CLIENT ID`, HELLO), and hands it to another client's `CLIENT UNBLOCK` or `CLIENT TRACKING
+//! … REDIRECT`, which Redis must apply to that client's own connection: its dedicated one, the
+//! only one Redis can unblock or send invalidations on for it. A client without one is not
+//! blocked, and a REDIRECT to it has its session open one first (`summon`). (`CLIENT KILL` is
+//! the proxy's own business: it closes the client, `client_kill`.)
 
 use std::sync::Arc;
 

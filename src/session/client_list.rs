@@ -2,15 +2,24 @@
 //! upstream connections, which a client cannot map to anything it knows (its id, its name,
 //! its address); an operator asking who is connected means the clients. Each session keeps a
 //! row here, written when the client connects and when what the list shows changes (name,
-//! db, RESP version, user, subscriber or monitor flag), never per command.
+//! db, RESP version, user, subscriber or monitor flag, subscription counts), never per
+//! command: the one thing that changes per command, the last command's name, is an atomic
+//! store in the [`Live`] part the session and its row share. The same part carries what other
+//! sessions ask of this one (`CLIENT KILL`, a `REDIRECT` that needs its upstream connection).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+use super::client_kill::{Candidate, KillFilter};
+use super::sub_counts::SubCounts;
+use crate::commands::CommandSpec;
 
 /// Every connected client's row, by the id the proxy gave it.
 #[derive(Default)]
@@ -35,6 +44,66 @@ pub(super) struct Row {
     /// The client's tenant: a client may name only clients of its own tenant by id (CLIENT
     /// TRACKING REDIRECT, KILL ID, UNBLOCK).
     pub tenant: u16,
+    /// Its channels, patterns and shard channels, as Redis's confirmations counted them
+    /// (`sub=`, `psub=`, `ssub=`; libraries find subscribers by them).
+    pub subs: SubCounts,
+    /// What the session and the rest of the proxy share without a lookup in this map.
+    live: Arc<Live>,
+}
+
+/// The part of a client's row its session holds too: written per command by the session
+/// (one relaxed store, no map lookup), or by other sessions asking something of it, which
+/// then wake every session through the idle tick (`Context::idle_tick`; such requests are
+/// rare, and a session that finds nothing for itself goes back to sleep).
+#[derive(Default)]
+pub(super) struct Live {
+    /// The address of the table entry of the client's latest command (0: none yet), for
+    /// `cmd=`: an address, because a `&'static CommandSpec` cannot be stored atomically
+    /// without unsafe code; [`Live::last_command`] finds the entry again.
+    last: AtomicUsize,
+    /// A `CLIENT KILL` named the client: its session closes the connection at once.
+    killed: AtomicBool,
+    /// Sessions waiting for the upstream id of this client's dedicated connection (a
+    /// `CLIENT TRACKING … REDIRECT` to it, see `session::summon`); `summoned` says whether
+    /// any wait, without taking the lock on every tick.
+    summons: Mutex<Vec<oneshot::Sender<Result<u64, String>>>>,
+    /// See `summons`.
+    summoned: AtomicBool,
+}
+
+impl Live {
+    /// Records the client's latest command.
+    pub(super) fn note_command(&self, spec: &'static CommandSpec) {
+        self.last
+            .store(spec as *const CommandSpec as usize, Ordering::Relaxed);
+    }
+
+    /// The client's latest command's full name (`client|list`), if it sent one Redis knows.
+    fn last_command(&self) -> Option<&'static str> {
+        let at = self.last.load(Ordering::Relaxed);
+        if at == 0 {
+            return None;
+        }
+        crate::commands::all_commands()
+            .find(|s| *s as *const CommandSpec as usize == at)
+            .map(|s| s.name)
+    }
+
+    /// Whether a `CLIENT KILL` named the client.
+    pub(super) fn killed(&self) -> bool {
+        self.killed.load(Ordering::Acquire)
+    }
+
+    /// Whether another session waits for this client's upstream connection.
+    pub(super) fn summoned(&self) -> bool {
+        self.summoned.load(Ordering::Acquire)
+    }
+
+    /// The sessions waiting for this client's upstream connection, taken to be answered.
+    pub(super) fn take_summons(&self) -> Vec<oneshot::Sender<Result<u64, String>>> {
+        self.summoned.store(false, Ordering::Release);
+        std::mem::take(&mut *self.summons.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 /// A client's proxy user and CLIENT SETNAME, boxed: most clients have neither, and both the
@@ -103,6 +172,7 @@ impl ClientList {
         laddr: SocketAddr,
         tenant: u16,
     ) -> Listed {
+        let live = Arc::new(Live::default());
         self.0.insert(
             id,
             Row {
@@ -114,12 +184,80 @@ impl ClientList {
                 since: Instant::now(),
                 flag: 'N',
                 tenant,
+                subs: SubCounts::default(),
+                live: live.clone(),
             },
         );
         Listed {
             list: self.clone(),
             id,
+            live,
         }
+    }
+
+    /// Closes every client of `tenant` that `filter` names (`caller` is the client asking),
+    /// as Redis's CLIENT KILL: each one's session is told and woken through `wake`; the
+    /// caller's own connection, when named, is left to the caller (`KillOutcome::caller`).
+    pub(super) fn kill(
+        &self,
+        caller: u64,
+        tenant: u16,
+        filter: &KillFilter,
+        wake: &tokio::sync::Notify,
+    ) -> KillOutcome {
+        let mut outcome = KillOutcome::default();
+        for entry in self.0.iter() {
+            let (id, row) = (*entry.key(), entry.value());
+            if row.tenant != tenant || row.live.killed() {
+                continue;
+            }
+            let (addr, laddr) = (row.addr.to_string(), row.laddr.to_string());
+            let candidate = Candidate {
+                addr: &addr,
+                laddr: &laddr,
+                id,
+                pubsub: row.flag == 'P',
+                user: row.names.user().map_or(&b"default"[..], |u| &u[..]),
+                age: row.since.elapsed().as_secs(),
+                is_caller: id == caller,
+            };
+            if !filter.matches(&candidate) {
+                continue;
+            }
+            outcome.killed += 1;
+            if id == caller {
+                outcome.caller = true;
+            } else {
+                row.live.killed.store(true, Ordering::Release);
+            }
+        }
+        if outcome.killed > outcome.caller as usize {
+            wake.notify_waiters();
+        }
+        outcome
+    }
+
+    /// Asks client `id` (of `tenant`) for the upstream id of its dedicated connection, which
+    /// its session opens if it has none; `None` when there is no such client in the tenant.
+    /// The session is woken through `wake`.
+    pub(super) fn summon(
+        &self,
+        id: u64,
+        tenant: u16,
+        wake: &tokio::sync::Notify,
+    ) -> Option<oneshot::Receiver<Result<u64, String>>> {
+        let live = {
+            let row = self.0.get(&id)?;
+            (row.tenant == tenant && !row.live.killed()).then(|| row.live.clone())?
+        };
+        let (tx, rx) = oneshot::channel();
+        live.summons
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
+        live.summoned.store(true, Ordering::Release);
+        wake.notify_waiters();
+        Some(rx)
     }
 
     /// The proxy address client `id` connected to.
@@ -161,6 +299,16 @@ impl ClientList {
     }
 }
 
+/// What a `CLIENT KILL` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct KillOutcome {
+    /// Clients named, the caller included when it is.
+    pub killed: usize,
+    /// The caller is among them (`SKIPME no`, or the old form naming its own address): it
+    /// closes after its reply, as Redis closes a client that killed itself.
+    pub caller: bool,
+}
+
 /// One client's line, in Redis 7.0's field order; the fields about Redis's own buffers of a
 /// connection (obl, tot-mem…) are the proxy's unknowns and read 0, and so does `qbuf` but on
 /// the requester's line (`own`: its command's length).
@@ -176,13 +324,17 @@ fn line(id: u64, row: &Row, own: Option<usize>) -> String {
         .user()
         .map(|u| String::from_utf8_lossy(u))
         .unwrap_or("default".into());
-    let cmd = if own.is_some() { "client|list" } else { "NULL" };
+    let cmd = match own {
+        Some(_) => "client|list",
+        None => row.live.last_command().unwrap_or("NULL"),
+    };
     let qbuf = own.unwrap_or(0);
+    let SubCounts { sub, psub, ssub } = row.subs;
     let _ = writeln!(
         l,
-        "id={id} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={} db={} sub=0 psub=0 \
-         ssub=0 multi=-1 qbuf={qbuf} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 \
-         omem=0 tot-mem=0 events=r cmd={cmd} user={user} redir=-1 resp={}",
+        "id={id} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={} db={} sub={sub} \
+         psub={psub} ssub={ssub} multi=-1 qbuf={qbuf} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 \
+         rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} user={user} redir=-1 resp={}",
         row.addr,
         row.laddr,
         row.since.elapsed().as_secs(),
@@ -199,6 +351,15 @@ pub(super) struct Listed {
     list: Arc<ClientList>,
     /// The client's id.
     id: u64,
+    /// The part of the row the session writes per command and reads on each tick.
+    live: Arc<Live>,
+}
+
+impl Listed {
+    /// The part of the row shared with the session.
+    pub(super) fn live(&self) -> &Live {
+        &self.live
+    }
 }
 
 impl Drop for Listed {

@@ -301,7 +301,13 @@ impl Session {
             return true;
         }
         let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
-        let raw = auth && !self.ctx.pool.has_credentials();
+        // A client's own AUTH goes on a connection without the proxy's login when the proxy
+        // has none, or when the upstream refuses it: the client's credentials decide, as on
+        // a direct connection, and the pool's state never breaks them.
+        let raw = auth && {
+            let pool = self.node_pool(target);
+            !pool.has_credentials() || pool.credentials_refused()
+        };
         if let Target::Dedicated(node) = target
             && !self.ensure_dedicated(raw, node, effect).await
         {
@@ -331,6 +337,7 @@ impl Session {
             ),
             client_info: effect == Effect::ClientInfo,
             names_redirect: effect == Effect::NamesRedirect,
+            sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
             info: effect == Effect::Info,
             replace: out.replace,
             exec_mask,
@@ -479,6 +486,44 @@ impl Session {
             }
             self.conn.dedicated = None;
         }
+        let mut opened = self.open_dedicated(raw, node).await;
+        let auth = matches!(effect, Effect::Auth | Effect::AuthHello(_));
+        if opened.is_err()
+            && auth
+            && !raw
+            && self
+                .node_pool(Target::Dedicated(node))
+                .credentials_refused()
+        {
+            // The proxy's login was refused just now: the client's AUTH brings its own.
+            opened = self.open_dedicated(true, node).await;
+        }
+        match opened {
+            Ok(()) => true,
+            Err(why) => {
+                self.not_established(effect, &why);
+                false
+            }
+        }
+    }
+
+    /// The pool of the node a target names (the standalone or Sentinel primary's pool
+    /// outside cluster mode).
+    pub(super) fn node_pool(&self, target: Target) -> std::sync::Arc<crate::upstream::pool::Pool> {
+        let node = match target {
+            Target::Shared(_, node) | Target::Dedicated(node) => node,
+        };
+        match self.routing.router() {
+            Some(router) => router.pool(node),
+            None => self.ctx.pool.clone(),
+        }
+    }
+
+    /// Opens the session's dedicated connection to `node` (`raw`: without a handshake), on a
+    /// share of its tenant's connections, and maps the client's id to it (`client_ids`); the
+    /// reason when it could not. Used by `ensure_dedicated` and by a session asked for its
+    /// connection by another's REDIRECT (`summon`), which must not answer anything itself.
+    pub(super) async fn open_dedicated(&mut self, raw: bool, node: u16) -> Result<(), String> {
         let push = PushTarget {
             to: self.queue.reply_sender(),
             budget: self.queue.push_budget(),
@@ -490,8 +535,7 @@ impl Session {
             Ok(share) => share,
             Err(why) => {
                 self.ctx.ops.metrics.dedicated_refused[0].inc();
-                self.not_established(effect, &why);
-                return false;
+                return Err(why);
             }
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
@@ -500,29 +544,22 @@ impl Session {
             None => self.ctx.pool.clone(),
             Some(router) => router.pool(node),
         };
-        match Box::pin(pool.dedicated(self.client.proto, push, raw)).await {
-            Ok(opened) => {
-                self.conn.dedicated_gen += 1;
-                let id = match (self.routing.router(), opened.upstream_id) {
-                    (None, Some(upstream)) => {
-                        Some(self.ctx.client_ids.register(self.client.id, upstream))
-                    }
-                    _ => None,
-                };
-                self.conn.dedicated = Some(Dedicated {
-                    tx: opened.tx,
-                    proto: if raw { 2 } else { self.client.proto },
-                    node,
-                    _id: id,
-                    _share: Some(share),
-                });
-                true
-            }
-            Err(e) => {
-                self.not_established(effect, &e);
-                false
-            }
-        }
+        let opened = Box::pin(pool.dedicated(self.client.proto, push, raw))
+            .await
+            .map_err(|e| e.to_string())?;
+        self.conn.dedicated_gen += 1;
+        let id = match (self.routing.router(), opened.upstream_id) {
+            (None, Some(upstream)) => Some(self.ctx.client_ids.register(self.client.id, upstream)),
+            _ => None,
+        };
+        self.conn.dedicated = Some(Dedicated {
+            tx: opened.tx,
+            proto: if raw { 2 } else { self.client.proto },
+            node,
+            _id: id,
+            _share: Some(share),
+        });
+        Ok(())
     }
 
     /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up

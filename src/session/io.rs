@@ -24,7 +24,7 @@ impl Session {
         let tenant = policy.access.tenant_of(peer.ip(), None);
         let local = stream.local_addr().unwrap_or(unknown);
         Session {
-            _listed: ctx.client_list.join(id, peer, local, tenant),
+            listed: ctx.client_list.join(id, peer, local, tenant),
             routing: Routing::new(&ctx.upstreams, ctx.pool.epoch()),
             client: ClientState {
                 id,
@@ -44,6 +44,7 @@ impl Session {
                 args: Vec::new(),
                 read_at: Instant::now(),
                 closing: false,
+                killed: false,
                 paused: false,
                 active: false,
                 batch_name: None,
@@ -56,6 +57,11 @@ impl Session {
     /// through the handle `serve` keeps for the tick).
     pub(super) fn note_stopping(&mut self, ctx: &Context) {
         if ctx.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            self.input.closing = true;
+        }
+        // Another session's CLIENT KILL rides on the same wake-up.
+        if self.listed.live().killed() {
+            self.input.killed = true;
             self.input.closing = true;
         }
     }
@@ -282,6 +288,9 @@ pub fn serve<Seat: Send + 'static>(
         // first, so looking at the flag now leaves no gap.
         s.note_stopping(ticks);
         loop {
+            if s.input.killed {
+                break;
+            }
             if !s.queue.out.is_empty() && !s.write_out(&mut wr).await {
                 break;
             }
@@ -305,6 +314,10 @@ pub fn serve<Seat: Send + 'static>(
                 _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
                     tick.set(ticks.idle_tick.notified());
                     s.note_stopping(ticks);
+                    if s.listed.live().summoned() {
+                        // Boxed: rare, and it may dial a connection.
+                        Box::pin(s.answer_summons()).await;
+                    }
                     if s.on_idle_tick(reply_rx.as_ref()) {
                         reply_rx = None;
                     }

@@ -11,8 +11,8 @@
 
 mod audited;
 mod batch;
-mod client_args;
 mod client_ids;
+mod client_kill;
 mod client_list;
 mod cluster;
 mod forward;
@@ -27,6 +27,8 @@ mod routing;
 mod scatter;
 mod spread;
 mod state;
+mod sub_counts;
+mod summon;
 mod tenant_quota;
 
 pub use io::serve;
@@ -206,6 +208,9 @@ struct Handling {
     client_info: bool,
     /// CLIENT GETREDIR/TRACKINGINFO: the redirect connection's id made its client's.
     names_redirect: bool,
+    /// A SUBSCRIBE-family command: its confirmations' counts are the client's `sub=`,
+    /// `psub=` and `ssub=` in CLIENT LIST (`sub_counts`).
+    sub_counts: bool,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
@@ -309,6 +314,11 @@ enum Action {
         name: Option<Bytes>,
         login: Option<Bytes>,
     },
+    /// CLIENT KILL, carried out by the proxy on its own clients (`client_kill`).
+    Kill(Box<client_kill::KillFilter>),
+    /// CLIENT TRACKING … REDIRECT to a client of the tenant that has no dedicated connection:
+    /// its session is asked to open one, then the command goes on naming it (`summon`).
+    Summon(Box<summon::Summon>),
 }
 
 /// What `decide` made of one command: the action, and in cluster mode the hash slot its keys
@@ -474,8 +484,9 @@ struct Session {
     input: Input,
     /// The upstream mode and what only that mode keeps per session.
     routing: Routing,
-    /// This client's row in `CLIENT LIST`, removed when the session ends.
-    _listed: client_list::Listed,
+    /// This client's row in `CLIENT LIST`, removed when the session ends; its shared part
+    /// takes the last command and carries other sessions' requests (KILL, REDIRECT).
+    listed: client_list::Listed,
     /// Audited and sampled commands waiting for their replies (`audited`); boxed, made on
     /// the first.
     audit_trail: Option<Box<crate::audit::Trail>>,
@@ -582,6 +593,9 @@ struct Input {
     read_at: Instant,
     /// No more requests are read; the session ends when replies are written.
     closing: bool,
+    /// A CLIENT KILL named the client: the session ends at once, unanswered commands and
+    /// all, as Redis frees a killed client.
+    killed: bool,
     /// Request processing paused until in-flight commands on the other target are answered.
     paused: bool,
     /// Traffic since the last idle tick: only a session quiet for a whole tick releases its
@@ -792,8 +806,43 @@ impl Session {
                 self.reset();
                 self.queue.local(answers::reset());
             }
+            Action::Kill(filter) => {
+                self.input.rbuf.advance(len);
+                // Boxed: rare, and it may ask the upstream about a user.
+                Box::pin(self.kill(*filter)).await;
+            }
+            Action::Summon(summon) => return Box::pin(self.summon(*summon, len)).await,
         }
         true
+    }
+
+    /// CLIENT KILL (consumed already): closes the clients `filter` names and answers. Without
+    /// proxy users, a `USER` names one of the upstream's users, and Redis refuses a user it
+    /// does not have: asked on the control connection (`ACL GETUSER`, null for none; an
+    /// error there, such as a user without ACL rights, leaves the name to match nothing).
+    async fn kill(&mut self, filter: client_kill::KillFilter) {
+        if let Some(user) = &filter.user
+            && !self.client.policy.access.has_users()
+            && user.as_slice() != b"default"
+        {
+            let asked = self
+                .ctx
+                .pool
+                .control()
+                .request(&[b"ACL", b"GETUSER", user])
+                .await;
+            if asked.is_ok_and(|r| r.starts_with(b"$-1") || r.starts_with(b"*-1")) {
+                self.answer(answers::no_such_user(user));
+                return;
+            }
+        }
+        let ctx = &self.ctx;
+        let outcome =
+            ctx.client_list
+                .kill(self.client.id, self.client.tenant, &filter, &ctx.idle_tick);
+        self.answer(filter.reply(outcome.killed));
+        // Redis closes a client that killed itself once its reply is written.
+        self.input.closing |= outcome.caller;
     }
 
     /// Queues a reply the proxy made (or gathered) for the command just consumed, unless the

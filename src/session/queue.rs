@@ -178,6 +178,9 @@ impl Session {
             None => self.shape_reply(&handling, data),
             Some(_) => data,
         };
+        if handling.sub_counts && !data.is_empty() {
+            self.note_sub_counts(&data);
+        }
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
         // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
@@ -202,6 +205,19 @@ impl Session {
             }
         }
         self.queue.settle(at, mark);
+    }
+
+    /// CLIENT LIST's subscription counts and flag, from the confirmations in `data`
+    /// (`sub_counts`): a client left with no subscription is not `P` any more, as in Redis.
+    fn note_sub_counts(&self, data: &[u8]) {
+        self.ctx.client_list.update(self.client.id, |r| {
+            r.subs.confirmed(data);
+            if r.subs.any() {
+                r.flag = 'P';
+            } else if r.flag == 'P' {
+                r.flag = 'N';
+            }
+        });
     }
 
     /// A complete reply as the client sees it, per its slot's `handling`: replaced (EXECABORT),

@@ -3,8 +3,8 @@
 
 use super::pause::Paused;
 use super::{
-    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_args,
-    client_list, replies,
+    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_kill,
+    client_list, replies, summon,
 };
 use crate::command::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
@@ -231,8 +231,11 @@ impl Session {
         }
         let pool_user = self.ctx.upstream_user.as_deref().unwrap_or("default");
         match &self.ctx.upstream_password {
+            // Answered OK only while the upstream accepts those credentials: after a change
+            // of password Redis must say whether the client's AUTH works.
             Some(p)
                 if !self.conn.holds(Holds::OTHER_USER)
+                    && !self.ctx.pool.credentials_refused()
                     && constant_time_eq(user, pool_user.as_bytes())
                     && constant_time_eq(pass, p.as_bytes()) =>
             {
@@ -384,6 +387,9 @@ impl Session {
                     .and_then(|o| o.redirect)
                     .into_iter()
                     .collect();
+                if let Some(summon) = self.summon_for(args, &redirects, target) {
+                    return Action::Summon(Box::new(summon));
+                }
                 self.with_upstream_ids(args, &redirects, target, Effect::ConnectionState)
             }
             ClientSub::Unblock if args.len() >= 3 => {
@@ -393,11 +399,54 @@ impl Session {
             ClientSub::Unpause => forward(current, Effect::Unpause),
             ClientSub::Redirect => forward(current, Effect::NamesRedirect),
             ClientSub::List => self.client_list(args),
-            ClientSub::Kill => {
-                self.with_upstream_ids(args, &client_args::kill_ids(args), current, Effect::None)
-            }
+            ClientSub::Kill => self.decide_kill(args),
             _ => forward(current, Effect::None),
         }
+    }
+
+    /// CLIENT KILL: carried out by the proxy on its own clients (`client_kill`); a filter
+    /// Redis would refuse gets Redis's error. A `USER` the proxy's own users do not include
+    /// is Redis's `No such user` (without proxy users the names are the upstream's, checked
+    /// there when the KILL is carried out, `Session::kill`).
+    fn decide_kill(&self, args: &Args<'_>) -> Action {
+        let filter = match client_kill::parse(args) {
+            Ok(filter) => filter,
+            Err(reply) => return Action::Local(reply, LocalEffect::None),
+        };
+        let access = &self.client.policy.access;
+        if let Some(user) = &filter.user
+            && access.has_users()
+            && user.as_slice() != b"default"
+            && !access.knows_user(user)
+        {
+            return Action::Local(answers::no_such_user(user), LocalEffect::None);
+        }
+        Action::Kill(Box::new(filter))
+    }
+
+    /// A `CLIENT TRACKING … REDIRECT id` whose id is a live client of the caller's tenant
+    /// without a dedicated connection (so no upstream id to name): that client's session is
+    /// asked for one (`summon`). Standalone and Sentinel only: cluster connections are per
+    /// node and not mapped (`client_ids`).
+    fn summon_for(
+        &self,
+        args: &Args<'_>,
+        redirects: &[usize],
+        target: Target,
+    ) -> Option<summon::Summon> {
+        if self.routing.router().is_some() {
+            return None;
+        }
+        let &at = redirects.last()?;
+        let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
+        let ids = &self.ctx.client_ids;
+        let live = self.ctx.client_list.tenant(id) == Some(self.client.tenant);
+        (live && id != self.client.id && ids.upstream(id).is_none()).then(|| summon::Summon {
+            client: id,
+            at,
+            args: args.iter().map(Bytes::copy_from_slice).collect(),
+            target,
+        })
     }
 
     /// CLIENT LIST, answered by the proxy about its own clients (see `client_list`).

@@ -267,6 +267,7 @@ impl Session {
             r.db = 0;
             r.resp = 2;
             r.flag = 'N';
+            r.subs = Default::default();
         });
         self.conn.dedicated = None;
         self.login(None);

@@ -52,6 +52,9 @@ pub(super) struct Link {
     pub queue_depth: usize,
     /// Reply deadline (each batch adds its own blocking time).
     pub command_timeout: Option<Duration>,
+    /// The node's login state (`upstream::credentials`), told of every handshake here, so
+    /// a dedicated connection's refused login is logged and named as the shared ones' are.
+    pub credentials: Arc<super::credentials::Credentials>,
 }
 
 /// The node's dedicated connections: the permits and the stock.
@@ -84,7 +87,7 @@ pub struct Opened {
     /// The connection's command queue.
     pub tx: mpsc::Sender<Batch>,
     /// Redis's id of the connection (from its HELLO reply; `None` for a raw one), so the
-    /// client's own id can name it in `CLIENT UNBLOCK`, `CLIENT KILL ID`, `REDIRECT`.
+    /// client's own id can name it in `CLIENT UNBLOCK` and `REDIRECT`.
     pub upstream_id: Option<u64>,
 }
 
@@ -147,11 +150,13 @@ impl Dedicated {
         };
         let mut address = self.address.clone();
         let spec = node_spec(&self.spec, &mut address)?;
-        let (stream, hello) = handshake::connect(&spec, (!raw).then_some(proto))
-            .await
-            .inspect_err(|_| {
-                self.link.metrics.upstream_connect_errors.inc();
-            })?;
+        let connected = handshake::connect(&spec, (!raw).then_some(proto)).await;
+        if !raw {
+            self.link.credentials.observe(&spec.addr, &connected);
+        }
+        let (stream, hello) = connected.inspect_err(|_| {
+            self.link.metrics.upstream_connect_errors.inc();
+        })?;
         let (tx, rx) = mpsc::channel::<Batch>(self.link.queue_depth);
         let stop = address.moved_from(&spec.addr);
         tokio::spawn(serve(
@@ -355,11 +360,11 @@ async fn stock_one(
 ) -> Result<Parked, UpstreamError> {
     let mut address = d.address.clone();
     let spec = node_spec(&d.spec, &mut address)?;
-    let (stream, hello) = handshake::connect(&spec, Some(proto))
-        .await
-        .inspect_err(|_| {
-            d.link.metrics.upstream_connect_errors.inc();
-        })?;
+    let connected = handshake::connect(&spec, Some(proto)).await;
+    d.link.credentials.observe(&spec.addr, &connected);
+    let (stream, hello) = connected.inspect_err(|_| {
+        d.link.metrics.upstream_connect_errors.inc();
+    })?;
     let (tx, rx) = mpsc::channel::<Batch>(d.link.queue_depth);
     let (handover, taken) = oneshot::channel();
     let stop = address.moved_from(&spec.addr);

@@ -165,7 +165,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| spec.unavailable(format!("HELLO: {e}")))?
         .freeze();
-    refused(spec, &hello)?;
+    login_refused(spec, &hello)?;
     if spec.readonly {
         let reply = super::read_reply(stream, &mut buf, 1024)
             .await
@@ -206,6 +206,19 @@ async fn select_alone<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| spec.unavailable(format!("SELECT: {e}")))?;
     refused(spec, &reply)
+}
+
+/// The handshake error for HELLO's reply: a refusal of the proxy's credentials is told apart
+/// (`upstream::credentials`) from any other refusal.
+fn login_refused(spec: &NodeSpec, reply: &[u8]) -> Result<(), UpstreamError> {
+    match refused(spec, reply) {
+        Err(UpstreamError::Handshake { addr, reply })
+            if super::credentials::refuses_credentials(&reply) =>
+        {
+            Err(UpstreamError::CredentialsRefused { addr, reply })
+        }
+        other => other,
+    }
 }
 
 /// The handshake error for an error reply (a refused login, READONLY on a server that is

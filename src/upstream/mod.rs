@@ -3,6 +3,8 @@
 //! - [`handshake`]: connect, authenticate and pick the RESP version.
 //! - [`conn`]: the pipelined connection task: batched writes, FIFO reply matching on raw bytes,
 //!   pub/sub-aware framing for dedicated connections.
+//! - [`credentials`]: whether the upstream still accepts the proxy's own login, told once
+//!   to the log and named in every error it causes.
 //! - [`coalesce`]: identical concurrent reads sharing one reply (`upstream.coalesce_reads`).
 //! - [`oom`]: the proxy's note appended to Redis's OOM errors.
 //! - [`tls`]: the optional TLS layer.
@@ -19,6 +21,7 @@
 pub mod address;
 pub mod coalesce;
 pub mod conn;
+pub mod credentials;
 pub mod dedicated;
 pub mod handshake;
 pub mod oom;

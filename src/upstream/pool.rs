@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::address::Address;
 use super::conn::{self, PushTarget};
+use super::credentials::Credentials;
 use super::dedicated::{Dedicated, DedicatedLimits, Link as DedicatedLink, Opened};
 use super::handshake::{self, NodeSpec, node_spec};
 use super::outage::{Outage, Report, Role, Up};
@@ -45,6 +46,9 @@ pub struct Pool {
     /// The proxy's own connection for control commands (shared rate-limit scripts), so they
     /// never sit in a client's reply order.
     control: mpsc::Sender<Batch>,
+    /// Whether the node accepts the proxy's login, as its connections last found
+    /// (`upstream::credentials`): a client's AUTH then brings its own.
+    credentials: Arc<Credentials>,
     /// A cluster node that left the slot map (failed for good, removed): its supervisors stop
     /// reconnecting until it is back in a map, so a node gone for good costs no connect
     /// attempts, error counts or log lines every backoff. Never set outside cluster mode.
@@ -80,6 +84,7 @@ impl Pool {
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let (retired, retired_rx) = watch::channel(false);
+        let credentials = Arc::new(Credentials::default());
         let dedicated = Dedicated::start(
             spec.clone(),
             address.clone(),
@@ -88,9 +93,11 @@ impl Pool {
                 metrics: metrics.clone(),
                 queue_depth: settings.queue_depth,
                 command_timeout: settings.command_timeout,
+                credentials: credentials.clone(),
             },
             retired_rx.clone(),
         );
+        let node_credentials = credentials.clone();
         let outage = Arc::new(Outage::default());
         // Every connection of the node (shared and control) is one supervisor task.
         let start = |link, rx, hello, up| {
@@ -120,6 +127,7 @@ impl Pool {
                     role: Role::Shared,
                     outage: outage.clone(),
                     coalesce: settings.coalesce,
+                    credentials: credentials.clone(),
                 };
                 start(link, rx, hello_tx[index].clone(), flag);
             }
@@ -131,6 +139,7 @@ impl Pool {
             role: Role::Control,
             outage,
             coalesce: false,
+            credentials,
         };
         start(
             link,
@@ -147,6 +156,7 @@ impl Pool {
             hello: [hello2, hello3],
             dedicated,
             control,
+            credentials: node_credentials,
             retired,
         })
     }
@@ -240,6 +250,16 @@ impl Pool {
         Control {
             to: ControlTo::Node(self.control.clone()),
         }
+    }
+
+    /// How long a connect and handshake may take (`upstream.connect_timeout_ms`).
+    pub fn connect_timeout(&self) -> Duration {
+        self.spec.connect_timeout
+    }
+
+    /// Whether the node refused the proxy's latest login (`upstream::credentials`).
+    pub fn credentials_refused(&self) -> bool {
+        self.credentials.refused()
     }
 
     /// Whether the pool logs in with its own credentials. Without them, a client's AUTH runs
@@ -338,6 +358,9 @@ struct Link {
     /// Identical reads on this connection share one reply (`upstream.coalesce_reads`; shared
     /// connections only).
     coalesce: bool,
+    /// The node's login state, told of every handshake, so a refused login is logged once
+    /// for the node and not as an outage of this connection alone.
+    credentials: Arc<Credentials>,
 }
 
 impl Link {
@@ -415,6 +438,7 @@ async fn supervise(
         };
         let proto = link.proto;
         let connected = handshake::connect(&spec, Some(proto)).await;
+        link.credentials.observe(&spec.addr, &connected);
         let error = match connected {
             Ok((stream, reply)) => {
                 hello.send_replace(Some(reply));
@@ -481,8 +505,11 @@ async fn wait_to_retry(
     retry_at: Option<tokio::time::Instant>,
     retired: &mut watch::Receiver<bool>,
 ) -> bool {
+    // A refused login is said as such: the node is up, the proxy's credentials are not.
     let unavailable = match error {
-        UpstreamError::Unavailable { .. } => error.clone(),
+        UpstreamError::Unavailable { .. } | UpstreamError::CredentialsRefused { .. } => {
+            error.clone()
+        }
         other => UpstreamError::Unavailable {
             addr: address.name(),
             reason: other.to_string().into(),
