@@ -809,7 +809,8 @@ async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_comman
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let line = r.stdout.trim_end();
     assert!(
-        line.starts_with("ACL SETUSER default +@all ")
+        line.starts_with("ACL SETUSER default -")
+            && !line.contains('+')
             && line.contains(" -keys ")
             && line.contains(" -flushall ")
             && line.contains(" -swapdb"),
@@ -842,6 +843,68 @@ async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_comman
     let r = run_bin(&["--print-acl", path_str(&bad)]).await;
     assert_eq!(r.code, Some(EX_USAGE), "{}", r.stdout);
     assert!(r.stderr.contains("unknown command `NOPE`"), "{}", r.stderr);
+}
+
+/// `--print-acl`'s line only takes rights away: applied to a least-privilege user (GET and
+/// SET on `app:*`), ACL DRYRUN still refuses it CONFIG SET, SHUTDOWN, ACL SETUSER and DEBUG
+/// (a `+@all` first granted them), and what it had still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_acl_never_grants_a_least_privilege_user_anything() {
+    let tmp = TempDir::new("print-acl-least");
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml"))
+            .unwrap()
+            .replace(
+                "upstream:\n",
+                "upstream:\n  username: app\n  password: app-secret\n",
+            );
+    let file = write_file(tmp.path(), "app.yaml", &text);
+    let r = run_bin(&["--print-acl", path_str(&file)]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.trim_end();
+    assert!(line.starts_with("ACL SETUSER app -"), "{line}");
+    assert!(!line.contains('+'), "{line}");
+    let redis = RedisServer::start();
+    assert_eq!(
+        redis
+            .direct(&[
+                "ACL",
+                "SETUSER",
+                "app",
+                "on",
+                ">app-secret",
+                "~app:*",
+                "+get",
+                "+set"
+            ])
+            .await,
+        b"+OK\r\n"
+    );
+    let args: Vec<&str> = line.split(' ').collect();
+    assert_eq!(redis.direct(&args).await, b"+OK\r\n");
+    for cmd in [
+        &["config", "set", "maxmemory", "1"][..],
+        &["shutdown"],
+        &["acl", "setuser", "x"],
+        &["debug", "sleep", "0"],
+        &["flushall"],
+        &["keys", "*"],
+    ] {
+        let mut dry = vec!["ACL", "DRYRUN", "app"];
+        dry.extend_from_slice(cmd);
+        let reply = redis.direct(&dry).await;
+        assert!(
+            reply.starts_with(b"$"),
+            "{cmd:?} allowed: {}",
+            String::from_utf8_lossy(&reply)
+        );
+    }
+    assert_eq!(
+        redis
+            .direct(&["ACL", "DRYRUN", "app", "get", "app:1"])
+            .await,
+        b"+OK\r\n"
+    );
 }
 
 /// `--survey` reads a Redis seeded with known keys (read-only) and reports what the policy
