@@ -219,6 +219,20 @@ pub fn cannot_rewrite() -> Bytes {
     )
 }
 
+/// A script that cannot run as the proxy's script user (`upstream.script_acl: confine`), so
+/// the deny rules would not hold inside it: refused, saying why and what the operator can
+/// choose (`upstream.unconfined_scripts`). `why` holds no CR or LF.
+pub fn script_unconfined(why: &str) -> Bytes {
+    simple_error(
+        "NOPERM",
+        &format!(
+            "policy script-acl: scripts are refused because they cannot run confined to the \
+             deny rules here ({why}); the operator can set upstream.unconfined_scripts: run \
+             to run them unconfined"
+        ),
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {

@@ -70,8 +70,10 @@
 //! - [`eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
 //!   checked against `upstream.role` and the TTL rule (log, metric, INFO, `/readyz`, the
 //!   note `upstream::oom` adds to OOM errors).
-//! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
-//!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
+//! - [`script_acl`]: at start and after each reload, how scripts are kept within the deny
+//!   rules: sets up [`script_user`] (the user scripts run as: the proxy user's rights minus
+//!   the denied commands, logged in by `upstream::script_login` on every dedicated
+//!   connection), or checks / applies `policy::acl`'s removals on the proxy's own user.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
 //!   every session.
 //! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
@@ -122,6 +124,7 @@ pub mod reply;
 pub mod resp_value;
 pub mod routes;
 pub mod script_acl;
+pub mod script_user;
 pub mod sentinel;
 pub mod server;
 pub mod session;

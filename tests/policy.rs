@@ -972,11 +972,12 @@ async fn the_default_policy_refuses_whatever_changes_roles_users_modules_or_othe
         let reply = c.call(cmd).await;
         assert_ne!(reply.first(), Some(&b'-'), "{cmd:?}: {}", show(&reply));
     }
-    // Nothing refused reached Redis: no new user, still a primary, writes still accepted, the
-    // proxy's own connections alive.
-    assert_eq!(
-        redis.direct(&["ACL", "USERS"]).await,
-        b"*1\r\n$7\r\ndefault\r\n"
+    // Nothing refused reached Redis: no new user (but the proxy's own script user), still a
+    // primary, writes still accepted, the proxy's own connections alive.
+    let users = String::from_utf8_lossy(&redis.direct(&["ACL", "USERS"]).await).into_owned();
+    assert!(
+        users.starts_with("*2\r\n$7\r\ndefault\r\n$28\r\nrpp-scripts-"),
+        "{users}"
     );
     assert!(
         redis
@@ -1060,8 +1061,10 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
 /// A proxy in front of `redis` running `policy/default.yaml` with `upstream.script_acl` set.
 async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = common::default_policy_enforced()
-        .replace("  script_acl: check\n", &format!("  script_acl: {mode}\n"));
+    let text = common::default_policy_enforced().replace(
+        "  script_acl: confine\n",
+        &format!("  script_acl: {mode}\n"),
+    );
     let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
     config.set_upstream(redis.addr());
     Proxy::start(config).await

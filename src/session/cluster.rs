@@ -885,17 +885,14 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
-        let tx = router
-            .pool(node)
-            .dedicated(proto, push, false)
-            .await
-            .ok()?
-            .tx;
+        let opened = router.pool(node).dedicated(proto, push, false).await.ok()?;
+        let tx = opened.tx;
         self.conn.dedicated_gen += 1;
         self.conn.dedicated = Some(Dedicated {
             tx: tx.clone(),
             proto,
             node,
+            confined: opened.confined,
             _id: None,
         });
         Some(tx)

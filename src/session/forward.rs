@@ -502,6 +502,7 @@ impl Session {
                     tx: opened.tx,
                     proto: if raw { 2 } else { self.client.proto },
                     node,
+                    confined: opened.confined,
                     _id: id,
                 });
                 true

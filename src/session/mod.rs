@@ -411,6 +411,9 @@ struct Dedicated {
     proto: u8,
     /// The node it is connected to (0 for a standalone upstream).
     node: u16,
+    /// Logged in as the script user (`script_user`): scripts sent on it cannot run what the
+    /// deny rules refuse.
+    confined: bool,
     /// Maps the client's id to this connection while it lives (see `client_ids`).
     _id: Option<client_ids::Registration>,
 }

@@ -23,6 +23,7 @@ pub mod oom;
 pub mod outage;
 pub mod pool;
 pub mod replicas;
+pub mod script_login;
 pub mod tls;
 
 use std::time::Duration;
