@@ -215,6 +215,34 @@ async fn check_of_sentinel_mode_names_file_line_and_field() {
     );
 }
 
+/// Two tenants' namespaces where one is a prefix of the other (`app:` and `app:2:`) are
+/// refused: tenant `app`'s keys `2:x` are tenant `app2`'s `x`. File, line and field named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_overlapping_namespaces_naming_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let access = "access:\n  identities:\n    - {tenant: app, cidr: 10.0.0.1/32}\n    - {tenant: app2, cidr: 10.0.0.2/32}\n    - {tenant: other, cidr: 10.0.0.3/32}\n  namespaces:\n";
+    let (_, r) = check(
+        dir,
+        "apart.yaml",
+        &format!("{access}    app: 'app:'\n    app2: 'app2:'\n    other: 'other:'\n"),
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let (file, r) = check(
+        dir,
+        "overlap.yaml",
+        &format!("{access}    app: 'app:'\n    app2: 'app:2:'\n    other: 'other:'\n"),
+    )
+    .await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:8: field `access.namespaces.app2`: `app:2:` begins with tenant app's namespace `app:`"
+        )],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_of_cluster_read_from_names_file_line_and_field() {
     let tmp = TempDir::new("cfg");

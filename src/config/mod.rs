@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+mod namespaces;
 mod routes;
 pub use routes::{RouteConfig, RouteNode};
 
@@ -69,6 +70,10 @@ pub struct Config {
     /// without a file). Computed, never read from the YAML.
     #[serde(skip)]
     pub version: String,
+    /// The line each tenant's namespace is written on (`access.namespaces`, which the policy
+    /// reads without locations), for the overlap check's messages. Computed by [`Config::parse`].
+    #[serde(skip)]
+    pub namespace_lines: std::collections::BTreeMap<String, u64>,
 }
 
 /// The admin endpoint and diagnostics.
@@ -124,6 +129,7 @@ impl Default for Config {
             keyspace: KeyspaceConfig::default(),
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
+            namespace_lines: Default::default(),
         }
     }
 }
@@ -845,10 +851,12 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut config: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        })?;
+        config.namespace_lines = namespaces::lines(text);
+        Ok(config)
     }
 
     /// Checks this file's own values and reports all problems at once. The checks that need
@@ -948,6 +956,10 @@ impl Config {
         if let Some(tls) = &self.tls {
             tls.problems(&mut problems);
         }
+        problems.extend(namespaces::overlaps(
+            &self.access.namespaces,
+            &self.namespace_lines,
+        ));
         self.route_problems(&mut problems);
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
