@@ -233,6 +233,30 @@ pub fn script_unconfined(why: &str) -> Bytes {
     )
 }
 
+/// `max_value_bytes`' reason for a RESTORE whose DUMP payload holds a value of `n` bytes
+/// (its stored, uncompressed length), above `max`.
+pub fn restore_value_above(command: &str, n: u64, max: u64) -> String {
+    format!("{command} payload holds a value of {n} bytes (uncompressed), above {max}")
+}
+
+/// `max_value_bytes`' reason for a RESTORE whose payload packs elements in a blob of `n`
+/// bytes, above `max`: an element may be that long.
+pub fn restore_value_may_be_above(command: &str, n: u64, max: u64) -> String {
+    format!(
+        "{command} payload packs its elements in {n} bytes, above {max}: an element may be that \
+         long"
+    )
+}
+
+/// `max_value_bytes`' reason for a RESTORE whose payload the proxy cannot size (`why`):
+/// refused, since the cap could not be checked.
+pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
+    format!(
+        "{command} refused: the size of the value in its payload cannot be checked against \
+         {max} bytes ({why})"
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {
