@@ -8,7 +8,9 @@
 //! largest element, or a bound on it where elements sit inside one packed blob (listpack,
 //! ziplist, intset: no element is longer than its blob). What it cannot read to a bound
 //! (streams, module types, newer encodings, a truncated payload) is [`Size::Unknown`], with
-//! why, and the `max_value_bytes` rule refuses it (fail closed).
+//! why, and the `max_value_bytes` rule refuses it (fail closed). A payload whose checksum
+//! is wrong is [`Size::NotAPayload`]: Redis refuses it itself (`DUMP payload version or
+//! checksum are wrong`), so it is let through to get Redis's own error.
 
 use super::line::CommandLine;
 use crate::commands::CommandSpec;
@@ -22,6 +24,8 @@ pub enum Size {
     AtMost(u64),
     /// Cannot be told from the payload; why.
     Unknown(&'static str),
+    /// Not a DUMP payload (too short, or its CRC64 does not match): Redis stores nothing.
+    NotAPayload,
 }
 
 /// RDB object types (Redis's `rdb.h`).
@@ -52,8 +56,8 @@ const INT_DIGITS: u64 = 20;
 
 /// The largest value the DUMP `payload` would store.
 pub fn largest_value(payload: &[u8]) -> Size {
-    if payload.len() < TRAILER + 1 {
-        return Size::Unknown("the payload is too short to be a DUMP payload");
+    if payload.len() < TRAILER + 1 || !checksum_matches(payload) {
+        return Size::NotAPayload;
     }
     let mut r = Reader {
         data: &payload[..payload.len() - TRAILER],
@@ -94,10 +98,39 @@ pub fn refusal<L: CommandLine + ?Sized>(
     let command = spec.name.to_ascii_uppercase();
     match largest_value(line.arg(3)) {
         Size::Exactly(n) | Size::AtMost(n) if n <= max => None,
+        Size::NotAPayload => None,
         Size::Exactly(n) => Some(crate::answers::restore_value_above(&command, n, max)),
         Size::AtMost(n) => Some(crate::answers::restore_value_may_be_above(&command, n, max)),
         Size::Unknown(why) => Some(crate::answers::restore_size_unknown(&command, why, max)),
     }
+}
+
+/// Whether the payload's last 8 bytes are the CRC64 (Jones, as Redis's `crc64`) of the rest,
+/// little-endian, as `verifyDumpPayload` checks.
+fn checksum_matches(payload: &[u8]) -> bool {
+    let (body, crc) = payload.split_at(payload.len() - 8);
+    let mut want = [0u8; 8];
+    want.copy_from_slice(crc);
+    crc64(body) == u64::from_le_bytes(want)
+}
+
+/// CRC-64/Jones (reflected polynomial 0x95ac9329ac4bc9b5, initial value and final XOR 0),
+/// bit by bit: payloads are checked once per RESTORE, where a table would cost 2 KB for
+/// little gain.
+fn crc64(data: &[u8]) -> u64 {
+    const POLY: u64 = 0x95ac_9329_ac4b_c9b5;
+    let mut crc = 0u64;
+    for &byte in data {
+        crc ^= u64::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ POLY
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
 }
 
 /// A cursor over the object's bytes.
@@ -307,10 +340,15 @@ mod tests {
         ));
         let mut cut = dump("str_lzf");
         cut.drain(100..cut.len() - TRAILER);
-        assert_eq!(largest_value(&cut), Size::Unknown(TRUNCATED));
-        assert!(matches!(largest_value(b"\x00"), Size::Unknown(_)));
+        // A payload Redis refuses (wrong checksum) is Redis's to refuse.
+        assert_eq!(largest_value(&cut), Size::NotAPayload);
+        assert_eq!(largest_value(b"\x00"), Size::NotAPayload);
+        assert_eq!(
+            largest_value(&signed(&cut[..cut.len() - 8])),
+            Size::Unknown(TRUNCATED)
+        );
         // A huge count with nothing behind it ends at the payload's end.
-        let mut huge = vec![
+        let huge = [
             rdb::SET,
             0x81,
             0xFF,
@@ -321,8 +359,25 @@ mod tests {
             0xFF,
             0xFF,
             0xFF,
+            10,
+            0,
         ];
-        huge.extend_from_slice(&[0; TRAILER]);
-        assert_eq!(largest_value(&huge), Size::Unknown(TRUNCATED));
+        assert_eq!(largest_value(&signed(&huge)), Size::Unknown(TRUNCATED));
+    }
+
+    /// `body` (object and RDB version) with its checksum appended.
+    fn signed(body: &[u8]) -> Vec<u8> {
+        let mut out = body.to_vec();
+        out.extend_from_slice(&crc64(body).to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn the_checksum_is_redis_crc64() {
+        // Redis's own test vector (crc64.c): crc64("123456789") = 0xe9c6d914c4b8d9ca.
+        assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+        for name in ["str_lzf", "stream", "set_int"] {
+            assert!(checksum_matches(&dump(name)), "{name}");
+        }
     }
 }
