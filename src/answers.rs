@@ -257,6 +257,26 @@ pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
     )
 }
 
+/// CONFIG GET inside MULTI: its reply would come back inside EXEC's, where the proxy does not
+/// remove the upstream's secret parameters.
+pub fn config_get_in_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "CONFIG GET is not available inside MULTI through redis-policy-proxy (its reply \
+         could carry the upstream's credentials); send it outside the transaction",
+    )
+}
+
+/// A CONFIG GET reply the proxy could not read to remove the secret parameters from: not
+/// forwarded.
+pub fn config_get_unreadable() -> Bytes {
+    simple_error(
+        "ERR",
+        "redis-policy-proxy could not read the upstream's CONFIG GET reply to remove secret \
+         parameters from it",
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {

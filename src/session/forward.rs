@@ -332,6 +332,7 @@ impl Session {
             client_info: effect == Effect::ClientInfo,
             names_redirect: effect == Effect::NamesRedirect,
             info: effect == Effect::Info,
+            config_get: effect == Effect::ConfigGet,
             replace: out.replace,
             exec_mask,
             strip: out.strip,

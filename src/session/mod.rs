@@ -14,6 +14,7 @@ mod batch;
 mod client_ids;
 mod client_list;
 mod cluster;
+mod config_get;
 mod forward;
 mod io;
 mod pause;
@@ -196,6 +197,8 @@ struct Handling {
     names_redirect: bool,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
+    /// CONFIG GET: remove the secret parameters from the reply.
+    config_get: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
     /// client sees.
     exec_mask: Option<Vec<bool>>,
@@ -253,6 +256,8 @@ enum Effect {
     ClientInfo,
     /// INFO asking for the default sections (or `proxy`): append the `# Proxy` section.
     Info,
+    /// CONFIG GET: the secret parameters' pairs are removed from the reply (`config_get`).
+    ConfigGet,
     /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
     /// answer EXECABORT, as Redis does after a command rejected at queue time.
     AbortExec,
@@ -640,6 +645,7 @@ impl Effect {
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
                 | Effect::Info
+                | Effect::ConfigGet
                 | Effect::AbortExec
                 | Effect::EndMulti
                 | Effect::Unsubscribe(_)

@@ -4,7 +4,7 @@
 use super::pause::Paused;
 use super::{
     Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_list,
-    replies,
+    config_get, replies,
 };
 use crate::command::{ClientSub, Kind};
 use crate::commands::CommandSpec;
@@ -118,6 +118,15 @@ impl Session {
     fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
         let current = self.current_target();
         match kind {
+            Kind::Plain
+                if args.len() >= 2 && config_get::is_config_get(args.get(0), args.get(1)) =>
+            {
+                if self.conn.in_multi() {
+                    Action::Refused(answers::config_get_in_multi())
+                } else {
+                    forward(current, Effect::ConfigGet)
+                }
+            }
             Kind::Plain => forward(current, Effect::None),
             Kind::Info => forward(current, info_effect(args)),
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
