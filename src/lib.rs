@@ -38,7 +38,8 @@
 //!   applies what a command changes on the connection; `session::route`
 //!   decides each command (policy verdict, then route), `session::routing` holds what the
 //!   upstream mode keeps per session, `session::replies` shapes replies (hidden replies
-//!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client); in cluster mode
+//!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client, `session::config_get`
+//!   the upstream's secret parameters removed from CONFIG GET); in cluster mode
 //!   `session::cluster` places commands on nodes and follows redirections,
 //!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
 //!   each hash slot's commands in order across nodes. `session::client_ids` maps the ids the

@@ -9,6 +9,7 @@ use super::{
 use crate::command::{ClientSub, Kind};
 use crate::commands::CommandSpec;
 use crate::policy::{Client, Verdict};
+use crate::script_user::State;
 use crate::upstream::{Expect, ReplyWait};
 use crate::{answers, codec, command};
 use bytes::Bytes;
@@ -186,17 +187,21 @@ impl Session {
         let why = if self.conn.holds(Holds::OTHER_USER) {
             Some("this connection is logged in as another upstream user".to_string())
         } else {
-            match (&self.conn.dedicated, &*user.state()) {
-                (Some(d), _) if !d.tx.is_closed() && !d.confined => Some(
-                    "this client's upstream connection is not logged in as the script user; \
-                     reconnect"
-                        .to_string(),
-                ),
-                (Some(d), _) if !d.tx.is_closed() => None,
-                (_, crate::script_user::State::Unavailable(why)) => {
-                    Some(why.replace(['\r', '\n'], " "))
-                }
+            let state = user.state();
+            let unavailable = match &*state {
+                State::Unavailable(why) => Some(why.replace(['\r', '\n'], " ")),
                 _ => None,
+            };
+            match &self.conn.dedicated {
+                // A live connection keeps the login it was opened with.
+                Some(d) if !d.tx.is_closed() && d.confined => None,
+                Some(d) if !d.tx.is_closed() => Some(unavailable.unwrap_or_else(|| {
+                    "this client's upstream connection was opened before the script user was \
+                     set up; reconnect"
+                        .to_string()
+                })),
+                // A new connection is logged in as the script user, or fails.
+                _ => unavailable,
             }
         };
         match why {
