@@ -201,3 +201,40 @@ async fn without_acl_rights_scripts_are_refused_and_the_proxy_says_why() {
     let mut c = Raw::connect(proxy.addr).await;
     assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
 }
+
+/// In front of a Redis Cluster each node keeps its own ACL: the proxy creates the script user
+/// on every node it opens a dedicated connection to, from that node's ACL, so a script that
+/// flushes is refused on whichever node its key lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_confined_on_every_cluster_node() {
+    let redis = common::cluster::RedisCluster::start(3, 0);
+    let yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\nrules:\n  - id: deny-flush\n    deny: [FLUSHALL, FLUSHDB]\n",
+        redis.live_addrs()[0]
+    );
+    let config =
+        redis_policy_proxy::setup::from_yaml(&yaml, Path::new("cluster-scripts.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let primaries = redis.primaries();
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "k")).collect();
+    for key in &keys {
+        let reply = c
+            .call(&["EVAL", "return redis.call('SET', KEYS[1], 'v')", "1", key])
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{key}: {}", text(&reply));
+    }
+    for key in &keys {
+        let reply = text(
+            &c.call(&["EVAL", "return redis.call('FLUSHALL')", "1", key])
+                .await,
+        );
+        assert!(reply.starts_with("-"), "{key}: {reply}");
+    }
+    for primary in &primaries {
+        let mut direct = Raw::connect(primary).await;
+        assert_eq!(direct.call(&["DBSIZE"]).await, b":1\r\n", "{primary}");
+        let users = text(&direct.call(&["ACL", "USERS"]).await);
+        assert!(users.contains("rpp-scripts-"), "{primary}: {users}");
+    }
+}
