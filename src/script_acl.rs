@@ -262,6 +262,22 @@ pub async fn confine(
     Ok(report)
 }
 
+/// At a graceful shutdown, once every session is done: deletes the script user from the node
+/// the control connection reaches (each start makes a new one), within a second. Other
+/// cluster nodes, and a proxy that crashed, leave theirs: a disabled-by-secrecy user (its
+/// password was only in memory) named `rpp-scripts-…`, which an operator may delete.
+pub async fn remove(control: &Control, user: &ScriptUser) {
+    let deleted = tokio::time::timeout(
+        Duration::from_secs(1),
+        ask(control, &["ACL", "DELUSER", &user.name]),
+    )
+    .await;
+    match deleted {
+        Ok(Ok(Value::Integer(_))) => tracing::debug!(user = %user.name, "script user deleted"),
+        other => tracing::debug!(user = %user.name, outcome = ?other, "script user not deleted"),
+    }
+}
+
 /// The control connection as [`Ask`], for `script_login`.
 struct ControlAsk<'a>(&'a Control);
 

@@ -140,6 +140,9 @@ pub async fn serve(
     clients
         .drain(Duration::from_millis(config.shutdown_grace_ms.value))
         .await;
+    if let Some(user) = ctx.ops.metrics.script_user.load_full() {
+        crate::script_acl::remove(&ctx.pool.control(), &user).await;
+    }
     Ok(())
 }
 

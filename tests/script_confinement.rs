@@ -104,6 +104,13 @@ async fn a_script_cannot_flush_through_the_shipped_policy() {
     assert!(
         text(&redis.direct(&["ACL", "LIST"]).await).contains("user default on nopass ~* &* +@all")
     );
+    // A graceful shutdown deletes the script user: each start makes its own.
+    drop((c, c3));
+    proxy.stop().await;
+    assert_eq!(
+        redis.direct(&["ACL", "USERS"]).await,
+        b"*1\r\n$7\r\ndefault\r\n"
+    );
 }
 
 /// The script user is never wider than the proxy's own: a least-privilege proxy user's
