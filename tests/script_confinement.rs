@@ -245,3 +245,32 @@ async fn scripts_are_confined_on_every_cluster_node() {
         assert!(users.contains("rpp-scripts-"), "{primary}: {users}");
     }
 }
+
+/// A restarted Redis has forgotten the script user: the next dedicated connection creates it
+/// again (its login is refused, so it is set up first), and scripts stay confined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_upstream_gets_the_script_user_again() {
+    let mut redis = RedisServer::start();
+    let proxy = shipped_policy(&redis, |_| {}).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
+    redis.restart();
+    redis.direct(&["SET", "kept", "1"]).await;
+    // Until the proxy is connected again, a script gets an upstream error; then it runs.
+    let until = std::time::Instant::now() + DEADLINE;
+    let mut c = loop {
+        let mut c = Raw::connect(proxy.addr).await;
+        if c.call(&["EVAL", "return 1", "0"]).await == b":1\r\n" {
+            break c;
+        }
+        assert!(std::time::Instant::now() < until, "scripts never ran again");
+        tokio::time::sleep(common::POLL).await;
+    };
+    let reply = text(
+        &c.call(&["EVAL", "return redis.call('FLUSHALL')", "0"])
+            .await,
+    );
+    assert!(reply.starts_with("-"), "{reply}");
+    assert_eq!(redis.direct(&["DBSIZE"]).await, b":1\r\n");
+    assert!(text(&redis.direct(&["ACL", "USERS"]).await).contains("rpp-scripts-"));
+}
