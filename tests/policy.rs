@@ -1315,3 +1315,54 @@ fn refusal_messages_point_at_things_that_exist() {
         }
     }
 }
+
+/// `script_acl: apply` only takes rights away: applied to a least-privilege proxy user, it
+/// grants none of CONFIG SET, SHUTDOWN, DEBUG, FLUSHALL (a leading `+@all` did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_acl_never_grants_the_proxy_user_anything() {
+    let redis = RedisServer::start();
+    redis
+        .direct(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">app-pw",
+            "~*",
+            "&*",
+            "-@all",
+            "+@read",
+            "+@write",
+            "+@connection",
+            "+info",
+            "+acl|whoami",
+            "+acl|setuser",
+            "+acl|dryrun",
+        ])
+        .await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text_yaml = common::default_policy_enforced()
+        .replace("  script_acl: confine\n", "  script_acl: apply\n");
+    let mut config = redis_policy_proxy::setup::from_yaml(&text_yaml, &path).expect("loads");
+    config.set_upstream(redis.addr());
+    config.upstream.username = Some("app".into());
+    config.upstream.password = Some("app-pw".into());
+    let proxy = Proxy::start(config).await;
+    readyz_after_acl_check(&proxy).await;
+    for cmd in [
+        &["config", "set", "maxmemory", "1"][..],
+        &["shutdown"],
+        &["debug", "sleep", "0"],
+        &["flushall"],
+        &["keys", "*"],
+    ] {
+        let mut dry = vec!["ACL", "DRYRUN", "app"];
+        dry.extend_from_slice(cmd);
+        let reply = redis.direct(&dry).await;
+        assert!(reply.starts_with(b"$"), "{cmd:?} allowed: {}", text(&reply));
+    }
+    assert_eq!(
+        redis.direct(&["ACL", "DRYRUN", "app", "get", "k"]).await,
+        b"+OK\r\n"
+    );
+}
