@@ -69,12 +69,19 @@ impl Report {
                     "they are refused (upstream.unconfined_scripts: refuse)".to_string()
                 }
             )
-        } else if let (Some((name, None)), true) = (&self.confine, self.open.is_empty()) {
-            format!(
-                "scripts run as `{name}`: upstream user `{}`'s rights without the commands the \
-                 policy denies",
-                self.user
-            )
+        } else if let Some((name, None)) = &self.confine {
+            if self.open.is_empty() {
+                format!(
+                    "scripts run as `{name}`: upstream user `{}`'s rights without the commands \
+                     the policy denies",
+                    self.user
+                )
+            } else {
+                format!(
+                    "scripts run as `{name}`, which can still run what the policy denies: {}",
+                    self.open.join(", ").to_ascii_uppercase()
+                )
+            }
         } else if self.open.is_empty() {
             format!(
                 "upstream user `{}` cannot run the commands the policy denies{}",
@@ -294,4 +301,43 @@ async fn ask(control: &Control, args: &[&str]) -> Result<Value, String> {
     resp_value::decode(&reply, 4)
         .map(|(v, _)| v)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Report;
+
+    fn report(confine: Option<(&str, Option<&str>)>, open: Vec<&'static str>) -> Report {
+        Report {
+            user: "app".into(),
+            applied: false,
+            open,
+            gaps: Vec::new(),
+            confine: confine.map(|(n, why)| (n.to_string(), why.map(str::to_string))),
+            run_unconfined: false,
+        }
+    }
+
+    #[test]
+    fn the_summary_says_who_scripts_run_as_and_what_they_could_still_run() {
+        assert_eq!(
+            report(Some(("rpp-scripts-1", None)), vec![]).summary(),
+            "scripts run as `rpp-scripts-1`: upstream user `app`'s rights without the commands \
+             the policy denies"
+        );
+        assert_eq!(
+            report(Some(("rpp-scripts-1", None)), vec!["keys"]).summary(),
+            "scripts run as `rpp-scripts-1`, which can still run what the policy denies: KEYS"
+        );
+        assert!(
+            report(Some(("rpp-scripts-1", Some("NOPERM"))), vec![])
+                .summary()
+                .ends_with("they are refused (upstream.unconfined_scripts: refuse)")
+        );
+        assert!(
+            report(None, vec!["keys"])
+                .summary()
+                .starts_with("scripts could run what the policy denies as upstream user `app`")
+        );
+    }
 }
