@@ -285,6 +285,64 @@ pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms:
     )
 }
 
+/// A script that cannot run as the proxy's script user (`upstream.script_acl: confine`), so
+/// the deny rules would not hold inside it: refused, saying why and what the operator can
+/// choose (`upstream.unconfined_scripts`). `why` holds no CR or LF.
+pub fn script_unconfined(why: &str) -> Bytes {
+    simple_error(
+        "NOPERM",
+        &format!(
+            "policy script-acl: scripts are refused because they cannot run confined to the \
+             deny rules here ({why}); the operator can set upstream.unconfined_scripts: run \
+             to run them unconfined"
+        ),
+    )
+}
+
+/// `max_value_bytes`' reason for a RESTORE whose DUMP payload holds a value of `n` bytes
+/// (its stored, uncompressed length), above `max`.
+pub fn restore_value_above(command: &str, n: u64, max: u64) -> String {
+    format!("{command} payload holds a value of {n} bytes (uncompressed), above {max}")
+}
+
+/// `max_value_bytes`' reason for a RESTORE whose payload packs elements in a blob of `n`
+/// bytes, above `max`: an element may be that long.
+pub fn restore_value_may_be_above(command: &str, n: u64, max: u64) -> String {
+    format!(
+        "{command} payload packs its elements in {n} bytes, above {max}: an element may be that \
+         long"
+    )
+}
+
+/// `max_value_bytes`' reason for a RESTORE whose payload the proxy cannot size (`why`):
+/// refused, since the cap could not be checked.
+pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
+    format!(
+        "{command} refused: the size of the value in its payload cannot be checked against \
+         {max} bytes ({why})"
+    )
+}
+
+/// CONFIG GET inside MULTI: its reply would come back inside EXEC's, where the proxy does not
+/// remove the upstream's secret parameters.
+pub fn config_get_in_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "CONFIG GET is not available inside MULTI through redis-policy-proxy (its reply \
+         could carry the upstream's credentials); send it outside the transaction",
+    )
+}
+
+/// A CONFIG GET reply the proxy could not read to remove the secret parameters from: not
+/// forwarded.
+pub fn config_get_unreadable() -> Bytes {
+    simple_error(
+        "ERR",
+        "redis-policy-proxy could not read the upstream's CONFIG GET reply to remove secret \
+         parameters from it",
+    )
+}
+
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
 pub fn fanout_in_multi(command: &[u8]) -> Bytes {

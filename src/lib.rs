@@ -38,7 +38,8 @@
 //!   applies what a command changes on the connection; `session::route`
 //!   decides each command (policy verdict, then route), `session::routing` holds what the
 //!   upstream mode keeps per session, `session::replies` shapes replies (hidden replies
-//!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client); in cluster mode
+//!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client, `session::config_get`
+//!   the upstream's secret parameters removed from CONFIG GET); in cluster mode
 //!   `session::cluster` places commands on nodes and follows redirections,
 //!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
 //!   each hash slot's commands in order across nodes. `session::client_ids` maps the ids the
@@ -73,8 +74,10 @@
 //! - [`eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
 //!   checked against `upstream.role` and the TTL rule (log, metric, INFO, `/readyz`, the
 //!   note `upstream::oom` adds to OOM errors).
-//! - [`script_acl`]: at start and after each reload, whether scripts (which run as the proxy's
-//!   upstream user) could run what the policy denies; applies `policy::acl`'s ACL on request.
+//! - [`script_acl`]: at start and after each reload, how scripts are kept within the deny
+//!   rules: sets up [`script_user`] (the user scripts run as: the proxy user's rights minus
+//!   the denied commands, logged in by `upstream::script_login` on every dedicated
+//!   connection), or checks / applies `policy::acl`'s removals on the proxy's own user.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
 //!   every session.
 //! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
@@ -125,6 +128,7 @@ pub mod reply;
 pub mod resp_value;
 pub mod routes;
 pub mod script_acl;
+pub mod script_user;
 pub mod sentinel;
 pub mod server;
 pub mod session;

@@ -254,6 +254,10 @@ pub struct Metrics {
     /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
     /// it sits with the handles every connection and session already holds.
     pub memory_report: ArcSwapOption<MemoryReport>,
+    /// The user scripts run as (`upstream.script_acl: confine`), installed by `server::serve`
+    /// before the upstream starts: every node's dedicated connections log in as it, and like
+    /// `memory_report` it sits with the handles every connection already holds.
+    pub script_user: ArcSwapOption<crate::script_user::ScriptUser>,
     /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
     /// for the top patterns' metrics.
     pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
@@ -389,6 +393,7 @@ impl Metrics {
             upstream_stray_pushes: Counter::default(),
             dedicated_refused: Default::default(),
             memory_report: ArcSwapOption::empty(),
+            script_user: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
             tls_reloads_failed: Counter::default(),

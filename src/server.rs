@@ -81,9 +81,18 @@ pub async fn serve(
         ops.keyspace = crate::keyspace::Keyspace::new(&config.keyspace).map(Arc::new);
     }
     metrics.keyspace.store(ops.keyspace.clone());
+    if config.upstream.script_acl.value == crate::config::ScriptAclMode::Confine {
+        // Before the upstream starts: its first dedicated connections log in as this user.
+        metrics
+            .script_user
+            .store(Some(crate::script_user::ScriptUser::new(
+                &policy.load(),
+                config.upstream.unconfined_scripts.value == crate::config::UnconfinedScripts::Run,
+            )));
+    }
     let upstream = start_upstream(&config, &metrics).await?;
-    // Scripts run as the proxy's upstream user: its ACL is checked (or applied) whenever the
-    // policy changes, and `/readyz` says what the check found.
+    // Scripts are confined to the deny rules (or the upstream user's ACL checked or applied)
+    // whenever the policy changes, and `/readyz` says what was found.
     let acl_status = crate::script_acl::Status::default();
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
     let ready = with_memory_report(ready, metrics.clone());
@@ -131,6 +140,9 @@ pub async fn serve(
     clients
         .drain(Duration::from_millis(config.shutdown_grace_ms.value))
         .await;
+    if let Some(user) = ctx.ops.metrics.script_user.load_full() {
+        crate::script_acl::remove(&ctx.pool.control(), &user).await;
+    }
     Ok(())
 }
 

@@ -215,6 +215,34 @@ async fn check_of_sentinel_mode_names_file_line_and_field() {
     );
 }
 
+/// Two tenants' namespaces where one is a prefix of the other (`app:` and `app:2:`) are
+/// refused: tenant `app`'s keys `2:x` are tenant `app2`'s `x`. File, line and field named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_overlapping_namespaces_naming_file_line_and_field() {
+    let tmp = TempDir::new("cfg");
+    let dir = tmp.path();
+    let access = "access:\n  identities:\n    - {tenant: app, cidr: 10.0.0.1/32}\n    - {tenant: app2, cidr: 10.0.0.2/32}\n    - {tenant: other, cidr: 10.0.0.3/32}\n  namespaces:\n";
+    let (_, r) = check(
+        dir,
+        "apart.yaml",
+        &format!("{access}    app: 'app:'\n    app2: 'app2:'\n    other: 'other:'\n"),
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "stderr: {}", r.stderr);
+    let (file, r) = check(
+        dir,
+        "overlap.yaml",
+        &format!("{access}    app: 'app:'\n    app2: 'app:2:'\n    other: 'other:'\n"),
+    )
+    .await;
+    assert_refused(
+        &r,
+        &[format!(
+            "{file}:8: field `access.namespaces.app2`: `app:2:` begins with tenant app's namespace `app:`"
+        )],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_of_cluster_read_from_names_file_line_and_field() {
     let tmp = TempDir::new("cfg");
@@ -809,7 +837,8 @@ async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_comman
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let line = r.stdout.trim_end();
     assert!(
-        line.starts_with("ACL SETUSER default +@all ")
+        line.starts_with("ACL SETUSER default -")
+            && !line.contains('+')
             && line.contains(" -keys ")
             && line.contains(" -flushall ")
             && line.contains(" -swapdb"),
@@ -842,6 +871,68 @@ async fn print_acl_prints_the_line_that_keeps_scripts_from_running_denied_comman
     let r = run_bin(&["--print-acl", path_str(&bad)]).await;
     assert_eq!(r.code, Some(EX_USAGE), "{}", r.stdout);
     assert!(r.stderr.contains("unknown command `NOPE`"), "{}", r.stderr);
+}
+
+/// `--print-acl`'s line only takes rights away: applied to a least-privilege user (GET and
+/// SET on `app:*`), ACL DRYRUN still refuses it CONFIG SET, SHUTDOWN, ACL SETUSER and DEBUG
+/// (a `+@all` first granted them), and what it had still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_acl_never_grants_a_least_privilege_user_anything() {
+    let tmp = TempDir::new("print-acl-least");
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml"))
+            .unwrap()
+            .replace(
+                "upstream:\n",
+                "upstream:\n  username: app\n  password: app-secret\n",
+            );
+    let file = write_file(tmp.path(), "app.yaml", &text);
+    let r = run_bin(&["--print-acl", path_str(&file)]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r.stdout.trim_end();
+    assert!(line.starts_with("ACL SETUSER app -"), "{line}");
+    assert!(!line.contains('+'), "{line}");
+    let redis = RedisServer::start();
+    assert_eq!(
+        redis
+            .direct(&[
+                "ACL",
+                "SETUSER",
+                "app",
+                "on",
+                ">app-secret",
+                "~app:*",
+                "+get",
+                "+set"
+            ])
+            .await,
+        b"+OK\r\n"
+    );
+    let args: Vec<&str> = line.split(' ').collect();
+    assert_eq!(redis.direct(&args).await, b"+OK\r\n");
+    for cmd in [
+        &["config", "set", "maxmemory", "1"][..],
+        &["shutdown"],
+        &["acl", "setuser", "x"],
+        &["debug", "sleep", "0"],
+        &["flushall"],
+        &["keys", "*"],
+    ] {
+        let mut dry = vec!["ACL", "DRYRUN", "app"];
+        dry.extend_from_slice(cmd);
+        let reply = redis.direct(&dry).await;
+        assert!(
+            reply.starts_with(b"$"),
+            "{cmd:?} allowed: {}",
+            String::from_utf8_lossy(&reply)
+        );
+    }
+    assert_eq!(
+        redis
+            .direct(&["ACL", "DRYRUN", "app", "get", "app:1"])
+            .await,
+        b"+OK\r\n"
+    );
 }
 
 /// `--survey` reads a Redis seeded with known keys (read-only) and reports what the policy

@@ -974,11 +974,12 @@ async fn the_default_policy_refuses_whatever_changes_roles_users_modules_or_othe
         let reply = c.call(cmd).await;
         assert_ne!(reply.first(), Some(&b'-'), "{cmd:?}: {}", show(&reply));
     }
-    // Nothing refused reached Redis: no new user, still a primary, writes still accepted, the
-    // proxy's own connections alive.
-    assert_eq!(
-        redis.direct(&["ACL", "USERS"]).await,
-        b"*1\r\n$7\r\ndefault\r\n"
+    // Nothing refused reached Redis: no new user (but the proxy's own script user), still a
+    // primary, writes still accepted, the proxy's own connections alive.
+    let users = String::from_utf8_lossy(&redis.direct(&["ACL", "USERS"]).await).into_owned();
+    assert!(
+        users.starts_with("*2\r\n$7\r\ndefault\r\n$28\r\nrpp-scripts-"),
+        "{users}"
     );
     assert!(
         redis
@@ -1062,8 +1063,10 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
 /// A proxy in front of `redis` running `policy/default.yaml` with `upstream.script_acl` set.
 async fn default_policy_with_script_acl(redis: &RedisServer, mode: &str) -> Proxy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let text = common::default_policy_enforced()
-        .replace("  script_acl: check\n", &format!("  script_acl: {mode}\n"));
+    let text = common::default_policy_enforced().replace(
+        "  script_acl: confine\n",
+        &format!("  script_acl: {mode}\n"),
+    );
     let mut config = redis_policy_proxy::setup::from_yaml(&text, &path).expect("policy loads");
     config.set_upstream(redis.addr());
     Proxy::start(config).await
@@ -1313,4 +1316,55 @@ fn refusal_messages_point_at_things_that_exist() {
             }
         }
     }
+}
+
+/// `script_acl: apply` only takes rights away: applied to a least-privilege proxy user, it
+/// grants none of CONFIG SET, SHUTDOWN, DEBUG, FLUSHALL (a leading `+@all` did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_acl_never_grants_the_proxy_user_anything() {
+    let redis = RedisServer::start();
+    redis
+        .direct(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">app-pw",
+            "~*",
+            "&*",
+            "-@all",
+            "+@read",
+            "+@write",
+            "+@connection",
+            "+info",
+            "+acl|whoami",
+            "+acl|setuser",
+            "+acl|dryrun",
+        ])
+        .await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let text_yaml = common::default_policy_enforced()
+        .replace("  script_acl: confine\n", "  script_acl: apply\n");
+    let mut config = redis_policy_proxy::setup::from_yaml(&text_yaml, &path).expect("loads");
+    config.set_upstream(redis.addr());
+    config.upstream.username = Some("app".into());
+    config.upstream.password = Some("app-pw".into());
+    let proxy = Proxy::start(config).await;
+    readyz_after_acl_check(&proxy).await;
+    for cmd in [
+        &["config", "set", "maxmemory", "1"][..],
+        &["shutdown"],
+        &["debug", "sleep", "0"],
+        &["flushall"],
+        &["keys", "*"],
+    ] {
+        let mut dry = vec!["ACL", "DRYRUN", "app"];
+        dry.extend_from_slice(cmd);
+        let reply = redis.direct(&dry).await;
+        assert!(reply.starts_with(b"$"), "{cmd:?} allowed: {}", text(&reply));
+    }
+    assert_eq!(
+        redis.direct(&["ACL", "DRYRUN", "app", "get", "k"]).await,
+        b"+OK\r\n"
+    );
 }

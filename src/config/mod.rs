@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
 mod dedicated_caps;
+mod namespaces;
 mod routes;
 pub use dedicated_caps::DedicatedCapsConfig;
 pub use routes::{RouteConfig, RouteNode};
@@ -71,6 +72,10 @@ pub struct Config {
     /// without a file). Computed, never read from the YAML.
     #[serde(skip)]
     pub version: String,
+    /// The line each tenant's namespace is written on (`access.namespaces`, which the policy
+    /// reads without locations), for the overlap check's messages. Computed by [`Config::parse`].
+    #[serde(skip)]
+    pub namespace_lines: std::collections::BTreeMap<String, u64>,
 }
 
 /// The admin endpoint and diagnostics.
@@ -126,6 +131,7 @@ impl Default for Config {
             keyspace: KeyspaceConfig::default(),
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
+            namespace_lines: Default::default(),
         }
     }
 }
@@ -416,29 +422,53 @@ pub struct UpstreamConfig {
     /// standalone upstreams only (also under `upstreams:`, so one route may coalesce and
     /// another not; not yet in front of a cluster or Sentinel).
     pub coalesce_reads: Located<bool>,
-    /// What the proxy does at start and after each reload about scripts, which run as its
-    /// upstream user and so can call what the policy refuses clients: `check` the user's ACL
-    /// and warn (log, metric, `/readyz`) when a script could run a denied command, `apply`
-    /// the ACL that mirrors the deny rules (`--print-acl` prints it), or `off`.
+    /// How scripts are kept within the deny rules (a proxy cannot read Lua, and Redis runs a
+    /// script as the user of its connection): `confine` (the default) runs them on dedicated
+    /// connections logged in as a user the proxy manages, its own user's rights minus the
+    /// denied commands (`script_user`); `check` runs them as the proxy's user and warns (log,
+    /// metric, `/readyz`) when a script could run a denied command; `apply` sets the proxy's
+    /// own user's ACL to remove the denied commands (`--print-acl` prints it); `off` does
+    /// nothing.
     pub script_acl: Located<ScriptAclMode>,
+    /// Under `script_acl: confine`, what a script gets when it cannot run as the script user
+    /// (the proxy's user may not read or set ACLs, Redis before 7, a client logged in as
+    /// another upstream user): `refuse` (the default) answers an error naming why; `run` runs
+    /// it as the proxy's own user, unconfined, as the start-up warning says. An explicit
+    /// choice, because the second lets scripts do what the policy denies.
+    pub unconfined_scripts: Located<UnconfinedScripts>,
     /// The database selected on every connection: a route's `db:`, set by
     /// [`Config::for_upstream`]; never read from the file, where a client's SELECT says it.
     #[serde(skip)]
     pub db: u16,
 }
 
-/// What the proxy does about its upstream user's ACL (see [`UpstreamConfig::script_acl`]).
+/// How scripts are kept within the deny rules (see [`UpstreamConfig::script_acl`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScriptAclMode {
-    /// Ask Redis (`ACL DRYRUN`) whether the user may run each denied command; warn if so.
+    /// Scripts run as a user the proxy manages: its own user's rights minus the denied
+    /// commands (`script_user`).
     #[default]
+    Confine,
+    /// Scripts run as the proxy's user; ask Redis (`ACL DRYRUN`) whether it may run each
+    /// denied command, and warn if so.
     Check,
-    /// Set the user's command permissions (`ACL SETUSER`) to the mirror of the deny rules,
+    /// Remove the denied commands from the proxy's own user (`ACL SETUSER`, removals only),
     /// then check.
     Apply,
     /// Neither: for a Redis without ACLs or a user that may not run ACL DRYRUN.
     Off,
+}
+
+/// What a script that cannot run confined gets (see [`UpstreamConfig::unconfined_scripts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnconfinedScripts {
+    /// An error saying why.
+    #[default]
+    Refuse,
+    /// Runs as the proxy's own user, beyond the deny rules.
+    Run,
 }
 
 /// What the upstream's data is for (`upstream.role`), which decides which eviction policies
@@ -660,7 +690,8 @@ impl Default for UpstreamConfig {
             role: located(UpstreamRole::Mixed),
             memory_check_ms: located(60_000),
             coalesce_reads: located(false),
-            script_acl: located(ScriptAclMode::Check),
+            script_acl: located(ScriptAclMode::Confine),
+            unconfined_scripts: located(UnconfinedScripts::Refuse),
             db: 0,
         }
     }
@@ -825,10 +856,12 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut config: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        })?;
+        config.namespace_lines = namespaces::lines(text);
+        Ok(config)
     }
 
     /// Checks this file's own values and reports all problems at once. The checks that need
@@ -929,6 +962,10 @@ impl Config {
         if let Some(tls) = &self.tls {
             tls.problems(&mut problems);
         }
+        problems.extend(namespaces::overlaps(
+            &self.access.namespaces,
+            &self.namespace_lines,
+        ));
         self.route_problems(&mut problems);
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
@@ -983,6 +1020,14 @@ impl Config {
             &u.dedicated_warm.referenced,
             "upstream.dedicated_warm",
             "must be at most 64 and at most upstream.dedicated_max",
+        );
+        check(
+            u.scripts_on_dedicated.value || u.script_acl.value != ScriptAclMode::Confine,
+            &u.scripts_on_dedicated.referenced,
+            "upstream.scripts_on_dedicated",
+            "false runs scripts on shared connections, as the proxy's own user, which \
+             `script_acl: confine` (the default) cannot do: keep it true, or set \
+             upstream.script_acl to check, apply or off",
         );
         check(
             u.password.is_some() || u.username.is_none(),

@@ -131,17 +131,32 @@ impl ScriptAcl {
         acl
     }
 
-    /// The ACL rules: every command (`+@all`: the proxy forwards whatever the policy lets
-    /// through), minus each denied one, plus the first arguments an `unless_arg` allows.
+    /// The ACL rules: only removals, one `-<command>` per denied command, so that applied
+    /// to any user (a least-privilege one included) they take rights away and never grant
+    /// one. An `unless_arg` cannot be mirrored by removals alone (`+flushdb|async` would grant
+    /// FLUSHDB ASYNC to a user that never had FLUSHDB): the whole command is removed, and
+    /// [`ScriptAcl::narrowed`] names what that refuses beyond the policy.
     pub fn rules(&self) -> Vec<String> {
-        let mut out = vec!["+@all".to_string()];
-        for d in &self.denied {
-            out.push(format!("-{}", d.spec.name));
-            if let Some(word) = &d.first_arg {
-                out.push(format!("+{}|{word}", d.spec.name));
-            }
-        }
-        out
+        self.denied
+            .iter()
+            .map(|d| format!("-{}", d.spec.name))
+            .collect()
+    }
+
+    /// The commands the removals refuse although the policy allows them with their
+    /// `unless_arg` (`FLUSHDB ASYNC`), as `COMMAND ARG`, for the operator's notes.
+    pub fn narrowed(&self) -> Vec<String> {
+        self.denied
+            .iter()
+            .filter_map(|d| {
+                let word = d.first_arg.as_ref()?;
+                Some(format!(
+                    "{} {}",
+                    d.spec.name.to_ascii_uppercase().replace('|', " "),
+                    word.to_ascii_uppercase()
+                ))
+            })
+            .collect()
     }
 
     /// `ACL SETUSER <user> <rules…>`, as one line for redis-cli.
@@ -203,9 +218,10 @@ mod tests {
         );
         assert_eq!(
             a.setuser_line("proxy"),
-            "ACL SETUSER proxy +@all -flushall -flushdb +flushdb|async -keys"
+            "ACL SETUSER proxy -flushall -flushdb -keys"
         );
         assert!(a.gaps.is_empty(), "{:?}", a.gaps);
+        assert_eq!(a.narrowed(), ["FLUSHDB ASYNC"]);
         let runs = a.dryruns("proxy");
         assert_eq!(runs[2].1, ["ACL", "DRYRUN", "proxy", "keys", "x"]);
     }
@@ -215,7 +231,7 @@ mod tests {
         let a = acl(
             "access:\n  identities:\n    - {tenant: admin, cidr: 10.0.0.0/8}\nrules:\n  - id: k\n    deny: [KEYS, PEXPIRE]\n    except_tenants: [admin]\n  - id: p\n    deny: [PEXPIRE]\n",
         );
-        assert_eq!(a.rules(), ["+@all"]);
+        assert!(a.rules().is_empty());
         let gaps: Vec<(&str, &str)> = a
             .gaps
             .iter()

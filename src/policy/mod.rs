@@ -12,6 +12,7 @@ pub mod config;
 pub mod line;
 pub mod namespace;
 pub mod ranges;
+pub mod restore_size;
 pub mod rewrite;
 mod route_scope;
 pub mod scripts;
@@ -1514,6 +1515,9 @@ fn violation<L: CommandLine + ?Sized>(
             ranges::Size::AtMost(_) => None,
         },
         Kind::MaxValueBytes(max) => {
+            if let Some(reason) = restore_size::refusal(spec, line, *max) {
+                return Some(("ERR", reason));
+            }
             if let Some(n) = grown_value(spec, line).filter(|n| n > max) {
                 return Some((
                     "ERR",

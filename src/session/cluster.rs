@@ -885,12 +885,8 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
-        let tx = router
-            .pool(node)
-            .dedicated(proto, push, false)
-            .await
-            .ok()?
-            .tx;
+        let opened = router.pool(node).dedicated(proto, push, false).await.ok()?;
+        let tx = opened.tx;
         self.conn.dedicated_gen += 1;
         // The connection it replaces was counted against the tenant: this one is now.
         let share = self.conn.dedicated.take().and_then(|d| d._share);
@@ -898,6 +894,7 @@ impl Session {
             tx: tx.clone(),
             proto,
             node,
+            confined: opened.confined,
             _id: None,
             _share: share,
         });

@@ -339,6 +339,7 @@ impl Session {
             names_redirect: effect == Effect::NamesRedirect,
             sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
             info: effect == Effect::Info,
+            config_get: effect == Effect::ConfigGet,
             replace: out.replace,
             exec_mask,
             strip: out.strip,
@@ -556,6 +557,7 @@ impl Session {
             tx: opened.tx,
             proto: if raw { 2 } else { self.client.proto },
             node,
+            confined: opened.confined,
             _id: id,
             _share: Some(share),
         });

@@ -15,6 +15,7 @@ mod client_ids;
 mod client_kill;
 mod client_list;
 mod cluster;
+mod config_get;
 mod forward;
 mod io;
 mod pause;
@@ -213,6 +214,8 @@ struct Handling {
     sub_counts: bool,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
+    /// CONFIG GET: remove the secret parameters from the reply.
+    config_get: bool,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
     /// client sees.
     exec_mask: Option<Vec<bool>>,
@@ -270,6 +273,8 @@ enum Effect {
     ClientInfo,
     /// INFO asking for the default sections (or `proxy`): append the `# Proxy` section.
     Info,
+    /// CONFIG GET: the secret parameters' pairs are removed from the reply (`config_get`).
+    ConfigGet,
     /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
     /// answer EXECABORT, as Redis does after a command rejected at queue time.
     AbortExec,
@@ -433,6 +438,9 @@ struct Dedicated {
     proto: u8,
     /// The node it is connected to (0 for a standalone upstream).
     node: u16,
+    /// Logged in as the script user (`script_user`): scripts sent on it cannot run what the
+    /// deny rules refuse.
+    confined: bool,
     /// Maps the client's id to this connection while it lives (see `client_ids`).
     _id: Option<client_ids::Registration>,
     /// Counts the connection against the client's tenant while it lives (`tenant_quota`).
@@ -665,6 +673,7 @@ impl Effect {
                 | Effect::AuthHello(_)
                 | Effect::ClientInfo
                 | Effect::Info
+                | Effect::ConfigGet
                 | Effect::AbortExec
                 | Effect::EndMulti
                 | Effect::Unsubscribe(_)

@@ -236,6 +236,8 @@ impl Session {
             replies::map_redirect(data, |upstream| self.ctx.client_ids.client(upstream))
         } else if handling.info {
             replies::append_to_text(data, &self.proxy_info())
+        } else if handling.config_get {
+            super::config_get::without_secrets(data)
         } else {
             data
         }

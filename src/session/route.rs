@@ -4,11 +4,12 @@
 use super::pause::Paused;
 use super::{
     Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_kill,
-    client_list, replies, summon,
+    client_list, config_get, replies, summon,
 };
 use crate::command::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
 use crate::policy::{Client, Verdict};
+use crate::script_user::State;
 use crate::upstream::{Expect, ReplyWait};
 use crate::{answers, codec, command};
 use bytes::Bytes;
@@ -120,20 +121,20 @@ impl Session {
     fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
         let current = self.current_target();
         match kind {
+            Kind::Plain
+                if args.len() >= 2 && config_get::is_config_get(args.get(0), args.get(1)) =>
+            {
+                if self.conn.in_multi() {
+                    Action::Refused(answers::config_get_in_multi())
+                } else {
+                    forward(current, Effect::ConfigGet)
+                }
+            }
             Kind::Plain => forward(current, Effect::None),
             Kind::Info => forward(current, info_effect(args)),
             Kind::Proxy => Action::Local(self.proxy_command(args), LocalEffect::None),
             Kind::Blocking => forward(self.dedicated_target(), Effect::Blocking(self.wait(args))),
-            // On the session's own connection (not pinned, like a blocking command): while a
-            // script keeps Redis busy, other clients' commands on the shared connection get
-            // Redis's `-BUSY` and `SCRIPT KILL`/`FUNCTION KILL` get through, as they would
-            // directly, instead of waiting behind the script until the command timeout
-            // declares the shared connection dead. Cluster mode keeps scripts on the node's
-            // shared connection (docs/architecture.md).
-            Kind::Script if self.ctx.scripts_dedicated && self.routing.router().is_none() => {
-                forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
-            }
-            Kind::Script => forward(current, Effect::None),
+            Kind::Script => self.route_script(current),
             Kind::Wait => forward(self.dedicated_target(), Effect::Wait(self.wait(args))),
             Kind::StreamRead => {
                 if command::stream_read_blocks(args.iter()) {
@@ -161,6 +162,54 @@ impl Session {
                 expect: Expect::Monitor,
                 effect: Effect::Monitor,
             },
+        }
+    }
+
+    /// Scripts go on the session's own connection (not pinned, like a blocking command):
+    /// while a script keeps Redis busy, other clients' commands on the shared connection get
+    /// Redis's `-BUSY` and `SCRIPT KILL`/`FUNCTION KILL` get through, as they would directly,
+    /// instead of waiting behind the script until the command timeout declares the shared
+    /// connection dead. Under `upstream.script_acl: confine` that connection is logged in as
+    /// the script user (in cluster mode too), so the deny rules hold inside the script; one
+    /// that cannot be (the user is unavailable, the client logged in as another upstream
+    /// user) is refused unless `upstream.unconfined_scripts: run`. Otherwise cluster mode
+    /// keeps scripts on the node's shared connection (docs/architecture.md).
+    fn route_script(&self, current: Target) -> Action {
+        let unconfined = |current| {
+            if self.ctx.scripts_dedicated && self.routing.router().is_none() {
+                forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
+            } else {
+                forward(current, Effect::None)
+            }
+        };
+        let user = self.ctx.ops.metrics.script_user.load();
+        let Some(user) = user.as_deref() else {
+            return unconfined(current);
+        };
+        let why = if self.conn.holds(Holds::OTHER_USER) {
+            Some("this connection is logged in as another upstream user".to_string())
+        } else {
+            let state = user.state();
+            let unavailable = match &*state {
+                State::Unavailable(why) => Some(why.replace(['\r', '\n'], " ")),
+                _ => None,
+            };
+            match &self.conn.dedicated {
+                // A live connection keeps the login it was opened with.
+                Some(d) if !d.tx.is_closed() && d.confined => None,
+                Some(d) if !d.tx.is_closed() => Some(unavailable.unwrap_or_else(|| {
+                    "this client's upstream connection was opened before the script user was \
+                     set up; reconnect"
+                        .to_string()
+                })),
+                // A new connection is logged in as the script user, or fails.
+                _ => unavailable,
+            }
+        };
+        match why {
+            None => forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt)),
+            Some(_) if user.run_unconfined => unconfined(current),
+            Some(why) => Action::Refused(answers::script_unconfined(&why)),
         }
     }
 

@@ -181,7 +181,8 @@ impl Session {
             | Effect::Blocking(_)
             | Effect::Wait(_)
             | Effect::ClientInfo
-            | Effect::Info => {}
+            | Effect::Info
+            | Effect::ConfigGet => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
             Effect::Multi => {
                 self.conn.multi = Some(Transaction {

@@ -61,17 +61,40 @@ pub fn explain(
         .build()
         .map_err(|e| format!("cannot start runtime: {e}"))?;
     let _guard = runtime.enter();
+    let script_note = script_note(&config.upstream);
     let mut outcome = Outcome::Allowed;
     for line in &lines {
-        if one(&policy, &client, line, out)? {
+        if one(&policy, &client, line, script_note, out)? {
             outcome = Outcome::Refused;
         }
     }
     Ok(outcome)
 }
 
+/// What a script may call under the file's `upstream.script_acl`, for the note under a script.
+fn script_note(upstream: &crate::config::UpstreamConfig) -> &'static str {
+    use crate::config::{ScriptAclMode, UnconfinedScripts};
+    match (upstream.script_acl.value, upstream.unconfined_scripts.value) {
+        (ScriptAclMode::Confine, UnconfinedScripts::Refuse) => {
+            "the script runs as the proxy's script user, which cannot call what the deny rules refuse (refused where that user cannot be set up)"
+        }
+        (ScriptAclMode::Confine, UnconfinedScripts::Run) => {
+            "the script runs as the proxy's script user, which cannot call what the deny rules refuse (as the upstream user where that user cannot be set up)"
+        }
+        _ => {
+            "the script runs as the proxy's upstream user, whose ACL decides what it may call (--print-acl)"
+        }
+    }
+}
+
 /// Explains one command line; `Ok(true)` when it would be refused.
-fn one(policy: &Policy, client: &Client, line: &str, out: &mut String) -> Result<bool, String> {
+fn one(
+    policy: &Policy,
+    client: &Client,
+    line: &str,
+    script_note: &str,
+    out: &mut String,
+) -> Result<bool, String> {
     let args = codec::split_args(line.as_bytes())
         .ok_or_else(|| format!("unbalanced quotes in {line:?}"))?;
     let _ = writeln!(out, "> {line}");
@@ -103,10 +126,7 @@ fn one(policy: &Policy, client: &Client, line: &str, out: &mut String) -> Result
         args[0].to_ascii_lowercase().as_slice(),
         b"eval" | b"evalsha" | b"fcall" | b"eval_ro" | b"evalsha_ro" | b"fcall_ro"
     ) {
-        let _ = writeln!(
-            out,
-            "  note: the script runs as the proxy's upstream user, whose ACL decides what it may call (--print-acl)"
-        );
+        let _ = writeln!(out, "  note: {script_note}");
     }
     match policy.check(client, &args[..]) {
         Verdict::Allow => {

@@ -1,6 +1,8 @@
 //! `--print-acl FILE`: the `ACL SETUSER` line that makes the proxy's upstream user unable to
-//! run, from a script, what the policy denies (`policy::acl`). The line on stdout, so it can be
-//! piped to `redis-cli`; what the ACL cannot mirror on stderr.
+//! run, from a script, what the policy denies (`policy::acl`). The line only takes rights
+//! away (`-<command>` each), so it is safe on a least-privilege user. The line on stdout, so it
+//! can be piped to `redis-cli`; what the ACL cannot mirror, or refuses beyond the policy, on
+//! stderr.
 
 use std::path::Path;
 
@@ -13,7 +15,7 @@ pub fn print_acl(path: &Path) -> Result<(String, Vec<String>), String> {
     let policy = crate::setup::policy_or_report(&config, path)?;
     let acl = ScriptAcl::of(&policy);
     let user = config.upstream.username.as_deref().unwrap_or("default");
-    let notes = acl
+    let mut notes: Vec<String> = acl
         .gaps
         .iter()
         .map(|g| {
@@ -25,5 +27,14 @@ pub fn print_acl(path: &Path) -> Result<(String, Vec<String>), String> {
             )
         })
         .collect();
+    notes.extend(acl.narrowed().into_iter().map(|n| {
+        format!(
+            "# refused by the ACL though the policy allows it: {n} (the line only removes \
+             commands; add `+{}` yourself if the user had the command)",
+            n.to_ascii_lowercase()
+                .replacen(' ', "|", 1)
+                .replace(' ', "|")
+        )
+    }));
     Ok((acl.setuser_line(user), notes))
 }

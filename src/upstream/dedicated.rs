@@ -22,6 +22,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch}
 use super::address::{Address, Stop};
 use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec, UpstreamStream, hello_id, node_spec};
+use super::script_login::{OnStream, log_in};
 use super::{Batch, Reply};
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
@@ -89,6 +90,10 @@ pub struct Opened {
     /// Redis's id of the connection (from its HELLO reply; `None` for a raw one), so the
     /// client's own id can name it in `CLIENT UNBLOCK` and `REDIRECT`.
     pub upstream_id: Option<u64>,
+    /// Logged in as the script user (`script_user`): scripts sent on it are confined to the
+    /// proxy user's rights minus the deny rules. `false` for a raw connection, and where the
+    /// script user is off or unavailable.
+    pub confined: bool,
 }
 
 /// A stocked connection, waiting in its own task.
@@ -97,6 +102,9 @@ struct Parked {
     upstream_id: Option<u64>,
     /// The node it is logged in to: a connection to a former primary is never handed out.
     addr: Arc<str>,
+    /// Logged in as the script user (see [`Opened::confined`]); one parked before the user
+    /// could be set up is not handed out once it can.
+    confined: bool,
     /// The connection's command queue, handed to the session that takes it.
     tx: mpsc::Sender<Batch>,
     /// Gives the task its session; dropping it ends the task.
@@ -154,9 +162,10 @@ impl Dedicated {
         if !raw {
             self.link.credentials.observe(&spec.addr, &connected);
         }
-        let (stream, hello) = connected.inspect_err(|_| {
+        let (mut stream, hello) = connected.inspect_err(|_| {
             self.link.metrics.upstream_connect_errors.inc();
         })?;
+        let confined = !raw && confine(&mut stream, &self.link, &spec.addr).await?;
         let (tx, rx) = mpsc::channel::<Batch>(self.link.queue_depth);
         let stop = address.moved_from(&spec.addr);
         tokio::spawn(serve(
@@ -171,6 +180,7 @@ impl Dedicated {
         Ok(Opened {
             tx,
             upstream_id: hello_id(&hello),
+            confined,
         })
     }
 
@@ -201,12 +211,18 @@ impl Dedicated {
                 // Stocked before the primary moved: dropping it ends its task.
                 continue;
             }
+            if !parked.confined && self.script_user_available() {
+                // Stocked before the script user could be set up: scripts need one logged in
+                // as it.
+                continue;
+            }
             match parked.handover.send(push) {
                 Ok(()) => {
                     self.refill[index].notify_one();
                     return Ok(Opened {
                         tx: parked.tx,
                         upstream_id: parked.upstream_id,
+                        confined: parked.confined,
                     });
                 }
                 // Its socket closed while it waited: the next one.
@@ -260,6 +276,16 @@ impl Dedicated {
             )
             .into(),
         }
+    }
+
+    /// Whether dedicated connections log in as the script user now.
+    fn script_user_available(&self) -> bool {
+        self.link
+            .metrics
+            .script_user
+            .load()
+            .as_ref()
+            .is_some_and(|u| u.available())
     }
 
     /// Stocked connections ready now, per RESP version (for tests and metrics).
@@ -362,9 +388,10 @@ async fn stock_one(
     let spec = node_spec(&d.spec, &mut address)?;
     let connected = handshake::connect(&spec, Some(proto)).await;
     d.link.credentials.observe(&spec.addr, &connected);
-    let (stream, hello) = connected.inspect_err(|_| {
+    let (mut stream, hello) = connected.inspect_err(|_| {
         d.link.metrics.upstream_connect_errors.inc();
     })?;
+    let confined = confine(&mut stream, &d.link, &spec.addr).await?;
     let (tx, rx) = mpsc::channel::<Batch>(d.link.queue_depth);
     let (handover, taken) = oneshot::channel();
     let stop = address.moved_from(&spec.addr);
@@ -382,8 +409,42 @@ async fn stock_one(
     Ok(Parked {
         upstream_id: hello_id(&hello),
         addr,
+        confined,
         tx,
         handover,
+    })
+}
+
+/// Logs a freshly handshaken connection in as the script user when the proxy has one
+/// (`upstream.script_acl: confine`); whether it is now.
+async fn confine(
+    stream: &mut UpstreamStream,
+    link: &Link,
+    addr: &Arc<str>,
+) -> Result<bool, UpstreamError> {
+    let Some(user) = link.metrics.script_user.load_full() else {
+        return Ok(false);
+    };
+    let buf = bytes::BytesMut::with_capacity(1024);
+    let logged_in = match stream {
+        UpstreamStream::Tcp(tcp) => log_in(&mut OnStream { stream: tcp, buf }, &user).await,
+        UpstreamStream::Tls(tls) => {
+            log_in(
+                &mut OnStream {
+                    stream: &mut **tls,
+                    buf,
+                },
+                &user,
+            )
+            .await
+        }
+    };
+    logged_in.map_err(|e| {
+        link.metrics.upstream_connect_errors.inc();
+        UpstreamError::Unavailable {
+            addr: addr.clone(),
+            reason: format!("could not log in as the proxy's script user: {e}").into(),
+        }
     })
 }
 

@@ -28,6 +28,7 @@ pub mod oom;
 pub mod outage;
 pub mod pool;
 pub mod replicas;
+pub mod script_login;
 pub mod stray;
 pub mod tls;
 

@@ -58,7 +58,7 @@ impl Session {
             budget_size: PUSH_BUDGET,
             conn_id: self.conn.dedicated_gen + 1,
         };
-        let Ok(crate::upstream::dedicated::Opened { tx, .. }) =
+        let Ok(crate::upstream::dedicated::Opened { tx, confined, .. }) =
             router.pool(node).dedicated(proto, push, false).await
         else {
             return;
@@ -101,6 +101,7 @@ impl Session {
             tx,
             proto,
             node,
+            confined,
             _id: None,
             _share: share,
         });
