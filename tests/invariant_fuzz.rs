@@ -1347,8 +1347,8 @@ struct World {
     denied: HashSet<String>,
     /// Server state that no client may change: the baseline of `fingerprint`.
     baseline: Vec<u8>,
-    /// Keys that may stay without a TTL: they already had none before the step (a `lock:`
-    /// key made by SET), and `keys: created` keeps a TTL-less key TTL-less.
+    /// Keys that may stay without a TTL: they already had none before the step, and
+    /// `keys: created` keeps a TTL-less key TTL-less.
     persistent_ok: HashSet<(u32, Vec<u8>)>,
     victim_keys: HashSet<Vec<u8>>,
     fences: u64,
@@ -2058,16 +2058,16 @@ impl World {
                 key.strip_prefix(p.as_bytes()).unwrap_or(key)
             });
             let was_ok = self.persistent_ok.contains(&(*db, key.clone()));
-            // The lock exemption (`lock:` ttl: none) is for the guide's lock, a SET string.
-            let lock = relative.starts_with(b"lock:") && kind == "string" && name == "SET";
+            // No `lock:` exemption: default.yaml gives `lock:` keys written without a TTL 30 s
+            // and keeps a lock's own PX, so a persistent lock key is a finding too.
             let undeclared = script && !declared.contains(key);
-            if pttl == -1 && !was_ok && !lock && !undeclared {
+            if pttl == -1 && !was_ok && !undeclared {
                 // The proxy's hidden follow-up may still be on its way: look once more.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 pttl = self.key_state(*db, key).await.map_or(-2, |s| s.1);
                 if pttl == -1 {
-                    // Keys under `lock:` are exempt for the guide's lock (a SET string) only;
-                    // kept apart so one cause is not reported once per command.
+                    // Keys under `lock:` kept apart (they were once exempt by prefix) so one
+                    // cause is not reported once per command.
                     let invariant = if relative.starts_with(b"lock:") {
                         "lock-exemption"
                     } else {
@@ -2084,7 +2084,7 @@ impl World {
                     repairs.push(vec![b"PEXPIRE".to_vec(), key.clone(), b"3600000".to_vec()]);
                 }
             }
-            if pttl == -1 && (was_ok || lock) {
+            if pttl == -1 && was_ok {
                 self.persistent_ok.insert((*db, key.clone()));
             } else {
                 self.persistent_ok.remove(&(*db, key.clone()));

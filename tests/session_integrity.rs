@@ -67,16 +67,22 @@ async fn shared_resp3_id(redis: &RedisServer) -> String {
         .to_string()
 }
 
+/// A proxy with one shared upstream connection per RESP version and no warm dedicated ones,
+/// so the shared connection's upstream id is the one `shared_resp3_id` finds.
+async fn one_shared_connection(redis: &RedisServer) -> Proxy {
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.connections.value = 1;
+    config.upstream.dedicated_warm.value = 0;
+    Proxy::start(config).await
+}
+
 /// A RESP3 push on a shared upstream connection (invalidations sent there by a `CLIENT
 /// TRACKING … BCAST REDIRECT` set up directly on Redis) is dropped and counted, never taken
 /// for the reply of the request at the head of the queue: every reply stays with its request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_on_a_shared_connection_is_never_a_reply() {
     let redis = RedisServer::start();
-    let mut config = common::config_for(&redis.addr());
-    config.upstream.connections.value = 1;
-    config.upstream.dedicated_warm.value = 0;
-    let proxy = Proxy::start(config).await;
+    let proxy = one_shared_connection(&redis).await;
     let shared = shared_resp3_id(&redis).await;
     let mut tracker = redis.raw().await;
     assert_eq!(
@@ -156,9 +162,7 @@ async fn invalidation_subscriber(proxy: &Proxy, user: &str, password: &str) -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() {
     let redis = RedisServer::start();
-    let mut config = common::config_for(&redis.addr());
-    config.upstream.connections.value = 1;
-    let proxy = Proxy::start(config).await;
+    let proxy = one_shared_connection(&redis).await;
     let shared = shared_resp3_id(&redis).await;
     let mut c = Raw::connect(proxy.addr).await;
     c.call(&["HELLO", "3"]).await;
@@ -186,10 +190,7 @@ async fn tracking_redirect_spelled_with_a_nul_cannot_name_a_shared_connection() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_kill_maps_every_id_option() {
     let redis = RedisServer::start();
-    let mut config = common::config_for(&redis.addr());
-    config.upstream.connections.value = 1;
-    config.upstream.dedicated_warm.value = 0;
-    let proxy = Proxy::start(config).await;
+    let proxy = one_shared_connection(&redis).await;
     let shared = shared_resp3_id(&redis).await;
     let mut c = Raw::connect(proxy.addr).await;
     let own = text(&c.call(&["CLIENT", "ID"]).await);
