@@ -184,8 +184,10 @@ pub enum ClientSub {
     List,
     /// GETREDIR, TRACKINGINFO: the reply names the redirect client by its upstream id.
     Redirect,
-    /// SETINFO and the rest: forwarded (SETINFO too, so a client gets exactly
-    /// the upstream version's answer — Redis 7.0 does not know it).
+    /// SETINFO: answered by the proxy where the server has it (forwarded to a server without
+    /// it, for that server's own error).
+    SetInfo,
+    /// The rest: forwarded.
     Other,
 }
 
@@ -204,6 +206,7 @@ pub fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"PAUSE") => ClientSub::Pause,
         Some(b"UNPAUSE") => ClientSub::Unpause,
         Some(b"LIST") => ClientSub::List,
+        Some(b"SETINFO") => ClientSub::SetInfo,
         Some(b"GETREDIR" | b"TRACKINGINFO") => ClientSub::Redirect,
         _ => ClientSub::Other,
     }

@@ -131,6 +131,7 @@ pub mod script_acl;
 pub mod script_user;
 pub mod sentinel;
 pub mod server;
+pub mod server_facts;
 pub mod session;
 pub mod setup;
 pub mod slowlog;

@@ -258,6 +258,9 @@ pub struct Metrics {
     /// before the upstream starts: every node's dedicated connections log in as it, and like
     /// `memory_report` it sits with the handles every connection already holds.
     pub script_user: ArcSwapOption<crate::script_user::ScriptUser>,
+    /// The upstream server's name, version and learned commands (`server_facts`), for
+    /// `INFO proxy` and `/readyz`; empty until first read.
+    pub upstream_server: ArcSwapOption<crate::server_facts::ServerFacts>,
     /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
     /// for the top patterns' metrics.
     pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
@@ -394,6 +397,7 @@ impl Metrics {
             dedicated_refused: Default::default(),
             memory_report: ArcSwapOption::empty(),
             script_user: ArcSwapOption::empty(),
+            upstream_server: ArcSwapOption::empty(),
             tls_handshakes: Default::default(),
             tls_reloads_ok: Counter::default(),
             tls_reloads_failed: Counter::default(),

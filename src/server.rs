@@ -95,8 +95,14 @@ pub async fn serve(
     // whenever the policy changes, and `/readyz` says what was found.
     let acl_status = crate::script_acl::Status::default();
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
+    let ready = with_server_facts(ready, metrics.clone());
     let ready = with_memory_report(ready, metrics.clone());
     let mut tasks = vec![
+        tokio::spawn(crate::server_facts::watch(
+            upstream.pool.control(),
+            metrics.clone(),
+        ))
+        .abort_handle(),
         tokio::spawn(crate::script_acl::watch(
             upstream.pool.control(),
             policy.clone(),
@@ -369,6 +375,24 @@ fn with_acl_status(
             Some(acl) => format!("{what}; {acl}"),
             None => what,
         })
+    })
+}
+
+/// `ready` with the upstream server's name and version (`server_facts`) first; a server
+/// older than the supported minimum fails it.
+fn with_server_facts(
+    ready: crate::admin::ReadyCheck,
+    metrics: Arc<Metrics>,
+) -> crate::admin::ReadyCheck {
+    Arc::new(move || {
+        let what = ready()?;
+        match metrics.upstream_server.load().as_deref() {
+            Some(facts) => match facts.refusal() {
+                Some(why) => Err(why),
+                None => Ok(format!("{}; {what}", facts.summary())),
+            },
+            None => Ok(what),
+        }
     })
 }
 

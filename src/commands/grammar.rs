@@ -94,6 +94,16 @@ pub struct StringOptions {
     pub nx: bool,
     /// SET `GET`: the old value is returned.
     pub get: bool,
+    /// SET `IFEQ`/`IFNE`/`IFDEQ`/`IFDNE <value>`: written only when the current value (or
+    /// its digest) compares so; like `XX`, never creates a key.
+    pub compare: bool,
+}
+
+/// SET's compare-and-set options of newer servers, each followed by the value compared.
+fn compare_option(opt: &[u8]) -> bool {
+    [&b"IFEQ"[..], b"IFNE", b"IFDEQ", b"IFDNE"]
+        .iter()
+        .any(|k| keyword(opt, k))
 }
 
 /// SET's options (`get: false`) or GETEX's (`get: true`), as Redis 7's
@@ -133,9 +143,19 @@ pub fn string_options<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Option<
             j += 2;
             continue;
         }
-        if !getex && keyword(opt, b"NX") && !xx {
+        if !getex && compare_option(opt) {
+            // `IFEQ <value>` (Valkey 8.1+), `IFNE/IFDEQ/IFDNE <value>` (Redis 8.4+): the word
+            // after it is the value compared, never an option (`SET k v IFEQ EX`).
+            if !has_next || o.nx || xx {
+                return None;
+            }
+            o.compare = true;
+            j += 2;
+            continue;
+        }
+        if !getex && keyword(opt, b"NX") && !xx && !o.compare {
             o.nx = true;
-        } else if !getex && keyword(opt, b"XX") && !o.nx {
+        } else if !getex && keyword(opt, b"XX") && !o.nx && !o.compare {
             xx = true;
         } else if !getex && keyword(opt, b"GET") {
             o.get = true;
@@ -165,11 +185,98 @@ pub fn expiry_values<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Vec<usiz
         {
             out.push(j + 1);
             j += 2;
+        } else if !getex && compare_option(opt) {
+            j += 2;
         } else {
             j += 1;
         }
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// HSETEX, HGETEX (Redis 8, Valkey 9): options between the key and `FIELDS`
+// ---------------------------------------------------------------------------------------------
+
+/// What HSETEX or HGETEX asks for before `FIELDS`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HashExpiry {
+    /// The expiry the fields get (the last one given).
+    pub expiry: Option<Expiry>,
+    /// Every index of an expiry option's number, for a rewrite that must change them all.
+    pub values: Vec<usize>,
+    /// `KEEPTTL` (HSETEX): fields keep the TTLs they have.
+    pub keepttl: bool,
+    /// `PERSIST` (HGETEX): the fields' TTLs are removed.
+    pub persist: bool,
+}
+
+/// The options of HSETEX/HGETEX from argument 2 up to `FIELDS`, walked positionally: the
+/// expiry options take a value, `NX`/`XX`/`FNX`/`FXX`/`KEEPTTL`/`PERSIST` none. `None` for a
+/// word the walk does not know or no `FIELDS` (the rule then refuses: fail closed).
+pub fn hash_expiry<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
+    expiry_options(line, 2, true)
+}
+
+/// MSETEX's options (Valkey 9.1, Redis 8.4): after `numkeys` key/value pairs, the same words
+/// as HSETEX's to the end of the line. `None` where the walk cannot read them.
+pub fn msetex_options<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
+    let numkeys: usize = std::str::from_utf8(line.arg(1)).ok()?.parse().ok()?;
+    let from = numkeys.checked_mul(2)?.checked_add(2)?;
+    if numkeys == 0 || from > line.argc() {
+        return None;
+    }
+    expiry_options(line, from, false)
+}
+
+/// The expiry options from argument `from`, up to `FIELDS` (`fields`: it must come) or the
+/// end of the line.
+fn expiry_options<L: CommandLine + ?Sized>(
+    line: &L,
+    from: usize,
+    fields: bool,
+) -> Option<HashExpiry> {
+    let mut o = HashExpiry::default();
+    let mut j = from;
+    while j < line.argc() {
+        let opt = line.arg(j);
+        if fields && keyword(opt, b"FIELDS") {
+            return Some(o);
+        }
+        let unit = [
+            (&b"EX"[..], 1000, false),
+            (b"PX", 1, false),
+            (b"EXAT", 1000, true),
+            (b"PXAT", 1, true),
+        ]
+        .into_iter()
+        .find(|(k, _, _)| keyword(opt, k));
+        if let Some((_, unit_ms, absolute)) = unit {
+            if j + 1 >= line.argc() {
+                return None;
+            }
+            o.expiry = Some(Expiry {
+                at: j + 1,
+                unit_ms,
+                absolute,
+            });
+            o.values.push(j + 1);
+            j += 2;
+            continue;
+        }
+        if keyword(opt, b"KEEPTTL") {
+            o.keepttl = true;
+        } else if keyword(opt, b"PERSIST") {
+            o.persist = true;
+        } else if ![&b"NX"[..], b"XX", b"FNX", b"FXX"]
+            .iter()
+            .any(|k| keyword(opt, k))
+        {
+            return None;
+        }
+        j += 1;
+    }
+    (!fields).then_some(o)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -632,6 +739,40 @@ mod tests {
         );
         assert_eq!(scan_options(&line("SCAN 0 COUNT")[..], 2), None);
         assert_eq!(scan_options(&line("SSCAN s 0 TYPE string")[..], 3), None);
+    }
+
+    #[test]
+    fn compare_values_of_newer_servers_are_not_options() {
+        // Valkey 8.1's `SET k v IFEQ EX`: `EX` is the value compared, no expiry is given.
+        let o = string_options(&line("SET k v IFEQ EX")[..], false).unwrap();
+        assert_eq!((o.expiry, o.compare), (None, true));
+        assert!(expiry_values(&line("SET k v IFEQ EX")[..], false).is_empty());
+        let o = string_options(&line("SET k v ifdeq\0 PX PX 100")[..], false).unwrap();
+        assert_eq!(o.expiry.map(|e| e.at), Some(6));
+        assert_eq!(
+            expiry_values(&line("SET k v IFNE PX PX 100")[..], false),
+            [6]
+        );
+        assert_eq!(string_options(&line("SET k v IFEQ")[..], false), None);
+        assert_eq!(string_options(&line("SET k v NX IFEQ x")[..], false), None);
+    }
+
+    #[test]
+    fn hash_field_expiry_options_end_at_fields() {
+        let o = hash_expiry(&line("HSETEX h FNX EX 10 PX 20 FIELDS 1 f v")[..]).unwrap();
+        assert_eq!(o.values, [4, 6]);
+        assert_eq!(o.expiry.map(|e| (e.at, e.unit_ms)), Some((6, 1)));
+        let o = hash_expiry(&line("HGETEX h PERSIST FIELDS 1 EX")[..]).unwrap();
+        assert!(o.persist && o.expiry.is_none());
+        assert_eq!(hash_expiry(&line("HSETEX h NOPE FIELDS 1 f v")[..]), None);
+        assert_eq!(hash_expiry(&line("HSETEX h EX 10")[..]), None);
+        let o = msetex_options(&line("MSETEX 2 a EX b PX NX EX 5")[..]).unwrap();
+        assert_eq!(o.values, [8]);
+        assert_eq!(
+            msetex_options(&line("MSETEX 2 a EX b")[..]),
+            Some(HashExpiry::default())
+        );
+        assert_eq!(msetex_options(&line("MSETEX 3 a EX b")[..]), None);
     }
 
     #[test]

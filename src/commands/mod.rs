@@ -24,6 +24,8 @@
 #[rustfmt::skip]
 mod table;
 pub mod grammar;
+pub mod learned;
+pub mod newer;
 
 use grammar::{c_atoi, keyword as c_eq_ignore_case};
 
@@ -387,6 +389,10 @@ pub enum KeysProc {
     Set,
     /// `bitfieldGetKeys`: the key, read-only when only `GET` operations are given.
     Bitfield,
+    /// A procedure of the server's that the proxy does not mirror: a command learned from
+    /// the server ([`learned`]) whose key specs cannot give its keys (unknown, incomplete or
+    /// with variable flags). Key extraction fails closed ([`KeyError::Unmirrored`]).
+    Unmirrored,
 }
 
 /// Everything the table knows about one command or subcommand.
@@ -487,19 +493,23 @@ impl CommandSpec {
 
     /// This container's subcommand `name` (ASCII case-insensitive).
     pub fn subcommand(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+        self.own_subcommand(name)
+            .or_else(|| learned::subcommand(self.name, name))
+    }
+
+    /// This container's subcommand `name` as its own table lists it (not learned ones).
+    fn own_subcommand(&self, name: &[u8]) -> Option<&'static CommandSpec> {
         let skip = self.name.len() + 1;
         find(self.subcommands, name, skip)
     }
 
     /// Whether `argc` arguments (the command name included) satisfy the arity.
-    pub const fn arity_accepts(&self, argc: usize) -> bool {
-        let arity = self.arity as i64;
-        let argc = argc as i64;
-        if arity >= 0 {
-            argc == arity
-        } else {
-            argc >= -arity
-        }
+    /// A built-in command whose server arity is wider ([`learned`]: `ZRANK … WITHSCORE`
+    /// from 7.2) accepts what the server accepts; that is asked only when the built-in arity
+    /// refuses.
+    pub fn arity_accepts(&self, argc: usize) -> bool {
+        arity_fits(self.arity, argc)
+            || learned::wider_arity(self.name).is_some_and(|arity| arity_fits(arity, argc))
     }
 
     /// Whether the command can take keys at all (Redis's `doesCommandHaveKeys`): a key spec
@@ -550,6 +560,9 @@ impl CommandSpec {
         }
         if !self.may_have_keys() {
             return Ok(());
+        }
+        if self.keys_proc == KeysProc::Unmirrored {
+            return Err(KeyError::Unmirrored);
         }
 
         // Redis's getKeysFromCommandWithSpecs: key specs when there is one that finds real
@@ -706,7 +719,25 @@ fn command_index() -> &'static [u16; INDEX_SLOTS] {
 }
 
 /// The top-level command named `name` (ASCII case-insensitive).
+/// Whether `argc` arguments (the name included) fit Redis's `arity`: exactly `n`, or at
+/// least `n` for `-n`.
+const fn arity_fits(arity: i32, argc: usize) -> bool {
+    let arity = arity as i64;
+    let argc = argc as i64;
+    if arity >= 0 {
+        argc == arity
+    } else {
+        argc >= -arity
+    }
+}
+
+/// A top-level command of the built-in table or, failing that, one learned from the server.
 fn find_command(name: &[u8]) -> Option<&'static CommandSpec> {
+    builtin_command(name).or_else(|| learned::command(name))
+}
+
+/// A top-level command of the built-in table.
+fn builtin_command(name: &[u8]) -> Option<&'static CommandSpec> {
     let index = command_index();
     let mut slot = name_hash(name);
     loop {
@@ -762,6 +793,10 @@ pub enum KeyError {
     /// arguments specified for command".
     #[error("invalid arguments: no keys where the command needs them")]
     InvalidArguments,
+    /// A command learned from the server whose keys only the server's own procedure finds
+    /// ([`KeysProc::Unmirrored`]).
+    #[error("the server finds this command's keys in a way the proxy cannot follow")]
+    Unmirrored,
 }
 
 /// One key argument.
@@ -1011,7 +1046,7 @@ fn keys_from_proc<A: AsRef<[u8]>>(spec: &CommandSpec, args: &[A], out: &mut Vec<
     // Flags for procedures that report none (Redis leaves them 0).
     let unknown = || spec.all_key_flags();
     match spec.keys_proc {
-        KeysProc::None => {}
+        KeysProc::None | KeysProc::Unmirrored => {}
         KeysProc::ZunionInterDiffStore => generic_get_keys(1, 2, 3, 1, args, unknown(), out),
         KeysProc::ZunionInterDiff | KeysProc::Sintercard | KeysProc::Lmpop | KeysProc::Zmpop => {
             generic_get_keys(0, 1, 2, 1, args, unknown(), out)

@@ -93,6 +93,13 @@ pub struct RuleConfig {
     /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`).
     #[serde(default)]
     pub deny: Option<Spanned<Vec<String>>>,
+    /// Deny commands newer than the built-in Redis 7.0 table (learned from the server at
+    /// connect) that the server puts in any of these categories (`[@admin, @dangerous]`).
+    #[serde(default)]
+    pub deny_newer_in: Option<Spanned<Vec<String>>>,
+    /// With `deny_newer_in`: newer commands allowed by name (`commandlog|get`).
+    #[serde(default)]
+    pub allow_newer: Option<Spanned<Vec<String>>>,
     /// With `deny`: the command is allowed when one of its arguments is this word
     /// (`FLUSHALL ASYNC`).
     #[serde(default)]

@@ -246,6 +246,13 @@ pub struct Policy {
     /// for value sizes, TTLs or a stream cap (a third of the default policy's cost per GET,
     /// docs/performance.md "Policy cost"). Made once at compile from the two above.
     plans: HashMap<usize, Plan, BuildPtrHasher>,
+    /// Command-indexed rules that name commands the built-in table lacks, or categories:
+    /// matched against commands learned from the server (`commands::learned`), which the
+    /// compile-time index cannot hold.
+    learned_rules: Vec<(usize, Matcher)>,
+    /// Plans of learned commands, made on first use (they arrive after the policy is
+    /// compiled, and the same policy meets them for its whole life).
+    learned_plans: dashmap::DashMap<usize, Arc<Plan>, BuildPtrHasher>,
     /// Users, tenants and the identities mapping clients to tenants.
     pub access: access::Identities,
     /// Whether a rule counts in Redis; read per command, so computed once at compile.
@@ -303,6 +310,52 @@ struct Plan {
     command: Box<[usize]>,
     /// The phases after them: the `global` rules that can act on the command.
     global: Box<[usize]>,
+}
+
+/// Which commands learned from the server a command-indexed rule concerns.
+#[derive(Debug, Default)]
+struct Matcher {
+    /// Full lower-case names (`hsetex`, `commandlog|reset`; a container names its
+    /// subcommands too).
+    names: Vec<String>,
+    /// `@category` entries of `deny`: a command in any of them.
+    categories: Vec<AclCategories>,
+    /// `deny_newer_in`: a learned command in any of these categories…
+    newer_in: Vec<AclCategories>,
+    /// …unless named here (`allow_newer`).
+    allow_newer: Vec<String>,
+}
+
+impl Matcher {
+    fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.categories.is_empty() && self.newer_in.is_empty()
+    }
+
+    fn matches(&self, spec: &CommandSpec) -> bool {
+        let named = |names: &[String]| {
+            names
+                .iter()
+                .any(|n| n == spec.name || n == spec.container_name())
+        };
+        named(&self.names)
+            || self.categories.iter().any(|&c| spec.in_categories(c))
+            || (self.newer_in.iter().any(|&c| spec.in_categories(c)) && !named(&self.allow_newer))
+    }
+}
+
+/// The rules `check` runs for one command: the table's plan, or a learned command's.
+enum PlanOf<'a> {
+    Table(&'a [usize], &'a [usize]),
+    Learned(Arc<Plan>),
+}
+
+impl PlanOf<'_> {
+    fn parts(&self) -> (&[usize], &[usize]) {
+        match self {
+            PlanOf::Table(c, g) => (c, g),
+            PlanOf::Learned(plan) => (&plan.command, &plan.global),
+        }
+    }
 }
 
 /// One Redis-counted rate limit to check for a command.
@@ -532,6 +585,9 @@ impl Policy {
     fn register(&mut self, compiled: Compiled) -> Option<usize> {
         let rule_index = self.rules.len();
         self.rules.push(compiled.rule);
+        if !compiled.matcher.is_empty() {
+            self.learned_rules.push((rule_index, compiled.matcher));
+        }
         for spec in compiled.commands {
             let list = self
                 .by_command
@@ -565,15 +621,39 @@ impl Policy {
 
     /// The rules `check` runs for `spec`: its plan, or (a policy made without one) every
     /// indexed and global rule.
-    fn plan_of(&self, spec: &'static CommandSpec) -> (&[usize], &[usize]) {
+    fn plan_of(&self, spec: &'static CommandSpec) -> PlanOf<'_> {
         let key = spec as *const _ as usize;
-        match self.plans.get(&key) {
-            Some(plan) => (&plan.command, &plan.global),
-            None => (
+        if let Some(plan) = self.plans.get(&key) {
+            return PlanOf::Table(&plan.command, &plan.global);
+        }
+        if self.plans.is_empty() && self.learned_rules.is_empty() {
+            return PlanOf::Table(
                 self.by_command.get(&key).map_or(&[][..], Vec::as_slice),
                 &self.global,
-            ),
+            );
         }
+        // A command learned from the server: its plan is made once.
+        let plan = self
+            .learned_plans
+            .entry(key)
+            .or_insert_with(|| {
+                let mut command: Vec<usize> =
+                    self.by_command.get(&key).cloned().unwrap_or_default();
+                for (r, matcher) in &self.learned_rules {
+                    if matcher.matches(spec) && !command.contains(r) {
+                        command.push(*r);
+                    }
+                }
+                command.sort_unstable();
+                Arc::new(Plan {
+                    command: command.into(),
+                    global: (self.global.iter().copied())
+                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
+                        .collect(),
+                })
+            })
+            .clone();
+        PlanOf::Learned(plan)
     }
 
     /// Whether there is nothing to check: no rules and no namespaced tenant.
@@ -611,13 +691,16 @@ impl Policy {
         // PEXPIRE after it, and the namespace finally prefixes every key of both.
         let mut rewrite: Option<Rewrite> = None;
         if let Some(spec) = spec {
-            let (command, global) = self.plan_of(spec);
+            let plan = self.plan_of(spec);
+            let (command, global) = plan.parts();
             if let Some(refusal) = self.command_rules(command, spec, client, line) {
                 return refusal;
             }
             if let Err(refusal) = self.global_rules(global, spec, client, line, &mut rewrite) {
                 return refusal;
             }
+        } else if let Some(refusal) = self.unknown_command_rate(client, line) {
+            return refusal;
         }
         if let Some(prefix) = namespace {
             return self.namespaced(prefix, spec, client, line, rewrite);
@@ -626,6 +709,26 @@ impl Policy {
             Some(rw) => Verdict::Rewrite(rw),
             None => self.allow(client),
         }
+    }
+
+    /// A command neither the table nor the server knows: no rule can tell what it does (the
+    /// server answers it with its own error), but it still spends rate budget, so a client
+    /// cannot flood the server with commands the proxy does not know.
+    fn unknown_command_rate<L: CommandLine + ?Sized>(
+        &self,
+        client: &Client,
+        line: &L,
+    ) -> Option<Verdict> {
+        self.global.iter().find_map(|&r| {
+            let rule = &self.rules[r];
+            let Kind::RateLimit { limiter, per } = &rule.kind else {
+                return None;
+            };
+            if !rule.applies_to(client) || !self.in_scope(rule, client, line) {
+                return None;
+            }
+            self.rate_limit(rule, limiter, *per, client, "(unknown command)")
+        })
     }
 
     /// Phases `Deny` and `ArgumentGuards`: the rules indexed by the command; the first that
@@ -783,7 +886,8 @@ impl Policy {
         else {
             return steps;
         };
-        let (command, global) = self.plan_of(spec);
+        let plan = self.plan_of(spec);
+        let (command, global) = plan.parts();
         for &r in command.iter().chain(global) {
             let rule = &self.rules[r];
             if !rule.applies_to(client) || !self.in_scope(rule, client, line) {
@@ -1209,6 +1313,8 @@ struct Compiled {
     commands: Vec<&'static CommandSpec>,
     /// Whether it applies to every command (the phases after the argument guards).
     global: bool,
+    /// Which learned commands it concerns besides `commands`.
+    matcher: Matcher,
 }
 
 /// What one rule's fields compile to: its kinds (exactly one is valid), the commands it is
@@ -1221,6 +1327,8 @@ struct Parts {
     commands: Vec<&'static CommandSpec>,
     /// Whether a kind applies to every command.
     global: bool,
+    /// Which learned commands the rule concerns besides `commands`.
+    matcher: Matcher,
 }
 
 impl Parts {
@@ -1290,13 +1398,14 @@ fn compile_rule(
         },
         commands: parts.commands,
         global: parts.global,
+        matcher: parts.matcher,
     })
 }
 
 /// How many kind fields the rule sets (`deny_unbounded_reads: false` sets none).
 fn kinds_given(rc: &RuleConfig) -> usize {
     [
-        rc.deny.is_some(),
+        rc.deny.is_some() || rc.deny_newer_in.is_some(),
         rc.max_scan_count.is_some(),
         rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value),
         rc.max_range.is_some(),
@@ -1315,11 +1424,40 @@ fn kinds_given(rc: &RuleConfig) -> usize {
 
 /// Phases `Deny` and `ArgumentGuards`: kinds indexed by the commands they concern.
 fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
-    if let Some(deny) = &rc.deny {
-        for name in &deny.value {
-            match resolve(name) {
-                Ok(specs) => parts.commands.extend(specs),
-                Err(e) => out.push("deny", deny.referenced.line(), e),
+    if rc.deny.is_some() || rc.deny_newer_in.is_some() {
+        if let Some(deny) = &rc.deny {
+            for name in &deny.value {
+                match resolve(name, &mut parts.matcher) {
+                    Ok(specs) => parts.commands.extend(specs),
+                    Err(e) => out.push("deny", deny.referenced.line(), e),
+                }
+            }
+        }
+        if let Some(newer) = &rc.deny_newer_in {
+            for name in &newer.value {
+                match AclCategories::from_category(name.as_bytes()) {
+                    Some(cat) if name.starts_with('@') => parts.matcher.newer_in.push(cat),
+                    _ => out.push(
+                        "deny_newer_in",
+                        newer.referenced.line(),
+                        format!("`{name}` is not a category (write `@admin`, `@dangerous`…)"),
+                    ),
+                }
+            }
+        }
+        for name in rc.allow_newer.iter().flat_map(|a| &a.value) {
+            if commands::newer::is_known(name) {
+                parts.matcher.allow_newer.push(name.to_ascii_lowercase());
+            } else {
+                let line = rc
+                    .allow_newer
+                    .as_ref()
+                    .map_or(out.line, |a| a.referenced.line());
+                out.push(
+                    "allow_newer",
+                    line,
+                    format!("`{name}` is not a command newer than Redis 7.0 that the proxy knows"),
+                );
             }
         }
         parts.kinds.push(Kind::Deny {
@@ -1353,17 +1491,22 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
         }
         parts.kinds.push(Kind::MaxScanCount(n.value));
     }
-    let range_commands = || {
+    let range_commands = |matcher: &mut Matcher| {
+        for n in ranges::COMMANDS {
+            if commands::lookup_name(n.as_bytes()).is_none() {
+                matcher.names.push((*n).to_string());
+            }
+        }
         ranges::COMMANDS
             .iter()
             .flat_map(|n| commands::lookup_name(n.as_bytes()))
     };
     if rc.deny_unbounded_reads.as_ref().is_some_and(|on| on.value) {
-        parts.commands.extend(range_commands());
+        parts.commands.extend(range_commands(&mut parts.matcher));
         parts.kinds.push(Kind::UnboundedReads);
     }
     if let Some(n) = &rc.max_range {
-        parts.commands.extend(range_commands());
+        parts.commands.extend(range_commands(&mut parts.matcher));
         parts.kinds.push(Kind::MaxRange(n.value));
     }
 }
@@ -1601,7 +1744,17 @@ fn bad_key_name<L: CommandLine + ?Sized>(
         return None;
     }
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-    let keys = commands::keys(&args).ok()?;
+    let keys = match commands::keys(&args) {
+        Ok(keys) => keys,
+        Err(commands::KeyError::Unmirrored) => {
+            return Some(format!(
+                "{} finds its keys in a way the proxy cannot follow, so their names cannot \
+                 be checked",
+                spec.name.to_ascii_uppercase()
+            ));
+        }
+        Err(_) => return None,
+    };
     let bad = keys.indices().map(|i| args[i]).find(|k| !re.is_match(k))?;
     Some(format!(
         "key '{}' does not match the naming pattern {}",
@@ -1621,8 +1774,12 @@ fn too_many_keys<L: CommandLine + ?Sized>(
         return None;
     }
     let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
-    let keys = commands::keys(&args).ok()?;
-    (keys.len() as u64 > max).then_some(keys.len())
+    match commands::keys(&args) {
+        Ok(keys) => (keys.len() as u64 > max).then_some(keys.len()),
+        // Keys only the server can find: every argument may be one (fail closed).
+        Err(commands::KeyError::Unmirrored) => Some(line.argc() - 1),
+        Err(_) => None,
+    }
 }
 
 /// A rewrite by `rule`: forwarded (enforce), or logged and counted only (audit).
@@ -1723,7 +1880,20 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
 
 /// Commands named by a `deny` entry: a command (`KEYS`), a subcommand (`config|set`) or a
 /// category (`@dangerous`).
-fn resolve(name: &str) -> Result<Vec<&'static CommandSpec>, String> {
+///
+/// Learned commands are matched later through `matcher`: a category's, a newer command's
+/// name (`commands::newer`), the newer spellings of a built-in one (`commandlog|reset` for
+/// `slowlog|reset`).
+fn resolve(name: &str, matcher: &mut Matcher) -> Result<Vec<&'static CommandSpec>, String> {
+    if commands::lookup_name(name.as_bytes()).is_none() && commands::newer::is_known(name) {
+        matcher.names.push(name.to_ascii_lowercase());
+        return Ok(Vec::new());
+    }
+    matcher.names.extend(
+        commands::newer::aliases_of(name)
+            .iter()
+            .map(|a| (*a).to_string()),
+    );
     if let Some(cat) = name.strip_prefix('@') {
         let cat = AclCategories::from_category(cat.as_bytes()).ok_or_else(|| {
             let names: Vec<&str> = AclCategories::NAMES.iter().map(|(_, n)| *n).collect();
@@ -1732,6 +1902,7 @@ fn resolve(name: &str) -> Result<Vec<&'static CommandSpec>, String> {
                 None => format!("unknown category `{name}`"),
             }
         })?;
+        matcher.categories.push(cat);
         return Ok(commands::all_commands()
             .filter(|c| c.in_categories(cat))
             .collect());
@@ -2041,7 +2212,8 @@ mod tests {
         ];
         let mut left_out = 0;
         for spec in commands::all_commands() {
-            let (_, planned) = p.plan_of(spec);
+            let plan = p.plan_of(spec);
+            let (_, planned) = plan.parts();
             for (r, rule) in p.rules.iter().enumerate() {
                 if planned.contains(&r) {
                     continue;
@@ -2068,7 +2240,7 @@ mod tests {
         );
         let global_ids = |name: &str| -> Vec<&str> {
             let spec = commands::lookup_name(name.as_bytes()).unwrap();
-            (p.plan_of(spec).1.iter())
+            (p.plan_of(spec).parts().1.iter())
                 .map(|&r| p.rules[r].id.as_str())
                 .collect()
         };

@@ -40,6 +40,7 @@ const KEYLESS: &[&str] = &[
     "client|info",
     "client|reply",
     "client|setinfo",
+    "client|no-touch",
     "command",
     "command|count",
     "command|info",

@@ -23,6 +23,7 @@ pub const COMMANDS: &[&str] = &[
     "xrange",
     "xrevrange",
     "srandmember",
+    "vrandmember",
     "hrandfield",
     "zrandmember",
     "spop",
@@ -95,7 +96,7 @@ pub fn read_size<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> Optio
             grammar::geo_options(line, spec.name)?.count.and_then(int),
         )),
         // A negative count returns that many elements, repeats allowed.
-        "srandmember" | "hrandfield" | "zrandmember" => {
+        "srandmember" | "hrandfield" | "zrandmember" | "vrandmember" => {
             Some(Size::AtMost(int(2).map_or(1, i64::unsigned_abs)))
         }
         "spop" | "lpop" | "rpop" | "zpopmin" | "zpopmax" => {

@@ -151,7 +151,7 @@ pub enum TtlAction {
 }
 
 /// Where an expiry argument is and how it is written.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Expiry {
     /// Index of the number in the arguments.
     at: usize,
@@ -164,12 +164,14 @@ struct Expiry {
 }
 
 /// How a cut expiry is written back.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Form {
     /// The option before the number becomes `PX` (SET, GETEX).
     Option,
     /// The command is renamed (SETEX → PSETEX, EXPIREAT → PEXPIRE).
     Command(&'static str),
+    /// The options before these numbers become `PX` (HSETEX, HGETEX: every occurrence).
+    Options(Vec<usize>),
 }
 
 impl Ttl {
@@ -255,6 +257,12 @@ impl Ttl {
             absolute: true,
             form: Form::Command("PEXPIRE"),
         };
+        let absolute_hash = |at, unit| Expiry {
+            at,
+            unit,
+            absolute: true,
+            form: Form::Command("HPEXPIRE"),
+        };
         match spec.name {
             "persist" if self.deny_persist => {
                 TtlAction::Refuse("PERSIST would leave the key without a TTL".into())
@@ -268,6 +276,12 @@ impl Ttl {
             "expireat" => self.clamp(args, absolute(2, 1000)),
             "pexpireat" => self.clamp(args, absolute(2, 1)),
             "restore" | "restore-asking" => self.restore(args),
+            // Hash field TTLs (Redis 7.4+/8, Valkey 9) stay under the maximum too.
+            "hexpire" => self.clamp(args, relative(2, 1000, Form::Command("HPEXPIRE"))),
+            "hpexpire" => self.clamp(args, relative(2, 1, Form::Command("HPEXPIRE"))),
+            "hexpireat" => self.clamp(args, absolute_hash(2, 1000)),
+            "hpexpireat" => self.clamp(args, absolute_hash(2, 1)),
+            "hsetex" | "hgetex" | "msetex" => self.expiry_options(spec, args, build),
             "persist" => TtlAction::Keep,
             "copy" => match grammar::copy_db(args) {
                 None => unreadable("COPY"),
@@ -322,6 +336,35 @@ impl Ttl {
         }
     }
 
+    /// HSETEX, HGETEX (field TTLs) and MSETEX (key TTLs): an expiry above the maximum is cut
+    /// to it (every occurrence becomes `PX max`). Without one, HSETEX and MSETEX are writes
+    /// like any other: the keys they create get their TTL (MSETEX … KEEPTTL too).
+    fn expiry_options(&self, spec: &CommandSpec, args: &[&[u8]], build: Build) -> TtlAction {
+        let (opts, name) = match spec.name {
+            "msetex" => (grammar::msetex_options(args), "MSETEX"),
+            "hsetex" => (grammar::hash_expiry(args), "HSETEX"),
+            _ => (grammar::hash_expiry(args), "HGETEX"),
+        };
+        let Some(opts) = opts else {
+            return unreadable(name);
+        };
+        if let Some(e) = opts.expiry {
+            return self.clamp(
+                args,
+                Expiry {
+                    at: e.at,
+                    unit: e.unit_ms,
+                    absolute: e.absolute,
+                    form: Form::Options(opts.values),
+                },
+            );
+        }
+        if spec.may_write() && spec.name != "hgetex" {
+            return self.expire_written_keys(spec, args, build);
+        }
+        TtlAction::Keep
+    }
+
     fn getex(&self, args: &[&[u8]]) -> TtlAction {
         let Some(opts) = grammar::string_options(args, true) else {
             return unreadable("GETEX");
@@ -366,6 +409,12 @@ impl Ttl {
                 }
             }
             Form::Command(name) => new[0] = name.as_bytes(),
+            Form::Options(values) => {
+                for at in values {
+                    new[at - 1] = b"PX";
+                    new[at] = max_text.as_bytes();
+                }
+            }
         }
         new[e.at] = max_text.as_bytes();
         let what = if e.absolute {
@@ -429,8 +478,19 @@ impl Ttl {
     /// say insert, overwrite or update).
     fn expire_written_keys(&self, spec: &CommandSpec, args: &[&[u8]], build: Build) -> TtlAction {
         WRITTEN_KEYS.with_borrow_mut(|keys| {
-            if spec.keys_into(args, keys).is_err() {
-                return TtlAction::Keep;
+            match spec.keys_into(args, keys) {
+                Ok(()) => {}
+                // A write learned from the server whose keys only the server can find: which
+                // keys it creates is unknown, so it cannot be given its TTL (fail closed).
+                Err(commands::KeyError::Unmirrored) => {
+                    return TtlAction::Refuse(format!(
+                        "{} finds its keys in a way the proxy cannot follow, so the keys it \
+                         writes cannot be given their TTL",
+                        spec.name.to_ascii_uppercase()
+                    ));
+                }
+                // Redis refuses the command itself (arity, no keys).
+                Err(_) => return TtlAction::Keep,
             }
             let creates = KeySpecFlags::INSERT
                 .union(KeySpecFlags::OW)
@@ -556,13 +616,14 @@ impl Ttl {
     }
 }
 
-/// Fail closed: options the proxy cannot read as Redis 7.0 reads them. Redis 7.0 refuses them
-/// too (a syntax error), but a newer server may accept a word the proxy does not know
-/// (Valkey's `SET k v IFEQ EX` compares with "EX" and drops the key's TTL), and a TTL rule
-/// that let it through would not know what it allowed.
+/// Fail closed: options the proxy cannot read as the server reads them (the grammar knows
+/// Redis 7.0's, and the newer servers' IFEQ/IFNE/IFDEQ/IFDNE, HSETEX/HGETEX and MSETEX
+/// options). The server may accept a word the proxy does not know (before the grammar knew
+/// IFEQ, Valkey's `SET k v IFEQ EX` compared with "EX" and dropped the key's TTL), and a TTL
+/// rule that let it through would not know what it allowed.
 fn unreadable(command: &str) -> TtlAction {
     TtlAction::Refuse(format!(
-        "syntax error: {command} with options the TTL rule cannot read as Redis 7.0 reads them"
+        "syntax error: {command} with options the TTL rule cannot read"
     ))
 }
 

@@ -118,6 +118,9 @@ struct NamePair {
     user: Option<Bytes>,
     /// CLIENT SETNAME value, answered by CLIENT GETNAME.
     name: Option<Bytes>,
+    /// CLIENT SETINFO LIB-NAME and LIB-VER (Redis 7.2+, Valkey): the client's own, shown in
+    /// its CLIENT INFO, never set on a shared upstream connection.
+    lib: Option<Box<(Bytes, Bytes)>>,
 }
 
 impl Names {
@@ -136,6 +139,29 @@ impl Names {
         self.change(|n| n.user = user);
     }
 
+    /// CLIENT SETINFO's library name and version (empty when not set).
+    pub(super) fn lib(&self) -> (&[u8], &[u8]) {
+        match self.0.as_ref().and_then(|p| p.lib.as_deref()) {
+            Some((name, ver)) => (name, ver),
+            None => (b"", b""),
+        }
+    }
+
+    /// Sets CLIENT SETINFO's `LIB-NAME` (`version: false`) or `LIB-VER` to `value`.
+    pub(super) fn set_lib(&mut self, version: bool, value: Bytes) {
+        self.change(|n| {
+            let lib = n.lib.get_or_insert_with(Box::default);
+            if version {
+                lib.1 = value;
+            } else {
+                lib.0 = value;
+            }
+            if lib.0.is_empty() && lib.1.is_empty() {
+                n.lib = None;
+            }
+        });
+    }
+
     /// Sets (or with `None` clears) the CLIENT SETNAME value.
     pub(super) fn set_name(&mut self, name: Option<Bytes>) {
         self.change(|n| n.name = name);
@@ -145,7 +171,7 @@ impl Names {
     fn change(&mut self, change: impl FnOnce(&mut NamePair)) {
         let pair = self.0.get_or_insert_with(Box::default);
         change(pair);
-        if pair.user.is_none() && pair.name.is_none() {
+        if pair.user.is_none() && pair.name.is_none() && pair.lib.is_none() {
             self.0 = None;
         }
     }

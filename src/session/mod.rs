@@ -421,6 +421,8 @@ struct Joining {
 enum LocalEffect {
     None,
     SetName(Option<Bytes>),
+    /// CLIENT SETINFO: `LIB-VER` (true) or `LIB-NAME`, kept by the proxy for this client.
+    SetLib(bool, Bytes),
     ReplyMode(ReplyMode),
     /// AUTH accepted by the proxy: the session is now this user (and its tenant).
     Login(Bytes),
@@ -880,6 +882,12 @@ impl Session {
                     .client_list
                     .update(self.client.id, |r| r.names.set_name(name.clone()));
                 self.client.names.set_name(name);
+            }
+            LocalEffect::SetLib(version, value) => {
+                self.ctx
+                    .client_list
+                    .update(self.client.id, |r| r.names.set_lib(version, value.clone()));
+                self.client.names.set_lib(version, value);
             }
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti => {

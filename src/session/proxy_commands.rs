@@ -143,6 +143,13 @@ impl Session {
                 m.replica_reads.get(),
             );
         }
+        if let Some(server) = m.upstream_server.load().as_deref() {
+            let _ = write!(
+                s,
+                "proxy_upstream_server:{}\r\nproxy_upstream_server_version:{}\r\nproxy_learned_commands:{}\r\n",
+                server.name, server.version, server.learned.added
+            );
+        }
         if let Some(report) = m.memory_report.load().as_deref() {
             s.push_str(&report.info);
         }

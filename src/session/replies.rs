@@ -84,6 +84,20 @@ impl Session {
                     fields.extend_from_slice(b"name=");
                     fields.extend_from_slice(self.client.names.name().map_or(&b""[..], |n| &n[..]));
                 }
+                b"lib-name" => {
+                    fields.extend_from_slice(b"lib-name=");
+                    fields.extend_from_slice(self.client.names.lib().0);
+                }
+                b"lib-ver" => {
+                    fields.extend_from_slice(b"lib-ver=");
+                    fields.extend_from_slice(self.client.names.lib().1);
+                }
+                // Valkey 8+: the shared connection's traffic, which is every client's; the
+                // proxy does not count these per client.
+                name @ (b"tot-cmds" | b"tot-net-in" | b"tot-net-out") => {
+                    fields.extend_from_slice(name);
+                    fields.extend_from_slice(b"=0");
+                }
                 _ => fields.extend_from_slice(field),
             }
         }

@@ -426,6 +426,14 @@ impl Session {
                 },
                 LocalEffect::None,
             ),
+            // Answered by the proxy when the server has it (7.2+): on a shared connection
+            // one client's library would show in every other client's CLIENT INFO.
+            ClientSub::SetInfo
+                if args.len() == 4
+                    && crate::commands::lookup(b"client", Some(b"setinfo")).is_some() =>
+            {
+                set_info(args.get(2), args.get(3))
+            }
             ClientSub::Id if args.len() == 2 => {
                 Action::Local(answers::integer(self.client.id as i64), LocalEffect::None)
             }
@@ -646,6 +654,29 @@ fn pause_effect(args: &Args<'_>) -> Effect {
 }
 
 /// Redis's rule for client names and library info: printable ASCII without spaces.
+/// CLIENT SETINFO LIB-NAME|LIB-VER <value>, answered as Redis 7.2 answers it.
+fn set_info(attr: &[u8], value: &[u8]) -> Action {
+    let version = if attr.eq_ignore_ascii_case(b"LIB-VER") {
+        true
+    } else if attr.eq_ignore_ascii_case(b"LIB-NAME") {
+        false
+    } else {
+        let text = format!("Unrecognized option '{}'", String::from_utf8_lossy(attr));
+        return Action::Local(crate::error::simple_error("ERR", &text), LocalEffect::None);
+    };
+    if !valid_name(value) {
+        let text = format!(
+            "{} cannot contain spaces, newlines or special characters.",
+            String::from_utf8_lossy(attr)
+        );
+        return Action::Local(crate::error::simple_error("ERR", &text), LocalEffect::None);
+    }
+    Action::Local(
+        answers::ok(),
+        LocalEffect::SetLib(version, Bytes::copy_from_slice(value)),
+    )
+}
+
 fn valid_name(name: &[u8]) -> bool {
     name.iter().all(|&c| (b'!'..=b'~').contains(&c))
 }
