@@ -97,6 +97,12 @@ pub async fn serve(
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
     let ready = with_server_facts(ready, metrics.clone());
     let ready = with_memory_report(ready, metrics.clone());
+    crate::server_facts::first(
+        &upstream.pool.control(),
+        &metrics,
+        Duration::from_millis(config.upstream.connect_timeout_ms.value),
+    )
+    .await;
     let mut tasks = vec![
         tokio::spawn(crate::server_facts::watch(
             upstream.pool.control(),

@@ -98,56 +98,58 @@ impl ServerFacts {
 /// Reads the server's facts now and whenever its `run_id` changes; stores them in
 /// `metrics.upstream_server`. Runs until aborted.
 pub async fn watch(control: Control, metrics: Arc<Metrics>) {
-    let slot = &metrics.upstream_server;
     let mut tick = tokio::time::interval(RECHECK);
     // The last error logged, so a server that stays down is not logged every tick.
     let mut last_error: Option<String> = None;
     loop {
         tick.tick().await;
-        let info = match control.request(&[b"INFO", b"server"]).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                note_error(&mut last_error, e.to_string());
-                continue;
+        if let Err(e) = read(&control, &metrics).await {
+            if last_error.as_deref() != Some(e.as_str()) {
+                tracing::warn!(error = %e, "could not read the upstream server's version and commands");
+                last_error = Some(e);
             }
-        };
-        let Some(mut facts) = parse_info(&info) else {
-            note_error(&mut last_error, "INFO server gave no version".into());
-            continue;
-        };
-        if slot
-            .load()
-            .as_ref()
-            .is_some_and(|old| old.run_id == facts.run_id)
-        {
-            continue;
+        } else {
+            last_error = None;
         }
-        let reply = match control.request(&[b"COMMAND"]).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                note_error(&mut last_error, e.to_string());
-                continue;
-            }
-        };
-        match decode(&reply, COMMAND_REPLY_DEPTH) {
-            Ok((Value::Error(e), _)) => facts.learned.unreadable.push(format!("COMMAND: {e}")),
-            Ok((value, _)) => facts.learned = learned::learn(&value),
-            Err(e) => facts.learned.unreadable.push(format!("COMMAND: {e}")),
-        }
-        last_error = None;
-        match facts.refusal() {
-            Some(why) => tracing::error!("{why}"),
-            None => tracing::info!(server = %facts.label(), "{}", facts.summary()),
-        }
-        slot.store(Some(Arc::new(facts)));
     }
 }
 
-fn note_error(last: &mut Option<String>, error: String) {
-    if last.as_deref() != Some(error.as_str()) {
-        tracing::warn!(error = %error, "could not read the upstream server's version and commands");
-        *last = Some(error);
+/// The first [`read`], before clients are served, so the first commands are judged with the
+/// server's table; bounded by `within` (an upstream that is down is read later by [`watch`]).
+pub async fn first(control: &Control, metrics: &Arc<Metrics>, within: Duration) {
+    let _ = tokio::time::timeout(within, read(control, metrics)).await;
+}
+
+/// Reads `INFO server`, and `COMMAND` when the server is new (a `run_id` not read before).
+async fn read(control: &Control, metrics: &Arc<Metrics>) -> Result<(), String> {
+    let slot = &metrics.upstream_server;
+    let info = control
+        .request(&[b"INFO", b"server"])
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut facts = parse_info(&info).ok_or("INFO server gave no version")?;
+    if slot
+        .load()
+        .as_ref()
+        .is_some_and(|old| old.run_id == facts.run_id)
+    {
+        return Ok(());
     }
+    let reply = control
+        .request(&[b"COMMAND"])
+        .await
+        .map_err(|e| e.to_string())?;
+    match decode(&reply, COMMAND_REPLY_DEPTH) {
+        Ok((Value::Error(e), _)) => facts.learned.unreadable.push(format!("COMMAND: {e}")),
+        Ok((value, _)) => facts.learned = learned::learn(&value),
+        Err(e) => facts.learned.unreadable.push(format!("COMMAND: {e}")),
+    }
+    match facts.refusal() {
+        Some(why) => tracing::error!("{why}"),
+        None => tracing::info!(server = %facts.label(), "{}", facts.summary()),
+    }
+    slot.store(Some(Arc::new(facts)));
+    Ok(())
 }
 
 /// The name, version and run id in an `INFO server` reply (a bulk or verbatim string of

@@ -769,10 +769,10 @@ mod tests {
         let o = msetex_options(&line("MSETEX 2 a EX b PX NX EX 5")[..]).unwrap();
         assert_eq!(o.values, [8]);
         assert_eq!(
-            msetex_options(&line("MSETEX 2 a EX b")[..]),
+            msetex_options(&line("MSETEX 2 a EX b PX")[..]),
             Some(HashExpiry::default())
         );
-        assert_eq!(msetex_options(&line("MSETEX 3 a EX b")[..]), None);
+        assert_eq!(msetex_options(&line("MSETEX 3 a EX b PX")[..]), None);
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! distinct command definitions of the servers the proxy has met (a few hundred KiB).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use arc_swap::ArcSwap;
@@ -50,6 +51,15 @@ struct Learned {
 
 static LEARNED: LazyLock<ArcSwap<Learned>> =
     LazyLock::new(|| ArcSwap::from_pointee(Learned::default()));
+
+/// Whether a server's command table has been read: until then a command the built-in table
+/// does not know may be one the server has, and the policy cannot judge it.
+static READ_A_SERVER: AtomicBool = AtomicBool::new(false);
+
+/// Whether some server's command table has been learned (see [`READ_A_SERVER`]).
+pub fn have_server_table() -> bool {
+    READ_A_SERVER.load(Ordering::Acquire)
+}
 
 /// Every spec leaked so far, by its full description: one leak per distinct definition.
 static INTERNED: LazyLock<Mutex<HashMap<String, &'static CommandSpec>>> =
@@ -151,6 +161,7 @@ pub fn learn(reply: &Value) -> Summary {
         }
     }
     LEARNED.store(Arc::new(next));
+    READ_A_SERVER.store(true, Ordering::Release);
     summary
 }
 

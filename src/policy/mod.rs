@@ -699,6 +699,17 @@ impl Policy {
             if let Err(refusal) = self.global_rules(global, spec, client, line, &mut rewrite) {
                 return refusal;
             }
+        } else if !commands::learned::have_server_table() {
+            // Before the server's COMMAND was read (the upstream was down at start), a
+            // command the built-in table lacks may be a newer one the rules would judge.
+            return Verdict::Refuse(simple_error(
+                "ERR",
+                &format!(
+                    "policy: the proxy has not read the server's commands yet, so it cannot \
+                     judge '{}'; retry once the upstream is reachable",
+                    String::from_utf8_lossy(line.arg(0))
+                ),
+            ));
         } else if let Some(refusal) = self.unknown_command_rate(client, line) {
             return refusal;
         }

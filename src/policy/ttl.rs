@@ -912,13 +912,16 @@ mod tests {
             assert!(command.contains("604800000"), "{line}: {command}");
             assert!(!command.contains("99999999999"), "{line}: {command}");
         }
-        // Two different expiry options, or a word Redis 7.0 does not know: refused, not
+        // Two different expiry options, or a word the grammar does not know: refused, not
         // forwarded unjudged (a newer server may read the word differently).
         assert!(matches!(
             run("SET k v EX 10 PX 99999999999"),
             TtlAction::Refuse(_)
         ));
-        assert!(matches!(run("SET k v IFEQ EX"), TtlAction::Refuse(_)));
+        assert!(matches!(run("SET k v IFXX EX"), TtlAction::Refuse(_)));
+        // Valkey's IFEQ takes the next word as the value compared: `EX` is no expiry, and the
+        // SET gets the key's TTL like any other.
+        assert!(matches!(run("SET k v IFEQ EX"), TtlAction::Rewrite(_)));
         // KEEPTTL\0 keeps the TTL: the key gets one only if the SET creates it.
         assert_eq!(rewritten("SET k v KEEPTTL\0").1.len(), 1);
     }

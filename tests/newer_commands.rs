@@ -1,0 +1,350 @@
+//! The policy in front of servers newer than the built-in Redis 7.0.15 table (issue 27): the
+//! proxy reads the server's `COMMAND` at connect (`commands::learned`, `server_facts`) and
+//! every rule judges the commands and options the table lacks. Each test runs in front of each
+//! server of the matrix (`common::matrix_servers`: Redis 8.0 and Valkey 9.1 from
+//! `scripts/build-servers.sh`), checking what the server has (`COMMAND INFO`), so a finding
+//! of the issue is tested wherever the server can show it.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{DEADLINE, Proxy, Raw, RedisServer};
+
+const SEVEN_DAYS_MS: i64 = 7 * 24 * 3600 * 1000;
+const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+const BOB: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b"; // bobpw
+
+fn text(reply: &[u8]) -> String {
+    String::from_utf8_lossy(reply).into_owned()
+}
+
+/// Whether the server has `command` (`hsetex`, `client|setinfo`).
+async fn has(redis: &RedisServer, command: &str) -> bool {
+    let words: Vec<&str> = std::iter::once("COMMAND")
+        .chain(std::iter::once("DOCS"))
+        .chain(command.split('|').take(1))
+        .collect();
+    let reply = redis.direct(&words).await;
+    let known = !reply.starts_with(b"*0\r\n") && !reply.starts_with(b"%0\r\n");
+    match command.split_once('|') {
+        Some((_, sub)) => known && text(&reply).to_ascii_lowercase().contains(sub),
+        None => known,
+    }
+}
+
+fn int(reply: &[u8]) -> i64 {
+    text(reply)
+        .trim_start_matches(':')
+        .trim_end()
+        .parse()
+        .unwrap_or_else(|_| panic!("not an integer reply: {}", text(reply)))
+}
+
+/// The one integer of a one-element array reply (HTTL, HPTTL).
+fn first_int(reply: &[u8]) -> i64 {
+    let t = text(reply);
+    let line = t
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no element: {t}"));
+    line.trim_start_matches(':').parse().unwrap()
+}
+
+/// `policy/default.yaml` with every rule enforced, in front of `redis`, after the proxy has
+/// read the server's commands (the startup waits for that read).
+async fn default_policy(redis: &RedisServer) -> Proxy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    // The read guard too (the rollout leaves it in audit).
+    let yaml =
+        common::default_policy_enforced().replace("    mode: audit\n", "    mode: enforce\n");
+    let mut config =
+        redis_policy_proxy::setup::from_yaml(&yaml, &path).expect("default policy loads");
+    config.set_upstream(redis.addr());
+    Proxy::start(config).await
+}
+
+async fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    int(&redis.direct(&["PTTL", key]).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_names_the_server_it_is_in_front_of() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let info = text(&c.call(&["INFO", "proxy"]).await);
+        let family = name.split('-').next().unwrap();
+        assert!(
+            info.contains(&format!("proxy_upstream_server:{family}\r\n")),
+            "{name}: {info}"
+        );
+        let version = name.split('-').nth(1).unwrap();
+        assert!(
+            info.contains(&format!("proxy_upstream_server_version:{version}.")),
+            "{name}: {info}"
+        );
+        let (_, ready) = common::http_get(proxy.admin, "/readyz").await;
+        assert!(
+            ready.contains(&format!("upstream server {family} {version}.")),
+            "{name}: {ready}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_writes_get_their_ttl_and_stay_under_the_maximum() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let ten_years = (10 * 365 * 24 * 3600).to_string();
+        if has(&redis, "hsetex").await {
+            // HSETEX creates a hash: it gets the key TTL (HSET's 3600 s).
+            assert_eq!(
+                c.call(&["HSETEX", "m:h", "FIELDS", "1", "f", "v"]).await,
+                b":1\r\n",
+                "{name}"
+            );
+            let ttl = pttl(&redis, "m:h").await;
+            assert!(
+                ttl > 0 && ttl <= 3_600_000,
+                "{name}: HSETEX left PTTL {ttl}"
+            );
+            // Field TTLs above the maximum are cut to it, whichever command sets them.
+            c.call(&["HSETEX", "m:h2", "EX", &ten_years, "FIELDS", "1", "f", "v"])
+                .await;
+            c.call(&["HSETEX", "m:h", "FIELDS", "1", "g", "v"]).await;
+            c.call(&["HEXPIRE", "m:h", &ten_years, "FIELDS", "1", "g"])
+                .await;
+            c.call(&["HSETEX", "m:h", "FIELDS", "1", "x", "v"]).await;
+            c.call(&["HGETEX", "m:h", "PX", "99999999999999", "FIELDS", "1", "x"])
+                .await;
+            for (key, field) in [("m:h2", "f"), ("m:h", "g"), ("m:h", "x")] {
+                let ttl = first_int(&redis.direct(&["HPTTL", key, "FIELDS", "1", field]).await);
+                assert!(
+                    ttl > 0 && ttl <= SEVEN_DAYS_MS,
+                    "{name}: field {key}.{field} has PTTL {ttl}"
+                );
+            }
+        }
+        if has(&redis, "msetex").await {
+            c.call(&["MSETEX", "1", "m:k1", "v", "KEEPTTL"]).await;
+            let ttl = pttl(&redis, "m:k1").await;
+            assert!(ttl > 0, "{name}: MSETEX KEEPTTL left PTTL {ttl}");
+            c.call(&["MSETEX", "1", "m:k2", "v", "EX", &ten_years])
+                .await;
+            let ttl = pttl(&redis, "m:k2").await;
+            assert!(
+                ttl > 0 && ttl <= SEVEN_DAYS_MS,
+                "{name}: MSETEX EX 10y left PTTL {ttl}"
+            );
+        }
+        if has(&redis, "vadd").await {
+            c.call(&["VADD", "m:v", "VALUES", "2", "1", "2", "e1"])
+                .await;
+            let ttl = pttl(&redis, "m:v").await;
+            assert!(ttl > 0, "{name}: VADD left PTTL {ttl}");
+        }
+        // Valkey 8.1+: `IFEQ EX` compares with "EX"; it is no expiry option and the key keeps
+        // the TTL the rule gives every SET.
+        assert_eq!(c.call(&["SET", "m:s", "EX"]).await, b"+OK\r\n");
+        let reply = text(&c.call(&["SET", "m:s", "v", "IFEQ", "EX"]).await);
+        if reply == "+OK\r\n" {
+            assert_eq!(redis.direct(&["GET", "m:s"]).await, b"$1\r\nv\r\n");
+            assert!(
+                pttl(&redis, "m:s").await > 0,
+                "{name}: IFEQ EX stripped the TTL"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_writes_and_reads_meet_the_value_cap_and_the_read_guard() {
+    let big = "x".repeat(110 * 1024);
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let mut tried = Vec::new();
+        if has(&redis, "hsetex").await {
+            tried.push(c.call(&["HSETEX", "b:h", "FIELDS", "1", "f", &big]).await);
+        }
+        if has(&redis, "msetex").await {
+            tried.push(c.call(&["MSETEX", "1", "b:k", &big]).await);
+        }
+        if has(&redis, "vsetattr").await {
+            c.call(&["VADD", "b:v", "VALUES", "2", "1", "2", "e1"])
+                .await;
+            let attr = format!("{{\"a\":\"{big}\"}}");
+            tried.push(c.call(&["VSETATTR", "b:v", "e1", &attr]).await);
+        }
+        assert!(!tried.is_empty(), "{name} has none of the newer writes");
+        for reply in tried {
+            assert!(
+                text(&reply).starts_with("-ERR policy max-value-size: "),
+                "{name}: {}",
+                text(&reply)
+            );
+        }
+        assert_eq!(redis.direct(&["EXISTS", "b:h", "b:k"]).await, b":0\r\n");
+        if has(&redis, "vrandmember").await {
+            for i in 2..30 {
+                let e = format!("e{i}");
+                c.call(&["VADD", "b:v", "VALUES", "2", "1", &i.to_string(), &e])
+                    .await;
+            }
+            let reply = text(&c.call(&["VRANDMEMBER", "b:v", "-5000"]).await);
+            assert!(
+                reply.starts_with("-ERR policy unbounded-reads: "),
+                "{name}: {reply}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_admin_commands_are_denied_and_their_reads_allowed() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        if !has(&redis, "commandlog").await {
+            continue;
+        }
+        let proxy = default_policy(&redis).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        // SLOWLOG RESET's newer spelling is denied like it.
+        let reply = text(&c.call(&["COMMANDLOG", "RESET", "slow"]).await);
+        assert!(
+            reply.starts_with("-NOPERM policy deny-admin: "),
+            "{name}: {reply}"
+        );
+        // An @admin command newer than the table, by its category.
+        let reply = text(
+            &c.call(&[
+                "CLUSTER",
+                "MIGRATESLOTS",
+                "SLOTSRANGE",
+                "1",
+                "2",
+                "NODE",
+                "x",
+            ])
+            .await,
+        );
+        assert!(
+            reply.starts_with("-NOPERM policy deny-admin: "),
+            "{name}: {reply}"
+        );
+        // The reads the policy allows by name.
+        let reply = text(&c.call(&["COMMANDLOG", "LEN", "slow"]).await);
+        assert!(reply.starts_with(':'), "{name}: {reply}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_count_newer_and_unknown_commands() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let yaml = "rules:\n  - id: rl\n    rate_limit: {requests: 5, window_ms: 60000}\n";
+        let mut config = redis_policy_proxy::setup::from_yaml(yaml, Path::new("rl.yaml")).unwrap();
+        config.set_upstream(redis.addr());
+        let proxy = Proxy::start(config).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let newer: &[&str] = if has(&redis, "hgetex").await {
+            &["HGETEX", "h", "FIELDS", "1", "f"]
+        } else {
+            &["WAITAOF", "0", "0", "0"]
+        };
+        let mut limited = 0;
+        for i in 0..20 {
+            let reply = if i % 2 == 0 {
+                c.call(newer).await
+            } else {
+                c.call(&["NOSUCHCOMMAND", "x"]).await
+            };
+            if text(&reply).contains("policy rl:") {
+                limited += 1;
+            }
+        }
+        assert_eq!(limited, 15, "{name}: 5 of 20 may pass");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaced_tenants_keep_the_newer_commands_they_can_be_confined_in() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let yaml = format!(
+            "access:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
+        );
+        let mut config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
+        config.set_upstream(redis.addr());
+        let proxy = Proxy::spawn(config).await;
+        let addr = proxy.addr;
+        common::wait_until("the proxy serves", || async move {
+            match Raw::try_connect(addr, DEADLINE).await {
+                Some(mut c) => c.call(&["AUTH", "alice", "alicepw"]).await == b"+OK\r\n",
+                None => false,
+            }
+        })
+        .await;
+        let mut a = Raw::connect(proxy.addr).await;
+        let mut b = Raw::connect(proxy.addr).await;
+        assert_eq!(a.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+        assert_eq!(b.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
+        let waitaof = text(&a.call(&["WAITAOF", "0", "0", "0"]).await);
+        assert!(waitaof.starts_with("*2"), "{name}: {waitaof}");
+        assert_eq!(
+            a.call(&["CLIENT", "NO-TOUCH", "on"]).await,
+            b"+OK\r\n",
+            "{name}"
+        );
+        a.call(&["ZADD", "z", "1", "m"]).await;
+        let rank = text(&a.call(&["ZRANK", "z", "m", "WITHSCORE"]).await);
+        assert!(rank.starts_with("*2"), "{name}: {rank}");
+        assert_eq!(redis.direct(&["ZCARD", "a:z"]).await, b":1\r\n");
+        if has(&redis, "hsetex").await {
+            assert_eq!(
+                a.call(&["HSETEX", "h", "FIELDS", "1", "f", "v"]).await,
+                b":1\r\n"
+            );
+            assert_eq!(redis.direct(&["HGET", "a:h", "f"]).await, b"$1\r\nv\r\n");
+            assert_eq!(
+                b.call(&["HGETEX", "h", "FIELDS", "1", "f"]).await,
+                b"*1\r\n$-1\r\n",
+                "{name}: tenant b reads its own h, not a's"
+            );
+        }
+        // CLIENT SETINFO is the client's own: the other tenant's CLIENT INFO does not show it,
+        // and no shared upstream connection carries it.
+        assert_eq!(
+            a.call(&["CLIENT", "SETINFO", "LIB-NAME", "alicelib"]).await,
+            b"+OK\r\n",
+            "{name}"
+        );
+        let own = text(&a.call(&["CLIENT", "INFO"]).await);
+        assert!(own.contains("lib-name=alicelib"), "{name}: {own}");
+        let other = text(&b.call(&["CLIENT", "INFO"]).await);
+        assert!(!other.contains("alicelib"), "{name}: {other}");
+        let upstream = text(&redis.direct(&["CLIENT", "LIST"]).await);
+        assert!(!upstream.contains("alicelib"), "{name}: {upstream}");
+        // Valkey 8+'s per-connection traffic counters are the shared connection's, every
+        // tenant's: not shown as the client's.
+        for field in ["tot-cmds=", "tot-net-in=", "tot-net-out="] {
+            if let Some(at) = other.find(field) {
+                assert!(
+                    other[at + field.len()..].starts_with("0 ")
+                        || other[at + field.len()..].starts_with("0\n"),
+                    "{name}: {other}"
+                );
+            }
+        }
+    }
+}
