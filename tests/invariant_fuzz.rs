@@ -2099,8 +2099,12 @@ impl World {
                 ));
                 repairs.push(vec![b"PEXPIRE".to_vec(), key.clone(), b"3600000".to_vec()]);
             }
-            // APPEND is best effort by design (policy/README.md, max_value_bytes).
-            if strlen > VALUE_CAP && name != "APPEND" && !undeclared {
+            // APPEND is best effort by design (policy/README.md, max_value_bytes): a key it
+            // grew past the cap is deleted here, unreported, or the next step that touches
+            // or copies it (GETEX, COPY) would be blamed for it.
+            if strlen > VALUE_CAP && (name == "APPEND" || undeclared) {
+                repairs.push(vec![b"DEL".to_vec(), key.clone()]);
+            } else if strlen > VALUE_CAP {
                 found.push((
                     "value-cap",
                     format!(

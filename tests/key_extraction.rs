@@ -331,7 +331,72 @@ fn compare(client: &mut Client, args: &[Vec<u8>]) -> Option<String> {
         }
         _ => false,
     };
+    let ok = ok || intended_divergence(client, args, &ours);
     (!ok).then(|| format!("{}\n    redis: {redis:?}\n    ours:  {ours:?}", show(args)))
+}
+
+/// Where the proxy reads keys as Redis *executes* the command rather than as `COMMAND
+/// GETKEYS` reports them (docs/security.md, "One reading of options"), and the difference is
+/// the point:
+/// - a SORT, GEORADIUS* or XREAD* line whose options Redis refuses to run is an error to the
+///   proxy (fail closed), where GETKEYS still lists keys: checked by running the line, which
+///   must fail;
+/// - otherwise the SORT, GEORADIUS* and XREAD* destinations below;
+/// - the destination of SORT and GEORADIUS* is the last STORE/STOREDIST, the key Redis writes
+///   (GETKEYS names the first);
+/// - `PFMERGE dest` with no source writes `dest` (GETKEYS says no keys).
+fn intended_divergence(
+    client: &mut Client,
+    args: &[Vec<u8>],
+    ours: &Result<KeyPositions, KeyError>,
+) -> bool {
+    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    let walked = matches!(
+        name.as_str(),
+        "sort" | "sort_ro" | "georadius" | "georadiusbymember" | "xread" | "xreadgroup"
+    );
+    match ours {
+        // Run inside MULTI, where XREAD … BLOCK does not block: refused when queued, or its
+        // result in EXEC's array is an error.
+        // (Where the proxy names keys in a line Redis refuses to run, which keys it names is
+        // moot: the command fails either way.)
+        _ if walked && !last_store_written(args, ours) => {
+            assert!(matches!(client.call(&["MULTI"]), Reply::Simple(_)));
+            let queued = client.call(args);
+            let exec = client.call(&["EXEC"]);
+            matches!(queued, Reply::Error(_))
+                || matches!(&exec, Reply::Array(Some(items)) if matches!(items.as_slice(), [Reply::Error(_)]))
+        }
+        Ok(positions) if name == "pfmerge" && args.len() == 2 => {
+            positions.indices().collect::<Vec<_>>() == [1]
+        }
+        Ok(_) => last_store_written(args, ours),
+        _ => false,
+    }
+}
+
+/// Whether `ours` writes exactly the argument after the last STORE/STOREDIST of a SORT or
+/// GEORADIUS* line.
+fn last_store_written(args: &[Vec<u8>], ours: &Result<KeyPositions, KeyError>) -> bool {
+    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    match ours {
+        Ok(positions) if matches!(name.as_str(), "sort" | "georadius" | "georadiusbymember") => {
+            let last_store = args
+                .iter()
+                .rposition(|a| {
+                    a.eq_ignore_ascii_case(b"STORE") || a.eq_ignore_ascii_case(b"STOREDIST")
+                })
+                .map(|i| i + 1);
+            let written: Vec<usize> = positions
+                .keys()
+                .iter()
+                .filter(|k| k.flags.writes())
+                .map(|k| k.index)
+                .collect();
+            last_store.is_some() && written == [last_store.unwrap()]
+        }
+        _ => false,
+    }
 }
 
 fn assert_all_match(client: &mut Client, lines: &[Vec<Vec<u8>>]) {

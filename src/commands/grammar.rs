@@ -407,13 +407,24 @@ pub struct SortOptions {
     pub limit_count: Option<usize>,
     /// Index of the STORE destination Redis writes (the last STORE wins; SORT only).
     pub store: Option<usize>,
-    /// Indices of the BY and GET patterns, which name keys derived from the sorted values.
-    pub patterns: Vec<usize>,
+    /// How many BY and GET patterns there are (they name keys derived from the sorted
+    /// values); [`sort_options_with`] hands their indices to a caller that needs them.
+    pub patterns: usize,
 }
 
 /// SORT's options from argument 2 (`readonly`: SORT_RO, which has no STORE). `None` where
 /// Redis refuses them.
 pub fn sort_options<L: CommandLine + ?Sized>(line: &L, readonly: bool) -> Option<SortOptions> {
+    sort_options_with(line, readonly, |_| {})
+}
+
+/// [`sort_options`], handing each BY/GET pattern's index to `pattern` as the walk finds it
+/// (no allocation: key extraction runs it per SORT).
+pub fn sort_options_with<L: CommandLine + ?Sized>(
+    line: &L,
+    readonly: bool,
+    mut pattern: impl FnMut(usize),
+) -> Option<SortOptions> {
     let mut o = SortOptions::default();
     let mut j = 2;
     while j < line.argc() {
@@ -429,7 +440,8 @@ pub fn sort_options<L: CommandLine + ?Sized>(line: &L, readonly: bool) -> Option
             o.store = Some(j + 1);
             j += 1;
         } else if (keyword(a, b"BY") || keyword(a, b"GET")) && left >= 1 {
-            o.patterns.push(j + 1);
+            o.patterns += 1;
+            pattern(j + 1);
             j += 1;
         } else {
             return None;

@@ -588,14 +588,14 @@ impl CommandSpec {
         }
 
         if matches!(self.keys_proc, KeysProc::Sort | KeysProc::SortRo) {
-            let opts = grammar::sort_options(args, self.keys_proc == KeysProc::SortRo)
-                .ok_or(KeyError::InvalidArguments)?;
-            out.patterns.extend(
-                opts.patterns
-                    .iter()
-                    .copied()
-                    .filter(|&i| args[i].as_ref().contains(&b'*')),
-            );
+            let mut patterns = std::mem::take(&mut out.patterns);
+            let opts = grammar::sort_options_with(args, self.keys_proc == KeysProc::SortRo, |i| {
+                if args[i].as_ref().contains(&b'*') {
+                    patterns.push(i);
+                }
+            });
+            out.patterns = patterns;
+            let opts = opts.ok_or(KeyError::InvalidArguments)?;
             if self.keys_proc == KeysProc::Sort {
                 written_destination(opts.store, out);
             }

@@ -584,7 +584,7 @@ fn sort_without_patterns<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) 
     }
     // BY and GET as SORT's parser reads them (`GET\0` is GET); options Redis refuses are
     // refused here too.
-    grammar::sort_options(line, spec.name == "sort_ro").is_some_and(|o| o.patterns.is_empty())
+    grammar::sort_options(line, spec.name == "sort_ro").is_some_and(|o| o.patterns == 0)
 }
 
 /// Re-encodes a command with every key argument prefixed; `None` when its keys cannot be
