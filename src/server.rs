@@ -97,14 +97,20 @@ pub async fn serve(
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
     let ready = with_server_facts(ready, metrics.clone());
     let ready = with_memory_report(ready, metrics.clone());
-    crate::server_facts::first(
-        &upstream.pool.control(),
-        &metrics,
-        Duration::from_millis(config.upstream.connect_timeout_ms.value),
-    )
-    .await;
+    // The shutdown signal is polled from here on, so a SIGTERM during the first read is
+    // caught (its handler is installed on first poll) rather than killing the process.
+    let mut shutdown = Box::pin(shutdown);
+    let control = upstream.pool.control();
+    let stopped_early = tokio::select! {
+        () = crate::upstream::server_probe::first(
+            &control,
+            &metrics,
+            Duration::from_millis(config.upstream.connect_timeout_ms.value),
+        ) => false,
+        () = &mut shutdown => true,
+    };
     let mut tasks = vec![
-        tokio::spawn(crate::server_facts::watch(
+        tokio::spawn(crate::upstream::server_probe::watch(
             upstream.pool.control(),
             metrics.clone(),
         ))
@@ -136,7 +142,9 @@ pub async fn serve(
     tracing::debug!(listen = %listener.local_addr()?, upstream = %config.upstream_nodes().join(","), "serving");
     let mut clients = Clients::new(config.limits.max_clients.value);
     let tls = tls_listener.as_ref();
-    accept(&listener, &serving, tls, &ctx, &mut clients, shutdown).await;
+    if !stopped_early {
+        accept(&listener, &serving, tls, &ctx, &mut clients, shutdown).await;
+    }
     drop(listener);
     drop(tls_listener);
     let _ = stop_tx.send(true);

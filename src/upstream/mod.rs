@@ -29,6 +29,7 @@ pub mod outage;
 pub mod pool;
 pub mod replicas;
 pub mod script_login;
+pub mod server_probe;
 pub mod stray;
 pub mod tls;
 
