@@ -348,3 +348,32 @@ async fn namespaced_tenants_keep_the_newer_commands_they_can_be_confined_in() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_client_list_filters_are_read_about_the_proxys_clients() {
+    for (name, bin) in common::matrix_servers() {
+        if !name.starts_with("valkey") {
+            continue;
+        }
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut me = Raw::connect(proxy.addr).await;
+        let mut other = Raw::connect(proxy.addr).await;
+        assert_eq!(other.call(&["PING"]).await, b"+PONG\r\n");
+        let id = text(&me.call(&["CLIENT", "ID"]).await);
+        let id = id.trim_start_matches(':').trim();
+        let lines = |reply: Vec<u8>| {
+            let t = text(&reply);
+            t.lines().filter(|l| l.starts_with("id=")).count()
+        };
+        let all = lines(me.call(&["CLIENT", "LIST", "USER", "default"]).await);
+        assert_eq!(all, 2, "{name}: both clients, the caller included");
+        let skip = text(&me.call(&["CLIENT", "LIST", "SKIPME", "yes"]).await);
+        assert!(!skip.contains(&format!("id={id} ")), "{name}: {skip}");
+        assert_eq!(lines(skip.into_bytes()), 1, "{name}");
+        let old = lines(me.call(&["CLIENT", "LIST", "MAXAGE", "100000"]).await);
+        assert_eq!(old, 0, "{name}: nobody connected that long ago");
+        let reply = text(&me.call(&["CLIENT", "LIST", "USER"]).await);
+        assert!(reply.starts_with("-ERR syntax error"), "{name}: {reply}");
+    }
+}

@@ -187,6 +187,8 @@ pub(super) enum Filter {
     Ids(Vec<u64>),
     /// `TYPE master`/`replica`: none of the proxy's clients.
     Nothing,
+    /// Valkey 8.1+'s filters, read as CLIENT KILL's.
+    Kill(Box<KillFilter>),
 }
 
 impl ClientList {
@@ -314,6 +316,18 @@ impl ClientList {
                 Filter::Pubsub(pubsub) => (row.flag == 'P') == *pubsub,
                 Filter::Ids(ids) => ids.contains(&id),
                 Filter::Nothing => false,
+                Filter::Kill(kill) => {
+                    let (addr, laddr) = (row.addr.to_string(), row.laddr.to_string());
+                    kill.matches(&Candidate {
+                        addr: &addr,
+                        laddr: &laddr,
+                        id,
+                        pubsub: row.flag == 'P',
+                        user: row.names.user().map_or(&b"default"[..], |u| &u[..]),
+                        age: row.since.elapsed().as_secs(),
+                        is_caller: id == requester,
+                    })
+                }
             };
             if wanted {
                 let own = (id == requester).then_some(qbuf);

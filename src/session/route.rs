@@ -514,8 +514,23 @@ impl Session {
 
     /// CLIENT LIST, answered by the proxy about its own clients (see `client_list`).
     fn client_list(&self, args: &Args<'_>) -> Action {
-        let Some(filter) = list_filter(args) else {
-            return Action::Local(answers::syntax_error(), LocalEffect::None);
+        let filter = match list_filter(args) {
+            Some(filter) => filter,
+            // Valkey 8.1+ filters CLIENT LIST as CLIENT KILL filters (USER, ADDR, LADDR,
+            // SKIPME, MAXAGE…); the proxy reads them the same way, caller included unless
+            // `SKIPME yes`.
+            None if self.server_filters_client_list() => match client_kill::parse(args) {
+                Ok(mut kill) if !kill.old_form => {
+                    kill.skipme = (2..args.len()).step_by(2).any(|i| {
+                        grammar::keyword(args.get(i), b"SKIPME")
+                            && grammar::keyword(args.get(i + 1), b"yes")
+                    });
+                    client_list::Filter::Kill(Box::new(kill))
+                }
+                Ok(_) => return Action::Local(answers::syntax_error(), LocalEffect::None),
+                Err(reply) => return Action::Local(reply, LocalEffect::None),
+            },
+            None => return Action::Local(answers::syntax_error(), LocalEffect::None),
         };
         let text = self
             .ctx
@@ -525,6 +540,17 @@ impl Session {
             replies::text_reply(self.client.proto == 3, text.as_bytes()),
             LocalEffect::None,
         )
+    }
+
+    /// Whether the server filters CLIENT LIST by more than TYPE and ID (Valkey 8.1+).
+    fn server_filters_client_list(&self) -> bool {
+        self.ctx
+            .ops
+            .metrics
+            .upstream_server
+            .load()
+            .as_ref()
+            .is_some_and(|s| s.name == "valkey" && s.parsed >= (8, 1, 0))
     }
 
     /// A CLIENT subcommand whose arguments at `positions` are client ids the proxy gave out,
