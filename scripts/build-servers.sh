@@ -9,6 +9,9 @@
 #   redis-8.0     redis 5:8.0.6-3         sid          $CACHE/redis-8.0/bin/redis-server
 #   valkey-9.1    valkey 9.1.2-1          sid          $CACHE/valkey-9.1/bin/valkey-server
 #   valkey-8.1    valkey 8.1.1+dfsg1-3*   trixie       $CACHE/valkey-8.1/bin/valkey-server
+#   redis-6.0     redis 5:6.0.16-*        bullseye     $CACHE/redis-6.0/bin/redis-server
+#                 (older than the proxy supports: tests/newer_commands.rs checks that /readyz
+#                 says so; Debian has no 6.2)
 #
 # Default NAMEs: redis-8.0 valkey-9.1 (the two CI runs; valkey-8.1 on request).
 # CACHE is ${RPP_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/redis-policy-proxy/servers}; a
@@ -33,6 +36,7 @@ spec() {
     redis-8.0) echo "redis 5:8.0.6-* sid redis" ;;
     valkey-9.1) echo "valkey 9.1.2-* sid valkey" ;;
     valkey-8.1) echo "valkey 8.1.1* trixie valkey" ;;
+    redis-6.0) echo "redis 5:6.0.16-* bullseye redis" ;;
     *) return 1 ;;
   esac
 }
@@ -48,6 +52,7 @@ keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 cat >"$cache/apt/sources.list" <<EOF
 deb-src [signed-by=$keyring] http://deb.debian.org/debian trixie main
 deb-src [signed-by=$keyring] http://deb.debian.org/debian sid main
+deb-src [signed-by=$keyring] http://deb.debian.org/debian bullseye main
 EOF
 
 updated=0

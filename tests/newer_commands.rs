@@ -377,3 +377,27 @@ async fn valkey_client_list_filters_are_read_about_the_proxys_clients() {
         assert!(reply.starts_with("-ERR syntax error"), "{name}: {reply}");
     }
 }
+
+/// Redis 6.0 (Debian bullseye's; Debian has no 6.2), built by `scripts/build-servers.sh
+/// redis-6.0`: older than the proxy supports, and `/readyz` says so instead of serving it
+/// with a TTL rule whose `PEXPIRE … NX` the server does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_older_than_7_0_is_named_and_not_ready() {
+    let bin = common::server_cache().join("redis-6.0/bin/redis-server");
+    if !bin.exists() {
+        assert!(
+            !common::matrix_required(),
+            "redis-6.0 is not built although RPP_SERVER_MATRIX=require"
+        );
+        eprintln!("SKIPPED: redis-6.0 not built (scripts/build-servers.sh redis-6.0)");
+        return;
+    }
+    let redis = RedisServer::start_binary(&bin, &[]);
+    let proxy = default_policy(&redis).await;
+    let (status, body) = common::http_get(proxy.admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("upstream server redis 6.0.16 is older than 7.0.0"),
+        "{body}"
+    );
+}
