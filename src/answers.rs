@@ -323,6 +323,15 @@ pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
     )
 }
 
+/// SYNC or PSYNC from a client: a replication stream cannot pass through a command proxy.
+pub fn replication_not_proxied() -> Bytes {
+    simple_error(
+        "ERR",
+        "SYNC and PSYNC cannot pass through redis-policy-proxy: a replica connects to the \
+         server itself",
+    )
+}
+
 /// CONFIG GET inside MULTI: its reply would come back inside EXEC's, where the proxy does not
 /// remove the upstream's secret parameters.
 pub fn config_get_in_multi() -> Bytes {

@@ -37,6 +37,8 @@ pub enum Kind {
     Quit,
     Reset,
     Monitor,
+    /// SYNC, PSYNC: the reply is a replication stream, not a reply.
+    Replication,
     /// INFO: the upstream's answer gains the proxy's own `# Proxy` section.
     Info,
     /// PROXY …: the proxy's own admin commands (not a Redis command).
@@ -78,6 +80,7 @@ pub fn classify(name: &[u8]) -> Kind {
         b"QUIT" => Kind::Quit,
         b"RESET" => Kind::Reset,
         b"MONITOR" => Kind::Monitor,
+        b"SYNC" | b"PSYNC" => Kind::Replication,
         b"INFO" => Kind::Info,
         b"PROXY" => Kind::Proxy,
         _ => Kind::Plain,

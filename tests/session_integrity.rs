@@ -473,3 +473,27 @@ async fn a_clients_auth_works_after_the_proxys_password_changed() {
         proxy.log_text()
     );
 }
+
+/// SYNC and PSYNC get an error from the proxy whatever the policy: forwarded on a shared
+/// connection (Valkey 9.1's own suite does it in unit/hashexpire), the RDB and replication
+/// stream that follow were read as replies, the connection was dropped and every client's
+/// command in flight on it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_never_reaches_a_shared_connection() {
+    let redis = RedisServer::start();
+    let proxy = one_shared_connection(&redis).await;
+    let mut other = Raw::connect(proxy.addr).await;
+    assert_eq!(other.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    let mut replica = Raw::connect(proxy.addr).await;
+    for command in [&["SYNC"][..], &["PSYNC", "?", "-1"]] {
+        let reply = String::from_utf8_lossy(&replica.call(command).await).into_owned();
+        assert!(
+            reply.starts_with("-ERR SYNC and PSYNC cannot pass through"),
+            "{reply}"
+        );
+        for _ in 0..20 {
+            assert_eq!(other.call(&["GET", "k"]).await, b"$1\r\nv\r\n");
+        }
+    }
+    assert_eq!(replica.call(&["PING"]).await, b"+PONG\r\n");
+}

@@ -156,6 +156,10 @@ impl Session {
             Kind::Select => self.decide_select(args, current),
             Kind::Client => self.decide_client(args, current),
             Kind::Quit => Action::LocalThenClose(answers::ok()),
+            // Answered by the proxy, whatever the policy: on a shared connection the RDB and
+            // the replication stream that follow would be read as replies of every client's
+            // commands, dropping the connection for all of them.
+            Kind::Replication => Action::Refused(answers::replication_not_proxied()),
             Kind::Reset => Action::Reset,
             Kind::Monitor => Action::Forward {
                 target: self.dedicated_target(),
