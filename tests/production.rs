@@ -1,0 +1,189 @@
+//! In front of a production Redis (issue 28): the upstream password from an environment
+//! variable or a file instead of the policy file, `--check` naming a missing one, `/readyz`
+//! saying that the credentials are missing or refused.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use common::process::ProxyProcess;
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+const PASSWORD: &str = "prod-secret-28";
+
+/// Runs the binary to completion (bounded) with `env` added: exit code, stdout, stderr.
+async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("the binary exits in time")
+        .expect("wait for the binary");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `SET`/`GET` through the proxy process with redis-cli: the proxy logged in upstream.
+async fn assert_serves(proxy: &ProxyProcess) {
+    let out = redis_cli(proxy.port, &["SET", "k28", "v"]).await;
+    assert_eq!(out.stdout, "OK\n", "stderr: {}", out.stderr);
+    let out = redis_cli(proxy.port, &["GET", "k28"]).await;
+    assert_eq!(out.stdout, "v\n", "log: {}", proxy.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_password_comes_from_an_environment_variable() {
+    let redis = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let tmp = TempDir::new("pw-env");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "upstream:\n  password_env: RPP_TEST_UPSTREAM_PASSWORD\n",
+    );
+    let proxy = ProxyProcess::start_with(
+        Some(&policy),
+        &redis,
+        tmp.path().join("proxy.log"),
+        &[],
+        &[("RPP_TEST_UPSTREAM_PASSWORD", PASSWORD)],
+    )
+    .await;
+    assert_serves(&proxy).await;
+    assert!(
+        !proxy.log_text().contains(PASSWORD),
+        "the log shows the password: {}",
+        proxy.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_user_and_password_come_from_the_environment_and_a_file() {
+    let redis = RedisServer::start();
+    redis
+        .direct(&["ACL", "SETUSER", "app", "on", ">file-secret", "~*", "+@all"])
+        .await;
+    redis.direct(&["ACL", "SETUSER", "default", "off"]).await;
+    let tmp = TempDir::new("pw-file");
+    // As a mounted secret or `echo secret > file` writes it: one trailing newline.
+    let secret = write_file(tmp.path(), "redis-password", "file-secret\n");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        &format!(
+            "upstream:\n  username_env: RPP_TEST_UPSTREAM_USER\n  password_file: {}\n  script_acl: off\n",
+            secret.display()
+        ),
+    );
+    let proxy = ProxyProcess::start_with(
+        Some(&policy),
+        &redis,
+        tmp.path().join("proxy.log"),
+        &[],
+        &[("RPP_TEST_UPSTREAM_USER", "app")],
+    )
+    .await;
+    assert_serves(&proxy).await;
+    let out = redis_cli(proxy.port, &["ACL", "WHOAMI"]).await;
+    assert_eq!(out.stdout, "app\n", "stderr: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_password_variable_or_file_at_its_line() {
+    let tmp = TempDir::new("pw-check");
+    let missing = tmp.path().join("no-such-secret");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        &format!(
+            "listen: 127.0.0.1:6380\nupstream:\n  password_env: RPP_TEST_NOT_SET_28\nupstreams:\n  cache:\n    address: 127.0.0.1:6379\n    password_file: {}\nroutes:\n  - name: cache\n    prefixes: [\"cache:\"]\n    upstream: cache\n",
+            missing.display()
+        ),
+    );
+    let file = policy.display().to_string();
+    let (code, _, stderr) = run_bin(&["--check", &file], &[]).await;
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    for want in [
+        format!(
+            "{file}:3: field `upstream.password_env`: the environment variable RPP_TEST_NOT_SET_28 \
+             that should hold the upstream password is not set"
+        ),
+        format!(
+            "{file}:7: field `upstreams.cache.password_file`: cannot read the upstream password from {}: No such file",
+            missing.display()
+        ),
+    ] {
+        assert!(stderr.contains(&want), "missing {want:?} in: {stderr}");
+    }
+    // Nothing else is blamed: no cascade onto the fields that are fine.
+    assert_eq!(stderr.lines().count(), 2, "stderr: {stderr}");
+    // With the variable set and the file there, the same file passes.
+    std::fs::write(&missing, "x\n").unwrap();
+    let (code, stdout, stderr) =
+        run_bin(&["--check", &file], &[("RPP_TEST_NOT_SET_28", "pw")]).await;
+    assert_eq!(code, Some(0), "stdout: {stdout} stderr: {stderr}");
+}
+
+/// Polls `/readyz` until its body contains `want`; it must stay 503 meanwhile.
+async fn readyz_says(proxy: &Proxy, want: &str) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = http_get(proxy.admin, "/readyz").await;
+        assert_eq!(status, 503, "/readyz: {body}");
+        if body.contains(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "/readyz never said {want:?}: {body}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_the_upstream_credentials_are_missing_or_refused() {
+    let redis = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let none = Proxy::spawn(config_for(&redis.addr())).await;
+    readyz_says(
+        &none,
+        &format!(
+            "upstream {} requires a login and the proxy has no credentials (set upstream.password",
+            redis.addr()
+        ),
+    )
+    .await;
+    // A client's command gets the reason too, not a NOAUTH about a HELLO it never sent.
+    let mut c = Raw::connect(none.addr).await;
+    let reply = String::from_utf8_lossy(&c.call(&["GET", "k"]).await).into_owned();
+    assert!(
+        reply.starts_with("-ERR upstream")
+            && reply.contains("refused the proxy's upstream credentials"),
+        "{reply}"
+    );
+    let mut config = config_for(&redis.addr());
+    config.upstream.password = Some("wrong-password".into());
+    let wrong = Proxy::spawn(config).await;
+    readyz_says(
+        &wrong,
+        &format!("upstream {} refused the proxy's credentials", redis.addr()),
+    )
+    .await;
+}
