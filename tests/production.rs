@@ -141,6 +141,22 @@ async fn check_names_a_missing_password_variable_or_file_at_its_line() {
     assert_eq!(code, Some(0), "stdout: {stdout} stderr: {stderr}");
 }
 
+/// `--explain` never connects, so a password variable that is not set where the policy is
+/// explained (a CI job, a laptop) is no problem for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_needs_no_upstream_password() {
+    let tmp = TempDir::new("pw-explain");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "upstream:\n  password_env: RPP_TEST_NOT_SET_28\nrules:\n  - id: no-keys\n    deny: [KEYS]\n",
+    );
+    let file = policy.display().to_string();
+    let (code, stdout, stderr) = run_bin(&["--explain", &file, "KEYS *"], &[]).await;
+    assert_eq!(code, Some(1), "stdout: {stdout} stderr: {stderr}");
+    assert!(stdout.contains("no-keys"), "{stdout}");
+}
+
 /// Polls `/readyz` until its body contains `want`; it must stay 503 meanwhile.
 async fn readyz_says(proxy: &Proxy, want: &str) {
     let until = Instant::now() + DEADLINE;
