@@ -1,6 +1,6 @@
 //! In front of a production Redis (issue 28): the upstream password from an environment
 //! variable or a file instead of the policy file, `--check` naming a missing one, `/readyz`
-//! saying that the credentials are missing or refused.
+//! saying that the credentials are missing or refused, SIGHUP without a file.
 
 #![allow(
     clippy::disallowed_methods,
@@ -202,4 +202,26 @@ async fn readyz_says_the_upstream_credentials_are_missing_or_refused() {
         &format!("upstream {} refused the proxy's credentials", redis.addr()),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_a_policy_file_is_logged_and_the_proxy_keeps_serving() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("hup");
+    let mut proxy =
+        ProxyProcess::start_with(None, &redis, tmp.path().join("proxy.log"), &[], &[]).await;
+    proxy.signal("-HUP");
+    let until = Instant::now() + DEADLINE;
+    while !proxy.log_text().contains("nothing to reload") {
+        assert_eq!(proxy.exit_status(), None, "SIGHUP stopped the proxy");
+        assert!(
+            Instant::now() < until,
+            "SIGHUP not logged: {}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let out = redis_cli(proxy.port, &["PING"]).await;
+    assert_eq!(out.stdout, "PONG\n", "log: {}", proxy.log_text());
+    assert_eq!(proxy.exit_status(), None);
 }
