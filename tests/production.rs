@@ -1,6 +1,7 @@
 //! In front of a production Redis (issue 28): the upstream password from an environment
 //! variable or a file instead of the policy file, `--check` naming a missing one, `/readyz`
-//! saying that the credentials are missing or refused, SIGHUP without a file.
+//! saying that the credentials are missing or refused, SIGHUP without a file, blocking
+//! commands kept out of the latency histogram.
 
 #![allow(
     clippy::disallowed_methods,
@@ -10,7 +11,7 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::process::ProxyProcess;
 use common::*;
@@ -224,4 +225,63 @@ async fn sighup_without_a_policy_file_is_logged_and_the_proxy_keeps_serving() {
     let out = redis_cli(proxy.port, &["PING"]).await;
     assert_eq!(out.stdout, "PONG\n", "log: {}", proxy.log_text());
     assert_eq!(proxy.exit_status(), None);
+}
+
+/// The count of `rpp_{histogram}_seconds` observations above 0.5 s (`+Inf` minus `le="0.5"`).
+fn slow_observations(metrics: &str, histogram: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("rpp_{histogram}_seconds_bucket{{le=\"+Inf\"}}"),
+    ) - sample(
+        metrics,
+        &format!("rpp_{histogram}_seconds_bucket{{le=\"0.5\"}}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_commands_stay_out_of_the_latency_histograms() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Each waits about a second, as a queue consumer's does, then gives up or is answered.
+    let started = Instant::now();
+    c.send(&resp_cmds(&["BLPOP queue:28 1"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"*-1\r\n".to_vec()]
+    );
+    c.send(&resp_cmds(&["XREAD BLOCK 1000 STREAMS stream:28 $"]))
+        .await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"*-1\r\n".to_vec()]
+    );
+    c.send(&resp_cmds(&["WAIT 1 1000"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b":0\r\n".to_vec()]
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(2900),
+        "the commands did not block"
+    );
+    // A plain command is still counted.
+    c.send(&resp_cmds(&["GET k"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"$-1\r\n".to_vec()]
+    );
+    let (status, metrics) = http_get(proxy.admin, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        sample(&metrics, "rpp_request_duration_seconds_count") >= 1.0,
+        "{metrics}"
+    );
+    for histogram in ["request_duration", "upstream_duration"] {
+        assert_eq!(
+            slow_observations(&metrics, histogram),
+            0.0,
+            "a blocking command's wait counted in rpp_{histogram}_seconds:\n{metrics}"
+        );
+    }
 }
