@@ -13,7 +13,9 @@
 #   docs/performance.md, "Build profiles") only when it is missing or older than the sources,
 #   then runs it with --config $CONFIG --upstream $UPSTREAM plus the extra arguments. Pass the upstream
 #   through UPSTREAM, not --upstream.
-# - Prints the proxy's pid and how to reload, stop and read its logs. SIGHUP sent to this
+# - Refuses to start when the listen address already answers (another proxy, a Redis): the
+#   hints would point at whatever holds the port. Prints the proxy's pid and how to connect,
+#   reload, stop and read its logs once the proxy answers PING there. SIGHUP sent to this
 #   script reaches the proxy (a reload), as does SIGHUP sent to the proxy itself; SIGINT and
 #   SIGTERM stop it (SIGTERM drains) and then the Redis this script started.
 #
@@ -174,6 +176,54 @@ for arg in "$@"; do
     prev="$arg"
 done
 
+# Where clients reach the proxy from this host: a wildcard address is reached on loopback.
+listen_host="${listen_addr%:*}"
+listen_port="${listen_addr##*:}"
+listen_host="${listen_host#[}"
+listen_host="${listen_host%]}"
+case "$listen_host" in
+    0.0.0.0 | "") listen_host=127.0.0.1 ;;
+    ::) listen_host=::1 ;;
+esac
+
+# Something already accepts connections on the address: the proxy could not bind it, and a
+# `redis-cli -p` hint would talk to that instead.
+port_taken() {
+    timeout 2 bash -c ": <>/dev/tcp/$listen_host/$listen_port" 2>/dev/null
+}
+if port_taken; then
+    log "$listen_addr is already in use by another process (not this proxy): \
+redis-cli -p $listen_port would talk to that. Stop it, or pick a free port: scripts/run.sh --listen 127.0.0.1:PORT"
+    if command -v ss >/dev/null 2>&1; then
+        ss -ltnpH "sport = :$listen_port" >&2 2>/dev/null || true
+    fi
+    exit 1
+fi
+
+# Whether the proxy answers PING on the listen address (NOAUTH counts: it serves, and wants
+# an AUTH first).
+proxy_answers() {
+    local reply
+    reply="$(timeout 2 redis-cli -h "$listen_host" -p "$listen_port" ping 2>/dev/null)" || true
+    [[ "$reply" == PONG || "$reply" == NOAUTH* ]]
+}
+
+# Polls PING under a deadline (30 s) while the proxy `$1` runs: 0 once it answers, 1 if it
+# exited first (its own log says why), 2 when the deadline passed.
+wait_serving() {
+    local pid=$1
+    for _ in $(seq 1 300); do
+        if proxy_answers; then
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            return 1
+        fi
+        sleep 0.1
+    done
+    return 2
+}
+
 # Where the proxy logs: this terminal's stderr, or the LOG file.
 if [[ -n "$LOG" ]]; then
     logs="$LOG (tail -f $LOG)"
@@ -205,10 +255,24 @@ usage() {
     fi
 }
 
+# The hints once the proxy `$1` answers (`$2`: this script's pid when the proxy is its child),
+# or why there are none.
+usage_when_serving() {
+    local rc=0
+    wait_serving "$1" || rc=$?
+    case "$rc" in
+        0) usage "$@" ;;
+        1) log "redis-policy-proxy exited before answering on $listen_addr; its log: $logs" ;;
+        *) log "redis-policy-proxy (pid $1) does not answer PING on $listen_addr after 30 s; its log: $logs" ;;
+    esac
+}
+
 if [[ -z "$redis_pid" ]]; then
     # Nothing to clean up afterwards: become the proxy (same pid), so signals reach it directly.
+    # The hints come from a watcher once the proxy answers; started from a subshell that
+    # exits at once, so the proxy is not left with a child it never reaps.
     trap - EXIT
-    usage $$
+    (usage_when_serving $$ 3>&- &)
     exec "$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" 2>&3 3>&-
 fi
 
@@ -227,7 +291,7 @@ trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -HUP "$proxy_pid" 2>/de
 trap 'interrupted=1; if [[ -n "$proxy_pid" ]]; then kill -TERM "$proxy_pid" 2>/dev/null || true; else exit 143; fi' INT TERM
 "$bin" --config "$CONFIG" --upstream "$UPSTREAM" "$@" 2>&3 3>&- &
 proxy_pid=$!
-usage "$proxy_pid" $$
+usage_when_serving "$proxy_pid" $$
 status=0
 while :; do
     # `wait` also returns (status > 128) when a trapped signal arrives; then wait again, for

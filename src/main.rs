@@ -39,7 +39,8 @@ Examples:
   redis-policy-proxy --check policy/default.yaml          validate only: exit 0, or 64
   redis-policy-proxy --explain policy/default.yaml 'KEYS *'
   redis-policy-proxy replay --policy new.yaml audit.jsonl   what new.yaml would do to that traffic
-  kill -HUP <pid>                                         reload the --config file
+  kill -HUP <pid>                                         reload the --config file (without
+                                                          one: logged, nothing else)
 
 Each value comes from its flag, else its RPP_* environment variable, else the file, else the
 built-in default; an empty RPP_* variable counts as unset.
@@ -391,6 +392,11 @@ fn main() -> ExitCode {
             let watched = path.clone();
             let on_signal = move |trigger| reload(&path, &started, &policy, &metrics, trigger);
             tokio::spawn(reload_on_change(watched, on_signal, hup));
+        } else {
+            // SIGHUP's default action is to exit: a proxy on built-in defaults has nothing to
+            // reload, and an operator's (or a log rotator's) SIGHUP must not stop it.
+            let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            tokio::spawn(nothing_to_reload(hup));
         }
         redis_policy_proxy::serve(listener, admin, config, policy, ops, shutdown_signal()).await
     });
@@ -480,6 +486,18 @@ async fn reload_on_change(
                 }
             }
         }
+    }
+}
+
+/// Answers each SIGHUP of a proxy started without `--config` with a log line: there is no
+/// file to reload, and it keeps serving.
+async fn nothing_to_reload(mut hup: tokio::signal::unix::Signal) {
+    while hup.recv().await.is_some() {
+        tracing::warn!(
+            trigger = "SIGHUP",
+            "nothing to reload: the proxy was started without --config (built-in defaults); \
+             still serving"
+        );
     }
 }
 

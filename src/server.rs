@@ -365,17 +365,41 @@ impl Upstream {
                 let pool = self.pool.clone();
                 Arc::new(move || match pool.any_up() {
                     true => Ok(format!("primary {} connected", pool.addr())),
-                    false => Err(format!("no connection to the primary {}", pool.addr())),
+                    false => Err(not_connected(
+                        &pool,
+                        format!("no connection to the primary {}", pool.addr()),
+                    )),
                 })
             }
             None => {
                 let metrics = metrics.clone();
+                let pool = self.pool.clone();
                 Arc::new(move || match metrics.upstream_connections.get() {
-                    0 => Err("no upstream connection".into()),
+                    0 => Err(not_connected(&pool, "no upstream connection".into())),
                     up => Ok(format!("{up} upstream connections up")),
                 })
             }
         }
+    }
+}
+
+/// Why `pool` has no connection, for `/readyz`: `what`, and when the server refused the
+/// proxy's login, that the credentials are missing or refused (not an outage).
+fn not_connected(pool: &Pool, what: String) -> String {
+    if !pool.credentials_refused() {
+        return what;
+    }
+    let addr = pool.addr();
+    if pool.has_credentials() {
+        format!(
+            "{what}: upstream {addr} refused the proxy's credentials \
+             (upstream.username / upstream.password, password_env or password_file)"
+        )
+    } else {
+        format!(
+            "{what}: upstream {addr} requires a login and the proxy has no credentials \
+             (set upstream.password, password_env or password_file)"
+        )
     }
 }
 

@@ -26,6 +26,22 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// [`load`] for the tools that never connect (`--explain`, `replay`): a `password_env` not
+/// set or a `password_file` not readable here is no problem for them, so a policy can be
+/// checked against traffic where the upstream's secret is not.
+pub fn load_without_secrets(path: &Path) -> Result<Config, ConfigError> {
+    let mut config = match Config::read(path) {
+        Err(ConfigError::Parse { .. }) => {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            return Err(recovered(&text, path));
+        }
+        other => other?,
+    };
+    config.secret_problems.clear();
+    validate(&config, path)?;
+    Ok(config)
+}
+
 /// Parses and validates YAML text: [`Config::parse`], then [`validate`]; `path` is only used
 /// in messages.
 pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {

@@ -623,3 +623,120 @@ fn the_service_monitor_scrapes_the_admin_port() {
         deployment["spec"]["template"]["metadata"]["labels"]
     );
 }
+
+/// Every `docker run` command the README and the Dockerfile's header show, as its words:
+/// continuation lines joined, shell comments and inline-code backticks dropped.
+fn documented_docker_runs() -> Vec<(String, Vec<String>)> {
+    let mut runs = Vec::new();
+    for file in ["README.md", "Dockerfile"] {
+        let text = read(file);
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(at) = line.find("docker run") else {
+                continue;
+            };
+            let mut command = String::new();
+            let mut part = &line[at..];
+            let mut next = i + 1;
+            loop {
+                // In prose the command is inline code: it ends at the closing backtick.
+                let part_end = part.find('`').unwrap_or(part.len());
+                let code = &part[..part_end];
+                let code = code.split(" #").next().unwrap_or(code).trim_end();
+                match code.strip_suffix('\\') {
+                    Some(more) if next < lines.len() => {
+                        command.push_str(more);
+                        command.push(' ');
+                        part = lines[next].trim_start_matches('#');
+                        next += 1;
+                    }
+                    _ => {
+                        command.push_str(code);
+                        break;
+                    }
+                }
+            }
+            let words = command
+                .split_whitespace()
+                .map(|w| w.trim_matches('"').to_string())
+                .collect();
+            runs.push((format!("{file}:{}", i + 1), words));
+        }
+    }
+    runs
+}
+
+/// "Nothing is exposed by accident": a documented `docker run` publishes ports on loopback
+/// only (`-p 127.0.0.1:…`), and one on the host's network sets the listen and admin
+/// addresses to loopback, since the image's defaults (0.0.0.0, for `-p`) would then be every
+/// interface of the host.
+#[test]
+fn documented_docker_runs_listen_on_loopback_only() {
+    let image = image_env(&final_stage());
+    let runs = documented_docker_runs();
+    assert!(runs.len() >= 3, "{runs:?}");
+    for (at, words) in runs {
+        let value_of = |flag: &str, var: &str| -> String {
+            let mut value = image[var].clone();
+            for pair in words.windows(2) {
+                if pair[0] == "-e" {
+                    if let Some(v) = pair[1].strip_prefix(&format!("{var}=")) {
+                        value = v.to_string();
+                    }
+                }
+                if pair[0] == flag {
+                    value = pair[1].clone();
+                }
+            }
+            value
+        };
+        for pair in words.windows(2) {
+            if pair[0] == "-p" || pair[0] == "--publish" {
+                assert!(
+                    pair[1].starts_with("127.0.0.1:"),
+                    "{at}: -p {} publishes on every interface of the host: {words:?}",
+                    pair[1]
+                );
+            }
+        }
+        let host_network = words
+            .windows(2)
+            .any(|p| p[0] == "--network" && p[1] == "host")
+            || words.iter().any(|w| w == "--network=host");
+        if host_network {
+            for (flag, var) in [("--listen", "RPP_LISTEN"), ("--admin", "RPP_ADMIN")] {
+                let addr = value_of(flag, var);
+                assert!(
+                    addr.starts_with("127.0.0.1:") || addr == "off",
+                    "{at}: with --network host, {var} is {addr}, on every interface of the host: {words:?}"
+                );
+            }
+        }
+    }
+}
+
+/// The base images can come from a registry mirror: the FROM lines take them from build
+/// arguments whose defaults are the public images, as the Dockerfile's header documents.
+#[test]
+fn the_dockerfiles_base_images_can_come_from_a_mirror() {
+    let dockerfile = read("Dockerfile");
+    let froms: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(froms, ["${RUST_IMAGE} AS builder", "${RUNTIME_IMAGE}"]);
+    for arg in [
+        "ARG RUST_IMAGE=rust:1-bookworm",
+        "ARG RUNTIME_IMAGE=debian:bookworm-slim",
+        "--build-arg RUST_IMAGE=",
+        "cargo vendor",
+        "BuildKit",
+    ] {
+        assert!(dockerfile.contains(arg), "the Dockerfile lacks {arg:?}");
+    }
+    let readme = read("README.md");
+    assert!(
+        readme.contains("needs BuildKit"),
+        "README does not say the build needs BuildKit"
+    );
+}

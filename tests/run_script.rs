@@ -1,6 +1,7 @@
 //! `scripts/run.sh`, the README's first command, run as a user would: it prints the proxy's
-//! pid and how to reload, stop and find the logs, a SIGHUP sent to the script reloads the
-//! proxy instead of stopping it, and SIGTERM stops the proxy and the Redis the script started.
+//! pid and how to connect, reload, stop and find the logs once the proxy answers (and refuses
+//! a listen port something else holds), a SIGHUP sent to the script reloads the proxy instead
+//! of stopping it, and SIGTERM stops the proxy and the Redis the script started.
 //! The script runs the test build of the binary (RPP_BIN) instead of building its own.
 
 #![allow(
@@ -318,4 +319,88 @@ async fn run_sh_under_nohup_names_only_the_proxy_for_reloads() {
     .await;
     run.signal("-TERM");
     assert!(run.exit_status().await.success(), "{}", run.both());
+}
+
+/// The hints (`try: redis-cli -p PORT`) come only once the proxy answers there: a stand-in
+/// binary that starts the real one only when the test opens its gate shows nothing printed
+/// before, and a proxy answering PING as soon as the hints are out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sh_prints_how_to_connect_only_once_the_proxy_answers() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("runsh-gate");
+    let config = policy(tmp.path());
+    let started = tmp.path().join("started");
+    let gate = tmp.path().join("gate");
+    let wrapper = write_file(
+        tmp.path(),
+        "slow-proxy",
+        &format!(
+            "#!/bin/sh\n: > '{started}'\nwhile [ ! -e '{gate}' ]; do sleep 0.05; done\nexec '{BIN}' \"$@\"\n",
+            started = started.display(),
+            gate = gate.display(),
+        ),
+    );
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = ["--listen", &listen, "--admin", "off"];
+    let mut run = RunScript::start(
+        &redis.addr(),
+        &config,
+        &args,
+        &[("RPP_BIN", wrapper.to_str().unwrap())],
+    );
+    let until = Instant::now() + DEADLINE;
+    while !started.exists() {
+        assert!(
+            Instant::now() < until,
+            "the binary never started: {}",
+            run.both()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(
+        !run.out().contains("try:"),
+        "hints printed before the proxy serves: {}",
+        run.both()
+    );
+    std::fs::write(&gate, "").unwrap();
+    run.wait_for("the hints", |out, _| out.contains("  try: "))
+        .await;
+    // No wait here: the hints promise the port answers now.
+    let mut c = Raw::connect(&listen).await;
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n", "{}", run.both());
+    assert!(
+        run.out().contains(&format!("redis-cli -p {port}")),
+        "{}",
+        run.both()
+    );
+    run.signal("-TERM");
+    assert!(run.exit_status().await.success(), "{}", run.both());
+}
+
+/// The listen port already answers (here a second Redis): the script says so and stops,
+/// instead of printing a `redis-cli -p` hint that would reach that server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sh_refuses_a_listen_port_that_belongs_to_something_else() {
+    let redis = RedisServer::start();
+    let squatter = RedisServer::start();
+    let tmp = TempDir::new("runsh-taken");
+    let config = policy(tmp.path());
+    let taken = squatter.addr();
+    let args = ["--listen", &taken, "--admin", "off"];
+    let mut run = RunScript::start(&redis.addr(), &config, &args, &[("RPP_BIN", BIN)]);
+    let status = run.exit_status().await;
+    assert!(!status.success(), "{status}: {}", run.both());
+    let out = run.out();
+    assert!(
+        out.contains(&format!("{taken} is already in use by another process")),
+        "{out}"
+    );
+    assert!(!out.contains("try:"), "{out}");
+    assert!(!out.contains("redis-policy-proxy pid"), "{out}");
 }

@@ -76,6 +76,11 @@ pub struct Config {
     /// reads without locations), for the overlap check's messages. Computed by [`Config::parse`].
     #[serde(skip)]
     pub namespace_lines: std::collections::BTreeMap<String, u64>,
+    /// What went wrong reading `password_env`, `password_file` and `username_env` (a variable
+    /// not set, a file not readable), reported with the file's other problems. Computed by
+    /// [`Config::parse`].
+    #[serde(skip)]
+    pub secret_problems: Vec<Problem>,
 }
 
 /// The admin endpoint and diagnostics.
@@ -132,6 +137,7 @@ impl Default for Config {
             log_level: located("info".to_string()),
             version: "builtin".to_string(),
             namespace_lines: Default::default(),
+            secret_problems: Vec::new(),
         }
     }
 }
@@ -368,8 +374,17 @@ pub struct UpstreamConfig {
     pub sentinel: Option<SentinelConfig>,
     /// ACL user the proxy authenticates as; `None` uses Redis's `default` user.
     pub username: Option<String>,
-    /// Password for the upstream user; kept out of logs and `Debug` output of errors.
+    /// Password for the upstream user; kept out of logs and `Debug` output of errors. Set
+    /// from `password_env` or `password_file` when one of those is given instead.
     pub password: Option<String>,
+    /// The environment variable holding `username` (instead of writing it in the file).
+    pub username_env: Option<Located<String>>,
+    /// The environment variable holding the password, so the policy file holds no secret
+    /// (Kubernetes `secretKeyRef`, systemd `EnvironmentFile`). Read when the file is loaded.
+    pub password_env: Option<Located<String>>,
+    /// A file holding the password (a mounted Kubernetes or Docker secret); one trailing
+    /// newline is removed. Read when the file is loaded.
+    pub password_file: Option<Located<PathBuf>>,
     /// Shared pipelined connections per RESP version. Few connections let Redis batch many
     /// clients' commands per read, which is where a proxy can beat direct connections.
     pub connections: Located<usize>,
@@ -666,6 +681,100 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
 }
 
+impl UpstreamConfig {
+    /// Reads `username_env`, `password_env` and `password_file` into `username` and
+    /// `password`; what cannot be read (a variable not set or empty, a file missing,
+    /// unreadable or empty) or is given twice is a problem at the field's line. `at` is the
+    /// section's dotted name (`upstream`, `upstreams.cache`).
+    fn resolve_secrets(&mut self, at: &str) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut problem = |loc: &Location, field: &str, message: String| {
+            problems.push(Problem {
+                line: loc.line(),
+                field: format!("{at}.{field}"),
+                message,
+            })
+        };
+        let sources = usize::from(self.password.is_some())
+            + usize::from(self.password_env.is_some())
+            + usize::from(self.password_file.is_some());
+        if sources > 1 {
+            let loc = self
+                .password_env
+                .as_ref()
+                .map(|v| v.referenced)
+                .or(self.password_file.as_ref().map(|v| v.referenced))
+                .unwrap_or(Location::UNKNOWN);
+            problem(
+                &loc,
+                "password",
+                "give one of password, password_env and password_file".into(),
+            );
+            return problems;
+        }
+        let from_env = |var: &Located<String>, what: &str| match std::env::var(&var.value) {
+            Ok(v) if !v.is_empty() => Ok(v),
+            Ok(_) => Err(format!(
+                "the environment variable {} that should hold the upstream {what} is empty",
+                var.value
+            )),
+            Err(std::env::VarError::NotPresent) => Err(format!(
+                "the environment variable {} that should hold the upstream {what} is not set \
+                 in the proxy's environment",
+                var.value
+            )),
+            Err(std::env::VarError::NotUnicode(_)) => Err(format!(
+                "the environment variable {} that should hold the upstream {what} is not UTF-8",
+                var.value
+            )),
+        };
+        if let Some(var) = &self.username_env {
+            if self.username.is_some() {
+                problem(
+                    &var.referenced,
+                    "username_env",
+                    "give username or username_env, not both".into(),
+                );
+            } else {
+                match from_env(var, "username") {
+                    Ok(v) => self.username = Some(v),
+                    Err(why) => problem(&var.referenced, "username_env", why),
+                }
+            }
+        }
+        if let Some(var) = &self.password_env {
+            match from_env(var, "password") {
+                Ok(v) => self.password = Some(v),
+                Err(why) => problem(&var.referenced, "password_env", why),
+            }
+        }
+        if let Some(file) = &self.password_file {
+            let path = file.value.display();
+            match std::fs::read_to_string(&file.value) {
+                Ok(text) => {
+                    let text = text.strip_suffix('\n').unwrap_or(&text);
+                    let text = text.strip_suffix('\r').unwrap_or(text);
+                    if text.is_empty() {
+                        problem(
+                            &file.referenced,
+                            "password_file",
+                            format!("{path} is empty; it should hold the upstream password"),
+                        );
+                    } else {
+                        self.password = Some(text.to_string());
+                    }
+                }
+                Err(e) => problem(
+                    &file.referenced,
+                    "password_file",
+                    format!("cannot read the upstream password from {path}: {e}"),
+                ),
+            }
+        }
+        problems
+    }
+}
+
 impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
@@ -675,6 +784,9 @@ impl Default for UpstreamConfig {
             sentinel: None,
             username: None,
             password: None,
+            username_env: None,
+            password_env: None,
+            password_file: None,
             connections: located(1),
             connect_timeout_ms: located(2_000),
             reconnect_min_ms: located(50),
@@ -861,6 +973,11 @@ impl Config {
             message: e.to_string(),
         })?;
         config.namespace_lines = namespaces::lines(text);
+        config.secret_problems = config.upstream.resolve_secrets("upstream");
+        for (name, upstream) in &mut config.upstreams {
+            let problems = upstream.resolve_secrets(&format!("upstreams.{name}"));
+            config.secret_problems.extend(problems);
+        }
         Ok(config)
     }
 
@@ -872,7 +989,7 @@ impl Config {
 
     /// Every problem with this file's own values, in file order.
     pub fn problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
+        let mut problems = self.secret_problems.clone();
         self.upstream.dedicated_caps.problems(&mut problems);
         let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
             if !ok {
@@ -1030,7 +1147,10 @@ impl Config {
              upstream.script_acl to check, apply or off",
         );
         check(
-            u.password.is_some() || u.username.is_none(),
+            u.password.is_some()
+                || u.password_env.is_some()
+                || u.password_file.is_some()
+                || (u.username.is_none() && u.username_env.is_none()),
             &Location::UNKNOWN,
             "upstream.username",
             "needs upstream.password as well",

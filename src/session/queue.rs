@@ -168,7 +168,12 @@ impl Session {
             // at the next periodic refresh.
             router.refresh_soon();
         }
-        self.observe(read_at, commands, name);
+        // A blocking command's time (BLPOP, XREAD BLOCK, WAIT…) is the wait its client asked
+        // for: kept out of the latency histogram and the slow log, as Redis keeps it out of
+        // its SLOWLOG.
+        if !handling.blocking {
+            self.observe(read_at, commands, name);
+        }
         self.audit_answered(read_at, commands, error.is_some(), data.len());
         let (data, missing) = match &handling.mask {
             None => (data, missing),

@@ -30,7 +30,7 @@ pub fn explain(
     user: Option<&str>,
     out: &mut String,
 ) -> Result<Outcome, String> {
-    let mut config = crate::setup::load(path).map_err(|e| e.to_string())?;
+    let mut config = crate::setup::load_without_secrets(path).map_err(|e| e.to_string())?;
     // The account is printed; the check's own denial and audit log lines would repeat it.
     config.admin.denial_logs_per_second.value = 0;
     let policy = crate::setup::policy_or_report(&config, path)?;

@@ -459,7 +459,10 @@ impl Reader {
     /// Hands the batch whose last reply ends at `pos` to its session (and to the reads that
     /// joined it), as one slice of the read buffer.
     fn deliver(&mut self, head: Pending, total: u32, own: &AtomicU64) {
-        if let (Some(m), None) = (&self.metrics, &self.push) {
+        // A blocking command's time (BLPOP, XREAD BLOCK, WAIT) is the wait its client asked
+        // for, not the upstream's latency: kept out, so latency alerts do not fire for
+        // queue consumers.
+        if let (Some(m), None, ReplyWait::Prompt) = (&self.metrics, &self.push, head.wait) {
             m.upstream_duration
                 .observe_n(head.sent.elapsed(), u64::from(total));
         }

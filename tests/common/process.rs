@@ -29,6 +29,18 @@ impl ProxyProcess {
         log: PathBuf,
         extra: &[&str],
     ) -> ProxyProcess {
+        ProxyProcess::start_with(Some(policy), redis, log, extra, &[]).await
+    }
+
+    /// Like [`ProxyProcess::start`], with `--config` only when `policy` is given and `env`
+    /// added to the process's environment.
+    pub async fn start_with(
+        policy: Option<&Path>,
+        redis: &RedisServer,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ProxyProcess {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -40,9 +52,13 @@ impl ProxyProcess {
             } else {
                 &["--admin", "off"]
             };
+            let config: Vec<&std::ffi::OsStr> = match policy {
+                Some(p) => vec!["--config".as_ref(), p.as_os_str()],
+                None => Vec::new(),
+            };
             let child = Command::new(BIN)
-                .arg("--config")
-                .arg(policy)
+                .args(config)
+                .envs(env.iter().copied())
                 .args(["--listen", &format!("127.0.0.1:{port}")])
                 .args(["--upstream", &redis.addr()])
                 .args(admin_off)

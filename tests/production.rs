@@ -1,0 +1,287 @@
+//! In front of a production Redis (issue 28): the upstream password from an environment
+//! variable or a file instead of the policy file, `--check` naming a missing one, `/readyz`
+//! saying that the credentials are missing or refused, SIGHUP without a file, blocking
+//! commands kept out of the latency histogram.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::process::ProxyProcess;
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
+
+const PASSWORD: &str = "prod-secret-28";
+
+/// Runs the binary to completion (bounded) with `env` added: exit code, stdout, stderr.
+async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("the binary exits in time")
+        .expect("wait for the binary");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `SET`/`GET` through the proxy process with redis-cli: the proxy logged in upstream.
+async fn assert_serves(proxy: &ProxyProcess) {
+    let out = redis_cli(proxy.port, &["SET", "k28", "v"]).await;
+    assert_eq!(out.stdout, "OK\n", "stderr: {}", out.stderr);
+    let out = redis_cli(proxy.port, &["GET", "k28"]).await;
+    assert_eq!(out.stdout, "v\n", "log: {}", proxy.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_password_comes_from_an_environment_variable() {
+    let redis = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let tmp = TempDir::new("pw-env");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "upstream:\n  password_env: RPP_TEST_UPSTREAM_PASSWORD\n",
+    );
+    let proxy = ProxyProcess::start_with(
+        Some(&policy),
+        &redis,
+        tmp.path().join("proxy.log"),
+        &[],
+        &[("RPP_TEST_UPSTREAM_PASSWORD", PASSWORD)],
+    )
+    .await;
+    assert_serves(&proxy).await;
+    assert!(
+        !proxy.log_text().contains(PASSWORD),
+        "the log shows the password: {}",
+        proxy.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_user_and_password_come_from_the_environment_and_a_file() {
+    let redis = RedisServer::start();
+    redis
+        .direct(&["ACL", "SETUSER", "app", "on", ">file-secret", "~*", "+@all"])
+        .await;
+    redis.direct(&["ACL", "SETUSER", "default", "off"]).await;
+    let tmp = TempDir::new("pw-file");
+    // As a mounted secret or `echo secret > file` writes it: one trailing newline.
+    let secret = write_file(tmp.path(), "redis-password", "file-secret\n");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        &format!(
+            "upstream:\n  username_env: RPP_TEST_UPSTREAM_USER\n  password_file: {}\n  script_acl: off\n",
+            secret.display()
+        ),
+    );
+    let proxy = ProxyProcess::start_with(
+        Some(&policy),
+        &redis,
+        tmp.path().join("proxy.log"),
+        &[],
+        &[("RPP_TEST_UPSTREAM_USER", "app")],
+    )
+    .await;
+    assert_serves(&proxy).await;
+    let out = redis_cli(proxy.port, &["ACL", "WHOAMI"]).await;
+    assert_eq!(out.stdout, "app\n", "stderr: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_password_variable_or_file_at_its_line() {
+    let tmp = TempDir::new("pw-check");
+    let missing = tmp.path().join("no-such-secret");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        &format!(
+            "listen: 127.0.0.1:6380\nupstream:\n  password_env: RPP_TEST_NOT_SET_28\nupstreams:\n  cache:\n    address: 127.0.0.1:6379\n    password_file: {}\nroutes:\n  - name: cache\n    prefixes: [\"cache:\"]\n    upstream: cache\n",
+            missing.display()
+        ),
+    );
+    let file = policy.display().to_string();
+    let (code, _, stderr) = run_bin(&["--check", &file], &[]).await;
+    assert_eq!(code, Some(64), "stderr: {stderr}");
+    for want in [
+        format!(
+            "{file}:3: field `upstream.password_env`: the environment variable RPP_TEST_NOT_SET_28 \
+             that should hold the upstream password is not set"
+        ),
+        format!(
+            "{file}:7: field `upstreams.cache.password_file`: cannot read the upstream password from {}: No such file",
+            missing.display()
+        ),
+    ] {
+        assert!(stderr.contains(&want), "missing {want:?} in: {stderr}");
+    }
+    // Nothing else is blamed: no cascade onto the fields that are fine.
+    assert_eq!(stderr.lines().count(), 2, "stderr: {stderr}");
+    // With the variable set and the file there, the same file passes.
+    std::fs::write(&missing, "x\n").unwrap();
+    let (code, stdout, stderr) =
+        run_bin(&["--check", &file], &[("RPP_TEST_NOT_SET_28", "pw")]).await;
+    assert_eq!(code, Some(0), "stdout: {stdout} stderr: {stderr}");
+}
+
+/// `--explain` never connects, so a password variable that is not set where the policy is
+/// explained (a CI job, a laptop) is no problem for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_needs_no_upstream_password() {
+    let tmp = TempDir::new("pw-explain");
+    let policy = write_file(
+        tmp.path(),
+        "policy.yaml",
+        "upstream:\n  password_env: RPP_TEST_NOT_SET_28\nrules:\n  - id: no-keys\n    deny: [KEYS]\n",
+    );
+    let file = policy.display().to_string();
+    let (code, stdout, stderr) = run_bin(&["--explain", &file, "KEYS *"], &[]).await;
+    assert_eq!(code, Some(1), "stdout: {stdout} stderr: {stderr}");
+    assert!(stdout.contains("no-keys"), "{stdout}");
+}
+
+/// Polls `/readyz` until its body contains `want`; it must stay 503 meanwhile.
+async fn readyz_says(proxy: &Proxy, want: &str) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = http_get(proxy.admin, "/readyz").await;
+        assert_eq!(status, 503, "/readyz: {body}");
+        if body.contains(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "/readyz never said {want:?}: {body}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_the_upstream_credentials_are_missing_or_refused() {
+    let redis = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let none = Proxy::spawn(config_for(&redis.addr())).await;
+    readyz_says(
+        &none,
+        &format!(
+            "upstream {} requires a login and the proxy has no credentials (set upstream.password",
+            redis.addr()
+        ),
+    )
+    .await;
+    // A client's command gets the reason too, not a NOAUTH about a HELLO it never sent.
+    let mut c = Raw::connect(none.addr).await;
+    let reply = String::from_utf8_lossy(&c.call(&["GET", "k"]).await).into_owned();
+    assert!(
+        reply.starts_with("-ERR upstream")
+            && reply.contains("refused the proxy's upstream credentials"),
+        "{reply}"
+    );
+    let mut config = config_for(&redis.addr());
+    config.upstream.password = Some("wrong-password".into());
+    let wrong = Proxy::spawn(config).await;
+    readyz_says(
+        &wrong,
+        &format!("upstream {} refused the proxy's credentials", redis.addr()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_a_policy_file_is_logged_and_the_proxy_keeps_serving() {
+    let redis = RedisServer::start();
+    let tmp = TempDir::new("hup");
+    let mut proxy =
+        ProxyProcess::start_with(None, &redis, tmp.path().join("proxy.log"), &[], &[]).await;
+    proxy.signal("-HUP");
+    let until = Instant::now() + DEADLINE;
+    while !proxy.log_text().contains("nothing to reload") {
+        assert_eq!(proxy.exit_status(), None, "SIGHUP stopped the proxy");
+        assert!(
+            Instant::now() < until,
+            "SIGHUP not logged: {}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let out = redis_cli(proxy.port, &["PING"]).await;
+    assert_eq!(out.stdout, "PONG\n", "log: {}", proxy.log_text());
+    assert_eq!(proxy.exit_status(), None);
+}
+
+/// The count of `rpp_{histogram}_seconds` observations above 0.5 s (`+Inf` minus `le="0.5"`).
+fn slow_observations(metrics: &str, histogram: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("rpp_{histogram}_seconds_bucket{{le=\"+Inf\"}}"),
+    ) - sample(
+        metrics,
+        &format!("rpp_{histogram}_seconds_bucket{{le=\"0.5\"}}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_commands_stay_out_of_the_latency_histograms() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Each waits about a second, as a queue consumer's does, then gives up or is answered.
+    let started = Instant::now();
+    c.send(&resp_cmds(&["BLPOP queue:28 1"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"*-1\r\n".to_vec()]
+    );
+    c.send(&resp_cmds(&["XREAD BLOCK 1000 STREAMS stream:28 $"]))
+        .await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"*-1\r\n".to_vec()]
+    );
+    c.send(&resp_cmds(&["WAIT 1 1000"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b":0\r\n".to_vec()]
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(2900),
+        "the commands did not block"
+    );
+    // A plain command is still counted.
+    c.send(&resp_cmds(&["GET k"])).await;
+    assert_eq!(
+        c.collect_frames(1, DEADLINE).await.frames,
+        [b"$-1\r\n".to_vec()]
+    );
+    let (status, metrics) = http_get(proxy.admin, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        sample(&metrics, "rpp_request_duration_seconds_count") >= 1.0,
+        "{metrics}"
+    );
+    for histogram in ["request_duration", "upstream_duration"] {
+        assert_eq!(
+            slow_observations(&metrics, histogram),
+            0.0,
+            "a blocking command's wait counted in rpp_{histogram}_seconds:\n{metrics}"
+        );
+    }
+}
