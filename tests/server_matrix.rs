@@ -243,31 +243,11 @@ async fn the_default_policy_holds_for_known_commands_on_each_matrix_server() {
     }
 }
 
-const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
-const BOB: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b"; // bobpw
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaced_tenants_stay_in_their_namespace_on_each_matrix_server() {
     for (name, bin) in common::matrix_servers() {
         let redis = RedisServer::start_binary(&bin, &[]);
-        let yaml = format!(
-            "access:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n    - {{name: bob, password_sha256: {BOB}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
-        );
-        let mut config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
-        config.set_upstream(redis.addr());
-        let proxy = Proxy::spawn(config).await;
-        let addr = proxy.addr;
-        common::wait_until("the proxy serves", || async move {
-            match Raw::try_connect(addr, DEADLINE).await {
-                Some(mut c) => c.call(&["AUTH", "alice", "alicepw"]).await == b"+OK\r\n",
-                None => false,
-            }
-        })
-        .await;
-        let mut a = Raw::connect(proxy.addr).await;
-        let mut b = Raw::connect(proxy.addr).await;
-        assert_eq!(a.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
-        assert_eq!(b.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
+        let (_proxy, mut a, mut b) = common::two_tenants(&redis).await;
         assert_eq!(a.call(&["SET", "k", "from-a"]).await, b"+OK\r\n", "{name}");
         assert_eq!(b.call(&["SET", "k", "from-b"]).await, b"+OK\r\n", "{name}");
         assert_eq!(a.call(&["GET", "k"]).await, b"$6\r\nfrom-a\r\n", "{name}");

@@ -1372,3 +1372,33 @@ pub fn default_policy_enforced() -> String {
     );
     text.replace(ROLLOUT_AUDIT, "    mode: enforce\n")
 }
+
+/// `alicepw`'s SHA-256, for `access.users` of the two-tenant fixtures.
+pub const ALICE_SHA256: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2";
+/// `bobpw`'s SHA-256.
+pub const BOB_SHA256: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b";
+
+/// A proxy in front of `redis` with two namespaced tenants and `require_auth`: `alice`
+/// (password `alicepw`) is tenant `a` under `a:`, `bob` (`bobpw`) tenant `b` under `b:`;
+/// returned once alice can log in, with both clients logged in.
+pub async fn two_tenants(redis: &RedisServer) -> (Proxy, Raw, Raw) {
+    let yaml = format!(
+        "access:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE_SHA256}}}\n    - {{name: bob, password_sha256: {BOB_SHA256}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
+    );
+    let mut config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml")).unwrap();
+    config.set_upstream(redis.addr());
+    let proxy = Proxy::spawn(config).await;
+    let addr = proxy.addr;
+    wait_until("the proxy serves", || async move {
+        match Raw::try_connect(addr, DEADLINE).await {
+            Some(mut c) => c.call(&["AUTH", "alice", "alicepw"]).await == b"+OK\r\n",
+            None => false,
+        }
+    })
+    .await;
+    let mut a = Raw::connect(proxy.addr).await;
+    let mut b = Raw::connect(proxy.addr).await;
+    assert_eq!(a.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    assert_eq!(b.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
+    (proxy, a, b)
+}
