@@ -6,7 +6,7 @@
 //! crate), so tests can check the proxy against it rather than against itself.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ pub struct RedisCluster {
     /// Every node, in start order (which is not necessarily primaries first: roles are
     /// whatever `redis-cli --cluster create` chose; ask [`RedisCluster::primary_for_slot`]).
     nodes: Vec<ClusterNode>,
+    /// The server binary of every node ([`super::server_binary`] unless a test named one).
+    bin: PathBuf,
 }
 
 /// The proxy's configuration for cluster mode with `seed`, plus `settings`: lines under
@@ -76,6 +78,22 @@ impl RedisCluster {
         replicas_per_primary: usize,
         args: &[&str],
     ) -> RedisCluster {
+        Self::start_binary(
+            &super::server_binary(),
+            primaries,
+            replicas_per_primary,
+            args,
+        )
+    }
+
+    /// As [`RedisCluster::start_with`], every node running `bin` (a server of the matrix,
+    /// [`super::matrix_servers`]) whatever `RPP_REDIS_SERVER` says.
+    pub fn start_binary(
+        bin: &Path,
+        primaries: usize,
+        replicas_per_primary: usize,
+        args: &[&str],
+    ) -> RedisCluster {
         assert!(
             primaries >= 3,
             "redis-cli --cluster create needs 3 primaries"
@@ -84,6 +102,7 @@ impl RedisCluster {
         let mut cluster = RedisCluster {
             dir: temp_dir("cluster"),
             nodes: Vec::new(),
+            bin: bin.to_path_buf(),
         };
         let mut taken = HashSet::new();
         for _ in 0..primaries * (1 + replicas_per_primary) {
@@ -103,7 +122,7 @@ impl RedisCluster {
             let port = fresh_port(taken);
             let bus_port = fresh_port(taken);
             let log = self.dir.join(format!("redis-{port}.log"));
-            let mut child = Command::new("redis-server")
+            let mut child = Command::new(&self.bin)
                 .arg("--port")
                 .arg(port.to_string())
                 .arg("--cluster-port")
@@ -129,7 +148,7 @@ impl RedisCluster {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("spawn redis-server");
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
             loop {
                 if let Ok(Some(status)) = child.try_wait() {
                     last_err = format!(

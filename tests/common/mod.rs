@@ -515,9 +515,23 @@ pub async fn pipeline(addr: impl std::fmt::Display, input: Vec<u8>, n: usize) ->
 // redis-server fixture
 // ---------------------------------------------------------------------------------------------
 
+/// The server binary every fixture starts (`RedisServer`, `RedisCluster`, `SentinelSetup`):
+/// the path in `RPP_REDIS_SERVER` if set and not empty, else `redis-server` from `PATH`
+/// (Debian's 7.0.15 on CI). A Valkey binary takes the same arguments, so
+/// `RPP_REDIS_SERVER=$CACHE/valkey-9.1/bin/valkey-server cargo test` runs the tests in front
+/// of it (docs/compatibility.md; `scripts/build-servers.sh` builds the matrix's servers).
+pub fn server_binary() -> PathBuf {
+    match std::env::var_os("RPP_REDIS_SERVER") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => PathBuf::from("redis-server"),
+    }
+}
+
 /// A real `redis-server` on a free loopback port, killed on drop.
 pub struct RedisServer {
     pub port: u16,
+    /// The binary it was started from (restarts use the same).
+    bin: PathBuf,
     dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
@@ -533,6 +547,12 @@ impl RedisServer {
 
     /// Starts with extra `redis-server` arguments, e.g. `["--requirepass", "secret"]`.
     pub fn start_with(args: &[&str]) -> RedisServer {
+        Self::start_binary(&server_binary(), args)
+    }
+
+    /// Starts `bin` (a `redis-server` or `valkey-server` of the server matrix, see
+    /// [`matrix_servers`]) with extra arguments, whatever `RPP_REDIS_SERVER` says.
+    pub fn start_binary(bin: &Path, args: &[&str]) -> RedisServer {
         let dir = temp_dir("redis");
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let password = args
@@ -543,6 +563,7 @@ impl RedisServer {
         for _ in 0..8 {
             let mut server = RedisServer {
                 port: free_port(),
+                bin: bin.to_path_buf(),
                 log: dir.join("redis.log"),
                 dir: dir.clone(),
                 args: args.clone(),
@@ -554,7 +575,12 @@ impl RedisServer {
                 Err(e) => last_err = e,
             }
         }
-        panic!("could not start redis-server: {last_err}");
+        panic!("could not start {}: {last_err}", bin.display());
+    }
+
+    /// The binary this server runs.
+    pub fn binary(&self) -> &Path {
+        &self.bin
     }
 
     pub fn addr(&self) -> String {
@@ -571,7 +597,7 @@ impl RedisServer {
 
     fn spawn(&mut self, until: Instant) -> Result<(), String> {
         let log_start = self.log_len();
-        let mut child = Command::new("redis-server")
+        let mut child = Command::new(&self.bin)
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -585,7 +611,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("spawn redis-server: {e}"))?;
+            .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read(&self.log).unwrap_or_default();

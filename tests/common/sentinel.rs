@@ -2,11 +2,11 @@
 //! loopback ports, ready once every sentinel knows the primary, the replica and the other
 //! sentinels (so a failover can elect a leader). Everything is killed on drop.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{DEADLINE, POLL, RedisServer, free_port, temp_dir};
+use super::{DEADLINE, POLL, RedisServer, free_port, server_binary, temp_dir};
 
 /// The name the sentinels monitor.
 pub const MASTER: &str = "mymaster";
@@ -33,12 +33,19 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 
 impl SentinelSetup {
     pub fn start() -> SentinelSetup {
+        Self::start_binary(&server_binary())
+    }
+
+    /// As [`SentinelSetup::start`], the primary, the replica and the sentinels running `bin`
+    /// (a server of the matrix, [`super::matrix_servers`]) whatever `RPP_REDIS_SERVER` says.
+    pub fn start_binary(bin: &Path) -> SentinelSetup {
         // No 5 s wait for more replicas before the first (diskless) sync; on both nodes, since
         // the replica becomes the primary of the old one after a failover.
         let fast_sync = ["--repl-diskless-sync-delay", "0"];
-        let primary = RedisServer::start_with(&fast_sync);
+        let primary = RedisServer::start_binary(bin, &fast_sync);
         let port = primary.port.to_string();
-        let replica = RedisServer::start_with(
+        let replica = RedisServer::start_binary(
+            bin,
             &[&fast_sync[..], &["--replicaof", "127.0.0.1", &port]].concat(),
         );
         let dir = temp_dir("sentinels");
@@ -61,13 +68,13 @@ impl SentinelSetup {
                 ),
             )
             .unwrap();
-            let child = Command::new("redis-server")
+            let child = Command::new(bin)
                 .arg(&conf)
                 .arg("--sentinel")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("spawn redis-server --sentinel");
+                .unwrap_or_else(|e| panic!("spawn {} --sentinel: {e}", bin.display()));
             setup.children.push(child);
             setup.sentinels.push(port);
         }
