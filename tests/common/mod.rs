@@ -527,6 +527,88 @@ pub fn server_binary() -> PathBuf {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The server matrix (docs/compatibility.md)
+// ---------------------------------------------------------------------------------------------
+
+/// The newer servers of the matrix, as `scripts/build-servers.sh` names them, and the binary
+/// each has under its directory of the cache.
+pub const MATRIX: &[(&str, &str)] = &[
+    ("redis-8.0", "bin/redis-server"),
+    ("valkey-9.1", "bin/valkey-server"),
+];
+
+/// Where `scripts/build-servers.sh` puts the servers it builds: `RPP_SERVER_CACHE`, else
+/// `$XDG_CACHE_HOME/redis-policy-proxy/servers`, else `~/.cache/redis-policy-proxy/servers`
+/// (the script's own rule).
+pub fn server_cache() -> PathBuf {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = set("RPP_SERVER_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let cache = set("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    cache.join("redis-policy-proxy/servers")
+}
+
+/// `RPP_SERVER_MATRIX=require` (set by `.ci/run` once `scripts/build-servers.sh` succeeded):
+/// a matrix server that is not built fails the test instead of skipping it.
+pub fn matrix_required() -> bool {
+    std::env::var("RPP_SERVER_MATRIX").as_deref() == Ok("require")
+}
+
+/// The matrix's servers that are built in [`server_cache`]: `(name, binary)`, in [`MATRIX`]
+/// order. One that is missing fails the calling test under `RPP_SERVER_MATRIX=require`;
+/// otherwise it is left out with a `SKIPPED: <name> not built (scripts/build-servers.sh)` line
+/// on stderr, so a local `cargo test` without them still passes and says what it did not run.
+pub fn matrix_servers() -> Vec<(&'static str, PathBuf)> {
+    let cache = server_cache();
+    let mut found = Vec::new();
+    for &(name, rel) in MATRIX {
+        let bin = cache.join(name).join(rel);
+        if is_executable(&bin) {
+            found.push((name, bin));
+        } else if matrix_required() {
+            panic!(
+                "{name} is not built ({} missing) although RPP_SERVER_MATRIX=require \
+                 (run scripts/build-servers.sh; RPP_SERVER_CACHE names the cache)",
+                bin.display()
+            );
+        } else {
+            eprintln!("SKIPPED: {name} not built (scripts/build-servers.sh)");
+        }
+    }
+    found
+}
+
+/// One server of the matrix by name, under the same rule as [`matrix_servers`]: `None` (after
+/// the `SKIPPED` line) when it is not built and not required.
+pub fn matrix_server(name: &str) -> Option<PathBuf> {
+    let &(name, rel) = MATRIX
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("{name} is not a server of the matrix"));
+    let bin = server_cache().join(name).join(rel);
+    if is_executable(&bin) {
+        return Some(bin);
+    }
+    assert!(
+        !matrix_required(),
+        "{name} is not built ({} missing) although RPP_SERVER_MATRIX=require \
+         (run scripts/build-servers.sh; RPP_SERVER_CACHE names the cache)",
+        bin.display()
+    );
+    eprintln!("SKIPPED: {name} not built (scripts/build-servers.sh)");
+    None
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
 /// A real `redis-server` on a free loopback port, killed on drop.
 pub struct RedisServer {
     pub port: u16,
