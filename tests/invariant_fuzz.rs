@@ -23,9 +23,17 @@
 //! Every file of `tests/fuzz_regressions/invariants/` is replayed first, each on a fresh
 //! keyspace with the same checks, so every finding stays a regression test.
 //!
+//! The server is `common::server_binary()` (`RPP_REDIS_SERVER`, else Debian's redis-server);
+//! a second test runs the same fuzzer in front of each newer server of the matrix that
+//! `scripts/build-servers.sh` built (docs/compatibility.md), one run at a time.
+//!
 //! Environment: `INVARIANT_FUZZ_SECS` (default 90; 0 replays the corpus only),
+//! `INVARIANT_FUZZ_MATRIX_SECS` (the same per matrix server, default 20),
 //! `INVARIANT_FUZZ_SEED` (default: from the clock, printed), `INVARIANT_FUZZ_STEPS` (a bound
-//! on steps, default unbounded), `INVARIANT_FUZZ_CORPUS=0` (skip the corpus).
+//! on steps, default unbounded), `INVARIANT_FUZZ_CORPUS=0` (skip the corpus),
+//! `INVARIANT_FUZZ_NEWER=1` (also commands and options newer than the proxy's 7.0 table,
+//! which it does not judge yet: off by default, by hand only), `INVARIANT_FUZZ_TRACE=1`
+//! (print every random step, to see how a case that does not reproduce alone came about).
 
 #![allow(
     clippy::disallowed_methods,
@@ -447,14 +455,47 @@ fn excluded(spec: &CommandSpec) -> bool {
     )
 }
 
+/// The tenant without a namespace may read and write every key (docs/security.md), so one
+/// command of its that reads `ta:` keys and writes `tb:` ones (`ZRANGESTORE tb:x ta:y 0 10`)
+/// carries tenant a's marker into b's keys, legitimately, and b's next read of them would be a
+/// false `foreign-marker`. Its commands therefore keep to one namespace each: the other
+/// namespace's prefix becomes the first one's, and its plain keys get that prefix too (so a
+/// plain key never holds another tenant's values either).
+fn one_namespace(args: &mut [Vec<u8>]) {
+    let prefixes: [&[u8]; 2] = [b"ta:", b"tb:"];
+    let Some(first) = args
+        .iter()
+        .skip(1)
+        .find_map(|a| prefixes.iter().find(|p| a.starts_with(p)))
+        .copied()
+    else {
+        return;
+    };
+    let other = if first == prefixes[0] {
+        prefixes[1]
+    } else {
+        prefixes[0]
+    };
+    for a in args.iter_mut().skip(1) {
+        if a.starts_with(other) {
+            a.splice(..other.len(), first.iter().copied());
+        } else if !a.starts_with(first) && KEYS.iter().any(|k| k.as_bytes() == a.as_slice()) {
+            a.splice(..0, first.iter().copied());
+        }
+    }
+}
+
 struct Gen {
     rng: Rng,
     /// Every command of the table the generator may send.
     specs: Vec<&'static CommandSpec>,
+    /// Also the commands and options newer than the proxy's 7.0 table
+    /// (`INVARIANT_FUZZ_NEWER=1`, [`Gen::newer_command`]).
+    newer: bool,
 }
 
 impl Gen {
-    fn new(seed: u64) -> Gen {
+    fn new(seed: u64, newer: bool) -> Gen {
         let specs = commands::all_commands()
             .filter(|s| !s.is_container() && !excluded(s))
             .collect();
@@ -466,6 +507,7 @@ impl Gen {
         Gen {
             rng: Rng((z ^ (z >> 31)) | 1),
             specs,
+            newer,
         }
     }
 
@@ -523,7 +565,9 @@ impl Gen {
         if in_multi && self.chance(30) {
             return vec![self.pick(&["EXEC", "DISCARD", "EXEC"]).as_bytes().to_vec()];
         }
-        let mut args = if self.chance(60) {
+        let mut args = if self.newer && self.chance(20) {
+            self.newer_command()
+        } else if self.chance(60) {
             self.curated(tenant)
         } else {
             self.table_command()
@@ -532,6 +576,9 @@ impl Gen {
             for _ in 0..1 + self.below(2) {
                 self.mutate(&mut args);
             }
+        }
+        if TENANTS[tenant].prefix.is_none() {
+            one_namespace(&mut args);
         }
         args
     }
@@ -617,6 +664,131 @@ impl Gen {
             }
         }
         args
+    }
+
+    /// Commands and options of Redis 7.2-8.0 and Valkey 8-9 that the proxy's 7.0 table does not
+    /// know (issue 27): hash field expiry, vector sets, `SET … IFEQ`, COMMANDLOG, WAITAOF,
+    /// CLIENT NO-TOUCH/SETINFO, ZRANK WITHSCORE. A server without one answers
+    /// `ERR unknown command`. Off unless `INVARIANT_FUZZ_NEWER=1`: the proxy does not judge
+    /// them yet, so they break invariants today (docs/compatibility.md lists what they found).
+    fn newer_command(&mut self) -> Vec<Vec<u8>> {
+        let k = self.key();
+        let v = self.value();
+        let s = |x: &str| x.as_bytes().to_vec();
+        let expiry = |g: &mut Gen| -> Vec<Vec<u8>> {
+            match g.below(6) {
+                0 => vec![s("EX"), s(g.pick(&["10", "99999999999", "315360000"]))],
+                1 => vec![s("PX"), s(g.pick(&["5000", "999999999999"]))],
+                2 => vec![s("EXAT"), s("99999999999")],
+                3 => vec![s("PXAT"), g.num()],
+                4 => vec![s("KEEPTTL")],
+                _ => vec![],
+            }
+        };
+        let fields = |g: &mut Gen, with_values: bool| -> Vec<Vec<u8>> {
+            let n = 1 + g.below(2);
+            let mut a = vec![s("FIELDS"), n.to_string().into_bytes()];
+            for i in 0..n {
+                a.push(format!("f{i}").into_bytes());
+                if with_values {
+                    a.push(g.value());
+                }
+            }
+            a
+        };
+        match self.below(14) {
+            0 | 1 => {
+                let mut a = vec![s("HSETEX"), k];
+                if self.chance(30) {
+                    a.push(s(self.pick(&["FNX", "FXX", "NX", "XX"])));
+                }
+                a.extend(expiry(self));
+                a.extend(fields(self, true));
+                a
+            }
+            2 => {
+                let mut a = vec![s("HGETEX"), k];
+                match self.below(3) {
+                    0 => a.push(s("PERSIST")),
+                    1 => a.extend(expiry(self)),
+                    _ => {}
+                }
+                a.extend(fields(self, false));
+                a
+            }
+            3 => {
+                let mut a = vec![
+                    s(self.pick(&["HEXPIRE", "HPEXPIRE", "HEXPIREAT", "HPEXPIREAT"])),
+                    k,
+                    s(self.pick(&["10", "99999999999", "1000"])),
+                ];
+                if self.chance(30) {
+                    a.push(s(self.pick(&["NX", "XX", "GT", "LT"])));
+                }
+                a.extend(fields(self, false));
+                a
+            }
+            4 => {
+                let mut a = vec![
+                    s(self.pick(&[
+                        "HPERSIST",
+                        "HTTL",
+                        "HPTTL",
+                        "HEXPIRETIME",
+                        "HPEXPIRETIME",
+                        "HGETDEL",
+                    ])),
+                    k,
+                ];
+                a.extend(fields(self, false));
+                a
+            }
+            5 | 6 => {
+                let mut a = vec![s("VADD"), k];
+                if self.chance(30) {
+                    a.extend([s("REDUCE"), s("2")]);
+                }
+                a.extend([s("VALUES"), s("2"), s("0.5"), s("1"), v]);
+                if self.chance(30) {
+                    a.extend([s("SETATTR"), s("{\"a\":1}")]);
+                }
+                a
+            }
+            7 => vec![
+                s(self.pick(&["VRANDMEMBER", "VCARD", "VDIM", "VINFO", "VREM"])),
+                k,
+                s(self.pick(&["-5000", "5000", "10"])),
+            ],
+            8 | 9 => {
+                // Valkey 8.1+: IFEQ takes a comparison value, which may spell an option.
+                let mut a = vec![
+                    s("SET"),
+                    k,
+                    v,
+                    s("IFEQ"),
+                    s(self.pick(&["EX", "KEEPTTL", "PX", "old"])),
+                ];
+                a.extend(expiry(self));
+                a
+            }
+            10 => vec![s(self.pick(&["DELIFEQ", "DELEX"])), k, v],
+            11 => match self.below(3) {
+                0 => vec![s("COMMANDLOG"), s("RESET"), s("slow")],
+                1 => vec![s("COMMANDLOG"), s("GET"), s("10"), s("large-request")],
+                _ => vec![s("WAITAOF"), s("0"), s("0"), s("10")],
+            },
+            12 => match self.below(3) {
+                0 => vec![s("CLIENT"), s("NO-TOUCH"), s(self.pick(&["ON", "OFF"]))],
+                1 => vec![s("CLIENT"), s("SETINFO"), s("LIB-NAME"), s("fuzz")],
+                _ => vec![s("CLIENT"), s("INFO")],
+            },
+            _ => vec![
+                s(self.pick(&["ZRANK", "ZREVRANK"])),
+                k,
+                s("m"),
+                s("WITHSCORE"),
+            ],
+        }
     }
 
     /// The curated list: the commands and options the policy's rules read.
@@ -1241,6 +1413,7 @@ fn range_bound(args: &[Vec<u8>]) -> Option<usize> {
                 | "HKEYS"
                 | "HVALS"
                 | "SMEMBERS"
+                | "VRANDMEMBER"
         );
     if !measured {
         return None;
@@ -1350,6 +1523,9 @@ struct World {
     /// Keys that may stay without a TTL: they already had none before the step, and
     /// `keys: created` keeps a TTL-less key TTL-less.
     persistent_ok: HashSet<(u32, Vec<u8>)>,
+    /// Strings above the value cap that APPEND made (best effort by design,
+    /// policy/README.md), or copies of them: not reported again by each later write.
+    oversize_ok: HashSet<(u32, Vec<u8>)>,
     victim_keys: HashSet<Vec<u8>>,
     fences: u64,
     sentinels: u64,
@@ -1481,8 +1657,10 @@ struct Observed {
 }
 
 impl World {
-    async fn start() -> World {
-        let redis = RedisServer::start_with(&["--requirepass", SECRET]);
+    /// The proxy in front of a fresh server running `bin` (`common::server_binary()`, or a
+    /// server of the matrix).
+    async fn start(bin: &Path) -> World {
+        let redis = RedisServer::start_binary(bin, &["--requirepass", SECRET]);
         let yaml = policy_yaml();
         let dir = common::TempDir::new("invariant-fuzz");
         let policy = common::write_file(dir.path(), "policy.yaml", &yaml);
@@ -1539,6 +1717,7 @@ impl World {
             denied: denied_commands(&yaml),
             baseline: Vec::new(),
             persistent_ok: HashSet::new(),
+            oversize_ok: HashSet::new(),
             victim_keys,
             fences: 0,
             sentinels: 0,
@@ -1591,8 +1770,16 @@ impl World {
             ])
             .await;
         out.extend(self.ctl.call(&["ACL", "USERS"]).await);
+        // The role's name only: Redis 7.2+ and Valkey move the replication offset of a primary
+        // without replicas on WAIT (0 to 1), which changes nothing a tenant could use.
         let role = self.ctl.call(&["ROLE"]).await;
-        out.extend(&role[..role.len().min(20)]);
+        let name_end = role
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| w == b"\r\n")
+            .nth(2)
+            .map_or(role.len(), |(i, _)| i + 2);
+        out.extend(&role[..name_end]);
         out
     }
 
@@ -1646,6 +1833,7 @@ impl World {
         }
         self.ctl.call(&["FLUSHALL"]).await;
         self.persistent_ok.clear();
+        self.oversize_ok.clear();
         self.ctl.call(&["SET", "__canary__", "1"]).await;
         self.prepare_collections().await;
         self.drain_events().await;
@@ -1898,11 +2086,14 @@ impl World {
                     ));
                 }
             }
+            // Inside MULTI the script is only queued: EXEC's reply carries its error, and what
+            // it would have done shows in the canary and the server's state.
             if name == "EVAL"
                 && args
                     .get(1)
                     .is_some_and(|b| DENIED_SCRIPTS.iter().any(|d| d.as_bytes() == b.as_slice()))
                 && !is_error(first)
+                && first.as_slice() != b"+QUEUED\r\n"
             {
                 found.push((
                     "deny-in-script",
@@ -2052,6 +2243,7 @@ impl World {
             let state = self.key_state(*db, key).await;
             let Some((kind, mut pttl, strlen)) = state else {
                 self.persistent_ok.remove(&(*db, key.clone()));
+                self.oversize_ok.remove(&(*db, key.clone()));
                 continue;
             };
             let relative = t.prefix.map_or(key.as_slice(), |p| {
@@ -2099,12 +2291,18 @@ impl World {
                 ));
                 repairs.push(vec![b"PEXPIRE".to_vec(), key.clone(), b"3600000".to_vec()]);
             }
-            // APPEND is best effort by design (policy/README.md, max_value_bytes): a key it
-            // grew past the cap is deleted here, unreported, or the next step that touches
-            // or copies it (GETEX, COPY) would be blamed for it.
-            if strlen > VALUE_CAP && (name == "APPEND" || undeclared) {
-                repairs.push(vec![b"DEL".to_vec(), key.clone()]);
-            } else if strlen > VALUE_CAP {
+            // APPEND is best effort by design (policy/README.md, max_value_bytes): what it grew
+            // past the cap, and copies of that, are not reported again by every later write
+            // (SETRANGE at 0, SETBIT, COPY…), which does not make the string any larger.
+            let carried = self.oversize_ok.contains(&(*db, key.clone()))
+                || (matches!(name.as_str(), "COPY" | "RENAME" | "RENAMENX" | "MOVE")
+                    && self.oversize_ok.iter().any(|(_, k)| declared.contains(k)));
+            if strlen > VALUE_CAP && (name == "APPEND" || carried) {
+                self.oversize_ok.insert((*db, key.clone()));
+            } else if strlen <= VALUE_CAP {
+                self.oversize_ok.remove(&(*db, key.clone()));
+            }
+            if strlen > VALUE_CAP && name != "APPEND" && !carried && !undeclared {
                 found.push((
                     "value-cap",
                     format!(
@@ -2262,20 +2460,67 @@ fn env_u64(name: &str) -> Option<u64> {
 // The test
 // ---------------------------------------------------------------------------------------------
 
+/// One fuzzer run at a time in this binary: the main run and the matrix's share two cores
+/// with the servers and the proxies, and a step or a victim slowed by the other run would be
+/// a false `blocked` finding.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let secs = env_u64("INVARIANT_FUZZ_SECS").unwrap_or(90);
+    let failures = fuzz("", &common::server_binary(), secs).await;
+    assert!(
+        failures.is_empty(),
+        "invariants broken:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+/// The same fuzzer in front of each newer server of the matrix (docs/compatibility.md):
+/// `INVARIANT_FUZZ_MATRIX_SECS` (default 20) of random steps each, after the corpus. A server
+/// that is not built is skipped with a `SKIPPED:` line, or fails the test under
+/// `RPP_SERVER_MATRIX=require` (`common::matrix_servers`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_invariants_hold_in_front_of_each_matrix_server() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = env_u64("INVARIANT_FUZZ_MATRIX_SECS").unwrap_or(20);
+    let mut failures = Vec::new();
+    for (name, bin) in common::matrix_servers() {
+        for f in fuzz(name, &bin, secs).await {
+            failures.push(format!("{name}: {f}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "invariants broken:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+/// The corpus, then `secs` of random steps, in front of a fresh server running `bin` (`label`
+/// names it in the output and the cases' directory); what broke, one line per finding.
+async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
     let max_steps = env_u64("INVARIANT_FUZZ_STEPS").unwrap_or(u64::MAX);
     let seed = env_u64("INVARIANT_FUZZ_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
     });
+    let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() == Ok("1");
+    let trace = std::env::var("INVARIANT_FUZZ_TRACE").as_deref() == Ok("1");
+    let server = if label.is_empty() {
+        bin.display().to_string()
+    } else {
+        format!("{label} ({})", bin.display())
+    };
     eprintln!(
-        "invariant fuzz: seed {seed} (INVARIANT_FUZZ_SEED={seed} repeats the commands), {secs} s"
+        "invariant fuzz in front of {server}: seed {seed} (INVARIANT_FUZZ_SEED={seed} repeats \
+         the commands), {secs} s{}",
+        if newer { ", newer commands too" } else { "" }
     );
 
-    let mut world = World::start().await;
+    let mut world = World::start(bin).await;
     world.spawn_victims();
     let mut failures: Vec<String> = Vec::new();
 
@@ -2317,13 +2562,16 @@ async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
     }
 
     // Then random steps until the time or step budget is spent.
-    let mut generator = Gen::new(seed);
+    let mut generator = Gen::new(seed, newer);
     let mut history: Vec<Line> = Vec::new();
     let mut seen: BTreeMap<String, (usize, Finding, String)> = BTreeMap::new();
     let start = Instant::now();
     let mut steps = 0u64;
     world.reset().await;
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("invariant-fuzz");
+    let mut out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("invariant-fuzz");
+    if !label.is_empty() {
+        out_dir.push(label);
+    }
     let _ = std::fs::create_dir_all(&out_dir);
     while start.elapsed() < Duration::from_secs(secs) && steps < max_steps {
         steps += 1;
@@ -2353,6 +2601,9 @@ async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
             inline,
             args,
         };
+        if trace {
+            eprintln!("step {steps}: {}", line.to_case());
+        }
         let found = world.step(&line).await;
         if let Some(first) = found.first() {
             let mut new = Vec::new();
@@ -2397,18 +2648,15 @@ async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
     }
     world.shared.stop.store(true, Ordering::Relaxed);
     eprintln!(
-        "invariant fuzz: seed {seed}, {steps} steps in {:.1} s, {} distinct findings (cases in {})",
+        "invariant fuzz in front of {server}: seed {seed}, {steps} steps in {:.1} s, {} distinct \
+         findings (cases in {})",
         start.elapsed().as_secs_f64(),
         seen.len(),
         out_dir.display()
     );
     for (key, (count, f, text)) in &seen {
         eprintln!("== {key} (x{count}): {}\n{text}", f.detail);
-        failures.push(format!("{key} x{count}"));
+        failures.push(format!("{key} x{count} (seed {seed})"));
     }
-    assert!(
-        failures.is_empty(),
-        "invariants broken (seed {seed}):\n  {}",
-        failures.join("\n  ")
-    );
+    failures
 }
