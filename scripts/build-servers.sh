@@ -13,7 +13,7 @@
 #                 (older than the proxy supports: tests/newer_commands.rs checks that /readyz
 #                 says so; Debian has no 6.2)
 #
-# Default NAMEs: redis-8.0 valkey-9.1 (the two CI runs; valkey-8.1 on request).
+# Default NAMEs: redis-8.0 valkey-9.1 redis-6.0 (what CI builds; valkey-8.1 on request).
 # CACHE is ${RPP_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/redis-policy-proxy/servers}; a
 # server whose binary is already there is not rebuilt (a few minutes each on 2 cores otherwise).
 # The Tcl suite of each source tree is kept beside it ($CACHE/NAME/tests) for
@@ -28,7 +28,7 @@ cache=${RPP_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/redis-policy-proxy/ser
 mkdir -p "$cache/apt/lists/partial" "$cache/apt/cache/archives/partial"
 
 names=("$@")
-[[ ${#names[@]} -gt 0 ]] || names=(redis-8.0 valkey-9.1)
+[[ ${#names[@]} -gt 0 ]] || names=(redis-8.0 valkey-9.1 redis-6.0)
 
 # name -> "package version-glob suite binary-name"
 spec() {
