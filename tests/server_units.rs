@@ -10,6 +10,11 @@
 //! runs a subset. A server that is not built is skipped with a `SKIPPED:` line, or fails the
 //! test under `RPP_SERVER_MATRIX=require` (`.ci/run` sets it once the build succeeded).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the shared fixtures wait on real server processes in wall-clock time"
+)]
+
 use std::process::Command;
 
 mod common;
