@@ -382,3 +382,27 @@ async fn a_server_older_than_7_0_is_named_and_not_ready() {
         "{body}"
     );
 }
+
+/// A subcommand name ends at a NUL for the deny rules, as for Valkey 9.1, which runs
+/// `CONFIG "SET\0" …` as CONFIG SET: refused by `deny-admin` in front of every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_suffixed_subcommands_meet_the_deny_rules() {
+    let mut servers = vec![("redis-7.0".to_string(), common::server_binary())];
+    servers.extend(
+        common::matrix_servers()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b)),
+    );
+    for (name, bin) in servers {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let reply = text(&c.call(&["CONFIG", "SET\0", "maxmemory", "12345"]).await);
+        assert!(
+            reply.starts_with("-NOPERM policy deny-admin: "),
+            "{name}: {reply}"
+        );
+        let maxmemory = text(&redis.direct(&["CONFIG", "GET", "maxmemory"]).await);
+        assert!(!maxmemory.contains("12345"), "{name}: {maxmemory}");
+    }
+}

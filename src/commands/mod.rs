@@ -492,7 +492,12 @@ impl CommandSpec {
     }
 
     /// This container's subcommand `name` (ASCII case-insensitive).
+    ///
+    /// The name ends at a NUL byte: Valkey 9.1 runs `CONFIG "SET\0" …` as CONFIG SET (its
+    /// subcommand lookup compares as `strcasecmp`), so a rule must judge it as CONFIG SET; a
+    /// server that refuses the spelling refuses it either way.
     pub fn subcommand(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+        let name = name.split(|&b| b == 0).next().unwrap_or(name);
         self.own_subcommand(name)
             .or_else(|| learned::subcommand(self.name, name))
     }
