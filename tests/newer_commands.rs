@@ -124,6 +124,9 @@ async fn newer_writes_get_their_ttl_and_stay_under_the_maximum() {
             c.call(&["HSETEX", "m:h", "FIELDS", "1", "x", "v"]).await;
             c.call(&["HGETEX", "m:h", "PX", "99999999999999", "FIELDS", "1", "x"])
                 .await;
+            // A field TTL given, the hash still gets the key TTL.
+            let ttl = pttl(&redis, "m:h2").await;
+            assert!(ttl > 0, "{name}: HSETEX … EX left the hash with PTTL {ttl}");
             for (key, field) in [("m:h2", "f"), ("m:h", "g"), ("m:h", "x")] {
                 let ttl = first_int(&redis.direct(&["HPTTL", key, "FIELDS", "1", field]).await);
                 assert!(
@@ -183,6 +186,21 @@ async fn newer_writes_and_reads_meet_the_value_cap_and_the_read_guard() {
                 .await;
             let attr = format!("{{\"a\":\"{big}\"}}");
             tried.push(c.call(&["VSETATTR", "b:v", "e1", &attr]).await);
+        }
+        if has(&redis, "vadd").await {
+            // A vector of 2^63-1 floats: refused by the cap (Redis 8.0.6 aborted on it).
+            tried.push(
+                c.call(&[
+                    "VADD",
+                    "b:huge",
+                    "VALUES",
+                    "9223372036854775807",
+                    "0.5",
+                    "1",
+                    "e",
+                ])
+                .await,
+            );
         }
         assert!(!tried.is_empty(), "{name} has none of the newer writes");
         for reply in tried {

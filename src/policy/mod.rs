@@ -1741,6 +1741,13 @@ fn grown_value<L: CommandLine + ?Sized>(spec: &'static CommandSpec, line: &L) ->
         }
         "setbit" => Some(number(2)? / 8 + 1),
         "bitfield" => commands::grammar::bitfield_reach(line),
+        // Redis 8's `VADD key [REDUCE dim] VALUES n v1 … vn element`: a vector of n floats
+        // (4 bytes each), whatever the arguments that follow hold; a count far beyond them
+        // made Redis 8.0.6 abort allocating it.
+        "vadd" => (1..line.argc().saturating_sub(1))
+            .find(|&i| commands::grammar::keyword(line.arg(i), b"VALUES"))
+            .and_then(|i| number(i + 1))
+            .map(|n| n.saturating_mul(4)),
         _ => None,
     }
 }

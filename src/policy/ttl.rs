@@ -348,8 +348,8 @@ impl Ttl {
         let Some(opts) = opts else {
             return unreadable(name);
         };
-        if let Some(e) = opts.expiry {
-            return self.clamp(
+        let clamped = match opts.expiry {
+            Some(e) => self.clamp(
                 args,
                 Expiry {
                     at: e.at,
@@ -357,12 +357,18 @@ impl Ttl {
                     absolute: e.absolute,
                     form: Form::Options(opts.values),
                 },
-            );
-        }
-        if spec.may_write() && spec.name != "hgetex" {
-            return self.expire_written_keys(spec, args, build);
-        }
-        TtlAction::Keep
+            ),
+            None => TtlAction::Keep,
+        };
+        // MSETEX's expiry is its keys' own TTL; HSETEX's is its fields', and the hash it
+        // creates still gets the key TTL (fields expiring one by one leave it behind until
+        // the last one goes).
+        let keyed = match spec.name {
+            "hsetex" => self.expire_written_keys(spec, args, build),
+            "msetex" if opts.expiry.is_none() => self.expire_written_keys(spec, args, build),
+            _ => TtlAction::Keep,
+        };
+        both(clamped, keyed)
     }
 
     fn getex(&self, args: &[&[u8]]) -> TtlAction {
@@ -613,6 +619,23 @@ impl Ttl {
         set.extend_from_slice(extra);
         rw.command = Some(encode(&set));
         TtlAction::Rewrite(rw)
+    }
+}
+
+/// Two actions on one command: a refusal wins; two rewrites become one (the first's command,
+/// both's hidden commands).
+fn both(first: TtlAction, second: TtlAction) -> TtlAction {
+    match (first, second) {
+        (TtlAction::Refuse(r), _) | (_, TtlAction::Refuse(r)) => TtlAction::Refuse(r),
+        (TtlAction::Keep, other) | (other, TtlAction::Keep) => other,
+        (TtlAction::Rewrite(mut a), TtlAction::Rewrite(b)) => {
+            a.after.extend(b.after);
+            if let Some(before) = b.before {
+                a.add_before(*before);
+            }
+            a.note = format!("{}; {}", a.note, b.note).into();
+            TtlAction::Rewrite(a)
+        }
     }
 }
 
