@@ -2217,8 +2217,18 @@ impl World {
             })
             .unwrap_or_default();
         let mut touched: BTreeMap<(u32, Vec<u8>), Vec<String>> = BTreeMap::new();
+        // Hash fields expire in the background (Redis 7.4+, Valkey 9): `hexpired`, and `del`
+        // when the last field goes, are the clock's, like `expired`, whichever step runs.
+        let field_expired: HashSet<(u32, Vec<u8>)> = events
+            .iter()
+            .filter(|(_, event, _)| event == "hexpired")
+            .map(|(db, _, key)| (*db, key.clone()))
+            .collect();
         for (db, event, key) in events {
-            if self.victim_keys.contains(&key) || matches!(event.as_str(), "expired" | "evicted") {
+            if self.victim_keys.contains(&key)
+                || matches!(event.as_str(), "expired" | "evicted" | "hexpired")
+                || (event == "del" && field_expired.contains(&(db, key.clone())))
+            {
                 continue;
             }
             touched.entry((db, key)).or_default().push(event);
