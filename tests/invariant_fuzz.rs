@@ -33,8 +33,8 @@
 //! on steps, default unbounded), `INVARIANT_FUZZ_CORPUS=0` (skip the corpus),
 //! `INVARIANT_FUZZ_NEWER=1` (also commands and options newer than the proxy's 7.0 table,
 //! judged through the table learned from the server: by hand only, docs/compatibility.md
-//! says why), `INVARIANT_FUZZ_TRACE=1`
-//! (print every random step, to see how a case that does not reproduce alone came about).
+//! says why), `INVARIANT_FUZZ_TRACE=1` (print every random step, to see how a case that does
+//! not reproduce alone came about).
 
 #![allow(
     clippy::disallowed_methods,
