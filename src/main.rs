@@ -97,6 +97,9 @@ struct Cli {
     /// invalid).
     ///
     /// Problems are printed as FILE:LINE: field `...`: message, parse errors included.
+    /// Warnings (FILE:LINE: warning: ...) leave the exit status 0: an audit.output file that
+    /// the user running the check cannot create or append to (the proxy refuses to start
+    /// with it, exit 64, unless it runs as another user or its directory is made first).
     /// Example: --check policy/default.yaml, or -c policy/default.yaml --check
     #[arg(long, value_name = "FILE", num_args = 0..=1)]
     check: Option<Option<PathBuf>>,
@@ -222,6 +225,15 @@ fn printed<E: std::fmt::Display>(result: Result<String, E>) -> ExitCode {
     }
 }
 
+/// A `--check` warning, in the form of its problems: `FILE:LINE: warning: field `…`: …`.
+fn warning(path: &Path, w: &redis_policy_proxy::config::Problem) -> String {
+    let at = match w.line {
+        0 => path.display().to_string(),
+        line => format!("{}:{line}", path.display()),
+    };
+    format!("{at}: warning: field `{}`: {}", w.field, w.message)
+}
+
 fn main() -> ExitCode {
     let cli = parse_cli();
     if cli.check.is_some() || cli.explain.is_some() {
@@ -251,7 +263,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         };
         return match setup::load(path) {
-            Ok(_) => {
+            Ok(config) => {
+                for w in setup::warnings(&config) {
+                    eprintln!("{}", warning(path, &w));
+                }
                 println!("{}: OK", path.display());
                 ExitCode::SUCCESS
             }
@@ -336,7 +351,9 @@ fn main() -> ExitCode {
     let source = policy_file
         .clone()
         .unwrap_or_else(|| PathBuf::from("<command line>"));
-    if let Err(e) = setup::validate(&config, &source) {
+    if let Err(e) =
+        setup::validate(&config, &source).and_then(|()| setup::open_files(&config, &source))
+    {
         eprintln!("{e}");
         return ExitCode::from(EXIT_CONFIG);
     }

@@ -97,6 +97,26 @@ fn all_problems(config: &Config) -> Vec<Problem> {
     problems
 }
 
+/// Opens what a start needs that the file names and nothing has opened yet (the audit
+/// file, `audit.output`): a problem there is the file's, reported like the others with its
+/// line and field (exit 64), before the proxy binds or logs that it started.
+pub fn open_files(config: &Config, path: &Path) -> Result<(), ConfigError> {
+    match crate::audit::open_output(&config.audit) {
+        Ok(()) => Ok(()),
+        Err(problem) => ConfigError::unless_none(path, vec![problem]),
+    }
+}
+
+/// What `--check` warns about without failing: what depends on the machine and the user the
+/// proxy runs as rather than on the file (an audit directory that does not exist yet or that
+/// the user running the check cannot write; systemd's `LogsDirectory=` creates it at start,
+/// and the check may run as another user than the proxy).
+pub fn warnings(config: &Config) -> Vec<Problem> {
+    crate::audit::probe_output(&config.audit)
+        .into_iter()
+        .collect()
+}
+
 /// The policy of a whole configuration: its rules and `access:` section, its version, the
 /// log budget `admin.denial_logs_per_second` sets, and the routes its rules may be scoped to.
 pub fn policy(config: &Config) -> Result<Policy, Vec<Problem>> {

@@ -163,23 +163,127 @@ async fn all_commands_with_hashed_keys_and_sampled_reads() {
     assert!(!text.contains("secret:name"), "{text}");
 }
 
-#[tokio::test]
-async fn an_unwritable_audit_file_stops_the_start_naming_it() {
+/// The binary with `args`, to its exit (killed past the deadline: a proxy that starts
+/// instead of refusing its file must fail the test, not hang it): the exit code and what
+/// it printed on stdout and stderr.
+fn run_to_exit(args: &[&str]) -> (Option<i32>, String, String) {
+    use std::process::{Command, Stdio};
+    let dir = TempDir::new("audit-run");
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redis-policy-proxy"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("run the binary");
+    let until = std::time::Instant::now() + common::DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(common::POLL);
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    (status, read(&out), read(&err))
+}
+
+/// An audit file the proxy cannot open is the file's problem, found before anything starts:
+/// exit 64 (which the systemd unit does not restart on), the policy file, the line and the
+/// field, the path and the system's reason; never "started" followed by exit 1 (issue 28:
+/// under systemd's read-only /var/log the unit was restarted ten times). `--check` warns
+/// about it and still passes (the directory may be made at start: LogsDirectory=).
+#[test]
+fn an_unwritable_audit_file_stops_the_start_naming_it() {
     let dir = TempDir::new("audit-badpath");
+    let not_a_dir = write_file(dir.path(), "plain-file", "");
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let mut cases = vec![
+        (
+            dir.path().join("missing/audit.jsonl"),
+            "No such file or directory",
+            "does not exist",
+        ),
+        (
+            not_a_dir.join("audit.jsonl"),
+            "Not a directory",
+            "is not a directory",
+        ),
+    ];
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o500)).unwrap();
+        // Root writes there all the same: the permission case needs an ordinary user.
+        if std::fs::write(locked.join("probe"), "").is_ok() {
+            println!("SKIPPED the permission-denied case: this test runs as root");
+        } else {
+            cases.push((
+                locked.join("audit.jsonl"),
+                "Permission denied",
+                "cannot write in",
+            ));
+        }
+    }
+    let closed = format!("127.0.0.1:{}", common::free_port());
+    for (i, (output, os_error, hint)) in cases.iter().enumerate() {
+        let policy = write_file(
+            dir.path(),
+            &format!("policy-{i}.yaml"),
+            &format!(
+                "audit:\n  commands: writes\n  output: {}\n",
+                output.display()
+            ),
+        );
+        let policy = policy.to_str().unwrap();
+        let listen = format!("127.0.0.1:{}", common::free_port());
+        let args = ["--config", policy, "--admin", "off", "--listen", &listen];
+        let (code, stdout, stderr) = run_to_exit(&[&args[..], &["--upstream", &closed]].concat());
+        assert_eq!(code, Some(64), "{output:?}: {stderr}");
+        let want = format!(
+            "{policy}:3: field `audit.output`: cannot open {} to append the audit trail: {os_error}",
+            output.display()
+        );
+        assert!(stderr.contains(&want), "want {want}\ngot {stderr}");
+        assert!(stderr.contains(hint), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            !stderr.contains("started") && !stdout.contains("started"),
+            "{stderr}"
+        );
+
+        // --check: the same finding as a warning, and the file passes.
+        let (code, stdout, stderr) = run_to_exit(&["--check", policy]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(stdout.trim(), format!("{policy}: OK"));
+        let want = format!(
+            "{policy}:3: warning: field `audit.output`: cannot open {}",
+            output.display()
+        );
+        assert!(
+            stderr.contains(&want) && stderr.contains(os_error),
+            "want {want}\ngot {stderr}"
+        );
+    }
+
+    // A file that can be written: no warning, and --check leaves nothing behind.
+    let output = dir.path().join("audit.jsonl");
     let policy = write_file(
         dir.path(),
-        "policy.yaml",
-        "audit:\n  commands: writes\n  output: /nonexistent-dir/audit.jsonl\n",
+        "good.yaml",
+        &format!(
+            "audit:\n  commands: writes\n  output: {}\n",
+            output.display()
+        ),
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-policy-proxy"))
-        .args(["--config", policy.to_str().unwrap(), "--admin", "off"])
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
-        .output()
-        .expect("run the binary");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("audit.output /nonexistent-dir/audit.jsonl"),
-        "{stderr}"
-    );
+    let (code, _, stderr) = run_to_exit(&["--check", policy.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(!output.exists(), "--check left {output:?} behind");
 }

@@ -19,7 +19,7 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use prometheus_client::metrics::counter::Counter;
 
 use crate::commands::{AclCategories, CommandSpec};
-use crate::config::{AuditCommands, AuditConfig, AuditKeys};
+use crate::config::{AuditCommands, AuditConfig, AuditKeys, Problem};
 use crate::metrics::Metrics;
 pub use entry::{Arg, Entry, Outcome};
 pub use trail::Trail;
@@ -52,15 +52,9 @@ impl Audit {
         if config.commands.value == AuditCommands::Off {
             return Ok(None);
         }
-        let output = match config.output.value.as_str() {
-            "stdout" | "-" => writer::Output::Stdout,
-            path => writer::Output::File {
-                path: PathBuf::from(path),
-                max_bytes: config.max_file_bytes.value,
-                keep: config.max_files.value,
-            },
-        };
-        writer::open(&output)?;
+        let output = output_of(config);
+        writer::open(&output)
+            .map_err(|e| std::io::Error::new(e.kind(), output_problem(config, &e).to_string()))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(config.queue.value);
         let (written, failed) = (metrics.audit_written.clone(), metrics.audit_failed.clone());
         std::thread::Builder::new()
@@ -132,6 +126,105 @@ impl Audit {
         {
             self.dropped.inc();
         }
+    }
+}
+
+/// Where `config` sends the trail.
+fn output_of(config: &AuditConfig) -> writer::Output {
+    match config.output.value.as_str() {
+        "stdout" | "-" => writer::Output::Stdout,
+        path => writer::Output::File {
+            path: PathBuf::from(path),
+            max_bytes: config.max_file_bytes.value,
+            keep: config.max_files.value,
+        },
+    }
+}
+
+/// The audit file of `config` (none when the trail is off or goes to stdout).
+fn output_file(config: &AuditConfig) -> Option<&std::path::Path> {
+    match (config.commands.value, config.output.value.as_str()) {
+        (AuditCommands::Off, _) | (_, "stdout" | "-") => None,
+        (_, path) => Some(std::path::Path::new(path)),
+    }
+}
+
+/// Opens (creating it, as the writer will) the audit file `config` names, before the proxy
+/// starts: a file that cannot be opened is a configuration problem with its line, field and
+/// the system's reason, found before anything is served or logged as started, not an exit
+/// after it (which a supervisor would restart in a loop).
+pub fn open_output(config: &AuditConfig) -> Result<(), Problem> {
+    if output_file(config).is_none() {
+        return Ok(());
+    }
+    writer::open(&output_of(config)).map_err(|e| output_problem(config, &e))
+}
+
+/// What `--check` finds about the audit file `config` names, without leaving anything
+/// behind: an existing file is opened for appending, a missing one created and removed
+/// again. `None` when the trail is off, goes to stdout, or the file can be opened by the
+/// user running the check (who may not be the proxy's: a warning, not a verdict).
+pub fn probe_output(config: &AuditConfig) -> Option<Problem> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = output_file(config)?;
+    let opened = if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map(drop)
+    } else {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|_| std::fs::remove_file(path))
+    };
+    match opened {
+        Ok(()) => None,
+        // Created meanwhile by someone else (the proxy itself): it exists, which is fine.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+        Err(e) => {
+            let e = std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot open {} to append the audit trail: {e}",
+                    path.display()
+                ),
+            );
+            Some(output_problem(config, &e))
+        }
+    }
+}
+
+/// `error` (from opening the audit file) as a problem of `audit.output`, with what usually
+/// causes it.
+fn output_problem(config: &AuditConfig, error: &std::io::Error) -> Problem {
+    use std::io::ErrorKind;
+    let path = std::path::Path::new(&config.output.value);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.display().to_string(),
+        _ => ".".to_string(),
+    };
+    let hint = match error.kind() {
+        ErrorKind::NotFound => format!(
+            "; the directory {dir} does not exist: create it, writable by the proxy's user \
+             (the systemd unit in deploy/systemd has LogsDirectory= create \
+             /var/log/redis-policy-proxy)"
+        ),
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => format!(
+            "; the proxy's user cannot write in {dir} (under the systemd unit in \
+             deploy/systemd, ProtectSystem=strict leaves only its LogsDirectory=, \
+             /var/log/redis-policy-proxy, writable)"
+        ),
+        ErrorKind::NotADirectory => format!("; {dir} is not a directory"),
+        ErrorKind::IsADirectory => "; it is a directory: name a file in it".to_string(),
+        _ => String::new(),
+    };
+    Problem {
+        line: config.output.referenced.line(),
+        field: "audit.output".to_string(),
+        message: format!("{error}{hint}"),
     }
 }
 

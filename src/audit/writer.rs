@@ -74,7 +74,15 @@ fn open_file(path: &Path) -> io::Result<File> {
         .append(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("audit.output {}: {e}", path.display())))
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot open {} to append the audit trail: {e}",
+                    path.display()
+                ),
+            )
+        })
 }
 
 /// Shifts `PATH.(n-1)` to `PATH.n` … and `PATH` to `PATH.1`; the oldest beyond `keep` is
