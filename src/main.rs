@@ -146,7 +146,7 @@ enum Tool {
     /// have refused, rewritten or rate-limited, per rule and tenant, with examples; with two
     /// --policy files, the commands the change treats differently. Nothing is sent to Redis.
     ///
-    /// Example: replay --policy policy/default.yaml /var/log/rpp/audit.jsonl
+    /// Example: replay --policy policy/default.yaml /var/log/redis-policy-proxy/audit.jsonl
     Replay {
         /// The policy file; give it twice (OLD, then NEW) for the difference.
         #[arg(long, value_name = "FILE", required = true, num_args = 1)]

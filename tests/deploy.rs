@@ -1,9 +1,11 @@
 //! The deployment files hold what the code does: the Dockerfile's defaults survive
 //! `docker run IMAGE <args>` and its health check reads `/readyz` on the admin port; the
 //! docker-compose example and the Kubernetes manifests name the ports the binary uses and
-//! carry policies that validate; every metric the docs and deploy files name is exported.
-//! Docker and Kubernetes are not needed: the files are parsed, and what the image would run
-//! is run with the binary itself.
+//! carry policies that validate; every metric the docs and deploy files name is exported;
+//! the systemd unit lets the documented audit file be written and does not restart on the
+//! binary's configuration exit code. Docker, Kubernetes and systemd are not needed: the files
+//! are parsed, and what the image would run is run with the binary itself
+//! (`systemd-analyze verify` runs where it is installed).
 
 #![allow(
     clippy::disallowed_methods,
@@ -738,5 +740,187 @@ fn the_dockerfiles_base_images_can_come_from_a_mirror() {
     assert!(
         readme.contains("needs BuildKit"),
         "README does not say the build needs BuildKit"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// systemd
+// ---------------------------------------------------------------------------------------------
+
+const UNIT: &str = "deploy/systemd/redis-policy-proxy.service";
+
+/// The unit's settings as (section, key, value), in file order; a key given twice appears
+/// twice (systemd adds the values up for list settings).
+fn unit_settings() -> Vec<(String, String, String)> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in read(UNIT).lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+        } else if let Some((key, value)) = line.split_once('=') {
+            out.push((section.clone(), key.trim().into(), value.trim().into()));
+        }
+    }
+    out
+}
+
+/// The words of every `[Service]` value of `key`.
+fn service_values(settings: &[(String, String, String)], key: &str) -> Vec<String> {
+    settings
+        .iter()
+        .filter(|(s, k, _)| s == "Service" && k == key)
+        .flat_map(|(_, _, v)| v.split_whitespace().map(str::to_string))
+        .collect()
+}
+
+/// Every audit file path the docs and the unit's comments tell an operator to use
+/// (`output: /…` in README.md, docs/operations.md and the unit).
+fn documented_audit_files() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for file in ["README.md", "docs/operations.md", UNIT] {
+        let text = read(file);
+        for (at, _) in text.match_indices("output: /") {
+            let path: String = text[at + "output: ".len()..]
+                .chars()
+                .take_while(|c| !c.is_whitespace() && !"`'\"},".contains(*c))
+                .collect();
+            found.push((file.to_string(), path));
+        }
+    }
+    found
+}
+
+/// The binary run to its exit with `args` (bounded: a process that does not exit fails).
+fn exit_code(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let until = Instant::now() + DEADLINE;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+        }
+        std::thread::sleep(POLL);
+    }
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The README's audit-to-file step under the shipped unit (issue 28): ProtectSystem=strict
+/// makes /var/log read-only, so the path the docs give must be one the unit makes writable
+/// (LogsDirectory= or ReadWritePaths=), and the exit code of a configuration the proxy
+/// cannot use (checked here with the binary: a bad file, an audit file that cannot be
+/// opened) must be one the unit does not restart on.
+#[test]
+fn the_systemd_unit_lets_the_documented_audit_file_be_written_and_stops_on_config_errors() {
+    let settings = unit_settings();
+    assert_eq!(service_values(&settings, "ProtectSystem"), ["strict"]);
+    let mut writable: Vec<String> = service_values(&settings, "LogsDirectory")
+        .iter()
+        .map(|d| format!("/var/log/{d}"))
+        .collect();
+    writable.extend(
+        service_values(&settings, "ReadWritePaths")
+            .iter()
+            .map(|p| p.trim_start_matches(['-', '+']).to_string()),
+    );
+    let documented = documented_audit_files();
+    assert!(
+        documented.iter().any(|(f, _)| f == "README.md"),
+        "README.md names no audit file: {documented:?}"
+    );
+    for (file, path) in &documented {
+        assert!(
+            writable
+                .iter()
+                .any(|dir| Path::new(path).starts_with(dir) && Path::new(path) != Path::new(dir)),
+            "{file}: audit file {path} is not in a directory the unit makes writable {writable:?}"
+        );
+    }
+
+    let no_restart = service_values(&settings, "RestartPreventExitStatus");
+    let dir = TempDir::new("unit-exit");
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(&typo, "listn: 127.0.0.1:6380\n").unwrap();
+    let audit = dir.path().join("audit.yaml");
+    let unwritable = dir.path().join("no-such-dir/audit.jsonl");
+    std::fs::write(
+        &audit,
+        format!(
+            "audit:\n  commands: writes\n  output: {}\n",
+            unwritable.display()
+        ),
+    )
+    .unwrap();
+    let start = |config: &Path| {
+        exit_code(&[
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "off",
+        ])
+    };
+    for (what, (code, stderr)) in [
+        ("a file with a typo", start(&typo)),
+        ("an audit file that cannot be opened", start(&audit)),
+    ] {
+        let code = code.unwrap_or_else(|| panic!("{what}: killed by a signal: {stderr}"));
+        assert!(
+            no_restart.contains(&code.to_string()),
+            "{what}: exit {code}, which RestartPreventExitStatus={no_restart:?} restarts: {stderr}"
+        );
+        assert!(!stderr.contains("started"), "{what}: {stderr}");
+    }
+}
+
+/// `systemd-analyze verify` accepts the unit without a warning (an unknown or misspelt
+/// setting is only a warning to systemd, and silently ignored at run time). Its ExecStart
+/// is pointed at the built binary, which verify requires to exist. Skipped, saying so,
+/// where systemd-analyze is not installed.
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    let found = Command::new("systemd-analyze")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !found.is_ok_and(|s| s.success()) {
+        println!(
+            "SKIPPED: systemd-analyze is not installed; the unit's settings are checked above"
+        );
+        return;
+    }
+    let dir = TempDir::new("unit-verify");
+    let unit = dir.path().join("redis-policy-proxy.service");
+    let text = read(UNIT).replace("/usr/local/bin/redis-policy-proxy", BIN);
+    assert!(text.contains(&format!("ExecStart={BIN} ")), "{text}");
+    std::fs::write(&unit, text).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("run systemd-analyze");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let about_the_unit: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("redis-policy-proxy"))
+        .collect();
+    assert!(
+        out.status.success() && about_the_unit.is_empty(),
+        "systemd-analyze verify {UNIT}: {stderr}"
     );
 }
