@@ -367,7 +367,12 @@ fn kubernetes_manifests_carry_valid_policies_and_probe_the_admin_port() {
         for map in kind("ConfigMap") {
             for (name, text) in map["data"].as_object().unwrap() {
                 let text = text.as_str().unwrap();
-                redis_policy_proxy::setup::from_yaml(text, Path::new(name))
+                // The upstream password comes from the pod (a Secret): checked by
+                // kubernetes_credentials_come_from_the_secret_the_policy_names.
+                let mut config = redis_policy_proxy::Config::parse(text, Path::new(name))
+                    .unwrap_or_else(|e| panic!("{path}: {e}"));
+                config.secret_problems.clear();
+                redis_policy_proxy::setup::validate(&config, Path::new(name))
                     .unwrap_or_else(|e| panic!("{path}: {e}"));
                 policies.insert(name.clone(), text.to_string());
             }
@@ -421,7 +426,7 @@ fn kubernetes_manifests_carry_valid_policies_and_probe_the_admin_port() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+            .filter_map(|e| Some((e["name"].as_str().unwrap(), e["value"].as_str()?)))
             .collect();
         let config = env["RPP_CONFIG"];
         let mount = proxy["volumeMounts"][0]["mountPath"].as_str().unwrap();
@@ -430,6 +435,210 @@ fn kubernetes_manifests_carry_valid_policies_and_probe_the_admin_port() {
             .expect("in the mount");
         assert!(policies.contains_key(file), "{path}: {config}");
     }
+}
+
+/// A manifest's proxy container and what it needs to be checked against the rest: the
+/// documents, the container, its pod spec, and the policy text RPP_CONFIG names.
+struct Manifest {
+    docs: Vec<Value>,
+    container: Value,
+    pod: Value,
+    policy: String,
+}
+
+fn manifest(path: &str) -> Manifest {
+    let docs = yaml_docs(path);
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let pod = deployment["spec"]["template"]["spec"].clone();
+    let container = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| pod[*k].as_array())
+        .flatten()
+        .find(|c| {
+            c["image"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("redis-policy-proxy")
+        })
+        .expect("a proxy container")
+        .clone();
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["name"] == name))
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_string)
+    };
+    let config = env("RPP_CONFIG").expect("RPP_CONFIG");
+    let (dir, file) = config.rsplit_once('/').unwrap();
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("{path}: nothing mounted on {dir}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the policy's volume");
+    let map = volume["configMap"]["name"].as_str().expect("a ConfigMap");
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == map)
+        .and_then(|d| d["data"][file].as_str())
+        .unwrap_or_else(|| panic!("{path}: no {file} in ConfigMap {map}"))
+        .to_string();
+    Manifest {
+        docs,
+        container,
+        pod,
+        policy,
+    }
+}
+
+impl Manifest {
+    /// The value of `key` of the Secret `name` in the manifest (stringData, or base64 data).
+    fn secret(&self, name: &str, key: &str) -> String {
+        let secret = self
+            .docs
+            .iter()
+            .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Secret {name} in the manifest"));
+        secret["stringData"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("Secret {name} has no stringData key {key}: {secret}"))
+            .to_string()
+    }
+}
+
+/// Kubernetes with a password-protected Redis (issue 28): the policy stays a ConfigMap and
+/// names where the password comes from; the Deployment provides exactly that from a Secret
+/// of the manifest, as the environment variable `upstream.password_env` names (env from a
+/// secretKeyRef) or as the file `upstream.password_file` names (a Secret volume mounted on
+/// its directory, the key as the file name). Then `--check` passes with the Secret's value
+/// supplied the way the pod supplies it. The pod runs as the image's user, which must be
+/// able to read the mounted file.
+#[test]
+fn kubernetes_credentials_come_from_the_secret_the_policy_names() {
+    let image_user = final_stage()
+        .iter()
+        .find(|(k, _)| k == "USER")
+        .map(|(_, v)| v.clone())
+        .expect("the image's USER");
+    let (uid, gid) = image_user.split_once(':').unwrap();
+    let mut kinds = BTreeSet::new();
+    for path in [
+        "deploy/kubernetes/redis-policy-proxy.yaml",
+        "deploy/kubernetes/sidecar.yaml",
+    ] {
+        let m = manifest(path);
+        let security = &m.pod["securityContext"];
+        assert_eq!(security["runAsUser"].as_u64(), uid.parse().ok(), "{path}");
+        assert_eq!(security["runAsGroup"].as_u64(), gid.parse().ok(), "{path}");
+        let config = redis_policy_proxy::Config::parse(&m.policy, Path::new(path))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let upstream = &config.upstream;
+        assert!(
+            upstream.password.is_none(),
+            "{path}: a password in the ConfigMap"
+        );
+        let dir = TempDir::new("k8s-secret");
+        let policy = dir.path().join("policy.yaml");
+        let mut check_env: Vec<(String, String)> = Vec::new();
+        let mut text = m.policy.clone();
+        if let Some(var) = &upstream.password_env {
+            kinds.insert("password_env");
+            let var = &var.value;
+            let entry = m.container["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == var.as_str())
+                .unwrap_or_else(|| panic!("{path}: the container has no env {var}"));
+            let from = &entry["valueFrom"]["secretKeyRef"];
+            let (name, key) = (from["name"].as_str(), from["key"].as_str());
+            let (Some(name), Some(key)) = (name, key) else {
+                panic!("{path}: {var} does not come from a Secret: {entry}");
+            };
+            check_env.push((var.clone(), m.secret(name, key)));
+        } else if let Some(file) = &upstream.password_file {
+            kinds.insert("password_file");
+            let file = &file.value;
+            let mount = m.container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| file.starts_with(v["mountPath"].as_str().unwrap()))
+                .unwrap_or_else(|| panic!("{path}: nothing mounted over {file:?}"));
+            let key = file
+                .strip_prefix(mount["mountPath"].as_str().unwrap())
+                .unwrap()
+                .to_str()
+                .unwrap();
+            let volume = m.pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == mount["name"])
+                .unwrap();
+            let name = volume["secret"]["secretName"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{path}: {file:?} is not from a Secret: {volume}"));
+            assert!(
+                volume["secret"]["items"].is_null(),
+                "{path}: keys are file names"
+            );
+            // The kubelet writes the file root-owned: the image's user reads it through the
+            // group (fsGroup) or a world-readable mode.
+            let mode = match &volume["secret"]["defaultMode"] {
+                Value::Null => 0o644,
+                m => m
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{path}: defaultMode {m}")),
+            };
+            let readable = mode & 0o004 != 0
+                || (mode & 0o040 != 0 && security["fsGroup"].as_u64() == gid.parse().ok());
+            assert!(
+                readable,
+                "{path}: mode {mode:o}: the image's user cannot read {file:?}"
+            );
+            let local = dir.path().join(key);
+            std::fs::write(&local, format!("{}\n", m.secret(name, key))).unwrap();
+            text = text.replace(file.to_str().unwrap(), local.to_str().unwrap());
+        } else {
+            panic!("{path}: the policy names no upstream password (password_env, password_file)");
+        }
+        std::fs::write(&policy, text).unwrap();
+        let out = Command::new(BIN)
+            .arg("--check")
+            .arg(&policy)
+            .env_clear()
+            .envs(check_env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("run --check");
+        assert!(
+            out.status.success(),
+            "{path}: --check with the Secret supplied: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // And without it, the check names what is missing (what a pod without the Secret
+        // wired in would log before exiting 64).
+        let bare = dir.path().join("bare.yaml");
+        std::fs::write(&bare, &m.policy).unwrap();
+        let out = Command::new(BIN)
+            .arg("--check")
+            .arg(&bare)
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{path}");
+    }
+    assert_eq!(kinds.len(), 2, "both ways are shown: {kinds:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1276,7 +1276,12 @@ fn deployment_artefacts_validate_and_start_data_changing_rules_in_audit_mode() {
         ("the ConfigMap", configmap),
     ];
     for (name, text) in shipped {
-        let config = redis_policy_proxy::setup::from_yaml(&text, Path::new(name))
+        // The ConfigMap's upstream password comes from the pod's Secret (password_env), not
+        // set here: tests/deploy.rs checks that wiring.
+        let mut config = redis_policy_proxy::Config::parse(&text, Path::new(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        config.secret_problems.clear();
+        redis_policy_proxy::setup::validate(&config, Path::new(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for rule in &config.rules {
             let changes_data = rule.ttl.is_some() || rule.stream_maxlen.is_some();
