@@ -50,7 +50,8 @@ The container image sets RPP_CONFIG, RPP_LISTEN and RPP_ADMIN, so arguments give
 Signals: SIGHUP reloads the policy (so does any change to the file), SIGTERM stops accepting
 and drains for shutdown_grace_ms, SIGINT exits at once.
 Exit status: 0 after a drain, 64 for an unusable configuration, 1 when the proxy cannot start
-(an address already in use), 130 after SIGINT.
+(an address already in use), 130 after SIGINT; --survey: 69 when the upstream cannot be read
+(unreachable, no answer, login refused), with one line saying why.
 Docs: README.md, policy/README.md (the file), docs/operations.md (metrics, logs, deploying).";
 
 /// A Redis-protocol proxy that enforces Redis best practices in-line.
@@ -125,7 +126,9 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     print_acl: Option<PathBuf>,
     /// Read the upstream (read-only: SCAN, PTTL, TYPE, STRLEN) and report what the policy in
-    /// FILE would change in the data it holds, then exit. `--upstream` picks the node.
+    /// FILE would change in the data it holds, then exit: 0, 64 when FILE cannot be used, 69
+    /// when the upstream cannot be read (one line naming it and why). `--upstream` picks the
+    /// node.
     #[arg(long, value_name = "FILE")]
     survey: Option<PathBuf>,
     /// With --survey: read at most N keys.
@@ -297,11 +300,25 @@ fn main() -> ExitCode {
             sample: cli.sample,
             rate: cli.rate,
         };
-        return printed(redis_policy_proxy::tools::survey::survey(
+        use redis_policy_proxy::tools::survey::{EXIT_UPSTREAM, Failure};
+        return match redis_policy_proxy::tools::survey::survey(
             path,
-            cli.upstream.as_deref(),
+            given(cli.upstream.as_deref()),
             options,
-        ));
+        ) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(Failure::Config(e)) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+            Err(Failure::Upstream(e)) => {
+                eprintln!("redis-policy-proxy --survey: {e}");
+                ExitCode::from(EXIT_UPSTREAM)
+            }
+        };
     }
 
     if let Some(args) = &cli.explain {

@@ -27,8 +27,14 @@ struct Run {
 
 /// Runs the binary to completion, bounded by the deadline.
 async fn run_bin(args: &[&str]) -> Run {
+    run_bin_with(args, &[]).await
+}
+
+/// [`run_bin`] with `env` added to the environment.
+async fn run_bin_with(args: &[&str], env: &[(&str, &str)]) -> Run {
     let child = tokio::process::Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1014,6 +1020,97 @@ async fn survey_reports_what_the_policy_would_change_in_existing_data() {
         "{}",
         r.stdout
     );
+}
+
+/// `--survey` that cannot read its upstream says so in one line naming the address and the
+/// cause, and exits 69 (64 stays "the file cannot be used"): a closed port, a server that
+/// accepts but never answers, a password-protected server without credentials (NOAUTH) or
+/// with the wrong ones (WRONGPASS, naming where the password came from), and an ACL user
+/// without the survey's commands. Never the Rust debug form of an error (`Os { code: 111,
+/// kind: ConnectionRefused … }`, `Err("…")`), never the connection pool's retry logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survey_failures_are_one_line_naming_the_upstream_and_the_cause() {
+    let tmp = TempDir::new("survey-fail");
+    let policy = |name: &str, upstream: &str| {
+        write_file(
+            tmp.path(),
+            name,
+            &format!("upstream:\n  connect_timeout_ms: 500\n{upstream}rules: []\n"),
+        )
+    };
+    let one_line = |r: &Run, addr: &str, cause: &[&str]| {
+        assert_eq!(r.code, Some(69), "{}", r.stderr);
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+        let err = r.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("redis-policy-proxy --survey: "), "{err}");
+        assert!(err.contains(addr), "{addr} not in {err}");
+        for c in cause {
+            assert!(err.contains(c), "{c:?} not in {err}");
+        }
+        for debug in [
+            "Os {", "Error {", "kind:", "Err(", "Some(", "\\\"", " WARN ", " ERROR ",
+        ] {
+            assert!(!err.contains(debug), "{debug:?} in {err}");
+        }
+    };
+    let plain = policy("plain.yaml", "");
+
+    // Nothing listens.
+    let closed = format!("127.0.0.1:{}", free_port());
+    let r = run_bin(&["--survey", path_str(&plain), "--upstream", &closed]).await;
+    one_line(
+        &r,
+        &closed,
+        &["cannot reach the upstream", "connection refused"],
+    );
+
+    // Something listens and never answers (the kernel accepts into the backlog).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let r = run_bin(&["--survey", path_str(&plain), "--upstream", &silent_addr]).await;
+    one_line(&r, &silent_addr, &["did not answer HELLO within 500 ms"]);
+    drop(silent);
+
+    // A password-protected Redis.
+    let redis = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    redis.direct(&["SET", "user:1", "alice"]).await;
+    redis
+        .direct(&["ACL", "SETUSER", "nosurvey", "on", ">pw", "+hello", "+ping"])
+        .await;
+    let addr = redis.addr();
+    let r = run_bin(&["--survey", path_str(&plain), "--upstream", &addr]).await;
+    one_line(&r, &addr, &["NOAUTH", "upstream.password"]);
+    let wrong = policy("wrong.yaml", "  password: nope\n");
+    let r = run_bin(&["--survey", path_str(&wrong), "--upstream", &addr]).await;
+    one_line(&r, &addr, &["WRONGPASS", "upstream.password"]);
+    let from_env = policy("env.yaml", "  password_env: RPP_TEST_SURVEY_PASSWORD\n");
+    let args = ["--survey", path_str(&from_env), "--upstream", &addr];
+    let r = run_bin_with(&args, &[("RPP_TEST_SURVEY_PASSWORD", "nope")]).await;
+    one_line(
+        &r,
+        &addr,
+        &["WRONGPASS", "password_env (RPP_TEST_SURVEY_PASSWORD)"],
+    );
+    let acl = policy("acl.yaml", "  username: nosurvey\n  password: pw\n");
+    let r = run_bin(&["--survey", path_str(&acl), "--upstream", &addr]).await;
+    one_line(
+        &r,
+        &addr,
+        &["SCAN was refused: NOPERM", "upstream.username"],
+    );
+    // With the right password: the report, exit 0.
+    let r = run_bin_with(&args, &[("RPP_TEST_SURVEY_PASSWORD", "s3cret")]).await;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("1 keys read (the whole keyspace)"),
+        "{}",
+        r.stdout
+    );
+    // A file that cannot be used stays 64.
+    let bad = policy("bad.yaml", "  connections: 0\n");
+    let r = run_bin(&["--survey", path_str(&bad), "--upstream", &addr]).await;
+    assert_eq!(r.code, Some(64), "{}", r.stderr);
 }
 
 /// The startup log names the policy file, its version, and each rule with its mode, so an
