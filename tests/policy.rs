@@ -923,6 +923,67 @@ async fn a_redis_rate_limit_is_one_budget_for_every_proxy() {
     assert!(!ttl.starts_with(":-"), "the limiter key has no TTL: {ttl}");
 }
 
+/// `admin`'s password is `adminpw`.
+const ADMIN_SHA256: &str = "5fcf82bc15aef42cd3ec93e6d4b51c04df110cf77ee715f62f3f172ff8ed9de9";
+
+/// MONITOR is listed as working (README.md) but the shipped policy refuses it: the refusal
+/// says what to use instead and how an operator is exempted, and that exemption, done as
+/// policy/default.yaml describes it, lets an operator's MONITOR through while others are
+/// still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_is_refused_with_what_to_do_instead_and_the_named_exemption_works() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let reply = text(&c.call(&["MONITOR"]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy deny-monitor: MONITOR is not allowed; "),
+        "{reply}"
+    );
+    for hint in ["audit trail", "audit.commands", "except_tenants"] {
+        assert!(reply.contains(hint), "{hint:?} not in {reply}");
+    }
+    drop(c);
+    proxy.stop().await;
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let rule = "  - id: deny-monitor\n";
+    let text_in = common::default_policy_enforced();
+    assert!(text_in.contains(rule) && text_in.contains("\nrules:\n"));
+    let edited = text_in
+        .replace(
+            "\nrules:\n",
+            &format!(
+                "\naccess:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n  identities:\n    - {{tenant: admin, user: admin}}\nrules:\n"
+            ),
+        )
+        .replace(rule, &format!("{rule}    except_tenants: [admin]\n"));
+    let mut config = redis_policy_proxy::setup::from_yaml(&edited, &path).expect("policy loads");
+    config.set_upstream(redis.addr());
+    let proxy = Proxy::start(config).await;
+    let mut app = Raw::connect(proxy.addr).await;
+    let reply = text(&app.call(&["MONITOR"]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy deny-monitor: "),
+        "{reply}"
+    );
+    let mut operator = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        operator.call(&["AUTH", "admin", "adminpw"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(operator.call(&["MONITOR"]).await, b"+OK\r\n");
+    assert_eq!(app.call(&["SET", "monitored", "1"]).await, b"+OK\r\n");
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let line = text(&operator.read_frame().await);
+        if line.contains("\"SET\" \"monitored\" \"1\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "no SET in MONITOR");
+    }
+}
+
 /// The security hole of the earlier default: `deny-admin` named four commands, so anyone who
 /// reached the proxy could create a Redis superuser (and then bypass the proxy), make the
 /// upstream a replica that refuses every write, or kill the proxy's own upstream connections.
