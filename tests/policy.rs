@@ -285,6 +285,83 @@ async fn rate_limit_per_connection_refuses_with_a_retry_hint() {
     assert_eq!(other.call(&["INCR", "rl:n"]).await, b":6\r\n");
 }
 
+/// What a rate limit counts, as policy/README.md says: every command the policy lets through
+/// its own rules, the proxy's own answers included (CLIENT ID), and commands a size limit
+/// refuses (size limits run after rate limits); not the commands a deny rule refuses, nor the
+/// ones it refuses itself. The window (10 minutes) is far longer than the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_rate_limit_counts_what_the_policy_readme_says() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: deny-keys\n    deny: [KEYS]\n  - id: small\n    max_value_bytes: 10\n  - id: rl\n    rate_limit: {{requests: 4, window_ms: 600000}}\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    for _ in 0..3 {
+        let reply = text(&c.call(&["KEYS", "*"]).await);
+        assert!(reply.starts_with("-NOPERM policy deny-keys: "), "{reply}");
+    }
+    for _ in 0..2 {
+        let reply = text(&c.call(&["SET", "k", "more than ten bytes"]).await);
+        assert!(reply.starts_with("-ERR policy small: "), "{reply}");
+    }
+    assert!(c.call(&["CLIENT", "ID"]).await.starts_with(b":"));
+    // Two size refusals and CLIENT ID spent 3 of the 4; the 3 KEYS nothing.
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    let reply = text(&c.call(&["PING"]).await);
+    assert!(
+        reply.starts_with("-ERR policy rl: 4 requests per 600s exceeded; retry in "),
+        "{reply}"
+    );
+    // A refusal by the limit spends nothing either: still refused, still 4 counted.
+    let reply = text(&c.call(&["PING"]).await);
+    assert!(reply.starts_with("-ERR policy rl: "), "{reply}");
+}
+
+/// The Redis-counted limit (`backend: redis`) runs after every other rule and counts only
+/// what is forwarded to Redis: refusals and the proxy's own answers leave its count alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_rate_limit_counts_only_what_reaches_redis() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: deny-keys\n    deny: [KEYS]\n  - id: small\n    max_value_bytes: 10\n  - id: shared\n    rate_limit: {{requests: 100, window_ms: 600000, per: address, backend: redis}}\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
+    // No readiness probe: it would spend budget.
+    let proxy = Proxy::spawn(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let key = "rpp:rl:shared:127.0.0.1";
+    let direct = &redis;
+    let count = move || async move {
+        let h = text(&direct.direct(&["HGET", key, "c"]).await);
+        h.lines().nth(1).unwrap_or("0").parse::<u32>().unwrap_or(0)
+    };
+    // The limiter fails open until its control connection is up: PING until it counts.
+    let until = std::time::Instant::now() + DEADLINE;
+    while redis.direct(&["EXISTS", key]).await != b":1\r\n" {
+        assert!(
+            std::time::Instant::now() < until,
+            "the limiter never counted"
+        );
+        assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    }
+    let before = count().await;
+    let reply = text(&c.call(&["KEYS", "*"]).await);
+    assert!(reply.starts_with("-NOPERM policy deny-keys: "), "{reply}");
+    let reply = text(&c.call(&["SET", "k", "more than ten bytes"]).await);
+    assert!(reply.starts_with("-ERR policy small: "), "{reply}");
+    assert!(c.call(&["CLIENT", "ID"]).await.starts_with(b":"));
+    assert_eq!(count().await, before, "refusals and CLIENT ID were counted");
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(count().await, before + 1);
+    let ttl = text(&redis.direct(&["PTTL", key]).await);
+    let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+    assert!(ms > 0 && ms <= 1_200_000, "two windows at most: {ttl}");
+}
+
 /// `PTTL` of `key` read directly from Redis.
 async fn pttl(redis: &RedisServer, key: &str) -> i64 {
     let reply = redis.direct(&["PTTL", key]).await;
@@ -921,6 +998,67 @@ async fn a_redis_rate_limit_is_one_budget_for_every_proxy() {
             .await,
     );
     assert!(!ttl.starts_with(":-"), "the limiter key has no TTL: {ttl}");
+}
+
+/// `admin`'s password is `adminpw`.
+const ADMIN_SHA256: &str = "5fcf82bc15aef42cd3ec93e6d4b51c04df110cf77ee715f62f3f172ff8ed9de9";
+
+/// MONITOR is listed as working (README.md) but the shipped policy refuses it: the refusal
+/// says what to use instead and how an operator is exempted, and that exemption, done as
+/// policy/default.yaml describes it, lets an operator's MONITOR through while others are
+/// still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_is_refused_with_what_to_do_instead_and_the_named_exemption_works() {
+    let redis = RedisServer::start();
+    let proxy = default_policy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let reply = text(&c.call(&["MONITOR"]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy deny-monitor: MONITOR is not allowed; "),
+        "{reply}"
+    );
+    for hint in ["audit trail", "audit.commands", "except_tenants"] {
+        assert!(reply.contains(hint), "{hint:?} not in {reply}");
+    }
+    drop(c);
+    proxy.stop().await;
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let rule = "  - id: deny-monitor\n";
+    let text_in = common::default_policy_enforced();
+    assert!(text_in.contains(rule) && text_in.contains("\nrules:\n"));
+    let edited = text_in
+        .replace(
+            "\nrules:\n",
+            &format!(
+                "\naccess:\n  users:\n    - {{name: admin, password_sha256: {ADMIN_SHA256}}}\n  identities:\n    - {{tenant: admin, user: admin}}\nrules:\n"
+            ),
+        )
+        .replace(rule, &format!("{rule}    except_tenants: [admin]\n"));
+    let mut config = redis_policy_proxy::setup::from_yaml(&edited, &path).expect("policy loads");
+    config.set_upstream(redis.addr());
+    let proxy = Proxy::start(config).await;
+    let mut app = Raw::connect(proxy.addr).await;
+    let reply = text(&app.call(&["MONITOR"]).await);
+    assert!(
+        reply.starts_with("-NOPERM policy deny-monitor: "),
+        "{reply}"
+    );
+    let mut operator = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        operator.call(&["AUTH", "admin", "adminpw"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(operator.call(&["MONITOR"]).await, b"+OK\r\n");
+    assert_eq!(app.call(&["SET", "monitored", "1"]).await, b"+OK\r\n");
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let line = text(&operator.read_frame().await);
+        if line.contains("\"SET\" \"monitored\" \"1\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "no SET in MONITOR");
+    }
 }
 
 /// The security hole of the earlier default: `deny-admin` named four commands, so anyone who
