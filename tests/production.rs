@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -414,4 +415,80 @@ async fn under_require_auth_only_the_proxys_users_log_in() {
     );
     assert_eq!(c.call(&["AUTH", "ops", "ops-pw"]).await, b"+OK\r\n");
     assert_eq!(c.call(&["GET", "k"]).await, b"$-1\r\n");
+}
+
+/// Polls `/metrics` until `series` has `value`.
+async fn metric_reaches(admin: SocketAddr, series: &str, value: f64) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, metrics) = http_get(admin, "/metrics").await;
+        assert_eq!(status, 200);
+        if metrics.lines().any(|l| l.starts_with(series)) && sample(&metrics, series) == value {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{series} never became {value}:\n{metrics}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls `PROXY INFO` on `c` until it has `line`.
+async fn info_says(c: &mut Raw, line: &str) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let info = text(&c.call(&["PROXY", "INFO"]).await);
+        if info.contains(line) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "PROXY INFO never said {line}: {info}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// When Redis stops accepting the proxy's login (an operator changed `requirepass`) the
+/// metric and INFO say so, not only the log and `/readyz`; both return to 0 once the password
+/// is restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_upstream_credentials_show_in_the_metrics_and_info() {
+    let redis = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let tmp = TempDir::new("refused-metric");
+    let policy = with_proxy_user(tmp.path(), "");
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let proxy = ProxyProcess::start(
+        &policy,
+        &redis,
+        tmp.path().join("proxy.log"),
+        &["--admin", &admin.to_string()],
+    )
+    .await;
+    let series = format!(
+        "rpp_upstream_credentials_refused{{upstream=\"{}\"}}",
+        redis.addr()
+    );
+    metric_reaches(admin, &series, 0.0).await;
+    let mut ops = Raw::connect(proxy.addr()).await;
+    assert_eq!(ops.call(&["AUTH", "ops", "ops-pw"]).await, b"+OK\r\n");
+    info_says(&mut ops, "proxy_upstream_credentials_refused:0\r\n").await;
+    // The operator's connection stays logged in across the change, as the proxy's do: Redis
+    // closing them (its `timeout`, a restart) makes the proxy log in again.
+    let mut operator = redis.raw().await;
+    let changed = operator
+        .call(&["CONFIG", "SET", "requirepass", "rotated-28"])
+        .await;
+    assert_eq!(changed, b"+OK\r\n");
+    let killed = text(&operator.call(&["CLIENT", "KILL", "TYPE", "normal"]).await);
+    assert!(killed.starts_with(':'), "{killed}");
+    metric_reaches(admin, &series, 1.0).await;
+    info_says(&mut ops, "proxy_upstream_credentials_refused:1\r\n").await;
+    let restored = operator
+        .call(&["CONFIG", "SET", "requirepass", PASSWORD])
+        .await;
+    assert_eq!(restored, b"+OK\r\n");
+    metric_reaches(admin, &series, 0.0).await;
+    info_says(&mut ops, "proxy_upstream_credentials_refused:0\r\n").await;
 }
