@@ -492,3 +492,73 @@ async fn refused_upstream_credentials_show_in_the_metrics_and_info() {
     metric_reaches(admin, &series, 0.0).await;
     info_says(&mut ops, "proxy_upstream_credentials_refused:0\r\n").await;
 }
+
+/// Polls `args` on `c` until the reply starts with `want`; every other reply must be one of
+/// `allowed`'s prefixes. Returns the reply.
+async fn call_until(c: &mut Raw, args: &[&str], want: &str, allowed: &[&str]) -> String {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let reply = text(&c.call(args).await);
+        if reply.starts_with(want) {
+            return reply;
+        }
+        assert!(
+            allowed.iter().any(|a| reply.starts_with(a)),
+            "{args:?}: unexpected {reply:?}"
+        );
+        assert!(
+            Instant::now() < until,
+            "{args:?} never got {want:?}: {reply}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// While Redis is down a command the proxy cannot send gets `-LOADING …; the command was not
+/// run` (the error code go-redis and redis-py retry as transient), not `-ERR`; the client's
+/// connection stays open (its other commands, and the proxy's own answers, still come back in
+/// order) and serves again once Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_commands_get_a_transient_error_and_the_connection_stays() {
+    let mut redis = RedisServer::start();
+    let mut config = config_for(&redis.addr());
+    config.upstream.reconnect_max_ms.value = 50;
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    redis.kill();
+    // A command in flight when the connection broke may have run: that one stays `-ERR`.
+    let lost = "-ERR upstream";
+    let down = call_until(&mut c, &["GET", "k"], "-LOADING upstream", &[lost]).await;
+    assert!(
+        down.starts_with(&format!("-LOADING upstream {} unavailable: ", redis.addr()))
+            && down.ends_with("; the command was not run\r\n"),
+        "{down}"
+    );
+    // The same connection: pipelined commands each get their reply, in order.
+    c.send(&resp_cmds(&["GET k", "CLIENT ID", "PING"])).await;
+    let frames = c.collect_frames(3, DEADLINE).await.frames;
+    assert!(frames[0].starts_with(b"-LOADING upstream"), "{frames:?}");
+    assert!(frames[1].starts_with(b":"), "{}", show(&frames[1]));
+    assert!(frames[2].starts_with(b"-LOADING upstream"), "{frames:?}");
+    // redis-py sees an outage: a ConnectionError, retried by a client told to retry those.
+    // Needs python3 with redis-py, as tests/fidelity.rs does (`.ci/run` installs it).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/outage.py");
+    let out = tokio::process::Command::new("python3")
+        .args([script, "127.0.0.1", &proxy.port().to_string()])
+        .output()
+        .await
+        .expect("python3 (with redis-py: pip install redis) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python3 failed (redis-py installed?): {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        r#"{"error": "BusyLoadingError", "connection_error": true, "retries": 2}"#
+    );
+    redis.restart();
+    call_until(&mut c, &["PING"], "+PONG", &["-LOADING upstream", lost]).await;
+}
