@@ -67,12 +67,24 @@ pub enum ProxyError {
 
 /// The RESP error reply for an error. The only place proxy-made errors become bytes, so the
 /// wording stays consistent and Redis-like (`-ERR` plus a message on one line).
+///
+/// A command that could not be sent because the proxy has no connection to Redis (Redis
+/// down, restarting, unreachable, or being reconnected to) gets `-LOADING` instead: the
+/// error code client libraries take for "the server is there but cannot serve yet, try
+/// again", Redis's own while it loads its dataset. go-redis retries it as it retries a
+/// network error, and redis-py raises `BusyLoadingError`, a `ConnectionError`, which its
+/// retry (and application code catching `ConnectionError`) treats as an outage. Only a
+/// command that was never sent gets it, so such a retry cannot apply a command twice; one
+/// whose connection broke after it was sent ([`UpstreamError::Lost`], may have been applied)
+/// keeps `-ERR` (docs/operations.md, When Redis stops answering).
 pub fn error_reply(err: &ProxyError) -> Bytes {
-    let message = match err {
-        ProxyError::Upstream(e) => e.to_string(),
-        ProxyError::Client(e) => e.to_string(),
-    };
-    simple_error("ERR", &message)
+    match err {
+        ProxyError::Upstream(e @ UpstreamError::Unavailable { .. }) => {
+            simple_error("LOADING", &format!("{e}; the command was not run"))
+        }
+        ProxyError::Upstream(e) => simple_error("ERR", &e.to_string()),
+        ProxyError::Client(e) => simple_error("ERR", &e.to_string()),
+    }
 }
 
 /// The error for a command whose connection state could not be set up (no dedicated
@@ -109,7 +121,15 @@ mod tests {
         });
         assert_eq!(
             &error_reply(&e)[..],
-            b"-ERR upstream 127.0.0.1:1 unavailable: Connection refused  x\r\n"
+            &b"-LOADING upstream 127.0.0.1:1 unavailable: Connection refused  x; the command was not run\r\n"[..]
+        );
+        let lost = ProxyError::Upstream(UpstreamError::Lost {
+            addr: "127.0.0.1:1".into(),
+            reason: "Connection reset by peer".into(),
+        });
+        assert_eq!(
+            &error_reply(&lost)[..],
+            &b"-ERR upstream 127.0.0.1:1 connection lost before the reply (Connection reset by peer); the command may have been applied\r\n"[..]
         );
         let p = ProxyError::Client(ClientError::Protocol(ProtocolError::InvalidBulkLength));
         assert_eq!(

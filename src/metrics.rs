@@ -189,6 +189,14 @@ pub struct Metrics {
     pub upstream_connections: Gauge,
     /// Dedicated upstream connections connected, logged in and waiting in the warm stock.
     pub upstream_dedicated_ready: Gauge,
+    /// By upstream node (its address): 1 while the latest login of the proxy's there was
+    /// refused, 0 once one is accepted (`upstream::credentials`); a series per node from its
+    /// pool's start. Connections logged in earlier keep serving meanwhile, so the connection
+    /// gauge alone does not show it.
+    pub upstream_credentials_refused: Family<UpstreamLabels, Gauge>,
+    /// The nodes whose latest login was refused, all together (INFO's
+    /// `proxy_upstream_credentials_refused`); not exported itself.
+    pub upstream_credentials_refused_nodes: Gauge,
     /// Shared upstream connections re-established after a loss.
     pub upstream_reconnects: Counter,
     /// Failed attempts to connect (and handshake) upstream.
@@ -303,6 +311,10 @@ pub const TLS_OUTCOMES: [&str; 8] = [
 
 type Labels = Vec<(&'static str, &'static str)>;
 
+/// The label of a per-node series: `upstream`, the node's address (bounded by the nodes the
+/// proxy connects to).
+pub type UpstreamLabels = Vec<(&'static str, String)>;
+
 /// Registers a clone of `metric`: clones share their value, so the handle kept in [`Metrics`]
 /// counts what `/metrics` renders.
 fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: &M) {
@@ -363,6 +375,8 @@ impl Metrics {
             upstream_duration: LatencyHistogram::default(),
             upstream_connections: Gauge::default(),
             upstream_dedicated_ready: Gauge::default(),
+            upstream_credentials_refused: Family::default(),
+            upstream_credentials_refused_nodes: Gauge::default(),
             upstream_reconnects: Counter::default(),
             upstream_connect_errors: Counter::default(),
             upstream_lost: Counter::default(),
@@ -463,6 +477,11 @@ impl Metrics {
             "Dedicated upstream connections connected and waiting in the warm stock",
             &self.upstream_dedicated_ready,
         );
+        // A collector, not a registered family: a registry leaves out a family with no series
+        // yet (no pool started), and the family must be described on every scrape.
+        r.register_collector(Box::new(CredentialsCollector {
+            family: self.upstream_credentials_refused.clone(),
+        }));
         register(
             r,
             "upstream_reconnects",
@@ -735,6 +754,25 @@ impl Collector for RoutesCollector {
             ConstCounter::new(count).encode(family.encode_family(&[("route", route)])?)?;
         }
         Ok(())
+    }
+}
+
+/// `upstream_credentials_refused{upstream}`: the nodes' series, described even before any
+/// node's pool has started.
+#[derive(Debug)]
+struct CredentialsCollector {
+    family: Family<UpstreamLabels, Gauge>,
+}
+
+impl Collector for CredentialsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let metric = encoder.encode_descriptor(
+            "upstream_credentials_refused",
+            "1 while the upstream node refuses the proxy's own login (upstream.username / upstream.password), 0 once it accepts it",
+            None,
+            MetricType::Gauge,
+        )?;
+        self.family.encode(metric)
     }
 }
 

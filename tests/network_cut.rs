@@ -56,12 +56,18 @@ fn depth(w: usize) -> usize {
 /// How one reply was judged.
 enum Outcome {
     Reply(Vec<u8>),
-    /// `-ERR upstream …`, with its text.
+    /// `-ERR upstream …` (sent, lost) or `-LOADING upstream …` (not sent), with its text.
     UpstreamError(String),
     /// Anything else: an error that is not the proxy's upstream error, or the proxy closing
     /// the client's connection.
     Unexpected(String),
     Hung,
+}
+
+/// The proxy's upstream errors: `-ERR upstream …` for a command whose connection was lost
+/// after it was sent, `-LOADING upstream …` for one that could not be sent.
+fn is_upstream_error(reply: &[u8]) -> bool {
+    reply.starts_with(b"-ERR upstream") || reply.starts_with(b"-LOADING upstream")
 }
 
 /// Reads `n` replies, waiting at most `HUNG_AFTER`, and judges each; replies that never came
@@ -72,7 +78,7 @@ async fn replies(c: &mut Raw, n: usize) -> Vec<Outcome> {
         .frames
         .iter()
         .map(|f| {
-            if f.starts_with(b"-ERR upstream") {
+            if is_upstream_error(f) {
                 Outcome::UpstreamError(String::from_utf8_lossy(f).trim_end().to_string())
             } else if f.starts_with(b"-") {
                 Outcome::Unexpected(show(f))
@@ -98,7 +104,7 @@ struct Counts {
     sent: AtomicUsize,
     /// SETs answered `+OK`.
     acked: AtomicUsize,
-    /// Commands (SET or GET) answered `-ERR upstream …`.
+    /// Commands (SET or GET) answered with the proxy's upstream error.
     errored: AtomicUsize,
     /// Commands with no reply within `HUNG_AFTER`.
     hung: AtomicUsize,
@@ -469,7 +475,7 @@ async fn a_pinned_session_gets_an_error_not_a_hang_when_the_link_freezes() {
     // at once by the proxy itself.
     other.send(&resp(&["PING"])).await;
     let ping = answer(&mut other, "PING on the shared connection").await;
-    assert!(ping.starts_with(b"-ERR upstream"), "{}", show(&ping));
+    assert!(is_upstream_error(&ping), "{}", show(&ping));
     assert!(other.call(&["CLIENT", "ID"]).await.starts_with(b":"));
 
     relay.heal();

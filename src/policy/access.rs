@@ -241,13 +241,16 @@ impl Identities {
         })
     }
 
-    /// Whether the proxy checks AUTH itself.
+    /// Whether the policy has password users (`access.users`): CLIENT KILL's `USER` then
+    /// names the proxy's users.
     pub fn has_users(&self) -> bool {
         !self.users.is_empty()
     }
 
-    /// Whether `name` is one of the proxy's users (`access.users` or `access.cert_users`),
-    /// for `CLIENT KILL USER`, which Redis refuses for a user it does not have.
+    /// Whether `name` is one of the proxy's users (`access.users` or `access.cert_users`):
+    /// an AUTH naming it is the proxy's to check (any other is the client's own Redis login,
+    /// unless `require_auth`), and `CLIENT KILL USER` refuses a user it does not have, as
+    /// Redis does.
     pub fn knows_user(&self, name: &[u8]) -> bool {
         self.users.contains_key(name) || self.cert_users.iter().any(|c| c == name)
     }

@@ -121,12 +121,13 @@ impl Session {
         let mut s = String::with_capacity(512);
         let _ = write!(
             s,
-            "# Proxy\r\nproxy_version:{}\r\nproxy_uptime_in_seconds:{}\r\nproxy_connected_clients:{}\r\nproxy_upstream:{}\r\nproxy_upstream_connections:{}\r\nproxy_policy_version:{}\r\nproxy_policy_rules:{}\r\n",
+            "# Proxy\r\nproxy_version:{}\r\nproxy_uptime_in_seconds:{}\r\nproxy_connected_clients:{}\r\nproxy_upstream:{}\r\nproxy_upstream_connections:{}\r\nproxy_upstream_credentials_refused:{}\r\nproxy_policy_version:{}\r\nproxy_policy_rules:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             m.started.elapsed().as_secs(),
             m.clients.get(),
             self.ctx.pool.addr(),
             m.upstream_connections.get(),
+            m.upstream_credentials_refused_nodes.get(),
             self.client.policy.version(),
             self.client.policy.rule_ids().count(),
         );

@@ -264,18 +264,19 @@ impl Session {
         }
     }
 
-    /// AUTH: checked by the proxy against its own users when it has some; answered `OK` when
-    /// it names the pool's own credentials; otherwise sent on a dedicated connection, which
-    /// then holds another user's login.
+    /// AUTH: checked by the proxy when it names one of the proxy's users (or, under
+    /// `require_auth`, whatever it names: see `proxy_checks_login`); otherwise the client's
+    /// own Redis login, as without proxy users: answered `OK` when it names the pool's own
+    /// credentials, else sent on a dedicated connection, which then holds another user's
+    /// login. A Redis login never changes the client's proxy user or tenant.
     fn decide_auth(&self, args: &Args<'_>, current: Target) -> Action {
         let (user, pass) = match args.len() {
             2 => ("default".as_bytes(), args.get(1)),
             3 => (args.get(1), args.get(2)),
             _ => return forward(current, Effect::None),
         };
-        if self.client.policy.access.has_users() {
-            // Proxy-side users: the proxy checks AUTH; upstream credentials are the
-            // pool's own.
+        if self.proxy_checks_login(user) {
+            // The proxy checks AUTH; upstream credentials stay the pool's own.
             return match self.client.policy.access.authenticate_from(
                 self.client.peer.ip(),
                 user,
@@ -302,6 +303,19 @@ impl Session {
             }
             _ => forward(self.dedicated_target(), Effect::Auth),
         }
+    }
+
+    /// Whether an AUTH (or HELLO AUTH) naming `user` is the proxy's to check rather than
+    /// Redis's: when it names one of the proxy's users (`access.users`, `access.cert_users`),
+    /// and under `require_auth`, whatever it names — the proxy's users are then the only
+    /// logins, so any other name is refused by the proxy with the WRONGPASS of a wrong
+    /// password (which tells a guesser nothing about which names the proxy has) instead of
+    /// reaching Redis, where it could never satisfy `require_auth` anyway. Every other AUTH
+    /// is the client's own Redis login (the Redis password, a Redis ACL user): it goes on
+    /// exactly as without proxy users, and the proxy's throttle is not consumed by it.
+    fn proxy_checks_login(&self, user: &[u8]) -> bool {
+        let access = &self.client.policy.access;
+        access.require_auth || access.knows_user(user)
     }
 
     /// SELECT 0 on the shared connection is answered by the proxy; any other database pins
@@ -372,7 +386,7 @@ impl Session {
             return Action::Local(answers::hello_noauth(), LocalEffect::None);
         }
         let mut login = None;
-        if let Some((user, pass)) = credentials.filter(|_| self.client.policy.access.has_users()) {
+        if let Some((user, pass)) = credentials.filter(|(user, _)| self.proxy_checks_login(user)) {
             // The proxy checks the credentials; the upstream never sees them.
             if let Err(failure) =
                 self.client

@@ -84,7 +84,7 @@ impl Pool {
         let (hello3_tx, hello3) = watch::channel(None);
         let hello_tx = [Arc::new(hello2_tx), Arc::new(hello3_tx)];
         let (retired, retired_rx) = watch::channel(false);
-        let credentials = Arc::new(Credentials::default());
+        let credentials = Arc::new(Credentials::new(&spec.addr, &metrics));
         let dedicated = Dedicated::start(
             spec.clone(),
             address.clone(),
