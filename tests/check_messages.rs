@@ -244,11 +244,11 @@ fn corpus() -> Vec<Case> {
             &["did you mean `created`?"],
         ),
         file(
-            "yes for true",
-            "rules:\n  - id: ttl-default\n    ttl:\n      default: 1h\n      keys: created\n      deny_persist: yes\n",
+            "misspelt true",
+            "rules:\n  - id: ttl-default\n    ttl:\n      default: 1h\n      keys: created\n      deny_persist: ture\n",
             6,
             "rules[0].ttl.deny_persist",
-            &["true or false", "`yes`"],
+            &["true or false", "`ture`"],
         ),
         file(
             "one command where a list goes",
@@ -410,6 +410,27 @@ fn corpus() -> Vec<Case> {
             3,
             "rules[0].ttl.prefixes[0].tll",
             &["did you mean `ttl`?"],
+        ),
+        file(
+            "an empty section",
+            "limits:\nupstream:\n  address: 127.0.0.1:6379\n",
+            1,
+            "limits",
+            &["no value", "max_clients"],
+        ),
+        file(
+            "a rule id used twice",
+            "rules:\n  - id: deny-keys\n    deny: [KEYS]\n  - id: deny-keys\n    deny: [FLUSHALL]\n",
+            4,
+            "rules[1].id",
+            &["already used on line 2"],
+        ),
+        file(
+            "a required setting given empty",
+            "upstream:\n  address:\n  connections: 2\n",
+            2,
+            "upstream.address",
+            &["no value"],
         ),
         Case {
             name: "bad --listen at start",
