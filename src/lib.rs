@@ -25,7 +25,9 @@
 //!
 //! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
 //!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy;
-//!   [`config_recovery`] reports every parse error of a file, not only the first.
+//!   [`config_recovery`] reports every parse error of a file, not only the first, each once,
+//!   in words, at the line of its key (found through `config::yaml`, a lenient second reading
+//!   of the file as a tree of keys and items with their lines).
 //! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
 //! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
 //! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,

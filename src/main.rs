@@ -97,7 +97,9 @@ struct Cli {
     /// Validate FILE (or the --config file), print every problem, and exit (0 valid, 64
     /// invalid).
     ///
-    /// Problems are printed as FILE:LINE: field `...`: message, parse errors included.
+    /// Problems are printed as FILE:LINE: field `...`: message, parse errors included. The
+    /// --listen, --upstream and --admin values given (flags or RPP_* variables) are checked
+    /// with it, as the proxy would start; a bad one is named as its flag or variable.
     /// Warnings (FILE:LINE: warning: ...) leave the exit status 0: an audit.output file that
     /// the user running the check cannot create or append to (the proxy refuses to start
     /// with it, exit 64, unless it runs as another user or its directory is made first).
@@ -171,17 +173,134 @@ const ENV_VARS: [(&str, &str); 5] = [
     ("log_format", "RPP_LOG_FORMAT"),
 ];
 
+/// The settings a flag or variable can override: argument id, flag, and the field of the
+/// file it replaces.
+const OVERRIDES: [(&str, &str, &str); 3] = [
+    ("listen", "--listen", "listen"),
+    ("upstream", "--upstream", "upstream.address"),
+    ("admin", "--admin", "admin.listen"),
+];
+
+/// A value that replaces the file's, and where it came from (`--listen 0.0.0.0:6380`,
+/// `RPP_LISTEN=0.0.0.0:6380`): a problem with it is reported as that flag's or variable's,
+/// not the file's.
+struct Override {
+    /// The field of the file it replaces.
+    field: &'static str,
+    /// The value.
+    value: String,
+    /// The flag or variable and the value, as the operator wrote them.
+    from: String,
+}
+
 /// Parses the command line. An empty variable (`RPP_CONFIG=`) counts as unset, so a
-/// deployment can clear an image's default (clap would refuse the empty value).
-fn parse_cli() -> Cli {
+/// deployment can clear an image's default (clap would refuse the empty value). A variable
+/// clap refuses (`RPP_LOG_FORMAT=yaml`) is named as the variable, not as the flag it stands
+/// for, and exits as a configuration problem.
+fn parse_cli() -> (Cli, Vec<Override>) {
     let mut command = Cli::command();
     for (id, var) in ENV_VARS {
         if std::env::var_os(var).is_some_and(|v| v.is_empty()) {
             command = command.mut_arg(id, |a| a.env(None::<&str>));
         }
     }
-    let matches = command.get_matches();
-    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    let matches = match command.try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            if let Some(message) = bad_variable(&e) {
+                eprintln!("{message}");
+                std::process::exit(i32::from(EXIT_CONFIG));
+            }
+            e.exit()
+        }
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let values = [&cli.listen, &cli.upstream, &cli.admin];
+    let overrides = OVERRIDES
+        .iter()
+        .zip(values)
+        .filter_map(|(&(id, flag, field), value)| {
+            let value = given(value.clone())?;
+            let from = match matches.value_source(id) {
+                Some(clap::parser::ValueSource::EnvVariable) => {
+                    let var = ENV_VARS.iter().find(|(i, _)| *i == id).map_or("", |v| v.1);
+                    format!("{var}={value} (environment variable)")
+                }
+                _ => format!("{flag} {value}"),
+            };
+            Some(Override { field, value, from })
+        })
+        .collect();
+    (cli, overrides)
+}
+
+/// The message for a value clap refused that came from an `RPP_*` variable rather than the
+/// command line; `None` for anything else (clap's own message names the flag).
+fn bad_variable(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != clap::error::ErrorKind::InvalidValue {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let Some(ContextValue::String(value)) = e.get(ContextKind::InvalidValue) else {
+        return None;
+    };
+    let (id, var) = ENV_VARS
+        .iter()
+        .find(|(id, _)| arg.starts_with(&format!("--{} ", id.replace('_', "-"))))?;
+    let flag = format!("--{}", id.replace('_', "-"));
+    let on_command_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    if on_command_line || std::env::var(var).ok().as_deref() != Some(value.as_str()) {
+        return None;
+    }
+    let valid = match e.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(v)) => format!(": must be one of {}", v.join(", ")),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{var}={value} (environment variable, for {flag}){valid}, not `{value}`"
+    ))
+}
+
+/// Applies the flags' and variables' values to `config`.
+fn apply(config: &mut Config, overrides: &[Override]) {
+    for o in overrides {
+        match o.field {
+            "listen" => config.set_listen(o.value.clone()),
+            "upstream.address" => config.set_upstream(o.value.clone()),
+            _ => config.set_admin(o.value.clone()),
+        }
+    }
+}
+
+/// `config` with the overrides, validated; an error names the flag or variable of a value
+/// that came from one, and the file for the rest.
+fn validated(mut config: Config, overrides: &[Override], source: &Path) -> Result<Config, String> {
+    apply(&mut config, overrides);
+    match setup::validate(&config, source) {
+        Ok(()) => Ok(config),
+        Err(e) => Err(blamed(&e, overrides)),
+    }
+}
+
+/// The problems of `e`, each on its line: one of a value from a flag or variable as
+/// `--listen nowhere: sets `listen`, which …`, without the file.
+fn blamed(e: &redis_policy_proxy::config::ConfigError, overrides: &[Override]) -> String {
+    let redis_policy_proxy::config::ConfigError::Invalid { path, problems } = e else {
+        return e.to_string();
+    };
+    problems
+        .iter()
+        .map(|p| match overrides.iter().find(|o| o.field == p.field) {
+            Some(o) if p.line == 0 => {
+                format!("{}: sets `{}`, which {}", o.from, o.field, p.message)
+            }
+            _ => p.render(path),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// An empty value given on the command line (`--listen ''`) counts as unset too.
@@ -238,7 +357,7 @@ fn warning(path: &Path, w: &redis_policy_proxy::config::Problem) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = parse_cli();
+    let (cli, overrides) = parse_cli();
     if cli.check.is_some() || cli.explain.is_some() {
         init_logging(cli.log_format, "warn");
     }
@@ -265,7 +384,12 @@ fn main() -> ExitCode {
             eprintln!("--check needs a file: --check FILE, or -c FILE --check");
             return ExitCode::from(EXIT_CONFIG);
         };
-        return match setup::load(path) {
+        // The flags and variables given with it are checked too: they are what the proxy
+        // would start with.
+        let checked = setup::load(path)
+            .map_err(|e| e.to_string())
+            .and_then(|c| validated(c, &overrides, path));
+        return match checked {
             Ok(config) => {
                 for w in setup::warnings(&config) {
                     eprintln!("{}", warning(path, &w));
@@ -343,7 +467,7 @@ fn main() -> ExitCode {
     }
 
     let policy_file = given(cli.config.clone());
-    let mut config = match &policy_file {
+    let config = match &policy_file {
         Some(path) => match setup::load(path) {
             Ok(c) => c,
             Err(e) => {
@@ -356,24 +480,20 @@ fn main() -> ExitCode {
     // The file as the proxy starts with it, before the command line's overrides: a reload
     // compares the file with it to report the settings only a restart applies.
     let started = Arc::new(config.clone());
-    if let Some(l) = given(cli.listen) {
-        config.set_listen(l);
-    }
-    if let Some(u) = given(cli.upstream) {
-        config.set_upstream(u);
-    }
-    if let Some(a) = given(cli.admin) {
-        config.admin.listen.value = a;
-    }
     let source = policy_file
         .clone()
         .unwrap_or_else(|| PathBuf::from("<command line>"));
-    if let Err(e) =
-        setup::validate(&config, &source).and_then(|()| setup::open_files(&config, &source))
-    {
-        eprintln!("{e}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
+    let config = match validated(config, &overrides, &source).and_then(|c| {
+        setup::open_files(&c, &source)
+            .map(|()| c)
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     init_logging(cli.log_format, &config.log_level.value);
 
     // One worker runs on tokio's current-thread scheduler: no work stealing and no cross-thread

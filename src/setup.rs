@@ -54,17 +54,18 @@ pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Every problem of `text`, which does not parse: each parse error (`config_recovery`), then
-/// the validation problems of what parses once their lines are blanked, less those that only
-/// follow from a blanked line.
+/// the validation problems of what parses once their entries are removed, less those that
+/// only follow from a removal.
 fn recovered(text: &str, path: &Path) -> ConfigError {
     let r = crate::config_recovery::recover(text);
-    let mut problems = r.problems;
-    if let Some(config) = r.config {
-        let rest = all_problems(&config);
-        problems.extend(
-            rest.into_iter()
-                .filter(|p| !crate::config_recovery::follows_from_blanked(p, text, &r.blanked)),
-        );
+    let mut problems = r.problems.clone();
+    if let Some(config) = &r.config {
+        for mut p in all_problems(config) {
+            p.field = r.original_path(&p.field);
+            if !r.follows_from_removal(&p) {
+                problems.push(p);
+            }
+        }
     }
     problems.sort_by_key(|p| p.line);
     ConfigError::Invalid {
@@ -94,6 +95,7 @@ fn all_problems(config: &Config) -> Vec<Problem> {
     if let Err(rule_problems) = policy(config) {
         problems.extend(rule_problems);
     }
+    place(&mut problems, config);
     problems
 }
 
@@ -115,6 +117,29 @@ pub fn warnings(config: &Config) -> Vec<Problem> {
     crate::audit::probe_output(&config.audit)
         .into_iter()
         .collect()
+}
+
+/// Gives a problem without a line (its value carries no location: a default, a setting
+/// inside `ttl:`, a missing one) the line of its field's key in the file, else of the nearest
+/// section above it that is written (`rules[1].id` missing: the rule's `- ` line). A value
+/// from the command line or the environment keeps none: it is not the file's.
+fn place(problems: &mut [Problem], config: &Config) {
+    for p in problems.iter_mut() {
+        if p.line != 0 || p.field.is_empty() || config.overridden.contains(&p.field.as_str()) {
+            continue;
+        }
+        let mut field = p.field.as_str();
+        loop {
+            if let Some(&line) = config.key_lines.get(field) {
+                p.line = line;
+                break;
+            }
+            match field.rfind(['.', '[']) {
+                Some(i) => field = &field[..i],
+                None => break,
+            }
+        }
+    }
 }
 
 /// The policy of a whole configuration: its rules and `access:` section, its version, the

@@ -1177,7 +1177,7 @@ async fn check_reports_every_problem_once_in_the_operators_words() {
                 "{file}:10: field `rules[1].deny`: unknown command `KEY`; did you mean `KEYS`?"
             ),
             format!(
-                "{file}:12: field `rules[2].ttl`: `default`: expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `5x`"
+                "{file}:12: field `rules[2].ttl.default`: expected a duration like 500ms, 30s, 15m, 24h, 7d or none, got `5x`"
             ),
             format!(
                 "{file}:14: field `rules[3].deny`: unknown category `@dangerus`; did you mean `@dangerous`?"

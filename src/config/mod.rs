@@ -14,6 +14,7 @@ use serde_saphyr::{Location, Spanned};
 mod dedicated_caps;
 mod namespaces;
 mod routes;
+pub(crate) mod yaml;
 pub use dedicated_caps::DedicatedCapsConfig;
 pub use routes::{RouteConfig, RouteNode};
 
@@ -81,6 +82,16 @@ pub struct Config {
     /// [`Config::parse`].
     #[serde(skip)]
     pub secret_problems: Vec<Problem>,
+    /// The line of every key and list item of the file, by path (`rules[2].ttl.max`), from
+    /// the lenient reading ([`yaml::Tree`]): where a problem whose value carries no location
+    /// (a default, a setting inside `ttl:`) is reported. Computed by [`Config::parse`].
+    #[serde(skip)]
+    pub key_lines: std::collections::BTreeMap<String, u64>,
+    /// The fields set from the command line or the environment (`listen`,
+    /// `upstream.address`, `admin.listen`): a problem with one of them is the flag's, not the
+    /// file's, so it is given no line of the file.
+    #[serde(skip)]
+    pub overridden: Vec<&'static str>,
 }
 
 /// The admin endpoint and diagnostics.
@@ -138,6 +149,8 @@ impl Default for Config {
             version: "builtin".to_string(),
             namespace_lines: Default::default(),
             secret_problems: Vec::new(),
+            key_lines: Default::default(),
+            overridden: Vec::new(),
         }
     }
 }
@@ -893,29 +906,26 @@ pub struct Problem {
 }
 
 fn render_problems(path: &Path, problems: &[Problem]) -> String {
-    let mut out = String::new();
-    for (i, p) in problems.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
+    problems
+        .iter()
+        .map(|p| p.render(path))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Problem {
+    /// `FILE:LINE: field `…`: message` (without the line or the field when it has none).
+    pub fn render(&self, path: &Path) -> String {
+        let mut out = path.display().to_string();
+        if self.line > 0 {
+            out.push_str(&format!(":{}", self.line));
         }
-        if p.line > 0 {
-            out.push_str(&format!(
-                "{}:{}: field `{}`: {}",
-                path.display(),
-                p.line,
-                p.field,
-                p.message
-            ));
-        } else {
-            out.push_str(&format!(
-                "{}: field `{}`: {}",
-                path.display(),
-                p.field,
-                p.message
-            ));
+        if !self.field.is_empty() {
+            out.push_str(&format!(": field `{}`", self.field));
         }
+        out.push_str(&format!(": {}", self.message));
+        out
     }
-    out
 }
 
 impl fmt::Display for Problem {
@@ -964,14 +974,22 @@ impl Config {
 
     /// Parses YAML text, not yet validated; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        Config::parse_yaml(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// [`Config::parse`] with the parser's own error, for `config_recovery` to put in words.
+    pub fn parse_yaml(text: &str) -> Result<Config, serde_saphyr::Error> {
         // An empty file means "all defaults", which saphyr would otherwise reject as no document.
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        let mut config: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let mut config: Config = serde_saphyr::from_str(text)?;
+        config.key_lines = yaml::Tree::parse(text)
+            .map(|t| t.lines())
+            .unwrap_or_default();
         config.namespace_lines = namespaces::lines(text);
         config.secret_problems = config.upstream.resolve_secrets("upstream");
         for (name, upstream) in &mut config.upstreams {
@@ -1004,14 +1022,22 @@ impl Config {
             self.listen.value.parse::<SocketAddr>().is_ok(),
             &self.listen.referenced,
             "listen",
-            "must be an IP:port such as 127.0.0.1:6380",
+            &format!(
+                "must be an IP:port such as 127.0.0.1:6380 (an IP address, not a host name), \
+                 not `{}`",
+                self.listen.value
+            ),
         );
         check(
             self.admin.listen.value == "off"
                 || self.admin.listen.value.parse::<SocketAddr>().is_ok(),
             &self.admin.listen.referenced,
             "admin.listen",
-            "must be an IP:port such as 127.0.0.1:8379, or off",
+            &format!(
+                "must be an IP:port such as 127.0.0.1:8379 (an IP address, not a host name), \
+                 or off, not `{}`",
+                self.admin.listen.value
+            ),
         );
         check(
             tracing_subscriber::EnvFilter::try_new(&self.log_level.value).is_ok(),
@@ -1074,7 +1100,10 @@ impl Config {
                 || valid_host_port(&self.upstream.address.value),
             &self.upstream.address.referenced,
             "upstream.address",
-            "must be host:port such as 127.0.0.1:6379",
+            &format!(
+                "must be host:port such as 127.0.0.1:6379 or redis.internal:6379, not `{}`",
+                self.upstream.address.value
+            ),
         );
         if let Some(tls) = &self.tls {
             tls.problems(&mut problems);
@@ -1427,11 +1456,19 @@ impl Config {
     /// Sets a value that came from the command line, which has no line in the file.
     pub fn set_listen(&mut self, listen: String) {
         self.listen = located(listen);
+        self.overridden.push("listen");
     }
 
     /// Sets the upstream address from the command line.
     pub fn set_upstream(&mut self, address: String) {
         self.upstream.address = located(address);
+        self.overridden.push("upstream.address");
+    }
+
+    /// Sets the admin endpoint's address (or `off`) from the command line.
+    pub fn set_admin(&mut self, listen: String) {
+        self.admin.listen = located(listen);
+        self.overridden.push("admin.listen");
     }
 
     /// The settings that differ between `self` (the file the proxy started with) and `new` (the

@@ -90,9 +90,10 @@ pub struct RuleConfig {
     /// without keys.
     #[serde(default)]
     pub routes: Option<Vec<String>>,
-    /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`).
+    /// Deny these commands (`KEYS`, `config|set`) and categories (`@dangerous`); each with
+    /// its line, so a misspelt one in a long block list is reported where it is written.
     #[serde(default)]
-    pub deny: Option<Spanned<Vec<String>>>,
+    pub deny: Option<Spanned<Vec<Spanned<String>>>>,
     /// Deny commands newer than the built-in Redis 7.0 table (learned from the server at
     /// connect) that the server puts in any of these categories (`[@admin, @dangerous]`).
     #[serde(default)]

@@ -1438,9 +1438,9 @@ fn command_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
     if rc.deny.is_some() || rc.deny_newer_in.is_some() {
         if let Some(deny) = &rc.deny {
             for name in &deny.value {
-                match resolve(name, &mut parts.matcher) {
+                match resolve(&name.value, &mut parts.matcher) {
                     Ok(specs) => parts.commands.extend(specs),
-                    Err(e) => out.push("deny", deny.referenced.line(), e),
+                    Err(e) => out.push("deny", name.referenced.line(), e),
                 }
             }
         }
@@ -1537,7 +1537,9 @@ fn limit_kinds(rc: &RuleConfig, clock: &Arc<dyn Clock>, parts: &mut Parts, out: 
         requests: rl.value.requests,
         window: Duration::from_millis(rl.value.window_ms),
     };
-    let at = rl.referenced.line();
+    // Placed at the `rate_limit:` key's line by `setup` (the value's own location is its
+    // first setting's line).
+    let at = 0;
     if rl.value.backend != config::Backend::Redis {
         match LocalLimiter::new(limit, rl.value.max_tracked, clock.clone()) {
             Ok(limiter) => parts.global(Kind::RateLimit {
@@ -1569,9 +1571,11 @@ fn limit_kinds(rc: &RuleConfig, clock: &Arc<dyn Clock>, parts: &mut Parts, out: 
 /// fields were always read.
 fn rewrite_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
     if let Some(t) = &rc.ttl {
-        match compile_ttl(&t.value, t.referenced.line()) {
+        match compile_ttl(&t.value) {
             Ok(rule) => parts.global(Kind::Ttl(rule)),
-            Err(e) => out.push("ttl", t.referenced.line(), e),
+            // The settings inside `ttl:` carry no location: `setup` places the problem at
+            // the line of the setting it names (`ttl.max`), else of `ttl:`.
+            Err((field, e)) => out.push(&format!("ttl{field}"), 0, e),
         }
     }
     if let Some(n) = &rc.stream_maxlen {
@@ -1614,13 +1618,19 @@ fn tenant_set(
         return None;
     }
     let names = only.as_ref().or(except.as_ref())?;
+    let field = if only.is_some() {
+        "tenants"
+    } else {
+        "except_tenants"
+    };
     let mut set = vec![except.is_some(); access.tenant_count()];
     for name in names {
         match access.tenant_index(name) {
             Some(i) => set[usize::from(i)] = only.is_some(),
+            // Placed at the key's line by `setup`.
             None => out.push(
-                "tenants",
-                line,
+                field,
+                0,
                 format!("no tenant `{name}` in access.identities (or `default`)"),
             ),
         }
@@ -1843,29 +1853,38 @@ fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> 
 }
 
 /// Compiles a `ttl:` rule; checks every duration and that none exceeds `max`.
-fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
+/// The TTL rule of `c`, or what is wrong with it: the setting under `ttl` it concerns
+/// (`.max`, `.prefixes[1].ttl`, or empty for `ttl` itself) and the problem.
+fn compile_ttl(c: &config::TtlConfig) -> Result<ttl::Ttl, (String, String)> {
+    let at = |field: &str, e: String| (field.to_string(), e);
     let Some(keys) = c.keys else {
-        return Err(
-            "choose which keys get the TTL: `keys: created` (keys a write creates; \
-             keys that exist without a TTL keep none) or `keys: written` (every key a write \
-             touches without a TTL, existing persistent keys included)"
+        return Err(at(
+            ".keys",
+            "is required: choose which keys get the TTL, `keys: created` (keys a write \
+             creates; keys that exist without a TTL keep none) or `keys: written` (every key \
+             a write touches without a TTL, existing persistent keys included)"
                 .into(),
-        );
+        ));
     };
-    let default_ms = config::parse_duration(&c.default).map_err(|e| format!("`default`: {e}"))?;
+    let default_ms = config::parse_duration(&c.default).map_err(|e| at(".default", e))?;
     let max_ms = match &c.max {
         Some(m) => Some(
             config::parse_duration(m)
-                .map_err(|e| format!("`max`: {e}"))?
-                .ok_or("`max` cannot be `none`")?,
+                .map_err(|e| at(".max", e))?
+                .ok_or_else(|| at(".max", "cannot be `none`".into()))?,
         ),
         None => None,
     };
     let mut prefixes = Vec::new();
-    for p in &c.prefixes {
+    for (i, p) in c.prefixes.iter().enumerate() {
         prefixes.push((
             p.prefix.as_bytes().to_vec(),
-            config::parse_duration(&p.ttl).map_err(|e| format!("prefix `{}`: {e}", p.prefix))?,
+            config::parse_duration(&p.ttl).map_err(|e| {
+                at(
+                    &format!(".prefixes[{i}].ttl"),
+                    format!("prefix `{}`: {e}", p.prefix),
+                )
+            })?,
         ));
     }
     if let Some(max) = max_ms {
@@ -1874,14 +1893,15 @@ fn compile_ttl(c: &config::TtlConfig, _line: u64) -> Result<ttl::Ttl, String> {
             .flatten()
             .any(|t| t > max);
         if over {
-            return Err("a default or prefix TTL is above `max`".into());
+            return Err(at(".max", "a default or prefix TTL is above `max`".into()));
         }
     }
     let jitter = c.jitter.unwrap_or(0.0);
     if !(0.0..=0.9).contains(&jitter) {
-        return Err(
-            "`jitter` must be a fraction between 0 and 0.9 (0.1: up to 10% shorter)".into(),
-        );
+        return Err(at(
+            ".jitter",
+            "must be a fraction between 0 and 0.9 (0.1: up to 10% shorter)".into(),
+        ));
     }
     // Longest prefix first, so `session:admin:` can override `session:`.
     prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
