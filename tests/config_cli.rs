@@ -19,11 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
 /// Exit code for a configuration problem (EX_USAGE).
 const EX_USAGE: i32 = 64;
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
+type Run = common::process::BinRun;
 
 /// Runs the binary to completion, bounded by the deadline.
 async fn run_bin(args: &[&str]) -> Run {
@@ -32,24 +28,7 @@ async fn run_bin(args: &[&str]) -> Run {
 
 /// [`run_bin`] with `env` added to the environment.
 async fn run_bin_with(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let child = tokio::process::Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn redis-policy-proxy");
-    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("redis-policy-proxy {args:?} did not exit within {DEADLINE:?}"))
-        .expect("wait for redis-policy-proxy");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    common::process::run_bin(args, env).await
 }
 
 fn path_str(p: &Path) -> &str {

@@ -241,18 +241,7 @@ async fn redis_py_transaction_on_a_refusing_upstream_applies_nothing() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/transaction_refused.py"
     );
-    let out = tokio::process::Command::new("python3")
-        .args([script, "127.0.0.1", &proxy.port().to_string()])
-        .output()
-        .await
-        .expect("python3 (with redis-py: pip install redis) is needed for this test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "python3 failed (redis-py installed? `python3 -m pip install redis`): {}{}",
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = redis_py(&[script, "127.0.0.1", &proxy.port().to_string()]).await;
     assert!(
         stdout.contains("\"error\"") && stdout.contains("not open"),
         "{stdout}"

@@ -14,13 +14,10 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::process::ProxyProcess;
 use common::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
 
 const PASSWORD: &str = "prod-secret-28";
 
@@ -29,24 +26,8 @@ const OPS_SHA256: &str = "e17304c364ead29fb2b55a09e7287d40873d79a2a2226f8fb6fcd2
 
 /// Runs the binary to completion (bounded) with `env` added: exit code, stdout, stderr.
 async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let child = tokio::process::Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn redis-policy-proxy");
-    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .expect("the binary exits in time")
-        .expect("wait for the binary");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let run = common::process::run_bin(args, env).await;
+    (run.code, run.stdout, run.stderr)
 }
 
 /// `SET`/`GET` through the proxy process with redis-cli: the proxy logged in upstream.
@@ -544,17 +525,7 @@ async fn while_redis_is_down_commands_get_a_transient_error_and_the_connection_s
     // redis-py sees an outage: a ConnectionError, retried by a client told to retry those.
     // Needs python3 with redis-py, as tests/fidelity.rs does (`.ci/run` installs it).
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/outage.py");
-    let out = tokio::process::Command::new("python3")
-        .args([script, "127.0.0.1", &proxy.port().to_string()])
-        .output()
-        .await
-        .expect("python3 (with redis-py: pip install redis) is needed for this test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "python3 failed (redis-py installed?): {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = redis_py(&[script, "127.0.0.1", &proxy.port().to_string()]).await;
     assert_eq!(
         stdout.trim(),
         r#"{"error": "BusyLoadingError", "connection_error": true, "retries": 2}"#

@@ -51,6 +51,23 @@ pub(super) struct Row {
     live: Arc<Live>,
 }
 
+impl Row {
+    /// Whether CLIENT KILL's (or a CLIENT LIST filter's) `filter` names this client, `id`,
+    /// when `caller` asks.
+    fn named_by(&self, filter: &KillFilter, id: u64, caller: u64) -> bool {
+        let (addr, laddr) = (self.addr.to_string(), self.laddr.to_string());
+        filter.matches(&Candidate {
+            addr: &addr,
+            laddr: &laddr,
+            id,
+            pubsub: self.flag == 'P',
+            user: self.names.user().map_or(&b"default"[..], |u| &u[..]),
+            age: self.since.elapsed().as_secs(),
+            is_caller: id == caller,
+        })
+    }
+}
+
 /// The part of a client's row its session holds too: written per command by the session
 /// (one relaxed store, no map lookup), or by other sessions asking something of it, which
 /// then wake every session through the idle tick (`Context::idle_tick`; such requests are
@@ -239,17 +256,7 @@ impl ClientList {
             if row.tenant != tenant || row.live.killed() {
                 continue;
             }
-            let (addr, laddr) = (row.addr.to_string(), row.laddr.to_string());
-            let candidate = Candidate {
-                addr: &addr,
-                laddr: &laddr,
-                id,
-                pubsub: row.flag == 'P',
-                user: row.names.user().map_or(&b"default"[..], |u| &u[..]),
-                age: row.since.elapsed().as_secs(),
-                is_caller: id == caller,
-            };
-            if !filter.matches(&candidate) {
+            if !row.named_by(filter, id, caller) {
                 continue;
             }
             outcome.killed += 1;
@@ -316,18 +323,7 @@ impl ClientList {
                 Filter::Pubsub(pubsub) => (row.flag == 'P') == *pubsub,
                 Filter::Ids(ids) => ids.contains(&id),
                 Filter::Nothing => false,
-                Filter::Kill(kill) => {
-                    let (addr, laddr) = (row.addr.to_string(), row.laddr.to_string());
-                    kill.matches(&Candidate {
-                        addr: &addr,
-                        laddr: &laddr,
-                        id,
-                        pubsub: row.flag == 'P',
-                        user: row.names.user().map_or(&b"default"[..], |u| &u[..]),
-                        age: row.since.elapsed().as_secs(),
-                        is_caller: id == requester,
-                    })
-                }
+                Filter::Kill(kill) => row.named_by(kill, id, requester),
             };
             if wanted {
                 let own = (id == requester).then_some(qbuf);

@@ -1402,3 +1402,20 @@ pub async fn two_tenants(redis: &RedisServer) -> (Proxy, Raw, Raw) {
     assert_eq!(b.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
     (proxy, a, b)
 }
+
+/// Runs `python3 ARGS…` (a script of tests/clients/ driving redis-py, which `.ci/run`
+/// installs) and gives its stdout; a failed run fails the test with its output.
+pub async fn redis_py(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("python3")
+        .args(args)
+        .output()
+        .await
+        .expect("python3 (with redis-py: pip install redis) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python3 {args:?} failed (redis-py installed? `python3 -m pip install redis`): {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

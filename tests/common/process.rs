@@ -150,3 +150,35 @@ impl Drop for ProxyProcess {
         let _ = self.child.wait();
     }
 }
+
+/// What a run of the binary as a command-line tool (`--check`, `--survey`, `--explain`…)
+/// gave: its exit code and output.
+pub struct BinRun {
+    /// `None` when a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the binary with `args`, `env` added to its environment, to completion; a run that
+/// outlives the deadline fails the test instead of hanging it.
+pub async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> BinRun {
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn redis-policy-proxy");
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("redis-policy-proxy {args:?} did not exit within {DEADLINE:?}"))
+        .expect("wait for redis-policy-proxy");
+    BinRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
