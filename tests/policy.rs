@@ -778,52 +778,8 @@ async fn the_guides_patterns_work_unchanged_under_the_default_policy() {
     );
     assert_eq!(c.call(&["EXPIRE", "session:abc", "1800"]).await, b":1\r\n");
     assert!(pttl(&redis, "session:abc").await <= 1_800_000);
-    // Sliding-window rate limit in Lua over a sorted set.
-    let window = "redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1] - 60000) \
-                  local n = redis.call('ZCARD', KEYS[1]) \
-                  if n < 10 then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]) \
-                  redis.call('PEXPIRE', KEYS[1], 60000) return 1 end return 0";
-    assert_eq!(
-        c.call(&["EVAL", window, "1", "ratelimit:u1", "1000"]).await,
-        b":1\r\n"
-    );
-    // Streams with a consumer group.
-    assert_eq!(
-        c.call(&["XGROUP", "CREATE", "events", "g", "$", "MKSTREAM"])
-            .await,
-        b"+OK\r\n"
-    );
-    assert!(
-        c.call(&["XADD", "events", "*", "type", "signup"])
-            .await
-            .starts_with(b"$")
-    );
-    let read = c
-        .call(&[
-            "XREADGROUP",
-            "GROUP",
-            "g",
-            "c1",
-            "COUNT",
-            "10",
-            "STREAMS",
-            "events",
-            ">",
-        ])
-        .await;
-    assert!(text(&read).contains("signup"), "{}", text(&read));
-    // Pub/sub.
-    let mut sub = Raw::connect(proxy.addr).await;
-    sub.send(b"SUBSCRIBE news\r\n").await;
-    assert_eq!(
-        sub.collect_frames(1, DEADLINE).await.joined(),
-        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
-    );
-    assert_eq!(c.call(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
-    assert_eq!(
-        sub.collect_frames(1, DEADLINE).await.joined(),
-        b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n"
-    );
+    // A sliding-window rate limit in Lua, a stream with a consumer group, pub/sub.
+    common::guide_patterns(&mut c, proxy.addr, "7.0").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

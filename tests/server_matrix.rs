@@ -189,56 +189,10 @@ async fn the_default_policy_holds_for_known_commands_on_each_matrix_server() {
         );
 
         // The guide's patterns: a Lua rate limit, a stream with a consumer group, pub/sub.
-        let window = "redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1] - 60000) \
-                      local n = redis.call('ZCARD', KEYS[1]) \
-                      if n < 10 then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]) \
-                      redis.call('PEXPIRE', KEYS[1], 60000) return 1 end return 0";
-        assert_eq!(
-            c.call(&["EVAL", window, "1", "ratelimit:u1", "1000"]).await,
-            b":1\r\n",
-            "{name}"
-        );
-        assert_eq!(
-            c.call(&["XGROUP", "CREATE", "events", "g", "$", "MKSTREAM"])
-                .await,
-            b"+OK\r\n",
-            "{name}"
-        );
-        assert!(
-            c.call(&["XADD", "events", "*", "t", "signup"])
-                .await
-                .starts_with(b"$")
-        );
-        let read = c
-            .call(&[
-                "XREADGROUP",
-                "GROUP",
-                "g",
-                "c1",
-                "COUNT",
-                "10",
-                "STREAMS",
-                "events",
-                ">",
-            ])
-            .await;
-        assert!(text(&read).contains("signup"), "{name}: {}", text(&read));
+        common::guide_patterns(&mut c, proxy.addr, name).await;
         assert!(
             pttl(&redis, "events").await > 0,
             "{name}: the stream has a TTL"
-        );
-        let mut sub = Raw::connect(proxy.addr).await;
-        sub.send(b"SUBSCRIBE news\r\n").await;
-        assert_eq!(
-            sub.collect_frames(1, DEADLINE).await.joined(),
-            b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n",
-            "{name}"
-        );
-        assert_eq!(c.call(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
-        assert_eq!(
-            sub.collect_frames(1, DEADLINE).await.joined(),
-            b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n",
-            "{name}"
         );
     }
 }

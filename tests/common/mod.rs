@@ -1419,3 +1419,54 @@ pub async fn redis_py(args: &[&str]) -> String {
     );
     stdout
 }
+
+/// The guide's patterns that every server must serve through the proxy at `proxy`: a
+/// sliding-window rate limit in Lua over a sorted set, a stream read by a consumer group, a
+/// message published to a subscriber. `name` labels a failure (the server behind the proxy).
+pub async fn guide_patterns(c: &mut Raw, proxy: SocketAddr, name: &str) {
+    let window = "redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1] - 60000) \
+                  local n = redis.call('ZCARD', KEYS[1]) \
+                  if n < 10 then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]) \
+                  redis.call('PEXPIRE', KEYS[1], 60000) return 1 end return 0";
+    assert_eq!(
+        c.call(&["EVAL", window, "1", "ratelimit:u1", "1000"]).await,
+        b":1\r\n",
+        "{name}"
+    );
+    assert_eq!(
+        c.call(&["XGROUP", "CREATE", "events", "g", "$", "MKSTREAM"])
+            .await,
+        b"+OK\r\n",
+        "{name}"
+    );
+    let added = c.call(&["XADD", "events", "*", "type", "signup"]).await;
+    assert!(added.starts_with(b"$"), "{name}: {added:?}");
+    let read = c
+        .call(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c1",
+            "COUNT",
+            "10",
+            "STREAMS",
+            "events",
+            ">",
+        ])
+        .await;
+    let read = String::from_utf8_lossy(&read);
+    assert!(read.contains("signup"), "{name}: {read}");
+    let mut sub = Raw::connect(proxy).await;
+    sub.send(b"SUBSCRIBE news\r\n").await;
+    assert_eq!(
+        sub.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n",
+        "{name}"
+    );
+    assert_eq!(c.call(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
+    assert_eq!(
+        sub.collect_frames(1, DEADLINE).await.joined(),
+        b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n",
+        "{name}"
+    );
+}
