@@ -670,9 +670,8 @@ impl Gen {
     /// Commands and options of Redis 7.2-8.0 and Valkey 8-9 that the proxy's 7.0 table does not
     /// know (issue 27): hash field expiry, vector sets, `SET … IFEQ`, COMMANDLOG, WAITAOF,
     /// CLIENT NO-TOUCH/SETINFO, ZRANK WITHSCORE. A server without one answers
-    /// `ERR unknown command`. Off unless `INVARIANT_FUZZ_NEWER=1`: one Redis 8.0 run lost its
-    /// server and one reported a finding that did not reproduce, neither explained yet, so CI
-    /// does not draw them (docs/compatibility.md lists what they found and what holds now).
+    /// `ERR unknown command`. Off unless `INVARIANT_FUZZ_NEWER=1`: not drawn in CI yet
+    /// (docs/compatibility.md lists what they found and what holds now).
     fn newer_command(&mut self) -> Vec<Vec<u8>> {
         let k = self.key();
         let v = self.value();
