@@ -57,8 +57,8 @@ pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
 /// the validation problems of what parses once their entries are removed, less those that
 /// only follow from a removal.
 fn recovered(text: &str, path: &Path) -> ConfigError {
-    let r = crate::config_recovery::recover(text);
-    let mut problems = r.problems.clone();
+    let mut r = crate::config_recovery::recover(text);
+    let mut problems = std::mem::take(&mut r.problems);
     if let Some(config) = &r.config {
         for mut p in all_problems(config) {
             p.field = r.original_path(&p.field);

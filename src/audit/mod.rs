@@ -184,16 +184,7 @@ pub fn probe_output(config: &AuditConfig) -> Option<Problem> {
         Ok(()) => None,
         // Created meanwhile by someone else (the proxy itself): it exists, which is fine.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
-        Err(e) => {
-            let e = std::io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot open {} to append the audit trail: {e}",
-                    path.display()
-                ),
-            );
-            Some(output_problem(config, &e))
-        }
+        Err(e) => Some(output_problem(config, &writer::open_error(path, &e))),
     }
 }
 

@@ -74,15 +74,19 @@ fn open_file(path: &Path) -> io::Result<File> {
         .append(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot open {} to append the audit trail: {e}",
-                    path.display()
-                ),
-            )
-        })
+        .map_err(|e| open_error(path, &e))
+}
+
+/// An error opening the audit file at `path`, saying which file and what for (the writer
+/// and `--check`'s probe word it the same).
+pub(super) fn open_error(path: &Path, e: &io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "cannot open {} to append the audit trail: {e}",
+            path.display()
+        ),
+    )
 }
 
 /// Shifts `PATH.(n-1)` to `PATH.n` … and `PATH` to `PATH.1`; the oldest beyond `keep` is
