@@ -256,12 +256,15 @@ pub async fn confine(
             report.confine = Some((user.name.clone(), Some(why)));
             return Ok(report);
         }
-        Err(Failure::Io(e)) => return Err(e),
+        Err(Failure::Transient(e)) => return Err(e),
     }
     for (spec, args) in acl.dryruns(&user.name) {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         match ask.ask(&args).await? {
             Value::String(ok) if &ok[..] == b"OK" => report.open.push(spec.name),
+            Value::Error(e) if script_login::is_transient(&e) => {
+                return Err(format!("ACL DRYRUN: {e}"));
+            }
             // The reason it may not, or an error (a command this Redis does not know).
             _ => {}
         }

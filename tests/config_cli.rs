@@ -1199,7 +1199,7 @@ async fn a_reload_reports_the_settings_that_need_a_restart() {
         "rules:\n  - id: no-KEYS\n    deny: [KEYS]\n# limits moved\nlimits: {max_clients: 100}\n",
     );
     proxy.signal("-HUP");
-    wait_for_log(&proxy, "policy reloaded", 1).await;
+    proxy.wait_for_log("policy reloaded", 1).await;
     assert!(
         !proxy.log_text().contains("need a restart"),
         "{}",
@@ -1212,23 +1212,10 @@ async fn a_reload_reports_the_settings_that_need_a_restart() {
         "listen: 127.0.0.1:1\nlimits:\n  max_clients: 200\nrules:\n  - id: no-DBSIZE\n    deny: [DBSIZE]\n",
     );
     proxy.signal("-HUP");
-    wait_for_log(&proxy, "need a restart", 1).await;
+    proxy.wait_for_log("need a restart", 1).await;
     let log = proxy.log_text();
     let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
     assert!(line.contains("settings=listen, limits"), "{line}");
     let out = redis_cli(proxy.port, &["DBSIZE"]).await;
     assert!(out.stdout.contains("policy no-DBSIZE"), "{}", out.stdout);
-}
-
-/// Waits until the proxy's log holds `text` at least `n` times.
-async fn wait_for_log(proxy: &ProxyProcess, text: &str, n: usize) {
-    let until = Instant::now() + DEADLINE;
-    while proxy.log_text().matches(text).count() < n {
-        assert!(
-            Instant::now() < until,
-            "no {text:?} in the log: {}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(POLL).await;
-    }
 }

@@ -12,6 +12,7 @@ mod common;
 
 use std::path::Path;
 
+use common::process::ProxyProcess;
 use common::{DEADLINE, Proxy, Raw, RedisServer, http_get};
 
 fn text(reply: &[u8]) -> String {
@@ -273,4 +274,48 @@ async fn a_restarted_upstream_gets_the_script_user_again() {
     assert!(reply.starts_with("-"), "{reply}");
     assert_eq!(redis.direct(&["DBSIZE"]).await, b":1\r\n");
     assert!(text(&redis.direct(&["ACL", "USERS"]).await).contains("rpp-scripts-"));
+}
+
+/// A reload while a script keeps Redis busy: setting the script user up gets `BUSY`, which
+/// says "not now", not "no". The proxy retries once the script ends, and scripts keep running
+/// confined to the new policy. (`BUSY` was read as a refusal: every script was refused, as
+/// "cannot run confined", until the next attempt 30 seconds later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_a_busy_script_is_retried_not_taken_as_a_refusal() {
+    let redis = RedisServer::start_with(&["--busy-reply-threshold", "50"]);
+    let tmp = common::TempDir::new("busy-reload");
+    let policy = |denied: &str| format!("rules:\n  - id: no-{denied}\n    deny: [{denied}]\n");
+    let file = common::write_file(tmp.path(), "p.yaml", &policy("KEYS"));
+    let proxy = ProxyProcess::start(&file, &redis, tmp.path().join("log"), &[]).await;
+    proxy.wait_for_log("script ACL checked", 1).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
+
+    // Redis busy with a script of another client's, sent directly.
+    let mut spin = Raw::connect(redis.addr()).await;
+    spin.send(b"EVAL \"while true do end\" 0\r\n").await;
+    let until = std::time::Instant::now() + DEADLINE;
+    while !redis.direct(&["PING"]).await.starts_with(b"-BUSY") {
+        assert!(std::time::Instant::now() < until, "Redis never got busy");
+        tokio::time::sleep(common::POLL).await;
+    }
+    std::fs::write(&file, policy("DBSIZE")).unwrap();
+    proxy.signal("-HUP");
+    proxy.wait_for_log("policy reloaded", 1).await;
+    proxy
+        .wait_for_log("script ACL not checked; retrying", 1)
+        .await;
+    assert!(
+        !proxy.log_text().contains("scripts can bypass the policy"),
+        "{}",
+        proxy.log_text()
+    );
+
+    assert_eq!(redis.direct(&["SCRIPT", "KILL"]).await, b"+OK\r\n");
+    assert!(text(&spin.read_frame().await).contains("killed by user"));
+    proxy.wait_for_log("script ACL checked", 2).await;
+    assert_eq!(c.call(&["EVAL", "return 1", "0"]).await, b":1\r\n");
+    let reply = text(&c.call(&["EVAL", "return redis.call('DBSIZE')", "0"]).await);
+    assert!(reply.starts_with("-"), "{reply}");
+    assert!(!reply.contains("cannot run confined"), "{reply}");
 }

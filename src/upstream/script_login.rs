@@ -20,14 +20,17 @@ pub enum Failure {
     /// Redis refused or answered something the proxy cannot use: retrying will not help
     /// (no ACL rights, Redis before 7, an unreadable ACL).
     Refused(String),
-    /// The connection failed: the next one may work.
-    Io(String),
+    /// The connection failed, or Redis could not take the command just now (busy running a
+    /// script, loading, a primary down): the next attempt may work, so the user is not
+    /// marked unavailable. (A reload during a long script used to mark it so, refusing every
+    /// script for 30 seconds.)
+    Transient(String),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Refused(why) | Failure::Io(why) => f.write_str(why),
+            Failure::Refused(why) | Failure::Transient(why) => f.write_str(why),
         }
     }
 }
@@ -110,11 +113,11 @@ async fn auth(ask: &mut impl Ask, user: &ScriptUser) -> Result<bool, Failure> {
     match ask
         .ask(&["AUTH", &user.name, user.password()])
         .await
-        .map_err(Failure::Io)?
+        .map_err(Failure::Transient)?
     {
         Value::String(ok) if &ok[..] == b"OK" => Ok(true),
         Value::Error(e) if e.starts_with("WRONGPASS") => Ok(false),
-        Value::Error(e) => Err(Failure::Refused(format!("AUTH as the script user: {e}"))),
+        Value::Error(e) => Err(refusal(format!("AUTH as the script user: {e}"), &e)),
         other => Err(Failure::Refused(format!("AUTH answered {other:?}"))),
     }
 }
@@ -135,9 +138,15 @@ pub async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Fai
         let dry = ask
             .ask(&["ACL", "DRYRUN", &proxy_user, command, arg])
             .await
-            .map_err(Failure::Io)?;
-        if matches!(&dry, Value::String(ok) if &ok[..] == b"OK") {
-            first_args_ok.push((command.clone(), arg.clone()));
+            .map_err(Failure::Transient)?;
+        match &dry {
+            Value::String(ok) if &ok[..] == b"OK" => {
+                first_args_ok.push((command.clone(), arg.clone()));
+            }
+            Value::Error(e) if is_transient(e) => {
+                return Err(Failure::Transient(format!("ACL DRYRUN: {e}")));
+            }
+            _ => {}
         }
     }
     let mut args = setuser_args(
@@ -153,7 +162,7 @@ pub async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Fai
     for _ in 0..64 {
         let mut full = vec!["ACL", "SETUSER"];
         full.extend(args.iter().map(String::as_str));
-        match ask.ask(&full).await.map_err(Failure::Io)? {
+        match ask.ask(&full).await.map_err(Failure::Transient)? {
             Value::String(ok) if &ok[..] == b"OK" => return Ok(proxy_user),
             Value::Error(e) => match unknown_removal(&e) {
                 Some(bad) if args.iter().any(|a| a == bad) => {
@@ -161,10 +170,10 @@ pub async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Fai
                     args.retain(|a| *a != bad);
                 }
                 _ => {
-                    return Err(Failure::Refused(format!(
-                        "ACL SETUSER {} refused: {e}",
-                        user.name
-                    )));
+                    return Err(refusal(
+                        format!("ACL SETUSER {} refused: {e}", user.name),
+                        &e,
+                    ));
                 }
             },
             other => return Err(Failure::Refused(format!("ACL SETUSER answered {other:?}"))),
@@ -175,12 +184,31 @@ pub async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Fai
     ))
 }
 
-/// A command whose error reply is a refusal, not a failed connection.
+/// A command whose error reply is a refusal (or, for a busy or loading Redis, a transient
+/// failure), not a reply.
 async fn call(ask: &mut impl Ask, args: &[&str]) -> Result<Value, Failure> {
-    match ask.ask(args).await.map_err(Failure::Io)? {
-        Value::Error(e) => Err(Failure::Refused(format!("{}: {e}", args.join(" ")))),
+    match ask.ask(args).await.map_err(Failure::Transient)? {
+        Value::Error(e) => Err(refusal(format!("{}: {e}", args.join(" ")), &e)),
         v => Ok(v),
     }
+}
+
+/// `what` failed with Redis's error `e`: transient when Redis only could not take the command
+/// now, a refusal otherwise.
+fn refusal(what: String, e: &str) -> Failure {
+    if is_transient(e) {
+        Failure::Transient(what)
+    } else {
+        Failure::Refused(what)
+    }
+}
+
+/// Error codes that say "not now" rather than "no": a script running (`BUSY`), a dataset
+/// loading (`LOADING`), a replica without its primary (`MASTERDOWN`), a cluster mid-change
+/// (`TRYAGAIN`, `CLUSTERDOWN`).
+pub fn is_transient(e: &str) -> bool {
+    let code = e.split(' ').next().unwrap_or("");
+    ["BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"].contains(&code)
 }
 
 /// The `-command` modifier Redis's `ACL SETUSER` error names as an unknown command
@@ -207,5 +235,30 @@ mod tests {
             super::unknown_removal("ERR Error in ACL SETUSER modifier '~x': Syntax error"),
             None
         );
+    }
+
+    #[test]
+    fn busy_and_loading_are_not_refusals() {
+        use super::{Failure, refusal};
+        for e in [
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        ] {
+            assert!(
+                matches!(refusal("ACL GETUSER app".into(), e), Failure::Transient(_)),
+                "{e}"
+            );
+        }
+        for e in [
+            "NOPERM User app has no permissions to run the 'acl|getuser' command",
+            "BUSYKEY Target key name already exists.",
+            "ERR unknown command",
+        ] {
+            assert!(
+                matches!(refusal("ACL GETUSER app".into(), e), Failure::Refused(_)),
+                "{e}"
+            );
+        }
     }
 }

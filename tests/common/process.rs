@@ -118,6 +118,19 @@ impl ProxyProcess {
         assert!(status.success(), "kill {signal} {pid} failed");
     }
 
+    /// Waits until the log holds `text` at least `n` times.
+    pub async fn wait_for_log(&self, text: &str, n: usize) {
+        let until = Instant::now() + DEADLINE;
+        while self.log_text().matches(text).count() < n {
+            assert!(
+                Instant::now() < until,
+                "no {text:?} in the log: {}",
+                self.log_text()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
