@@ -39,6 +39,8 @@ Examples:
   redis-policy-proxy --check policy/default.yaml          validate only: exit 0, or 64
   redis-policy-proxy --explain policy/default.yaml 'KEYS *'
   redis-policy-proxy replay --policy new.yaml audit.jsonl   what new.yaml would do to that traffic
+  redis-policy-proxy -c policy.yaml backfill --to new:6379 --state b.json
+                                                          copy the upstream's keys to another server
   kill -HUP <pid>                                         reload the --config file (without
                                                           one: logged, nothing else)
 
@@ -50,8 +52,8 @@ The container image sets RPP_CONFIG, RPP_LISTEN and RPP_ADMIN, so arguments give
 Signals: SIGHUP reloads the policy (so does any change to the file), SIGTERM stops accepting
 and drains for shutdown_grace_ms, SIGINT exits at once.
 Exit status: 0 after a drain, 64 for an unusable configuration, 1 when the proxy cannot start
-(an address already in use), 130 after SIGINT; --survey: 69 when the upstream cannot be read
-(unreachable, no answer, login refused), with one line saying why.
+(an address already in use), 130 after SIGINT; --survey and backfill: 69 when a server cannot
+be read or written (unreachable, no answer, login refused), with one line saying why.
 Docs: README.md, policy/README.md (the file), docs/operations.md (metrics, logs, deploying).";
 
 /// A Redis-protocol proxy that enforces Redis best practices in-line.
@@ -161,6 +163,42 @@ enum Tool {
         examples: usize,
         /// The audit log (JSON lines) or MONITOR capture; `-` for standard input.
         log: PathBuf,
+    },
+    /// Copy the keys the --config file's upstream holds (or --from's) to another server, with
+    /// their TTLs (SCAN, DUMP, RESTORE), before a migration. Keys the target already holds are
+    /// kept (--replace overwrites them). With --state FILE it resumes where it stopped.
+    /// Exit status: 0 done, 64 the file or flags, 69 a server could not be read or written, or
+    /// the target refused keys.
+    ///
+    /// Example: -c policy/default.yaml backfill --to 127.0.0.1:6391 --state backfill.json
+    Backfill {
+        /// The source node, instead of the file's upstream (in a cluster, each primary).
+        #[arg(long, value_name = "HOST:PORT")]
+        from: Option<String>,
+        /// The target node.
+        #[arg(long, value_name = "HOST:PORT")]
+        to: String,
+        /// ACL user on the target.
+        #[arg(long, value_name = "USER")]
+        to_user: Option<String>,
+        /// Environment variable holding the target's password.
+        #[arg(long, value_name = "VAR")]
+        to_password_env: Option<String>,
+        /// Keys copied per second at most.
+        #[arg(long, value_name = "N", default_value_t = 1_000)]
+        rate: u64,
+        /// Stop after N keys (run again with the same --state to go on).
+        #[arg(long, value_name = "N")]
+        max_keys: Option<u64>,
+        /// Progress file: written after every page of keys, read to resume.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+        /// Overwrite keys the target already holds.
+        #[arg(long)]
+        replace: bool,
+        /// Only keys matching this glob pattern (SCAN MATCH).
+        #[arg(long = "match", value_name = "PATTERN")]
+        pattern: Option<String>,
     },
 }
 
@@ -377,6 +415,79 @@ fn main() -> ExitCode {
         return printed(redis_policy_proxy::tools::replay::replay(
             &policies, log, *examples,
         ));
+    }
+
+    if let Some(Tool::Backfill {
+        from,
+        to,
+        to_user,
+        to_password_env,
+        rate,
+        max_keys,
+        state,
+        replace,
+        pattern,
+    }) = &cli.tool
+    {
+        init_logging(cli.log_format, "error");
+        let Some(path) = &cli.config else {
+            eprintln!(
+                "backfill needs the policy file for the source's login: -c FILE backfill --to HOST:PORT"
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        };
+        let to_password = match to_password_env {
+            Some(var) => match std::env::var(var) {
+                Ok(p) if !p.is_empty() => Some(p),
+                _ => {
+                    eprintln!("--to-password-env {var}: the variable is not set");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            },
+            None => None,
+        };
+        let options = redis_policy_proxy::tools::backfill::Options {
+            from: from.clone(),
+            to: to.clone(),
+            to_user: to_user.clone(),
+            to_password,
+            rate: *rate,
+            max_keys: *max_keys,
+            state: state.clone(),
+            replace: *replace,
+            pattern: pattern.clone(),
+        };
+        use redis_policy_proxy::tools::survey::{EXIT_UPSTREAM, Failure};
+        let done = redis_policy_proxy::tools::backfill::backfill(path, &options, |p| {
+            eprintln!("backfill: {}", p.summary());
+        });
+        return match done {
+            Ok(p) => {
+                println!("{}", p.summary());
+                for f in &p.failures {
+                    println!("  refused: {f}");
+                }
+                if !p.complete {
+                    println!("stopped before the end: run again with the same --state to go on");
+                }
+                if p.failed > 0 {
+                    eprintln!(
+                        "redis-policy-proxy backfill: the target refused {} keys (listed above: up to five)",
+                        p.failed
+                    );
+                    return ExitCode::from(EXIT_UPSTREAM);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(Failure::Config(e)) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+            Err(Failure::Upstream(e)) => {
+                eprintln!("redis-policy-proxy backfill: {e}");
+                ExitCode::from(EXIT_UPSTREAM)
+            }
+        };
     }
 
     if let Some(check) = &cli.check {

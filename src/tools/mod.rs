@@ -5,7 +5,9 @@
 //! Here rather than in `main.rs`, so they are tested as library code and `main` only
 //! dispatches.
 
+pub mod backfill;
 pub mod explain;
+pub mod node_link;
 pub mod print_acl;
 pub mod replay;
 pub mod survey;

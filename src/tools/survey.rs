@@ -16,18 +16,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-
-use crate::config::{Config, UpstreamMode};
-use crate::error::UpstreamError;
+use super::node_link::{connect, login_refused, probe};
+use crate::config::UpstreamMode;
 use crate::policy::Policy;
 use crate::policy::ttl::{MARKED_ABOVE_MS, TtlKeys};
-use crate::resp_value::{self, Value};
-use crate::upstream::handshake::NodeSpec;
-use crate::upstream::pool::{Control, Pool, PoolSettings};
+use crate::resp_value::Value;
+use crate::upstream::pool::{Control, PoolSettings};
 
 /// Exit status when the upstream could not be surveyed (unreachable, no answer, login
 /// refused, a command refused): sysexits' EX_UNAVAILABLE, apart from 64 (the file or the
@@ -141,132 +137,22 @@ pub fn survey(path: &Path, node: Option<&str>, options: Options) -> Result<Strin
         .map_err(|e| Failure::Upstream(format!("cannot start the survey: {e}")))?;
     let addr = config.upstream.address.value.clone();
     runtime.block_on(async {
-        probe(&settings.login, &config)
-            .await
-            .map_err(Failure::Upstream)?;
+        probe(&settings.login, |addr, reply| {
+            login_refused(
+                addr,
+                reply,
+                &config,
+                "the survey's SCAN, PTTL, TYPE and STRLEN",
+            )
+        })
+        .await
+        .map_err(Failure::Upstream)?;
         let control = connect(&settings, &addr).await.map_err(Failure::Upstream)?;
         let report = scan(&control, &policy, options)
             .await
             .map_err(|e| Failure::Upstream(format!("survey of {addr} stopped: {e}")))?;
         Ok(render(&report, &policy, &addr, path))
     })
-}
-
-/// One connection to the upstream, logged in as the proxy would log in, and closed: why it
-/// cannot be, in one line naming the address and the cause.
-async fn probe(login: &NodeSpec, config: &Config) -> Result<(), String> {
-    let addr = &login.addr;
-    let limit = login.connect_timeout;
-    let ms = limit.as_millis();
-    match tokio::time::timeout(limit, tokio::net::TcpStream::connect(&**addr)).await {
-        Err(_) => {
-            return Err(format!(
-                "cannot reach the upstream {addr}: no connection within {ms} ms \
-                 (upstream.connect_timeout_ms); is the address right, and reachable from here?"
-            ));
-        }
-        Ok(Err(e)) => {
-            return Err(format!(
-                "cannot reach the upstream {addr}: {}",
-                io_cause(&e)
-            ));
-        }
-        Ok(Ok(_)) => {}
-    }
-    // The handshake's own deadline is set past ours, so that ours tells a silent server.
-    let patient = NodeSpec {
-        connect_timeout: limit * 2,
-        ..login.clone()
-    };
-    let hello = crate::upstream::handshake::connect(&patient, Some(2));
-    match tokio::time::timeout(limit, hello).await {
-        Ok(Ok(_)) => Ok(()),
-        Err(_) => Err(format!(
-            "the upstream {addr} accepted the connection but did not answer HELLO within {ms} ms \
-             (upstream.connect_timeout_ms): is it a Redis server, and not overloaded?"
-        )),
-        Ok(Err(UpstreamError::CredentialsRefused { reply, .. })) => {
-            Err(login_refused(addr, &reply, config))
-        }
-        Ok(Err(UpstreamError::Handshake { reply, .. })) => Err(format!(
-            "the upstream {addr} refused the proxy's login: {reply}"
-        )),
-        Ok(Err(UpstreamError::Unavailable { reason, .. } | UpstreamError::Lost { reason, .. })) => {
-            Err(format!(
-                "the upstream {addr} did not complete the handshake: {reason} (is it a Redis \
-                 server, and is upstream.tls set as it needs?)"
-            ))
-        }
-        Ok(Err(e)) => Err(e.to_string()),
-    }
-}
-
-/// A connection error in words: the kinds an operator meets, then the system's own text.
-fn io_cause(e: &std::io::Error) -> String {
-    use std::io::ErrorKind;
-    let what = match e.kind() {
-        ErrorKind::ConnectionRefused => {
-            "connection refused: nothing listens there (is Redis running, and is --upstream \
-             or upstream.address right?)"
-        }
-        ErrorKind::TimedOut => "connection timed out",
-        ErrorKind::HostUnreachable => "host unreachable",
-        ErrorKind::NetworkUnreachable => "network unreachable",
-        ErrorKind::PermissionDenied => "connection not permitted here (a firewall rule?)",
-        _ => return e.to_string(),
-    };
-    what.to_string()
-}
-
-/// A refused login in words: what the server said, and which setting to change.
-fn login_refused(addr: &str, reply: &str, config: &Config) -> String {
-    let u = &config.upstream;
-    let source = match (&u.password_env, &u.password_file) {
-        (Some(var), _) => format!("upstream.password_env ({})", var.value),
-        (_, Some(file)) => format!("upstream.password_file ({})", file.value.display()),
-        _ => "upstream.password".to_string(),
-    };
-    let user = u.username.as_deref().unwrap_or("default");
-    if reply.starts_with("NOAUTH") {
-        format!(
-            "the upstream {addr} requires a login and the policy gives none (NOAUTH): set \
-             upstream.password, or password_env / password_file to keep it out of the file \
-             (and upstream.username for an ACL user)"
-        )
-    } else if reply.starts_with("WRONGPASS") {
-        format!(
-            "the upstream {addr} refused the proxy's credentials (WRONGPASS): user {user} with \
-             the password from {source} does not match the server's requirepass or ACL user"
-        )
-    } else {
-        format!(
-            "the upstream {addr} refused the proxy's login as user {user}: {reply} (the ACL user \
-             needs HELLO and the survey's SCAN, PTTL, TYPE and STRLEN)"
-        )
-    }
-}
-
-/// A control connection to the upstream, once it answers PING (within twice the connect
-/// timeout: the probe has just logged in, so this is the pool's own first connection).
-async fn connect(settings: &PoolSettings, addr: &str) -> Result<Control, String> {
-    let metrics = crate::metrics::Metrics::new(Arc::new(ArcSwap::from_pointee(Policy::default())));
-    let pool = Pool::start_node(addr.into(), settings, metrics);
-    let control = pool.control();
-    let until = tokio::time::Instant::now() + settings.login.connect_timeout * 2;
-    loop {
-        // A refusal (NOPERM) is final; a connection not up yet is waited for.
-        match control.request(&[b"PING"]).await {
-            Ok(reply) => {
-                return answer("PING", &reply)
-                    .map(|_| control)
-                    .map_err(|e| format!("the upstream {addr}: {e}"));
-            }
-            Err(_) if tokio::time::Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(format!("the upstream {addr} did not answer PING: {e}")),
-        }
-    }
 }
 
 /// SCANs and checks each key against the policy's expectations.
@@ -478,13 +364,9 @@ async fn ask(control: &Control, args: &[&[u8]]) -> Result<Value, String> {
 
 /// The reply to the command `name`, decoded; an error reply as an error naming it.
 fn answer(name: &str, reply: &[u8]) -> Result<Value, String> {
-    match resp_value::decode(reply, 4) {
-        Ok((Value::Error(e), _)) if e.starts_with("NOPERM") => Err(format!(
-            "{name} was refused: {e} (the survey runs PING, SCAN, PTTL, TYPE and STRLEN as \
-             upstream.username)"
-        )),
-        Ok((Value::Error(e), _)) => Err(format!("{name} was refused: {e}")),
-        Ok((v, _)) => Ok(v),
-        Err(e) => Err(format!("{name}: unreadable reply: {e}")),
-    }
+    super::node_link::answer(
+        name,
+        reply,
+        "the survey runs PING, SCAN, PTTL, TYPE and STRLEN as upstream.username",
+    )
 }
