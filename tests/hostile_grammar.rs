@@ -277,3 +277,34 @@ async fn tracking_options_with_nul_suffixes_stay_confined() {
     let push = text(&t.read_frame().await);
     assert!(push.contains("mine") && !push.contains("bobkey"), "{push}");
 }
+
+/// HELLO's options are read as Redis reads them: `AUTH\0` logs in (the proxy checks a proxy
+/// user's password, a wrong one is refused), `SETNAME\0` names the connection. (They were
+/// refused as unknown options, where Redis accepts them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_options_with_nul_suffixes_work_as_directly() {
+    let redis = RedisServer::start();
+    let proxy = proxy(&redis).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let wrong = text(
+        &c.call(&[&b"HELLO"[..], b"3", b"AUTH\0", b"alice", b"nope"])
+            .await,
+    );
+    assert!(wrong.starts_with("-WRONGPASS"), "{wrong}");
+    let hello = c
+        .call(&[
+            &b"HELLO"[..],
+            b"3",
+            b"AUTH\0x",
+            b"alice",
+            b"alicepw",
+            b"SETNAME\0",
+            b"n1",
+        ])
+        .await;
+    assert_eq!(hello[0], b'%', "{}", text(&hello));
+    assert_eq!(c.call(&["CLIENT", "GETNAME"]).await, b"$2\r\nn1\r\n");
+    // Alice's namespace applies: her key is stored under her prefix.
+    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert_eq!(redis.direct(&["EXISTS", "k"]).await, b":0\r\n");
+}

@@ -362,11 +362,12 @@ impl Session {
             while j < args.len() {
                 let more = args.len() - 1 - j;
                 let opt = args.get(j);
-                if opt.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+                // Read as Redis's helloCommand reads them (`strcasecmp`: `AUTH\0` is AUTH).
+                if grammar::keyword(opt, b"AUTH") && more >= 2 {
                     auth = true;
                     credentials = Some((args.get(j + 1), args.get(j + 2)));
                     j += 3;
-                } else if opt.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+                } else if grammar::keyword(opt, b"SETNAME") && more >= 1 {
                     name = Some(args.get(j + 1));
                     j += 2;
                 } else {
