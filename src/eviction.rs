@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use crate::config::UpstreamRole;
 use crate::metrics::{MemoryReport, Metrics};
 use crate::policy::Policy;
-use crate::policy::config::Mode;
+use crate::config::rules::Mode;
 use crate::resp_value::{self, Value};
 use crate::upstream::pool::Control;
 
