@@ -86,7 +86,7 @@ pub async fn serve(
         metrics
             .script_user
             .store(Some(crate::script_user::ScriptUser::new(
-                &policy.load(),
+                crate::script_acl::denials(&policy.load()),
                 config.upstream.unconfined_scripts.value == crate::config::UnconfinedScripts::Run,
             )));
     }
