@@ -115,7 +115,7 @@ mod tests {
             "ERR This instance has cluster support disabled"
         ));
         let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(
-            crate::policy::Policy::default(),
+            crate::metrics::NoPolicy,
         ));
         let metrics = Metrics::new(policy);
         let state = Credentials::new("a:1", &metrics);
