@@ -1704,7 +1704,11 @@ mod tests {
         )
         .unwrap();
         let sentinel = ok.upstream.sentinel.as_ref().unwrap();
-        let sentinels: Vec<&str> = sentinel.sentinels.iter().map(|s| s.value.as_str()).collect();
+        let sentinels: Vec<&str> = sentinel
+            .sentinels
+            .iter()
+            .map(|s| s.value.as_str())
+            .collect();
         assert_eq!(sentinels, ["10.0.0.1:26379", "s2:26379"]);
         assert_eq!(sentinel.master_name.as_ref().unwrap().value, "mymaster");
         assert_eq!(sentinel.timeout_ms.value, 1000);
