@@ -17,9 +17,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::config::UpstreamRole;
+use crate::config::rules::Mode;
 use crate::metrics::{MemoryReport, Metrics};
 use crate::policy::Policy;
-use crate::policy::config::Mode;
 use crate::resp_value::{self, Value};
 use crate::upstream::pool::Control;
 

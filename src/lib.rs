@@ -23,7 +23,8 @@
 //!                 request order; replies the proxy makes itself come from [`answers`]
 //! ```
 //!
-//! - [`config`]: the YAML file as plain data, strict and validated with file/line/field messages;
+//! - [`config`]: the YAML file as plain data (the rules' format in `config::rules`), strict and
+//!   validated with file/line/field messages;
 //!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy;
 //!   [`config_recovery`] reports every parse error of a file, not only the first, each once,
 //!   in words, at the line of its key (found through `config::yaml`, a lenient second reading

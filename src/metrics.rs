@@ -1,6 +1,8 @@
 //! Prometheus metrics. Every handle is registered once at start and stored here, so a command
 //! pays a few relaxed atomic adds (no label lookup, no lock); the policy's per-rule counters
-//! live in the engine and are read at scrape time ([`PolicyCollector`]).
+//! live in the engine and are read at scrape time ([`PolicyCollector`], through the
+//! [`PolicyCounters`] trait, so this module, which every other one holds, knows nothing of
+//! the policy's types).
 //!
 //! Labels are bounded by construction: command classes and outcomes are fixed lists, rules and
 //! tenants come from the policy file. Nothing is ever labelled by key or client address.
@@ -20,7 +22,6 @@ use prometheus_client::registry::{Metric, Registry};
 use tokio::time::Instant;
 
 use crate::commands::{AclCategories as A, CommandSpec};
-use crate::policy::Policy;
 use crate::procfs::ProcessStats;
 
 /// Command classes: Redis's command groups, told apart by ACL category.
@@ -286,6 +287,28 @@ pub struct Metrics {
     pub started: Instant,
 }
 
+/// What `/metrics` reads of the running policy at each scrape (`rpp_policy_info`,
+/// `rpp_policy_decisions_total`). `policy::Policy` implements it (in `ops`); defined here so
+/// the metrics do not depend on the policy, which depends on modules that count in them.
+pub trait PolicyCounters: std::fmt::Debug + Send + Sync + 'static {
+    /// The policy file's version (a hash of its text).
+    fn version(&self) -> &str;
+    /// Calls `f(rule, tenant, outcome, count)` for every non-zero counter.
+    fn for_each_counter(&self, f: &mut dyn FnMut(&str, &str, &str, u64));
+}
+
+/// The policy of metrics made without one (tests, tools): version `none`, no counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoPolicy;
+
+impl PolicyCounters for NoPolicy {
+    fn version(&self) -> &str {
+        "none"
+    }
+
+    fn for_each_counter(&self, _: &mut dyn FnMut(&str, &str, &str, u64)) {}
+}
+
 /// What the latest eviction check found, in the form each reader needs.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryReport {
@@ -339,7 +362,7 @@ fn labelled<const N: usize>(
 impl Metrics {
     /// Registers every metric; `policy` is read at each scrape for the per-rule counters.
     /// Families are registered in a fixed order, which is the order `/metrics` renders them in.
-    pub fn new(policy: Arc<ArcSwap<Policy>>) -> Arc<Metrics> {
+    pub fn new<P: PolicyCounters>(policy: Arc<ArcSwap<P>>) -> Arc<Metrics> {
         let mut m = Metrics::unregistered();
         m.register_commands();
         m.register_latencies();
@@ -680,11 +703,11 @@ impl Metrics {
 /// Reads the running policy's counters at scrape time: they reset when a reload swaps the
 /// policy, which Prometheus's `rate()` and `increase()` handle as counter resets.
 #[derive(Debug)]
-struct PolicyCollector {
-    policy: Arc<ArcSwap<Policy>>,
+struct PolicyCollector<P> {
+    policy: Arc<ArcSwap<P>>,
 }
 
-impl Collector for PolicyCollector {
+impl<P: PolicyCounters> Collector for PolicyCollector<P> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let policy = self.policy.load();
         let info = ConstGauge::new(1i64);
@@ -702,15 +725,11 @@ impl Collector for PolicyCollector {
             MetricType::Counter,
         )?;
         let mut result = Ok(());
-        policy.for_each_counter(|rule, tenant, outcome, value| {
+        policy.for_each_counter(&mut |rule, tenant, outcome, value| {
             if result.is_err() {
                 return;
             }
-            let labels = [
-                ("rule", rule),
-                ("tenant", tenant),
-                ("outcome", outcome.name()),
-            ];
+            let labels = [("rule", rule), ("tenant", tenant), ("outcome", outcome)];
             result = family
                 .encode_family(&labels)
                 .and_then(|m| ConstCounter::new(value).encode(m));
@@ -861,7 +880,7 @@ mod tests {
 
     #[test]
     fn histogram_buckets_are_cumulative_with_a_sum_in_seconds() {
-        let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
+        let policy = Arc::new(ArcSwap::from_pointee(NoPolicy));
         let m = Metrics::new(policy);
         m.request_duration.observe_n(Duration::from_micros(70), 3);
         m.request_duration.observe_n(Duration::from_secs(20), 1);
@@ -899,7 +918,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn process_metrics_have_their_standard_unprefixed_names() {
-        let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
+        let policy = Arc::new(ArcSwap::from_pointee(NoPolicy));
         let text = Metrics::new(policy).render();
         for name in [
             "process_cpu_seconds_total ",

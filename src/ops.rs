@@ -12,6 +12,20 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::slowlog::SlowLog;
 
+/// The policy's counters as the metrics read them: the glue between `metrics` (which knows no
+/// policy) and `policy` (which counts in the metrics' handles), here where both meet.
+impl crate::metrics::PolicyCounters for Policy {
+    fn version(&self) -> &str {
+        Policy::version(self)
+    }
+
+    fn for_each_counter(&self, f: &mut dyn FnMut(&str, &str, &str, u64)) {
+        Policy::for_each_counter(self, |rule, tenant, outcome, n| {
+            f(rule, tenant, outcome.name(), n)
+        });
+    }
+}
+
 /// Reloads the policy file and swaps it in: `Ok` with the new version, `Err` with every
 /// problem (the running policy stays). Provided by whoever knows the file (`main`).
 pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;

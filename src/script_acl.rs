@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::policy::acl::ScriptAcl;
 use crate::resp_value::{self, Value};
-use crate::script_user::{ScriptUser, State};
+use crate::script_user::{Denials, ScriptUser, State};
 use crate::upstream::pool::Control;
 use crate::upstream::script_login::{self, Ask, Failure};
 
@@ -222,6 +222,20 @@ pub async fn check(
     })
 }
 
+/// What the script user loses under `policy`: the removals of its enforced deny rules, and
+/// the first arguments their `unless_arg` gives back.
+pub fn denials(policy: &Policy) -> Denials {
+    let acl = ScriptAcl::of(policy);
+    Denials {
+        removals: acl.rules(),
+        first_args: acl
+            .denied
+            .iter()
+            .filter_map(|d| Some((d.spec.name.to_string(), d.first_arg.clone()?)))
+            .collect(),
+    }
+}
+
 /// `confine`: sets the script user up (or updates it to `policy`'s denials) on the node the
 /// control connection reaches, then asks Redis (`ACL DRYRUN`) whether it may run any denied
 /// command. A refusal is a report (scripts cannot be confined, and why); only a failed
@@ -231,7 +245,7 @@ pub async fn confine(
     policy: &Policy,
     user: &ScriptUser,
 ) -> Result<Report, String> {
-    user.set_policy(policy);
+    user.set_denials(denials(policy));
     let acl = ScriptAcl::of(policy);
     let mut ask = ControlAsk(control);
     let mut report = Report {

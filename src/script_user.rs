@@ -20,14 +20,14 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::policy::Policy;
-use crate::policy::acl::ScriptAcl;
 use crate::resp_value::Value;
 
 /// Prefix of every user the proxy manages, so an operator reading `ACL LIST` knows whose it is.
 pub const NAME_PREFIX: &str = "rpp-scripts-";
 
-/// What the current policy takes away from the script user, beyond the proxy user's ACL.
+/// What the current policy takes away from the script user, beyond the proxy user's ACL;
+/// made from the policy by `script_acl::denials`, so this module (read by every upstream
+/// connection) does not depend on the policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Denials {
     /// `-<command>` per command the deny rules refuse to every tenant (`policy::acl`).
@@ -35,21 +35,6 @@ pub struct Denials {
     /// `(command, first argument)` an `unless_arg` allows again (`flushall`, `async`): given
     /// back only when the proxy's user may run it, so the script user never gains a right.
     pub first_args: Vec<(String, String)>,
-}
-
-impl Denials {
-    /// The removals of `policy`'s enforced deny rules.
-    pub fn of(policy: &Policy) -> Denials {
-        let acl = ScriptAcl::of(policy);
-        Denials {
-            removals: acl.rules(),
-            first_args: acl
-                .denied
-                .iter()
-                .filter_map(|d| Some((d.spec.name.to_string(), d.first_arg.clone()?)))
-                .collect(),
-        }
-    }
 }
 
 /// Whether scripts can run as the script user now.
@@ -86,13 +71,13 @@ pub struct ScriptUser {
 }
 
 impl ScriptUser {
-    /// A new user (name and password drawn now) removing what `policy` denies.
-    pub fn new(policy: &Policy, run_unconfined: bool) -> Arc<ScriptUser> {
+    /// A new user (name and password drawn now) removing `denials`.
+    pub fn new(denials: Denials, run_unconfined: bool) -> Arc<ScriptUser> {
         let id = random_hex(8);
         Arc::new(ScriptUser {
             name: format!("{NAME_PREFIX}{id}"),
             password: random_hex(32),
-            denials: ArcSwap::from_pointee(Denials::of(policy)),
+            denials: ArcSwap::from_pointee(denials),
             state: ArcSwap::from_pointee(State::Pending),
             run_unconfined,
         })
@@ -108,9 +93,8 @@ impl ScriptUser {
         self.denials.load_full()
     }
 
-    /// A reload's policy: returns whether its removals differ (the user must be set again).
-    pub fn set_policy(&self, policy: &Policy) -> bool {
-        let next = Denials::of(policy);
+    /// A reload's denials: returns whether they differ (the user must be set again).
+    pub fn set_denials(&self, next: Denials) -> bool {
         if *self.denials.load_full() == next {
             return false;
         }

@@ -86,7 +86,7 @@ pub async fn serve(
         metrics
             .script_user
             .store(Some(crate::script_user::ScriptUser::new(
-                &policy.load(),
+                crate::script_acl::denials(&policy.load()),
                 config.upstream.unconfined_scripts.value == crate::config::UnconfinedScripts::Run,
             )));
     }
@@ -762,7 +762,7 @@ async fn start_sentinel(
         .sentinel
         .as_ref()
         .ok_or_else(|| std::io::Error::other("upstream.sentinel is missing"))?;
-    let spec = sentinel.spec();
+    let spec = crate::sentinel::SentinelSpec::of(sentinel);
     let label: Arc<str> = format!("sentinel:{}", spec.master_name).into();
     let (tx, mut primary) = watch::channel(None);
     let mut tasks = Vec::new();

@@ -1,6 +1,6 @@
 //! The configuration keys the docs show are the keys the code reads, and every key the code
 //! reads is shown somewhere: README.md's config reference and policy/README.md's examples
-//! together, against the serde structs of `src/config/` and `src/policy/config.rs`.
+//! together, against the serde structs of `src/config/` (the rules' in `src/config/rules.rs`).
 //!
 //! The schema is not written down a second time here: it is asked from the parser itself.
 //! Every struct is `deny_unknown_fields`, so a probe key at a path makes serde list the fields

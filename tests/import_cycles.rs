@@ -7,7 +7,13 @@
 //! imports the parent's other child back is still a cycle. Comments and string literals are
 //! skipped.
 //!
-//! `scripts/import-cycles.sh` prints the report. Cycles that other work is still cutting are
+//! The second test checks the same graph one level up, between top-level modules (`config`,
+//! `policy`, `upstream`…): each file module stands for the top-level module it is in, so a
+//! loop through several files of different modules (`config` naming `policy`'s types while
+//! `policy` reads `config`) is a cycle even when no two files form one. The layering it
+//! keeps is in docs/architecture.md ("Module dependencies and lints").
+//!
+//! `scripts/import-cycles.sh` prints both reports. Cycles that other work is still cutting are
 //! listed in `PENDING`: a cycle found must fit inside one of them, so no new one can appear;
 //! remove an entry once its cycle is gone.
 
@@ -18,6 +24,9 @@ use std::path::{Path, PathBuf};
 /// Strongly connected groups of modules that are known and being cut elsewhere; each found
 /// cycle must lie within one of them.
 const PENDING: &[&[&str]] = &[];
+
+/// The same for `no_top_level_module_cycles`: groups of top-level modules still in a loop.
+const PENDING_TOP_LEVEL: &[&[&str]] = &[];
 
 /// A module's dependency edges: target module -> first `file:line` that made it.
 type Edges = BTreeMap<String, String>;
@@ -37,6 +46,63 @@ fn no_new_import_cycles() {
         })
         .collect();
     assert!(unexpected.is_empty(), "new import cycles:\n{report}");
+}
+
+/// The same check one level up: one node per top-level module (`policy` stands for
+/// `src/policy/**`), an edge X -> Y whenever any file of X names a path into Y, `super::`
+/// paths included. A cycle here is a layering loop even when no two files form one.
+#[test]
+fn no_top_level_module_cycles() {
+    let files = graph(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path());
+    let graph = top_level(&files);
+    let groups = cycles(&graph);
+    let report = report(&graph, &groups);
+    eprintln!("top-level modules: {report}");
+    let unexpected: Vec<&BTreeSet<String>> = groups
+        .iter()
+        .filter(|g| {
+            !PENDING_TOP_LEVEL
+                .iter()
+                .any(|p| g.iter().all(|m| p.contains(&m.as_str())))
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "new import cycles between top-level modules:\n{report}"
+    );
+}
+
+/// The file graph collapsed onto the top-level modules: `policy::ttl -> config::yaml` becomes
+/// `policy -> config`, the edge's place the first file that made it (and how many more did).
+/// The crate root (lib.rs), which declares every module, is not a node.
+fn top_level(files: &BTreeMap<String, Edges>) -> BTreeMap<String, Edges> {
+    let top = |m: &str| m.split("::").next().unwrap_or_default().to_string();
+    let mut sites: BTreeMap<String, BTreeMap<String, Vec<&str>>> = BTreeMap::new();
+    for (module, edges) in files.iter().filter(|(m, _)| !m.is_empty()) {
+        let from = sites.entry(top(module)).or_default();
+        for (to, at) in edges {
+            let to = top(to);
+            if !to.is_empty() && to != top(module) {
+                from.entry(to).or_default().push(at);
+            }
+        }
+    }
+    sites
+        .into_iter()
+        .map(|(from, edges)| {
+            let edges = edges
+                .into_iter()
+                .map(|(to, at)| {
+                    let more = match at.len() - 1 {
+                        0 => String::new(),
+                        n => format!(" and {n} more file{}", if n == 1 { "" } else { "s" }),
+                    };
+                    (to, format!("{}{more}", at[0]))
+                })
+                .collect();
+            (from, edges)
+        })
+        .collect()
 }
 
 /// Every file module and its edges.

@@ -14,6 +14,7 @@ use serde_saphyr::{Location, Spanned};
 mod dedicated_caps;
 mod namespaces;
 mod routes;
+pub mod rules;
 pub(crate) mod yaml;
 pub use dedicated_caps::DedicatedCapsConfig;
 pub use routes::{RouteConfig, RouteNode};
@@ -54,9 +55,9 @@ pub struct Config {
     /// needs on the same host; measurements in docs/performance.md.
     pub workers: Located<usize>,
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
-    pub rules: Vec<crate::policy::config::RuleConfig>,
+    pub rules: Vec<rules::RuleConfig>,
     /// Proxy-side users and the identities that map clients to tenants.
-    pub access: crate::policy::config::Access,
+    pub access: rules::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
     pub admin: AdminConfig,
     /// TLS for clients (docs/operations.md, TLS from clients): on `listen` itself or on a
@@ -573,19 +574,6 @@ impl Default for SentinelConfig {
 }
 
 impl SentinelConfig {
-    /// What `sentinel::follow_primary` needs (the config is validated: the name is present).
-    pub fn spec(&self) -> crate::sentinel::SentinelSpec {
-        crate::sentinel::SentinelSpec {
-            sentinels: self.sentinels.iter().map(|s| s.value.clone()).collect(),
-            master_name: self
-                .master_name
-                .as_ref()
-                .map(|n| n.value.clone())
-                .unwrap_or_default(),
-            timeout: std::time::Duration::from_millis(self.timeout_ms.value),
-        }
-    }
-
     /// `read_from` as validated (`primary` for a value `validate` would have refused).
     pub fn read_from(&self) -> ReadFrom {
         match ReadFrom::parse(&self.read_from.value) {
@@ -1715,10 +1703,15 @@ mod tests {
             Path::new("s.yaml"),
         )
         .unwrap();
-        let spec = ok.upstream.sentinel.as_ref().unwrap().spec();
-        assert_eq!(spec.sentinels, ["10.0.0.1:26379", "s2:26379"]);
-        assert_eq!(spec.master_name, "mymaster");
-        assert_eq!(spec.timeout, std::time::Duration::from_millis(1000));
+        let sentinel = ok.upstream.sentinel.as_ref().unwrap();
+        let sentinels: Vec<&str> = sentinel
+            .sentinels
+            .iter()
+            .map(|s| s.value.as_str())
+            .collect();
+        assert_eq!(sentinels, ["10.0.0.1:26379", "s2:26379"]);
+        assert_eq!(sentinel.master_name.as_ref().unwrap().value, "mymaster");
+        assert_eq!(sentinel.timeout_ms.value, 1000);
 
         let err = Config::from_yaml("upstream:\n  mode: sentinel\n", Path::new("s.yaml"))
             .unwrap_err()

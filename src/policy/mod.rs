@@ -8,7 +8,9 @@
 
 pub mod access;
 pub mod acl;
-pub mod config;
+/// The rules' file format, plain data read by `config` (which knows nothing of the compiled
+/// policy); re-exported under its old name, `policy::config`.
+pub use crate::config::rules as config;
 pub mod line;
 pub mod namespace;
 pub mod ranges;

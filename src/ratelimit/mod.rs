@@ -71,7 +71,6 @@
 
 pub mod local;
 pub mod redis;
-mod transport;
 
 use std::fmt;
 use std::sync::Arc;

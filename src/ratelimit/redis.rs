@@ -26,7 +26,7 @@
 //! # Decoupling
 //!
 //! The limiter sends through a [`Transport`]: one command in, one decoded [`Frame`] out. The
-//! proxy implements it on its upstream control connections (`ratelimit::transport`; raw
+//! proxy implements it on its upstream control connections (`session::limiter_transport`; raw
 //! reply bytes decode with [`Frame::from_resp`]); the tests implement it with the `redis`
 //! crate.
 

@@ -37,6 +37,23 @@ pub struct SentinelSpec {
     pub timeout: Duration,
 }
 
+impl SentinelSpec {
+    /// What `follow_primary` needs from `upstream.sentinel` (the config is validated: the
+    /// name is present). Here rather than in `config`, which knows nothing of the modules
+    /// reading it.
+    pub fn of(config: &crate::config::SentinelConfig) -> SentinelSpec {
+        SentinelSpec {
+            sentinels: config.sentinels.iter().map(|s| s.value.clone()).collect(),
+            master_name: config
+                .master_name
+                .as_ref()
+                .map(|n| n.value.clone())
+                .unwrap_or_default(),
+            timeout: Duration::from_millis(config.timeout_ms.value),
+        }
+    }
+}
+
 /// Why the primary could not be found.
 #[derive(Debug, thiserror::Error)]
 pub enum SentinelError {
@@ -214,6 +231,19 @@ async fn follow_switches(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spec_is_the_validated_config() {
+        let config = crate::config::Config::from_yaml(
+            "upstream:\n  mode: sentinel\n  sentinel:\n    sentinels: [10.0.0.1:26379, s2:26379]\n    master_name: mymaster\n",
+            std::path::Path::new("s.yaml"),
+        )
+        .unwrap();
+        let spec = SentinelSpec::of(config.upstream.sentinel.as_ref().unwrap());
+        assert_eq!(spec.sentinels, ["10.0.0.1:26379", "s2:26379"]);
+        assert_eq!(spec.master_name, "mymaster");
+        assert_eq!(spec.timeout, Duration::from_millis(1000));
+    }
 
     #[test]
     fn a_switch_names_the_new_primary_of_its_master_only() {

@@ -18,6 +18,7 @@ mod cluster;
 mod config_get;
 mod forward;
 mod io;
+mod limiter_transport;
 mod pause;
 mod proxy_commands;
 mod queue;

@@ -286,7 +286,7 @@ fn render(r: &Report, policy: &Policy, node: &str, path: &Path) -> String {
                 prefix.as_bytes()
             };
             match t.ttl_for(p) {
-                Some(ms) => format!("; TTL {}", crate::policy::config::format_duration(ms)),
+                Some(ms) => format!("; TTL {}", crate::config::rules::format_duration(ms)),
                 None => "; TTL none (exempt)".into(),
             }
         });
@@ -296,7 +296,7 @@ fn render(r: &Report, policy: &Policy, node: &str, path: &Path) -> String {
         t.max_ms.map(|m| {
             format!(
                 "max {} (rule `{id}`)",
-                crate::policy::config::format_duration(m)
+                crate::config::rules::format_duration(m)
             )
         })
     });

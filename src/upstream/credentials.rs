@@ -114,9 +114,7 @@ mod tests {
         assert!(!refuses_credentials(
             "ERR This instance has cluster support disabled"
         ));
-        let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(
-            crate::policy::Policy::default(),
-        ));
+        let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(crate::metrics::NoPolicy));
         let metrics = Metrics::new(policy);
         let state = Credentials::new("a:1", &metrics);
         let other = Credentials::new("b:1", &metrics);

@@ -554,7 +554,7 @@ async fn wait_to_retry(
 }
 
 /// The proxy's control connection: one command in, its raw reply out, never in a client's
-/// reply order. The rate limiter's `Transport` is built on it (`ratelimit::transport`).
+/// reply order. The rate limiter's `Transport` is built on it (`session::limiter_transport`).
 #[derive(Clone)]
 pub struct Control {
     /// Where commands go.

@@ -1,4 +1,5 @@
-//! The `rules:` section of a policy file: what an operator writes.
+//! The `rules:` section of a policy file: what an operator writes, as plain data (the
+//! compiled rules are `policy`'s; `policy::config` re-exports this module).
 //!
 //! Each rule has an `id` (it names the rule in every refusal, log line and metric), a `mode`
 //! (`enforce` or `audit`), an optional `message` (the better pattern to suggest), and exactly

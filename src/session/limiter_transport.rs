@@ -1,8 +1,10 @@
 //! The proxy's [`Transport`]: the upstream's control connection, whose raw replies decode
-//! into [`Frame`]s here. Kept on this side so `upstream` knows nothing of rate limiting.
+//! into [`Frame`]s here. In the session, which hands it to the policy's Redis-counted rate
+//! limits, so neither `upstream` knows of rate limiting nor `ratelimit` (and the policy
+//! behind it) of upstream connections.
 
-use super::redis::{Frame, Transport};
 use crate::error::UpstreamError;
+use crate::ratelimit::redis::{Frame, Transport};
 use crate::upstream::pool::Control;
 
 impl Transport for Control {
