@@ -1,14 +1,74 @@
 //! The policy's last phase: rate limits counted in Redis (`backend: redis`), shared by every
 //! proxy replica in front of that Redis. Asynchronous (one round trip per rule that applies),
 //! so the session awaits it after the synchronous phases passed; the verdict, audit and
-//! refusal text are the policy's like every other phase's.
+//! refusal text are the policy's like every other phase's. The `impl Policy` here lists the
+//! limits that apply to a client ([`SharedCheck`], read synchronously from the compiled rules)
+//! and checks them.
 
 use bytes::Bytes;
 
-use super::{Client, Outcome, Policy};
+use super::{Client, Counters, Kind, Mode, Outcome, Per, Policy};
+use crate::ratelimit::Limit;
 use crate::ratelimit::redis::{RedisLimiter, Transport};
 
+/// One Redis-counted rate limit to check for a command.
+pub struct SharedCheck<'a> {
+    /// The rule's id, for the refusal.
+    pub rule: &'a str,
+    /// Requests per window.
+    pub limit: Limit,
+    /// Redis key prefix of the rule.
+    pub prefix: &'a [u8],
+    /// The identity counted (address or tenant name).
+    pub key: Vec<u8>,
+    /// Audit mode: log and count, never refuse.
+    pub audit: bool,
+    /// The operator's advice for the refusal.
+    pub message: Option<&'a str>,
+    /// The rule's counters.
+    pub counters: &'a Counters,
+}
+
 impl Policy {
+    /// Whether any rule counts in Redis (the session then awaits [`Policy::shared_limits`]).
+    pub fn has_shared_limits(&self) -> bool {
+        self.shared_limits
+    }
+
+    /// The Redis-counted rate limits that apply to `client`, for the session to check after the
+    /// synchronous rules passed.
+    pub fn shared_limits(&self, client: &Client) -> Vec<SharedCheck<'_>> {
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            let Kind::SharedRateLimit { limit, per, prefix } = &rule.kind else {
+                continue;
+            };
+            if let Some(set) = &rule.tenants {
+                if !set
+                    .get(usize::from(client.tenant))
+                    .copied()
+                    .unwrap_or(false)
+                {
+                    continue;
+                }
+            }
+            let key = match per {
+                Per::Tenant => self.access.tenant_name(client.tenant).as_bytes().to_vec(),
+                _ => client.addr.to_string().into_bytes(),
+            };
+            out.push(SharedCheck {
+                rule: &rule.id,
+                limit: *limit,
+                prefix,
+                key,
+                audit: rule.mode == Mode::Audit,
+                message: rule.message.as_deref(),
+                counters: &rule.counters,
+            });
+        }
+        out
+    }
+
     /// Checks the Redis-counted rate limits that apply to `client`; `Some(refusal)` when one is
     /// exceeded and enforced. `transport` opens the connection the script runs on. Redis
     /// unreachable: the limit is not applied (fail open, logged), as a limiter outage must not

@@ -1,0 +1,408 @@
+//! The compiled policy and what it is made of: [`Policy`] (its rules, indexes and plans),
+//! `Rule` and its `Kind`, the `Phase`s in `PHASE_ORDER`, the [`Client`] a command
+//! comes from, the [`Verdict`] on it, the [`Outcome`]s [`Counters`] count, and the
+//! [`Expectations`] `--survey` reads. The `impl Policy` here reads the compiled policy (its
+//! version, rules, counters); compiling it is `compile`, checking a command `evaluate`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use super::rewrite::Rewrite;
+use super::{BuildPtrHasher, LogBudget, Matcher, Mode, Per, Plan, access, scripts, ttl};
+use crate::commands::CommandSpec;
+use crate::ratelimit::{Clock, Limit, local::LocalLimiter};
+
+/// Who sent a command, for rules that count per client.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The proxy's id for the connection.
+    pub id: u64,
+    /// The client's IP address.
+    pub addr: IpAddr,
+    /// The client's tenant (see [`Policy::tenant_of`]); 0 is `default`.
+    pub tenant: u16,
+}
+
+/// A compiled rule.
+pub(super) struct Rule {
+    /// From the file; names the rule in replies, logs and metrics.
+    pub(super) id: String,
+    /// Which tenants the rule applies to, by tenant index; `None`: all.
+    pub(super) tenants: Option<Vec<bool>>,
+    /// Which routes the rule applies to, by route index (`routes:`); `None`: all.
+    pub(super) routes: Option<Vec<bool>>,
+    pub(super) mode: Mode,
+    /// Operator's advice, appended to the refusal.
+    pub(super) message: Option<String>,
+    pub(super) kind: Kind,
+    /// How often the rule matched, by outcome; read by the metrics endpoint.
+    pub(super) counters: Counters,
+}
+
+impl Rule {
+    /// Whether the rule applies to `client`'s tenant.
+    pub(super) fn applies_to(&self, client: &Client) -> bool {
+        self.tenants.as_ref().is_none_or(|set| {
+            set.get(usize::from(client.tenant))
+                .copied()
+                .unwrap_or(false)
+        })
+    }
+}
+
+/// What a rule did to a command, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Refused by a deny, guard, size or TTL rule.
+    Denied,
+    /// Refused by a rate limit.
+    RateLimited,
+    /// Changed (TTL added or cut, stream capped).
+    Rewritten,
+    /// Would have been refused or changed: the rule is in audit mode.
+    Audited,
+    /// Passed every rule unchanged (counted per tenant, not per rule).
+    Allowed,
+}
+
+impl Outcome {
+    /// Every outcome a rule counts.
+    pub const OF_RULES: [Outcome; 4] = [
+        Outcome::Denied,
+        Outcome::RateLimited,
+        Outcome::Rewritten,
+        Outcome::Audited,
+    ];
+
+    /// The label metrics and INFO use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Denied => "denied",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Rewritten => "rewritten",
+            Outcome::Audited => "audited",
+            Outcome::Allowed => "allowed",
+        }
+    }
+}
+
+/// Per-rule counters by tenant and outcome, kept in the engine so every front end (metrics,
+/// INFO, PROXY POLICY) reads the same numbers. Tenants are few and fixed by the file, so the
+/// table is small and never grows.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// `[tenant * 4 + outcome]`, outcomes in [`Outcome::OF_RULES`] order.
+    cells: Box<[AtomicU64]>,
+}
+
+impl Counters {
+    pub(super) fn new(tenants: usize) -> Counters {
+        Counters {
+            cells: (0..tenants * Outcome::OF_RULES.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn cell(&self, tenant: u16, outcome: Outcome) -> Option<&AtomicU64> {
+        let o = Outcome::OF_RULES.iter().position(|&x| x == outcome)?;
+        self.cells
+            .get(usize::from(tenant) * Outcome::OF_RULES.len() + o)
+    }
+
+    /// Counts one command of `tenant`.
+    pub fn add(&self, tenant: u16, outcome: Outcome) {
+        if let Some(c) = self.cell(tenant, outcome) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The count for one tenant.
+    pub fn get(&self, tenant: u16, outcome: Outcome) -> u64 {
+        self.cell(tenant, outcome)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// The count over every tenant.
+    pub fn total(&self, outcome: Outcome) -> u64 {
+        (0..self.cells.len() / Outcome::OF_RULES.len())
+            .map(|t| self.get(t as u16, outcome))
+            .sum()
+    }
+}
+
+pub(super) enum Kind {
+    Deny {
+        /// With this argument the command is allowed (`FLUSHALL ASYNC`).
+        unless_arg: Option<Vec<u8>>,
+    },
+    MaxScanCount(u64),
+    /// Refuse reads whose arguments do not bound how much they return (`ranges`).
+    UnboundedReads,
+    /// Refuse reads that can return more than this many elements, or an unbounded number.
+    MaxRange(u64),
+    MaxValueBytes(u64),
+    MaxKeys(u64),
+    RateLimit {
+        limiter: LocalLimiter<Arc<dyn Clock>>,
+        per: Per,
+    },
+    /// A rate limit counted in Redis; checked asynchronously by the session, after every
+    /// synchronous rule (see [`Policy::shared_limits`]).
+    SharedRateLimit {
+        limit: Limit,
+        per: Per,
+        /// `rpp:rl:<rule id>:`, prefixed to the identity to form the Redis key.
+        prefix: Vec<u8>,
+    },
+    Ttl(ttl::Ttl),
+    StreamMaxLen(u64),
+    KeyPattern(regex::bytes::Regex),
+    /// Which scripts and functions may run (`scripts`).
+    Scripts(scripts::Scripts),
+}
+
+impl Kind {
+    /// Whether a rule of this kind can act on some command line of `spec`: `false` only where
+    /// its check passes every such line unchanged (the test
+    /// `a_plan_leaves_out_only_rules_that_cannot_act` holds `act` to it for every command).
+    pub(super) fn may_act_on(&self, spec: &CommandSpec) -> bool {
+        match self {
+            // `oversized_value` and `grown_value` look at writes only; the TTL rule's commands
+            // are writes, scripts and functions (`ttl::Ttl::apply`).
+            Kind::MaxValueBytes(_) | Kind::Ttl(_) => spec.may_write(),
+            Kind::MaxKeys(_) | Kind::KeyPattern(_) => spec.may_have_keys(),
+            Kind::StreamMaxLen(_) => spec.name == "xadd",
+            _ => true,
+        }
+    }
+
+    /// The phase a rule of this kind runs in.
+    pub(super) fn phase(&self) -> Phase {
+        match self {
+            Kind::Deny { .. } | Kind::Scripts(_) => Phase::Deny,
+            Kind::MaxScanCount(_) | Kind::UnboundedReads | Kind::MaxRange(_) => {
+                Phase::ArgumentGuards
+            }
+            Kind::RateLimit { .. } => Phase::RateLimit,
+            Kind::MaxValueBytes(_)
+            | Kind::MaxKeys(_)
+            | Kind::KeyPattern(_)
+            | Kind::SharedRateLimit { .. } => Phase::Limits,
+            Kind::StreamMaxLen(_) => Phase::StreamCap,
+            Kind::Ttl(_) => Phase::Ttl,
+        }
+    }
+}
+
+/// The fixed sequence of policy phases a command passes. `Identify` (the client's tenant) is
+/// the session's, before the check; `Deny` and `ArgumentGuards` are the rules indexed by the
+/// command, in file order; the phases after them apply to every command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// The client's tenant, from its address and AUTH user (`access`).
+    Identify,
+    /// `deny` and `scripts` rules.
+    Deny,
+    /// Argument guards: `max_scan_count`, `deny_unbounded_reads`, `max_range`.
+    ArgumentGuards,
+    /// Rate limits counted in the proxy.
+    RateLimit,
+    /// Size limits (`max_value_bytes`, `max_keys`), the key-name pattern and the Redis-counted
+    /// rate limit's marker (checked by the session afterwards): one phase, in file order, so a
+    /// command breaking two of them gets the same refusal as before phases had names.
+    Limits,
+    /// `stream_maxlen`: XADD gets its cap.
+    StreamCap,
+    /// Forced TTLs, after every refusal (a refused command never gets a PEXPIRE).
+    Ttl,
+    /// The tenant's key prefix, on the command as every phase before rewrote it.
+    Namespace,
+}
+
+/// The order the phases run in.
+pub(super) const PHASE_ORDER: [Phase; 8] = [
+    Phase::Identify,
+    Phase::Deny,
+    Phase::ArgumentGuards,
+    Phase::RateLimit,
+    Phase::Limits,
+    Phase::StreamCap,
+    Phase::Ttl,
+    Phase::Namespace,
+];
+
+/// The compiled policy.
+#[derive(Default)]
+pub struct Policy {
+    pub(super) rules: Vec<Rule>,
+    /// Rules that apply to a command, by the command's table entry (its address: the table
+    /// is static). Commands without rules are absent.
+    pub(super) by_command: HashMap<usize, Vec<usize>, BuildPtrHasher>,
+    /// Rules that apply to every command with a value argument or keys (size limits), checked
+    /// after the per-command rules, in `PHASE_ORDER` (file order within a phase).
+    pub(super) global: Vec<usize>,
+    /// What `check` runs for each command of the table, by its address: its indexed rules and
+    /// the `global` rules that can act on it ([`Kind::may_act_on`]), so a GET is not checked
+    /// for value sizes, TTLs or a stream cap (a third of the default policy's cost per GET,
+    /// docs/performance.md "Policy cost"). Made once at compile from the two above.
+    pub(super) plans: HashMap<usize, Plan, BuildPtrHasher>,
+    /// Command-indexed rules that name commands the built-in table lacks, or categories:
+    /// matched against commands learned from the server (`commands::learned`), which the
+    /// compile-time index cannot hold.
+    pub(super) learned_rules: Vec<(usize, Matcher)>,
+    /// Plans of learned commands, made on first use (they arrive after the policy is
+    /// compiled, and the same policy meets them for its whole life).
+    pub(super) learned_plans: dashmap::DashMap<usize, Arc<Plan>, BuildPtrHasher>,
+    /// Users, tenants and the identities mapping clients to tenants.
+    pub access: access::Identities,
+    /// Whether a rule counts in Redis; read per command, so computed once at compile.
+    pub(super) shared_limits: bool,
+    /// Commands that passed every rule unchanged, by tenant.
+    pub(super) allowed: Box<[AtomicU64]>,
+    /// Bounds the denial events logged per second.
+    pub(super) denial_log: LogBudget,
+    /// Bounds the audit-mode events logged per second (an audited rule may match every
+    /// command).
+    pub(super) audit_log: LogBudget,
+    /// The policy file's version (a hash of its text), for metrics and INFO.
+    pub(super) version: String,
+    /// The routes rules may be scoped to (`routes:` in the config); `None` without routes.
+    pub(super) route_table: Option<Arc<crate::routes::RouteTable>>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.rules.iter().map(|r| r.id.as_str()).collect();
+        f.debug_struct("Policy")
+            .field("rules", &ids)
+            .field("tenants", &self.access.tenant_count())
+            .finish()
+    }
+}
+
+/// What the policy decided about one command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forward it.
+    Allow,
+    /// Answer with this error instead.
+    Refuse(Bytes),
+    /// Forward the command as rewritten (TTL added or cut).
+    Rewrite(Rewrite),
+}
+
+/// The rules that say what stored data should look like, each with its id.
+#[derive(Default)]
+pub struct Expectations<'a> {
+    /// Every key has a TTL (by prefix), none above `max`.
+    pub ttl: Option<(&'a str, &'a ttl::Ttl)>,
+    /// No value is longer.
+    pub max_value_bytes: Option<(&'a str, u64)>,
+    /// Every key name matches.
+    pub key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
+}
+
+impl Policy {
+    /// The policy file's version: a hash of its text.
+    pub fn version(&self) -> &str {
+        if self.version.is_empty() {
+            "builtin"
+        } else {
+            &self.version
+        }
+    }
+
+    /// How many rules enforce and how many only audit, for the startup line.
+    pub fn mode_counts(&self) -> (usize, usize) {
+        let audit = self.rules.iter().filter(|r| r.mode == Mode::Audit).count();
+        (self.rules.len() - audit, audit)
+    }
+
+    /// Each rule with its mode, in file order (`deny-keys enforce, ttl-default audit, …`), for
+    /// the startup and reload logs: an operator sees what is enforced without reading the file.
+    pub fn rules_summary(&self) -> String {
+        let mode = |m: Mode| match m {
+            Mode::Enforce => "enforce",
+            Mode::Audit => "audit",
+        };
+        let parts: Vec<String> = self
+            .rules
+            .iter()
+            .map(|r| format!("{} {}", r.id, mode(r.mode)))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+
+    /// Ids of the rules, in file order.
+    pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| r.id.as_str())
+    }
+
+    /// Calls `f(rule, tenant, outcome, count)` for every non-zero counter, then for the
+    /// commands of each tenant that every rule let through (rule `-`).
+    pub fn for_each_counter(&self, mut f: impl FnMut(&str, &str, Outcome, u64)) {
+        for rule in &self.rules {
+            for t in 0..self.access.tenant_count() {
+                for outcome in Outcome::OF_RULES {
+                    let n = rule.counters.get(t as u16, outcome);
+                    if n > 0 {
+                        f(&rule.id, self.access.tenant_name(t as u16), outcome, n);
+                    }
+                }
+            }
+        }
+        for (t, n) in self.allowed.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                f("-", self.access.tenant_name(t as u16), Outcome::Allowed, n);
+            }
+        }
+    }
+
+    /// Whether there is nothing to check: no rules and no namespaced tenant.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && !self.access.has_namespaces()
+    }
+
+    /// What the file's first `ttl`, `max_value_bytes` and `key_pattern` rules expect of the
+    /// data already stored, whatever their tenants and modes: what `--survey` checks.
+    pub fn expectations(&self) -> Expectations<'_> {
+        let mut e = Expectations::default();
+        for rule in &self.rules {
+            match &rule.kind {
+                Kind::Ttl(t) if e.ttl.is_none() => e.ttl = Some((&rule.id, t)),
+                Kind::MaxValueBytes(n) if e.max_value_bytes.is_none() => {
+                    e.max_value_bytes = Some((&rule.id, *n))
+                }
+                Kind::KeyPattern(re) if e.key_pattern.is_none() => {
+                    e.key_pattern = Some((&rule.id, re))
+                }
+                _ => {}
+            }
+        }
+        e
+    }
+
+    /// Each `ttl` rule's id and mode, in file order: what the eviction check weighs
+    /// `volatile-*` policies against.
+    pub fn ttl_rules(&self) -> impl Iterator<Item = (&str, Mode)> {
+        self.rules
+            .iter()
+            .filter(|r| matches!(r.kind, Kind::Ttl(_)))
+            .map(|r| (r.id.as_str(), r.mode))
+    }
+
+    /// Counters of a rule by id, for metrics and tests.
+    pub fn counters(&self, id: &str) -> Option<&Counters> {
+        self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
+    }
+}
