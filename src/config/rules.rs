@@ -78,6 +78,13 @@ pub struct RuleConfig {
     /// `enforce` refuses; `audit` only logs and counts, so a policy can be rolled out safely.
     #[serde(default)]
     pub mode: Mode,
+    /// With `mode: enforce`: enforce for this share of clients only (`10%`), audit for the
+    /// rest, so a rule goes out to 1%, 10%, 100%. Clients are chosen by `share_by`.
+    #[serde(default)]
+    pub share: Option<Spanned<String>>,
+    /// Which identity `share` picks by: `address` (default: each client IP) or `tenant`.
+    #[serde(default)]
+    pub share_by: Option<Spanned<ShareBy>>,
     /// The better pattern, shown to the client in the refusal.
     #[serde(default)]
     pub message: Option<String>,
@@ -303,6 +310,17 @@ pub enum Per {
     /// All connections from one IP address share a budget.
     Address,
     /// All connections of one tenant share a budget.
+    Tenant,
+}
+
+/// The identity a rule's `share` picks clients by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareBy {
+    /// The client's IP address: every connection from one address is in or out together.
+    #[default]
+    Address,
+    /// The client's tenant (by name, so stable when tenants are added or reordered).
     Tenant,
 }
 

@@ -105,6 +105,8 @@ impl ScriptAcl {
             for (rule, unless_arg) in enforced {
                 let why = if rule.tenants.is_some() {
                     "the rule applies to some tenants only; one upstream user serves all"
+                } else if rule.share.is_some() {
+                    "the rule is enforced for a share of clients only; one upstream user serves all"
                 } else if needed {
                     "the proxy sends it itself"
                 } else {

@@ -248,12 +248,14 @@ fn compile_rule(
         return None;
     }
     let tenants = tenant_set(rc, access, out);
+    let share = share_of(rc, access, out);
     Some(Compiled {
         rule: Rule {
             id: rc.id.value.clone(),
             tenants,
             routes: None,
             mode: rc.mode,
+            share,
             message: rc.message.clone(),
             kind: parts.kinds.pop().expect("one kind"),
             counters: Counters::new(access.tenant_count()),
@@ -453,6 +455,49 @@ fn rewrite_kinds(rc: &RuleConfig, parts: &mut Parts, out: &mut Problems<'_>) {
 }
 
 /// `tenants:` or `except_tenants:` as a set by tenant index; `None`: every tenant.
+/// `share:` and `share_by:`: `None` when the rule is enforced for every client (no share,
+/// or 100%).
+fn share_of(
+    rc: &RuleConfig,
+    access: &access::Identities,
+    out: &mut Problems<'_>,
+) -> Option<super::Share> {
+    let line = out.line;
+    let Some(text) = &rc.share else {
+        if rc.share_by.is_some() {
+            out.push(
+                "share_by",
+                line,
+                "needs `share:` (a percentage of clients)".into(),
+            );
+        }
+        return None;
+    };
+    let hundredths = match super::share::parse(&text.value) {
+        Ok(h) => h,
+        Err(why) => {
+            out.push("share", line, why);
+            return None;
+        }
+    };
+    if rc.mode != super::Mode::Enforce {
+        out.push(
+            "share",
+            line,
+            "needs `mode: enforce` (the share is the part enforced; the rest is audited)".into(),
+        );
+        return None;
+    }
+    if hundredths == 10_000 {
+        return None;
+    }
+    let by = rc.share_by.as_ref().map(|b| b.value).unwrap_or_default();
+    let names: Vec<&str> = (0..access.tenant_count())
+        .map(|i| access.tenant_name(i as u16))
+        .collect();
+    Some(super::Share::new(&rc.id.value, hundredths, by, &names))
+}
+
 fn tenant_set(
     rc: &RuleConfig,
     access: &access::Identities,

@@ -186,7 +186,7 @@ impl Policy {
         if let Kind::RateLimit { limiter, per } = &rule.kind {
             return self.rate_limit(rule, limiter, *per, client, spec.name);
         }
-        let build = match rule.mode {
+        let build = match rule.mode_for(client) {
             Mode::Enforce => ttl::Build::Commands,
             Mode::Audit => ttl::Build::NoteOnly,
         };
@@ -205,7 +205,7 @@ impl Policy {
         code: &'static str,
         reason: String,
     ) -> Option<Verdict> {
-        match rule.mode {
+        match rule.mode_for(client) {
             Mode::Audit => {
                 rule.counters.add(client.tenant, Outcome::Audited);
                 self.log_audit(&rule.id, spec.name, client, &reason);
@@ -256,7 +256,7 @@ impl Policy {
             }
         };
         let text = ratelimit::refusal(&rule.id, limiter.limit(), retry_after);
-        match rule.mode {
+        match rule.mode_for(client) {
             Mode::Audit => {
                 rule.counters.add(client.tenant, Outcome::Audited);
                 self.log_audit(&rule.id, command, client, "would rate-limit");
@@ -311,7 +311,7 @@ fn rewritten(
     client: &Client,
     rw: Rewrite,
 ) -> Option<Verdict> {
-    match rule.mode {
+    match rule.mode_for(client) {
         Mode::Audit => {
             rule.counters.add(client.tenant, Outcome::Audited);
             policy.log_audit(&rule.id, spec.name, client, &rw.note);

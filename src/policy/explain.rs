@@ -61,10 +61,11 @@ impl Policy {
                 }),
             };
             let Some(what) = what else { continue };
-            let stops = rule.mode == Mode::Enforce && matches!(what, Effect::Refuses(_));
+            let stops =
+                rule.mode_for(client) == Mode::Enforce && matches!(what, Effect::Refuses(_));
             steps.push(Step {
                 rule: rule.id.clone(),
-                mode: rule.mode,
+                mode: rule.mode_for(client),
                 what,
                 per,
             });

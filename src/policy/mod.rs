@@ -11,7 +11,7 @@
 //! `evaluate` ([`Policy::check`], one command), `act` (what a rule's kind does to a command
 //! line, shared by check and explain), `shared_limits` (the Redis-counted rate limits),
 //! `explain` (`--explain`'s [`Step`]s), `log_budget` (denial and audit logs per second);
-//! `route_scope` scopes rules to routes. The other modules are the phases' parts.
+//! `route_scope` scopes rules to routes, `share` enforces a rule for a share of clients. The other modules are the phases' parts.
 
 pub mod access;
 pub mod acl;
@@ -32,6 +32,7 @@ pub mod restore_size;
 pub mod rewrite;
 mod route_scope;
 pub mod scripts;
+mod share;
 mod shared_limits;
 #[cfg(test)]
 mod test_support;
@@ -49,3 +50,4 @@ use compile::Problems;
 use log_budget::LogBudget;
 use model::{Kind, PHASE_ORDER, Rule};
 use plan::{BuildPtrHasher, Matcher, Plan};
+use share::Share;

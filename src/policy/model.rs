@@ -36,6 +36,8 @@ pub(super) struct Rule {
     /// Which routes the rule applies to, by route index (`routes:`); `None`: all.
     pub(super) routes: Option<Vec<bool>>,
     pub(super) mode: Mode,
+    /// `share:`: enforced for this share of clients, audited for the rest (`mode_for`).
+    pub(super) share: Option<super::Share>,
     /// Operator's advice, appended to the refusal.
     pub(super) message: Option<String>,
     pub(super) kind: Kind,
@@ -44,6 +46,15 @@ pub(super) struct Rule {
 }
 
 impl Rule {
+    /// The rule's mode for `client`: its file mode, unless a `share` leaves `client` out of
+    /// the enforced part (then audit).
+    pub(super) fn mode_for(&self, client: &Client) -> Mode {
+        match &self.share {
+            None => self.mode,
+            Some(share) => share.mode_for(self.mode, client),
+        }
+    }
+
     /// Whether the rule applies to `client`'s tenant.
     pub(super) fn applies_to(&self, client: &Client) -> bool {
         self.tenants.as_ref().is_none_or(|set| {
@@ -333,7 +344,10 @@ impl Policy {
         let parts: Vec<String> = self
             .rules
             .iter()
-            .map(|r| format!("{} {}", r.id, mode(r.mode)))
+            .map(|r| match &r.share {
+                Some(share) => format!("{} {} {}", r.id, mode(r.mode), share.describe()),
+                None => format!("{} {}", r.id, mode(r.mode)),
+            })
             .collect();
         if parts.is_empty() {
             "none".into()

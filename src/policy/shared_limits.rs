@@ -61,7 +61,7 @@ impl Policy {
                 limit: *limit,
                 prefix,
                 key,
-                audit: rule.mode == Mode::Audit,
+                audit: rule.mode_for(client) == Mode::Audit,
                 message: rule.message.as_deref(),
                 counters: &rule.counters,
             });

@@ -243,6 +243,25 @@ impl Raw {
         }
     }
 
+    /// A connection from the local address `source` (a loopback address other than
+    /// 127.0.0.1 gives the proxy another client address to judge).
+    pub async fn connect_from(addr: impl std::fmt::Display, source: std::net::IpAddr) -> Raw {
+        let addr: std::net::SocketAddr = addr.to_string().parse().expect("a socket address");
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(std::net::SocketAddr::new(source, 0))
+            .unwrap_or_else(|e| panic!("bind {source}: {e}"));
+        let stream = tokio::time::timeout(DEADLINE, socket.connect(addr))
+            .await
+            .unwrap_or_else(|_| panic!("connect to {addr} timed out"))
+            .unwrap_or_else(|e| panic!("connect to {addr} from {source}: {e}"));
+        stream.set_nodelay(true).ok();
+        Raw {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     /// A connection attempt bounded by `within`; `None` if refused or timed out.
     pub async fn try_connect(addr: impl std::fmt::Display, within: Duration) -> Option<Raw> {
         let addr = addr.to_string();
