@@ -6,7 +6,7 @@
 
 use super::Gather;
 use super::exchange::{lost_reply, receive};
-use super::merge::{Join, Merge, join, merge, scan_reply_cursor, split_frames, unexpected};
+use super::merge::{Join, Merge, join, merge, scan_position, scan_step_reply, split_frames};
 use super::redirect::may_redirect;
 use crate::cluster::Router;
 use crate::codec::{CodecLimits, Decoded};
@@ -38,14 +38,7 @@ pub(in crate::session) struct Fanout {
     wait: ReplyWait,
 }
 
-/// Bits of a composite SCAN cursor holding the node's own cursor; the bits above hold the
-/// index of the primary (ordered by address). A node's cursor is a reverse-binary bucket
-/// index, far below 2^48 for any real table.
-const NODE_CURSOR_BITS: u32 = 48;
-/// The node cursor's part of a composite cursor.
-const NODE_CURSOR_MASK: u64 = (1 << NODE_CURSOR_BITS) - 1;
-
-/// One SCAN call across the cluster's primaries.
+/// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
 pub(in crate::session) struct Scan {
     /// The client's composite cursor.
     cursor: u64,
@@ -205,8 +198,7 @@ impl Session {
             .collect();
         primaries.sort();
         primaries.dedup();
-        let shard = (scan.cursor >> NODE_CURSOR_BITS) as usize;
-        let node_cursor = scan.cursor & NODE_CURSOR_MASK;
+        let (shard, node_cursor) = scan_position(scan.cursor);
         let Some(&(_, node)) = primaries.get(shard) else {
             // The cluster has fewer primaries than when the scan started: nothing left.
             return Bytes::from_static(b"*2\r\n$1\r\n0\r\n*0\r\n");
@@ -221,23 +213,11 @@ impl Session {
             (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
             (data, None) => data,
         };
-        let composite = match scan_reply_cursor(&reply) {
-            Err(()) if reply.first() == Some(&b'-') => return reply,
-            Err(()) => return unexpected(&reply),
-            Ok((0, _)) if shard + 1 < primaries.len() => ((shard + 1) as u64) << NODE_CURSOR_BITS,
-            Ok((0, _)) => 0,
-            Ok((c, _)) if c > NODE_CURSOR_MASK => {
-                return answers::scan_cursor_too_large();
-            }
-            Ok((c, _)) => ((shard as u64) << NODE_CURSOR_BITS) | c,
+        let out = match scan_step_reply(&reply, shard, primaries.len()) {
+            Ok(out) => out,
+            // The node's error, a reply of the wrong shape, a cursor too large: as it is.
+            Err(reply) => return reply,
         };
-        let Ok((_, keys_at)) = scan_reply_cursor(&reply) else {
-            return unexpected(&reply);
-        };
-        let cursor = composite.to_string();
-        let mut out = BytesMut::from(format!("*2\r\n${}\r\n{cursor}\r\n", cursor.len()).as_bytes());
-        out.extend_from_slice(&reply[keys_at..]);
-        let out = out.freeze();
         match scan.strip {
             Some(strip) => strip.apply(&out),
             None => out,

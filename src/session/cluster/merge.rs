@@ -297,9 +297,50 @@ fn keyspace_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
     .then_some((db, fields))
 }
 
+/// Bits of a composite SCAN cursor holding the node's own cursor; the bits above hold the
+/// index of the primary (ordered by address). A node's cursor is a reverse-binary bucket
+/// index, far below 2^48 for any real table.
+const NODE_CURSOR_BITS: u32 = 48;
+/// The node cursor's part of a composite cursor.
+const NODE_CURSOR_MASK: u64 = (1 << NODE_CURSOR_BITS) - 1;
+
+/// Where a client's composite SCAN cursor points: the index of the primary (ordered by
+/// address) and that node's own cursor.
+pub(super) fn scan_position(cursor: u64) -> (usize, u64) {
+    (
+        (cursor >> NODE_CURSOR_BITS) as usize,
+        cursor & NODE_CURSOR_MASK,
+    )
+}
+
+/// A node's reply to one SCAN step as the client gets it, its cursor made composite again
+/// (the node is primary `shard` of `shards`): the same node's next step, the next primary's
+/// first once this one is done, 0 after the last. `Err` with the reply the client gets
+/// instead: the node's error, or ours for a reply of the wrong shape or a node cursor too
+/// large for the composite one.
+pub(super) fn scan_step_reply(reply: &Bytes, shard: usize, shards: usize) -> Result<Bytes, Bytes> {
+    let composite = match scan_reply_cursor(reply) {
+        Err(()) if reply.first() == Some(&b'-') => return Err(reply.clone()),
+        Err(()) => return Err(unexpected(reply)),
+        Ok((0, _)) if shard + 1 < shards => ((shard + 1) as u64) << NODE_CURSOR_BITS,
+        Ok((0, _)) => 0,
+        Ok((c, _)) if c > NODE_CURSOR_MASK => {
+            return Err(answers::scan_cursor_too_large());
+        }
+        Ok((c, _)) => ((shard as u64) << NODE_CURSOR_BITS) | c,
+    };
+    let Ok((_, keys_at)) = scan_reply_cursor(reply) else {
+        return Err(unexpected(reply));
+    };
+    let cursor = composite.to_string();
+    let mut out = BytesMut::from(format!("*2\r\n${}\r\n{cursor}\r\n", cursor.len()).as_bytes());
+    out.extend_from_slice(&reply[keys_at..]);
+    Ok(out.freeze())
+}
+
 /// The cursor of a SCAN reply (`*2`, a bulk cursor, the array of names) and where the array
 /// starts.
-pub(super) fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
+fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
     let rest = reply.strip_prefix(b"*2\r\n$").ok_or(())?;
     let nl = memchr::memchr(b'\n', rest).ok_or(())?;
     let len: usize = std::str::from_utf8(rest.get(..nl.checked_sub(1).ok_or(())?).ok_or(())?)
@@ -428,5 +469,242 @@ mod tests {
         assert_eq!(&reply[at..], b"*1\r\n$1\r\nk\r\n");
         assert!(scan_reply_cursor(b"-ERR no\r\n").is_err());
         assert!(scan_reply_cursor(b"*2\r\n$3\r\nabc\r\n*0\r\n").is_err());
+    }
+
+    fn b(s: &'static [u8]) -> Bytes {
+        Bytes::from_static(s)
+    }
+
+    /// The error a reply of the wrong shape gets.
+    fn is_unexpected(reply: &[u8]) -> bool {
+        reply.starts_with(b"-ERR unexpected reply from a cluster node: ")
+    }
+
+    #[test]
+    fn sum_adds_up_and_saturates() {
+        assert_eq!(
+            &merge(Merge::Sum, &[b(b":5\r\n"), b(b":-2\r\n"), b(b":10\r\n")], 0)[..],
+            b":13\r\n"
+        );
+        let max = format!(":{}\r\n", i64::MAX);
+        assert_eq!(
+            &merge(Merge::Sum, &[Bytes::from(max.clone()), b(b":1\r\n")], 0)[..],
+            max.as_bytes()
+        );
+        assert!(is_unexpected(&merge(
+            Merge::Sum,
+            &[b(b":1\r\n"), b(b"$1\r\n1\r\n")],
+            0
+        )));
+    }
+
+    #[test]
+    fn the_first_error_wins_over_every_other_reply() {
+        let replies = [b(b":1\r\n"), b(b"-ERR first\r\n"), b(b"-ERR second\r\n")];
+        for how in [
+            Merge::Sum,
+            Merge::Concat,
+            Merge::AllOk,
+            Merge::Min,
+            Merge::Info,
+        ] {
+            assert_eq!(&merge(how, &replies, 0)[..], b"-ERR first\r\n", "{how:?}");
+        }
+        // Even over a reply of the wrong shape before it.
+        assert_eq!(
+            &merge(Merge::Sum, &[b(b"+OK\r\n"), b(b"-ERR down\r\n")], 0)[..],
+            b"-ERR down\r\n"
+        );
+    }
+
+    #[test]
+    fn concat_keeps_the_nodes_order() {
+        assert_eq!(
+            &merge(
+                Merge::Concat,
+                &[
+                    b(b"*2\r\n$1\r\nx\r\n$1\r\ny\r\n"),
+                    b(b"~1\r\n$1\r\nz\r\n"),
+                    b(b"*-1\r\n")
+                ],
+                0
+            )[..],
+            b"*3\r\n$1\r\nx\r\n$1\r\ny\r\n$1\r\nz\r\n"
+        );
+        assert_eq!(&merge(Merge::Concat, &[], 0)[..], b"*0\r\n");
+        assert!(is_unexpected(&merge(
+            Merge::Concat,
+            &[b(b"*0\r\n"), b(b":3\r\n")],
+            0
+        )));
+    }
+
+    #[test]
+    fn all_ok_is_the_first_reply() {
+        assert_eq!(
+            &merge(Merge::AllOk, &[b(b"+OK\r\n"), b(b"+QUEUED\r\n")], 0)[..],
+            b"+OK\r\n"
+        );
+        assert_eq!(&merge(Merge::AllOk, &[], 0), &answers::clusterdown());
+    }
+
+    #[test]
+    fn first_non_nil_starts_where_the_seed_says() {
+        let keys = [b(b"$2\r\nk0\r\n"), b(b"$2\r\nk1\r\n"), b(b"$2\r\nk2\r\n")];
+        // Start at (seed + n/2) mod n: seed 0 starts at node 1.
+        let picked: Vec<Bytes> = (0..3)
+            .map(|seed| merge(Merge::FirstNonNil, &keys, seed))
+            .collect();
+        assert_eq!(picked, [keys[1].clone(), keys[2].clone(), keys[0].clone()]);
+        // Nils (RESP2 and RESP3) and errors are passed over, wherever the start is.
+        let replies = [
+            b(b"_\r\n"),
+            b(b"-ERR down\r\n"),
+            b(b"$-1\r\n"),
+            keys[0].clone(),
+        ];
+        for seed in 0..4 {
+            assert_eq!(
+                merge(Merge::FirstNonNil, &replies, seed),
+                keys[0],
+                "seed {seed}"
+            );
+        }
+        // No key anywhere: the first reply that is no error, else the first error.
+        assert_eq!(
+            &merge(Merge::FirstNonNil, &[b(b"-ERR down\r\n"), b(b"$-1\r\n")], 0)[..],
+            b"$-1\r\n"
+        );
+        assert_eq!(
+            &merge(Merge::FirstNonNil, &[b(b"-ERR a\r\n"), b(b"-ERR b\r\n")], 1)[..],
+            b"-ERR a\r\n"
+        );
+        assert_eq!(&merge(Merge::FirstNonNil, &[], 0), &answers::clusterdown());
+    }
+
+    #[test]
+    fn min_needs_replies_of_one_shape() {
+        assert!(is_unexpected(&merge(
+            Merge::Min,
+            &[b(b"*2\r\n:1\r\n:2\r\n"), b(b"*1\r\n:0\r\n")],
+            0
+        )));
+        assert!(is_unexpected(&merge(Merge::Min, &[b(b"+OK\r\n")], 0)));
+        assert_eq!(&merge(Merge::Min, &[], 0), &answers::clusterdown());
+    }
+
+    #[test]
+    fn info_keeps_the_first_nodes_text_and_kind() {
+        let verbatim = |text: &str| Bytes::from(format!("={}\r\ntxt:{text}\r\n", text.len() + 4));
+        let merged = merge(
+            Merge::Info,
+            &[
+                verbatim("# Keyspace\r\ndb0:keys=1,expires=0\r\n"),
+                verbatim("# Keyspace\r\ndb0:keys=2,expires=1\r\ndb3:keys=5,expires=0\r\n"),
+            ],
+            0,
+        );
+        // The first node's lines only (db3 is not in them), with db0 summed; still verbatim.
+        assert_eq!(merged, verbatim("# Keyspace\r\ndb0:keys=3,expires=1\r\n"));
+        assert!(is_unexpected(&merge(Merge::Info, &[b(b":1\r\n")], 0)));
+    }
+
+    #[test]
+    fn keyspace_lines_are_recognised() {
+        assert_eq!(
+            keyspace_line(b"db12:keys=3,expires=1"),
+            Some((&b"db12"[..], &b"keys=3,expires=1"[..]))
+        );
+        assert_eq!(keyspace_line(b"db:keys=3"), None);
+        assert_eq!(keyspace_line(b"dbx:keys=3"), None);
+        assert_eq!(keyspace_line(b"db0:expires=1"), None);
+        assert_eq!(keyspace_line(b"used_memory:100"), None);
+    }
+
+    #[test]
+    fn join_puts_values_back_in_key_order() {
+        // MGET k0 k1 k2 k3: k1 and k3 in one slot, k0 and k2 in others.
+        let parts = [
+            (vec![1, 3], b(b"*2\r\n$1\r\nb\r\n$-1\r\n")),
+            (vec![0], b(b"*1\r\n$1\r\na\r\n")),
+            (vec![2], b(b"*1\r\n$1\r\nc\r\n")),
+        ];
+        assert_eq!(
+            &join(Join::Values, 4, &parts, 2)[..],
+            b"*4\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n$-1\r\n"
+        );
+        // A part that failed fails the whole, a part of the wrong shape or length too.
+        let failed = [
+            (vec![0], b(b"*1\r\n$1\r\na\r\n")),
+            (vec![1], b(b"-ERR down\r\n")),
+        ];
+        assert_eq!(&join(Join::Values, 2, &failed, 2)[..], b"-ERR down\r\n");
+        let short = [(vec![0, 1], b(b"*1\r\n$1\r\na\r\n"))];
+        assert!(is_unexpected(&join(Join::Values, 2, &short, 2)));
+        let scalar = [(vec![0], b(b":1\r\n"))];
+        assert!(is_unexpected(&join(Join::Values, 1, &scalar, 2)));
+    }
+
+    #[test]
+    fn join_sums_counts_and_needs_every_ok() {
+        let counts = [(vec![0, 2], b(b":2\r\n")), (vec![1], b(b":1\r\n"))];
+        assert_eq!(&join(Join::Sum, 3, &counts, 2)[..], b":3\r\n");
+        let oks = [(vec![0], b(b"+OK\r\n")), (vec![1], b(b"+OK\r\n"))];
+        assert_eq!(&join(Join::AllOk, 2, &oks, 2)[..], b"+OK\r\n");
+        let failed = [(vec![0], b(b"+OK\r\n")), (vec![1], b(b"-ERR oom\r\n"))];
+        assert_eq!(&join(Join::AllOk, 2, &failed, 2)[..], b"-ERR oom\r\n");
+        let failed = [(vec![0], b(b":1\r\n")), (vec![1], b(b"-ERR oom\r\n"))];
+        assert_eq!(&join(Join::Sum, 2, &failed, 2)[..], b"-ERR oom\r\n");
+    }
+
+    #[test]
+    fn scan_cursor_names_the_primary_and_its_cursor() {
+        assert_eq!(scan_position(0), (0, 0));
+        assert_eq!(scan_position((2u64 << NODE_CURSOR_BITS) | 7), (2, 7));
+        assert_eq!(scan_position(NODE_CURSOR_MASK), (0, NODE_CURSOR_MASK));
+    }
+
+    #[test]
+    fn scan_step_makes_the_cursor_composite() {
+        let names = b"*1\r\n$1\r\nk\r\n";
+        let reply = |cursor: &str| {
+            let mut r = format!("*2\r\n${}\r\n{cursor}\r\n", cursor.len()).into_bytes();
+            r.extend_from_slice(names);
+            Bytes::from(r)
+        };
+        // Mid-way through primary 1 of 3: its cursor under its index.
+        let mid = (1u64 << NODE_CURSOR_BITS) | 17;
+        assert_eq!(
+            scan_step_reply(&reply("17"), 1, 3),
+            Ok(reply(&mid.to_string()))
+        );
+        assert_eq!(scan_position(mid), (1, 17));
+        // Primary 1 of 3 done: the next primary from its start.
+        assert_eq!(
+            scan_step_reply(&reply("0"), 1, 3),
+            Ok(reply(&(2u64 << NODE_CURSOR_BITS).to_string()))
+        );
+        // The last primary done: the whole scan is.
+        assert_eq!(scan_step_reply(&reply("0"), 2, 3), Ok(reply("0")));
+        // A node cursor above the composite's room, an error, a reply of the wrong shape.
+        let big = (NODE_CURSOR_MASK + 1).to_string();
+        assert_eq!(
+            scan_step_reply(&reply(&big), 0, 1),
+            Err(answers::scan_cursor_too_large())
+        );
+        assert_eq!(
+            scan_step_reply(&reply(&NODE_CURSOR_MASK.to_string()), 0, 1),
+            Ok(reply(&NODE_CURSOR_MASK.to_string()))
+        );
+        let error = b(b"-ERR no\r\n");
+        assert_eq!(scan_step_reply(&error, 0, 1), Err(error));
+        assert!(scan_step_reply(&b(b"*0\r\n"), 0, 1).is_err_and(|e| is_unexpected(&e)));
+    }
+
+    #[test]
+    fn frames_split_until_the_first_incomplete_one() {
+        let data = b(b"+OK\r\n*2\r\n:1\r\n:2\r\n$3\r\nab");
+        let frames = split_frames(&data);
+        assert_eq!(frames, [b(b"+OK\r\n"), b(b"*2\r\n:1\r\n:2\r\n")]);
     }
 }
