@@ -383,7 +383,6 @@ mod tests {
 
     #[test]
     fn merges() {
-        let b = |s: &'static [u8]| Bytes::from_static(s);
         assert_eq!(
             &merge(Merge::Sum, &[b(b":3\r\n"), b(b":0\r\n"), b(b":4\r\n")], 0)[..],
             b":7\r\n"
@@ -423,7 +422,6 @@ mod tests {
 
     #[test]
     fn wait_takes_the_smallest_count() {
-        let b = |s: &'static [u8]| Bytes::from_static(s);
         assert_eq!(
             &merge(Merge::Min, &[b(b":2\r\n"), b(b":1\r\n"), b(b":3\r\n")], 0)[..],
             b":1\r\n"
