@@ -12,7 +12,8 @@
 //! proxy keeps reading and queuing while replies are on their way, so the request side may
 //! already be in the next transaction when this one's replies come back.
 
-use super::{Again, again_of, split_frames, unexpected};
+use super::merge::{split_frames, unexpected};
+use super::{Again, again_of};
 use crate::cluster::Router;
 use crate::codec::split_commands;
 use crate::codec::{CodecLimits, Decoded};

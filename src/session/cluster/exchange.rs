@@ -1,0 +1,85 @@
+//! A batch sent to one cluster node outside the session's reply order, and its replies
+//! awaited: what `gather` (fan-outs, splits, SCAN) and `redirect` (commands sent again) send
+//! through, one pair, `send_shared` and `receive`.
+
+use crate::cluster::Router;
+use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::session::Session;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use bytes::Bytes;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+impl Session {
+    /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
+    /// this client, outside the session's reply order, and waits: the reply bytes (complete
+    /// frames only when there is an error) and, if the node failed, why.
+    pub(super) async fn exchange(
+        &self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        bytes: Bytes,
+        frames: u32,
+    ) -> (Bytes, Option<Box<UpstreamError>>) {
+        let rx = self.send_shared(router, node, proto, bytes, frames).await;
+        receive(rx, router, node).await
+    }
+
+    /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
+    /// this client, outside the session's reply order: where the replies will come, or
+    /// `None` when the connection took nothing.
+    pub(super) async fn send_shared(
+        &self,
+        router: &Router,
+        node: u16,
+        proto: u8,
+        bytes: Bytes,
+        frames: u32,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes,
+            expect: Expect::Frames(frames),
+            wait: ReplyWait::Prompt,
+            reply_to: tx,
+            seq: 0,
+        };
+        let pool = router.pool(node);
+        let sent = pool.shared(proto, self.client.id).send(batch).await;
+        sent.is_ok().then_some(rx)
+    }
+}
+
+/// The replies a batch sent outside the session's reply order got (`rx`: where they come;
+/// `None` when the batch was not taken), and why the node failed if it did.
+pub(super) async fn receive(
+    rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    router: &Router,
+    node: u16,
+) -> (Bytes, Option<Box<UpstreamError>>) {
+    let answer = match rx {
+        Some(mut rx) => rx.recv().await,
+        None => None,
+    };
+    match answer {
+        Some(Reply::Batch { data, error, .. }) => (data, error),
+        _ => (
+            Bytes::new(),
+            Some(Box::new(UpstreamError::Unavailable {
+                addr: router.addr(node),
+                reason: "connection closed".into(),
+            })),
+        ),
+    }
+}
+
+/// The reply for a command whose node answered nothing for it: the node's error if it
+/// failed, else a lost connection (the command may have run, so it is not sent again).
+pub(super) fn lost_reply(error: Option<&UpstreamError>, addr: &Arc<str>, reason: &str) -> Bytes {
+    let e = error.cloned().unwrap_or(UpstreamError::Lost {
+        addr: addr.clone(),
+        reason: reason.into(),
+    });
+    error_reply(&ProxyError::Upstream(e))
+}

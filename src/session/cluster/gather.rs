@@ -1,0 +1,462 @@
+//! Cluster gathering: commands one node cannot answer for the whole keyspace. `place` asks
+//! here what such a command becomes (`fanout_merge`, `decide_scan`, `split`: an
+//! `Action::Gather`), and `gather` carries it out after every earlier command has run: a
+//! whole-keyspace command sent to every primary (`Fanout`), a multi-key command split by slot
+//! (`Split`), one step of a SCAN over the primaries (`Scan`). `merge` combines the replies.
+
+use super::Gather;
+use super::exchange::{lost_reply, receive};
+use super::merge::{Join, Merge, join, merge, scan_position, scan_step_reply, split_frames};
+use super::redirect::may_redirect;
+use crate::cluster::Router;
+use crate::codec::{CodecLimits, Decoded};
+use crate::error::{ProxyError, error_reply};
+use crate::policy::rewrite::Strip;
+use crate::session::route::Args;
+use crate::session::{Action, Effect, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
+use crate::upstream::conn::PushTarget;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::{answers, codec};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A whole-keyspace command to send to every primary.
+pub(in crate::session) struct Fanout {
+    /// The command as it is sent (after the policy's rewrite).
+    bytes: Bytes,
+    /// How the replies are combined.
+    merge: Merge,
+    /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
+    strip: Option<Box<Strip>>,
+    /// INFO with the default sections: the proxy's own section is appended.
+    proxy_section: bool,
+    /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
+    /// `WAIT_BARRIER`, whose reply is dropped.
+    blocking: bool,
+    /// How long WAIT may block (its own timeout), so the command timeout leaves it be.
+    wait: ReplyWait,
+}
+
+/// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
+pub(in crate::session) struct Scan {
+    /// The client's composite cursor.
+    cursor: u64,
+    /// MATCH/COUNT/TYPE as sent (MATCH already namespaced by the policy).
+    options: Vec<Bytes>,
+    /// The tenant's namespace prefix, removed from the returned names.
+    strip: Option<Box<Strip>>,
+}
+
+/// A multi-key command whose keys are in several slots, as one sub-command per slot.
+pub(in crate::session) struct Split {
+    /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
+    /// for its keys) and, per sub-command, the positions of its keys in the client's command.
+    batches: Vec<NodeBatch>,
+    /// How the parts' replies are joined.
+    join: Join,
+    /// Keys in the client's command (MGET's reply length).
+    keys: usize,
+}
+
+/// What one node gets of a split command.
+struct NodeBatch {
+    /// The node.
+    node: u16,
+    /// Sub-commands followed by hidden commands, encoded.
+    bytes: BytesMut,
+    /// For each sub-command, the client-order positions of its keys; hidden commands come
+    /// after them in the batch and their replies are dropped.
+    parts: Vec<Vec<usize>>,
+    /// Hidden commands in the batch.
+    hidden: usize,
+}
+
+impl Session {
+    /// Carries out a `Gather`: the one reply the client gets.
+    pub(in crate::session) async fn gather(&mut self, gather: Gather) -> Bytes {
+        match gather {
+            Gather::Fanout(fanout) => self.fanout(fanout).await,
+            Gather::Split(split) => self.split(split).await,
+            Gather::Scan(scan) => self.scan(scan).await,
+            Gather::ShardPubSub(command) => self.shard_command(command).await,
+        }
+    }
+
+    /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
+    /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
+    pub(super) fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        let sub_in = |subs: &[&[u8]]| {
+            args.len() > 1 && subs.iter().any(|sub| args.get(1).eq_ignore_ascii_case(sub))
+        };
+        if matches!(effect, Effect::Wait(_)) {
+            // A transaction or WATCH holds the session on one node: WAIT runs there.
+            return (!self.pinned()).then_some(Merge::Min);
+        }
+        if is("INFO") {
+            Some(Merge::Info)
+        } else if is("DBSIZE") {
+            Some(Merge::Sum)
+        } else if is("KEYS") {
+            Some(Merge::Concat)
+        } else if is("FLUSHALL") || is("FLUSHDB") {
+            Some(Merge::AllOk)
+        } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
+            // To its clients the proxy is one server: a setting changed through it applies
+            // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
+            Some(Merge::AllOk)
+        } else if is("RANDOMKEY") {
+            Some(Merge::FirstNonNil)
+        } else if (is("SCRIPT") || is("FUNCTION"))
+            && sub_in(&[b"LOAD", b"FLUSH", b"DELETE", b"RESTORE"])
+        {
+            // Scripts and functions live per node, and a command using one may go to any
+            // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
+            // gets NOSCRIPT for keys on the other nodes, forever.
+            Some(Merge::AllOk)
+        } else {
+            None
+        }
+    }
+
+    /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
+    pub(super) fn fanout_action(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+        merge: Merge,
+    ) -> Action {
+        if self.conn.in_multi() {
+            // EXEC's reply would hold one node's answer only.
+            return Action::Refused(answers::fanout_in_multi(args.get(0)));
+        }
+        let bytes = match rewrite.and_then(|r| r.command.clone()) {
+            Some(command) => command,
+            None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        Action::Gather(Box::new(Gather::Fanout(Fanout {
+            bytes,
+            merge,
+            strip: rewrite.and_then(|r| r.strip.clone()),
+            proxy_section: effect == Effect::Info,
+            blocking: merge == Merge::Min,
+            wait: match effect {
+                Effect::Wait(wait) => wait,
+                _ => ReplyWait::Prompt,
+            },
+        })))
+    }
+
+    /// SCAN over every primary with a composite cursor (see [`Scan`]).
+    pub(super) fn decide_scan(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+    ) -> Action {
+        if self.conn.in_multi() {
+            return Action::Refused(answers::fanout_in_multi(b"SCAN"));
+        }
+        let mut ranges = Vec::new();
+        let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| frame.slice(r.clone())).collect()
+                }
+                _ => return Action::Refused(answers::crossslot()),
+            },
+            None => args.iter().map(Bytes::copy_from_slice).collect(),
+        };
+        let cursor = argv
+            .get(1)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u64>().ok());
+        let Some(cursor) = cursor else {
+            return Action::Local(answers::invalid_cursor(), LocalEffect::None);
+        };
+        Action::Gather(Box::new(Gather::Scan(Scan {
+            cursor,
+            options: argv.into_iter().skip(2).collect(),
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        })))
+    }
+
+    /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
+    /// cursor; the reply's cursor is made composite again.
+    pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
+        let Some(router) = self.routing.router().cloned() else {
+            return answers::cluster_disabled();
+        };
+        // Ordered by address: stable across refreshes that keep the same primaries.
+        let mut primaries: Vec<(Arc<str>, u16)> = router
+            .snapshot()
+            .primaries()
+            .iter()
+            .map(|&n| (router.addr(n), n))
+            .collect();
+        primaries.sort();
+        primaries.dedup();
+        let (shard, node_cursor) = scan_position(scan.cursor);
+        let Some(&(_, node)) = primaries.get(shard) else {
+            // The cluster has fewer primaries than when the scan started: nothing left.
+            return Bytes::from_static(b"*2\r\n$1\r\n0\r\n*0\r\n");
+        };
+        let node_cursor = node_cursor.to_string();
+        let mut argv: Vec<&[u8]> = vec![b"SCAN", node_cursor.as_bytes()];
+        argv.extend(scan.options.iter().map(|o| &o[..]));
+        let reply = match self
+            .exchange(&router, node, self.client.proto, codec::encode(&argv), 1)
+            .await
+        {
+            (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
+            (data, None) => data,
+        };
+        let out = match scan_step_reply(&reply, shard, primaries.len()) {
+            Ok(out) => out,
+            // The node's error, a reply of the wrong shape, a cursor too large: as it is.
+            Err(reply) => return reply,
+        };
+        match scan.strip {
+            Some(strip) => strip.apply(&out),
+            None => out,
+        }
+    }
+
+    /// Sends the parts of a split multi-key command and joins their replies.
+    pub(super) async fn split(&mut self, split: Split) -> Bytes {
+        let Some(router) = self.routing.router().cloned() else {
+            return answers::cluster_disabled();
+        };
+        let mut pending = Vec::with_capacity(split.batches.len());
+        for b in split.batches {
+            let frames = (b.parts.len() + b.hidden) as u32;
+            let bytes = b.bytes.freeze();
+            let proto = self.client.proto;
+            let rx = self
+                .send_shared(&router, b.node, proto, bytes.clone(), frames)
+                .await;
+            pending.push((b.node, b.parts, bytes, rx));
+        }
+        // Every part's reply, with the client-order positions of its keys.
+        let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
+        for (node, positions, bytes, rx) in pending {
+            let (data, error) = receive(rx, &router, node).await;
+            let mut frames = split_frames(&data);
+            if error.is_none() && may_redirect(&data) {
+                // The slot moved since the map was read: follow, as for any command.
+                self.redirect_batch(&router, node, &bytes, &mut frames)
+                    .await;
+            }
+            for (k, p) in positions.into_iter().enumerate() {
+                let reply = match frames.get(k) {
+                    Some(f) => f.clone(),
+                    None => lost_reply(error.as_deref(), &router.addr(node), "no reply"),
+                };
+                parts.push((p, reply));
+            }
+        }
+        join(split.join, split.keys, &parts, self.client.proto)
+    }
+
+    /// Sends a whole-keyspace command to every primary and merges the replies.
+    pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
+        let Some(router) = self.routing.router().cloned() else {
+            return answers::cluster_disabled();
+        };
+        let primaries = router.snapshot().primaries().to_vec();
+        if primaries.is_empty() {
+            router.refresh_soon();
+            return answers::clusterdown();
+        }
+        let mut receivers = Vec::with_capacity(primaries.len());
+        // One-off connections of a blocking fan-out; dropped (closed) once answered.
+        let mut connections = Vec::new();
+        for &node in &primaries {
+            let rx = if fanout.blocking {
+                self.send_blocking(&router, node, &fanout, &mut connections)
+                    .await
+            } else {
+                let (proto, bytes) = (self.client.proto, fanout.bytes.clone());
+                self.send_shared(&router, node, proto, bytes, 1).await
+            };
+            receivers.push((node, rx));
+        }
+        let mut replies = Vec::with_capacity(receivers.len());
+        for (node, rx) in receivers {
+            let reply = match receive(rx, &router, node).await {
+                (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
+                // The barrier's reply comes first and is dropped.
+                (data, None) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
+                (data, None) => data,
+            };
+            replies.push(reply);
+        }
+        let merged = merge(fanout.merge, &replies, self.client.id);
+        self.finish_fanout(fanout, merged)
+    }
+
+    /// Sends a blocking fan-out's command (WAIT, WAITAOF) to `node` on a one-off dedicated
+    /// connection, as it blocks, after the `WAIT_BARRIER`; the connection goes to
+    /// `connections`, to live until answered. Where the replies will come, or `None` when
+    /// nothing could be sent.
+    async fn send_blocking(
+        &self,
+        router: &Router,
+        node: u16,
+        fanout: &Fanout,
+        connections: &mut Vec<mpsc::Sender<Batch>>,
+    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = Batch {
+            bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
+                .concat()
+                .into(),
+            expect: Expect::Frames(2),
+            wait: fanout.wait,
+            reply_to: tx,
+            seq: 0,
+        };
+        let (push_to, _) = mpsc::unbounded_channel();
+        let push = PushTarget {
+            to: push_to,
+            budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
+            budget_size: PUSH_BUDGET,
+            conn_id: 0,
+        };
+        let conn = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
+            .await
+            .ok()?
+            .tx;
+        let sent = conn.send(batch).await.is_ok();
+        connections.push(conn);
+        sent.then_some(rx)
+    }
+
+    /// A fan-out's merged reply as the client gets it: with the proxy's own INFO section
+    /// and without the tenant's namespace, neither added to an error.
+    fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
+        let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
+            crate::session::replies::append_to_text(merged, &self.proxy_info())
+        } else {
+            merged
+        };
+        match fanout.strip {
+            Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
+            _ => merged,
+        }
+    }
+}
+
+/// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node; `None` for any other command
+/// (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite cannot be split.
+pub(super) fn split(
+    router: &Router,
+    args: &Args<'_>,
+    rewrite: Option<&crate::policy::rewrite::Rewrite>,
+) -> Option<Action> {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
+        return None;
+    }
+    let mut ranges = Vec::new();
+    let argv: Vec<&[u8]> = match rewrite.and_then(|r| r.command.as_ref()) {
+        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
+            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
+            _ => return None,
+        },
+        None => args.iter().collect(),
+    };
+    let name = argv[0];
+    let (join, step) = split_join(name)?;
+    if argv.len() < 2 || (argv.len() - 1) % step != 0 {
+        return None;
+    }
+    let snapshot = router.snapshot();
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    for (s, positions) in slots_in_order(router, &argv, step) {
+        let b = batch_for(&mut batches, snapshot.owner(s)?);
+        b.bytes
+            .extend_from_slice(&sub_command(&argv, step, &positions));
+        b.parts.push(positions);
+    }
+    // The policy's hidden commands (a TTL per key after MSET) go to their own key's node,
+    // after that node's sub-commands.
+    for hidden in rewrite.map_or(&[][..], |r| &r.after[..]) {
+        let mut ranges = Vec::new();
+        let Ok(Some(Decoded::Command { .. })) =
+            codec::decode(hidden, &CodecLimits::default(), &mut ranges)
+        else {
+            return None;
+        };
+        let key = &hidden[ranges.get(1)?.clone()];
+        let b = batch_for(&mut batches, snapshot.owner(router.slot_of(key))?);
+        b.bytes.extend_from_slice(hidden);
+        b.hidden += 1;
+    }
+    Some(Action::Gather(Box::new(Gather::Split(Split {
+        batches,
+        join,
+        keys: (argv.len() - 1) / step,
+    }))))
+}
+
+/// How a splittable command's parts are joined, and how many arguments make one key's
+/// share of it (MSET's key and value); `None` for a command that cannot be split.
+fn split_join(name: &[u8]) -> Option<(Join, usize)> {
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    if is(b"MGET") {
+        Some((Join::Values, 1))
+    } else if is(b"MSET") {
+        Some((Join::AllOk, 2))
+    } else if is(b"DEL") || is(b"UNLINK") || is(b"EXISTS") || is(b"TOUCH") {
+        Some((Join::Sum, 1))
+    } else {
+        None
+    }
+}
+
+/// The slots of a split command's keys (every `step`-th argument), in the order they first
+/// appear, each with the client-order positions of its keys: one sub-command per slot.
+fn slots_in_order(router: &Router, argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
+        let s = router.slot_of(argv[i]);
+        match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
+            Some((_, positions)) => positions.push(position),
+            None => by_slot.push((s, vec![position])),
+        }
+    }
+    by_slot
+}
+
+/// The encoded sub-command of `argv` (its name, then `step` arguments per key) for the
+/// keys at `positions`.
+fn sub_command(argv: &[&[u8]], step: usize, positions: &[usize]) -> Bytes {
+    let mut sub: Vec<&[u8]> = Vec::with_capacity(1 + positions.len() * step);
+    sub.push(argv[0]);
+    for &p in positions {
+        let i = 1 + p * step;
+        sub.extend_from_slice(&argv[i..i + step]);
+    }
+    codec::encode(&sub)
+}
+
+/// The batch for `node` among a split command's, added empty if it has none yet: one batch
+/// per node, however many slots of it the keys are in.
+fn batch_for(batches: &mut Vec<NodeBatch>, node: u16) -> &mut NodeBatch {
+    let i = match batches.iter().position(|b| b.node == node) {
+        Some(i) => i,
+        None => {
+            batches.push(NodeBatch {
+                node,
+                bytes: BytesMut::new(),
+                parts: Vec::new(),
+                hidden: 0,
+            });
+            batches.len() - 1
+        }
+    };
+    &mut batches[i]
+}

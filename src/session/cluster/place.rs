@@ -1,0 +1,402 @@
+//! Cluster placement: the node a forwarded command goes to (the slot of its keys, a replica
+//! for a plain read, the node a pinned session is on), and what the proxy answers itself
+//! because a cluster cannot run it as one Redis would (CLUSTER, SELECT n, a MULTI deferred to
+//! its first key, keys in several slots). Runs in `decide`, before anything is sent.
+
+use super::gather::split;
+use crate::cluster::{Router, slot};
+use crate::codec::Decoded;
+use crate::commands::{CommandSpec, KeyPositions};
+use crate::config::ReadFrom;
+use crate::session::route::Args;
+use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Target};
+use crate::{answers, codec};
+use bytes::Bytes;
+
+/// Commands of classic (not sharded) pub/sub, which all go to `Router::pubsub_node`.
+const CLASSIC_PUBSUB: [&str; 3] = ["subscribe", "psubscribe", "publish"];
+
+impl Session {
+    /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
+    /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
+    /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
+    /// a key's slot. `spec` and `queued` (the target of the run not sent yet) decide whether
+    /// a read may go to a replica.
+    pub(in crate::session) fn place(
+        &self,
+        router: &Router,
+        action: Action,
+        args: &Args<'_>,
+        spec: Option<&'static CommandSpec>,
+        queued: Option<Target>,
+    ) -> Decision {
+        if let Some(answer) = self.shard_route(&action, args) {
+            return answer.into();
+        }
+        let Some((target, effect, rewrite)) = action.forwarded() else {
+            return action.into();
+        };
+        if let Some(answer) = self.cluster_command(args, effect, rewrite) {
+            return answer.into();
+        }
+        let rewritten = rewrite.and_then(|r| r.command.as_ref());
+        let slot = match self.key_slot(router, args, rewritten) {
+            Ok(slot) => slot,
+            Err((a, b)) => {
+                if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
+                    if let Some(split) = split(router, args, rewrite) {
+                        return split.into();
+                    }
+                }
+                return Action::Refused(cross(router, a, b)).into();
+            }
+        };
+        Decision {
+            action: self.place_on_node(router, action, slot, spec, queued),
+            hash_slot: slot,
+        }
+    }
+
+    /// The node a forwarded command whose keys hash to `slot` (`None`: keyless) goes to, and
+    /// through which connection; or the refusal when the session's state forbids it.
+    fn place_on_node(
+        &self,
+        router: &Router,
+        action: Action,
+        slot: Option<u16>,
+        spec: Option<&'static CommandSpec>,
+        queued: Option<Target>,
+    ) -> Action {
+        let Some((target, _, rewrite)) = action.forwarded() else {
+            return action;
+        };
+        let multi_slot = self.routing.cluster().and_then(|c| c.multi_slot);
+        let snapshot = router.snapshot();
+        let node = match slot {
+            Some(s) => snapshot.owner(s),
+            // Keyless: stay where the session already is, so it need not wait for a switch.
+            None => match (target, self.queue.inflight_target, &self.conn.dedicated) {
+                (Target::Dedicated(_), _, Some(d)) => Some(d.node),
+                // Not on a replica, though: a keyless command may write (EVAL with no keys).
+                (Target::Shared(..), Some(Target::Shared(_, n)), _)
+                    if router.read_from() == ReadFrom::Primary || snapshot.is_primary(n) =>
+                {
+                    Some(n)
+                }
+                _ if spec.is_some_and(|s| CLASSIC_PUBSUB.contains(&s.name)) => router.pubsub_node(),
+                _ => router.home(self.client.id),
+            },
+        };
+        let Some(node) = node else {
+            router.refresh_soon();
+            return Action::Refused(answers::clusterdown());
+        };
+        let target = match target {
+            Target::Shared(proto, _) => {
+                let replica = match slot {
+                    // A slot with commands in flight (on its primary) is read there too: the
+                    // read must see them, and elsewhere it would wait for them.
+                    Some(s)
+                        if !self
+                            .routing
+                            .cluster()
+                            .is_some_and(|c| c.spread.in_flight(s))
+                            && self
+                                .may_read_replica(router, spec, rewrite, queued, proto, node) =>
+                    {
+                        router.read_node(&snapshot, s, proto, self.client.id)
+                    }
+                    _ => None,
+                };
+                Target::Shared(proto, replica.unwrap_or(node))
+            }
+            Target::Dedicated(_) => match self.conn.dedicated.as_ref().filter(|_| self.pinned()) {
+                // A transaction's keys must share one slot (Redis answers EXEC with CROSSSLOT
+                // otherwise): refused while queuing, so EXEC aborts and nothing runs.
+                _ if self.conn.in_multi()
+                    && slot.is_some()
+                    && ![None, slot].contains(&multi_slot) =>
+                {
+                    return Action::Refused(cross(router, multi_slot, slot));
+                }
+                // The transaction's slot stays with the node holding the transaction even
+                // when the map says it moved: that node answers with a redirection, and EXEC
+                // replays the whole transaction on the new owner (`transaction`).
+                Some(d) if self.conn.in_multi() && slot.is_some() && slot == multi_slot => {
+                    Target::Dedicated(d.node)
+                }
+                // A pinned session's state lives on one node; a key elsewhere cannot join it.
+                Some(d) if slot.is_some() && d.node != node => {
+                    return Action::Refused(cross_nodes(router, d.node, node));
+                }
+                Some(d) => Target::Dedicated(d.node),
+                None => Target::Dedicated(node),
+            },
+        };
+        action.retarget(target)
+    }
+
+    /// Whether a command for the shared connection may be served by a replica of its slot's
+    /// shard (`primary` is the slot's primary). Only plain reads qualify: read-only in the
+    /// command table, not blocking, not a script (scripts are loaded on primaries only, so
+    /// EVALSHA_RO would loop on NOSCRIPT), without hidden commands from the policy, and never
+    /// inside MULTI (a transaction runs on the primary) — pinned sessions do not use the
+    /// shared connection at all. A read that follows commands still queued or in flight on
+    /// its primary stays with them: a pipelined write then read of one key reads the write,
+    /// and the session does not pause to switch nodes.
+    fn may_read_replica(
+        &self,
+        router: &Router,
+        spec: Option<&'static CommandSpec>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+        queued: Option<Target>,
+        proto: u8,
+        primary: u16,
+    ) -> bool {
+        router.read_from() != ReadFrom::Primary
+            && self.replica_may_serve(spec, rewrite, queued, Target::Shared(proto, primary))
+    }
+
+    /// Commands a cluster cannot take as they are: `Some(answer)` for those.
+    fn cluster_command(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+    ) -> Option<Action> {
+        if let Some(answer) = self.transaction_answer(args, effect) {
+            return Some(answer);
+        }
+        if let Some(answer) = self.cluster_only_answer(args, rewrite) {
+            return Some(answer);
+        }
+        let merge = self.fanout_merge(args, effect)?;
+        Some(self.fanout_action(args, effect, rewrite, merge))
+    }
+
+    /// What the session answers itself about its own state before anything reaches a node:
+    /// SELECT n, and MULTI (answered here, sent later with the first queued command, whose
+    /// keys name the node) with the EXEC/DISCARD of a transaction that never reached one.
+    fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
+        match effect {
+            Effect::Select(db) if db != 0 => Some(Action::Local(
+                match self.routing.router().and_then(|r| r.routes()) {
+                    Some(_) => answers::select_with_routes(),
+                    None => answers::select_in_cluster(),
+                },
+                LocalEffect::None,
+            )),
+            Effect::Multi if !self.conn.in_multi() => {
+                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti))
+            }
+            Effect::Multi if self.conn.multi_deferred() => {
+                Some(Action::Local(answers::nested_multi(), LocalEffect::None))
+            }
+            // With a WATCH on the connection, EXEC must run there even with nothing queued:
+            // a watched key that changed makes it answer nil.
+            Effect::EndMulti | Effect::AbortExec
+                if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
+            {
+                Some(Action::Local(
+                    self.unsent_transaction_end(args),
+                    LocalEffect::EndMulti,
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// The reply to EXEC or DISCARD ending a deferred MULTI that queued nothing upstream:
+    /// Redis's own answers for an empty (or refused) transaction.
+    fn unsent_transaction_end(&self, args: &Args<'_>) -> Bytes {
+        let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
+        if !exec {
+            answers::ok()
+        } else if self.conn.multi_refused() {
+            answers::execabort()
+        } else {
+            answers::empty_array()
+        }
+    }
+
+    /// Commands about the cluster itself, which the proxy hides (to its clients it is one
+    /// server), and SCAN, which walks every primary with a composite cursor.
+    fn cluster_only_answer(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+    ) -> Option<Action> {
+        let name = args.get(0);
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        let routes = self.routing.router().is_some_and(|r| r.routes().is_some());
+        if is("CLUSTER") {
+            // Routes front standalone servers, which answer every CLUSTER command so.
+            if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") && !routes {
+                let reply = answers::integer(i64::from(slot(args.get(2))));
+                return Some(Action::Local(reply, LocalEffect::None));
+            }
+            return Some(Action::Local(
+                answers::cluster_disabled(),
+                LocalEffect::None,
+            ));
+        }
+        if is("READONLY") || is("READWRITE") || is("ASKING") {
+            return Some(Action::Local(
+                answers::cluster_disabled(),
+                LocalEffect::None,
+            ));
+        }
+        if is("SCAN") {
+            return Some(self.decide_scan(args, rewrite));
+        }
+        None
+    }
+
+    /// The one slot of the command's keys: `Ok(None)` for a command without keys (or one the
+    /// table cannot read keys from: the node answers it, with MOVED followed if need be),
+    /// `Err` with two of the slots when keys are in several. In routes mode a slot is a
+    /// route's node, classic pub/sub channels count as keys (a channel is its route's), and
+    /// the command is counted on the route of its first key.
+    fn key_slot(
+        &self,
+        router: &Router,
+        args: &Args<'_>,
+        rewritten: Option<&Bytes>,
+    ) -> Result<Option<u16>, (Option<u16>, Option<u16>)> {
+        let mut ranges = Vec::new();
+        let argv: Vec<&[u8]> = match rewritten {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| &frame[r.clone()]).collect()
+                }
+                _ => args.iter().collect(),
+            },
+            None => args.iter().collect(),
+        };
+        let routes = router.routes();
+        let mut keys = KeyPositions::with_capacity(4);
+        let channels = channel_positions(&argv, routes.is_some());
+        let indices: Vec<usize> = if !channels.is_empty() {
+            channels.collect()
+        } else if crate::commands::keys_into(&argv, &mut keys).is_ok() {
+            keys.indices().collect()
+        } else {
+            return Ok(None);
+        };
+        let mut found = None;
+        for i in indices {
+            let s = match routes {
+                Some(table) => {
+                    let key = channel_literal(argv[0], argv[i]);
+                    let route = table.route_of(key);
+                    if found.is_none() {
+                        table.count(route);
+                    }
+                    router.route_slot(route, key)
+                }
+                None => slot(argv[i]),
+            };
+            match found {
+                None => found = Some(s),
+                Some(f) if f != s => return Err((Some(f), Some(s))),
+                Some(_) => {}
+            }
+        }
+        if found.is_none() {
+            if let Some(table) = routes {
+                table.count(0);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The slot of `key` as stored, as the session's router places it: its hash slot, or its
+    /// route's node in routes mode.
+    pub(in crate::session) fn key_place(&self, key: &[u8]) -> u16 {
+        match self.routing.router() {
+            Some(router) => router.slot_of(key),
+            None => slot(key),
+        }
+    }
+
+    /// The refusal of keys placed in `a` and `b` (see [`cross`]).
+    pub(in crate::session) fn cross_places(&self, a: u16, b: u16) -> Bytes {
+        match self.routing.router() {
+            Some(router) => cross(router, Some(a), Some(b)),
+            None => answers::crossslot(),
+        }
+    }
+}
+
+/// The refusal of keys in two slots `a` and `b`: Redis Cluster's CROSSSLOT, or in routes
+/// mode (unless both are slots of the cluster route) the routes they belong to, named.
+pub(super) fn cross(router: &Router, a: Option<u16>, b: Option<u16>) -> Bytes {
+    let (Some(a), Some(b)) = (a, b) else {
+        return answers::crossslot();
+    };
+    let (first, second) = (router.route_names(a), router.route_names(b));
+    // Two slots of one cluster route are Redis Cluster's own CROSSSLOT.
+    if router.routes().is_none() || first == second {
+        return answers::crossslot();
+    }
+    answers::crossroute(&first, &second)
+}
+
+/// [`cross`] for keys on nodes `a` and `b` (a pinned session's node and a key's).
+fn cross_nodes(router: &Router, a: u16, b: u16) -> Bytes {
+    let (first, second) = (router.node_route_names(a), router.node_route_names(b));
+    if router.routes().is_none() || first == second {
+        return answers::crossslot();
+    }
+    answers::crossroute(&first, &second)
+}
+
+/// Where the arguments that place a command are when they are not the command table's keys:
+/// the shard channels of SSUBSCRIBE, SUNSUBSCRIBE and SPUBLISH (Redis routes them by slot),
+/// and in routes mode the channels of SUBSCRIBE, PSUBSCRIBE and PUBLISH (a channel goes to
+/// its route's server, where its subscribers are). Unsubscribing goes wherever the
+/// subscriptions are, so it is placed as a keyless command.
+fn channel_positions(argv: &[&[u8]], routes: bool) -> std::ops::Range<usize> {
+    let name = argv[0];
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    if is(b"SSUBSCRIBE")
+        || is(b"SUNSUBSCRIBE")
+        || (routes && (is(b"SUBSCRIBE") || is(b"PSUBSCRIBE")))
+    {
+        1..argv.len()
+    } else if (is(b"SPUBLISH") || (routes && is(b"PUBLISH"))) && argv.len() > 1 {
+        1..2
+    } else {
+        0..0
+    }
+}
+
+/// The part of argument `arg` of command `name` a route is chosen by: a PSUBSCRIBE pattern's
+/// literal start (`events:*` is `events:`'s), any other argument whole.
+fn channel_literal<'a>(name: &[u8], arg: &'a [u8]) -> &'a [u8] {
+    if !name.eq_ignore_ascii_case(b"PSUBSCRIBE") {
+        return arg;
+    }
+    let end = arg
+        .iter()
+        .position(|b| matches!(b, b'*' | b'?' | b'[' | b'\\'))
+        .unwrap_or(arg.len());
+    &arg[..end]
+}
+
+/// The upstream's HELLO reply with `mode` saying `standalone`: to the client the proxy is one
+/// server, and a client that switched to cluster mode on seeing `cluster` would then ask for
+/// `CLUSTER SLOTS` and be refused.
+pub(in crate::session) fn as_standalone(hello: Bytes) -> Bytes {
+    const CLUSTER: &[u8] = b"$4\r\nmode\r\n$7\r\ncluster\r\n";
+    match memchr::memmem::find(&hello, CLUSTER) {
+        None => hello,
+        Some(at) => [
+            &hello[..at],
+            b"$4\r\nmode\r\n$10\r\nstandalone\r\n",
+            &hello[at + CLUSTER.len()..],
+        ]
+        .concat()
+        .into(),
+    }
+}
