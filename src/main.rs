@@ -385,6 +385,22 @@ fn printed<E: std::fmt::Display>(result: Result<String, E>) -> ExitCode {
     }
 }
 
+/// A tool that reads a server (`--survey`, `backfill`) stopped: the file or the flags (64,
+/// its problems as they are), or a server (69, one line naming the tool).
+fn tool_failed(tool: &str, failure: redis_policy_proxy::tools::survey::Failure) -> ExitCode {
+    use redis_policy_proxy::tools::survey::{EXIT_UPSTREAM, Failure};
+    match failure {
+        Failure::Config(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Failure::Upstream(e) => {
+            eprintln!("redis-policy-proxy {tool}: {e}");
+            ExitCode::from(EXIT_UPSTREAM)
+        }
+    }
+}
+
 /// A `--check` warning, in the form of its problems: `FILE:LINE: warning: field `…`: …`.
 fn warning(path: &Path, w: &redis_policy_proxy::config::Problem) -> String {
     let at = match w.line {
@@ -457,7 +473,7 @@ fn main() -> ExitCode {
             replace: *replace,
             pattern: pattern.clone(),
         };
-        use redis_policy_proxy::tools::survey::{EXIT_UPSTREAM, Failure};
+        use redis_policy_proxy::tools::survey::EXIT_UPSTREAM;
         let done = redis_policy_proxy::tools::backfill::backfill(path, &options, |p| {
             eprintln!("backfill: {}", p.summary());
         });
@@ -479,14 +495,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(Failure::Config(e)) => {
-                eprintln!("{e}");
-                ExitCode::from(EXIT_CONFIG)
-            }
-            Err(Failure::Upstream(e)) => {
-                eprintln!("redis-policy-proxy backfill: {e}");
-                ExitCode::from(EXIT_UPSTREAM)
-            }
+            Err(e) => tool_failed("backfill", e),
         };
     }
 
@@ -535,7 +544,6 @@ fn main() -> ExitCode {
             sample: cli.sample,
             rate: cli.rate,
         };
-        use redis_policy_proxy::tools::survey::{EXIT_UPSTREAM, Failure};
         return match redis_policy_proxy::tools::survey::survey(
             path,
             given(cli.upstream.as_deref()),
@@ -545,14 +553,7 @@ fn main() -> ExitCode {
                 print!("{report}");
                 ExitCode::SUCCESS
             }
-            Err(Failure::Config(e)) => {
-                eprintln!("{e}");
-                ExitCode::from(EXIT_CONFIG)
-            }
-            Err(Failure::Upstream(e)) => {
-                eprintln!("redis-policy-proxy --survey: {e}");
-                ExitCode::from(EXIT_UPSTREAM)
-            }
+            Err(e) => tool_failed("--survey", e),
         };
     }
 

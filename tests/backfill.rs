@@ -217,34 +217,27 @@ async fn an_unreachable_or_refusing_target_is_one_line_and_exit_69() {
     assert_eq!(r.code, Some(EX_UNAVAILABLE), "{}", r.stderr);
     assert!(r.stderr.contains("connection refused"), "{}", r.stderr);
     let locked = RedisServer::start_with(&["--requirepass", "s3cret"]);
-    let r = run_bin(
-        &[
+    let addr = locked.addr();
+    let with_password = |pw: &'static str| {
+        let args = [
             "-c",
             &policy,
             "backfill",
             "--to",
-            &locked.addr(),
+            &addr,
             "--to-password-env",
             "RPP_T_PW",
-        ],
-        &[("RPP_T_PW", "wrong")],
-    )
-    .await;
+        ]
+        .map(str::to_string);
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_bin(&args, &[("RPP_T_PW", pw)]).await
+        }
+    };
+    let r = with_password("wrong").await;
     assert_eq!(r.code, Some(EX_UNAVAILABLE), "{}", r.stderr);
     assert!(r.stderr.contains("refused the login"), "{}", r.stderr);
-    let r = run_bin(
-        &[
-            "-c",
-            &policy,
-            "backfill",
-            "--to",
-            &locked.addr(),
-            "--to-password-env",
-            "RPP_T_PW",
-        ],
-        &[("RPP_T_PW", "s3cret")],
-    )
-    .await;
+    let r = with_password("s3cret").await;
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_same(&from, &locked, &[]).await;
 }

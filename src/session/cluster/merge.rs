@@ -111,13 +111,7 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
             0,
         );
     }
-    let nil: &[u8] = if proto == 3 {
-        b"_
-"
-    } else {
-        b"$-1
-"
-    };
+    let nil: &[u8] = if proto == 3 { b"_\r\n" } else { b"$-1\r\n" };
     let mut values: Vec<Bytes> = vec![Bytes::from_static(b""); keys];
     for (positions, reply) in parts {
         if reply.first() != Some(&b'*') {
