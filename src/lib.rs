@@ -95,7 +95,8 @@
 //! - [`heap`]: freed session memory given back to the system (glibc's `malloc_trim`, after
 //!   idle releases).
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
-//!   (a policy over recorded traffic).
+//!   (a policy over recorded traffic), `backfill` (a server's keys copied to another);
+//!   `tools::node_link` is their probed connection to a node.
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
