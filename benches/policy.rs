@@ -21,6 +21,7 @@ fn policy_check(c: &mut Criterion) {
         id: 1,
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
+        user: 0,
     };
     let value = vec![b'x'; 64];
     let lines: Vec<(&str, Vec<&[u8]>)> = vec![

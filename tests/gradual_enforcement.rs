@@ -122,3 +122,39 @@ async fn a_share_the_file_cannot_use_is_named_with_its_line() {
         );
     }
 }
+
+/// `share_by: user`: `--explain --as-user` shows each user's part (the proxy judges a logged-in
+/// client the same way), about the share of 100 users enforced, the same user always alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_user_explain_shows_each_users_part() {
+    let tmp = TempDir::new("share-user");
+    let file = write_file(
+        tmp.path(),
+        "p.yaml",
+        "rules:\n  - id: no-DBSIZE\n    deny: [DBSIZE]\n    share: '30%'\n    share_by: user\n",
+    );
+    let path = file.to_str().unwrap();
+    let mut enforced = Vec::new();
+    for i in 0..100 {
+        let user = format!("user{i}");
+        let r = run_bin(&["--explain", path, "DBSIZE", "--as-user", &user], &[]).await;
+        match r.code {
+            // Exit 1: the command would be refused, so this user is in the enforced part.
+            Some(1) => {
+                assert!(r.stdout.contains("no-DBSIZE: refuses"), "{}", r.stdout);
+                enforced.push(i);
+            }
+            _ => {
+                assert_eq!(r.code, Some(0), "{}", r.stderr);
+                assert!(r.stdout.contains("no-DBSIZE (audit)"), "{}", r.stdout);
+            }
+        }
+    }
+    assert!(
+        (15..=45).contains(&enforced.len()),
+        "{} of 100 users at 30%",
+        enforced.len()
+    );
+    let again = run_bin(&["--explain", path, "DBSIZE", "--as-user", "user7"], &[]).await;
+    assert_eq!(again.code == Some(1), enforced.contains(&7));
+}

@@ -129,6 +129,7 @@ fn default_policy_accepts_any_argument_bytes() {
         id: 1,
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
+        user: 0,
     };
     let names: &[&[u8]] = &[
         b"SET",

@@ -1126,6 +1126,7 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
         id: 1,
         addr: std::net::Ipv4Addr::LOCALHOST.into(),
         tenant: 0,
+        user: 0,
     };
     let admin = AclCategories::from_category(b"admin").unwrap();
     let dangerous = AclCategories::from_category(b"dangerous").unwrap();

@@ -82,7 +82,8 @@ pub struct RuleConfig {
     /// rest, so a rule goes out to 1%, 10%, 100%. Clients are chosen by `share_by`.
     #[serde(default)]
     pub share: Option<Spanned<String>>,
-    /// Which identity `share` picks by: `address` (default: each client IP) or `tenant`.
+    /// Which identity `share` picks by: `address` (default: each client IP), `tenant` or
+    /// `user`.
     #[serde(default)]
     pub share_by: Option<Spanned<ShareBy>>,
     /// The better pattern, shown to the client in the refusal.
@@ -322,6 +323,9 @@ pub enum ShareBy {
     Address,
     /// The client's tenant (by name, so stable when tenants are added or reordered).
     Tenant,
+    /// The user the client logged in as (a proxy user, or the Redis user its AUTH named);
+    /// clients without a login are one identity.
+    User,
 }
 
 /// What a rule does when it matches.

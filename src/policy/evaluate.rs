@@ -404,6 +404,7 @@ mod tests {
             id: 1,
             addr: IpAddr::from([127, 0, 0, 1]),
             tenant: p.access.tenant_of(IpAddr::from([127, 0, 0, 1]), None),
+            user: 0,
         };
         let args: Vec<&[u8]> = vec![b"EVAL", b"return 1", b"1", b"k"];
         let Verdict::Rewrite(rw) = p.check(&client, &args[..]) else {

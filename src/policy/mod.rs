@@ -51,3 +51,4 @@ use log_budget::LogBudget;
 use model::{Kind, PHASE_ORDER, Rule};
 use plan::{BuildPtrHasher, Matcher, Plan};
 use share::Share;
+pub use share::user_key;

@@ -25,6 +25,9 @@ pub struct Client {
     pub addr: IpAddr,
     /// The client's tenant (see [`Policy::tenant_of`]); 0 is `default`.
     pub tenant: u16,
+    /// The user it logged in as, as [`crate::policy::user_key`] gives it (0: no login); read
+    /// only by a rule's `share_by: user`.
+    pub user: u64,
 }
 
 /// A compiled rule.

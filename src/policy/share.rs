@@ -3,7 +3,7 @@
 //! part's counts side by side (`denied` for the enforced part, `audited` for the rest).
 //!
 //! Which clients: a stable hash of the rule's id and the client's identity (`share_by`: its IP
-//! address, or its tenant's name) picks a bucket in 0..10,000; the rule is enforced where the
+//! address, its tenant's name, or the user it logged in as) picks a bucket in 0..10,000; the rule is enforced where the
 //! bucket is below the share in hundredths of a percent. So the same client stays in or out
 //! across reloads and restarts while the rule's id and `share_by` stay, raising the share keeps
 //! every client already in, and two rules at 10% pick different clients (a client is not the
@@ -60,6 +60,7 @@ impl Share {
                 .get(usize::from(client.tenant))
                 .copied()
                 .unwrap_or(false),
+            ShareBy::User => (mix(self.salt ^ client.user) % BUCKETS) < self.below,
             ShareBy::Address => match client.addr {
                 IpAddr::V4(a) => self.bucket(&a.octets()) < self.below,
                 IpAddr::V6(a) => match a.to_ipv4_mapped() {
@@ -91,6 +92,7 @@ impl Share {
         let of = match self.by {
             ShareBy::Address => "client addresses",
             ShareBy::Tenant => "tenants",
+            ShareBy::User => "users",
         };
         format!("{pct} of {of}")
     }
@@ -123,6 +125,20 @@ pub fn parse(text: &str) -> Result<u64, String> {
     Ok(hundredths)
 }
 
+/// The key `share_by: user` reads a client's login by (`Client::user`): FNV-1a of the name,
+/// 0 without one. Hashed once here so that `Client` stays `Copy` and free of the name.
+pub fn user_key(user: Option<&[u8]>) -> u64 {
+    user.map_or(0, |name| fnv(FNV_OFFSET, name))
+}
+
+/// splitmix64's finaliser: the rule's salt and a user key mixed into a well-spread value (an
+/// XOR alone would keep FNV's low bits, which the bucket is taken from).
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// FNV-1a's 64-bit offset basis.
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
@@ -144,6 +160,7 @@ mod tests {
             id: 1,
             addr: IpAddr::from(addr),
             tenant: 0,
+            user: 0,
         }
     }
 
@@ -187,6 +204,26 @@ mod tests {
         assert!(both < 300, "{both} in both rules' 10%");
         assert!(!Share::new("x", 0, ShareBy::Address, &[]).includes(&client([1, 2, 3, 4])));
         assert!(Share::new("x", 10_000, ShareBy::Address, &[]).includes(&client([1, 2, 3, 4])));
+    }
+
+    #[test]
+    fn by_user_about_the_share_of_names_is_in() {
+        let share = Share::new("r", 1_000, ShareBy::User, &[]);
+        let names: Vec<String> = (0..10_000).map(|i| format!("user{i}")).collect();
+        let count = names
+            .iter()
+            .filter(|n| {
+                let mut c = client([127, 0, 0, 1]);
+                c.user = user_key(Some(n.as_bytes()));
+                share.includes(&c)
+            })
+            .count();
+        assert!(
+            (800..1_200).contains(&count),
+            "{count} of 10,000 users at 10%"
+        );
+        assert_eq!(user_key(None), 0);
+        assert_eq!(share.describe(), "10% of users");
     }
 
     #[test]

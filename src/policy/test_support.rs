@@ -27,6 +27,7 @@ pub(super) fn check_as(p: &Policy, id: u64, line: &str) -> Verdict {
         id,
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
+        user: 0,
     };
     p.check(&client, &args[..])
 }

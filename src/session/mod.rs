@@ -686,14 +686,20 @@ impl Effect {
 }
 
 impl Session {
-    /// The policy's Redis-counted rate limits for the command being decided, run on the
-    /// control connection of the upstream (any primary in cluster mode).
-    async fn shared_limits(&self, command: &str) -> Option<Bytes> {
-        let client = Client {
+    /// Who the policy judges: this client's id, address, tenant and login.
+    fn policy_client(&self) -> Client {
+        Client {
             id: self.client.id,
             addr: self.client.peer.ip(),
             tenant: self.client.tenant,
-        };
+            user: crate::policy::user_key(self.client.names.user().map(|u| &u[..])),
+        }
+    }
+
+    /// The policy's Redis-counted rate limits for the command being decided, run on the
+    /// control connection of the upstream (any primary in cluster mode).
+    async fn shared_limits(&self, command: &str) -> Option<Bytes> {
+        let client = self.policy_client();
         let transport = || match self.routing.router() {
             None => self.ctx.pool.control(),
             Some(router) => crate::upstream::pool::Control::cluster(router.clone()),

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::command::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
-use crate::policy::{Client, Verdict};
+use crate::policy::Verdict;
 use crate::script_user::State;
 use crate::upstream::{Expect, ReplyWait};
 use crate::{answers, codec, command};
@@ -50,11 +50,7 @@ impl Session {
         }
         let mut rewrite = None;
         if !self.client.policy.is_empty() {
-            let client = Client {
-                id: self.client.id,
-                addr: self.client.peer.ip(),
-                tenant: self.client.tenant,
-            };
+            let client = self.policy_client();
             match self.client.policy.check_spec(&client, spec, &args) {
                 Verdict::Allow => {}
                 // Inside MULTI the refused command must still spoil the transaction, as a

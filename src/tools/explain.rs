@@ -45,6 +45,7 @@ pub fn explain(
         id: 0,
         addr,
         tenant,
+        user: crate::policy::user_key(user.map(str::as_bytes)),
     };
     let lines: Vec<String> = match command {
         Some(c) => vec![c.to_string()],

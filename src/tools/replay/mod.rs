@@ -173,6 +173,7 @@ impl Run {
             id: 0,
             addr: record.addr,
             tenant,
+            user: crate::policy::user_key(record.user.as_deref().map(str::as_bytes)),
         };
         let tenant_name = self.policy.access.tenant_name(tenant).to_string();
         let steps = self
