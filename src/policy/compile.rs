@@ -96,6 +96,10 @@ impl Policy {
             }
         }
         policy.global = in_phase_order(&policy.rules, &global);
+        policy.reads_user = policy
+            .rules
+            .iter()
+            .any(|r| r.share.as_ref().is_some_and(super::Share::by_user));
         policy.plans = policy.plan_every_command();
         policy.shared_limits = policy
             .rules

@@ -254,6 +254,9 @@ pub(super) const PHASE_ORDER: [Phase; 8] = [
 #[derive(Default)]
 pub struct Policy {
     pub(super) rules: Vec<Rule>,
+    /// Whether a rule shares by user (`share_by: user`): only then does a session hash its
+    /// login per command (`Client::user`), so other policies pay nothing for it.
+    pub(super) reads_user: bool,
     /// Rules that apply to a command, by the command's table entry (its address: the table
     /// is static). Commands without rules are absent.
     pub(super) by_command: HashMap<usize, Vec<usize>, BuildPtrHasher>,
@@ -322,6 +325,11 @@ pub struct Expectations<'a> {
 }
 
 impl Policy {
+    /// Whether any rule reads `Client::user` (`share_by: user`).
+    pub fn reads_user(&self) -> bool {
+        self.reads_user
+    }
+
     /// The policy file's version: a hash of its text.
     pub fn version(&self) -> &str {
         if self.version.is_empty() {

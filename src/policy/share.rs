@@ -52,6 +52,11 @@ impl Share {
         share
     }
 
+    /// Whether it picks clients by their login (`share_by: user`).
+    pub fn by_user(&self) -> bool {
+        self.by == ShareBy::User
+    }
+
     /// Whether the rule is enforced for `client`.
     pub fn includes(&self, client: &Client) -> bool {
         match self.by {

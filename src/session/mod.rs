@@ -686,13 +686,19 @@ impl Effect {
 }
 
 impl Session {
-    /// Who the policy judges: this client's id, address, tenant and login.
+    /// Who the policy judges: this client's id, address, tenant and (only for a policy that
+    /// shares a rule by user) its login's key, hashed per command rather than kept, so a
+    /// reload that adds `share_by: user` needs nothing from the sessions.
     fn policy_client(&self) -> Client {
         Client {
             id: self.client.id,
             addr: self.client.peer.ip(),
             tenant: self.client.tenant,
-            user: crate::policy::user_key(self.client.names.user().map(|u| &u[..])),
+            user: if self.client.policy.reads_user() {
+                crate::policy::user_key(self.client.names.user().map(|u| &u[..]))
+            } else {
+                0
+            },
         }
     }
 
