@@ -81,6 +81,9 @@
 //!   rules: sets up [`script_user`] (the user scripts run as: the proxy user's rights minus
 //!   the denied commands, logged in by `upstream::script_login` on every dedicated
 //!   connection), or checks / applies `policy::acl`'s removals on the proxy's own user.
+//! - [`mirror`]: migrations (`mirror:`, docs/migration.md): every write the primary
+//!   acknowledged sent to a second server too, a share of the reads compared, from a task of
+//!   its own that no client waits for.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
 //!   every session.
 //! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
@@ -123,6 +126,7 @@ pub mod heap;
 pub mod keyspace;
 pub mod listen;
 pub mod metrics;
+pub mod mirror;
 pub mod ops;
 pub mod pem;
 pub mod policy;

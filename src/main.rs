@@ -14,6 +14,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redis_policy_proxy::metrics::Metrics;
+use redis_policy_proxy::mirror::MirrorSlot;
 use redis_policy_proxy::ops::{Ops, Reload};
 use redis_policy_proxy::policy::Policy;
 use redis_policy_proxy::{Config, setup};
@@ -648,15 +649,30 @@ fn main() -> ExitCode {
         if let Some(path) = policy_file.clone() {
             let on_command: Reload = {
                 let (path, policy, metrics) = (path.clone(), policy.clone(), ops.metrics.clone());
-                let started = started.clone();
-                Arc::new(move || reload(&path, &started, &policy, &metrics, "PROXY RELOAD"))
+                let (started, mirror) = (started.clone(), ops.mirror.clone());
+                Arc::new(move || {
+                    let live = Live {
+                        policy: &policy,
+                        metrics: &metrics,
+                        mirror: &mirror,
+                    };
+                    reload(&path, &started, &live, "PROXY RELOAD")
+                })
             };
             ops.reload = Some(on_command);
             // Registered before serving, so a SIGHUP can never hit the default action (exit).
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            let (policy, metrics) = (policy.clone(), ops.metrics.clone());
+            let (policy, metrics, mirror) =
+                (policy.clone(), ops.metrics.clone(), ops.mirror.clone());
             let watched = path.clone();
-            let on_signal = move |trigger| reload(&path, &started, &policy, &metrics, trigger);
+            let on_signal = move |trigger| {
+                let live = Live {
+                    policy: &policy,
+                    metrics: &metrics,
+                    mirror: &mirror,
+                };
+                reload(&path, &started, &live, trigger)
+            };
             tokio::spawn(reload_on_change(watched, on_signal, hup));
         } else {
             // SIGHUP's default action is to exit: a proxy on built-in defaults has nothing to
@@ -774,16 +790,26 @@ fn fingerprint(path: &Path) -> Option<(u64, std::time::SystemTime, u64)> {
     Some((m.len(), m.modified().ok()?, m.ino()))
 }
 
-/// Parses, validates, compiles and swaps in the policy; on any error the running one stays.
-/// Returns the new version, or every problem. `trigger` (SIGHUP, file change, PROXY RELOAD)
-/// is logged, so an operator can tell a reload they asked for from one the file watch did.
-fn reload(
-    path: &Path,
-    started: &Config,
-    policy: &ArcSwap<Policy>,
-    metrics: &Metrics,
-    trigger: &str,
-) -> Result<String, String> {
+/// What a reload replaces in the running proxy.
+struct Live<'a> {
+    /// The policy every command is checked against.
+    policy: &'a ArcSwap<Policy>,
+    /// Where reloads are counted.
+    metrics: &'a Arc<Metrics>,
+    /// The migration's mirror (`mirror:`), started, replaced or stopped.
+    mirror: &'a MirrorSlot,
+}
+
+/// Parses, validates, compiles and swaps in the policy (and the mirror); on any error the
+/// running ones stay. Returns the new version, or every problem. `trigger` (SIGHUP, file
+/// change, PROXY RELOAD) is logged, so an operator can tell a reload they asked for from one
+/// the file watch did.
+fn reload(path: &Path, started: &Config, live: &Live<'_>, trigger: &str) -> Result<String, String> {
+    let Live {
+        policy,
+        metrics,
+        mirror,
+    } = *live;
     // An empty file is valid at start (all defaults), but on reload it is far more likely a
     // file caught mid-rewrite than an operator dropping every rule.
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
@@ -795,12 +821,25 @@ fn reload(
         tracing::error!(file = %path.display(), trigger, "reload failed: the file is empty; keeping the running policy");
         return Err(why);
     }
-    match setup::load(path).map(|c| (setup::policy(&c), started.restart_needed(&c))) {
-        Ok((Ok(new), restart)) => {
+    match setup::load(path).map(|c| (setup::policy(&c), started.restart_needed(&c), c)) {
+        Ok((Ok(new), restart, config)) => {
+            // The mirror first: one that cannot start (its TLS files) fails the reload whole.
+            let mirrored = match mirror.apply(&config, metrics) {
+                Ok(change) => change,
+                Err(e) => {
+                    metrics.reloads_failed.inc();
+                    tracing::error!(trigger, error = %e, "reload failed: the mirror cannot start; keeping the running policy and mirror");
+                    return Err(format!("{}: mirror: {e}", path.display()));
+                }
+            };
             let version = new.version().to_string();
             tracing::info!(file = %path.display(), trigger, %version, rules = %new.rules_summary(), "policy reloaded");
             policy.store(Arc::new(new));
             metrics.reloads_ok.inc();
+            let version = match mirrored {
+                Some(change) => format!("{version}; {change}"),
+                None => version,
+            };
             if restart.is_empty() {
                 return Ok(version);
             }
@@ -810,7 +849,7 @@ fn reload(
                 "{version}; rules and access reloaded, but {settings} changed and need a restart (the running ones stay)"
             ))
         }
-        Ok((Err(problems), _)) => {
+        Ok((Err(problems), ..)) => {
             metrics.reloads_failed.inc();
             let mut text = Vec::new();
             for p in problems {

@@ -276,6 +276,8 @@ pub struct Metrics {
     /// Routes mode: the route table, installed by `server::serve`; its per-route command
     /// counts are read at scrape time (`route_commands_total`).
     pub routes: Arc<ArcSwapOption<crate::routes::RouteTable>>,
+    /// The mirror's counters (`mirror:`, docs/migration.md); at 0 while nothing mirrors.
+    pub mirror: MirrorMetrics,
     /// Audit entries written by the writer thread.
     pub audit_written: Counter,
     /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
@@ -318,6 +320,61 @@ pub struct MemoryReport {
     pub info: String,
     /// One line for the log and `/readyz`.
     pub summary: String,
+}
+
+/// What the mirror did with the commands it was offered: the numbers an operator watches
+/// before switching a migration over (docs/migration.md).
+#[derive(Debug, Default)]
+pub struct MirrorMetrics {
+    /// 1 for the migration's phase now (`off`, `writes`, `compare`), 0 for the others.
+    pub phase: [Gauge; 3],
+    /// Commands sent to the mirror: `[writes, reads compared]`.
+    pub sent: [Counter; 2],
+    /// Writes the mirror did not get: `[queue_full, unavailable, unknown_outcome]` (its queue
+    /// held `max_queue_bytes`; its connection was down or full; the primary's reply never
+    /// came, so whether the write ran is unknown). Each one may leave the mirror behind.
+    pub dropped: [Counter; 3],
+    /// Commands the mirror is never sent: blocking commands with no non-blocking form, and
+    /// the like (docs/migration.md says which).
+    pub skipped: Counter,
+    /// Writes the primary acknowledged that the mirror refused with an error.
+    pub errors: Counter,
+    /// Reads whose replies were compared.
+    pub compared: Counter,
+    /// Compared reads whose replies differed, by command and key prefix (the key's name up
+    /// to its first `:`, the first 50 prefixes seen, later ones as `(other)`).
+    pub divergent: Family<UpstreamLabels, Counter>,
+    /// `divergent`, every command and prefix together (INFO; not exported itself).
+    pub divergent_all: Counter,
+}
+
+/// `phase` labels of `rpp_mirror_phase`, in [`MirrorMetrics::phase`]'s order.
+pub const MIRROR_PHASES: [&str; 3] = ["off", "writes", "compare"];
+
+impl MirrorMetrics {
+    /// Shows `phase` (one of [`MIRROR_PHASES`]) as the current one.
+    pub fn set_phase(&self, phase: &str) {
+        for (gauge, name) in self.phase.iter().zip(MIRROR_PHASES) {
+            gauge.set(i64::from(name == phase));
+        }
+    }
+
+    /// The current phase's name.
+    pub fn phase(&self) -> &'static str {
+        self.phase
+            .iter()
+            .zip(MIRROR_PHASES)
+            .find(|(g, _)| g.get() == 1)
+            .map_or("off", |(_, name)| name)
+    }
+
+    /// Counts one divergence of `command` on keys with `prefix`.
+    pub fn diverged(&self, command: &'static str, prefix: String) {
+        self.divergent
+            .get_or_create(&vec![("command", command.to_string()), ("prefix", prefix)])
+            .inc();
+        self.divergent_all.inc();
+    }
 }
 
 /// `outcome` labels of `rpp_tls_handshakes_total`: `ok`, then `listen::Refusal::ALL`'s.
@@ -372,6 +429,7 @@ impl Metrics {
         m.register_operations();
         m.register_tls();
         m.register_memory();
+        m.register_mirror();
         m.registry
             .register_collector(Box::new(PolicyCollector { policy }));
         m.registry
@@ -440,6 +498,7 @@ impl Metrics {
             tls_reloads_failed: Counter::default(),
             keyspace: Default::default(),
             routes: Default::default(),
+            mirror: MirrorMetrics::default(),
             audit_written: Counter::default(),
             audit_dropped: Counter::default(),
             audit_failed: Counter::default(),
@@ -640,6 +699,58 @@ impl Metrics {
             "coalesced_reads",
             "Reads answered with the reply of an identical read already in flight on the same shared connection, instead of being sent upstream (upstream.coalesce_reads)",
             &self.coalesced_reads,
+        );
+    }
+
+    /// The mirror (`mirror:`): phase, what it was sent, dropped and skipped, and the compared
+    /// reads.
+    fn register_mirror(&mut self) {
+        let r = &mut self.registry;
+        let m = &mut self.mirror;
+        let phase = Family::<Labels, Gauge>::default();
+        r.register(
+            "mirror_phase",
+            "The migration's phase: 1 for the current one (off, writes: writes mirrored, compare: writes mirrored and a share of reads compared)",
+            phase.clone(),
+        );
+        m.phase = MIRROR_PHASES.map(|p| phase.get_or_create(&vec![("phase", p)]).clone());
+        m.phase[0].set(1);
+        m.sent = labelled(
+            r,
+            "mirror_commands",
+            "Commands sent to the mirror: writes the primary acknowledged, and reads sent to be compared",
+            "kind",
+            ["write", "read"],
+        );
+        m.dropped = labelled(
+            r,
+            "mirror_dropped",
+            "Writes not sent to the mirror: its queue was full (max_queue_bytes), its connection was down or full, or the primary's reply never came; each may leave the mirror behind",
+            "reason",
+            ["queue_full", "unavailable", "unknown_outcome"],
+        );
+        register(
+            r,
+            "mirror_skipped",
+            "Commands never mirrored by design (blocking commands without a non-blocking form; docs/migration.md)",
+            &m.skipped,
+        );
+        register(
+            r,
+            "mirror_errors",
+            "Writes the primary acknowledged that the mirror answered with an error",
+            &m.errors,
+        );
+        register(
+            r,
+            "mirror_compared",
+            "Reads answered by both servers and compared",
+            &m.compared,
+        );
+        r.register(
+            "mirror_divergent",
+            "Compared reads whose replies differed, by command and key prefix",
+            m.divergent.clone(),
         );
     }
 

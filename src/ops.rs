@@ -46,6 +46,9 @@ pub struct Ops {
     /// The key-pattern statistics (`keyspace.sample`); `None` when off. Started by
     /// `server::serve`, like `audit`.
     pub keyspace: Option<Arc<crate::keyspace::Keyspace>>,
+    /// The mirror of a migration (`mirror:`), started by `server::serve` and replaced on
+    /// reload; sessions hand it their answered batches.
+    pub mirror: Arc<crate::mirror::MirrorSlot>,
 }
 
 impl Ops {
@@ -61,6 +64,7 @@ impl Ops {
             reload,
             audit: None,
             keyspace: None,
+            mirror: Default::default(),
         }
     }
 }

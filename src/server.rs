@@ -91,6 +91,9 @@ pub async fn serve(
             )));
     }
     let upstream = start_upstream(&config, &metrics).await?;
+    ops.mirror
+        .apply(&config, &metrics)
+        .map_err(std::io::Error::other)?;
     // Scripts are confined to the deny rules (or the upstream user's ACL checked or applied)
     // whenever the policy changes, and `/readyz` says what was found.
     let acl_status = crate::script_acl::Status::default();

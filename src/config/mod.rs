@@ -12,11 +12,14 @@ use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
 mod dedicated_caps;
+mod mirror;
 mod namespaces;
+pub mod percent;
 mod routes;
 pub mod rules;
 pub(crate) mod yaml;
 pub use dedicated_caps::DedicatedCapsConfig;
+pub use mirror::{CompareConfig, MirrorConfig};
 pub use routes::{RouteConfig, RouteNode};
 
 /// A value from the file together with where it was written, for validation messages.
@@ -45,6 +48,9 @@ pub struct Config {
     pub upstreams: std::collections::BTreeMap<String, UpstreamConfig>,
     /// Key prefixes sent to other upstreams (or databases) than `upstream:`.
     pub routes: Vec<RouteConfig>,
+    /// A second server that receives the writes (and a share of the reads, compared) during
+    /// a migration; reloadable (docs/migration.md).
+    pub mirror: Option<MirrorConfig>,
     /// Bounds on what one client may make the proxy hold, so no client can grow its memory
     /// without limit.
     pub limits: Limits,
@@ -137,6 +143,7 @@ impl Default for Config {
             upstream: UpstreamConfig::default(),
             upstreams: Default::default(),
             routes: Vec::new(),
+            mirror: None,
             limits: Limits::default(),
             shutdown_grace_ms: located(10_000),
             workers: located(1),
@@ -984,6 +991,10 @@ impl Config {
             let problems = upstream.resolve_secrets(&format!("upstreams.{name}"));
             config.secret_problems.extend(problems);
         }
+        if let Some(mirror) = &mut config.mirror {
+            let problems = mirror.upstream.resolve_secrets("mirror.upstream");
+            config.secret_problems.extend(problems);
+        }
         Ok(config)
     }
 
@@ -1101,6 +1112,7 @@ impl Config {
             &self.namespace_lines,
         ));
         self.route_problems(&mut problems);
+        self.mirror_problems(&mut problems);
         let u = &self.upstream;
         self.validate_cluster(&mut problems);
         self.validate_sentinel(&mut problems);

@@ -88,6 +88,14 @@ impl Session {
             }
         };
         let kept = self.kept_batch(target, expect, &bytes, hash_slots, handling.wait);
+        let mut handling = handling;
+        if self.ctx.ops.mirror.active() && matches!(expect, Expect::Frames(_)) {
+            let proto = match target {
+                Target::Shared(proto, _) => proto,
+                Target::Dedicated(_) => self.client.proto,
+            };
+            handling.mirror = Some(Box::new((proto, bytes.clone())));
+        }
         let batch = Batch {
             bytes,
             expect,
@@ -343,6 +351,7 @@ impl Session {
             replace: out.replace,
             exec_mask,
             strip: out.strip,
+            mirror: None,
         };
         let hash_slots = match (slot, target, self.routing.spread_mut()) {
             (Some(slot), Target::Shared(..), Some(spread)) => {

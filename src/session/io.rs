@@ -324,6 +324,7 @@ pub fn serve<Seat: Send + 'static>(
                 }
             }
         }
+        s.ctx.ops.mirror.gone(s.client.id);
         let _ = wr.shutdown().await;
         crate::heap::released();
     }

@@ -224,6 +224,9 @@ struct Handling {
     replace: Option<Bytes>,
     /// Remove the tenant's namespace prefix from key names in the reply (SCAN, KEYS).
     strip: Option<Box<crate::policy::rewrite::Strip>>,
+    /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
+    /// handed to the mirror with the primary's replies once they are in.
+    mirror: Option<Box<(u8, Bytes)>>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the

@@ -144,6 +144,7 @@ impl Session {
                 m.replica_reads.get(),
             );
         }
+        s.push_str(&self.ctx.ops.mirror.info(m));
         if let Some(server) = m.upstream_server.load().as_deref() {
             let _ = write!(
                 s,

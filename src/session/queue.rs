@@ -154,6 +154,12 @@ impl Session {
             return;
         };
         let at = at.unwrap_or(0);
+        if let Some(copy) = &handling.mirror {
+            let (proto, sent_bytes) = &**copy;
+            let (id, replies) = (self.client.id, data.clone());
+            let mirror = &self.ctx.ops.mirror;
+            mirror.answered(id, *proto, sent_bytes.clone(), replies, commands);
+        }
         if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
             spread.answered(&sent.hash_slots);
         }

@@ -1,0 +1,297 @@
+//! The mirror's task: plans each answered batch, sends it over the mirror's own pipelined
+//! connection (one per RESP version, so one client's commands keep their order), and checks
+//! the replies: errors to acknowledged writes counted, compared reads counted and, a few a
+//! minute, logged by command and key name (never values).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Message;
+use super::compare::same;
+use super::plan::{Check, Compared, Planner};
+use crate::metrics::Metrics;
+use crate::upstream::pool::Pool;
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+
+/// Shadow reads.
+pub(super) struct CompareSettings {
+    /// Reads compared per 10,000.
+    pub below: u64,
+    /// Divergences logged per minute at most.
+    pub log_per_minute: u32,
+}
+
+/// What the task runs with.
+pub(super) struct Running {
+    /// Answered batches from the sessions.
+    pub rx: mpsc::UnboundedReceiver<Message>,
+    /// Bytes in `rx`, given back as the task takes them.
+    pub queued: Arc<AtomicUsize>,
+    /// The mirror's connections.
+    pub pool: Arc<Pool>,
+    /// The proxy's metrics, where the mirror's counters are.
+    pub metrics: Arc<Metrics>,
+    /// Shadow reads, if on.
+    pub compare: Option<CompareSettings>,
+    /// The mirror's address, for the log.
+    pub address: String,
+}
+
+/// Batches sent to the mirror and not answered yet, at most: past it the mirror is too slow
+/// and batches are dropped (counted), so its backlog cannot grow the proxy's memory.
+const MAX_PENDING: usize = 4_096;
+
+/// Distinct key prefixes labelled in the divergence metric; later ones count as `(other)`.
+const MAX_PREFIXES: usize = 50;
+
+/// A batch sent to the mirror.
+struct Pending {
+    /// Its connection's RESP version.
+    proto: u8,
+    /// What to do with each reply.
+    checks: Vec<Check>,
+}
+
+/// The task's state besides its queue.
+struct State {
+    /// The mirror's connections.
+    pool: Arc<Pool>,
+    /// The proxy's metrics.
+    metrics: Arc<Metrics>,
+    /// Where the mirror's connections deliver their replies.
+    reply_tx: mpsc::UnboundedSender<Reply>,
+    /// The mirror's address, for the log.
+    address: String,
+    /// What each answered batch asks of the mirror.
+    planner: Planner,
+    /// Batches sent, by `seq`, with what to check in their replies.
+    pending: HashMap<u16, Pending>,
+    /// The next batch's `seq`.
+    next_seq: u16,
+    /// Key prefixes labelled so far in the divergence metric.
+    prefixes: HashSet<Vec<u8>>,
+    /// How many more divergences and errors the log takes this minute.
+    log: LogBudget,
+}
+
+/// Lines logged a minute, at most.
+struct LogBudget {
+    /// Start of the current minute, and lines logged in it.
+    window: (Instant, u32),
+    /// Lines a minute at most.
+    per_minute: u32,
+}
+
+impl LogBudget {
+    /// Whether one more line may be logged this minute.
+    fn allow(&mut self) -> bool {
+        let (start, logged) = &mut self.window;
+        if start.elapsed() >= Duration::from_secs(60) {
+            *start = Instant::now();
+            *logged = 0;
+        }
+        if *logged >= self.per_minute {
+            return false;
+        }
+        *logged += 1;
+        true
+    }
+}
+
+/// Runs until the mirror is replaced or stopped (its queue closed).
+pub(super) async fn run(running: Running) {
+    let Running {
+        mut rx,
+        queued,
+        pool,
+        metrics,
+        compare,
+        address,
+    } = running;
+    let (reply_tx, mut replies) = mpsc::unbounded_channel();
+    let mut state = State {
+        pool,
+        metrics,
+        reply_tx,
+        address,
+        planner: Planner::new(compare.as_ref().map_or(0, |c| c.below)),
+        pending: HashMap::new(),
+        next_seq: 0,
+        prefixes: HashSet::new(),
+        log: LogBudget {
+            window: (Instant::now(), 0),
+            per_minute: compare.as_ref().map_or(10, |c| c.log_per_minute),
+        },
+    };
+    loop {
+        tokio::select! {
+            message = rx.recv() => {
+                let Some(message) = message else { break };
+                queued.fetch_sub(message.size(), Ordering::Relaxed);
+                match message {
+                    Message::Gone(client) => state.planner.forget(client),
+                    Message::Answered { client, proto, commands, replies } => {
+                        state.send(client, proto, &commands, &replies);
+                    }
+                }
+            }
+            Some(reply) = replies.recv() => state.check(reply),
+        }
+    }
+    // Replaced or stopped: the replies still due are read, so what was sent is counted.
+    let deadline = tokio::time::sleep(Duration::from_secs(5));
+    tokio::pin!(deadline);
+    while !state.pending.is_empty() {
+        tokio::select! {
+            reply = replies.recv() => match reply {
+                Some(reply) => state.check(reply),
+                None => break,
+            },
+            _ = &mut deadline => break,
+        }
+    }
+}
+
+impl State {
+    /// Plans one answered batch and sends the mirror its part.
+    fn send(&mut self, client: u64, proto: u8, commands: &Bytes, replies: &Bytes) {
+        let m = &self.metrics.mirror;
+        let planned = self.planner.plan(client, proto, commands, replies);
+        m.skipped.inc_by(planned.skipped);
+        m.dropped[2].inc_by(planned.unknown);
+        if planned.checks.is_empty() {
+            return;
+        }
+        let seq = self.next_seq;
+        if self.pending.len() >= MAX_PENDING || self.pending.contains_key(&seq) {
+            m.dropped[1].inc_by(planned.writes);
+            self.planner.lost_track(proto);
+            return;
+        }
+        let batch = Batch {
+            bytes: planned.bytes.freeze(),
+            expect: Expect::Frames(planned.checks.len() as u32),
+            wait: ReplyWait::Prompt,
+            reply_to: self.reply_tx.clone(),
+            seq,
+        };
+        // One connection per RESP version (client id 0): a client's batches stay in order.
+        if self.pool.shared(proto, 0).try_send(batch).is_err() {
+            m.dropped[1].inc_by(planned.writes);
+            self.planner.lost_track(proto);
+            return;
+        }
+        self.next_seq = seq.wrapping_add(1);
+        m.sent[0].inc_by(planned.writes);
+        m.sent[1].inc_by(planned.reads);
+        self.pending.insert(
+            seq,
+            Pending {
+                proto,
+                checks: planned.checks,
+            },
+        );
+    }
+
+    /// Checks the mirror's replies to one batch.
+    fn check(&mut self, reply: Reply) {
+        let Reply::Batch {
+            data,
+            missing,
+            error,
+            seq,
+        } = reply
+        else {
+            return;
+        };
+        let Some(pending) = self.pending.remove(&seq) else {
+            return;
+        };
+        let m = &self.metrics.mirror;
+        let mut rest = &data[..];
+        let mut checks = pending.checks.into_iter();
+        for check in checks.by_ref() {
+            let Ok(Some(len)) = crate::reply::scan(rest) else {
+                // No reply: the connection failed; counted below with the others.
+                if matches!(check, Check::Write) {
+                    m.dropped[1].inc();
+                }
+                break;
+            };
+            let (frame, after) = rest.split_at(len);
+            rest = after;
+            match check {
+                Check::Ignore => {}
+                Check::Write => {
+                    if frame.first() == Some(&b'-') {
+                        m.errors.inc();
+                        if self.log.allow() {
+                            tracing::warn!(
+                                mirror = self.address,
+                                error = %String::from_utf8_lossy(frame.strip_suffix(b"\r\n").unwrap_or(frame)),
+                                "the mirror refused a write the primary acknowledged"
+                            );
+                        }
+                    }
+                }
+                Check::Compare(c) => {
+                    m.compared.inc();
+                    if !same(c.how, &c.primary, frame) {
+                        diverged(
+                            &self.metrics,
+                            &mut self.prefixes,
+                            &mut self.log,
+                            &self.address,
+                            &c,
+                        );
+                    }
+                }
+            }
+        }
+        let unanswered = checks.filter(|c| matches!(c, Check::Write)).count();
+        m.dropped[1].inc_by(unanswered as u64);
+        if missing > 0 || error.is_some() {
+            self.planner.lost_track(pending.proto);
+            if let Some(e) = error
+                && self.log.allow()
+            {
+                tracing::warn!(mirror = self.address, error = %e, "mirror connection failed; its unanswered writes are counted as dropped");
+            }
+        }
+    }
+}
+
+/// Counts and (a few a minute) logs a compared read the mirror answered differently.
+fn diverged(
+    metrics: &Metrics,
+    prefixes: &mut HashSet<Vec<u8>>,
+    log: &mut LogBudget,
+    address: &str,
+    c: &Compared,
+) {
+    let prefix = match c.key.iter().position(|&b| b == b':') {
+        Some(i) => &c.key[..=i],
+        None => &b"(none)"[..],
+    };
+    let label = if prefixes.contains(prefix) || prefixes.len() < MAX_PREFIXES {
+        prefixes.insert(prefix.to_vec());
+        String::from_utf8_lossy(prefix).into_owned()
+    } else {
+        "(other)".to_string()
+    };
+    metrics.mirror.diverged(c.command, label);
+    if log.allow() {
+        tracing::warn!(
+            mirror = address,
+            command = c.command,
+            key = %String::from_utf8_lossy(&c.key),
+            "the mirror answered a read differently from the primary"
+        );
+    }
+}

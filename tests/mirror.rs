@@ -1,0 +1,334 @@
+//! `mirror:` with real redis-servers: the writes the primary acknowledged reach the mirror as
+//! the primary ran them (rewrites, transactions, databases, blocking pops), refused and
+//! aborted ones do not; a stopped or dead mirror costs the clients nothing; shadow reads catch
+//! a planted difference; the phases change by reload.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server processes in wall-clock time"
+)]
+
+mod common;
+
+use std::time::Instant;
+
+use common::process::{ProxyProcess, run_bin};
+use common::{DEADLINE, POLL, Raw, RedisServer, TempDir, write_file};
+
+fn text(reply: &[u8]) -> String {
+    String::from_utf8_lossy(reply).into_owned()
+}
+
+/// The proxy's `INFO proxy` field `name`.
+async fn info_field(proxy: &mut Raw, name: &str) -> String {
+    let info = text(&proxy.call(&["INFO", "proxy"]).await);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {info}"))
+        .to_string()
+}
+
+/// Waits until `redis` answers `args` with `want`: the mirror is written a little after the
+/// primary answered.
+async fn wait_for(redis: &RedisServer, args: &[&str], want: &[u8]) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let got = redis.direct(args).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{args:?} on {}: {} (want {})",
+            redis.addr(),
+            text(&got),
+            text(want)
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn mirror_section(mirror: &RedisServer, compare: Option<&str>) -> String {
+    let compare = compare.map_or(String::new(), |share| {
+        format!("  compare:\n    share: {share}\n")
+    });
+    format!(
+        "mirror:\n  upstream:\n    address: {}\n{compare}",
+        mirror.addr()
+    )
+}
+
+#[tokio::test]
+async fn writes_reach_the_mirror_as_the_primary_ran_them() {
+    let primary = RedisServer::start();
+    let mirror = RedisServer::start();
+    let tmp = TempDir::new("mirror-writes");
+    // A TTL rule: the mirror gets the rewritten SET (with the TTL the policy added).
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\n{}rules:\n  - id: ttl\n    ttl:\n      default: none\n      prefixes:\n        - {{prefix: \"cache:\", ttl: 1000s}}\n      keys: created\n",
+            primary.addr(),
+            mirror_section(&mirror, None)
+        ),
+    );
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    // A key the primary holds as a string: LPUSH to it fails there, and must not be mirrored
+    // (the mirror, without the key, would run it).
+    primary.direct(&["SET", "str", "x"]).await;
+    assert_eq!(c.call(&["SET", "plain", "1"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "cache:page", "html"]).await, b"+OK\r\n");
+    assert!(text(&c.call(&["LPUSH", "str", "a"]).await).starts_with("-WRONGTYPE"));
+    // Pipelined writes and reads in one batch.
+    let out = c
+        .request(
+            &common::resp_cmds(&["INCR n", "GET plain", "HSET h f v", "RPUSH q a b c"]),
+            4,
+        )
+        .await;
+    assert_eq!(text(&out), ":1\r\n$1\r\n1\r\n:1\r\n:3\r\n");
+    // A transaction that ran, and one WATCH aborted.
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "tx", "1"]).await, b"+QUEUED\r\n");
+    assert_eq!(c.call(&["INCR", "n"]).await, b"+QUEUED\r\n");
+    assert_eq!(c.call(&["EXEC"]).await, b"*2\r\n+OK\r\n:2\r\n");
+    assert_eq!(c.call(&["WATCH", "w"]).await, b"+OK\r\n");
+    primary.direct(&["SET", "w", "changed"]).await;
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "aborted", "1"]).await, b"+QUEUED\r\n");
+    assert_eq!(c.call(&["EXEC"]).await, b"*-1\r\n");
+    // A blocking pop, mirrored as the pop it was.
+    assert_eq!(
+        c.call(&["BLPOP", "empty", "q", "1"]).await,
+        b"*2\r\n$1\r\nq\r\n$1\r\na\r\n"
+    );
+    // Another database.
+    let mut other = Raw::connect(proxy.addr()).await;
+    assert_eq!(other.call(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(other.call(&["SET", "in2", "x"]).await, b"+OK\r\n");
+    drop(other);
+    assert_eq!(c.call(&["SET", "done", "1"]).await, b"+OK\r\n");
+
+    wait_for(&mirror, &["GET", "done"], b"$1\r\n1\r\n").await;
+    assert_eq!(mirror.direct(&["GET", "plain"]).await, b"$1\r\n1\r\n");
+    assert_eq!(
+        mirror.direct(&["GET", "cache:page"]).await,
+        b"$4\r\nhtml\r\n"
+    );
+    let ttl = text(&mirror.direct(&["TTL", "cache:page"]).await);
+    let ttl: i64 = ttl.trim().trim_start_matches(':').parse().unwrap();
+    assert!(
+        (990..=1000).contains(&ttl),
+        "the policy's TTL on the mirror: {ttl}"
+    );
+    assert_eq!(
+        mirror.direct(&["EXISTS", "str"]).await,
+        b":0\r\n",
+        "refused write"
+    );
+    assert_eq!(mirror.direct(&["GET", "n"]).await, b"$1\r\n2\r\n");
+    assert_eq!(mirror.direct(&["HGET", "h", "f"]).await, b"$1\r\nv\r\n");
+    assert_eq!(mirror.direct(&["GET", "tx"]).await, b"$1\r\n1\r\n");
+    assert_eq!(
+        mirror.direct(&["EXISTS", "aborted"]).await,
+        b":0\r\n",
+        "aborted EXEC"
+    );
+    assert_eq!(
+        mirror.direct(&["LRANGE", "q", "0", "-1"]).await,
+        b"*2\r\n$1\r\nb\r\n$1\r\nc\r\n",
+        "BLPOP popped on the mirror too"
+    );
+    let mut m2 = mirror.raw().await;
+    assert_eq!(m2.call(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(m2.call(&["GET", "in2"]).await, b"$1\r\nx\r\n");
+    assert_eq!(
+        mirror.direct(&["EXISTS", "in2"]).await,
+        b":0\r\n",
+        "not in db 0"
+    );
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "writes");
+    assert_eq!(info_field(&mut c, "proxy_mirror_dropped").await, "0");
+    assert_eq!(info_field(&mut c, "proxy_mirror_errors").await, "0");
+}
+
+#[tokio::test]
+async fn a_stopped_or_dead_mirror_costs_the_clients_nothing() {
+    let primary = RedisServer::start();
+    let mut mirror = RedisServer::start();
+    let tmp = TempDir::new("mirror-dead");
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\n{}    command_timeout_ms: 1000\n  max_queue_bytes: 1000000\n",
+            primary.addr(),
+            mirror_section(&mirror, None)
+        ),
+    );
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["SET", "before", "1"]).await, b"+OK\r\n");
+    wait_for(&mirror, &["GET", "before"], b"$1\r\n1\r\n").await;
+    // Stopped (a mirror that stalls): every client command is still answered by the primary.
+    mirror.signal("-STOP");
+    let value = "v".repeat(1000);
+    for round in 0..4 {
+        let mut batch = Vec::new();
+        for i in 0..500 {
+            batch.extend(common::resp(&["SET", &format!("k:{round}:{i}"), &value]));
+        }
+        let out = c.request(&batch, 500).await;
+        assert_eq!(out, b"+OK\r\n".repeat(500), "round {round}");
+    }
+    mirror.signal("-CONT");
+    // Dead: the same.
+    mirror.kill();
+    for i in 0..200 {
+        assert_eq!(
+            c.call(&["SET", &format!("dead:{i}"), "1"]).await,
+            b"+OK\r\n"
+        );
+    }
+    // What the mirror missed is counted, never silent.
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let dropped: u64 = info_field(&mut c, "proxy_mirror_dropped")
+            .await
+            .parse()
+            .unwrap();
+        if dropped > 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "nothing counted as dropped");
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(primary.direct(&["DBSIZE"]).await, b":2201\r\n");
+}
+
+#[tokio::test]
+async fn shadow_reads_catch_a_planted_difference() {
+    let primary = RedisServer::start();
+    let mirror = RedisServer::start();
+    let tmp = TempDir::new("mirror-compare");
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\n{}",
+            primary.addr(),
+            mirror_section(&mirror, Some("100%"))
+        ),
+    );
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["SET", "user:1", "alice"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "user:2", "bob"]).await, b"+OK\r\n");
+    assert_eq!(
+        c.call(&["SADD", "set:s", "a", "b", "c", "d"]).await,
+        b":4\r\n"
+    );
+    wait_for(&mirror, &["GET", "user:2"], b"$3\r\nbob\r\n").await;
+    // The planted difference.
+    mirror.direct(&["SET", "user:2", "mallory"]).await;
+    assert_eq!(c.call(&["GET", "user:1"]).await, b"$5\r\nalice\r\n");
+    assert_eq!(
+        c.call(&["GET", "user:2"]).await,
+        b"$3\r\nbob\r\n",
+        "the primary answers"
+    );
+    assert!(text(&c.call(&["SMEMBERS", "set:s"]).await).starts_with("*4"));
+    let until = Instant::now() + DEADLINE;
+    while info_field(&mut c, "proxy_mirror_compared").await != "3" {
+        assert!(Instant::now() < until, "reads not compared");
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(info_field(&mut c, "proxy_mirror_divergent").await, "1");
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "compare");
+    proxy
+        .wait_for_log("the mirror answered a read differently", 1)
+        .await;
+    let log = proxy.log_text();
+    assert!(log.contains("user:2"), "the key is named: {log}");
+    assert!(
+        !log.contains("mallory") && !log.contains("bob"),
+        "never values: {log}"
+    );
+}
+
+#[tokio::test]
+async fn phases_change_by_reload() {
+    let primary = RedisServer::start();
+    let mirror = RedisServer::start();
+    let tmp = TempDir::new("mirror-reload");
+    let base = format!(
+        "upstream:\n  address: {}\naccess:\n  admin_tenants: [default]\n",
+        primary.addr()
+    );
+    let policy = write_file(tmp.path(), "p.yaml", &base);
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["SET", "a", "1"]).await, b"+OK\r\n");
+    // Primary only → writes.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!("{base}{}", mirror_section(&mirror, None)),
+    );
+    let reply = text(&c.call(&["PROXY", "RELOAD"]).await);
+    assert!(reply.contains("mirroring to"), "{reply}");
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "writes");
+    assert_eq!(c.call(&["SET", "b", "1"]).await, b"+OK\r\n");
+    wait_for(&mirror, &["GET", "b"], b"$1\r\n1\r\n").await;
+    assert_eq!(mirror.direct(&["EXISTS", "a"]).await, b":0\r\n");
+    // Writes → compare.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!("{base}{}", mirror_section(&mirror, Some("100%"))),
+    );
+    let _ = c.call(&["PROXY", "RELOAD"]).await;
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "compare");
+    assert_eq!(c.call(&["GET", "b"]).await, b"$1\r\n1\r\n");
+    let until = Instant::now() + DEADLINE;
+    while info_field(&mut c, "proxy_mirror_compared").await != "1" {
+        assert!(Instant::now() < until, "the read was not compared");
+        tokio::time::sleep(POLL).await;
+    }
+    // Compare → primary only.
+    write_file(tmp.path(), "p.yaml", &base);
+    let reply = text(&c.call(&["PROXY", "RELOAD"]).await);
+    assert!(reply.contains("mirror stopped"), "{reply}");
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "off");
+    assert_eq!(c.call(&["SET", "c", "1"]).await, b"+OK\r\n");
+    assert_eq!(mirror.direct(&["EXISTS", "c"]).await, b":0\r\n");
+}
+
+#[tokio::test]
+async fn check_names_each_mirror_problem_and_passes_the_example() {
+    let tmp = TempDir::new("mirror-check");
+    let bad = write_file(
+        tmp.path(),
+        "bad.yaml",
+        "upstream:\n  address: 127.0.0.1:6379\nmirror:\n  upstream:\n    address: 127.0.0.1:6379\n  compare:\n    share: 200%\n",
+    );
+    let run = run_bin(&["--check", bad.to_str().unwrap()], &[]).await;
+    assert_ne!(run.code, Some(0));
+    let all = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        all.contains("mirror.upstream.address") && all.contains("the primary itself"),
+        "{all}"
+    );
+    assert!(
+        all.contains("mirror.compare.share") && all.contains("200%"),
+        "{all}"
+    );
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policy/examples/migration.yaml"
+    );
+    let run = run_bin(&["--check", example], &[]).await;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+}
