@@ -15,6 +15,7 @@ use arc_swap::ArcSwap;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redis_policy_proxy::metrics::Metrics;
 use redis_policy_proxy::mirror::MirrorSlot;
+use redis_policy_proxy::mirror::cutover::Cutover;
 use redis_policy_proxy::ops::{Ops, Reload};
 use redis_policy_proxy::policy::Policy;
 use redis_policy_proxy::{Config, setup};
@@ -650,11 +651,13 @@ fn main() -> ExitCode {
             let on_command: Reload = {
                 let (path, policy, metrics) = (path.clone(), policy.clone(), ops.metrics.clone());
                 let (started, mirror) = (started.clone(), ops.mirror.clone());
+                let cutover = ops.cutover.clone();
                 Arc::new(move || {
                     let live = Live {
                         policy: &policy,
                         metrics: &metrics,
                         mirror: &mirror,
+                        cutover: &cutover,
                     };
                     reload(&path, &started, &live, "PROXY RELOAD")
                 })
@@ -664,12 +667,14 @@ fn main() -> ExitCode {
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
             let (policy, metrics, mirror) =
                 (policy.clone(), ops.metrics.clone(), ops.mirror.clone());
+            let cutover = ops.cutover.clone();
             let watched = path.clone();
             let on_signal = move |trigger| {
                 let live = Live {
                     policy: &policy,
                     metrics: &metrics,
                     mirror: &mirror,
+                    cutover: &cutover,
                 };
                 reload(&path, &started, &live, trigger)
             };
@@ -797,7 +802,9 @@ struct Live<'a> {
     /// Where reloads are counted.
     metrics: &'a Arc<Metrics>,
     /// The migration's mirror (`mirror:`), started, replaced or stopped.
-    mirror: &'a MirrorSlot,
+    mirror: &'a Arc<MirrorSlot>,
+    /// Switches a standalone upstream whose address the file changed.
+    cutover: &'a Arc<Cutover>,
 }
 
 /// Parses, validates, compiles and swaps in the policy (and the mirror); on any error the
@@ -809,6 +816,7 @@ fn reload(path: &Path, started: &Config, live: &Live<'_>, trigger: &str) -> Resu
         policy,
         metrics,
         mirror,
+        cutover,
     } = *live;
     // An empty file is valid at start (all defaults), but on reload it is far more likely a
     // file caught mid-rewrite than an operator dropping every rule.
@@ -823,8 +831,23 @@ fn reload(path: &Path, started: &Config, live: &Live<'_>, trigger: &str) -> Resu
     }
     match setup::load(path).map(|c| (setup::policy(&c), started.restart_needed(&c), c)) {
         Ok((Ok(new), restart, config)) => {
-            // The mirror first: one that cannot start (its TLS files) fails the reload whole.
-            let mirrored = match mirror.apply(&config, metrics) {
+            // The upstream and the mirror first: a mirror that cannot start (its TLS files)
+            // fails the reload whole. A switch of the upstream starts the next mirror itself,
+            // once the old server has answered everything.
+            let changed = if cutover.busy() {
+                Ok(Some(
+                    "a switch of the upstream is running: the upstream and mirror settings \
+                     wait for the next reload"
+                        .to_string(),
+                ))
+            } else if cutover.wanted_by(&config) {
+                cutover
+                    .start(config.clone(), mirror.clone(), metrics.clone())
+                    .map(Some)
+            } else {
+                mirror.apply(&config, metrics)
+            };
+            let mirrored = match changed {
                 Ok(change) => change,
                 Err(e) => {
                     metrics.reloads_failed.inc();

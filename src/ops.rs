@@ -49,6 +49,9 @@ pub struct Ops {
     /// The mirror of a migration (`mirror:`), started by `server::serve` and replaced on
     /// reload; sessions hand it their answered batches.
     pub mirror: Arc<crate::mirror::MirrorSlot>,
+    /// The gate every batch passes and what switches the standalone upstream by reload
+    /// (`mirror::cutover`).
+    pub cutover: Arc<crate::mirror::cutover::Cutover>,
 }
 
 impl Ops {
@@ -65,6 +68,7 @@ impl Ops {
             audit: None,
             keyspace: None,
             mirror: Default::default(),
+            cutover: Default::default(),
         }
     }
 }

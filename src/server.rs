@@ -90,7 +90,7 @@ pub async fn serve(
                 config.upstream.unconfined_scripts.value == crate::config::UnconfinedScripts::Run,
             )));
     }
-    let upstream = start_upstream(&config, &metrics).await?;
+    let upstream = start_upstream(&config, &metrics, &ops.cutover).await?;
     ops.mirror
         .apply(&config, &metrics)
         .map_err(std::io::Error::other)?;
@@ -183,7 +183,12 @@ struct Upstream {
 }
 
 /// Starts the upstream side of the configured mode.
-async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Result<Upstream> {
+/// A standalone upstream's pool is made switchable by reload through `cutover`.
+async fn start_upstream(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    cutover: &crate::mirror::cutover::Cutover,
+) -> std::io::Result<Upstream> {
     if config.has_routes() {
         return start_routes(config, metrics).await;
     }
@@ -213,7 +218,10 @@ async fn start_upstream(config: &Config, metrics: &Arc<Metrics>) -> std::io::Res
                 if config.upstream.coalesce_reads.value {
                     crate::upstream::coalesce::enable();
                 }
-                Pool::start(config, metrics.clone()).map_err(std::io::Error::other)?
+                let (pool, mover) =
+                    Pool::start_movable(config, metrics.clone()).map_err(std::io::Error::other)?;
+                cutover.install(pool.clone(), mover);
+                pool
             },
             cluster: None,
             replicas: None,
@@ -493,7 +501,8 @@ fn context(
         ),
         pause: Default::default(),
         stopping: Default::default(),
-        idle_tick: tokio::sync::Notify::new(),
+        // Also what a cutover's gate wakes every session with when it opens.
+        idle_tick: ops.cutover.gate.sessions_wake(),
         policy,
         ops,
     })

@@ -332,3 +332,161 @@ async fn check_names_each_mirror_problem_and_passes_the_example() {
     let run = run_bin(&["--check", example], &[]).await;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
 }
+
+/// One client of the load: writes its own keys over and over and remembers the last value
+/// each key was acknowledged with; counts every reply that is not the expected one.
+async fn load_client(
+    addr: String,
+    client: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counting: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (std::collections::BTreeMap<String, String>, u64, Vec<String>) {
+    use std::sync::atomic::Ordering;
+    let mut c = Raw::connect(&addr).await;
+    let mut last = std::collections::BTreeMap::new();
+    let mut increments = 0u64;
+    let mut wrong = Vec::new();
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let key = format!("load:{client}:{}", i % 40);
+        let value = format!("{client}-{i}");
+        let reply = c.call(&["SET", &key, &value]).await;
+        if reply == b"+OK\r\n" {
+            last.insert(key, value);
+        } else {
+            wrong.push(text(&reply));
+        }
+        // Counters only once the mirror gets every write (a relative write to a key that
+        // existed before mirroring began is what backfill cannot reconcile; docs/migration.md).
+        if counting.load(Ordering::SeqCst) {
+            let reply = c.call(&["INCR", &format!("counter:{client}")]).await;
+            if reply.first() == Some(&b':') {
+                increments += 1;
+            } else {
+                wrong.push(text(&reply));
+            }
+        }
+        i += 1;
+    }
+    (last, increments, wrong)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_under_load_moves_every_key_and_switches_by_reload() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    common::keys::fill(&old, 300).await;
+    let tmp = TempDir::new("mirror-migration");
+    let admin = "access:\n  admin_tenants: [default]\n";
+    let phase = |primary: &RedisServer, mirror: Option<(&RedisServer, Option<&str>)>| {
+        let mirror = mirror.map_or(String::new(), |(m, compare)| mirror_section(m, compare));
+        format!("upstream:\n  address: {}\n{admin}{mirror}", primary.addr())
+    };
+    let policy = write_file(tmp.path(), "p.yaml", &phase(&old, None));
+    let proxy = ProxyProcess::start(&policy, &old, tmp.path().join("log"), &[]).await;
+    let addr = proxy.addr();
+    let (stop, counting) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let clients: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(load_client(addr.clone(), i, stop.clone(), counting.clone())))
+        .collect();
+    // redis-benchmark beside them, through every phase (SETs of random keys).
+    let port = proxy.port.to_string();
+    let bench = tokio::process::Command::new("redis-benchmark")
+        .args([
+            "-p", &port, "-t", "set", "-r", "500", "-n", "60000", "-c", "4", "-q",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-benchmark (redis-tools)");
+    let mut c = Raw::connect(&addr).await;
+    // 1. Primary only → 2. writes mirrored.
+    write_file(tmp.path(), "p.yaml", &phase(&old, Some((&new, None))));
+    let r = text(&c.call(&["PROXY", "RELOAD"]).await);
+    assert!(r.contains("mirroring to"), "{r}");
+    counting.store(true, Ordering::SeqCst);
+    // The keys written before: copied while the writes flow.
+    let run = run_bin(
+        &[
+            "-c",
+            policy.to_str().unwrap(),
+            "backfill",
+            "--to",
+            &new.addr(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    // 3. Reads compared.
+    write_file(
+        tmp.path(),
+        "p.yaml",
+        &phase(&old, Some((&new, Some("10%")))),
+    );
+    let _ = text(&c.call(&["PROXY", "RELOAD"]).await);
+    assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "compare");
+    // 4. The switch: the new server answers, the old one is the mirror (a way back).
+    write_file(tmp.path(), "p.yaml", &phase(&new, Some((&old, None))));
+    let r = text(&c.call(&["PROXY", "RELOAD"]).await);
+    assert!(r.contains("switching the upstream"), "{r}");
+    proxy.wait_for_log("cutover: switched", 1).await;
+    assert_eq!(info_field(&mut c, "proxy_upstream").await, new.addr());
+    let switch = info_field(&mut c, "proxy_upstream_switch").await;
+    assert!(switch.starts_with("switched from"), "{switch}");
+    println!("{switch}");
+    let before: u64 = new.command_calls("set").await;
+    // Writes now reach the new server first.
+    let until = Instant::now() + DEADLINE;
+    while new.command_calls("set").await < before + 100 {
+        assert!(Instant::now() < until, "no load on the new server");
+        tokio::time::sleep(POLL).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut acknowledged = std::collections::BTreeMap::new();
+    let mut increments = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let (last, n, wrong) = client.await.unwrap();
+        assert!(wrong.is_empty(), "client {i} saw {wrong:?}");
+        acknowledged.extend(last);
+        increments.push((i, n));
+    }
+    let bench = bench.wait_with_output().await.unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&bench.stdout),
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    // redis-benchmark stops at the first error reply.
+    assert!(
+        bench.status.success() && out.contains("requests per second") && !out.contains("Error"),
+        "redis-benchmark: {out}"
+    );
+    // 5. Primary only: the mirror stops once it has everything.
+    write_file(tmp.path(), "p.yaml", &phase(&new, None));
+    let _ = c.call(&["PROXY", "RELOAD"]).await;
+    assert_eq!(info_field(&mut c, "proxy_mirror_dropped").await, "0");
+    assert_eq!(info_field(&mut c, "proxy_mirror_errors").await, "0");
+    // Nothing acknowledged is lost, on either server; both hold the same keys.
+    for (key, value) in &acknowledged {
+        let want = format!("${}\r\n{value}\r\n", value.len());
+        assert_eq!(
+            text(&new.direct(&["GET", key]).await),
+            want,
+            "{key} on the new server"
+        );
+        wait_for(&old, &["GET", key], want.as_bytes()).await;
+    }
+    for (client, n) in increments {
+        let want = format!("${}\r\n{n}\r\n", n.to_string().len());
+        let key = format!("counter:{client}");
+        assert_eq!(text(&new.direct(&["GET", &key]).await), want, "{key}");
+        wait_for(&old, &["GET", &key], want.as_bytes()).await;
+    }
+    common::keys::assert_same(&new, &old, &[]).await;
+}

@@ -1476,6 +1476,16 @@ impl Config {
     /// `upstream`, `upstreams`, `routes` (and with routes the namespaces), `limits`, `admin`
     /// (all but `denial_logs_per_second`), `workers`, `shutdown_grace_ms`, `log_level`,
     /// `audit`, `keyspace`. Compared by value: moving a line changes nothing.
+    /// `upstream` without what a reload applies live: a standalone upstream's address (a
+    /// cutover, `mirror::cutover`).
+    fn upstream_but_switchable(&self) -> UpstreamConfig {
+        let mut upstream = self.upstream.clone();
+        if upstream.mode.value == UpstreamMode::Standalone && !self.has_routes() {
+            upstream.address = located(String::new());
+        }
+        upstream
+    }
+
     pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
         let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| {
             without_locations(&format!("{a:?}")) != without_locations(&format!("{b:?}"))
@@ -1490,7 +1500,13 @@ impl Config {
         [
             ("listen", differs(&self.listen.value, &new.listen.value)),
             ("tls", differs(&self.tls, &new.tls)),
-            ("upstream", differs(&self.upstream, &new.upstream)),
+            (
+                "upstream",
+                differs(
+                    &self.upstream_but_switchable(),
+                    &new.upstream_but_switchable(),
+                ),
+            ),
             ("upstreams", differs(&self.upstreams, &new.upstreams)),
             ("routes", differs(&self.routes, &new.routes)),
             // The route table enters each route's prefixes behind every namespace.

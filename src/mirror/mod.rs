@@ -14,6 +14,7 @@
 //! own task and connection.
 
 mod compare;
+pub mod cutover;
 mod plan;
 mod task;
 
@@ -39,6 +40,9 @@ enum Message {
     },
     /// The client is gone: forget its database and open transaction.
     Gone(u64),
+    /// Answered once everything queued before it was sent and the mirror replied to it
+    /// (a cutover waits for it before the mirror becomes the primary).
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 impl Message {
@@ -48,7 +52,7 @@ impl Message {
             Message::Answered {
                 commands, replies, ..
             } => commands.len() + replies.len(),
-            Message::Gone(_) => 0,
+            Message::Gone(_) | Message::Flush(_) => 0,
         }
     }
 }
@@ -67,6 +71,9 @@ struct Mirror {
     fingerprint: String,
     /// The mirror's address and phase, for INFO.
     summary: String,
+    /// Captures of batches that answer promptly, not yet answered: a cutover waits for none
+    /// to be left (a blocking command's capture is not counted: it may never be answered).
+    outstanding: AtomicUsize,
 }
 
 impl Mirror {
@@ -83,6 +90,77 @@ impl Mirror {
             return false;
         }
         true
+    }
+}
+
+impl Mirror {
+    /// Waits (at most `within`) until no batch captured for this mirror is still unanswered
+    /// (only `mirror` itself holds it then) and the mirror has replied to everything it was
+    /// sent; `false` if that took longer.
+    async fn settle(mirror: Arc<Mirror>, within: std::time::Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        // Captures end as their batches are answered (the sessions keep reading replies
+        // while the gate is closed): a short poll, during a cutover only.
+        while mirror.outstanding.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if mirror.tx.send(Message::Flush(tx)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout_at(until, rx).await, Ok(Ok(())))
+    }
+}
+
+/// A batch sent while a mirror ran, kept with that mirror until the primary answers it:
+/// its writes go to the mirror of the moment it was sent, even if a cutover replaced the
+/// mirror meanwhile.
+pub struct Capture {
+    /// The mirror running when the batch was sent.
+    mirror: Arc<Mirror>,
+    /// Counted in the mirror's `outstanding` (not a blocking command).
+    counted: bool,
+    /// The RESP version the batch went in.
+    proto: u8,
+    /// The batch as sent.
+    commands: Bytes,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Capture({} bytes, RESP{})",
+            self.commands.len(),
+            self.proto
+        )
+    }
+}
+
+impl Capture {
+    /// The primary answered the batch with `replies` (fewer when its connection failed);
+    /// `count` commands. Never waits.
+    pub fn answered(&self, client: u64, replies: Bytes, count: u32) {
+        let queued = self.mirror.queue(Message::Answered {
+            client,
+            proto: self.proto,
+            commands: self.commands.clone(),
+            replies,
+        });
+        if !queued {
+            self.mirror.metrics.mirror.dropped[0].inc_by(u64::from(count));
+        }
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if self.counted {
+            self.mirror.outstanding.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -103,22 +181,31 @@ impl MirrorSlot {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// A batch `client` sent in RESP `proto` was answered: `commands` as sent, `replies` as
-    /// the primary sent them (fewer when its connection failed). Never waits.
-    pub fn answered(&self, client: u64, proto: u8, commands: Bytes, replies: Bytes, count: u32) {
-        let current = self.current.load();
-        let Some(mirror) = current.as_ref() else {
-            return;
-        };
-        let queued = mirror.queue(Message::Answered {
-            client,
-            proto,
-            commands,
-            replies,
-        });
-        if !queued {
-            mirror.metrics.mirror.dropped[0].inc_by(u64::from(count));
+    /// Keeps a batch sent in RESP `proto` for the running mirror (`None`: none runs);
+    /// `blocking`: a blocking command, which may never be answered.
+    pub fn capture(&self, proto: u8, commands: &Bytes, blocking: bool) -> Option<Box<Capture>> {
+        let mirror = self.current.load_full()?;
+        if !blocking {
+            mirror.outstanding.fetch_add(1, Ordering::SeqCst);
         }
+        Some(Box::new(Capture {
+            mirror,
+            counted: !blocking,
+            proto,
+            commands: commands.clone(),
+        }))
+    }
+
+    /// Takes the running mirror out (a cutover, which starts the next one itself).
+    fn detach(&self) -> Option<Arc<Mirror>> {
+        self.on.store(false, Ordering::Relaxed);
+        self.current.swap(None)
+    }
+
+    /// Puts back a mirror taken out by [`MirrorSlot::detach`] (a cutover called off).
+    fn reattach(&self, mirror: Arc<Mirror>) {
+        self.current.store(Some(mirror));
+        self.on.store(true, Ordering::Relaxed);
     }
 
     /// The client `client` is gone.
@@ -215,5 +302,6 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         metrics: metrics.clone(),
         fingerprint: wanted.fingerprint(),
         summary,
+        outstanding: AtomicUsize::new(0),
     })
 }

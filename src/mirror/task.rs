@@ -115,6 +115,8 @@ pub(super) async fn run(running: Running) {
         address,
     } = running;
     let (reply_tx, mut replies) = mpsc::unbounded_channel();
+    // Flushes waiting for the batches sent before them to be answered.
+    let mut flushes: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
     let mut state = State {
         pool,
         metrics,
@@ -136,12 +138,18 @@ pub(super) async fn run(running: Running) {
                 queued.fetch_sub(message.size(), Ordering::Relaxed);
                 match message {
                     Message::Gone(client) => state.planner.forget(client),
+                    Message::Flush(done) => flushes.push(done),
                     Message::Answered { client, proto, commands, replies } => {
                         state.send(client, proto, &commands, &replies);
                     }
                 }
             }
             Some(reply) = replies.recv() => state.check(reply),
+        }
+        if !flushes.is_empty() && state.pending.is_empty() {
+            for done in flushes.drain(..) {
+                let _ = done.send(());
+            }
         }
     }
     // Replaced or stopped: the replies still due are read, so what was sent is counted.

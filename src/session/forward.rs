@@ -94,7 +94,11 @@ impl Session {
                 Target::Shared(proto, _) => proto,
                 Target::Dedicated(_) => self.client.proto,
             };
-            handling.mirror = Some(Box::new((proto, bytes.clone())));
+            handling.mirror = self
+                .ctx
+                .ops
+                .mirror
+                .capture(proto, &bytes, handling.blocking);
         }
         let batch = Batch {
             bytes,

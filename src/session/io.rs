@@ -314,6 +314,12 @@ pub fn serve<Seat: Send + 'static>(
                 _ = tick.as_mut(), if !s.input.closing || s.holds_idle_memory() => {
                     tick.set(ticks.idle_tick.notified());
                     s.note_stopping(ticks);
+                    if s.input.paused && s.queue.inflight == 0 && !s.input.rbuf.is_empty() {
+                        // Only a cutover's closed gate pauses a session with nothing in
+                        // flight (`process`); it woke everyone when it opened.
+                        s.input.paused = false;
+                        Box::pin(s.process()).await;
+                    }
                     if s.listed.live().summoned() {
                         // Boxed: rare, and it may dial a connection.
                         Box::pin(s.answer_summons()).await;

@@ -105,7 +105,7 @@ pub struct Context {
     /// One process-wide signal instead of a timer per session, which would cost a timer-wheel
     /// update per request; shutdown rides on it too, so a session waits on one future for
     /// both (a watch channel's would add 136 bytes to every client's task).
-    pub idle_tick: tokio::sync::Notify,
+    pub idle_tick: Arc<tokio::sync::Notify>,
     /// The rules every command is checked against before it is routed; swapped whole on
     /// reload.
     pub policy: Arc<ArcSwap<Policy>>,
@@ -189,7 +189,7 @@ struct Sent {
 }
 
 /// How the replies of one upstream slot are treated.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Handling {
     /// Dropped unwritten: the client switched replies off (CLIENT REPLY OFF/SKIP).
     suppress: bool,
@@ -226,7 +226,7 @@ struct Handling {
     strip: Option<Box<crate::policy::rewrite::Strip>>,
     /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
     /// handed to the mirror with the primary's replies once they are in.
-    mirror: Option<Box<(u8, Bytes)>>,
+    mirror: Option<Box<crate::mirror::Capture>>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -723,8 +723,18 @@ impl Session {
     /// order or backpressure requires waiting for replies.
     async fn process(&mut self) {
         self.follow_reload();
+        // A cutover (`mirror::cutover`) closes the gate: no new command is taken until it
+        // opens (the session is paused, and woken by the idle tick's notifier).
+        if !self.ctx.ops.cutover.gate.enter() {
+            self.input.paused = true;
+            return;
+        }
         let mut run = Run::default();
         while !self.input.closing {
+            if self.ctx.ops.cutover.gate.is_closed() {
+                self.input.paused = true;
+                break;
+            }
             if self.queue.inflight + self.routing.parked_frames() + run.frames as usize
                 >= self.ctx.max_inflight
             {
@@ -762,6 +772,7 @@ impl Session {
             }
         }
         self.flush_run(&mut run).await;
+        self.ctx.ops.cutover.gate.leave();
     }
 
     /// Picks up a reloaded policy: from the next read on, commands are checked against it,
@@ -991,7 +1002,7 @@ mod size_tests {
             ),
             pause: Default::default(),
             stopping: Default::default(),
-            idle_tick: tokio::sync::Notify::new(),
+            idle_tick: Default::default(),
             policy,
             ops,
         });

@@ -145,6 +145,10 @@ impl Session {
             );
         }
         s.push_str(&self.ctx.ops.mirror.info(m));
+        let switch = self.ctx.ops.cutover.last();
+        if !switch.is_empty() {
+            let _ = write!(s, "proxy_upstream_switch:{switch}\r\n");
+        }
         if let Some(server) = m.upstream_server.load().as_deref() {
             let _ = write!(
                 s,

@@ -141,7 +141,7 @@ impl Session {
         }
         let Some(Slot::Upstream {
             commands,
-            handling,
+            mut handling,
             read_at,
             name,
             sent,
@@ -154,11 +154,8 @@ impl Session {
             return;
         };
         let at = at.unwrap_or(0);
-        if let Some(copy) = &handling.mirror {
-            let (proto, sent_bytes) = &**copy;
-            let (id, replies) = (self.client.id, data.clone());
-            let mirror = &self.ctx.ops.mirror;
-            mirror.answered(id, *proto, sent_bytes.clone(), replies, commands);
+        if let Some(capture) = handling.mirror.take() {
+            capture.answered(self.client.id, data.clone(), commands);
         }
         if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
             spread.answered(&sent.hash_slots);

@@ -11,6 +11,8 @@
 //! - [`pool`]: the shared connections with reconnect and backoff.
 //! - [`dedicated`]: each node's dedicated connections, capped and kept warm so a command that
 //!   needs one reaches Redis no later than one sent after it over a shared connection.
+//! - [`gate`]: what every batch passes before its queue; closed only during a cutover
+//!   (`mirror::cutover`), so no batch crosses the switch from one server to another.
 //! - [`address`]: where the pool's node is, fixed or followed through Sentinel failovers.
 //! - [`outage`]: what the log says when a node goes down and comes back (once, not per
 //!   connection per retry).
@@ -23,6 +25,7 @@ pub mod coalesce;
 pub mod conn;
 pub mod credentials;
 pub mod dedicated;
+pub mod gate;
 pub mod handshake;
 pub mod oom;
 pub mod outage;

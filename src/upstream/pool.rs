@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
-use super::address::Address;
+use super::address::{AddrEpoch, Address};
 use super::conn::{self, PushTarget};
 use super::credentials::Credentials;
 use super::dedicated::{Dedicated, DedicatedLimits, Link as DedicatedLink, Opened};
@@ -72,6 +72,58 @@ impl Pool {
     /// starts its supervisors; must run inside a tokio runtime.
     pub fn start_node(addr: Arc<str>, settings: &PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
         Pool::start_at(Address::Fixed(addr), settings, metrics)
+    }
+
+    /// The standalone upstream's pool, at an address a cutover may move
+    /// (`mirror::cutover`): the sender publishes the next one. Until then it is the
+    /// configured address, as with [`Pool::start`].
+    pub fn start_movable(
+        config: &Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Arc<Pool>, watch::Sender<Option<AddrEpoch>>), String> {
+        let settings = PoolSettings::from_config(config)?;
+        let addr: Arc<str> = config.upstream.address.value.as_str().into();
+        let (mover, primary) = watch::channel(Some(AddrEpoch {
+            addr: addr.clone(),
+            epoch: 0,
+        }));
+        let address = Address::Followed {
+            primary,
+            label: addr,
+        };
+        Ok((Pool::start_at(address, &settings, metrics), mover))
+    }
+
+    /// Resolves once every shared connection has answered a PING queued behind everything
+    /// queued on it before: from then on, nothing sent earlier is still unanswered (answered
+    /// by the node, or failed with the connection). `false` when that took longer than
+    /// `within`.
+    pub async fn barrier(&self, within: Duration) -> bool {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let connections = self.shared.iter().flatten();
+        let until = tokio::time::Instant::now() + within;
+        let mut sent = 0usize;
+        for queue in connections {
+            let batch = Batch {
+                bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
+                expect: super::Expect::Frames(1),
+                wait: super::ReplyWait::Prompt,
+                reply_to: tx.clone(),
+                seq: 0,
+            };
+            match tokio::time::timeout_at(until, queue.send(batch)).await {
+                Ok(Ok(())) => sent += 1,
+                Ok(Err(_)) => {}
+                Err(_) => return false,
+            }
+        }
+        for _ in 0..sent {
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some(_)) => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// [`Pool::start_node`] for an address that may move (the primary Sentinel names).

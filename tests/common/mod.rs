@@ -12,6 +12,7 @@
 )]
 
 pub mod cluster;
+pub mod keys;
 pub mod process;
 pub mod relay;
 pub mod sentinel;
