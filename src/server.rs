@@ -220,7 +220,7 @@ async fn start_upstream(
                 }
                 let (pool, mover) =
                     Pool::start_movable(config, metrics.clone()).map_err(std::io::Error::other)?;
-                cutover.install(pool.clone(), mover);
+                cutover.install(config, pool.clone(), mover);
                 pool
             },
             cluster: None,

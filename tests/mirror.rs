@@ -385,7 +385,7 @@ async fn a_migration_under_load_moves_every_key_and_switches_by_reload() {
         format!("upstream:\n  address: {}\n{admin}{mirror}", primary.addr())
     };
     let policy = write_file(tmp.path(), "p.yaml", &phase(&old, None));
-    let proxy = ProxyProcess::start(&policy, &old, tmp.path().join("log"), &[]).await;
+    let proxy = ProxyProcess::start_as_filed(&policy, tmp.path().join("log")).await;
     let addr = proxy.addr();
     let (stop, counting) = (
         Arc::new(AtomicBool::new(false)),

@@ -49,8 +49,18 @@ pub struct Cutover {
 }
 
 impl Cutover {
-    /// Makes the standalone pool switchable.
-    pub fn install(&self, pool: Arc<Pool>, mover: watch::Sender<Option<AddrEpoch>>) {
+    /// Makes the standalone pool switchable, unless its address came from the command line
+    /// (`--upstream`): the file's address is then not the one in use, and a reload of the
+    /// file never moves it.
+    pub fn install(
+        &self,
+        config: &Config,
+        pool: Arc<Pool>,
+        mover: watch::Sender<Option<AddrEpoch>>,
+    ) {
+        if config.overridden.contains(&"upstream.address") {
+            return;
+        }
         let _ = self.movable.set((pool, mover));
     }
 

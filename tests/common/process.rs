@@ -41,6 +41,22 @@ impl ProxyProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> ProxyProcess {
+        ProxyProcess::spawn_ready(policy, Some(&redis.addr()), log, extra, env).await
+    }
+
+    /// Starts the binary with `--config policy` and the upstream the file names (no
+    /// `--upstream`): what a reload of the file may move (a cutover).
+    pub async fn start_as_filed(policy: &Path, log: PathBuf) -> ProxyProcess {
+        ProxyProcess::spawn_ready(Some(policy), None, log, &[], &[]).await
+    }
+
+    async fn spawn_ready(
+        policy: Option<&Path>,
+        upstream: Option<&str>,
+        log: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ProxyProcess {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -60,7 +76,7 @@ impl ProxyProcess {
                 .args(config)
                 .envs(env.iter().copied())
                 .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--upstream", &redis.addr()])
+                .args(upstream.map(|u| ["--upstream", u]).into_iter().flatten())
                 .args(admin_off)
                 .args(extra)
                 .stdin(Stdio::null())
