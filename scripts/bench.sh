@@ -41,6 +41,10 @@
 #                ratios with proxy-default's for the cost (docs/performance.md)
 #   ROUTES=1     add the target proxy-routes: the default policy with two routes, the upper
 #                half of the random keys on a second redis-server (docs/routes.md)
+#   MIRROR=1     add three targets, the default policy with a mirror (docs/migration.md):
+#                proxy-mirror (every write also sent to a second redis-server),
+#                proxy-mirror-compare (and 1% of reads compared), proxy-mirror-dead (the
+#                mirror's port closed: what a dead mirror costs the clients)
 #   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
 #                (default policy/): an earlier commit's own, when the files changed since
 #   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
@@ -306,6 +310,31 @@ if [[ "${ROUTES:-0}" == 1 ]]; then
         printf '    prefixes: ["key:00000005", "key:00000006", "key:00000007", "key:00000008", "key:00000009"]\n'
     } >"$work/proxy-routes.yaml"
     add_proxy proxy-routes "$work/proxy-routes.yaml"
+fi
+if [[ "${MIRROR:-0}" == 1 ]]; then
+    # The default policy with a mirror (docs/migration.md): proxy-mirror sends every write to
+    # a second redis-server, proxy-mirror-compare also compares 1% of the reads, and
+    # proxy-mirror-dead mirrors to a port nothing listens on (its writes are dropped and
+    # counted). The mirror's own CPU is not in the Redis column: compare these targets' proxy
+    # µs and throughput ratio with proxy-default's.
+    start redis-server-mirror launch_redis "$work/redis.log" "$work/redis.out"
+    mirror_port="$started_port"
+    pick_port
+    dead_port="$port"
+    for name in proxy-mirror proxy-mirror-compare proxy-mirror-dead; do
+        target_port="$mirror_port"
+        if [[ "$name" == proxy-mirror-dead ]]; then
+            target_port="$dead_port"
+        fi
+        {
+            cat policy/default.yaml
+            printf '\nmirror:\n  upstream:\n    address: 127.0.0.1:%s\n    connections: 1\n' "$target_port"
+            if [[ "$name" == proxy-mirror-compare ]]; then
+                printf '  compare:\n    share: 1%%\n'
+            fi
+        } >"$work/$name.yaml"
+        add_proxy "$name" "$work/$name.yaml"
+    done
 fi
 if [[ -n "${BASELINE:-}" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"

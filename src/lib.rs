@@ -83,7 +83,8 @@
 //!   connection), or checks / applies `policy::acl`'s removals on the proxy's own user.
 //! - [`mirror`]: migrations (`mirror:`, docs/migration.md): every write the primary
 //!   acknowledged sent to a second server too, a share of the reads compared, from a task of
-//!   its own that no client waits for.
+//!   its own that no client waits for; `mirror::cutover` switches the standalone upstream to
+//!   another server by reload, behind `upstream::gate`.
 //! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
 //!   every session.
 //! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names

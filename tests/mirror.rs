@@ -376,7 +376,11 @@ async fn a_migration_under_load_moves_every_key_and_switches_by_reload() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let old = RedisServer::start();
-    let new = RedisServer::start();
+    // Redis 7.0 to Valkey 9 where the server matrix is built (CI), else to a second Redis.
+    let new = match common::matrix_server("valkey-9.1") {
+        Some(valkey) => RedisServer::start_binary(&valkey, &[]),
+        None => RedisServer::start(),
+    };
     common::keys::fill(&old, 300).await;
     let tmp = TempDir::new("mirror-migration");
     let admin = "access:\n  admin_tenants: [default]\n";
