@@ -85,8 +85,20 @@ struct Step<'a> {
 struct Client {
     /// The client's database (`SELECT`).
     db: i64,
-    /// Commands queued since MULTI, to be sent with EXEC; `None` outside a transaction.
-    multi: Option<Vec<Bytes>>,
+    /// The transaction open since MULTI; `None` outside one.
+    multi: Option<Queued>,
+}
+
+/// What a client queued since MULTI.
+#[derive(Debug, Default)]
+struct Queued {
+    /// Commands queued so far (`+QUEUED`), reads included: EXEC's reply has an element
+    /// for each.
+    seen: usize,
+    /// The writes among them, with their position, to send with EXEC.
+    writes: Vec<(usize, Bytes)>,
+    /// More than [`MAX_QUEUED`] writes: the transaction is not mirrored (counted skipped).
+    overflowed: bool,
 }
 
 /// A database the mirror connection may be in but the planner cannot know: after a batch
@@ -211,7 +223,7 @@ impl Planner {
         match name {
             "multi" => {
                 if !refused {
-                    state.multi = Some(Vec::new());
+                    state.multi = Some(Queued::default());
                 }
                 return;
             }
@@ -220,23 +232,8 @@ impl Planner {
                 return;
             }
             "exec" => {
-                let queued = state.multi.take();
-                if let Some(queued) = queued
-                    && ran(&reply)
-                    && !queued.is_empty()
-                {
-                    self.select(out, state.db, conn);
-                    push(out, &codec::encode(&[b"MULTI"]), Check::Ignore);
-                    out.writes += queued.len() as u64;
-                    for command in &queued {
-                        push(out, command, Check::Ignore);
-                    }
-                    push(out, &frame, Check::Write);
-                    for command in &queued {
-                        if let Some(db) = select_target(command) {
-                            state.db = db;
-                        }
-                    }
+                if let Some(queued) = state.multi.take() {
+                    self.exec(out, state, conn, queued, &frame, &reply);
                 }
                 return;
             }
@@ -245,13 +242,19 @@ impl Planner {
         if let Some(queued) = &mut state.multi {
             // Inside MULTI the primary answers `+QUEUED` (or refuses the command, and EXEC
             // will abort): keep what the mirror must run at EXEC.
+            if !reply.starts_with(b"+QUEUED") {
+                return;
+            }
+            let at = queued.seen;
+            queued.seen += 1;
             let mirrored =
                 spec.is_some_and(|s| s.may_write() || is_mirrored_admin(s)) || name == "select";
-            if reply.starts_with(b"+QUEUED") && mirrored {
-                if queued.len() < MAX_QUEUED {
-                    queued.push(frame);
+            if mirrored && !queued.overflowed {
+                if queued.writes.len() < MAX_QUEUED {
+                    queued.writes.push((at, frame));
                 } else {
-                    state.multi = None;
+                    queued.overflowed = true;
+                    queued.writes = Vec::new();
                     out.skipped += 1;
                 }
             }
@@ -280,8 +283,13 @@ impl Planner {
             if refused && !spec.runs_writable_script() {
                 return;
             }
+            let command = match as_it_ran(name, argv, &reply) {
+                AsItRan::Sent => frame,
+                AsItRan::Instead(command) => command,
+                AsItRan::Nothing => return,
+            };
             self.select(out, state.db, conn);
-            push(out, &frame, Check::Write);
+            push(out, &command, Check::Write);
             out.writes += 1;
             return;
         }
@@ -311,6 +319,53 @@ impl Planner {
                 }),
             );
             out.reads += 1;
+        }
+    }
+
+    /// A transaction's EXEC that the primary answered with `reply`: the queued writes, each
+    /// as it ran (its element of EXEC's array), between MULTI and EXEC; nothing if it did not
+    /// run.
+    fn exec(
+        &mut self,
+        out: &mut Planned,
+        state: &mut Client,
+        conn: usize,
+        queued: Queued,
+        frame: &Bytes,
+        reply: &Bytes,
+    ) {
+        if queued.overflowed || queued.writes.is_empty() || !ran(reply) {
+            return;
+        }
+        let results = elements(reply).unwrap_or_default();
+        let mut commands = Vec::with_capacity(queued.writes.len());
+        for (at, command) in queued.writes {
+            let result = results.get(at).cloned().unwrap_or_default();
+            let Some(args) = codec::split_args_of(&command) else {
+                continue;
+            };
+            let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let name = commands::lookup(argv[0], argv.get(1).copied()).map_or("", |s| s.name);
+            match as_it_ran(name, &argv, &result) {
+                AsItRan::Sent => commands.push(command),
+                AsItRan::Instead(instead) => commands.push(instead),
+                AsItRan::Nothing => {}
+            }
+        }
+        if commands.is_empty() {
+            return;
+        }
+        self.select(out, state.db, conn);
+        push(out, &codec::encode(&[b"MULTI"]), Check::Ignore);
+        out.writes += commands.len() as u64;
+        for command in &commands {
+            push(out, command, Check::Ignore);
+        }
+        push(out, frame, Check::Write);
+        for command in &commands {
+            if let Some(db) = select_target(command) {
+                state.db = db;
+            }
         }
     }
 
@@ -355,6 +410,89 @@ fn select_target(command: &Bytes) -> Option<i64> {
 /// writes: scripts loaded for a later EVALSHA.
 fn is_mirrored_admin(spec: &CommandSpec) -> bool {
     matches!(spec.name, "script|load" | "script|flush")
+}
+
+/// The elements of an array reply, each a whole frame.
+fn elements(reply: &Bytes) -> Option<Vec<Bytes>> {
+    if reply.first() != Some(&b'*') {
+        return None;
+    }
+    let cr = reply.iter().position(|&b| b == b'\r')?;
+    let n = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
+    let mut pos = cr + 2;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = crate::reply::scan(reply.get(pos..)?).ok()??;
+        out.push(reply.slice(pos..pos + len));
+        pos += len;
+    }
+    Some(out)
+}
+
+/// A write whose effect the command alone does not fix, sent as the effect it had on the
+/// primary (what Redis's own replication does): `XADD key *` with the id the primary gave
+/// the entry, `SPOP` as an `SREM` of the members it popped.
+enum AsItRan {
+    /// The command as the client sent it does the same on the mirror.
+    Sent,
+    /// This command does what the primary did.
+    Instead(Bytes),
+    /// It changed nothing (SPOP of an empty set).
+    Nothing,
+}
+
+/// How `name` with `argv`, answered `reply` by the primary, is sent to the mirror.
+fn as_it_ran(name: &str, argv: &[&[u8]], reply: &[u8]) -> AsItRan {
+    match name {
+        "xadd" => match (xadd_id_position(argv), Value::from_resp(reply)) {
+            (Some(at), Ok(Value::String(id))) if argv[at].ends_with(b"*") => {
+                let mut args = argv.to_vec();
+                args[at] = &id;
+                AsItRan::Instead(codec::encode(&args))
+            }
+            _ => AsItRan::Sent,
+        },
+        "spop" => {
+            let popped: Vec<Bytes> = match Value::from_resp(reply) {
+                Ok(Value::String(member)) => vec![member],
+                Ok(Value::Array(members)) => members
+                    .into_iter()
+                    .filter_map(|m| m.as_str().map(Bytes::copy_from_slice))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if popped.is_empty() {
+                return AsItRan::Nothing;
+            }
+            let mut args: Vec<&[u8]> = vec![b"SREM", argv[1]];
+            args.extend(popped.iter().map(|m| &m[..]));
+            AsItRan::Instead(codec::encode(&args))
+        }
+        _ => AsItRan::Sent,
+    }
+}
+
+/// Where XADD's id is: after the key and the options (`NOMKSTREAM`, `MAXLEN`/`MINID` with an
+/// optional `=`/`~` and a threshold, `LIMIT` and a count), read as Redis reads them.
+fn xadd_id_position(argv: &[&[u8]]) -> Option<usize> {
+    use crate::commands::grammar::keyword;
+    let mut i = 2;
+    loop {
+        let arg = argv.get(i)?;
+        if keyword(arg, b"nomkstream") {
+            i += 1;
+        } else if keyword(arg, b"maxlen") || keyword(arg, b"minid") {
+            i += 1;
+            if argv.get(i).is_some_and(|a| *a == b"=" || *a == b"~") {
+                i += 1;
+            }
+            i += 1;
+        } else if keyword(arg, b"limit") {
+            i += 2;
+        } else {
+            return Some(i);
+        }
+    }
 }
 
 /// A blocking pop's mirror form.
@@ -632,6 +770,71 @@ mod tests {
         );
         assert!(other.checks.is_empty());
         assert_eq!(other.skipped, 1);
+    }
+
+    #[test]
+    fn writes_the_command_does_not_fix_are_sent_as_they_ran() {
+        let mut p = Planner::new(0);
+        let added = p.plan(
+            1,
+            2,
+            &batch(&[&["XADD", "s", "MAXLEN\0", "~", "100", "*", "f", "v"]]),
+            &Bytes::from_static(b"$15\r\n1700000000000-0\r\n"),
+        );
+        assert_eq!(
+            sent(&added),
+            [vec![
+                "XADD",
+                "s",
+                "MAXLEN\0",
+                "~",
+                "100",
+                "1700000000000-0",
+                "f",
+                "v"
+            ]]
+        );
+        let explicit = p.plan(
+            1,
+            2,
+            &batch(&[&["XADD", "s", "5-1", "f", "v"]]),
+            &Bytes::from_static(b"$3\r\n5-1\r\n"),
+        );
+        assert_eq!(sent(&explicit), [vec!["XADD", "s", "5-1", "f", "v"]]);
+        let popped = p.plan(
+            1,
+            2,
+            &batch(&[&["SPOP", "set", "2"], &["SPOP", "empty"]]),
+            &Bytes::from_static(b"*2\r\n$1\r\na\r\n$1\r\nc\r\n$-1\r\n"),
+        );
+        assert_eq!(sent(&popped), [vec!["SREM", "set", "a", "c"]]);
+        // In a transaction, from EXEC's array.
+        p.plan(2, 2, &batch(&[&["MULTI"]]), &Bytes::from_static(b"+OK\r\n"));
+        p.plan(
+            2,
+            2,
+            &batch(&[
+                &["GET", "k"],
+                &["XADD", "s", "*", "f", "v"],
+                &["SPOP", "set"],
+            ]),
+            &Bytes::from_static(b"+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n"),
+        );
+        let exec = p.plan(
+            2,
+            2,
+            &batch(&[&["EXEC"]]),
+            &Bytes::from_static(b"*3\r\n$-1\r\n$3\r\n9-0\r\n$1\r\nb\r\n"),
+        );
+        assert_eq!(
+            sent(&exec),
+            [
+                vec!["MULTI"],
+                vec!["XADD", "s", "9-0", "f", "v"],
+                vec!["SREM", "set", "b"],
+                vec!["EXEC"]
+            ]
+        );
     }
 
     #[test]
