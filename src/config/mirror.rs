@@ -11,7 +11,9 @@ use super::{Config, Located, Problem, UpstreamConfig, UpstreamMode, located, per
 #[serde(deny_unknown_fields, default)]
 pub struct MirrorConfig {
     /// The mirror, configured as `upstream:` is (address, login, TLS, timeouts); one
-    /// standalone server for now.
+    /// standalone server for now. It always uses one connection per RESP version (so one
+    /// client's writes stay in order) and no dedicated ones: `connections` and the
+    /// `dedicated_*` settings do not apply.
     pub upstream: UpstreamConfig,
     /// Bytes of answered batches waiting for the mirror, at most; past it, batches are
     /// dropped and counted rather than held, so a slow or dead mirror never grows the proxy's
@@ -25,12 +27,7 @@ pub struct MirrorConfig {
 impl Default for MirrorConfig {
     fn default() -> Self {
         MirrorConfig {
-            upstream: UpstreamConfig {
-                // The mirror does not need the warm dedicated stock: it never pins a client.
-                dedicated_warm: located(0),
-                connections: located(1),
-                ..UpstreamConfig::default()
-            },
+            upstream: UpstreamConfig::default(),
             max_queue_bytes: located(64 << 20),
             compare: None,
         }

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{Config, MirrorConfig};
 use crate::metrics::{Metrics, NoPolicy};
-use crate::upstream::pool::Pool;
+use crate::upstream::pool::{Pool, PoolSettings};
 
 /// What a session tells the mirror.
 enum Message {
@@ -273,7 +273,14 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     // The mirror's connections count in metrics of their own: the primary's connection
     // gauges, which readiness reads, must not include them.
     let own_metrics = Metrics::new(Arc::new(ArcSwap::from_pointee(NoPolicy)));
-    let pool = Pool::start(&as_upstream, own_metrics)?;
+    let mut settings = PoolSettings::from_config(&as_upstream)?;
+    // One connection per RESP version keeps each client's writes in order; the mirror never
+    // pins a client, so it keeps no dedicated connections warm.
+    settings.connections = 1;
+    settings.dedicated.warm = 0;
+    settings.coalesce = false;
+    let address = wanted.upstream.address.value.as_str().into();
+    let pool = Pool::start_node(address, &settings, own_metrics);
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     let compare = wanted.compare.as_ref().map(|c| task::CompareSettings {
