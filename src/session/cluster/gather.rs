@@ -6,7 +6,7 @@
 
 use super::Gather;
 use super::exchange::{lost_reply, receive};
-use super::merge::{Join, Merge, join, merge, scan_position, scan_step_reply, split_frames};
+use super::merge::{Join, Merge, SetOp, join, merge, scan_position, scan_step_reply, split_frames};
 use super::redirect::may_redirect;
 use crate::cluster::Router;
 use crate::codec::{CodecLimits, Decoded};
@@ -48,14 +48,16 @@ pub(in crate::session) struct Scan {
     strip: Option<Box<Strip>>,
 }
 
-/// A multi-key command whose keys are in several slots, as one sub-command per slot.
+/// A multi-key command whose keys are in several slots, as one sub-command per slot (or,
+/// for a set read, one `SMEMBERS` per key).
 pub(in crate::session) struct Split {
     /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
     /// for its keys) and, per sub-command, the positions of its keys in the client's command.
     batches: Vec<NodeBatch>,
     /// How the parts' replies are joined.
     join: Join,
-    /// Keys in the client's command (MGET's reply length).
+    /// Keys in the client's command (MGET's reply length; a set command's keys, repeats
+    /// included).
     keys: usize,
 }
 
@@ -350,8 +352,10 @@ impl Session {
 }
 
 /// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
-/// EXISTS, TOUCH), as one sub-command per slot grouped by node; `None` for any other command
-/// (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite cannot be split.
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node, or a set read answered from
+/// its keys' members (SUNION, SINTER, SDIFF, SINTERCARD: `gather_members`); `None` for any
+/// other command (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite
+/// cannot be split.
 pub(super) fn split(
     router: &Router,
     args: &Args<'_>,
@@ -368,6 +372,13 @@ pub(super) fn split(
         },
         None => args.iter().collect(),
     };
+    if let Some((op, keys)) = set_command(&argv) {
+        // A read has no hidden commands to place; one it had would be dropped here.
+        if rewrite.is_some_and(|r| !r.after.is_empty()) {
+            return None;
+        }
+        return gather_members(router, &argv[keys], op);
+    }
     let name = argv[0];
     let (join, step) = split_join(name)?;
     if argv.len() < 2 || (argv.len() - 1) % step != 0 {
@@ -399,6 +410,73 @@ pub(super) fn split(
         batches,
         join,
         keys: (argv.len() - 1) / step,
+    }))))
+}
+
+/// A set command whose keys the proxy gathers across slots (SUNION, SINTER, SDIFF,
+/// SINTERCARD), and where its keys are in `argv`; `None` for any other command, and for
+/// a SINTERCARD whose arguments Redis would refuse (so it gets CROSSSLOT, as Redis Cluster
+/// checks the slots before the arguments).
+fn set_command(argv: &[&[u8]]) -> Option<(SetOp, std::ops::Range<usize>)> {
+    let name = argv.first()?;
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    let op = if is(b"SUNION") {
+        SetOp::Union
+    } else if is(b"SINTER") {
+        SetOp::Inter
+    } else if is(b"SDIFF") {
+        SetOp::Diff
+    } else if is(b"SINTERCARD") {
+        return sintercard(argv);
+    } else {
+        return None;
+    };
+    (argv.len() > 1).then_some((op, 1..argv.len()))
+}
+
+/// SINTERCARD numkeys key [key …] [LIMIT limit]: its limit and where its keys are, when
+/// Redis would accept the arguments (numkeys from 1 to the keys given, LIMIT not negative,
+/// which may be given again: the last one counts).
+fn sintercard(argv: &[&[u8]]) -> Option<(SetOp, std::ops::Range<usize>)> {
+    let numkeys = usize::try_from(codec::parse_int(argv.get(1)?)?).ok()?;
+    if numkeys == 0 || numkeys > argv.len() - 2 {
+        return None;
+    }
+    let mut limit = 0;
+    for option in argv[2 + numkeys..].chunks(2) {
+        match option {
+            [name, value] if name.eq_ignore_ascii_case(b"LIMIT") => {
+                limit = u64::try_from(codec::parse_int(value)?).ok()?;
+            }
+            _ => return None,
+        }
+    }
+    Some((SetOp::InterCard(limit), 2..2 + numkeys))
+}
+
+/// A set command's gathering: `SMEMBERS` of each distinct key of `keys`, grouped by node,
+/// the members combined by `op` once all are in; `None` when a slot has no owner.
+fn gather_members(router: &Router, keys: &[&[u8]], op: SetOp) -> Option<Action> {
+    let snapshot = router.snapshot();
+    // Each distinct key once, with its positions among the command's keys.
+    let mut distinct: Vec<(&[u8], Vec<usize>)> = Vec::new();
+    for (position, &key) in keys.iter().enumerate() {
+        match distinct.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, positions)) => positions.push(position),
+            None => distinct.push((key, vec![position])),
+        }
+    }
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    for (key, positions) in distinct {
+        let b = batch_for(&mut batches, snapshot.owner(router.slot_of(key))?);
+        b.bytes
+            .extend_from_slice(&codec::encode(&[b"SMEMBERS", key]));
+        b.parts.push(positions);
+    }
+    Some(Action::Gather(Box::new(Gather::Split(Split {
+        batches,
+        join: Join::Sets(op),
+        keys: keys.len(),
     }))))
 }
 

@@ -33,6 +33,25 @@ pub(super) enum Join {
     AllOk,
     /// DEL, UNLINK, EXISTS, TOUCH: the counts added up.
     Sum,
+    /// SUNION, SINTER, SDIFF, SINTERCARD: one `SMEMBERS` per key, combined as the command
+    /// would (see [`SetOp`]).
+    Sets(SetOp),
+}
+
+/// What a set command across slots computes from its keys' members (a missing key is an
+/// empty set, as in Redis). Members are compared as their reply frames: a node sends one
+/// member as one bulk string, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SetOp {
+    /// SUNION: the members of any key.
+    Union,
+    /// SINTER: the members of every key.
+    Inter,
+    /// SDIFF: the members of the first key that no other key has.
+    Diff,
+    /// SINTERCARD: how many members every key has, counting no further than the limit
+    /// (0: no limit).
+    InterCard(u64),
 }
 
 /// Combines one reply per primary.
@@ -99,6 +118,9 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
 
 /// Joins the replies of a split command's parts (see [`Join`]); the first error wins.
 pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    if let Join::Sets(op) = how {
+        return join_sets(op, keys, parts, proto);
+    }
     if how != Join::Values {
         let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
         return merge(
@@ -140,6 +162,110 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
     let mut out = BytesMut::from(format!("*{keys}\r\n").as_bytes());
     for v in values {
         out.extend_from_slice(if v.is_empty() { nil } else { &v });
+    }
+    out.freeze()
+}
+
+/// The reply of a set command gathered across slots: `parts` holds each key's `SMEMBERS`
+/// reply with the positions of that key in the client's command (`keys` of them). The first
+/// error in key order wins (Redis checks every key's type before answering, so one
+/// WRONGTYPE key fails the whole command, missing keys or not); then the members are
+/// combined by `op`, and answered as a set (an array in RESP2) or SINTERCARD's count.
+fn join_sets(op: SetOp, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    let mut replies: Vec<Option<&Bytes>> = vec![None; keys];
+    for (positions, reply) in parts {
+        for &p in positions {
+            if let Some(r) = replies.get_mut(p) {
+                *r = Some(reply);
+            }
+        }
+    }
+    let replies: Vec<&Bytes> = match replies.into_iter().collect() {
+        Some(replies) => replies,
+        None => return unexpected(b"(a key without a reply)"),
+    };
+    if let Some(error) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+        return (*error).clone();
+    }
+    let mut sets = Vec::with_capacity(keys);
+    for reply in replies {
+        match members(reply) {
+            Some(m) => sets.push(m),
+            None => return unexpected(reply),
+        }
+    }
+    match op {
+        SetOp::InterCard(limit) => answers::integer(inter_card(&sets, limit) as i64),
+        op => set_reply(&set_algebra(op, &sets), proto),
+    }
+}
+
+/// The members of an `SMEMBERS` reply (an array, or a RESP3 set, of bulk strings), each its
+/// whole frame; `None` for a reply of another shape.
+fn members(reply: &Bytes) -> Option<Vec<Bytes>> {
+    if !matches!(reply.first(), Some(b'*' | b'~')) {
+        return None;
+    }
+    let cr = memchr::memchr(b'\r', reply)?;
+    let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
+    let elements = split_frames(&reply.slice(cr + 2..));
+    (elements.len() == count && elements.iter().all(|e| e.first() == Some(&b'$')))
+        .then_some(elements)
+}
+
+/// SUNION, SINTER or SDIFF of `sets` (each without repeats, as SMEMBERS answers), in the
+/// order the members first appear: Redis leaves the order undefined, so any is right, and
+/// this one is stable for a given input.
+fn set_algebra(op: SetOp, sets: &[Vec<Bytes>]) -> Vec<Bytes> {
+    let Some((first, others)) = sets.split_first() else {
+        return Vec::new();
+    };
+    match op {
+        SetOp::Union => {
+            let mut seen = std::collections::HashSet::new();
+            sets.iter()
+                .flatten()
+                .filter(|m| seen.insert(*m))
+                .cloned()
+                .collect()
+        }
+        SetOp::Inter | SetOp::InterCard(_) => intersection(first, others).cloned().collect(),
+        SetOp::Diff => {
+            let others: std::collections::HashSet<&Bytes> = others.iter().flatten().collect();
+            first
+                .iter()
+                .filter(|m| !others.contains(m))
+                .cloned()
+                .collect()
+        }
+    }
+}
+
+/// SINTERCARD: the size of the intersection of `sets`, no more than `limit` (0: no limit).
+fn inter_card(sets: &[Vec<Bytes>], limit: u64) -> u64 {
+    let Some((first, others)) = sets.split_first() else {
+        return 0;
+    };
+    let limit = if limit == 0 { u64::MAX } else { limit };
+    (intersection(first, others).count() as u64).min(limit)
+}
+
+/// The members of `first` that every set of `others` has too.
+fn intersection<'a>(first: &'a [Bytes], others: &[Vec<Bytes>]) -> impl Iterator<Item = &'a Bytes> {
+    let others: Vec<std::collections::HashSet<&Bytes>> =
+        others.iter().map(|s| s.iter().collect()).collect();
+    first
+        .iter()
+        .filter(move |m| others.iter().all(|s| s.contains(m)))
+}
+
+/// A set reply of `members` (whole bulk frames): a RESP3 set, or in RESP2 an array, as Redis
+/// answers SUNION.
+fn set_reply(members: &[Bytes], proto: u8) -> Bytes {
+    let kind = if proto == 3 { '~' } else { '*' };
+    let mut out = BytesMut::from(format!("{kind}{}\r\n", members.len()).as_bytes());
+    for m in members {
+        out.extend_from_slice(m);
     }
     out.freeze()
 }
@@ -647,6 +773,108 @@ mod tests {
         assert_eq!(&join(Join::AllOk, 2, &failed, 2)[..], b"-ERR oom\r\n");
         let failed = [(vec![0], b(b":1\r\n")), (vec![1], b(b"-ERR oom\r\n"))];
         assert_eq!(&join(Join::Sum, 2, &failed, 2)[..], b"-ERR oom\r\n");
+    }
+
+    /// A member list as SMEMBERS frames.
+    fn bulks(members: &[&str]) -> Vec<Bytes> {
+        members
+            .iter()
+            .map(|m| Bytes::from(format!("${}\r\n{m}\r\n", m.len())))
+            .collect()
+    }
+
+    /// An SMEMBERS reply of `members`, as a RESP2 array or a RESP3 set.
+    fn smembers(members: &[&str], proto: u8) -> Bytes {
+        set_reply(&bulks(members), proto)
+    }
+
+    #[test]
+    fn set_algebra_unions_intersects_and_subtracts() {
+        let sets = [
+            bulks(&["a", "b", "c"]),
+            bulks(&["b", "c", "d"]),
+            bulks(&["c", "b", "e"]),
+        ];
+        assert_eq!(
+            set_algebra(SetOp::Union, &sets),
+            bulks(&["a", "b", "c", "d", "e"])
+        );
+        assert_eq!(set_algebra(SetOp::Inter, &sets), bulks(&["b", "c"]));
+        assert_eq!(set_algebra(SetOp::Diff, &sets), bulks(&["a"]));
+        // A missing key is an empty set: the intersection is empty, nothing is taken away.
+        let with_empty = [bulks(&["a", "b"]), Vec::new()];
+        assert!(set_algebra(SetOp::Inter, &with_empty).is_empty());
+        assert_eq!(set_algebra(SetOp::Diff, &with_empty), bulks(&["a", "b"]));
+        assert!(set_algebra(SetOp::Diff, &[Vec::new(), bulks(&["a"])]).is_empty());
+        assert_eq!(set_algebra(SetOp::Union, &with_empty), bulks(&["a", "b"]));
+        // Members are compared byte for byte: "a" and "A" differ, "1" and "01" too.
+        let case = [bulks(&["a", "1"]), bulks(&["A", "01", "a"])];
+        assert_eq!(set_algebra(SetOp::Inter, &case), bulks(&["a"]));
+        assert!(set_algebra(SetOp::Union, &[]).is_empty());
+    }
+
+    #[test]
+    fn inter_card_stops_at_the_limit() {
+        let sets = [bulks(&["a", "b", "c", "d"]), bulks(&["d", "c", "b", "x"])];
+        assert_eq!(inter_card(&sets, 0), 3);
+        assert_eq!(inter_card(&sets, 2), 2);
+        assert_eq!(inter_card(&sets, 10), 3);
+        assert_eq!(inter_card(&[bulks(&["a"]), Vec::new()], 0), 0);
+    }
+
+    #[test]
+    fn join_sets_answers_in_the_clients_protocol() {
+        // SUNION k0 k1 k0: k0's reply stands for both of its positions.
+        let parts = [
+            (vec![0, 2], smembers(&["a", "b"], 2)),
+            (vec![1], smembers(&["b", "c"], 2)),
+        ];
+        let union = join(Join::Sets(SetOp::Union), 3, &parts, 2);
+        assert_eq!(union, smembers(&["a", "b", "c"], 2));
+        let parts3 = [
+            (vec![0], smembers(&["a", "b"], 3)),
+            (vec![1], smembers(&["b", "c"], 3)),
+        ];
+        let inter = join(Join::Sets(SetOp::Inter), 2, &parts3, 3);
+        assert_eq!(&inter[..], b"~1\r\n$1\r\nb\r\n");
+        assert_eq!(
+            &join(Join::Sets(SetOp::Diff), 2, &parts3, 3)[..],
+            b"~1\r\n$1\r\na\r\n"
+        );
+        assert_eq!(
+            &join(Join::Sets(SetOp::InterCard(0)), 2, &parts3, 3)[..],
+            b":1\r\n"
+        );
+        // Nothing in common: an empty set, or an empty array in RESP2.
+        let apart = [(vec![0], smembers(&["a"], 2)), (vec![1], smembers(&[], 2))];
+        assert_eq!(&join(Join::Sets(SetOp::Inter), 2, &apart, 2)[..], b"*0\r\n");
+    }
+
+    #[test]
+    fn join_sets_fails_on_the_first_error_in_key_order() {
+        let wrongtype =
+            b(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+        // The WRONGTYPE key comes after an empty one: the error still wins, as in Redis.
+        let parts = [
+            (vec![1], wrongtype.clone()),
+            (vec![0], smembers(&[], 2)),
+            (vec![2], b(b"-ERR later\r\n")),
+        ];
+        for op in [SetOp::Union, SetOp::Inter, SetOp::Diff, SetOp::InterCard(0)] {
+            assert_eq!(join(Join::Sets(op), 3, &parts, 2), wrongtype, "{op:?}");
+        }
+        // A reply of the wrong shape, or a key without one, is not taken for a set.
+        let odd = [(vec![0], b(b":1\r\n")), (vec![1], smembers(&["a"], 2))];
+        assert!(is_unexpected(&join(Join::Sets(SetOp::Union), 2, &odd, 2)));
+        let short = [(vec![0], b(b"*2\r\n$1\r\na\r\n"))];
+        assert!(is_unexpected(&join(Join::Sets(SetOp::Union), 1, &short, 2)));
+        let missing = [(vec![0], smembers(&["a"], 2))];
+        assert!(is_unexpected(&join(
+            Join::Sets(SetOp::Union),
+            2,
+            &missing,
+            2
+        )));
     }
 
     #[test]
