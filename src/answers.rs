@@ -156,6 +156,9 @@ pub enum CrossSlotWhy {
     /// The proxy splits or gathers it elsewhere (MGET, SUNION…), but inside MULTI the node
     /// holding the transaction must run it whole.
     InTransaction,
+    /// The proxy splits or gathers it elsewhere, but the session holds state on one node's
+    /// connection (WATCH, an AUTH as another user…), where the command must run whole.
+    Pinned,
     /// Any other command that reads its keys together (PFCOUNT of several keys, a script,
     /// a blocking pop): no node sees them all.
     Together,
@@ -170,6 +173,10 @@ pub fn crossslot_for(command: &str, why: CrossSlotWhy) -> Bytes {
     let because = match why {
         CrossSlotWhy::Writes => format!("{command} writes atomically and cannot span slots"),
         CrossSlotWhy::InTransaction => format!("{command} cannot span slots inside MULTI"),
+        CrossSlotWhy::Pinned => format!(
+            "{command} cannot span slots while the connection holds state on one node \
+             (WATCH, AUTH as another user...)"
+        ),
         CrossSlotWhy::Together => format!("{command} cannot span slots"),
     };
     simple_error(

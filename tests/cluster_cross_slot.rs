@@ -227,6 +227,20 @@ async fn set_reads_across_slots_answer_as_one_slot_would() {
     );
     let exec = c.call(&["EXEC"]).await;
     assert!(exec.starts_with(b"-EXECABORT"), "{}", show(&exec));
+    // Under WATCH the session is held on the watched key's node: refused, saying why, and
+    // gathered again once the watch is gone.
+    assert_eq!(c.call(&["WATCH", &keys[0]]).await, b"+OK\r\n");
+    let refused = String::from_utf8(c.call(&["SUNION", &keys[0], &keys[1]]).await).unwrap();
+    assert!(
+        refused.starts_with(
+            "-CROSSSLOT Keys in request don't hash to the same slot (SUNION cannot span slots \
+             while the connection holds state on one node"
+        ),
+        "{refused}"
+    );
+    assert_eq!(c.call(&["UNWATCH"]).await, b"+OK\r\n");
+    let union = c.call(&["SUNION", &keys[0], &keys[1]]).await;
+    assert!(union.starts_with(b"~40\r\n"), "{}", show(&union));
     proxy.stop().await;
 
     // A namespaced tenant: its keys are prefixed before they are placed, so the sets are

@@ -54,6 +54,7 @@ impl Session {
                         return split.into();
                     }
                     Some(_) if self.conn.in_multi() => CrossSlotWhy::InTransaction,
+                    Some(_) => CrossSlotWhy::Pinned,
                     _ if spec.is_some_and(CommandSpec::is_write) => CrossSlotWhy::Writes,
                     _ => CrossSlotWhy::Together,
                 };
