@@ -146,6 +146,48 @@ pub fn crossslot() -> Bytes {
     Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
 }
 
+/// Why a command whose keys are in several slots is refused rather than split or gathered,
+/// in the words [`crossslot_for`] adds to Redis's CROSSSLOT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrossSlotWhy {
+    /// It writes (SUNIONSTORE, RENAME, SMOVE…): its keys change together or not at all, which
+    /// only one node can promise.
+    Writes,
+    /// The proxy splits or gathers it elsewhere (MGET, SUNION…), but inside MULTI the node
+    /// holding the transaction must run it whole.
+    InTransaction,
+    /// The proxy splits or gathers it elsewhere, but the session holds state on one node's
+    /// connection (WATCH, an AUTH as another user…), where the command must run whole.
+    Pinned,
+    /// Any other command that reads its keys together (PFCOUNT of several keys, a script,
+    /// a blocking pop): no node sees them all.
+    Together,
+}
+
+/// CROSSSLOT for `command` (as the client named it), in Redis Cluster's words first so
+/// clients recognise the code, then why this command cannot be split and how to fix it:
+/// one slot for its keys, through a hash tag. `command` holds no CR or LF (a command-table
+/// name).
+pub fn crossslot_for(command: &str, why: CrossSlotWhy) -> Bytes {
+    let command = command.replace('|', " ").to_ascii_uppercase();
+    let because = match why {
+        CrossSlotWhy::Writes => format!("{command} writes atomically and cannot span slots"),
+        CrossSlotWhy::InTransaction => format!("{command} cannot span slots inside MULTI"),
+        CrossSlotWhy::Pinned => format!(
+            "{command} cannot span slots while the connection holds state on one node \
+             (WATCH, AUTH as another user...)"
+        ),
+        CrossSlotWhy::Together => format!("{command} cannot span slots"),
+    };
+    simple_error(
+        "CROSSSLOT",
+        &format!(
+            "Keys in request don't hash to the same slot ({because}: put its keys in one slot \
+             with a hash tag, e.g. {{user1}}:a and {{user1}}:b)"
+        ),
+    )
+}
+
 /// Routes mode: a command whose keys (or channels) belong to routes on different upstreams,
 /// and that cannot be split; named like CROSSSLOT so clients that know it recognise it.
 pub fn crossroute(first: &str, second: &str) -> Bytes {

@@ -245,6 +245,22 @@ async fn multi_key_commands_split_across_routes_or_are_refused_naming_both() {
         c.call(&["DEL", "cache:a", "queue:b", "plain"]).await,
         b":3\r\n"
     );
+    // Set reads across routes are answered from each route's members, as across slots.
+    assert_eq!(c.call(&["SADD", "queue:s", "a", "b"]).await, b":2\r\n");
+    assert_eq!(c.call(&["SADD", "cache:s", "b", "c"]).await, b":2\r\n");
+    assert_eq!(
+        c.call(&["SINTER", "queue:s", "cache:s"]).await,
+        b"*1\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.call(&["SDIFF", "cache:s", "queue:s", "nope"]).await,
+        b"*1\r\n$1\r\nc\r\n"
+    );
+    assert_eq!(
+        c.call(&["SINTERCARD", "2", "queue:s", "cache:s"]).await,
+        b":1\r\n"
+    );
+    assert_eq!(c.call(&["DEL", "queue:s", "cache:s"]).await, b":2\r\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

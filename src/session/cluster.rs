@@ -8,7 +8,8 @@
 //!   pinned session's node), and what the proxy answers itself (CLUSTER, SELECT n, a
 //!   deferred MULTI, keys in several slots);
 //! - `gather`: commands answered from several nodes (`Gather`): a whole-keyspace command
-//!   sent to every primary, a multi-key command split by slot, one step of a SCAN;
+//!   sent to every primary, a multi-key command split by slot, a set read across slots
+//!   answered from its keys' members, one step of a SCAN;
 //! - `redirect`: MOVED, ASK and TRYAGAIN followed, and a batch routed again after its node
 //!   failed;
 //! - `exchange`: a batch sent to one node outside the session's reply order and its replies
@@ -42,7 +43,8 @@ pub(super) use transaction::{InTransaction, TxLog};
 pub(super) enum Gather {
     /// A whole-keyspace command sent to every primary, the replies merged.
     Fanout(Fanout),
-    /// A multi-key command split by slot, the parts' replies joined.
+    /// A multi-key command split by slot, the parts' replies joined; or a set read across
+    /// slots (SUNION…), its keys' members gathered and combined.
     Split(Split),
     /// One step of a SCAN over every primary.
     Scan(Scan),

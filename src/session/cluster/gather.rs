@@ -6,7 +6,9 @@
 
 use super::Gather;
 use super::exchange::{lost_reply, receive};
-use super::merge::{Join, Merge, join, merge, scan_position, scan_step_reply, split_frames};
+use super::merge::{
+    Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply, split_frames,
+};
 use super::redirect::may_redirect;
 use crate::cluster::Router;
 use crate::codec::{CodecLimits, Decoded};
@@ -48,14 +50,16 @@ pub(in crate::session) struct Scan {
     strip: Option<Box<Strip>>,
 }
 
-/// A multi-key command whose keys are in several slots, as one sub-command per slot.
+/// A multi-key command whose keys are in several slots, as one sub-command per slot (or,
+/// for a set read, one `SMEMBERS` per key).
 pub(in crate::session) struct Split {
     /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
     /// for its keys) and, per sub-command, the positions of its keys in the client's command.
     batches: Vec<NodeBatch>,
     /// How the parts' replies are joined.
     join: Join,
-    /// Keys in the client's command (MGET's reply length).
+    /// Keys in the client's command (MGET's reply length; a set command's keys, repeats
+    /// included).
     keys: usize,
 }
 
@@ -350,8 +354,11 @@ impl Session {
 }
 
 /// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
-/// EXISTS, TOUCH), as one sub-command per slot grouped by node; `None` for any other command
-/// (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite cannot be split.
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node, or a set read answered from
+/// its keys' members (SUNION, SINTER, SDIFF, SINTERCARD, ZDIFF, ZINTERCARD:
+/// `gather_members`); `None` for any
+/// other command (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite
+/// cannot be split.
 pub(super) fn split(
     router: &Router,
     args: &Args<'_>,
@@ -368,6 +375,13 @@ pub(super) fn split(
         },
         None => args.iter().collect(),
     };
+    if let Some((join, keys)) = set_command(&argv) {
+        // A read has no hidden commands to place; one it had would be dropped here.
+        if rewrite.is_some_and(|r| !r.after.is_empty()) {
+            return None;
+        }
+        return gather_members(router, &argv[keys], join);
+    }
     let name = argv[0];
     let (join, step) = split_join(name)?;
     if argv.len() < 2 || (argv.len() - 1) % step != 0 {
@@ -399,6 +413,119 @@ pub(super) fn split(
         batches,
         join,
         keys: (argv.len() - 1) / step,
+    }))))
+}
+
+/// A set or sorted-set read whose keys the proxy gathers across slots (SUNION, SINTER,
+/// SDIFF, SINTERCARD, ZDIFF, ZINTERCARD), how its keys' members are combined, and where its
+/// keys are in `argv`; `None` for any other command, and for arguments Redis would refuse
+/// (the command then gets CROSSSLOT, as Redis Cluster checks the slots before the
+/// arguments).
+fn set_command(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
+    let name = argv.first()?;
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    let op = if is(b"SUNION") {
+        SetOp::Union
+    } else if is(b"SINTER") {
+        SetOp::Inter
+    } else if is(b"SDIFF") {
+        SetOp::Diff
+    } else if is(b"SINTERCARD") {
+        let (limit, keys) = intercard(argv)?;
+        return Some((Join::Sets(SetOp::InterCard(limit)), keys));
+    } else if is(b"ZINTERCARD") {
+        let (limit, keys) = intercard(argv)?;
+        return Some((Join::Sorted(ZOp::InterCard(limit)), keys));
+    } else if is(b"ZDIFF") {
+        return zdiff(argv);
+    } else {
+        return None;
+    };
+    (argv.len() > 1).then_some((Join::Sets(op), 1..argv.len()))
+}
+
+/// Where the keys of a `numkeys key [key …] …` command are, when Redis would accept
+/// numkeys (from 1 to the arguments left), and the arguments after them.
+fn numkeys<'a, 'b>(argv: &'a [&'b [u8]]) -> Option<(std::ops::Range<usize>, &'a [&'b [u8]])> {
+    let numkeys = usize::try_from(codec::parse_int(argv.get(1)?)?).ok()?;
+    if numkeys == 0 || numkeys > argv.len() - 2 {
+        return None;
+    }
+    Some((2..2 + numkeys, &argv[2 + numkeys..]))
+}
+
+/// SINTERCARD or ZINTERCARD numkeys key [key …] [LIMIT limit]: its limit (0: none) and where
+/// its keys are, when Redis would accept the arguments (LIMIT not negative; it may be given
+/// again, the last one counts).
+fn intercard(argv: &[&[u8]]) -> Option<(u64, std::ops::Range<usize>)> {
+    let (keys, options) = numkeys(argv)?;
+    let mut limit = 0;
+    for option in options.chunks(2) {
+        match option {
+            [name, value] if name.eq_ignore_ascii_case(b"LIMIT") => {
+                limit = u64::try_from(codec::parse_int(value)?).ok()?;
+            }
+            _ => return None,
+        }
+    }
+    Some((limit, keys))
+}
+
+/// ZDIFF numkeys key [key …] [WITHSCORES] (the option may be repeated, as Redis allows).
+fn zdiff(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
+    let (keys, options) = numkeys(argv)?;
+    if !options
+        .iter()
+        .all(|o| o.eq_ignore_ascii_case(b"WITHSCORES"))
+    {
+        return None;
+    }
+    let scores = !options.is_empty();
+    Some((Join::Sorted(ZOp::Diff { scores }), keys))
+}
+
+/// A gathered read: for each distinct key of `keys`, `SMEMBERS` (a set command) or
+/// `ZRANGE key 0 -1` then `SMEMBERS` (a sorted-set command, which takes sets too: one of the
+/// two answers WRONGTYPE, the other is the key's), grouped by node, combined by `join` once
+/// all are in; `None` when a slot has no owner.
+fn gather_members(router: &Router, keys: &[&[u8]], join: Join) -> Option<Action> {
+    let snapshot = router.snapshot();
+    // Each distinct key once, with its positions among the command's keys.
+    let mut distinct: Vec<(&[u8], Vec<usize>)> = Vec::new();
+    for (position, &key) in keys.iter().enumerate() {
+        match distinct.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, positions)) => positions.push(position),
+            None => distinct.push((key, vec![position])),
+        }
+    }
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    for (key, positions) in distinct {
+        let b = batch_for(&mut batches, snapshot.owner(router.slot_of(key))?);
+        if let Join::Sorted(op) = join {
+            let range: [&[u8]; 4] = [b"ZRANGE", key, b"0", b"-1"];
+            let with_scores = [&range[..], &[b"WITHSCORES"]].concat();
+            let zrange = if op.scores() {
+                &with_scores[..]
+            } else {
+                &range[..]
+            };
+            b.bytes.extend_from_slice(&codec::encode(zrange));
+            // SMEMBERS's reply stands at the key's positions past the keys (`merge::Join`).
+            let shifted = positions.iter().map(|p| p + keys.len()).collect();
+            b.bytes
+                .extend_from_slice(&codec::encode(&[b"SMEMBERS", key]));
+            b.parts.push(positions);
+            b.parts.push(shifted);
+        } else {
+            b.bytes
+                .extend_from_slice(&codec::encode(&[b"SMEMBERS", key]));
+            b.parts.push(positions);
+        }
+    }
+    Some(Action::Gather(Box::new(Gather::Split(Split {
+        batches,
+        join,
+        keys: keys.len(),
     }))))
 }
 

@@ -33,6 +33,30 @@ pub(super) enum Join {
     AllOk,
     /// DEL, UNLINK, EXISTS, TOUCH: the counts added up.
     Sum,
+    /// SUNION, SINTER, SDIFF, SINTERCARD: one `SMEMBERS` per key, combined as the command
+    /// would (see [`SetOp`]).
+    Sets(SetOp),
+    /// ZDIFF, ZINTERCARD: per key `ZRANGE key 0 -1` then `SMEMBERS` (the key is a sorted
+    /// set or a set, which these commands take too), combined as the command would (see
+    /// [`ZOp`]). The parts carry the ZRANGE replies at the key's positions and the SMEMBERS
+    /// replies at the key's positions plus the number of keys.
+    Sorted(ZOp),
+}
+
+/// What a set command across slots computes from its keys' members (a missing key is an
+/// empty set, as in Redis). Members are compared as their reply frames: a node sends one
+/// member as one bulk string, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SetOp {
+    /// SUNION: the members of any key.
+    Union,
+    /// SINTER: the members of every key.
+    Inter,
+    /// SDIFF: the members of the first key that no other key has.
+    Diff,
+    /// SINTERCARD: how many members every key has, counting no further than the limit
+    /// (0: no limit).
+    InterCard(u64),
 }
 
 /// Combines one reply per primary.
@@ -99,6 +123,12 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
 
 /// Joins the replies of a split command's parts (see [`Join`]); the first error wins.
 pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    if let Join::Sets(op) = how {
+        return join_sets(op, keys, parts, proto);
+    }
+    if let Join::Sorted(op) = how {
+        return join_sorted(op, keys, parts, proto);
+    }
     if how != Join::Values {
         let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
         return merge(
@@ -140,6 +170,348 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
     let mut out = BytesMut::from(format!("*{keys}\r\n").as_bytes());
     for v in values {
         out.extend_from_slice(if v.is_empty() { nil } else { &v });
+    }
+    out.freeze()
+}
+
+/// What a sorted-set command across slots computes from its keys' members and scores (a
+/// set's members score 1, a missing key is empty, as in Redis). Only commands whose reply
+/// holds no score the proxy would have to compute: ZDIFF's are the first key's, as its node
+/// formatted them (Redis 7.0 and 7.2+ format doubles differently), ZINTERCARD has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ZOp {
+    /// ZDIFF: the members of the first key that no other key has, by score then member,
+    /// with their scores when `scores` (WITHSCORES).
+    Diff {
+        /// WITHSCORES was given.
+        scores: bool,
+    },
+    /// ZINTERCARD: how many members every key has, counting no further than the limit
+    /// (0: no limit).
+    InterCard(u64),
+}
+
+impl ZOp {
+    /// Whether the keys' scores are read (ZRANGE … WITHSCORES): ZDIFF orders its reply by
+    /// them, WITHSCORES or not.
+    pub(super) fn scores(self) -> bool {
+        matches!(self, ZOp::Diff { .. })
+    }
+}
+
+/// One member of a key read for a sorted-set command.
+#[derive(Debug, Clone, PartialEq)]
+struct Scored {
+    /// The member's bulk frame, as the node sent it.
+    member: Bytes,
+    /// Its score (1 for a set's member; 0 when scores were not read).
+    score: f64,
+    /// The score as the node formatted it (a bulk string in RESP2, a double in RESP3), or
+    /// the same for a set's 1; empty when scores were not read.
+    score_frame: Bytes,
+}
+
+/// The reply of a sorted-set command gathered across slots: `parts` holds each key's
+/// ZRANGE reply at its positions and SMEMBERS reply at its positions plus `keys`. Each key
+/// is whichever of the two did not answer WRONGTYPE; a key neither read is WRONGTYPE, and
+/// the first error in key order wins, as Redis checks every key's type first.
+fn join_sorted(op: ZOp, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    let mut replies: Vec<Option<&Bytes>> = vec![None; 2 * keys];
+    for (positions, reply) in parts {
+        for &p in positions {
+            if let Some(r) = replies.get_mut(p) {
+                *r = Some(reply);
+            }
+        }
+    }
+    let mut inputs = Vec::with_capacity(keys);
+    for k in 0..keys {
+        let (Some(zrange), Some(smembers)) = (replies[k], replies[keys + k]) else {
+            return unexpected(b"(a key without a reply)");
+        };
+        match key_entries(zrange, smembers, op.scores(), proto) {
+            Ok(entries) => inputs.push(entries),
+            Err(reply) => return reply,
+        }
+    }
+    match op {
+        ZOp::InterCard(limit) => {
+            let sets: Vec<Vec<Bytes>> = inputs
+                .into_iter()
+                .map(|e| e.into_iter().map(|s| s.member).collect())
+                .collect();
+            answers::integer(inter_card(&sets, limit) as i64)
+        }
+        ZOp::Diff { scores } => scored_reply(&zdiff(inputs), scores, proto),
+    }
+}
+
+/// A key's members from its ZRANGE and SMEMBERS replies (one of them WRONGTYPE unless the key
+/// is missing, when both are empty), or the reply the whole command gets instead.
+fn key_entries(
+    zrange: &Bytes,
+    smembers: &Bytes,
+    scores: bool,
+    proto: u8,
+) -> Result<Vec<Scored>, Bytes> {
+    let wrongtype = |r: &Bytes| r.starts_with(b"-WRONGTYPE");
+    match (
+        zrange.first() == Some(&b'-'),
+        smembers.first() == Some(&b'-'),
+    ) {
+        // A set (its ZRANGE refused), or a missing key (both empty).
+        (true, false) if wrongtype(zrange) => set_entries(smembers, scores, proto),
+        (false, false) if zrange_is_empty(zrange) => set_entries(smembers, scores, proto),
+        (false, _) => sorted_entries(zrange, scores).ok_or_else(|| unexpected(zrange)),
+        // Neither a set nor a sorted set: WRONGTYPE; or the node's other error.
+        (true, _) => Err(zrange.clone()),
+    }
+}
+
+/// Whether a ZRANGE reply is an empty array.
+fn zrange_is_empty(reply: &[u8]) -> bool {
+    reply == b"*0\r\n"
+}
+
+/// A set's members as sorted-set entries scored 1, as Redis takes a set in ZDIFF.
+fn set_entries(smembers: &Bytes, scores: bool, proto: u8) -> Result<Vec<Scored>, Bytes> {
+    // A score of 1, as every server version formats it.
+    let one: &'static [u8] = match (scores, proto) {
+        (false, _) => b"",
+        (true, 3) => b",1\r\n",
+        (true, _) => b"$1\r\n1\r\n",
+    };
+    let members = members(smembers).ok_or_else(|| unexpected(smembers))?;
+    Ok(members
+        .into_iter()
+        .map(|member| Scored {
+            member,
+            score: 1.0,
+            score_frame: Bytes::from_static(one),
+        })
+        .collect())
+}
+
+/// The entries of a `ZRANGE key 0 -1 [WITHSCORES]` reply: members alone, or with scores as
+/// RESP2 sends them (member, score, member, score…) or RESP3 (pairs); `None` for a reply of
+/// another shape.
+fn sorted_entries(reply: &Bytes, scores: bool) -> Option<Vec<Scored>> {
+    let cr = memchr::memchr(b'\r', reply)?;
+    if reply.first() != Some(&b'*') {
+        return None;
+    }
+    let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
+    let elements = split_frames(&reply.slice(cr + 2..));
+    if elements.len() != count {
+        return None;
+    }
+    if !scores {
+        return elements
+            .into_iter()
+            .map(|member| {
+                (member.first() == Some(&b'$')).then_some(Scored {
+                    member,
+                    score: 0.0,
+                    score_frame: Bytes::new(),
+                })
+            })
+            .collect();
+    }
+    let pairs: Vec<(Bytes, Bytes)> = if elements.first().is_some_and(|e| e.starts_with(b"*2\r\n")) {
+        let mut pairs = Vec::with_capacity(count);
+        for pair in &elements {
+            match &split_frames(&pair.slice(4..))[..] {
+                [member, score] => pairs.push((member.clone(), score.clone())),
+                _ => return None,
+            }
+        }
+        pairs
+    } else {
+        if count % 2 != 0 {
+            return None;
+        }
+        elements
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
+    };
+    pairs
+        .into_iter()
+        .map(|(member, score_frame)| {
+            let score = score_of(&score_frame)?;
+            (member.first() == Some(&b'$')).then_some(Scored {
+                member,
+                score,
+                score_frame,
+            })
+        })
+        .collect()
+}
+
+/// The value of a score frame: a bulk string (RESP2) or a double (RESP3) as Redis formats
+/// them (`1.5`, `inf`, `-inf`, `1e+21`, `0.10000000000000001`).
+fn score_of(frame: &[u8]) -> Option<f64> {
+    let text = match frame.first()? {
+        b',' => frame.get(1..frame.len().checked_sub(2)?)?,
+        b'$' => bulk_content(frame)?,
+        _ => return None,
+    };
+    std::str::from_utf8(text)
+        .ok()?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| !v.is_nan())
+}
+
+/// The bytes a bulk frame carries.
+fn bulk_content(frame: &[u8]) -> Option<&[u8]> {
+    let cr = memchr::memchr(b'\r', frame)?;
+    frame.get(cr + 2..frame.len().checked_sub(2)?)
+}
+
+/// ZDIFF: the entries of the first input that no other input has, in a sorted set's order
+/// (by score, then by member, byte by byte), as Redis answers it.
+fn zdiff(inputs: Vec<Vec<Scored>>) -> Vec<Scored> {
+    let mut inputs = inputs.into_iter();
+    let Some(first) = inputs.next() else {
+        return Vec::new();
+    };
+    let others: std::collections::HashSet<Bytes> = inputs.flatten().map(|e| e.member).collect();
+    let mut out: Vec<Scored> = first
+        .into_iter()
+        .filter(|e| !others.contains(&e.member))
+        .collect();
+    out.sort_by(|a, b| {
+        a.score
+            .partial_cmp(&b.score)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| bulk_content(&a.member).cmp(&bulk_content(&b.member)))
+    });
+    out
+}
+
+/// A sorted-set range reply of `entries`: the members, or with WITHSCORES each followed by
+/// its score (RESP2) or paired with it (RESP3), as ZRANGE answers.
+fn scored_reply(entries: &[Scored], scores: bool, proto: u8) -> Bytes {
+    let pairs = scores && proto == 3;
+    let count = if scores && !pairs {
+        2 * entries.len()
+    } else {
+        entries.len()
+    };
+    let mut out = BytesMut::from(format!("*{count}\r\n").as_bytes());
+    for e in entries {
+        if pairs {
+            out.extend_from_slice(b"*2\r\n");
+        }
+        out.extend_from_slice(&e.member);
+        if scores {
+            out.extend_from_slice(&e.score_frame);
+        }
+    }
+    out.freeze()
+}
+
+/// The reply of a set command gathered across slots: `parts` holds each key's `SMEMBERS`
+/// reply with the positions of that key in the client's command (`keys` of them). The first
+/// error in key order wins (Redis checks every key's type before answering, so one
+/// WRONGTYPE key fails the whole command, missing keys or not); then the members are
+/// combined by `op`, and answered as a set (an array in RESP2) or SINTERCARD's count.
+fn join_sets(op: SetOp, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    let mut replies: Vec<Option<&Bytes>> = vec![None; keys];
+    for (positions, reply) in parts {
+        for &p in positions {
+            if let Some(r) = replies.get_mut(p) {
+                *r = Some(reply);
+            }
+        }
+    }
+    let replies: Vec<&Bytes> = match replies.into_iter().collect() {
+        Some(replies) => replies,
+        None => return unexpected(b"(a key without a reply)"),
+    };
+    if let Some(error) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+        return (*error).clone();
+    }
+    let mut sets = Vec::with_capacity(keys);
+    for reply in replies {
+        match members(reply) {
+            Some(m) => sets.push(m),
+            None => return unexpected(reply),
+        }
+    }
+    match op {
+        SetOp::InterCard(limit) => answers::integer(inter_card(&sets, limit) as i64),
+        op => set_reply(&set_algebra(op, &sets), proto),
+    }
+}
+
+/// The members of an `SMEMBERS` reply (an array, or a RESP3 set, of bulk strings), each its
+/// whole frame; `None` for a reply of another shape.
+fn members(reply: &Bytes) -> Option<Vec<Bytes>> {
+    if !matches!(reply.first(), Some(b'*' | b'~')) {
+        return None;
+    }
+    let cr = memchr::memchr(b'\r', reply)?;
+    let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
+    let elements = split_frames(&reply.slice(cr + 2..));
+    (elements.len() == count && elements.iter().all(|e| e.first() == Some(&b'$')))
+        .then_some(elements)
+}
+
+/// SUNION, SINTER or SDIFF of `sets` (each without repeats, as SMEMBERS answers), in the
+/// order the members first appear: Redis leaves the order undefined, so any is right, and
+/// this one is stable for a given input.
+fn set_algebra(op: SetOp, sets: &[Vec<Bytes>]) -> Vec<Bytes> {
+    let Some((first, others)) = sets.split_first() else {
+        return Vec::new();
+    };
+    match op {
+        SetOp::Union => {
+            let mut seen = std::collections::HashSet::new();
+            sets.iter()
+                .flatten()
+                .filter(|m| seen.insert(*m))
+                .cloned()
+                .collect()
+        }
+        SetOp::Inter | SetOp::InterCard(_) => intersection(first, others).cloned().collect(),
+        SetOp::Diff => {
+            let others: std::collections::HashSet<&Bytes> = others.iter().flatten().collect();
+            first
+                .iter()
+                .filter(|m| !others.contains(m))
+                .cloned()
+                .collect()
+        }
+    }
+}
+
+/// SINTERCARD: the size of the intersection of `sets`, no more than `limit` (0: no limit).
+fn inter_card(sets: &[Vec<Bytes>], limit: u64) -> u64 {
+    let Some((first, others)) = sets.split_first() else {
+        return 0;
+    };
+    let limit = if limit == 0 { u64::MAX } else { limit };
+    (intersection(first, others).count() as u64).min(limit)
+}
+
+/// The members of `first` that every set of `others` has too.
+fn intersection<'a>(first: &'a [Bytes], others: &[Vec<Bytes>]) -> impl Iterator<Item = &'a Bytes> {
+    let others: Vec<std::collections::HashSet<&Bytes>> =
+        others.iter().map(|s| s.iter().collect()).collect();
+    first
+        .iter()
+        .filter(move |m| others.iter().all(|s| s.contains(m)))
+}
+
+/// A set reply of `members` (whole bulk frames): a RESP3 set, or in RESP2 an array, as Redis
+/// answers SUNION.
+fn set_reply(members: &[Bytes], proto: u8) -> Bytes {
+    let kind = if proto == 3 { '~' } else { '*' };
+    let mut out = BytesMut::from(format!("{kind}{}\r\n", members.len()).as_bytes());
+    for m in members {
+        out.extend_from_slice(m);
     }
     out.freeze()
 }
@@ -647,6 +1019,258 @@ mod tests {
         assert_eq!(&join(Join::AllOk, 2, &failed, 2)[..], b"-ERR oom\r\n");
         let failed = [(vec![0], b(b":1\r\n")), (vec![1], b(b"-ERR oom\r\n"))];
         assert_eq!(&join(Join::Sum, 2, &failed, 2)[..], b"-ERR oom\r\n");
+    }
+
+    /// A member list as SMEMBERS frames.
+    fn bulks(members: &[&str]) -> Vec<Bytes> {
+        members
+            .iter()
+            .map(|m| Bytes::from(format!("${}\r\n{m}\r\n", m.len())))
+            .collect()
+    }
+
+    /// An SMEMBERS reply of `members`, as a RESP2 array or a RESP3 set.
+    fn smembers(members: &[&str], proto: u8) -> Bytes {
+        set_reply(&bulks(members), proto)
+    }
+
+    #[test]
+    fn set_algebra_unions_intersects_and_subtracts() {
+        let sets = [
+            bulks(&["a", "b", "c"]),
+            bulks(&["b", "c", "d"]),
+            bulks(&["c", "b", "e"]),
+        ];
+        assert_eq!(
+            set_algebra(SetOp::Union, &sets),
+            bulks(&["a", "b", "c", "d", "e"])
+        );
+        assert_eq!(set_algebra(SetOp::Inter, &sets), bulks(&["b", "c"]));
+        assert_eq!(set_algebra(SetOp::Diff, &sets), bulks(&["a"]));
+        // A missing key is an empty set: the intersection is empty, nothing is taken away.
+        let with_empty = [bulks(&["a", "b"]), Vec::new()];
+        assert!(set_algebra(SetOp::Inter, &with_empty).is_empty());
+        assert_eq!(set_algebra(SetOp::Diff, &with_empty), bulks(&["a", "b"]));
+        assert!(set_algebra(SetOp::Diff, &[Vec::new(), bulks(&["a"])]).is_empty());
+        assert_eq!(set_algebra(SetOp::Union, &with_empty), bulks(&["a", "b"]));
+        // Members are compared byte for byte: "a" and "A" differ, "1" and "01" too.
+        let case = [bulks(&["a", "1"]), bulks(&["A", "01", "a"])];
+        assert_eq!(set_algebra(SetOp::Inter, &case), bulks(&["a"]));
+        assert!(set_algebra(SetOp::Union, &[]).is_empty());
+    }
+
+    #[test]
+    fn inter_card_stops_at_the_limit() {
+        let sets = [bulks(&["a", "b", "c", "d"]), bulks(&["d", "c", "b", "x"])];
+        assert_eq!(inter_card(&sets, 0), 3);
+        assert_eq!(inter_card(&sets, 2), 2);
+        assert_eq!(inter_card(&sets, 10), 3);
+        assert_eq!(inter_card(&[bulks(&["a"]), Vec::new()], 0), 0);
+    }
+
+    #[test]
+    fn join_sets_answers_in_the_clients_protocol() {
+        // SUNION k0 k1 k0: k0's reply stands for both of its positions.
+        let parts = [
+            (vec![0, 2], smembers(&["a", "b"], 2)),
+            (vec![1], smembers(&["b", "c"], 2)),
+        ];
+        let union = join(Join::Sets(SetOp::Union), 3, &parts, 2);
+        assert_eq!(union, smembers(&["a", "b", "c"], 2));
+        let parts3 = [
+            (vec![0], smembers(&["a", "b"], 3)),
+            (vec![1], smembers(&["b", "c"], 3)),
+        ];
+        let inter = join(Join::Sets(SetOp::Inter), 2, &parts3, 3);
+        assert_eq!(&inter[..], b"~1\r\n$1\r\nb\r\n");
+        assert_eq!(
+            &join(Join::Sets(SetOp::Diff), 2, &parts3, 3)[..],
+            b"~1\r\n$1\r\na\r\n"
+        );
+        assert_eq!(
+            &join(Join::Sets(SetOp::InterCard(0)), 2, &parts3, 3)[..],
+            b":1\r\n"
+        );
+        // Nothing in common: an empty set, or an empty array in RESP2.
+        let apart = [(vec![0], smembers(&["a"], 2)), (vec![1], smembers(&[], 2))];
+        assert_eq!(&join(Join::Sets(SetOp::Inter), 2, &apart, 2)[..], b"*0\r\n");
+    }
+
+    #[test]
+    fn join_sets_fails_on_the_first_error_in_key_order() {
+        let wrongtype =
+            b(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+        // The WRONGTYPE key comes after an empty one: the error still wins, as in Redis.
+        let parts = [
+            (vec![1], wrongtype.clone()),
+            (vec![0], smembers(&[], 2)),
+            (vec![2], b(b"-ERR later\r\n")),
+        ];
+        for op in [SetOp::Union, SetOp::Inter, SetOp::Diff, SetOp::InterCard(0)] {
+            assert_eq!(join(Join::Sets(op), 3, &parts, 2), wrongtype, "{op:?}");
+        }
+        // A reply of the wrong shape, or a key without one, is not taken for a set.
+        let odd = [(vec![0], b(b":1\r\n")), (vec![1], smembers(&["a"], 2))];
+        assert!(is_unexpected(&join(Join::Sets(SetOp::Union), 2, &odd, 2)));
+        let short = [(vec![0], b(b"*2\r\n$1\r\na\r\n"))];
+        assert!(is_unexpected(&join(Join::Sets(SetOp::Union), 1, &short, 2)));
+        let missing = [(vec![0], smembers(&["a"], 2))];
+        assert!(is_unexpected(&join(
+            Join::Sets(SetOp::Union),
+            2,
+            &missing,
+            2
+        )));
+    }
+
+    /// A `ZRANGE … WITHSCORES` reply of (member, score text) pairs: flat in RESP2, pairs of
+    /// a bulk and a double in RESP3.
+    fn zrange(entries: &[(&str, &str)], proto: u8) -> Bytes {
+        let mut out = if proto == 3 {
+            format!("*{}\r\n", entries.len())
+        } else {
+            format!("*{}\r\n", 2 * entries.len())
+        };
+        for (m, score) in entries {
+            if proto == 3 {
+                out.push_str(&format!("*2\r\n${}\r\n{m}\r\n,{score}\r\n", m.len()));
+            } else {
+                out.push_str(&format!(
+                    "${}\r\n{m}\r\n${}\r\n{score}\r\n",
+                    m.len(),
+                    score.len()
+                ));
+            }
+        }
+        Bytes::from(out)
+    }
+
+    const WRONGTYPE: &[u8] =
+        b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+
+    #[test]
+    fn zdiff_keeps_the_first_keys_scores_in_sorted_set_order() {
+        for proto in [2, 3] {
+            // ZDIFF z s none: z a sorted set, s a set (its ZRANGE refused), none missing.
+            let parts = [
+                (
+                    vec![0],
+                    zrange(
+                        &[
+                            ("e", "0.10000000000000001"),
+                            ("b", "1"),
+                            ("a", "1"),
+                            ("c", "inf"),
+                        ],
+                        proto,
+                    ),
+                ),
+                (vec![3], b(WRONGTYPE)),
+                (vec![1], b(WRONGTYPE)),
+                (vec![4], smembers(&["b", "x"], proto)),
+                (vec![2], b(b"*0\r\n")),
+                (vec![5], smembers(&[], proto)),
+            ];
+            let scored = join(Join::Sorted(ZOp::Diff { scores: true }), 3, &parts, proto);
+            let want = zrange(
+                &[("e", "0.10000000000000001"), ("a", "1"), ("c", "inf")],
+                proto,
+            );
+            assert_eq!(scored, want, "RESP{proto}");
+            let plain = join(Join::Sorted(ZOp::Diff { scores: false }), 3, &parts, proto);
+            assert_eq!(&plain[..], b"*3\r\n$1\r\ne\r\n$1\r\na\r\n$1\r\nc\r\n");
+            assert_eq!(
+                &join(
+                    Join::Sorted(ZOp::InterCard(0)),
+                    2,
+                    &[
+                        // ZINTERCARD reads members only: ZRANGE without WITHSCORES.
+                        (vec![0], set_reply(&bulks(&["e", "b", "a", "c"]), 2)),
+                        (vec![1], b(WRONGTYPE)),
+                        (vec![2], b(WRONGTYPE)),
+                        (vec![3], smembers(&["b", "x"], proto))
+                    ],
+                    proto
+                )[..],
+                b":1\r\n"
+            );
+        }
+        // A set first: its members score 1, as every server formats it.
+        let parts = [
+            (vec![0], b(WRONGTYPE)),
+            (vec![2], smembers(&["m"], 2)),
+            (vec![1], zrange(&[("z", "2")], 2)),
+            (vec![3], b(WRONGTYPE)),
+        ];
+        assert_eq!(
+            join(Join::Sorted(ZOp::Diff { scores: true }), 2, &parts, 2),
+            zrange(&[("m", "1")], 2)
+        );
+        let parts3 = [
+            (vec![0], b(WRONGTYPE)),
+            (vec![2], smembers(&["m"], 3)),
+            (vec![1], b(b"*0\r\n")),
+            (vec![3], smembers(&[], 3)),
+        ];
+        assert_eq!(
+            join(Join::Sorted(ZOp::Diff { scores: true }), 2, &parts3, 3),
+            zrange(&[("m", "1")], 3)
+        );
+    }
+
+    #[test]
+    fn sorted_commands_fail_on_a_key_of_another_type() {
+        // Key 1 is a string (both reads refused), after a missing key 0.
+        let parts = [
+            (vec![0], b(b"*0\r\n")),
+            (vec![2], smembers(&[], 2)),
+            (vec![1], b(WRONGTYPE)),
+            (vec![3], b(WRONGTYPE)),
+        ];
+        for op in [
+            ZOp::Diff { scores: true },
+            ZOp::Diff { scores: false },
+            ZOp::InterCard(0),
+        ] {
+            assert_eq!(
+                &join(Join::Sorted(op), 2, &parts, 2)[..],
+                WRONGTYPE,
+                "{op:?}"
+            );
+        }
+        // A node's other error, and replies of the wrong shape.
+        let down = [
+            (vec![0], b(b"-ERR down\r\n")),
+            (vec![1], b(b"-ERR down\r\n")),
+        ];
+        assert_eq!(
+            &join(Join::Sorted(ZOp::InterCard(0)), 1, &down, 2)[..],
+            b"-ERR down\r\n"
+        );
+        let odd = [(vec![0], b(b"*1\r\n$1\r\na\r\n")), (vec![1], b(WRONGTYPE))];
+        assert!(is_unexpected(&join(
+            Join::Sorted(ZOp::Diff { scores: true }),
+            1,
+            &odd,
+            2
+        )));
+        let missing = [(vec![0], b(b"*0\r\n"))];
+        assert!(is_unexpected(&join(
+            Join::Sorted(ZOp::InterCard(0)),
+            1,
+            &missing,
+            2
+        )));
+    }
+
+    #[test]
+    fn scores_are_read_as_redis_formats_them() {
+        assert_eq!(score_of(b"$3\r\n1.5\r\n"), Some(1.5));
+        assert_eq!(score_of(b",0.10000000000000001\r\n"), Some(0.1));
+        assert_eq!(score_of(b"$4\r\n-inf\r\n"), Some(f64::NEG_INFINITY));
+        assert_eq!(score_of(b",1e+21\r\n"), Some(1e21));
+        assert_eq!(score_of(b",nan\r\n"), None);
+        assert_eq!(score_of(b":1\r\n"), None);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! its first key, keys in several slots). Runs in `decide`, before anything is sent.
 
 use super::gather::split;
+use crate::answers::CrossSlotWhy;
 use crate::cluster::{Router, slot};
 use crate::codec::Decoded;
 use crate::commands::{CommandSpec, KeyPositions};
@@ -43,12 +44,21 @@ impl Session {
         let slot = match self.key_slot(router, args, rewritten) {
             Ok(slot) => slot,
             Err((a, b)) => {
-                if !self.conn.in_multi() && matches!(target, Target::Shared(..)) {
-                    if let Some(split) = split(router, args, rewrite) {
+                let split = split(router, args, rewrite);
+                let why = match split {
+                    // EXEC's reply would hold the part of one node only, and a pinned
+                    // session's state lives on one node.
+                    Some(split)
+                        if !self.conn.in_multi() && matches!(target, Target::Shared(..)) =>
+                    {
                         return split.into();
                     }
-                }
-                return Action::Refused(cross(router, a, b)).into();
+                    Some(_) if self.conn.in_multi() => CrossSlotWhy::InTransaction,
+                    Some(_) => CrossSlotWhy::Pinned,
+                    _ if spec.is_some_and(CommandSpec::is_write) => CrossSlotWhy::Writes,
+                    _ => CrossSlotWhy::Together,
+                };
+                return Action::Refused(cross_command(router, a, b, spec, why)).into();
             }
         };
         Decision {
@@ -331,15 +341,34 @@ impl Session {
 /// The refusal of keys in two slots `a` and `b`: Redis Cluster's CROSSSLOT, or in routes
 /// mode (unless both are slots of the cluster route) the routes they belong to, named.
 pub(super) fn cross(router: &Router, a: Option<u16>, b: Option<u16>) -> Bytes {
-    let (Some(a), Some(b)) = (a, b) else {
-        return answers::crossslot();
-    };
-    let (first, second) = (router.route_names(a), router.route_names(b));
-    // Two slots of one cluster route are Redis Cluster's own CROSSSLOT.
-    if router.routes().is_none() || first == second {
-        return answers::crossslot();
+    match routes_apart(router, a, b) {
+        Some((first, second)) => answers::crossroute(&first, &second),
+        None => answers::crossslot(),
     }
-    answers::crossroute(&first, &second)
+}
+
+/// [`cross`] for a command the proxy could not split or gather (`why`): CROSSSLOT then says
+/// why `spec`'s command cannot span slots and how to put its keys in one.
+fn cross_command(
+    router: &Router,
+    a: Option<u16>,
+    b: Option<u16>,
+    spec: Option<&CommandSpec>,
+    why: CrossSlotWhy,
+) -> Bytes {
+    match (routes_apart(router, a, b), spec) {
+        (Some((first, second)), _) => answers::crossroute(&first, &second),
+        (None, Some(spec)) => answers::crossslot_for(spec.name, why),
+        (None, None) => answers::crossslot(),
+    }
+}
+
+/// In routes mode, the names of the routes of slots `a` and `b` when they differ; `None`
+/// when they are two slots of one cluster route (Redis Cluster's own CROSSSLOT then).
+fn routes_apart(router: &Router, a: Option<u16>, b: Option<u16>) -> Option<(String, String)> {
+    let (a, b) = (a?, b?);
+    let (first, second) = (router.route_names(a), router.route_names(b));
+    (router.routes().is_some() && first != second).then_some((first, second))
 }
 
 /// [`cross`] for keys on nodes `a` and `b` (a pinned session's node and a key's).
