@@ -494,3 +494,51 @@ async fn a_migration_under_load_moves_every_key_and_switches_by_reload() {
     }
     common::keys::assert_same(&new, &old, &[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_managed_mirror_is_followed_through_its_failover() {
+    use common::sentinel::{MASTER, SentinelSetup};
+    let primary = RedisServer::start();
+    let setup = SentinelSetup::start();
+    let tmp = TempDir::new("mirror-sentinel");
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\nmirror:\n  upstream:\n    mode: sentinel\n    sentinel:\n      sentinels: [{}]\n      master_name: {MASTER}\n      timeout_ms: 500\n    reconnect_min_ms: 10\n    reconnect_max_ms: 200\n",
+            primary.addr(),
+            setup.sentinel_addrs().join(", ")
+        ),
+    );
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["SET", "before", "1"]).await, b"+OK\r\n");
+    wait_for(&setup.primary, &["GET", "before"], b"$1\r\n1\r\n").await;
+    assert!(
+        info_field(&mut c, "proxy_mirror")
+            .await
+            .starts_with("sentinel:"),
+        "the mirror is named by its Sentinel group"
+    );
+    // The mirror's primary fails over: the writes that follow reach the new one.
+    setup.failover();
+    let until = Instant::now() + DEADLINE * 3;
+    let mut i = 0;
+    loop {
+        i += 1;
+        assert_eq!(c.call(&["SET", "after", &i.to_string()]).await, b"+OK\r\n");
+        let want = format!("${}\r\n{i}\r\n", i.to_string().len());
+        if setup.replica.direct(&["GET", "after"]).await == want.as_bytes() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "writes never reached the new mirror primary"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(
+        setup.replica.direct(&["GET", "before"]).await,
+        b"$1\r\n1\r\n"
+    );
+}

@@ -10,8 +10,8 @@ use super::{Config, Located, Problem, UpstreamConfig, UpstreamMode, located, per
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MirrorConfig {
-    /// The mirror, configured as `upstream:` is (address, login, TLS, timeouts); one
-    /// standalone server for now. It always uses one connection per RESP version (so one
+    /// The mirror, configured as `upstream:` is (address, login, TLS, timeouts): a
+    /// standalone server or a Sentinel-managed primary (followed through its failovers). It always uses one connection per RESP version (so one
     /// client's writes stay in order) and no dedicated ones: `connections` and the
     /// `dedicated_*` settings do not apply.
     pub upstream: UpstreamConfig,
@@ -109,12 +109,12 @@ impl Config {
                 message,
             });
         };
-        if mirror.upstream.mode.value != UpstreamMode::Standalone {
+        if mirror.upstream.mode.value == UpstreamMode::Cluster {
             push(
                 &mirror.upstream.mode.referenced,
                 "mirror.upstream.mode",
-                "the mirror is one standalone server for now (a cluster or Sentinel mirror is \
-                 not built yet; docs/migration.md)"
+                "the mirror is a standalone server or a Sentinel-managed primary; a cluster \
+                 mirror is not built yet (docs/migration.md)"
                     .into(),
             );
         }
@@ -138,6 +138,7 @@ impl Config {
         }
         if mirror.upstream.address.value == self.upstream.address.value
             && self.upstream.mode.value == UpstreamMode::Standalone
+            && mirror.upstream.mode.value == UpstreamMode::Standalone
         {
             push(
                 &mirror.upstream.address.referenced,

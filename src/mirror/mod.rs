@@ -25,8 +25,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::config::{Config, MirrorConfig};
+use crate::config::{Config, MirrorConfig, UpstreamMode};
 use crate::metrics::{Metrics, NoPolicy};
+use crate::upstream::address::Address;
 use crate::upstream::pool::{Pool, PoolSettings};
 
 /// What a session tells the mirror.
@@ -74,6 +75,16 @@ struct Mirror {
     /// Captures of batches that answer promptly, not yet answered: a cutover waits for none
     /// to be left (a blocking command's capture is not counted: it may never be answered).
     outstanding: AtomicUsize,
+    /// A Sentinel-managed mirror: the task following its primary, stopped with the mirror.
+    follower: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        if let Some(follower) = &self.follower {
+            follower.abort();
+        }
+    }
 }
 
 impl Mirror {
@@ -279,8 +290,31 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     settings.connections = 1;
     settings.dedicated.warm = 0;
     settings.coalesce = false;
-    let address = wanted.upstream.address.value.as_str().into();
-    let pool = Pool::start_node(address, &settings, own_metrics);
+    let (pool, follower, name) = match wanted.upstream.mode.value {
+        UpstreamMode::Sentinel => {
+            let sentinel = wanted
+                .upstream
+                .sentinel
+                .as_ref()
+                .ok_or("mirror.upstream.sentinel is missing")?;
+            let spec = crate::sentinel::SentinelSpec::of(sentinel);
+            let label: Arc<str> = format!("sentinel:{}", spec.master_name).into();
+            let (tx, primary) = tokio::sync::watch::channel(None);
+            // The mirror follows its primary through failovers as a Sentinel upstream does.
+            let follower = tokio::spawn(crate::sentinel::follow_primary(spec, tx));
+            let address = Address::Followed {
+                primary,
+                label: label.clone(),
+            };
+            let pool = Pool::start_at(address, &settings, own_metrics);
+            (pool, Some(follower.abort_handle()), label.to_string())
+        }
+        _ => {
+            let address = wanted.upstream.address.value.as_str();
+            let pool = Pool::start_node(address.into(), &settings, own_metrics);
+            (pool, None, address.to_string())
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     let compare = wanted.compare.as_ref().map(|c| task::CompareSettings {
@@ -288,11 +322,8 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         log_per_minute: c.log_per_minute.value,
     });
     let summary = match &wanted.compare {
-        Some(c) => format!(
-            "{} (writes, and {} of reads compared)",
-            wanted.upstream.address.value, c.share.value
-        ),
-        None => format!("{} (writes)", wanted.upstream.address.value),
+        Some(c) => format!("{name} (writes, and {} of reads compared)", c.share.value),
+        None => format!("{name} (writes)"),
     };
     tokio::spawn(task::run(task::Running {
         rx,
@@ -300,7 +331,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         pool,
         metrics: metrics.clone(),
         compare,
-        address: wanted.upstream.address.value.clone(),
+        address: name,
     }));
     Ok(Mirror {
         tx,
@@ -310,5 +341,6 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         fingerprint: wanted.fingerprint(),
         summary,
         outstanding: AtomicUsize::new(0),
+        follower,
     })
 }
