@@ -561,7 +561,10 @@ impl Metrics {
         );
         // A collector, not a registered family: a registry leaves out a family with no series
         // yet (no pool started), and the family must be described on every scrape.
-        r.register_collector(Box::new(CredentialsCollector {
+        r.register_collector(Box::new(AlwaysDescribed {
+            name: "upstream_credentials_refused",
+            help: "1 while the upstream node refuses the proxy's own login (upstream.username / upstream.password), 0 once it accepts it",
+            kind: MetricType::Gauge,
             family: self.upstream_credentials_refused.clone(),
         }));
         register(
@@ -747,11 +750,12 @@ impl Metrics {
             "Reads answered by both servers and compared",
             &m.compared,
         );
-        r.register(
-            "mirror_divergent",
-            "Compared reads whose replies differed, by command and key prefix",
-            m.divergent.clone(),
-        );
+        r.register_collector(Box::new(AlwaysDescribed {
+            name: "mirror_divergent",
+            help: "Compared reads whose replies differed, by command and key prefix",
+            kind: MetricType::Counter,
+            family: m.divergent.clone(),
+        }));
     }
 
     /// The proxy's own operation: policy reloads and slow commands.
@@ -887,21 +891,33 @@ impl Collector for RoutesCollector {
     }
 }
 
-/// `upstream_credentials_refused{upstream}`: the nodes' series, described even before any
-/// node's pool has started.
+/// A labelled family described on every scrape, also before its first series (a registered
+/// family with no series is left out of the exposition, and dashboards and alerts should find
+/// the name from the start): `upstream_credentials_refused{upstream}` before any node's pool
+/// has started, `mirror_divergent{command,prefix}` before the first divergence.
 #[derive(Debug)]
-struct CredentialsCollector {
-    family: Family<UpstreamLabels, Gauge>,
+struct AlwaysDescribed<M> {
+    /// The name, without the registry's prefix.
+    name: &'static str,
+    /// The help text.
+    help: &'static str,
+    /// Its type.
+    kind: MetricType,
+    /// The series.
+    family: Family<UpstreamLabels, M>,
 }
 
-impl Collector for CredentialsCollector {
+impl<M> Collector for AlwaysDescribed<M>
+where
+    M: EncodeMetric
+        + prometheus_client::metrics::TypedMetric
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let metric = encoder.encode_descriptor(
-            "upstream_credentials_refused",
-            "1 while the upstream node refuses the proxy's own login (upstream.username / upstream.password), 0 once it accepts it",
-            None,
-            MetricType::Gauge,
-        )?;
+        let metric = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
         self.family.encode(metric)
     }
 }

@@ -100,6 +100,7 @@ pub async fn serve(
     let ready = with_acl_status(upstream.readiness(&metrics), acl_status.clone());
     let ready = with_server_facts(ready, metrics.clone());
     let ready = with_memory_report(ready, metrics.clone());
+    let ready = with_mirror_report(ready, ops.mirror.clone(), metrics.clone());
     // The shutdown signal is polled from here on, so a SIGTERM during the first read is
     // caught (its handler is installed on first poll) rather than killing the process.
     let mut shutdown = Box::pin(shutdown);
@@ -454,6 +455,21 @@ fn with_memory_report(
     Arc::new(move || {
         ready().map(|what| match metrics.memory_report.load().as_deref() {
             Some(report) => format!("{what}; {}", report.summary),
+            None => what,
+        })
+    })
+}
+
+/// `/readyz` names the migration's mirror and its counts while one runs (informational: a
+/// mirror that is down never makes the proxy unready, as no client waits for it).
+fn with_mirror_report(
+    ready: crate::admin::ReadyCheck,
+    mirror: Arc<crate::mirror::MirrorSlot>,
+    metrics: Arc<Metrics>,
+) -> crate::admin::ReadyCheck {
+    Arc::new(move || {
+        ready().map(|what| match mirror.summary(&metrics) {
+            Some(summary) => format!("{what}; {summary}"),
             None => what,
         })
     })

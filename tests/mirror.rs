@@ -222,7 +222,14 @@ async fn shadow_reads_catch_a_planted_difference() {
             mirror_section(&mirror, Some("100%"))
         ),
     );
-    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let admin = format!("127.0.0.1:{}", common::free_port());
+    let proxy = ProxyProcess::start(
+        &policy,
+        &primary,
+        tmp.path().join("log"),
+        &["--admin", &admin],
+    )
+    .await;
     let mut c = Raw::connect(proxy.addr()).await;
     assert_eq!(c.call(&["SET", "user:1", "alice"]).await, b"+OK\r\n");
     assert_eq!(c.call(&["SET", "user:2", "bob"]).await, b"+OK\r\n");
@@ -247,6 +254,15 @@ async fn shadow_reads_catch_a_planted_difference() {
     }
     assert_eq!(info_field(&mut c, "proxy_mirror_divergent").await, "1");
     assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "compare");
+    let (status, ready) = common::http_get(admin.parse().unwrap(), "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert!(
+        ready.contains(&format!(
+            "mirror {} (writes, and 100% of reads compared)",
+            mirror.addr()
+        )) && ready.contains("3 reads compared, 1 divergent"),
+        "{ready}"
+    );
     proxy
         .wait_for_log("the mirror answered a read differently", 1)
         .await;

@@ -259,6 +259,22 @@ impl MirrorSlot {
         Ok(Some(format!("mirroring to {summary}")))
     }
 
+    /// One line for `/readyz` while a mirror runs: where, the phase, and its counts.
+    pub fn summary(&self, metrics: &Metrics) -> Option<String> {
+        let current = self.current.load();
+        let mirror = current.as_ref()?;
+        let m = &metrics.mirror;
+        let dropped: u64 = m.dropped.iter().map(|c| c.get()).sum();
+        Some(format!(
+            "mirror {}: {} writes sent, {dropped} dropped, {} errors, {} reads compared, {} divergent",
+            mirror.summary,
+            m.sent[0].get(),
+            m.errors.get(),
+            m.compared.get(),
+            m.divergent_all.get(),
+        ))
+    }
+
     /// `INFO proxy` lines: the phase, the mirror and what it was sent, dropped and found.
     pub fn info(&self, metrics: &Metrics) -> String {
         let m = &metrics.mirror;
