@@ -58,12 +58,43 @@ impl Message {
     }
 }
 
+/// Clients a batch of which was dropped before the mirror's task got it: the task stops
+/// mirroring them, as their database and transaction state are unknown from then on.
+#[derive(Default)]
+pub(crate) struct Lost {
+    /// Whether `clients` holds any (one relaxed load per batch in the task otherwise).
+    any: std::sync::atomic::AtomicBool,
+    /// The clients.
+    clients: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl Lost {
+    /// Notes that a batch of `client` was dropped.
+    fn add(&self, client: u64) {
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.insert(client);
+            self.any.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The clients noted since the last call.
+    fn take(&self) -> Vec<u64> {
+        let Ok(mut clients) = self.clients.lock() else {
+            return Vec::new();
+        };
+        self.any.store(false, Ordering::Relaxed);
+        clients.drain().collect()
+    }
+}
+
 /// One running mirror: its queue and what it was started from.
 struct Mirror {
     /// The mirror task's queue.
     tx: mpsc::UnboundedSender<Message>,
     /// Bytes queued and not yet taken by the task.
     queued: Arc<AtomicUsize>,
+    /// Clients whose batches were dropped here, for the task.
+    lost: Arc<Lost>,
     /// `max_queue_bytes`.
     max_queued: usize,
     /// Where drops are counted.
@@ -163,6 +194,7 @@ impl Capture {
         });
         if !queued {
             self.mirror.metrics.mirror.dropped[0].inc_by(u64::from(count));
+            self.mirror.lost.add(client);
         }
     }
 }
@@ -333,6 +365,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
+    let lost = Arc::new(Lost::default());
     let compare = wanted.compare.as_ref().map(|c| task::CompareSettings {
         below: c.hundredths(),
         log_per_minute: c.log_per_minute.value,
@@ -344,6 +377,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     tokio::spawn(task::run(task::Running {
         rx,
         queued: queued.clone(),
+        lost: lost.clone(),
         pool,
         metrics: metrics.clone(),
         compare,
@@ -352,6 +386,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     Ok(Mirror {
         tx,
         queued,
+        lost,
         max_queued: usize::try_from(wanted.max_queue_bytes.value).unwrap_or(usize::MAX),
         metrics: metrics.clone(),
         fingerprint: wanted.fingerprint(),

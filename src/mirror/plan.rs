@@ -66,6 +66,8 @@ pub struct Planned {
     pub unknown: u64,
     /// Commands never mirrored by design (blocking commands without a non-blocking form).
     pub skipped: u64,
+    /// Writes not mirrored because an earlier batch of the client was dropped.
+    pub lost: u64,
 }
 
 /// One command of the batch and the primary's reply to it.
@@ -87,6 +89,10 @@ struct Client {
     db: i64,
     /// The transaction open since MULTI; `None` outside one.
     multi: Option<Queued>,
+    /// A batch of this client never reached the planner (the queue was full): its database
+    /// and transaction are not known any more, so none of its later writes is mirrored
+    /// (each counted as dropped) until it is gone.
+    untracked: bool,
 }
 
 /// What a client queued since MULTI.
@@ -140,6 +146,12 @@ impl Planner {
             args: Vec::new(),
             keys: KeyPositions::default(),
         }
+    }
+
+    /// A batch of `client` was dropped before it was planned: stop mirroring it (see
+    /// `Client::untracked`).
+    pub fn untrack(&mut self, client: u64) {
+        self.clients.entry(client).or_default().untracked = true;
     }
 
     /// The client is gone: forget what was kept for it.
@@ -204,7 +216,14 @@ impl Planner {
             };
             self.one(&mut out, &mut state, conn, step);
         }
-        if state.db != 0 || state.multi.is_some() {
+        if state.untracked {
+            out.lost = out.writes;
+            out.writes = 0;
+            out.reads = 0;
+            out.bytes.clear();
+            out.checks.clear();
+        }
+        if state.db != 0 || state.multi.is_some() || state.untracked {
             self.clients.insert(client, state);
         }
         out
@@ -258,6 +277,10 @@ impl Planner {
                     out.skipped += 1;
                 }
             }
+            return;
+        }
+        if reply.starts_with(b"+QUEUED") {
+            // Queued in a transaction whose MULTI the planner never saw: not run (yet).
             return;
         }
         let Some(spec) = spec else { return };
@@ -770,6 +793,31 @@ mod tests {
         );
         assert!(other.checks.is_empty());
         assert_eq!(other.skipped, 1);
+    }
+
+    #[test]
+    fn a_client_with_a_dropped_batch_is_not_mirrored_any_more() {
+        let mut p = Planner::new(0);
+        p.untrack(5);
+        let after = p.plan(
+            5,
+            2,
+            &batch(&[&["SET", "a", "1"]]),
+            &Bytes::from_static(b"+OK\r\n"),
+        );
+        assert!(after.checks.is_empty() && after.bytes.is_empty());
+        assert_eq!((after.writes, after.lost), (0, 1));
+        // Commands queued in a transaction whose MULTI was dropped are never sent.
+        let mut q = Planner::new(0);
+        let queued = q.plan(
+            6,
+            2,
+            &batch(&[&["SET", "a", "1"]]),
+            &Bytes::from_static(b"+QUEUED\r\n"),
+        );
+        assert!(queued.checks.is_empty());
+        p.forget(5);
+        assert!(p.clients.is_empty());
     }
 
     #[test]

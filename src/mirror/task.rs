@@ -33,6 +33,8 @@ pub(super) struct Running {
     pub rx: mpsc::UnboundedReceiver<Message>,
     /// Bytes in `rx`, given back as the task takes them.
     pub queued: Arc<AtomicUsize>,
+    /// Clients whose batches were dropped before the task got them.
+    pub lost: Arc<super::Lost>,
     /// The mirror's connections.
     pub pool: Arc<Pool>,
     /// The proxy's metrics, where the mirror's counters are.
@@ -109,6 +111,7 @@ pub(super) async fn run(running: Running) {
     let Running {
         mut rx,
         queued,
+        lost,
         pool,
         metrics,
         compare,
@@ -140,6 +143,11 @@ pub(super) async fn run(running: Running) {
                     Message::Gone(client) => state.planner.forget(client),
                     Message::Flush(done) => flushes.push(done),
                     Message::Answered { client, proto, commands, replies } => {
+                        if lost.any.load(Ordering::Relaxed) {
+                            for client in lost.take() {
+                                state.planner.untrack(client);
+                            }
+                        }
                         state.send(client, proto, &commands, &replies);
                     }
                 }
@@ -173,6 +181,7 @@ impl State {
         let planned = self.planner.plan(client, proto, commands, replies);
         m.skipped.inc_by(planned.skipped);
         m.dropped[2].inc_by(planned.unknown);
+        m.dropped[0].inc_by(planned.lost);
         if planned.checks.is_empty() {
             return;
         }
