@@ -4,6 +4,7 @@
 //! length to hand the right bytes to the right client. A counter of "elements still to read"
 //! replaces recursion, so nesting depth costs nothing and cannot overflow the stack.
 
+use bytes::Bytes;
 use memchr::memchr;
 
 use crate::codec::parse_int;
@@ -87,6 +88,49 @@ pub fn scan(buf: &[u8]) -> Result<Option<usize>, ReplyError> {
         }
     }
     Ok(Some(pos))
+}
+
+/// The whole replies at the head of `data`, one after another; ends at the first incomplete
+/// or malformed one. Borrowed slices: walking a batch's replies allocates nothing.
+pub fn frames(data: &[u8]) -> Frames<'_> {
+    Frames { rest: data }
+}
+
+/// Iterator of `frames`.
+pub struct Frames<'a> {
+    /// The bytes not walked yet.
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let len = scan(self.rest).ok()??;
+        let (frame, rest) = self.rest.split_at(len);
+        self.rest = rest;
+        Some(frame)
+    }
+}
+
+/// The whole replies of `data` as slices sharing its buffer (see `frames`).
+pub fn split(data: &Bytes) -> Vec<Bytes> {
+    frames(data).map(|f| data.slice_ref(f)).collect()
+}
+
+/// The elements of an array reply, each a whole frame; `None` when `reply` is not an array
+/// or holds fewer elements than its header counts.
+pub fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
+    if reply.first() != Some(&b'*') {
+        return None;
+    }
+    let cr = memchr(b'\r', reply)?;
+    let n = usize::try_from(parse_int(&reply[1..cr])?).ok()?;
+    let out: Vec<Bytes> = frames(reply.get(cr + 2..)?)
+        .take(n)
+        .map(|f| reply.slice_ref(f))
+        .collect();
+    (out.len() == n).then_some(out)
 }
 
 /// The `index`-th element of an array or push frame, when it is a bulk or simple string.

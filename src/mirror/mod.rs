@@ -25,6 +25,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::commands::CommandSpec;
 use crate::config::{Config, MirrorConfig, UpstreamMode};
 use crate::metrics::{Metrics, NoPolicy};
 use crate::upstream::address::Address;
@@ -108,6 +109,9 @@ struct Mirror {
     outstanding: AtomicUsize,
     /// A Sentinel-managed mirror: the task following its primary, stopped with the mirror.
     follower: Option<tokio::task::AbortHandle>,
+    /// Whether reads are compared: a batch of one read is then captured (the planner samples
+    /// it), else left alone (see [`MirrorSlot::capture`]).
+    compares: bool,
 }
 
 impl Drop for Mirror {
@@ -142,12 +146,9 @@ impl Mirror {
     async fn settle(mirror: Arc<Mirror>, within: std::time::Duration) -> bool {
         let until = tokio::time::Instant::now() + within;
         // Captures end as their batches are answered (the sessions keep reading replies
-        // while the gate is closed): a short poll, during a cutover only.
-        while mirror.outstanding.load(Ordering::SeqCst) > 0 {
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        // while the gate is closed).
+        if !crate::upstream::gate::drained(&mirror.outstanding, until).await {
+            return false;
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         if mirror.tx.send(Message::Flush(tx)).is_err() {
@@ -226,8 +227,22 @@ impl MirrorSlot {
 
     /// Keeps a batch sent in RESP `proto` for the running mirror (`None`: none runs);
     /// `blocking`: a blocking command, which may never be answered.
-    pub fn capture(&self, proto: u8, commands: &Bytes, blocking: bool) -> Option<Box<Capture>> {
+    ///
+    /// `sole`: the batch's only command, when it is one command outside a transaction. A
+    /// batch that cannot concern the mirror (one read, and reads not compared) is not
+    /// captured: unpipelined reads then cost the mirror nothing (no queue, no second decode
+    /// in the task; `plan::concerns`).
+    pub fn capture(
+        &self,
+        proto: u8,
+        commands: &Bytes,
+        blocking: bool,
+        sole: Option<&'static CommandSpec>,
+    ) -> Option<Box<Capture>> {
         let mirror = self.current.load_full()?;
+        if sole.is_some_and(|spec| !plan::concerns(spec, mirror.compares)) {
+            return None;
+        }
         if !blocking {
             mirror.outstanding.fetch_add(1, Ordering::SeqCst);
         }
@@ -295,34 +310,57 @@ impl MirrorSlot {
     pub fn summary(&self, metrics: &Metrics) -> Option<String> {
         let current = self.current.load();
         let mirror = current.as_ref()?;
-        let m = &metrics.mirror;
-        let dropped: u64 = m.dropped.iter().map(|c| c.get()).sum();
+        let c = Counts::of(metrics);
         Some(format!(
-            "mirror {}: {} writes sent, {dropped} dropped, {} errors, {} reads compared, {} divergent",
-            mirror.summary,
-            m.sent[0].get(),
-            m.errors.get(),
-            m.compared.get(),
-            m.divergent_all.get(),
+            "mirror {}: {} writes sent, {} dropped, {} errors, {} reads compared, {} divergent",
+            mirror.summary, c.sent, c.dropped, c.errors, c.compared, c.divergent,
         ))
     }
 
     /// `INFO proxy` lines: the phase, the mirror and what it was sent, dropped and found.
     pub fn info(&self, metrics: &Metrics) -> String {
-        let m = &metrics.mirror;
         let current = self.current.load();
         let target = current.as_ref().map_or("", |c| c.summary.as_str());
-        let dropped: u64 = m.dropped.iter().map(|c| c.get()).sum();
+        let c = Counts::of(metrics);
         format!(
             "proxy_mirror_phase:{}\r\nproxy_mirror:{target}\r\nproxy_mirror_writes:{}\r\n\
-             proxy_mirror_dropped:{dropped}\r\nproxy_mirror_errors:{}\r\n\
+             proxy_mirror_dropped:{}\r\nproxy_mirror_errors:{}\r\n\
              proxy_mirror_compared:{}\r\nproxy_mirror_divergent:{}\r\n",
-            m.phase(),
-            m.sent[0].get(),
-            m.errors.get(),
-            m.compared.get(),
-            m.divergent_all.get(),
+            metrics.mirror.phase(),
+            c.sent,
+            c.dropped,
+            c.errors,
+            c.compared,
+            c.divergent,
         )
+    }
+}
+
+/// What the mirror was sent, dropped and found since the proxy started, as `INFO proxy` and
+/// `/readyz` both report it.
+struct Counts {
+    /// Writes sent to the mirror.
+    sent: u64,
+    /// Writes dropped, every reason together.
+    dropped: u64,
+    /// Writes the mirror refused.
+    errors: u64,
+    /// Reads compared.
+    compared: u64,
+    /// Compared reads the mirror answered differently.
+    divergent: u64,
+}
+
+impl Counts {
+    fn of(metrics: &Metrics) -> Counts {
+        let m = &metrics.mirror;
+        Counts {
+            sent: m.sent[0].get(),
+            dropped: m.dropped.iter().map(|c| c.get()).sum(),
+            errors: m.errors.get(),
+            compared: m.compared.get(),
+            divergent: m.divergent_all.get(),
+        }
     }
 }
 
@@ -393,5 +431,6 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         summary,
         outstanding: AtomicUsize::new(0),
         follower,
+        compares: wanted.compare.as_ref().is_some_and(|c| c.hundredths() > 0),
     })
 }

@@ -360,7 +360,7 @@ impl Planner {
         if queued.overflowed || queued.writes.is_empty() || !ran(reply) {
             return;
         }
-        let results = elements(reply).unwrap_or_default();
+        let results = crate::reply::array_elements(reply).unwrap_or_default();
         let mut commands = Vec::with_capacity(queued.writes.len());
         for (at, command) in queued.writes {
             let result = results.get(at).cloned().unwrap_or_default();
@@ -431,25 +431,20 @@ fn select_target(command: &Bytes) -> Option<i64> {
 
 /// Commands that change what the mirror must hold although Redis does not flag them as
 /// writes: scripts loaded for a later EVALSHA.
-fn is_mirrored_admin(spec: &CommandSpec) -> bool {
-    matches!(spec.name, "script|load" | "script|flush")
+/// Whether a command alone in a batch, outside a transaction, can matter to the planner:
+/// a write, a command the mirror also runs, one that changes what the planner tracks of the
+/// client (its database, a transaction), or a read that may be compared. What it returns
+/// `false` for, `Planner::one` plans to nothing whatever the reply (tested over the whole
+/// command table).
+pub fn concerns(spec: &CommandSpec, compare: bool) -> bool {
+    spec.may_write()
+        || is_mirrored_admin(spec)
+        || matches!(spec.name, "multi" | "exec" | "discard" | "select")
+        || (compare && comparable(spec).is_some())
 }
 
-/// The elements of an array reply, each a whole frame.
-fn elements(reply: &Bytes) -> Option<Vec<Bytes>> {
-    if reply.first() != Some(&b'*') {
-        return None;
-    }
-    let cr = reply.iter().position(|&b| b == b'\r')?;
-    let n = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
-    let mut pos = cr + 2;
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let len = crate::reply::scan(reply.get(pos..)?).ok()??;
-        out.push(reply.slice(pos..pos + len));
-        pos += len;
-    }
-    Some(out)
+fn is_mirrored_admin(spec: &CommandSpec) -> bool {
+    matches!(spec.name, "script|load" | "script|flush")
 }
 
 /// A write whose effect the command alone does not fix, sent as the effect it had on the
@@ -627,6 +622,43 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// What `concerns` says does not matter plans to nothing, whatever the primary answered:
+    /// the session may leave such a lone command uncaptured.
+    #[test]
+    fn a_command_that_does_not_concern_the_mirror_plans_to_nothing() {
+        let replies: [&[u8]; 5] = [
+            b"+OK\r\n",
+            b":1\r\n",
+            b"$-1\r\n",
+            b"*1\r\n$1\r\nx\r\n",
+            b"-ERR no\r\n",
+        ];
+        let mut checked = 0;
+        for spec in commands::all_commands() {
+            for compare in [false, true] {
+                if concerns(spec, compare) {
+                    continue;
+                }
+                let mut argv: Vec<&str> = spec.name.split('|').collect();
+                argv.extend(["k", "v", "1"]);
+                for reply in replies {
+                    let mut p = Planner::new(if compare { 10_000 } else { 0 });
+                    let planned = p.plan(1, 2, &cmd(&argv), &Bytes::from_static(reply));
+                    assert!(
+                        planned.bytes.is_empty() && planned.writes + planned.reads == 0,
+                        "{} (compare {compare}) planned {:?}",
+                        spec.name,
+                        sent(&planned)
+                    );
+                    // Nor does it change what the planner keeps of the client.
+                    assert!(p.clients.is_empty(), "{}", spec.name);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1_000, "{checked}");
     }
 
     #[test]

@@ -231,18 +231,16 @@ impl State {
             return;
         };
         let m = &self.metrics.mirror;
-        let mut rest = &data[..];
+        let mut frames = crate::reply::frames(&data);
         let mut checks = pending.checks.into_iter();
         for check in checks.by_ref() {
-            let Ok(Some(len)) = crate::reply::scan(rest) else {
+            let Some(frame) = frames.next() else {
                 // No reply: the connection failed; counted below with the others.
                 if matches!(check, Check::Write) {
                     m.dropped[1].inc();
                 }
                 break;
             };
-            let (frame, after) = rest.split_at(len);
-            rest = after;
             match check {
                 Check::Ignore => {}
                 Check::Write => {

@@ -94,11 +94,17 @@ impl Session {
                 Target::Shared(proto, _) => proto,
                 Target::Dedicated(_) => self.client.proto,
             };
-            handling.mirror = self
-                .ctx
-                .ops
-                .mirror
-                .capture(proto, &bytes, handling.blocking);
+            // A lone command outside a transaction is judged by its table entry (the
+            // planner counts every command inside one, so those are always captured).
+            let sole = match expect {
+                Expect::Frames(1) if !self.conn.in_multi() => self.input.batch_name,
+                _ => None,
+            };
+            handling.mirror =
+                self.ctx
+                    .ops
+                    .mirror
+                    .capture(proto, &bytes, handling.blocking, sole);
         }
         let batch = Batch {
             bytes,

@@ -62,16 +62,9 @@ impl Gate {
     /// commands; `false` if some still were by then.
     pub async fn close(&self, within: Duration) -> bool {
         self.closed.store(true, Ordering::SeqCst);
-        let until = tokio::time::Instant::now() + within;
         // Sessions stop at their next command (or once a full upstream queue takes their
-        // batch): a short poll, and only during a switch.
-        while self.passing.load(Ordering::SeqCst) > 0 {
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        true
+        // batch).
+        drained(&self.passing, tokio::time::Instant::now() + within).await
     }
 
     /// Opens the gate and wakes every session, so those that stopped at it go on.
@@ -79,6 +72,18 @@ impl Gate {
         self.closed.store(false, Ordering::SeqCst);
         self.wake.notify_waiters();
     }
+}
+
+/// Waits until `count` reads zero, or `until`; whether it did. A 1 ms poll: it runs only
+/// during a switch, where a wake-up on every decrement would cost each session's hot path.
+pub async fn drained(count: &AtomicUsize, until: tokio::time::Instant) -> bool {
+    while count.load(Ordering::SeqCst) > 0 {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
 }
 
 #[cfg(test)]

@@ -6,12 +6,11 @@
 
 use super::Gather;
 use super::exchange::{lost_reply, receive};
-use super::merge::{
-    Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply, split_frames,
-};
+use super::merge::{Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::redirect::may_redirect;
 use crate::cluster::Router;
 use crate::codec::{CodecLimits, Decoded};
+use crate::commands::grammar::keyword;
 use crate::error::{ProxyError, error_reply};
 use crate::policy::rewrite::Strip;
 use crate::session::route::Args;
@@ -247,7 +246,7 @@ impl Session {
         let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
         for (node, positions, bytes, rx) in pending {
             let (data, error) = receive(rx, &router, node).await;
-            let mut frames = split_frames(&data);
+            let mut frames = crate::reply::split(&data);
             if error.is_none() && may_redirect(&data) {
                 // The slot moved since the map was read: follow, as for any command.
                 self.redirect_batch(&router, node, &bytes, &mut frames)
@@ -292,7 +291,7 @@ impl Session {
             let reply = match receive(rx, &router, node).await {
                 (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
                 // The barrier's reply comes first and is dropped.
-                (data, None) if fanout.blocking => split_frames(&data).pop().unwrap_or(data),
+                (data, None) if fanout.blocking => crate::reply::split(&data).pop().unwrap_or(data),
                 (data, None) => data,
             };
             replies.push(reply);
@@ -462,7 +461,7 @@ fn intercard(argv: &[&[u8]]) -> Option<(u64, std::ops::Range<usize>)> {
     let mut limit = 0;
     for option in options.chunks(2) {
         match option {
-            [name, value] if name.eq_ignore_ascii_case(b"LIMIT") => {
+            [name, value] if keyword(name, b"LIMIT") => {
                 limit = u64::try_from(codec::parse_int(value)?).ok()?;
             }
             _ => return None,
@@ -474,10 +473,7 @@ fn intercard(argv: &[&[u8]]) -> Option<(u64, std::ops::Range<usize>)> {
 /// ZDIFF numkeys key [key …] [WITHSCORES] (the option may be repeated, as Redis allows).
 fn zdiff(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
     let (keys, options) = numkeys(argv)?;
-    if !options
-        .iter()
-        .all(|o| o.eq_ignore_ascii_case(b"WITHSCORES"))
-    {
+    if !options.iter().all(|o| keyword(o, b"WITHSCORES")) {
         return None;
     }
     let scores = !options.is_empty();

@@ -157,7 +157,7 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
         if codec::parse_int(&reply[1..cr]) != Some(positions.len() as i64) {
             return unexpected(reply);
         }
-        let elements = split_frames(&reply.slice(cr + 2..));
+        let elements = crate::reply::split(&reply.slice(cr + 2..));
         if elements.len() != positions.len() {
             return unexpected(reply);
         }
@@ -301,7 +301,7 @@ fn sorted_entries(reply: &Bytes, scores: bool) -> Option<Vec<Scored>> {
         return None;
     }
     let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
-    let elements = split_frames(&reply.slice(cr + 2..));
+    let elements = crate::reply::split(&reply.slice(cr + 2..));
     if elements.len() != count {
         return None;
     }
@@ -320,7 +320,7 @@ fn sorted_entries(reply: &Bytes, scores: bool) -> Option<Vec<Scored>> {
     let pairs: Vec<(Bytes, Bytes)> = if elements.first().is_some_and(|e| e.starts_with(b"*2\r\n")) {
         let mut pairs = Vec::with_capacity(count);
         for pair in &elements {
-            match &split_frames(&pair.slice(4..))[..] {
+            match &crate::reply::split(&pair.slice(4..))[..] {
                 [member, score] => pairs.push((member.clone(), score.clone())),
                 _ => return None,
             }
@@ -454,7 +454,7 @@ fn members(reply: &Bytes) -> Option<Vec<Bytes>> {
     }
     let cr = memchr::memchr(b'\r', reply)?;
     let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
-    let elements = split_frames(&reply.slice(cr + 2..));
+    let elements = crate::reply::split(&reply.slice(cr + 2..));
     (elements.len() == count && elements.iter().all(|e| e.first() == Some(&b'$')))
         .then_some(elements)
 }
@@ -523,7 +523,7 @@ fn merge_min(replies: &[Bytes]) -> Bytes {
             Some(b':') => vec![r.clone()],
             Some(b'*') => {
                 let cr = memchr::memchr(b'\r', r)?;
-                split_frames(&r.slice(cr + 2..))
+                crate::reply::split(&r.slice(cr + 2..))
             }
             _ => return None,
         };
@@ -720,22 +720,6 @@ fn scan_reply_cursor(reply: &[u8]) -> Result<(u64, usize), ()> {
         .map_err(|_| ())?;
     // "*2\r\n$" + header + digits + CRLF
     Ok((cursor, 5 + nl + 1 + len + 2))
-}
-
-/// Reply frames of a batch, as slices of its bytes.
-pub(super) fn split_frames(data: &Bytes) -> Vec<Bytes> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < data.len() {
-        match crate::reply::scan(&data[pos..]) {
-            Ok(Some(len)) => {
-                out.push(data.slice(pos..pos + len));
-                pos += len;
-            }
-            _ => break,
-        }
-    }
-    out
 }
 
 /// A node's reply that does not have the shape its command promises.
@@ -1320,7 +1304,7 @@ mod tests {
     #[test]
     fn frames_split_until_the_first_incomplete_one() {
         let data = b(b"+OK\r\n*2\r\n:1\r\n:2\r\n$3\r\nab");
-        let frames = split_frames(&data);
+        let frames = crate::reply::split(&data);
         assert_eq!(frames, [b(b"+OK\r\n"), b(b"*2\r\n:1\r\n:2\r\n")]);
     }
 }

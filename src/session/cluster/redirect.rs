@@ -4,7 +4,6 @@
 //! refused because its node was down is routed again once the map has changed.
 
 use super::exchange::lost_reply;
-use super::merge::split_frames;
 use super::transaction::{self, InTransaction};
 use super::{Again, again_of};
 use crate::cluster::{Redirect, Router};
@@ -108,7 +107,7 @@ impl Session {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
-        let mut frames = split_frames(data);
+        let mut frames = crate::reply::split(data);
         let commands = split_commands(&bytes, &self.ctx.codec);
         if frames.len() != commands.len() {
             return false;
@@ -140,7 +139,7 @@ impl Session {
         };
         let origin = router.addr(sent.node);
         // After an ASK the batch also holds ASKING's reply: the command's is the last.
-        let Some(again) = split_frames(data)
+        let Some(again) = crate::reply::split(data)
             .last()
             .and_then(|frame| again_of(frame, &origin))
         else {
@@ -366,7 +365,7 @@ impl Session {
             else {
                 return None;
             };
-            let mut frames = split_frames(&data);
+            let mut frames = crate::reply::split(&data);
             if frames.len() != group.len() {
                 return None;
             }
@@ -464,7 +463,7 @@ impl Session {
         let (data, error) = self
             .exchange(router, node, proto, out.freeze(), expected)
             .await;
-        let got = split_frames(&data);
+        let got = crate::reply::split(&data);
         for (k, (i, _)) in group.iter().enumerate() {
             let Some(frame) = got.get(k * per + per - 1) else {
                 frames[*i] = lost_reply(error.as_deref(), &dest, "no reply after a redirection");
@@ -561,7 +560,7 @@ mod tests {
         assert!(!may_redirect(b"+OK\r\n:1\r\n"));
         // A value containing the text is found by the scan but is not an error frame.
         let data = Bytes::from_static(b"$20\r\n\r\n-MOVED 1 x:1\r\nabcd\r\n");
-        let frames = split_frames(&data);
+        let frames = crate::reply::split(&data);
         assert_eq!(frames.len(), 1);
         assert!(redirect_of(&frames[0], "x:1").is_none());
     }

@@ -12,7 +12,7 @@
 //! proxy keeps reading and queuing while replies are on their way, so the request side may
 //! already be in the next transaction when this one's replies come back.
 
-use super::merge::{split_frames, unexpected};
+use super::merge::unexpected;
 use super::{Again, again_of};
 use crate::cluster::Router;
 use crate::codec::split_commands;
@@ -86,7 +86,7 @@ impl Session {
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
-        let mut frames = split_frames(data);
+        let mut frames = crate::reply::split(data);
         let origin = router.addr(from);
         let mut log = self
             .routing
@@ -178,7 +178,7 @@ impl Session {
                 (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
                 (data, None) => data,
             };
-            let got = split_frames(&data);
+            let got = crate::reply::split(&data);
             let Some(exec) = got.last() else {
                 return unexpected(&data);
             };
