@@ -308,6 +308,29 @@ pub fn namespace_scan_in_multi() -> Bytes {
     )
 }
 
+/// A SUBSCRIBE-family command inside MULTI that Redis would confirm with several frames in
+/// EXEC's reply, out of step with its count (redis/redis#12207).
+pub fn pubsub_several_in_multi(command: &[u8]) -> Bytes {
+    let name = String::from_utf8_lossy(command).to_ascii_uppercase();
+    simple_error(
+        "ERR",
+        &format!(
+            "{name} of several channels (or of all, while subscribed) inside MULTI is refused \
+             by redis-policy-proxy: Redis answers EXEC with more replies than commands \
+             (redis/redis#12207); name one channel per {name} command"
+        ),
+    )
+}
+
+/// CLIENT REPLY inside MULTI, in Valkey's words (the proxy keeps the reply mode, which
+/// cannot wait for EXEC).
+pub fn client_reply_in_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "Command 'client|reply' not allowed inside a transaction",
+    )
+}
+
 /// A rewrite the command's route cannot carry (a pub/sub or local command): refused rather
 /// than forwarded as it came.
 pub fn cannot_rewrite() -> Bytes {

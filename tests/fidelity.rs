@@ -438,6 +438,79 @@ async fn a_paused_write_holds_only_its_client() {
     );
 }
 
+/// A SUBSCRIBE-family command that Redis would confirm with several frames inside MULTI
+/// (several channels, or UNSUBSCRIBE of all while subscribed) is refused and spoils the
+/// transaction: Redis answers `+QUEUED` and then an EXEC whose array carries more frames than
+/// it counts (redis/redis#12207). The session waited for one confirmation per channel and the
+/// client got no reply (found by the invariant fuzzer). One channel per command stays as in
+/// Redis, in both protocols.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_of_several_channels_inside_multi_is_refused_and_aborts_exec() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(config_for(&redis.addr())).await;
+    for hello in [&b""[..], b"HELLO 3\r\n"] {
+        let mut client = Raw::connect(proxy.addr).await;
+        if !hello.is_empty() {
+            client.request(hello, 1).await;
+        }
+        let replies = client
+            .request(
+                b"MULTI\r\nSUBSCRIBE a b c\r\nPSUBSCRIBE p* q*\r\nINCR n\r\nEXEC\r\nPING\r\n",
+                6,
+            )
+            .await;
+        let text = String::from_utf8_lossy(&replies).to_string();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        assert_eq!(lines[0], "+OK", "{text}");
+        assert!(
+            lines[1].starts_with("-ERR SUBSCRIBE of several channels")
+                && lines[1].contains("redis/redis#12207"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("-ERR PSUBSCRIBE of several"), "{text}");
+        assert_eq!(lines[3], "+QUEUED", "{text}");
+        assert_eq!(
+            lines[4], "-EXECABORT Transaction discarded because of previous errors.",
+            "{text}"
+        );
+        assert_eq!(lines[5], "+PONG", "{text}");
+        // Nothing ran, and the client is not subscribed.
+        let null: &[u8] = if hello.is_empty() {
+            b"$-1\r\n"
+        } else {
+            b"_\r\n"
+        };
+        assert_eq!(client.request(b"GET n\r\n", 1).await, null);
+
+        // One channel per command inside MULTI runs as in Redis.
+        let replies = client.request(b"MULTI\r\nSUBSCRIBE a\r\nEXEC\r\n", 3).await;
+        assert!(
+            replies.starts_with(b"+OK\r\n+QUEUED\r\n*1\r\n"),
+            "{}",
+            show(&replies)
+        );
+        assert!(
+            replies.ends_with(b"$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n"),
+            "{}",
+            show(&replies)
+        );
+        if hello.is_empty() {
+            // A RESP2 subscriber cannot open MULTI at all (Redis refuses it).
+            continue;
+        }
+        // Subscribed now: UNSUBSCRIBE of all inside MULTI is refused too.
+        let replies = client
+            .request(b"MULTI\r\nUNSUBSCRIBE\r\nDISCARD\r\n", 3)
+            .await;
+        let text = String::from_utf8_lossy(&replies).to_string();
+        assert!(
+            text.starts_with("+OK\r\n-ERR UNSUBSCRIBE of several channels (or of all"),
+            "{text}"
+        );
+        assert!(text.ends_with("+OK\r\n"), "{text}");
+    }
+}
+
 /// With `CLIENT REPLY OFF`, Redis still sends (un)subscribe confirmations (they are pushed, in
 /// RESP2 as in RESP3); the proxy dropped them with the replies it suppresses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -558,3 +558,136 @@ async fn a_sentinel_managed_mirror_is_followed_through_its_failover() {
         b"$1\r\n1\r\n"
     );
 }
+
+/// A Redis Cluster as the mirror (a standalone → cluster migration): each acknowledged write
+/// lands on the node that owns its key's slot; a transaction on one slot runs there; scripts
+/// loaded reach every primary (an EVALSHA then runs wherever its key is); a write in another
+/// database is skipped (a cluster has database 0 only); a multi-key write across slots is
+/// refused by the cluster and counted as a mirror error; a slot moved behind the mirror's
+/// back is followed (`-MOVED`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_mirror_gets_each_write_on_the_node_that_owns_its_key() {
+    use common::cluster::{RedisCluster, end_migration, node_id, other_primary};
+    let primary = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    let seed = cluster.primaries()[0].clone();
+    let tmp = TempDir::new("mirror-cluster");
+    // The mirror's map is refreshed rarely, so the moved slot below is learned from -MOVED.
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\nmirror:\n  upstream:\n    mode: cluster\n    cluster:\n      seeds: [{seed}]\n      refresh_interval_ms: 600000\n",
+            primary.addr()
+        ),
+    );
+    let proxy = ProxyProcess::start(&policy, &primary, tmp.path().join("log"), &[]).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    let primaries = cluster.primaries();
+    let keys: Vec<String> = primaries.iter().map(|p| cluster.key_on(p, "k")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(c.call(&["SET", key, &i.to_string()]).await, b"+OK\r\n");
+    }
+    let out = c
+        .request(
+            &common::resp_cmds(&[
+                &format!("INCR {}", keys[0]),
+                &format!("HSET h:{} f v", keys[1]),
+                "MULTI",
+                "SET {t}a 1",
+                "INCR {t}b",
+                "EXEC",
+            ]),
+            6,
+        )
+        .await;
+    assert_eq!(
+        text(&out),
+        ":1\r\n:1\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:1\r\n"
+    );
+    let loaded = c
+        .call(&[
+            "SCRIPT",
+            "LOAD",
+            "return redis.call('set', KEYS[1], ARGV[1])",
+        ])
+        .await;
+    let sha = text(&loaded).lines().last().unwrap_or_default().to_string();
+    assert_eq!(sha.len(), 40, "{}", text(&loaded));
+    assert_eq!(
+        c.call(&["EVALSHA", &sha, "1", "scripted", "s"]).await,
+        b"+OK\r\n"
+    );
+    // Skipped: database 2 does not exist on a cluster.
+    let mut other = Raw::connect(proxy.addr()).await;
+    assert_eq!(other.call(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(other.call(&["SET", "in2", "x"]).await, b"+OK\r\n");
+    drop(other);
+    // Refused by the cluster (CROSSSLOT), counted as a mirror error.
+    assert_eq!(
+        c.call(&["MSET", &keys[0], "m", &keys[1], "m"]).await,
+        b"+OK\r\n"
+    );
+    // Move an empty slot to another primary behind the mirror's back, then write to it.
+    let moved_from = primaries[2].clone();
+    let moved = cluster.key_on(&moved_from, "moved");
+    let slot = redis_policy_proxy::cluster::slot(moved.as_bytes());
+    let to = other_primary(&cluster, &moved_from);
+    end_migration(&cluster, slot, (&moved_from, &to), &node_id(&cluster, &to)).await;
+    assert_eq!(c.call(&["SET", &moved, "here"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", &keys[2], "done"]).await, b"+OK\r\n");
+
+    // Each key on the node that owns it.
+    let on = |addr: &str, args: &[&str]| -> String {
+        let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        match cluster.query(port, args) {
+            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(redis::Value::Int(n)) => n.to_string(),
+            Ok(redis::Value::Array(items)) => format!("{items:?}"),
+            Ok(redis::Value::Nil) => "nil".to_string(),
+            Ok(other) => format!("{other:?}"),
+            Err(e) => format!("error: {e}"),
+        }
+    };
+    let owner =
+        |key: &str| cluster.primary_for_slot(redis_policy_proxy::cluster::slot(key.as_bytes()));
+    let until = Instant::now() + common::DEADLINE;
+    while on(&owner(&keys[2]), &["GET", &keys[2]]) != "done" {
+        assert!(
+            Instant::now() < until,
+            "the last write never reached the mirror"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let mut mc = Raw::connect(proxy.addr()).await;
+    assert_eq!(
+        info_field(&mut mc, "proxy_mirror_errors").await,
+        "1",
+        "the cross-slot MSET, only"
+    );
+    assert_eq!(on(&owner(&keys[0]), &["GET", &keys[0]]), "1");
+    assert_eq!(on(&owner(&keys[1]), &["GET", &keys[1]]), "1");
+    let h = format!("h:{}", keys[1]);
+    assert_eq!(on(&owner(&h), &["HGET", &h, "f"]), "v");
+    assert_eq!(on(&owner("{t}a"), &["GET", "{t}a"]), "1");
+    assert_eq!(on(&owner("{t}b"), &["GET", "{t}b"]), "1");
+    assert_eq!(on(&owner("scripted"), &["GET", "scripted"]), "s");
+    assert_eq!(owner(&moved), to);
+    assert_eq!(
+        on(&to, &["GET", &moved]),
+        "here",
+        "the moved slot's key on its new owner"
+    );
+    for p in &primaries {
+        assert!(
+            on(p, &["SCRIPT", "EXISTS", &sha]) == "[int(1)]",
+            "SCRIPT LOAD on {p}: {}",
+            on(p, &["SCRIPT", "EXISTS", &sha])
+        );
+    }
+    assert_eq!(
+        on(&owner("in2"), &["EXISTS", "in2"]),
+        "0",
+        "database 2's write"
+    );
+}

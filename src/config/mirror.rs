@@ -109,15 +109,6 @@ impl Config {
                 message,
             });
         };
-        if mirror.upstream.mode.value == UpstreamMode::Cluster {
-            push(
-                &mirror.upstream.mode.referenced,
-                "mirror.upstream.mode",
-                "the mirror is a standalone server or a Sentinel-managed primary; a cluster \
-                 mirror is not built yet (docs/migration.md)"
-                    .into(),
-            );
-        }
         if self.upstream.mode.value == UpstreamMode::Cluster {
             push(
                 &self.upstream.mode.referenced,

@@ -13,6 +13,7 @@
 //! `max_queue_bytes`; then it is dropped and counted. Everything else happens on the mirror's
 //! own task and connection.
 
+mod cluster;
 mod compare;
 pub mod cutover;
 mod plan;
@@ -376,7 +377,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
     settings.connections = 1;
     settings.dedicated.warm = 0;
     settings.coalesce = false;
-    let (pool, follower, name) = match wanted.upstream.mode.value {
+    let (upstream, follower, name) = match wanted.upstream.mode.value {
         UpstreamMode::Sentinel => {
             let sentinel = wanted
                 .upstream
@@ -393,12 +394,31 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
                 label: label.clone(),
             };
             let pool = Pool::start_at(address, &settings, own_metrics);
-            (pool, Some(follower.abort_handle()), label.to_string())
+            (
+                task::Upstream::Node(pool),
+                Some(follower.abort_handle()),
+                label.to_string(),
+            )
+        }
+        UpstreamMode::Cluster => {
+            let cluster = wanted
+                .upstream
+                .cluster
+                .as_ref()
+                .ok_or("mirror.upstream.cluster is missing")?;
+            let seeds: Vec<&str> = cluster.seeds.iter().map(|s| s.value.as_str()).collect();
+            let mut for_nodes = as_upstream.clone();
+            // As for one server: a connection per node and RESP version, none kept warm.
+            for_nodes.upstream.connections.value = 1;
+            for_nodes.upstream.dedicated_warm.value = 0;
+            for_nodes.upstream.coalesce_reads.value = false;
+            let upstream = task::Upstream::Cluster(Box::new(for_nodes), own_metrics);
+            (upstream, None, format!("cluster:{}", seeds.join(",")))
         }
         _ => {
             let address = wanted.upstream.address.value.as_str();
             let pool = Pool::start_node(address.into(), &settings, own_metrics);
-            (pool, None, address.to_string())
+            (task::Upstream::Node(pool), None, address.to_string())
         }
     };
     let (tx, rx) = mpsc::unbounded_channel();
@@ -416,7 +436,7 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         rx,
         queued: queued.clone(),
         lost: lost.clone(),
-        pool,
+        upstream,
         metrics: metrics.clone(),
         compare,
         address: name,

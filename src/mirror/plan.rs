@@ -128,6 +128,9 @@ pub struct Planner {
     args: Vec<Range<usize>>,
     /// Key positions of the command being planned, reused.
     keys: KeyPositions,
+    /// The mirror has database 0 only (a Redis Cluster): a client's commands in another
+    /// database are not mirrored (counted skipped) instead of sent after a `SELECT`.
+    one_db: bool,
 }
 
 /// The most commands one client may have queued in a transaction for the mirror; a longer
@@ -145,7 +148,14 @@ impl Planner {
             limits: CodecLimits::UNBOUNDED,
             args: Vec::new(),
             keys: KeyPositions::default(),
+            one_db: false,
         }
+    }
+
+    /// The same, for a mirror with database 0 only (see `Planner::one_db`).
+    pub fn one_database(mut self) -> Planner {
+        self.one_db = true;
+        self
     }
 
     /// A batch of `client` was dropped before it was planned: stop mirroring it (see
@@ -294,7 +304,10 @@ impl Planner {
             match nonblocking_form(name, argv, &reply) {
                 Form::NotRun => {}
                 Form::Command(command) => {
-                    self.select(out, state.db, conn);
+                    if !self.select(out, state.db, conn) {
+                        out.skipped += 1;
+                        return;
+                    }
                     push(out, &command, Check::Write);
                     out.writes += 1;
                 }
@@ -311,7 +324,10 @@ impl Planner {
                 AsItRan::Instead(command) => command,
                 AsItRan::Nothing => return,
             };
-            self.select(out, state.db, conn);
+            if !self.select(out, state.db, conn) {
+                out.skipped += 1;
+                return;
+            }
             push(out, &command, Check::Write);
             out.writes += 1;
             return;
@@ -330,7 +346,9 @@ impl Planner {
                 },
                 Err(_) => return,
             };
-            self.select(out, state.db, conn);
+            if !self.select(out, state.db, conn) {
+                return;
+            }
             push(
                 out,
                 &frame,
@@ -378,26 +396,36 @@ impl Planner {
         if commands.is_empty() {
             return;
         }
-        self.select(out, state.db, conn);
+        let db_before = state.db;
+        let mut selects = false;
+        for command in &commands {
+            if let Some(db) = select_target(command) {
+                state.db = db;
+                selects = true;
+            }
+        }
+        if (self.one_db && selects) || !self.select(out, db_before, conn) {
+            out.skipped += commands.len() as u64;
+            return;
+        }
         push(out, &codec::encode(&[b"MULTI"]), Check::Ignore);
         out.writes += commands.len() as u64;
         for command in &commands {
             push(out, command, Check::Ignore);
         }
         push(out, frame, Check::Write);
-        for command in &commands {
-            if let Some(db) = select_target(command) {
-                state.db = db;
-            }
-        }
     }
 
-    /// Puts the mirror connection in database `db` before a command of a client there.
-    /// A client in a database other than 0 always gets its `SELECT` (the connection may
-    /// have reconnected to 0 since); one in 0 gets it when the connection may be elsewhere.
-    fn select(&mut self, out: &mut Planned, db: i64, conn: usize) {
+    /// Puts the mirror connection in database `db` before a command of a client there;
+    /// `false` when it cannot (a mirror with one database and `db` not 0). A client in a
+    /// database other than 0 always gets its `SELECT` (the connection may have reconnected
+    /// to 0 since); one in 0 gets it when the connection may be elsewhere.
+    fn select(&mut self, out: &mut Planned, db: i64, conn: usize) -> bool {
+        if self.one_db {
+            return db == 0;
+        }
         if db == 0 && self.conn_db[conn] == 0 {
-            return;
+            return true;
         }
         let db_text = db.to_string();
         push(
@@ -406,6 +434,7 @@ impl Planner {
             Check::Ignore,
         );
         self.conn_db[conn] = db;
+        true
     }
 }
 
@@ -429,8 +458,6 @@ fn select_target(command: &Bytes) -> Option<i64> {
     }
 }
 
-/// Commands that change what the mirror must hold although Redis does not flag them as
-/// writes: scripts loaded for a later EVALSHA.
 /// Whether a command alone in a batch, outside a transaction, can matter to the planner:
 /// a write, a command the mirror also runs, one that changes what the planner tracks of the
 /// client (its database, a transaction), or a read that may be compared. What it returns
@@ -443,6 +470,8 @@ pub fn concerns(spec: &CommandSpec, compare: bool) -> bool {
         || (compare && comparable(spec).is_some())
 }
 
+/// Commands that change what the mirror must hold although Redis does not flag them as
+/// writes: scripts loaded for a later EVALSHA.
 fn is_mirrored_admin(spec: &CommandSpec) -> bool {
     matches!(spec.name, "script|load" | "script|flush")
 }
@@ -659,6 +688,39 @@ mod tests {
             }
         }
         assert!(checked > 1_000, "{checked}");
+    }
+
+    /// A mirror with database 0 only (a cluster): a client's writes in another database are
+    /// skipped, never sent after a SELECT the mirror would refuse; database 0's still go.
+    #[test]
+    fn one_database_skips_the_other_databases_writes() {
+        let mut p = Planner::new(0).one_database();
+        let commands = batch(&[
+            &["SET", "a", "1"],
+            &["SELECT", "2"],
+            &["SET", "b", "1"],
+            &["MULTI"],
+            &["INCR", "c"],
+            &["EXEC"],
+            &["SELECT", "0"],
+            &["MULTI"],
+            &["SELECT", "3"],
+            &["INCR", "d"],
+            &["EXEC"],
+            &["SET", "e", "1"],
+        ]);
+        let replies = Bytes::from_static(
+            b"+OK\r\n+OK\r\n+OK\r\n+OK\r\n+QUEUED\r\n*1\r\n:1\r\n+OK\r\n\
+              +OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:1\r\n+OK\r\n",
+        );
+        let planned = p.plan(1, 2, &commands, &replies);
+        assert_eq!(
+            sent(&planned),
+            [vec!["SET", "a", "1"]],
+            "nothing after the SELECT 3 inside the last transaction either"
+        );
+        // SET b, INCR c, the last transaction's two commands, SET e (in database 3).
+        assert_eq!(planned.skipped, 5);
     }
 
     #[test]

@@ -8,13 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Message;
 use super::compare::same;
 use super::plan::{Check, Compared, Planner};
+use crate::cluster::{Redirect, Router};
+use crate::codec;
+use crate::commands::KeyPositions;
 use crate::metrics::Metrics;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -36,13 +39,31 @@ pub(super) struct Running {
     /// Clients whose batches were dropped before the task got them.
     pub lost: Arc<super::Lost>,
     /// The mirror's connections.
-    pub pool: Arc<Pool>,
+    pub upstream: Upstream,
     /// The proxy's metrics, where the mirror's counters are.
     pub metrics: Arc<Metrics>,
     /// Shadow reads, if on.
     pub compare: Option<CompareSettings>,
     /// The mirror's address, for the log.
     pub address: String,
+}
+
+/// Where the mirror's commands go.
+pub(super) enum Upstream {
+    /// One server (standalone, or the primary a Sentinel names).
+    Node(Arc<Pool>),
+    /// A Redis Cluster: started by the task (learning the map takes a round trip), from
+    /// this configuration (the mirror's upstream, one connection per node and RESP version)
+    /// and with these metrics (the mirror's own).
+    Cluster(Box<crate::config::Config>, Arc<Metrics>),
+}
+
+/// The mirror's connections, once started.
+enum Started {
+    /// One server's pool.
+    Node(Arc<Pool>),
+    /// A cluster's router, with key positions reused to place commands.
+    Cluster(Arc<Router>, KeyPositions),
 }
 
 /// Batches sent to the mirror and not answered yet, at most: past it the mirror is too slow
@@ -58,12 +79,16 @@ struct Pending {
     proto: u8,
     /// What to do with each reply.
     checks: Vec<Check>,
+    /// A cluster mirror: the node it went to, and each command alone where a `-MOVED` or
+    /// `-ASK` may resend it (`None` inside a transaction, and for a resent one: followed
+    /// once).
+    cluster: Option<(u16, Vec<Option<Bytes>>)>,
 }
 
 /// The task's state besides its queue.
 struct State {
     /// The mirror's connections.
-    pool: Arc<Pool>,
+    upstream: Started,
     /// The proxy's metrics.
     metrics: Arc<Metrics>,
     /// Where the mirror's connections deliver their replies.
@@ -112,20 +137,36 @@ pub(super) async fn run(running: Running) {
         mut rx,
         queued,
         lost,
-        pool,
+        upstream,
         metrics,
         compare,
         address,
     } = running;
+    let compare_below = compare.as_ref().map_or(0, |c| c.below);
+    let (upstream, planner) = match upstream {
+        Upstream::Node(pool) => (Started::Node(pool), Planner::new(compare_below)),
+        Upstream::Cluster(config, own) => match Router::start(&config, own).await {
+            Ok(router) => (
+                Started::Cluster(router, KeyPositions::default()),
+                Planner::new(compare_below).one_database(),
+            ),
+            Err(e) => {
+                // Checked at load (`mirror_problems`); a mirror that cannot start drops
+                // everything it is given, counted.
+                tracing::error!(mirror = address, error = %e, "the cluster mirror cannot start");
+                return;
+            }
+        },
+    };
     let (reply_tx, mut replies) = mpsc::unbounded_channel();
     // Flushes waiting for the batches sent before them to be answered.
     let mut flushes: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
     let mut state = State {
-        pool,
+        upstream,
         metrics,
         reply_tx,
         address,
-        planner: Planner::new(compare.as_ref().map_or(0, |c| c.below)),
+        planner,
         pending: HashMap::new(),
         next_seq: 0,
         prefixes: HashSet::new(),
@@ -177,7 +218,8 @@ pub(super) async fn run(running: Running) {
 impl State {
     /// Plans one answered batch and sends the mirror its part.
     fn send(&mut self, client: u64, proto: u8, commands: &Bytes, replies: &Bytes) {
-        let m = &self.metrics.mirror;
+        let metrics = self.metrics.clone();
+        let m = &metrics.mirror;
         let planned = self.planner.plan(client, proto, commands, replies);
         m.skipped.inc_by(planned.skipped);
         m.dropped[2].inc_by(planned.unknown);
@@ -185,35 +227,105 @@ impl State {
         if planned.checks.is_empty() {
             return;
         }
+        let (router, keys) = match &mut self.upstream {
+            Started::Node(pool) => {
+                let pool = pool.clone();
+                let writes = planned.writes;
+                let bytes = planned.bytes.freeze();
+                if self.submit(&pool, proto, bytes, planned.checks, None) {
+                    m.sent[0].inc_by(writes);
+                    m.sent[1].inc_by(planned.reads);
+                } else {
+                    m.dropped[1].inc_by(writes);
+                    self.planner.lost_track(proto);
+                }
+                return;
+            }
+            Started::Cluster(router, keys) => (router.clone(), keys),
+        };
+        let bytes = planned.bytes.freeze();
+        let (parts, unplaced) = super::cluster::place(&router, &bytes, planned.checks, keys);
+        m.dropped[1].inc_by(unplaced.0);
+        m.sent[1].inc_by(planned.reads);
+        for part in parts {
+            let writes = part.checks.iter().filter(|c| **c == Check::Write).count() as u64;
+            let pool = router.pool(part.node);
+            let cluster = Some((part.node, part.commands));
+            if self.submit(&pool, proto, part.bytes.freeze(), part.checks, cluster) {
+                m.sent[0].inc_by(writes);
+            } else {
+                m.dropped[1].inc_by(writes);
+            }
+        }
+    }
+
+    /// Sends one batch on `pool`'s connection for `proto` and keeps what to check in its
+    /// replies; `false` when it was not sent (too many pending, or the connection's queue
+    /// is full), and nothing is kept.
+    fn submit(
+        &mut self,
+        pool: &Pool,
+        proto: u8,
+        bytes: Bytes,
+        checks: Vec<Check>,
+        cluster: Option<(u16, Vec<Option<Bytes>>)>,
+    ) -> bool {
         let seq = self.next_seq;
         if self.pending.len() >= MAX_PENDING || self.pending.contains_key(&seq) {
-            m.dropped[1].inc_by(planned.writes);
-            self.planner.lost_track(proto);
-            return;
+            return false;
         }
         let batch = Batch {
-            bytes: planned.bytes.freeze(),
-            expect: Expect::Frames(planned.checks.len() as u32),
+            bytes,
+            expect: Expect::Frames(checks.len() as u32),
             wait: ReplyWait::Prompt,
             reply_to: self.reply_tx.clone(),
             seq,
         };
         // One connection per RESP version (client id 0): a client's batches stay in order.
-        if self.pool.shared(proto, 0).try_send(batch).is_err() {
-            m.dropped[1].inc_by(planned.writes);
-            self.planner.lost_track(proto);
-            return;
+        if pool.shared(proto, 0).try_send(batch).is_err() {
+            return false;
         }
         self.next_seq = seq.wrapping_add(1);
-        m.sent[0].inc_by(planned.writes);
-        m.sent[1].inc_by(planned.reads);
         self.pending.insert(
             seq,
             Pending {
                 proto,
-                checks: planned.checks,
+                checks,
+                cluster,
             },
         );
+        true
+    }
+
+    /// A cluster mirror's `-MOVED`/`-ASK` to a single command: sent again where the
+    /// cluster says, once (the command did not run where it was refused); `false` when it
+    /// is not a redirection or cannot be followed.
+    fn follow(&mut self, proto: u8, node: u16, frame: &[u8], command: Option<&Bytes>) -> bool {
+        let (Started::Cluster(router, _), Some(command)) = (&self.upstream, command) else {
+            return false;
+        };
+        let router = router.clone();
+        let Ok(Some(redirect)) = Redirect::parse(frame, &router.addr(node)) else {
+            return false;
+        };
+        let (to, bytes, checks) = match &redirect {
+            Redirect::Moved { slot, addr } => {
+                router.apply_moved(*slot, addr);
+                (router.node(addr), command.clone(), vec![Check::Write])
+            }
+            Redirect::Ask { addr, .. } => {
+                let mut bytes = BytesMut::from(&codec::encode(&[b"ASKING"])[..]);
+                bytes.extend_from_slice(command);
+                (
+                    router.node(addr),
+                    bytes.freeze(),
+                    vec![Check::Ignore, Check::Write],
+                )
+            }
+        };
+        let pool = router.pool(to);
+        let resent = vec![None; checks.len()];
+        self.submit(&pool, proto, bytes, checks, Some((to, resent)))
     }
 
     /// Checks the mirror's replies to one batch.
@@ -230,10 +342,15 @@ impl State {
         let Some(pending) = self.pending.remove(&seq) else {
             return;
         };
-        let m = &self.metrics.mirror;
+        let metrics = self.metrics.clone();
+        let m = &metrics.mirror;
         let mut frames = crate::reply::frames(&data);
+        let (node, alone) = match pending.cluster {
+            Some((node, alone)) => (node, alone),
+            None => (0, Vec::new()),
+        };
         let mut checks = pending.checks.into_iter();
-        for check in checks.by_ref() {
+        for (i, check) in checks.by_ref().enumerate() {
             let Some(frame) = frames.next() else {
                 // No reply: the connection failed; counted below with the others.
                 if matches!(check, Check::Write) {
@@ -244,6 +361,13 @@ impl State {
             match check {
                 Check::Ignore => {}
                 Check::Write => {
+                    let command = alone.get(i).and_then(Option::as_ref);
+                    if (frame.starts_with(b"-MOVED ") || frame.starts_with(b"-ASK "))
+                        && self.follow(pending.proto, node, frame, command)
+                    {
+                        // Counted as sent once, when first sent; checked when answered.
+                        continue;
+                    }
                     if frame.first() == Some(&b'-') {
                         m.errors.inc();
                         if self.log.allow() {

@@ -100,11 +100,11 @@ impl Session {
                 Expect::Frames(1) if !self.conn.in_multi() => self.input.batch_name,
                 _ => None,
             };
-            handling.mirror =
-                self.ctx
-                    .ops
-                    .mirror
-                    .capture(proto, &bytes, handling.blocking, sole);
+            handling.mirror = self
+                .ctx
+                .ops
+                .mirror
+                .capture(proto, &bytes, handling.blocking, sole);
         }
         let batch = Batch {
             bytes,

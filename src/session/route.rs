@@ -223,6 +223,12 @@ impl Session {
     /// subscriptions; an UNSUBSCRIBE expects as many confirmations as Redis sends (one per
     /// channel named even when not subscribed, one per subscription for a bare one).
     fn decide_pubsub(&self, args: &Args<'_>, kind: Kind, current: Target) -> Action {
+        if self.conn.in_multi() && self.confirms_several(args, kind) {
+            // Redis queues it with one `+QUEUED`, then EXEC's array carries one
+            // confirmation per channel for one command (redis/redis#12207): more frames than
+            // the array counts, which no client, and no session view, can read in step.
+            return Action::Refused(answers::pubsub_several_in_multi(args.get(0)));
+        }
         if let Kind::Unsubscribe(sub) = kind {
             let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
                 (1, true) => Expect::UnsubscribeAll(sub),
@@ -257,6 +263,16 @@ impl Session {
             target: self.dedicated_target(),
             expect,
             effect: Effect::Subscribe(sub),
+        }
+    }
+
+    /// Whether a SUBSCRIBE-family command may be confirmed by more than one frame: several
+    /// channels named, or an UNSUBSCRIBE of all on a connection that holds subscriptions
+    /// (their number at the moment it runs is not known here).
+    fn confirms_several(&self, args: &Args<'_>, kind: Kind) -> bool {
+        match kind {
+            Kind::Unsubscribe(_) if args.len() == 1 => self.conn.holds(Holds::SUBSCRIPTIONS),
+            _ => args.len() > 2,
         }
     }
 
@@ -451,6 +467,12 @@ impl Session {
             }
             ClientSub::Id if args.len() == 2 => {
                 Action::Local(answers::integer(self.client.id as i64), LocalEffect::None)
+            }
+            // Kept by the proxy, so it cannot be queued: refused inside MULTI (spoiling the
+            // transaction) as Valkey 8+ refuses it (Redis queues it and changes the mode at
+            // EXEC, which a shared connection cannot do).
+            ClientSub::Reply if args.len() == 3 && self.conn.in_multi() => {
+                Action::Refused(answers::client_reply_in_multi())
             }
             ClientSub::Reply if args.len() == 3 => reply_mode(args.get(2)),
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
