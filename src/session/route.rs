@@ -172,11 +172,12 @@ impl Session {
     /// connection dead. Under `upstream.script_acl: confine` that connection is logged in as
     /// the script user (in cluster mode too), so the deny rules hold inside the script; one
     /// that cannot be (the user is unavailable, the client logged in as another upstream
-    /// user) is refused unless `upstream.unconfined_scripts: run`. Otherwise cluster mode
-    /// keeps scripts on the node's shared connection (docs/architecture.md).
+    /// user) is refused unless `upstream.unconfined_scripts: run`. In cluster mode `place`
+    /// picks the node (its keys' slot's owner) and a cluster SCRIPT KILL / FUNCTION KILL
+    /// asks every primary (`cluster::gather`), so it reaches the node running the script.
     fn route_script(&self, current: Target) -> Action {
         let unconfined = |current| {
-            if self.ctx.scripts_dedicated && self.routing.router().is_none() {
+            if self.ctx.scripts_dedicated {
                 forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
             } else {
                 forward(current, Effect::None)
