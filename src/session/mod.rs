@@ -288,6 +288,9 @@ enum Effect {
     Unpause,
     /// CLIENT GETREDIR/TRACKINGINFO: the redirect id in the reply is made the client's.
     NamesRedirect,
+    /// CLIENT UNBLOCK naming another client's dedicated connection (`client_ids`): Redis
+    /// finds it only on its own node, which the target names; cluster placement keeps it.
+    NamesClient,
 }
 
 /// What to do with one command.

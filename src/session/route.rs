@@ -575,25 +575,36 @@ impl Session {
     /// tenant, becomes one no connection has (Redis's largest), so Redis answers as for a
     /// client that is not there — and parses the rest of the command as always — instead of
     /// acting on an unrelated upstream connection that happens to carry the id (one of the
-    /// proxy's shared ones), or on another tenant's client.
+    /// proxy's shared ones), or on another tenant's client. In cluster mode the connection
+    /// must also be one the command can reach from its node (`toward_named`, in
+    /// `cluster::place`).
     fn with_upstream_ids(
         &self,
         args: &Args<'_>,
         positions: &[usize],
-        target: Target,
-        effect: Effect,
+        mut target: Target,
+        mut effect: Effect,
     ) -> Action {
         let mapped: Vec<(usize, String)> = positions
             .iter()
             .filter_map(|&at| {
                 // Not an id Redis accepts: left for Redis's own error.
                 let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
-                let upstream = self
+                let named = self
                     .ctx
                     .client_ids
                     .upstream(id)
-                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant))
-                    .unwrap_or(i64::MAX as u64);
+                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
+                let named = match (named, self.routing.router()) {
+                    (Some(named), Some(_)) => {
+                        self.toward_named(named, target).map(|(to, names)| {
+                            (target, effect) = (to, names.unwrap_or(effect));
+                            named
+                        })
+                    }
+                    (named, _) => named,
+                };
+                let upstream = named.map_or(i64::MAX as u64, |named| named.id);
                 Some((at, upstream.to_string()))
             })
             .collect();

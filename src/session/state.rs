@@ -249,7 +249,7 @@ impl Session {
             Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
             Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
             Effect::Unpause => self.ctx.pause.end(),
-            Effect::NamesRedirect => {}
+            Effect::NamesRedirect | Effect::NamesClient => {}
         }
     }
 
