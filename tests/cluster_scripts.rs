@@ -122,7 +122,8 @@ async fn a_busy_script_holds_only_its_client_and_its_kill_reaches_its_node() {
 /// A script whose key's slot moved since the proxy read the map gets MOVED on its dedicated
 /// connection and runs on the new owner; one whose slot is being migrated (key not on the
 /// source any more) gets ASK and runs on the target after ASKING. The client sees only the
-/// script's reply, and the script's client goes on working.
+/// script's reply, and the script's client goes on working; a pipeline mixing scripts and
+/// plain commands of several nodes runs and answers in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_follows_moved_and_ask_on_its_dedicated_connection() {
     let redis = RedisCluster::start(3, 0);
@@ -180,5 +181,26 @@ async fn a_script_follows_moved_and_ask_on_its_dedicated_connection() {
             b"+OK\r\n"
         );
         assert_eq!(client.call(&["GET", &there]).await, b"$1\r\nt\r\n");
+
+        // A pipeline mixing plain commands and scripts of several nodes keeps its order:
+        // each script sees the writes before it, and the reads after it see its write.
+        let incr = "return redis.call('INCR', KEYS[1])";
+        let mut input = Vec::new();
+        for p in redis.primaries() {
+            let k = redis.key_on(&p, &format!("order{}", settings.len()));
+            input.extend(common::resp(&["SET", &k, "1"]));
+            input.extend(common::resp(&["EVAL", incr, "1", &k]));
+            input.extend(common::resp(&["GET", &k]));
+        }
+        client.send(&input).await;
+        for p in redis.primaries() {
+            let got = client.read_frames(3).await.concat();
+            assert_eq!(
+                got,
+                b"+OK\r\n:2\r\n$1\r\n2\r\n",
+                "{settings:?} {p}: {}",
+                show(&got)
+            );
+        }
     }
 }
