@@ -1,7 +1,8 @@
 //! Client ids in front of a Redis Cluster work as in front of one Redis: `CLIENT ID` is the id
 //! `CLIENT INFO` and `CLIENT LIST` show through the proxy, another client's `CLIENT UNBLOCK
 //! <id>` wakes a command blocked on whichever node it went to (answered 1, or 0 when nothing
-//! is blocked, as by Redis), and `CLIENT KILL ID <id>` ends that client.
+//! is blocked, as by Redis), `CLIENT KILL ID <id>` ends that client, and `CLIENT TRACKING …
+//! REDIRECT <id>` sends invalidations to that client.
 
 #![allow(
     clippy::disallowed_methods,
@@ -119,4 +120,55 @@ async fn client_ids_name_the_clients_connection_on_its_node() {
     let (_, closed) = blocked.read_to_close(DEADLINE).await;
     assert!(closed, "the killed client's connection is closed");
     assert_eq!(other.call(&["CLIENT", "UNBLOCK", &id]).await, b":0\r\n");
+}
+
+/// `CLIENT TRACKING on REDIRECT <id>` names a subscriber of `__redis__:invalidate` through
+/// the proxy: the tracking client's connection is opened on the subscriber's node (Redis
+/// redirects invalidations only to a client of its own), its reads of keys there are tracked,
+/// and a write of one from another client sends the subscriber the invalidation; `CLIENT
+/// GETREDIR` names the subscriber by the proxy's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_redirects_to_a_subscriber_on_its_node() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut sink = Raw::connect(proxy.addr).await;
+    let sink_id = client_id(&mut sink).await;
+    let subscribed = sink.call(&["SUBSCRIBE", "__redis__:invalidate"]).await;
+    assert!(
+        subscribed.starts_with(b"*3\r\n$9\r\nsubscribe"),
+        "{}",
+        show(&subscribed)
+    );
+    let mut tracker = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        tracker
+            .call(&["CLIENT", "TRACKING", "on", "REDIRECT", &sink_id])
+            .await,
+        b"+OK\r\n"
+    );
+    // The tracker is now on the subscriber's node: its keys are read, the others' refused.
+    let mut tracked = None;
+    for p in redis.primaries() {
+        let key = redis.key_on(&p, "tracked");
+        let reply = tracker.call(&["GET", &key]).await;
+        match &reply[..] {
+            b"$-1\r\n" => tracked = Some(key),
+            r => assert!(r.starts_with(b"-CROSSSLOT"), "{p}: {}", show(r)),
+        }
+    }
+    let tracked = tracked.expect("one node serves the tracker");
+    let mut other = Raw::connect(proxy.addr).await;
+    assert_eq!(other.call(&["SET", &tracked, "1"]).await, b"+OK\r\n");
+    let invalidation = sink.read_frame().await;
+    assert!(
+        invalidation.starts_with(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate")
+            && String::from_utf8_lossy(&invalidation).contains(&tracked),
+        "{}",
+        show(&invalidation)
+    );
+    // The redirect is reported by the id the proxy gave, as it was given.
+    assert_eq!(
+        tracker.call(&["CLIENT", "GETREDIR"]).await,
+        format!(":{sink_id}\r\n").as_bytes()
+    );
 }

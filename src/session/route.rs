@@ -596,12 +596,10 @@ impl Session {
                     .upstream(id)
                     .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
                 let named = match (named, self.routing.router()) {
-                    (Some(named), Some(_)) => {
-                        self.toward_named(named, target).map(|(to, names)| {
-                            (target, effect) = (to, names.unwrap_or(effect));
-                            named
-                        })
-                    }
+                    (Some(named), Some(_)) => self.toward_named(named, target).map(|placed| {
+                        (target, effect) = placed;
+                        named
+                    }),
                     (named, _) => named,
                 };
                 let upstream = named.map_or(i64::MAX as u64, |named| named.id);

@@ -89,6 +89,7 @@ impl Session {
             None => match (target, self.queue.inflight_target, &self.conn.dedicated) {
                 // The node of the connection it names (`toward_named`).
                 (Target::Shared(_, n), ..) if effect == Effect::NamesClient => Some(n),
+                (Target::Dedicated(n), ..) if effect == Effect::TracksToClient => Some(n),
                 (Target::Dedicated(_), _, Some(d)) => Some(d.node),
                 // Not on a replica, though: a keyless command may write (EVAL with no keys).
                 (Target::Shared(..), Some(Target::Shared(_, n)), _)
@@ -151,26 +152,25 @@ impl Session {
 
     /// Where a CLIENT command sent to `target` that names another client's dedicated
     /// connection `named` must go for Redis to find that connection, which only its own node
-    /// knows (ids are per node): CLIENT UNBLOCK to that node, from any connection (with the
-    /// effect that keeps it there, `Effect::NamesClient`); CLIENT TRACKING … REDIRECT stays
-    /// on this session's dedicated connection, and names `named` only when that is on the
-    /// same node (Redis redirects invalidations to a client of its own). `None`: it cannot
-    /// name it, and Redis is to answer as for a client that is not there.
+    /// knows (ids are per node), and the effect that keeps it there: CLIENT UNBLOCK to that
+    /// node, from any connection (`Effect::NamesClient`); CLIENT TRACKING … REDIRECT on this
+    /// session's dedicated connection to that node (`Effect::TracksToClient`: Redis redirects
+    /// invalidations only to a client of its own), which a session not pinned yet opens
+    /// there. `None` for a session pinned to another node: it cannot name that connection,
+    /// and Redis is to answer as for a client that is not there.
     pub(in crate::session) fn toward_named(
         &self,
         named: Upstream,
         target: Target,
-    ) -> Option<(Target, Option<Effect>)> {
+    ) -> Option<(Target, Effect)> {
         match target {
             Target::Shared(proto, _) => {
-                Some((Target::Shared(proto, named.node), Some(Effect::NamesClient)))
+                Some((Target::Shared(proto, named.node), Effect::NamesClient))
             }
-            Target::Dedicated(_) => self
-                .conn
-                .dedicated
-                .as_ref()
-                .filter(|d| d.node == named.node)
-                .map(|d| (Target::Dedicated(d.node), None)),
+            Target::Dedicated(_) => match &self.conn.dedicated {
+                Some(d) if self.pinned() && d.node != named.node => None,
+                _ => Some((Target::Dedicated(named.node), Effect::TracksToClient)),
+            },
         }
     }
 
