@@ -4,63 +4,85 @@
 //! only one Redis can unblock or send invalidations on for it. A client without one is not
 //! blocked, and a REDIRECT to it has its session open one first (`summon`). (`CLIENT KILL` is
 //! the proxy's own business: it closes the client, `client_kill`.)
+//!
+//! A connection is named by its node and Redis's id on that node: in cluster mode (and with
+//! routes) each node numbers its connections on its own, so the same id on two nodes names
+//! two connections, and a command naming one must go to its node. Standalone and Sentinel
+//! upstreams are node 0.
 
 use std::sync::Arc;
 
 use dashmap::DashMap;
 
-/// Proxy client id → Redis's id of that client's dedicated connection, for clients that have
-/// one (standalone and Sentinel upstreams; cluster connections are per node, not mapped).
+/// A client's dedicated connection as Redis knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Upstream {
+    /// The node it is connected to (the session's `Dedicated::node`; 0 outside cluster mode).
+    pub node: u16,
+    /// Redis's id of the connection on that node (from its HELLO reply).
+    pub id: u64,
+}
+
+/// Proxy client id → that client's dedicated connection, for clients that have one.
 #[derive(Default)]
 pub struct ClientIds {
-    /// Proxy id → upstream id.
-    upstream: DashMap<u64, u64>,
-    /// Upstream id → proxy id, for replies that name a connection (`CLIENT GETREDIR`,
-    /// `CLIENT TRACKINGINFO`'s redirect).
-    client: DashMap<u64, u64>,
+    /// Proxy id → upstream connection.
+    upstream: DashMap<u64, Upstream>,
+    /// Upstream connection → proxy id, for replies that name a connection (`CLIENT
+    /// GETREDIR`, `CLIENT TRACKINGINFO`'s redirect).
+    client: DashMap<Upstream, u64>,
 }
 
 impl ClientIds {
-    /// Redis's id of `client`'s dedicated connection, if it has one.
-    pub fn upstream(&self, client: u64) -> Option<u64> {
-        self.upstream.get(&client).map(|id| *id)
+    /// `client`'s dedicated connection, if it has one.
+    pub fn upstream(&self, client: u64) -> Option<Upstream> {
+        self.upstream.get(&client).map(|u| *u)
     }
 
-    /// The proxy's id of the client whose dedicated connection Redis calls `upstream`.
-    pub fn client(&self, upstream: u64) -> Option<u64> {
+    /// The proxy's id of the client whose dedicated connection is `upstream`.
+    pub fn client(&self, upstream: Upstream) -> Option<u64> {
         self.client.get(&upstream).map(|id| *id)
     }
 
     /// Records that `client`'s dedicated connection is `upstream` until the returned value
     /// is dropped (with the connection).
-    pub fn register(self: &Arc<Self>, client: u64, upstream: u64) -> Registration {
+    pub fn register(self: &Arc<Self>, client: u64, upstream: Upstream) -> Registration {
         self.upstream.insert(client, upstream);
         self.client.insert(upstream, client);
-        Registration {
+        Registration(Box::new(Entry {
             ids: self.clone(),
             client,
             upstream,
-        }
+        }))
     }
 }
 
-/// A client's entry in [`ClientIds`], removed when its connection goes.
-pub struct Registration {
+/// A client's entry in [`ClientIds`], removed when its connection goes. Boxed: it sits in the
+/// session's dedicated connection, part of every client's task (`size_tests`), and with the
+/// node its fields grew past the 24 bytes they took there; the box costs one allocation per
+/// dedicated connection opened.
+pub struct Registration(Box<Entry>);
+
+/// What a [`Registration`] removes.
+struct Entry {
     /// The map it is in.
     ids: Arc<ClientIds>,
     /// The proxy's id of the client.
     client: u64,
-    /// Redis's id of the connection: the entry is removed only while it still names this one
-    /// (a newer connection of the same client may have replaced it).
-    upstream: u64,
+    /// The connection: the entry is removed only while it still names this one (a newer
+    /// connection of the same client may have replaced it).
+    upstream: Upstream,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.ids
-            .upstream
-            .remove_if(&self.client, |_, upstream| *upstream == self.upstream);
-        self.ids.client.remove(&self.upstream);
+        let Entry {
+            ids,
+            client,
+            upstream,
+        } = &*self.0;
+        ids.upstream.remove_if(client, |_, u| u == upstream);
+        ids.client.remove(upstream);
     }
 }
 
@@ -71,19 +93,33 @@ mod tests {
     #[test]
     fn an_entry_lives_as_long_as_its_connection() {
         let ids = Arc::new(ClientIds::default());
-        let first = ids.register(7, 100);
-        assert_eq!(ids.upstream(7), Some(100));
-        assert_eq!(ids.client(100), Some(7));
-        let second = ids.register(7, 101);
+        let on = |node, id| Upstream { node, id };
+        let first = ids.register(7, on(0, 100));
+        assert_eq!(ids.upstream(7), Some(on(0, 100)));
+        assert_eq!(ids.client(on(0, 100)), Some(7));
+        let second = ids.register(7, on(0, 101));
         drop(first);
         assert_eq!(
             ids.upstream(7),
-            Some(101),
+            Some(on(0, 101)),
             "a replaced connection keeps the new one"
         );
-        assert_eq!(ids.client(100), None);
+        assert_eq!(ids.client(on(0, 100)), None);
         drop(second);
         assert_eq!(ids.upstream(7), None);
-        assert_eq!(ids.client(101), None);
+        assert_eq!(ids.client(on(0, 101)), None);
+    }
+
+    #[test]
+    fn one_id_on_two_nodes_names_two_connections() {
+        let ids = Arc::new(ClientIds::default());
+        let on = |node, id| Upstream { node, id };
+        let _a = ids.register(7, on(1, 100));
+        let b = ids.register(8, on(2, 100));
+        assert_eq!(ids.client(on(1, 100)), Some(7));
+        assert_eq!(ids.client(on(2, 100)), Some(8));
+        drop(b);
+        assert_eq!(ids.client(on(1, 100)), Some(7), "the other node's is kept");
+        assert_eq!(ids.upstream(7), Some(on(1, 100)));
     }
 }

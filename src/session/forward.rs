@@ -568,10 +568,7 @@ impl Session {
             .await
             .map_err(|e| e.to_string())?;
         self.conn.dedicated_gen += 1;
-        let id = match (self.routing.router(), opened.upstream_id) {
-            (None, Some(upstream)) => Some(self.ctx.client_ids.register(self.client.id, upstream)),
-            _ => None,
-        };
+        let id = self.register_upstream(node, opened.upstream_id);
         self.conn.dedicated = Some(Dedicated {
             tx: opened.tx,
             proto: if raw { 2 } else { self.client.proto },
@@ -581,6 +578,21 @@ impl Session {
             _share: Some(share),
         });
         Ok(())
+    }
+
+    /// Maps the client's id to its new dedicated connection to `node`, Redis's `upstream` id
+    /// there (`client_ids`), for as long as the returned registration lives; every way a
+    /// session opens one (here, `summon`, a cluster redirection) goes through this.
+    pub(super) fn register_upstream(
+        &self,
+        node: u16,
+        upstream: Option<u64>,
+    ) -> Option<super::client_ids::Registration> {
+        let upstream = super::client_ids::Upstream {
+            node,
+            id: upstream?,
+        };
+        Some(self.ctx.client_ids.register(self.client.id, upstream))
     }
 
     /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up

@@ -288,6 +288,13 @@ enum Effect {
     Unpause,
     /// CLIENT GETREDIR/TRACKINGINFO: the redirect id in the reply is made the client's.
     NamesRedirect,
+    /// CLIENT UNBLOCK naming another client's dedicated connection (`client_ids`): Redis
+    /// finds it only on its own node, which the target names; cluster placement keeps it.
+    NamesClient,
+    /// CLIENT TRACKING … REDIRECT naming another client's dedicated connection: the state of
+    /// `ConnectionState`, on the connection's node, which the target names (Redis redirects
+    /// invalidations only to a client of its own); cluster placement keeps it.
+    TracksToClient,
 }
 
 /// What to do with one command.

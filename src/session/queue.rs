@@ -241,7 +241,12 @@ impl Session {
         } else if handling.client_info {
             self.rewrite_client_info(data)
         } else if handling.names_redirect {
-            replies::map_redirect(data, |upstream| self.ctx.client_ids.client(upstream))
+            // Asked on the dedicated connection (its tracking state is there): its node's ids.
+            let node = self.conn.dedicated.as_ref().map_or(0, |d| d.node);
+            replies::map_redirect(data, |id| {
+                let upstream = super::client_ids::Upstream { node, id };
+                self.ctx.client_ids.client(upstream)
+            })
         } else if handling.info {
             replies::append_to_text(data, &self.proxy_info())
         } else if handling.config_get {

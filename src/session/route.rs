@@ -172,11 +172,12 @@ impl Session {
     /// connection dead. Under `upstream.script_acl: confine` that connection is logged in as
     /// the script user (in cluster mode too), so the deny rules hold inside the script; one
     /// that cannot be (the user is unavailable, the client logged in as another upstream
-    /// user) is refused unless `upstream.unconfined_scripts: run`. Otherwise cluster mode
-    /// keeps scripts on the node's shared connection (docs/architecture.md).
+    /// user) is refused unless `upstream.unconfined_scripts: run`. In cluster mode `place`
+    /// picks the node (its keys' slot's owner) and a cluster SCRIPT KILL / FUNCTION KILL
+    /// asks every primary (`cluster::gather`), so it reaches the node running the script.
     fn route_script(&self, current: Target) -> Action {
         let unconfined = |current| {
-            if self.ctx.scripts_dedicated && self.routing.router().is_none() {
+            if self.ctx.scripts_dedicated {
                 forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
             } else {
                 forward(current, Effect::None)
@@ -596,25 +597,34 @@ impl Session {
     /// tenant, becomes one no connection has (Redis's largest), so Redis answers as for a
     /// client that is not there — and parses the rest of the command as always — instead of
     /// acting on an unrelated upstream connection that happens to carry the id (one of the
-    /// proxy's shared ones), or on another tenant's client.
+    /// proxy's shared ones), or on another tenant's client. In cluster mode the connection
+    /// must also be one the command can reach from its node (`toward_named`, in
+    /// `cluster::place`).
     fn with_upstream_ids(
         &self,
         args: &Args<'_>,
         positions: &[usize],
-        target: Target,
-        effect: Effect,
+        mut target: Target,
+        mut effect: Effect,
     ) -> Action {
         let mapped: Vec<(usize, String)> = positions
             .iter()
             .filter_map(|&at| {
                 // Not an id Redis accepts: left for Redis's own error.
                 let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
-                let upstream = self
+                let named = self
                     .ctx
                     .client_ids
                     .upstream(id)
-                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant))
-                    .unwrap_or(i64::MAX as u64);
+                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
+                let named = match (named, self.routing.router()) {
+                    (Some(named), Some(_)) => self.toward_named(named, target).map(|placed| {
+                        (target, effect) = placed;
+                        named
+                    }),
+                    (named, _) => named,
+                };
+                let upstream = named.map_or(i64::MAX as u64, |named| named.id);
                 Some((at, upstream.to_string()))
             })
             .collect();

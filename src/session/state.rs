@@ -246,10 +246,12 @@ impl Session {
                 self.list_flag('O');
                 self.conn.held.insert(Holds::MONITOR);
             }
-            Effect::ConnectionState => self.conn.held.insert(Holds::CLIENT_MODE),
+            Effect::ConnectionState | Effect::TracksToClient => {
+                self.conn.held.insert(Holds::CLIENT_MODE)
+            }
             Effect::Pause(mode, ms) => self.ctx.pause.start(mode, ms),
             Effect::Unpause => self.ctx.pause.end(),
-            Effect::NamesRedirect => {}
+            Effect::NamesRedirect | Effect::NamesClient => {}
         }
     }
 

@@ -114,6 +114,7 @@ impl Session {
         self.ctx
             .client_ids
             .upstream(self.client.id)
+            .map(|upstream| upstream.id)
             .ok_or_else(|| "its upstream connection has no id the proxy knows".into())
     }
 }

@@ -119,6 +119,11 @@ impl Session {
             // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
             // gets NOSCRIPT for keys on the other nodes, forever.
             Some(Merge::AllOk)
+        } else if (is("SCRIPT") || is("FUNCTION")) && sub_in(&[b"KILL"]) {
+            // A script runs on a dedicated connection to its keys' node (a keyless one
+            // wherever keyless commands go), which the killer cannot name: every primary is
+            // asked, and the one running it kills it.
+            Some(Merge::Kill)
         } else {
             None
         }

@@ -22,6 +22,11 @@ pub(super) enum Merge {
     /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
     /// `cluster_enabled:0` (to its clients the proxy is one server).
     Info,
+    /// SCRIPT KILL, FUNCTION KILL: sent to every primary because a script runs on the node
+    /// of its keys, which the killer cannot name. `+OK` when one node killed a script;
+    /// otherwise the most telling refusal: a node's `UNKILLABLE` (its script wrote), any
+    /// other error (a node that could not be asked may be the busy one), else `NOTBUSY`.
+    Kill,
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
@@ -62,7 +67,8 @@ pub(super) enum SetOp {
 /// Combines one reply per primary.
 pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
     if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
-        if how != Merge::FirstNonNil {
+        // Those two look past a node's error: another node may hold what the client wants.
+        if !matches!(how, Merge::FirstNonNil | Merge::Kill) {
             return e.clone();
         }
     }
@@ -105,6 +111,7 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
             .unwrap_or_else(answers::clusterdown),
         Merge::Info => merge_info(replies),
         Merge::Min => merge_min(replies),
+        Merge::Kill => merge_kill(replies),
         Merge::FirstNonNil => {
             let n = replies.len();
             let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
@@ -119,6 +126,20 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
                 .unwrap_or_else(answers::clusterdown)
         }
     }
+}
+
+/// SCRIPT KILL / FUNCTION KILL answered by every primary: one script at most runs per node,
+/// and Redis answers `+OK` only where it killed one (see [`Merge::Kill`]).
+fn merge_kill(replies: &[Bytes]) -> Bytes {
+    let is = |r: &Bytes, prefix: &[u8]| r.starts_with(prefix);
+    replies
+        .iter()
+        .find(|r| is(r, b"+OK"))
+        .or_else(|| replies.iter().find(|r| is(r, b"-UNKILLABLE")))
+        .or_else(|| replies.iter().find(|r| !is(r, b"-NOTBUSY")))
+        .or(replies.first())
+        .cloned()
+        .unwrap_or_else(answers::clusterdown)
 }
 
 /// Joins the replies of a split command's parts (see [`Join`]); the first error wins.
@@ -730,6 +751,22 @@ pub(super) fn unexpected(reply: &[u8]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kill_is_ok_where_one_node_killed_a_script() {
+        let (ok, notbusy) = (
+            b(b"+OK\r\n"),
+            b(b"-NOTBUSY No scripts in execution right now.\r\n"),
+        );
+        let unkillable = b(b"-UNKILLABLE Sorry the script already executed write commands\r\n");
+        let down = b(b"-ERR upstream 127.0.0.1:1 unavailable\r\n");
+        let kill = |replies: &[Bytes]| merge(Merge::Kill, replies, 0);
+        assert_eq!(kill(&[notbusy.clone(), ok.clone(), notbusy.clone()]), ok);
+        assert_eq!(kill(&[down.clone(), ok.clone()]), ok);
+        assert_eq!(kill(&[notbusy.clone(), unkillable.clone()]), unkillable);
+        assert_eq!(kill(&[notbusy.clone(), down.clone()]), down);
+        assert_eq!(kill(&[notbusy.clone(), notbusy.clone()]), notbusy);
+    }
 
     #[test]
     fn merges() {

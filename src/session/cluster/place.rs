@@ -9,6 +9,7 @@ use crate::cluster::{Router, slot};
 use crate::codec::Decoded;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
+use crate::session::client_ids::Upstream;
 use crate::session::route::Args;
 use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Target};
 use crate::{answers, codec};
@@ -77,7 +78,7 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Action {
-        let Some((target, _, rewrite)) = action.forwarded() else {
+        let Some((target, effect, rewrite)) = action.forwarded() else {
             return action;
         };
         let multi_slot = self.routing.cluster().and_then(|c| c.multi_slot);
@@ -86,6 +87,9 @@ impl Session {
             Some(s) => snapshot.owner(s),
             // Keyless: stay where the session already is, so it need not wait for a switch.
             None => match (target, self.queue.inflight_target, &self.conn.dedicated) {
+                // The node of the connection it names (`toward_named`).
+                (Target::Shared(_, n), ..) if effect == Effect::NamesClient => Some(n),
+                (Target::Dedicated(n), ..) if effect == Effect::TracksToClient => Some(n),
                 (Target::Dedicated(_), _, Some(d)) => Some(d.node),
                 // Not on a replica, though: a keyless command may write (EVAL with no keys).
                 (Target::Shared(..), Some(Target::Shared(_, n)), _)
@@ -144,6 +148,30 @@ impl Session {
             },
         };
         action.retarget(target)
+    }
+
+    /// Where a CLIENT command sent to `target` that names another client's dedicated
+    /// connection `named` must go for Redis to find that connection, which only its own node
+    /// knows (ids are per node), and the effect that keeps it there: CLIENT UNBLOCK to that
+    /// node, from any connection (`Effect::NamesClient`); CLIENT TRACKING … REDIRECT on this
+    /// session's dedicated connection to that node (`Effect::TracksToClient`: Redis redirects
+    /// invalidations only to a client of its own), which a session not pinned yet opens
+    /// there. `None` for a session pinned to another node: it cannot name that connection,
+    /// and Redis is to answer as for a client that is not there.
+    pub(in crate::session) fn toward_named(
+        &self,
+        named: Upstream,
+        target: Target,
+    ) -> Option<(Target, Effect)> {
+        match target {
+            Target::Shared(proto, _) => {
+                Some((Target::Shared(proto, named.node), Effect::NamesClient))
+            }
+            Target::Dedicated(_) => match &self.conn.dedicated {
+                Some(d) if self.pinned() && d.node != named.node => None,
+                _ => Some((Target::Dedicated(named.node), Effect::TracksToClient)),
+            },
+        }
     }
 
     /// Whether a command for the shared connection may be served by a replica of its slot's

@@ -297,6 +297,8 @@ impl Session {
         let opened = router.pool(node).dedicated(proto, push, false).await.ok()?;
         let tx = opened.tx;
         self.conn.dedicated_gen += 1;
+        // Another client's CLIENT UNBLOCK must find the command blocked on this one.
+        let id = self.register_upstream(node, opened.upstream_id);
         // The connection it replaces was counted against the tenant: this one is now.
         let share = self.conn.dedicated.take().and_then(|d| d._share);
         self.conn.dedicated = Some(Dedicated {
@@ -304,7 +306,7 @@ impl Session {
             proto,
             node,
             confined: opened.confined,
-            _id: None,
+            _id: id,
             _share: share,
         });
         Some(tx)
