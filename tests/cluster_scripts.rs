@@ -13,7 +13,7 @@
 mod common;
 
 use common::cluster::{RedisCluster, begin_migration, end_migration, node_id, other_primary};
-use common::{POLL, Proxy, Raw, show};
+use common::{POLL, Proxy, Raw, load_spin_function, show};
 use redis_policy_proxy::Config;
 use redis_policy_proxy::cluster::slot;
 
@@ -57,15 +57,7 @@ async fn a_busy_script_holds_only_its_client_and_its_kill_reaches_its_node() {
     for settings in [&[][..], &["script_acl: off"][..]] {
         let proxy = Proxy::start(config(&redis.live_addrs()[0], settings)).await;
         let mut other = Raw::connect(proxy.addr).await;
-        let load = other
-            .call(&[
-                "FUNCTION",
-                "LOAD",
-                "REPLACE",
-                "#!lua name=spin\nredis.register_function('spin', function() while true do end end)",
-            ])
-            .await;
-        assert_eq!(load, b"$4\r\nspin\r\n", "{settings:?}");
+        load_spin_function(&mut other).await;
         let mut cases: Vec<(Option<String>, &str)> = Vec::new();
         for p in &primaries {
             for looping in ["EVAL", "FCALL"] {

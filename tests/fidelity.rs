@@ -263,15 +263,7 @@ async fn a_busy_script_gives_other_clients_busy_and_script_kill_gets_through() {
     for (looping, kill) in [("EVAL", "SCRIPT"), ("FCALL", "FUNCTION")] {
         let mut other = Raw::connect(proxy.addr).await;
         if looping == "FCALL" {
-            let load = other
-                .call(&[
-                    "FUNCTION",
-                    "LOAD",
-                    "REPLACE",
-                    "#!lua name=spin\nredis.register_function('spin', function() while true do end end)",
-                ])
-                .await;
-            assert_eq!(load, b"$4\r\nspin\r\n");
+            load_spin_function(&mut other).await;
         }
         let mut busy = Raw::connect(proxy.addr).await;
         match looping {

@@ -1490,3 +1490,17 @@ pub async fn guide_patterns(c: &mut Raw, proxy: SocketAddr, name: &str) {
         "{name}"
     );
 }
+
+/// Loads the function library `spin` (`FCALL spin 0` loops until killed), for the tests of
+/// busy scripts and FUNCTION KILL.
+pub async fn load_spin_function(c: &mut Raw) {
+    let load = c
+        .call(&[
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+            "#!lua name=spin\nredis.register_function('spin', function() while true do end end)",
+        ])
+        .await;
+    assert_eq!(load, b"$4\r\nspin\r\n", "FUNCTION LOAD spin");
+}
