@@ -840,6 +840,16 @@ fn reload(path: &Path, started: &Config, live: &Live<'_>, trigger: &str) -> Resu
                      wait for the next reload"
                         .to_string(),
                 ))
+            } else if config.mirror.as_ref().is_some_and(|m| m.route.is_some())
+                && restart.iter().any(|s| matches!(*s, "routes" | "upstreams"))
+            {
+                // The running router still numbers the routes' servers as before: a mirror
+                // started from the new file could copy another server's writes.
+                Ok(Some(
+                    "`routes:` or `upstreams:` changed: the mirror of a route stays as it \
+                     runs until the restart"
+                        .to_string(),
+                ))
             } else if cutover.wanted_by(&config) {
                 cutover
                     .start(config.clone(), mirror.clone(), metrics.clone())

@@ -1,9 +1,10 @@
 //! Multi-key commands whose keys hash to several slots, through the proxy in front of a real
 //! 3-primary Redis Cluster: the reads the proxy gathers (SUNION, SINTER, SDIFF, SINTERCARD,
-//! ZDIFF, ZINTERCARD) answer what Redis answers for the same keys in one slot, which Redis
-//! itself computes here (copies of the keys under one hash tag are the oracle), in the
-//! client's RESP version, with Redis's WRONGTYPE and missing-key rules; and the cross-slot
-//! writes still refused say which command and how to fix it (a hash tag).
+//! ZUNION, ZINTER, ZDIFF, ZINTERCARD, PFCOUNT) answer what Redis answers for the same keys in
+//! one slot, byte for byte where Redis defines the order, which Redis itself computes here
+//! (copies of the keys under one hash tag are the oracle), in the client's RESP version, with
+//! Redis's WRONGTYPE and missing-key rules; and the cross-slot writes still refused say which
+//! command and how to fix it (a hash tag).
 
 #![allow(
     clippy::disallowed_methods,
@@ -74,12 +75,13 @@ async fn same_as_one_slot(c: &mut Raw, args: &[&str], keys: &[String], copies: &
 /// Sets on three primaries, members overlapping: `a` = m0…m29, `b` = every other of
 /// m10…m49, `c` = every third of m0…m59; a string key on another primary; a missing key;
 /// sorted sets `za` (m0…m24 scored 0, 0.1, 0.2… 0.6 over and over, so with ties and
-/// scores such as 0.30000000000000004) and `zb` (every fourth of m0…m39, scored 0…39);
-/// and the same keys under the hash tag `{one}` (the oracle). Returns (keys, copies), in
-/// the order a, b, c, string, missing, za, zb.
+/// scores such as 0.30000000000000004), `zb` (every fourth of m0…m39, scored 0…39) and
+/// `zi` (m0…m4 scored inf, -inf, 1e300, -0, 2.5); and the same keys under the hash tag
+/// `{one}` (the oracle). Returns (keys, copies), in the order a, b, c, string, missing, za,
+/// zb, zi.
 async fn sets(c: &mut Raw, redis: &RedisCluster, stem: &str) -> (Vec<String>, Vec<String>) {
     let primaries = redis.primaries();
-    let names = ["a", "b", "c", "s", "none", "za", "zb"];
+    let names = ["a", "b", "c", "s", "none", "za", "zb", "zi"];
     let keys: Vec<String> = names
         .iter()
         .enumerate()
@@ -114,6 +116,10 @@ async fn sets(c: &mut Raw, redis: &RedisCluster, stem: &str) -> (Vec<String>, Ve
             zb.push(format!("m{i}"));
         }
         assert_eq!(c.call(&zb).await, b":10\r\n");
+        let zi = [
+            "ZADD", &names[7], "inf", "m0", "-inf", "m1", "1e300", "m2", "-0", "m3", "2.5", "m4",
+        ];
+        assert_eq!(c.call(&zi).await, b":5\r\n");
     }
     (keys, copies)
 }
@@ -155,7 +161,186 @@ const GATHERED: &[&[&str]] = &[
     &["ZINTERCARD", "3", "$k5", "$k0", "$k6", "LIMIT", "2"],
     &["ZINTERCARD", "2", "$k5", "$k4"],
     &["ZINTERCARD", "2", "$k4", "$k3"],
+    // ZUNION and ZINTER: scores computed by the proxy, in Redis's order and format.
+    &["ZUNION", "2", "$k5", "$k6", "WITHSCORES"],
+    &["ZUNION", "2", "$k5", "$k6"],
+    &["ZUNION", "3", "$k5", "$k6", "$k0", "WITHSCORES"],
+    &[
+        "ZUNION",
+        "3",
+        "$k5",
+        "$k6",
+        "$k0",
+        "WEIGHTS",
+        "0.1",
+        "2",
+        "-1",
+        "WITHSCORES",
+    ],
+    &[
+        "ZUNION",
+        "3",
+        "$k5",
+        "$k1",
+        "$k4",
+        "AGGREGATE",
+        "MIN",
+        "WITHSCORES",
+    ],
+    &[
+        "zunion",
+        "2",
+        "$k5",
+        "$k6",
+        "aggregate",
+        "max",
+        "weights",
+        "1.5",
+        "0.3",
+        "withscores",
+    ],
+    &[
+        "ZUNION",
+        "3",
+        "$k5",
+        "$k6",
+        "$k5",
+        "WITHSCORES",
+        "AGGREGATE",
+        "SUM",
+    ],
+    &[
+        "ZUNION",
+        "2",
+        "$k5",
+        "$k6",
+        "WEIGHTS",
+        "1",
+        "1",
+        "WEIGHTS",
+        "0x1p-3",
+        "3",
+        "WITHSCORES",
+    ],
+    &[
+        "ZUNION",
+        "2",
+        "$k7",
+        "$k5",
+        "WEIGHTS",
+        "0",
+        "1",
+        "WITHSCORES",
+    ],
+    &[
+        "ZUNION",
+        "2",
+        "$k7",
+        "$k0",
+        "WEIGHTS",
+        "1",
+        "-inf",
+        "WITHSCORES",
+    ],
+    &[
+        "ZUNION",
+        "2",
+        "$k7",
+        "$k0",
+        "WEIGHTS",
+        "10",
+        "inf",
+        "AGGREGATE",
+        "MAX",
+        "WITHSCORES",
+    ],
+    &[
+        "ZUNION",
+        "2",
+        "$k7",
+        "$k6",
+        "WEIGHTS",
+        "-1",
+        "1",
+        "WITHSCORES",
+    ],
+    &["ZUNION", "2", "$k4", "$k7", "WITHSCORES"],
+    &["ZINTER", "2", "$k5", "$k6", "WITHSCORES"],
+    &["ZINTER", "2", "$k5", "$k6"],
+    &[
+        "ZINTER",
+        "3",
+        "$k5",
+        "$k0",
+        "$k6",
+        "WEIGHTS",
+        "1",
+        "0.5",
+        "3",
+        "WITHSCORES",
+    ],
+    &[
+        "ZINTER",
+        "2",
+        "$k5",
+        "$k2",
+        "AGGREGATE",
+        "MAX",
+        "WITHSCORES",
+    ],
+    &[
+        "ZINTER",
+        "2",
+        "$k7",
+        "$k0",
+        "WEIGHTS",
+        "1",
+        "0",
+        "WITHSCORES",
+    ],
+    &[
+        "ZINTER",
+        "2",
+        "$k7",
+        "$k5",
+        "WEIGHTS",
+        "0",
+        "-2",
+        "AGGREGATE",
+        "MIN",
+        "WITHSCORES",
+    ],
+    &["ZINTER", "2", "$k5", "$k4", "WITHSCORES"],
+    &["ZINTER", "2", "$k0", "$k1", "WITHSCORES"],
+    &["ZUNION", "2", "$k5", "$k3", "WITHSCORES"],
+    &["ZINTER", "2", "$k4", "$k3"],
+    &["zinter", "3", "$k3", "$k5", "$k6"],
 ];
+
+/// ZUNION and ZINTER, whose scores the proxy computes: gathered only in front of Redis
+/// before 7.2 (whose doubles it formats alike), so checked only there when
+/// `RPP_REDIS_SERVER` names another server (the matrix test below covers those).
+fn computes_scores(args: &[&str]) -> bool {
+    ["ZUNION", "ZINTER"]
+        .iter()
+        .any(|n| args[0].eq_ignore_ascii_case(n))
+}
+
+/// Whether the cluster's servers are Redis before 7.2, from `INFO server` through the proxy.
+async fn doubles_as_7_0(c: &mut Raw) -> bool {
+    let info = String::from_utf8_lossy(&c.call(&["INFO", "server"]).await).into_owned();
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("");
+    let (major, minor) = version.split_once('.').unwrap_or(("0", ""));
+    let minor = minor.split('.').next().unwrap_or("");
+    let older = (
+        major.parse::<u32>().unwrap_or(99),
+        minor.parse::<u32>().unwrap_or(99),
+    ) < (7, 2);
+    older && !info.contains("server_name:valkey")
+}
 
 #[tokio::test]
 async fn set_reads_across_slots_answer_as_one_slot_would() {
@@ -163,7 +348,11 @@ async fn set_reads_across_slots_answer_as_one_slot_would() {
     let proxy = Proxy::start(common::cluster::proxy_config(&redis.live_addrs()[0], &[])).await;
     let mut c = Raw::connect(proxy.addr).await;
     let (keys, copies) = sets(&mut c, &redis, "xs").await;
-    for args in GATHERED {
+    let doubles_as_7_0 = doubles_as_7_0(&mut c).await;
+    for args in GATHERED
+        .iter()
+        .filter(|a| doubles_as_7_0 || !computes_scores(a))
+    {
         same_as_one_slot(&mut c, args, &keys, &copies).await;
     }
     // Known members, not only "as Redis": the union, the intersection, the difference.
@@ -191,7 +380,10 @@ async fn set_reads_across_slots_answer_as_one_slot_would() {
     // RESP3: a set reply (`~`), as Redis gives it, and the count still an integer.
     let hello = c.call(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "{}", show(&hello));
-    for args in GATHERED {
+    for args in GATHERED
+        .iter()
+        .filter(|a| doubles_as_7_0 || !computes_scores(a))
+    {
         same_as_one_slot(&mut c, args, &keys, &copies).await;
     }
     let union = c.call(&["SUNION", &keys[0], &keys[1]]).await;
@@ -276,6 +468,168 @@ async fn set_reads_across_slots_answer_as_one_slot_would() {
     proxy.stop().await;
 }
 
+/// PFADDs `elements` (`e0`, `e1`…) to `key`, a thousand per command.
+async fn pfadd(c: &mut Raw, key: &str, elements: impl Iterator<Item = u32>) {
+    let elements: Vec<String> = elements.map(|e| format!("e{e}")).collect();
+    for chunk in elements.chunks(1000) {
+        let mut args = vec!["PFADD".to_string(), key.to_string()];
+        args.extend(chunk.iter().cloned());
+        let added = c.call(&args).await;
+        assert!(added.starts_with(b":"), "{}", show(&added));
+    }
+}
+
+#[tokio::test]
+async fn pfcount_across_slots_counts_as_one_redis() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(common::cluster::proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let primaries = redis.primaries();
+    // Per case, 3 keys on 3 primaries (and their one-slot copies) sharing `n` elements:
+    // each element in one key, every seventh in the next key too. Small cases stay sparse,
+    // large ones turn dense; the last mixes a dense key, a sparse one and a missing one.
+    let mut cases: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+    for n in [0u32, 1, 100, 5000, 200_000] {
+        let stem = format!("hll{n}");
+        let keys: Vec<String> = (0..3)
+            .map(|i| redis.key_on(&primaries[i], &format!("{stem}:{i}")))
+            .collect();
+        let copies: Vec<String> = (0..3).map(|i| format!("{{one}}:{stem}:{i}")).collect();
+        for names in [&keys, &copies] {
+            for (i, key) in names.iter().enumerate() {
+                let i = i as u32;
+                let mine = (0..n).filter(|e| e % 3 == i || (e % 7 == 0 && (e + 1) % 3 == i));
+                pfadd(&mut c, key, mine).await;
+            }
+        }
+        cases.push((keys, copies));
+    }
+    let keys: Vec<String> = (0..3)
+        .map(|i| redis.key_on(&primaries[i], &format!("mixed:{i}")))
+        .collect();
+    let copies: Vec<String> = (0..3).map(|i| format!("{{one}}:mixed:{i}")).collect();
+    for names in [&keys, &copies] {
+        pfadd(&mut c, &names[0], 0..20_000).await;
+        pfadd(&mut c, &names[1], 19_990..20_010).await;
+    }
+    cases.push((keys, copies));
+    // Not HyperLogLogs: a string, a set; and a sparse one whose runs stop one register short.
+    let (text, set, corrupt) = (
+        redis.key_on(&primaries[1], "hll:text"),
+        redis.key_on(&primaries[2], "hll:set"),
+        redis.key_on(&primaries[0], "hll:corrupt"),
+    );
+    let short: &[u8] = b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\0\x7f\xfe";
+    let tagged = ["{one}:text", "{one}:set", "{one}:corrupt"].map(String::from);
+    for [t, s, x] in [
+        [&text, &set, &corrupt],
+        [&tagged[0], &tagged[1], &tagged[2]],
+    ] {
+        assert_eq!(c.call(&["SET", t, "not an hll value"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["SADD", s, "x"]).await, b":1\r\n");
+        let set_corrupt: [&[u8]; 3] = [b"SET", x.as_bytes(), short];
+        assert_eq!(c.call(&set_corrupt).await, b"+OK\r\n");
+    }
+    for proto in ["2", "3"] {
+        let hello = c.call(&["HELLO", proto]).await;
+        assert!(
+            hello.starts_with(b"%") || hello.starts_with(b"*"),
+            "{}",
+            show(&hello)
+        );
+        for (keys, copies) in &cases {
+            let mut keys = keys.clone();
+            let mut copies = copies.clone();
+            keys.extend([text.clone(), set.clone(), corrupt.clone()]);
+            copies.extend(tagged.iter().cloned());
+            for args in [
+                &["PFCOUNT", "$k0", "$k1", "$k2"][..],
+                &["PFCOUNT", "$k1", "$k2"],
+                &["pfcount", "$k2", "$k0", "$k0"],
+                &["PFCOUNT", "$k0", "$k3"],
+                &["PFCOUNT", "$k4", "$k1", "$k3"],
+                &["PFCOUNT", "$k1", "$k5"],
+                &["PFCOUNT", "$k5", "$k3"],
+            ] {
+                same_as_one_slot(&mut c, args, &keys, &copies).await;
+            }
+        }
+    }
+    // Both encodings were read: the small cases' keys are sparse, the large ones dense.
+    let encoding = |key: &String| ["GETRANGE".to_string(), key.clone(), "4".into(), "4".into()];
+    assert_eq!(c.call(&encoding(&cases[2].0[0])).await, b"$1\r\n\x01\r\n");
+    assert_eq!(c.call(&encoding(&cases[4].0[0])).await, b"$1\r\n\x00\r\n");
+    assert_eq!(c.call(&encoding(&cases[5].0[1])).await, b"$1\r\n\x01\r\n");
+    // Known counts, not only "as Redis": nothing, and one element.
+    assert_eq!(
+        c.call(&["PFCOUNT", &cases[0].0[0], &cases[0].0[1]]).await,
+        b":0\r\n"
+    );
+    let one = &cases[1].0;
+    assert_eq!(
+        c.call(&["PFCOUNT", &one[0], &one[1], &one[2]]).await,
+        b":1\r\n"
+    );
+    assert_eq!(
+        c.call(&["PFCOUNT", &one[1], &corrupt]).await,
+        b"-INVALIDOBJ Corrupted HLL object detected\r\n"
+    );
+    assert_eq!(
+        c.call(&["PFCOUNT", &text, &one[0]]).await,
+        b"-WRONGTYPE Key is not a valid HyperLogLog string value.\r\n"
+    );
+    let big = c
+        .call(&["PFCOUNT", &cases[4].0[0], &cases[4].0[1], &cases[4].0[2]])
+        .await;
+    let big: f64 = String::from_utf8_lossy(&big[1..big.len() - 2])
+        .parse()
+        .unwrap();
+    assert!((big - 200_000.0).abs() < 200_000.0 * 0.02, "{big}");
+    proxy.stop().await;
+}
+
+/// On the servers that format doubles in their own shortest form (Redis 8.0, Valkey 9.1),
+/// which the proxy does not reproduce, ZUNION and ZINTER across slots stay refused rather
+/// than answered with scores whose text differs; PFCOUNT, whose reply is an integer, is
+/// gathered there too.
+#[tokio::test]
+async fn zunion_stays_refused_where_servers_format_doubles_otherwise() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisCluster::start_binary(&bin, 3, 0, &[]);
+        let proxy = Proxy::start(common::cluster::proxy_config(&redis.live_addrs()[0], &[])).await;
+        let mut c = Raw::connect(proxy.addr).await;
+        let primaries = redis.primaries();
+        let keys: Vec<String> = (0..2)
+            .map(|i| redis.key_on(&primaries[i], &format!("fmt:{i}")))
+            .collect();
+        let copies = ["{one}:fmt:0".to_string(), "{one}:fmt:1".to_string()];
+        for names in [&keys[..], &copies[..]] {
+            assert_eq!(c.call(&["ZADD", &names[0], "0.1", "m"]).await, b":1\r\n");
+            pfadd(&mut c, &names[1], 0..3000).await;
+        }
+        for command in ["ZUNION", "ZINTER"] {
+            let refused = c.call(&[command, "2", &keys[0], &keys[1]]).await;
+            assert_eq!(
+                show(&refused),
+                show(
+                    format!(
+                        "-CROSSSLOT Keys in request don't hash to the same slot ({command} \
+                         cannot span slots: put its keys in one slot with a hash tag, e.g. \
+                         {{user1}}:a and {{user1}}:b)\r\n"
+                    )
+                    .as_bytes()
+                ),
+                "{name}"
+            );
+        }
+        let empty = redis.key_on(&primaries[2], "fmt:none");
+        let keys = [keys[1].clone(), empty];
+        let copies = [copies[1].clone(), "{one}:fmt:none".to_string()];
+        same_as_one_slot(&mut c, &["PFCOUNT", "$k0", "$k1"], &keys, &copies).await;
+        proxy.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn cross_slot_writes_are_refused_naming_the_command_and_the_fix() {
     let redis = RedisCluster::start(3, 0);
@@ -299,6 +653,9 @@ async fn cross_slot_writes_are_refused_naming_the_command_and_the_fix() {
         &["sinterstore", &a, &b],
         &["SDIFFSTORE", &a, &b],
         &["ZUNIONSTORE", &a, "1", &b],
+        &["ZINTERSTORE", &a, "2", &a, &b, "WEIGHTS", "1", "2"],
+        &["ZDIFFSTORE", &a, "1", &b],
+        &["PFMERGE", &a, &b],
         &["RENAME", &a, &b],
         &["COPY", &a, &b],
         &["SMOVE", &a, &b, "1"],
@@ -314,8 +671,14 @@ async fn cross_slot_writes_are_refused_naming_the_command_and_the_fix() {
     }
     // Reads the proxy does not gather say so too, without claiming they write.
     assert_eq!(
-        show(&c.call(&["PFCOUNT", &a, &b]).await),
-        show(refusal("PFCOUNT", "cannot span slots").as_bytes())
+        show(&c.call(&["LCS", &a, &b]).await),
+        show(refusal("LCS", "cannot span slots").as_bytes())
+    );
+    // A gathered read with options Redis refuses is not gathered: CROSSSLOT, as Redis
+    // Cluster answers it.
+    assert_eq!(
+        show(&c.call(&["ZUNION", "2", &a, &b, "WEIGHTS", "1"]).await),
+        show(refusal("ZUNION", "cannot span slots").as_bytes())
     );
     // Nothing was written, and the same commands in one slot (a hash tag) run.
     assert_eq!(c.call(&["SMEMBERS", &a]).await, b"*1\r\n$1\r\n1\r\n");

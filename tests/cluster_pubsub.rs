@@ -528,3 +528,593 @@ async fn subscribers_are_not_pinned_to_one_node() {
     );
     assert_eq!(resp3.call(&["GET", "{a}k"]).await, b"$1\r\nv\r\n");
 }
+
+/// A pub/sub delivery as Redis writes it: `message` (channel, payload) or `pmessage`
+/// (pattern, channel, payload), as a RESP3 push for `proto` 3.
+fn delivery(proto: u8, parts: &[&str]) -> Vec<u8> {
+    let head = if proto == 3 { '>' } else { '*' };
+    let mut out = format!("{head}{}\r\n", parts.len());
+    for p in parts {
+        out.push_str(&bulk(p));
+        out.push_str("\r\n");
+    }
+    out.into_bytes()
+}
+
+/// A SET of a key (named from `stem`) on each primary through `publisher`: the RESP2
+/// subscriber `sub` of `__keyevent@0__:*` gets its `set` event, once each. `after` ends the
+/// failure message.
+async fn set_events_of_every_primary(
+    redis: &RedisCluster,
+    publisher: &mut Raw,
+    sub: &mut Raw,
+    stem: &str,
+    after: &str,
+) {
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, stem);
+        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+        let want = vec![delivery(
+            2,
+            &["pmessage", "__keyevent@0__:*", "__keyevent@0__:set", &key],
+        )];
+        expect_frames(sub, want, &format!("SET {key} on {p}{after}")).await;
+    }
+}
+
+/// Reads exactly `want.len()` frames (in any order: Redis orders a pattern's deliveries as
+/// its dictionary does) within a bounded wait and compares them with `want`.
+async fn expect_frames(sub: &mut Raw, mut want: Vec<Vec<u8>>, what: &str) {
+    let got = sub.collect_frames(want.len(), Duration::from_secs(5)).await;
+    let mut got = got.frames;
+    got.sort();
+    want.sort();
+    let show_all = |f: &[Vec<u8>]| f.iter().map(|f| show(f)).collect::<Vec<_>>().join(" | ");
+    assert_eq!(show_all(&got), show_all(&want), "{what}");
+}
+
+/// The PING reply a subscriber gets: RESP2 subscribed mode answers an array, RESP3 (or a
+/// client no longer subscribed) a simple string. Coming right after the expected deliveries
+/// it proves no extra delivery was queued before it.
+async fn ping_next(sub: &mut Raw, proto: u8, subscribed: bool) {
+    let pong: &[u8] = if proto == 2 && subscribed {
+        b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+    } else {
+        b"+PONG\r\n"
+    };
+    assert_eq!(show(&sub.call(&["PING"]).await), show(pong));
+}
+
+/// Keyspace notifications are published only on the node that owns the key, never over the
+/// cluster bus: a subscriber through the proxy hears them from every primary, each exactly
+/// once; a regular PUBLISH matched by `*` (subscribed on every node) still arrives once, and
+/// unsubscribing (by name, and all patterns at once) stops them everywhere. RESP2 and RESP3.
+#[tokio::test]
+async fn keyspace_notifications_from_every_primary_exactly_once() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    for proto in [2u8, 3] {
+        let mut sub = Raw::connect(proxy.addr).await;
+        if proto == 3 {
+            assert!(sub.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+        }
+        let keys: Vec<String> = primaries
+            .iter()
+            .map(|p| redis.key_on(p, &format!("ks{proto}")))
+            .collect();
+        let space = |k: &str| format!("__keyspace@0__:{k}");
+        assert_eq!(
+            show(&sub.call(&["PSUBSCRIBE", "__keyspace@0__:*"]).await),
+            show(&frame(proto, "psubscribe", "__keyspace@0__:*", &count(1)))
+        );
+        assert_eq!(
+            show(&sub.call(&["SUBSCRIBE", "__keyevent@0__:set"]).await),
+            show(&frame(proto, "subscribe", "__keyevent@0__:set", &count(2)))
+        );
+        for k in &keys {
+            assert_eq!(publisher.call(&["SET", k, "v"]).await, b"+OK\r\n");
+            let want = vec![
+                delivery(proto, &["pmessage", "__keyspace@0__:*", &space(k), "set"]),
+                delivery(proto, &["message", "__keyevent@0__:set", k]),
+            ];
+            expect_frames(&mut sub, want, &format!("SET {k} (RESP{proto})")).await;
+        }
+        ping_next(&mut sub, proto, true).await;
+
+        // `*` is subscribed on every node: a PUBLISH (heard everywhere over the bus) still
+        // arrives once, and each notification once per subscription that matches it.
+        assert_eq!(
+            show(&sub.call(&["PSUBSCRIBE", "*"]).await),
+            show(&frame(proto, "psubscribe", "*", &count(3)))
+        );
+        let published = publisher.call(&["PUBLISH", "news", "hello"]).await;
+        assert!(published.starts_with(b":"), "{}", show(&published));
+        let want = vec![delivery(proto, &["pmessage", "*", "news", "hello"])];
+        expect_frames(&mut sub, want, "PUBLISH news").await;
+        for k in &keys {
+            assert_eq!(publisher.call(&["DEL", k]).await, b":1\r\n");
+            let want = vec![
+                delivery(proto, &["pmessage", "__keyspace@0__:*", &space(k), "del"]),
+                delivery(proto, &["pmessage", "*", &space(k), "del"]),
+                delivery(proto, &["pmessage", "*", "__keyevent@0__:del", k]),
+            ];
+            expect_frames(&mut sub, want, &format!("DEL {k} (RESP{proto})")).await;
+        }
+        ping_next(&mut sub, proto, true).await;
+
+        // PUNSUBSCRIBE without arguments: both patterns go (Redis's order), the channel stays.
+        sub.send(&resp(&["PUNSUBSCRIBE"])).await;
+        let confirmations = sub.read_frames(2).await;
+        assert!(
+            confirmations[0].ends_with(b":2\r\n") && confirmations[1].ends_with(b":1\r\n"),
+            "{}",
+            show(&confirmations.concat())
+        );
+        for k in &keys {
+            assert_eq!(publisher.call(&["SET", k, "w"]).await, b"+OK\r\n");
+            let want = vec![delivery(proto, &["message", "__keyevent@0__:set", k])];
+            expect_frames(&mut sub, want, &format!("SET {k} after PUNSUBSCRIBE")).await;
+        }
+        ping_next(&mut sub, proto, true).await;
+        assert_eq!(
+            show(&sub.call(&["UNSUBSCRIBE", "__keyevent@0__:set"]).await),
+            show(&frame(
+                proto,
+                "unsubscribe",
+                "__keyevent@0__:set",
+                &count(0)
+            ))
+        );
+        for k in &keys {
+            assert_eq!(publisher.call(&["SET", k, "x"]).await, b"+OK\r\n");
+        }
+        ping_next(&mut sub, proto, false).await;
+        sub.assert_quiet(QUIET).await;
+    }
+    proxy.stop().await;
+}
+
+/// `CONFIG SET notify-keyspace-events KEA` on every primary, straight to each node.
+async fn notify_everything(primaries: &[String]) {
+    for p in primaries {
+        let set = Raw::connect(p)
+            .await
+            .call(&["CONFIG", "SET", "notify-keyspace-events", "KEA"])
+            .await;
+        assert_eq!(set, b"+OK\r\n");
+    }
+}
+
+/// Waits until no primary counts a pattern subscriber: the proxy's extra connections are
+/// closed asynchronously to the client's RESET or disconnection.
+async fn wait_no_patterns(primaries: &[String]) {
+    let until = Instant::now() + DEADLINE;
+    for p in primaries {
+        let mut conn = Raw::connect(p).await;
+        loop {
+            let numpat = conn.call(&["PUBSUB", "NUMPAT"]).await;
+            if numpat == b":0\r\n" {
+                break;
+            }
+            assert!(Instant::now() < until, "{p} still counts {}", show(&numpat));
+            // Polled with a round trip, not a sleep: the next answer is the next check.
+            let _ = conn.call(&["PING"]).await;
+        }
+    }
+}
+
+/// The extra connections that hear other primaries' notifications end with the session's
+/// subscriptions: on RESET (nothing more arrives, and no node keeps a subscriber) and when the
+/// client disconnects.
+#[tokio::test]
+async fn keyspace_subscriptions_end_with_reset_and_disconnection() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        show(&sub.call(&["PSUBSCRIBE", "__keyevent@0__:*"]).await),
+        show(&frame(2, "psubscribe", "__keyevent@0__:*", &count(1)))
+    );
+    assert_eq!(sub.call(&["RESET"]).await, b"+RESET\r\n");
+    for p in &primaries {
+        let key = redis.key_on(p, "reset");
+        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    }
+    ping_next(&mut sub, 2, false).await;
+    sub.assert_quiet(QUIET).await;
+    wait_no_patterns(&primaries).await;
+
+    assert!(
+        sub.call(&["PSUBSCRIBE", "__key*"])
+            .await
+            .ends_with(b":1\r\n")
+    );
+    drop(sub);
+    wait_no_patterns(&primaries).await;
+    proxy.stop().await;
+}
+
+/// The id of the pattern subscriber on `node` (the proxy's extra connection), once there is
+/// exactly one and it is not `not`: polled with a round trip between looks.
+async fn pattern_subscriber(node: &str, not: Option<&str>) -> String {
+    let mut conn = Raw::connect(node).await;
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let list = conn.call(&["CLIENT", "LIST", "TYPE", "pubsub"]).await;
+        let list = String::from_utf8_lossy(&list).into_owned();
+        let ids: Vec<&str> = list
+            .lines()
+            .filter(|l| l.contains(" psub=1 "))
+            .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+            .collect();
+        if let [id] = ids[..]
+            && Some(id) != not
+        {
+            return id.to_string();
+        }
+        assert!(
+            Instant::now() < until,
+            "{node}: pattern subscribers {ids:?}"
+        );
+        let _ = conn.call(&["PING"]).await;
+    }
+}
+
+/// An extra connection that fails (killed on its node) ends neither the session nor brings
+/// it frames of its own, and the node is listened to again: each primary's notification
+/// still arrives exactly once.
+#[tokio::test]
+async fn a_failed_notification_connection_spares_the_session() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    // A plain channel lives on the home connection only: it tells the home node.
+    assert!(sub.call(&["SUBSCRIBE", "plain"]).await.ends_with(b":1\r\n"));
+    assert!(
+        sub.call(&["PSUBSCRIBE", "__keyevent@0__:*"])
+            .await
+            .ends_with(b":2\r\n")
+    );
+    let mut home = None;
+    for p in &primaries {
+        let numsub = Raw::connect(p)
+            .await
+            .call(&["PUBSUB", "NUMSUB", "plain"])
+            .await;
+        if numsub.ends_with(b":1\r\n") {
+            home = Some(p.clone());
+        }
+    }
+    let home = home.expect("a node holds the subscription");
+    let victim = primaries.iter().find(|p| **p != home).unwrap().clone();
+    let extra = pattern_subscriber(&victim, None).await;
+    let killed = Raw::connect(&victim)
+        .await
+        .call(&["CLIENT", "KILL", "ID", &extra])
+        .await;
+    assert_eq!(killed, b":1\r\n");
+    ping_next(&mut sub, 2, true).await;
+    pattern_subscriber(&victim, Some(&extra)).await;
+
+    set_events_of_every_primary(&redis, &mut publisher, &mut sub, "failed", "").await;
+    ping_next(&mut sub, 2, true).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A primary whose extra connection failed with it is listened to again once its replica is
+/// promoted: the notifications of the keys it now owns reach the subscriber.
+#[tokio::test]
+async fn keyspace_notifications_follow_a_failover() {
+    let mut redis = RedisCluster::start_with(3, 1, &["--cluster-node-timeout", "1000"]);
+    // Every node, replicas included: one of them becomes a primary.
+    notify_everything(&redis.live_addrs()).await;
+    let config = proxy_config(&redis.live_addrs()[0], &["refresh_interval_ms: 500"]);
+    let proxy = Proxy::start(config).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    // A plain channel lives on the home connection only: it tells the home node.
+    assert!(sub.call(&["SUBSCRIBE", "plain"]).await.ends_with(b":1\r\n"));
+    assert!(
+        sub.call(&["PSUBSCRIBE", "__keyevent@0__:*"])
+            .await
+            .ends_with(b":2\r\n")
+    );
+    let primaries = redis.primaries();
+    let mut home = None;
+    for p in &primaries {
+        let numsub = Raw::connect(p)
+            .await
+            .call(&["PUBSUB", "NUMSUB", "plain"])
+            .await;
+        if numsub.ends_with(b":1\r\n") {
+            home = Some(p.clone());
+        }
+    }
+    let home = home.expect("a node holds the subscription");
+    let doomed = primaries.iter().find(|p| **p != home).unwrap().clone();
+    let key = redis.key_on(&doomed, "failover");
+    let s = slot(key.as_bytes());
+    let index = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == doomed)
+        .unwrap();
+    redis.kill(index);
+    ping_next(&mut sub, 2, true).await;
+    // Polled with a PING between looks (the proxy runs on this test's runtime).
+    let mut live = Raw::connect(&home).await;
+    let until = Instant::now() + DEADLINE;
+    let promoted = loop {
+        let owner = redis.primary_for_slot(s);
+        if owner != doomed {
+            break owner;
+        }
+        assert!(Instant::now() < until, "no replica was promoted");
+        assert_eq!(live.call(&["PING"]).await, b"+PONG\r\n");
+    };
+    let mut direct = Raw::connect(&promoted).await;
+    loop {
+        if direct.call(&["PUBSUB", "NUMPAT"]).await == b":1\r\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the promoted primary never got the pattern"
+        );
+        assert_eq!(live.call(&["PING"]).await, b"+PONG\r\n");
+    }
+    assert_eq!(direct.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    let want = vec![delivery(
+        2,
+        &["pmessage", "__keyevent@0__:*", "__keyevent@0__:set", &key],
+    )];
+    expect_frames(&mut sub, want, "SET on the promoted primary").await;
+    ping_next(&mut sub, 2, true).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A client logged in upstream as its own Redis user (its AUTH, on its dedicated connection)
+/// hears no notification Redis refuses that user: the extra connections, logged in as the
+/// pool's user, are not used for it.
+#[tokio::test]
+async fn notifications_refused_to_the_clients_own_user_stay_refused() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    for p in &primaries {
+        let user = Raw::connect(p)
+            .await
+            .call(&[
+                "ACL",
+                "SETUSER",
+                "limited",
+                "on",
+                ">pw",
+                "resetchannels",
+                "&news*",
+                "~*",
+                "+@all",
+            ])
+            .await;
+        assert_eq!(user, b"+OK\r\n");
+    }
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(sub.call(&["AUTH", "limited", "pw"]).await, b"+OK\r\n");
+    let refused = sub.call(&["SUBSCRIBE", "__keyevent@0__:set"]).await;
+    assert!(refused.starts_with(b"-NOPERM"), "{}", show(&refused));
+    for p in &primaries {
+        let key = redis.key_on(p, "limited");
+        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    }
+    ping_next(&mut sub, 2, false).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A namespaced tenant's channel names carry its prefix upstream, so its PSUBSCRIBE of
+/// `__keyspace@0__:*` names no notification channel there: nothing is spread to the other
+/// primaries, and it hears no notifications (not even of its own keys), as in front of one
+/// server; the confirmation shows the name without the prefix.
+#[tokio::test]
+async fn a_namespaced_tenant_hears_no_notifications() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+    let yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n",
+        redis.live_addrs()[0]
+    );
+    let config =
+        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("ns.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    for c in [&mut sub, &mut writer] {
+        assert_eq!(c.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    }
+    assert_eq!(
+        show(&sub.call(&["PSUBSCRIBE", "__keyspace@0__:*"]).await),
+        show(&frame(2, "psubscribe", "__keyspace@0__:*", &count(1)))
+    );
+    let mut patterns = 0;
+    for p in &primaries {
+        let numpat = Raw::connect(p).await.call(&["PUBSUB", "NUMPAT"]).await;
+        patterns += usize::from(numpat == b":1\r\n");
+    }
+    assert_eq!(patterns, 1, "only the home node holds the pattern");
+    for p in &primaries {
+        // The tenant's key `k` is `a:k` upstream: placed by that name.
+        let upstream = redis.key_on(p, "a:ns");
+        let key = upstream.strip_prefix("a:").unwrap();
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+    }
+    ping_next(&mut sub, 2, true).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A subscriber that switches RESP version (HELLO) keeps getting every primary's
+/// notifications, in the version it speaks now: the extra connections are opened again in it.
+#[tokio::test]
+async fn keyspace_notifications_follow_a_hello() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert!(sub.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+    assert_eq!(
+        show(&sub.call(&["PSUBSCRIBE", "__keyevent@0__:*"]).await),
+        show(&frame(3, "psubscribe", "__keyevent@0__:*", &count(1)))
+    );
+    let hello = sub.request(b"HELLO 2\r\n", 1).await;
+    assert!(hello.starts_with(b"*"), "{}", show(&hello));
+    // Every node's pattern subscriber speaks RESP2 now: the home connection, switched by the
+    // HELLO, and the extra ones, opened again.
+    for p in &primaries {
+        let mut conn = Raw::connect(p).await;
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let list = conn.call(&["CLIENT", "LIST", "TYPE", "pubsub"]).await;
+            let list = String::from_utf8_lossy(&list).into_owned();
+            let subscribers: Vec<&str> = list.lines().filter(|l| l.contains(" psub=1 ")).collect();
+            if let [one] = subscribers[..]
+                && one.contains(" resp=2")
+            {
+                break;
+            }
+            assert!(Instant::now() < until, "{p}: {list}");
+            let _ = conn.call(&["PING"]).await;
+        }
+    }
+    set_events_of_every_primary(&redis, &mut publisher, &mut sub, "hello", " after HELLO 2").await;
+    ping_next(&mut sub, 2, true).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A RESP3 subscriber's PUNSUBSCRIBE queued in MULTI (bound to the home node by a key of
+/// its own): once EXEC has run it, no primary's notification arrives any more.
+#[tokio::test]
+async fn an_unsubscription_in_multi_stops_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    notify_everything(&primaries).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut publisher = Raw::connect(proxy.addr).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert!(sub.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+    // A plain channel lives on the home connection only: it tells the home node.
+    assert!(sub.call(&["SUBSCRIBE", "plain"]).await.ends_with(b":1\r\n"));
+    assert_eq!(
+        show(&sub.call(&["PSUBSCRIBE", "__keyevent@0__:*"]).await),
+        show(&frame(3, "psubscribe", "__keyevent@0__:*", &count(2)))
+    );
+    let mut home = None;
+    for p in &primaries {
+        let numsub = Raw::connect(p)
+            .await
+            .call(&["PUBSUB", "NUMSUB", "plain"])
+            .await;
+        if numsub.ends_with(b":1\r\n") {
+            home = Some(p.clone());
+        }
+    }
+    let home = home.expect("a node holds the subscription");
+    assert_eq!(sub.call(&["MULTI"]).await, b"+OK\r\n");
+    let mine = redis.key_on(&home, "tx");
+    // A read: a write would notify the subscriber inside EXEC's reply.
+    assert_eq!(sub.call(&["GET", &mine]).await, b"+QUEUED\r\n");
+    assert_eq!(
+        sub.call(&["PUNSUBSCRIBE", "__keyevent@0__:*"]).await,
+        b"+QUEUED\r\n"
+    );
+    let exec = sub.call(&["EXEC"]).await;
+    assert!(exec.ends_with(b":1\r\n"), "{}", show(&exec));
+    for p in &primaries {
+        let key = redis.key_on(p, "multi");
+        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    }
+    ping_next(&mut sub, 3, false).await;
+    sub.assert_quiet(QUIET).await;
+    proxy.stop().await;
+}
+
+/// A subscriber's MULTI in cluster mode, as Redis answers it: refused in RESP2 with every
+/// other command but the SUBSCRIBE family, PING, QUIT and RESET, and in RESP3 a transaction whose
+/// UNSUBSCRIBE is queued with one `+QUEUED` after the `+OK` of the MULTI the proxy deferred
+/// (the connection was closed: it expected a confirmation, and got two frames).
+#[tokio::test]
+async fn a_subscribers_transaction_is_answered_as_redis_answers_it() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut resp2 = Raw::connect(proxy.addr).await;
+    assert!(resp2.call(&["PSUBSCRIBE", "p*"]).await.starts_with(b"*3"));
+    // Keys of every node, a split command, a subcommand, and the state changes Redis refuses
+    // there (each one used to open a transaction, a WATCH or a name on the proxy's side, or
+    // answer MOVED or CROSSSLOT).
+    for (command, name) in [
+        (&["MULTI"][..], "multi"),
+        (&["WATCH", "{a}k"], "watch"),
+        (&["WATCH", "{b}k"], "watch"),
+        (&["MGET", "{a}k", "{b}k", "{c}k"], "mget"),
+        (&["CLIENT", "SETNAME", "n"], "client|setname"),
+        (&["CLIENT", "ID"], "client|id"),
+        (&["SELECT", "1"], "select"),
+    ] {
+        let reply = resp2.call(command).await;
+        let want = format!(
+            "-ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT \
+             / RESET are allowed in this context\r\n"
+        );
+        assert_eq!(show(&reply), show(want.as_bytes()), "{command:?}");
+    }
+    assert!(
+        resp2
+            .call(&["PUNSUBSCRIBE", "p*"])
+            .await
+            .ends_with(b":0\r\n")
+    );
+    assert_eq!(resp2.call(&["EXEC"]).await, b"-ERR EXEC without MULTI\r\n");
+    for key in ["{a}k", "{b}k", "{c}k"] {
+        assert_eq!(resp2.call(&["GET", key]).await, b"$-1\r\n", "{key}");
+    }
+    assert_eq!(resp2.call(&["CLIENT", "GETNAME"]).await, b"$-1\r\n");
+
+    for (subscribe, unsubscribe, name) in [
+        ("SUBSCRIBE", "UNSUBSCRIBE", "ch"),
+        ("PSUBSCRIBE", "PUNSUBSCRIBE", "p*"),
+    ] {
+        let mut resp3 = Raw::connect(proxy.addr).await;
+        assert!(resp3.request(b"HELLO 3\r\n", 1).await.starts_with(b"%"));
+        assert!(resp3.call(&[subscribe, name]).await.starts_with(b">3"));
+        assert_eq!(resp3.call(&["MULTI"]).await, b"+OK\r\n");
+        assert_eq!(resp3.call(&[unsubscribe, name]).await, b"+QUEUED\r\n");
+        let exec = resp3.call(&["EXEC"]).await;
+        let confirmation = format!(
+            "*1\r\n>3\r\n${}\r\n{}\r\n${}\r\n{name}\r\n:0\r\n",
+            unsubscribe.len(),
+            unsubscribe.to_lowercase(),
+            name.len()
+        );
+        assert_eq!(exec, confirmation.as_bytes(), "{unsubscribe}");
+        // Keys of every node answer afterwards.
+        for key in ["{a}k", "{b}k", "{c}k"] {
+            assert_eq!(resp3.call(&["GET", key]).await, b"_\r\n", "{key}");
+        }
+    }
+}

@@ -999,3 +999,180 @@ async fn a_slot_resharded_under_load_loses_nothing() {
     assert_eq!(on_target, format!(":{}\r\n", acked_total + 1).into_bytes());
     proxy.stop().await;
 }
+
+/// `INFO`'s counters of the whole dataset and of every client are the nodes' sums, as one
+/// Redis holding every key would report them: a client blocked on a key of any primary is
+/// in `blocked_clients` (Redis's own suite waits for it before pushing), and keyspace hits
+/// and misses, and the command statistics, count every node's. RANDOMKEY, asked of one node
+/// first, starts from another node at each call.
+#[tokio::test]
+async fn info_counts_and_randomkey_cover_every_node() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.primaries()[0], 1000)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let field = |info: &[u8], name: &str| -> i64 {
+        let text = String::from_utf8_lossy(info).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let hits = field(&c.call(&["INFO", "stats"]).await, "keyspace_misses");
+    for primary in redis.primaries() {
+        let key = redis.key_on(&primary, "blocked");
+        let mut blocked = Raw::connect(proxy.addr).await;
+        blocked.send(&resp(&["BLPOP", &key, "0"])).await;
+        let mut waited = 0;
+        while field(&c.call(&["INFO", "clients"]).await, "blocked_clients") != 1 {
+            waited += 1;
+            assert!(waited < 500, "the BLPOP on {primary} is not in INFO");
+            tokio::time::sleep(common::POLL).await;
+        }
+        assert_eq!(c.call(&["RPUSH", &key, "x"]).await, b":1\r\n");
+        let popped = blocked.read_frame().await;
+        assert!(show(&popped).contains('x'), "{}", show(&popped));
+        let missing = redis.key_on(&primary, "missing");
+        assert_eq!(c.call(&["GET", &missing]).await, b"$-1\r\n");
+    }
+    let now = field(&c.call(&["INFO", "stats"]).await, "keyspace_misses");
+    assert!(now >= hits + 3, "misses on every node: {hits} then {now}");
+    // One BLPOP ran on each node: the command statistics count all three.
+    let stats = String::from_utf8_lossy(&c.call(&["INFO", "commandstats"]).await).into_owned();
+    assert!(stats.contains("cmdstat_blpop:calls=3,"), "{stats}");
+
+    // RANDOMKEY from one client returns the keys of every node, not one node's forever.
+    assert_eq!(c.call(&["FLUSHALL"]).await, b"+OK\r\n");
+    let keys: Vec<String> = redis
+        .primaries()
+        .iter()
+        .map(|p| redis.key_on(p, "random"))
+        .collect();
+    for key in &keys {
+        assert_eq!(c.call(&["SET", key, "1"]).await, b"+OK\r\n");
+    }
+    let mut seen = HashSet::new();
+    for _ in 0..200 {
+        seen.insert(show(&c.call(&["RANDOMKEY"]).await));
+        if seen.len() == keys.len() {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), keys.len(), "RANDOMKEY saw {seen:?}");
+}
+
+/// `CLIENT PAUSE … WRITE` through the proxy holds the writes of every node, as one Redis holds
+/// all of them, while reads go on; `CLIENT UNPAUSE` releases them and they apply. (It reached
+/// one node before, so writes to the others went through during the pause.)
+#[tokio::test]
+async fn client_pause_holds_the_writes_of_every_node() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.primaries()[0], 1000)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let keys: Vec<String> = redis
+        .primaries()
+        .iter()
+        .map(|p| redis.key_on(p, "paused"))
+        .collect();
+    for key in &keys {
+        assert_eq!(c.call(&["SET", key, "before"]).await, b"+OK\r\n");
+    }
+    assert_eq!(
+        c.call(&["CLIENT", "PAUSE", "60000", "WRITE"]).await,
+        b"+OK\r\n"
+    );
+    let mut writers = Vec::new();
+    for key in &keys {
+        let mut w = Raw::connect(proxy.addr).await;
+        w.send(&resp(&["SET", key, "after"])).await;
+        writers.push(w);
+    }
+    // Held: reads see the old values for a while (a write that got through shows at once).
+    for _ in 0..20 {
+        for key in &keys {
+            assert_eq!(
+                c.call(&["GET", key]).await,
+                b"$6\r\nbefore\r\n",
+                "{key} was written during the pause"
+            );
+        }
+        tokio::time::sleep(common::POLL).await;
+    }
+    assert_eq!(c.call(&["CLIENT", "UNPAUSE"]).await, b"+OK\r\n");
+    for (w, key) in writers.iter_mut().zip(&keys) {
+        assert_eq!(w.read_frame().await, b"+OK\r\n", "{key}");
+        assert_eq!(c.call(&["GET", key]).await, b"$5\r\nafter\r\n");
+    }
+}
+
+/// `PUBSUB NUMPAT`, `NUMSUB` and `CHANNELS` are asked of the node that holds the proxy's
+/// classic subscribers, so they count them (they went to the asking client's own node, which
+/// holds none).
+#[tokio::test]
+async fn pubsub_introspection_counts_the_proxys_subscribers() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.primaries()[0], 1000)).await;
+    let mut subscribers = Vec::new();
+    for (i, pattern) in ["foo*", "bar*", "baz*"].iter().enumerate() {
+        let mut s = Raw::connect(proxy.addr).await;
+        let reply = s.call(&["PSUBSCRIBE", pattern]).await;
+        assert!(show(&reply).contains(pattern), "{}", show(&reply));
+        let channel = format!("chan{i}");
+        let reply = s.call(&["SUBSCRIBE", &channel]).await;
+        assert!(show(&reply).contains(&channel), "{}", show(&reply));
+        subscribers.push(s);
+    }
+    // From several clients: each may have another home node.
+    for _ in 0..6 {
+        let mut c = Raw::connect(proxy.addr).await;
+        assert_eq!(c.call(&["PUBSUB", "NUMPAT"]).await, b":3\r\n");
+        assert_eq!(
+            c.call(&["PUBSUB", "NUMSUB", "chan1"]).await,
+            b"*2\r\n$5\r\nchan1\r\n:1\r\n"
+        );
+        let channels = show(&c.call(&["PUBSUB", "CHANNELS", "chan*"]).await);
+        assert!(channels.starts_with("\"*3"), "{channels}");
+    }
+}
+
+/// `SLOWLOG GET`, `LEN` and `RESET` cover every node's log, as one Redis's covers every
+/// command (they reached one node, which logged only its own keys' commands).
+#[tokio::test]
+async fn slowlog_covers_every_node() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.primaries()[0], 1000)).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["SLOWLOG", "RESET"]).await, b"+OK\r\n");
+    let keys: Vec<String> = redis
+        .primaries()
+        .iter()
+        .map(|p| redis.key_on(p, "slow"))
+        .collect();
+    for key in &keys {
+        assert_eq!(c.call(&["SET", key, "v"]).await, b"+OK\r\n");
+    }
+    let log = String::from_utf8_lossy(&c.call(&["SLOWLOG", "GET", "-1"]).await).into_owned();
+    for key in &keys {
+        assert!(log.contains(&format!("\r\n{key}\r\n")), "{key} in {log}");
+    }
+    let len = c.call(&["SLOWLOG", "LEN"]).await;
+    let len: i64 = String::from_utf8_lossy(&len[1..len.len() - 2])
+        .parse()
+        .unwrap();
+    assert!(len >= 3, "SLOWLOG LEN {len}");
+    let newest = c.call(&["SLOWLOG", "GET", "1"]).await;
+    assert!(newest.starts_with(b"*1\r\n"), "{}", show(&newest));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "10000"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["SLOWLOG", "RESET"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SLOWLOG", "LEN"]).await, b":0\r\n");
+}

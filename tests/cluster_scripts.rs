@@ -196,3 +196,30 @@ async fn a_script_follows_moved_and_ask_on_its_dedicated_connection() {
         }
     }
 }
+
+/// `SCRIPT EXISTS` asks every primary: a script an EVAL cached on its keys' node is known to
+/// any client, as one Redis knows every script it ran (it asked one node, which often had
+/// not run it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_exists_knows_a_script_any_node_ran() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    for (i, primary) in redis.primaries().iter().enumerate() {
+        let key = redis.key_on(primary, "cached");
+        // A script of its own per node, so only that node has it.
+        let body = format!("return {i}");
+        let ran = c.call(&["EVAL", &body, "1", &key]).await;
+        assert_eq!(ran, format!(":{i}\r\n").as_bytes(), "{}", show(&ran));
+        let sha = sha1_smol::Sha1::from(&body).digest().to_string();
+        for _ in 0..3 {
+            let mut other = Raw::connect(proxy.addr).await;
+            let missing = "0".repeat(40);
+            assert_eq!(
+                other.call(&["SCRIPT", "EXISTS", &sha, &missing]).await,
+                b"*2\r\n:1\r\n:0\r\n",
+                "the script run on {primary}"
+            );
+        }
+    }
+}

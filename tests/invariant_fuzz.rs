@@ -2246,6 +2246,11 @@ impl World {
                     .push(format!("{} (no notification)", name.to_ascii_lowercase()));
             }
         }
+        // Whether the command moves a value APPEND grew past the cap: decided before the loop,
+        // which forgets the source (now gone) before it reaches the destination when the
+        // source's name sorts first (`RENAME biggeo k1`).
+        let moves_oversize = matches!(name.as_str(), "COPY" | "RENAME" | "RENAMENX" | "MOVE")
+            && self.oversize_ok.iter().any(|(_, k)| declared.contains(k));
         let mut repairs: Vec<Vec<Vec<u8>>> = Vec::new();
         for ((db, key), events) in &touched {
             if let Some(p) = t.prefix {
@@ -2317,9 +2322,7 @@ impl World {
             // APPEND is best effort by design (policy/README.md, max_value_bytes): what it grew
             // past the cap, and copies of that, are not reported again by every later write
             // (SETRANGE at 0, SETBIT, COPY…), which does not make the string any larger.
-            let carried = self.oversize_ok.contains(&(*db, key.clone()))
-                || (matches!(name.as_str(), "COPY" | "RENAME" | "RENAMENX" | "MOVE")
-                    && self.oversize_ok.iter().any(|(_, k)| declared.contains(k)));
+            let carried = self.oversize_ok.contains(&(*db, key.clone())) || moves_oversize;
             if strlen > VALUE_CAP && (name == "APPEND" || carried) {
                 self.oversize_ok.insert((*db, key.clone()));
             } else if strlen <= VALUE_CAP {

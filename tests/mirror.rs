@@ -451,6 +451,10 @@ async fn a_migration_under_load_moves_every_key_and_switches_by_reload() {
     );
     let _ = text(&c.call(&["PROXY", "RELOAD"]).await);
     assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "compare");
+    // The guide's patterns meanwhile (a Lua rate limit, a stream read by a consumer group,
+    // pub/sub): answered as without a mirror, their keys compared at the end.
+    let mut patterns = Raw::connect(&addr).await;
+    common::guide_patterns(&mut patterns, addr.parse().unwrap(), "during the migration").await;
     // 4. The switch: the new server answers, the old one is the mirror (a way back).
     write_file(tmp.path(), "p.yaml", &phase(&new, Some((&old, None))));
     let r = text(&c.call(&["PROXY", "RELOAD"]).await);
@@ -605,15 +609,7 @@ async fn a_cluster_mirror_gets_each_write_on_the_node_that_owns_its_key() {
         text(&out),
         ":1\r\n:1\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:1\r\n"
     );
-    let loaded = c
-        .call(&[
-            "SCRIPT",
-            "LOAD",
-            "return redis.call('set', KEYS[1], ARGV[1])",
-        ])
-        .await;
-    let sha = text(&loaded).lines().last().unwrap_or_default().to_string();
-    assert_eq!(sha.len(), 40, "{}", text(&loaded));
+    let sha = load_set_script(&mut c).await;
     assert_eq!(
         c.call(&["EVALSHA", &sha, "1", "scripted", "s"]).await,
         b"+OK\r\n"
@@ -690,4 +686,318 @@ async fn a_cluster_mirror_gets_each_write_on_the_node_that_owns_its_key() {
         "0",
         "database 2's write"
     );
+}
+
+/// A Redis Cluster as the primary (a cluster → standalone migration, or a check that a new
+/// server holds what the cluster holds): every write the cluster acknowledged reaches the
+/// mirror, whichever path the proxy took to run it. A pipeline over keys of every node
+/// (batches per node, replies cut back into the client's order), an `MSET` and a `DEL` split
+/// by slot (the mirror gets the parts), `FLUSHALL` and `SCRIPT LOAD` sent to every primary
+/// (the mirror gets them once), a transaction, scripts and a blocking pop on dedicated
+/// connections, and a write whose slot moved behind the proxy's back (followed through
+/// `-MOVED`). A write the cluster refused is not mirrored. At the end every key is the same,
+/// `DUMP` for `DUMP`, and the mirror refused nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_primary_mirrors_every_acknowledged_write() {
+    use common::cluster::{RedisCluster, end_migration, node_id, other_primary};
+    let cluster = RedisCluster::start(3, 0);
+    let mirror = RedisServer::start();
+    let seed = cluster.primaries()[0].clone();
+    let tmp = TempDir::new("mirror-cluster-primary");
+    // The proxy's map is refreshed rarely, so the moved slot below is learned from -MOVED.
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 600000\nmirror:\n  upstream:\n    address: {}\n",
+            mirror.addr()
+        ),
+    );
+    // On the mirror only: FLUSHALL through the proxy must remove it.
+    assert_eq!(mirror.direct(&["SET", "stale", "x"]).await, b"+OK\r\n");
+    let proxy = ProxyProcess::start_as_filed(&policy, tmp.path().join("log")).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["FLUSHALL"]).await, b"+OK\r\n");
+    wait_for(&mirror, &["EXISTS", "stale"], b":0\r\n").await;
+
+    let primaries = cluster.primaries();
+    let keys: Vec<String> = primaries.iter().map(|p| cluster.key_on(p, "k")).collect();
+    let (a, b, d) = (&keys[0], &keys[1], &keys[2]);
+    // One pipeline alternating between the nodes: one batch per node.
+    let out = c
+        .request(
+            &common::resp_cmds(&[
+                &format!("SET {a} 1"),
+                &format!("SET {b} 2"),
+                &format!("INCR {a}"),
+                &format!("SET {d} 3"),
+                &format!("RPUSH l:{b} x y z"),
+                &format!("GET {d}"),
+                &format!("HSET h:{d} f v g w"),
+            ]),
+            7,
+        )
+        .await;
+    assert_eq!(
+        text(&out),
+        "+OK\r\n+OK\r\n:2\r\n+OK\r\n:3\r\n$1\r\n3\r\n:2\r\n"
+    );
+    // Split by slot.
+    let split: Vec<String> = keys.iter().map(|k| format!("m:{k}")).collect();
+    assert_eq!(
+        c.call(&["MSET", &split[0], "0", &split[1], "1", &split[2], "2"])
+            .await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["DEL", &split[0], &split[1]]).await, b":2\r\n");
+    // A transaction on one slot, a refused write, scripts, a blocking pop.
+    transaction(&mut c, "{t}a", "{t}b").await;
+    assert_eq!(c.call(&["INCR", "l:{t}"]).await, b":1\r\n");
+    assert!(
+        c.call(&["LPUSH", "l:{t}", "x"])
+            .await
+            .starts_with(b"-WRONGTYPE")
+    );
+    let sha = load_set_script(&mut c).await;
+    for (i, k) in keys.iter().enumerate() {
+        let key = format!("s:{k}");
+        assert_eq!(
+            c.call(&["EVALSHA", &sha, "1", &key, &i.to_string()]).await,
+            b"+OK\r\n"
+        );
+    }
+    assert_eq!(
+        c.call(&["EVAL", "return redis.call('incrby', KEYS[1], 5)", "1", "e"])
+            .await,
+        b":5\r\n"
+    );
+    let popped = c.call(&["BLPOP", &format!("l:{b}"), "1"]).await;
+    assert!(text(&popped).ends_with("$1\r\nx\r\n"), "{}", text(&popped));
+    // A slot moved behind the proxy's back: the node answers -MOVED, the proxy follows.
+    let moved_from = primaries[2].clone();
+    let moved = cluster.key_on(&moved_from, "moved");
+    let slot = redis_policy_proxy::cluster::slot(moved.as_bytes());
+    let to = other_primary(&cluster, &moved_from);
+    end_migration(&cluster, slot, (&moved_from, &to), &node_id(&cluster, &to)).await;
+    assert_eq!(c.call(&["SET", &moved, "here"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["SET", "done", "1"]).await, b"+OK\r\n");
+    wait_for(&mirror, &["GET", "done"], b"$1\r\n1\r\n").await;
+
+    // The same keys, each the same to the byte.
+    let mut names: Vec<String> = Vec::new();
+    for p in &primaries {
+        let mut node = Raw::connect(p).await;
+        let all = text(&node.call(&["KEYS", "*"]).await);
+        names.extend(
+            all.lines()
+                .filter(|l| !l.starts_with(['*', '$']))
+                .map(str::to_string),
+        );
+    }
+    names.sort();
+    let on_mirror = text(&mirror.direct(&["KEYS", "*"]).await);
+    let mut mirrored: Vec<String> = on_mirror
+        .lines()
+        .filter(|l| !l.starts_with(['*', '$']))
+        .map(str::to_string)
+        .collect();
+    mirrored.sort();
+    assert_eq!(names, mirrored, "the keys on the cluster and on the mirror");
+    assert!(
+        names.contains(&moved) && names.contains(&split[2]),
+        "{names:?}"
+    );
+    assert!(!names.contains(&split[0]), "{names:?}");
+    for name in &names {
+        assert_eq!(
+            text(&c.call(&["DUMP", name]).await),
+            text(&mirror.direct(&["DUMP", name]).await),
+            "{name}"
+        );
+    }
+    let mut mc = Raw::connect(proxy.addr()).await;
+    assert_eq!(info_field(&mut mc, "proxy_mirror_errors").await, "0");
+    assert_eq!(info_field(&mut mc, "proxy_mirror_dropped").await, "0");
+}
+
+/// `SCRIPT LOAD` of a script that SETs its key to its argument: its sha.
+async fn load_set_script(c: &mut Raw) -> String {
+    let loaded = c
+        .call(&[
+            "SCRIPT",
+            "LOAD",
+            "return redis.call('set', KEYS[1], ARGV[1])",
+        ])
+        .await;
+    let sha = text(&loaded).lines().last().unwrap_or_default().to_string();
+    assert_eq!(sha.len(), 40, "{}", text(&loaded));
+    sha
+}
+
+/// `MULTI`, `SET set 1`, `INCR incr`, `EXEC` in one request, answered as by Redis.
+async fn transaction(c: &mut Raw, set: &str, incr: &str) {
+    let out = c
+        .request(
+            &common::resp_cmds(&[
+                "MULTI",
+                &format!("SET {set} 1"),
+                &format!("INCR {incr}"),
+                "EXEC",
+            ]),
+            4,
+        )
+        .await;
+    assert_eq!(
+        text(&out),
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n:1\r\n"
+    );
+}
+
+/// Every key of one database of `redis`, each with its `DUMP`, sorted.
+async fn dumps(addr: &str, db: &str) -> Vec<(String, String)> {
+    let mut c = Raw::connect(addr).await;
+    assert_eq!(c.call(&["SELECT", db]).await, b"+OK\r\n");
+    let all = text(&c.call(&["KEYS", "*"]).await);
+    let mut names: Vec<String> = all
+        .lines()
+        .filter(|l| !l.starts_with(['*', '$']))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let dump = text(&c.call(&["DUMP", &name]).await);
+        out.push((name, dump));
+    }
+    out
+}
+
+/// With `routes:`, a mirror copies one route's server (`mirror.route`): the writes that went
+/// to it, in its database (the route's `db: 2`), whichever way they ran (a pipeline over both
+/// servers, an MSET split across routes, a transaction, a script, a blocking pop, FLUSHALL
+/// with that server's own reply), and nothing of the other routes'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_of_one_route_copies_that_servers_writes_only() {
+    let main = RedisServer::start();
+    let queue = RedisServer::start();
+    let mirror = RedisServer::start();
+    let tmp = TempDir::new("mirror-route");
+    let policy = write_file(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "upstream:\n  address: {}\nupstreams:\n  queue:\n    address: {}\nroutes:\n  - name: queue\n    upstream: queue\n    prefixes: [\"queue:\"]\n    db: 2\n  - name: cache\n    prefixes: [\"cache:\"]\nmirror:\n  upstream:\n    address: {}\n  route: queue\n",
+            main.addr(),
+            queue.addr(),
+            mirror.addr()
+        ),
+    );
+    let mut on_mirror = Raw::connect(&mirror.addr()).await;
+    assert_eq!(on_mirror.call(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(on_mirror.call(&["SET", "stale", "x"]).await, b"+OK\r\n");
+    let proxy = ProxyProcess::start_as_filed(&policy, tmp.path().join("log")).await;
+    let mut c = Raw::connect(proxy.addr()).await;
+    assert_eq!(c.call(&["FLUSHALL"]).await, b"+OK\r\n");
+    let until = Instant::now() + DEADLINE;
+    while on_mirror.call(&["EXISTS", "stale"]).await != b":0\r\n" {
+        assert!(Instant::now() < until, "FLUSHALL never reached the mirror");
+        tokio::time::sleep(POLL).await;
+    }
+    let out = c
+        .request(
+            &common::resp_cmds(&[
+                "SET queue:a 1",
+                "SET cache:x 1",
+                "RPUSH queue:l a b c",
+                "SET plain 1",
+                "INCR queue:n",
+                "HSET queue:h f v",
+            ]),
+            6,
+        )
+        .await;
+    assert_eq!(text(&out), "+OK\r\n+OK\r\n:3\r\n+OK\r\n:1\r\n:1\r\n");
+    assert_eq!(
+        c.call(&["MSET", "queue:m", "1", "cache:m", "2", "plain:m", "3"])
+            .await,
+        b"+OK\r\n"
+    );
+    transaction(&mut c, "queue:t", "queue:t2").await;
+    assert_eq!(
+        c.call(&[
+            "EVAL",
+            "return redis.call('incrby', KEYS[1], 5)",
+            "1",
+            "queue:e"
+        ])
+        .await,
+        b":5\r\n"
+    );
+    assert_eq!(
+        c.call(&[
+            "EVAL",
+            "return redis.call('set', KEYS[1], 1)",
+            "1",
+            "cache:e"
+        ])
+        .await,
+        b"+OK\r\n"
+    );
+    let popped = c.call(&["BLPOP", "queue:l", "1"]).await;
+    assert!(text(&popped).ends_with("$1\r\na\r\n"), "{}", text(&popped));
+    assert_eq!(c.call(&["SET", "queue:done", "1"]).await, b"+OK\r\n");
+    while on_mirror.call(&["GET", "queue:done"]).await != b"$1\r\n1\r\n" {
+        assert!(
+            Instant::now() < until,
+            "the last write never reached the mirror"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let route = dumps(&queue.addr(), "2").await;
+    assert!(route.len() >= 8, "{route:?}");
+    assert_eq!(
+        dumps(&mirror.addr(), "2").await,
+        route,
+        "the route's database"
+    );
+    assert_eq!(
+        dumps(&mirror.addr(), "0").await,
+        vec![],
+        "nothing in database 0"
+    );
+    assert_eq!(
+        dumps(&main.addr(), "0").await.len(),
+        5,
+        "the other routes' keys"
+    );
+    let mut mc = Raw::connect(proxy.addr()).await;
+    assert!(
+        info_field(&mut mc, "proxy_mirror")
+            .await
+            .contains("for route queue"),
+        "INFO names the route"
+    );
+    assert_eq!(info_field(&mut mc, "proxy_mirror_errors").await, "0");
+
+    // The route must be named, and exist, and a file without routes names none.
+    for (text_of, want) in [
+        (
+            "upstream:\n  address: 127.0.0.1:1\nroutes:\n  - name: queue\n    prefixes: [\"q:\"]\nmirror:\n  upstream:\n    address: 127.0.0.1:2\n",
+            "name the route",
+        ),
+        (
+            "upstream:\n  address: 127.0.0.1:1\nroutes:\n  - name: queue\n    prefixes: [\"q:\"]\nmirror:\n  route: nope\n  upstream:\n    address: 127.0.0.1:2\n",
+            "`nope` is not a route (routes: default, queue)",
+        ),
+        (
+            "upstream:\n  address: 127.0.0.1:1\nmirror:\n  route: queue\n  upstream:\n    address: 127.0.0.1:2\n",
+            "the file has no `routes:`",
+        ),
+    ] {
+        let file = write_file(tmp.path(), "bad.yaml", text_of);
+        let run = run_bin(&["--check", file.to_str().unwrap()], &[]).await;
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert_ne!(run.code, Some(0), "{all}");
+        assert!(all.contains("mirror.route") && all.contains(want), "{all}");
+    }
 }

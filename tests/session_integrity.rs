@@ -497,3 +497,32 @@ async fn sync_never_reaches_a_shared_connection() {
     }
     assert_eq!(replica.call(&["PING"]).await, b"+PONG\r\n");
 }
+
+/// A RESP2 subscriber's commands that Redis refuses in the subscribed context change nothing
+/// on the proxy's side either: MULTI opened no transaction (the next PUNSUBSCRIBE was taken
+/// for a queued command and its confirmation for a push, so the session hung), WATCH held
+/// no key, CLIENT SETNAME and CLIENT ID were answered by the proxy itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp2_subscribers_refused_commands_change_nothing() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut direct = Raw::connect(redis.addr()).await;
+    let mut through = Raw::connect(proxy.addr).await;
+    let script: &[&[&str]] = &[
+        &["PSUBSCRIBE", "p*"],
+        &["MULTI"],
+        &["WATCH", "k"],
+        &["CLIENT", "SETNAME", "n"],
+        &["CLIENT", "ID"],
+        &["PING", "x"],
+        &["PUNSUBSCRIBE", "p*"],
+        &["EXEC"],
+        &["SET", "k", "v"],
+        &["CLIENT", "GETNAME"],
+    ];
+    for command in script {
+        let want = direct.call(command).await;
+        let got = through.call(command).await;
+        assert_eq!(show(&got), show(&want), "{command:?}");
+    }
+}

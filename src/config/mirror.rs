@@ -4,15 +4,18 @@
 use serde::Deserialize;
 use serde_saphyr::Location;
 
+use super::routes::RouteNode;
 use super::{Config, Located, Problem, UpstreamConfig, UpstreamMode, located, percent};
+use crate::routes::{DEFAULT_ROUTE, ON_CLUSTER};
 
 /// The second server of a migration and how much of the traffic it sees.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MirrorConfig {
     /// The mirror, configured as `upstream:` is (address, login, TLS, timeouts): a
-    /// standalone server or a Sentinel-managed primary (followed through its failovers). It always uses one connection per RESP version (so one
-    /// client's writes stay in order) and no dedicated ones: `connections` and the
+    /// standalone server, a Sentinel-managed primary (followed through its failovers) or a
+    /// Redis Cluster. It always uses one connection per RESP version (per node of a cluster),
+    /// so one client's writes stay in order, and no dedicated ones: `connections` and the
     /// `dedicated_*` settings do not apply.
     pub upstream: UpstreamConfig,
     /// Bytes of answered batches waiting for the mirror, at most; past it, batches are
@@ -22,6 +25,10 @@ pub struct MirrorConfig {
     /// Shadow reads: a share of the reads is also sent to the mirror and its answers compared
     /// with the primary's. Absent: writes only.
     pub compare: Option<CompareConfig>,
+    /// With `routes:`, the route whose server the mirror copies (its upstream and database):
+    /// a migration moves one server at a time, and only the writes that went to that server
+    /// belong on its replacement. Required with routes, refused without.
+    pub route: Option<Located<String>>,
 }
 
 impl Default for MirrorConfig {
@@ -30,6 +37,7 @@ impl Default for MirrorConfig {
             upstream: UpstreamConfig::default(),
             max_queue_bytes: located(64 << 20),
             compare: None,
+            route: None,
         }
     }
 }
@@ -62,10 +70,15 @@ impl CompareConfig {
 }
 
 impl MirrorConfig {
-    /// The whole file as the mirror's pool reads it: `upstream:` replaced by the mirror's.
+    /// The whole file as the mirror's pool reads it: `upstream:` replaced by the mirror's, in
+    /// the mirrored route's database (a route's writes carry no `SELECT`: its pool selects).
     pub fn as_upstream_of(&self, config: &Config) -> Config {
+        let mut upstream = self.upstream.clone();
+        if let Some((_, node)) = self.mirrored_node(config) {
+            upstream.db = node.db;
+        }
         Config {
-            upstream: self.upstream.clone(),
+            upstream,
             upstreams: Default::default(),
             routes: Vec::new(),
             mirror: None,
@@ -77,6 +90,20 @@ impl MirrorConfig {
     /// leaves it unchanged keeps the running mirror and its connections.
     pub fn fingerprint(&self) -> String {
         super::without_locations(&format!("{self:?}"))
+    }
+
+    /// With routes, the router node whose writes are mirrored (its number in
+    /// [`Config::route_nodes`]) and where it lives; `None` without routes (every write is
+    /// mirrored) or when `route` names nothing (`mirror_problems` refuses that file).
+    pub fn mirrored_node(&self, config: &Config) -> Option<(u16, RouteNode)> {
+        let name = &self.route.as_ref()?.value;
+        let nodes = config.route_nodes();
+        if name == DEFAULT_ROUTE {
+            return Some((0, nodes.into_iter().next()?));
+        }
+        let route = config.routes.iter().find(|r| r.name.value == *name)?;
+        let node = config.route_node(route);
+        Some((node, nodes.get(usize::from(node))?.clone()))
     }
 
     /// The phase it puts the migration in, for the log, INFO and metrics.
@@ -109,23 +136,22 @@ impl Config {
                 message,
             });
         };
-        if self.upstream.mode.value == UpstreamMode::Cluster {
-            push(
-                &self.upstream.mode.referenced,
-                "mirror",
-                "mirroring works in front of a standalone or Sentinel upstream; in front of a \
-                 cluster it is not built yet (docs/migration.md)"
-                    .into(),
-            );
-        }
-        if !self.routes.is_empty() {
-            push(
+        match (&mirror.route, self.routes.is_empty()) {
+            (None, false) => push(
                 &mirror.upstream.address.referenced,
-                "mirror",
-                "mirroring with `routes:` (a mirror per route) is not built yet; mirror without \
-                 routes (docs/migration.md)"
+                "mirror.route",
+                "with `routes:`, name the route whose server the mirror copies (`route: <name>`, \
+                 or `default` for `upstream:`); one route at a time (docs/migration.md)"
                     .into(),
-            );
+            ),
+            (Some(route), true) => push(
+                &route.referenced,
+                "mirror.route",
+                "names a route, but the file has no `routes:`; remove it to mirror every write"
+                    .into(),
+            ),
+            (Some(route), false) => self.mirrored_route_problems(route, &mut push),
+            (None, true) => {}
         }
         if mirror.upstream.address.value == self.upstream.address.value
             && self.upstream.mode.value == UpstreamMode::Standalone
@@ -151,6 +177,40 @@ impl Config {
             && let Err(why) = percent::parse(&compare.share.value)
         {
             push(&compare.share.referenced, "mirror.compare.share", why);
+        }
+    }
+}
+
+impl Config {
+    /// Problems of `mirror.route` with `routes:`: a route that exists and goes to one server.
+    fn mirrored_route_problems(
+        &self,
+        route: &Located<String>,
+        push: &mut impl FnMut(&Location, &str, String),
+    ) {
+        let name = route.value.as_str();
+        if name == DEFAULT_ROUTE {
+            return;
+        }
+        let Some(found) = self.routes.iter().find(|r| r.name.value == name) else {
+            let mut names: Vec<&str> = vec![DEFAULT_ROUTE];
+            names.extend(self.routes.iter().map(|r| r.name.value.as_str()));
+            push(
+                &route.referenced,
+                "mirror.route",
+                format!("`{name}` is not a route (routes: {})", names.join(", ")),
+            );
+            return;
+        };
+        if self.route_node(found) == ON_CLUSTER {
+            push(
+                &route.referenced,
+                "mirror.route",
+                format!(
+                    "route `{name}` goes to a Redis Cluster: mirroring a cluster route is not \
+                     built yet (mirror a cluster as the whole upstream, docs/migration.md)"
+                ),
+            );
         }
     }
 }

@@ -37,17 +37,15 @@ pub(super) struct Part {
     pub commands: Vec<Option<Bytes>>,
 }
 
-/// Writes that could not be placed: no node owns their slot right now (the map is being
+/// Splits a planned batch (`bytes`, one `checks` entry per command) by node; with the count
+/// of writes that could not be placed (no node owns their slot right now: the map is being
 /// learned or the cluster is down).
-pub(super) struct Unplaced(pub u64);
-
-/// Splits a planned batch (`bytes`, one `checks` entry per command) by node.
 pub(super) fn place(
     router: &Router,
     bytes: &Bytes,
     checks: Vec<Check>,
     keys: &mut KeyPositions,
-) -> (Vec<Part>, Unplaced) {
+) -> (Vec<Part>, u64) {
     let commands = codec::split_commands(bytes, &CodecLimits::UNBOUNDED);
     let mut parts: Vec<Part> = Vec::new();
     let mut unplaced = 0;
@@ -111,7 +109,7 @@ pub(super) fn place(
             );
         }
     }
-    (parts, Unplaced(unplaced))
+    (parts, unplaced)
 }
 
 /// Where a command with keys goes: `Some(Some(node))`, `Some(None)` when no node owns its

@@ -113,6 +113,9 @@ struct Mirror {
     /// Whether reads are compared: a batch of one read is then captured (the planner samples
     /// it), else left alone (see [`MirrorSlot::capture`]).
     compares: bool,
+    /// With routes (`mirror.route`): the one router node whose batches are captured, the
+    /// server the mirror replaces; `None`: every batch.
+    only: Option<u16>,
 }
 
 impl Drop for Mirror {
@@ -233,15 +236,21 @@ impl MirrorSlot {
     /// batch that cannot concern the mirror (one read, and reads not compared) is not
     /// captured: unpipelined reads then cost the mirror nothing (no queue, no second decode
     /// in the task; `plan::concerns`).
+    ///
+    /// `node`: the router node the batch went to (0 in front of one server); with routes,
+    /// only the mirrored route's node is captured.
     pub fn capture(
         &self,
         proto: u8,
         commands: &Bytes,
         blocking: bool,
         sole: Option<&'static CommandSpec>,
+        node: u16,
     ) -> Option<Box<Capture>> {
         let mirror = self.current.load_full()?;
-        if sole.is_some_and(|spec| !plan::concerns(spec, mirror.compares)) {
+        if sole.is_some_and(|spec| !plan::concerns(spec, mirror.compares))
+            || mirror.only.is_some_and(|only| only != node)
+        {
             return None;
         }
         if !blocking {
@@ -253,6 +262,12 @@ impl MirrorSlot {
             proto,
             commands: commands.clone(),
         }))
+    }
+
+    /// With routes, the one router node whose writes the running mirror copies (`None`:
+    /// every node's, or no mirror): a fan-out hands over that node's own reply.
+    pub fn only(&self) -> Option<u16> {
+        self.current.load().as_ref()?.only
     }
 
     /// Takes the running mirror out (a cutover, which starts the next one itself).
@@ -428,9 +443,13 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         below: c.hundredths(),
         log_per_minute: c.log_per_minute.value,
     });
+    let shown = match &wanted.route {
+        Some(route) => format!("{name} for route {}", route.value),
+        None => name.clone(),
+    };
     let summary = match &wanted.compare {
-        Some(c) => format!("{name} (writes, and {} of reads compared)", c.share.value),
-        None => format!("{name} (writes)"),
+        Some(c) => format!("{shown} (writes, and {} of reads compared)", c.share.value),
+        None => format!("{shown} (writes)"),
     };
     tokio::spawn(task::run(task::Running {
         rx,
@@ -452,5 +471,6 @@ fn start(config: &Config, wanted: &MirrorConfig, metrics: &Arc<Metrics>) -> Resu
         outstanding: AtomicUsize::new(0),
         follower,
         compares: wanted.compare.as_ref().is_some_and(|c| c.hundredths() > 0),
+        only: wanted.mirrored_node(config).map(|(node, _)| node),
     })
 }

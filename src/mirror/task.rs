@@ -245,7 +245,7 @@ impl State {
         };
         let bytes = planned.bytes.freeze();
         let (parts, unplaced) = super::cluster::place(&router, &bytes, planned.checks, keys);
-        m.dropped[1].inc_by(unplaced.0);
+        m.dropped[1].inc_by(unplaced);
         m.sent[1].inc_by(planned.reads);
         for part in parts {
             let writes = part.checks.iter().filter(|c| **c == Check::Write).count() as u64;

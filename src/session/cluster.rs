@@ -16,7 +16,9 @@
 //!   awaited (`send_shared`, `receive`), for `gather` and `redirect` alike;
 //! - `merge`: the nodes' replies made into the client's one: pure functions over reply bytes,
 //!   no session;
-//! - `transaction`, `subscriber`, `shard_subs`: pinned state that moves with its slot or node.
+//! - `transaction`, `subscriber`, `shard_subs`: pinned state that moves with its slot or node;
+//! - `keyspace`: keyspace notifications, published only on the key's node, heard from every
+//!   primary over extra pub/sub connections.
 //!
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
@@ -26,6 +28,9 @@ use std::sync::Arc;
 
 mod exchange;
 mod gather;
+mod hll;
+mod info;
+pub(super) mod keyspace;
 mod merge;
 mod place;
 mod redirect;

@@ -90,9 +90,9 @@ impl Session {
         let kept = self.kept_batch(target, expect, &bytes, hash_slots, handling.wait);
         let mut handling = handling;
         if self.ctx.ops.mirror.active() && matches!(expect, Expect::Frames(_)) {
-            let proto = match target {
-                Target::Shared(proto, _) => proto,
-                Target::Dedicated(_) => self.client.proto,
+            let (proto, node) = match target {
+                Target::Shared(proto, node) => (proto, node),
+                Target::Dedicated(node) => (self.client.proto, node),
             };
             // A lone command outside a transaction is judged by its table entry (the
             // planner counts every command inside one, so those are always captured).
@@ -100,11 +100,11 @@ impl Session {
                 Expect::Frames(1) if !self.conn.in_multi() => self.input.batch_name,
                 _ => None,
             };
-            handling.mirror = self
-                .ctx
-                .ops
-                .mirror
-                .capture(proto, &bytes, handling.blocking, sole);
+            handling.mirror =
+                self.ctx
+                    .ops
+                    .mirror
+                    .capture(proto, &bytes, handling.blocking, sole, node);
         }
         let batch = Batch {
             bytes,
@@ -119,8 +119,14 @@ impl Session {
         }
         match parts {
             Some((_, head)) => {
-                if let Some(Slot::Upstream { sent, .. }) = self.queue.slots.get_mut(head) {
+                // A scattered run's segments share the head's slot: the batch's mirror
+                // capture waits there for its whole reply (`on_parts`).
+                if let Some(Slot::Upstream {
+                    sent, handling: h, ..
+                }) = self.queue.slots.get_mut(head)
+                {
                     *sent = kept;
+                    h.mirror = handling.mirror;
                 }
             }
             None => self.queue.slots.push_back(Slot::Upstream {

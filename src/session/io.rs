@@ -120,6 +120,9 @@ impl Session {
     /// Not an `async fn`: its state would sit in every client's task (`size_tests`); the
     /// returned future is ready at once unless a step is due, which is boxed.
     pub(super) fn on_message(&mut self, msg: Reply) -> impl Future<Output = ()> + Send + '_ {
+        // Before the reply is queued for the client (one pointer test outside cluster mode
+        // and for sessions without keyspace notifications).
+        self.keyspace_confirmed(&msg);
         let stepped = if self.reply_step_due(&msg) {
             Some(Box::pin(self.on_message_stepped(msg)))
         } else {
@@ -233,6 +236,7 @@ impl Session {
             || !self.queue.slots.is_empty()
             || self.conn.dedicated.is_some()
             || self.routing.shard_subs().is_some()
+            || self.routing.keyspace().is_some()
         {
             return false;
         }

@@ -335,6 +335,10 @@ enum Action {
     /// CLIENT TRACKING … REDIRECT to a client of the tenant that has no dedicated connection:
     /// its session is asked to open one, then the command goes on naming it (`summon`).
     Summon(Box<summon::Summon>),
+    /// Cluster mode: a classic (un)subscription of keyspace notifications, which each node
+    /// publishes only for its own keys: done on every other primary too, then forwarded as
+    /// the action it carries (`cluster::keyspace`).
+    Keyspace(Box<cluster::keyspace::Fanout>),
 }
 
 /// What `decide` made of one command: the action, and in cluster mode the hash slot its keys
@@ -638,6 +642,9 @@ impl Action {
                 rewrite,
                 ..
             } => Some((*target, *effect, Some(rewrite))),
+            // Forwarded once the other primaries are done: rate limits and the audit see the
+            // command it carries.
+            Action::Keyspace(fanout) => fanout.then.forwarded(),
             _ => None,
         }
     }
@@ -857,6 +864,10 @@ impl Session {
                 Box::pin(self.kill(*filter)).await;
             }
             Action::Summon(summon) => return Box::pin(self.summon(*summon, len)).await,
+            Action::Keyspace(fanout) => {
+                let then = Box::pin(self.keyspace_fanout(*fanout)).await;
+                return Box::pin(self.execute(then, len)).await;
+            }
         }
         true
     }
@@ -962,6 +973,7 @@ impl Session {
         self.answer(reply);
         if ok {
             self.client.proto = proto;
+            self.keyspace_follow_proto();
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

@@ -3,7 +3,9 @@
 //! connection held other clients' reads, and the `CLIENT UNPAUSE` meant to end it. So while a
 //! pause the proxy forwarded is in force, the commands Redis pauses go on their client's
 //! dedicated connection instead, where they hold only that client, as in Redis. Costs one
-//! relaxed atomic load per command when no pause is in force.
+//! relaxed atomic load per command when no pause is in force. In cluster mode the pause is
+//! sent to every primary (`cluster::gather`, a fan-out) and a held command goes on the
+//! client's dedicated connection to its key's node.
 //!
 //! A pause the proxy did not see (sent to Redis directly, or by a failover) is not known
 //! here: commands then wait on the shared connection behind the paused ones until it ends.

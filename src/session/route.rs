@@ -98,10 +98,7 @@ impl Session {
     /// client's dedicated connection (see `pause`), so it holds only its own client.
     fn around_pause(&self, action: Action, spec: Option<&CommandSpec>) -> Action {
         let paused = self.ctx.pause.current();
-        if paused == Paused::Nothing
-            || self.routing.router().is_some()
-            || !super::pause::holds(paused, spec)
-        {
+        if paused == Paused::Nothing || !super::pause::holds(paused, spec) {
             return action;
         }
         match action.forwarded() {
@@ -116,6 +113,16 @@ impl Session {
     /// Where a command goes and what it changes, policy aside.
     fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
         let current = self.current_target();
+        if self.resp2_subscribed() && !runs_while_subscribed(args, kind) {
+            // Redis refuses it: nothing it would change (MULTI, WATCH, SELECT, CLIENT
+            // SETNAME…) changes, and the proxy answers none of it itself. In front of one
+            // server, in the server's own words; a cluster node would first redirect a key
+            // it does not own, so the proxy answers as the node would for one it owns.
+            if self.routing.router().is_none() {
+                return forward(self.dedicated_target(), Effect::None);
+            }
+            return subscribed_context_refusal(args);
+        }
         match kind {
             Kind::Plain
                 if args.len() >= 2 && config_get::is_config_get(args.get(0), args.get(1)) =>
@@ -230,8 +237,13 @@ impl Session {
             // the array counts, which no client, and no session view, can read in step.
             return Action::Refused(answers::pubsub_several_in_multi(args.get(0)));
         }
+        // Queued inside MULTI, it is answered `+QUEUED` (one frame, which a MULTI the proxy
+        // deferred in cluster mode precedes with its own `+OK`); EXEC's array carries the
+        // confirmation.
+        let queued = self.conn.in_multi();
         if let Kind::Unsubscribe(sub) = kind {
             let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
+                _ if queued => Expect::Frames(1),
                 (1, true) => Expect::UnsubscribeAll(sub),
                 (1, false) => Expect::Frames(1),
                 // Subscribed or not, Redis confirms each channel named: one command whose
@@ -255,7 +267,7 @@ impl Session {
         let Kind::Subscribe(sub) = kind else {
             return forward(current, Effect::None);
         };
-        let expect = if args.len() > 1 {
+        let expect = if args.len() > 1 && !queued {
             Expect::Confirmations(args.len() as u32 - 1)
         } else {
             Expect::Frames(1)
@@ -582,13 +594,23 @@ impl Session {
 
     /// Whether the server filters CLIENT LIST by more than TYPE and ID (Valkey 8.1+).
     fn server_filters_client_list(&self) -> bool {
+        self.upstream_server_is("valkey", |v| v >= (8, 1, 0))
+    }
+
+    /// Whether the upstream server read at start (`server_facts`) is `name` (`redis`,
+    /// `valkey`) at a version `version` accepts; `false` while it is not read yet.
+    pub(super) fn upstream_server_is(
+        &self,
+        name: &str,
+        version: impl FnOnce((u32, u32, u32)) -> bool,
+    ) -> bool {
         self.ctx
             .ops
             .metrics
             .upstream_server
             .load()
             .as_ref()
-            .is_some_and(|s| s.name == "valkey" && s.parsed >= (8, 1, 0))
+            .is_some_and(|s| s.name == name && version(s.parsed))
     }
 
     /// A CLIENT subcommand whose arguments at `positions` are client ids the proxy gave out,
@@ -803,4 +825,21 @@ fn list_filter(args: &Args<'_>) -> Option<client_list::Filter> {
             .map(Filter::Ids),
         _ => None,
     }
+}
+
+/// What a RESP2 subscriber may send besides the SUBSCRIBE family: PING, QUIT and RESET, as
+/// Redis allows (the proxy's own commands are answered before any routing, in `decide`).
+fn runs_while_subscribed(args: &Args<'_>, kind: Kind) -> bool {
+    match kind {
+        Kind::Subscribe(_) | Kind::Unsubscribe(_) | Kind::Quit | Kind::Reset => true,
+        _ => args.get(0).eq_ignore_ascii_case(b"PING"),
+    }
+}
+
+/// Redis's refusal of a command a RESP2 subscriber may not send, naming it as Redis does
+/// (`client|id` for a subcommand).
+pub(super) fn subscribed_context_refusal(args: &Args<'_>) -> Action {
+    let sub = (args.len() > 1).then(|| args.get(1));
+    let name = crate::commands::lookup(args.get(0), sub).map_or(args.get(0), |s| s.name.as_bytes());
+    Action::Refused(answers::not_in_subscribed_context(name))
 }

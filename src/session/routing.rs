@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::cluster::shard_subs;
+use super::cluster::{keyspace, shard_subs};
 use super::{Run, cluster, spread};
 use crate::upstream::replicas::Replicas;
 
@@ -66,6 +66,9 @@ pub(super) struct ClusterState {
     /// Shard channels subscribed on any node and their per-node connections (see
     /// `shard_subs`); `None` until the first SSUBSCRIBE.
     pub(super) shard_subs: Option<Box<shard_subs::ShardSubs>>,
+    /// Keyspace notification names subscribed on the other primaries and their connections
+    /// (see `keyspace`); `None` until the first subscription to one.
+    pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
 }
 
 impl Routing {
@@ -87,6 +90,7 @@ impl Routing {
                 multi_slot: None,
                 tx_log: None,
                 shard_subs: None,
+                keyspace: None,
             })),
         }
     }
@@ -146,6 +150,23 @@ impl Routing {
     /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
     pub(super) fn shard_subs_mut(&mut self) -> Option<&mut shard_subs::ShardSubs> {
         self.cluster_mut().and_then(|c| c.shard_subs.as_deref_mut())
+    }
+
+    /// The keyspace notification names spread to every primary, in cluster mode once a
+    /// session subscribed to one.
+    pub(super) fn keyspace(&self) -> Option<&keyspace::KeyspaceSubs> {
+        self.cluster().and_then(|c| c.keyspace.as_deref())
+    }
+
+    /// The keyspace notification names spread to every primary, as `keyspace`.
+    pub(super) fn keyspace_mut(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
+        self.cluster_mut().and_then(|c| c.keyspace.as_deref_mut())
+    }
+
+    /// The keyspace notification names, created on first use; `None` outside cluster mode.
+    pub(super) fn keyspace_or_new(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
+        self.cluster_mut()
+            .map(|c| &mut **c.keyspace.get_or_insert_with(Box::default))
     }
 
     /// The shard subscriptions, created on first use; `None` outside cluster mode.

@@ -107,7 +107,7 @@ impl Session {
             name,
             sent,
             seq,
-            ..
+            handling,
         }) = self
             .queue
             .slots
@@ -131,6 +131,9 @@ impl Session {
             }
         }
         let total: u32 = segments.iter().map(|(_, n)| n).sum();
+        if let Some(capture) = handling.mirror {
+            capture.answered(self.client.id, data.clone(), total);
+        }
         self.queue.inflight -= total as usize;
         if self.queue.inflight == 0 {
             self.queue.inflight_target = None;

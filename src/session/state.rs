@@ -125,6 +125,12 @@ impl Session {
             || self.client.db != 0
     }
 
+    /// A RESP2 client in the subscribed context, where Redis runs only the SUBSCRIBE family,
+    /// PING, QUIT and RESET (a MULTI that queued a SUBSCRIBE has not entered it yet).
+    pub(super) fn resp2_subscribed(&self) -> bool {
+        self.client.proto == 2 && self.conn.holds(Holds::SUBSCRIPTIONS) && !self.conn.in_multi()
+    }
+
     /// A RESP3 client whose only state is its subscriptions: its other commands need not go
     /// on the connection that holds them (RESP3 lets a subscriber run any command, and the
     /// messages are pushes), so they take the shared path, and in cluster mode reach any
@@ -241,6 +247,7 @@ impl Session {
                 if let Some(d) = &mut self.conn.dedicated {
                     d.proto = proto;
                 }
+                self.keyspace_follow_proto();
             }
             Effect::Monitor => {
                 self.list_flag('O');
@@ -281,6 +288,7 @@ impl Session {
         self.conn.watch_lost = false;
         if let Some(c) = self.routing.cluster_mut() {
             c.shard_subs = None;
+            c.keyspace = None;
             c.multi_slot = None;
             c.tx_log = None;
         }

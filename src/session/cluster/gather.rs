@@ -6,7 +6,7 @@
 
 use super::Gather;
 use super::exchange::{lost_reply, receive};
-use super::merge::{Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
+use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::redirect::may_redirect;
 use crate::cluster::Router;
 use crate::codec::{CodecLimits, Decoded};
@@ -37,6 +37,10 @@ pub(in crate::session) struct Fanout {
     blocking: bool,
     /// How long WAIT may block (its own timeout), so the command timeout leaves it be.
     wait: ReplyWait,
+    /// CLIENT PAUSE's or UNPAUSE's effect, applied as the fan-out is sent (as a forwarded
+    /// one's is): while a pause is in force the session sends what it holds back on
+    /// dedicated connections (`route::around_pause`), so it holds only its own client.
+    pause: Option<Effect>,
 }
 
 /// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
@@ -119,6 +123,26 @@ impl Session {
             // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
             // gets NOSCRIPT for keys on the other nodes, forever.
             Some(Merge::AllOk)
+        } else if is("SLOWLOG") && sub_in(&[b"RESET"]) {
+            // Node-local logs, one log to the clients: every node's.
+            Some(Merge::AllOk)
+        } else if is("SLOWLOG") && sub_in(&[b"LEN"]) {
+            Some(Merge::Sum)
+        } else if is("SLOWLOG") && sub_in(&[b"GET"]) {
+            // Redis's default of 10 entries; -1 (or any count it refuses, which every node
+            // then answers with its error) for all.
+            let limit = match args.len() {
+                2 => Some(10),
+                _ => codec::parse_int(args.get(2)).and_then(|n| usize::try_from(n).ok()),
+            };
+            Some(Merge::Slowlog(limit))
+        } else if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
+            // To its clients the proxy is one server: a pause holds back every node's
+            // commands, as one Redis would hold back all of them. Inside MULTI it is queued
+            // on the transaction's node (EXEC's reply cannot hold every node's answer).
+            (!self.conn.in_multi()).then_some(Merge::AllOk)
+        } else if is("SCRIPT") && sub_in(&[b"EXISTS"]) {
+            Some(Merge::Max)
         } else if (is("SCRIPT") || is("FUNCTION")) && sub_in(&[b"KILL"]) {
             // A script runs on a dedicated connection to its keys' node (a keyless one
             // wherever keyless commands go), which the killer cannot name: every primary is
@@ -127,6 +151,16 @@ impl Session {
         } else {
             None
         }
+    }
+
+    /// Whether the upstream formats the doubles of its replies as the proxy formats the scores
+    /// it computes (ZUNION's, ZINTER's): `%.17g`, as Redis before 7.2 does. Redis 7.2+ and
+    /// Valkey write a shortest form of their own, which the proxy does not reproduce, so there
+    /// those commands are not gathered (CROSSSLOT, as before) rather than answered with
+    /// scores whose text differs from what the server would send. Unknown (the server not
+    /// read yet): not gathered.
+    pub(super) fn doubles_as_7_0(&self) -> bool {
+        self.upstream_server_is("redis", |v| v < (7, 2, 0))
     }
 
     /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
@@ -155,6 +189,7 @@ impl Session {
                 Effect::Wait(wait) => wait,
                 _ => ReplyWait::Prompt,
             },
+            pause: matches!(effect, Effect::Pause(..) | Effect::Unpause).then_some(effect),
         })))
     }
 
@@ -245,17 +280,23 @@ impl Session {
             let rx = self
                 .send_shared(&router, b.node, proto, bytes.clone(), frames)
                 .await;
-            pending.push((b.node, b.parts, bytes, rx));
+            // Each part is a command of one slot: the mirror gets the parts as they ran,
+            // which a cluster mirror can place (the client's whole command it could not).
+            let capture = (self.ctx.ops.mirror).capture(proto, &bytes, false, None, b.node);
+            pending.push((b.node, b.parts, bytes, rx, capture, frames));
         }
         // Every part's reply, with the client-order positions of its keys.
         let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
-        for (node, positions, bytes, rx) in pending {
+        for (node, positions, bytes, rx, capture, sent) in pending {
             let (data, error) = receive(rx, &router, node).await;
             let mut frames = crate::reply::split(&data);
             if error.is_none() && may_redirect(&data) {
                 // The slot moved since the map was read: follow, as for any command.
                 self.redirect_batch(&router, node, &bytes, &mut frames)
                     .await;
+            }
+            if let Some(capture) = capture {
+                capture.answered(self.client.id, frames.concat().into(), sent);
             }
             for (k, p) in positions.into_iter().enumerate() {
                 let reply = match frames.get(k) {
@@ -278,6 +319,9 @@ impl Session {
             router.refresh_soon();
             return answers::clusterdown();
         }
+        if let Some(effect) = fanout.pause {
+            self.apply(effect);
+        }
         let mut receivers = Vec::with_capacity(primaries.len());
         // One-off connections of a blocking fan-out; dropped (closed) once answered.
         let mut connections = Vec::new();
@@ -292,6 +336,9 @@ impl Session {
             receivers.push((node, rx));
         }
         let mut replies = Vec::with_capacity(receivers.len());
+        // With routes the mirror copies one node: it gets that node's own reply.
+        let mirrored = self.ctx.ops.mirror.only();
+        let mut mirrored_reply = None;
         for (node, rx) in receivers {
             let reply = match receive(rx, &router, node).await {
                 (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
@@ -299,9 +346,27 @@ impl Session {
                 (data, None) if fanout.blocking => crate::reply::split(&data).pop().unwrap_or(data),
                 (data, None) => data,
             };
+            if mirrored == Some(node) {
+                mirrored_reply = Some(reply.clone());
+            }
             replies.push(reply);
         }
-        let merged = merge(fanout.merge, &replies, self.client.id);
+        let merged = merge(fanout.merge, &replies, varying_seed());
+        // Once, with the merged reply (a mirror that is a cluster sends the whole-keyspace
+        // writes, FLUSHALL, SCRIPT LOAD…, to each of its primaries itself), or with the
+        // mirrored route's node's own.
+        let node = mirrored.unwrap_or_default();
+        if !fanout.blocking
+            && (mirrored.is_none() || mirrored_reply.is_some())
+            && let Some(capture) =
+                (self.ctx.ops.mirror).capture(self.client.proto, &fanout.bytes, false, None, node)
+        {
+            capture.answered(
+                self.client.id,
+                mirrored_reply.unwrap_or_else(|| merged.clone()),
+                1,
+            );
+        }
         self.finish_fanout(fanout, merged)
     }
 
@@ -358,15 +423,16 @@ impl Session {
 }
 
 /// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
-/// EXISTS, TOUCH), as one sub-command per slot grouped by node, or a set read answered from
-/// its keys' members (SUNION, SINTER, SDIFF, SINTERCARD, ZDIFF, ZINTERCARD:
-/// `gather_members`); `None` for any
-/// other command (it gets CROSSSLOT), or when a slot has no owner or the policy's rewrite
-/// cannot be split.
+/// EXISTS, TOUCH), as one sub-command per slot grouped by node, or a read answered from its
+/// keys' contents (SUNION, SINTER, SDIFF, SINTERCARD, ZUNION, ZINTER, ZDIFF, ZINTERCARD,
+/// PFCOUNT: `gather_members`); `None` for any other command (it gets CROSSSLOT), or when a
+/// slot has no owner or the policy's rewrite cannot be split. ZUNION and ZINTER only when
+/// `doubles_as_7_0` (`Session::doubles_as_7_0`).
 pub(super) fn split(
     router: &Router,
     args: &Args<'_>,
     rewrite: Option<&crate::policy::rewrite::Rewrite>,
+    doubles_as_7_0: bool,
 ) -> Option<Action> {
     if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
         return None;
@@ -379,7 +445,7 @@ pub(super) fn split(
         },
         None => args.iter().collect(),
     };
-    if let Some((join, keys)) = set_command(&argv) {
+    if let Some((join, keys)) = set_command(&argv, doubles_as_7_0) {
         // A read has no hidden commands to place; one it had would be dropped here.
         if rewrite.is_some_and(|r| !r.after.is_empty()) {
             return None;
@@ -420,12 +486,12 @@ pub(super) fn split(
     }))))
 }
 
-/// A set or sorted-set read whose keys the proxy gathers across slots (SUNION, SINTER,
-/// SDIFF, SINTERCARD, ZDIFF, ZINTERCARD), how its keys' members are combined, and where its
-/// keys are in `argv`; `None` for any other command, and for arguments Redis would refuse
-/// (the command then gets CROSSSLOT, as Redis Cluster checks the slots before the
-/// arguments).
-fn set_command(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
+/// A read whose keys the proxy gathers across slots (SUNION, SINTER, SDIFF, SINTERCARD,
+/// ZUNION, ZINTER, ZDIFF, ZINTERCARD, PFCOUNT), how its keys' contents are combined, and
+/// where its keys are in `argv`; `None` for any other command, and for arguments Redis
+/// would refuse (the command then gets CROSSSLOT, as Redis Cluster checks the slots before
+/// the arguments).
+fn set_command(argv: &[&[u8]], doubles_as_7_0: bool) -> Option<(Join, std::ops::Range<usize>)> {
     let name = argv.first()?;
     let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
     let op = if is(b"SUNION") {
@@ -442,6 +508,10 @@ fn set_command(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
         return Some((Join::Sorted(ZOp::InterCard(limit)), keys));
     } else if is(b"ZDIFF") {
         return zdiff(argv);
+    } else if doubles_as_7_0 && (is(b"ZUNION") || is(b"ZINTER")) {
+        return zcombine(argv, is(b"ZUNION"));
+    } else if is(b"PFCOUNT") {
+        return (argv.len() > 1).then_some((Join::HllCount, 1..argv.len()));
     } else {
         return None;
     };
@@ -485,10 +555,24 @@ fn zdiff(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
     Some((Join::Sorted(ZOp::Diff { scores }), keys))
 }
 
-/// A gathered read: for each distinct key of `keys`, `SMEMBERS` (a set command) or
+/// ZUNION (`union`) or ZINTER numkeys key [key …] [WEIGHTS w …] [AGGREGATE SUM|MIN|MAX]
+/// [WITHSCORES], its options as Redis 7.0 takes them (`Combine::parse`).
+fn zcombine(argv: &[&[u8]], union: bool) -> Option<(Join, std::ops::Range<usize>)> {
+    let (keys, options) = numkeys(argv)?;
+    let combine = Combine::parse(options, keys.len())?;
+    let op = if union {
+        ZOp::Union(combine)
+    } else {
+        ZOp::Inter(combine)
+    };
+    Some((Join::Sorted(op), keys))
+}
+
+/// A gathered read: for each distinct key of `keys`, `SMEMBERS` (a set command),
 /// `ZRANGE key 0 -1` then `SMEMBERS` (a sorted-set command, which takes sets too: one of the
-/// two answers WRONGTYPE, the other is the key's), grouped by node, combined by `join` once
-/// all are in; `None` when a slot has no owner.
+/// two answers WRONGTYPE, the other is the key's) or `GET` (PFCOUNT: the HyperLogLog's
+/// bytes), grouped by node, combined by `join` once all are in; `None` when a slot has no
+/// owner.
 fn gather_members(router: &Router, keys: &[&[u8]], join: Join) -> Option<Action> {
     let snapshot = router.snapshot();
     // Each distinct key once, with its positions among the command's keys.
@@ -502,7 +586,10 @@ fn gather_members(router: &Router, keys: &[&[u8]], join: Join) -> Option<Action>
     let mut batches: Vec<NodeBatch> = Vec::new();
     for (key, positions) in distinct {
         let b = batch_for(&mut batches, snapshot.owner(router.slot_of(key))?);
-        if let Join::Sorted(op) = join {
+        if join == Join::HllCount {
+            b.bytes.extend_from_slice(&codec::encode(&[b"GET", key]));
+            b.parts.push(positions);
+        } else if let Join::Sorted(op) = &join {
             let range: [&[u8]; 4] = [b"ZRANGE", key, b"0", b"-1"];
             let with_scores = [&range[..], &[b"WITHSCORES"]].concat();
             let zrange = if op.scores() {
@@ -587,4 +674,14 @@ fn batch_for(batches: &mut Vec<NodeBatch>, node: u16) -> &mut NodeBatch {
         }
     };
     &mut batches[i]
+}
+
+/// A number that differs at every call: where RANDOMKEY starts looking (`Merge::FirstNonNil`).
+/// A seed per client would ask the same node first every time, so a client would never see
+/// a key of the later nodes while that one holds any (Redis's suite calls RANDOMKEY until it
+/// has seen both of two keys). Each `RandomState` is keyed anew (std's SipHash keys), which
+/// is enough spread for picking a node and needs no random-number package.
+fn varying_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0u8)
 }

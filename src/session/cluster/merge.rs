@@ -2,6 +2,8 @@
 //! (`Merge`), a split command's parts (`Join`), a node's SCAN step. Pure functions over
 //! reply bytes: no session, no node, nothing sent.
 
+use super::hll;
+use crate::commands::grammar::keyword;
 use crate::{answers, codec};
 use bytes::{Bytes, BytesMut};
 
@@ -19,9 +21,15 @@ pub(super) enum Merge {
     /// WAIT/WAITAOF: the smallest count (element-wise for WAITAOF's pair): the replicas (or
     /// fsyncs) every node the client may have written to has reached.
     Min,
+    /// SCRIPT EXISTS: element-wise the largest, so a script any node has cached (an EVAL
+    /// runs on one node, its keys') is known, as one Redis would know it.
+    Max,
     /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
     /// `cluster_enabled:0` (to its clients the proxy is one server).
     Info,
+    /// SLOWLOG GET: every node's entries, newest first (by time, then id), at most this many
+    /// (`None`: all, `SLOWLOG GET -1`).
+    Slowlog(Option<usize>),
     /// SCRIPT KILL, FUNCTION KILL: sent to every primary because a script runs on the node
     /// of its keys, which the killer cannot name. `+OK` when one node killed a script;
     /// otherwise the most telling refusal: a node's `UNKILLABLE` (its script wrote), any
@@ -30,7 +38,7 @@ pub(super) enum Merge {
 }
 
 /// How the replies of a multi-key command split by slot become the client's one reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum Join {
     /// MGET: the values put back in the client's key order.
     Values,
@@ -41,11 +49,14 @@ pub(super) enum Join {
     /// SUNION, SINTER, SDIFF, SINTERCARD: one `SMEMBERS` per key, combined as the command
     /// would (see [`SetOp`]).
     Sets(SetOp),
-    /// ZDIFF, ZINTERCARD: per key `ZRANGE key 0 -1` then `SMEMBERS` (the key is a sorted
-    /// set or a set, which these commands take too), combined as the command would (see
-    /// [`ZOp`]). The parts carry the ZRANGE replies at the key's positions and the SMEMBERS
-    /// replies at the key's positions plus the number of keys.
+    /// ZUNION, ZINTER, ZDIFF, ZINTERCARD: per key `ZRANGE key 0 -1` then `SMEMBERS` (the
+    /// key is a sorted set or a set, which these commands take too), combined as the command
+    /// would (see [`ZOp`]). The parts carry the ZRANGE replies at the key's positions and the
+    /// SMEMBERS replies at the key's positions plus the number of keys.
     Sorted(ZOp),
+    /// PFCOUNT: one `GET` per key, the HyperLogLogs merged and counted as one Redis counts
+    /// several keys (see [`hll`]).
+    HllCount,
 }
 
 /// What a set command across slots computes from its keys' members (a missing key is an
@@ -109,9 +120,11 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
             .first()
             .cloned()
             .unwrap_or_else(answers::clusterdown),
-        Merge::Info => merge_info(replies),
-        Merge::Min => merge_min(replies),
+        Merge::Info => super::info::merge_info(replies),
+        Merge::Min => merge_ints(replies, i64::min),
+        Merge::Max => merge_ints(replies, i64::max),
         Merge::Kill => merge_kill(replies),
+        Merge::Slowlog(limit) => merge_slowlog(replies, limit),
         Merge::FirstNonNil => {
             let n = replies.len();
             let start = (seed as usize).wrapping_add(n / 2) % n.max(1);
@@ -130,6 +143,37 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
 
 /// SCRIPT KILL / FUNCTION KILL answered by every primary: one script at most runs per node,
 /// and Redis answers `+OK` only where it killed one (see [`Merge::Kill`]).
+/// SLOWLOG GET from every node: the entries of all, newest first (Redis lists its own newest
+/// first; ids are per node, so the time orders them, the id breaks ties), `limit` at most.
+fn merge_slowlog(replies: &[Bytes], limit: Option<usize>) -> Bytes {
+    let mut entries: Vec<((i64, i64), Bytes)> = Vec::new();
+    for reply in replies {
+        let Some(items) = crate::reply::array_elements(reply) else {
+            return unexpected(reply);
+        };
+        for entry in items {
+            let head = crate::reply::array_elements(&entry).and_then(|fields| {
+                let int = |f: &Bytes| {
+                    f.strip_prefix(b":")
+                        .and_then(|r| codec::parse_int(r.strip_suffix(b"\r\n")?))
+                };
+                Some((int(fields.get(1)?)?, int(fields.first()?)?))
+            });
+            let Some(order) = head else {
+                return unexpected(&entry);
+            };
+            entries.push((order, entry));
+        }
+    }
+    entries.sort_by_key(|e| std::cmp::Reverse(e.0));
+    entries.truncate(limit.unwrap_or(usize::MAX));
+    let mut out = BytesMut::from(format!("*{}\r\n", entries.len()).as_bytes());
+    for (_, entry) in entries {
+        out.extend_from_slice(&entry);
+    }
+    out.freeze()
+}
+
 fn merge_kill(replies: &[Bytes]) -> Bytes {
     let is = |r: &Bytes, prefix: &[u8]| r.starts_with(prefix);
     replies
@@ -149,6 +193,9 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
     }
     if let Join::Sorted(op) = how {
         return join_sorted(op, keys, parts, proto);
+    }
+    if how == Join::HllCount {
+        return join_hll(keys, parts);
     }
     if how != Join::Values {
         let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
@@ -196,10 +243,10 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
 }
 
 /// What a sorted-set command across slots computes from its keys' members and scores (a
-/// set's members score 1, a missing key is empty, as in Redis). Only commands whose reply
-/// holds no score the proxy would have to compute: ZDIFF's are the first key's, as its node
-/// formatted them (Redis 7.0 and 7.2+ format doubles differently), ZINTERCARD has none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// set's members score 1, a missing key is empty, as in Redis). ZDIFF's scores are the first
+/// key's, as its node formatted them; ZINTERCARD has none; ZUNION's and ZINTER's are
+/// computed here and formatted as Redis 7.0 formats doubles (`format_score`).
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum ZOp {
     /// ZDIFF: the members of the first key that no other key has, by score then member,
     /// with their scores when `scores` (WITHSCORES).
@@ -210,14 +257,141 @@ pub(super) enum ZOp {
     /// ZINTERCARD: how many members every key has, counting no further than the limit
     /// (0: no limit).
     InterCard(u64),
+    /// ZUNION: the members of any key, their weighted scores aggregated.
+    Union(Combine),
+    /// ZINTER: the members of every key, their weighted scores aggregated.
+    Inter(Combine),
 }
 
 impl ZOp {
-    /// Whether the keys' scores are read (ZRANGE … WITHSCORES): ZDIFF orders its reply by
-    /// them, WITHSCORES or not.
-    pub(super) fn scores(self) -> bool {
-        matches!(self, ZOp::Diff { .. })
+    /// Whether the keys' scores are read (ZRANGE … WITHSCORES): ZDIFF, ZUNION and ZINTER
+    /// order their reply by them, WITHSCORES or not.
+    pub(super) fn scores(&self) -> bool {
+        !matches!(self, ZOp::InterCard(_))
     }
+}
+
+/// ZUNION's and ZINTER's options, as Redis 7.0 takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Combine {
+    /// One factor per key, in key order, each score of the key is multiplied by (WEIGHTS;
+    /// 1 each without it).
+    weights: Vec<f64>,
+    /// How a member's weighted scores in several keys become one (AGGREGATE).
+    aggregate: Aggregate,
+    /// WITHSCORES was given: the reply carries the scores.
+    scores: bool,
+}
+
+/// AGGREGATE's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Aggregate {
+    /// The weighted scores added up (the default); +inf plus -inf makes 0, as in Redis.
+    Sum,
+    /// The smallest weighted score.
+    Min,
+    /// The largest weighted score.
+    Max,
+}
+
+impl Combine {
+    /// ZUNION's or ZINTER's `options` (what follows the `keys` keys): WEIGHTS with exactly
+    /// one valid float per key, AGGREGATE SUM|MIN|MAX, WITHSCORES, in any order, keywords in
+    /// any case, a repeated option's last value counting (Redis 7.0's parser). `None` for
+    /// anything Redis refuses, so that the command gets CROSSSLOT as Redis Cluster answers
+    /// it (it checks the slots first).
+    pub(super) fn parse(options: &[&[u8]], keys: usize) -> Option<Combine> {
+        let mut combine = Combine {
+            weights: vec![1.0; keys],
+            aggregate: Aggregate::Sum,
+            scores: false,
+        };
+        let mut rest = options;
+        while let Some((&option, after)) = rest.split_first() {
+            if keyword(option, b"WEIGHTS") && after.len() >= keys {
+                let (weights, after) = after.split_at(keys);
+                combine.weights = weights
+                    .iter()
+                    .map(|w| parse_weight(w))
+                    .collect::<Option<_>>()?;
+                rest = after;
+            } else if keyword(option, b"AGGREGATE") && !after.is_empty() {
+                combine.aggregate = match after[0] {
+                    a if keyword(a, b"SUM") => Aggregate::Sum,
+                    a if keyword(a, b"MIN") => Aggregate::Min,
+                    a if keyword(a, b"MAX") => Aggregate::Max,
+                    _ => return None,
+                };
+                rest = &after[1..];
+            } else if keyword(option, b"WITHSCORES") {
+                combine.scores = true;
+                rest = after;
+            } else {
+                return None;
+            }
+        }
+        Some(combine)
+    }
+}
+
+/// A weight as Redis reads a double from an argument (`strtod` over the whole argument):
+/// decimal or hexadecimal notation, `inf`/`infinity` in any case, an optional sign; no
+/// white space, no NaN, no overflow to infinity nor underflow to 0.
+fn parse_weight(text: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(text).ok()?;
+    let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let negative = text.starts_with('-');
+    if unsigned.starts_with("0x") || unsigned.starts_with("0X") {
+        let v = parse_hex_float(&unsigned[2..])?;
+        return Some(if negative { -v } else { v });
+    }
+    // Rust's parser takes what strtod takes in decimal, but gives inf and 0 where strtod
+    // reports a range error, which Redis refuses.
+    let v: f64 = text.parse().ok()?;
+    let literal_inf = ["inf", "infinity"]
+        .iter()
+        .any(|i| unsigned.eq_ignore_ascii_case(i));
+    let nonzero_digits = unsigned
+        .split(['e', 'E'])
+        .next()
+        .is_some_and(|m| m.bytes().any(|b| (b'1'..=b'9').contains(&b)));
+    let refused = v.is_nan() || (v.is_infinite() && !literal_inf) || (v == 0.0 && nonzero_digits);
+    (!refused).then_some(v)
+}
+
+/// The value of a hexadecimal float's digits after `0x` (`1.8p3`), when it is exact in a
+/// normal double; `None` otherwise (the weight is then refused: the command gets CROSSSLOT
+/// rather than a result that might differ from Redis's rounding).
+fn parse_hex_float(digits: &str) -> Option<f64> {
+    let (mantissa, exponent) = match digits.split_once(['p', 'P']) {
+        Some((m, e)) => (m, e.parse::<i32>().ok()?),
+        None => (digits, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{whole}{fraction}");
+    if all.is_empty() || !all.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let significant = all.trim_start_matches('0');
+    if significant.len() > 13 {
+        return None;
+    }
+    let value = u64::from_str_radix(
+        if significant.is_empty() {
+            "0"
+        } else {
+            significant
+        },
+        16,
+    )
+    .ok()?;
+    let shift = exponent.checked_sub(i32::try_from(fraction.len()).ok()?.checked_mul(4)?)?;
+    if value == 0 {
+        return Some(0.0);
+    }
+    // Exact as long as the result stays a normal double.
+    let v = value as f64 * 2f64.powi(shift.clamp(-1100, 1100));
+    (v.is_finite() && v >= f64::MIN_POSITIVE && (-1100..=1100).contains(&shift)).then_some(v)
 }
 
 /// One member of a key read for a sorted-set command.
@@ -264,7 +438,204 @@ fn join_sorted(op: ZOp, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -
             answers::integer(inter_card(&sets, limit) as i64)
         }
         ZOp::Diff { scores } => scored_reply(&zdiff(inputs), scores, proto),
+        ZOp::Union(c) => scored_reply(&combined(zunion(&inputs, &c), proto), c.scores, proto),
+        ZOp::Inter(c) => scored_reply(&combined(zinter(&inputs, &c), proto), c.scores, proto),
     }
+}
+
+/// The order Redis 7.0 reads ZUNION's and ZINTER's keys in: by size, smallest first, keys
+/// of one size in command order (its sort of the inputs is stable on glibc). With AGGREGATE
+/// SUM the order decides how a member's floating-point scores are rounded, so it must match.
+fn by_size(inputs: &[Vec<Scored>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..inputs.len()).collect();
+    order.sort_by_key(|&i| inputs[i].len());
+    order
+}
+
+/// A member's weighted score in one key: Redis turns the NaN of an infinite score times a
+/// 0 weight into 0 where it starts a member's score.
+fn weighted(score: f64, weight: f64) -> f64 {
+    let v = weight * score;
+    if v.is_nan() { 0.0 } else { v }
+}
+
+/// Adds one more weighted score `v` to a member's `total` as AGGREGATE says: a NaN sum
+/// (+inf plus -inf, or a later key's inf times 0) becomes 0, and MIN and MAX keep their
+/// value against a NaN, as in Redis.
+fn aggregate(total: f64, v: f64, how: Aggregate) -> f64 {
+    match how {
+        Aggregate::Sum if (total + v).is_nan() => 0.0,
+        Aggregate::Sum => total + v,
+        Aggregate::Min if v < total => v,
+        Aggregate::Max if v > total => v,
+        Aggregate::Min | Aggregate::Max => total,
+    }
+}
+
+/// ZUNION of the keys' entries: every member of any key, its weighted scores aggregated in
+/// Redis's key order (`by_size`). Unordered: `combined` sorts.
+fn zunion(inputs: &[Vec<Scored>], c: &Combine) -> Vec<(Bytes, f64)> {
+    let mut scores: std::collections::HashMap<Bytes, f64> = std::collections::HashMap::new();
+    let mut first_seen = Vec::new();
+    for i in by_size(inputs) {
+        let weight = c.weights.get(i).copied().unwrap_or(1.0);
+        for e in &inputs[i] {
+            let v = weighted(e.score, weight);
+            match scores.get_mut(&e.member) {
+                Some(total) => *total = aggregate(*total, v, c.aggregate),
+                None => {
+                    scores.insert(e.member.clone(), v);
+                    first_seen.push(e.member.clone());
+                }
+            }
+        }
+    }
+    first_seen
+        .into_iter()
+        .map(|m| {
+            let score = scores.get(&m).copied().unwrap_or(0.0);
+            (m, score)
+        })
+        .collect()
+}
+
+/// ZINTER of the keys' entries: the members of the smallest key that every other key has,
+/// the weighted scores aggregated in Redis's key order (`by_size`). Only the smallest key's
+/// own weighted score has its NaN made 0 up front, as in Redis.
+fn zinter(inputs: &[Vec<Scored>], c: &Combine) -> Vec<(Bytes, f64)> {
+    let order = by_size(inputs);
+    let Some((&first, others)) = order.split_first() else {
+        return Vec::new();
+    };
+    let lookups: Vec<(f64, std::collections::HashMap<&Bytes, f64>)> = others
+        .iter()
+        .map(|&j| {
+            let weight = c.weights.get(j).copied().unwrap_or(1.0);
+            (
+                weight,
+                inputs[j].iter().map(|e| (&e.member, e.score)).collect(),
+            )
+        })
+        .collect();
+    let first_weight = c.weights.get(first).copied().unwrap_or(1.0);
+    let mut out = Vec::new();
+    'members: for e in &inputs[first] {
+        let mut total = weighted(e.score, first_weight);
+        for (weight, scores) in &lookups {
+            match scores.get(&e.member) {
+                Some(&score) => total = aggregate(total, score * weight, c.aggregate),
+                None => continue 'members,
+            }
+        }
+        out.push((e.member.clone(), total));
+    }
+    out
+}
+
+/// Computed (member, score) pairs as a sorted set orders them (by score, then member byte
+/// by byte), each score formatted for the reply.
+fn combined(mut entries: Vec<(Bytes, f64)>, proto: u8) -> Vec<Scored> {
+    entries.sort_by(|a, b| {
+        a.1.partial_cmp(&b.1)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| bulk_content(&a.0).cmp(&bulk_content(&b.0)))
+    });
+    entries
+        .into_iter()
+        .map(|(member, score)| Scored {
+            member,
+            score,
+            score_frame: format_score(score, proto),
+        })
+        .collect()
+}
+
+/// A score as Redis 7.0 replies with a double: `%.17g` (`0.10000000000000001`, `1e+21`,
+/// `-0`), `inf`/`-inf`; a bulk string in RESP2, a double in RESP3. (Redis 7.2 and later
+/// write the shortest text that reads back the same: see docs/cluster.md.)
+fn format_score(score: f64, proto: u8) -> Bytes {
+    let text = if score.is_infinite() {
+        if score > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else if score.is_nan() {
+        "nan".to_string()
+    } else {
+        format_g17(score)
+    };
+    if proto == 3 {
+        Bytes::from(format!(",{text}\r\n"))
+    } else {
+        Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
+    }
+}
+
+/// C's `%.17g` of a finite double: 17 significant digits, in plain notation when the
+/// decimal exponent is from -4 to 16, else in scientific notation with a signed exponent of
+/// at least two digits; trailing zeros of the fraction dropped, and the point with them.
+fn format_g17(v: f64) -> String {
+    // Rust's `{:.16e}` rounds exactly as glibc's printf does (correctly, half to even on the
+    // exact binary value): "d.dddddddddddddddde±x".
+    let scientific = format!("{:.16e}", v);
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let trim = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if (-4..17).contains(&exponent) {
+        let plain = if exponent >= 0 {
+            let point = (exponent + 1) as usize;
+            format!("{}.{}", &digits[..point], &digits[point..])
+        } else {
+            format!("0.{}{digits}", "0".repeat((-exponent - 1) as usize))
+        };
+        format!("{sign}{}", trim(plain))
+    } else {
+        let body = trim(format!("{}.{}", &digits[..1], &digits[1..]));
+        let esign = if exponent < 0 { '-' } else { '+' };
+        format!("{sign}{body}e{esign}{:02}", exponent.abs())
+    }
+}
+
+/// PFCOUNT gathered: `parts` holds each key's GET reply at its positions. In key order, as
+/// Redis reads them: a node's error (WRONGTYPE for a key that is no string) fails the
+/// command, a missing key is an empty HyperLogLog, a string that is not one fails it with
+/// Redis's error; the merged registers' estimate is the reply.
+fn join_hll(keys: usize, parts: &[(Vec<usize>, Bytes)]) -> Bytes {
+    let mut replies: Vec<Option<&Bytes>> = vec![None; keys];
+    for (positions, reply) in parts {
+        for &p in positions {
+            if let Some(r) = replies.get_mut(p) {
+                *r = Some(reply);
+            }
+        }
+    }
+    let mut registers = hll::Registers::default();
+    for reply in replies {
+        let Some(reply) = reply else {
+            return unexpected(b"(a key without a reply)");
+        };
+        match reply.first() {
+            Some(b'-') => return reply.clone(),
+            _ if &reply[..] == b"$-1\r\n" || &reply[..] == b"_\r\n" => continue,
+            Some(b'$') => {}
+            _ => return unexpected(reply),
+        }
+        let Some(value) = bulk_content(reply) else {
+            return unexpected(reply);
+        };
+        if let Err(invalid) = registers.merge(value) {
+            return Bytes::from_static(invalid.reply());
+        }
+    }
+    answers::integer(i64::try_from(registers.count()).unwrap_or(i64::MAX))
 }
 
 /// A key's members from its ZRANGE and SMEMBERS replies (one of them WRONGTYPE unless the key
@@ -538,7 +909,9 @@ fn set_reply(members: &[Bytes], proto: u8) -> Bytes {
 }
 
 /// The smallest integer reply, or for arrays of integers (WAITAOF) the element-wise minimum.
-fn merge_min(replies: &[Bytes]) -> Bytes {
+/// The element-wise smallest (`take` = `i64::min`) or largest (`i64::max`) of integer
+/// replies, or of arrays of integers of one length.
+fn merge_ints(replies: &[Bytes], take: fn(i64, i64) -> i64) -> Bytes {
     let ints = |r: &Bytes| -> Option<Vec<i64>> {
         let frames: Vec<Bytes> = match r.first() {
             Some(b':') => vec![r.clone()],
@@ -560,128 +933,28 @@ fn merge_min(replies: &[Bytes]) -> Bytes {
     let Some(first) = replies.first() else {
         return answers::clusterdown();
     };
-    let Some(mut min) = ints(first) else {
+    let Some(mut acc) = ints(first) else {
         return unexpected(first);
     };
     for r in &replies[1..] {
         match ints(r) {
-            Some(v) if v.len() == min.len() => {
-                for (m, x) in min.iter_mut().zip(v) {
-                    *m = (*m).min(x);
+            Some(v) if v.len() == acc.len() => {
+                for (m, x) in acc.iter_mut().zip(v) {
+                    *m = take(*m, x);
                 }
             }
             _ => return unexpected(r),
         }
     }
     if first.first() == Some(&b':') {
-        answers::integer(min[0])
+        answers::integer(acc[0])
     } else {
-        let mut out = format!("*{}\r\n", min.len());
-        for m in min {
+        let mut out = format!("*{}\r\n", acc.len());
+        for m in acc {
             out.push_str(&format!(":{m}\r\n"));
         }
         Bytes::from(out)
     }
-}
-
-/// The first node's INFO text with every `dbN:keys=…,expires=…` line's counts summed over all
-/// nodes and `cluster_enabled:1` turned to 0.
-fn merge_info(replies: &[Bytes]) -> Bytes {
-    let Some(first) = replies.first() else {
-        return answers::clusterdown();
-    };
-    let Some((verbatim, text)) = crate::session::replies::text_of(first) else {
-        return unexpected(first);
-    };
-    let sums = keyspace_sums(replies);
-    let mut out: Vec<u8> = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        merged_info_line(line, &sums, &mut out);
-    }
-    crate::session::replies::text_reply(verbatim, &out)
-}
-
-/// Per database, a keyspace count summed over every node's INFO.
-type KeyspaceSums = Vec<(Vec<u8>, &'static str, i64)>;
-
-/// (db, field) → sum over the nodes' INFO replies, for the integer fields worth adding up.
-fn keyspace_sums(replies: &[Bytes]) -> KeyspaceSums {
-    let mut sums = KeyspaceSums::new();
-    for reply in replies {
-        let Some((_, body)) = crate::session::replies::text_of(reply) else {
-            continue;
-        };
-        for line in body.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if let Some((db, fields)) = keyspace_line(line) {
-                add_keyspace_counts(&mut sums, db, fields);
-            }
-        }
-    }
-    sums
-}
-
-/// Adds the `keys` and `expires` counts of one node's keyspace line for `db` to `sums`.
-fn add_keyspace_counts(sums: &mut KeyspaceSums, db: &[u8], fields: &[u8]) {
-    for field in fields.split(|&b| b == b',') {
-        for name in ["keys", "expires"] {
-            let Some(v) = field
-                .strip_prefix(name.as_bytes())
-                .and_then(|r| r.strip_prefix(b"="))
-                .and_then(codec::parse_int)
-            else {
-                continue;
-            };
-            match sums.iter_mut().find(|(d, n, _)| d == db && *n == name) {
-                Some((_, _, total)) => *total += v,
-                None => sums.push((db.to_vec(), name, v)),
-            }
-        }
-    }
-}
-
-/// One line of the first node's INFO text (with its line ending) as the client gets it:
-/// `cluster_enabled:0`, a keyspace line with the summed counts, any other line as it is.
-fn merged_info_line(line: &[u8], sums: &KeyspaceSums, out: &mut Vec<u8>) {
-    let bare = line.strip_suffix(b"\n").unwrap_or(line);
-    let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
-    let ending = &line[bare.len()..];
-    if bare == b"cluster_enabled:1" {
-        out.extend_from_slice(b"cluster_enabled:0");
-        out.extend_from_slice(ending);
-        return;
-    }
-    let Some((db, fields)) = keyspace_line(bare) else {
-        out.extend_from_slice(line);
-        return;
-    };
-    out.extend_from_slice(db);
-    out.push(b':');
-    for (i, field) in fields.split(|&b| b == b',').enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let name = field.split(|&b| b == b'=').next().unwrap_or(b"");
-        match sums
-            .iter()
-            .find(|(d, n, _)| d == db && n.as_bytes() == name)
-        {
-            Some((_, n, total)) => out.extend_from_slice(format!("{n}={total}").as_bytes()),
-            None => out.extend_from_slice(field),
-        }
-    }
-    out.extend_from_slice(ending);
-}
-
-/// `dbN` and its fields, for a `# Keyspace` line such as `db0:keys=3,expires=1,avg_ttl=0`.
-fn keyspace_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
-    let colon = memchr::memchr(b':', line)?;
-    let (db, fields) = (&line[..colon], &line[colon + 1..]);
-    (db.len() > 2
-        && db.starts_with(b"db")
-        && db[2..].iter().all(u8::is_ascii_digit)
-        && fields.starts_with(b"keys="))
-    .then_some((db, fields))
 }
 
 /// Bits of a composite SCAN cursor holding the node's own cursor; the bits above hold the
@@ -753,6 +1026,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn script_exists_is_the_element_wise_largest() {
+        let exists =
+            |r: &[&'static [u8]]| merge(Merge::Max, &r.iter().map(|r| b(r)).collect::<Vec<_>>(), 0);
+        assert_eq!(
+            &exists(&[b"*2\r\n:0\r\n:0\r\n", b"*2\r\n:1\r\n:0\r\n"])[..],
+            b"*2\r\n:1\r\n:0\r\n"
+        );
+        assert!(is_unexpected(&exists(&[
+            b"*1\r\n:0\r\n",
+            b"*2\r\n:1\r\n:0\r\n"
+        ])));
+    }
+
+    #[test]
+    fn slowlog_entries_of_every_node_newest_first_at_most_the_count() {
+        let entry = |id: u32, at: u32, cmd: &str| {
+            format!(
+                "*6\r\n:{id}\r\n:{at}\r\n:5\r\n*1\r\n${}\r\n{cmd}\r\n$0\r\n\r\n$0\r\n\r\n",
+                cmd.len()
+            )
+        };
+        let node =
+            |entries: &[String]| Bytes::from(format!("*{}\r\n{}", entries.len(), entries.concat()));
+        let one = node(&[entry(1, 100, "b"), entry(0, 90, "a")]);
+        let two = node(&[entry(0, 95, "c")]);
+        let all = merge(Merge::Slowlog(None), &[one.clone(), two.clone()], 0);
+        assert_eq!(
+            all,
+            Bytes::from(format!(
+                "*3\r\n{}{}{}",
+                entry(1, 100, "b"),
+                entry(0, 95, "c"),
+                entry(0, 90, "a")
+            ))
+        );
+        let two_newest = merge(Merge::Slowlog(Some(2)), &[one, two], 0);
+        assert_eq!(
+            two_newest,
+            Bytes::from(format!("*2\r\n{}{}", entry(1, 100, "b"), entry(0, 95, "c")))
+        );
+        assert!(is_unexpected(&merge(
+            Merge::Slowlog(None),
+            &[b(b":1\r\n")],
+            0
+        )));
+    }
+
+    #[test]
     fn a_kill_is_ok_where_one_node_killed_a_script() {
         let (ok, notbusy) = (
             b(b"+OK\r\n"),
@@ -821,29 +1142,6 @@ mod tests {
             )[..],
             b"*2\r\n:0\r\n:2\r\n"
         );
-    }
-
-    #[test]
-    fn info_sums_the_keyspace() {
-        let info = |keys: u32, expires: u32| {
-            let text = format!(
-                "# Server\r\nredis_version:7.2\r\n\r\n# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=5\r\n"
-            );
-            Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
-        };
-        let merged = merge(Merge::Info, &[info(3, 1), info(4, 0), info(10, 2)], 0);
-        let text = String::from_utf8_lossy(&merged).into_owned();
-        assert!(
-            text.contains("db0:keys=17,expires=3,avg_ttl=5\r\n"),
-            "{text}"
-        );
-        assert!(text.contains("cluster_enabled:0\r\n"), "{text}");
-        assert!(text.contains("redis_version:7.2\r\n"), "{text}");
-        let header = format!(
-            "${}\r\n",
-            merged.len() - 2 - format!("{}", merged.len()).len() - 3
-        );
-        assert!(merged.starts_with(header.as_bytes()), "{text}");
     }
 
     #[test]
@@ -992,18 +1290,6 @@ mod tests {
         // The first node's lines only (db3 is not in them), with db0 summed; still verbatim.
         assert_eq!(merged, verbatim("# Keyspace\r\ndb0:keys=3,expires=1\r\n"));
         assert!(is_unexpected(&merge(Merge::Info, &[b(b":1\r\n")], 0)));
-    }
-
-    #[test]
-    fn keyspace_lines_are_recognised() {
-        assert_eq!(
-            keyspace_line(b"db12:keys=3,expires=1"),
-            Some((&b"db12"[..], &b"keys=3,expires=1"[..]))
-        );
-        assert_eq!(keyspace_line(b"db:keys=3"), None);
-        assert_eq!(keyspace_line(b"dbx:keys=3"), None);
-        assert_eq!(keyspace_line(b"db0:expires=1"), None);
-        assert_eq!(keyspace_line(b"used_memory:100"), None);
     }
 
     #[test]
@@ -1254,7 +1540,7 @@ mod tests {
             ZOp::InterCard(0),
         ] {
             assert_eq!(
-                &join(Join::Sorted(op), 2, &parts, 2)[..],
+                &join(Join::Sorted(op.clone()), 2, &parts, 2)[..],
                 WRONGTYPE,
                 "{op:?}"
             );
@@ -1292,6 +1578,292 @@ mod tests {
         assert_eq!(score_of(b",1e+21\r\n"), Some(1e21));
         assert_eq!(score_of(b",nan\r\n"), None);
         assert_eq!(score_of(b":1\r\n"), None);
+    }
+
+    /// ZUNION's or ZINTER's options parsed for `keys` keys.
+    fn options(args: &[&str], keys: usize) -> Option<Combine> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        Combine::parse(&args, keys)
+    }
+
+    #[test]
+    fn combine_options_parse_as_redis_7_0_does() {
+        let default = options(&[], 2).unwrap();
+        assert_eq!(default.weights, [1.0, 1.0]);
+        assert_eq!((default.aggregate, default.scores), (Aggregate::Sum, false));
+        // Any order, any case, the last of a repeated option counting.
+        let c = options(
+            &[
+                "withscores",
+                "WEIGHTS",
+                "2",
+                "3",
+                "aggregate",
+                "max",
+                "Weights",
+                "-1",
+                ".5",
+            ],
+            2,
+        )
+        .unwrap();
+        assert_eq!(c.weights, [-1.0, 0.5]);
+        assert_eq!((c.aggregate, c.scores), (Aggregate::Max, true));
+        let c = options(
+            &[
+                "AGGREGATE",
+                "MAX",
+                "AGGREGATE",
+                "min",
+                "WITHSCORES",
+                "WITHSCORES",
+            ],
+            1,
+        );
+        assert_eq!(
+            c.map(|c| (c.aggregate, c.scores)),
+            Some((Aggregate::Min, true))
+        );
+        // What Redis refuses: too few or too many weights, a bad float, an unknown option
+        // or aggregate, a keyword without its value.
+        for refused in [
+            &["WEIGHTS", "1"][..],
+            &["WEIGHTS", "1", "2", "3"],
+            &["WEIGHTS", "1", "x"],
+            &["WEIGHTS", "1", "nan"],
+            &["WEIGHTS", "1", "1e400"],
+            &["WEIGHTS", "1", "1e-400"],
+            &["WEIGHTS", "1", " 1"],
+            &["WEIGHTS", "1", "1e"],
+            &["WEIGHTS", "1", ""],
+            &["AGGREGATE", "avg"],
+            &["AGGREGATE"],
+            &["LIMIT", "1"],
+            &["WITHSCORE"],
+        ] {
+            assert_eq!(options(refused, 2), None, "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn weights_read_as_strtod_reads_them() {
+        for (text, want) in [
+            ("1", 1.0),
+            ("-0", -0.0),
+            ("+5.", 5.0),
+            ("1E2", 100.0),
+            ("-InF", f64::NEG_INFINITY),
+            ("infinity", f64::INFINITY),
+            ("1e-310", 1e-310),
+            ("0x10", 16.0),
+            ("0x1p-2", 0.25),
+            ("-0X1.8P1", -3.0),
+            ("0e-400", 0.0),
+        ] {
+            assert_eq!(parse_weight(text.as_bytes()), Some(want), "{text}");
+        }
+        for text in [
+            "nan", "1e400", "-1e400", "1e-400", "0x", "1 ", "inf ", "0x1g", "--1",
+        ] {
+            assert_eq!(parse_weight(text.as_bytes()), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn scores_are_formatted_as_redis_7_0_formats_doubles() {
+        for (v, text) in [
+            (1.0, "1"),
+            (0.1, "0.10000000000000001"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (-0.0, "-0"),
+            (1.5, "1.5"),
+            (100.0, "100"),
+            (1e16, "10000000000000000"),
+            (1e17, "1e+17"),
+            (1e21, "1e+21"),
+            (1e300, "1.0000000000000001e+300"),
+            (1e-310, "9.9999999999999694e-311"),
+            (0.0001, "0.0001"),
+            (0.00001, "1.0000000000000001e-05"),
+            (123456789.125, "123456789.125"),
+            (-2.5e-5, "-2.5000000000000001e-05"),
+        ] {
+            assert_eq!(format_g17(v), text, "{v}");
+        }
+        assert_eq!(&format_score(f64::INFINITY, 2)[..], b"$3\r\ninf\r\n");
+        assert_eq!(&format_score(f64::NEG_INFINITY, 3)[..], b",-inf\r\n");
+        assert_eq!(&format_score(0.5, 3)[..], b",0.5\r\n");
+    }
+
+    /// Entries of a key: (member, score).
+    fn entries(list: &[(&str, f64)]) -> Vec<Scored> {
+        list.iter()
+            .map(|(m, score)| Scored {
+                member: Bytes::from(format!("${}\r\n{m}\r\n", m.len())),
+                score: *score,
+                score_frame: Bytes::new(),
+            })
+            .collect()
+    }
+
+    /// Combined entries as (member, score) text pairs, in reply order.
+    fn pairs(entries: Vec<(Bytes, f64)>) -> Vec<(String, String)> {
+        combined(entries, 2)
+            .into_iter()
+            .map(|e| {
+                let text = |f: &Bytes| {
+                    String::from_utf8_lossy(bulk_content(f).unwrap_or_default()).into_owned()
+                };
+                (text(&e.member), text(&e.score_frame))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn zunion_and_zinter_weigh_and_aggregate_as_redis() {
+        let inputs = [
+            entries(&[("a", 1.0), ("b", 2.0), ("c", f64::INFINITY)]),
+            entries(&[("a", 1.0), ("x", 1.0)]),
+        ];
+        let with = |weights: &[f64], aggregate| Combine {
+            weights: weights.to_vec(),
+            aggregate,
+            scores: true,
+        };
+        let p = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(m, s)| (m.to_string(), s.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            pairs(zunion(&inputs, &with(&[1.0, 1.0], Aggregate::Sum))),
+            p(&[("x", "1"), ("a", "2"), ("b", "2"), ("c", "inf")])
+        );
+        // inf times 0 is NaN, made 0; ties ordered by member.
+        assert_eq!(
+            pairs(zunion(&inputs, &with(&[0.0, 1.0], Aggregate::Sum))),
+            p(&[("b", "0"), ("c", "0"), ("a", "1"), ("x", "1")])
+        );
+        assert_eq!(
+            pairs(zunion(&inputs, &with(&[2.0, -1.0], Aggregate::Min))),
+            p(&[("a", "-1"), ("x", "-1"), ("b", "4"), ("c", "inf")])
+        );
+        assert_eq!(
+            pairs(zinter(&inputs, &with(&[2.0, 3.0], Aggregate::Max))),
+            p(&[("a", "3")])
+        );
+        // +inf plus -inf is NaN, made 0, in ZINTER's later keys too.
+        let infinite = [
+            entries(&[("m", f64::INFINITY)]),
+            entries(&[("m", f64::NEG_INFINITY)]),
+        ];
+        for combine in [zinter, zunion] {
+            assert_eq!(
+                pairs(combine(&infinite, &with(&[1.0, 1.0], Aggregate::Sum))),
+                p(&[("m", "0")])
+            );
+        }
+        // A later key's inf times 0 is NaN: MIN and MAX keep the score they have.
+        let later = [
+            entries(&[("m", 5.0)]),
+            entries(&[("m", f64::INFINITY), ("n", 1.0)]),
+        ];
+        assert_eq!(
+            pairs(zinter(&later, &with(&[1.0, 0.0], Aggregate::Max))),
+            p(&[("m", "5")])
+        );
+        // The keys are read smallest first: 0.1 + 0.2 first, then + 0.3, whatever the
+        // command's order.
+        let rounding = [
+            entries(&[("m", 0.3), ("y", 0.0), ("z", 0.0)]),
+            entries(&[("m", 0.1)]),
+            entries(&[("m", 0.2), ("y", 0.0)]),
+        ];
+        let sum = pairs(zunion(&rounding, &with(&[1.0; 3], Aggregate::Sum)));
+        assert_eq!(sum[2], ("m".to_string(), format_g17(0.1 + 0.2 + 0.3)));
+        assert_ne!(format_g17(0.1 + 0.2 + 0.3), format_g17(0.3 + 0.2 + 0.1));
+        assert!(zinter(&[], &with(&[], Aggregate::Sum)).is_empty());
+        assert!(zinter(&[entries(&[("a", 1.0)]), Vec::new()], &default_combine()).is_empty());
+    }
+
+    /// ZUNION's options when none are given, for two keys.
+    fn default_combine() -> Combine {
+        options(&[], 2).unwrap()
+    }
+
+    #[test]
+    fn join_sorted_answers_zunion_in_the_clients_protocol() {
+        for proto in [2, 3] {
+            // ZUNION 2 z s WITHSCORES: z a sorted set, s a set (members score 1).
+            let parts = [
+                (vec![0], zrange(&[("a", "1"), ("b", "2.5")], proto)),
+                (vec![2], b(WRONGTYPE)),
+                (vec![1], b(WRONGTYPE)),
+                (vec![3], smembers(&["a", "x"], proto)),
+            ];
+            let mut c = default_combine();
+            c.scores = true;
+            let got = join(Join::Sorted(ZOp::Union(c.clone())), 2, &parts, proto);
+            assert_eq!(got, zrange(&[("x", "1"), ("a", "2"), ("b", "2.5")], proto));
+            let got = join(Join::Sorted(ZOp::Inter(c.clone())), 2, &parts, proto);
+            assert_eq!(got, zrange(&[("a", "2")], proto));
+            c.scores = false;
+            let got = join(Join::Sorted(ZOp::Union(c)), 2, &parts, proto);
+            assert_eq!(&got[..], b"*3\r\n$1\r\nx\r\n$1\r\na\r\n$1\r\nb\r\n");
+        }
+    }
+
+    /// A GET reply of `value`.
+    fn get_reply(value: &[u8]) -> Bytes {
+        let mut out = format!("${}\r\n", value.len()).into_bytes();
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn join_hll_counts_in_key_order_with_redis_errors() {
+        let empty = get_reply(b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\0\x7f\xff");
+        // One register at 1 (a VAL run at register 0, then zeros): counts 1.
+        let one = get_reply(b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\0\x80\x7f\xfe");
+        let missing = b(b"$-1\r\n");
+        let parts = [
+            (vec![0], empty.clone()),
+            (vec![1, 3], one.clone()),
+            (vec![2], missing.clone()),
+        ];
+        assert_eq!(&join(Join::HllCount, 4, &parts, 2)[..], b":1\r\n");
+        let parts = [(vec![0], b(b"_\r\n")), (vec![1], empty.clone())];
+        assert_eq!(&join(Join::HllCount, 2, &parts, 3)[..], b":0\r\n");
+        // A string that is no HyperLogLog, a key of another type: the first in key order.
+        let parts = [
+            (vec![1], b(WRONGTYPE)),
+            (vec![0], get_reply(b"text")),
+            (vec![2], one),
+        ];
+        assert_eq!(
+            &join(Join::HllCount, 3, &parts, 2)[..],
+            b"-WRONGTYPE Key is not a valid HyperLogLog string value.\r\n"
+        );
+        let parts = [(vec![0], missing), (vec![1], b(WRONGTYPE))];
+        assert_eq!(&join(Join::HllCount, 2, &parts, 2)[..], WRONGTYPE);
+        let corrupt = get_reply(b"HYLL\x01\0\0\0\0\0\0\0\0\0\0\0\x7f\xfe");
+        assert_eq!(
+            &join(Join::HllCount, 1, &[(vec![0], corrupt)], 2)[..],
+            b"-INVALIDOBJ Corrupted HLL object detected\r\n"
+        );
+        assert!(is_unexpected(&join(
+            Join::HllCount,
+            1,
+            &[(vec![0], b(b":1\r\n"))],
+            2
+        )));
+        assert!(is_unexpected(&join(
+            Join::HllCount,
+            2,
+            &[(vec![0], empty)],
+            2
+        )));
     }
 
     #[test]

@@ -15,8 +15,16 @@ use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Targ
 use crate::{answers, codec};
 use bytes::Bytes;
 
-/// Commands of classic (not sharded) pub/sub, which all go to `Router::pubsub_node`.
-const CLASSIC_PUBSUB: [&str; 3] = ["subscribe", "psubscribe", "publish"];
+/// Commands of classic (not sharded) pub/sub, which all go to `Router::pubsub_node`: the
+/// subscribers are there, so `PUBSUB CHANNELS/NUMSUB/NUMPAT` count them there.
+const CLASSIC_PUBSUB: [&str; 6] = [
+    "subscribe",
+    "psubscribe",
+    "publish",
+    "pubsub|channels",
+    "pubsub|numsub",
+    "pubsub|numpat",
+];
 
 impl Session {
     /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
@@ -45,7 +53,7 @@ impl Session {
         let slot = match self.key_slot(router, args, rewritten) {
             Ok(slot) => slot,
             Err((a, b)) => {
-                let split = split(router, args, rewrite);
+                let split = split(router, args, rewrite, self.doubles_as_7_0());
                 let why = match split {
                     // EXEC's reply would hold the part of one node only, and a pinned
                     // session's state lives on one node.
@@ -62,8 +70,9 @@ impl Session {
                 return Action::Refused(cross_command(router, a, b, spec, why)).into();
             }
         };
+        let action = self.place_on_node(router, action, slot, spec, queued);
         Decision {
-            action: self.place_on_node(router, action, slot, spec, queued),
+            action: self.keyspace_route(router, action, args),
             hash_slot: slot,
         }
     }

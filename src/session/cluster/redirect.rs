@@ -62,7 +62,14 @@ impl Session {
                 Box::pin(self.move_subscriber(*id, subs)).await;
                 return true;
             }
-            // Pushes and connection ends: shard subscriptions may need them.
+            // Connection ends and the retry timer of the keyspace notifications' extra
+            // connections (ids of their own), then pushes and connection ends: shard
+            // subscriptions may need them.
+            if let Reply::PinnedClosed(id) = msg
+                && super::keyspace::is_keyspace_conn(*id)
+            {
+                return Box::pin(self.keyspace_ended(*id)).await;
+            }
             return self.shard_event(msg).await;
         };
         if let Some(how) = self

@@ -54,7 +54,7 @@ const PENDING: u16 = u16::MAX;
 const RETRY_WAKE: u64 = u64::MAX;
 /// Pause between background attempts for channels whose owner could not take them yet (a
 /// failover in progress): short, as each attempt costs one map lookup unless the owner is up.
-const RETRY_EVERY: Duration = Duration::from_millis(250);
+pub(super) const RETRY_EVERY: Duration = Duration::from_millis(250);
 
 /// The session's shard subscriptions and the connections holding them.
 #[derive(Default)]
@@ -79,14 +79,15 @@ pub(in crate::session) struct ShardSubs {
     retry_scheduled: bool,
 }
 
-/// A dedicated pub/sub connection to one node.
-struct NodeConn {
+/// A dedicated pub/sub connection to one node (shard channels here, keyspace notifications in
+/// `keyspace`).
+pub(super) struct NodeConn {
     /// The node it is connected to.
-    node: u16,
+    pub(super) node: u16,
     /// Where its commands go; its pushes come on the session's reply channel.
-    tx: mpsc::Sender<Batch>,
+    pub(super) tx: mpsc::Sender<Batch>,
     /// Echoed in `Reply::PinnedClosed` when it ends, to find which channels it held.
-    id: u64,
+    pub(super) id: u64,
 }
 
 /// A sharded pub/sub command the session answers itself (see the module comment).
@@ -217,15 +218,13 @@ impl Session {
                 pong.extend_from_slice(b"\r\n");
                 Some(Action::Local(pong.freeze(), LocalEffect::None))
             }
-            _ => Some(Action::Refused(answers::not_in_subscribed_context(
-                args.get(0),
-            ))),
+            _ => Some(crate::session::route::subscribed_context_refusal(args)),
         }
     }
 
     /// The channels of a forwarded (S)(UN)SUBSCRIBE as they go upstream (after a namespace
     /// rewrite); `None` for an action that is not forwarded (refused by the policy).
-    fn upstream_channels(&self, action: &Action, args: &Args<'_>) -> Option<Vec<Bytes>> {
+    pub(super) fn upstream_channels(&self, action: &Action, args: &Args<'_>) -> Option<Vec<Bytes>> {
         let (_, _, rewrite) = action.forwarded()?;
         match rewrite.and_then(|r| r.command.as_ref()) {
             Some(frame) => {
@@ -361,16 +360,7 @@ impl Session {
                 }
             }
             Reply::PinnedClosed(RETRY_WAKE) => {
-                let Some(subs) = self.routing.shard_subs_mut() else {
-                    return true;
-                };
-                subs.retry_scheduled = false;
-                let due: Vec<(Bytes, tokio::time::Instant)> = std::mem::take(&mut subs.pending)
-                    .into_iter()
-                    // Unsubscribed (or subscribed anew by the client) meanwhile: done.
-                    .filter(|(c, _)| subs.channels.get(c) == Some(&PENDING))
-                    .collect();
-                Box::pin(self.resubscribe_until(due)).await;
+                Box::pin(self.retry_pending()).await;
                 return true;
             }
             Reply::PinnedClosed(id) if *id & SHARD_CONN != 0 => {
@@ -396,6 +386,21 @@ impl Session {
         Box::pin(self.resubscribe(resubscribe)).await;
         self.adopt_orphans().await;
         true
+    }
+
+    /// The retry timer's wake-up: the pending channels not unsubscribed meanwhile are tried
+    /// again.
+    async fn retry_pending(&mut self) {
+        let Some(subs) = self.routing.shard_subs_mut() else {
+            return;
+        };
+        subs.retry_scheduled = false;
+        let due: Vec<(Bytes, tokio::time::Instant)> = std::mem::take(&mut subs.pending)
+            .into_iter()
+            // Unsubscribed (or subscribed anew by the client) meanwhile: done.
+            .filter(|(c, _)| subs.channels.get(c) == Some(&PENDING))
+            .collect();
+        Box::pin(self.resubscribe_until(due)).await;
     }
 
     /// Subscribes again the channels found dropped while subscribing others (see
@@ -504,13 +509,19 @@ impl Session {
         if !due {
             return;
         }
-        let wake = self.queue.reply_sender();
         if let Some(subs) = self.routing.shard_subs_mut() {
             subs.retry_scheduled = true;
         }
+        self.wake_after(RETRY_EVERY, RETRY_WAKE);
+    }
+
+    /// Sends `Reply::PinnedClosed(id)` on the session's own reply channel after `pause`: a
+    /// timer's wake-up, told from a connection's end by an `id` no connection has.
+    pub(super) fn wake_after(&mut self, pause: Duration, id: u64) {
+        let wake = self.queue.reply_sender();
         tokio::spawn(async move {
-            tokio::time::sleep(RETRY_EVERY).await;
-            let _ = wake.send(Reply::PinnedClosed(RETRY_WAKE));
+            tokio::time::sleep(pause).await;
+            let _ = wake.send(Reply::PinnedClosed(id));
         });
     }
 
@@ -647,12 +658,7 @@ impl Session {
         }
         subs.next_id += 1;
         let id = SHARD_CONN | subs.next_id;
-        let push = PushTarget {
-            to: self.queue.reply_sender(),
-            budget: self.queue.push_budget(),
-            budget_size: PUSH_BUDGET,
-            conn_id: id,
-        };
+        let push = self.push_target(id);
         let tx = router
             .pool(node)
             .dedicated(self.client.proto, push, false)
@@ -700,6 +706,17 @@ impl Session {
             if subs.channels.is_empty() {
                 c.shard_subs = None;
             }
+        }
+    }
+
+    /// Where a dedicated connection of the session with id `conn_id` sends its pushes and its
+    /// end: the session's reply channel, within the session's push budget.
+    pub(super) fn push_target(&mut self, conn_id: u64) -> PushTarget {
+        PushTarget {
+            to: self.queue.reply_sender(),
+            budget: self.queue.push_budget(),
+            budget_size: PUSH_BUDGET,
+            conn_id,
         }
     }
 

@@ -8,9 +8,8 @@
 //! that state cannot move.
 
 use crate::codec;
-use crate::session::{Dedicated, Holds, PUSH_BUDGET, Session};
-use crate::upstream::conn::PushTarget;
-use crate::upstream::{Batch, Expect, ReplyWait, Subscriptions};
+use crate::session::{Dedicated, Holds, Session};
+use crate::upstream::{Batch, Expect, ReplySender, ReplyWait, Subscriptions};
 use tokio::sync::mpsc;
 
 impl Session {
@@ -52,12 +51,7 @@ impl Session {
             return;
         };
         drop(snapshot);
-        let push = PushTarget {
-            to: self.queue.reply_sender(),
-            budget: self.queue.push_budget(),
-            budget_size: PUSH_BUDGET,
-            conn_id: self.conn.dedicated_gen + 1,
-        };
+        let push = self.push_target(self.conn.dedicated_gen + 1);
         let Ok(crate::upstream::dedicated::Opened { tx, confined, .. }) =
             router.pool(node).dedicated(proto, push, false).await
         else {
@@ -66,22 +60,7 @@ impl Session {
         // The confirmations are the proxy's, not the client's: they go to a channel nobody
         // reads. The connection tracks the subscriptions from them all the same.
         let (hidden, _) = mpsc::unbounded_channel();
-        for (command, names) in [
-            (&b"SUBSCRIBE"[..], &subs.channels),
-            (&b"PSUBSCRIBE"[..], &subs.patterns),
-        ] {
-            if names.is_empty() {
-                continue;
-            }
-            let mut args: Vec<&[u8]> = vec![command];
-            args.extend(names.iter().map(|n| &n[..]));
-            let batch = Batch {
-                bytes: codec::encode(&args),
-                expect: Expect::Confirmations(names.len() as u32),
-                wait: ReplyWait::Prompt,
-                reply_to: hidden.clone(),
-                seq: 0,
-            };
+        for batch in pubsub_batches(SUBSCRIBE, &subs, &hidden) {
             if tx.send(batch).await.is_err() {
                 return;
             }
@@ -105,5 +84,39 @@ impl Session {
             _id: None,
             _share: share,
         });
+        // Notifications of the new node's keys now come on this connection: its extra one
+        // goes, and nodes without one get one.
+        Box::pin(self.keyspace_rehome(node)).await;
     }
+}
+
+/// `SUBSCRIBE` and `PSUBSCRIBE`, in the order `pubsub_batches` takes them.
+pub(super) const SUBSCRIBE: [&[u8]; 2] = [b"SUBSCRIBE", b"PSUBSCRIBE"];
+/// `UNSUBSCRIBE` and `PUNSUBSCRIBE`, likewise.
+pub(super) const UNSUBSCRIBE: [&[u8]; 2] = [b"UNSUBSCRIBE", b"PUNSUBSCRIBE"];
+
+/// One batch per kind of name in `subs` that has any: `commands[0]` with the channels,
+/// `commands[1]` with the patterns, each expecting the confirmation per name Redis gives,
+/// which goes to `reply_to` (the proxy's, not the client's).
+pub(super) fn pubsub_batches(
+    commands: [&[u8]; 2],
+    subs: &Subscriptions,
+    reply_to: &ReplySender,
+) -> Vec<Batch> {
+    let mut out = Vec::with_capacity(2);
+    for (command, names) in commands.into_iter().zip([&subs.channels, &subs.patterns]) {
+        if names.is_empty() {
+            continue;
+        }
+        let mut args: Vec<&[u8]> = vec![command];
+        args.extend(names.iter().map(|n| &n[..]));
+        out.push(Batch {
+            bytes: codec::encode(&args),
+            expect: Expect::Confirmations(names.len() as u32),
+            wait: ReplyWait::Prompt,
+            reply_to: reply_to.clone(),
+            seq: 0,
+        });
+    }
+    out
 }
