@@ -202,3 +202,62 @@ async fn a_retired_pool_stops_redialling_until_it_is_back() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A pool whose primary Sentinel has not named yet (a mirror starts while its config loads,
+/// before the sentinels answer) keeps its first commands until a primary is named, rather
+/// than refusing them milliseconds before it is known (CI lost a mirror's first write so);
+/// with no primary named, it refuses them once a connect would have timed out, never hangs.
+#[tokio::test]
+async fn a_pool_waits_for_its_first_primary_only_as_long_as_a_connect_may_take() {
+    use redis_policy_proxy::metrics::Metrics;
+    use redis_policy_proxy::policy::Policy;
+    use redis_policy_proxy::upstream::address::{AddrEpoch, Address};
+    use redis_policy_proxy::upstream::pool::{Pool, PoolSettings};
+    use std::sync::Arc;
+
+    let redis = RedisServer::start();
+    let mut config = config_for(&redis.addr());
+    config.upstream.connect_timeout_ms.value = 5_000;
+    let metrics = Metrics::new(Arc::new(arc_swap::ArcSwap::from_pointee(Policy::default())));
+    let settings = PoolSettings::from_config(&config).unwrap();
+    let (name, primary) = tokio::sync::watch::channel(None);
+    let address = Address::Followed {
+        primary,
+        label: "sentinel:m".into(),
+    };
+    let pool = Pool::start_at(address, &settings, metrics.clone());
+    let control = pool.control();
+    let asked = tokio::spawn(async move { control.request(&[b"PING"]).await });
+    // The command is sent before the primary is known; it waits for it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!asked.is_finished(), "refused before the first primary");
+    name.send_replace(Some(AddrEpoch {
+        addr: redis.addr().into(),
+        epoch: 0,
+    }));
+    let reply = tokio::time::timeout(DEADLINE, asked)
+        .await
+        .expect("answered once the primary is named")
+        .unwrap();
+    assert_eq!(&reply.expect("a reply, not an error")[..], b"+PONG\r\n");
+
+    // Never named: refused after connect_timeout_ms, with the reason.
+    config.upstream.connect_timeout_ms.value = 300;
+    let settings = PoolSettings::from_config(&config).unwrap();
+    let (_name, primary) = tokio::sync::watch::channel(None);
+    let address = Address::Followed {
+        primary,
+        label: "sentinel:m".into(),
+    };
+    let pool = Pool::start_at(address, &settings, metrics);
+    let started = Instant::now();
+    let refused = tokio::time::timeout(DEADLINE, pool.control().request(&[b"PING"]))
+        .await
+        .expect("refused, not hung");
+    let error = refused.expect_err("no primary: an error").to_string();
+    assert!(error.contains("no sentinel has named"), "{error}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "refused before a connect could have timed out"
+    );
+}

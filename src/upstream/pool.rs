@@ -478,10 +478,21 @@ async fn supervise(
 ) {
     let mut backoff = min_backoff;
     let mut was_up = false;
+    // A followed address may not be named yet when the pool starts (a mirror is started while
+    // the config loads, before its sentinels have answered): the first batches wait in `rx`
+    // for the first primary, at most as long as a connect may take, instead of being refused
+    // milliseconds before it is known.
+    let mut first_wait = Some(base.connect_timeout);
     loop {
-        let spec = match node_spec(&base, &mut address) {
+        let named = node_spec(&base, &mut address);
+        let first = first_wait.take();
+        let spec = match named {
             Ok(spec) => spec,
             Err(e) => {
+                if let Some(within) = first {
+                    let _ = tokio::time::timeout(within, address.changed()).await;
+                    continue;
+                }
                 if !wait_to_retry(&mut rx, &mut address, &e, None, &mut retired).await {
                     return;
                 }
