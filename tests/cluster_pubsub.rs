@@ -1118,3 +1118,58 @@ async fn a_subscribers_transaction_is_answered_as_redis_answers_it() {
         }
     }
 }
+
+/// The connections a session opens per node for shard channels count against its tenant's
+/// share of the dedicated connections, as its own dedicated connection does (issue 26): one
+/// tenant's subscribers cannot take every node's connections. Past the share the SSUBSCRIBE
+/// gets the tenant-limit error; the other tenant still subscribes; a connection given back
+/// (SUNSUBSCRIBE of its last channel) is the tenant's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_channel_connections_count_against_the_tenants_share() {
+    // sha256 of "adminpw" and "apppw".
+    const ADMIN: &str = "5fcf82bc15aef42cd3ec93e6d4b51c04df110cf77ee715f62f3f172ff8ed9de9";
+    const APP: &str = "71d3d4e36cf4bc4309fd7390ba79fc6a1d03d8d7b45ef26f04bcdff3ff116868";
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n  dedicated_max: 4\n  dedicated_warm: 0\n  dedicated_wait_ms: 100\naccess:\n  users:\n    - {{name: admin, password_sha256: {ADMIN}}}\n    - {{name: app, password_sha256: {APP}}}\n  identities:\n    - {{tenant: ops, user: admin}}\n    - {{tenant: app, user: app}}\n",
+        redis.live_addrs()[0]
+    );
+    let config =
+        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("tenants.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let channels: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "ch")).collect();
+
+    let mut app = Raw::connect(proxy.addr).await;
+    assert_eq!(app.call(&["AUTH", "app", "apppw"]).await, b"+OK\r\n");
+    // Half of 4 (upstream.dedicated_caps.per_tenant_percent: 50): two nodes' connections.
+    ssubscribe(&mut app, 2, &channels[0], 1).await;
+    ssubscribe(&mut app, 2, &channels[1], 2).await;
+    let refused = show(&app.call(&["SSUBSCRIBE", &channels[2]]).await);
+    assert!(
+        refused.contains("tenant 'app' holds all 2 of its dedicated upstream connections"),
+        "{refused}"
+    );
+    // The other tenant's share is untouched.
+    let mut ops = Raw::connect(proxy.addr).await;
+    assert_eq!(ops.call(&["AUTH", "admin", "adminpw"]).await, b"+OK\r\n");
+    ssubscribe(&mut ops, 2, &channels[2], 1).await;
+    // The app client gives one connection back: its third node is its own again.
+    assert_eq!(
+        show(&app.call(&["SUNSUBSCRIBE", &channels[0]]).await),
+        show(&frame(2, "sunsubscribe", &channels[0], ":1"))
+    );
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let reply = app.call(&["SSUBSCRIBE", &channels[2]]).await;
+        if reply == frame(2, "ssubscribe", &channels[2], ":2") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the share given back never came back: {}",
+            show(&reply)
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+}

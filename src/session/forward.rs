@@ -603,7 +603,7 @@ impl Session {
 
     /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
     /// to `upstream.dedicated_wait_ms` for one; the reason when none came.
-    async fn take_share(&self) -> Result<super::tenant_quota::Share, String> {
+    pub(super) async fn take_share(&self) -> Result<super::tenant_quota::Share, String> {
         let (max, caps, wait) = &self.ctx.dedicated_caps;
         let access = &self.client.policy.access;
         let limit = caps.per_tenant(*max, access.tenant_count());

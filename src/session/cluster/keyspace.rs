@@ -460,25 +460,17 @@ impl Session {
             let id = KEYSPACE_CONN | subs.next_id;
             let names = subs.names.clone();
             let push = filtered(self.push_target(id), names);
-            match router
-                .pool(node)
-                .dedicated(self.client.proto, push, false)
-                .await
-            {
+            match self.open_node_conn(router, node, id, push).await {
                 Ok(conn) => {
                     if let Some(subs) = self.routing.keyspace_mut() {
-                        subs.conns.push(NodeConn {
-                            node,
-                            tx: conn.tx,
-                            id,
-                        });
+                        subs.conns.push(conn);
                         opened.push(id);
                     }
                 }
                 Err(e) => tracing::warn!(
                     id = self.client.id,
                     node = %router.addr(node),
-                    error = %e,
+                    error = %String::from_utf8_lossy(&e).trim_end(),
                     "no connection for a primary's keyspace notifications; its events are not heard"
                 ),
             }

@@ -27,6 +27,7 @@ use crate::command::Kind;
 use crate::error::{ProxyError, UpstreamError, error_reply};
 use crate::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
+use crate::session::tenant_quota::Share;
 use crate::session::{Action, Holds, LocalEffect, PUSH_BUDGET, Session};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -88,6 +89,10 @@ pub(super) struct NodeConn {
     pub(super) tx: mpsc::Sender<Batch>,
     /// Echoed in `Reply::PinnedClosed` when it ends, to find which channels it held.
     pub(super) id: u64,
+    /// Counts the connection against the client's tenant while it lives, as the session's
+    /// own dedicated connection is counted: without it one tenant's subscribers could hold
+    /// every node's dedicated connections (issue 26's guarantee).
+    pub(super) _share: Share,
 }
 
 /// A sharded pub/sub command the session answers itself (see the module comment).
@@ -580,10 +585,10 @@ impl Session {
                 },
             )))
         };
-        let tx = match self.shard_conn(router, node).await {
-            Ok(tx) => tx,
-            Err(e) => return Err(Failure::Other(error_reply(&ProxyError::Upstream(e)))),
-        };
+        let tx = self
+            .shard_conn(router, node)
+            .await
+            .map_err(Failure::Other)?;
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         for c in channels {
             let batch = Batch {
@@ -643,14 +648,16 @@ impl Session {
         }
     }
 
-    /// The session's pub/sub connection to `node`, opened if there is none (or it ended).
+    /// The session's pub/sub connection to `node`, opened if there is none (or it ended);
+    /// the client's error reply when none could be.
     async fn shard_conn(
         &mut self,
         router: &Router,
         node: u16,
-    ) -> Result<mpsc::Sender<Batch>, UpstreamError> {
+    ) -> Result<mpsc::Sender<Batch>, Bytes> {
+        let not_a_cluster = || error_reply(&ProxyError::Upstream(not_a_cluster_upstream()));
         let Some(subs) = self.routing.shard_subs_or_new() else {
-            return Err(not_a_cluster_upstream());
+            return Err(not_a_cluster());
         };
         subs.conns.retain(|c| !c.tx.is_closed());
         if let Some(c) = subs.conns.iter().find(|c| c.node == node) {
@@ -659,20 +666,42 @@ impl Session {
         subs.next_id += 1;
         let id = SHARD_CONN | subs.next_id;
         let push = self.push_target(id);
-        let tx = router
-            .pool(node)
-            .dedicated(self.client.proto, push, false)
-            .await?
-            .tx;
+        let conn = self.open_node_conn(router, node, id, push).await?;
+        let tx = conn.tx.clone();
         let Some(subs) = self.routing.shard_subs_or_new() else {
-            return Err(not_a_cluster_upstream());
+            return Err(not_a_cluster());
         };
-        subs.conns.push(NodeConn {
-            node,
-            tx: tx.clone(),
-            id,
-        });
+        subs.conns.push(conn);
         Ok(tx)
+    }
+
+    /// A dedicated connection of the session to `node` beside its own (shard channels,
+    /// keyspace notifications), on a share of its tenant's dedicated connections; the
+    /// client's error reply when the tenant holds all of its share or the node refuses.
+    pub(super) async fn open_node_conn(
+        &mut self,
+        router: &Router,
+        node: u16,
+        id: u64,
+        push: PushTarget,
+    ) -> Result<NodeConn, Bytes> {
+        let share = match Box::pin(self.take_share()).await {
+            Ok(share) => share,
+            Err(why) => {
+                self.ctx.ops.metrics.dedicated_refused[0].inc();
+                return Err(crate::error::simple_error("ERR", &why));
+            }
+        };
+        // Boxed: the connect + handshake future is large and rare.
+        let opened = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
+            .await
+            .map_err(|e| error_reply(&ProxyError::Upstream(e)))?;
+        Ok(NodeConn {
+            node,
+            tx: opened.tx,
+            id,
+            _share: share,
+        })
     }
 
     /// Sends `SUNSUBSCRIBE channel` to the node's connection without waiting for the reply:
