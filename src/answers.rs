@@ -331,6 +331,40 @@ pub fn client_reply_in_multi() -> Bytes {
     )
 }
 
+/// Cluster mode, CLIENT TRACKING in broadcasting mode (`session::cluster::tracking`): the
+/// tracking of `node` cannot hold any more, so the client is disconnected after this.
+pub fn tracking_lost(node: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "client-side caching lost: {node} has no tracking connection (a failover, a new \
+             primary or a lost connection), so its writes would not invalidate this client's \
+             cache; the connection closes, reconnect and turn tracking on again"
+        ),
+    )
+}
+
+/// Cluster mode, broadcasting tracking on: a tracking command queued in MULTI would run on
+/// the transaction's node only, while the tracking state is on every primary.
+pub fn tracking_in_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "CLIENT tracking commands cannot be queued in MULTI in front of a Redis Cluster while \
+         BCAST tracking is on (it is on every primary, the transaction runs on one); send it \
+         outside the transaction",
+    )
+}
+
+/// Cluster mode, broadcasting tracking on: a REDIRECT would move the invalidations of every
+/// primary to one client's connection on one node.
+pub fn tracking_redirect_while_bcast() -> Bytes {
+    simple_error(
+        "ERR",
+        "CLIENT TRACKING ... REDIRECT is refused in front of a Redis Cluster while BCAST \
+         tracking is on without it (tracking is on every primary); turn tracking off first",
+    )
+}
+
 /// A rewrite the command's route cannot carry (a pub/sub or local command): refused rather
 /// than forwarded as it came.
 pub fn cannot_rewrite() -> Bytes {

@@ -693,6 +693,9 @@ pub struct TrackingOptions {
     pub bcast: bool,
     /// Indices of the PREFIX values.
     pub prefixes: Vec<usize>,
+    /// OPTIN, OPTOUT or NOLOOP: modes that depend on which connection reads or writes, so
+    /// tracking spread over several connections cannot keep them (cluster `tracking`).
+    pub per_client_modes: bool,
 }
 
 /// `CLIENT TRACKING ON|OFF [options]` from argument 3; `None` where Redis refuses them.
@@ -711,6 +714,7 @@ pub fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<TrackingOpt
         } else if keyword(a, b"BCAST") {
             o.bcast = true;
         } else if keyword(a, b"OPTIN") || keyword(a, b"OPTOUT") || keyword(a, b"NOLOOP") {
+            o.per_client_modes = true;
         } else if keyword(a, b"PREFIX") && more {
             o.prefixes.push(j + 1);
             j += 1;

@@ -36,6 +36,7 @@ mod place;
 mod redirect;
 pub(super) mod shard_subs;
 mod subscriber;
+pub(super) mod tracking;
 mod transaction;
 
 use gather::{Fanout, Scan, Split};
@@ -56,6 +57,9 @@ pub(super) enum Gather {
     /// SSUBSCRIBE/SUNSUBSCRIBE, answered over the per-node pub/sub connections (see
     /// `shard_subs`).
     ShardPubSub(shard_subs::ShardCommand),
+    /// CLIENT TRACKING in broadcasting mode, answered over a tracking connection per
+    /// primary (see `tracking`).
+    Tracking(tracking::TrackingCommand),
 }
 
 /// A command to send again, and where. Here, not in `redirect`, because `transaction` acts on

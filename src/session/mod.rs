@@ -143,6 +143,9 @@ enum Target {
 enum Slot {
     /// A reply the proxy made, written once everything before it is written.
     Local(Bytes),
+    /// A push that must not overtake the replies before it (a cluster invalidation, see
+    /// `cluster::tracking`), written once they are, and the push budget it holds until then.
+    Push { frame: Bytes, permits: u32 },
     /// `commands` replies coming from upstream as one `Reply::Batch`; dropped unwritten when
     /// the client switched replies off. `read_at` (when the batch's bytes were read) and
     /// `name` (its first command) feed the latency histogram and the slow log.

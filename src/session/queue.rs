@@ -59,14 +59,33 @@ impl ReplyQueue {
             }
         }
     }
-    /// Moves proxy-made replies at the head of the order to the output.
+    /// Moves proxy-made replies and held pushes at the head of the order to the output.
     pub(super) fn flush_local_slots(&mut self) {
-        while let Some(Slot::Local(_)) = self.slots.front() {
-            if let Some(Slot::Local(b)) = self.slots.pop_front()
-                && !b.is_empty()
-            {
-                self.out.push(b);
+        while let Some(Slot::Local(_) | Slot::Push { .. }) = self.slots.front() {
+            match self.slots.pop_front() {
+                Some(Slot::Local(b)) if !b.is_empty() => self.out.push(b),
+                Some(Slot::Push { frame, permits }) => {
+                    self.out.push(frame);
+                    self.out_permits += permits;
+                }
+                _ => {}
             }
+        }
+    }
+
+    /// Queues a push behind every reply still due, but before the first blocking command's
+    /// (which may wait forever): written at once when none is due before that.
+    pub(super) fn behind_due(&mut self, frame: Bytes, permits: u32) {
+        let at = self
+            .slots
+            .iter()
+            .position(|s| matches!(s, Slot::Upstream { handling, .. } if handling.blocking))
+            .unwrap_or(self.slots.len());
+        if at == 0 {
+            self.out.push(frame);
+            self.out_permits += permits;
+        } else {
+            self.slots.insert(at, Slot::Push { frame, permits });
         }
     }
     /// The position of the slot a reply with this `seq` answers.

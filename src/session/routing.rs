@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::cluster::{keyspace, shard_subs};
+use super::cluster::{keyspace, shard_subs, tracking};
 use super::{Run, cluster, spread};
 use crate::upstream::replicas::Replicas;
 
@@ -69,6 +69,12 @@ pub(super) struct ClusterState {
     /// Keyspace notification names subscribed on the other primaries and their connections
     /// (see `keyspace`); `None` until the first subscription to one.
     pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
+    /// CLIENT TRACKING in broadcasting mode over every primary (see `tracking`); `None`
+    /// while off.
+    pub(super) tracking: Option<Box<tracking::ClusterTracking>>,
+    /// How many times tracking was started: its connections' ids include it, so the end of
+    /// one closed by an earlier OFF is never taken for a live one's.
+    pub(super) tracking_starts: u64,
 }
 
 impl Routing {
@@ -91,6 +97,8 @@ impl Routing {
                 tx_log: None,
                 shard_subs: None,
                 keyspace: None,
+                tracking: None,
+                tracking_starts: 0,
             })),
         }
     }

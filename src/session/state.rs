@@ -289,6 +289,7 @@ impl Session {
         if let Some(c) = self.routing.cluster_mut() {
             c.shard_subs = None;
             c.keyspace = None;
+            c.tracking = None;
             c.multi_slot = None;
             c.tx_log = None;
         }

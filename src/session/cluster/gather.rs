@@ -87,6 +87,7 @@ impl Session {
             Gather::Split(split) => self.split(split).await,
             Gather::Scan(scan) => self.scan(scan).await,
             Gather::ShardPubSub(command) => self.shard_command(command).await,
+            Gather::Tracking(command) => self.tracking_command(command).await,
         }
     }
 

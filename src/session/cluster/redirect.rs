@@ -70,6 +70,11 @@ impl Session {
             {
                 return Box::pin(self.keyspace_ended(*id)).await;
             }
+            // Invalidations and the ends of tracking connections (whose ids the shard
+            // connections' test would also match).
+            if self.tracking_event(msg) {
+                return true;
+            }
             return self.shard_event(msg).await;
         };
         if let Some(how) = self

@@ -750,14 +750,14 @@ impl Session {
     }
 
     /// Gives back the push budget of a push that is not written to the client.
-    fn return_permits(&self, permits: u32) {
+    pub(super) fn return_permits(&self, permits: u32) {
         if let Some(budget) = &self.queue.push_budget {
             budget.add_permits(permits as usize);
         }
     }
 
     /// A frame the proxy made, with the tenant's namespace removed from channel names.
-    fn visible(&self, frame: Bytes) -> Bytes {
+    pub(super) fn visible(&self, frame: Bytes) -> Bytes {
         match self.client.policy.access.namespace(self.client.tenant) {
             Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),
             None => frame,

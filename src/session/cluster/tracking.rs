@@ -1,0 +1,356 @@
+//! Cluster mode: client-side caching in broadcasting mode (`CLIENT TRACKING ON BCAST`) over
+//! every primary.
+//!
+//! Redis sends an invalidation from the node where the key was written, to the clients that
+//! connection tracks. Standalone, the proxy turns tracking on on the client's dedicated
+//! connection and every command goes there. In a cluster one connection hears one node, so
+//! a tracking client was pinned to one node (keys of the others got CROSSSLOT). In BCAST mode
+//! the invalidations do not depend on what the client read, so the proxy turns tracking on,
+//! with the command as the policy left it (a namespaced tenant's PREFIX included), on one
+//! dedicated RESP3 connection per primary, and the session stays unpinned: its reads and
+//! writes keep the shared connections of every node.
+//!
+//! **Order.** Over one Redis connection a read's reply comes before the invalidation of a
+//! later write of that key. Over two connections it need not: the invalidation could reach
+//! the client before the stale value it invalidates, which the client would then cache for
+//! good. So an invalidation is queued behind every reply still due when it arrives (before
+//! the first blocking command's, which may wait forever: `ReplyQueue::behind_due`). Later is
+//! always safe (a fresh value dropped from the cache costs one miss); earlier is not.
+//!
+//! **Fail closed.** A tracking connection that ends (its node failed, the connection was
+//! killed) would leave writes on that node unheard: the client is disconnected, as Redis's
+//! own connection would have ended, and its cache starts over. So is a client whose cluster
+//! gained a primary without a tracking connection (a failover's promoted replica, a new
+//! node), at its next command, after an error saying why. REDIRECT while on, and any
+//! tracking command inside MULTI (the state is on every node, the transaction on one), are
+//! refused with the reason.
+//!
+//! Not spread (the session is pinned to one node as before, docs/cluster.md): the default
+//! mode (invalidations for the keys the client read, which only the connection that read
+//! them gets), OPTIN/OPTOUT, NOLOOP (the client's writes go over other connections),
+//! REDIRECT, RESP2, routes, a client logged in upstream as its own user, and a session
+//! already pinned.
+
+use super::Gather;
+use super::shard_subs::NodeConn;
+use crate::cluster::Router;
+use crate::codec;
+use crate::commands::grammar;
+use crate::session::route::Args;
+use crate::session::{Action, Holds, Session};
+use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::mpsc;
+
+/// The `conn_id` bits of the tracking connections: `SHARD_CONN`'s (so no code takes their end
+/// for the dedicated connection's) and bit 61, unlike shard (`1 << 63`) and keyspace
+/// (`3 << 62`) connections.
+const TRACKING_CONN: u64 = (1 << 63) | (1 << 61);
+
+/// The bits that tell the per-node connections apart.
+const CONN_KIND: u64 = 7 << 61;
+
+/// Whether the connection id `id` (of a `Reply::PinnedClosed`) is a tracking connection's.
+pub(in crate::session) fn is_tracking_conn(id: u64) -> bool {
+    id & CONN_KIND == TRACKING_CONN
+}
+
+/// What an invalidation push starts with (RESP3): `>2`, then the bulk string `invalidate`.
+const INVALIDATE: &[u8] = b">2\r\n$10\r\ninvalidate\r\n";
+
+/// A session's broadcasting tracking: one connection per primary.
+pub(in crate::session) struct ClusterTracking {
+    /// One RESP3 connection per primary of the map, tracking turned on there.
+    conns: Vec<NodeConn>,
+    /// The map's generation the connections were last checked against: a new map may name
+    /// a primary without one. Atomic only so the check can note it from `&self` (placement).
+    checked: AtomicU64,
+}
+
+/// A tracking command the session answers over the tracking connections.
+pub(in crate::session) enum TrackingCommand {
+    /// `CLIENT TRACKING ON BCAST …` while off: every primary gets a connection and the
+    /// command (as it goes upstream).
+    Start(Bytes),
+    /// A tracking command while on (more prefixes, TRACKINGINFO, GETREDIR, CACHING): sent to
+    /// every tracking connection (`all`) or the first; the first reply is the client's.
+    Ask { command: Bytes, all: bool },
+    /// `CLIENT TRACKING OFF`: the connections close, which turns tracking off on each node.
+    Stop,
+    /// Tracking cannot hold any more (a primary without a tracking connection): this error,
+    /// and the session ends after it, as its cache may hold values whose invalidation it
+    /// cannot get.
+    Lost(Bytes),
+}
+
+impl Session {
+    /// Hook in `place`, after the policy: a RESP3 client's `CLIENT TRACKING ON BCAST` without
+    /// REDIRECT, OPTIN/OPTOUT or NOLOOP becomes `Gather::Tracking`, and so does every
+    /// tracking command while such tracking is on. `None`: nothing to do here (one pointer
+    /// test and one comparison for a session without it).
+    pub(in crate::session) fn tracking_route(
+        &self,
+        router: &Router,
+        action: &Action,
+        args: &Args<'_>,
+    ) -> Option<Action> {
+        let on = self.routing.cluster().and_then(|c| c.tracking.as_deref());
+        let gather = |command| Some(Action::Gather(Box::new(Gather::Tracking(command))));
+        if let Some(tracking) = on {
+            let generation = router.snapshot_id();
+            if generation != tracking.checked.load(Ordering::Relaxed) {
+                if let Some(node) = self.untracked_primary(router, tracking) {
+                    let reply = crate::answers::tracking_lost(&router.addr(node));
+                    return gather(TrackingCommand::Lost(reply));
+                }
+                tracking.checked.store(generation, Ordering::Relaxed);
+            }
+        }
+        if !args.get(0).eq_ignore_ascii_case(b"CLIENT") || args.len() < 2 {
+            return None;
+        }
+        let sub = args.get(1);
+        let is = |name: &[u8]| sub.eq_ignore_ascii_case(name);
+        if !(is(b"TRACKING") || is(b"TRACKINGINFO") || is(b"GETREDIR") || is(b"CACHING")) {
+            return None;
+        }
+        // Refused by the policy: its refusal stands.
+        let (_, _, rewrite) = action.forwarded()?;
+        let command = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => frame.clone(),
+            None => codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        let Some(_) = on else {
+            return self.tracking_start(router, args, command).and_then(gather);
+        };
+        if self.conn.in_multi() {
+            return Some(Action::Refused(crate::answers::tracking_in_multi()));
+        }
+        if !is(b"TRACKING") {
+            return gather(TrackingCommand::Ask {
+                command,
+                all: is(b"CACHING"),
+            });
+        }
+        if args.len() == 3 && args.get(2).eq_ignore_ascii_case(b"OFF") {
+            return gather(TrackingCommand::Stop);
+        }
+        match grammar::tracking_options(args) {
+            Some(o) if o.redirect.is_some() => Some(Action::Refused(
+                crate::answers::tracking_redirect_while_bcast(),
+            )),
+            // More prefixes, a mode switch Redis refuses, a syntax error: Redis answers.
+            _ => gather(TrackingCommand::Ask { command, all: true }),
+        }
+    }
+
+    /// `CLIENT TRACKING ON BCAST …` that can be spread over every primary (see the module
+    /// comment); `None` for anything else, which keeps the pinned path.
+    fn tracking_start(
+        &self,
+        router: &Router,
+        args: &Args<'_>,
+        command: Bytes,
+    ) -> Option<TrackingCommand> {
+        if args.len() < 4
+            || !args.get(1).eq_ignore_ascii_case(b"TRACKING")
+            || !args.get(2).eq_ignore_ascii_case(b"ON")
+        {
+            return None;
+        }
+        let options = grammar::tracking_options(args)?;
+        let spread = options.bcast
+            && options.redirect.is_none()
+            && !options.per_client_modes
+            && self.client.proto == 3
+            && router.routes().is_none()
+            && !self.stateful()
+            && !self.conn.holds(Holds::OTHER_USER);
+        spread.then_some(TrackingCommand::Start(command))
+    }
+
+    /// A primary of the current map without a tracking connection, if any.
+    fn untracked_primary(&self, router: &Router, tracking: &ClusterTracking) -> Option<u16> {
+        let snapshot = router.snapshot();
+        snapshot
+            .primaries()
+            .iter()
+            .copied()
+            .find(|&n| !tracking.conns.iter().any(|c| c.node == n))
+    }
+
+    /// Carries out a tracking command: the one reply the client gets.
+    pub(in crate::session) async fn tracking_command(&mut self, command: TrackingCommand) -> Bytes {
+        match command {
+            TrackingCommand::Start(command) => self.tracking_on(command).await,
+            TrackingCommand::Ask { command, all } => {
+                let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
+                else {
+                    return crate::answers::tracking_lost("the cluster");
+                };
+                let conns: Vec<_> = match all {
+                    true => tracking.conns.iter().map(|c| c.tx.clone()).collect(),
+                    false => tracking
+                        .conns
+                        .iter()
+                        .take(1)
+                        .map(|c| c.tx.clone())
+                        .collect(),
+                };
+                match ask_all(&conns, &command).await {
+                    Ok(reply) => reply,
+                    Err(reply) => {
+                        // A connection that cannot answer cannot deliver invalidations.
+                        self.input.closing = true;
+                        reply
+                    }
+                }
+            }
+            TrackingCommand::Stop => {
+                if let Some(c) = self.routing.cluster_mut() {
+                    c.tracking = None;
+                }
+                Bytes::from_static(b"+OK\r\n")
+            }
+            TrackingCommand::Lost(reply) => {
+                self.input.closing = true;
+                reply
+            }
+        }
+    }
+
+    /// Opens a tracking connection to every primary and sends `command` on each: `+OK` once
+    /// every primary tracks, else the first refusal (and nothing is left on).
+    async fn tracking_on(&mut self, command: Bytes) -> Bytes {
+        let Some(router) = self.routing.router().cloned() else {
+            return crate::answers::tracking_lost("the cluster");
+        };
+        let checked = AtomicU64::new(router.snapshot_id());
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        let Some(c) = self.routing.cluster_mut() else {
+            return crate::answers::tracking_lost("the cluster");
+        };
+        // Ids never reused, so the end of a connection closed by an earlier OFF is not
+        // taken for one of these.
+        c.tracking_starts += 1;
+        let start = c.tracking_starts << 16;
+        let mut conns = Vec::with_capacity(primaries.len());
+        for (i, node) in primaries.into_iter().enumerate() {
+            let id = TRACKING_CONN | start | i as u64;
+            let push = self.push_target(id);
+            match self.open_node_conn(&router, node, id, push).await {
+                Ok(conn) => conns.push(conn),
+                Err(reply) => return reply,
+            }
+        }
+        let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
+        match ask_all(&senders, &command).await {
+            Ok(reply) if reply.first() == Some(&b'+') => {
+                if let Some(c) = self.routing.cluster_mut() {
+                    c.tracking = Some(Box::new(ClusterTracking { conns, checked }));
+                }
+                reply
+            }
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    /// Hook in `follow_redirects` for what is not a batch reply: an invalidation from a
+    /// tracking connection is queued behind the replies still due (see the module comment);
+    /// a tracking connection that ended ends the session. Returns `true`: consumed.
+    pub(in crate::session) fn tracking_event(&mut self, msg: &mut Reply) -> bool {
+        if self.routing.cluster().is_none_or(|c| c.tracking.is_none()) {
+            return false;
+        }
+        match msg {
+            Reply::Push(frame, permits) if frame.starts_with(INVALIDATE) => {
+                let permits = std::mem::take(permits);
+                if self.client.proto == 2 {
+                    // Redis sends none to a RESP2 client without a redirect.
+                    self.return_permits(permits);
+                } else {
+                    let frame = self.visible(std::mem::take(frame));
+                    self.queue.behind_due(frame, permits);
+                }
+                true
+            }
+            Reply::PinnedClosed(id) if is_tracking_conn(*id) => {
+                let id = *id;
+                let ours = self
+                    .routing
+                    .cluster()
+                    .and_then(|c| c.tracking.as_deref())
+                    .is_some_and(|t| t.conns.iter().any(|c| c.id == id));
+                if ours {
+                    tracing::warn!(
+                        id = self.client.id,
+                        "a tracking connection ended; the client is disconnected so its cache starts over"
+                    );
+                    self.input.closing = true;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Sends `command` on each connection and waits for every reply: the first reply when all
+/// answered (an error reply of Redis included), else the error of a connection that could not.
+async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes, Bytes> {
+    if conns.is_empty() {
+        return Err(crate::answers::tracking_lost("a primary"));
+    }
+    let (reply_to, mut rx) = mpsc::unbounded_channel();
+    for tx in conns {
+        let batch = Batch {
+            bytes: command.clone(),
+            expect: Expect::Frames(1),
+            wait: ReplyWait::Prompt,
+            reply_to: reply_to.clone(),
+            seq: 0,
+        };
+        if tx.send(batch).await.is_err() {
+            return Err(crate::answers::tracking_lost("a primary"));
+        }
+    }
+    drop(reply_to);
+    let mut first: Option<Bytes> = None;
+    let mut refused: Option<Bytes> = None;
+    for _ in conns {
+        match rx.recv().await {
+            Some(Reply::Batch {
+                data, error: None, ..
+            }) => {
+                if data.first() == Some(&b'-') && refused.is_none() {
+                    refused = Some(data.clone());
+                }
+                first.get_or_insert(data);
+            }
+            Some(Reply::Batch { error: Some(e), .. }) => {
+                return Err(crate::error::error_reply(
+                    &crate::error::ProxyError::Upstream(*e),
+                ));
+            }
+            _ => return Err(crate::answers::tracking_lost("a primary")),
+        }
+    }
+    Ok(refused.or(first).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracking_connection_ids_are_told_from_the_others() {
+        assert!(is_tracking_conn(TRACKING_CONN | 5));
+        assert!(!is_tracking_conn((1 << 63) | 5), "a shard connection");
+        assert!(!is_tracking_conn((3 << 62) | 5), "a keyspace connection");
+        assert!(!is_tracking_conn(5), "the dedicated connection");
+        assert!(!crate::session::cluster::keyspace::is_keyspace_conn(
+            TRACKING_CONN | 5
+        ));
+    }
+}

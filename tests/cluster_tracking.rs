@@ -1,0 +1,249 @@
+//! Client-side caching in broadcasting mode (`CLIENT TRACKING ON BCAST`) through the proxy in
+//! front of a real Redis Cluster: tracking is turned on on every primary (one connection
+//! each), the session is not pinned (MGET across nodes works), every primary's writes are
+//! invalidated, an invalidation never overtakes the reply of a read that ran before its write,
+//! and a tracking connection that ends disconnects the client (its cache starts over).
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{RedisCluster, proxy_config};
+use common::{Proxy, Raw, resp};
+
+/// How long a client is watched for a frame that must not come.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// A reply as text (binary-safe enough for these replies).
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The invalidation push of `key` as Redis sends it in RESP3.
+fn invalidation(key: &str) -> Vec<u8> {
+    format!(
+        ">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{key}\r\n",
+        key.len()
+    )
+    .into_bytes()
+}
+
+/// A RESP3 client of `proxy` with broadcasting tracking on (`extra` options after BCAST).
+async fn bcast_client(proxy: &Proxy, extra: &[&str]) -> Raw {
+    let mut c = Raw::connect(proxy.addr).await;
+    let hello = c.call(&["HELLO", "3"]).await;
+    assert!(hello.starts_with(b"%"), "{}", text(&hello));
+    let mut args = vec!["CLIENT", "TRACKING", "ON", "BCAST"];
+    args.extend_from_slice(extra);
+    assert_eq!(text(&c.call(&args).await), "+OK\r\n");
+    c
+}
+
+/// `tracking_clients` in `node`'s INFO.
+async fn tracking_clients(node: &str) -> String {
+    let mut c = Raw::connect(node).await;
+    let info = String::from_utf8_lossy(&c.call(&["INFO", "clients"]).await).into_owned();
+    info.lines()
+        .find_map(|l| l.strip_prefix("tracking_clients:"))
+        .unwrap_or("?")
+        .trim()
+        .to_string()
+}
+
+/// Tracking is on on every primary, the session is not pinned, each primary's writes are
+/// invalidated once; TRACKINGINFO, GETREDIR and CACHING answer as Redis does; REDIRECT while
+/// on and a tracking command queued in MULTI are refused with the reason; OFF turns it off on
+/// every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_tracking_hears_every_primary_without_pinning() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let mut c = bcast_client(&proxy, &["PREFIX", "user"]).await;
+    for p in &primaries {
+        assert_eq!(tracking_clients(p).await, "1", "tracking on {p}");
+    }
+    // Not pinned: one command reads keys of every node.
+    let mget = text(&c.call(&["MGET", &keys[0], &keys[1], &keys[2]]).await);
+    assert_eq!(mget, "*3\r\n_\r\n_\r\n_\r\n");
+
+    // Every primary's write reaches the client, each once.
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        assert_eq!(text(&c.read_frame().await), text(&invalidation(key)));
+    }
+    // A key outside the prefix is not announced.
+    assert_eq!(writer.call(&["SET", "other", "v"]).await, b"+OK\r\n");
+    assert_eq!(text(&c.call(&["PING"]).await), "+PONG\r\n");
+
+    let info = text(&c.call(&["CLIENT", "TRACKINGINFO"]).await);
+    assert!(info.contains("bcast") && info.contains("user"), "{info}");
+    assert_eq!(text(&c.call(&["CLIENT", "GETREDIR"]).await), ":0\r\n");
+    // CACHING is for OPTIN/OPTOUT: Redis's own refusal.
+    let caching = text(&c.call(&["CLIENT", "CACHING", "yes"]).await);
+    assert!(caching.starts_with("-ERR"), "{caching}");
+    // More prefixes reach every primary.
+    assert_eq!(
+        text(
+            &c.call(&["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "item"])
+                .await
+        ),
+        "+OK\r\n"
+    );
+    let items: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "item")).collect();
+    for key in &items {
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        assert_eq!(text(&c.read_frame().await), text(&invalidation(key)));
+    }
+    let redirect = text(
+        &c.call(&["CLIENT", "TRACKING", "ON", "BCAST", "REDIRECT", "1"])
+            .await,
+    );
+    assert!(redirect.contains("REDIRECT is refused"), "{redirect}");
+    assert_eq!(text(&c.call(&["MULTI"]).await), "+OK\r\n");
+    let queued = text(&c.call(&["CLIENT", "TRACKINGINFO"]).await);
+    assert!(queued.contains("cannot be queued in MULTI"), "{queued}");
+    assert!(text(&c.call(&["EXEC"]).await).starts_with("-EXECABORT"));
+
+    assert_eq!(
+        text(&c.call(&["CLIENT", "TRACKING", "OFF"]).await),
+        "+OK\r\n"
+    );
+    for p in &primaries {
+        let until = std::time::Instant::now() + common::DEADLINE;
+        while tracking_clients(p).await != "0" {
+            assert!(
+                std::time::Instant::now() < until,
+                "tracking still on on {p}"
+            );
+            tokio::time::sleep(common::POLL).await;
+        }
+    }
+    assert_eq!(text(&c.call(&["CLIENT", "GETREDIR"]).await), ":-1\r\n");
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "w"]).await, b"+OK\r\n");
+    }
+    c.assert_quiet(QUIET).await;
+}
+
+/// Over one Redis connection a read's reply precedes the invalidation of a later write of
+/// its key; over two it need not. A 32 MB value read and then overwritten by the same client
+/// (one pipeline): the invalidation, which reaches the proxy long before the value, comes
+/// after the value's reply. Delivered first, the client would cache the old value for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_waits_for_a_large_reply_that_ran_before_its_write() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let key = redis.key_on(&redis.primaries()[1], "big");
+    let value = "x".repeat(32 << 20);
+    let mut writer = Raw::connect(proxy.addr).await;
+    assert_eq!(writer.call(&["SET", &key, &value]).await, b"+OK\r\n");
+    let mut c = bcast_client(&proxy, &[]).await;
+    let mut pipeline = resp(&["GET", &key]);
+    pipeline.extend(resp(&["SET", &key, "small"]));
+    c.send(&pipeline).await;
+    let frames = c.read_frames(3).await;
+    assert!(
+        frames[0].starts_with(format!("${}\r\n", value.len()).as_bytes()),
+        "the value's reply first, got {}",
+        text(&frames[0][..frames[0].len().min(80)])
+    );
+    let rest = [text(&frames[1]), text(&frames[2])];
+    assert!(
+        rest.contains(&"+OK\r\n".to_string()) && rest.contains(&text(&invalidation(&key))),
+        "{rest:?}"
+    );
+}
+
+/// A tracking connection killed on its node: the client cannot hear that node's writes any
+/// more, so it is disconnected, as its own Redis connection would have been.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_tracking_connection_disconnects_the_client() {
+    let redis = RedisCluster::start(3, 0);
+    let node = redis.primaries()[2].clone();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = bcast_client(&proxy, &[]).await;
+    let mut admin = Raw::connect(&node).await;
+    let list = String::from_utf8_lossy(&admin.call(&["CLIENT", "LIST"]).await).into_owned();
+    let id = list
+        .lines()
+        .find(|l| l.contains(" flags=t") || l.contains("flags=t "))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .unwrap_or_else(|| panic!("no tracking connection on {node}: {list}"))
+        .to_string();
+    assert_eq!(admin.call(&["CLIENT", "KILL", "ID", &id]).await, b":1\r\n");
+    let (_, closed) = c.read_to_close(common::DEADLINE).await;
+    assert!(closed, "the client is disconnected");
+}
+
+/// Default-mode tracking (invalidations for the keys the client read) still pins the session
+/// to one node: only the connection that read a key hears of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_mode_tracking_keeps_one_node() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    c.call(&["HELLO", "3"]).await;
+    assert_eq!(
+        text(&c.call(&["CLIENT", "TRACKING", "ON"]).await),
+        "+OK\r\n"
+    );
+    let on: Vec<String> = {
+        let mut on = Vec::new();
+        for p in &primaries {
+            on.push(tracking_clients(p).await);
+        }
+        on
+    };
+    assert_eq!(on.iter().filter(|n| *n == "1").count(), 1, "{on:?}");
+}
+
+/// A namespaced tenant's BCAST tracking is confined to its namespace on every primary (the
+/// policy adds its PREFIX): it hears its own keys of every node, without the prefix, and
+/// nothing of another tenant's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_tenant_hears_only_its_keys_from_every_primary() {
+    // sha256 of "alicepw".
+    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2";
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n",
+        redis.live_addrs()[0]
+    );
+    let config =
+        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("ns.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert!(
+        c.call(&["HELLO", "3", "AUTH", "alice", "alicepw"])
+            .await
+            .starts_with(b"%")
+    );
+    assert_eq!(
+        text(&c.call(&["CLIENT", "TRACKING", "ON", "BCAST"]).await),
+        "+OK\r\n"
+    );
+    // Keys of the tenant on every primary (their slot is that of the prefixed name).
+    let keys: Vec<String> = primaries
+        .iter()
+        .map(|p| redis.key_on(p, "a:k").trim_start_matches("a:").to_string())
+        .collect();
+    for (key, node) in keys.iter().zip(&primaries) {
+        // Another tenant's (here: a direct) write outside the namespace first: not heard.
+        let mut direct = Raw::connect(node).await;
+        let foreign = redis.key_on(node, "b:k");
+        assert_eq!(direct.call(&["SET", &foreign, "v"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        assert_eq!(text(&c.read_frame().await), text(&invalidation(key)));
+    }
+    c.assert_quiet(QUIET).await;
+}
