@@ -247,3 +247,61 @@ async fn a_namespaced_tenant_hears_only_its_keys_from_every_primary() {
     }
     c.assert_quiet(QUIET).await;
 }
+
+/// ON and OFF as Redis reads them (C's strcasecmp stops at a NUL): `on\0` spreads tracking
+/// over every primary like ON, and `off\0`, or OFF with options Redis accepts and ignores,
+/// turns it off on every one, so the proxy's view and the nodes' never differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_and_off_are_read_as_redis_reads_them() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    for off in [&["off\0"][..], &["OFF", "BCAST"]] {
+        let mut c = Raw::connect(proxy.addr).await;
+        c.call(&["HELLO", "3"]).await;
+        let on = c
+            .call(&[&b"CLIENT"[..], b"TRACKING", b"on\0", b"BCAST"])
+            .await;
+        assert_eq!(text(&on), "+OK\r\n");
+        for p in &primaries {
+            assert_eq!(tracking_clients(p).await, "1", "tracking on {p}");
+        }
+        let mut args = vec!["CLIENT", "TRACKING"];
+        args.extend_from_slice(off);
+        assert_eq!(text(&c.call(&args).await), "+OK\r\n", "{off:?}");
+        for p in &primaries {
+            let until = std::time::Instant::now() + common::DEADLINE;
+            while tracking_clients(p).await != "0" {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "still on on {p} after {off:?}"
+                );
+                tokio::time::sleep(common::POLL).await;
+            }
+        }
+        // Off in the proxy's view too: default-mode tracking now takes the pinned path,
+        // one node (in a view still "on" it would go to every tracking connection).
+        assert_eq!(
+            text(&c.call(&["CLIENT", "TRACKING", "ON"]).await),
+            "+OK\r\n"
+        );
+        let mut on = Vec::new();
+        for p in &primaries {
+            on.push(tracking_clients(p).await);
+        }
+        assert_eq!(
+            on.iter().filter(|n| *n == "1").count(),
+            1,
+            "{off:?}: {on:?}"
+        );
+        // The client leaves: nothing tracks any more before the next round.
+        drop(c);
+        for p in &primaries {
+            let until = std::time::Instant::now() + common::DEADLINE;
+            while tracking_clients(p).await != "0" {
+                assert!(std::time::Instant::now() < until, "{p} still tracks");
+                tokio::time::sleep(common::POLL).await;
+            }
+        }
+    }
+}

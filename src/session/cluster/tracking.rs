@@ -133,13 +133,13 @@ impl Session {
                 all: is(b"CACHING"),
             });
         }
-        if args.len() == 3 && args.get(2).eq_ignore_ascii_case(b"OFF") {
-            return gather(TrackingCommand::Stop);
-        }
         match grammar::tracking_options(args) {
             Some(o) if o.redirect.is_some() => Some(Action::Refused(
                 crate::answers::tracking_redirect_while_bcast(),
             )),
+            // OFF as Redis reads it (strcasecmp: `off\0` is OFF; options it parses are
+            // accepted and ignored).
+            Some(_) if grammar::keyword(args.get(2), b"OFF") => gather(TrackingCommand::Stop),
             // More prefixes, a mode switch Redis refuses, a syntax error: Redis answers.
             _ => gather(TrackingCommand::Ask { command, all: true }),
         }
@@ -155,7 +155,7 @@ impl Session {
     ) -> Option<TrackingCommand> {
         if args.len() < 4
             || !args.get(1).eq_ignore_ascii_case(b"TRACKING")
-            || !args.get(2).eq_ignore_ascii_case(b"ON")
+            || !grammar::keyword(args.get(2), b"ON")
         {
             return None;
         }
