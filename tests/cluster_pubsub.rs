@@ -932,14 +932,7 @@ async fn a_namespaced_tenant_hears_no_notifications() {
     let redis = RedisCluster::start(3, 0);
     let primaries = redis.primaries();
     notify_everything(&primaries).await;
-    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
-    let yaml = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n",
-        redis.live_addrs()[0]
-    );
-    let config =
-        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("ns.yaml")).unwrap();
-    let proxy = Proxy::start(config).await;
+    let proxy = Proxy::start(common::cluster::namespaced_config(&redis.live_addrs()[0])).await;
     let mut sub = Raw::connect(proxy.addr).await;
     let mut writer = Raw::connect(proxy.addr).await;
     for c in [&mut sub, &mut writer] {

@@ -44,6 +44,21 @@ async fn bcast_client(proxy: &Proxy, extra: &[&str]) -> Raw {
     c
 }
 
+/// Waits until every node of `nodes` counts `want` tracking clients (a connection closed by
+/// the proxy ends on the node a moment later); `what` names the step in the panic.
+async fn wait_tracking_clients(nodes: &[String], want: &str, what: &str) {
+    for node in nodes {
+        let until = std::time::Instant::now() + common::DEADLINE;
+        while tracking_clients(node).await != want {
+            assert!(
+                std::time::Instant::now() < until,
+                "{node} never counted {want} tracking clients: {what}"
+            );
+            tokio::time::sleep(common::POLL).await;
+        }
+    }
+}
+
 /// `tracking_clients` in `node`'s INFO.
 async fn tracking_clients(node: &str) -> String {
     let mut c = Raw::connect(node).await;
@@ -116,16 +131,7 @@ async fn bcast_tracking_hears_every_primary_without_pinning() {
         text(&c.call(&["CLIENT", "TRACKING", "OFF"]).await),
         "+OK\r\n"
     );
-    for p in &primaries {
-        let until = std::time::Instant::now() + common::DEADLINE;
-        while tracking_clients(p).await != "0" {
-            assert!(
-                std::time::Instant::now() < until,
-                "tracking still on on {p}"
-            );
-            tokio::time::sleep(common::POLL).await;
-        }
-    }
+    wait_tracking_clients(&primaries, "0", "after OFF").await;
     assert_eq!(text(&c.call(&["CLIENT", "GETREDIR"]).await), ":-1\r\n");
     for key in &keys {
         assert_eq!(writer.call(&["SET", key, "w"]).await, b"+OK\r\n");
@@ -211,17 +217,9 @@ async fn default_mode_tracking_keeps_one_node() {
 /// nothing of another tenant's writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespaced_tenant_hears_only_its_keys_from_every_primary() {
-    // sha256 of "alicepw".
-    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2";
     let redis = RedisCluster::start(3, 0);
     let primaries = redis.primaries();
-    let yaml = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n",
-        redis.live_addrs()[0]
-    );
-    let config =
-        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("ns.yaml")).unwrap();
-    let proxy = Proxy::start(config).await;
+    let proxy = Proxy::start(common::cluster::namespaced_config(&redis.live_addrs()[0])).await;
     let mut c = Raw::connect(proxy.addr).await;
     assert!(
         c.call(&["HELLO", "3", "AUTH", "alice", "alicepw"])
@@ -269,16 +267,7 @@ async fn on_and_off_are_read_as_redis_reads_them() {
         let mut args = vec!["CLIENT", "TRACKING"];
         args.extend_from_slice(off);
         assert_eq!(text(&c.call(&args).await), "+OK\r\n", "{off:?}");
-        for p in &primaries {
-            let until = std::time::Instant::now() + common::DEADLINE;
-            while tracking_clients(p).await != "0" {
-                assert!(
-                    std::time::Instant::now() < until,
-                    "still on on {p} after {off:?}"
-                );
-                tokio::time::sleep(common::POLL).await;
-            }
-        }
+        wait_tracking_clients(&primaries, "0", &format!("after {off:?}")).await;
         // Off in the proxy's view too: default-mode tracking now takes the pinned path,
         // one node (in a view still "on" it would go to every tracking connection).
         assert_eq!(
@@ -296,12 +285,6 @@ async fn on_and_off_are_read_as_redis_reads_them() {
         );
         // The client leaves: nothing tracks any more before the next round.
         drop(c);
-        for p in &primaries {
-            let until = std::time::Instant::now() + common::DEADLINE;
-            while tracking_clients(p).await != "0" {
-                assert!(std::time::Instant::now() < until, "{p} still tracks");
-                tokio::time::sleep(common::POLL).await;
-            }
-        }
+        wait_tracking_clients(&primaries, "0", "after the client left").await;
     }
 }

@@ -63,6 +63,17 @@ pub fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config
         .expect("cluster config parses")
 }
 
+/// The proxy's config in front of the cluster seeded at `seed` with one namespaced tenant:
+/// user `alice` (password `alicepw`), tenant `a`, keys and channels under `a:`.
+pub fn namespaced_config(seed: &str) -> redis_policy_proxy::Config {
+    const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
+    let yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n"
+    );
+    redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("ns.yaml"))
+        .expect("namespaced cluster config parses")
+}
+
 impl RedisCluster {
     /// Starts the cluster and waits until it is ready: every node reports `cluster_state:ok`,
     /// knows every other node, sees all 16384 slots served, and every replica's link to its
