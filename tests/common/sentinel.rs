@@ -57,29 +57,35 @@ impl SentinelSetup {
             dir,
         };
         for i in 0..3 {
-            let port = free_port();
-            let conf = setup.dir.join(format!("sentinel-{i}.conf"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel monitor {MASTER} 127.0.0.1 {p} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
-                    dir = setup.dir.display(),
-                    p = setup.primary.port
-                ),
-            )
-            .unwrap();
-            let child = Command::new(bin)
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn {} --sentinel: {e}", bin.display()));
+            let (port, child) = setup.spawn_sentinel(bin, i);
             setup.children.push(child);
             setup.sentinels.push(port);
         }
-        setup.wait_ready();
+        setup.wait_ready(bin);
         setup
+    }
+
+    /// Starts sentinel `i` on a free port; its port and process.
+    fn spawn_sentinel(&self, bin: &Path, i: usize) -> (u16, Child) {
+        let port = free_port();
+        let conf = self.dir.join(format!("sentinel-{i}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel monitor {MASTER} 127.0.0.1 {p} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
+                dir = self.dir.display(),
+                p = self.primary.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {} --sentinel: {e}", bin.display()));
+        (port, child)
     }
 
     /// `host:port` of each sentinel.
@@ -93,9 +99,18 @@ impl SentinelSetup {
     /// Polls until the replica has finished its first sync (before it, WAIT counts no replica
     /// and a failover would promote an empty node) and every sentinel sees the primary, the
     /// replica and two other sentinels.
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self, bin: &Path) {
         let until = Instant::now() + DEADLINE * 3;
         loop {
+            // A sentinel that exited lost its free port to another test between the pick and
+            // its bind (tests run in parallel): it starts again on another port.
+            for i in 0..self.children.len() {
+                if matches!(self.children[i].try_wait(), Ok(Some(_))) {
+                    let (port, child) = self.spawn_sentinel(bin, i);
+                    self.children[i] = child;
+                    self.sentinels[i] = port;
+                }
+            }
             let synced =
                 cli(self.replica.port, &["INFO", "replication"]).contains("master_link_status:up");
             let ready = synced
@@ -111,7 +126,22 @@ impl SentinelSetup {
             if ready {
                 return;
             }
-            assert!(Instant::now() < until, "sentinels not ready in time");
+            assert!(
+                Instant::now() < until,
+                "sentinels not ready in time: replica synced {synced}; {}",
+                self.sentinels
+                    .iter()
+                    .map(|&s| format!(
+                        "sentinel {s}: master {:?}, sentinels {}",
+                        cli(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]).trim(),
+                        cli(s, &["SENTINEL", "SENTINELS", MASTER])
+                            .lines()
+                            .filter(|l| *l == "name")
+                            .count()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
             std::thread::sleep(POLL * 10);
         }
     }
