@@ -50,6 +50,14 @@ async fn ssubscribe(client: &mut Raw, proto: u8, channel: &str, held: usize) {
     );
 }
 
+/// Sets a key of stem `stem` on every primary of `redis`, through `publisher`.
+async fn set_on_every_primary(redis: &RedisCluster, publisher: &mut Raw, stem: &str) {
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, stem);
+        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    }
+}
+
 /// Waits until `node` counts `want` subscribers of shard channel `channel`: the proxy's
 /// re-subscription is asynchronous to the test, and a message published before it lands
 /// would be lost (as on any Redis reconnect).
@@ -722,10 +730,7 @@ async fn keyspace_subscriptions_end_with_reset_and_disconnection() {
         show(&frame(2, "psubscribe", "__keyevent@0__:*", &count(1)))
     );
     assert_eq!(sub.call(&["RESET"]).await, b"+RESET\r\n");
-    for p in &primaries {
-        let key = redis.key_on(p, "reset");
-        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
-    }
+    set_on_every_primary(&redis, &mut publisher, "reset").await;
     ping_next(&mut sub, 2, false).await;
     sub.assert_quiet(QUIET).await;
     wait_no_patterns(&primaries).await;
@@ -914,10 +919,7 @@ async fn notifications_refused_to_the_clients_own_user_stay_refused() {
     assert_eq!(sub.call(&["AUTH", "limited", "pw"]).await, b"+OK\r\n");
     let refused = sub.call(&["SUBSCRIBE", "__keyevent@0__:set"]).await;
     assert!(refused.starts_with(b"-NOPERM"), "{}", show(&refused));
-    for p in &primaries {
-        let key = redis.key_on(p, "limited");
-        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
-    }
+    set_on_every_primary(&redis, &mut publisher, "limited").await;
     ping_next(&mut sub, 2, false).await;
     sub.assert_quiet(QUIET).await;
     proxy.stop().await;
@@ -1038,10 +1040,7 @@ async fn an_unsubscription_in_multi_stops_every_primary() {
     );
     let exec = sub.call(&["EXEC"]).await;
     assert!(exec.ends_with(b":1\r\n"), "{}", show(&exec));
-    for p in &primaries {
-        let key = redis.key_on(p, "multi");
-        assert_eq!(publisher.call(&["SET", &key, "v"]).await, b"+OK\r\n");
-    }
+    set_on_every_primary(&redis, &mut publisher, "multi").await;
     ping_next(&mut sub, 3, false).await;
     sub.assert_quiet(QUIET).await;
     proxy.stop().await;
