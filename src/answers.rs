@@ -12,6 +12,11 @@ pub fn ok() -> Bytes {
     Bytes::from_static(b"+OK\r\n")
 }
 
+/// `+QUEUED`, a command's reply inside MULTI.
+pub fn queued() -> Bytes {
+    Bytes::from_static(b"+QUEUED\r\n")
+}
+
 /// `+RESET`, RESET's reply.
 pub fn reset() -> Bytes {
     Bytes::from_static(b"+RESET\r\n")

@@ -233,3 +233,70 @@ async fn a_watch_sent_on_a_stale_map_starts_over_on_the_new_owner() {
     assert_eq!(show(&c.call(&["EXEC"]).await), show(b"*1\r\n+OK\r\n"));
     assert_eq!(direct_get(&target, key).await, b"$1\r\n2\r\n");
 }
+
+/// A hash tag of a key on each primary of `redis`.
+fn a_tag_on_each_primary(redis: &RedisCluster) -> Vec<String> {
+    let mut tags: Vec<(String, String)> = Vec::new();
+    for i in 0.. {
+        let tag = format!("{{k{i}}}");
+        let owner = redis.primary_for_slot(slot(tag.as_bytes()));
+        if !tags.iter().any(|(_, o)| *o == owner) {
+            tags.push((tag, owner));
+        }
+        if tags.len() == 3 {
+            break;
+        }
+    }
+    tags.into_iter().map(|(t, _)| t).collect()
+}
+
+#[tokio::test]
+async fn a_keyless_command_first_in_a_transaction_waits_for_the_first_key_to_pick_the_node() {
+    let (redis, proxy) = setup().await;
+    for proto in [2u8, 3] {
+        // One key on each primary: whatever the client's home node, two are elsewhere.
+        for tag in a_tag_on_each_primary(&redis) {
+            let key = format!("{tag}held{proto}");
+            let mut c = client(&proxy, proto).await;
+            assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+            assert_eq!(c.call(&["PING"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["ECHO", "e"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["SET", &key, "v"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["PING"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["GET", &key]).await, b"+QUEUED\r\n");
+            assert_eq!(
+                c.call(&["EXEC"]).await,
+                b"*5\r\n+PONG\r\n$1\r\ne\r\n+OK\r\n+PONG\r\n$1\r\nv\r\n",
+                "RESP{proto} {key}"
+            );
+            let owner = redis.primary_for_slot(slot(key.as_bytes()));
+            assert_eq!(direct_get(&owner, &key).await, b"$1\r\nv\r\n");
+            // Keyless only: run on some node, as Redis would.
+            assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+            assert_eq!(c.call(&["PING", "p"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["EXEC"]).await, b"*1\r\n$1\r\np\r\n");
+            // Discarded: nothing runs, the session goes on.
+            assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+            assert_eq!(c.call(&["PING"]).await, b"+QUEUED\r\n");
+            assert_eq!(c.call(&["DISCARD"]).await, b"+OK\r\n");
+            assert_eq!(c.call(&["GET", &key]).await, b"$1\r\nv\r\n");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_of_many_keyless_commands_is_not_held_without_bound() {
+    let (_redis, proxy) = setup().await;
+    let mut c = client(&proxy, 2).await;
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    // Past the proxy's bound the transaction goes to a node, which queues the rest.
+    for _ in 0..200 {
+        assert_eq!(c.call(&["PING"]).await, b"+QUEUED\r\n");
+    }
+    let exec = c.call(&["EXEC"]).await;
+    let mut expected = b"*200\r\n".to_vec();
+    for _ in 0..200 {
+        expected.extend_from_slice(b"+PONG\r\n");
+    }
+    assert_eq!(exec, expected);
+}

@@ -469,15 +469,29 @@ impl Session {
             command
         };
         // What the transaction queues, before a deferred MULTI joins the frames.
-        let queued = frames.contains(&false).then(|| frames.clone());
+        let mut queued = frames.contains(&false).then(|| frames.clone());
         let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
-            if let Some(multi) = &mut self.conn.multi {
-                multi.deferred = false;
+            let held = match &mut self.conn.multi {
+                Some(multi) => {
+                    multi.deferred = false;
+                    std::mem::take(&mut multi.held)
+                }
+                None => Vec::new(),
+            };
+            // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy
+            // gave it) and their results in EXEC's reply.
+            if !held.is_empty() && effect != Effect::EndMulti {
+                let mut mask = vec![true; held.len()];
+                mask.extend_from_slice(&frames);
+                queued = Some(mask);
             }
-            frames.insert(0, false);
-            [Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"), bytes]
-                .concat()
-                .into()
+            frames.splice(0..0, std::iter::repeat_n(false, 1 + held.len()));
+            let mut all = BytesMut::from(&b"*1\r\n$5\r\nMULTI\r\n"[..]);
+            for command in &held {
+                all.extend_from_slice(command);
+            }
+            all.extend_from_slice(&bytes);
+            all.freeze()
         } else {
             bytes
         };

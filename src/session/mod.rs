@@ -448,6 +448,9 @@ enum LocalEffect {
     DeferMulti,
     /// Cluster mode: EXEC or DISCARD of a MULTI that was never sent (nothing queued).
     EndMulti,
+    /// Cluster mode: a keyless command queued in a deferred MULTI, answered `+QUEUED` and
+    /// held until a command with keys names the node (`Transaction::held`).
+    HoldInMulti,
 }
 
 /// The dedicated upstream connection of a session.
@@ -566,6 +569,11 @@ struct Transaction {
     /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
     /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
     deferred: bool,
+    /// Cluster mode, deferred: the keyless commands queued so far (answered `+QUEUED` by the
+    /// proxy), sent after MULTI with the first command that names a node. Sent to the
+    /// client's home node at once, a PING first in a transaction would decide the node and a
+    /// later key of another node would be refused (CROSSSLOT). At most `HELD_IN_MULTI`.
+    held: Vec<Bytes>,
     /// The policy refused a command inside it (or a WATCH before it was lost): EXEC must
     /// abort.
     refused: bool,
@@ -917,6 +925,14 @@ impl Session {
 
     /// Answers a command the proxy handles itself, and applies the session state it changes.
     fn answer_local(&mut self, len: usize, reply: Bytes, effect: LocalEffect) {
+        if effect == LocalEffect::HoldInMulti {
+            let command = self.input.rbuf.split_to(len).freeze();
+            if let Some(multi) = &mut self.conn.multi {
+                multi.held.push(command);
+            }
+            self.answer(reply);
+            return;
+        }
         self.input.rbuf.advance(len);
         if effect == LocalEffect::ReplyMode(ReplyMode::On) {
             // CLIENT REPLY ON is answered even while replies are off.
@@ -946,6 +962,7 @@ impl Session {
                 });
             }
             LocalEffect::EndMulti => self.apply(Effect::EndMulti),
+            LocalEffect::HoldInMulti => unreachable!("handled above"),
         }
     }
 

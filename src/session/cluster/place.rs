@@ -15,6 +15,10 @@ use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Targ
 use crate::{answers, codec};
 use bytes::Bytes;
 
+/// The most keyless commands a deferred MULTI holds before a key names its node: a bound
+/// on the proxy's memory for a transaction of PINGs (`Session::holds_keyless`).
+const HELD_IN_MULTI: usize = 64;
+
 /// Commands of classic (not sharded) pub/sub, which all go to `Router::pubsub_node`: the
 /// subscribers are there, so `PUBSUB CHANNELS/NUMSUB/NUMPAT` count them there.
 const CLASSIC_PUBSUB: [&str; 6] = [
@@ -93,6 +97,14 @@ impl Session {
         let Some((target, effect, rewrite)) = action.forwarded() else {
             return action;
         };
+        if slot.is_none()
+            && matches!(target, Target::Dedicated(_))
+            && effect == Effect::None
+            && rewrite.is_none()
+            && self.holds_keyless()
+        {
+            return Action::Local(answers::queued(), LocalEffect::HoldInMulti);
+        }
         let multi_slot = self.routing.cluster().and_then(|c| c.multi_slot);
         let snapshot = router.snapshot();
         let node = match slot {
@@ -160,6 +172,20 @@ impl Session {
             },
         };
         action.retarget(target)
+    }
+
+    /// Whether a plain keyless command queued now in a transaction is held by the proxy
+    /// (`Transaction::held`): MULTI is still deferred, no other state pins the session to a
+    /// node, and fewer than `HELD_IN_MULTI` are held (past it, they go to the client's home
+    /// node, which then runs the transaction: the proxy's memory stays bounded).
+    fn holds_keyless(&self) -> bool {
+        self.conn.multi_deferred()
+            && !self.pinned()
+            && self
+                .conn
+                .multi
+                .as_ref()
+                .is_some_and(|m| m.held.len() < HELD_IN_MULTI)
     }
 
     /// Where a CLIENT command sent to `target` that names another client's dedicated
@@ -244,6 +270,13 @@ impl Session {
             }
             // With a WATCH on the connection, EXEC must run there even with nothing queued:
             // a watched key that changed makes it answer nil.
+            // EXEC of held keyless commands runs them on the client's home node.
+            Effect::EndMulti
+                if self.conn.multi.as_ref().is_some_and(|m| !m.held.is_empty())
+                    && args.get(0).eq_ignore_ascii_case(b"EXEC") =>
+            {
+                None
+            }
             Effect::EndMulti | Effect::AbortExec
                 if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
             {
