@@ -471,13 +471,14 @@ impl Session {
         // What the transaction queues, before a deferred MULTI joins the frames.
         let mut queued = frames.contains(&false).then(|| frames.clone());
         let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
-            let held = match &mut self.conn.multi {
-                Some(multi) => {
-                    multi.deferred = false;
-                    std::mem::take(&mut multi.held)
-                }
-                None => Vec::new(),
-            };
+            if let Some(multi) = &mut self.conn.multi {
+                multi.deferred = false;
+            }
+            let held = self
+                .routing
+                .cluster_mut()
+                .map(|c| std::mem::take(&mut c.held_in_multi))
+                .unwrap_or_default();
             // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy
             // gave it) and their results in EXEC's reply.
             if !held.is_empty() && effect != Effect::EndMulti {

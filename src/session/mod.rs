@@ -449,7 +449,7 @@ enum LocalEffect {
     /// Cluster mode: EXEC or DISCARD of a MULTI that was never sent (nothing queued).
     EndMulti,
     /// Cluster mode: a keyless command queued in a deferred MULTI, answered `+QUEUED` and
-    /// held until a command with keys names the node (`Transaction::held`).
+    /// held until a command with keys names the node (`ClusterState::held_in_multi`).
     HoldInMulti,
 }
 
@@ -569,11 +569,6 @@ struct Transaction {
     /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
     /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
     deferred: bool,
-    /// Cluster mode, deferred: the keyless commands queued so far (answered `+QUEUED` by the
-    /// proxy), sent after MULTI with the first command that names a node. Sent to the
-    /// client's home node at once, a PING first in a transaction would decide the node and a
-    /// later key of another node would be refused (CROSSSLOT). At most `HELD_IN_MULTI`.
-    held: Vec<Bytes>,
     /// The policy refused a command inside it (or a WATCH before it was lost): EXEC must
     /// abort.
     refused: bool,
@@ -927,8 +922,8 @@ impl Session {
     fn answer_local(&mut self, len: usize, reply: Bytes, effect: LocalEffect) {
         if effect == LocalEffect::HoldInMulti {
             let command = self.input.rbuf.split_to(len).freeze();
-            if let Some(multi) = &mut self.conn.multi {
-                multi.held.push(command);
+            if let Some(cluster) = self.routing.cluster_mut() {
+                cluster.held_in_multi.push(command);
             }
             self.answer(reply);
             return;
@@ -955,13 +950,21 @@ impl Session {
             }
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti => {
+                if let Some(cluster) = self.routing.cluster_mut() {
+                    cluster.held_in_multi.clear();
+                }
                 self.conn.multi = Some(Transaction {
                     deferred: true,
                     refused: std::mem::take(&mut self.conn.watch_lost),
                     ..Transaction::default()
                 });
             }
-            LocalEffect::EndMulti => self.apply(Effect::EndMulti),
+            LocalEffect::EndMulti => {
+                if let Some(cluster) = self.routing.cluster_mut() {
+                    cluster.held_in_multi = Vec::new();
+                }
+                self.apply(Effect::EndMulti);
+            }
             LocalEffect::HoldInMulti => unreachable!("handled above"),
         }
     }

@@ -60,6 +60,12 @@ pub(super) struct ClusterState {
     /// The hash slot of the open MULTI's keyed commands, which must all share it; the
     /// transaction stays on its node even if the map moves the slot meanwhile.
     pub(super) multi_slot: Option<u16>,
+    /// While MULTI is deferred: the keyless commands queued so far (answered `+QUEUED` by
+    /// the proxy), sent after MULTI with the first command that names a node. Sent to the
+    /// client's home node at once, a PING first in a transaction would decide the node and a
+    /// later key of another node would be refused (CROSSSLOT). At most `HELD_IN_MULTI`;
+    /// emptied when a MULTI is deferred and when its commands are sent.
+    pub(super) held_in_multi: Vec<bytes::Bytes>,
     /// The transaction open on the dedicated connection as its replies show it, to replay it
     /// on another node if its slot moved (see `cluster::transaction`).
     pub(super) tx_log: Option<Box<cluster::TxLog>>,
@@ -94,6 +100,7 @@ impl Routing {
                 parked: Vec::new(),
                 parked_frames: 0,
                 multi_slot: None,
+                held_in_multi: Vec::new(),
                 tx_log: None,
                 shard_subs: None,
                 keyspace: None,

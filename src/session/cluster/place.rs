@@ -57,7 +57,7 @@ impl Session {
             return answer.into();
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
-        let slot = match self.key_slot(router, args, rewritten) {
+        let slot = match self.key_slot(router, args, rewritten, spec) {
             Ok(slot) => slot,
             Err((a, b)) => {
                 let split = split(router, args, rewrite, self.doubles_as_7_0());
@@ -175,17 +175,16 @@ impl Session {
     }
 
     /// Whether a plain keyless command queued now in a transaction is held by the proxy
-    /// (`Transaction::held`): MULTI is still deferred, no other state pins the session to a
+    /// (`ClusterState::held_in_multi`): MULTI is still deferred, no other state pins the session to a
     /// node, and fewer than `HELD_IN_MULTI` are held (past it, they go to the client's home
     /// node, which then runs the transaction: the proxy's memory stays bounded).
     fn holds_keyless(&self) -> bool {
         self.conn.multi_deferred()
             && !self.pinned()
             && self
-                .conn
-                .multi
-                .as_ref()
-                .is_some_and(|m| m.held.len() < HELD_IN_MULTI)
+                .routing
+                .cluster()
+                .is_some_and(|c| c.held_in_multi.len() < HELD_IN_MULTI)
     }
 
     /// Where a CLIENT command sent to `target` that names another client's dedicated
@@ -272,7 +271,11 @@ impl Session {
             // a watched key that changed makes it answer nil.
             // EXEC of held keyless commands runs them on the client's home node.
             Effect::EndMulti
-                if self.conn.multi.as_ref().is_some_and(|m| !m.held.is_empty())
+                if self.conn.multi_deferred()
+                    && self
+                        .routing
+                        .cluster()
+                        .is_some_and(|c| !c.held_in_multi.is_empty())
                     && args.get(0).eq_ignore_ascii_case(b"EXEC") =>
             {
                 None
@@ -345,52 +348,28 @@ impl Session {
         router: &Router,
         args: &Args<'_>,
         rewritten: Option<&Bytes>,
+        spec: Option<&'static CommandSpec>,
     ) -> Result<Option<u16>, (Option<u16>, Option<u16>)> {
         let mut ranges = Vec::new();
-        let argv: Vec<&[u8]> = match rewritten {
+        let decoded = match rewritten {
             Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
-                Ok(Some(Decoded::Command { .. })) => {
-                    ranges.iter().map(|r| &frame[r.clone()]).collect()
-                }
-                _ => args.iter().collect(),
+                Ok(Some(Decoded::Command { .. })) => Some(frame),
+                _ => None,
             },
-            None => args.iter().collect(),
+            None => None,
         };
-        let routes = router.routes();
-        let mut keys = KeyPositions::with_capacity(4);
-        let channels = channel_positions(&argv, routes.is_some());
-        let indices: Vec<usize> = if !channels.is_empty() {
-            channels.collect()
-        } else if crate::commands::keys_into(&argv, &mut keys).is_ok() {
-            keys.indices().collect()
-        } else {
-            return Ok(None);
-        };
-        let mut found = None;
-        for i in indices {
-            let s = match routes {
-                Some(table) => {
-                    let key = channel_literal(argv[0], argv[i]);
-                    let route = table.route_of(key);
-                    if found.is_none() {
-                        table.count(route);
-                    }
-                    router.route_slot(route, key)
-                }
-                None => slot(argv[i]),
-            };
-            match found {
-                None => found = Some(s),
-                Some(f) if f != s => return Err((Some(f), Some(s))),
-                Some(_) => {}
-            }
+        // The command as decided (`spec`) unless the policy rewrote it.
+        let spec = if decoded.is_none() { spec } else { None };
+        match decoded {
+            Some(frame) => with_argv(
+                ranges.len(),
+                ranges.iter().map(|r| &frame[r.clone()]),
+                |argv| slot_of_keys(router, argv, spec),
+            ),
+            None => with_argv(args.len(), args.iter(), |argv| {
+                slot_of_keys(router, argv, spec)
+            }),
         }
-        if found.is_none() {
-            if let Some(table) = routes {
-                table.count(0);
-            }
-        }
-        Ok(found)
     }
 
     /// The slot of `key` as stored, as the session's router places it: its hash slot, or its
@@ -409,6 +388,93 @@ impl Session {
             None => answers::crossslot(),
         }
     }
+}
+
+/// The arguments of a command as one slice, on the stack for a command of up to `SHORT`
+/// arguments: `key_slot` runs for every command in cluster mode, where a `Vec` of them was
+/// one of its three allocations per command.
+fn with_argv<'a, R>(
+    n: usize,
+    args: impl Iterator<Item = &'a [u8]>,
+    f: impl FnOnce(&[&'a [u8]]) -> R,
+) -> R {
+    const SHORT: usize = 8;
+    if n <= SHORT {
+        let mut argv: [&[u8]; SHORT] = [&[]; SHORT];
+        for (to, arg) in argv.iter_mut().zip(args) {
+            *to = arg;
+        }
+        f(&argv[..n])
+    } else {
+        let argv: Vec<&[u8]> = args.collect();
+        f(&argv)
+    }
+}
+
+thread_local! {
+    /// The key positions `slot_of_keys` fills, reused: one per thread rather than one
+    /// allocation per command (no await runs while it is borrowed).
+    static KEYS: std::cell::RefCell<KeyPositions> =
+        std::cell::RefCell::new(KeyPositions::with_capacity(4));
+}
+
+/// The one slot of the keys of `argv` (see `Session::key_slot`); `spec` is its command when
+/// known, else it is looked up.
+fn slot_of_keys(
+    router: &Router,
+    argv: &[&[u8]],
+    spec: Option<&'static CommandSpec>,
+) -> Result<Option<u16>, (Option<u16>, Option<u16>)> {
+    let routes = router.routes();
+    let mut found = None;
+    let mut place = |i: usize| {
+        let s = match routes {
+            Some(table) => {
+                let key = channel_literal(argv[0], argv[i]);
+                let route = table.route_of(key);
+                if found.is_none() {
+                    table.count(route);
+                }
+                router.route_slot(route, key)
+            }
+            None => slot(argv[i]),
+        };
+        match found {
+            None => found = Some(s),
+            Some(f) if f != s => return Err((Some(f), Some(s))),
+            Some(_) => {}
+        }
+        Ok(())
+    };
+    let channels = channel_positions(argv, routes.is_some());
+    if !channels.is_empty() {
+        for i in channels {
+            place(i)?;
+        }
+    } else {
+        let listed = KEYS.with_borrow_mut(|keys| -> Result<bool, (Option<u16>, Option<u16>)> {
+            let read = match spec {
+                Some(spec) => spec.keys_into(argv, keys).is_ok(),
+                None => crate::commands::keys_into(argv, keys).is_ok(),
+            };
+            if !read {
+                return Ok(false);
+            }
+            for i in keys.indices() {
+                place(i)?;
+            }
+            Ok(true)
+        })?;
+        if !listed {
+            return Ok(None);
+        }
+    }
+    if found.is_none()
+        && let Some(table) = routes
+    {
+        table.count(0);
+    }
+    Ok(found)
 }
 
 /// The refusal of keys in two slots `a` and `b`: Redis Cluster's CROSSSLOT, or in routes

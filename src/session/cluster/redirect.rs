@@ -527,12 +527,13 @@ pub(in crate::session) fn node_of_command(
 /// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
 /// happen to contain the text are sorted out by parsing each frame).
 pub(super) fn may_redirect(data: &[u8]) -> bool {
-    data.starts_with(b"-MOVED ")
-        || data.starts_with(b"-ASK ")
-        || data.starts_with(b"-TRYAGAIN")
-        || memchr::memmem::find(data, b"\r\n-MOVED ").is_some()
-        || memchr::memmem::find(data, b"\r\n-ASK ").is_some()
-        || memchr::memmem::find(data, b"\r\n-TRYAGAIN").is_some()
+    let redirect = |at: &[u8]| {
+        at.starts_with(b"MOVED ") || at.starts_with(b"ASK ") || at.starts_with(b"TRYAGAIN")
+    };
+    // One pass over the replies for a line that starts an error (rare), rather than one per
+    // redirection kind: three scans of every reply were 1.3% of the proxy's CPU at `-P 16`.
+    data.strip_prefix(b"-").is_some_and(redirect)
+        || memchr::memmem::find_iter(data, b"\r\n-").any(|at| redirect(&data[at + 3..]))
 }
 
 /// The error a command gets when it is still redirected after `max_redirects` resends.
