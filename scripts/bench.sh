@@ -48,7 +48,8 @@
 #   BASELINE_POLICY_DIR=dir   where the baseline reads passthrough.yaml and default.yaml
 #                (default policy/): an earlier commit's own, when the files changed since
 #   BASELINE=path   another build of the proxy (e.g. an earlier commit's release binary):
-#                adds the targets base-passthrough and base-default, run interleaved with the
+#                adds the targets base-passthrough and base-default (and base-cluster with
+#                CLUSTER=1), run interleaved with the
 #                rest on the same policy files, so a change is measured before and after in
 #                one run (ratios to direct, like every other target)
 #
@@ -440,16 +441,37 @@ cluster_ok() {
 launch_cluster_proxy() {
     local seeds
     seeds="$(printf '127.0.0.1:%s, ' "${cluster_ports[@]}")"
-    cat >"$work/cluster.yaml" <<EOF
+    # One file per proxy: each watches its own, and rewriting a shared one would look to the
+    # first like a changed `listen` ("changed settings need a restart").
+    cat >"$work/$cluster_name.yaml" <<EOF
 listen: 127.0.0.1:$1
 upstream:
   mode: cluster
   cluster:
     seeds: [${seeds%, }]
 EOF
-    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$bin" --config "$work/cluster.yaml" \
-        --admin off 2>>"$work/proxy-cluster.log" &
+    RUST_LOG="${RUST_LOG:-info}" "${proxy_pin[@]}" "$cluster_bin" --config "$work/$cluster_name.yaml" \
+        --admin off 2>>"$work/$cluster_name.log" &
     launched_pid=$!
+}
+
+# start_cluster_proxy NAME BINARY: a proxy in front of the cluster, serving a SET (its map read).
+start_cluster_proxy() {
+    cluster_name="$1"
+    cluster_bin="$2"
+    start "$1" launch_cluster_proxy "$work/$1.log"
+    port_of[$1]="$started_port"
+    pid_of[$1]="$started_pid"
+    # PING is answered before the proxy has the slot map; a keyed command needs it.
+    local ready=0
+    for _ in $(seq 1 100); do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$started_port" set bench:ready 1 2>/dev/null)" == OK ]]; then
+            ready=1
+            break
+        fi
+        sleep 0.1
+    done
+    [[ "$ready" == 1 ]] || die "$1 did not serve a SET within 10 s"
 }
 
 if [[ "$need_cluster" == 1 ]]; then
@@ -474,20 +496,13 @@ if [[ "$need_cluster" == 1 ]]; then
     done
     [[ "$ready" == 1 ]] ||
         die "cluster not ready within 30 s: $(redis-cli -p "${cluster_ports[0]}" cluster info)"
-    start proxy-cluster launch_cluster_proxy "$work/proxy-cluster.log"
-    port_of[proxy-cluster]="$started_port"
-    pid_of[proxy-cluster]="$started_pid"
-    # PING is answered before the proxy has the slot map; a keyed command needs it.
-    ready=0
-    for _ in $(seq 1 100); do
-        if [[ "$(redis-cli -h 127.0.0.1 -p "$started_port" set bench:ready 1 2>/dev/null)" == OK ]]; then
-            ready=1
-            break
-        fi
-        sleep 0.1
-    done
-    [[ "$ready" == 1 ]] || die "the cluster proxy did not serve a SET within 10 s"
-    log "cluster nodes :${cluster_ports[*]}  proxy-cluster :${port_of[proxy-cluster]}"
+    start_cluster_proxy proxy-cluster "$bin"
+    # The baseline build in front of the same cluster, interleaved like base-passthrough.
+    if [[ -n "${BASELINE:-}" ]]; then
+        start_cluster_proxy base-cluster "$BASELINE"
+    fi
+    log "cluster nodes :${cluster_ports[*]}  proxy-cluster :${port_of[proxy-cluster]}$(
+        [[ -n "${BASELINE:-}" ]] && echo "  base-cluster :${port_of[base-cluster]}")"
 fi
 
 # --- Workloads --------------------------------------------------------------------------------
@@ -532,6 +547,7 @@ for w in $WORKLOADS; do
 done
 # The targets a workload runs against; a cluster workload's "direct" is the cluster itself.
 cluster_targets=(direct proxy-cluster)
+[[ -n "${BASELINE:-}" && "$need_cluster" == 1 ]] && cluster_targets+=(base-cluster)
 targets_of() {
     if is_cluster_workload "$1"; then
         echo "${cluster_targets[*]}"
@@ -889,7 +905,7 @@ for name in proxy-audit proxy-insight; do
     echo
     echo "$name audit trail: $(wc -l <"$work/$name.jsonl") entries in the current file, $(du -ch "$work/$name".jsonl* | tail -n 1 | cut -f1) in all"
 done
-for name in proxy-passthrough proxy-default proxy-audit proxy-insight proxy-cluster; do
+for name in proxy-passthrough proxy-default proxy-audit proxy-insight proxy-cluster base-cluster; do
     [[ -f "$work/$name.log" ]] || continue
     if grep -qiE 'warn|error' "$work/$name.log"; then
         echo
