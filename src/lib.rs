@@ -96,6 +96,8 @@
 //! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
 //!   client stream the session reads, certificate reloads, client-certificate names.
 //! - [`pem`]: the PEM certificates, keys and CA roots both TLS sides load.
+//! - `internal_hash` (crate-private): the cheap hasher for keys the proxy made itself (table
+//!   addresses, hash slots), where SipHash would cost per command.
 //! - [`heap`]: freed session memory given back to the system (glibc's `malloc_trim`, after
 //!   idle releases).
 //! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
@@ -124,6 +126,7 @@ pub mod eviction;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod heap;
+mod internal_hash;
 pub mod keyspace;
 pub mod listen;
 pub mod metrics;

@@ -8,28 +8,8 @@ use std::sync::Arc;
 use super::Policy;
 use crate::commands::{self, AclCategories, CommandSpec};
 
-/// Hasher for table-entry addresses: they are not chosen by clients, so a multiply is enough
-/// and SipHash's cost per command is not needed.
-#[derive(Default, Clone, Copy)]
-pub(super) struct PtrHasher(u64);
-
-impl std::hash::Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
-    }
-}
-
-pub(super) type BuildPtrHasher = std::hash::BuildHasherDefault<PtrHasher>;
+/// Plans are found by their table entry's address: not chosen by clients, so the cheap hasher.
+pub(super) type BuildPtrHasher = crate::internal_hash::BuildInternalHasher;
 
 /// The rules `check` runs for one command, in the order it runs them.
 #[derive(Debug, Default)]

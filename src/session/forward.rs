@@ -481,7 +481,7 @@ impl Session {
                 .unwrap_or_default();
             // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy
             // gave it) and their results in EXEC's reply.
-            if !held.is_empty() && effect != Effect::EndMulti {
+            if !held.is_empty() {
                 let mut mask = vec![true; held.len()];
                 mask.extend_from_slice(&frames);
                 queued = Some(mask);

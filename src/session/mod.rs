@@ -920,15 +920,13 @@ impl Session {
 
     /// Answers a command the proxy handles itself, and applies the session state it changes.
     fn answer_local(&mut self, len: usize, reply: Bytes, effect: LocalEffect) {
-        if effect == LocalEffect::HoldInMulti {
-            let command = self.input.rbuf.split_to(len).freeze();
-            if let Some(cluster) = self.routing.cluster_mut() {
-                cluster.held_in_multi.push(command);
-            }
-            self.answer(reply);
-            return;
-        }
-        self.input.rbuf.advance(len);
+        // A held command keeps its bytes (shared with the read buffer, not copied).
+        let held = if effect == LocalEffect::HoldInMulti {
+            Some(self.input.rbuf.split_to(len).freeze())
+        } else {
+            self.input.rbuf.advance(len);
+            None
+        };
         if effect == LocalEffect::ReplyMode(ReplyMode::On) {
             // CLIENT REPLY ON is answered even while replies are off.
             self.client.reply_mode = ReplyMode::On;
@@ -965,7 +963,11 @@ impl Session {
                 }
                 self.apply(Effect::EndMulti);
             }
-            LocalEffect::HoldInMulti => unreachable!("handled above"),
+            LocalEffect::HoldInMulti => {
+                if let (Some(cluster), Some(command)) = (self.routing.cluster_mut(), held) {
+                    cluster.held_in_multi.push(command);
+                }
+            }
         }
     }
 

@@ -8,39 +8,15 @@
 //! the commands in flight and the connection they went to.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use super::Target;
-
-/// Hashes a hash slot (a `u16`) with one multiplication. The map is touched twice per command
-/// in cluster mode, and std's SipHash (built against untrusted keys: a slot is 14 bits the
-/// proxy computed itself) was 2.2% of the proxy's CPU at `-P 16` (perf, 2026-12-05).
-#[derive(Default)]
-pub(super) struct SlotHasher(u64);
-
-impl Hasher for SlotHasher {
-    fn finish(&self) -> u64 {
-        // Fibonacci hashing: the high bits, which the table's probe uses, depend on all 16.
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u16(&mut self, slot: u16) {
-        self.0 = u64::from(slot);
-    }
-}
 
 /// Per-slot in-flight commands of one cluster session.
 #[derive(Default)]
 pub(super) struct Spread {
     /// Hash slot -> the shared connection its in-flight commands went to, and how many are
     /// in flight. Entries are removed at zero, so the map holds only what is in flight.
-    slots: HashMap<u16, (Target, u32), BuildHasherDefault<SlotHasher>>,
+    slots: HashMap<u16, (Target, u32), crate::internal_hash::BuildInternalHasher>,
     /// The hash slot a paused command waits for, so processing resumes once that slot's
     /// commands are answered rather than when everything is; `None` while not paused on a
     /// slot.

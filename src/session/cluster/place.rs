@@ -179,12 +179,12 @@ impl Session {
     /// node, and fewer than `HELD_IN_MULTI` are held (past it, they go to the client's home
     /// node, which then runs the transaction: the proxy's memory stays bounded).
     fn holds_keyless(&self) -> bool {
-        self.conn.multi_deferred()
-            && !self.pinned()
-            && self
-                .routing
-                .cluster()
-                .is_some_and(|c| c.held_in_multi.len() < HELD_IN_MULTI)
+        self.conn.multi_deferred() && !self.pinned() && self.held_in_multi() < HELD_IN_MULTI
+    }
+
+    /// How many keyless commands the deferred MULTI holds (`ClusterState::held_in_multi`).
+    fn held_in_multi(&self) -> usize {
+        self.routing.cluster().map_or(0, |c| c.held_in_multi.len())
     }
 
     /// Where a CLIENT command sent to `target` that names another client's dedicated
@@ -267,19 +267,16 @@ impl Session {
             Effect::Multi if self.conn.multi_deferred() => {
                 Some(Action::Local(answers::nested_multi(), LocalEffect::None))
             }
-            // With a WATCH on the connection, EXEC must run there even with nothing queued:
-            // a watched key that changed makes it answer nil.
             // EXEC of held keyless commands runs them on the client's home node.
             Effect::EndMulti
                 if self.conn.multi_deferred()
-                    && self
-                        .routing
-                        .cluster()
-                        .is_some_and(|c| !c.held_in_multi.is_empty())
+                    && self.held_in_multi() > 0
                     && args.get(0).eq_ignore_ascii_case(b"EXEC") =>
             {
                 None
             }
+            // With a WATCH on the connection, EXEC must run there even with nothing queued:
+            // a watched key that changed makes it answer nil.
             Effect::EndMulti | Effect::AbortExec
                 if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
             {
