@@ -28,9 +28,9 @@ const MAX_CONNECTIONS: usize = 64;
 /// Serves the admin endpoint until `stop` flips to `true`.
 /// Answers `/readyz`: `Ok` with what is up, or `Err` with what is missing. Given by the
 /// server per upstream mode, so this module knows nothing of pools or clusters.
-pub type ReadyCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+pub(crate) type ReadyCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: ReadyCheck,

@@ -8,61 +8,61 @@ use bytes::{Bytes, BytesMut};
 use crate::error::simple_error;
 
 /// `+OK`.
-pub fn ok() -> Bytes {
+pub(crate) fn ok() -> Bytes {
     Bytes::from_static(b"+OK\r\n")
 }
 
 /// `+QUEUED`, a command's reply inside MULTI.
-pub fn queued() -> Bytes {
+pub(crate) fn queued() -> Bytes {
     Bytes::from_static(b"+QUEUED\r\n")
 }
 
 /// `+RESET`, RESET's reply.
-pub fn reset() -> Bytes {
+pub(crate) fn reset() -> Bytes {
     Bytes::from_static(b"+RESET\r\n")
 }
 
 /// A simple string (`+text`); `text` holds no CR or LF.
-pub fn simple(text: &str) -> Bytes {
+pub(crate) fn simple(text: &str) -> Bytes {
     Bytes::from(format!("+{text}\r\n"))
 }
 
 /// An integer reply.
-pub fn integer(n: i64) -> Bytes {
+pub(crate) fn integer(n: i64) -> Bytes {
     Bytes::from(format!(":{n}\r\n"))
 }
 
 /// A bulk string.
-pub fn bulk(text: &[u8]) -> Bytes {
+pub(crate) fn bulk(text: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(text.len() + 16);
     crate::codec::put_bulk(&mut out, text);
     out.freeze()
 }
 
 /// A null bulk string in the client's RESP version (`_` in RESP3).
-pub fn null(proto: u8) -> Bytes {
+pub(crate) fn null(proto: u8) -> Bytes {
     Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })
 }
 
 /// A null array in the client's RESP version: EXEC's answer when a watched key changed.
-pub fn null_array(proto: u8) -> Bytes {
+pub(crate) fn null_array(proto: u8) -> Bytes {
     Bytes::from_static(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" })
 }
 
 /// An empty array: EXEC of a transaction with nothing queued.
-pub fn empty_array() -> Bytes {
+pub(crate) fn empty_array() -> Bytes {
     Bytes::from_static(b"*0\r\n")
 }
 
 // --- Redis's own errors, word for word --------------------------------------------------------
 
 /// A command before AUTH when authentication is required.
-pub fn noauth() -> Bytes {
+pub(crate) fn noauth() -> Bytes {
     simple_error("NOAUTH", "Authentication required.")
 }
 
 /// HELLO without AUTH when authentication is required.
-pub fn hello_noauth() -> Bytes {
+pub(crate) fn hello_noauth() -> Bytes {
     simple_error(
         "NOAUTH",
         "HELLO must be called with the client already authenticated, otherwise the HELLO \
@@ -72,7 +72,7 @@ pub fn hello_noauth() -> Bytes {
 }
 
 /// Wrong credentials.
-pub fn wrongpass() -> Bytes {
+pub(crate) fn wrongpass() -> Bytes {
     simple_error(
         "WRONGPASS",
         "invalid username-password pair or user is disabled.",
@@ -80,17 +80,17 @@ pub fn wrongpass() -> Bytes {
 }
 
 /// HELLO with a protocol version other than 2 or 3.
-pub fn noproto() -> Bytes {
+pub(crate) fn noproto() -> Bytes {
     simple_error("NOPROTO", "unsupported protocol version")
 }
 
 /// HELLO whose version is not a number.
-pub fn hello_bad_version() -> Bytes {
+pub(crate) fn hello_bad_version() -> Bytes {
     simple_error("ERR", "Protocol version is not an integer or out of range")
 }
 
 /// HELLO with an option it does not know.
-pub fn hello_bad_option(option: &[u8]) -> Bytes {
+pub(crate) fn hello_bad_option(option: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -101,7 +101,7 @@ pub fn hello_bad_option(option: &[u8]) -> Bytes {
 }
 
 /// CLIENT SETNAME or HELLO SETNAME with a name Redis refuses.
-pub fn bad_client_name() -> Bytes {
+pub(crate) fn bad_client_name() -> Bytes {
     simple_error(
         "ERR",
         "Client names cannot contain spaces, newlines or special characters.",
@@ -109,12 +109,12 @@ pub fn bad_client_name() -> Bytes {
 }
 
 /// A command's arguments Redis would not parse.
-pub fn syntax_error() -> Bytes {
+pub(crate) fn syntax_error() -> Bytes {
     simple_error("ERR", "syntax error")
 }
 
 /// EXEC of a transaction in which a command was refused at queue time.
-pub fn execabort() -> Bytes {
+pub(crate) fn execabort() -> Bytes {
     simple_error(
         "EXECABORT",
         "Transaction discarded because of previous errors.",
@@ -122,7 +122,7 @@ pub fn execabort() -> Bytes {
 }
 
 /// A command sent after a MULTI the proxy could not open upstream (no dedicated connection).
-pub fn not_queued_unopened_multi() -> Bytes {
+pub(crate) fn not_queued_unopened_multi() -> Bytes {
     simple_error(
         "ERR",
         "not queued: the transaction's MULTI failed (no upstream connection), so EXEC will abort",
@@ -130,12 +130,12 @@ pub fn not_queued_unopened_multi() -> Bytes {
 }
 
 /// MULTI inside MULTI.
-pub fn nested_multi() -> Bytes {
+pub(crate) fn nested_multi() -> Bytes {
     simple_error("ERR", "MULTI calls can not be nested")
 }
 
 /// A command a RESP2 subscriber may not send.
-pub fn not_in_subscribed_context(command: &[u8]) -> Bytes {
+pub(crate) fn not_in_subscribed_context(command: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -147,14 +147,14 @@ pub fn not_in_subscribed_context(command: &[u8]) -> Bytes {
 }
 
 /// A command whose keys are in several slots (Redis Cluster's own text).
-pub fn crossslot() -> Bytes {
+pub(crate) fn crossslot() -> Bytes {
     Bytes::from_static(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n")
 }
 
 /// Why a command whose keys are in several slots is refused rather than split or gathered,
 /// in the words [`crossslot_for`] adds to Redis's CROSSSLOT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrossSlotWhy {
+pub(crate) enum CrossSlotWhy {
     /// It writes (SUNIONSTORE, RENAME, SMOVE…): its keys change together or not at all, which
     /// only one node can promise.
     Writes,
@@ -173,7 +173,7 @@ pub enum CrossSlotWhy {
 /// clients recognise the code, then why this command cannot be split and how to fix it:
 /// one slot for its keys, through a hash tag. `command` holds no CR or LF (a command-table
 /// name).
-pub fn crossslot_for(command: &str, why: CrossSlotWhy) -> Bytes {
+pub(crate) fn crossslot_for(command: &str, why: CrossSlotWhy) -> Bytes {
     let command = command.replace('|', " ").to_ascii_uppercase();
     let because = match why {
         CrossSlotWhy::Writes => format!("{command} writes atomically and cannot span slots"),
@@ -195,7 +195,7 @@ pub fn crossslot_for(command: &str, why: CrossSlotWhy) -> Bytes {
 
 /// Routes mode: a command whose keys (or channels) belong to routes on different upstreams,
 /// and that cannot be split; named like CROSSSLOT so clients that know it recognise it.
-pub fn crossroute(first: &str, second: &str) -> Bytes {
+pub(crate) fn crossroute(first: &str, second: &str) -> Bytes {
     simple_error(
         "CROSSROUTE",
         &format!(
@@ -206,7 +206,7 @@ pub fn crossroute(first: &str, second: &str) -> Bytes {
 }
 
 /// Routes mode: SELECT n (n ≠ 0); each route names its database.
-pub fn select_with_routes() -> Bytes {
+pub(crate) fn select_with_routes() -> Bytes {
     simple_error(
         "ERR",
         "SELECT is not allowed with routes: each route names its database (`db:` in the \
@@ -215,29 +215,29 @@ pub fn select_with_routes() -> Bytes {
 }
 
 /// A slot no node serves (Redis Cluster's own text).
-pub fn clusterdown() -> Bytes {
+pub(crate) fn clusterdown() -> Bytes {
     Bytes::from_static(b"-CLUSTERDOWN Hash slot not served\r\n")
 }
 
 /// A plain Redis's answer to cluster commands, so cluster-aware clients fall back to treating
 /// the proxy as one server (which is what it is to them).
-pub fn cluster_disabled() -> Bytes {
+pub(crate) fn cluster_disabled() -> Bytes {
     simple_error("ERR", "This instance has cluster support disabled")
 }
 
 /// SELECT n (n ≠ 0) in front of a cluster, as Redis Cluster answers it.
-pub fn select_in_cluster() -> Bytes {
+pub(crate) fn select_in_cluster() -> Bytes {
     simple_error("ERR", "SELECT is not allowed in cluster mode")
 }
 
 /// A SCAN cursor that is not a number.
-pub fn invalid_cursor() -> Bytes {
+pub(crate) fn invalid_cursor() -> Bytes {
     simple_error("ERR", "invalid cursor")
 }
 
 /// A command with fewer arguments than its arity allows (`name` as Redis spells it,
 /// `client|kill`).
-pub fn wrong_arity(name: &str) -> Bytes {
+pub(crate) fn wrong_arity(name: &str) -> Bytes {
     simple_error(
         "ERR",
         &format!("wrong number of arguments for '{name}' command"),
@@ -245,22 +245,22 @@ pub fn wrong_arity(name: &str) -> Bytes {
 }
 
 /// CLIENT KILL's old form (`CLIENT KILL addr`) when no client has that address.
-pub fn no_such_client() -> Bytes {
+pub(crate) fn no_such_client() -> Bytes {
     simple_error("ERR", "No such client")
 }
 
 /// CLIENT KILL ID with a value that is not a positive integer.
-pub fn kill_bad_id() -> Bytes {
+pub(crate) fn kill_bad_id() -> Bytes {
     simple_error("ERR", "client-id should be greater than 0")
 }
 
 /// CLIENT KILL MAXAGE with a value that is not an integer (Redis 7.4's text).
-pub fn kill_bad_maxage() -> Bytes {
+pub(crate) fn kill_bad_maxage() -> Bytes {
     simple_error("ERR", "maxage is not an integer or out of range")
 }
 
 /// CLIENT KILL TYPE with a type Redis does not know (printed up to a NUL, as `%s` prints).
-pub fn unknown_client_type(name: &[u8]) -> Bytes {
+pub(crate) fn unknown_client_type(name: &[u8]) -> Bytes {
     let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     simple_error(
         "ERR",
@@ -272,7 +272,7 @@ pub fn unknown_client_type(name: &[u8]) -> Bytes {
 }
 
 /// CLIENT KILL USER naming a user that does not exist.
-pub fn no_such_user(name: &[u8]) -> Bytes {
+pub(crate) fn no_such_user(name: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!("No such user '{}'", String::from_utf8_lossy(name)),
@@ -283,7 +283,7 @@ pub fn no_such_user(name: &[u8]) -> Bytes {
 
 /// CLIENT TRACKING … REDIRECT to a live client of the tenant whose session could not give the
 /// redirect an upstream connection to name (see `session::summon`).
-pub fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {
+pub(crate) fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -294,7 +294,7 @@ pub fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {
 }
 
 /// An AUTH for a user throttled at this address, not even checked: how long to wait.
-pub fn auth_throttled(wait: std::time::Duration) -> Bytes {
+pub(crate) fn auth_throttled(wait: std::time::Duration) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -306,7 +306,7 @@ pub fn auth_throttled(wait: std::time::Duration) -> Bytes {
 
 /// SCAN or KEYS inside MULTI from a namespaced tenant: EXEC's reply would carry the names with
 /// the prefix.
-pub fn namespace_scan_in_multi() -> Bytes {
+pub(crate) fn namespace_scan_in_multi() -> Bytes {
     simple_error(
         "NOPERM",
         "policy namespace: SCAN and KEYS are not available inside MULTI for this client",
@@ -315,7 +315,7 @@ pub fn namespace_scan_in_multi() -> Bytes {
 
 /// A SUBSCRIBE-family command inside MULTI that Redis would confirm with several frames in
 /// EXEC's reply, out of step with its count (redis/redis#12207).
-pub fn pubsub_several_in_multi(command: &[u8]) -> Bytes {
+pub(crate) fn pubsub_several_in_multi(command: &[u8]) -> Bytes {
     let name = String::from_utf8_lossy(command).to_ascii_uppercase();
     simple_error(
         "ERR",
@@ -329,7 +329,7 @@ pub fn pubsub_several_in_multi(command: &[u8]) -> Bytes {
 
 /// CLIENT REPLY inside MULTI, in Valkey's words (the proxy keeps the reply mode, which
 /// cannot wait for EXEC).
-pub fn client_reply_in_multi() -> Bytes {
+pub(crate) fn client_reply_in_multi() -> Bytes {
     simple_error(
         "ERR",
         "Command 'client|reply' not allowed inside a transaction",
@@ -338,7 +338,7 @@ pub fn client_reply_in_multi() -> Bytes {
 
 /// Cluster mode, CLIENT TRACKING in broadcasting mode (`session::cluster::tracking`): the
 /// tracking of `node` cannot hold any more, so the client is disconnected after this.
-pub fn tracking_lost(node: &str) -> Bytes {
+pub(crate) fn tracking_lost(node: &str) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -351,7 +351,7 @@ pub fn tracking_lost(node: &str) -> Bytes {
 
 /// Cluster mode, broadcasting tracking on: a tracking command queued in MULTI would run on
 /// the transaction's node only, while the tracking state is on every primary.
-pub fn tracking_in_multi() -> Bytes {
+pub(crate) fn tracking_in_multi() -> Bytes {
     simple_error(
         "ERR",
         "CLIENT tracking commands cannot be queued in MULTI in front of a Redis Cluster while \
@@ -362,7 +362,7 @@ pub fn tracking_in_multi() -> Bytes {
 
 /// Cluster mode, broadcasting tracking on: a REDIRECT would move the invalidations of every
 /// primary to one client's connection on one node.
-pub fn tracking_redirect_while_bcast() -> Bytes {
+pub(crate) fn tracking_redirect_while_bcast() -> Bytes {
     simple_error(
         "ERR",
         "CLIENT TRACKING ... REDIRECT is refused in front of a Redis Cluster while BCAST \
@@ -372,7 +372,7 @@ pub fn tracking_redirect_while_bcast() -> Bytes {
 
 /// A rewrite the command's route cannot carry (a pub/sub or local command): refused rather
 /// than forwarded as it came.
-pub fn cannot_rewrite() -> Bytes {
+pub(crate) fn cannot_rewrite() -> Bytes {
     simple_error(
         "NOPERM",
         "policy: this command cannot be rewritten as the policy requires",
@@ -381,7 +381,12 @@ pub fn cannot_rewrite() -> Bytes {
 
 /// Why a command that needs a dedicated connection got none: its tenant holds its whole
 /// share of them (`upstream.dedicated_caps`).
-pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms: u128) -> String {
+pub(crate) fn dedicated_tenant_limit(
+    tenant: &str,
+    limit: usize,
+    max: usize,
+    waited_ms: u128,
+) -> String {
     format!(
         "tenant '{tenant}' holds all {limit} of its dedicated upstream connections \
          (upstream.dedicated_caps.per_tenant_percent of upstream.dedicated_max {max}); waited \
@@ -392,7 +397,7 @@ pub fn dedicated_tenant_limit(tenant: &str, limit: usize, max: usize, waited_ms:
 /// A script that cannot run as the proxy's script user (`upstream.script_acl: confine`), so
 /// the deny rules would not hold inside it: refused, saying why and what the operator can
 /// choose (`upstream.unconfined_scripts`). `why` holds no CR or LF.
-pub fn script_unconfined(why: &str) -> Bytes {
+pub(crate) fn script_unconfined(why: &str) -> Bytes {
     simple_error(
         "NOPERM",
         &format!(
@@ -405,13 +410,13 @@ pub fn script_unconfined(why: &str) -> Bytes {
 
 /// `max_value_bytes`' reason for a RESTORE whose DUMP payload holds a value of `n` bytes
 /// (its stored, uncompressed length), above `max`.
-pub fn restore_value_above(command: &str, n: u64, max: u64) -> String {
+pub(crate) fn restore_value_above(command: &str, n: u64, max: u64) -> String {
     format!("{command} payload holds a value of {n} bytes (uncompressed), above {max}")
 }
 
 /// `max_value_bytes`' reason for a RESTORE whose payload packs elements in a blob of `n`
 /// bytes, above `max`: an element may be that long.
-pub fn restore_value_may_be_above(command: &str, n: u64, max: u64) -> String {
+pub(crate) fn restore_value_may_be_above(command: &str, n: u64, max: u64) -> String {
     format!(
         "{command} payload packs its elements in {n} bytes, above {max}: an element may be that \
          long"
@@ -420,7 +425,7 @@ pub fn restore_value_may_be_above(command: &str, n: u64, max: u64) -> String {
 
 /// `max_value_bytes`' reason for a RESTORE whose payload the proxy cannot size (`why`):
 /// refused, since the cap could not be checked.
-pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
+pub(crate) fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
     format!(
         "{command} refused: the size of the value in its payload cannot be checked against \
          {max} bytes ({why})"
@@ -428,7 +433,7 @@ pub fn restore_size_unknown(command: &str, why: &str, max: u64) -> String {
 }
 
 /// SYNC or PSYNC from a client: a replication stream cannot pass through a command proxy.
-pub fn replication_not_proxied() -> Bytes {
+pub(crate) fn replication_not_proxied() -> Bytes {
     simple_error(
         "ERR",
         "SYNC and PSYNC cannot pass through redis-policy-proxy: a replica connects to the \
@@ -438,7 +443,7 @@ pub fn replication_not_proxied() -> Bytes {
 
 /// CONFIG GET inside MULTI: its reply would come back inside EXEC's, where the proxy does not
 /// remove the upstream's secret parameters.
-pub fn config_get_in_multi() -> Bytes {
+pub(crate) fn config_get_in_multi() -> Bytes {
     simple_error(
         "ERR",
         "CONFIG GET is not available inside MULTI through redis-policy-proxy (its reply \
@@ -448,7 +453,7 @@ pub fn config_get_in_multi() -> Bytes {
 
 /// A CONFIG GET reply the proxy could not read to remove the secret parameters from: not
 /// forwarded.
-pub fn config_get_unreadable() -> Bytes {
+pub(crate) fn config_get_unreadable() -> Bytes {
     simple_error(
         "ERR",
         "redis-policy-proxy could not read the upstream's CONFIG GET reply to remove secret \
@@ -458,7 +463,7 @@ pub fn config_get_unreadable() -> Bytes {
 
 /// A whole-keyspace command inside MULTI in front of a cluster: EXEC's reply would hold one
 /// node's answer only.
-pub fn fanout_in_multi(command: &[u8]) -> Bytes {
+pub(crate) fn fanout_in_multi(command: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -469,7 +474,7 @@ pub fn fanout_in_multi(command: &[u8]) -> Bytes {
 }
 
 /// A node's SCAN cursor too large for the proxy's composite cursor.
-pub fn scan_cursor_too_large() -> Bytes {
+pub(crate) fn scan_cursor_too_large() -> Bytes {
     simple_error(
         "ERR",
         "a node's SCAN cursor does not fit redis-policy-proxy's composite cursor",
@@ -478,7 +483,7 @@ pub fn scan_cursor_too_large() -> Bytes {
 
 /// Redirections followed up to `max_redirects` without an answer, for `slot` (a number, or
 /// what stands for it, "in migration").
-pub fn too_many_redirections(slot: impl std::fmt::Display) -> Bytes {
+pub(crate) fn too_many_redirections(slot: impl std::fmt::Display) -> Bytes {
     simple_error(
         "ERR",
         &format!("too many cluster redirections for slot {slot}"),
@@ -486,7 +491,7 @@ pub fn too_many_redirections(slot: impl std::fmt::Display) -> Bytes {
 }
 
 /// Sharded pub/sub outside cluster mode, which the session never routes there.
-pub fn shard_pubsub_needs_cluster() -> Bytes {
+pub(crate) fn shard_pubsub_needs_cluster() -> Bytes {
     simple_error(
         "ERR",
         "sharded pub/sub through the proxy needs a cluster upstream",
@@ -494,7 +499,7 @@ pub fn shard_pubsub_needs_cluster() -> Bytes {
 }
 
 /// `PROXY KEYSPACE` while the keyspace statistics are off.
-pub fn keyspace_off() -> Bytes {
+pub(crate) fn keyspace_off() -> Bytes {
     simple_error(
         "ERR",
         "keyspace statistics are off; set keyspace.sample (1 counts every keyed command)",
@@ -502,7 +507,7 @@ pub fn keyspace_off() -> Bytes {
 }
 
 /// A `PROXY` command from a tenant that is not an admin tenant.
-pub fn proxy_commands_for_admins() -> Bytes {
+pub(crate) fn proxy_commands_for_admins() -> Bytes {
     simple_error(
         "NOPERM",
         "PROXY commands are for admin tenants (access.admin_tenants)",
@@ -510,7 +515,7 @@ pub fn proxy_commands_for_admins() -> Bytes {
 }
 
 /// `PROXY RELOAD` that failed: the problems, and that the running policy stays.
-pub fn reload_failed(problems: &str) -> Bytes {
+pub(crate) fn reload_failed(problems: &str) -> Bytes {
     simple_error(
         "ERR",
         &format!("reload failed, the running policy stays: {problems}"),
@@ -518,12 +523,12 @@ pub fn reload_failed(problems: &str) -> Bytes {
 }
 
 /// `PROXY RELOAD` on a proxy started without a policy file.
-pub fn nothing_to_reload() -> Bytes {
+pub(crate) fn nothing_to_reload() -> Bytes {
     simple_error("ERR", "no policy file to reload (started without --config)")
 }
 
 /// An unknown `PROXY` subcommand.
-pub fn unknown_proxy_subcommand(sub: &[u8]) -> Bytes {
+pub(crate) fn unknown_proxy_subcommand(sub: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -534,17 +539,17 @@ pub fn unknown_proxy_subcommand(sub: &[u8]) -> Bytes {
 }
 
 /// `PROXY SLOWLOG GET` with a count below -1 (Redis's SLOWLOG wording).
-pub fn slowlog_bad_count() -> Bytes {
+pub(crate) fn slowlog_bad_count() -> Bytes {
     simple_error("ERR", "count should be greater than or equal to -1")
 }
 
 /// `PROXY SLOWLOG` misused.
-pub fn slowlog_usage() -> Bytes {
+pub(crate) fn slowlog_usage() -> Bytes {
     simple_error("ERR", "PROXY SLOWLOG GET [<count>] | LEN | RESET")
 }
 
 /// A cluster node's reply without the shape its command promises (its first bytes quoted).
-pub fn unexpected_node_reply(reply: &[u8]) -> Bytes {
+pub(crate) fn unexpected_node_reply(reply: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
@@ -556,7 +561,7 @@ pub fn unexpected_node_reply(reply: &[u8]) -> Bytes {
 
 /// What a plaintext client on a TLS-only listener gets before it is closed: readable by
 /// `redis-cli` without `--tls`, where a silent close would leave the user guessing.
-pub fn tls_required() -> Bytes {
+pub(crate) fn tls_required() -> Bytes {
     simple_error(
         "ERR",
         "this port serves TLS only; connect with TLS (redis-cli --tls)",

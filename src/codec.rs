@@ -16,17 +16,17 @@ use memchr::memchr;
 #[derive(Debug, Clone, Copy)]
 pub struct CodecLimits {
     /// Largest bulk string (`proto-max-bulk-len`).
-    pub max_bulk_len: usize,
+    pub(crate) max_bulk_len: usize,
     /// Most arguments in one multibulk.
-    pub max_multibulk_len: usize,
+    pub(crate) max_multibulk_len: usize,
     /// Longest inline command or header line without its terminator.
-    pub max_inline_len: usize,
+    pub(crate) max_inline_len: usize,
 }
 
 impl CodecLimits {
     /// No limit but what the format can express: for re-reading bytes a peer already
     /// accepted (a batch the primary ran), where the client's limits were applied once.
-    pub const UNBOUNDED: CodecLimits = CodecLimits {
+    pub(crate) const UNBOUNDED: CodecLimits = CodecLimits {
         max_bulk_len: i64::MAX as usize,
         max_multibulk_len: i32::MAX as usize,
         max_inline_len: i64::MAX as usize,
@@ -114,7 +114,7 @@ fn line_end(buf: &[u8], start: usize) -> Option<usize> {
 /// Redis's `string2ll`: a strict base-10 `long long` (no sign but `-`, no leading zeros, no
 /// spaces, at most 20 characters).
 #[inline]
-pub fn parse_int(s: &[u8]) -> Option<i64> {
+pub(crate) fn parse_int(s: &[u8]) -> Option<i64> {
     if s.is_empty() || s.len() >= 21 {
         return None;
     }
@@ -353,7 +353,7 @@ fn hex(c: u8) -> u8 {
 /// Encodes a command as a RESP multibulk: the proxy's one encoder, for inline commands (the
 /// upstream then runs exactly the arguments the proxy classified), handshakes, control
 /// commands and policy rewrites.
-pub fn encode(args: &[&[u8]]) -> Bytes {
+pub(crate) fn encode(args: &[&[u8]]) -> Bytes {
     let len: usize = args.iter().map(|a| a.len() + 16).sum();
     let mut out = BytesMut::with_capacity(len + 16);
     put_len(&mut out, b'*', args.len());
@@ -411,7 +411,7 @@ pub(crate) fn itoa_buf(mut n: u64) -> Digits {
 /// The arguments of one whole command (multibulk or inline), copied; `None` for bytes that
 /// are not exactly one command. For the few places that read a command kept from earlier
 /// (the mirror's queued transactions, tests), not the data path.
-pub fn split_args_of(command: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn split_args_of(command: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut ranges = Vec::new();
     match decode(command, &CodecLimits::UNBOUNDED, &mut ranges).ok()?? {
         Decoded::Command { len } if len == command.len() => {
@@ -425,7 +425,7 @@ pub fn split_args_of(command: &[u8]) -> Option<Vec<Vec<u8>>> {
 /// Commands of a batch as sent, as slices of its bytes (empty lines left out; a client's
 /// inline command, forwarded as it came, counts like any other). Stops at bytes that are not
 /// a whole command, which a batch the proxy built never holds.
-pub fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
+pub(crate) fn split_commands(bytes: &Bytes, limits: &CodecLimits) -> Vec<Bytes> {
     let mut out = Vec::new();
     let mut ranges = Vec::new();
     let mut pos = 0;

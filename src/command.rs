@@ -89,7 +89,7 @@ pub fn classify(name: &[u8]) -> Kind {
 
 /// ASCII-uppercases `name` into `buf`; `None` when it does not fit.
 #[inline]
-pub fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8]> {
+pub(crate) fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8]> {
     if name.len() > MAX_NAME {
         return None;
     }
@@ -105,7 +105,7 @@ pub fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8
 /// Arguments Redis would refuse count as blocking: such a command only costs a dedicated
 /// connection, while a blocking read misjudged as quick would stall every client of a shared
 /// one.
-pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
+pub(crate) fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
     let args: Vec<&[u8]> = args.collect();
     let group = args
         .first()
@@ -120,7 +120,7 @@ pub fn stream_read_blocks<'a>(args: impl Iterator<Item = &'a [u8]>) -> bool {
 /// limit rather than a guessed one: cutting a command that is still waiting as asked could
 /// lose the element it pops later. A value Redis refuses (negative, out of range) gets a zero
 /// limit, as Redis answers it at once.
-pub fn block_limit(args: &[&[u8]]) -> Option<std::time::Duration> {
+pub(crate) fn block_limit(args: &[&[u8]]) -> Option<std::time::Duration> {
     let mut buf = [0u8; MAX_NAME];
     let name = uppercase(args.first()?, &mut buf)?;
     match name {
@@ -166,7 +166,7 @@ fn millis(arg: &[u8]) -> Option<std::time::Duration> {
 
 /// CLIENT subcommands the session handles or routes specially.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientSub {
+pub(crate) enum ClientSub {
     SetName,
     GetName,
     Id,
@@ -195,7 +195,7 @@ pub enum ClientSub {
 }
 
 /// Classifies the subcommand of CLIENT.
-pub fn classify_client(sub: &[u8]) -> ClientSub {
+pub(crate) fn classify_client(sub: &[u8]) -> ClientSub {
     let mut buf = [0u8; MAX_NAME];
     match uppercase(sub, &mut buf) {
         Some(b"SETNAME") => ClientSub::SetName,

@@ -26,13 +26,13 @@ const PROBE: &str = "zz_probe";
 /// What recovery found: the parse problems, and the configuration the text parses to once
 /// their entries are removed (to validate the rest).
 #[derive(Default)]
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// One problem per parse error, in order of discovery.
-    pub problems: Vec<Problem>,
+    pub(crate) problems: Vec<Problem>,
     /// The configuration without the removed entries; `None` after a YAML syntax error.
-    pub config: Option<Config>,
+    pub(crate) config: Option<Config>,
     /// 1-based lines whose entries were removed.
-    pub blanked: Vec<u64>,
+    pub(crate) blanked: Vec<u64>,
     /// Paths removed, as in the file.
     removed: Vec<String>,
     /// List items removed, in order: the list's path and the item's index, in the numbering
@@ -42,7 +42,7 @@ pub struct Recovered {
 
 impl Recovered {
     /// `path` (of the text after the removals) as the file numbers its list items.
-    pub fn original_path(&self, path: &str) -> String {
+    pub(crate) fn original_path(&self, path: &str) -> String {
         let mut path = path.to_string();
         for (list, index) in self.items.iter().rev() {
             let Some(rest) = path.strip_prefix(&format!("{list}[")) else {
@@ -64,7 +64,7 @@ impl Recovered {
     /// in the file) only follows from a removal: it is about a removed entry or what it held,
     /// it is its section's "required"/"needs a kind" problem, or it names the removed setting
     /// (`is only used when upstream.mode is cluster` once `upstream.mode` was removed).
-    pub fn follows_from_removal(&self, p: &Problem) -> bool {
+    pub(crate) fn follows_from_removal(&self, p: &Problem) -> bool {
         let under = |path: &str, of: &str| {
             path.strip_prefix(of)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
@@ -97,7 +97,7 @@ fn without_indices(path: &str) -> String {
 }
 
 /// Collects every parse problem of `text` (which failed to parse).
-pub fn recover(text: &str) -> Recovered {
+pub(crate) fn recover(text: &str) -> Recovered {
     let mut out = Recovered::default();
     let tree = match Tree::parse(text) {
         Ok(t) => t,
@@ -803,7 +803,7 @@ fn key_of(line: &str) -> String {
 
 /// The name meant by a misspelt `name`: the nearest candidate by edit distance, else one it
 /// is the start of (`window` for `window_ms`) or that starts it (`deny` for `deny_commands`).
-pub fn suggest<S: AsRef<str>>(name: &str, candidates: &[S]) -> Option<String> {
+pub(crate) fn suggest<S: AsRef<str>>(name: &str, candidates: &[S]) -> Option<String> {
     closest(name, candidates).or_else(|| {
         let lower = name.to_ascii_lowercase();
         candidates
@@ -819,7 +819,7 @@ pub fn suggest<S: AsRef<str>>(name: &str, candidates: &[S]) -> Option<String> {
 
 /// The candidate nearest to `name` by edit distance, if near enough to be a typo (a third of
 /// its length, at least 1, at most 3 edits).
-pub fn closest<S: AsRef<str>>(name: &str, candidates: &[S]) -> Option<String> {
+pub(crate) fn closest<S: AsRef<str>>(name: &str, candidates: &[S]) -> Option<String> {
     let limit = (name.chars().count() / 3).clamp(1, 3);
     candidates
         .iter()

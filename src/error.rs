@@ -44,7 +44,7 @@ pub enum UpstreamError {
 
 /// Something went wrong on the client's side of the proxy.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     /// The client broke the protocol; Redis answers and closes the connection.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
@@ -58,7 +58,7 @@ pub enum ClientError {
 
 /// An error the proxy itself answers with, in the command's slot of the reply stream.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     #[error(transparent)]
@@ -77,7 +77,7 @@ pub enum ProxyError {
 /// command that was never sent gets it, so such a retry cannot apply a command twice; one
 /// whose connection broke after it was sent ([`UpstreamError::Lost`], may have been applied)
 /// keeps `-ERR` (docs/operations.md, When Redis stops answering).
-pub fn error_reply(err: &ProxyError) -> Bytes {
+pub(crate) fn error_reply(err: &ProxyError) -> Bytes {
     match err {
         ProxyError::Upstream(e @ UpstreamError::Unavailable { .. }) => {
             simple_error("LOADING", &format!("{e}; the command was not run"))
@@ -89,13 +89,13 @@ pub fn error_reply(err: &ProxyError) -> Bytes {
 
 /// The error for a command whose connection state could not be set up (no dedicated
 /// connection), with what that means for the client's later commands.
-pub fn state_not_established(err: &dyn std::fmt::Display, consequence: &str) -> Bytes {
+pub(crate) fn state_not_established(err: &dyn std::fmt::Display, consequence: &str) -> Bytes {
     simple_error("ERR", &format!("{err}; {consequence}"))
 }
 
 /// `-<CODE> <message>\r\n` with any CR/LF in the message flattened, so a message can never
 /// break the framing of the reply stream.
-pub fn simple_error(code: &str, message: &str) -> Bytes {
+pub(crate) fn simple_error(code: &str, message: &str) -> Bytes {
     let mut out = Vec::with_capacity(code.len() + message.len() + 4);
     out.push(b'-');
     out.extend_from_slice(code.as_bytes());

@@ -25,17 +25,17 @@ use crate::upstream::pool::Control;
 
 /// What `INFO memory` says about the upstream's memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// `maxmemory` in bytes; 0 means no limit.
-    pub maxmemory: u64,
+    pub(crate) maxmemory: u64,
     /// `maxmemory_policy`: `noeviction`, `allkeys-lru`, `volatile-ttl`…
-    pub policy: String,
+    pub(crate) policy: String,
     /// `used_memory` in bytes.
-    pub used: u64,
+    pub(crate) used: u64,
 }
 
 /// Reads the three fields out of `INFO memory`'s text; `None` when one is missing.
-pub fn parse_info(text: &str) -> Option<Memory> {
+pub(crate) fn parse_info(text: &str) -> Option<Memory> {
     let field = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -50,7 +50,7 @@ pub fn parse_info(text: &str) -> Option<Memory> {
 
 /// What the policy's TTL rule does to writes, as the eviction check needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TtlRule {
+pub(crate) enum TtlRule {
     /// No `ttl` rule: keys are written without a TTL unless the client gives one.
     Off,
     /// A `ttl` rule in `audit` mode (id): it only reports.
@@ -61,7 +61,7 @@ pub enum TtlRule {
 
 impl TtlRule {
     /// The policy's TTL rule: the first enforcing one, else the first auditing one.
-    pub fn of(policy: &Policy) -> TtlRule {
+    pub(crate) fn of(policy: &Policy) -> TtlRule {
         let mut audit = None;
         for (id, mode) in policy.ttl_rules() {
             match mode {
@@ -84,7 +84,7 @@ impl TtlRule {
 }
 
 /// What is wrong with `memory` for an upstream of `role` under `ttl`, one sentence each.
-pub fn findings(memory: &Memory, role: UpstreamRole, ttl: &TtlRule) -> Vec<String> {
+pub(crate) fn findings(memory: &Memory, role: UpstreamRole, ttl: &TtlRule) -> Vec<String> {
     let mut out = Vec::new();
     let policy = memory.policy.as_str();
     let cache = role == UpstreamRole::Cache;
@@ -124,7 +124,7 @@ pub fn findings(memory: &Memory, role: UpstreamRole, ttl: &TtlRule) -> Vec<Strin
 }
 
 /// The report of one check in the forms its readers need.
-pub fn report(
+pub(crate) fn report(
     addr: &str,
     memory: &Memory,
     role: UpstreamRole,
@@ -168,7 +168,7 @@ pub fn report(
 
 /// The latest report of every upstream checked, combined into the one report its readers
 /// (INFO, `/readyz`, OOM replies, the findings gauge) use.
-pub struct Board {
+pub(crate) struct Board {
     /// Per upstream checked: the routes it serves (`None`: the only upstream, whose report
     /// is published as it is).
     labels: Vec<Option<String>>,
@@ -178,7 +178,7 @@ pub struct Board {
 
 impl Board {
     /// A board for upstreams named `labels` (one `None` for a proxy without routes).
-    pub fn new(labels: Vec<Option<String>>) -> Arc<Board> {
+    pub(crate) fn new(labels: Vec<Option<String>>) -> Arc<Board> {
         let latest = Mutex::new(vec![None; labels.len()]);
         Arc::new(Board { labels, latest })
     }
@@ -231,20 +231,20 @@ impl Board {
 
 /// One upstream the eviction check reads: how to ask it, what to call it, what it is for,
 /// and where on the [`Board`] its report goes.
-pub struct Watched {
+pub(crate) struct Watched {
     /// The upstream's control connection, for `INFO memory`.
-    pub control: Control,
+    pub(crate) control: Control,
     /// Its address, in the report.
-    pub addr: String,
+    pub(crate) addr: String,
     /// What it holds (`upstream.role`, or its route upstream's).
-    pub role: UpstreamRole,
+    pub(crate) role: UpstreamRole,
     /// Its place on the board.
-    pub index: usize,
+    pub(crate) index: usize,
 }
 
 /// Checks at start and every `every`, and again at once when the policy changes (its TTL
 /// rule may have), until the proxy stops. Logs a warning when the findings change.
-pub async fn watch(
+pub(crate) async fn watch(
     upstream: Watched,
     board: Arc<Board>,
     every: Duration,

@@ -35,12 +35,12 @@ impl Releases {
 const TRIM_AFTER: usize = 32;
 
 /// Counts one session's release of its buffers, or its end.
-pub fn released() {
+pub(crate) fn released() {
     RELEASES.add();
 }
 
 /// Whether enough was released since the last call for a trim to pay; resets the count.
-pub fn trim_due() -> bool {
+pub(crate) fn trim_due() -> bool {
     RELEASES.due()
 }
 
@@ -51,7 +51,7 @@ pub fn trim_due() -> bool {
     unsafe_code,
     reason = "an FFI call to glibc's malloc_trim: no pointers passed, nothing parsed"
 )]
-pub fn trim() -> bool {
+pub(crate) fn trim() -> bool {
     // SAFETY: `malloc_trim` takes a size and no pointers; glibc serialises it with every
     // other allocator call through the arenas' own locks (MT-Safe, malloc_trim(3)).
     unsafe { libc::malloc_trim(0) == 1 }
@@ -59,7 +59,7 @@ pub fn trim() -> bool {
 
 /// Elsewhere (musl, macOS) the allocator has no such call; nothing to do.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn trim() -> bool {
+pub(crate) fn trim() -> bool {
     false
 }
 

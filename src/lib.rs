@@ -106,53 +106,62 @@
 //! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
 //!   [`startup`]: the one summary line the binary logs once it listens.
 
+//!
+//! # Public surface
+//!
+//! Crate-private by default (`unreachable_pub` in Cargo.toml): the modules below marked `pub`
+//! are what the binary, the integration tests, the benches and the fuzz targets use, and
+//! inside them only what those reach is `pub`; everything else is `pub(crate)`
+//! (docs/architecture.md, "Public surface").
+
 #![deny(
     unsafe_code,
     reason = "the proxy parses hostile input; safe Rust is its first line of defence; one \
               FFI call is allowed where it says why (`heap::trim`)"
 )]
 
-pub mod admin;
-pub mod answers;
+mod admin;
+mod answers;
 pub mod audit;
 pub mod cluster;
 pub mod codec;
 pub mod command;
 pub mod commands;
 pub mod config;
-pub mod config_recovery;
-pub mod error;
-pub mod eviction;
+mod config_recovery;
+mod error;
+mod eviction;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod heap;
+mod heap;
 mod internal_hash;
-pub mod keyspace;
+mod keyspace;
 pub mod listen;
 pub mod metrics;
 pub mod mirror;
 pub mod ops;
-pub mod pem;
+mod pem;
 pub mod policy;
-pub mod procfs;
+mod procfs;
 pub mod ratelimit;
 pub mod reply;
-pub mod resp_value;
-pub mod routes;
-pub mod script_acl;
-pub mod script_user;
+mod resp_value;
+mod routes;
+mod script_acl;
+mod script_user;
 pub mod sentinel;
-pub mod server;
-pub mod server_facts;
-pub mod session;
+mod server;
+mod server_facts;
+mod session;
 pub mod setup;
-pub mod slowlog;
+mod slowlog;
 pub mod startup;
 pub mod tools;
 pub mod upstream;
 
 pub use config::Config;
 pub use server::{run, run_with_admin, serve};
+pub use session::IDLE_TICK;
 
 /// The crate's version (Cargo.toml).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -25,7 +25,7 @@ use crate::commands::{AclCategories as A, CommandSpec};
 use crate::procfs::ProcessStats;
 
 /// Command classes: Redis's command groups, told apart by ACL category.
-pub const CLASSES: [&str; 18] = [
+pub(crate) const CLASSES: [&str; 18] = [
     "string",
     "hash",
     "list",
@@ -139,11 +139,6 @@ impl LatencyHistogram {
         c.sum_ns.fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
         c.count.fetch_add(n, Ordering::Relaxed);
     }
-
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.cells.count.load(Ordering::Relaxed)
-    }
 }
 
 impl EncodeMetric for LatencyHistogram {
@@ -184,109 +179,109 @@ pub struct Metrics {
     /// Client-observed latency of forwarded commands: read to reply ready.
     pub request_duration: LatencyHistogram,
     /// Round trip of each upstream batch: written to last reply read.
-    pub upstream_duration: LatencyHistogram,
+    pub(crate) upstream_duration: LatencyHistogram,
     /// Upstream connections established now: the shared ones and each node's control
     /// connection (standalone readiness means at least one is up).
-    pub upstream_connections: Gauge,
+    pub(crate) upstream_connections: Gauge,
     /// Dedicated upstream connections connected, logged in and waiting in the warm stock.
-    pub upstream_dedicated_ready: Gauge,
+    pub(crate) upstream_dedicated_ready: Gauge,
     /// By upstream node (its address): 1 while the latest login of the proxy's there was
     /// refused, 0 once one is accepted (`upstream::credentials`); a series per node from its
     /// pool's start. Connections logged in earlier keep serving meanwhile, so the connection
     /// gauge alone does not show it.
-    pub upstream_credentials_refused: Family<UpstreamLabels, Gauge>,
+    pub(crate) upstream_credentials_refused: Family<UpstreamLabels, Gauge>,
     /// The nodes whose latest login was refused, all together (INFO's
     /// `proxy_upstream_credentials_refused`); not exported itself.
-    pub upstream_credentials_refused_nodes: Gauge,
+    pub(crate) upstream_credentials_refused_nodes: Gauge,
     /// Shared upstream connections re-established after a loss.
-    pub upstream_reconnects: Counter,
+    pub(crate) upstream_reconnects: Counter,
     /// Failed attempts to connect (and handshake) upstream.
     pub upstream_connect_errors: Counter,
     /// Established upstream connections lost.
-    pub upstream_lost: Counter,
+    pub(crate) upstream_lost: Counter,
     /// Error replies Redis sent (forwarded to clients).
-    pub upstream_error_replies: Counter,
+    pub(crate) upstream_error_replies: Counter,
     /// Commands that got no dedicated connection because their tenant held its whole share
     /// (`upstream.dedicated_caps`), and because the node's `dedicated_max` was reached.
-    pub dedicated_refused: [Counter; 2],
+    pub(crate) dedicated_refused: [Counter; 2],
     /// RESP3 pushes that arrived on a shared connection, where nothing subscribes or tracks:
     /// dropped, never matched to a client's request (`upstream::stray`). Above 0 means a
     /// `CLIENT TRACKING … REDIRECT` names a shared connection.
-    pub upstream_stray_pushes: Counter,
+    pub(crate) upstream_stray_pushes: Counter,
     /// Cluster redirections followed, by kind (cluster mode).
-    pub redirections_moved: Counter,
+    pub(crate) redirections_moved: Counter,
     /// See `redirections_moved`.
-    pub redirections_ask: Counter,
+    pub(crate) redirections_ask: Counter,
     /// Cluster slot map refreshes that found a new map, by outcome: how often the topology
     /// changes under the proxy (resharding, failover) and whether the nodes answer.
-    pub map_refreshes_changed: Counter,
+    pub(crate) map_refreshes_changed: Counter,
     /// Refreshes that found the map as it was.
-    pub map_refreshes_unchanged: Counter,
+    pub(crate) map_refreshes_unchanged: Counter,
     /// Refreshes that reached no node (the map in use stays).
-    pub map_refreshes_failed: Counter,
+    pub(crate) map_refreshes_failed: Counter,
     /// Commands sent to a cluster replica (`read_from: replica | nearest`), so an operator
     /// sees how much read load the replicas take.
-    pub replica_reads: Counter,
+    pub(crate) replica_reads: Counter,
     /// Clients connected now.
-    pub clients: Gauge,
+    pub(crate) clients: Gauge,
     /// Clients accepted since start.
-    pub clients_total: Counter,
+    pub(crate) clients_total: Counter,
     /// Clients refused at accept (max clients).
-    pub clients_rejected: Counter,
+    pub(crate) clients_rejected: Counter,
     /// Request bytes read from clients.
-    pub bytes_in: Counter,
+    pub(crate) bytes_in: Counter,
     /// Reply bytes written to clients.
-    pub bytes_out: Counter,
+    pub(crate) bytes_out: Counter,
     /// Policy reloads that took effect.
     pub reloads_ok: Counter,
     /// Policy reloads refused (the running policy stayed).
     pub reloads_failed: Counter,
     /// Commands slower than the slow log threshold.
-    pub slow_commands: Counter,
+    pub(crate) slow_commands: Counter,
     /// Commands the policy denies that a script could still run as the proxy's upstream user
     /// (`upstream.script_acl`); -1 until the first check, so "not checked" is not "none".
-    pub script_acl_open: Gauge,
+    pub(crate) script_acl_open: Gauge,
     /// Client TLS handshakes by outcome ([`TLS_OUTCOMES`]): `ok`, then each reason a client
     /// was closed before its session started.
-    pub tls_handshakes: [Counter; 8],
+    pub(crate) tls_handshakes: [Counter; 8],
     /// Reloads of the client TLS files that took effect.
-    pub tls_reloads_ok: Counter,
+    pub(crate) tls_reloads_ok: Counter,
     /// Reloads of the client TLS files refused (the certificate in use stays).
-    pub tls_reloads_failed: Counter,
+    pub(crate) tls_reloads_failed: Counter,
     /// Findings of the latest eviction check (`eviction`); -1 before the first.
-    pub eviction_findings: Gauge,
+    pub(crate) eviction_findings: Gauge,
     /// `OOM command not allowed` replies from the upstream, forwarded with the proxy's note.
-    pub oom_replies: Counter,
+    pub(crate) oom_replies: Counter,
     /// Reads not sent upstream because an identical one in flight shared its reply
     /// (`upstream.coalesce_reads`).
-    pub coalesced_reads: Counter,
+    pub(crate) coalesced_reads: Counter,
     /// The latest eviction check's report: read by INFO, `/readyz` and every OOM reply, so
     /// it sits with the handles every connection and session already holds.
-    pub memory_report: ArcSwapOption<MemoryReport>,
+    pub(crate) memory_report: ArcSwapOption<MemoryReport>,
     /// The user scripts run as (`upstream.script_acl: confine`), installed by `server::serve`
     /// before the upstream starts: every node's dedicated connections log in as it, and like
     /// `memory_report` it sits with the handles every connection already holds.
-    pub script_user: ArcSwapOption<crate::script_user::ScriptUser>,
+    pub(crate) script_user: ArcSwapOption<crate::script_user::ScriptUser>,
     /// The upstream server's name, version and learned commands (`server_facts`), for
     /// `INFO proxy` and `/readyz`; empty until first read.
-    pub upstream_server: ArcSwapOption<crate::server_facts::ServerFacts>,
+    pub(crate) upstream_server: ArcSwapOption<crate::server_facts::ServerFacts>,
     /// The keyspace statistics, installed by `server::serve` when on; read at scrape time
     /// for the top patterns' metrics.
-    pub keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
+    pub(crate) keyspace: Arc<arc_swap::ArcSwapOption<crate::keyspace::Keyspace>>,
     /// Routes mode: the route table, installed by `server::serve`; its per-route command
     /// counts are read at scrape time (`route_commands_total`).
-    pub routes: Arc<ArcSwapOption<crate::routes::RouteTable>>,
+    pub(crate) routes: Arc<ArcSwapOption<crate::routes::RouteTable>>,
     /// The mirror's counters (`mirror:`, docs/migration.md); at 0 while nothing mirrors.
-    pub mirror: MirrorMetrics,
+    pub(crate) mirror: MirrorMetrics,
     /// Audit entries written by the writer thread.
-    pub audit_written: Counter,
+    pub(crate) audit_written: Counter,
     /// Audit entries dropped because the writer's queue was full: the trail has gaps, the
     /// clients were not slowed.
-    pub audit_dropped: Counter,
+    pub(crate) audit_dropped: Counter,
     /// Audit entries the writer could not write (disk full, file removed…).
-    pub audit_failed: Counter,
+    pub(crate) audit_failed: Counter,
     /// For uptime in INFO.
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 /// What `/metrics` reads of the running policy at each scrape (`rpp_policy_info`,
@@ -301,7 +296,7 @@ pub trait PolicyCounters: std::fmt::Debug + Send + Sync + 'static {
 
 /// The policy of metrics made without one (tests, tools): version `none`, no counters.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoPolicy;
+pub(crate) struct NoPolicy;
 
 impl PolicyCounters for NoPolicy {
     fn version(&self) -> &str {
@@ -313,54 +308,54 @@ impl PolicyCounters for NoPolicy {
 
 /// What the latest eviction check found, in the form each reader needs.
 #[derive(Debug, Default, Clone)]
-pub struct MemoryReport {
+pub(crate) struct MemoryReport {
     /// Appended to an upstream `-OOM` error: the upstream's memory state and the policy.
-    pub oom_note: String,
+    pub(crate) oom_note: String,
     /// `field:value` lines for INFO's `# Proxy` section.
-    pub info: String,
+    pub(crate) info: String,
     /// One line for the log and `/readyz`.
-    pub summary: String,
+    pub(crate) summary: String,
 }
 
 /// What the mirror did with the commands it was offered: the numbers an operator watches
 /// before switching a migration over (docs/migration.md).
 #[derive(Debug, Default)]
-pub struct MirrorMetrics {
+pub(crate) struct MirrorMetrics {
     /// 1 for the migration's phase now (`off`, `writes`, `compare`), 0 for the others.
-    pub phase: [Gauge; 3],
+    pub(crate) phase: [Gauge; 3],
     /// Commands sent to the mirror: `[writes, reads compared]`.
-    pub sent: [Counter; 2],
+    pub(crate) sent: [Counter; 2],
     /// Writes the mirror did not get: `[queue_full, unavailable, unknown_outcome]` (its queue
     /// held `max_queue_bytes`; its connection was down or full; the primary's reply never
     /// came, so whether the write ran is unknown). Each one may leave the mirror behind.
-    pub dropped: [Counter; 3],
+    pub(crate) dropped: [Counter; 3],
     /// Commands the mirror is never sent: blocking commands with no non-blocking form, and
     /// the like (docs/migration.md says which).
-    pub skipped: Counter,
+    pub(crate) skipped: Counter,
     /// Writes the primary acknowledged that the mirror refused with an error.
-    pub errors: Counter,
+    pub(crate) errors: Counter,
     /// Reads whose replies were compared.
-    pub compared: Counter,
+    pub(crate) compared: Counter,
     /// Compared reads whose replies differed, by command and key prefix (the key's name up
     /// to its first `:`, the first 50 prefixes seen, later ones as `(other)`).
-    pub divergent: Family<UpstreamLabels, Counter>,
+    pub(crate) divergent: Family<UpstreamLabels, Counter>,
     /// `divergent`, every command and prefix together (INFO; not exported itself).
-    pub divergent_all: Counter,
+    pub(crate) divergent_all: Counter,
 }
 
 /// `phase` labels of `rpp_mirror_phase`, in [`MirrorMetrics::phase`]'s order.
-pub const MIRROR_PHASES: [&str; 3] = ["off", "writes", "compare"];
+pub(crate) const MIRROR_PHASES: [&str; 3] = ["off", "writes", "compare"];
 
 impl MirrorMetrics {
     /// Shows `phase` (one of [`MIRROR_PHASES`]) as the current one.
-    pub fn set_phase(&self, phase: &str) {
+    pub(crate) fn set_phase(&self, phase: &str) {
         for (gauge, name) in self.phase.iter().zip(MIRROR_PHASES) {
             gauge.set(i64::from(name == phase));
         }
     }
 
     /// The current phase's name.
-    pub fn phase(&self) -> &'static str {
+    pub(crate) fn phase(&self) -> &'static str {
         self.phase
             .iter()
             .zip(MIRROR_PHASES)
@@ -369,7 +364,7 @@ impl MirrorMetrics {
     }
 
     /// Counts one divergence of `command` on keys with `prefix`.
-    pub fn diverged(&self, command: &'static str, prefix: String) {
+    pub(crate) fn diverged(&self, command: &'static str, prefix: String) {
         self.divergent
             .get_or_create(&vec![("command", command.to_string()), ("prefix", prefix)])
             .inc();
@@ -378,7 +373,7 @@ impl MirrorMetrics {
 }
 
 /// `outcome` labels of `rpp_tls_handshakes_total`: `ok`, then `listen::Refusal::ALL`'s.
-pub const TLS_OUTCOMES: [&str; 8] = [
+pub(crate) const TLS_OUTCOMES: [&str; 8] = [
     "ok",
     "plaintext",
     "untrusted",
@@ -393,7 +388,7 @@ type Labels = Vec<(&'static str, &'static str)>;
 
 /// The label of a per-node series: `upstream`, the node's address (bounded by the nodes the
 /// proxy connects to).
-pub type UpstreamLabels = Vec<(&'static str, String)>;
+pub(crate) type UpstreamLabels = Vec<(&'static str, String)>;
 
 /// Registers a clone of `metric`: clones share their value, so the handle kept in [`Metrics`]
 /// counts what `/metrics` renders.
@@ -793,14 +788,6 @@ impl Metrics {
     #[inline]
     pub fn command(&self, class: usize, outcome: CommandOutcome) {
         self.commands[class][outcome as usize].inc();
-    }
-
-    /// Commands counted for a class and outcome (tests, INFO).
-    pub fn commands(&self, class: &str, outcome: CommandOutcome) -> u64 {
-        CLASSES
-            .iter()
-            .position(|c| *c == class)
-            .map_or(0, |i| self.commands[i][outcome as usize].get())
     }
 
     /// The OpenMetrics text exposition of every metric: the proxy's, then the process's.

@@ -37,15 +37,15 @@ pub struct Ops {
     /// Every counter and histogram, rendered by the admin endpoint.
     pub metrics: Arc<Metrics>,
     /// Slow batches, for `PROXY SLOWLOG`.
-    pub slowlog: Arc<SlowLog>,
+    pub(crate) slowlog: Arc<SlowLog>,
     /// `None` when the configuration did not come from a file.
     pub reload: Option<Reload>,
     /// The audit trail (`audit.commands`); `None` when off, so sessions pay one branch.
     /// Started by `server::serve`, which reports an output it cannot open.
-    pub audit: Option<Arc<crate::audit::Audit>>,
+    pub(crate) audit: Option<Arc<crate::audit::Audit>>,
     /// The key-pattern statistics (`keyspace.sample`); `None` when off. Started by
     /// `server::serve`, like `audit`.
-    pub keyspace: Option<Arc<crate::keyspace::Keyspace>>,
+    pub(crate) keyspace: Option<Arc<crate::keyspace::Keyspace>>,
     /// The mirror of a migration (`mirror:`), started by `server::serve` and replaced on
     /// reload; sessions hand it their answered batches.
     pub mirror: Arc<crate::mirror::MirrorSlot>,

@@ -8,7 +8,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::RootCertStore;
 
 /// Every certificate in the file, in order; at least one.
-pub fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{}: {e}", path.display()))?
         .collect();
@@ -20,12 +20,12 @@ pub fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// The file's private key.
-pub fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The file's certificates as trusted roots.
-pub fn roots(path: &Path) -> Result<RootCertStore, String> {
+pub(crate) fn roots(path: &Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for cert in certs(path)? {
         roots

@@ -13,25 +13,25 @@ const USER_HZ: f64 = 100.0;
 
 /// One reading of the process's resource use; `None` for what could not be read.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     /// User plus system CPU time, in seconds.
-    pub cpu_seconds: Option<f64>,
+    pub(crate) cpu_seconds: Option<f64>,
     /// Resident set size, in bytes.
-    pub resident_memory_bytes: Option<u64>,
+    pub(crate) resident_memory_bytes: Option<u64>,
     /// Virtual memory size, in bytes.
-    pub virtual_memory_bytes: Option<u64>,
+    pub(crate) virtual_memory_bytes: Option<u64>,
     /// Open file descriptors: clients, upstream connections, listeners.
-    pub open_fds: Option<u64>,
+    pub(crate) open_fds: Option<u64>,
     /// The soft limit on open file descriptors, which `limits.max_clients` must stay under.
-    pub max_fds: Option<u64>,
+    pub(crate) max_fds: Option<u64>,
     /// When the process started, in seconds since the Unix epoch.
-    pub start_time_seconds: Option<f64>,
+    pub(crate) start_time_seconds: Option<f64>,
 }
 
 impl ProcessStats {
     /// Reads `/proc/self`. `started` is the fallback start time where the boot time cannot
     /// be read (systemd's `ProcSubset=pid` hides `/proc/stat`).
-    pub fn read(started: SystemTime) -> ProcessStats {
+    pub(crate) fn read(started: SystemTime) -> ProcessStats {
         let stat = std::fs::read_to_string("/proc/self/stat").ok();
         let stat = stat.as_deref().and_then(parse_stat);
         let boot = std::fs::read_to_string("/proc/stat")
@@ -108,7 +108,7 @@ fn soft_limit(text: &str, name: &str) -> Option<u64> {
 }
 
 /// Seconds since the epoch of a wall-clock time, for the fallback start time.
-pub fn epoch_seconds(t: SystemTime) -> f64 {
+pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs_f64()

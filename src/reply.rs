@@ -14,9 +14,9 @@ use crate::codec::parse_int;
 #[error("invalid reply from upstream at byte {offset}: {what}")]
 pub struct ReplyError {
     /// Offset in the scanned buffer where the problem is.
-    pub offset: usize,
+    pub(crate) offset: usize,
     /// What was wrong.
-    pub what: &'static str,
+    pub(crate) what: &'static str,
 }
 
 /// Length of the first complete reply in `buf`, or `None` if more bytes are needed.
@@ -92,12 +92,12 @@ pub fn scan(buf: &[u8]) -> Result<Option<usize>, ReplyError> {
 
 /// The whole replies at the head of `data`, one after another; ends at the first incomplete
 /// or malformed one. Borrowed slices: walking a batch's replies allocates nothing.
-pub fn frames(data: &[u8]) -> Frames<'_> {
+pub(crate) fn frames(data: &[u8]) -> Frames<'_> {
     Frames { rest: data }
 }
 
 /// Iterator of `frames`.
-pub struct Frames<'a> {
+pub(crate) struct Frames<'a> {
     /// The bytes not walked yet.
     rest: &'a [u8],
 }
@@ -114,13 +114,13 @@ impl<'a> Iterator for Frames<'a> {
 }
 
 /// The whole replies of `data` as slices sharing its buffer (see `frames`).
-pub fn split(data: &Bytes) -> Vec<Bytes> {
+pub(crate) fn split(data: &Bytes) -> Vec<Bytes> {
     frames(data).map(|f| data.slice_ref(f)).collect()
 }
 
 /// The elements of an array reply, each a whole frame; `None` when `reply` is not an array
 /// or holds fewer elements than its header counts.
-pub fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
+pub(crate) fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
     if reply.first() != Some(&b'*') {
         return None;
     }
@@ -135,7 +135,7 @@ pub fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
 
 /// The `index`-th element of an array or push frame, when it is a bulk or simple string.
 /// Used only on pub/sub frames, which are flat arrays of strings and integers.
-pub fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
+pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
     if !matches!(frame.first(), Some(b'*' | b'>')) {
         return None;
     }
@@ -194,7 +194,7 @@ pub enum SubKind {
 
 impl SubKind {
     /// Index into per-kind tables.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }

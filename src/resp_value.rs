@@ -36,7 +36,7 @@ use crate::reply::ReplyError;
 
 /// How deep [`Value::from_resp`] lets a reply nest: the rate-limit script's `{allowed, n}`
 /// and Sentinel's tables of records need two levels; a little headroom.
-pub const SMALL_REPLY_DEPTH: usize = 4;
+pub(crate) const SMALL_REPLY_DEPTH: usize = 4;
 
 /// One decoded reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl Value {
     /// Decodes exactly one complete reply, e.g. the raw bytes an upstream connection
     /// delivered, nested at most [`SMALL_REPLY_DEPTH`] deep. Bytes after the reply, or too
     /// few, are an error.
-    pub fn from_resp(reply: &[u8]) -> Result<Value, DecodeError> {
+    pub(crate) fn from_resp(reply: &[u8]) -> Result<Value, DecodeError> {
         let (value, len) = decode(reply, SMALL_REPLY_DEPTH)?;
         if len != reply.len() {
             return Err(DecodeError::Framing(ReplyError {
@@ -75,7 +75,7 @@ impl Value {
     }
 
     /// The text of a string value.
-    pub fn as_str(&self) -> Option<&[u8]> {
+    pub(crate) fn as_str(&self) -> Option<&[u8]> {
         match self {
             Value::String(s) => Some(s),
             _ => None,
@@ -83,7 +83,7 @@ impl Value {
     }
 
     /// An integer, also when sent as digits in a string (some servers and proxies do).
-    pub fn as_int(&self) -> Option<i64> {
+    pub(crate) fn as_int(&self) -> Option<i64> {
         match self {
             Value::Integer(n) => Some(*n),
             Value::String(s) => parse_int(s),
@@ -92,7 +92,7 @@ impl Value {
     }
 
     /// The elements of an array.
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub(crate) fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(items) => Some(items),
             _ => None,
@@ -101,7 +101,7 @@ impl Value {
 
     /// The fields of a record: a RESP3 map, or the flat `key, value, key, value…` array that
     /// RESP2 sends for the same reply. Keys that are not strings are skipped.
-    pub fn fields(&self) -> Option<Vec<(&[u8], &Value)>> {
+    pub(crate) fn fields(&self) -> Option<Vec<(&[u8], &Value)>> {
         match self {
             Value::Map(pairs) => Some(
                 pairs
@@ -140,7 +140,7 @@ pub enum DecodeError {
 
 /// Decodes the first reply in `buf`, nested at most `max_depth` aggregates deep; returns it
 /// and its length in bytes.
-pub fn decode(buf: &[u8], max_depth: usize) -> Result<(Value, usize), DecodeError> {
+pub(crate) fn decode(buf: &[u8], max_depth: usize) -> Result<(Value, usize), DecodeError> {
     let shape = check(buf, max_depth)?;
     // One copy of the reply; every string in the value is a slice of it.
     let bytes = Bytes::copy_from_slice(&buf[..shape.len]);

@@ -10,25 +10,25 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The name of the route of every key no route's prefix names: the `upstream:` section.
-pub const DEFAULT_ROUTE: &str = "default";
+pub(crate) const DEFAULT_ROUTE: &str = "default";
 
 /// The node number of a route whose upstream is a Redis Cluster: its keys go by hash slot to
 /// the cluster's nodes, not to one node.
-pub const ON_CLUSTER: u16 = u16::MAX;
+pub(crate) const ON_CLUSTER: u16 = u16::MAX;
 
 /// One route as the table needs it: its name, where its keys go, which keys are its.
 #[derive(Debug, Clone)]
-pub struct RouteSpec {
+pub(crate) struct RouteSpec {
     /// From the file; names the route in errors, metrics and rules' `routes:`.
-    pub name: String,
+    pub(crate) name: String,
     /// The node (the pool of one upstream and database) the route's keys go to, or
     /// [`ON_CLUSTER`].
-    pub node: u16,
+    pub(crate) node: u16,
     /// Key prefixes of the route, as clients write them.
-    pub prefixes: Vec<Vec<u8>>,
+    pub(crate) prefixes: Vec<Vec<u8>>,
     /// Namespaces of the tenants whose keys the route takes (`tenants:` on the route);
     /// `None`: every client's.
-    pub namespaces: Option<Vec<Vec<u8>>>,
+    pub(crate) namespaces: Option<Vec<Vec<u8>>>,
 }
 
 /// A prefix entered in the table, and its route.
@@ -62,7 +62,7 @@ impl RouteTable {
     /// The table for `routes` behind the `default` route, whose keys go to node 0.
     /// `namespaces` are every namespaced tenant's prefixes: a route without `tenants:` takes
     /// its prefixes under each of them too, as a namespaced client's key is stored so.
-    pub fn new(routes: &[RouteSpec], namespaces: &[Vec<u8>]) -> RouteTable {
+    pub(crate) fn new(routes: &[RouteSpec], namespaces: &[Vec<u8>]) -> RouteTable {
         let mut names = vec![DEFAULT_ROUTE.to_string()];
         let mut nodes = vec![0];
         let mut entries = Vec::new();
@@ -110,7 +110,7 @@ impl RouteTable {
 
     /// The route of a key as a client of the tenant with namespace `namespace` names it
     /// (before the namespace phase prefixes it), without building the stored key.
-    pub fn route_of_client_key(&self, namespace: Option<&[u8]>, key: &[u8]) -> u16 {
+    pub(crate) fn route_of_client_key(&self, namespace: Option<&[u8]>, key: &[u8]) -> u16 {
         let ns = namespace.unwrap_or_default();
         self.entries
             .iter()
@@ -122,12 +122,12 @@ impl RouteTable {
     }
 
     /// The node of route `route`.
-    pub fn node(&self, route: u16) -> u16 {
+    pub(crate) fn node(&self, route: u16) -> u16 {
         self.nodes[usize::from(route)]
     }
 
     /// Whether a route's keys go to a Redis Cluster ([`ON_CLUSTER`]).
-    pub fn has_cluster(&self) -> bool {
+    pub(crate) fn has_cluster(&self) -> bool {
         self.nodes.contains(&ON_CLUSTER)
     }
 
@@ -137,13 +137,13 @@ impl RouteTable {
     }
 
     /// The index of the route called `name`.
-    pub fn index(&self, name: &str) -> Option<u16> {
+    pub(crate) fn index(&self, name: &str) -> Option<u16> {
         self.names.iter().position(|n| n == name).map(|i| i as u16)
     }
 
     /// The names of the routes whose keys go to `node`, joined with `/` (several routes may
     /// share one upstream and database), for error messages.
-    pub fn names_of_node(&self, node: u16) -> String {
+    pub(crate) fn names_of_node(&self, node: u16) -> String {
         let names: Vec<&str> = self
             .nodes
             .iter()
@@ -155,12 +155,12 @@ impl RouteTable {
     }
 
     /// Counts one command placed on `route`.
-    pub fn count(&self, route: u16) {
+    pub(crate) fn count(&self, route: u16) {
         self.commands[usize::from(route)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Commands placed per route so far, by name.
-    pub fn counts(&self) -> impl Iterator<Item = (&str, u64)> {
+    pub(crate) fn counts(&self) -> impl Iterator<Item = (&str, u64)> {
         self.names
             .iter()
             .zip(&self.commands)

@@ -32,30 +32,30 @@ use crate::upstream::script_login::{self, Ask, Failure};
 const RETRY_UNAVAILABLE: u32 = 30;
 
 /// The latest check's outcome, in words, for `/readyz`; `None` before the first.
-pub type Status = Arc<ArcSwapOption<String>>;
+pub(crate) type Status = Arc<ArcSwapOption<String>>;
 
 /// What one check found.
 #[derive(Debug)]
-pub struct Report {
+pub(crate) struct Report {
     /// The upstream user (`ACL WHOAMI`).
-    pub user: String,
+    pub(crate) user: String,
     /// Whether this check set the user's ACL.
-    pub applied: bool,
+    pub(crate) applied: bool,
     /// Denied commands the user, and so a script, may run.
-    pub open: Vec<&'static str>,
+    pub(crate) open: Vec<&'static str>,
     /// Denials the ACL cannot mirror (rules for some tenants, commands the proxy needs).
-    pub gaps: Vec<&'static str>,
+    pub(crate) gaps: Vec<&'static str>,
     /// Under `confine`: the script user's name, and why scripts cannot run as it (`None`
     /// when they can).
-    pub confine: Option<(String, Option<String>)>,
+    pub(crate) confine: Option<(String, Option<String>)>,
     /// Under `confine`: scripts that cannot run confined run anyway
     /// (`upstream.unconfined_scripts: run`).
-    pub run_unconfined: bool,
+    pub(crate) run_unconfined: bool,
 }
 
 impl Report {
     /// The report in one line, for the log and `/readyz`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let mut text = if let Some((name, Some(why))) = &self.confine {
             format!(
                 "scripts cannot run as the proxy's script user `{name}`: {why}; {}",
@@ -107,7 +107,7 @@ impl Report {
 
 /// Checks (and applies, per `mode`) the upstream user's ACL whenever the policy changes,
 /// retrying every second until the upstream answers. Runs until the proxy stops.
-pub async fn watch(
+pub(crate) async fn watch(
     control: Control,
     policy: Arc<ArcSwap<Policy>>,
     mode: ScriptAclMode,
@@ -179,7 +179,7 @@ pub async fn watch(
 
 /// One check: who the user is, the ACL set if `mode` says so, then a DRYRUN per denied
 /// command.
-pub async fn check(
+pub(crate) async fn check(
     control: &Control,
     policy: &Policy,
     mode: ScriptAclMode,
@@ -224,7 +224,7 @@ pub async fn check(
 
 /// What the script user loses under `policy`: the removals of its enforced deny rules, and
 /// the first arguments their `unless_arg` gives back.
-pub fn denials(policy: &Policy) -> Denials {
+pub(crate) fn denials(policy: &Policy) -> Denials {
     let acl = ScriptAcl::of(policy);
     Denials {
         removals: acl.rules(),
@@ -240,7 +240,7 @@ pub fn denials(policy: &Policy) -> Denials {
 /// control connection reaches, then asks Redis (`ACL DRYRUN`) whether it may run any denied
 /// command. A refusal is a report (scripts cannot be confined, and why); only a failed
 /// connection is an error, retried.
-pub async fn confine(
+pub(crate) async fn confine(
     control: &Control,
     policy: &Policy,
     user: &ScriptUser,
@@ -290,7 +290,7 @@ pub async fn confine(
 /// the control connection reaches (each start makes a new one), within a second. Other
 /// cluster nodes, and a proxy that crashed, leave theirs: a disabled-by-secrecy user (its
 /// password was only in memory) named `rpp-scripts-…`, which an operator may delete.
-pub async fn remove(control: &Control, user: &ScriptUser) {
+pub(crate) async fn remove(control: &Control, user: &ScriptUser) {
     let deleted = tokio::time::timeout(
         Duration::from_secs(1),
         ask(control, &["ACL", "DELUSER", &user.name]),

@@ -23,23 +23,23 @@ use arc_swap::ArcSwap;
 use crate::resp_value::Value;
 
 /// Prefix of every user the proxy manages, so an operator reading `ACL LIST` knows whose it is.
-pub const NAME_PREFIX: &str = "rpp-scripts-";
+pub(crate) const NAME_PREFIX: &str = "rpp-scripts-";
 
 /// What the current policy takes away from the script user, beyond the proxy user's ACL;
 /// made from the policy by `script_acl::denials`, so this module (read by every upstream
 /// connection) does not depend on the policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Denials {
+pub(crate) struct Denials {
     /// `-<command>` per command the deny rules refuse to every tenant (`policy::acl`).
-    pub removals: Vec<String>,
+    pub(crate) removals: Vec<String>,
     /// `(command, first argument)` an `unless_arg` allows again (`flushall`, `async`): given
     /// back only when the proxy's user may run it, so the script user never gains a right.
-    pub first_args: Vec<(String, String)>,
+    pub(crate) first_args: Vec<(String, String)>,
 }
 
 /// Whether scripts can run as the script user now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// Not tried yet: the next dedicated connection tries (and fails if it cannot).
     Pending,
     /// Set up (last on the node the proxy checks): scripts run confined.
@@ -55,10 +55,10 @@ pub enum State {
 /// The user scripts run as, shared by the watcher, every node's dedicated connections and
 /// every session.
 #[derive(Debug)]
-pub struct ScriptUser {
+pub(crate) struct ScriptUser {
     /// `rpp-scripts-<16 hex digits>`: says it is the proxy's, and is unique per process, so
     /// two proxies in front of one Redis (with different policies) never share one.
-    pub name: String,
+    pub(crate) name: String,
     /// Random, held only in memory: nothing else can log in as the user.
     password: String,
     /// What the current policy removes; replaced on reload.
@@ -67,12 +67,12 @@ pub struct ScriptUser {
     state: ArcSwap<State>,
     /// `upstream.unconfined_scripts: run`: a script that cannot run confined runs as the
     /// proxy's own user (warned at start) instead of being refused.
-    pub run_unconfined: bool,
+    pub(crate) run_unconfined: bool,
 }
 
 impl ScriptUser {
     /// A new user (name and password drawn now) removing `denials`.
-    pub fn new(denials: Denials, run_unconfined: bool) -> Arc<ScriptUser> {
+    pub(crate) fn new(denials: Denials, run_unconfined: bool) -> Arc<ScriptUser> {
         let id = random_hex(8);
         Arc::new(ScriptUser {
             name: format!("{NAME_PREFIX}{id}"),
@@ -84,17 +84,17 @@ impl ScriptUser {
     }
 
     /// The password, for `AUTH` and `ACL SETUSER` only.
-    pub fn password(&self) -> &str {
+    pub(crate) fn password(&self) -> &str {
         &self.password
     }
 
     /// What the current policy removes.
-    pub fn denials(&self) -> Arc<Denials> {
+    pub(crate) fn denials(&self) -> Arc<Denials> {
         self.denials.load_full()
     }
 
     /// A reload's denials: returns whether they differ (the user must be set again).
-    pub fn set_denials(&self, next: Denials) -> bool {
+    pub(crate) fn set_denials(&self, next: Denials) -> bool {
         if *self.denials.load_full() == next {
             return false;
         }
@@ -103,18 +103,18 @@ impl ScriptUser {
     }
 
     /// The last attempt's outcome.
-    pub fn state(&self) -> Arc<State> {
+    pub(crate) fn state(&self) -> Arc<State> {
         self.state.load_full()
     }
 
     /// Records an attempt's outcome.
-    pub fn set_state(&self, state: State) {
+    pub(crate) fn set_state(&self, state: State) {
         self.state.store(Arc::new(state));
     }
 
     /// Whether a new dedicated connection would run scripts confined (or fail): not once the
     /// user is known to be unavailable.
-    pub fn available(&self) -> bool {
+    pub(crate) fn available(&self) -> bool {
         !matches!(*self.state.load_full(), State::Unavailable(_))
     }
 }
@@ -140,7 +140,7 @@ fn random_hex(n: usize) -> String {
 /// `(command, argument)` pairs of `denials.first_args` the proxy user may run (ACL DRYRUN),
 /// given back only when the user has no selectors (a root `+cmd|arg` could then reach keys
 /// only a selector allowed). `Err` says why the ACL cannot be read.
-pub fn setuser_args(
+pub(crate) fn setuser_args(
     name: &str,
     password: &str,
     getuser: &Value,

@@ -17,37 +17,37 @@ use crate::commands::learned;
 use crate::resp_value::Value;
 
 /// The oldest server version the proxy supports: see the module documentation.
-pub const MINIMUM: (u32, u32, u32) = (7, 0, 0);
+pub(crate) const MINIMUM: (u32, u32, u32) = (7, 0, 0);
 
 /// The upstream server as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerFacts {
+pub(crate) struct ServerFacts {
     /// `redis` or `valkey` (`server_name` in Valkey's INFO; Redis has none).
-    pub name: String,
+    pub(crate) name: String,
     /// The server's own version: `valkey_version` for Valkey (whose `redis_version` is the
     /// Redis version it is compatible with), else `redis_version`.
-    pub version: String,
+    pub(crate) version: String,
     /// `version` as numbers, for the minimum check.
-    pub parsed: (u32, u32, u32),
+    pub(crate) parsed: (u32, u32, u32),
     /// `run_id`: a new one means a new process, whose commands are read again.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// What the last `COMMAND` taught the command model.
-    pub learned: learned::Summary,
+    pub(crate) learned: learned::Summary,
 }
 
 impl ServerFacts {
     /// Whether the server is older than [`MINIMUM`].
-    pub fn too_old(&self) -> bool {
+    pub(crate) fn too_old(&self) -> bool {
         self.parsed < MINIMUM
     }
 
     /// `valkey 9.1.2`.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("{} {}", self.name, self.version)
     }
 
     /// One line for `/readyz` and the log.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let mut s = format!(
             "upstream server {}; {} commands learned beyond the built-in Redis {} table",
             self.label(),
@@ -68,7 +68,7 @@ impl ServerFacts {
     }
 
     /// Why the proxy is not ready in front of this server, if it is too old.
-    pub fn refusal(&self) -> Option<String> {
+    pub(crate) fn refusal(&self) -> Option<String> {
         self.too_old().then(|| {
             format!(
                 "upstream server {} is older than {}.{}.{}, the oldest the proxy supports \
@@ -85,7 +85,7 @@ impl ServerFacts {
 
 /// The name, version and run id in an `INFO server` reply (a bulk or verbatim string of
 /// `field:value` lines).
-pub fn parse_info(reply: &[u8]) -> Option<ServerFacts> {
+pub(crate) fn parse_info(reply: &[u8]) -> Option<ServerFacts> {
     let text = match Value::from_resp(reply).ok()? {
         Value::String(s) => s,
         _ => return None,

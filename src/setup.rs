@@ -29,7 +29,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// [`load`] for the tools that never connect (`--explain`, `replay`): a `password_env` not
 /// set or a `password_file` not readable here is no problem for them, so a policy can be
 /// checked against traffic where the upstream's secret is not.
-pub fn load_without_secrets(path: &Path) -> Result<Config, ConfigError> {
+pub(crate) fn load_without_secrets(path: &Path) -> Result<Config, ConfigError> {
     let mut config = match Config::read(path) {
         Err(ConfigError::Parse { .. }) => {
             let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -195,7 +195,7 @@ pub fn route_table(config: &Config) -> Option<Arc<RouteTable>> {
 
 /// [`policy`] for the operator's tools (`--explain`, `--print-acl`): every problem on its own
 /// line, prefixed with the file it came from.
-pub fn policy_or_report(config: &Config, path: &Path) -> Result<Policy, String> {
+pub(crate) fn policy_or_report(config: &Config, path: &Path) -> Result<Policy, String> {
     policy(config).map_err(|problems| {
         problems
             .iter()

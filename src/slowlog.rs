@@ -12,24 +12,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One slow batch.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// Increasing id, as Redis's.
     pub id: u64,
     /// Unix time (seconds) the reply came.
-    pub at: u64,
+    pub(crate) at: u64,
     /// Read to reply ready.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// The batch's first command (upper case, subcommand included).
-    pub command: String,
+    pub(crate) command: String,
     /// Commands in the batch besides the first.
-    pub others: u32,
+    pub(crate) others: u32,
     /// The client.
     pub client: SocketAddr,
 }
 
 /// The bounded log.
 #[derive(Debug)]
-pub struct SlowLog {
+pub(crate) struct SlowLog {
     /// Entries are kept for batches at least this slow; `Duration::MAX` turns the log off.
     threshold: Duration,
     /// Most entries kept; the oldest go first.
@@ -40,7 +40,7 @@ pub struct SlowLog {
 }
 
 impl SlowLog {
-    pub fn new(threshold: Duration, max_len: usize) -> SlowLog {
+    pub(crate) fn new(threshold: Duration, max_len: usize) -> SlowLog {
         SlowLog {
             threshold,
             max_len,
@@ -51,12 +51,18 @@ impl SlowLog {
 
     /// Whether a batch this slow is logged; checked before building an entry.
     #[inline]
-    pub fn is_slow(&self, d: Duration) -> bool {
+    pub(crate) fn is_slow(&self, d: Duration) -> bool {
         d >= self.threshold && self.max_len > 0
     }
 
     /// Records a slow batch.
-    pub fn record(&self, duration: Duration, command: &str, others: u32, client: SocketAddr) {
+    pub(crate) fn record(
+        &self,
+        duration: Duration,
+        command: &str,
+        others: u32,
+        client: SocketAddr,
+    ) {
         let at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -74,23 +80,24 @@ impl SlowLog {
     }
 
     /// The newest `n` entries.
-    pub fn latest(&self, n: usize) -> Vec<Entry> {
+    pub(crate) fn latest(&self, n: usize) -> Vec<Entry> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.iter().take(n).cloned().collect()
     }
 
     /// Entries kept.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    #[cfg(test)]
     /// Whether nothing is logged.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Forgets every entry.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -24,7 +24,7 @@ pub struct Started<'a> {
 }
 
 /// What the summary says in place of a file name when there is none.
-pub const NO_POLICY: &str = "none (NO POLICY IN FORCE)";
+pub(crate) const NO_POLICY: &str = "none (NO POLICY IN FORCE)";
 
 /// Logs the warning for a proxy without a policy file (if so), then the summary line.
 pub fn log(s: &Started<'_>) {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::{Proxy, RedisServer};
 use counting_alloc::LIVE_BYTES;
-use redis_policy_proxy::session::IDLE_TICK;
+use redis_policy_proxy::IDLE_TICK;
 
 /// Clients per measurement: enough that one-off allocations (a tokio slab page, a grown
 /// vector) are spread thin.

@@ -11,14 +11,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `System`, counting every allocation and reallocation, and the bytes currently allocated.
-pub struct Counting;
+pub(crate) struct Counting;
 
 /// Allocations and reallocations so far, process-wide.
-pub static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes allocated and not yet freed, process-wide (requested sizes, without the allocator's
 /// own per-block overhead).
-pub static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged.
 unsafe impl GlobalAlloc for Counting {

@@ -49,7 +49,7 @@ pub struct Entry {
     pub id: u64,
     /// The proxy user the client authenticated as, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// The client's tenant under the policy in force.
     pub tenant: String,
     /// Where it went: `shared`, `dedicated` (the client's own upstream connection), `proxy`
@@ -74,22 +74,24 @@ pub struct Entry {
 }
 
 /// Arguments recorded per entry at most: a 100,000-key MSET does not make a megabyte line.
-pub const MAX_ARGS: usize = 256;
+pub(crate) const MAX_ARGS: usize = 256;
 
 impl Entry {
+    #[cfg(test)]
     /// Whether every argument is in `args` (not cut at `MAX_ARGS`).
-    pub fn complete(&self) -> bool {
+    pub(crate) fn complete(&self) -> bool {
         self.args.len() + self.name_words() == self.argc
     }
 
+    #[cfg(test)]
     /// How many of `argc` the name takes: 2 for a subcommand.
-    pub fn name_words(&self) -> usize {
+    pub(crate) fn name_words(&self) -> usize {
         1 + usize::from(self.cmd.contains(' '))
     }
 }
 
 /// The rule a refusal names: `-CODE policy <rule>: …` as `policy::refusal` writes it.
-pub fn rule_of(refusal: &[u8]) -> Option<String> {
+pub(crate) fn rule_of(refusal: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(refusal).ok()?;
     let after = text.split_once(" policy ")?.1;
     let (rule, _) = after.split_once(':')?;

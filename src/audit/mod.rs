@@ -8,8 +8,8 @@
 //! sizes, never values) and one non-blocking channel send.
 
 pub mod entry;
-pub mod trail;
-pub mod writer;
+pub(crate) mod trail;
+pub(crate) mod writer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,10 +22,10 @@ use crate::commands::{AclCategories, CommandSpec};
 use crate::config::{AuditCommands, AuditConfig, AuditKeys, Problem};
 use crate::metrics::Metrics;
 pub use entry::{Arg, Entry, Outcome};
-pub use trail::Trail;
+pub(crate) use trail::Trail;
 
 /// The audit trail of a running proxy: what to record, and the queue to the writer.
-pub struct Audit {
+pub(crate) struct Audit {
     /// Which commands are recorded (never `Off`: then there is no `Audit`).
     commands: AuditCommands,
     /// With `All`, one read in this many is recorded.
@@ -48,7 +48,10 @@ impl Audit {
     /// Starts the writer thread for `config`, or `None` when the audit trail is off. Fails,
     /// naming the file, when the output file cannot be opened: better at start than silently
     /// without the trail an operator asked for.
-    pub fn start(config: &AuditConfig, metrics: &Metrics) -> std::io::Result<Option<Arc<Audit>>> {
+    pub(crate) fn start(
+        config: &AuditConfig,
+        metrics: &Metrics,
+    ) -> std::io::Result<Option<Arc<Audit>>> {
         if config.commands.value == AuditCommands::Off {
             return Ok(None);
         }
@@ -73,7 +76,7 @@ impl Audit {
 
     /// Whether a command of `spec` (`None`: unknown to the table) from `tenant` is recorded.
     /// Cheap: flags and, for sampled reads, one relaxed atomic add.
-    pub fn wants(&self, spec: Option<&CommandSpec>, tenant: &str) -> bool {
+    pub(crate) fn wants(&self, spec: Option<&CommandSpec>, tenant: &str) -> bool {
         if !self.tenants.is_empty() && !self.tenants.iter().any(|t| t == tenant) {
             return false;
         }
@@ -93,7 +96,7 @@ impl Audit {
 
     /// The name and arguments of an entry for the command line `args` (the name at index 0):
     /// the arguments at `keys` (see [`key_indices`]) by name or hash, everything else by size.
-    pub fn describe(
+    pub(crate) fn describe(
         &self,
         spec: Option<&CommandSpec>,
         args: &[&[u8]],
@@ -120,7 +123,7 @@ impl Audit {
     }
 
     /// Hands `entry` to the writer; dropped and counted when the queue is full.
-    pub fn record(&self, entry: Entry) {
+    pub(crate) fn record(&self, entry: Entry) {
         // Disconnected: the writer could not open its output (logged once, at start).
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(entry)
         {
@@ -153,7 +156,7 @@ fn output_file(config: &AuditConfig) -> Option<&std::path::Path> {
 /// starts: a file that cannot be opened is a configuration problem with its line, field and
 /// the system's reason, found before anything is served or logged as started, not an exit
 /// after it (which a supervisor would restart in a loop).
-pub fn open_output(config: &AuditConfig) -> Result<(), Problem> {
+pub(crate) fn open_output(config: &AuditConfig) -> Result<(), Problem> {
     if output_file(config).is_none() {
         return Ok(());
     }
@@ -164,7 +167,7 @@ pub fn open_output(config: &AuditConfig) -> Result<(), Problem> {
 /// behind: an existing file is opened for appending, a missing one created and removed
 /// again. `None` when the trail is off, goes to stdout, or the file can be opened by the
 /// user running the check (who may not be the proxy's: a warning, not a verdict).
-pub fn probe_output(config: &AuditConfig) -> Option<Problem> {
+pub(crate) fn probe_output(config: &AuditConfig) -> Option<Problem> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = output_file(config)?;
     let opened = if path.exists() {
@@ -222,7 +225,7 @@ fn output_problem(config: &AuditConfig, error: &std::io::Error) -> Problem {
 /// The positions of the key arguments of `args` (the name at 0), as Redis's COMMAND GETKEYS
 /// finds them with the command table; empty for keyless or unknown commands. Found once per
 /// command for both the audit entry and the keyspace statistics.
-pub fn key_indices(spec: Option<&CommandSpec>, args: &[&[u8]]) -> Vec<usize> {
+pub(crate) fn key_indices(spec: Option<&CommandSpec>, args: &[&[u8]]) -> Vec<usize> {
     match spec {
         Some(s) if s.may_have_keys() => crate::commands::keys(args)
             .map(|k| k.indices().collect())
@@ -232,7 +235,7 @@ pub fn key_indices(spec: Option<&CommandSpec>, args: &[&[u8]]) -> Vec<usize> {
 }
 
 /// Seconds since the Unix epoch with microseconds, as MONITOR prints them.
-pub fn now_ts() -> f64 {
+pub(crate) fn now_ts() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_micros() as f64 / 1e6)

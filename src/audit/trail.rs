@@ -26,7 +26,7 @@ struct Waiting {
 }
 
 /// A session's followed commands in flight, in the order they were sent.
-pub struct Trail {
+pub(crate) struct Trail {
     /// Where finished entries go.
     audit: Option<Arc<Audit>>,
     /// Where reply bytes are counted.
@@ -37,7 +37,7 @@ pub struct Trail {
 
 impl Trail {
     /// An empty trail writing to `audit` and counting in `keyspace`.
-    pub fn new(audit: Option<Arc<Audit>>, keyspace: Option<Arc<Keyspace>>) -> Trail {
+    pub(crate) fn new(audit: Option<Arc<Audit>>, keyspace: Option<Arc<Keyspace>>) -> Trail {
         Trail {
             audit,
             keyspace,
@@ -46,7 +46,7 @@ impl Trail {
     }
 
     /// Follows a command read at `read_at` until its reply.
-    pub fn sent(&mut self, read_at: Instant, entry: Option<Entry>, sample: Option<Sample>) {
+    pub(crate) fn sent(&mut self, read_at: Instant, entry: Option<Entry>, sample: Option<Sample>) {
         if self.waiting.len() >= MAX_WAITING
             && let Some(oldest) = self.waiting.pop_front()
         {
@@ -63,7 +63,7 @@ impl Trail {
     /// (`failed`: the upstream failed before answering all of them). Commands read earlier
     /// belong to batches answered elsewhere (or never sent) and are let go; then up to
     /// `commands` of this read get the batch's latency and a share of its bytes.
-    pub fn answered(&mut self, read_at: Instant, commands: u32, failed: bool, bytes: usize) {
+    pub(crate) fn answered(&mut self, read_at: Instant, commands: u32, failed: bool, bytes: usize) {
         while self.waiting.front().is_some_and(|w| w.read_at < read_at) {
             if let Some(w) = self.waiting.pop_front() {
                 self.finish(w, None, false, 0);

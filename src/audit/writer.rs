@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use super::entry::Entry;
 
 /// Where the lines go.
-pub enum Output {
+pub(crate) enum Output {
     /// Standard output, for a container's log collector.
     Stdout,
     /// A file, appended to and rotated.
@@ -42,11 +42,11 @@ struct Sink {
 }
 
 /// How often the writer drains the queue.
-pub const TICK: Duration = Duration::from_millis(20);
+pub(crate) const TICK: Duration = Duration::from_millis(20);
 
 /// Opens `output`: the file is created (mode 0600: keys and users are not for everyone) or
 /// appended to. Fails with the path, at start, so a wrong path stops the proxy there.
-pub fn open(output: &Output) -> io::Result<()> {
+pub(crate) fn open(output: &Output) -> io::Result<()> {
     open_sink(output).map(|_| ())
 }
 
@@ -112,7 +112,7 @@ fn rotate(path: &Path, keep: u32) -> io::Result<()> {
 /// Writes entries until every sender is gone (the proxy stopped), then flushes. A write that
 /// fails is counted in `failed` and warned about once per failure streak; the thread goes on,
 /// so a full disk loses entries but never stops the proxy.
-pub fn run(rx: Receiver<Entry>, output: Output, written: Counter, failed: Counter) {
+pub(crate) fn run(rx: Receiver<Entry>, output: Output, written: Counter, failed: Counter) {
     let mut sink = match open_sink(&output) {
         Ok(s) => s,
         Err(e) => {

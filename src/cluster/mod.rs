@@ -8,9 +8,9 @@
 //!
 //! `docs/cluster.md` describes how the session routes with these.
 
-pub mod router;
+pub(crate) mod router;
 pub mod slot;
-pub mod topology;
+pub(crate) mod topology;
 
 use std::sync::Arc;
 
@@ -19,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::upstream::{ReadReplyError, read_reply};
 
-pub use crate::resp_value::DecodeError;
-pub use router::Router;
+pub(crate) use crate::resp_value::DecodeError;
+pub(crate) use router::Router;
 pub use slot::{SLOTS, hash_tag, slot};
 pub use topology::{Node, Redirect, Shard, SlotMap};
 

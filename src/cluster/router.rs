@@ -31,9 +31,9 @@ const COALESCE: Duration = Duration::from_millis(100);
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The slot map and, per shard, the index of its primary's pool.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The topology as last learned (or patched by a MOVED).
-    pub map: SlotMap,
+    pub(crate) map: SlotMap,
     /// `owners[i]` is the node index of `map.shards()[i].primary`, so routing a slot is two
     /// loads: slot → shard → node.
     owners: Vec<u16>,
@@ -45,23 +45,23 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The node index of the primary that owns `slot`, if any.
-    pub fn owner(&self, slot: u16) -> Option<u16> {
+    pub(crate) fn owner(&self, slot: u16) -> Option<u16> {
         self.map.owner_index(slot).map(|i| self.owners[i])
     }
 
     /// Node indices of every primary that owns slots, in the map's shard order.
-    pub fn primaries(&self) -> &[u16] {
+    pub(crate) fn primaries(&self) -> &[u16] {
         &self.owners
     }
 
     /// Whether `node` is a primary of this map (a replica, or a node gone from it, is not).
-    pub fn is_primary(&self, node: u16) -> bool {
+    pub(crate) fn is_primary(&self, node: u16) -> bool {
         self.owners.contains(&node)
     }
 }
 
 /// Routes commands to the nodes of one Redis Cluster.
-pub struct Router {
+pub(crate) struct Router {
     /// Login, TLS and limits every node's pool is created with.
     settings: PoolSettings,
     /// Shared with the pools, which count connections and errors.
@@ -110,7 +110,10 @@ impl Router {
     /// the refresher. A cluster that cannot be reached at start does not stop the proxy: the
     /// map starts empty (every command answers `CLUSTERDOWN`) and the refresher keeps trying.
     /// Fails only on a configuration that is not in cluster mode or unusable TLS files.
-    pub async fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Router>, String> {
+    pub(crate) async fn start(
+        config: &Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Router>, String> {
         let u = &config.upstream;
         let cluster = match (u.mode.value, &u.cluster) {
             (UpstreamMode::Cluster, Some(c)) => c,
@@ -188,7 +191,7 @@ impl Router {
     /// `names[i]`: unique), and with `cluster` (its configuration, with the upstream's pool
     /// settings) the nodes of the one Redis Cluster a route sends its keys to, discovered
     /// and refreshed as in cluster mode. No fixed node answers with a redirection.
-    pub async fn start_routes(
+    pub(crate) async fn start_routes(
         table: Arc<RouteTable>,
         pools: Vec<Arc<Pool>>,
         names: Vec<Arc<str>>,
@@ -213,13 +216,13 @@ impl Router {
     }
 
     /// The route table in routes mode; `None` for a cluster alone.
-    pub fn routes(&self) -> Option<&Arc<RouteTable>> {
+    pub(crate) fn routes(&self) -> Option<&Arc<RouteTable>> {
         self.routes.as_ref().map(|r| &r.table)
     }
 
     /// The "slot" of a key as stored: its hash slot in a cluster, in routes mode its route's
     /// ([`Router::route_slot`]).
-    pub fn slot_of(&self, key: &[u8]) -> u16 {
+    pub(crate) fn slot_of(&self, key: &[u8]) -> u16 {
         match &self.routes {
             None => super::slot(key),
             Some(r) => self.route_slot(r.table.route_of(key), key),
@@ -228,7 +231,7 @@ impl Router {
 
     /// Routes mode: the slot of `key` on `route`: its hash slot on a cluster route, else
     /// `SLOTS + n` for the route's fixed node `n`.
-    pub fn route_slot(&self, route: u16, key: &[u8]) -> u16 {
+    pub(crate) fn route_slot(&self, route: u16, key: &[u8]) -> u16 {
         let Some(r) = &self.routes else {
             return super::slot(key);
         };
@@ -239,7 +242,7 @@ impl Router {
     }
 
     /// Routes mode: the names of the routes whose keys are in `slot`, for errors.
-    pub fn route_names(&self, slot: u16) -> String {
+    pub(crate) fn route_names(&self, slot: u16) -> String {
         match &self.routes {
             None => String::new(),
             Some(r) if usize::from(slot) < SLOTS => r.table.names_of_node(ON_CLUSTER),
@@ -248,7 +251,7 @@ impl Router {
     }
 
     /// Routes mode: the names of the routes whose keys node `node` holds, for errors.
-    pub fn node_route_names(&self, node: u16) -> String {
+    pub(crate) fn node_route_names(&self, node: u16) -> String {
         match &self.routes {
             None => String::new(),
             Some(r) if usize::from(node) < r.fixed.len() => r.table.names_of_node(node),
@@ -258,7 +261,7 @@ impl Router {
 
     /// Routes mode: the pool of the cluster route's first primary (its eviction check asks
     /// it, as cluster mode asks its home node); `None` without a cluster route or map yet.
-    pub fn cluster_route_pool(&self) -> Option<Arc<Pool>> {
+    pub(crate) fn cluster_route_pool(&self) -> Option<Arc<Pool>> {
         self.routes.as_ref().filter(|r| r.table.has_cluster())?;
         let map = self.cluster_map();
         let addr = &map.shards().first()?.primary.addr;
@@ -283,7 +286,7 @@ impl Router {
     /// primary has a shared connection up, i.e. any key can be served now; otherwise what
     /// is missing (uncovered slots, primaries without a connection). In routes mode: every
     /// route's node connected, each route named.
-    pub fn readiness(&self) -> Result<String, String> {
+    pub(crate) fn readiness(&self) -> Result<String, String> {
         if let Some(routes) = &self.routes {
             return self.routes_readiness(routes);
         }
@@ -349,28 +352,28 @@ impl Router {
     }
 
     /// The current routing table.
-    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snapshot.load()
     }
 
     /// Identifies the current map: changes whenever a new one is installed.
-    pub fn snapshot_id(&self) -> u64 {
+    pub(crate) fn snapshot_id(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// The connect timeout every node's pool uses.
-    pub fn connect_timeout(&self) -> Duration {
+    pub(crate) fn connect_timeout(&self) -> Duration {
         self.settings.login.connect_timeout
     }
 
     /// The pool of node `node` (an index handed out by this router).
-    pub fn pool(&self, node: u16) -> Arc<Pool> {
+    pub(crate) fn pool(&self, node: u16) -> Arc<Pool> {
         self.nodes.load()[usize::from(node)].clone()
     }
 
     /// The pool sessions use for what is not about one node: HELLO replies, the control
     /// connection, credentials. The first primary's, or the first seed's before any map.
-    pub fn home_pool(&self) -> Arc<Pool> {
+    pub(crate) fn home_pool(&self) -> Arc<Pool> {
         let node = self.snapshot().primaries().first().copied();
         match node {
             Some(n) => self.pool(n),
@@ -387,7 +390,7 @@ impl Router {
     /// the receivers on the node it ran on; with all of this proxy's subscribers and
     /// publishers on one node the count includes every subscriber through the proxy, as on
     /// one server. `None` while no primary is known.
-    pub fn pubsub_node(&self) -> Option<u16> {
+    pub(crate) fn pubsub_node(&self) -> Option<u16> {
         if let Some(r) = &self.routes {
             return Some(r.table.node(0));
         }
@@ -396,7 +399,7 @@ impl Router {
 
     /// The node a client's keyless commands go to when nothing better is known: spread by
     /// client id over the primaries (the default route's node in routes mode). `None` while no primary is known.
-    pub fn home(&self, client_id: u64) -> Option<u16> {
+    pub(crate) fn home(&self, client_id: u64) -> Option<u16> {
         // Routes: a keyless command is the default route's, as on the one server it stands for.
         if let Some(r) = &self.routes {
             return Some(r.table.node(0));
@@ -408,7 +411,7 @@ impl Router {
 
     /// The node for a command the proxy sends on its own behalf: the owner of its first key's
     /// slot, or a primary for a keyless command; `None` while the slot has no owner.
-    pub fn node_for(&self, args: &[&[u8]]) -> Option<u16> {
+    pub(crate) fn node_for(&self, args: &[&[u8]]) -> Option<u16> {
         let mut keys = crate::commands::KeyPositions::with_capacity(1);
         let first = crate::commands::keys_into(args, &mut keys)
             .ok()
@@ -420,7 +423,7 @@ impl Router {
     }
 
     /// Where read-only commands may go.
-    pub fn read_from(&self) -> ReadFrom {
+    pub(crate) fn read_from(&self) -> ReadFrom {
         self.read_from
     }
 
@@ -429,7 +432,13 @@ impl Router {
     /// client is up, chosen by client id so one client's reads stay on one replica and keep
     /// their order (`replica`), or the copy with the fastest probe (`nearest`). `None` means
     /// the primary: `read_from: primary`, no replica up, or no round trip known yet.
-    pub fn read_node(&self, snapshot: &Snapshot, slot: u16, proto: u8, client: u64) -> Option<u16> {
+    pub(crate) fn read_node(
+        &self,
+        snapshot: &Snapshot,
+        slot: u16,
+        proto: u8,
+        client: u64,
+    ) -> Option<u16> {
         let shard = snapshot.map.owner_index(slot)?;
         let replicas = snapshot.replicas.get(shard)?;
         if replicas.is_empty() {
@@ -468,17 +477,17 @@ impl Router {
     }
 
     /// How long a shard channel dropped by its node is retried before the client is told.
-    pub fn resubscribe_timeout(&self) -> Duration {
+    pub(crate) fn resubscribe_timeout(&self) -> Duration {
         self.resubscribe_timeout
     }
 
     /// Redirections a command may follow.
-    pub fn max_redirects(&self) -> u32 {
+    pub(crate) fn max_redirects(&self) -> u32 {
         self.max_redirects
     }
 
     /// The index of the node at `addr`, creating its pool on first sight.
-    pub fn node(&self, addr: &str) -> u16 {
+    pub(crate) fn node(&self, addr: &str) -> u16 {
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&i) = index.get(addr) {
             return i;
@@ -494,13 +503,13 @@ impl Router {
     }
 
     /// The address of node `node`, for messages.
-    pub fn addr(&self, node: u16) -> Arc<str> {
+    pub(crate) fn addr(&self, node: u16) -> Arc<str> {
         self.nodes.load()[usize::from(node)].addr().clone()
     }
 
     /// Applies a MOVED at once (so the next command for the slot goes to the right node
     /// without waiting for the refresh) and asks for a refresh.
-    pub fn apply_moved(&self, slot: u16, addr: &str) {
+    pub(crate) fn apply_moved(&self, slot: u16, addr: &str) {
         let mut map = self.cluster_map();
         if map
             .slot_owner(slot)
@@ -513,7 +522,7 @@ impl Router {
     }
 
     /// Asks the refresher to refresh now (coalesced with other requests).
-    pub fn refresh_soon(&self) {
+    pub(crate) fn refresh_soon(&self) {
         self.refresh.notify_one();
     }
 

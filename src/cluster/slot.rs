@@ -42,7 +42,7 @@ static TABLE: [u16; 256] = {
 };
 
 /// CRC16 (XMODEM) of `data`.
-pub fn crc16(data: &[u8]) -> u16 {
+pub(crate) fn crc16(data: &[u8]) -> u16 {
     data.iter().fold(0u16, |crc, &b| {
         (crc << 8) ^ TABLE[usize::from((crc >> 8) as u8 ^ b)]
     })

@@ -121,7 +121,7 @@ impl Redirect {
     }
 
     /// Where to send the command instead.
-    pub fn addr(&self) -> &Arc<str> {
+    pub(crate) fn addr(&self) -> &Arc<str> {
         match self {
             Redirect::Moved { addr, .. } | Redirect::Ask { addr, .. } => addr,
         }
@@ -153,7 +153,7 @@ fn error_text(reply: &[u8]) -> Option<Cow<'_, [u8]>> {
 impl SlotMap {
     /// Routes mode's map: this (cluster) map's shards and slots, then one shard per fixed node
     /// named in `names`, fixed node `i` owning "slot" `SLOTS + i` alone (a route's keys).
-    pub fn with_fixed(mut self, names: &[Arc<str>]) -> SlotMap {
+    pub(crate) fn with_fixed(mut self, names: &[Arc<str>]) -> SlotMap {
         let mut owners = self.owners.into_vec();
         owners.truncate(SLOTS);
         for name in names {
@@ -175,7 +175,7 @@ impl SlotMap {
 
     /// The cluster's own map inside a routes map with `fixed` fixed nodes (see
     /// [`SlotMap::with_fixed`]): the shards before them and the 16384 slots.
-    pub fn cluster_part(&self, fixed: usize) -> SlotMap {
+    pub(crate) fn cluster_part(&self, fixed: usize) -> SlotMap {
         let mut shards = self.shards.clone();
         shards.truncate(shards.len().saturating_sub(fixed));
         SlotMap {
@@ -185,7 +185,7 @@ impl SlotMap {
     }
 
     /// A map in which no slot has an owner.
-    pub fn empty() -> SlotMap {
+    pub(crate) fn empty() -> SlotMap {
         SlotMap {
             shards: Vec::new(),
             owners: Box::new([UNOWNED; SLOTS]),
@@ -195,7 +195,7 @@ impl SlotMap {
     /// Builds the map from a `CLUSTER SHARDS` reply (RESP2 or RESP3). `answered_by` is the
     /// node that sent it (for nodes whose endpoint is unknown); `tls` picks each node's
     /// `tls-port` over its plain `port` when both are given.
-    pub fn from_cluster_shards(
+    pub(crate) fn from_cluster_shards(
         reply: &[u8],
         answered_by: &str,
         tls: bool,
@@ -262,7 +262,10 @@ impl SlotMap {
     /// Builds the map from a `CLUSTER SLOTS` reply (RESP2 or RESP3), the fallback for servers
     /// older than Redis 7. A primary owning several ranges appears once per range there; the
     /// ranges are merged into one shard.
-    pub fn from_cluster_slots(reply: &[u8], answered_by: &str) -> Result<SlotMap, ClusterError> {
+    pub(crate) fn from_cluster_slots(
+        reply: &[u8],
+        answered_by: &str,
+    ) -> Result<SlotMap, ClusterError> {
         let (value, _) = decode(reply, MAX_DEPTH)?;
         refused(&value)?;
         let entries = value
@@ -294,7 +297,7 @@ impl SlotMap {
 
     /// Index into [`SlotMap::shards`] of the owner of `slot`; lets a router keep per-shard
     /// state in a parallel vector.
-    pub fn owner_index(&self, slot: u16) -> Option<usize> {
+    pub(crate) fn owner_index(&self, slot: u16) -> Option<usize> {
         match self.owners.get(usize::from(slot)) {
             Some(&UNOWNED) | None => None,
             Some(&i) => Some(usize::from(i)),
@@ -307,7 +310,7 @@ impl SlotMap {
     }
 
     /// How many of the 16384 slots have an owner.
-    pub fn covered(&self) -> usize {
+    pub(crate) fn covered(&self) -> usize {
         self.owners[..SLOTS.min(self.owners.len())]
             .iter()
             .filter(|&&o| o != UNOWNED)
@@ -323,7 +326,7 @@ impl SlotMap {
     /// at `addr`, which becomes a new shard if the map does not know it as a primary (a
     /// promoted replica, or a node added since the last refresh). The full refresh a MOVED
     /// also triggers fills in the rest (replicas, the other slots that moved with this one).
-    pub fn apply_moved(&mut self, slot: u16, addr: &str) {
+    pub(crate) fn apply_moved(&mut self, slot: u16, addr: &str) {
         if usize::from(slot) >= SLOTS {
             return;
         }

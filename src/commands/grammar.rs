@@ -10,7 +10,7 @@
 
 /// C's `strcasecmp(arg, keyword) == 0` on a Redis argument: the argument ends at its first NUL
 /// byte, as Redis's own parsing sees it.
-pub fn keyword(arg: &[u8], keyword: &[u8]) -> bool {
+pub(crate) fn keyword(arg: &[u8], keyword: &[u8]) -> bool {
     let end = arg.iter().position(|&b| b == 0).unwrap_or(arg.len());
     arg[..end].eq_ignore_ascii_case(keyword)
 }
@@ -18,7 +18,7 @@ pub fn keyword(arg: &[u8], keyword: &[u8]) -> bool {
 /// C's `atoi` as glibc implements it, `(int) strtol(s, NULL, 10)`: leading white space, an
 /// optional sign, digits up to the first non-digit, saturating at the `long` range, then
 /// truncated to `int`. Redis's procedures parse numkeys with it.
-pub fn c_atoi(s: &[u8]) -> i32 {
+pub(crate) fn c_atoi(s: &[u8]) -> i32 {
     let mut i = 0;
     while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r') {
         i += 1;
@@ -72,31 +72,31 @@ fn int_at<L: CommandLine + ?Sized>(line: &L, i: usize) -> Option<i64> {
 
 /// An expiry option (`EX`, `PX`, `EXAT`, `PXAT`) as SET and GETEX read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Expiry {
+pub(crate) struct Expiry {
     /// Index of the number: the value of the option's last occurrence, which Redis applies.
-    pub at: usize,
+    pub(crate) at: usize,
     /// Milliseconds per unit: 1000 for `EX`/`EXAT`, 1 for `PX`/`PXAT`.
-    pub unit_ms: u64,
+    pub(crate) unit_ms: u64,
     /// `EXAT`/`PXAT`: a Unix time rather than a duration.
-    pub absolute: bool,
+    pub(crate) absolute: bool,
 }
 
 /// What SET (from argument 3) or GETEX (from argument 2) asks for, read as Redis reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StringOptions {
+pub(crate) struct StringOptions {
     /// The expiry option Redis applies, if any.
-    pub expiry: Option<Expiry>,
+    pub(crate) expiry: Option<Expiry>,
     /// SET `KEEPTTL`: an existing key keeps its TTL.
-    pub keepttl: bool,
+    pub(crate) keepttl: bool,
     /// GETEX `PERSIST`: the key's TTL is removed.
-    pub persist: bool,
+    pub(crate) persist: bool,
     /// SET `NX`: only a new key is written (the lock pattern).
-    pub nx: bool,
+    pub(crate) nx: bool,
     /// SET `GET`: the old value is returned.
-    pub get: bool,
+    pub(crate) get: bool,
     /// SET `IFEQ`/`IFNE`/`IFDEQ`/`IFDNE <value>`: written only when the current value (or
     /// its digest) compares so; like `XX`, never creates a key.
-    pub compare: bool,
+    pub(crate) compare: bool,
 }
 
 /// SET's compare-and-set options of newer servers, each followed by the value compared.
@@ -110,7 +110,10 @@ fn compare_option(opt: &[u8]) -> bool {
 /// `parseExtendedStringArgumentsOrReply` walks them: each keyword compared up to a NUL byte; an
 /// expiry option repeated is applied from its last occurrence, two different ones (or one with
 /// KEEPTTL/PERSIST) are a syntax error. `None` where Redis refuses the command.
-pub fn string_options<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Option<StringOptions> {
+pub(crate) fn string_options<L: CommandLine + ?Sized>(
+    line: &L,
+    getex: bool,
+) -> Option<StringOptions> {
     let mut o = StringOptions::default();
     // Which expiry keyword was given (its unit and form), so a different one is refused.
     let mut kind: Option<(u64, bool)> = None;
@@ -173,7 +176,7 @@ pub fn string_options<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Option<
 
 /// Every index of an expiry option's number in SET/GETEX (a repeated option has several; Redis
 /// applies the last), for a rewrite that must change them all.
-pub fn expiry_values<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Vec<usize> {
+pub(crate) fn expiry_values<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Vec<usize> {
     let mut out = Vec::new();
     let mut j = if getex { 2 } else { 3 };
     while j < line.argc() {
@@ -200,27 +203,27 @@ pub fn expiry_values<L: CommandLine + ?Sized>(line: &L, getex: bool) -> Vec<usiz
 
 /// What HSETEX or HGETEX asks for before `FIELDS`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HashExpiry {
+pub(crate) struct HashExpiry {
     /// The expiry the fields get (the last one given).
-    pub expiry: Option<Expiry>,
+    pub(crate) expiry: Option<Expiry>,
     /// Every index of an expiry option's number, for a rewrite that must change them all.
-    pub values: Vec<usize>,
+    pub(crate) values: Vec<usize>,
     /// `KEEPTTL` (HSETEX): fields keep the TTLs they have.
-    pub keepttl: bool,
+    pub(crate) keepttl: bool,
     /// `PERSIST` (HGETEX): the fields' TTLs are removed.
-    pub persist: bool,
+    pub(crate) persist: bool,
 }
 
 /// The options of HSETEX/HGETEX from argument 2 up to `FIELDS`, walked positionally: the
 /// expiry options take a value, `NX`/`XX`/`FNX`/`FXX`/`KEEPTTL`/`PERSIST` none. `None` for a
 /// word the walk does not know or no `FIELDS` (the rule then refuses: fail closed).
-pub fn hash_expiry<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
+pub(crate) fn hash_expiry<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
     expiry_options(line, 2, true)
 }
 
 /// MSETEX's options (Valkey 9.1, Redis 8.4): after `numkeys` key/value pairs, the same words
 /// as HSETEX's to the end of the line. `None` where the walk cannot read them.
-pub fn msetex_options<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
+pub(crate) fn msetex_options<L: CommandLine + ?Sized>(line: &L) -> Option<HashExpiry> {
     let numkeys: usize = std::str::from_utf8(line.arg(1)).ok()?.parse().ok()?;
     let from = numkeys.checked_mul(2)?.checked_add(2)?;
     if numkeys == 0 || from > line.argc() {
@@ -285,16 +288,16 @@ fn expiry_options<L: CommandLine + ?Sized>(
 
 /// The options of a SCAN-family command, as Redis applies them (the last of each wins).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScanOptions {
+pub(crate) struct ScanOptions {
     /// Index of the `COUNT` value Redis applies.
-    pub count: Option<usize>,
+    pub(crate) count: Option<usize>,
     /// Index of the `MATCH` pattern Redis applies.
-    pub pattern: Option<usize>,
+    pub(crate) pattern: Option<usize>,
 }
 
 /// SCAN's options from argument 2, SSCAN/HSCAN/ZSCAN's from 3 (`from`); `None` where Redis
 /// refuses them (an unknown word, a missing value).
-pub fn scan_options<L: CommandLine + ?Sized>(line: &L, from: usize) -> Option<ScanOptions> {
+pub(crate) fn scan_options<L: CommandLine + ?Sized>(line: &L, from: usize) -> Option<ScanOptions> {
     let mut o = ScanOptions::default();
     let mut i = from;
     while i < line.argc() {
@@ -322,16 +325,16 @@ pub fn scan_options<L: CommandLine + ?Sized>(line: &L, from: usize) -> Option<Sc
 
 /// ZRANGE-family options after the range (`zrangeGenericCommand`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ZrangeOptions {
+pub(crate) struct ZrangeOptions {
     /// BYSCORE or BYLEX: the range is of values, bounded only by LIMIT.
-    pub by_value: bool,
+    pub(crate) by_value: bool,
     /// Index of the LIMIT count Redis applies (the last LIMIT wins).
-    pub limit_count: Option<usize>,
+    pub(crate) limit_count: Option<usize>,
 }
 
 /// The options of ZRANGE (`first_option` 4), ZRANGESTORE (5) or a ZRANGEBY*/ZREVRANGE* form
 /// (`fixed_by_value`: BYSCORE/BYLEX are implied and refused as words). `None`: Redis refuses.
-pub fn zrange_options<L: CommandLine + ?Sized>(
+pub(crate) fn zrange_options<L: CommandLine + ?Sized>(
     line: &L,
     first_option: usize,
     fixed: bool,
@@ -365,7 +368,7 @@ pub fn zrange_options<L: CommandLine + ?Sized>(
 
 /// The index of XRANGE/XREVRANGE's COUNT value Redis applies (the last; options from 4);
 /// `None` where Redis refuses the options.
-pub fn xrange_count<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
+pub(crate) fn xrange_count<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
     let mut count = None;
     let mut j = 4;
     while j < line.argc() {
@@ -381,7 +384,10 @@ pub fn xrange_count<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> 
 
 /// The index of LMPOP/BLMPOP/ZMPOP/BZMPOP's COUNT value (`numkeys_at`: 1, or 2 for the
 /// blocking forms); `None` where Redis refuses the options (COUNT may be given once).
-pub fn mpop_count<L: CommandLine + ?Sized>(line: &L, numkeys_at: usize) -> Option<Option<usize>> {
+pub(crate) fn mpop_count<L: CommandLine + ?Sized>(
+    line: &L,
+    numkeys_at: usize,
+) -> Option<Option<usize>> {
     let numkeys = int_at(line, numkeys_at).filter(|&n| n >= 1)?;
     let where_at = usize::try_from(numkeys)
         .ok()
@@ -402,25 +408,28 @@ pub fn mpop_count<L: CommandLine + ?Sized>(line: &L, numkeys_at: usize) -> Optio
 
 /// SORT and SORT_RO as `sortCommandGeneric` reads them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SortOptions {
+pub(crate) struct SortOptions {
     /// Index of the LIMIT count Redis applies (the last LIMIT wins).
-    pub limit_count: Option<usize>,
+    pub(crate) limit_count: Option<usize>,
     /// Index of the STORE destination Redis writes (the last STORE wins; SORT only).
-    pub store: Option<usize>,
+    pub(crate) store: Option<usize>,
     /// How many BY and GET patterns there are (they name keys derived from the sorted
     /// values); [`sort_options_with`] hands their indices to a caller that needs them.
-    pub patterns: usize,
+    pub(crate) patterns: usize,
 }
 
 /// SORT's options from argument 2 (`readonly`: SORT_RO, which has no STORE). `None` where
 /// Redis refuses them.
-pub fn sort_options<L: CommandLine + ?Sized>(line: &L, readonly: bool) -> Option<SortOptions> {
+pub(crate) fn sort_options<L: CommandLine + ?Sized>(
+    line: &L,
+    readonly: bool,
+) -> Option<SortOptions> {
     sort_options_with(line, readonly, |_| {})
 }
 
 /// [`sort_options`], handing each BY/GET pattern's index to `pattern` as the walk finds it
 /// (no allocation: key extraction runs it per SORT).
-pub fn sort_options_with<L: CommandLine + ?Sized>(
+pub(crate) fn sort_options_with<L: CommandLine + ?Sized>(
     line: &L,
     readonly: bool,
     mut pattern: impl FnMut(usize),
@@ -453,18 +462,18 @@ pub fn sort_options_with<L: CommandLine + ?Sized>(
 
 /// The GEO search family as `georadiusGeneric` reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GeoOptions {
+pub(crate) struct GeoOptions {
     /// Index of the COUNT value Redis applies (the last wins).
-    pub count: Option<usize>,
+    pub(crate) count: Option<usize>,
     /// Index of the STORE/STOREDIST destination of GEORADIUS/GEORADIUSBYMEMBER (the last
     /// wins); GEOSEARCHSTORE's destination is its argument 1.
-    pub store: Option<usize>,
+    pub(crate) store: Option<usize>,
 }
 
 /// GEORADIUS (`name` "georadius", options from 6), GEORADIUSBYMEMBER (5), their `_ro` forms
 /// (no STORE), GEOSEARCH (2) and GEOSEARCHSTORE (3). `None` where Redis refuses the options or
 /// the command is not one of these.
-pub fn geo_options<L: CommandLine + ?Sized>(line: &L, name: &str) -> Option<GeoOptions> {
+pub(crate) fn geo_options<L: CommandLine + ?Sized>(line: &L, name: &str) -> Option<GeoOptions> {
     let (base, search, store_allowed, searchstore) = match name {
         "georadius" => (6, false, true, false),
         "georadius_ro" => (6, false, false, false),
@@ -516,16 +525,19 @@ pub fn geo_options<L: CommandLine + ?Sized>(line: &L, name: &str) -> Option<GeoO
 
 /// XREAD and XREADGROUP as `xreadCommand` reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct XreadOptions {
+pub(crate) struct XreadOptions {
     /// Index of the BLOCK value Redis applies (the last BLOCK before STREAMS).
-    pub block: Option<usize>,
+    pub(crate) block: Option<usize>,
     /// Index of the first stream key (after the `STREAMS` that ends the options).
-    pub streams: Option<usize>,
+    pub(crate) streams: Option<usize>,
 }
 
 /// XREAD's (`group: false`) or XREADGROUP's options; `None` where Redis refuses them. A
 /// group or consumer named `STREAMS` or `BLOCK` is read as the name it is.
-pub fn xread_options<L: CommandLine + ?Sized>(line: &L, group: bool) -> Option<XreadOptions> {
+pub(crate) fn xread_options<L: CommandLine + ?Sized>(
+    line: &L,
+    group: bool,
+) -> Option<XreadOptions> {
     let mut o = XreadOptions::default();
     let mut i = 1;
     while i < line.argc() {
@@ -552,7 +564,7 @@ pub fn xread_options<L: CommandLine + ?Sized>(line: &L, group: bool) -> Option<X
 
 /// Whether XADD (options from argument 2) or XTRIM names a trim strategy (`MAXLEN`/`MINID`) as
 /// Redis reads its options; `None` where Redis refuses them.
-pub fn xadd_trims<L: CommandLine + ?Sized>(line: &L) -> Option<bool> {
+pub(crate) fn xadd_trims<L: CommandLine + ?Sized>(line: &L) -> Option<bool> {
     let mut trims = false;
     let mut i = 2;
     while i < line.argc() {
@@ -591,7 +603,7 @@ pub fn xadd_trims<L: CommandLine + ?Sized>(line: &L) -> Option<bool> {
 /// field of type `i<bits>`/`u<bits>` (the width read up to a NUL byte, as `strlen` sees it) at
 /// bit offset `n`, or `#n` fields, ends at bit `offset + bits`. `None` when nothing is written
 /// or Redis refuses the command.
-pub fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
+pub(crate) fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
     let mut reach = 0u64;
     let mut j = 2;
     while j < line.argc() {
@@ -642,7 +654,7 @@ fn bitfield_bits(ty: &[u8]) -> Option<u64> {
 
 /// RESTORE's options from argument 4 (`restoreCommand`): the index of `ABSTTL` if given (the
 /// TTL is then a Unix time in ms); `None` where Redis refuses them.
-pub fn restore_absttl<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
+pub(crate) fn restore_absttl<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
     let mut abs = None;
     let (mut idle, mut freq) = (false, false);
     let mut j = 4;
@@ -668,7 +680,7 @@ pub fn restore_absttl<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>
 
 /// COPY's options from argument 3 (`copyCommand`): the index of the `DB` value Redis applies,
 /// if any; `None` where Redis refuses them.
-pub fn copy_db<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
+pub(crate) fn copy_db<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
     let mut db = None;
     let mut j = 3;
     while j < line.argc() {
@@ -686,20 +698,20 @@ pub fn copy_db<L: CommandLine + ?Sized>(line: &L) -> Option<Option<usize>> {
 
 /// CLIENT TRACKING's options from argument 3, as `clientCommand` reads them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrackingOptions {
+pub(crate) struct TrackingOptions {
     /// Index of the REDIRECT client id (Redis refuses a second REDIRECT).
-    pub redirect: Option<usize>,
+    pub(crate) redirect: Option<usize>,
     /// BCAST: invalidations for every key under the prefixes, not only keys the client read.
-    pub bcast: bool,
+    pub(crate) bcast: bool,
     /// Indices of the PREFIX values.
-    pub prefixes: Vec<usize>,
+    pub(crate) prefixes: Vec<usize>,
     /// OPTIN, OPTOUT or NOLOOP: modes that depend on which connection reads or writes, so
     /// tracking spread over several connections cannot keep them (cluster `tracking`).
-    pub per_client_modes: bool,
+    pub(crate) per_client_modes: bool,
 }
 
 /// `CLIENT TRACKING ON|OFF [options]` from argument 3; `None` where Redis refuses them.
-pub fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<TrackingOptions> {
+pub(crate) fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<TrackingOptions> {
     let mut o = TrackingOptions::default();
     let mut j = 3;
     while j < line.argc() {

@@ -57,7 +57,7 @@ static LEARNED: LazyLock<ArcSwap<Learned>> =
 static READ_A_SERVER: AtomicBool = AtomicBool::new(false);
 
 /// Whether some server's command table has been learned (see [`READ_A_SERVER`]).
-pub fn have_server_table() -> bool {
+pub(crate) fn have_server_table() -> bool {
     READ_A_SERVER.load(Ordering::Acquire)
 }
 
@@ -93,35 +93,22 @@ pub(super) fn wider_arity(name: &str) -> Option<i32> {
     LEARNED.load().arity.get(name).copied()
 }
 
-/// Every learned command and subcommand (for `--explain`-style listings and tests).
-pub fn all() -> Vec<&'static CommandSpec> {
-    let learned = LEARNED.load();
-    let mut out: Vec<_> = learned
-        .commands
-        .values()
-        .flat_map(|c| std::iter::once(*c).chain(c.subcommands.iter()))
-        .chain(learned.subcommands.values().copied())
-        .collect();
-    out.sort_by_key(|c| c.name);
-    out
-}
-
 /// What [`learn`] found in one server's table.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Commands and subcommands the built-in table lacks, now known.
-    pub added: usize,
+    pub(crate) added: usize,
     /// Built-in commands given the server's wider arity.
-    pub widened: usize,
+    pub(crate) widened: usize,
     /// Entries that could not be read (logged by the caller; the command stays unknown,
     /// so rules that need it refuse it).
-    pub unreadable: Vec<String>,
+    pub(crate) unreadable: Vec<String>,
 }
 
 /// Merges a server's `COMMAND` (or `COMMAND INFO`) reply into the learned table. Learning is
 /// additive: what one server taught stays (with routes, several servers may be behind one
 /// proxy; a command only one of them has is answered by the others' own errors).
-pub fn learn(reply: &Value) -> Summary {
+pub(crate) fn learn(reply: &Value) -> Summary {
     let mut summary = Summary::default();
     let Some(entries) = reply.as_array() else {
         summary.unreadable.push("the reply is not an array".into());
@@ -163,12 +150,6 @@ pub fn learn(reply: &Value) -> Summary {
     LEARNED.store(Arc::new(next));
     READ_A_SERVER.store(true, Ordering::Release);
     summary
-}
-
-/// Forgets every learned command (tests).
-#[doc(hidden)]
-pub fn forget() {
-    LEARNED.store(Arc::new(Learned::default()));
 }
 
 /// Records the server's arity of a built-in command where it accepts argument counts the

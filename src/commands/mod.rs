@@ -23,9 +23,9 @@
 
 #[rustfmt::skip]
 mod table;
-pub mod grammar;
-pub mod learned;
-pub mod newer;
+pub(crate) mod grammar;
+pub(crate) mod learned;
+pub(crate) mod newer;
 
 use grammar::{c_atoi, keyword as c_eq_ignore_case};
 
@@ -33,7 +33,7 @@ use std::cmp::Ordering;
 use std::fmt;
 
 /// The Redis version the command table was generated from.
-pub const REDIS_VERSION: &str = table::REDIS_VERSION;
+pub(crate) const REDIS_VERSION: &str = table::REDIS_VERSION;
 
 // ---------------------------------------------------------------------------------------------
 // Flag sets
@@ -49,7 +49,7 @@ macro_rules! bitset {
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-        $vis struct $name(pub(crate) $int);
+        $vis struct $name(pub $int);
 
         impl $name {
             $( $(#[$cmeta])* pub const $konst: $name = $name(1 << $bit); )*
@@ -278,8 +278,9 @@ impl KeySpecFlags {
         ))
     }
 
+    #[cfg(test)]
     /// Whether the key's value may be read (RO or RW).
-    pub const fn reads(self) -> bool {
+    pub(crate) const fn reads(self) -> bool {
         self.intersects(KeySpecFlags(KeySpecFlags::RO.0 | KeySpecFlags::RW.0))
     }
 }
@@ -337,7 +338,7 @@ pub enum FindKeys {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeySpec {
     /// Redis's own explanation, where it gives one (why a spec is unknown, why flags vary).
-    pub notes: &'static str,
+    pub(crate) notes: &'static str,
     /// How the keys found by this spec are accessed; `NOT_KEY` specs find no keys.
     pub flags: KeySpecFlags,
     /// Where the search starts.
@@ -354,7 +355,7 @@ pub struct KeySpec {
 /// need a procedure it does not know. [`keys`] mirrors each one, bugs included, so that its
 /// output matches `COMMAND GETKEYS` exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeysProc {
+pub(crate) enum KeysProc {
     /// The key specs are complete: no procedure.
     None,
     /// `zunionInterDiffStoreGetKeys`: destination at 1, numkeys at 2, keys from 3.
@@ -413,7 +414,7 @@ pub struct CommandSpec {
     /// Key specs, in Redis's order (the order in which [`keys`] reports keys).
     pub key_specs: &'static [KeySpec],
     /// Redis's key-finding procedure for this command, if it has one.
-    pub keys_proc: KeysProc,
+    pub(crate) keys_proc: KeysProc,
     /// Subcommands, sorted by name; empty unless this is a container (CLIENT, CONFIG…).
     pub subcommands: &'static [CommandSpec],
 }
@@ -426,18 +427,18 @@ impl CommandSpec {
 
     /// Whether the command may change the dataset: a write, or a script or function that may
     /// write ([`CommandSpec::runs_writable_script`]).
-    pub fn may_write(&self) -> bool {
+    pub(crate) fn may_write(&self) -> bool {
         self.is_write() || self.runs_writable_script()
     }
 
     /// EVAL, EVALSHA and FCALL: Redis does not flag them as writes, yet the script may write
     /// (their `_RO` forms cannot).
-    pub fn runs_writable_script(&self) -> bool {
+    pub(crate) fn runs_writable_script(&self) -> bool {
         matches!(self.name, "eval" | "evalsha" | "fcall")
     }
 
     /// Whether the command only reads the dataset.
-    pub const fn is_readonly(&self) -> bool {
+    pub(crate) const fn is_readonly(&self) -> bool {
         self.flags.contains(CommandFlags::READONLY)
     }
 
@@ -447,27 +448,23 @@ impl CommandSpec {
     }
 
     /// Whether the command is administrative.
-    pub const fn is_admin(&self) -> bool {
+    pub(crate) const fn is_admin(&self) -> bool {
         self.flags.contains(CommandFlags::ADMIN)
     }
 
     /// Whether the command is a pub/sub command.
-    pub const fn is_pubsub(&self) -> bool {
+    pub(crate) const fn is_pubsub(&self) -> bool {
         self.flags.contains(CommandFlags::PUBSUB)
     }
 
+    #[cfg(test)]
     /// Whether the command is fast (O(1)/O(log N)).
-    pub const fn is_fast(&self) -> bool {
+    pub(crate) const fn is_fast(&self) -> bool {
         self.flags.contains(CommandFlags::FAST)
     }
 
-    /// Whether the command may grow memory use.
-    pub const fn is_denyoom(&self) -> bool {
-        self.flags.contains(CommandFlags::DENYOOM)
-    }
-
     /// Whether key positions depend on the arguments (EVAL, XREAD, SORT…).
-    pub const fn has_movable_keys(&self) -> bool {
+    pub(crate) const fn has_movable_keys(&self) -> bool {
         self.flags.contains(CommandFlags::MOVABLE_KEYS)
     }
 
@@ -482,12 +479,12 @@ impl CommandSpec {
     }
 
     /// The container's name for a subcommand (`client` for `client|kill`), else the name.
-    pub fn container_name(&self) -> &'static str {
+    pub(crate) fn container_name(&self) -> &'static str {
         self.name.split_once('|').map_or(self.name, |(c, _)| c)
     }
 
     /// The subcommand's own name (`kill` for `client|kill`), if this is a subcommand.
-    pub fn subcommand_name(&self) -> Option<&'static str> {
+    pub(crate) fn subcommand_name(&self) -> Option<&'static str> {
         self.name.split_once('|').map(|(_, s)| s)
     }
 
@@ -496,7 +493,7 @@ impl CommandSpec {
     /// The name ends at a NUL byte: Valkey 9.1 runs `CONFIG "SET\0" …` as CONFIG SET (its
     /// subcommand lookup compares as `strcasecmp`), so a rule must judge it as CONFIG SET; a
     /// server that refuses the spelling refuses it either way.
-    pub fn subcommand(&self, name: &[u8]) -> Option<&'static CommandSpec> {
+    pub(crate) fn subcommand(&self, name: &[u8]) -> Option<&'static CommandSpec> {
         let name = name.split(|&b| b == 0).next().unwrap_or(name);
         self.own_subcommand(name)
             .or_else(|| learned::subcommand(self.name, name))
@@ -520,7 +517,7 @@ impl CommandSpec {
     /// Whether the command can take keys at all (Redis's `doesCommandHaveKeys`): a key spec
     /// that finds real keys, or a key procedure. Commands without keys never touch the
     /// keyspace through their arguments (they may still touch it wholesale: FLUSHALL, KEYS).
-    pub fn may_have_keys(&self) -> bool {
+    pub(crate) fn may_have_keys(&self) -> bool {
         self.keys_proc != KeysProc::None
             || self
                 .key_specs
@@ -540,21 +537,22 @@ impl CommandSpec {
         KeySpecFlags(all.0 & KeySpecFlags::ACCESS_MASK.0)
     }
 
+    #[cfg(test)]
     /// The value of the tip `name:value` (`request_policy` → `all_shards`), if present.
-    pub fn tip(&self, name: &str) -> Option<&'static str> {
+    pub(crate) fn tip(&self, name: &str) -> Option<&'static str> {
         self.tips
             .iter()
             .find_map(|t| t.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
     }
 
     /// Whether the tips carry the flag-like tip `name` (`nondeterministic_output`).
-    pub fn has_tip(&self, name: &str) -> bool {
+    pub(crate) fn has_tip(&self, name: &str) -> bool {
         self.tips.contains(&name)
     }
 
     /// The key positions of `args` (the command name at index 0) for this command: see
     /// [`keys_into`], which looks the command up first.
-    pub fn keys_into<A: AsRef<[u8]>>(
+    pub(crate) fn keys_into<A: AsRef<[u8]>>(
         &self,
         args: &[A],
         out: &mut KeyPositions,
@@ -834,7 +832,7 @@ impl KeyPositions {
     }
 
     /// Empties the set, keeping its buffers.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.keys.clear();
         self.patterns.clear();
     }
@@ -860,15 +858,16 @@ impl KeyPositions {
         self.keys.is_empty()
     }
 
+    #[cfg(test)]
     /// Whether any key argument may be written.
-    pub fn any_written(&self) -> bool {
+    pub(crate) fn any_written(&self) -> bool {
         self.keys.iter().any(|k| k.flags.writes())
     }
 
     /// Whether the command may touch keys that are not among [`KeyPositions::keys`]: SORT and
     /// SORT_RO with a BY or GET pattern containing `*`, whose key names come from the sorted
     /// values. A namespacing caller must prefix [`KeyPositions::key_patterns`] or deny.
-    pub fn incomplete(&self) -> bool {
+    pub(crate) fn incomplete(&self) -> bool {
         !self.patterns.is_empty()
     }
 
@@ -876,7 +875,7 @@ impl KeyPositions {
     /// `GET #` and patterns without `*` access no key and are not listed). Redis builds key
     /// names by replacing the first `*` with a sorted value (and reads a hash field after
     /// `->`), so prefixing the pattern namespaces the keys it reaches.
-    pub fn key_patterns(&self) -> &[usize] {
+    pub(crate) fn key_patterns(&self) -> &[usize] {
         &self.patterns
     }
 }

@@ -7,7 +7,7 @@
 
 /// Commands and subcommands of Redis 7.2–8.x and Valkey 7.2–9.x that Redis 7.0.15 lacks,
 /// lower-case, full names (`container|sub`).
-pub const NAMES: &[&str] = &[
+pub(crate) const NAMES: &[&str] = &[
     // Redis 7.2 / Valkey 7.2
     "client|no-touch",
     "client|setinfo",
@@ -66,7 +66,7 @@ pub const NAMES: &[&str] = &[
 
 /// A built-in command and the newer commands that do the same to the same state: a rule
 /// naming the first concerns the others (denying `slowlog|reset` denies `commandlog|reset`).
-pub const ALIASES: &[(&str, &[&str])] = &[
+pub(crate) const ALIASES: &[(&str, &[&str])] = &[
     ("slowlog", &["commandlog"]),
     ("slowlog|get", &["commandlog|get"]),
     ("slowlog|len", &["commandlog|len"]),
@@ -74,12 +74,12 @@ pub const ALIASES: &[(&str, &[&str])] = &[
 ];
 
 /// Whether `name` (full, any case) is a newer command this list knows.
-pub fn is_known(name: &str) -> bool {
+pub(crate) fn is_known(name: &str) -> bool {
     NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
 /// The newer commands that do what the built-in `name` does (full, any case).
-pub fn aliases_of(name: &str) -> &'static [&'static str] {
+pub(crate) fn aliases_of(name: &str) -> &'static [&'static str] {
     ALIASES
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))

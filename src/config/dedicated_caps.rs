@@ -9,12 +9,12 @@ use super::{Located, Problem, located};
 /// Shares of the dedicated connections.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct DedicatedCapsConfig {
+pub(crate) struct DedicatedCapsConfig {
     /// Percent of `upstream.dedicated_max` one tenant's clients may hold at once (rounded
     /// down, at least 1), when the policy has more than one tenant: half by default, so one
     /// tenant can never starve the others, and a tenant alone still gets most of the cap.
     /// With a single tenant the whole `dedicated_max` is its.
-    pub per_tenant_percent: Located<u8>,
+    pub(crate) per_tenant_percent: Located<u8>,
 }
 
 impl Default for DedicatedCapsConfig {
@@ -40,7 +40,7 @@ impl DedicatedCapsConfig {
 
     /// The most dedicated connections one tenant may hold, of `max`, when the policy has
     /// `tenants` tenants.
-    pub fn per_tenant(&self, max: usize, tenants: usize) -> usize {
+    pub(crate) fn per_tenant(&self, max: usize, tenants: usize) -> usize {
         if tenants <= 1 {
             return max;
         }

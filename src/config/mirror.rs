@@ -17,14 +17,14 @@ pub struct MirrorConfig {
     /// Redis Cluster. It always uses one connection per RESP version (per node of a cluster),
     /// so one client's writes stay in order, and no dedicated ones: `connections` and the
     /// `dedicated_*` settings do not apply.
-    pub upstream: UpstreamConfig,
+    pub(crate) upstream: UpstreamConfig,
     /// Bytes of answered batches waiting for the mirror, at most; past it, batches are
     /// dropped and counted rather than held, so a slow or dead mirror never grows the proxy's
     /// memory nor delays a client.
-    pub max_queue_bytes: Located<u64>,
+    pub(crate) max_queue_bytes: Located<u64>,
     /// Shadow reads: a share of the reads is also sent to the mirror and its answers compared
     /// with the primary's. Absent: writes only.
-    pub compare: Option<CompareConfig>,
+    pub(crate) compare: Option<CompareConfig>,
     /// With `routes:`, the route whose server the mirror copies (its upstream and database):
     /// a migration moves one server at a time, and only the writes that went to that server
     /// belong on its replacement. Required with routes, refused without.
@@ -45,12 +45,12 @@ impl Default for MirrorConfig {
 /// Which reads are compared, and how divergences are reported.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CompareConfig {
+pub(crate) struct CompareConfig {
     /// The share of reads compared (`1%`, `100%`).
-    pub share: Located<String>,
+    pub(crate) share: Located<String>,
     /// Divergences logged per minute at most (command and key name, never values); the
     /// rest are counted only.
-    pub log_per_minute: Located<u32>,
+    pub(crate) log_per_minute: Located<u32>,
 }
 
 impl Default for CompareConfig {
@@ -64,7 +64,7 @@ impl Default for CompareConfig {
 
 impl CompareConfig {
     /// The share in hundredths of a percent (validated at load; 0 if it does not parse).
-    pub fn hundredths(&self) -> u64 {
+    pub(crate) fn hundredths(&self) -> u64 {
         percent::parse(&self.share.value).unwrap_or(0)
     }
 }
@@ -72,7 +72,7 @@ impl CompareConfig {
 impl MirrorConfig {
     /// The whole file as the mirror's pool reads it: `upstream:` replaced by the mirror's, in
     /// the mirrored route's database (a route's writes carry no `SELECT`: its pool selects).
-    pub fn as_upstream_of(&self, config: &Config) -> Config {
+    pub(crate) fn as_upstream_of(&self, config: &Config) -> Config {
         let mut upstream = self.upstream.clone();
         if let Some((_, node)) = self.mirrored_node(config) {
             upstream.db = node.db;
@@ -88,14 +88,14 @@ impl MirrorConfig {
 
     /// The settings as a comparable text (values only, no file positions): a reload that
     /// leaves it unchanged keeps the running mirror and its connections.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         super::without_locations(&format!("{self:?}"))
     }
 
     /// With routes, the router node whose writes are mirrored (its number in
     /// [`Config::route_nodes`]) and where it lives; `None` without routes (every write is
     /// mirrored) or when `route` names nothing (`mirror_problems` refuses that file).
-    pub fn mirrored_node(&self, config: &Config) -> Option<(u16, RouteNode)> {
+    pub(crate) fn mirrored_node(&self, config: &Config) -> Option<(u16, RouteNode)> {
         let name = &self.route.as_ref()?.value;
         let nodes = config.route_nodes();
         if name == DEFAULT_ROUTE {
@@ -107,7 +107,7 @@ impl MirrorConfig {
     }
 
     /// The phase it puts the migration in, for the log, INFO and metrics.
-    pub fn phase(&self) -> &'static str {
+    pub(crate) fn phase(&self) -> &'static str {
         match &self.compare {
             Some(_) => "compare",
             None => "writes",

@@ -14,17 +14,17 @@ use serde_saphyr::{Location, Spanned};
 mod dedicated_caps;
 mod mirror;
 mod namespaces;
-pub mod percent;
+pub(crate) mod percent;
 mod routes;
-pub mod rules;
+pub(crate) mod rules;
 pub(crate) mod yaml;
-pub use dedicated_caps::DedicatedCapsConfig;
-pub use mirror::{CompareConfig, MirrorConfig};
-pub use routes::{RouteConfig, RouteNode};
+pub(crate) use dedicated_caps::DedicatedCapsConfig;
+pub(crate) use mirror::MirrorConfig;
+pub(crate) use routes::{RouteConfig, RouteNode};
 
 /// A value from the file together with where it was written, for validation messages.
 /// Defaults carry `Location::UNKNOWN` and are reported as "(default)".
-pub type Located<T> = Spanned<T>;
+pub(crate) type Located<T> = Spanned<T>;
 
 fn located<T>(value: T) -> Located<T> {
     Spanned {
@@ -45,9 +45,9 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// More upstreams by name, for `routes:` (docs/routes.md); each is configured as
     /// `upstream:` is.
-    pub upstreams: std::collections::BTreeMap<String, UpstreamConfig>,
+    pub(crate) upstreams: std::collections::BTreeMap<String, UpstreamConfig>,
     /// Key prefixes sent to other upstreams (or databases) than `upstream:`.
-    pub routes: Vec<RouteConfig>,
+    pub(crate) routes: Vec<RouteConfig>,
     /// A second server that receives the writes (and a share of the reads, compared) during
     /// a migration; reloadable (docs/migration.md).
     pub mirror: Option<MirrorConfig>,
@@ -63,27 +63,27 @@ pub struct Config {
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
     pub rules: Vec<rules::RuleConfig>,
     /// Proxy-side users and the identities that map clients to tenants.
-    pub access: rules::Access,
+    pub(crate) access: rules::Access,
     /// The admin HTTP endpoint (metrics, health) and the diagnostics it serves.
     pub admin: AdminConfig,
     /// TLS for clients (docs/operations.md, TLS from clients): on `listen` itself or on a
     /// second port beside it; absent, clients speak plain TCP only.
-    pub tls: Option<ClientTlsConfig>,
+    pub(crate) tls: Option<ClientTlsConfig>,
     /// The audit trail: which commands are logged with their client's identity, and where.
-    pub audit: AuditConfig,
+    pub(crate) audit: AuditConfig,
     /// The key-pattern report and hot keys (`PROXY KEYSPACE`, `/keyspace`).
-    pub keyspace: KeyspaceConfig,
+    pub(crate) keyspace: KeyspaceConfig,
     /// Log filter when `RUST_LOG` is unset: a level (`info`) or `tracing` directives
     /// (`info,redis_policy_proxy::policy=debug`). In the file so deployments set it in one place.
     pub log_level: Located<String>,
     /// Identifies this version of the file in metrics and INFO: a hash of its text (`builtin`
     /// without a file). Computed, never read from the YAML.
     #[serde(skip)]
-    pub version: String,
+    pub(crate) version: String,
     /// The line each tenant's namespace is written on (`access.namespaces`, which the policy
     /// reads without locations), for the overlap check's messages. Computed by [`Config::parse`].
     #[serde(skip)]
-    pub namespace_lines: std::collections::BTreeMap<String, u64>,
+    pub(crate) namespace_lines: std::collections::BTreeMap<String, u64>,
     /// What went wrong reading `password_env`, `password_file` and `username_env` (a variable
     /// not set, a file not readable), reported with the file's other problems. Computed by
     /// [`Config::parse`].
@@ -93,12 +93,12 @@ pub struct Config {
     /// the lenient reading ([`yaml::Tree`]): where a problem whose value carries no location
     /// (a default, a setting inside `ttl:`) is reported. Computed by [`Config::parse`].
     #[serde(skip)]
-    pub key_lines: std::collections::BTreeMap<String, u64>,
+    pub(crate) key_lines: std::collections::BTreeMap<String, u64>,
     /// The fields set from the command line or the environment (`listen`,
     /// `upstream.address`, `admin.listen`): a problem with one of them is the flag's, not the
     /// file's, so it is given no line of the file.
     #[serde(skip)]
-    pub overridden: Vec<&'static str>,
+    pub(crate) overridden: Vec<&'static str>,
 }
 
 /// The admin endpoint and diagnostics.
@@ -107,15 +107,15 @@ pub struct Config {
 pub struct AdminConfig {
     /// `IP:port` of the HTTP listener for `/metrics`, `/healthz` and `/readyz`, or `off`.
     /// Loopback by default: metrics name rules and tenants, which is not for everyone.
-    pub listen: Located<String>,
+    pub(crate) listen: Located<String>,
     /// Commands slower than this (microseconds, read to reply) enter the slow log
     /// (`PROXY SLOWLOG`); Redis's `slowlog-log-slower-than` default is the same 10 ms.
-    pub slowlog_threshold_us: Located<u64>,
+    pub(crate) slowlog_threshold_us: Located<u64>,
     /// Entries the slow log keeps (Redis's `slowlog-max-len` default).
-    pub slowlog_max_len: Located<usize>,
+    pub(crate) slowlog_max_len: Located<usize>,
     /// Policy denials logged per second at most; the rest are counted in metrics only, so a
     /// client hammering a denied command cannot flood the log.
-    pub denial_logs_per_second: Located<u32>,
+    pub(crate) denial_logs_per_second: Located<u32>,
 }
 
 impl Default for AdminConfig {
@@ -167,37 +167,37 @@ impl Default for Config {
 /// TLS is served.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ClientTlsConfig {
+pub(crate) struct ClientTlsConfig {
     /// PEM certificate chain the proxy presents; re-read when the file changes, so a renewed
     /// certificate needs no restart.
-    pub cert_file: Located<PathBuf>,
+    pub(crate) cert_file: Located<PathBuf>,
     /// PEM private key of `cert_file`; re-read with it.
-    pub key_file: Located<PathBuf>,
+    pub(crate) key_file: Located<PathBuf>,
     /// PEM CA certificates that sign client certificates. Given, clients are asked for a
     /// certificate and one that does not verify is refused; absent, none is asked for.
-    pub client_ca_file: Option<Located<PathBuf>>,
+    pub(crate) client_ca_file: Option<Located<PathBuf>>,
     /// With `client_ca_file`: `required` (a client without a certificate is refused) or
     /// `optional` (it may connect and authenticate with a password instead).
-    pub client_certs: Located<ClientCerts>,
+    pub(crate) client_certs: Located<ClientCerts>,
     /// `IP:port` of a second listener that serves TLS only, beside the plaintext `listen`;
     /// absent, `listen` itself serves TLS.
-    pub listen: Option<Located<String>>,
+    pub(crate) listen: Option<Located<String>>,
     /// Without `tls.listen`: whether `listen` also serves plaintext clients (told apart by
     /// their first byte), for a migration where not every client has TLS yet.
-    pub plaintext: Located<bool>,
+    pub(crate) plaintext: Located<bool>,
     /// Bound on the TLS handshake (and, on a TLS-only listener, on the first byte): a client
     /// that starts one and never finishes is closed instead of holding a slot for ever.
-    pub handshake_timeout_ms: Located<u64>,
+    pub(crate) handshake_timeout_ms: Located<u64>,
     /// How often the certificate, key and CA files are looked at for changes (modification
     /// time and size); a change is loaded for new connections, a broken file is refused and
     /// the certificate in use stays.
-    pub reload_check_ms: Located<u64>,
+    pub(crate) reload_check_ms: Located<u64>,
 }
 
 /// Whether clients must present a certificate (`tls.client_certs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ClientCerts {
+pub(crate) enum ClientCerts {
     /// A client without a verified certificate is refused in the handshake.
     #[default]
     Required,
@@ -223,7 +223,7 @@ impl Default for ClientTlsConfig {
 /// Which commands the audit trail records (`audit.commands`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum AuditCommands {
+pub(crate) enum AuditCommands {
     /// No audit trail: the data path pays one branch per command.
     #[default]
     Off,
@@ -238,7 +238,7 @@ pub enum AuditCommands {
 /// How key names appear in audit entries (`audit.keys`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum AuditKeys {
+pub(crate) enum AuditKeys {
     /// As the client sent them (non-UTF-8 bytes replaced): the replay can judge key patterns.
     #[default]
     Names,
@@ -250,25 +250,25 @@ pub enum AuditKeys {
 /// The audit trail: JSON lines with identity, command, key names and outcome, never values.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct AuditConfig {
+pub(crate) struct AuditConfig {
     /// Which commands are recorded; `off` (the default) disables the audit trail.
-    pub commands: Located<AuditCommands>,
+    pub(crate) commands: Located<AuditCommands>,
     /// With `commands: all`, one read in this many is recorded (1: every read), so a
     /// read-heavy service can keep the trail of its writes and a sample of its reads.
-    pub read_sample: Located<u64>,
+    pub(crate) read_sample: Located<u64>,
     /// Only these tenants' commands are recorded (empty: every tenant's).
-    pub tenants: Vec<String>,
+    pub(crate) tenants: Vec<String>,
     /// Key names as sent, or hashed.
-    pub keys: Located<AuditKeys>,
+    pub(crate) keys: Located<AuditKeys>,
     /// `stdout`, or the path of the file the JSON lines are appended to.
-    pub output: Located<String>,
+    pub(crate) output: Located<String>,
     /// A file is rotated (renamed to `FILE.1`, older ones shifted) once it reaches this size.
-    pub max_file_bytes: Located<u64>,
+    pub(crate) max_file_bytes: Located<u64>,
     /// Rotated files kept besides the current one (`FILE.1` … `FILE.N`).
-    pub max_files: Located<u32>,
+    pub(crate) max_files: Located<u32>,
     /// Entries waiting for the writer; when it is full, entries are dropped and counted
     /// (`rpp_audit_entries_total{result="dropped"}`), never a client's command delayed.
-    pub queue: Located<usize>,
+    pub(crate) queue: Located<usize>,
 }
 
 impl Default for AuditConfig {
@@ -348,20 +348,20 @@ impl ClientTlsConfig {
 /// The key-pattern statistics and hot keys, sampled in-line.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct KeyspaceConfig {
+pub(crate) struct KeyspaceConfig {
     /// One keyed command in this many is counted (0, the default: off; 1: every one). The
     /// report scales counts back up, so a sample costs precision, not correctness.
-    pub sample: Located<u64>,
+    pub(crate) sample: Located<u64>,
     /// A key's pattern keeps this many `:`-separated segments (it always stops at the first
     /// run of digits): with 1, `cache:page:home` counts as `cache:*`; with 2, `cache:page:*`.
-    pub segments: Located<usize>,
+    pub(crate) segments: Located<usize>,
     /// (tenant, pattern) pairs tracked at most; later ones count under `(other)`, so memory
     /// stays bounded whatever the key names.
-    pub max_patterns: Located<usize>,
+    pub(crate) max_patterns: Located<usize>,
     /// Patterns per tenant in the report and in the metrics (the only key-derived labels).
-    pub top: Located<usize>,
+    pub(crate) top: Located<usize>,
     /// Hot keys listed: the most requested over the last minute.
-    pub hot_keys: Located<usize>,
+    pub(crate) hot_keys: Located<usize>,
 }
 
 impl Default for KeyspaceConfig {
@@ -384,7 +384,7 @@ pub struct UpstreamConfig {
     /// Sentinel-managed primary (`sentinel`); an explicit switch rather than guessing from the
     /// server, so a misconfigured deployment fails at start instead of answering MOVED to
     /// clients that cannot follow it, or writing to a node that is no longer the primary.
-    pub mode: Located<UpstreamMode>,
+    pub(crate) mode: Located<UpstreamMode>,
     /// `host:port` of the standalone Redis.
     pub address: Located<String>,
     /// How to find and follow a Redis Cluster; required when `mode` is `cluster`, refused
@@ -399,7 +399,7 @@ pub struct UpstreamConfig {
     /// from `password_env` or `password_file` when one of those is given instead.
     pub password: Option<String>,
     /// The environment variable holding `username` (instead of writing it in the file).
-    pub username_env: Option<Located<String>>,
+    pub(crate) username_env: Option<Located<String>>,
     /// The environment variable holding the password, so the policy file holds no secret
     /// (Kubernetes `secretKeyRef`, systemd `EnvironmentFile`). Read when the file is loaded.
     pub password_env: Option<Located<String>>,
@@ -436,28 +436,28 @@ pub struct UpstreamConfig {
     /// before it gets an error.
     pub dedicated_wait_ms: Located<u64>,
     /// Each tenant's share of `dedicated_max` (`dedicated_caps`).
-    pub dedicated_caps: DedicatedCapsConfig,
+    pub(crate) dedicated_caps: DedicatedCapsConfig,
     /// Scripts (EVAL, EVALSHA, FCALL and their `_RO` forms) run on the client's dedicated
     /// connection, so a busy script holds only its own client, as in Redis (others get
     /// `-BUSY`, `SCRIPT KILL` gets through). `false` pipelines them on the shared connection:
     /// cheaper for script-heavy clients, but a script running past `busy-reply-threshold`
     /// then holds every client on that connection, and past `command_timeout_ms` fails them.
-    pub scripts_on_dedicated: Located<bool>,
+    pub(crate) scripts_on_dedicated: Located<bool>,
     /// TLS to the upstream; plain TCP when absent.
-    pub tls: Option<TlsConfig>,
+    pub(crate) tls: Option<TlsConfig>,
     /// What the upstream holds, for the eviction check (docs/operations.md, Eviction
     /// awareness): `cache` (everything may be evicted), `queue` (nothing may be) or `mixed`
     /// (both; the default). Until routes exist, one role for the one upstream.
-    pub role: Located<UpstreamRole>,
+    pub(crate) role: Located<UpstreamRole>,
     /// How often the upstream's `maxmemory`, `maxmemory-policy` and memory use are read and
     /// checked against `role` and the TTL rule (also at start and after each reload); 0 never.
-    pub memory_check_ms: Located<u64>,
+    pub(crate) memory_check_ms: Located<u64>,
     /// Request coalescing: identical concurrent read-only single-key commands (GET,
     /// HGETALL… from any clients) share one upstream reply while one is in flight, so a hot
     /// key costs Redis one command per round trip instead of one per client. Off by default;
     /// standalone upstreams only (also under `upstreams:`, so one route may coalesce and
     /// another not; not yet in front of a cluster or Sentinel).
-    pub coalesce_reads: Located<bool>,
+    pub(crate) coalesce_reads: Located<bool>,
     /// How scripts are kept within the deny rules (a proxy cannot read Lua, and Redis runs a
     /// script as the user of its connection): `confine` (the default) runs them on dedicated
     /// connections logged in as a user the proxy manages, its own user's rights minus the
@@ -465,7 +465,7 @@ pub struct UpstreamConfig {
     /// metric, `/readyz`) when a script could run a denied command; `apply` sets the proxy's
     /// own user's ACL to remove the denied commands (`--print-acl` prints it); `off` does
     /// nothing.
-    pub script_acl: Located<ScriptAclMode>,
+    pub(crate) script_acl: Located<ScriptAclMode>,
     /// Under `script_acl: confine`, what a script gets when it cannot run as the script user
     /// (the proxy's user may not read or set ACLs, Redis before 7, a client logged in as
     /// another upstream user): `refuse` (the default) answers an error naming why; `run` runs
@@ -475,13 +475,13 @@ pub struct UpstreamConfig {
     /// The database selected on every connection: a route's `db:`, set by
     /// [`Config::for_upstream`]; never read from the file, where a client's SELECT says it.
     #[serde(skip)]
-    pub db: u16,
+    pub(crate) db: u16,
 }
 
 /// How scripts are kept within the deny rules (see [`UpstreamConfig::script_acl`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ScriptAclMode {
+pub(crate) enum ScriptAclMode {
     /// Scripts run as a user the proxy manages: its own user's rights minus the denied
     /// commands (`script_user`).
     #[default]
@@ -511,7 +511,7 @@ pub enum UnconfinedScripts {
 /// fit it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum UpstreamRole {
+pub(crate) enum UpstreamRole {
     /// Data that can be rebuilt: should evict (`allkeys-*`) under a `maxmemory`.
     Cache,
     /// Data that must not vanish (queues, streams, sessions of record): `noeviction`.
@@ -524,7 +524,7 @@ pub enum UpstreamRole {
 
 impl UpstreamRole {
     /// The name used in the file, INFO and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             UpstreamRole::Cache => "cache",
             UpstreamRole::Queue => "queue",
@@ -536,7 +536,7 @@ impl UpstreamRole {
 /// What kind of upstream the proxy fronts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum UpstreamMode {
+pub(crate) enum UpstreamMode {
     /// One Redis server at `upstream.address`.
     #[default]
     Standalone,
@@ -555,13 +555,13 @@ pub enum UpstreamMode {
 pub struct SentinelConfig {
     /// `host:port` of the sentinels, asked in order; several, so one dead sentinel does not
     /// stop the proxy from finding the primary.
-    pub sentinels: Vec<Located<String>>,
+    pub(crate) sentinels: Vec<Located<String>>,
     /// The name the sentinels monitor the primary under (`sentinel monitor <name> …`).
     /// Optional in the type only so that a missing name is reported with the other problems.
-    pub master_name: Option<Located<String>>,
+    pub(crate) master_name: Option<Located<String>>,
     /// Bound on connecting to one sentinel and on each of its replies, so a dead or
     /// partitioned sentinel delays finding the primary by at most this.
-    pub timeout_ms: Located<u64>,
+    pub(crate) timeout_ms: Located<u64>,
     /// Where read-only commands go: `primary` (default: no replica is ever contacted) or
     /// `replica` (the replicas the sentinels list, docs/sentinel.md). A string, checked in
     /// `validate`, for a file/line/field message; `nearest` is refused there (no probing of
@@ -582,7 +582,7 @@ impl Default for SentinelConfig {
 
 impl SentinelConfig {
     /// `read_from` as validated (`primary` for a value `validate` would have refused).
-    pub fn read_from(&self) -> ReadFrom {
+    pub(crate) fn read_from(&self) -> ReadFrom {
         match ReadFrom::parse(&self.read_from.value) {
             Some(ReadFrom::Replica) => ReadFrom::Replica,
             _ => ReadFrom::Primary,
@@ -597,28 +597,28 @@ impl SentinelConfig {
 pub struct ClusterConfig {
     /// Nodes asked for the topology at start (any node of the cluster will do; several so one
     /// dead seed does not stop the proxy). Later refreshes ask the known nodes first.
-    pub seeds: Vec<Located<String>>,
+    pub(crate) seeds: Vec<Located<String>>,
     /// How often the slot map is refreshed when nothing prompts it; MOVED replies and failed
     /// nodes trigger a refresh sooner, so this only bounds how stale an idle proxy gets.
-    pub refresh_interval_ms: Located<u64>,
+    pub(crate) refresh_interval_ms: Located<u64>,
     /// Redirections (MOVED/ASK) followed for one command before the client gets an error,
     /// which ends loops between nodes that disagree while the cluster settles.
     pub max_redirects: Located<u32>,
     /// Where read-only commands go: `primary` (default), `replica` or `nearest` (see
     /// [`ReadFrom`]). A string here, checked in `validate`, so a bad value is reported with
     /// file, line and field like every other problem instead of as a parse error.
-    pub read_from: Located<String>,
+    pub(crate) read_from: Located<String>,
     /// How long the proxy keeps trying to subscribe a shard channel again after its node
     /// dropped it (slot moved, node failed) before telling the client the channel is gone:
     /// long enough for a failover, which takes Redis's `cluster-node-timeout` (15 s by
     /// default) and more. Retries run in the background; the session keeps serving.
-    pub resubscribe_timeout_ms: Located<u64>,
+    pub(crate) resubscribe_timeout_ms: Located<u64>,
 }
 
 /// Where read-only commands go (`upstream.cluster.read_from`, and `upstream.sentinel.read_from`
 /// without `nearest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ReadFrom {
+pub(crate) enum ReadFrom {
     /// Every command to the slot's primary: consistent reads, no replica connections.
     #[default]
     Primary,
@@ -633,7 +633,7 @@ pub enum ReadFrom {
 
 impl ReadFrom {
     /// The value as written in the file; `None` for anything else.
-    pub fn parse(s: &str) -> Option<ReadFrom> {
+    pub(crate) fn parse(s: &str) -> Option<ReadFrom> {
         match s {
             "primary" => Some(ReadFrom::Primary),
             "replica" => Some(ReadFrom::Replica),
@@ -643,7 +643,7 @@ impl ReadFrom {
     }
 
     /// The name used in the file, INFO and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReadFrom::Primary => "primary",
             ReadFrom::Replica => "replica",
@@ -666,7 +666,7 @@ impl Default for ClusterConfig {
 
 impl ClusterConfig {
     /// `read_from` as validated (`primary` for a value `validate` would have refused).
-    pub fn read_from(&self) -> ReadFrom {
+    pub(crate) fn read_from(&self) -> ReadFrom {
         ReadFrom::parse(&self.read_from.value).unwrap_or_default()
     }
 }
@@ -674,19 +674,19 @@ impl ClusterConfig {
 /// TLS settings for upstream connections.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TlsConfig {
+pub(crate) struct TlsConfig {
     /// PEM file of the CA certificates that sign the upstream's certificate. Required: the
     /// proxy never connects to an upstream it cannot verify.
-    pub ca_file: Located<PathBuf>,
+    pub(crate) ca_file: Located<PathBuf>,
     /// Name the upstream certificate must carry; defaults to the host of `upstream.address`.
     #[serde(default)]
-    pub server_name: Option<String>,
+    pub(crate) server_name: Option<String>,
     /// Client certificate chain (PEM) for upstreams that require mutual TLS.
     #[serde(default)]
-    pub cert_file: Option<PathBuf>,
+    pub(crate) cert_file: Option<PathBuf>,
     /// Private key (PEM) for `cert_file`.
     #[serde(default)]
-    pub key_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
 }
 
 impl UpstreamConfig {
@@ -877,7 +877,7 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// `Ok` when `problems` is empty, else every one of them as the error for `path`.
-    pub fn unless_none(path: &Path, problems: Vec<Problem>) -> Result<(), ConfigError> {
+    pub(crate) fn unless_none(path: &Path, problems: Vec<Problem>) -> Result<(), ConfigError> {
         if problems.is_empty() {
             Ok(())
         } else {
@@ -939,17 +939,10 @@ fn version_of(text: &str) -> String {
 }
 
 impl Config {
-    /// Reads, parses and validates a configuration file (its own values; `setup::load`
-    /// checks the TLS files and the rules too).
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let config = Config::read(path)?;
-        config.validate(path)?;
-        Ok(config)
-    }
-
+    #[cfg(test)]
     /// Parses and validates YAML text (its own values; `setup::from_yaml` checks the TLS
     /// files and the rules too); `path` is only used in messages.
-    pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let config = Config::parse(text, path)?;
         config.validate(path)?;
         Ok(config)
@@ -957,7 +950,7 @@ impl Config {
 
     /// Reads and parses a configuration file, not yet validated; its version is the file's
     /// digest.
-    pub fn read(path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
@@ -976,7 +969,7 @@ impl Config {
     }
 
     /// [`Config::parse`] with the parser's own error, for `config_recovery` to put in words.
-    pub fn parse_yaml(text: &str) -> Result<Config, serde_saphyr::Error> {
+    pub(crate) fn parse_yaml(text: &str) -> Result<Config, serde_saphyr::Error> {
         // An empty file means "all defaults", which saphyr would otherwise reject as no document.
         if text.trim().is_empty() {
             return Ok(Config::default());
@@ -998,14 +991,15 @@ impl Config {
         Ok(config)
     }
 
+    #[cfg(test)]
     /// Checks this file's own values and reports all problems at once. The checks that need
     /// other modules (the TLS files load, the rules compile) are `setup::validate`'s.
-    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         ConfigError::unless_none(path, self.problems())
     }
 
     /// Every problem with this file's own values, in file order.
-    pub fn problems(&self) -> Vec<Problem> {
+    pub(crate) fn problems(&self) -> Vec<Problem> {
         let mut problems = self.secret_problems.clone();
         self.upstream.dedicated_caps.problems(&mut problems);
         let mut check = |ok: bool, loc: &Location, field: &str, message: &str| {
@@ -1433,7 +1427,7 @@ impl Config {
 
     /// The cluster seeds in cluster mode, the sentinels in sentinel mode, else
     /// `upstream.address` alone.
-    pub fn upstream_nodes(&self) -> Vec<String> {
+    pub(crate) fn upstream_nodes(&self) -> Vec<String> {
         let u = &self.upstream;
         match (&u.mode.value, &u.cluster, &u.sentinel) {
             (UpstreamMode::Cluster, Some(c), _) => {
@@ -1447,7 +1441,7 @@ impl Config {
     }
 
     /// The host TLS certificates are checked against by default: the first upstream node's.
-    pub fn tls_host(&self) -> String {
+    pub(crate) fn tls_host(&self) -> String {
         let nodes = self.upstream_nodes();
         let first = nodes.first().map_or("", String::as_str);
         first.rsplit_once(':').map_or("", |(h, _)| h).to_string()

@@ -31,7 +31,7 @@ struct Access {
 
 /// The line each tenant's namespace is written on, read from `text` (empty when it does not
 /// parse: the strict reading reports why).
-pub fn lines(text: &str) -> BTreeMap<String, u64> {
+pub(super) fn lines(text: &str) -> BTreeMap<String, u64> {
     serde_saphyr::from_str::<File>(text)
         .map(|f| {
             f.access
@@ -45,7 +45,7 @@ pub fn lines(text: &str) -> BTreeMap<String, u64> {
 
 /// A problem for every pair of tenants whose namespaces overlap, on the line of the longer
 /// (or, for equal ones, the later) prefix; `lines` as [`lines`] found them.
-pub fn overlaps(
+pub(super) fn overlaps(
     namespaces: &BTreeMap<String, String>,
     lines: &BTreeMap<String, u64>,
 ) -> Vec<Problem> {

@@ -2,10 +2,10 @@
 //! (a rule's `share`, `mirror.compare.share`), so they all accept and refuse the same text.
 
 /// The largest share: 100% in hundredths of a percent.
-pub const WHOLE: u64 = 10_000;
+pub(crate) const WHOLE: u64 = 10_000;
 
 /// `10%`, `0.5%`, `100%`, or a bare number of percent: hundredths of a percent, or why not.
-pub fn parse(text: &str) -> Result<u64, String> {
+pub(crate) fn parse(text: &str) -> Result<u64, String> {
     let number = text.trim().trim_end_matches('%').trim();
     let bad =
         || format!("`{text}` is not a share: write a percentage from 0% to 100% (`10%`, `0.5%`)");

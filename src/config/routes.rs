@@ -13,25 +13,25 @@ use crate::routes::{DEFAULT_ROUTE, ON_CLUSTER};
 /// One route: a set of key prefixes and the upstream (and database) their keys live in.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RouteConfig {
+pub(crate) struct RouteConfig {
     /// Names the route in errors, metrics labels, `/readyz` and rules' `routes:`.
-    pub name: Located<String>,
+    pub(crate) name: Located<String>,
     /// Key prefixes (`cache:`) whose keys take this route; the longest matching prefix of
     /// all routes wins, a key no prefix names takes the `default` route (`upstream:`).
-    pub prefixes: Vec<Located<String>>,
+    pub(crate) prefixes: Vec<Located<String>>,
     /// The upstream the route's keys go to: a name under `upstreams:`, or `default` (the
     /// `upstream:` section, the default).
     #[serde(default = "default_upstream")]
-    pub upstream: Located<String>,
+    pub(crate) upstream: Located<String>,
     /// The database the route's keys live in on its upstream (`SELECT` on every connection);
     /// 0 by default. Routes sharing an upstream and database share its connections.
     #[serde(default)]
-    pub db: Option<Located<u16>>,
+    pub(crate) db: Option<Located<u16>>,
     /// Only these tenants' keys take the route (others' keys with the prefix go on to the
     /// next match); every tenant's when absent. Each must have a namespace
     /// (`access.namespaces`), as it is the stored key that names the route.
     #[serde(default)]
-    pub tenants: Option<Vec<String>>,
+    pub(crate) tenants: Option<Vec<String>>,
 }
 
 fn default_upstream() -> Located<String> {
@@ -41,11 +41,11 @@ fn default_upstream() -> Located<String> {
 /// Where one node of the routes' layout lives: an upstream by name and a database. Nodes are
 /// numbered in [`Config::route_nodes`] order; node 0 is `upstream:` database 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteNode {
+pub(crate) struct RouteNode {
     /// `default` or a name under `upstreams:`.
-    pub upstream: String,
+    pub(crate) upstream: String,
     /// The database selected on its connections.
-    pub db: u16,
+    pub(crate) db: u16,
 }
 
 impl RouteNode {
@@ -60,7 +60,7 @@ impl RouteNode {
 
 impl Config {
     /// Whether keys are routed to several upstreams (a `routes:` section).
-    pub fn has_routes(&self) -> bool {
+    pub(crate) fn has_routes(&self) -> bool {
         !self.routes.is_empty()
     }
 
@@ -74,7 +74,7 @@ impl Config {
 
     /// The distinct (upstream, database) pairs the routes use, `default` database 0 first:
     /// one pool each. A cluster upstream is not one of them (its nodes are discovered).
-    pub fn route_nodes(&self) -> Vec<RouteNode> {
+    pub(crate) fn route_nodes(&self) -> Vec<RouteNode> {
         let mut nodes = vec![RouteNode {
             upstream: DEFAULT_ROUTE.to_string(),
             db: 0,
@@ -90,7 +90,7 @@ impl Config {
 
     /// The node index of `route` in [`Config::route_nodes`], or [`ON_CLUSTER`] for a route
     /// to a cluster.
-    pub fn route_node(&self, route: &RouteConfig) -> u16 {
+    pub(crate) fn route_node(&self, route: &RouteConfig) -> u16 {
         if self.routes_to_cluster(route) {
             return ON_CLUSTER;
         }
@@ -108,7 +108,7 @@ impl Config {
     }
 
     /// The name of the Redis Cluster upstream a route sends keys to, if any (one at most).
-    pub fn route_cluster(&self) -> Option<&str> {
+    pub(crate) fn route_cluster(&self) -> Option<&str> {
         self.routes
             .iter()
             .find(|r| self.routes_to_cluster(r))
@@ -117,7 +117,7 @@ impl Config {
 
     /// The configuration one node's pool is started from: this one with `upstream` replaced
     /// by the node's upstream and database (pools read their settings from `upstream`).
-    pub fn for_upstream(&self, node: &RouteNode) -> Option<Config> {
+    pub(crate) fn for_upstream(&self, node: &RouteNode) -> Option<Config> {
         let mut upstream = self.named_upstream(&node.upstream)?.clone();
         upstream.db = node.db;
         Some(Config {

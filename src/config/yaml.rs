@@ -10,29 +10,29 @@ use serde_saphyr::granit_parser::{Event, Marker, Parser, ScanError, StructureSty
 
 /// A place in the text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Pos {
+pub(crate) struct Pos {
     /// 1-based line.
-    pub line: u64,
+    pub(crate) line: u64,
     /// 0-based column, in characters.
-    pub col: usize,
+    pub(crate) col: usize,
     /// Byte offset in the text.
-    pub byte: usize,
+    pub(crate) byte: usize,
 }
 
 /// A node of the YAML tree.
 #[derive(Debug)]
-pub struct Node {
+pub(crate) struct Node {
     /// What it is.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Where it begins (a block list: its first `-`).
-    pub start: Pos,
+    pub(crate) start: Pos,
     /// Just past its last character (a block collection: past its last child's).
-    pub end: Pos,
+    pub(crate) end: Pos,
 }
 
 /// The kinds of node.
 #[derive(Debug)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A single value, as YAML read it (quotes and escapes resolved).
     Scalar(String),
     /// A list.
@@ -55,7 +55,7 @@ pub enum Kind {
 
 impl Node {
     /// The text of a scalar (the key of an entry); empty for anything else.
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         match &self.kind {
             Kind::Scalar(s) => s,
             _ => "",
@@ -63,12 +63,12 @@ impl Node {
     }
 
     /// Whether it is YAML's null: nothing written (`key:` alone), `~` or `null`.
-    pub fn is_null(&self) -> bool {
+    pub(crate) fn is_null(&self) -> bool {
         matches!(&self.kind, Kind::Scalar(s) if s.is_empty() || s == "~" || s == "null")
     }
 
     /// In the operator's words: `` `KEYS` ``, "a list", "settings (`key: value`)", "nothing".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.kind {
             _ if self.is_null() => "nothing".into(),
             Kind::Scalar(s) => format!("`{s}`"),
@@ -79,7 +79,7 @@ impl Node {
     }
 
     /// Whether it is a list or settings written in flow style (`[…]`, `{…}`).
-    pub fn is_flow(&self) -> bool {
+    pub(crate) fn is_flow(&self) -> bool {
         matches!(
             self.kind,
             Kind::Seq { flow: true, .. } | Kind::Map { flow: true, .. }
@@ -87,7 +87,7 @@ impl Node {
     }
 
     /// How many entries or items it holds (0 for a scalar).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match &self.kind {
             Kind::Seq { items, .. } => items.len(),
             Kind::Map { entries, .. } => entries.len(),
@@ -98,50 +98,50 @@ impl Node {
 
 /// One place a value can be written: a map entry (`key: value`) or a list item.
 #[derive(Debug)]
-pub struct Slot<'a> {
+pub(crate) struct Slot<'a> {
     /// Its path: `upstream.address`, `rules[2]`, `rules[2].ttl.max`.
-    pub path: String,
+    pub(crate) path: String,
     /// The line of its key, or of its item.
-    pub line: u64,
+    pub(crate) line: u64,
     /// The key, for a map entry.
-    pub key: Option<&'a Node>,
+    pub(crate) key: Option<&'a Node>,
     /// The value.
-    pub value: &'a Node,
+    pub(crate) value: &'a Node,
     /// The collection holding it.
-    pub parent: &'a Node,
+    pub(crate) parent: &'a Node,
     /// Its index in `parent`.
-    pub index: usize,
+    pub(crate) index: usize,
 }
 
 /// The file's YAML, read leniently.
 #[derive(Debug)]
-pub struct Tree {
+pub(crate) struct Tree {
     /// The document; `None` for an empty file.
-    pub root: Option<Node>,
+    pub(crate) root: Option<Node>,
 }
 
 /// Why the YAML itself could not be read, and what was open at the point it broke.
 #[derive(Debug)]
-pub struct Syntax {
+pub(crate) struct Syntax {
     /// Where the parser stopped.
-    pub at: Pos,
+    pub(crate) at: Pos,
     /// The parser's category.
-    pub kind: Broken,
+    pub(crate) kind: Broken,
     /// The parser's own message (for anything [`Broken::Other`]).
-    pub info: String,
+    pub(crate) info: String,
     /// The path being read when it broke (`upstream.address`: the value of `address`).
-    pub path: String,
+    pub(crate) path: String,
     /// The innermost `[` or `{` still open, with its path and where it was opened.
-    pub open_flow: Option<(String, Pos, char)>,
+    pub(crate) open_flow: Option<(String, Pos, char)>,
     /// The last key read before it broke: its path and where it is.
-    pub last_key: Option<(String, Pos)>,
+    pub(crate) last_key: Option<(String, Pos)>,
     /// The last scalar read before it broke: where it began and ended.
-    pub last_scalar: Option<(Pos, Pos)>,
+    pub(crate) last_scalar: Option<(Pos, Pos)>,
 }
 
 /// The kinds of broken YAML an operator writes, by cause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Broken {
+pub(crate) enum Broken {
     /// A tab in the indentation.
     Tab,
     /// A quote never closed.
@@ -174,7 +174,7 @@ enum Frame {
 
 impl Tree {
     /// Reads `text`; `Err` when it is not YAML.
-    pub fn parse(text: &str) -> Result<Tree, Box<Syntax>> {
+    pub(crate) fn parse(text: &str) -> Result<Tree, Box<Syntax>> {
         let bytes = CharBytes::new(text);
         let pos = |m: &Marker| Pos {
             line: m.line() as u64,
@@ -280,7 +280,7 @@ impl Tree {
     }
 
     /// Every entry and item, parents before children.
-    pub fn slots(&self) -> Vec<Slot<'_>> {
+    pub(crate) fn slots(&self) -> Vec<Slot<'_>> {
         let mut out = Vec::new();
         if let Some(root) = &self.root {
             collect(root, "", &mut out);
@@ -289,13 +289,13 @@ impl Tree {
     }
 
     /// The line of every key and item, by path.
-    pub fn lines(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn lines(&self) -> BTreeMap<String, u64> {
         self.slots().into_iter().map(|s| (s.path, s.line)).collect()
     }
 
     /// Keys given twice in one mapping: the later one's path and position, and the first
     /// one's line.
-    pub fn duplicates(&self) -> Vec<(String, Pos, u64)> {
+    pub(crate) fn duplicates(&self) -> Vec<(String, Pos, u64)> {
         let mut out = Vec::new();
         let root_dups = self.root.as_ref().map(|r| dups_in(r, ""));
         out.extend(root_dups.into_iter().flatten());
@@ -307,7 +307,7 @@ impl Tree {
     }
 
     /// The entry whose key begins at `line`, `col` (0-based).
-    pub fn key_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
+    pub(crate) fn key_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
         self.slots().into_iter().find(|s| {
             s.key
                 .is_some_and(|k| k.start.line == line && k.start.col == col)
@@ -316,7 +316,7 @@ impl Tree {
 
     /// The deepest entry or item whose value begins at `line`, `col` (0-based); else the
     /// deepest one on that line.
-    pub fn value_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
+    pub(crate) fn value_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
         let slots = self.slots();
         let exact = slots
             .iter()
@@ -332,7 +332,7 @@ impl Tree {
 
     /// The entry or item whose value is the mapping holding the key at `line`, `col`, or
     /// beginning there; `None` for the top level.
-    pub fn owner_of_key_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
+    pub(crate) fn owner_of_key_at(&self, line: u64, col: usize) -> Option<Slot<'_>> {
         let at = |n: &Node| n.start.line == line && n.start.col == col;
         self.slots()
             .into_iter()
@@ -396,7 +396,7 @@ fn dups_in(node: &Node, path: &str) -> Vec<(String, Pos, u64)> {
 }
 
 /// `parent.key`, or `key` at the top.
-pub fn join(parent: &str, key: &str) -> String {
+pub(crate) fn join(parent: &str, key: &str) -> String {
     if parent.is_empty() {
         key.to_string()
     } else {

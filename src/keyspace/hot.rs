@@ -9,14 +9,14 @@ use std::time::Duration;
 /// Slices of the sliding window.
 const SLICES: usize = 6;
 /// Length of one slice: the window is `SLICES × SLICE`, one minute.
-pub const SLICE: Duration = Duration::from_secs(10);
+pub(crate) const SLICE: Duration = Duration::from_secs(10);
 /// Rows of each sketch (independent hashes): the estimate is the smallest row's count.
 const DEPTH: usize = 4;
 /// Counters per row: the estimate overcounts by about `total / WIDTH` at most, per row.
 const WIDTH: usize = 2048;
 
 /// The sliding-minute counts and the current candidates.
-pub struct HotKeys {
+pub(crate) struct HotKeys {
     /// `slices[s][row][column]`: requests seen in slice `s`.
     slices: Vec<[[u32; WIDTH]; DEPTH]>,
     /// Which 10-second period each slice counts (`period % SLICES` is its index); a slice
@@ -35,7 +35,7 @@ pub struct HotKeys {
 
 impl HotKeys {
     /// Tracks the top `n` keys.
-    pub fn new(n: usize) -> HotKeys {
+    pub(crate) fn new(n: usize) -> HotKeys {
         HotKeys {
             slices: vec![[[0; WIDTH]; DEPTH]; SLICES],
             periods: [u64::MAX; SLICES],
@@ -46,7 +46,7 @@ impl HotKeys {
     }
 
     /// Counts `weight` requests for `key` in the 10-second period `period`.
-    pub fn add(&mut self, key: &[u8], weight: u32, period: u64) {
+    pub(crate) fn add(&mut self, key: &[u8], weight: u32, period: u64) {
         let s = (period % SLICES as u64) as usize;
         if self.periods[s] != period {
             self.slices[s] = [[0; WIDTH]; DEPTH];
@@ -85,7 +85,7 @@ impl HotKeys {
     }
 
     /// Requests for `key` over the minute ending in `period` (an overestimate, never under).
-    pub fn estimate(&self, key: &[u8], period: u64) -> u64 {
+    pub(crate) fn estimate(&self, key: &[u8], period: u64) -> u64 {
         let cols = columns(key);
         (0..DEPTH)
             .map(|row| {
@@ -101,7 +101,7 @@ impl HotKeys {
     }
 
     /// The top `n` keys over the minute ending in `period`, by estimate, highest first.
-    pub fn top(&self, n: usize, period: u64) -> Vec<(Vec<u8>, u64)> {
+    pub(crate) fn top(&self, n: usize, period: u64) -> Vec<(Vec<u8>, u64)> {
         let mut all: Vec<(Vec<u8>, u64)> = self
             .candidates
             .iter()

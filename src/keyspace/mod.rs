@@ -8,8 +8,8 @@
 //! costs one lock and its key names' patterns. Off (`sample: 0`, the default), `Ops::keyspace`
 //! is `None` and a command pays one branch.
 
-pub mod hot;
-pub mod pattern;
+pub(crate) mod hot;
+pub(crate) mod pattern;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -59,7 +59,7 @@ struct State {
 /// What a sampled command contributes, measured where it is decided (its arguments are at
 /// hand) and counted once it is forwarded.
 #[derive(Debug, Clone)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// The client's tenant.
     tenant: String,
     /// The distinct patterns of its keys.
@@ -78,7 +78,7 @@ pub struct Measured {
 
 /// A sampled command's patterns, kept until its reply so the reply's bytes count for them.
 #[derive(Debug, Clone)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// The client's tenant.
     tenant: String,
     /// The distinct patterns of its keys.
@@ -86,7 +86,7 @@ pub struct Sample {
 }
 
 /// The keyspace statistics of a running proxy.
-pub struct Keyspace {
+pub(crate) struct Keyspace {
     /// One keyed command in this many is counted; each counts this many times.
     sample: u64,
     /// `:`-separated segments a pattern keeps.
@@ -106,11 +106,11 @@ pub struct Keyspace {
 }
 
 /// The pattern for pairs beyond `max_patterns`.
-pub const OTHER: &str = "(other)";
+pub(crate) const OTHER: &str = "(other)";
 
 impl Keyspace {
     /// The statistics `config` asks for, or `None` when off (`sample: 0`).
-    pub fn new(config: &KeyspaceConfig) -> Option<Keyspace> {
+    pub(crate) fn new(config: &KeyspaceConfig) -> Option<Keyspace> {
         let sample = config.sample.value;
         (sample > 0).then(|| Keyspace {
             sample,
@@ -131,7 +131,7 @@ impl Keyspace {
 
     /// Whether this command of `spec` is in the sample: keyed commands only, one in
     /// `sample`. One relaxed atomic add.
-    pub fn wants(&self, spec: Option<&CommandSpec>) -> bool {
+    pub(crate) fn wants(&self, spec: Option<&CommandSpec>) -> bool {
         spec.is_some_and(CommandSpec::may_have_keys)
             && (self.sample == 1 || self.seen.fetch_add(1, Ordering::Relaxed) % self.sample == 0)
     }
@@ -141,7 +141,7 @@ impl Keyspace {
     /// length, `ttl_added` whether the policy gives it a TTL. Pure:
     /// a command decided again (paused) is measured again and counted once (`count`).
     /// `None` when it names no key.
-    pub fn measure(
+    pub(crate) fn measure(
         &self,
         tenant: &str,
         spec: &CommandSpec,
@@ -177,7 +177,7 @@ impl Keyspace {
 
     /// Counts a measured command that was forwarded; returns its patterns for the reply's
     /// bytes (`answered`).
-    pub fn count(&self, m: Measured) -> Sample {
+    pub(crate) fn count(&self, m: Measured) -> Sample {
         let weight = self.sample;
         let share = (m.request_bytes / m.patterns.len().max(1)) as u64;
         let period = self.period();
@@ -205,7 +205,7 @@ impl Keyspace {
     }
 
     /// The reply of a sampled command came back with `bytes`.
-    pub fn answered(&self, sample: &Sample, bytes: usize) {
+    pub(crate) fn answered(&self, sample: &Sample, bytes: usize) {
         let share = (bytes / sample.patterns.len().max(1)) as u64 * self.sample;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(tenant) = state.patterns.get_mut(sample.tenant.as_str()) else {
@@ -273,7 +273,7 @@ impl Keyspace {
 
     /// The report as JSON: per tenant, the top patterns with their statistics; the hot keys
     /// of the last minute.
-    pub fn report(&self) -> Value {
+    pub(crate) fn report(&self) -> Value {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
         let tenants: serde_json::Map<String, Value> = self
             .top_patterns()
@@ -329,9 +329,9 @@ impl Keyspace {
 /// Exports the top patterns per tenant at scrape time; registered once, reads the keyspace
 /// statistics the server installs (`None`: nothing exported).
 #[derive(Debug)]
-pub struct KeyspaceCollector {
+pub(crate) struct KeyspaceCollector {
     /// Set by `server::serve` when `keyspace.sample` is on.
-    pub keyspace: std::sync::Arc<arc_swap::ArcSwapOption<Keyspace>>,
+    pub(crate) keyspace: std::sync::Arc<arc_swap::ArcSwapOption<Keyspace>>,
 }
 
 impl std::fmt::Debug for Keyspace {

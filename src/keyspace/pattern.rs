@@ -6,7 +6,7 @@
 /// `user:*`, `session42` → `session*`, with 2 segments `cache:page:home` → `cache:page:*`).
 /// A key with neither a digit nor a `:` has no pattern of its own (`(none)`), so a raw key
 /// never becomes a pattern, nor a metric label.
-pub fn pattern_of(key: &[u8], segments: usize) -> String {
+pub(crate) fn pattern_of(key: &[u8], segments: usize) -> String {
     let mut seen = 0;
     for (i, b) in key.iter().enumerate() {
         if b.is_ascii_digit() {
@@ -28,7 +28,7 @@ pub fn pattern_of(key: &[u8], segments: usize) -> String {
 }
 
 /// The pattern of keys without a digit or a `:`.
-pub const NONE: &str = "(none)";
+pub(crate) const NONE: &str = "(none)";
 
 fn with_star(prefix: &[u8]) -> String {
     let mut s = String::from_utf8_lossy(prefix).into_owned();
@@ -40,7 +40,7 @@ fn with_star(prefix: &[u8]) -> String {
 /// SET family's EX/PX/EXAT/PXAT/KEEPTTL, SETEX/PSETEX, GETEX with a TTL, the EXPIRE family,
 /// RESTORE with a TTL. Other writes (HSET, LPUSH, INCR…) leave the key's TTL as it was: a
 /// key they create has none.
-pub fn sets_ttl(name: &str, args: &[&[u8]]) -> bool {
+pub(crate) fn sets_ttl(name: &str, args: &[&[u8]]) -> bool {
     // Options read as Redis reads them (commands::grammar): `EX\0` is EX.
     let option = |getex: bool| {
         crate::commands::grammar::string_options(args, getex)
@@ -56,7 +56,7 @@ pub fn sets_ttl(name: &str, args: &[&[u8]]) -> bool {
 }
 
 /// The bucket of a value of `size` bytes in the value-size histogram.
-pub fn size_bucket(size: usize) -> usize {
+pub(crate) fn size_bucket(size: usize) -> usize {
     BUCKETS
         .iter()
         .position(|&limit| size <= limit)
@@ -64,7 +64,7 @@ pub fn size_bucket(size: usize) -> usize {
 }
 
 /// Upper bounds of the value-size histogram's buckets (bytes); a last bucket holds the rest.
-pub const BUCKETS: [usize; 8] = [
+pub(crate) const BUCKETS: [usize; 8] = [
     64,
     256,
     1024,
@@ -76,7 +76,7 @@ pub const BUCKETS: [usize; 8] = [
 ];
 
 /// The buckets' names, the last one for everything larger.
-pub const BUCKET_NAMES: [&str; 9] = [
+pub(crate) const BUCKET_NAMES: [&str; 9] = [
     "<=64", "<=256", "<=1k", "<=4k", "<=16k", "<=64k", "<=256k", "<=1m", ">1m",
 ];
 

@@ -9,8 +9,8 @@
 //! `tls.handshake_timeout_ms`, so a slow or silent client delays nobody else.
 
 pub mod cert_name;
-pub mod stream;
-pub mod tls;
+pub(crate) mod stream;
+pub(crate) mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,15 +20,15 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 
 use crate::metrics::Metrics;
-pub use stream::ClientStream;
-pub use tls::TlsServer;
+pub(crate) use stream::ClientStream;
+pub(crate) use tls::TlsServer;
 
 /// The first byte of a TLS connection: a handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// What a listener serves.
 #[derive(Clone)]
-pub enum Serving {
+pub(crate) enum Serving {
     /// Plain TCP only.
     Plain,
     /// TLS; with `plaintext`, plain clients too (told apart by their first byte).
@@ -44,7 +44,7 @@ pub enum Serving {
 /// Why a client was closed before its session started; the metric label and the log's
 /// reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Plaintext sent to a TLS-only listener.
     Plaintext,
     /// The client's certificate did not verify against `tls.client_ca_file`.
@@ -64,7 +64,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal, in the order of [`crate::metrics::TLS_OUTCOMES`] after `ok`.
-    pub const ALL: [Refusal; 7] = [
+    pub(crate) const ALL: [Refusal; 7] = [
         Refusal::Plaintext,
         Refusal::Untrusted,
         Refusal::Expired,
@@ -75,7 +75,7 @@ impl Refusal {
     ];
 
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Refusal::Plaintext => "plaintext",
             Refusal::Untrusted => "untrusted",
@@ -91,7 +91,7 @@ impl Refusal {
 /// Makes `tcp` a client stream as `serving` says: at once for plain TCP; for TLS, after the
 /// handshake, bounded by `tls.handshake_timeout_ms`. `None` when the client was refused
 /// (logged with the reason and counted in `rpp_tls_handshakes_total`).
-pub async fn establish(
+pub(crate) async fn establish(
     tcp: TcpStream,
     peer: SocketAddr,
     serving: &Serving,

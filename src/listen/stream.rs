@@ -16,7 +16,7 @@ use tokio_rustls::server::TlsStream;
 const TLS_CHUNK: usize = 16 * 1024;
 
 /// One accepted client connection.
-pub struct ClientStream {
+pub(crate) struct ClientStream {
     /// The transport.
     io: Io,
 }
@@ -41,12 +41,12 @@ struct Tls {
 
 impl ClientStream {
     /// A plaintext client.
-    pub fn plain(tcp: TcpStream) -> ClientStream {
+    pub(crate) fn plain(tcp: TcpStream) -> ClientStream {
         ClientStream { io: Io::Tcp(tcp) }
     }
 
     /// A client whose TLS handshake finished; `cert_names` from its verified certificate.
-    pub fn tls(tls: TlsStream<TcpStream>, cert_names: Vec<String>) -> ClientStream {
+    pub(crate) fn tls(tls: TlsStream<TcpStream>, cert_names: Vec<String>) -> ClientStream {
         ClientStream {
             io: Io::Tls(Box::new(Tls {
                 stream: tls,
@@ -64,27 +64,27 @@ impl ClientStream {
     }
 
     /// `TCP_NODELAY`: replies go out as soon as they are written.
-    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+    pub(crate) fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.tcp().set_nodelay(on)
     }
 
     /// The client's address.
-    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.tcp().peer_addr()
     }
 
     /// The proxy's address the client connected to.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.tcp().local_addr()
     }
 
     /// Whether the client speaks TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         matches!(self.io, Io::Tls(_))
     }
 
     /// The verified client certificate's names (empty without one).
-    pub fn cert_names(&self) -> &[String] {
+    pub(crate) fn cert_names(&self) -> &[String] {
         match &self.io {
             Io::Tcp(_) => &[],
             Io::Tls(tls) => &tls.cert_names,
@@ -92,7 +92,7 @@ impl ClientStream {
     }
 
     /// The halves the session reads and writes through, borrowed from the stream.
-    pub fn split(&mut self) -> (ClientRead<'_>, ClientWrite<'_>) {
+    pub(crate) fn split(&mut self) -> (ClientRead<'_>, ClientWrite<'_>) {
         match &mut self.io {
             Io::Tcp(tcp) => {
                 let (r, w) = tcp.split();
@@ -117,7 +117,7 @@ impl ClientStream {
 }
 
 /// The reading half of a client connection.
-pub enum ClientRead<'a> {
+pub(crate) enum ClientRead<'a> {
     /// Plain TCP.
     Tcp(tokio::net::tcp::ReadHalf<'a>),
     /// TLS.
@@ -126,7 +126,7 @@ pub enum ClientRead<'a> {
 
 /// The reading half of a TLS client, with the decrypted bytes read while waiting for
 /// readability.
-pub struct TlsRead<'a> {
+pub(crate) struct TlsRead<'a> {
     /// The stream's read side.
     half: ReadHalf<&'a mut TlsStream<TcpStream>>,
     /// Decrypted bytes read while waiting for readability, `start..end` not handed to the
@@ -144,7 +144,7 @@ pub struct TlsRead<'a> {
 
 impl ClientRead<'_> {
     /// Waits until a read would return data, end of stream or an error.
-    pub async fn readable(&mut self) -> io::Result<()> {
+    pub(crate) async fn readable(&mut self) -> io::Result<()> {
         match self {
             ClientRead::Tcp(r) => r.readable().await,
             ClientRead::Tls(t) => std::future::poll_fn(|cx| t.poll_fill(cx)).await,
@@ -197,7 +197,7 @@ impl AsyncRead for ClientRead<'_> {
 }
 
 /// The writing half of a client connection.
-pub enum ClientWrite<'a> {
+pub(crate) enum ClientWrite<'a> {
     /// Plain TCP.
     Tcp(tokio::net::tcp::WriteHalf<'a>),
     /// TLS: writes are encrypted into rustls's buffer, so the session flushes after them.

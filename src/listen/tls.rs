@@ -14,7 +14,7 @@ use crate::config::{ClientCerts, ClientTlsConfig};
 use crate::metrics::Metrics;
 
 /// What a TLS listener needs: the acceptor of the moment and the settings around it.
-pub struct TlsServer {
+pub(crate) struct TlsServer {
     /// The acceptor built from the files as last loaded; swapped when they change, so new
     /// connections get the new certificate and established ones keep theirs.
     acceptor: ArcSwap<TlsAcceptor>,
@@ -24,7 +24,7 @@ pub struct TlsServer {
 
 impl TlsServer {
     /// Loads the files; the error names the file that could not be used.
-    pub fn new(config: &ClientTlsConfig) -> Result<TlsServer, String> {
+    pub(crate) fn new(config: &ClientTlsConfig) -> Result<TlsServer, String> {
         Ok(TlsServer {
             acceptor: ArcSwap::from_pointee(build(config)?),
             config: config.clone(),
@@ -32,12 +32,12 @@ impl TlsServer {
     }
 
     /// The acceptor for a new connection.
-    pub fn acceptor(&self) -> Arc<TlsAcceptor> {
+    pub(crate) fn acceptor(&self) -> Arc<TlsAcceptor> {
         self.acceptor.load_full()
     }
 
     /// Bound on the first byte and the handshake.
-    pub fn handshake_timeout(&self) -> Duration {
+    pub(crate) fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.config.handshake_timeout_ms.value)
     }
 
@@ -45,7 +45,7 @@ impl TlsServer {
     /// (modification time or size); a file that does not load leaves the acceptor in use,
     /// with a warning and `rpp_tls_reloads_total{result="failed"}`, and is tried again at
     /// its next change.
-    pub async fn watch(self: Arc<Self>, metrics: Arc<Metrics>) {
+    pub(crate) async fn watch(self: Arc<Self>, metrics: Arc<Metrics>) {
         let every = Duration::from_millis(self.config.reload_check_ms.value);
         let mut seen = stamps(&self.files());
         let mut tick = tokio::time::interval(every);
@@ -93,7 +93,7 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
 }
 
 /// Builds the acceptor from the files; errors name the file.
-pub fn build(config: &ClientTlsConfig) -> Result<TlsAcceptor, String> {
+pub(crate) fn build(config: &ClientTlsConfig) -> Result<TlsAcceptor, String> {
     let chain = crate::pem::certs(&config.cert_file.value)?;
     let key = crate::pem::key(&config.key_file.value)?;
     let builder = ServerConfig::builder();

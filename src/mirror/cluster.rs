@@ -27,14 +27,14 @@ use crate::commands::{self, KeyPositions};
 /// One node's part of a planned batch.
 pub(super) struct Part {
     /// The node (the router's index).
-    pub node: u16,
+    pub(crate) node: u16,
     /// Its commands, one after the other.
-    pub bytes: BytesMut,
+    pub(crate) bytes: BytesMut,
     /// What to do with each reply.
-    pub checks: Vec<Check>,
+    pub(crate) checks: Vec<Check>,
     /// Each command alone, to resend after a redirection (empty for a transaction's
     /// commands, which are not resent).
-    pub commands: Vec<Option<Bytes>>,
+    pub(crate) commands: Vec<Option<Bytes>>,
 }
 
 /// Splits a planned batch (`bytes`, one `checks` entry per command) by node; with the count

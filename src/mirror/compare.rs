@@ -7,7 +7,7 @@ use crate::resp_value::{self, Value};
 
 /// How a read's two replies are compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum How {
+pub(super) enum How {
     /// The same bytes (two errors: the same error code).
     Exact,
     /// The same elements in any order, at every level.
@@ -20,7 +20,7 @@ pub enum How {
 const MAX_DEPTH: usize = 16;
 
 /// Whether `mirror` answers as `primary` did.
-pub fn same(how: How, primary: &[u8], mirror: &[u8]) -> bool {
+pub(super) fn same(how: How, primary: &[u8], mirror: &[u8]) -> bool {
     if primary == mirror {
         return true;
     }

@@ -38,7 +38,7 @@ const STEP_LIMIT: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub struct Cutover {
     /// Every batch passes it before its queue (`session::forward`).
-    pub gate: Gate,
+    pub(crate) gate: Gate,
     /// The standalone upstream's pool and what moves its address; unset in other modes,
     /// where `upstream.address` still needs a restart.
     movable: OnceLock<(Arc<Pool>, watch::Sender<Option<AddrEpoch>>)>,
@@ -52,7 +52,7 @@ impl Cutover {
     /// Makes the standalone pool switchable, unless its address came from the command line
     /// (`--upstream`): the file's address is then not the one in use, and a reload of the
     /// file never moves it.
-    pub fn install(
+    pub(crate) fn install(
         &self,
         config: &Config,
         pool: Arc<Pool>,
@@ -65,7 +65,7 @@ impl Cutover {
     }
 
     /// The address the standalone upstream is at now; `None` in other modes.
-    pub fn address(&self) -> Option<Arc<str>> {
+    pub(crate) fn address(&self) -> Option<Arc<str>> {
         let (_, mover) = self.movable.get()?;
         mover.borrow().as_ref().map(|a| a.addr.clone())
     }
@@ -86,7 +86,7 @@ impl Cutover {
     }
 
     /// The latest switch's outcome (empty before the first).
-    pub fn last(&self) -> String {
+    pub(crate) fn last(&self) -> String {
         self.last.lock().map(|l| l.clone()).unwrap_or_default()
     }
 

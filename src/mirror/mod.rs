@@ -165,7 +165,7 @@ impl Mirror {
 /// A batch sent while a mirror ran, kept with that mirror until the primary answers it:
 /// its writes go to the mirror of the moment it was sent, even if a cutover replaced the
 /// mirror meanwhile.
-pub struct Capture {
+pub(crate) struct Capture {
     /// The mirror running when the batch was sent.
     mirror: Arc<Mirror>,
     /// Counted in the mirror's `outstanding` (not a blocking command).
@@ -190,7 +190,7 @@ impl std::fmt::Debug for Capture {
 impl Capture {
     /// The primary answered the batch with `replies` (fewer when its connection failed);
     /// `count` commands. Never waits.
-    pub fn answered(&self, client: u64, replies: Bytes, count: u32) {
+    pub(crate) fn answered(&self, client: u64, replies: Bytes, count: u32) {
         let queued = self.mirror.queue(Message::Answered {
             client,
             proto: self.proto,
@@ -225,7 +225,7 @@ pub struct MirrorSlot {
 impl MirrorSlot {
     /// Whether a mirror runs, so a session keeps each batch's bytes until it is answered.
     #[inline]
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
@@ -239,7 +239,7 @@ impl MirrorSlot {
     ///
     /// `node`: the router node the batch went to (0 in front of one server); with routes,
     /// only the mirrored route's node is captured.
-    pub fn capture(
+    pub(crate) fn capture(
         &self,
         proto: u8,
         commands: &Bytes,
@@ -266,7 +266,7 @@ impl MirrorSlot {
 
     /// With routes, the one router node whose writes the running mirror copies (`None`:
     /// every node's, or no mirror): a fan-out hands over that node's own reply.
-    pub fn only(&self) -> Option<u16> {
+    pub(crate) fn only(&self) -> Option<u16> {
         self.current.load().as_ref()?.only
     }
 
@@ -283,7 +283,7 @@ impl MirrorSlot {
     }
 
     /// The client `client` is gone.
-    pub fn gone(&self, client: u64) {
+    pub(crate) fn gone(&self, client: u64) {
         if !self.active() {
             return;
         }
@@ -323,7 +323,7 @@ impl MirrorSlot {
     }
 
     /// One line for `/readyz` while a mirror runs: where, the phase, and its counts.
-    pub fn summary(&self, metrics: &Metrics) -> Option<String> {
+    pub(crate) fn summary(&self, metrics: &Metrics) -> Option<String> {
         let current = self.current.load();
         let mirror = current.as_ref()?;
         let c = Counts::of(metrics);
@@ -334,7 +334,7 @@ impl MirrorSlot {
     }
 
     /// `INFO proxy` lines: the phase, the mirror and what it was sent, dropped and found.
-    pub fn info(&self, metrics: &Metrics) -> String {
+    pub(crate) fn info(&self, metrics: &Metrics) -> String {
         let current = self.current.load();
         let target = current.as_ref().map_or("", |c| c.summary.as_str());
         let c = Counts::of(metrics);

@@ -28,7 +28,7 @@ use crate::resp_value::Value;
 
 /// What to do with each reply the mirror sends back for a planned batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Check {
+pub(super) enum Check {
     /// Not looked at: a `SELECT` the mirror needed, `MULTI`, a `+QUEUED`.
     Ignore,
     /// A write (or EXEC) the primary acknowledged: an error here is counted.
@@ -39,35 +39,35 @@ pub enum Check {
 
 /// A read sent to both servers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Compared {
+pub(super) struct Compared {
     /// The primary's reply, as its client got it.
-    pub primary: Bytes,
+    pub(crate) primary: Bytes,
     /// How the two replies are compared.
-    pub how: How,
+    pub(crate) how: How,
     /// The command, for the metrics and the log.
-    pub command: &'static str,
+    pub(crate) command: &'static str,
     /// Its first key, for the prefix label and the log (a name, never a value).
-    pub key: Bytes,
+    pub(crate) key: Bytes,
 }
 
 /// The mirror's part of one answered batch.
 #[derive(Debug, Default)]
-pub struct Planned {
+pub(super) struct Planned {
     /// The commands to send, one after the other.
-    pub bytes: BytesMut,
+    pub(crate) bytes: BytesMut,
     /// One entry per command in `bytes`, in order.
-    pub checks: Vec<Check>,
+    pub(crate) checks: Vec<Check>,
     /// Writes among them (EXEC counts its transaction's writes).
-    pub writes: u64,
+    pub(crate) writes: u64,
     /// Reads among them, sent to be compared.
-    pub reads: u64,
+    pub(crate) reads: u64,
     /// Writes whose reply from the primary never came: whether they ran is unknown, so they
     /// are not mirrored.
-    pub unknown: u64,
+    pub(crate) unknown: u64,
     /// Commands never mirrored by design (blocking commands without a non-blocking form).
-    pub skipped: u64,
+    pub(crate) skipped: u64,
     /// Writes not mirrored because an earlier batch of the client was dropped.
-    pub lost: u64,
+    pub(crate) lost: u64,
 }
 
 /// One command of the batch and the primary's reply to it.
@@ -113,7 +113,7 @@ const UNKNOWN_DB: i64 = -1;
 
 /// The planner's state: each client's, and each mirror connection's database.
 #[derive(Debug)]
-pub struct Planner {
+pub(super) struct Planner {
     /// Clients with state (a database other than 0, an open transaction); others have none.
     clients: HashMap<u64, Client>,
     /// The database each mirror connection (per RESP version) is in, as far as known.
@@ -139,7 +139,7 @@ const MAX_QUEUED: usize = 10_000;
 
 impl Planner {
     /// A planner comparing `compare_below` reads in 10,000.
-    pub fn new(compare_below: u64) -> Planner {
+    pub(super) fn new(compare_below: u64) -> Planner {
         Planner {
             clients: HashMap::new(),
             conn_db: [0, 0],
@@ -153,32 +153,38 @@ impl Planner {
     }
 
     /// The same, for a mirror with database 0 only (see `Planner::one_db`).
-    pub fn one_database(mut self) -> Planner {
+    pub(super) fn one_database(mut self) -> Planner {
         self.one_db = true;
         self
     }
 
     /// A batch of `client` was dropped before it was planned: stop mirroring it (see
     /// `Client::untracked`).
-    pub fn untrack(&mut self, client: u64) {
+    pub(super) fn untrack(&mut self, client: u64) {
         self.clients.entry(client).or_default().untracked = true;
     }
 
     /// The client is gone: forget what was kept for it.
-    pub fn forget(&mut self, client: u64) {
+    pub(super) fn forget(&mut self, client: u64) {
         self.clients.remove(&client);
     }
 
     /// A batch for this RESP version's connection was not sent, or the connection failed:
     /// the database it is in is not known any more.
-    pub fn lost_track(&mut self, proto: u8) {
+    pub(super) fn lost_track(&mut self, proto: u8) {
         self.conn_db[usize::from(proto == 3)] = UNKNOWN_DB;
     }
 
     /// Plans the mirror's part of a batch `client` sent in RESP `proto`: `commands` as the
     /// primary received them, `replies` as it answered (possibly fewer, when its connection
     /// failed).
-    pub fn plan(&mut self, client: u64, proto: u8, commands: &Bytes, replies: &Bytes) -> Planned {
+    pub(super) fn plan(
+        &mut self,
+        client: u64,
+        proto: u8,
+        commands: &Bytes,
+        replies: &Bytes,
+    ) -> Planned {
         let mut out = Planned::default();
         let mut state = self.clients.remove(&client).unwrap_or_default();
         let conn = usize::from(proto == 3);
@@ -463,7 +469,7 @@ fn select_target(command: &Bytes) -> Option<i64> {
 /// client (its database, a transaction), or a read that may be compared. What it returns
 /// `false` for, `Planner::one` plans to nothing whatever the reply (tested over the whole
 /// command table).
-pub fn concerns(spec: &CommandSpec, compare: bool) -> bool {
+pub(super) fn concerns(spec: &CommandSpec, compare: bool) -> bool {
     spec.may_write()
         || is_mirrored_admin(spec)
         || matches!(spec.name, "multi" | "exec" | "discard" | "select")

@@ -25,27 +25,27 @@ use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 /// Shadow reads.
 pub(super) struct CompareSettings {
     /// Reads compared per 10,000.
-    pub below: u64,
+    pub(crate) below: u64,
     /// Divergences logged per minute at most.
-    pub log_per_minute: u32,
+    pub(crate) log_per_minute: u32,
 }
 
 /// What the task runs with.
 pub(super) struct Running {
     /// Answered batches from the sessions.
-    pub rx: mpsc::UnboundedReceiver<Message>,
+    pub(crate) rx: mpsc::UnboundedReceiver<Message>,
     /// Bytes in `rx`, given back as the task takes them.
-    pub queued: Arc<AtomicUsize>,
+    pub(crate) queued: Arc<AtomicUsize>,
     /// Clients whose batches were dropped before the task got them.
-    pub lost: Arc<super::Lost>,
+    pub(crate) lost: Arc<super::Lost>,
     /// The mirror's connections.
-    pub upstream: Upstream,
+    pub(crate) upstream: Upstream,
     /// The proxy's metrics, where the mirror's counters are.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Shadow reads, if on.
-    pub compare: Option<CompareSettings>,
+    pub(crate) compare: Option<CompareSettings>,
     /// The mirror's address, for the log.
-    pub address: String,
+    pub(crate) address: String,
 }
 
 /// Where the mirror's commands go.

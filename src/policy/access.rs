@@ -13,11 +13,11 @@ use super::config::Access;
 use crate::config::Problem;
 
 /// The tenant of clients no identity matches.
-pub const DEFAULT_TENANT: &str = "default";
+pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Compiled `access:` section.
 #[derive(Default)]
-pub struct Identities {
+pub(crate) struct Identities {
     /// Tenant names; a client's tenant is an index into this. Index 0 is `default`.
     tenants: Vec<String>,
     /// Identity rules in file order; the first match wins.
@@ -27,7 +27,7 @@ pub struct Identities {
     /// Users a verified client certificate logs in as (`access.cert_users`).
     cert_users: Vec<Vec<u8>>,
     /// Commands other than AUTH/HELLO AUTH/QUIT/RESET need an authenticated client.
-    pub require_auth: bool,
+    pub(crate) require_auth: bool,
     /// Key prefix by tenant index; `None`: the tenant sees the whole keyspace.
     namespaces: Vec<Option<Vec<u8>>>,
     /// Lower-case hex SHA1 of the scripts namespaced tenants may run.
@@ -46,7 +46,7 @@ struct Identity {
 
 impl Identities {
     /// Compiles the section, collecting every problem with its line.
-    pub fn compile(access: &Access, problems: &mut Vec<Problem>) -> Identities {
+    pub(crate) fn compile(access: &Access, problems: &mut Vec<Problem>) -> Identities {
         let mut ids = Identities {
             tenants: vec![DEFAULT_TENANT.to_string()],
             require_auth: access.require_auth,
@@ -164,7 +164,7 @@ impl Identities {
     }
 
     /// The index of a tenant named in a rule, if any identity defines it.
-    pub fn tenant_index(&self, name: &str) -> Option<u16> {
+    pub(crate) fn tenant_index(&self, name: &str) -> Option<u16> {
         self.tenants
             .iter()
             .position(|t| t == name)
@@ -172,7 +172,7 @@ impl Identities {
     }
 
     /// Whether a tenant may use the `PROXY` command family.
-    pub fn is_admin(&self, tenant: u16) -> bool {
+    pub(crate) fn is_admin(&self, tenant: u16) -> bool {
         self.admins
             .get(usize::from(tenant))
             .copied()
@@ -180,19 +180,19 @@ impl Identities {
     }
 
     /// Number of tenants, `default` included.
-    pub fn tenant_count(&self) -> usize {
+    pub(crate) fn tenant_count(&self) -> usize {
         self.tenants.len()
     }
 
     /// A tenant's name.
-    pub fn tenant_name(&self, index: u16) -> &str {
+    pub(crate) fn tenant_name(&self, index: u16) -> &str {
         self.tenants
             .get(usize::from(index))
             .map_or(DEFAULT_TENANT, String::as_str)
     }
 
     /// The tenant of a client at `addr`, authenticated as `user` if any.
-    pub fn tenant_of(&self, addr: IpAddr, user: Option<&[u8]>) -> u16 {
+    pub(crate) fn tenant_of(&self, addr: IpAddr, user: Option<&[u8]>) -> u16 {
         for id in &self.rules {
             let user_ok = match &id.user {
                 Some(u) => user == Some(u.as_slice()),
@@ -210,14 +210,14 @@ impl Identities {
     }
 
     /// The key prefix of a tenant, if it is namespaced.
-    pub fn namespace(&self, tenant: u16) -> Option<&[u8]> {
+    pub(crate) fn namespace(&self, tenant: u16) -> Option<&[u8]> {
         self.namespaces
             .get(usize::from(tenant))
             .and_then(|n| n.as_deref())
     }
 
     /// Whether a script (by the hex SHA1 a client names, any case) is allowed.
-    pub fn script_allowed(&self, sha_hex: &[u8]) -> bool {
+    pub(crate) fn script_allowed(&self, sha_hex: &[u8]) -> bool {
         sha_hex.len() == 40
             && self
                 .scripts
@@ -226,13 +226,13 @@ impl Identities {
     }
 
     /// Whether any tenant is namespaced.
-    pub fn has_namespaces(&self) -> bool {
+    pub(crate) fn has_namespaces(&self) -> bool {
         self.namespaces.iter().any(Option::is_some)
     }
 
     /// The user a verified client certificate logs in as: the first of its names (CN, then
     /// SANs) listed in `access.cert_users`.
-    pub fn cert_user(&self, names: &[String]) -> Option<&[u8]> {
+    pub(crate) fn cert_user(&self, names: &[String]) -> Option<&[u8]> {
         names.iter().find_map(|name| {
             self.cert_users
                 .iter()
@@ -243,7 +243,7 @@ impl Identities {
 
     /// Whether the policy has password users (`access.users`): CLIENT KILL's `USER` then
     /// names the proxy's users.
-    pub fn has_users(&self) -> bool {
+    pub(crate) fn has_users(&self) -> bool {
         !self.users.is_empty()
     }
 
@@ -251,14 +251,14 @@ impl Identities {
     /// an AUTH naming it is the proxy's to check (any other is the client's own Redis login,
     /// unless `require_auth`), and `CLIENT KILL USER` refuses a user it does not have, as
     /// Redis does.
-    pub fn knows_user(&self, name: &[u8]) -> bool {
+    pub(crate) fn knows_user(&self, name: &[u8]) -> bool {
         self.users.contains_key(name) || self.cert_users.iter().any(|c| c == name)
     }
 
     /// Checks a user's password; the digest comparison takes the same time wherever the
     /// digests differ.
     /// [`Identities::authenticate`] from `addr`, under the brute-force throttle.
-    pub fn authenticate_from(
+    pub(crate) fn authenticate_from(
         &self,
         addr: IpAddr,
         user: &[u8],
@@ -278,7 +278,7 @@ impl Identities {
             .attempt(key, Instant::now(), || self.authenticate(user, password))
     }
 
-    pub fn authenticate(&self, user: &[u8], password: &[u8]) -> bool {
+    pub(crate) fn authenticate(&self, user: &[u8], password: &[u8]) -> bool {
         let digest = ring::digest::digest(&ring::digest::SHA256, password);
         let Some(expected) = self.users.get(user) else {
             return false;
@@ -302,7 +302,7 @@ const MAX_TRACKED: usize = 100_000;
 
 /// Why a proxy-side AUTH failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuthFailure {
+pub(crate) enum AuthFailure {
     /// Wrong user or password.
     Wrong,
     /// Too many failures for this user from this address: not even checked; retry after
@@ -317,18 +317,18 @@ pub enum AuthFailure {
 /// address: one tenant's failed logins must never make another user's correct AUTH fail
 /// (issue 26), and a guesser still waits for every user it tries.
 #[derive(Debug, Default)]
-pub struct AuthThrottle {
+pub(crate) struct AuthThrottle {
     /// Failures by address and user; bounded by `MAX_TRACKED`.
     failures: DashMap<ThrottleKey, Failures>,
 }
 
 /// Whose failures count together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ThrottleKey {
+pub(crate) struct ThrottleKey {
     /// The client's address.
-    pub addr: IpAddr,
+    pub(crate) addr: IpAddr,
     /// The proxy user it tried; `None` for every name the proxy does not know.
-    pub user: Option<Box<[u8]>>,
+    pub(crate) user: Option<Box<[u8]>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -343,7 +343,7 @@ struct Failures {
 
 impl AuthThrottle {
     /// Checks the credentials `key` tries with `check`, applying the throttle.
-    pub fn attempt(
+    pub(crate) fn attempt(
         &self,
         key: ThrottleKey,
         now: Instant,
@@ -380,7 +380,7 @@ impl AuthThrottle {
 }
 
 /// Compares secrets in time independent of where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -46,39 +46,37 @@ const PROXY_NEEDS: &[&str] = &[
 
 /// One command the ACL removes from the proxy's user.
 #[derive(Debug, Clone)]
-pub struct Denied {
+pub(crate) struct Denied {
     /// The command or subcommand (`keys`, `config|set`).
-    pub spec: &'static CommandSpec,
-    /// The rule that denies it, for reports.
-    pub rule: String,
+    pub(crate) spec: &'static CommandSpec,
     /// A rule's `unless_arg`, allowed again as the first argument (`+flushall|async`): ACLs
     /// can allow a first argument, not a word anywhere.
-    pub first_arg: Option<String>,
+    pub(crate) first_arg: Option<String>,
 }
 
 /// A denial the ACL does not mirror: scripts can still run the command.
 #[derive(Debug, Clone)]
-pub struct Gap {
+pub(crate) struct Gap {
     /// The command.
-    pub spec: &'static CommandSpec,
+    pub(crate) spec: &'static CommandSpec,
     /// The rule that denies it to clients.
-    pub rule: String,
+    pub(crate) rule: String,
     /// Why the ACL cannot deny it too.
-    pub why: &'static str,
+    pub(crate) why: &'static str,
 }
 
 /// The ACL for the proxy's upstream user, and what it leaves open.
 #[derive(Debug, Default)]
-pub struct ScriptAcl {
+pub(crate) struct ScriptAcl {
     /// Commands removed from the user, in command-table order.
-    pub denied: Vec<Denied>,
+    pub(crate) denied: Vec<Denied>,
     /// Denials scripts can still get around.
-    pub gaps: Vec<Gap>,
+    pub(crate) gaps: Vec<Gap>,
 }
 
 impl ScriptAcl {
     /// The ACL mirroring `policy`'s enforced deny rules.
-    pub fn of(policy: &Policy) -> ScriptAcl {
+    pub(crate) fn of(policy: &Policy) -> ScriptAcl {
         let mut acl = ScriptAcl::default();
         for spec in commands::all_commands() {
             // A script cannot call a `noscript` command (ACL, CONFIG SET, MULTI, SUBSCRIBE…),
@@ -112,7 +110,6 @@ impl ScriptAcl {
                 } else {
                     mirrored = Some(Denied {
                         spec,
-                        rule: rule.id.clone(),
                         first_arg: unless_arg
                             .as_ref()
                             .map(|w| String::from_utf8_lossy(w).to_ascii_lowercase()),
@@ -138,7 +135,7 @@ impl ScriptAcl {
     /// one. An `unless_arg` cannot be mirrored by removals alone (`+flushdb|async` would grant
     /// FLUSHDB ASYNC to a user that never had FLUSHDB): the whole command is removed, and
     /// [`ScriptAcl::narrowed`] names what that refuses beyond the policy.
-    pub fn rules(&self) -> Vec<String> {
+    pub(crate) fn rules(&self) -> Vec<String> {
         self.denied
             .iter()
             .map(|d| format!("-{}", d.spec.name))
@@ -147,7 +144,7 @@ impl ScriptAcl {
 
     /// The commands the removals refuse although the policy allows them with their
     /// `unless_arg` (`FLUSHDB ASYNC`), as `COMMAND ARG`, for the operator's notes.
-    pub fn narrowed(&self) -> Vec<String> {
+    pub(crate) fn narrowed(&self) -> Vec<String> {
         self.denied
             .iter()
             .filter_map(|d| {
@@ -162,7 +159,7 @@ impl ScriptAcl {
     }
 
     /// `ACL SETUSER <user> <rules…>`, as one line for redis-cli.
-    pub fn setuser_line(&self, user: &str) -> String {
+    pub(crate) fn setuser_line(&self, user: &str) -> String {
         let mut line = format!("ACL SETUSER {user}");
         for r in self.rules() {
             let _ = write!(line, " {r}");
@@ -173,7 +170,7 @@ impl ScriptAcl {
     /// `ACL DRYRUN <user> <command…>` for each denied command, with placeholder arguments up
     /// to its arity (DRYRUN checks the arity too). `OK` means the user, and so a script, may
     /// run it.
-    pub fn dryruns(&self, user: &str) -> Vec<(&'static CommandSpec, Vec<String>)> {
+    pub(crate) fn dryruns(&self, user: &str) -> Vec<(&'static CommandSpec, Vec<String>)> {
         self.denied
             .iter()
             .map(|d| {

@@ -23,7 +23,7 @@ impl Policy {
     }
 
     /// [`Policy::compile`] with the clock rate limits read (a manual clock in tests).
-    pub fn compile_with_clock(
+    pub(crate) fn compile_with_clock(
         rules: &[RuleConfig],
         clock: Arc<dyn Clock>,
     ) -> Result<Policy, Vec<Problem>> {
@@ -33,7 +33,7 @@ impl Policy {
     /// The policy of a policy file: its rules and its `access:` section, named `version` (in
     /// `PROXY POLICY` and the metrics), logging at most `logs_per_second` denials and as many
     /// audits. `setup::policy` calls it with a whole configuration.
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         rules: &[RuleConfig],
         access: &config::Access,
         version: String,
@@ -49,7 +49,7 @@ impl Policy {
     }
 
     /// Compiles rules and access together: rules may name tenants the identities define.
-    pub fn compile_full(
+    pub(crate) fn compile_full(
         rules: &[RuleConfig],
         access: &config::Access,
         clock: Arc<dyn Clock>,
@@ -58,7 +58,7 @@ impl Policy {
     }
 
     /// [`Policy::compile_full`] with the routes rules may name in `routes:`.
-    pub fn compile_scoped(
+    pub(crate) fn compile_scoped(
         rules: &[RuleConfig],
         access: &config::Access,
         clock: Arc<dyn Clock>,

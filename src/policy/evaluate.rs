@@ -37,7 +37,7 @@ impl Policy {
 
     /// [`Policy::check`] for a caller that has already looked the command up in the table
     /// (`spec`, `None` when unknown), so the lookup is not done twice per command.
-    pub fn check_spec<L: CommandLine + ?Sized>(
+    pub(crate) fn check_spec<L: CommandLine + ?Sized>(
         &self,
         client: &Client,
         spec: Option<&'static CommandSpec>,
@@ -163,7 +163,7 @@ impl Policy {
     }
 
     /// Forgets rate-limit state of clients idle for two windows; run periodically.
-    pub fn sweep(&self) {
+    pub(crate) fn sweep(&self) {
         for rule in &self.rules {
             if let Kind::RateLimit { limiter, .. } = &rule.kind {
                 limiter.sweep();

@@ -13,7 +13,7 @@ impl Policy {
     /// counting or logging anything: `--explain`'s account. Rules run in the order `check`
     /// runs them; the account stops at the first enforced refusal, which answers the command.
     /// Rate limits are listed, not spent.
-    pub fn explain<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Vec<Step> {
+    pub(crate) fn explain<L: CommandLine + ?Sized>(&self, client: &Client, line: &L) -> Vec<Step> {
         self.explain_judged(client, line, Evidence::Full)
     }
 
@@ -21,7 +21,7 @@ impl Policy {
     /// sent (`replay` of an audit log: key names and argument sizes, no values). A rule that
     /// needs more is not run and is listed as [`Effect::Unjudged`]: the line's placeholder
     /// arguments would make it act, or not, on something the client never sent.
-    pub fn explain_judged<L: CommandLine + ?Sized>(
+    pub(crate) fn explain_judged<L: CommandLine + ?Sized>(
         &self,
         client: &Client,
         line: &L,
@@ -79,22 +79,22 @@ impl Policy {
 
 /// One rule's part in `--explain`'s account of a command.
 #[derive(Debug)]
-pub struct Step {
+pub(crate) struct Step {
     /// The rule's id.
-    pub rule: String,
+    pub(crate) rule: String,
     /// Enforced, or only audited (it would have done `what`).
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// What it does.
-    pub what: Effect,
+    pub(crate) what: Effect,
     /// Whose budget a rate limit counts against (`Connection` for other rules), so a replay
     /// can count the way the proxy does.
-    pub per: Per,
+    pub(crate) per: Per,
 }
 
 /// How much of the client's command a command line holds, for [`Policy::explain_judged`].
 /// Ordered: each holds what the one before it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Evidence {
+pub(crate) enum Evidence {
     /// The name, the argument count and each argument's size; keys hashed (an audit log
     /// with `keys: hash`).
     Sizes,
@@ -136,7 +136,7 @@ fn judged(kind: &Kind, spec: &CommandSpec, evidence: Evidence) -> bool {
 
 /// What a rule does to a command, as `--explain` shows it.
 #[derive(Debug)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// Answers with this error.
     Refuses(Bytes),
     /// Changes the command, as this note says.

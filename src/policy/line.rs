@@ -2,4 +2,4 @@
 //! the caller stores them. The trait lives with the argument readers
 //! ([`crate::commands::grammar`]), which every rule reads options through.
 
-pub use crate::commands::grammar::CommandLine;
+pub(crate) use crate::commands::grammar::CommandLine;

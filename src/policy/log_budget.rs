@@ -66,7 +66,7 @@ impl LogBudget {
 impl Policy {
     /// Logs what an audit-mode rule would have done, under the same per-second budget as
     /// denials (a separate one, so audits cannot crowd denials out).
-    pub fn log_audit(&self, rule: &str, command: &str, client: &Client, change: &str) {
+    pub(crate) fn log_audit(&self, rule: &str, command: &str, client: &Client, change: &str) {
         if let Some(suppressed) = self.audit_log.take() {
             tracing::info!(
                 rule,
@@ -83,7 +83,7 @@ impl Policy {
     /// Logs one denial as a structured event (rule, tenant, command, client address; never
     /// keys or values), at most `admin.denial_logs_per_second` a second; the events left out
     /// are counted and reported with the next one logged (metrics count them all).
-    pub fn log_denial(&self, rule: &str, command: &str, client: &Client, outcome: Outcome) {
+    pub(crate) fn log_denial(&self, rule: &str, command: &str, client: &Client, outcome: Outcome) {
         if let Some(suppressed) = self.denial_log.take() {
             tracing::warn!(
                 rule,

@@ -13,36 +13,35 @@
 //! `explain` (`--explain`'s [`Step`]s), `log_budget` (denial and audit logs per second);
 //! `route_scope` scopes rules to routes, `share` enforces a rule for a share of clients. The other modules are the phases' parts.
 
-pub mod access;
-pub mod acl;
+pub(crate) mod access;
+pub(crate) mod acl;
 mod act;
 mod compile;
 /// The rules' file format, plain data read by `config` (which knows nothing of the compiled
 /// policy); re-exported under its old name, `policy::config`.
-pub use crate::config::rules as config;
+pub(crate) use crate::config::rules as config;
 mod evaluate;
 mod explain;
-pub mod line;
+pub(crate) mod line;
 mod log_budget;
 mod model;
-pub mod namespace;
+pub(crate) mod namespace;
 mod plan;
-pub mod ranges;
-pub mod restore_size;
-pub mod rewrite;
+pub(crate) mod ranges;
+pub(crate) mod restore_size;
+pub(crate) mod rewrite;
 mod route_scope;
-pub mod scripts;
+pub(crate) mod scripts;
 mod share;
 mod shared_limits;
 #[cfg(test)]
 mod test_support;
-pub mod ttl;
+pub(crate) mod ttl;
 
 pub use config::{Mode, Per, RuleConfig};
-pub use explain::{Effect, Evidence, Step};
-pub use line::CommandLine;
+pub(crate) use explain::{Effect, Evidence};
+pub(crate) use line::CommandLine;
 pub use model::{Client, Counters, Expectations, Outcome, Policy, Verdict};
-pub use shared_limits::SharedCheck;
 
 // What the engine's files share with each other; each reaches it as `super::…`.
 use act::{Act, act, refusal};
@@ -51,4 +50,4 @@ use log_budget::LogBudget;
 use model::{Kind, PHASE_ORDER, Rule};
 use plan::{BuildPtrHasher, Matcher, Plan};
 use share::Share;
-pub use share::user_key;
+pub(crate) use share::user_key;

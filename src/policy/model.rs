@@ -85,7 +85,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome a rule counts.
-    pub const OF_RULES: [Outcome; 4] = [
+    pub(crate) const OF_RULES: [Outcome; 4] = [
         Outcome::Denied,
         Outcome::RateLimited,
         Outcome::Rewritten,
@@ -93,7 +93,7 @@ impl Outcome {
     ];
 
     /// The label metrics and INFO use.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Outcome::Denied => "denied",
             Outcome::RateLimited => "rate_limited",
@@ -129,20 +129,21 @@ impl Counters {
     }
 
     /// Counts one command of `tenant`.
-    pub fn add(&self, tenant: u16, outcome: Outcome) {
+    pub(crate) fn add(&self, tenant: u16, outcome: Outcome) {
         if let Some(c) = self.cell(tenant, outcome) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The count for one tenant.
-    pub fn get(&self, tenant: u16, outcome: Outcome) -> u64 {
+    pub(crate) fn get(&self, tenant: u16, outcome: Outcome) -> u64 {
         self.cell(tenant, outcome)
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
+    #[cfg(test)]
     /// The count over every tenant.
-    pub fn total(&self, outcome: Outcome) -> u64 {
+    pub(crate) fn total(&self, outcome: Outcome) -> u64 {
         (0..self.cells.len() / Outcome::OF_RULES.len())
             .map(|t| self.get(t as u16, outcome))
             .sum()
@@ -276,7 +277,7 @@ pub struct Policy {
     /// compiled, and the same policy meets them for its whole life).
     pub(super) learned_plans: dashmap::DashMap<usize, Arc<Plan>, BuildPtrHasher>,
     /// Users, tenants and the identities mapping clients to tenants.
-    pub access: access::Identities,
+    pub(crate) access: access::Identities,
     /// Whether a rule counts in Redis; read per command, so computed once at compile.
     pub(super) shared_limits: bool,
     /// Commands that passed every rule unchanged, by tenant.
@@ -317,16 +318,16 @@ pub enum Verdict {
 #[derive(Default)]
 pub struct Expectations<'a> {
     /// Every key has a TTL (by prefix), none above `max`.
-    pub ttl: Option<(&'a str, &'a ttl::Ttl)>,
+    pub(crate) ttl: Option<(&'a str, &'a ttl::Ttl)>,
     /// No value is longer.
-    pub max_value_bytes: Option<(&'a str, u64)>,
+    pub(crate) max_value_bytes: Option<(&'a str, u64)>,
     /// Every key name matches.
-    pub key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
+    pub(crate) key_pattern: Option<(&'a str, &'a regex::bytes::Regex)>,
 }
 
 impl Policy {
     /// Whether any rule reads `Client::user` (`share_by: user`).
-    pub fn reads_user(&self) -> bool {
+    pub(crate) fn reads_user(&self) -> bool {
         self.reads_user
     }
 
@@ -368,13 +369,13 @@ impl Policy {
     }
 
     /// Ids of the rules, in file order.
-    pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn rule_ids(&self) -> impl Iterator<Item = &str> {
         self.rules.iter().map(|r| r.id.as_str())
     }
 
     /// Calls `f(rule, tenant, outcome, count)` for every non-zero counter, then for the
     /// commands of each tenant that every rule let through (rule `-`).
-    pub fn for_each_counter(&self, mut f: impl FnMut(&str, &str, Outcome, u64)) {
+    pub(crate) fn for_each_counter(&self, mut f: impl FnMut(&str, &str, Outcome, u64)) {
         for rule in &self.rules {
             for t in 0..self.access.tenant_count() {
                 for outcome in Outcome::OF_RULES {
@@ -394,13 +395,13 @@ impl Policy {
     }
 
     /// Whether there is nothing to check: no rules and no namespaced tenant.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rules.is_empty() && !self.access.has_namespaces()
     }
 
     /// What the file's first `ttl`, `max_value_bytes` and `key_pattern` rules expect of the
     /// data already stored, whatever their tenants and modes: what `--survey` checks.
-    pub fn expectations(&self) -> Expectations<'_> {
+    pub(crate) fn expectations(&self) -> Expectations<'_> {
         let mut e = Expectations::default();
         for rule in &self.rules {
             match &rule.kind {
@@ -419,15 +420,16 @@ impl Policy {
 
     /// Each `ttl` rule's id and mode, in file order: what the eviction check weighs
     /// `volatile-*` policies against.
-    pub fn ttl_rules(&self) -> impl Iterator<Item = (&str, Mode)> {
+    pub(crate) fn ttl_rules(&self) -> impl Iterator<Item = (&str, Mode)> {
         self.rules
             .iter()
             .filter(|r| matches!(r.kind, Kind::Ttl(_)))
             .map(|r| (r.id.as_str(), r.mode))
     }
 
+    #[cfg(test)]
     /// Counters of a rule by id, for metrics and tests.
-    pub fn counters(&self, id: &str) -> Option<&Counters> {
+    pub(crate) fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
     }
 }

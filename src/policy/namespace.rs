@@ -63,7 +63,7 @@ const POPS: &[&str] = &[
 ];
 
 /// Why a command cannot be confined to the namespace.
-pub fn refusal_reason(spec: &CommandSpec) -> String {
+pub(crate) fn refusal_reason(spec: &CommandSpec) -> String {
     format!(
         "{} cannot be confined to this client's key namespace",
         spec.name.to_ascii_uppercase().replace('|', " ")
@@ -72,7 +72,7 @@ pub fn refusal_reason(spec: &CommandSpec) -> String {
 
 /// Applies the namespace `prefix` to a command (as the policy may already have rewritten it):
 /// `Ok` with the rewrite to send, or `Err` when it must be refused.
-pub fn apply<L: CommandLine + ?Sized>(
+pub(crate) fn apply<L: CommandLine + ?Sized>(
     prefix: &[u8],
     spec: Option<&'static CommandSpec>,
     line: &L,
@@ -220,7 +220,7 @@ impl Strip {
     /// The reply with the prefix removed from every key name. A name without the prefix is
     /// dropped (it cannot belong to the tenant); a reply of another shape (an error) is
     /// returned as is.
-    pub fn apply(&self, reply: &[u8]) -> Bytes {
+    pub(crate) fn apply(&self, reply: &[u8]) -> Bytes {
         let rebuilt = match self.shape {
             Shape::FirstElement => self.first_element(reply),
             Shape::Streams => self.streams(reply),
@@ -427,7 +427,7 @@ fn escape_glob(prefix: &[u8]) -> Vec<u8> {
 /// Every pub/sub frame in `data` (confirmations, messages) with the prefix removed from its
 /// channel and pattern names. Other frames (a PING reply in subscribed mode) pass unchanged; a
 /// message on a channel outside the prefix cannot belong to the client and is dropped.
-pub fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
+pub(crate) fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
     let mut out = Vec::with_capacity(data.len());
     let mut pos = 0;
     while let Ok(Some(len)) = crate::reply::scan(&data[pos..]) {

@@ -11,7 +11,7 @@ use crate::codec::parse_int;
 use crate::commands::{CommandSpec, grammar};
 
 /// The commands a range guard is indexed by.
-pub const COMMANDS: &[&str] = &[
+pub(crate) const COMMANDS: &[&str] = &[
     "lrange",
     "zrange",
     "zrangestore",
@@ -51,7 +51,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// How many elements a read asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Size {
+pub(crate) enum Size {
     /// At most this many.
     AtMost(u64),
     /// As many as the collection holds: nothing in the arguments bounds it.
@@ -62,7 +62,7 @@ pub enum Size {
 /// arguments are malformed (Redis refuses those itself). Options are read as Redis's own
 /// parsers read them ([`grammar`]): `COUNT\0` is COUNT, a `LIMIT` that is the value of `GET`
 /// is no LIMIT, the last LIMIT or COUNT is the one applied.
-pub fn read_size<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> Option<Size> {
+pub(crate) fn read_size<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L) -> Option<Size> {
     let int = |i: usize| (i < line.argc()).then(|| parse_int(line.arg(i))).flatten();
     let limit = |count: Option<usize>| match count.and_then(int) {
         // A negative LIMIT count is the whole range.

@@ -17,7 +17,7 @@ use crate::commands::CommandSpec;
 
 /// What a payload would store, at most, per value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Size {
+pub(crate) enum Size {
     /// The largest value is exactly this long.
     Exactly(u64),
     /// No value is longer than this (elements inside a packed blob).
@@ -30,22 +30,22 @@ pub enum Size {
 
 /// RDB object types (Redis's `rdb.h`).
 mod rdb {
-    pub const STRING: u8 = 0;
-    pub const LIST: u8 = 1;
-    pub const SET: u8 = 2;
-    pub const ZSET: u8 = 3;
-    pub const HASH: u8 = 4;
-    pub const ZSET_2: u8 = 5;
-    pub const HASH_ZIPMAP: u8 = 9;
-    pub const LIST_ZIPLIST: u8 = 10;
-    pub const SET_INTSET: u8 = 11;
-    pub const ZSET_ZIPLIST: u8 = 12;
-    pub const HASH_ZIPLIST: u8 = 13;
-    pub const LIST_QUICKLIST: u8 = 14;
-    pub const HASH_LISTPACK: u8 = 16;
-    pub const ZSET_LISTPACK: u8 = 17;
-    pub const LIST_QUICKLIST_2: u8 = 18;
-    pub const SET_LISTPACK: u8 = 20;
+    pub(super) const STRING: u8 = 0;
+    pub(super) const LIST: u8 = 1;
+    pub(super) const SET: u8 = 2;
+    pub(super) const ZSET: u8 = 3;
+    pub(super) const HASH: u8 = 4;
+    pub(super) const ZSET_2: u8 = 5;
+    pub(super) const HASH_ZIPMAP: u8 = 9;
+    pub(super) const LIST_ZIPLIST: u8 = 10;
+    pub(super) const SET_INTSET: u8 = 11;
+    pub(super) const ZSET_ZIPLIST: u8 = 12;
+    pub(super) const HASH_ZIPLIST: u8 = 13;
+    pub(super) const LIST_QUICKLIST: u8 = 14;
+    pub(super) const HASH_LISTPACK: u8 = 16;
+    pub(super) const ZSET_LISTPACK: u8 = 17;
+    pub(super) const LIST_QUICKLIST_2: u8 = 18;
+    pub(super) const SET_LISTPACK: u8 = 20;
 }
 
 /// Version and checksum after the object.
@@ -55,7 +55,7 @@ const TRAILER: usize = 10;
 const INT_DIGITS: u64 = 20;
 
 /// The largest value the DUMP `payload` would store.
-pub fn largest_value(payload: &[u8]) -> Size {
+pub(crate) fn largest_value(payload: &[u8]) -> Size {
     if payload.len() < TRAILER + 1 || !checksum_matches(payload) {
         return Size::NotAPayload;
     }
@@ -87,7 +87,7 @@ pub fn largest_value(payload: &[u8]) -> Size {
 
 /// The `max_value_bytes` refusal reason for a RESTORE (or RESTORE-ASKING) whose payload would
 /// store a value above `max`, or whose size cannot be told; `None` for anything else.
-pub fn refusal<L: CommandLine + ?Sized>(
+pub(crate) fn refusal<L: CommandLine + ?Sized>(
     spec: &'static CommandSpec,
     line: &L,
     max: u64,

@@ -14,40 +14,44 @@ use crate::codec::{encode, itoa_buf, parse_int, put_bulk, put_len};
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Rewrite {
     /// Replacement for the client's command; `None` forwards it as sent.
-    pub command: Option<Bytes>,
+    pub(crate) command: Option<Bytes>,
     /// Arguments added at the end of the command as sent (`PX <ttl>` on SET): the session
     /// patches the frame's header and appends them while copying it into the upstream batch,
     /// so the commonest rewrite costs neither an allocation nor an encoding. Never set
     /// together with `command` (see [`Rewrite::materialize`]).
-    pub append: Option<Appended>,
+    pub(crate) append: Option<Appended>,
     /// Commands sent right before it, whose replies the client never sees (the TTL rule's
     /// check of what existed, `keys: created`); read through [`Rewrite::before`]. Rare, so
     /// boxed: a rewrite is held by every pending command and the session's future.
-    pub before: Option<Box<Vec<Bytes>>>,
+    #[allow(
+        clippy::box_collection,
+        reason = "one pointer instead of a Vec's three words in every rewrite (see above)"
+    )]
+    pub(crate) before: Option<Box<Vec<Bytes>>>,
     /// Commands sent right after it, whose replies the client never sees.
-    pub after: Vec<Bytes>,
+    pub(crate) after: Vec<Bytes>,
     /// What was done, for audit logs and `--explain` (static on the hot SET path).
-    pub note: Cow<'static, str>,
+    pub(crate) note: Cow<'static, str>,
     /// The reply names keys under a namespace prefix the client must not see.
-    pub strip: Option<Box<Strip>>,
+    pub(crate) strip: Option<Box<Strip>>,
 }
 
 /// An option and its integer value to append to a command (`PX <ttl>`), kept as values and
 /// encoded while the frame is copied: 24 bytes, held across the session's awaits, so no
 /// pre-encoded buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Appended {
+pub(crate) struct Appended {
     /// The option's name, e.g. `PX`.
-    pub option: &'static str,
+    pub(crate) option: &'static str,
     /// Its argument.
-    pub value: u64,
+    pub(crate) value: u64,
 }
 
 impl Appended {
     /// Writes the multibulk `frame` with the option appended to `out`; `false` (nothing
     /// written) when `frame` does not start with a `*<argc>\r\n` header, which the decoder
     /// never lets through.
-    pub fn extend_frame(&self, frame: &[u8], out: &mut BytesMut) -> bool {
+    pub(crate) fn extend_frame(&self, frame: &[u8], out: &mut BytesMut) -> bool {
         let Some(end) = frame.iter().position(|&b| b == b'\r') else {
             return false;
         };
@@ -73,12 +77,12 @@ impl Appended {
 
 impl Rewrite {
     /// The hidden commands sent before the command.
-    pub fn before(&self) -> &[Bytes] {
+    pub(crate) fn before(&self) -> &[Bytes] {
         self.before.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// Adds hidden commands to send before the command.
-    pub fn add_before(&mut self, commands: Vec<Bytes>) {
+    pub(crate) fn add_before(&mut self, commands: Vec<Bytes>) {
         if commands.is_empty() {
             return;
         }
@@ -90,7 +94,7 @@ impl Rewrite {
 
     /// The same rewrite with `append` folded into `command`, for the paths that need the whole
     /// command as bytes (namespacing, `--explain`): `line` is the command as the client sent it.
-    pub fn materialize<L: CommandLine + ?Sized>(mut self, line: &L) -> Rewrite {
+    pub(crate) fn materialize<L: CommandLine + ?Sized>(mut self, line: &L) -> Rewrite {
         if let Some(extra) = self.append.take() {
             let base = match self.command.take() {
                 Some(c) => c,
@@ -113,16 +117,16 @@ impl Rewrite {
 /// How a reply naming keys is cleaned of the namespace prefix (applied by
 /// `policy::namespace`, which makes them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Strip {
+pub(crate) struct Strip {
     /// The prefix to remove.
-    pub prefix: Bytes,
+    pub(crate) prefix: Bytes,
     /// Where the key names are in the reply.
-    pub shape: Shape,
+    pub(crate) shape: Shape,
 }
 
 /// Reply shapes that carry key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// KEYS, PUBSUB CHANNELS: an array of names.
     Names,
     /// SCAN: `[cursor, [names…]]`.

@@ -14,7 +14,7 @@ use super::line::CommandLine;
 use crate::commands::CommandSpec;
 
 /// The commands the rule is indexed by.
-pub const COMMANDS: &[&str] = &[
+pub(crate) const COMMANDS: &[&str] = &[
     "eval",
     "eval_ro",
     "evalsha",
@@ -30,7 +30,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// A compiled `scripts:` rule.
 #[derive(Debug)]
-pub struct Scripts {
+pub(crate) struct Scripts {
     /// What may run.
     allow: ScriptsAllow,
     /// SHA1 digests of the EVAL bodies (and so EVALSHA names) allowed under `listed`.
@@ -42,7 +42,7 @@ pub struct Scripts {
 
 impl Scripts {
     /// Compiles the section; `Err` names what is wrong.
-    pub fn compile(c: &ScriptsConfig) -> Result<Scripts, String> {
+    pub(crate) fn compile(c: &ScriptsConfig) -> Result<Scripts, String> {
         let mut sha1 = Vec::new();
         for hex in &c.sha1 {
             match parse_sha1(hex.trim().as_bytes()) {
@@ -65,7 +65,11 @@ impl Scripts {
     }
 
     /// The reason to refuse `line`, if the rule refuses it.
-    pub fn refusal<L: CommandLine + ?Sized>(&self, spec: &CommandSpec, line: &L) -> Option<String> {
+    pub(crate) fn refusal<L: CommandLine + ?Sized>(
+        &self,
+        spec: &CommandSpec,
+        line: &L,
+    ) -> Option<String> {
         let upper = || spec.name.to_ascii_uppercase().replace('|', " ");
         match self.allow {
             ScriptsAllow::All => None,

@@ -23,7 +23,7 @@ const BUCKETS: u64 = 10_000;
 
 /// A rule's share of enforced clients.
 #[derive(Debug, Clone)]
-pub struct Share {
+pub(super) struct Share {
     /// Enforced below this bucket (hundredths of a percent: 1,000 is 10%).
     below: u64,
     /// Which identity picks the bucket.
@@ -37,7 +37,7 @@ pub struct Share {
 impl Share {
     /// `percent` of clients (0 to 100, two decimals), chosen by `by`, for the rule `rule_id`;
     /// `tenant_names` in tenant-index order.
-    pub fn new(rule_id: &str, hundredths: u64, by: ShareBy, tenant_names: &[&str]) -> Share {
+    pub(super) fn new(rule_id: &str, hundredths: u64, by: ShareBy, tenant_names: &[&str]) -> Share {
         let salt = fnv(FNV_OFFSET, rule_id.as_bytes());
         let mut share = Share {
             below: hundredths.min(BUCKETS),
@@ -53,12 +53,12 @@ impl Share {
     }
 
     /// Whether it picks clients by their login (`share_by: user`).
-    pub fn by_user(&self) -> bool {
+    pub(super) fn by_user(&self) -> bool {
         self.by == ShareBy::User
     }
 
     /// Whether the rule is enforced for `client`.
-    pub fn includes(&self, client: &Client) -> bool {
+    pub(super) fn includes(&self, client: &Client) -> bool {
         match self.by {
             ShareBy::Tenant => self
                 .tenants_in
@@ -77,7 +77,7 @@ impl Share {
     }
 
     /// The mode for `client` of a rule whose file mode is `mode`.
-    pub fn mode_for(&self, mode: Mode, client: &Client) -> Mode {
+    pub(super) fn mode_for(&self, mode: Mode, client: &Client) -> Mode {
         if mode == Mode::Enforce && self.includes(client) {
             Mode::Enforce
         } else {
@@ -86,7 +86,7 @@ impl Share {
     }
 
     /// The share in words (`10% of addresses`), for the start-up line and `--explain`.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let whole = self.below / 100;
         let frac = self.below % 100;
         let pct = if frac == 0 {
@@ -108,11 +108,11 @@ impl Share {
     }
 }
 
-pub use crate::config::percent::parse;
+pub(super) use crate::config::percent::parse;
 
 /// The key `share_by: user` reads a client's login by (`Client::user`): FNV-1a of the name,
 /// 0 without one. Hashed once here so that `Client` stays `Copy` and free of the name.
-pub fn user_key(user: Option<&[u8]>) -> u64 {
+pub(crate) fn user_key(user: Option<&[u8]>) -> u64 {
     user.map_or(0, |name| fnv(FNV_OFFSET, name))
 }
 

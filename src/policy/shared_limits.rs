@@ -12,32 +12,32 @@ use crate::ratelimit::Limit;
 use crate::ratelimit::redis::{RedisLimiter, Transport};
 
 /// One Redis-counted rate limit to check for a command.
-pub struct SharedCheck<'a> {
+pub(crate) struct SharedCheck<'a> {
     /// The rule's id, for the refusal.
-    pub rule: &'a str,
+    pub(crate) rule: &'a str,
     /// Requests per window.
-    pub limit: Limit,
+    pub(crate) limit: Limit,
     /// Redis key prefix of the rule.
-    pub prefix: &'a [u8],
+    pub(crate) prefix: &'a [u8],
     /// The identity counted (address or tenant name).
-    pub key: Vec<u8>,
+    pub(crate) key: Vec<u8>,
     /// Audit mode: log and count, never refuse.
-    pub audit: bool,
+    pub(crate) audit: bool,
     /// The operator's advice for the refusal.
-    pub message: Option<&'a str>,
+    pub(crate) message: Option<&'a str>,
     /// The rule's counters.
-    pub counters: &'a Counters,
+    pub(crate) counters: &'a Counters,
 }
 
 impl Policy {
     /// Whether any rule counts in Redis (the session then awaits [`Policy::shared_limits`]).
-    pub fn has_shared_limits(&self) -> bool {
+    pub(crate) fn has_shared_limits(&self) -> bool {
         self.shared_limits
     }
 
     /// The Redis-counted rate limits that apply to `client`, for the session to check after the
     /// synchronous rules passed.
-    pub fn shared_limits(&self, client: &Client) -> Vec<SharedCheck<'_>> {
+    pub(crate) fn shared_limits(&self, client: &Client) -> Vec<SharedCheck<'_>> {
         let mut out = Vec::new();
         for rule in &self.rules {
             let Kind::SharedRateLimit { limit, per, prefix } = &rule.kind else {
@@ -73,7 +73,7 @@ impl Policy {
     /// exceeded and enforced. `transport` opens the connection the script runs on. Redis
     /// unreachable: the limit is not applied (fail open, logged), as a limiter outage must not
     /// stop traffic. An audited rule logs through the policy's audit-log budget and counts.
-    pub async fn check_shared_limits<T: Transport>(
+    pub(crate) async fn check_shared_limits<T: Transport>(
         &self,
         client: &Client,
         command: &str,

@@ -36,7 +36,7 @@
 
 use std::borrow::Cow;
 
-pub use super::config::TtlKeys;
+pub(crate) use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
 use crate::codec::{encode, itoa_buf, parse_int};
@@ -55,22 +55,22 @@ thread_local! {
 const KEPT_KEY_POSITIONS: usize = 64;
 
 /// A compiled `ttl:` rule.
-pub struct Ttl {
+pub(crate) struct Ttl {
     /// TTL for keys matching no prefix; `None` forces nothing.
-    pub default_ms: Option<u64>,
+    pub(crate) default_ms: Option<u64>,
     /// `(prefix, ttl)`, longest prefix first; a `None` TTL exempts the prefix (`lock:`).
-    pub prefixes: Vec<(Vec<u8>, Option<u64>)>,
+    pub(crate) prefixes: Vec<(Vec<u8>, Option<u64>)>,
     /// Longest TTL a command may set.
-    pub max_ms: Option<u64>,
+    pub(crate) max_ms: Option<u64>,
     /// Refuse PERSIST and GETEX PERSIST.
-    pub deny_persist: bool,
+    pub(crate) deny_persist: bool,
     /// Which keys get the TTL: created ones, or every key written without one.
-    pub keys: TtlKeys,
+    pub(crate) keys: TtlKeys,
     /// How forced TTLs are spread (`jitter`), so keys written together expire apart.
-    pub jitter: Jitter,
+    pub(crate) jitter: Jitter,
     /// Unix time in milliseconds, read only for absolute expiries (EXAT, PXAT, EXPIREAT,
     /// RESTORE ABSTTL); a field so tests can fix it.
-    pub clock: fn() -> u64,
+    pub(crate) clock: fn() -> u64,
 }
 
 /// `keys: created`, before a write that keeps a key's TTL: a key that exists without one is
@@ -78,7 +78,7 @@ pub struct Ttl {
 /// write keeps. If the proxy dies before [`SETTLE`] runs, the key stays as good as persistent.
 /// Expiries above this (2^59 ms) are [`MARK`]'s, left by a proxy that stopped between the two
 /// scripts: `--survey` reports them.
-pub const MARKED_ABOVE_MS: i64 = 576_460_752_303_423_488;
+pub(crate) const MARKED_ABOVE_MS: i64 = 576_460_752_303_423_488;
 
 const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], '1152921504606846976') end return 0";
 
@@ -91,7 +91,7 @@ const COPY_TTL: &[u8] = b"redis.call('select', ARGV[2]) if redis.call('pttl', KE
 
 /// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
 /// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
-pub fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -102,7 +102,7 @@ pub fn unix_ms() -> u64 {
 /// gets one TTL (the hidden commands stay deduplicated), nothing is shared between threads,
 /// and different keys, which is what is written together, spread evenly.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Jitter {
+pub(crate) struct Jitter {
     /// Part of the TTL taken off at most, in millionths (0: no jitter).
     ppm: u64,
     /// Mixed into the hash, chosen at compile time, so clients cannot pick names that all
@@ -112,7 +112,7 @@ pub struct Jitter {
 
 impl Jitter {
     /// `fraction` (validated: 0 to 0.9) with `seed`.
-    pub fn new(fraction: f64, seed: u64) -> Jitter {
+    pub(crate) fn new(fraction: f64, seed: u64) -> Jitter {
         Jitter {
             ppm: (fraction * 1_000_000.0).round() as u64,
             seed,
@@ -120,7 +120,7 @@ impl Jitter {
     }
 
     /// `ms` as `key` gets it: in `(ms·(1 − fraction), ms]`, evenly spread over keys.
-    pub fn apply(&self, key: &[u8], ms: u64) -> u64 {
+    pub(crate) fn apply(&self, key: &[u8], ms: u64) -> u64 {
         if self.ppm == 0 {
             return ms;
         }
@@ -141,7 +141,7 @@ impl Jitter {
 
 /// What the rule does to one command.
 #[derive(Debug, PartialEq, Eq)]
-pub enum TtlAction {
+pub(crate) enum TtlAction {
     /// Nothing to do.
     Keep,
     /// Refuse, with this reason.
@@ -176,7 +176,7 @@ enum Form {
 
 impl Ttl {
     /// The TTL a key gets when written without one.
-    pub fn ttl_for(&self, key: &[u8]) -> Option<u64> {
+    pub(crate) fn ttl_for(&self, key: &[u8]) -> Option<u64> {
         for (prefix, ttl) in &self.prefixes {
             if key.starts_with(prefix) {
                 return *ttl;
@@ -187,14 +187,14 @@ impl Ttl {
 
     /// The TTL the rule forces on `key` written without one: [`Ttl::ttl_for`], spread by
     /// the rule's `jitter`.
-    pub fn forced_ms(&self, key: &[u8]) -> Option<u64> {
+    pub(crate) fn forced_ms(&self, key: &[u8]) -> Option<u64> {
         self.ttl_for(key).map(|ms| self.jitter.apply(key, ms))
     }
 
     /// Where each key of a command gets its TTL from, for `--explain`:
     /// `` `session:1` 24h (prefix `session:`) ``, `` `user:1` 1h (default) ``, and with
     /// `jitter` the key's own value: `` `user:1` 1h (default), 3412345ms after jitter ``.
-    pub fn sources<L: CommandLine + ?Sized>(&self, line: &L) -> String {
+    pub(crate) fn sources<L: CommandLine + ?Sized>(&self, line: &L) -> String {
         let args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
         let Ok(keys) = commands::keys(&args) else {
             return String::new();
@@ -227,7 +227,7 @@ impl Ttl {
     /// a rewrite says what it would do and carries no commands: building the hidden commands
     /// of `keys: created` cost the default policy, whose TTL rule starts in audit, a fifth of
     /// the proxy's CPU per SET at `-P 16` for commands nobody sent (docs/performance.md).
-    pub fn apply<L: CommandLine + ?Sized>(
+    pub(crate) fn apply<L: CommandLine + ?Sized>(
         &self,
         spec: &CommandSpec,
         line: &L,
@@ -652,7 +652,7 @@ fn unreadable(command: &str) -> TtlAction {
 
 /// Whether a rewrite is built to be sent, or only to say what it would do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Build {
+pub(crate) enum Build {
     /// The commands that carry it out (an enforced rule).
     Commands,
     /// Its note only (an audited rule, `--explain`): nothing will be sent.

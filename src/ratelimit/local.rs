@@ -120,7 +120,7 @@ impl<C: Clock> LocalLimiter<C> {
     /// Drops every key whose state has expired (nothing counted in the current or previous
     /// window), returning how many. Never changes a decision. Takes each shard's lock in turn,
     /// `O(keys)` in all: run it from a timer, about once per window, not per command.
-    pub fn sweep(&self) -> usize {
+    pub(crate) fn sweep(&self) -> usize {
         let now = self.clock.now_ms();
         let mut removed = 0;
         self.windows.retain(|_, window| {
@@ -132,24 +132,21 @@ impl<C: Clock> LocalLimiter<C> {
         removed
     }
 
+    #[cfg(test)]
     /// How many keys are tracked now (for metrics). Reads one counter; no shard is locked.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tracked.load(Ordering::Acquire)
     }
 
+    #[cfg(test)]
     /// Whether no key is tracked.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The limit this limiter enforces, e.g. for [`super::refusal`].
-    pub fn limit(&self) -> &Limit {
+    pub(crate) fn limit(&self) -> &Limit {
         &self.limit
-    }
-
-    /// The cap on tracked keys.
-    pub fn max_keys(&self) -> usize {
-        self.max_keys
     }
 }
 

@@ -95,7 +95,7 @@ impl Limit {
     /// Checks the limit can be enforced exactly by both backends: at least one request, a
     /// window of at least 1 ms that is a whole number of milliseconds, and
     /// `requests × window_ms ≤ 2^53` (e.g. 100 million requests per day is fine).
-    pub fn validate(&self) -> Result<(), RateLimitError> {
+    pub(crate) fn validate(&self) -> Result<(), RateLimitError> {
         let invalid = |reason| {
             Err(RateLimitError::InvalidLimit {
                 requests: self.requests,
@@ -147,7 +147,7 @@ pub enum Decision {
 ///
 /// `retry_after` is rounded up to whole milliseconds, so a client that waits exactly that long
 /// is allowed. Allocates, which is fine: it runs only when a command is refused.
-pub fn refusal(rule_id: &str, limit: &Limit, retry_after: Duration) -> String {
+pub(crate) fn refusal(rule_id: &str, limit: &Limit, retry_after: Duration) -> String {
     let noun = if limit.requests == 1 {
         "request"
     } else {
@@ -271,8 +271,9 @@ impl ManualClock {
         clock
     }
 
+    #[cfg(test)]
     /// Moves the clock forward by `by` (whole milliseconds; the rest is dropped).
-    pub fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         self.now_ms
             .fetch_add(by.as_millis() as u64, Ordering::SeqCst);
     }

@@ -149,11 +149,6 @@ impl<T: Transport> RedisLimiter<T> {
         decision(reply)
     }
 
-    /// The limit this limiter enforces, e.g. for [`super::refusal`].
-    pub fn limit(&self) -> &Limit {
-        &self.limit
-    }
-
     async fn send(&self, args: &[&[u8]]) -> Result<Frame, RateLimitError> {
         self.transport
             .call(args)

@@ -15,7 +15,7 @@
 //! [`replicas`] lists the primary's usable replicas for `read_from: replica`.
 
 mod node;
-pub mod replicas;
+pub(crate) mod replicas;
 mod role;
 
 use std::time::Duration;
@@ -41,7 +41,7 @@ impl SentinelSpec {
     /// What `follow_primary` needs from `upstream.sentinel` (the config is validated: the
     /// name is present). Here rather than in `config`, which knows nothing of the modules
     /// reading it.
-    pub fn of(config: &crate::config::SentinelConfig) -> SentinelSpec {
+    pub(crate) fn of(config: &crate::config::SentinelConfig) -> SentinelSpec {
         SentinelSpec {
             sentinels: config.sentinels.iter().map(|s| s.value.clone()).collect(),
             master_name: config

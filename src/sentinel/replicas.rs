@@ -16,7 +16,7 @@ use super::{Primary, SentinelSpec};
 /// How often the replica list is asked again when no failover prompts it: a replica that
 /// went down, came back or finished its sync is noticed within this (the same period as
 /// the primary's re-check).
-pub const REFRESH: Duration = Duration::from_secs(2);
+pub(crate) const REFRESH: Duration = Duration::from_secs(2);
 
 /// Sentinel flags that make a replica unusable: down for one or a quorum of sentinels, or
 /// not connected to the sentinel at all.
@@ -65,7 +65,7 @@ fn usable(entry: &Value) -> Option<String> {
 /// the promoted replica leaves it, the old primary joins it once resynced) and every
 /// [`REFRESH`]. When no sentinel answers, the last list stands: the pools' own connection
 /// flags already keep reads off replicas that are down.
-pub async fn follow_replicas(
+pub(crate) async fn follow_replicas(
     spec: SentinelSpec,
     mut primary: watch::Receiver<Option<Primary>>,
     tx: watch::Sender<Vec<Arc<str>>>,

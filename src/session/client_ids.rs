@@ -16,16 +16,16 @@ use dashmap::DashMap;
 
 /// A client's dedicated connection as Redis knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     /// The node it is connected to (the session's `Dedicated::node`; 0 outside cluster mode).
-    pub node: u16,
+    pub(crate) node: u16,
     /// Redis's id of the connection on that node (from its HELLO reply).
-    pub id: u64,
+    pub(crate) id: u64,
 }
 
 /// Proxy client id → that client's dedicated connection, for clients that have one.
 #[derive(Default)]
-pub struct ClientIds {
+pub(crate) struct ClientIds {
     /// Proxy id → upstream connection.
     upstream: DashMap<u64, Upstream>,
     /// Upstream connection → proxy id, for replies that name a connection (`CLIENT
@@ -35,18 +35,18 @@ pub struct ClientIds {
 
 impl ClientIds {
     /// `client`'s dedicated connection, if it has one.
-    pub fn upstream(&self, client: u64) -> Option<Upstream> {
+    pub(crate) fn upstream(&self, client: u64) -> Option<Upstream> {
         self.upstream.get(&client).map(|u| *u)
     }
 
     /// The proxy's id of the client whose dedicated connection is `upstream`.
-    pub fn client(&self, upstream: Upstream) -> Option<u64> {
+    pub(crate) fn client(&self, upstream: Upstream) -> Option<u64> {
         self.client.get(&upstream).map(|id| *id)
     }
 
     /// Records that `client`'s dedicated connection is `upstream` until the returned value
     /// is dropped (with the connection).
-    pub fn register(self: &Arc<Self>, client: u64, upstream: Upstream) -> Registration {
+    pub(crate) fn register(self: &Arc<Self>, client: u64, upstream: Upstream) -> Registration {
         self.upstream.insert(client, upstream);
         self.client.insert(upstream, client);
         Registration(Box::new(Entry {
@@ -61,7 +61,7 @@ impl ClientIds {
 /// session's dedicated connection, part of every client's task (`size_tests`), and with the
 /// node its fields grew past the 24 bytes they took there; the box costs one allocation per
 /// dedicated connection opened.
-pub struct Registration(Box<Entry>);
+pub(crate) struct Registration(Box<Entry>);
 
 /// What a [`Registration`] removes.
 struct Entry {

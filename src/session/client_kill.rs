@@ -22,22 +22,22 @@ use bytes::Bytes;
 pub(super) struct KillFilter {
     /// The old form (`CLIENT KILL addr`): the caller may be killed, the reply is `+OK` or
     /// `No such client` instead of a count.
-    pub old_form: bool,
+    pub(crate) old_form: bool,
     /// `ADDR` (or the old form's address): the client's `ip:port` as CLIENT LIST shows it,
     /// compared up to a NUL as Redis's `strcmp` does.
-    pub addr: Option<Vec<u8>>,
+    pub(crate) addr: Option<Vec<u8>>,
     /// `LADDR`: the proxy address the client connected to.
-    pub laddr: Option<Vec<u8>>,
+    pub(crate) laddr: Option<Vec<u8>>,
     /// `ID`: the proxy's id of the client.
-    pub id: Option<u64>,
+    pub(crate) id: Option<u64>,
     /// `TYPE`: which kind of client.
-    pub kind: Option<ClientType>,
+    pub(crate) kind: Option<ClientType>,
     /// `USER`: the user CLIENT LIST shows for the client.
-    pub user: Option<Vec<u8>>,
+    pub(crate) user: Option<Vec<u8>>,
     /// `SKIPME yes` (the new form's default): the caller is never killed.
-    pub skipme: bool,
+    pub(crate) skipme: bool,
     /// `MAXAGE`: only clients connected at least this many seconds (0: any).
-    pub max_age: i64,
+    pub(crate) max_age: i64,
 }
 
 /// Redis's client types, as `TYPE` names them.
@@ -132,19 +132,19 @@ pub(super) fn same_text(shown: &str, arg: &[u8]) -> bool {
 /// What one client looks like to the filter.
 pub(super) struct Candidate<'a> {
     /// Its address, `ip:port`.
-    pub addr: &'a str,
+    pub(crate) addr: &'a str,
     /// The proxy address it connected to.
-    pub laddr: &'a str,
+    pub(crate) laddr: &'a str,
     /// Its proxy id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Subscribed (CLIENT LIST's `P` flag).
-    pub pubsub: bool,
+    pub(crate) pubsub: bool,
     /// The user CLIENT LIST shows.
-    pub user: &'a [u8],
+    pub(crate) user: &'a [u8],
     /// Seconds since it connected.
-    pub age: u64,
+    pub(crate) age: u64,
     /// It is the caller.
-    pub is_caller: bool,
+    pub(crate) is_caller: bool,
 }
 
 impl KillFilter {

@@ -23,30 +23,30 @@ use crate::commands::CommandSpec;
 
 /// Every connected client's row, by the id the proxy gave it.
 #[derive(Default)]
-pub struct ClientList(DashMap<u64, Row>);
+pub(crate) struct ClientList(DashMap<u64, Row>);
 
 /// What `CLIENT LIST` shows of one client.
 pub(super) struct Row {
     /// The client's address.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The proxy address it connected to.
-    pub laddr: SocketAddr,
+    pub(crate) laddr: SocketAddr,
     /// The proxy user it authenticated as and its CLIENT SETNAME.
-    pub names: Names,
+    pub(crate) names: Names,
     /// Selected database.
-    pub db: i64,
+    pub(crate) db: i64,
     /// RESP version.
-    pub resp: u8,
+    pub(crate) resp: u8,
     /// When it connected, for `age`.
-    pub since: Instant,
+    pub(crate) since: Instant,
     /// `P` subscriber, `O` monitor, `N` neither.
-    pub flag: char,
+    pub(crate) flag: char,
     /// The client's tenant: a client may name only clients of its own tenant by id (CLIENT
     /// TRACKING REDIRECT, KILL ID, UNBLOCK).
-    pub tenant: u16,
+    pub(crate) tenant: u16,
     /// Its channels, patterns and shard channels, as Redis's confirmations counted them
     /// (`sub=`, `psub=`, `ssub=`; libraries find subscribers by them).
-    pub subs: SubCounts,
+    pub(crate) subs: SubCounts,
     /// What the session and the rest of the proxy share without a lookup in this map.
     live: Arc<Live>,
 }
@@ -339,10 +339,10 @@ impl ClientList {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct KillOutcome {
     /// Clients named, the caller included when it is.
-    pub killed: usize,
+    pub(crate) killed: usize,
     /// The caller is among them (`SKIPME no`, or the old form naming its own address): it
     /// closes after its reply, as Redis closes a client that killed itself.
-    pub caller: bool,
+    pub(crate) caller: bool,
 }
 
 /// One client's line, in Redis 7.0's field order; the fields about Redis's own buffers of a

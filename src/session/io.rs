@@ -263,7 +263,7 @@ impl Session {
 /// costs (`size_tests`); for the same reason the caller's guard of the client's place
 /// (`seat`, dropped when the session ends) is held in it rather than in a wrapping future,
 /// which would hold this one twice (moved into its `.await`).
-pub fn serve<Seat: Send + 'static>(
+pub(crate) fn serve<Seat: Send + 'static>(
     mut stream: ClientStream,
     ctx: Arc<Context>,
     id: u64,

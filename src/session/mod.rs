@@ -33,11 +33,11 @@ mod sub_counts;
 mod summon;
 mod tenant_quota;
 
-pub use io::serve;
+pub(crate) use io::serve;
 
 use crate::answers;
 use routing::Routing;
-pub use routing::Upstreams;
+pub(crate) use routing::Upstreams;
 
 use replies::with_client_id;
 
@@ -60,57 +60,57 @@ use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
-pub struct Context {
+pub(crate) struct Context {
     /// Shared and dedicated upstream connections; in cluster mode, the pool of one primary,
     /// used for what is not about one node (HELLO replies, the rate limiter's connection).
-    pub pool: Arc<Pool>,
+    pub(crate) pool: Arc<Pool>,
     /// The kind of upstream: standalone, Sentinel (with its replicas) or cluster (its router).
-    pub upstreams: Upstreams,
+    pub(crate) upstreams: Upstreams,
     /// Request framing limits.
-    pub codec: CodecLimits,
+    pub(crate) codec: CodecLimits,
     /// Unanswered commands per client before the proxy stops reading it.
-    pub max_inflight: usize,
+    pub(crate) max_inflight: usize,
     /// Unparsed request bytes per client before it is refused.
-    pub max_query_buffer: usize,
+    pub(crate) max_query_buffer: usize,
     /// Credentials the upstream pool logs in with; a client AUTH with the same ones needs no
     /// dedicated connection.
-    pub upstream_user: Option<String>,
+    pub(crate) upstream_user: Option<String>,
     /// See `upstream_user`.
-    pub upstream_password: Option<String>,
+    pub(crate) upstream_password: Option<String>,
     /// Scripts (EVAL…, FCALL…) run on the session's dedicated connection rather than the
     /// shared one (`upstream.scripts_on_dedicated`, see `Kind::Script`).
-    pub scripts_dedicated: bool,
+    pub(crate) scripts_dedicated: bool,
     /// Which upstream connection each client id names (`CLIENT UNBLOCK`, `KILL ID`,
     /// `REDIRECT`).
-    pub client_ids: Arc<client_ids::ClientIds>,
+    pub(crate) client_ids: Arc<client_ids::ClientIds>,
     /// Every client's row for `CLIENT LIST`.
-    pub client_list: Arc<client_list::ClientList>,
+    pub(crate) client_list: Arc<client_list::ClientList>,
     /// Dedicated connections held per tenant, against each tenant's share
     /// (`upstream.dedicated_caps`).
-    pub tenant_quota: Arc<tenant_quota::TenantQuota>,
+    pub(crate) tenant_quota: Arc<tenant_quota::TenantQuota>,
     /// Each tenant's share, and how long a command waits for one: the node's
     /// `dedicated_max`, the caps, and `dedicated_wait_ms`.
-    pub dedicated_caps: (
+    pub(crate) dedicated_caps: (
         usize,
         crate::config::DedicatedCapsConfig,
         std::time::Duration,
     ),
     /// The `CLIENT PAUSE` in force, as forwarded through this proxy.
-    pub pause: Arc<pause::Pause>,
+    pub(crate) pause: Arc<pause::Pause>,
     /// Set when the proxy drains for shutdown; `idle_tick` is notified right after, so
     /// sessions asleep notice at once and sessions awake see the flag on their next turn.
-    pub stopping: std::sync::atomic::AtomicBool,
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// Notified every `IDLE_TICK` by the server: a session that saw no traffic for a whole
     /// tick gives back its reply channel and spare buffers (see `Session::release_idle`).
     /// One process-wide signal instead of a timer per session, which would cost a timer-wheel
     /// update per request; shutdown rides on it too, so a session waits on one future for
     /// both (a watch channel's would add 136 bytes to every client's task).
-    pub idle_tick: Arc<tokio::sync::Notify>,
+    pub(crate) idle_tick: Arc<tokio::sync::Notify>,
     /// The rules every command is checked against before it is routed; swapped whole on
     /// reload.
-    pub policy: Arc<ArcSwap<Policy>>,
+    pub(crate) policy: Arc<ArcSwap<Policy>>,
     /// Metrics, slow log and reload, shared with the admin endpoint and `PROXY` commands.
-    pub ops: crate::ops::Ops,
+    pub(crate) ops: crate::ops::Ops,
 }
 
 /// How often idle sessions are asked to give memory back; a session is released after one to
@@ -123,7 +123,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Most batches a cluster session may have in flight: below the 65,536 values of a 16-bit
 /// `seq`, so a reply's `seq` names one batch. `max_inflight` (commands, at least one per
 /// batch) is capped to it in cluster mode.
-pub const SEQ_WINDOW: usize = 32 * 1024;
+pub(crate) const SEQ_WINDOW: usize = 32 * 1024;
 
 /// Which upstream connection a command goes to. The second field is the node (an index
 /// from the cluster router; for a standalone or Sentinel upstream 0 is the primary and 1… the

@@ -28,7 +28,7 @@ pub(super) enum Paused {
 
 /// The pause in force, shared by every session.
 #[derive(Default)]
-pub struct Pause {
+pub(crate) struct Pause {
     /// A `Paused` as u8.
     mode: AtomicU8,
     /// Bumped by every PAUSE and UNPAUSE, so the timer of an earlier pause does not end a

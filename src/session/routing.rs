@@ -12,7 +12,7 @@ use super::{Run, cluster, spread};
 use crate::upstream::replicas::Replicas;
 
 /// Which kind of upstream the proxy fronts, shared by every session.
-pub enum Upstreams {
+pub(crate) enum Upstreams {
     /// One Redis server.
     Standalone,
     /// A Sentinel-managed primary; with `read_from: replica`, the replicas reads may go to.

@@ -9,11 +9,11 @@
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct SubCounts {
     /// SUBSCRIBE channels.
-    pub sub: u64,
+    pub(crate) sub: u64,
     /// PSUBSCRIBE patterns.
-    pub psub: u64,
+    pub(crate) psub: u64,
     /// SSUBSCRIBE shard channels.
-    pub ssub: u64,
+    pub(crate) ssub: u64,
 }
 
 impl SubCounts {

@@ -26,13 +26,13 @@ use bytes::Bytes;
 /// A `CLIENT TRACKING` waiting for its redirect target's upstream id.
 pub(super) struct Summon {
     /// The proxy id of the target client.
-    pub client: u64,
+    pub(crate) client: u64,
     /// The position of the redirect's id in the command.
-    pub at: usize,
+    pub(crate) at: usize,
     /// The command's arguments, to send with the id replaced once it is known.
-    pub args: Vec<Bytes>,
+    pub(crate) args: Vec<Bytes>,
     /// Where the TRACKING goes (the caller's dedicated connection).
-    pub target: Target,
+    pub(crate) target: Target,
 }
 
 impl Session {

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 /// Dedicated connections held per tenant, against each tenant's limit.
 #[derive(Default)]
-pub struct TenantQuota {
+pub(crate) struct TenantQuota {
     /// Connections held now, by tenant index.
     held: Mutex<HashMap<u16, usize>>,
     /// Wakes sessions waiting for their tenant's share: one was given back.
@@ -20,7 +20,7 @@ pub struct TenantQuota {
 }
 
 /// One dedicated connection counted against a tenant until dropped.
-pub struct Share {
+pub(crate) struct Share {
     /// The quota it is counted in.
     quota: Arc<TenantQuota>,
     /// The tenant it is counted for (the client's tenant when it took it).
@@ -30,7 +30,7 @@ pub struct Share {
 impl TenantQuota {
     /// A share for `tenant`, whose limit is `limit`: at once when one is free, else the
     /// first one given back within `wait`; `None` when none was.
-    pub async fn take(
+    pub(crate) async fn take(
         self: &Arc<Self>,
         tenant: u16,
         limit: usize,
@@ -64,8 +64,9 @@ impl TenantQuota {
         true
     }
 
+    #[cfg(test)]
     /// Connections `tenant` holds now.
-    pub fn held(&self, tenant: u16) -> usize {
+    pub(crate) fn held(&self, tenant: u16) -> usize {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         held.get(&tenant).copied().unwrap_or(0)
     }

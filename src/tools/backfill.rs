@@ -72,21 +72,21 @@ pub struct Options {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
     /// The source node.
-    pub source: String,
+    pub(crate) source: String,
     /// The target node.
-    pub target: String,
+    pub(crate) target: String,
     /// The `SCAN` cursor to go on from ("0" before the first page).
-    pub cursor: String,
+    pub(crate) cursor: String,
     /// Whether the `SCAN` went round the whole keyspace.
     pub complete: bool,
     /// Keys the `SCAN` named.
-    pub read: u64,
+    pub(crate) read: u64,
     /// Keys written to the target.
-    pub copied: u64,
+    pub(crate) copied: u64,
     /// Keys the target already held, kept (without `--replace`).
-    pub kept: u64,
+    pub(crate) kept: u64,
     /// Keys gone from the source between `SCAN` and `DUMP` (expired, deleted).
-    pub gone: u64,
+    pub(crate) gone: u64,
     /// Keys the target refused.
     pub failed: u64,
     /// A few refused keys and why (names, never values).

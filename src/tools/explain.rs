@@ -174,7 +174,7 @@ fn reply_text(reply: &[u8]) -> String {
 
 /// A RESP command as redis-cli would take it: arguments separated by spaces, quoted where they
 /// hold anything but plain characters.
-pub fn words(command: &[u8]) -> String {
+pub(crate) fn words(command: &[u8]) -> String {
     let mut ranges = Vec::new();
     let Ok(Some(Decoded::Command { .. })) =
         codec::decode(command, &CodecLimits::default(), &mut ranges)

@@ -9,7 +9,7 @@
 
 pub mod backfill;
 pub mod explain;
-pub mod node_link;
+pub(crate) mod node_link;
 pub mod print_acl;
 pub mod replay;
 pub mod survey;

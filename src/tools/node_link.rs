@@ -17,7 +17,7 @@ use crate::upstream::pool::{Control, Pool, PoolSettings};
 /// One connection to the node, logged in as `login` says, and closed: why it cannot be, in
 /// one line naming the address and the cause (`refused` words a refused login: which
 /// setting gave the credentials).
-pub async fn probe(
+pub(crate) async fn probe(
     login: &NodeSpec,
     refused: impl FnOnce(&str, &str) -> String,
 ) -> Result<(), String> {
@@ -84,7 +84,7 @@ fn io_cause(e: &std::io::Error) -> String {
 
 /// A refused login to the policy file's upstream in words: what the server said, and which
 /// setting to change; `needs` names what the tool runs (for an ACL user without it).
-pub fn login_refused(addr: &str, reply: &str, config: &Config, needs: &str) -> String {
+pub(crate) fn login_refused(addr: &str, reply: &str, config: &Config, needs: &str) -> String {
     let u = &config.upstream;
     let source = match (&u.password_env, &u.password_file) {
         (Some(var), _) => format!("upstream.password_env ({})", var.value),
@@ -113,7 +113,7 @@ pub fn login_refused(addr: &str, reply: &str, config: &Config, needs: &str) -> S
 
 /// A control connection to the upstream, once it answers PING (within twice the connect
 /// timeout: the probe has just logged in, so this is the pool's own first connection).
-pub async fn connect(settings: &PoolSettings, addr: &str) -> Result<Control, String> {
+pub(crate) async fn connect(settings: &PoolSettings, addr: &str) -> Result<Control, String> {
     let metrics = crate::metrics::Metrics::new(Arc::new(ArcSwap::from_pointee(Policy::default())));
     let pool = Pool::start_node(addr.into(), settings, metrics);
     let control = pool.control();
@@ -136,7 +136,7 @@ pub async fn connect(settings: &PoolSettings, addr: &str) -> Result<Control, Str
 
 /// The reply to the command `name`, decoded; an error reply as an error naming it, with
 /// `rights` (what the tool runs, as which user) after a NOPERM.
-pub fn answer(name: &str, reply: &[u8], rights: &str) -> Result<Value, String> {
+pub(crate) fn answer(name: &str, reply: &[u8], rights: &str) -> Result<Value, String> {
     match resp_value::decode(reply, 4) {
         Ok((Value::Error(e), _)) if e.starts_with("NOPERM") && !rights.is_empty() => {
             Err(format!("{name} was refused: {e} ({rights})"))

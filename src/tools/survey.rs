@@ -63,11 +63,11 @@ const EXAMPLES: usize = 5;
 
 /// A finding: how many keys, and a few of them.
 #[derive(Debug, Default)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// Keys found.
-    pub count: u64,
+    pub(crate) count: u64,
     /// The first few, with a detail (bytes, TTL).
-    pub examples: Vec<(String, String)>,
+    pub(crate) examples: Vec<(String, String)>,
 }
 
 impl Finding {
@@ -82,30 +82,30 @@ impl Finding {
 
 /// Keys of one prefix.
 #[derive(Debug, Default)]
-pub struct PrefixCount {
+pub(crate) struct PrefixCount {
     /// Keys read.
-    pub keys: u64,
+    pub(crate) keys: u64,
     /// Of which without a TTL.
-    pub without_ttl: u64,
+    pub(crate) without_ttl: u64,
 }
 
 /// What the survey found.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     /// Keys read.
-    pub scanned: u64,
+    pub(crate) scanned: u64,
     /// Whether the SCAN went round the whole keyspace (not stopped by `sample`).
-    pub complete: bool,
+    pub(crate) complete: bool,
     /// By prefix (the TTL rule's, else up to the first `:`).
-    pub prefixes: BTreeMap<String, PrefixCount>,
+    pub(crate) prefixes: BTreeMap<String, PrefixCount>,
     /// TTLs above the rule's max.
-    pub ttl_over_max: Finding,
+    pub(crate) ttl_over_max: Finding,
     /// String values above max_value_bytes.
-    pub over_cap: Finding,
+    pub(crate) over_cap: Finding,
     /// Names not matching key_pattern.
-    pub bad_names: Finding,
+    pub(crate) bad_names: Finding,
     /// Keys with the created-mode marker's expiry.
-    pub marked: Finding,
+    pub(crate) marked: Finding,
 }
 
 /// Runs the survey for the policy file at `path` against `node` (or the file's standalone

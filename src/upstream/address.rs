@@ -22,7 +22,7 @@ pub struct AddrEpoch {
 
 /// A future that resolves, with the reason, when a connection must be given up although it
 /// still works (its node is no longer the one the pool should talk to).
-pub type Stop = Pin<Box<dyn Future<Output = String> + Send>>;
+pub(crate) type Stop = Pin<Box<dyn Future<Output = String> + Send>>;
 
 /// The address a pool connects to.
 #[derive(Clone)]
@@ -41,7 +41,7 @@ pub enum Address {
 impl Address {
     /// The address to connect to now; `None` while no sentinel has named a primary. Marks the
     /// value seen, so [`Address::changed`] waits for the next one.
-    pub fn current(&mut self) -> Option<Arc<str>> {
+    pub(crate) fn current(&mut self) -> Option<Arc<str>> {
         match self {
             Address::Fixed(addr) => Some(addr.clone()),
             Address::Followed { primary, .. } => {
@@ -51,7 +51,7 @@ impl Address {
     }
 
     /// The node's name for messages and INFO: its current address, else the label.
-    pub fn name(&self) -> Arc<str> {
+    pub(crate) fn name(&self) -> Arc<str> {
         match self {
             Address::Fixed(addr) => addr.clone(),
             Address::Followed { primary, label } => primary
@@ -62,7 +62,7 @@ impl Address {
     }
 
     /// How many times the address has moved (always 0 when fixed).
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         match self {
             Address::Fixed(_) => 0,
             Address::Followed { primary, .. } => primary.borrow().as_ref().map_or(0, |p| p.epoch),
@@ -71,7 +71,7 @@ impl Address {
 
     /// Resolves at the next published address; never for a fixed one (or once the publisher
     /// is gone), so it can sit in a `select!` unconditionally.
-    pub async fn changed(&mut self) {
+    pub(crate) async fn changed(&mut self) {
         match self {
             Address::Fixed(_) => std::future::pending().await,
             Address::Followed { primary, .. } => {
@@ -85,7 +85,7 @@ impl Address {
     /// For a connection opened to `to`: a future that resolves once the address is something
     /// else (including right away, if it already is). `None` for a fixed address, so a
     /// standalone connection has no extra branch to poll.
-    pub fn moved_from(&self, to: &Arc<str>) -> Option<Stop> {
+    pub(crate) fn moved_from(&self, to: &Arc<str>) -> Option<Stop> {
         let Address::Followed { primary, .. } = self else {
             return None;
         };

@@ -29,7 +29,7 @@ static ANSWERED: AtomicU64 = AtomicU64::new(0);
 
 /// The commands whose identical copies may share one reply: each reads one key, changes
 /// nothing, and answers every client the same.
-pub const SHARED_READS: [&str; 37] = [
+pub(crate) const SHARED_READS: [&str; 37] = [
     "GET",
     "GETRANGE",
     "STRLEN",
@@ -70,18 +70,18 @@ pub const SHARED_READS: [&str; 37] = [
 ];
 
 /// Turns counting on (at start, when `upstream.coalesce_reads` is set).
-pub fn enable() {
+pub(crate) fn enable() {
     ENABLED.store(true, Ordering::Release);
 }
 
 /// Whether connections count their replies.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
 /// Counts one batch answered by a connection that has handed out `own` replies itself;
 /// call before the reply is handed out, so a session that sees the reply sees the count.
-pub fn answered(own: &AtomicU64) {
+pub(crate) fn answered(own: &AtomicU64) {
     own.fetch_add(1, Ordering::Relaxed);
     ANSWERED.fetch_add(1, Ordering::SeqCst);
 }
@@ -89,14 +89,14 @@ pub fn answered(own: &AtomicU64) {
 /// Replies handed out by the other connections, as a connection that handed out `own`
 /// sees it. Its reader and writer run in one task, so it never sees its own count half
 /// updated.
-pub fn epoch(own: &AtomicU64) -> u64 {
+pub(crate) fn epoch(own: &AtomicU64) -> u64 {
     ANSWERED
         .load(Ordering::SeqCst)
         .wrapping_sub(own.load(Ordering::Relaxed))
 }
 
 /// Whether `bytes`, one batch, is exactly one command of [`SHARED_READS`] with one key.
-pub fn shareable(bytes: &[u8]) -> bool {
+pub(crate) fn shareable(bytes: &[u8]) -> bool {
     let Some((argc, mut rest)) = header(bytes, b'*') else {
         return false;
     };

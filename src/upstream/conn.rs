@@ -36,15 +36,15 @@ const READ_CHUNK: usize = 32 * 1024;
 /// that bound how many push bytes it may hold unwritten (a subscriber that stops reading
 /// makes the proxy stop reading Redis, so Redis's own output limits apply, not our memory).
 #[derive(Clone)]
-pub struct PushTarget {
+pub(crate) struct PushTarget {
     /// The owning session's reply channel.
-    pub to: ReplySender,
+    pub(crate) to: ReplySender,
     /// Byte budget for pushes not yet written to the client.
-    pub budget: Arc<Semaphore>,
+    pub(crate) budget: Arc<Semaphore>,
     /// Size of the budget; a larger push takes the whole budget rather than waiting forever.
-    pub budget_size: u32,
+    pub(crate) budget_size: u32,
     /// The session's id for this connection, echoed in `Reply::PinnedClosed`.
-    pub conn_id: u64,
+    pub(crate) conn_id: u64,
 }
 
 /// A batch sent and waiting for its replies.
@@ -97,7 +97,7 @@ impl PubSub {
     clippy::too_many_arguments,
     reason = "the connection task's settings, each used by one half of it"
 )]
-pub async fn run(
+pub(crate) async fn run(
     stream: UpstreamStream,
     rx: &mut mpsc::Receiver<Batch>,
     addr: &Arc<str>,

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 
 /// One node's login state, shared by all of its connections (shared, control, dedicated).
 #[derive(Debug)]
-pub struct Credentials {
+pub(crate) struct Credentials {
     /// The latest login of the proxy's on this node was refused.
     refused: AtomicBool,
     /// This node's series of `rpp_upstream_credentials_refused`: 1 while `refused`.
@@ -33,7 +33,7 @@ pub struct Credentials {
 
 impl Credentials {
     /// The login state of the node at `addr`, reported in `metrics` (its series starts at 0).
-    pub fn new(addr: &str, metrics: &Metrics) -> Credentials {
+    pub(crate) fn new(addr: &str, metrics: &Metrics) -> Credentials {
         let labels = vec![("upstream", addr.to_string())];
         Credentials {
             refused: AtomicBool::new(false),
@@ -48,7 +48,7 @@ impl Credentials {
     /// Notes the outcome of a login attempt: an error that refuses the credentials starts the
     /// refused state (logged once at ERROR), a success ends it (logged once at INFO); other
     /// errors (the node is down) say nothing about the credentials.
-    pub fn observe<T>(&self, addr: &str, outcome: &Result<T, UpstreamError>) {
+    pub(crate) fn observe<T>(&self, addr: &str, outcome: &Result<T, UpstreamError>) {
         match outcome {
             Ok(_) => {
                 if self.refused.swap(false, Ordering::AcqRel) {
@@ -75,7 +75,7 @@ impl Credentials {
     }
 
     /// Whether the latest login was refused.
-    pub fn refused(&self) -> bool {
+    pub(crate) fn refused(&self) -> bool {
         self.refused.load(Ordering::Acquire)
     }
 }
@@ -93,7 +93,7 @@ impl Drop for Credentials {
 /// Whether a login reply refuses the credentials (rather than the command or the server's
 /// state): `NOAUTH` (the server wants a password the proxy did not send), `WRONGPASS` (a
 /// wrong password or a disabled user), `NOPERM` (the user may not run HELLO).
-pub fn refuses_credentials(reply: &str) -> bool {
+pub(crate) fn refuses_credentials(reply: &str) -> bool {
     ["NOAUTH", "WRONGPASS", "NOPERM"]
         .iter()
         .any(|code| reply.starts_with(code))

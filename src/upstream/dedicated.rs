@@ -34,28 +34,28 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// How many dedicated connections a node may have, how many are kept ready, and how long a
 /// session waits for one.
 #[derive(Debug, Clone, Copy)]
-pub struct DedicatedLimits {
+pub(crate) struct DedicatedLimits {
     /// At most this many at once (stocked ones included), so clients that each need one
     /// cannot exhaust Redis's `maxclients` for everyone else.
-    pub max: usize,
+    pub(crate) max: usize,
     /// Kept connected and logged in per RESP version in use.
-    pub warm: usize,
+    pub(crate) warm: usize,
     /// Longest wait for a free permit before the command gets an error.
-    pub wait: Duration,
+    pub(crate) wait: Duration,
 }
 
 /// What a dedicated connection's task runs with, besides its socket.
 #[derive(Clone)]
 pub(super) struct Link {
     /// Errors and connect failures are counted here.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Queue depth of the connection's channel.
-    pub queue_depth: usize,
+    pub(crate) queue_depth: usize,
     /// Reply deadline (each batch adds its own blocking time).
-    pub command_timeout: Option<Duration>,
+    pub(crate) command_timeout: Option<Duration>,
     /// The node's login state (`upstream::credentials`), told of every handshake here, so
     /// a dedicated connection's refused login is logged and named as the shared ones' are.
-    pub credentials: Arc<super::credentials::Credentials>,
+    pub(crate) credentials: Arc<super::credentials::Credentials>,
 }
 
 /// The node's dedicated connections: the permits and the stock.
@@ -84,16 +84,16 @@ pub(super) struct Dedicated {
 }
 
 /// A dedicated connection as handed to its session.
-pub struct Opened {
+pub(crate) struct Opened {
     /// The connection's command queue.
-    pub tx: mpsc::Sender<Batch>,
+    pub(crate) tx: mpsc::Sender<Batch>,
     /// Redis's id of the connection (from its HELLO reply; `None` for a raw one), so the
     /// client's own id can name it in `CLIENT UNBLOCK` and `REDIRECT`.
-    pub upstream_id: Option<u64>,
+    pub(crate) upstream_id: Option<u64>,
     /// Logged in as the script user (`script_user`): scripts sent on it are confined to the
     /// proxy user's rights minus the deny rules. `false` for a raw connection, and where the
     /// script user is off or unavailable.
-    pub confined: bool,
+    pub(crate) confined: bool,
 }
 
 /// A stocked connection, waiting in its own task.
@@ -114,7 +114,7 @@ struct Parked {
 impl Dedicated {
     /// Creates the node's dedicated connections' state and starts the refill tasks (RESP2
     /// fills at once); must run inside a tokio runtime.
-    pub fn start(
+    pub(super) fn start(
         spec: Arc<NodeSpec>,
         address: Address,
         limits: DedicatedLimits,
@@ -146,7 +146,7 @@ impl Dedicated {
     /// (`raw`: without any handshake, never stocked) once a permit is free. It lives until the
     /// session drops the sender or the connection fails; then the session gets
     /// `Reply::PinnedClosed`.
-    pub async fn open(
+    pub(super) async fn open(
         &self,
         proto: u8,
         push: PushTarget,
@@ -289,7 +289,7 @@ impl Dedicated {
     }
 
     /// Stocked connections ready now, per RESP version (for tests and metrics).
-    pub fn ready(&self) -> [usize; 2] {
+    pub(super) fn ready(&self) -> [usize; 2] {
         [0, 1].map(|i| {
             self.stock[i]
                 .lock()

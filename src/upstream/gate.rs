@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 
 /// The gate.
 #[derive(Debug, Default)]
-pub struct Gate {
+pub(crate) struct Gate {
     /// Closed: a switch runs; sessions take no new command.
     closed: AtomicBool,
     /// Sessions deciding and sending commands now.
@@ -31,13 +31,13 @@ pub struct Gate {
 
 impl Gate {
     /// The wake-up every session waits on (its idle tick).
-    pub fn sessions_wake(&self) -> Arc<Notify> {
+    pub(crate) fn sessions_wake(&self) -> Arc<Notify> {
         self.wake.clone()
     }
 
     /// Counts the session in to take commands; `false` (not counted) when the gate is closed.
     #[inline]
-    pub fn enter(&self) -> bool {
+    pub(crate) fn enter(&self) -> bool {
         self.passing.fetch_add(1, Ordering::SeqCst);
         if !self.closed.load(Ordering::SeqCst) {
             return true;
@@ -48,19 +48,19 @@ impl Gate {
 
     /// Counts a session that [entered](Gate::enter) out.
     #[inline]
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         self.passing.fetch_sub(1, Ordering::Release);
     }
 
     /// Whether a switch holds the gate closed now (checked before each command).
     #[inline]
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
     }
 
     /// Closes the gate and waits (at most `within`) until no session is deciding or sending
     /// commands; `false` if some still were by then.
-    pub async fn close(&self, within: Duration) -> bool {
+    pub(crate) async fn close(&self, within: Duration) -> bool {
         self.closed.store(true, Ordering::SeqCst);
         // Sessions stop at their next command (or once a full upstream queue takes their
         // batch).
@@ -68,7 +68,7 @@ impl Gate {
     }
 
     /// Opens the gate and wakes every session, so those that stopped at it go on.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         self.closed.store(false, Ordering::SeqCst);
         self.wake.notify_waiters();
     }
@@ -76,7 +76,7 @@ impl Gate {
 
 /// Waits until `count` reads zero, or `until`; whether it did. A 1 ms poll: it runs only
 /// during a switch, where a wake-up on every decrement would cost each session's hot path.
-pub async fn drained(count: &AtomicUsize, until: tokio::time::Instant) -> bool {
+pub(crate) async fn drained(count: &AtomicUsize, until: tokio::time::Instant) -> bool {
     while count.load(Ordering::SeqCst) > 0 {
         if tokio::time::Instant::now() >= until {
             return false;

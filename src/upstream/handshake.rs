@@ -39,7 +39,7 @@ pub struct NodeSpec {
 
 /// A connected upstream stream, plain or TLS. An enum rather than a boxed trait object so the
 /// plain-TCP hot path keeps `TcpStream`'s zero-cost split.
-pub enum UpstreamStream {
+pub(crate) enum UpstreamStream {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
@@ -56,7 +56,7 @@ impl NodeSpec {
 /// The login of `base` aimed at `address`'s current node: `base` itself when the address is
 /// fixed (no copy), a copy with the primary's address when followed, an error while no
 /// primary is known.
-pub fn node_spec(
+pub(crate) fn node_spec(
     base: &Arc<NodeSpec>,
     address: &mut Address,
 ) -> Result<Arc<NodeSpec>, UpstreamError> {
@@ -75,7 +75,7 @@ pub fn node_spec(
 
 /// The connection id in a HELLO reply (its `id` field, in RESP2 and RESP3 alike); `None` for
 /// an empty reply (no handshake) or one without it.
-pub fn hello_id(hello: &[u8]) -> Option<u64> {
+pub(crate) fn hello_id(hello: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"$2\r\nid\r\n:";
     let at = hello
         .windows(KEY.len())
@@ -94,7 +94,7 @@ pub fn hello_id(hello: &[u8]) -> Option<u64> {
 /// Connects and negotiates RESP `proto` (`None`: no handshake at all, for a client that
 /// authenticates itself); returns the stream and the upstream's HELLO reply, which the proxy
 /// replays to clients that send a plain `HELLO`.
-pub async fn connect(
+pub(crate) async fn connect(
     spec: &NodeSpec,
     proto: Option<u8>,
 ) -> Result<(UpstreamStream, Bytes), UpstreamError> {

@@ -21,20 +21,20 @@
 //!   logged.
 
 pub mod address;
-pub mod coalesce;
-pub mod conn;
-pub mod credentials;
-pub mod dedicated;
-pub mod gate;
+pub(crate) mod coalesce;
+pub(crate) mod conn;
+pub(crate) mod credentials;
+pub(crate) mod dedicated;
+pub(crate) mod gate;
 pub mod handshake;
-pub mod oom;
-pub mod outage;
+pub(crate) mod oom;
+pub(crate) mod outage;
 pub mod pool;
-pub mod replicas;
-pub mod script_login;
-pub mod server_probe;
-pub mod stray;
-pub mod tls;
+pub(crate) mod replicas;
+pub(crate) mod script_login;
+pub(crate) mod server_probe;
+pub(crate) mod stray;
+pub(crate) mod tls;
 
 use std::time::Duration;
 
@@ -46,26 +46,26 @@ use crate::reply::SubKind;
 
 /// Commands sent to an upstream connection together, and where their replies go.
 #[derive(Debug)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// One or more complete commands, forwarded byte for byte.
-    pub bytes: Bytes,
+    pub(crate) bytes: Bytes,
     /// How many reply frames the bytes produce, and how to recognise them.
-    pub expect: Expect,
+    pub(crate) expect: Expect,
     /// How long Redis may legitimately take to answer, which sets when the connection's
     /// command timeout gives up on it.
-    pub wait: ReplyWait,
+    pub(crate) wait: ReplyWait,
     /// The session that waits for the replies; replies and pushes share it so that they
     /// reach the client in the order the upstream sent them.
-    pub reply_to: ReplySender,
+    pub(crate) reply_to: ReplySender,
     /// Echoed in `Reply::Batch`: a cluster session with batches in flight on several nodes
     /// learns from it which batch a reply answers (replies from different nodes arrive in any
     /// order). Batches whose replies come on a private channel leave it 0.
-    pub seq: u16,
+    pub(crate) seq: u16,
 }
 
 /// The replies a batch produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
+pub(crate) enum Expect {
     /// `n` commands, one reply frame each.
     Frames(u32),
     /// One (UN)SUBSCRIBE command with `n` channels: one confirmation per channel.
@@ -79,7 +79,7 @@ pub enum Expect {
 
 impl Expect {
     /// Commands in the batch, which is what the client counts replies by.
-    pub fn commands(self) -> u32 {
+    pub(crate) fn commands(self) -> u32 {
         match self {
             Expect::Frames(n) => n,
             _ => 1,
@@ -90,7 +90,7 @@ impl Expect {
 /// How long a batch may legitimately go unanswered, so that `upstream.command_timeout_ms`
 /// cuts a silent upstream without cutting a command that is waiting as asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ReplyWait {
+pub(crate) enum ReplyWait {
     /// Redis answers as soon as it runs the commands: the command timeout applies as it is.
     #[default]
     Prompt,
@@ -105,7 +105,7 @@ pub enum ReplyWait {
 impl ReplyWait {
     /// How long after the batch reached the head of its connection's queue the connection
     /// is declared dead, given the command timeout; `None`: never.
-    pub fn allowance(self, timeout: Duration) -> Option<Duration> {
+    pub(crate) fn allowance(self, timeout: Duration) -> Option<Duration> {
         match self {
             ReplyWait::Prompt => Some(timeout),
             ReplyWait::Blocks(limit) => limit.checked_add(timeout),
@@ -114,14 +114,14 @@ impl ReplyWait {
     }
 
     /// The wait of a blocking command whose own timeout is `limit` (`None`: forever).
-    pub fn blocking(limit: Option<Duration>) -> ReplyWait {
+    pub(crate) fn blocking(limit: Option<Duration>) -> ReplyWait {
         limit.map_or(ReplyWait::Unbounded, ReplyWait::Blocks)
     }
 }
 
 /// What an upstream connection sends back to a session.
 #[derive(Debug)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// The replies of the batch sent with `seq` (the session's oldest unanswered batch on
     /// that connection), as raw bytes. When the upstream failed first, `missing` commands got
     /// no reply and `error` says why. `seq` is 16 bits so that the reply stays 48 bytes (the
@@ -146,19 +146,19 @@ pub enum Reply {
 
 /// The classic pub/sub subscriptions of a dedicated connection, as Redis confirmed them.
 #[derive(Debug, Default)]
-pub struct Subscriptions {
+pub(crate) struct Subscriptions {
     /// SUBSCRIBE channels.
-    pub channels: Vec<Bytes>,
+    pub(crate) channels: Vec<Bytes>,
     /// PSUBSCRIBE patterns.
-    pub patterns: Vec<Bytes>,
+    pub(crate) patterns: Vec<Bytes>,
 }
 
 /// Where an upstream connection delivers a session's replies.
-pub type ReplySender = mpsc::UnboundedSender<Reply>;
+pub(crate) type ReplySender = mpsc::UnboundedSender<Reply>;
 
 /// Why [`read_reply`] returned no reply.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadReplyError {
+pub(crate) enum ReadReplyError {
     #[error("read failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("connection closed before the reply")]
@@ -173,7 +173,7 @@ pub enum ReadReplyError {
 /// Reads until `buf` holds one complete reply and splits it off (anything after it stays in
 /// `buf`). For the proxy's own one-off exchanges (handshake, topology, sentinels), where a
 /// reply must be bounded by `max` bytes so a confused peer cannot grow memory.
-pub async fn read_reply<S: tokio::io::AsyncRead + Unpin>(
+pub(crate) async fn read_reply<S: tokio::io::AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut bytes::BytesMut,
     max: usize,

@@ -9,13 +9,13 @@ use bytes::{Bytes, BytesMut};
 use crate::reply;
 
 /// Whether one reply frame is Redis's OOM error.
-pub fn is_oom(frame: &[u8]) -> bool {
+pub(crate) fn is_oom(frame: &[u8]) -> bool {
     frame.starts_with(b"-OOM ")
 }
 
 /// `data` (one batch's complete replies) with `note` appended to the text of every
 /// top-level OOM error; the other replies are copied unchanged.
-pub fn annotate(data: Bytes, note: &str) -> Bytes {
+pub(crate) fn annotate(data: Bytes, note: &str) -> Bytes {
     let mut out = BytesMut::with_capacity(data.len() + note.len() + 2);
     let mut rest = &data[..];
     while !rest.is_empty() {

@@ -20,7 +20,7 @@ const MAX_SUMMARY_INTERVAL: Duration = Duration::from_secs(300);
 /// Which of a pool's connections reports: the log names it, so the proxy's own control
 /// connection is never mistaken for one that carries clients' commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// Carries clients' commands, pipelined.
     Shared,
     /// The proxy's own commands (shared rate-limit scripts, probes).
@@ -29,7 +29,7 @@ pub enum Role {
 
 impl Role {
     /// As logged.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Role::Shared => "shared",
             Role::Control => "control",
@@ -39,7 +39,7 @@ impl Role {
 
 /// What to log for one failure.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Report {
+pub(crate) enum Report {
     /// The first failure of an outage: log it at WARN.
     First,
     /// The outage goes on: log a summary of `failures` since `down_for` ago at WARN.
@@ -55,7 +55,7 @@ pub enum Report {
 
 /// What to log for a connection that came up.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Up {
+pub(crate) enum Up {
     /// The node's first connection since start: log it once at INFO.
     First,
     /// The end of an outage: log the recovery once at INFO.
@@ -71,7 +71,7 @@ pub enum Up {
 
 /// One node's outage state, shared by the supervisors of its pool.
 #[derive(Debug, Default)]
-pub struct Outage {
+pub(crate) struct Outage {
     /// Behind a lock: touched only when a connection fails or comes up, never per command.
     state: Mutex<State>,
 }
@@ -93,7 +93,7 @@ struct State {
 
 impl Outage {
     /// A connection failed (connect, handshake, or an established connection lost) at `now`.
-    pub fn failed(&self, now: Instant) -> Report {
+    pub(crate) fn failed(&self, now: Instant) -> Report {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.failures += 1;
         let Some(since) = s.since else {
@@ -117,7 +117,7 @@ impl Outage {
     }
 
     /// A connection came up at `now`.
-    pub fn up(&self, now: Instant) -> Up {
+    pub(crate) fn up(&self, now: Instant) -> Up {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let first = !s.ever_up;
         s.ever_up = true;

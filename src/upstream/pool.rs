@@ -59,7 +59,7 @@ impl Pool {
     /// Creates the pool of the standalone upstream and starts its supervisors; must run inside
     /// a tokio runtime. Fails only when the TLS files cannot be used (validation has already
     /// checked them once).
-    pub fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Pool>, String> {
+    pub(crate) fn start(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<Pool>, String> {
         let settings = PoolSettings::from_config(config)?;
         Ok(Pool::start_node(
             config.upstream.address.value.as_str().into(),
@@ -77,7 +77,7 @@ impl Pool {
     /// The standalone upstream's pool, at an address a cutover may move
     /// (`mirror::cutover`): the sender publishes the next one. Until then it is the
     /// configured address, as with [`Pool::start`].
-    pub fn start_movable(
+    pub(crate) fn start_movable(
         config: &Config,
         metrics: Arc<Metrics>,
     ) -> Result<(Arc<Pool>, watch::Sender<Option<AddrEpoch>>), String> {
@@ -98,7 +98,7 @@ impl Pool {
     /// queued on it before: from then on, nothing sent earlier is still unanswered (answered
     /// by the node, or failed with the connection). `false` when that took longer than
     /// `within`.
-    pub async fn barrier(&self, within: Duration) -> bool {
+    pub(crate) async fn barrier(&self, within: Duration) -> bool {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let connections = self.shared.iter().flatten();
         let until = tokio::time::Instant::now() + within;
@@ -224,18 +224,18 @@ impl Pool {
     }
 
     /// The upstream's address now, for messages and INFO.
-    pub fn addr(&self) -> Arc<str> {
+    pub(crate) fn addr(&self) -> Arc<str> {
         self.address.name()
     }
 
     /// How many times the upstream's address has moved (Sentinel failovers; 0 when fixed).
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.address.epoch()
     }
 
     /// The shared connection a client uses. A client always uses the same one, so its
     /// commands run in the order it sent them.
-    pub fn shared(&self, proto: u8, client_id: u64) -> &mpsc::Sender<Batch> {
+    pub(crate) fn shared(&self, proto: u8, client_id: u64) -> &mpsc::Sender<Batch> {
         let conns = &self.shared[usize::from(proto == 3)];
         &conns[(client_id % conns.len() as u64) as usize]
     }
@@ -246,7 +246,7 @@ impl Pool {
     }
 
     /// Whether the shared connection [`Pool::shared`] gives this client is established now.
-    pub fn shared_up(&self, proto: u8, client_id: u64) -> bool {
+    pub(crate) fn shared_up(&self, proto: u8, client_id: u64) -> bool {
         let flags = &self.up[usize::from(proto == 3)];
         flags[(client_id % flags.len() as u64) as usize].load(Ordering::Relaxed)
     }
@@ -254,7 +254,7 @@ impl Pool {
     /// Times a `PING` on the control connection and keeps the result for
     /// [`Pool::round_trip`]; a failed probe clears it, so a node that stops answering stops
     /// being the nearest.
-    pub async fn probe(&self) {
+    pub(crate) async fn probe(&self) {
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         let batch = Batch {
             bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
@@ -279,7 +279,7 @@ impl Pool {
     }
 
     /// The latest probe's round trip; `None` before the first or after a failed one.
-    pub fn round_trip(&self) -> Option<Duration> {
+    pub(crate) fn round_trip(&self) -> Option<Duration> {
         match self.rtt_us.load(Ordering::Relaxed) {
             0 => None,
             us => Some(Duration::from_micros(us)),
@@ -288,7 +288,7 @@ impl Pool {
 
     /// The upstream's HELLO reply for a RESP version. Right after start the first handshake
     /// may still be under way: wait for it, bounded by the connect timeout.
-    pub async fn hello(&self, proto: u8) -> Option<Bytes> {
+    pub(crate) async fn hello(&self, proto: u8) -> Option<Bytes> {
         let mut rx = self.hello[usize::from(proto == 3)].clone();
         let wait = rx.wait_for(Option::is_some);
         match tokio::time::timeout(self.spec.connect_timeout, wait).await {
@@ -305,18 +305,18 @@ impl Pool {
     }
 
     /// How long a connect and handshake may take (`upstream.connect_timeout_ms`).
-    pub fn connect_timeout(&self) -> Duration {
+    pub(crate) fn connect_timeout(&self) -> Duration {
         self.spec.connect_timeout
     }
 
     /// Whether the node refused the proxy's latest login (`upstream::credentials`).
-    pub fn credentials_refused(&self) -> bool {
+    pub(crate) fn credentials_refused(&self) -> bool {
         self.credentials.refused()
     }
 
     /// Whether the pool logs in with its own credentials. Without them, a client's AUTH runs
     /// on a connection that has had no handshake at all, exactly as on a direct connection.
-    pub fn has_credentials(&self) -> bool {
+    pub(crate) fn has_credentials(&self) -> bool {
         self.spec.password.is_some()
     }
 
@@ -324,18 +324,13 @@ impl Pool {
     /// [`dedicated`]). It lives until the session drops the returned sender or the connection
     /// fails; then the session gets `Reply::PinnedClosed`. `raw` skips the handshake: the
     /// connection starts as a fresh RESP2 one, unauthenticated.
-    pub async fn dedicated(
+    pub(crate) async fn dedicated(
         &self,
         proto: u8,
         push: PushTarget,
         raw: bool,
     ) -> Result<Opened, UpstreamError> {
         self.dedicated.open(proto, push, raw).await
-    }
-
-    /// Stocked dedicated connections ready now, per RESP version (RESP2, RESP3).
-    pub fn dedicated_ready(&self) -> [usize; 2] {
-        self.dedicated.ready()
     }
 }
 
@@ -344,20 +339,20 @@ impl Pool {
 #[derive(Clone)]
 pub struct PoolSettings {
     /// Login, TLS and connect timeout; its `addr` is replaced per node.
-    pub login: NodeSpec,
+    pub(crate) login: NodeSpec,
     /// Shared connections per RESP version.
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// Queued batches per connection before senders wait.
-    pub queue_depth: usize,
+    pub(crate) queue_depth: usize,
     /// First and largest reconnect delay.
-    pub backoff: (Duration, Duration),
+    pub(crate) backoff: (Duration, Duration),
     /// Reply deadline for commands that do not block (`None`: wait forever).
-    pub command_timeout: Option<Duration>,
+    pub(crate) command_timeout: Option<Duration>,
     /// Cap, warm stock and wait of the dedicated connections.
-    pub dedicated: DedicatedLimits,
+    pub(crate) dedicated: DedicatedLimits,
     /// Identical concurrent reads share one reply on the shared connections
     /// (`upstream.coalesce_reads`: standalone upstreams, and standalone route upstreams).
-    pub coalesce: bool,
+    pub(crate) coalesce: bool,
 }
 
 impl PoolSettings {
@@ -637,7 +632,7 @@ enum ControlTo {
 
 /// Picks the pool whose control connection serves a command. A trait so the pool needs no
 /// knowledge of who routes (`cluster::Router` implements it).
-pub trait ControlRoute: Send + Sync {
+pub(crate) trait ControlRoute: Send + Sync {
     /// The pool of the node that serves `args` (a whole command), or why none does now.
     fn pool_for(&self, args: &[&[u8]]) -> Result<Arc<Pool>, UpstreamError>;
 }
@@ -645,7 +640,7 @@ pub trait ControlRoute: Send + Sync {
 impl Control {
     /// A control handle that sends each command to the pool `router` picks for it (a
     /// cluster's router: by the slot of the command's key).
-    pub fn cluster(router: Arc<impl ControlRoute + 'static>) -> Control {
+    pub(crate) fn cluster(router: Arc<impl ControlRoute + 'static>) -> Control {
         Control {
             to: ControlTo::Routed(router),
         }

@@ -14,7 +14,7 @@ use super::pool::{Pool, PoolSettings};
 use crate::metrics::Metrics;
 
 /// The replicas reads may go to.
-pub struct Replicas {
+pub(crate) struct Replicas {
     /// What every replica pool is built with: the primary's login, TLS and limits (a
     /// replica of a password-protected primary takes the same credentials).
     settings: PoolSettings,
@@ -33,7 +33,7 @@ pub struct Replicas {
 
 impl Replicas {
     /// An empty set; [`Replicas::follow`] fills it.
-    pub fn new(settings: PoolSettings, metrics: Arc<Metrics>) -> Arc<Replicas> {
+    pub(crate) fn new(settings: PoolSettings, metrics: Arc<Metrics>) -> Arc<Replicas> {
         Arc::new(Replicas {
             settings,
             metrics,
@@ -45,7 +45,7 @@ impl Replicas {
 
     /// Keeps the set equal to the addresses published on `list` (by
     /// `sentinel::replicas::follow_replicas`) until the publisher is gone.
-    pub async fn follow(self: Arc<Self>, mut list: watch::Receiver<Vec<Arc<str>>>) {
+    pub(crate) async fn follow(self: Arc<Self>, mut list: watch::Receiver<Vec<Arc<str>>>) {
         loop {
             let addrs = list.borrow_and_update().clone();
             self.set(&addrs);
@@ -56,7 +56,7 @@ impl Replicas {
     }
 
     /// Makes `addrs` the listed replicas, starting pools for addresses not seen before.
-    pub fn set(&self, addrs: &[Arc<str>]) {
+    pub(crate) fn set(&self, addrs: &[Arc<str>]) {
         let nodes = addrs.iter().map(|a| self.node(a)).collect();
         self.listed.store(Arc::new(nodes));
     }
@@ -78,7 +78,7 @@ impl Replicas {
     }
 
     /// The pool of replica node `node` (1-based, as [`Replicas::pick`] returns).
-    pub fn pool(&self, node: u16) -> Arc<Pool> {
+    pub(crate) fn pool(&self, node: u16) -> Arc<Pool> {
         self.pools.load()[usize::from(node) - 1].clone()
     }
 
@@ -86,7 +86,7 @@ impl Replicas {
     /// connection for this client is up, client id modulo their number, so one client's
     /// reads stay on one replica (and in order) while the set holds. `None` (read from the
     /// primary) when none is up: a missing replica is never an error.
-    pub fn pick(&self, proto: u8, client: u64) -> Option<u16> {
+    pub(crate) fn pick(&self, proto: u8, client: u64) -> Option<u16> {
         let listed = self.listed.load();
         if listed.is_empty() {
             return None;

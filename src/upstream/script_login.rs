@@ -16,7 +16,7 @@ use crate::script_user::{ScriptUser, State, setuser_args};
 
 /// Why the script user could not be used.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Redis refused or answered something the proxy cannot use: retrying will not help
     /// (no ACL rights, Redis before 7, an unreadable ACL).
     Refused(String),
@@ -37,17 +37,17 @@ impl std::fmt::Display for Failure {
 
 /// One command and its decoded reply, on whatever carries it (a fresh connection's stream,
 /// the control connection).
-pub trait Ask {
+pub(crate) trait Ask {
     /// Sends `args` and decodes the reply; `Err` when the connection failed.
     fn ask(&mut self, args: &[&str]) -> impl Future<Output = Result<Value, String>> + Send;
 }
 
 /// A stream before the connection task owns it.
-pub struct OnStream<'a, S> {
+pub(crate) struct OnStream<'a, S> {
     /// The connection, logged in.
-    pub stream: &'a mut S,
+    pub(crate) stream: &'a mut S,
     /// Read buffer (replies here are small).
-    pub buf: BytesMut,
+    pub(crate) buf: BytesMut,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Ask for OnStream<'_, S> {
@@ -71,7 +71,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Ask for OnStream<'_, S> {
 /// refused, or run unconfined under `upstream.unconfined_scripts: run`). A failure while the
 /// user was believed usable is an error, so no connection a session counts on to be confined
 /// is handed out unconfined.
-pub async fn log_in(ask: &mut impl Ask, user: &ScriptUser) -> Result<bool, Failure> {
+pub(crate) async fn log_in(ask: &mut impl Ask, user: &ScriptUser) -> Result<bool, Failure> {
     if !user.available() {
         return Ok(false);
     }
@@ -124,7 +124,7 @@ async fn auth(ask: &mut impl Ask, user: &ScriptUser) -> Result<bool, Failure> {
 
 /// Creates (or updates) the script user on the node `ask` talks to, as the proxy's own user;
 /// returns that user's name.
-pub async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Failure> {
+pub(crate) async fn set_up(ask: &mut impl Ask, user: &ScriptUser) -> Result<String, Failure> {
     let proxy_user = match call(ask, &["ACL", "WHOAMI"]).await? {
         Value::String(u) => String::from_utf8_lossy(&u).into_owned(),
         other => return Err(Failure::Refused(format!("ACL WHOAMI answered {other:?}"))),
@@ -206,7 +206,7 @@ fn refusal(what: String, e: &str) -> Failure {
 /// Error codes that say "not now" rather than "no": a script running (`BUSY`), a dataset
 /// loading (`LOADING`), a replica without its primary (`MASTERDOWN`), a cluster mid-change
 /// (`TRYAGAIN`, `CLUSTERDOWN`).
-pub fn is_transient(e: &str) -> bool {
+pub(crate) fn is_transient(e: &str) -> bool {
     let code = e.split(' ').next().unwrap_or("");
     ["BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"].contains(&code)
 }

@@ -20,7 +20,7 @@ const RECHECK: Duration = Duration::from_secs(5);
 
 /// Reads the server's facts now and whenever its `run_id` changes; stores them in
 /// `metrics.upstream_server`. Runs until aborted.
-pub async fn watch(control: Control, metrics: Arc<Metrics>) {
+pub(crate) async fn watch(control: Control, metrics: Arc<Metrics>) {
     let mut tick = tokio::time::interval(RECHECK);
     // The last error logged, so a server that stays down is not logged every tick.
     let mut last_error: Option<String> = None;
@@ -39,7 +39,7 @@ pub async fn watch(control: Control, metrics: Arc<Metrics>) {
 
 /// The first [`read`], before clients are served, so the first commands are judged with the
 /// server's table; bounded by `within` (an upstream that is down is read later by [`watch`]).
-pub async fn first(control: &Control, metrics: &Arc<Metrics>, within: Duration) {
+pub(crate) async fn first(control: &Control, metrics: &Arc<Metrics>, within: Duration) {
     let _ = tokio::time::timeout(within, read(control, metrics)).await;
 }
 

@@ -19,7 +19,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// queue (`waiting`: one is). Every reply is a reply, except a push: the one push Redis
 /// sends as a reply there is an UNSUBSCRIBE-family confirmation (a RESP3 client's
 /// UNSUBSCRIBE without subscriptions takes the shared path); anything else pushed is stray.
-pub fn is_reply(frame: &[u8], waiting: bool) -> bool {
+pub(crate) fn is_reply(frame: &[u8], waiting: bool) -> bool {
     if frame.first() != Some(&b'>') {
         return true;
     }
@@ -35,7 +35,7 @@ pub fn is_reply(frame: &[u8], waiting: bool) -> bool {
 
 /// One shared connection's record of stray pushes, for its rate-limited log.
 #[derive(Default)]
-pub struct StrayPushes {
+pub(crate) struct StrayPushes {
     /// When the last log line was written (`None`: never).
     logged_at: Option<Instant>,
     /// Pushes dropped since that line.
@@ -45,7 +45,7 @@ pub struct StrayPushes {
 impl StrayPushes {
     /// Counts a dropped push of `len` bytes on the connection to `addr`, and logs it unless
     /// one was logged within `LOG_EVERY`.
-    pub fn dropped(&mut self, addr: &str, frame: &[u8], metrics: Option<&Metrics>) {
+    pub(crate) fn dropped(&mut self, addr: &str, frame: &[u8], metrics: Option<&Metrics>) {
         if let Some(m) = metrics {
             m.upstream_stray_pushes.inc();
         }

@@ -14,13 +14,13 @@ use crate::config::TlsConfig;
 #[derive(Clone)]
 pub struct Tls {
     /// Shared rustls configuration (session resumption cache included).
-    pub connector: TlsConnector,
+    pub(crate) connector: TlsConnector,
     /// Name verified against the upstream certificate and sent as SNI.
-    pub server_name: ServerName<'static>,
+    pub(crate) server_name: ServerName<'static>,
 }
 
 /// Builds the TLS setup; errors name the file that could not be used.
-pub fn build(config: &TlsConfig, upstream_host: &str) -> Result<Tls, String> {
+pub(crate) fn build(config: &TlsConfig, upstream_host: &str) -> Result<Tls, String> {
     let roots = crate::pem::roots(&config.ca_file.value)?;
     let builder = ClientConfig::builder().with_root_certificates(roots);
     let client = match (&config.cert_file, &config.key_file) {

@@ -19,7 +19,7 @@ use super::{POLL, free_port, temp_dir};
 const CLUSTER_DEADLINE: Duration = Duration::from_secs(40);
 
 /// One `redis-server` of the cluster.
-pub struct ClusterNode {
+pub(crate) struct ClusterNode {
     /// Client port on 127.0.0.1.
     pub port: u16,
     /// Cluster bus port, set explicitly: Redis's default (port + 10000) may be taken or above
@@ -31,18 +31,18 @@ pub struct ClusterNode {
 
 impl ClusterNode {
     /// `127.0.0.1:port`.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Whether the process has not been killed by the test.
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.child.is_some()
     }
 }
 
 /// A running cluster of `primaries` shards with `replicas_per_primary` replicas each.
-pub struct RedisCluster {
+pub(crate) struct RedisCluster {
     /// Holds every node's config file, log and the `redis-cli --cluster create` output.
     dir: PathBuf,
     /// Every node, in start order (which is not necessarily primaries first: roles are
@@ -54,7 +54,7 @@ pub struct RedisCluster {
 
 /// The proxy's configuration for cluster mode with `seed`, plus `settings`: lines under
 /// `upstream.cluster`, e.g. `refresh_interval_ms: 500`.
-pub fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config {
+pub(crate) fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config {
     let mut text = format!("upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n");
     for line in settings {
         text.push_str(&format!("    {line}\n"));
@@ -65,7 +65,7 @@ pub fn proxy_config(seed: &str, settings: &[&str]) -> redis_policy_proxy::Config
 
 /// The proxy's config in front of the cluster seeded at `seed` with one namespaced tenant:
 /// user `alice` (password `alicepw`), tenant `a`, keys and channels under `a:`.
-pub fn namespaced_config(seed: &str) -> redis_policy_proxy::Config {
+pub(crate) fn namespaced_config(seed: &str) -> redis_policy_proxy::Config {
     const ALICE: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2"; // alicepw
     let yaml = format!(
         "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\naccess:\n  users:\n    - {{name: alice, password_sha256: {ALICE}}}\n  identities:\n    - {{tenant: a, user: alice}}\n  namespaces:\n    a: 'a:'\n"
@@ -78,13 +78,13 @@ impl RedisCluster {
     /// Starts the cluster and waits until it is ready: every node reports `cluster_state:ok`,
     /// knows every other node, sees all 16384 slots served, and every replica's link to its
     /// primary is up. Panics (after cleaning up) if that does not happen within the deadline.
-    pub fn start(primaries: usize, replicas_per_primary: usize) -> RedisCluster {
+    pub(crate) fn start(primaries: usize, replicas_per_primary: usize) -> RedisCluster {
         Self::start_with(primaries, replicas_per_primary, &[])
     }
 
     /// As [`RedisCluster::start`], with extra `redis-server` arguments for every node (e.g.
     /// `["--cluster-node-timeout", "1000"]` for a failover test).
-    pub fn start_with(
+    pub(crate) fn start_with(
         primaries: usize,
         replicas_per_primary: usize,
         args: &[&str],
@@ -99,7 +99,7 @@ impl RedisCluster {
 
     /// As [`RedisCluster::start_with`], every node running `bin` (a server of the matrix,
     /// [`super::matrix_servers`]) whatever `RPP_REDIS_SERVER` says.
-    pub fn start_binary(
+    pub(crate) fn start_binary(
         bin: &Path,
         primaries: usize,
         replicas_per_primary: usize,
@@ -238,12 +238,12 @@ impl RedisCluster {
     }
 
     /// Every node, killed ones included (see [`ClusterNode::is_alive`]).
-    pub fn nodes(&self) -> &[ClusterNode] {
+    pub(crate) fn nodes(&self) -> &[ClusterNode] {
         &self.nodes
     }
 
     /// A key whose slot is owned by `primary`, built from `stem`.
-    pub fn key_on(&self, primary: &str, stem: &str) -> String {
+    pub(crate) fn key_on(&self, primary: &str, stem: &str) -> String {
         (0..)
             .map(|i| format!("{stem}:{i}"))
             .find(|k| {
@@ -253,7 +253,7 @@ impl RedisCluster {
     }
 
     /// `host:port` of every node that is still running.
-    pub fn live_addrs(&self) -> Vec<String> {
+    pub(crate) fn live_addrs(&self) -> Vec<String> {
         self.nodes
             .iter()
             .filter(|n| n.is_alive())
@@ -263,7 +263,7 @@ impl RedisCluster {
 
     /// The address of the primary serving `slot`, by `CLUSTER SLOTS` of the first live node
     /// that answers.
-    pub fn primary_for_slot(&self, slot: u16) -> String {
+    pub(crate) fn primary_for_slot(&self, slot: u16) -> String {
         for node in self.nodes.iter().filter(|n| n.is_alive()) {
             let Ok(Value::Array(ranges)) = query(node.port, &["CLUSTER", "SLOTS"]) else {
                 continue;
@@ -278,7 +278,7 @@ impl RedisCluster {
     }
 
     /// The addresses of the nodes that own slots (the primaries), by `CLUSTER SLOTS`.
-    pub fn primaries(&self) -> Vec<String> {
+    pub(crate) fn primaries(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         for node in self.nodes.iter().filter(|n| n.is_alive()) {
             if let Ok(Value::Array(ranges)) = query(node.port, &["CLUSTER", "SLOTS"]) {
@@ -294,7 +294,7 @@ impl RedisCluster {
     }
 
     /// Kills node `index` (SIGKILL) and waits for it to exit.
-    pub fn kill(&mut self, index: usize) {
+    pub(crate) fn kill(&mut self, index: usize) {
         if let Some(mut child) = self.nodes[index].child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -303,7 +303,7 @@ impl RedisCluster {
 
     /// Runs one command on the node listening on `port` (blocking), as the `redis` crate reads
     /// the reply. Error replies come back as `Err`.
-    pub fn query(&self, port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+    pub(crate) fn query(&self, port: u16, args: &[&str]) -> redis::RedisResult<Value> {
         query(port, args)
     }
 }
@@ -457,14 +457,14 @@ fn as_array(v: &Value) -> Option<&[Value]> {
 }
 
 /// `CLUSTER SETSLOT slot state node`, encoded.
-pub fn setslot(slot: u16, state: &str, node: &str) -> Vec<u8> {
+pub(crate) fn setslot(slot: u16, state: &str, node: &str) -> Vec<u8> {
     super::resp(&["CLUSTER", "SETSLOT", &slot.to_string(), state, node])
 }
 
 /// Starts moving `slot` from `source` to `target` (each `(address, node id)`) as
 /// `redis-cli --cluster reshard` does: IMPORTING on the target, then MIGRATING on the source.
 /// Returns connections to the source and the target for the rest of the migration.
-pub async fn begin_migration(
+pub(crate) async fn begin_migration(
     slot: u16,
     (source, source_id): (&str, &str),
     (target, target_id): (&str, &str),
@@ -489,7 +489,7 @@ pub async fn begin_migration(
 /// `CLUSTER MYID` of the node at `addr`.
 /// Ends moving `slot` from `source` to `target` (node id `target_id`), as `redis-cli --cluster
 /// reshard` does: SETSLOT NODE on the target, the source, then every primary.
-pub async fn end_migration(
+pub(crate) async fn end_migration(
     redis: &RedisCluster,
     slot: u16,
     (source, target): (&str, &str),
@@ -508,7 +508,7 @@ pub async fn end_migration(
 }
 
 /// A primary other than `than`, to move a slot to.
-pub fn other_primary(redis: &RedisCluster, than: &str) -> String {
+pub(crate) fn other_primary(redis: &RedisCluster, than: &str) -> String {
     redis
         .primaries()
         .into_iter()
@@ -516,7 +516,7 @@ pub fn other_primary(redis: &RedisCluster, than: &str) -> String {
         .expect("another primary")
 }
 
-pub fn node_id(redis: &RedisCluster, addr: &str) -> String {
+pub(crate) fn node_id(redis: &RedisCluster, addr: &str) -> String {
     let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
     match redis.query(port, &["CLUSTER", "MYID"]).unwrap() {
         Value::BulkString(b) => String::from_utf8(b).unwrap(),

@@ -3,7 +3,7 @@
 use super::RedisServer;
 
 /// Fills `redis` with one key of each type, some with TTLs, and `n` plain strings.
-pub async fn fill(redis: &RedisServer, n: usize) {
+pub(crate) async fn fill(redis: &RedisServer, n: usize) {
     redis.direct(&["SET", "s:plain", "v"]).await;
     redis.direct(&["SET", "s:ttl", "v", "EX", "1000"]).await;
     redis.direct(&["HSET", "h", "f1", "a", "f2", "b"]).await;
@@ -19,13 +19,13 @@ pub async fn fill(redis: &RedisServer, n: usize) {
     }
 }
 
-pub fn text(reply: &[u8]) -> String {
+pub(crate) fn text(reply: &[u8]) -> String {
     String::from_utf8_lossy(reply).into_owned()
 }
 
 /// A key's type and value, in an order that does not depend on the encoding (a restored set
 /// may list its members in another order).
-pub async fn value_of(redis: &RedisServer, key: &str) -> (String, Vec<String>) {
+pub(crate) async fn value_of(redis: &RedisServer, key: &str) -> (String, Vec<String>) {
     let kind = text(&redis.direct(&["TYPE", key]).await);
     let read: &[&str] = match kind.trim() {
         "+string" => &["GET"],
@@ -52,7 +52,7 @@ pub async fn value_of(redis: &RedisServer, key: &str) -> (String, Vec<String>) {
 
 /// Every key of `from` is on `to` with the same value (read by type) and a TTL
 /// within a few seconds of the source's (both count down), except those in `differ`.
-pub async fn assert_same(from: &RedisServer, to: &RedisServer, differ: &[&str]) {
+pub(crate) async fn assert_same(from: &RedisServer, to: &RedisServer, differ: &[&str]) {
     let keys = text(&from.direct(&["KEYS", "*"]).await);
     let names: Vec<&str> = keys
         .lines()

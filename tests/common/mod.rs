@@ -11,11 +11,11 @@
     reason = "each test binary uses only some of the shared fixtures"
 )]
 
-pub mod cluster;
-pub mod keys;
-pub mod process;
-pub mod relay;
-pub mod sentinel;
+pub(crate) mod cluster;
+pub(crate) mod keys;
+pub(crate) mod process;
+pub(crate) mod relay;
+pub(crate) mod sentinel;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -31,16 +31,16 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// Upper bound of any single wait in the tests (server start, a reply, a reconnect).
-pub const DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
 /// Interval of deadline-bounded polling loops.
-pub const POLL: Duration = Duration::from_millis(10);
+pub(crate) const POLL: Duration = Duration::from_millis(10);
 
 // ---------------------------------------------------------------------------------------------
 // Temp dirs and ports
 // ---------------------------------------------------------------------------------------------
 
 /// A fresh, empty directory unique to this process and call.
-pub fn temp_dir(tag: &str) -> PathBuf {
+pub(crate) fn temp_dir(tag: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("rpp-test-{tag}-{}-{n}", std::process::id()));
@@ -50,14 +50,14 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 }
 
 /// A unique temp directory removed on drop.
-pub struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         TempDir(temp_dir(tag))
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -69,7 +69,7 @@ impl Drop for TempDir {
 }
 
 /// A loopback port that was free a moment ago (callers retry on a race).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
@@ -81,7 +81,7 @@ pub fn free_port() -> u16 {
 // ---------------------------------------------------------------------------------------------
 
 /// One command encoded as a RESP multibulk.
-pub fn resp<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
+pub(crate) fn resp<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
         let a = a.as_ref();
@@ -93,7 +93,7 @@ pub fn resp<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
 }
 
 /// Several commands, each given as a whitespace-separated string (no quoting), concatenated.
-pub fn resp_cmds(cmds: &[&str]) -> Vec<u8> {
+pub(crate) fn resp_cmds(cmds: &[&str]) -> Vec<u8> {
     let mut out = Vec::new();
     for c in cmds {
         let args: Vec<&str> = c.split_whitespace().collect();
@@ -103,7 +103,7 @@ pub fn resp_cmds(cmds: &[&str]) -> Vec<u8> {
 }
 
 /// A RESP bulk string reply.
-pub fn bulk(s: &[u8]) -> Vec<u8> {
+pub(crate) fn bulk(s: &[u8]) -> Vec<u8> {
     let mut out = format!("${}\r\n", s.len()).into_bytes();
     out.extend_from_slice(s);
     out.extend_from_slice(b"\r\n");
@@ -173,12 +173,12 @@ fn scan_frame(buf: &[u8], pos: usize) -> Option<usize> {
 }
 
 /// Length of the first complete RESP2/RESP3 frame in `buf`, `None` while incomplete.
-pub fn frame_len(buf: &[u8]) -> Option<usize> {
+pub(crate) fn frame_len(buf: &[u8]) -> Option<usize> {
     scan_frame(buf, 0)
 }
 
 /// Splits `buf` into complete frames; returns them and the number of bytes consumed.
-pub fn split_frames(buf: &[u8]) -> (Vec<Vec<u8>>, usize) {
+pub(crate) fn split_frames(buf: &[u8]) -> (Vec<Vec<u8>>, usize) {
     let mut frames = Vec::new();
     let mut pos = 0;
     while let Some(end) = scan_frame(buf, pos) {
@@ -189,7 +189,7 @@ pub fn split_frames(buf: &[u8]) -> (Vec<Vec<u8>>, usize) {
 }
 
 /// Shortened printable form of bytes for assertion messages.
-pub fn show(bytes: &[u8]) -> String {
+pub(crate) fn show(bytes: &[u8]) -> String {
     const MAX: usize = 600;
     if bytes.len() <= MAX {
         format!("{:?}", String::from_utf8_lossy(bytes))
@@ -208,7 +208,7 @@ pub fn show(bytes: &[u8]) -> String {
 
 /// What a bounded read collected.
 #[derive(Debug)]
-pub struct Collected {
+pub(crate) struct Collected {
     pub frames: Vec<Vec<u8>>,
     /// Bytes after the last complete frame.
     pub rest: Vec<u8>,
@@ -217,7 +217,7 @@ pub struct Collected {
 }
 
 impl Collected {
-    pub fn joined(&self) -> Vec<u8> {
+    pub(crate) fn joined(&self) -> Vec<u8> {
         let mut out = self.frames.concat();
         out.extend_from_slice(&self.rest);
         out
@@ -225,13 +225,13 @@ impl Collected {
 }
 
 /// A raw RESP connection that reads exact frames with deadlines.
-pub struct Raw {
+pub(crate) struct Raw {
     pub stream: TcpStream,
     buf: Vec<u8>,
 }
 
 impl Raw {
-    pub async fn connect(addr: impl std::fmt::Display) -> Raw {
+    pub(crate) async fn connect(addr: impl std::fmt::Display) -> Raw {
         let addr = addr.to_string();
         let stream = tokio::time::timeout(DEADLINE, TcpStream::connect(&addr))
             .await
@@ -246,7 +246,10 @@ impl Raw {
 
     /// A connection from the local address `source` (a loopback address other than
     /// 127.0.0.1 gives the proxy another client address to judge).
-    pub async fn connect_from(addr: impl std::fmt::Display, source: std::net::IpAddr) -> Raw {
+    pub(crate) async fn connect_from(
+        addr: impl std::fmt::Display,
+        source: std::net::IpAddr,
+    ) -> Raw {
         let addr: std::net::SocketAddr = addr.to_string().parse().expect("a socket address");
         let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
         socket
@@ -264,7 +267,7 @@ impl Raw {
     }
 
     /// A connection attempt bounded by `within`; `None` if refused or timed out.
-    pub async fn try_connect(addr: impl std::fmt::Display, within: Duration) -> Option<Raw> {
+    pub(crate) async fn try_connect(addr: impl std::fmt::Display, within: Duration) -> Option<Raw> {
         let addr = addr.to_string();
         match tokio::time::timeout(within, TcpStream::connect(&addr)).await {
             Ok(Ok(stream)) => {
@@ -278,7 +281,7 @@ impl Raw {
         }
     }
 
-    pub async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         tokio::time::timeout(DEADLINE, self.stream.write_all(bytes))
             .await
             .expect("write timed out")
@@ -314,7 +317,7 @@ impl Raw {
     }
 
     /// Reads up to `n` complete frames, stopping early on EOF or after `within`.
-    pub async fn collect_frames(&mut self, n: usize, within: Duration) -> Collected {
+    pub(crate) async fn collect_frames(&mut self, n: usize, within: Duration) -> Collected {
         let until = Instant::now() + within;
         let mut frames = Vec::new();
         let mut closed = false;
@@ -341,7 +344,7 @@ impl Raw {
     }
 
     /// Reads exactly `n` frames or panics (closed early or deadline passed).
-    pub async fn read_frames(&mut self, n: usize) -> Vec<Vec<u8>> {
+    pub(crate) async fn read_frames(&mut self, n: usize) -> Vec<Vec<u8>> {
         let c = self.collect_frames(n, DEADLINE).await;
         assert!(
             c.frames.len() == n,
@@ -354,23 +357,23 @@ impl Raw {
     }
 
     /// One reply frame.
-    pub async fn read_frame(&mut self) -> Vec<u8> {
+    pub(crate) async fn read_frame(&mut self) -> Vec<u8> {
         self.read_frames(1).await.remove(0)
     }
 
     /// Sends `bytes` and returns the next `n` reply frames concatenated.
-    pub async fn request(&mut self, bytes: &[u8], n: usize) -> Vec<u8> {
+    pub(crate) async fn request(&mut self, bytes: &[u8], n: usize) -> Vec<u8> {
         self.send(bytes).await;
         self.read_frames(n).await.concat()
     }
 
     /// Sends one command (RESP-encoded) and returns its reply frame.
-    pub async fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Vec<u8> {
+    pub(crate) async fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Vec<u8> {
         self.request(&resp(args), 1).await
     }
 
     /// Reads exactly `n` bytes or panics.
-    pub async fn read_bytes(&mut self, n: usize) -> Vec<u8> {
+    pub(crate) async fn read_bytes(&mut self, n: usize) -> Vec<u8> {
         let until = Instant::now() + DEADLINE;
         while self.buf.len() < n {
             match self.fill(until).await {
@@ -391,7 +394,7 @@ impl Raw {
     }
 
     /// Everything until the peer closes; the flag is false if `within` passed first.
-    pub async fn read_to_close(&mut self, within: Duration) -> (Vec<u8>, bool) {
+    pub(crate) async fn read_to_close(&mut self, within: Duration) -> (Vec<u8>, bool) {
         let until = Instant::now() + within;
         loop {
             match self.fill(until).await {
@@ -404,7 +407,7 @@ impl Raw {
 
     /// Asserts nothing more arrives within `within` (used only after a reply that must be
     /// the last one, never as a readiness check).
-    pub async fn assert_quiet(&mut self, within: Duration) {
+    pub(crate) async fn assert_quiet(&mut self, within: Duration) {
         let until = Instant::now() + within;
         let _ = self.fill(until).await;
         assert!(
@@ -417,7 +420,11 @@ impl Raw {
 
 /// `n` clients connected to `addr`, each running `work(index, client)` at the same moment
 /// (a barrier once all are connected); their results, in client order.
-pub async fn all_at_once<T, F, Fut>(addr: impl std::fmt::Display, n: usize, work: F) -> Vec<T>
+pub(crate) async fn all_at_once<T, F, Fut>(
+    addr: impl std::fmt::Display,
+    n: usize,
+    work: F,
+) -> Vec<T>
 where
     F: Fn(usize, Raw) -> Fut,
     Fut: std::future::Future<Output = T> + Send + 'static,
@@ -447,13 +454,13 @@ where
 }
 
 /// Sends `input` on a fresh connection and reads `n` frames.
-pub async fn exchange(addr: impl std::fmt::Display, input: &[u8], n: usize) -> Vec<u8> {
+pub(crate) async fn exchange(addr: impl std::fmt::Display, input: &[u8], n: usize) -> Vec<u8> {
     let mut c = Raw::connect(addr).await;
     c.request(input, n).await
 }
 
 /// Sends `input` on a fresh connection and reads until the server closes it.
-pub async fn exchange_until_close(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
+pub(crate) async fn exchange_until_close(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
     let mut c = Raw::connect(addr).await;
     c.send(input).await;
     let (bytes, closed) = c.read_to_close(DEADLINE).await;
@@ -467,7 +474,7 @@ pub async fn exchange_until_close(addr: impl std::fmt::Display, input: &[u8]) ->
 
 /// Sends `input`, closes the writing half (EOF, as `nc -q0` or a client that exits does) and
 /// reads everything until the server closes, within the deadline.
-pub async fn exchange_half_closed(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
+pub(crate) async fn exchange_half_closed(addr: impl std::fmt::Display, input: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr.to_string()).await.expect("connect");
     s.write_all(input).await.expect("write");
     s.shutdown().await.expect("half-close");
@@ -487,7 +494,7 @@ pub async fn exchange_half_closed(addr: impl std::fmt::Display, input: &[u8]) ->
 /// Sends a big request and reads `n` frames concurrently, as real pipelining clients do (a
 /// client that writes everything before reading can deadlock against any backpressure).
 /// Stops early on EOF or after three deadlines.
-pub async fn pipeline(addr: impl std::fmt::Display, input: Vec<u8>, n: usize) -> Collected {
+pub(crate) async fn pipeline(addr: impl std::fmt::Display, input: Vec<u8>, n: usize) -> Collected {
     let c = Raw::connect(addr).await;
     let (mut rd, mut wr) = c.stream.into_split();
     let writer = tokio::spawn(async move {
@@ -540,7 +547,7 @@ pub async fn pipeline(addr: impl std::fmt::Display, input: Vec<u8>, n: usize) ->
 /// (Debian's 7.0.15 on CI). A Valkey binary takes the same arguments, so
 /// `RPP_REDIS_SERVER=$CACHE/valkey-9.1/bin/valkey-server cargo test` runs the tests in front
 /// of it (docs/compatibility.md; `scripts/build-servers.sh` builds the matrix's servers).
-pub fn server_binary() -> PathBuf {
+pub(crate) fn server_binary() -> PathBuf {
     match std::env::var_os("RPP_REDIS_SERVER") {
         Some(path) if !path.is_empty() => PathBuf::from(path),
         _ => PathBuf::from("redis-server"),
@@ -553,7 +560,7 @@ pub fn server_binary() -> PathBuf {
 
 /// The newer servers of the matrix, as `scripts/build-servers.sh` names them, and the binary
 /// each has under its directory of the cache.
-pub const MATRIX: &[(&str, &str)] = &[
+pub(crate) const MATRIX: &[(&str, &str)] = &[
     ("redis-8.0", "bin/redis-server"),
     ("valkey-9.1", "bin/valkey-server"),
 ];
@@ -561,7 +568,7 @@ pub const MATRIX: &[(&str, &str)] = &[
 /// Where `scripts/build-servers.sh` puts the servers it builds: `RPP_SERVER_CACHE`, else
 /// `$XDG_CACHE_HOME/redis-policy-proxy/servers`, else `~/.cache/redis-policy-proxy/servers`
 /// (the script's own rule).
-pub fn server_cache() -> PathBuf {
+pub(crate) fn server_cache() -> PathBuf {
     let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(dir) = set("RPP_SERVER_CACHE") {
         return PathBuf::from(dir);
@@ -575,7 +582,7 @@ pub fn server_cache() -> PathBuf {
 
 /// `RPP_SERVER_MATRIX=require` (set by `.ci/run` once `scripts/build-servers.sh` succeeded):
 /// a matrix server that is not built fails the test instead of skipping it.
-pub fn matrix_required() -> bool {
+pub(crate) fn matrix_required() -> bool {
     std::env::var("RPP_SERVER_MATRIX").as_deref() == Ok("require")
 }
 
@@ -583,7 +590,7 @@ pub fn matrix_required() -> bool {
 /// order. One that is missing fails the calling test under `RPP_SERVER_MATRIX=require`;
 /// otherwise it is left out with a `SKIPPED: <name> not built (scripts/build-servers.sh)` line
 /// on stderr, so a local `cargo test` without them still passes and says what it did not run.
-pub fn matrix_servers() -> Vec<(&'static str, PathBuf)> {
+pub(crate) fn matrix_servers() -> Vec<(&'static str, PathBuf)> {
     let cache = server_cache();
     let mut found = Vec::new();
     for &(name, rel) in MATRIX {
@@ -605,7 +612,7 @@ pub fn matrix_servers() -> Vec<(&'static str, PathBuf)> {
 
 /// One server of the matrix by name, under the same rule as [`matrix_servers`]: `None` (after
 /// the `SKIPPED` line) when it is not built and not required.
-pub fn matrix_server(name: &str) -> Option<PathBuf> {
+pub(crate) fn matrix_server(name: &str) -> Option<PathBuf> {
     let &(name, rel) = MATRIX
         .iter()
         .find(|(n, _)| *n == name)
@@ -630,7 +637,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// A real `redis-server` on a free loopback port, killed on drop.
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     pub port: u16,
     /// The binary it was started from (restarts use the same).
     bin: PathBuf,
@@ -643,18 +650,18 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         Self::start_with(&[])
     }
 
     /// Starts with extra `redis-server` arguments, e.g. `["--requirepass", "secret"]`.
-    pub fn start_with(args: &[&str]) -> RedisServer {
+    pub(crate) fn start_with(args: &[&str]) -> RedisServer {
         Self::start_binary(&server_binary(), args)
     }
 
     /// Starts `bin` (a `redis-server` or `valkey-server` of the server matrix, see
     /// [`matrix_servers`]) with extra arguments, whatever `RPP_REDIS_SERVER` says.
-    pub fn start_binary(bin: &Path, args: &[&str]) -> RedisServer {
+    pub(crate) fn start_binary(bin: &Path, args: &[&str]) -> RedisServer {
         let dir = temp_dir("redis");
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let password = args
@@ -681,15 +688,15 @@ impl RedisServer {
     }
 
     /// The binary this server runs.
-    pub fn binary(&self) -> &Path {
+    pub(crate) fn binary(&self) -> &Path {
         &self.bin
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
@@ -762,7 +769,7 @@ impl RedisServer {
 
     /// Kills the server (SIGKILL) and waits for it to exit.
     /// Sends `signal` (e.g. `-STOP`, `-CONT`) to the server process.
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let pid = self
             .child
             .as_ref()
@@ -776,7 +783,7 @@ impl RedisServer {
         assert!(status.success(), "kill {signal} {pid} failed");
     }
 
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -785,7 +792,7 @@ impl RedisServer {
 
     /// Starts the server again on the same port (empty dataset), retrying while the port is
     /// still busy, within the deadline.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         let until = Instant::now() + DEADLINE;
         let mut last_err = String::new();
@@ -803,7 +810,7 @@ impl RedisServer {
     }
 
     /// A raw connection straight to Redis (authenticated if a password was configured).
-    pub async fn raw(&self) -> Raw {
+    pub(crate) async fn raw(&self) -> Raw {
         let mut c = Raw::connect(self.addr()).await;
         if let Some(p) = &self.password {
             let r = c.call(&["AUTH", p]).await;
@@ -813,12 +820,12 @@ impl RedisServer {
     }
 
     /// Runs one command directly against Redis and returns the reply frame.
-    pub async fn direct(&self, args: &[&str]) -> Vec<u8> {
+    pub(crate) async fn direct(&self, args: &[&str]) -> Vec<u8> {
         self.raw().await.call(args).await
     }
 
     /// `calls` of `cmdstat_<name>` in Redis's INFO commandstats (0 before the first).
-    pub async fn command_calls(&self, name: &str) -> u64 {
+    pub(crate) async fn command_calls(&self, name: &str) -> u64 {
         let info = self.direct(&["INFO", "commandstats"]).await;
         let prefix = format!("cmdstat_{name}:calls=");
         String::from_utf8_lossy(&info)
@@ -829,7 +836,7 @@ impl RedisServer {
     }
 
     /// A `redis` crate connection straight to Redis.
-    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn conn(&self) -> redis::aio::MultiplexedConnection {
         let url = match &self.password {
             Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
             None => self.url(),
@@ -838,7 +845,7 @@ impl RedisServer {
     }
 
     /// Polls Redis's `INFO clients` until `blocked_clients` reaches `n`, within the deadline.
-    pub async fn wait_blocked_clients(&self, n: usize) {
+    pub(crate) async fn wait_blocked_clients(&self, n: usize) {
         let until = Instant::now() + DEADLINE;
         let mut c = self.raw().await;
         loop {
@@ -873,7 +880,7 @@ impl Drop for RedisServer {
 // ---------------------------------------------------------------------------------------------
 
 /// `GET path` over HTTP/1.1 (the admin endpoint): status code and body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr)
         .await
         .expect("connect to admin endpoint");
@@ -896,7 +903,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 /// The value of one sample in a Prometheus text exposition (`name{labels}` exactly as
 /// rendered), 0 when absent.
-pub fn sample(metrics: &str, series: &str) -> f64 {
+pub(crate) fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -904,14 +911,14 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
 }
 
 /// A configuration pointing at `upstream` with defaults otherwise.
-pub fn config_for(upstream: &str) -> Config {
+pub(crate) fn config_for(upstream: &str) -> Config {
     let mut config = Config::default();
     config.set_upstream(upstream.to_string());
     config
 }
 
 /// The proxy served by `redis_policy_proxy::run` on the test's runtime.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub addr: SocketAddr,
     /// The admin endpoint (/metrics, /healthz, /readyz), on its own free port.
     pub admin: SocketAddr,
@@ -923,7 +930,7 @@ impl Proxy {
     /// Binds 127.0.0.1:0, runs the proxy with `config` and waits until it serves both
     /// protocols (a fresh connection answers `PING` and `HELLO 3`), like `RedisServer::start`
     /// waits for PING. Needs a reachable upstream; see `spawn` otherwise.
-    pub async fn start(config: Config) -> Proxy {
+    pub(crate) async fn start(config: Config) -> Proxy {
         let proxy = Proxy::spawn(config).await;
         proxy.wait_ready().await;
         proxy
@@ -931,7 +938,7 @@ impl Proxy {
 
     /// Polls fresh connections until `PING` gets `+PONG` and `HELLO 3` a map, within the
     /// deadline.
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let addr = self.addr;
         let until = Instant::now() + DEADLINE;
         let mut last = Vec::new();
@@ -958,7 +965,7 @@ impl Proxy {
 
     /// Binds 127.0.0.1:0 and runs the proxy with `config` without waiting for readiness (its
     /// `listen` is set to the bound address for consistency; the listener is what counts).
-    pub async fn spawn(mut config: Config) -> Proxy {
+    pub(crate) async fn spawn(mut config: Config) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
         let admin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
@@ -983,27 +990,27 @@ impl Proxy {
     }
 
     /// A proxy in front of `redis` with the default configuration.
-    pub async fn to(redis: &RedisServer) -> Proxy {
+    pub(crate) async fn to(redis: &RedisServer) -> Proxy {
         Proxy::start(config_for(&redis.addr())).await
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.addr.port()
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://{}/", self.addr)
     }
 
     /// Resolves the shutdown future; the proxy starts draining.
-    pub fn begin_shutdown(&mut self) {
+    pub(crate) fn begin_shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
     }
 
     /// Waits (bounded) for `run` to return and hands back its result.
-    pub async fn wait_stopped(&mut self) -> std::io::Result<()> {
+    pub(crate) async fn wait_stopped(&mut self) -> std::io::Result<()> {
         let task = self.task.take().expect("proxy already stopped");
         match tokio::time::timeout(DEADLINE * 2, task).await {
             Err(_) => panic!(
@@ -1016,12 +1023,12 @@ impl Proxy {
     }
 
     /// Whether `run` has returned.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.task.as_ref().is_none_or(|t| t.is_finished())
     }
 
     /// Shuts down and asserts `run` returned `Ok`.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.begin_shutdown();
         self.wait_stopped()
             .await
@@ -1037,18 +1044,18 @@ impl Drop for Proxy {
 
 /// A fresh Redis reached directly, and a second fresh Redis behind the proxy: the same input
 /// sent to both must produce the same bytes (the transparency check).
-pub struct Pair {
+pub(crate) struct Pair {
     pub direct: RedisServer,
     pub upstream: RedisServer,
     pub proxy: Proxy,
 }
 
 impl Pair {
-    pub async fn start() -> Pair {
+    pub(crate) async fn start() -> Pair {
         Self::start_with(&[]).await
     }
 
-    pub async fn start_with(redis_args: &[&str]) -> Pair {
+    pub(crate) async fn start_with(redis_args: &[&str]) -> Pair {
         let direct = RedisServer::start_with(redis_args);
         let upstream = RedisServer::start_with(redis_args);
         let proxy = Proxy::to(&upstream).await;
@@ -1061,7 +1068,7 @@ impl Pair {
 
     /// Sends `input` to both on fresh connections, reads `n` frames from each, asserts the
     /// bytes are identical and returns them.
-    pub async fn compare(&self, input: &[u8], n: usize) -> Vec<u8> {
+    pub(crate) async fn compare(&self, input: &[u8], n: usize) -> Vec<u8> {
         let want = exchange(self.direct.addr(), input, n).await;
         let got = exchange(self.proxy.addr, input, n).await;
         assert!(
@@ -1076,13 +1083,13 @@ impl Pair {
 
     /// Like `compare`, for inputs after which the server closes the connection.
     /// Like `compare_until_close`, with the client's EOF right after `input`.
-    pub async fn compare_half_closed(&self, input: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    pub(crate) async fn compare_half_closed(&self, input: &[u8]) -> (Vec<u8>, Vec<u8>) {
         let want = exchange_half_closed(self.direct.addr(), input).await;
         let got = exchange_half_closed(self.proxy.addr, input).await;
         (want, got)
     }
 
-    pub async fn compare_until_close(&self, input: &[u8]) -> Vec<u8> {
+    pub(crate) async fn compare_until_close(&self, input: &[u8]) -> Vec<u8> {
         let want = exchange_until_close(self.direct.addr(), input).await;
         let got = exchange_until_close(self.proxy.addr, input).await;
         assert!(
@@ -1098,13 +1105,13 @@ impl Pair {
 
 /// One step of a scripted multi-connection conversation: send `send` (may be empty) on
 /// connection `conn`, then read `replies` frames from it.
-pub struct Step {
+pub(crate) struct Step {
     pub conn: usize,
     pub send: Vec<u8>,
     pub replies: usize,
 }
 
-pub fn step(conn: usize, send: impl AsRef<[u8]>, replies: usize) -> Step {
+pub(crate) fn step(conn: usize, send: impl AsRef<[u8]>, replies: usize) -> Step {
     Step {
         conn,
         send: send.as_ref().to_vec(),
@@ -1114,7 +1121,7 @@ pub fn step(conn: usize, send: impl AsRef<[u8]>, replies: usize) -> Step {
 
 /// Runs `steps` against `addr` (connections opened on first use, in order) and returns the
 /// replies of each step, with HELLO's connection `id` masked.
-pub async fn transcript(addr: impl std::fmt::Display, steps: &[Step]) -> Vec<Vec<u8>> {
+pub(crate) async fn transcript(addr: impl std::fmt::Display, steps: &[Step]) -> Vec<Vec<u8>> {
     let addr = addr.to_string();
     let mut conns: Vec<Raw> = Vec::new();
     let mut out = Vec::new();
@@ -1134,7 +1141,7 @@ pub async fn transcript(addr: impl std::fmt::Display, steps: &[Step]) -> Vec<Vec
 
 /// Replaces the value of every `id` field of a HELLO reply (`$2\r\nid\r\n:N\r\n`) with
 /// `:<id>`: connection ids differ between any two connections, so they are not compared.
-pub fn mask_ids(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn mask_ids(bytes: &[u8]) -> Vec<u8> {
     const KEY: &[u8] = b"$2\r\nid\r\n:";
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -1157,7 +1164,7 @@ pub fn mask_ids(bytes: &[u8]) -> Vec<u8> {
 impl Pair {
     /// Runs the same scripted conversation against direct Redis and through the proxy and
     /// asserts every step's replies are byte-identical. Returns the proxy's transcript.
-    pub async fn compare_steps(&self, steps: &[Step]) -> Vec<Vec<u8>> {
+    pub(crate) async fn compare_steps(&self, steps: &[Step]) -> Vec<Vec<u8>> {
         let want = transcript(self.direct.addr(), steps).await;
         let got = transcript(self.proxy.addr, steps).await;
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
@@ -1185,7 +1192,7 @@ fn async_config() -> redis::AsyncConnectionConfig {
 }
 
 /// A multiplexed `redis` crate connection for `url` (RESP2 unless the URL says otherwise).
-pub async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+pub(crate) async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(url).unwrap_or_else(|e| panic!("bad url {url}: {e}"));
     client
         .get_multiplexed_async_connection_with_config(&async_config())
@@ -1194,7 +1201,7 @@ pub async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 /// A RESP3 multiplexed connection whose push frames arrive on the returned channel.
-pub async fn connect_resp3(
+pub(crate) async fn connect_resp3(
     url: &str,
 ) -> (
     redis::aio::MultiplexedConnection,
@@ -1215,7 +1222,7 @@ pub async fn connect_resp3(
 }
 
 /// Receives the next push of `kind` within the deadline, skipping others.
-pub async fn next_push(
+pub(crate) async fn next_push(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
     kind: redis::PushKind,
 ) -> redis::PushInfo {
@@ -1237,14 +1244,14 @@ pub async fn next_push(
 // ---------------------------------------------------------------------------------------------
 
 /// Output of a finished `redis-cli`.
-pub struct CliOutput {
+pub(crate) struct CliOutput {
     pub status: std::process::ExitStatus,
     pub stdout: String,
     pub stderr: String,
 }
 
 /// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` with `stdin`, bounded by the deadline.
-pub async fn redis_cli_with_stdin(port: u16, args: &[&str], stdin: &[u8]) -> CliOutput {
+pub(crate) async fn redis_cli_with_stdin(port: u16, args: &[&str], stdin: &[u8]) -> CliOutput {
     let mut child = tokio::process::Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
@@ -1273,18 +1280,18 @@ pub async fn redis_cli_with_stdin(port: u16, args: &[&str], stdin: &[u8]) -> Cli
 }
 
 /// Runs `redis-cli` with empty stdin.
-pub async fn redis_cli(port: u16, args: &[&str]) -> CliOutput {
+pub(crate) async fn redis_cli(port: u16, args: &[&str]) -> CliOutput {
     redis_cli_with_stdin(port, args, b"").await
 }
 
 /// A long-running `redis-cli` (MONITOR, SUBSCRIBE) whose stdout is read line by line.
-pub struct CliProcess {
+pub(crate) struct CliProcess {
     child: tokio::process::Child,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
 
 impl CliProcess {
-    pub fn spawn(port: u16, args: &[&str]) -> CliProcess {
+    pub(crate) fn spawn(port: u16, args: &[&str]) -> CliProcess {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &port.to_string()])
@@ -1303,7 +1310,7 @@ impl CliProcess {
     }
 
     /// The next stdout line, or panic at the deadline / EOF.
-    pub async fn next_line(&mut self) -> String {
+    pub(crate) async fn next_line(&mut self) -> String {
         tokio::time::timeout(DEADLINE, self.lines.next_line())
             .await
             .expect("no output line from redis-cli within deadline")
@@ -1312,7 +1319,7 @@ impl CliProcess {
     }
 
     /// Reads lines until one satisfies `pred`; returns all lines read.
-    pub async fn read_until(&mut self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+    pub(crate) async fn read_until(&mut self, pred: impl Fn(&str) -> bool) -> Vec<String> {
         let until = Instant::now() + DEADLINE;
         let mut seen = Vec::new();
         loop {
@@ -1330,13 +1337,13 @@ impl CliProcess {
         }
     }
 
-    pub async fn kill(mut self) {
+    pub(crate) async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
 }
 
 /// Polls until `probe` returns true, within the deadline; panics with `what` otherwise.
-pub async fn wait_until<F, Fut>(what: &str, mut probe: F)
+pub(crate) async fn wait_until<F, Fut>(what: &str, mut probe: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -1352,7 +1359,7 @@ where
 }
 
 /// Writes `text` to `dir/name` and returns the path.
-pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write file");
     p
@@ -1360,29 +1367,29 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// A small deterministic PRNG (xorshift64*): randomised tests draw the same inputs on every
 /// run, so a failure reproduces.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
 
 /// The line `policy/default.yaml` starts its data-changing rules (ttl-default,
 /// streams-capped) with: audit mode, for a safe rollout.
-pub const ROLLOUT_AUDIT: &str =
+pub(crate) const ROLLOUT_AUDIT: &str =
     "    mode: audit  # changes data: enforce it after the rollout (README.md, Deployment)\n";
 
 /// `policy/default.yaml` with its data-changing rules switched to enforce, as after the
 /// rollout: what most policy tests exercise.
-pub fn default_policy_enforced() -> String {
+pub(crate) fn default_policy_enforced() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
     let text = std::fs::read_to_string(path).expect("read policy/default.yaml");
     assert_eq!(
@@ -1394,14 +1401,16 @@ pub fn default_policy_enforced() -> String {
 }
 
 /// `alicepw`'s SHA-256, for `access.users` of the two-tenant fixtures.
-pub const ALICE_SHA256: &str = "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2";
+pub(crate) const ALICE_SHA256: &str =
+    "6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2";
 /// `bobpw`'s SHA-256.
-pub const BOB_SHA256: &str = "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b";
+pub(crate) const BOB_SHA256: &str =
+    "e8f318657ce39ec4edeecbbee28fd72dea2261d8a6b2155ce4977393e0ea721b";
 
 /// A proxy in front of `redis` with two namespaced tenants and `require_auth`: `alice`
 /// (password `alicepw`) is tenant `a` under `a:`, `bob` (`bobpw`) tenant `b` under `b:`;
 /// returned once alice can log in, with both clients logged in.
-pub async fn two_tenants(redis: &RedisServer) -> (Proxy, Raw, Raw) {
+pub(crate) async fn two_tenants(redis: &RedisServer) -> (Proxy, Raw, Raw) {
     let yaml = format!(
         "access:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE_SHA256}}}\n    - {{name: bob, password_sha256: {BOB_SHA256}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
     );
@@ -1425,7 +1434,7 @@ pub async fn two_tenants(redis: &RedisServer) -> (Proxy, Raw, Raw) {
 
 /// Runs `python3 ARGS…` (a script of tests/clients/ driving redis-py, which `.ci/run`
 /// installs) and gives its stdout; a failed run fails the test with its output.
-pub async fn redis_py(args: &[&str]) -> String {
+pub(crate) async fn redis_py(args: &[&str]) -> String {
     let out = tokio::process::Command::new("python3")
         .args(args)
         .output()
@@ -1443,7 +1452,7 @@ pub async fn redis_py(args: &[&str]) -> String {
 /// The guide's patterns that every server must serve through the proxy at `proxy`: a
 /// sliding-window rate limit in Lua over a sorted set, a stream read by a consumer group, a
 /// message published to a subscriber. `name` labels a failure (the server behind the proxy).
-pub async fn guide_patterns(c: &mut Raw, proxy: SocketAddr, name: &str) {
+pub(crate) async fn guide_patterns(c: &mut Raw, proxy: SocketAddr, name: &str) {
     let window = "redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1] - 60000) \
                   local n = redis.call('ZCARD', KEYS[1]) \
                   if n < 10 then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]) \
@@ -1493,7 +1502,7 @@ pub async fn guide_patterns(c: &mut Raw, proxy: SocketAddr, name: &str) {
 
 /// Loads the function library `spin` (`FCALL spin 0` loops until killed), for the tests of
 /// busy scripts and FUNCTION KILL.
-pub async fn load_spin_function(c: &mut Raw) {
+pub(crate) async fn load_spin_function(c: &mut Raw) {
     let load = c
         .call(&[
             "FUNCTION",

@@ -11,7 +11,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_redis-policy-proxy");
 
 /// The proxy binary as a child process, killed on drop so a failed assertion leaves nothing
 /// running.
-pub struct ProxyProcess {
+pub(crate) struct ProxyProcess {
     child: Child,
     /// The client port.
     pub port: u16,
@@ -23,7 +23,7 @@ impl ProxyProcess {
     /// Starts the binary with `--config policy` in front of `redis` on a free port, plus
     /// `extra` arguments (`--admin off` unless they name an admin address), retrying on
     /// another port when it loses the race for one.
-    pub async fn start(
+    pub(crate) async fn start(
         policy: &Path,
         redis: &RedisServer,
         log: PathBuf,
@@ -34,7 +34,7 @@ impl ProxyProcess {
 
     /// Like [`ProxyProcess::start`], with `--config` only when `policy` is given and `env`
     /// added to the process's environment.
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         policy: Option<&Path>,
         redis: &RedisServer,
         log: PathBuf,
@@ -46,7 +46,7 @@ impl ProxyProcess {
 
     /// Starts the binary with `--config policy` and the upstream the file names (no
     /// `--upstream`): what a reload of the file may move (a cutover).
-    pub async fn start_as_filed(policy: &Path, log: PathBuf) -> ProxyProcess {
+    pub(crate) async fn start_as_filed(policy: &Path, log: PathBuf) -> ProxyProcess {
         ProxyProcess::spawn_ready(Some(policy), None, log, &[], &[]).await
     }
 
@@ -125,7 +125,7 @@ impl ProxyProcess {
     }
 
     /// Sends `signal` (e.g. `-HUP`) to the process.
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
         let status = Command::new("kill")
             .args([signal, &pid])
@@ -135,7 +135,7 @@ impl ProxyProcess {
     }
 
     /// Waits until the log holds `text` at least `n` times.
-    pub async fn wait_for_log(&self, text: &str, n: usize) {
+    pub(crate) async fn wait_for_log(&self, text: &str, n: usize) {
         let until = Instant::now() + DEADLINE;
         while self.log_text().matches(text).count() < n {
             assert!(
@@ -147,22 +147,22 @@ impl ProxyProcess {
         }
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// How the process ended, if it has (a crash is a finding for tests that must keep the
     /// proxy up, such as the invariant fuzzer).
-    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Resident memory of the process, in KiB (from /proc).
-    pub fn rss_kib(&self) -> u64 {
+    pub(crate) fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("proxy process status");
         status
@@ -182,7 +182,7 @@ impl Drop for ProxyProcess {
 
 /// What a run of the binary as a command-line tool (`--check`, `--survey`, `--explain`…)
 /// gave: its exit code and output.
-pub struct BinRun {
+pub(crate) struct BinRun {
     /// `None` when a signal ended it.
     pub code: Option<i32>,
     pub stdout: String,
@@ -191,7 +191,7 @@ pub struct BinRun {
 
 /// Runs the binary with `args`, `env` added to its environment, to completion; a run that
 /// outlives the deadline fails the test instead of hanging it.
-pub async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> BinRun {
+pub(crate) async fn run_bin(args: &[&str], env: &[(&str, &str)]) -> BinRun {
     let child = tokio::process::Command::new(BIN)
         .args(args)
         .envs(env.iter().copied())

@@ -43,7 +43,7 @@ struct Shared {
 }
 
 /// The relay, listening on a free loopback port; it stops (and resets what it relays) on drop.
-pub struct Relay {
+pub(crate) struct Relay {
     /// Where the proxy connects instead of Redis.
     pub addr: SocketAddr,
     shared: Arc<Shared>,
@@ -53,7 +53,7 @@ pub struct Relay {
 
 impl Relay {
     /// Listens on 127.0.0.1:0 and relays every connection to `target`.
-    pub async fn start(target: &str) -> Relay {
+    pub(crate) async fn start(target: &str) -> Relay {
         let target: SocketAddr = target.parse().expect("relay target is an ip:port");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = listener.local_addr().expect("relay address");
@@ -77,12 +77,12 @@ impl Relay {
     }
 
     /// Stops moving bytes, keeping every connection open.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.shared.link.send_modify(|l| l.flowing = false);
     }
 
     /// Resets every relayed connection on both sides and refuses new ones until `heal`.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.shared.link.send_modify(|l| {
             l.refusing = true;
             l.cuts += 1;
@@ -90,7 +90,7 @@ impl Relay {
     }
 
     /// Moves bytes again and relays new connections.
-    pub fn heal(&self) {
+    pub(crate) fn heal(&self) {
         self.shared.link.send_modify(|l| {
             l.flowing = true;
             l.refusing = false;
@@ -98,12 +98,12 @@ impl Relay {
     }
 
     /// Connections accepted since start.
-    pub fn accepted(&self) -> usize {
+    pub(crate) fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::Relaxed)
     }
 
     /// Connections relayed right now.
-    pub fn live(&self) -> usize {
+    pub(crate) fn live(&self) -> usize {
         self.shared.live.load(Ordering::Relaxed)
     }
 }

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use super::{DEADLINE, POLL, RedisServer, free_port, server_binary, temp_dir};
 
 /// The name the sentinels monitor.
-pub const MASTER: &str = "mymaster";
+pub(crate) const MASTER: &str = "mymaster";
 
-pub struct SentinelSetup {
+pub(crate) struct SentinelSetup {
     pub primary: RedisServer,
     pub replica: RedisServer,
     /// Sentinel ports.
@@ -22,7 +22,7 @@ pub struct SentinelSetup {
 }
 
 /// Runs redis-cli against `port` and returns its stdout.
-pub fn cli(port: u16, args: &[&str]) -> String {
+pub(crate) fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
@@ -32,13 +32,13 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 }
 
 impl SentinelSetup {
-    pub fn start() -> SentinelSetup {
+    pub(crate) fn start() -> SentinelSetup {
         Self::start_binary(&server_binary())
     }
 
     /// As [`SentinelSetup::start`], the primary, the replica and the sentinels running `bin`
     /// (a server of the matrix, [`super::matrix_servers`]) whatever `RPP_REDIS_SERVER` says.
-    pub fn start_binary(bin: &Path) -> SentinelSetup {
+    pub(crate) fn start_binary(bin: &Path) -> SentinelSetup {
         // No 5 s wait for more replicas before the first (diskless) sync; on both nodes, since
         // the replica becomes the primary of the old one after a failover.
         let fast_sync = ["--repl-diskless-sync-delay", "0"];
@@ -89,7 +89,7 @@ impl SentinelSetup {
     }
 
     /// `host:port` of each sentinel.
-    pub fn sentinel_addrs(&self) -> Vec<String> {
+    pub(crate) fn sentinel_addrs(&self) -> Vec<String> {
         self.sentinels
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -151,7 +151,7 @@ impl SentinelSetup {
     /// wait matters: a sentinel converts the demoted primary some 8 s after the switch with
     /// `SLAVEOF` + `CLIENT KILL TYPE normal`, which would otherwise close a test's own direct
     /// connection to that node at a moment of the sentinel's choosing.
-    pub fn failover(&self) {
+    pub(crate) fn failover(&self) {
         let until = Instant::now() + DEADLINE * 3;
         let mut asked = false;
         loop {

@@ -8,28 +8,28 @@ use crate::audit::{Arg, Entry};
 use crate::policy::Evidence;
 
 /// One replayed command.
-pub struct Record {
+pub(crate) struct Record {
     /// When it was sent, in seconds since the epoch: the rate limits' clock.
-    pub ts: f64,
+    pub(crate) ts: f64,
     /// The client's address: its tenant under the replayed policy, `per: address` limits.
-    pub addr: IpAddr,
+    pub(crate) addr: IpAddr,
     /// Identifies the client connection for `per: connection` limits: the audit log's id,
     /// MONITOR's `IP:port`.
-    pub conn: String,
+    pub(crate) conn: String,
     /// The proxy user it had authenticated as (audit log only).
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// The command line: as sent (MONITOR), or names and placeholders of the recorded sizes.
-    pub line: Vec<Vec<u8>>,
+    pub(crate) line: Vec<Vec<u8>>,
     /// How much of the command `line` holds.
-    pub evidence: Evidence,
+    pub(crate) evidence: Evidence,
     /// Which arguments of `line` are placeholders of a recorded size (shown as sizes).
-    pub placeholders: Vec<bool>,
+    pub(crate) placeholders: Vec<bool>,
 }
 
 /// Parses one input line: an audit entry or a MONITOR line. `None` for anything else
 /// (MONITOR's `OK`, a blank line, commands Redis ran from a script: the policy judged the
 /// EVAL that ran it).
-pub fn parse(line: &str) -> Option<Record> {
+pub(crate) fn parse(line: &str) -> Option<Record> {
     let line = line.trim_end_matches(['\r', '\n']);
     if line.starts_with('{') {
         from_audit(&serde_json::from_str::<Entry>(line).ok()?)

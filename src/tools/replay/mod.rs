@@ -4,7 +4,7 @@
 //! Nothing is sent to Redis: rules run on the recorded command lines (`input`), rate limits
 //! on the recorded times.
 
-pub mod input;
+pub(crate) mod input;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
