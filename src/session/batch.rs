@@ -337,11 +337,10 @@ impl Session {
         if run.first.is_none() {
             run.first = command.spec;
         }
-        if let (Some(slot), Target::Shared(..), Some(spread)) =
-            (hash_slot, target, self.routing.spread_mut())
+        // Counted from now: a later command for the slot must not join another node's run.
+        if let Some(slot) = hash_slot
+            && self.routing.sent(target, hash_slot)
         {
-            // Counted from now: a later command for the slot must not join another node's run.
-            spread.sent(target, &[slot]);
             run.hash_slots.push(slot);
         }
         self.push_to_run(run, command.len, target, effect, rewrite);

@@ -188,9 +188,7 @@ impl Session {
                 transaction,
             })),
             _ => {
-                if let Some(spread) = self.routing.spread_mut() {
-                    spread.answered(&hash_slots);
-                }
+                self.routing.answered(&hash_slots);
                 None
             }
         }
@@ -214,20 +212,13 @@ impl Session {
                 };
             }
         };
-        let (pool, replica) = match self.routing.router() {
+        let (pool, replica) = match self.routing.node_pool(node) {
+            Some(found) => found,
             None if node == 0 => {
                 return enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await;
             }
-            // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
-            None => match self.routing.replicas() {
-                Some(replicas) => (replicas.pool(node), true),
-                None => (self.ctx.pool.clone(), true),
-            },
-            Some(router) => (
-                router.pool(node),
-                router.read_from() != crate::config::ReadFrom::Primary
-                    && !router.snapshot().is_primary(node),
-            ),
+            // A replica chosen by `place_read` whose list is gone: the primary serves it.
+            None => (self.ctx.pool.clone(), true),
         };
         if replica {
             let metrics = &self.ctx.ops.metrics;
@@ -246,8 +237,8 @@ impl Session {
         handling: &Handling,
         parts: Option<(u16, usize)>,
     ) {
-        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &kept) {
-            spread.answered(&sent.hash_slots);
+        if let Some(sent) = &kept {
+            self.routing.answered(&sent.hash_slots);
         }
         let e = ProxyError::Upstream(UpstreamError::Unavailable {
             addr: self.ctx.pool.addr(),
@@ -314,7 +305,7 @@ impl Session {
         let pushed = matches!(effect, Effect::Subscribe(_))
             || matches!(expect, Expect::Confirmations(_) | Expect::UnsubscribeAll(_));
         let suppress = self.client.reply_mode != ReplyMode::On && !pushed;
-        let slot = self.routing.cluster_mut().and_then(|c| c.batch_slot.take());
+        let slot = self.routing.take_batch_slot();
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
@@ -369,11 +360,8 @@ impl Session {
             strip: out.strip,
             mirror: None,
         };
-        let hash_slots = match (slot, target, self.routing.spread_mut()) {
-            (Some(slot), Target::Shared(..), Some(spread)) => {
-                spread.sent(target, &[slot]);
-                vec![slot]
-            }
+        let hash_slots = match slot {
+            Some(slot) if self.routing.sent(target, Some(slot)) => vec![slot],
             _ => Vec::new(),
         };
         self.send(target, out.bytes, expect, handling, hash_slots)
@@ -474,11 +462,7 @@ impl Session {
             if let Some(multi) = &mut self.conn.multi {
                 multi.deferred = false;
             }
-            let held = self
-                .routing
-                .cluster_mut()
-                .map(|c| std::mem::take(&mut c.held_in_multi))
-                .unwrap_or_default();
+            let held = self.routing.take_held_in_multi();
             // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy
             // gave it) and their results in EXEC's reply.
             if !held.is_empty() {
@@ -554,8 +538,8 @@ impl Session {
         let node = match target {
             Target::Shared(_, node) | Target::Dedicated(node) => node,
         };
-        match self.routing.router() {
-            Some(router) => router.pool(node),
+        match self.routing.node_pool(node) {
+            Some((pool, _)) => pool,
             None => self.ctx.pool.clone(),
         }
     }
@@ -581,10 +565,7 @@ impl Session {
         };
         // Boxed: the connect + TLS + handshake future is large and rare; inline it would grow
         // every idle session's task.
-        let pool = match self.routing.router() {
-            None => self.ctx.pool.clone(),
-            Some(router) => router.pool(node),
-        };
+        let pool = self.node_pool(Target::Dedicated(node));
         let opened = Box::pin(pool.dedicated(self.client.proto, push, raw))
             .await
             .map_err(|e| e.to_string())?;

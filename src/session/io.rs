@@ -100,10 +100,8 @@ impl Session {
         }
         if self.queue.inflight == 0 {
             self.input.paused = false;
-            if let Some(spread) = self.routing.spread_mut() {
-                spread.clear_wait();
-            }
-        } else if self.input.paused && self.routing.spread_mut().is_some_and(|sp| sp.resumable()) {
+            self.routing.drained();
+        } else if self.input.paused && self.routing.resumable() {
             // Only the slot the paused command waits for had to be answered.
             self.input.paused = false;
         }
@@ -141,18 +139,25 @@ impl Session {
     /// to the primary). Anything else (nearly every message) goes straight to `on_reply`,
     /// with no allocation.
     fn reply_step_due(&self, msg: &Reply) -> bool {
-        if self.routing.is_cluster() {
-            return self.cluster_step_due(msg);
+        match &self.routing {
+            Routing::Cluster(_) => self.cluster_step_due(msg),
+            Routing::Sentinel(s) => {
+                s.replicas.is_some() && matches!(msg, Reply::Batch { error: Some(_), .. })
+            }
+            Routing::Standalone => false,
         }
-        self.routing.replicas().is_some() && matches!(msg, Reply::Batch { error: Some(_), .. })
     }
 
     /// [`on_message`](Self::on_message) when [`reply_step_due`](Self::reply_step_due).
     async fn on_message_stepped(&mut self, mut msg: Reply) {
-        if self.routing.replicas().is_some() {
-            self.resend_failed_replica_reads(&mut msg).await;
-        }
-        let resent = self.routing.is_cluster() && self.follow_redirects(&mut msg).await;
+        let resent = match &self.routing {
+            Routing::Cluster(_) => self.follow_redirects(&mut msg).await,
+            Routing::Sentinel(s) if s.replicas.is_some() => {
+                self.resend_failed_replica_reads(&mut msg).await;
+                false
+            }
+            Routing::Sentinel(_) | Routing::Standalone => false,
+        };
         if !resent {
             self.on_reply(msg);
         }

@@ -176,8 +176,8 @@ impl Session {
         if let Some(capture) = handling.mirror.take() {
             capture.answered(self.client.id, data.clone(), commands);
         }
-        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
-            spread.answered(&sent.hash_slots);
+        if let Some(sent) = &sent {
+            self.routing.answered(&sent.hash_slots);
         }
         // Where this reply's output starts: kept in its slot if earlier ones are due.
         let mark = self.queue.out.len();
@@ -185,10 +185,8 @@ impl Session {
         if self.queue.inflight == 0 {
             self.queue.inflight_target = None;
         }
-        if let (Some(router), Some(_)) = (self.routing.router(), &error) {
-            // A node that failed may have been replaced (failover): learn it now rather than
-            // at the next periodic refresh.
-            router.refresh_soon();
+        if error.is_some() {
+            self.routing.upstream_failed();
         }
         // A blocking command's time (BLPOP, XREAD BLOCK, WAIT…) is the wait its client asked
         // for: kept out of the latency histogram and the slow log, as Redis keeps it out of

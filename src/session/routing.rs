@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use super::cluster::{keyspace, shard_subs, tracking};
-use super::{Run, cluster, spread};
+use super::{Run, Target, cluster, spread};
+use crate::upstream::pool::Pool;
 use crate::upstream::replicas::Replicas;
 
 /// Which kind of upstream the proxy fronts, shared by every session.
@@ -188,5 +189,89 @@ impl Routing {
     pub(super) fn shard_subs_or_new(&mut self) -> Option<&mut shard_subs::ShardSubs> {
         self.cluster_mut()
             .map(|c| &mut **c.shard_subs.get_or_insert_with(Box::default))
+    }
+
+    // Hooks: what the mode-neutral files (forward, batch, queue, io) tell the mode or ask it,
+    // each one match here instead of a check of the mode at every call site.
+
+    /// Commands for `hash_slots` were answered (or failed): in cluster mode they no longer
+    /// hold back a later command for the same slot bound for another node.
+    pub(super) fn answered(&mut self, hash_slots: &[u16]) {
+        if let Routing::Cluster(c) = self {
+            c.spread.answered(hash_slots);
+        }
+    }
+
+    /// A command for `slot` is sent on `target` now; `true` when the mode keeps the slot in
+    /// flight (cluster mode, a shared connection), so the caller records it with the batch
+    /// and reports it to [`Routing::answered`] with the reply.
+    pub(super) fn sent(&mut self, target: Target, slot: Option<u16>) -> bool {
+        match (self, slot, target) {
+            (Routing::Cluster(c), Some(slot), Target::Shared(..)) => {
+                c.spread.sent(target, &[slot]);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every reply is in: nothing a paused command waited for is in flight any more.
+    pub(super) fn drained(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.spread.clear_wait();
+        }
+    }
+
+    /// Whether a paused command may go although replies are still due: in cluster mode, once
+    /// the one slot it waited for was answered; never elsewhere (it waits for all of them).
+    pub(super) fn resumable(&mut self) -> bool {
+        match self {
+            Routing::Cluster(c) => c.spread.resumable(),
+            _ => false,
+        }
+    }
+
+    /// An upstream connection failed: in cluster mode the node may have been replaced
+    /// (failover), so the map is refreshed now rather than at the next periodic refresh.
+    pub(super) fn upstream_failed(&self) {
+        if let Routing::Cluster(c) = self {
+            c.router.refresh_soon();
+        }
+    }
+
+    /// The pool a command for `node` goes to, and whether that node is a replica (counted as
+    /// a replica read); `None` for the primary's own pool (standalone, and node 0 of a
+    /// Sentinel session), which the caller holds already.
+    pub(super) fn node_pool(&self, node: u16) -> Option<(Arc<Pool>, bool)> {
+        match self {
+            Routing::Cluster(c) => Some((
+                c.router.pool(node),
+                c.router.read_from() != crate::config::ReadFrom::Primary
+                    && !c.router.snapshot().is_primary(node),
+            )),
+            // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
+            Routing::Sentinel(Sentinel {
+                replicas: Some(replicas),
+                ..
+            }) if node != 0 => Some((replicas.pool(node), true)),
+            Routing::Standalone | Routing::Sentinel(_) => None,
+        }
+    }
+
+    /// The hash slot `decide` placed the command being sent on (cluster mode), taken.
+    pub(super) fn take_batch_slot(&mut self) -> Option<u16> {
+        match self {
+            Routing::Cluster(c) => c.batch_slot.take(),
+            _ => None,
+        }
+    }
+
+    /// The keyless commands a cluster MULTI held until its first key chose the node
+    /// (`cluster::place`), taken to be sent after MULTI; empty in every other mode.
+    pub(super) fn take_held_in_multi(&mut self) -> Vec<bytes::Bytes> {
+        match self {
+            Routing::Cluster(c) => std::mem::take(&mut c.held_in_multi),
+            _ => Vec::new(),
+        }
     }
 }
