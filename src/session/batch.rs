@@ -204,12 +204,8 @@ impl Session {
 
     /// Cluster mode: an open transaction is bound to the hash slot of its first keyed command.
     pub(super) fn note_multi_slot(&mut self, action: &Action, hash_slot: Option<u16>) {
-        if self.conn.in_multi()
-            && hash_slot.is_some()
-            && action.forwarded().is_some()
-            && let Some(c) = self.routing.cluster_mut()
-        {
-            c.multi_slot = c.multi_slot.or(hash_slot);
+        if self.conn.in_multi() && hash_slot.is_some() && action.forwarded().is_some() {
+            self.routing.bind_multi(hash_slot);
         }
     }
 
@@ -399,9 +395,7 @@ impl Session {
         let closes = matches!(action, Action::LocalThenClose(_));
         self.flush_run(run).await;
         self.input.batch_name = command.spec;
-        if let Some(c) = self.routing.cluster_mut() {
-            c.batch_slot = hash_slot;
-        }
+        self.routing.set_batch_slot(hash_slot);
         let before = self.input.rbuf.len();
         // Boxed: the path for commands that cannot join a run (MULTI, SUBSCRIBE, refusals,
         // local replies) carries the largest futures, which would otherwise sit in every
@@ -420,13 +414,7 @@ impl Session {
     pub(super) async fn flush_run(&mut self, run: &mut Run) {
         let run = std::mem::take(run);
         self.send_run(run).await;
-        let parked = match self.routing.cluster_mut() {
-            Some(c) if !c.parked.is_empty() => {
-                c.parked_frames = 0;
-                std::mem::take(&mut c.parked)
-            }
-            _ => Vec::new(),
-        };
+        let parked = self.routing.take_parked();
         if !parked.is_empty() {
             for run in parked {
                 self.send_run(run).await;

@@ -948,24 +948,17 @@ impl Session {
             }
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti => {
-                if let Some(cluster) = self.routing.cluster_mut() {
-                    cluster.held_in_multi.clear();
-                }
+                self.routing.multi_ended();
                 self.conn.multi = Some(Transaction {
                     deferred: true,
                     refused: std::mem::take(&mut self.conn.watch_lost),
                     ..Transaction::default()
                 });
             }
-            LocalEffect::EndMulti => {
-                if let Some(cluster) = self.routing.cluster_mut() {
-                    cluster.held_in_multi = Vec::new();
-                }
-                self.apply(Effect::EndMulti);
-            }
+            LocalEffect::EndMulti => self.apply(Effect::EndMulti),
             LocalEffect::HoldInMulti => {
-                if let (Some(cluster), Some(command)) = (self.routing.cluster_mut(), held) {
-                    cluster.held_in_multi.push(command);
+                if let Some(command) = held {
+                    self.routing.hold_in_multi(command);
                 }
             }
         }

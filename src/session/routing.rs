@@ -274,4 +274,61 @@ impl Routing {
             _ => Vec::new(),
         }
     }
+
+    /// The hash slot `decide` placed the command about to be dispatched alone on (cluster
+    /// mode), for [`Routing::take_batch_slot`].
+    pub(super) fn set_batch_slot(&mut self, hash_slot: Option<u16>) {
+        if let Routing::Cluster(c) = self {
+            c.batch_slot = hash_slot;
+        }
+    }
+
+    /// Runs parked for other nodes (cluster mode), taken to be sent now.
+    pub(super) fn take_parked(&mut self) -> Vec<Run> {
+        match self {
+            Routing::Cluster(c) if !c.parked.is_empty() => {
+                c.parked_frames = 0;
+                std::mem::take(&mut c.parked)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A keyed command of the open transaction was forwarded: in cluster mode the
+    /// transaction is bound to the first one's hash slot.
+    pub(super) fn bind_multi(&mut self, hash_slot: Option<u16>) {
+        if let Routing::Cluster(c) = self {
+            c.multi_slot = c.multi_slot.or(hash_slot);
+        }
+    }
+
+    /// A keyless command of a cluster MULTI held until the first key picks the node.
+    pub(super) fn hold_in_multi(&mut self, command: bytes::Bytes) {
+        if let Routing::Cluster(c) = self {
+            c.held_in_multi.push(command);
+        }
+    }
+
+    /// A transaction began again or ended (EXEC, DISCARD, an error): what the mode kept for
+    /// it (the cluster's bound slot and held commands) is dropped.
+    pub(super) fn multi_ended(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.multi_slot = None;
+            c.held_in_multi = Vec::new();
+        }
+    }
+
+    /// RESET: the mode's per-connection state (cluster: shard channels, keyspace
+    /// notification names, tracking, the transaction's slot, held commands and log) is
+    /// dropped, as Redis drops the connection's.
+    pub(super) fn reset(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.shard_subs = None;
+            c.keyspace = None;
+            c.tracking = None;
+            c.multi_slot = None;
+            c.held_in_multi = Vec::new();
+            c.tx_log = None;
+        }
+    }
 }

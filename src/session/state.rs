@@ -199,9 +199,7 @@ impl Session {
             Effect::EndMulti => {
                 self.conn.multi = None;
                 self.conn.watch_lost = false;
-                if let Some(c) = self.routing.cluster_mut() {
-                    c.multi_slot = None;
-                }
+                self.routing.multi_ended();
                 self.conn.held.remove(Holds::WATCH);
             }
             Effect::Watch => self.conn.held.insert(Holds::WATCH),
@@ -286,13 +284,7 @@ impl Session {
         self.client.names.set_name(None);
         self.conn.multi = None;
         self.conn.watch_lost = false;
-        if let Some(c) = self.routing.cluster_mut() {
-            c.shard_subs = None;
-            c.keyspace = None;
-            c.tracking = None;
-            c.multi_slot = None;
-            c.tx_log = None;
-        }
+        self.routing.reset();
         self.conn.held = Holds::default();
         self.client.reply_mode = ReplyMode::On;
     }
