@@ -2,7 +2,7 @@
 
 use super::audited;
 use super::{
-    Action, Command, Decision, Dispatch, Effect, Flow, Joining, Now, Pending, ReplyMode, Run,
+    Action, Command, Decision, Dispatch, Effect, Flow, Joining, Lone, Now, Pending, ReplyMode, Run,
     Session, Target,
 };
 use crate::codec::Decoded;
@@ -394,13 +394,16 @@ impl Session {
         };
         let closes = matches!(action, Action::LocalThenClose(_));
         self.flush_run(run).await;
-        self.input.batch_name = command.spec;
-        self.routing.set_batch_slot(hash_slot);
         let before = self.input.rbuf.len();
         // Boxed: the path for commands that cannot join a run (MULTI, SUBSCRIBE, refusals,
         // local replies) carries the largest futures, which would otherwise sit in every
         // session's state.
-        let done = Box::pin(self.execute(action, command.len)).await;
+        let lone = Lone {
+            len: command.len,
+            name: command.spec,
+            hash_slot,
+        };
+        let done = Box::pin(self.execute(action, lone)).await;
         // Counted once dispatched: a paused command is decided again.
         if done || closes || self.input.rbuf.len() != before {
             let class = crate::metrics::class_of(command.spec);

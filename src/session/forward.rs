@@ -3,8 +3,8 @@
 
 use super::routing::Routing;
 use super::{
-    Dedicated, Effect, Handling, Holds, Outgoing, PUSH_BUDGET, ReplyMode, Run, Sent, Session, Slot,
-    Target, Transaction, WAIT_BARRIER, cluster,
+    Dedicated, Effect, Handling, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run, Sent, Session,
+    Slot, Target, Transaction, WAIT_BARRIER, cluster,
 };
 use crate::answers;
 use crate::error::{ProxyError, UpstreamError, error_reply};
@@ -38,9 +38,9 @@ impl Session {
         };
         let handling = Handling {
             mask: run.mask,
+            name: run.first,
             ..Handling::default()
         };
-        self.input.batch_name = run.first;
         self.send_as(
             target,
             bytes,
@@ -97,7 +97,7 @@ impl Session {
             // A lone command outside a transaction is judged by its table entry (the
             // planner counts every command inside one, so those are always captured).
             let sole = match expect {
-                Expect::Frames(1) if !self.conn.in_multi() => self.input.batch_name,
+                Expect::Frames(1) if !self.conn.in_multi() => handling.name,
                 _ => None,
             };
             handling.mirror =
@@ -133,7 +133,6 @@ impl Session {
                 commands,
                 handling,
                 read_at: self.input.read_at,
-                name: self.input.batch_name,
                 sent: kept,
                 seq,
                 parts: 1,
@@ -295,7 +294,7 @@ impl Session {
     /// may have rewritten it. Returns `false` when processing must pause.
     pub(super) async fn forward(
         &mut self,
-        len: usize,
+        lone: Lone,
         target: Target,
         expect: Expect,
         effect: Effect,
@@ -305,7 +304,11 @@ impl Session {
         let pushed = matches!(effect, Effect::Subscribe(_))
             || matches!(expect, Expect::Confirmations(_) | Expect::UnsubscribeAll(_));
         let suppress = self.client.reply_mode != ReplyMode::On && !pushed;
-        let slot = self.routing.take_batch_slot();
+        let Lone {
+            len,
+            name,
+            hash_slot: slot,
+        } = lone;
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
@@ -359,6 +362,7 @@ impl Session {
             exec_mask,
             strip: out.strip,
             mirror: None,
+            name,
         };
         let hash_slots = match slot {
             Some(slot) if self.routing.sent(target, Some(slot)) => vec![slot],

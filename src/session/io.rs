@@ -47,7 +47,6 @@ impl Session {
                 killed: false,
                 paused: false,
                 active: false,
-                batch_name: None,
             },
             audit_trail: None,
         }

@@ -148,12 +148,11 @@ enum Slot {
     Push { frame: Bytes, permits: u32 },
     /// `commands` replies coming from upstream as one `Reply::Batch`; dropped unwritten when
     /// the client switched replies off. `read_at` (when the batch's bytes were read) and
-    /// `name` (its first command) feed the latency histogram and the slow log.
+    /// `handling.name` (its first command) feed the latency histogram and the slow log.
     Upstream {
         commands: u32,
         handling: Handling,
         read_at: Instant,
-        name: Option<&'static CommandSpec>,
         /// Cluster mode, shared connections: what was sent and where, so commands answered
         /// with MOVED or ASK can be sent again to the right node.
         sent: Option<Box<Sent>>,
@@ -230,6 +229,22 @@ struct Handling {
     /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
     /// handed to the mirror with the primary's replies once they are in.
     mirror: Option<Box<crate::mirror::Capture>>,
+    /// The command's table entry (a run's first command's), for the latency class and the
+    /// slow log, and the mirror's judgement of a lone command.
+    name: Option<&'static CommandSpec>,
+}
+
+/// What `execute` carries out an action for: the command dispatched alone, passed down to
+/// `forward` as a value (not stashed in the session for the next send to pick up).
+#[derive(Clone, Copy)]
+struct Lone {
+    /// Its bytes in the read buffer.
+    len: usize,
+    /// Its table entry, for the slow log and the mirror (`Handling::name`).
+    name: Option<&'static CommandSpec>,
+    /// Cluster mode: the hash slot `decide` placed it on (keeps the slot's commands in order
+    /// across nodes, `spread`).
+    hash_slot: Option<u16>,
 }
 
 /// Sent before WAIT/WAITAOF on a dedicated connection when the client's writes went over the
@@ -632,8 +647,6 @@ struct Input {
     /// Traffic since the last idle tick: only a session quiet for a whole tick releases its
     /// memory, so a busy client never pays for re-creating its reply channel.
     active: bool,
-    /// The command (or first of the run) the next `send` carries, for the slow log.
-    batch_name: Option<&'static CommandSpec>,
 }
 
 impl Action {
@@ -808,13 +821,14 @@ impl Session {
 
     /// Carries out a non-batchable action for the command occupying the first `len` bytes of
     /// the read buffer. Returns `false` when processing must pause (nothing consumed).
-    async fn execute(&mut self, action: Action, len: usize) -> bool {
+    async fn execute(&mut self, action: Action, lone: Lone) -> bool {
+        let len = lone.len;
         match action {
             Action::Forward {
                 target,
                 expect,
                 effect,
-            } => return self.forward(len, target, expect, effect, None).await,
+            } => return self.forward(lone, target, expect, effect, None).await,
             Action::Rewritten {
                 target,
                 expect,
@@ -822,7 +836,7 @@ impl Session {
                 rewrite,
             } => {
                 return self
-                    .forward(len, target, expect, effect, Some(rewrite))
+                    .forward(lone, target, expect, effect, Some(rewrite))
                     .await;
             }
             Action::Local(reply, effect) => self.answer_local(len, reply, effect),
@@ -869,10 +883,10 @@ impl Session {
                 // Boxed: rare, and it may ask the upstream about a user.
                 Box::pin(self.kill(*filter)).await;
             }
-            Action::Summon(summon) => return Box::pin(self.summon(*summon, len)).await,
+            Action::Summon(summon) => return Box::pin(self.summon(*summon, lone)).await,
             Action::Keyspace(fanout) => {
                 let then = Box::pin(self.keyspace_fanout(*fanout)).await;
-                return Box::pin(self.execute(then, len)).await;
+                return Box::pin(self.execute(then, lone)).await;
             }
         }
         true

@@ -162,7 +162,6 @@ impl Session {
             commands,
             mut handling,
             read_at,
-            name,
             sent,
             ..
         }) = self.queue.take(at)
@@ -192,7 +191,7 @@ impl Session {
         // for: kept out of the latency histogram and the slow log, as Redis keeps it out of
         // its SLOWLOG.
         if !handling.blocking {
-            self.observe(read_at, commands, name);
+            self.observe(read_at, commands, handling.name);
         }
         self.audit_answered(read_at, commands, error.is_some(), data.len());
         let (data, missing) = match &handling.mask {

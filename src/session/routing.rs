@@ -50,9 +50,6 @@ pub(super) struct ClusterState {
     pub(super) router: Arc<crate::cluster::Router>,
     /// The hash slots in flight and where, so a slot's commands run in order across nodes.
     pub(super) spread: spread::Spread,
-    /// The hash slot of the command `execute` is carrying out, as `Input::batch_name` is its
-    /// name.
-    pub(super) batch_slot: Option<u16>,
     /// Runs for other nodes, parked while a pipeline alternates between nodes and sent with
     /// the current run (see `scatter`).
     pub(super) parked: Vec<Run>,
@@ -97,7 +94,6 @@ impl Routing {
             Upstreams::Cluster(router) => Routing::Cluster(Box::new(ClusterState {
                 router: router.clone(),
                 spread: spread::Spread::default(),
-                batch_slot: None,
                 parked: Vec::new(),
                 parked_frames: 0,
                 multi_slot: None,
@@ -258,28 +254,12 @@ impl Routing {
         }
     }
 
-    /// The hash slot `decide` placed the command being sent on (cluster mode), taken.
-    pub(super) fn take_batch_slot(&mut self) -> Option<u16> {
-        match self {
-            Routing::Cluster(c) => c.batch_slot.take(),
-            _ => None,
-        }
-    }
-
     /// The keyless commands a cluster MULTI held until its first key chose the node
     /// (`cluster::place`), taken to be sent after MULTI; empty in every other mode.
     pub(super) fn take_held_in_multi(&mut self) -> Vec<bytes::Bytes> {
         match self {
             Routing::Cluster(c) => std::mem::take(&mut c.held_in_multi),
             _ => Vec::new(),
-        }
-    }
-
-    /// The hash slot `decide` placed the command about to be dispatched alone on (cluster
-    /// mode), for [`Routing::take_batch_slot`].
-    pub(super) fn set_batch_slot(&mut self, hash_slot: Option<u16>) {
-        if let Routing::Cluster(c) = self {
-            c.batch_slot = hash_slot;
         }
     }
 

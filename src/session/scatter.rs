@@ -80,9 +80,11 @@ impl Session {
         };
         self.queue.slots.push_back(Slot::Upstream {
             commands,
-            handling: Handling::default(),
+            handling: Handling {
+                name: if first { run.first } else { None },
+                ..Handling::default()
+            },
             read_at: self.input.read_at,
-            name: if first { run.first } else { None },
             sent: None,
             seq,
             parts: u16::from(first),
@@ -104,7 +106,6 @@ impl Session {
             commands,
             parts,
             read_at,
-            name,
             sent,
             seq,
             handling,
@@ -144,7 +145,7 @@ impl Session {
         if let (Some(router), Some(_)) = (self.routing.router(), &error) {
             router.refresh_soon();
         }
-        self.observe(read_at, total, name);
+        self.observe(read_at, total, handling.name);
         let mut answered = total.saturating_sub(missing);
         let failed = error.map(|e| error_reply(&ProxyError::Upstream(*e)));
         for (i, commands) in segments {

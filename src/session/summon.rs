@@ -17,7 +17,7 @@
 //! the wait is bounded (`dedicated_wait_ms` plus the connect timeout): a target that cannot
 //! open a connection, or does not answer in time, gives the caller an error saying so.
 
-use super::{Effect, Session, Target};
+use super::{Effect, Lone, Session, Target};
 use crate::answers;
 use crate::policy::rewrite::Rewrite;
 use crate::upstream::Expect;
@@ -39,7 +39,8 @@ impl Session {
     /// Caller side: asks the target for its upstream id, then forwards the TRACKING command
     /// (occupying the first `len` bytes of the read buffer) naming it; on failure, answers
     /// the command with an error instead. Returns `false` when processing must pause.
-    pub(super) async fn summon(&mut self, summon: Summon, len: usize) -> bool {
+    pub(super) async fn summon(&mut self, summon: Summon, lone: Lone) -> bool {
+        let len = lone.len;
         let ctx = self.ctx.clone();
         let asked = ctx
             .client_list
@@ -75,7 +76,7 @@ impl Session {
             ..Default::default()
         };
         self.forward(
-            len,
+            lone,
             summon.target,
             Expect::Frames(1),
             Effect::ConnectionState,

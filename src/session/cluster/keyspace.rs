@@ -338,8 +338,8 @@ impl Session {
             .queue
             .slot_of(*seq)
             .and_then(|i| self.queue.slots.get(i));
-        let subscribes = matches!(slot, Some(Slot::Upstream { name: Some(spec), .. })
-            if matches!(spec.name, "subscribe" | "psubscribe"));
+        let subscribes = matches!(slot, Some(Slot::Upstream { handling, .. })
+            if handling.name.is_some_and(|spec| matches!(spec.name, "subscribe" | "psubscribe")));
         if subscribes {
             lock(&subs.names).confirm(data);
         }
