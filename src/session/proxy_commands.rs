@@ -131,11 +131,7 @@ impl Session {
             self.client.policy.version(),
             self.client.policy.rule_ids().count(),
         );
-        let read_from = match (self.routing.router(), self.routing.replicas()) {
-            (Some(router), _) => Some(router.read_from()),
-            (None, Some(_)) => Some(crate::config::ReadFrom::Replica),
-            (None, None) => None,
-        };
+        let read_from = self.routing.read_from();
         if let Some(read_from) = read_from {
             let _ = write!(
                 s,

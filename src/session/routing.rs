@@ -144,11 +144,6 @@ impl Routing {
         }
     }
 
-    /// The slot bookkeeping, in cluster mode.
-    pub(super) fn spread_mut(&mut self) -> Option<&mut spread::Spread> {
-        self.cluster_mut().map(|c| &mut c.spread)
-    }
-
     /// Frames parked for other nodes (always 0 outside cluster mode).
     pub(super) fn parked_frames(&self) -> usize {
         self.cluster().map_or(0, |c| c.parked_frames)
@@ -309,6 +304,51 @@ impl Routing {
             c.multi_slot = None;
             c.held_in_multi = Vec::new();
             c.tx_log = None;
+        }
+    }
+
+    /// Whether a command for `slot` (its hash slot, if keyed) must wait before going to
+    /// `target` while `inflight` (the target of the commands in flight, if any) has not
+    /// answered; when so, notes what it waits for. Standalone and Sentinel: any other target
+    /// in flight. Cluster: between shared connections only a hash slot in flight on another
+    /// one (its commands must run first, see `spread`); with a dedicated connection on
+    /// either side, everything in flight, as standalone.
+    pub(super) fn blocks(
+        &mut self,
+        inflight: Option<Target>,
+        target: Target,
+        slot: Option<u16>,
+    ) -> bool {
+        let Routing::Cluster(c) = self else {
+            return inflight.is_some_and(|last| last != target);
+        };
+        let spread = &mut c.spread;
+        if let Some(last) = inflight {
+            let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
+            if !shared && last != target {
+                spread.clear_wait();
+                return true;
+            }
+        }
+        // The slot's commands may also be in a run not sent yet (counted when they joined).
+        match slot {
+            Some(s) if spread.elsewhere(s, target) => {
+                spread.wait_for(s);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Where reads go (`PROXY INFO`): the cluster's `read_from`, `replica` in front of
+    /// Sentinel replicas, `None` where every command goes to the primary.
+    pub(super) fn read_from(&self) -> Option<crate::config::ReadFrom> {
+        match self {
+            Routing::Cluster(c) => Some(c.router.read_from()),
+            Routing::Sentinel(Sentinel {
+                replicas: Some(_), ..
+            }) => Some(crate::config::ReadFrom::Replica),
+            Routing::Sentinel(_) | Routing::Standalone => None,
         }
     }
 }

@@ -139,11 +139,11 @@ impl Session {
         if self.queue.inflight == 0 {
             self.queue.inflight_target = None;
         }
-        if let (Some(spread), Some(sent)) = (self.routing.spread_mut(), &sent) {
-            spread.answered(&sent.hash_slots);
+        if let Some(sent) = &sent {
+            self.routing.answered(&sent.hash_slots);
         }
-        if let (Some(router), Some(_)) = (self.routing.router(), &error) {
-            router.refresh_soon();
+        if error.is_some() {
+            self.routing.upstream_failed();
         }
         self.observe(read_at, total, handling.name);
         let mut answered = total.saturating_sub(missing);

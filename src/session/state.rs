@@ -89,27 +89,8 @@ impl Session {
     /// commands must run first, see `spread`); with a dedicated connection on either side,
     /// everything in flight, as standalone.
     pub(super) fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
-        let Some(spread) = self.routing.spread_mut() else {
-            return self
-                .queue
-                .inflight_target
-                .is_some_and(|last| last != target);
-        };
-        if let Some(last) = self.queue.inflight_target {
-            let shared = matches!((last, target), (Target::Shared(..), Target::Shared(..)));
-            if !shared && last != target {
-                spread.clear_wait();
-                return true;
-            }
-        }
-        // The slot's commands may also be in a run not sent yet (counted when they joined).
-        match slot {
-            Some(s) if spread.elsewhere(s, target) => {
-                spread.wait_for(s);
-                true
-            }
-            _ => false,
-        }
+        self.routing
+            .blocks(self.queue.inflight_target, target, slot)
     }
 
     /// State held on the dedicated connection that keeps the session on it.
