@@ -49,7 +49,7 @@ macro_rules! bitset {
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-        $vis struct $name(pub $int);
+        $vis struct $name(pub(crate) $int);
 
         impl $name {
             $( $(#[$cmeta])* pub const $konst: $name = $name(1 << $bit); )*

@@ -335,7 +335,7 @@ impl Session {
         }
         // Counted from now: a later command for the slot must not join another node's run.
         if let Some(slot) = hash_slot
-            && self.routing.sent(target, hash_slot)
+            && self.routing.sent(target, slot)
         {
             run.hash_slots.push(slot);
         }

@@ -365,7 +365,7 @@ impl Session {
             name,
         };
         let hash_slots = match slot {
-            Some(slot) if self.routing.sent(target, Some(slot)) => vec![slot],
+            Some(slot) if self.routing.sent(target, slot) => vec![slot],
             _ => Vec::new(),
         };
         self.send(target, out.bytes, expect, handling, hash_slots)

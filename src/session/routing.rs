@@ -196,9 +196,9 @@ impl Routing {
     /// A command for `slot` is sent on `target` now; `true` when the mode keeps the slot in
     /// flight (cluster mode, a shared connection), so the caller records it with the batch
     /// and reports it to [`Routing::answered`] with the reply.
-    pub(super) fn sent(&mut self, target: Target, slot: Option<u16>) -> bool {
-        match (self, slot, target) {
-            (Routing::Cluster(c), Some(slot), Target::Shared(..)) => {
+    pub(super) fn sent(&mut self, target: Target, slot: u16) -> bool {
+        match (self, target) {
+            (Routing::Cluster(c), Target::Shared(..)) => {
                 c.spread.sent(target, &[slot]);
                 true
             }
@@ -297,12 +297,11 @@ impl Routing {
     /// notification names, tracking, the transaction's slot, held commands and log) is
     /// dropped, as Redis drops the connection's.
     pub(super) fn reset(&mut self) {
+        self.multi_ended();
         if let Routing::Cluster(c) = self {
             c.shard_subs = None;
             c.keyspace = None;
             c.tracking = None;
-            c.multi_slot = None;
-            c.held_in_multi = Vec::new();
             c.tx_log = None;
         }
     }
