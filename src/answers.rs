@@ -327,6 +327,19 @@ pub(crate) fn pubsub_several_in_multi(command: &[u8]) -> Bytes {
     )
 }
 
+/// A command the proxy answers itself (CLIENT GETNAME/SETNAME/ID…, HELLO, CLIENT KILL)
+/// inside MULTI, where Redis would queue it: its answer cannot go into EXEC's reply.
+pub(crate) fn proxy_answered_in_multi(name: &str) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "{} inside MULTI is refused by redis-policy-proxy: the proxy answers it itself and \
+             cannot defer its answer to EXEC; send it before MULTI or after EXEC",
+            name.to_ascii_uppercase().replace('|', " ")
+        ),
+    )
+}
+
 /// CLIENT REPLY inside MULTI, in Valkey's words (the proxy keeps the reply mode, which
 /// cannot wait for EXEC).
 pub(crate) fn client_reply_in_multi() -> Bytes {

@@ -2027,8 +2027,10 @@ impl World {
                 found.push((
                     "reply-count",
                     format!(
-                        "no reply (or no sentinel) within {STEP_TIMEOUT:?}; got {}",
-                        common::show(&obs.replies.concat())
+                        "no reply (or no sentinel) within {STEP_TIMEOUT:?}; got {} (and {} push frames: {})",
+                        common::show(&obs.replies.concat()),
+                        obs.pushes.len(),
+                        common::show(&obs.pushes.concat())
                     ),
                 ));
             }
@@ -2613,6 +2615,9 @@ async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
                 inline: false,
                 args: vec![b"HELLO".to_vec(), b"3".to_vec()],
             };
+            if trace {
+                eprintln!("step {steps} (fresh connection): {}", hello.to_case());
+            }
             world.step(&hello).await;
             history.push(hello);
         }

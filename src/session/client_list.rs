@@ -305,6 +305,11 @@ impl ClientList {
         self.0.get(&id).map(|row| row.tenant)
     }
 
+    /// Whether client `id`'s subscriptions, as Redis's confirmations counted them, are any.
+    pub(super) fn subscribed(&self, id: u64) -> bool {
+        self.0.get(&id).is_some_and(|row| row.subs.any())
+    }
+
     /// Changes client `id`'s row.
     pub(super) fn update(&self, id: u64, change: impl FnOnce(&mut Row)) {
         if let Some(mut row) = self.0.get_mut(&id) {

@@ -333,6 +333,9 @@ impl Session {
             return true;
         }
         let command = self.input.rbuf.split_to(len).freeze();
+        if matches!(effect, Effect::Hello(_)) {
+            self.note_hello_name(&command);
+        }
         let out = self.outgoing(command, target, effect, rewrite);
         let expect = match expect {
             Expect::Frames(_) => Expect::Frames(out.frames.len() as u32),
@@ -375,6 +378,32 @@ impl Session {
             self.client.reply_mode = ReplyMode::On;
         }
         true
+    }
+
+    /// A HELLO with SETNAME forwarded on the client's own connection (checked by
+    /// `decide_hello`: a protocol and a name Redis accepts, no AUTH, so Redis takes it) names
+    /// the client there; the proxy answers CLIENT GETNAME and LIST from its own record, so it
+    /// notes the name too (it answered `$-1` after it; state fuzzer). Not on the data path.
+    fn note_hello_name(&mut self, command: &[u8]) {
+        let Some(args) = crate::codec::split_args_of(command) else {
+            return;
+        };
+        let mut j = 2;
+        let mut name = None;
+        while j + 1 < args.len() {
+            if crate::commands::grammar::keyword(&args[j], b"SETNAME") {
+                name = Some(Bytes::copy_from_slice(&args[j + 1]));
+                j += 2;
+            } else {
+                j += 3;
+            }
+        }
+        if let Some(name) = name {
+            self.ctx
+                .client_list
+                .update(self.client.id, |r| r.names.set_name(Some(name.clone())));
+            self.client.names.set_name(Some(name));
+        }
     }
 
     /// Sentinel mode: a WAIT after a failover that came after the writes it would cover is

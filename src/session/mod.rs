@@ -329,6 +329,10 @@ enum Action {
     Silent(ReplyMode),
     /// RESET: needs everything in flight answered first.
     Reset,
+    /// Not decided yet: how Redis reads it depends on replies still due (a RESP2 client's
+    /// subscribed context while a SUBSCRIBE-family command is in flight). Decided again once
+    /// everything in flight is answered.
+    AwaitReplies,
     /// The policy refused the command: answer with this error (and spoil an open MULTI).
     Refused(Bytes),
     /// Forward, but as the policy rewrote it (TTL added or cut).
@@ -710,6 +714,7 @@ impl Effect {
                 | Effect::Wait(_)
                 | Effect::Auth
                 | Effect::AuthHello(_)
+                | Effect::Hello(_)
                 | Effect::ClientInfo
                 | Effect::Info
                 | Effect::ConfigGet
@@ -864,7 +869,7 @@ impl Session {
             // Commands answered from several nodes (or, for sharded pub/sub, by the session),
             // and RESET: every earlier command must have run first, on whichever node (a SCAN
             // sees earlier writes; split parts go out at once).
-            Action::Gather(_) | Action::Reset if self.queue.inflight > 0 => {
+            Action::Gather(_) | Action::Reset | Action::AwaitReplies if self.queue.inflight > 0 => {
                 self.input.paused = true;
                 return false;
             }
@@ -873,10 +878,20 @@ impl Session {
                 let reply = Box::pin(self.gather(*gather)).await;
                 self.answer(reply);
             }
+            // Nothing in flight: `decide` never asks for this then (its wait is for a reply).
+            Action::AwaitReplies => {
+                self.input.paused = true;
+                return false;
+            }
             Action::Reset => {
                 self.input.rbuf.advance(len);
+                // Redis clears CLIENT REPLY OFF (RESET is answered) but not a SKIP already
+                // in force for this very command (RESET is not answered).
+                let skipped = self.client.reply_mode == ReplyMode::Skip;
                 self.reset();
-                self.queue.local(answers::reset());
+                if !skipped {
+                    self.queue.local(answers::reset());
+                }
             }
             Action::Kill(filter) => {
                 self.input.rbuf.advance(len);

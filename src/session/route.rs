@@ -44,6 +44,9 @@ impl Session {
         if self.conn.multi_unopened() {
             return unopened_multi(command.kind).into();
         }
+        if self.subscribed_context_unsettled(command.kind) {
+            return Action::AwaitReplies.into();
+        }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
         if args.get(0).eq_ignore_ascii_case(b"PROXY") {
             return Action::Local(self.proxy_command(&args), LocalEffect::None).into();
@@ -59,7 +62,7 @@ impl Session {
                 Verdict::Rewrite(rw) => rewrite = Some(rw),
             }
         }
-        let action = match (self.route(&args, command.kind), rewrite) {
+        let action = match (self.route(&args, command.kind, spec), rewrite) {
             (
                 Action::Forward {
                     target,
@@ -86,6 +89,18 @@ impl Session {
             (_, Some(_)) => Action::Refused(answers::cannot_rewrite()),
             (action, None) => action,
         };
+        let action = if self.conn.in_multi() && answered_by_proxy(&action) {
+            // Redis would queue it and answer it inside EXEC's array; the proxy answers it
+            // itself, at once, and cannot put that answer into EXEC's reply (a CLIENT GETNAME
+            // answered `$-1` where Redis says +QUEUED leaves the client's count of EXEC's
+            // replies one short; state fuzzer). Refused, which spoils the transaction as a
+            // command Redis rejects at queue time does.
+            Action::Refused(answers::proxy_answered_in_multi(
+                spec.map_or("this command", |s| s.name),
+            ))
+        } else {
+            action
+        };
         let action = self.around_pause(action, spec);
         match (self.routing.router(), self.routing.replicas()) {
             (None, None) => action.into(),
@@ -111,8 +126,16 @@ impl Session {
     }
 
     /// Where a command goes and what it changes, policy aside.
-    fn route(&self, args: &Args<'_>, kind: Kind) -> Action {
+    fn route(&self, args: &Args<'_>, kind: Kind, spec: Option<&CommandSpec>) -> Action {
         let current = self.current_target();
+        if spec.is_some_and(|s| !s.arity_accepts(args.len())) {
+            // Redis refuses a command whose argument count its arity does not allow before
+            // anything else (subscribed context, MULTI's own checks): it changes no state, so
+            // none is recorded here. `MULTI x` opening a transaction in the proxy's view only
+            // made a RESP3 SUBSCRIBE after it wait for a +QUEUED that never came (fuzzer seed
+            // 52316624), and `RESET x` was answered +RESET while Redis answers an error.
+            return forward(current, Effect::None);
+        }
         if self.resp2_subscribed() && !runs_while_subscribed(args, kind) {
             // Redis refuses it: nothing it would change (MULTI, WATCH, SELECT, CLIENT
             // SETNAME…) changes, and the proxy answers none of it itself. In front of one
@@ -245,7 +268,11 @@ impl Session {
             let expect = match (args.len(), self.conn.holds(Holds::SUBSCRIPTIONS)) {
                 _ if queued => Expect::Frames(1),
                 (1, true) => Expect::UnsubscribeAll(sub),
-                (1, false) => Expect::Frames(1),
+                // One confirmation with a nil channel. Counted as a confirmation, not a
+                // plain reply: in RESP3 it is a push frame, which a dedicated connection
+                // awaiting a plain reply hands on as a push, giving the command's slot the
+                // next command's reply (every reply after it one late; state fuzzer).
+                (1, false) => Expect::Confirmations(1),
                 // Subscribed or not, Redis confirms each channel named: one command whose
                 // reply is n frames (not n commands, which would hand the later frames to
                 // the replies of the commands after it).
@@ -369,6 +396,12 @@ impl Session {
     }
 
     fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
+        if self.conn.in_multi() {
+            // Redis queues it and switches the protocol at EXEC; the proxy reads every reply
+            // before that in the protocol it knows, so it cannot follow (answered by the proxy
+            // or forwarded, the same refusal).
+            return Action::Refused(answers::proxy_answered_in_multi("hello"));
+        }
         let mut proto = self.client.proto;
         let mut auth = false;
         let mut credentials = None;
@@ -722,13 +755,27 @@ fn info_effect(args: &Args<'_>) -> Effect {
     if ours { Effect::Info } else { Effect::None }
 }
 
+/// Whether the session answers the command itself instead of Redis (QUIT and RESET aside,
+/// which Redis does not queue inside MULTI either).
+fn answered_by_proxy(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Local(..)
+            | Action::Silent(_)
+            | Action::Hello { .. }
+            | Action::Kill(_)
+            | Action::Summon(_)
+    )
+}
+
 /// CLIENT REPLY ON/OFF/SKIP: kept by the proxy, since the upstream connection is shared.
 fn reply_mode(mode: &[u8]) -> Action {
-    if mode.eq_ignore_ascii_case(b"ON") {
+    // As Redis reads them (`strcasecmp`: `ON\0` is ON), like every keyword below.
+    if grammar::keyword(mode, b"ON") {
         Action::Local(answers::ok(), LocalEffect::ReplyMode(ReplyMode::On))
-    } else if mode.eq_ignore_ascii_case(b"OFF") {
+    } else if grammar::keyword(mode, b"OFF") {
         Action::Silent(ReplyMode::Off)
-    } else if mode.eq_ignore_ascii_case(b"SKIP") {
+    } else if grammar::keyword(mode, b"SKIP") {
         Action::Silent(ReplyMode::Skip)
     } else {
         Action::Local(answers::syntax_error(), LocalEffect::None)
@@ -736,11 +783,14 @@ fn reply_mode(mode: &[u8]) -> Action {
 }
 
 /// CLIENT PAUSE's effect: what it holds back and for how long; none when Redis will refuse
-/// the timeout.
+/// the command (a timeout or mode it does not read, an argument too many), which pauses
+/// nothing.
 fn pause_effect(args: &Args<'_>) -> Effect {
-    let mode = match args.get(3.min(args.len() - 1)) {
-        m if args.len() >= 4 && m.eq_ignore_ascii_case(b"WRITE") => Paused::Writes,
-        _ => Paused::All,
+    let mode = match args.len() {
+        3 => Paused::All,
+        4 if grammar::keyword(args.get(3), b"WRITE") => Paused::Writes,
+        4 if grammar::keyword(args.get(3), b"ALL") => Paused::All,
+        _ => return Effect::None,
     };
     match codec::parse_int(args.get(2)).and_then(|ms| u64::try_from(ms).ok()) {
         Some(ms) => Effect::Pause(mode, ms),
@@ -751,9 +801,9 @@ fn pause_effect(args: &Args<'_>) -> Effect {
 /// Redis's rule for client names and library info: printable ASCII without spaces.
 /// CLIENT SETINFO LIB-NAME|LIB-VER <value>, answered as Redis 7.2 answers it.
 fn set_info(attr: &[u8], value: &[u8]) -> Action {
-    let version = if attr.eq_ignore_ascii_case(b"LIB-VER") {
+    let version = if grammar::keyword(attr, b"LIB-VER") {
         true
-    } else if attr.eq_ignore_ascii_case(b"LIB-NAME") {
+    } else if grammar::keyword(attr, b"LIB-NAME") {
         false
     } else {
         let text = format!("Unrecognized option '{}'", String::from_utf8_lossy(attr));
@@ -804,22 +854,22 @@ fn list_filter(args: &Args<'_>) -> Option<client_list::Filter> {
     use client_list::Filter;
     match args.len() {
         2 => Some(Filter::All),
-        4 if args.get(2).eq_ignore_ascii_case(b"TYPE") => {
+        4 if grammar::keyword(args.get(2), b"TYPE") => {
             let t = args.get(3);
-            if t.eq_ignore_ascii_case(b"normal") {
+            if grammar::keyword(t, b"normal") {
                 Some(Filter::Pubsub(false))
-            } else if t.eq_ignore_ascii_case(b"pubsub") {
+            } else if grammar::keyword(t, b"pubsub") {
                 Some(Filter::Pubsub(true))
-            } else if t.eq_ignore_ascii_case(b"master")
-                || t.eq_ignore_ascii_case(b"replica")
-                || t.eq_ignore_ascii_case(b"slave")
+            } else if grammar::keyword(t, b"master")
+                || grammar::keyword(t, b"replica")
+                || grammar::keyword(t, b"slave")
             {
                 Some(Filter::Nothing)
             } else {
                 None
             }
         }
-        n if n > 3 && args.get(2).eq_ignore_ascii_case(b"ID") => (3..n)
+        n if n > 3 && grammar::keyword(args.get(2), b"ID") => (3..n)
             .map(|i| codec::parse_int(args.get(i)).and_then(|id| u64::try_from(id).ok()))
             .collect::<Option<Vec<u64>>>()
             .map(Filter::Ids),

@@ -1,6 +1,7 @@
 //! Connection state: what a dispatched command changes, and what that state means for routing.
 
-use super::{ConnState, Effect, Holds, ReplyMode, Session, Target, Transaction};
+use super::{ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
+use crate::command::Kind;
 use crate::reply::SubKind;
 use bytes::Bytes;
 
@@ -107,9 +108,28 @@ impl Session {
     }
 
     /// A RESP2 client in the subscribed context, where Redis runs only the SUBSCRIBE family,
-    /// PING, QUIT and RESET (a MULTI that queued a SUBSCRIBE has not entered it yet).
+    /// PING, QUIT and RESET (a MULTI that queued a SUBSCRIBE has not entered it yet). Not
+    /// once Redis confirmed the last unsubscription: the connection stays the client's
+    /// (`Holds::SUBSCRIPTIONS`), but Redis runs everything on it again (a CLIENT REPLY OFF
+    /// forwarded as if refused turned the upstream connection's replies off; state fuzzer).
     pub(super) fn resp2_subscribed(&self) -> bool {
-        self.client.proto == 2 && self.conn.holds(Holds::SUBSCRIPTIONS) && !self.conn.in_multi()
+        self.client.proto == 2
+            && self.conn.holds(Holds::SUBSCRIPTIONS)
+            && !self.conn.in_multi()
+            && self.ctx.client_list.subscribed(self.client.id)
+    }
+
+    /// A RESP2 subscriber's command that must wait: a SUBSCRIBE-family command is still in
+    /// flight, so whether Redis reads this one in the subscribed context is not known yet.
+    pub(super) fn subscribed_context_unsettled(&self, kind: Kind) -> bool {
+        self.client.proto == 2
+            && self.conn.holds(Holds::SUBSCRIPTIONS)
+            && !matches!(kind, Kind::Subscribe(_) | Kind::Unsubscribe(_))
+            && self
+                .queue
+                .slots
+                .iter()
+                .any(|s| matches!(s, Slot::Upstream { handling, .. } if handling.sub_counts))
     }
 
     /// A RESP3 client whose only state is its subscriptions: its other commands need not go
@@ -171,6 +191,10 @@ impl Session {
             | Effect::Info
             | Effect::ConfigGet => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
+            // A nested MULTI is refused by Redis and leaves the open transaction as it is: a
+            // new `Transaction` would forget that the policy refused a queued command (EXEC
+            // then ran the rest instead of aborting) and the frames hidden from EXEC's reply.
+            Effect::Multi if self.conn.multi.is_some() => {}
             Effect::Multi => {
                 self.conn.multi = Some(Transaction {
                     refused: std::mem::take(&mut self.conn.watch_lost),
