@@ -340,6 +340,18 @@ pub(crate) fn proxy_answered_in_multi(name: &str) -> Bytes {
     )
 }
 
+/// HELLO with a proxy user's AUTH that changes the protocol of a connection holding state
+/// (MULTI, WATCH, subscriptions, tracking, SELECT…): the proxy checks the login itself and
+/// cannot also switch the held upstream connection's protocol in the same step.
+pub(crate) fn hello_login_switch_held() -> Bytes {
+    simple_error(
+        "ERR",
+        "HELLO with AUTH and a protocol change is refused by redis-policy-proxy while the \
+         connection holds state (a transaction, WATCH, subscriptions, tracking, SELECT): send \
+         AUTH <user> <password>, then HELLO <protover>",
+    )
+}
+
 /// CLIENT REPLY inside MULTI, in Valkey's words (the proxy keeps the reply mode, which
 /// cannot wait for EXEC).
 pub(crate) fn client_reply_in_multi() -> Bytes {

@@ -119,6 +119,8 @@ const VOCABULARY: &[&str] = &[
     "HELLO",
     "HELLO 3 SETNAME fuzz",
     "HELLO 2 AUTH default wrong",
+    "HELLO 3 AUTH nobody wrong",
+    "HELLO 2 AUTH nobody wrong",
     "CLIENT SETNAME fuzzy",
     "CLIENT GETNAME",
     "CLIENT REPLY SKIP",
@@ -142,6 +144,7 @@ const VOCABULARY: &[&str] = &[
     "XREAD BLOCK 10 STREAMS KEY 0",
     "EXISTS KEY KEY",
     "AUTH default wrong",
+    "AUTH nobody wrong",
     "NOSUCHCOMMAND",
 ];
 
@@ -437,6 +440,18 @@ const REGRESSIONS: &[(&str, &str)] = &[
     (
         "CLIENT REPLY SKIP skips RESET's reply",
         "CLIENT REPLY SKIP | RESET | CLIENT CACHING YES",
+    ),
+    (
+        // The protocol was taken when the HELLO was sent: a refused AUTH left the session
+        // reading the connection's RESP3 replies as RESP2.
+        "a refused HELLO AUTH keeps the protocol, on the client's own connection too",
+        "HELLO 3\nCLIENT TRACKING OFF\nHELLO 2 AUTH nobody wrong\nCLIENT GETNAME | GET k1\nHELLO 2 AUTH nobody wrong\nCLIENT GETNAME",
+    ),
+    (
+        // Redis runs HELLO's options in order: an AUTH refused before a bad option is what
+        // it answers, a SETNAME before one is done.
+        "HELLO's options in order",
+        "HELLO 3 AUTH nobody wrong extra\nHELLO 3 SETNAME fuzz extra | CLIENT GETNAME",
     ),
 ];
 

@@ -3,8 +3,8 @@
 
 use super::routing::Routing;
 use super::{
-    Dedicated, Effect, Handling, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run, Sent, Session,
-    Slot, Target, Transaction, WAIT_BARRIER, cluster,
+    Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run,
+    Sent, Session, Slot, Target, Transaction, WAIT_BARRIER, cluster,
 };
 use crate::answers;
 use crate::error::{ProxyError, UpstreamError, error_reply};
@@ -359,6 +359,13 @@ impl Session {
             client_info: effect == Effect::ClientInfo,
             names_redirect: effect == Effect::NamesRedirect,
             sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
+            hello_auth: match effect {
+                Effect::AuthHello(proto) => Some(HelloAuth {
+                    proto,
+                    first_login: !self.conn.holds(Holds::OTHER_USER),
+                }),
+                _ => None,
+            },
             info: effect == Effect::Info,
             config_get: effect == Effect::ConfigGet,
             replace: out.replace,

@@ -215,6 +215,8 @@ struct Handling {
     /// A SUBSCRIBE-family command: its confirmations' counts are the client's `sub=`,
     /// `psub=` and `ssub=` in CLIENT LIST (`sub_counts`).
     sub_counts: bool,
+    /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
+    hello_auth: Option<HelloAuth>,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
     /// CONFIG GET: remove the secret parameters from the reply.
@@ -232,6 +234,18 @@ struct Handling {
     /// The command's table entry (a run's first command's), for the latency class and the
     /// slow log, and the mirror's judgement of a lone command.
     name: Option<&'static CommandSpec>,
+}
+
+/// A forwarded HELLO with the client's own AUTH, settled by Redis's answer: Redis switches
+/// the protocol only if it accepts the AUTH, and a refused AUTH leaves the client as it was.
+/// Taken at dispatch, the session read the connection's RESP2 replies as RESP3.
+#[derive(Clone, Copy, Debug)]
+struct HelloAuth {
+    /// The protocol asked for, the client's once Redis accepted it.
+    proto: u8,
+    /// The client was on the proxy's login before (`Holds::OTHER_USER` not held): refused,
+    /// it is again, and the connection dialled for this AUTH is dropped.
+    first_login: bool,
 }
 
 /// What `execute` carries out an action for: the command dispatched alone, passed down to

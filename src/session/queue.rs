@@ -205,6 +205,12 @@ impl Session {
         if handling.sub_counts && !data.is_empty() {
             self.note_sub_counts(&data);
         }
+        if let Some(hello) = handling.hello_auth {
+            self.settle_hello_auth(
+                hello,
+                error.is_none() && data.first().is_some_and(|&b| b != b'-'),
+            );
+        }
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
         // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
@@ -229,6 +235,21 @@ impl Session {
             }
         }
         self.queue.settle(at, mark);
+    }
+
+    /// A forwarded HELLO with AUTH, answered: accepted, the client speaks the protocol it
+    /// asked for; refused, a client that was on the proxy's login is again (the connection
+    /// dialled for its AUTH, left in RESP2 or unauthenticated, is dropped unless other state
+    /// holds it).
+    fn settle_hello_auth(&mut self, hello: super::HelloAuth, accepted: bool) {
+        if accepted {
+            self.apply(super::Effect::Hello(hello.proto));
+        } else if hello.first_login {
+            self.conn.held.remove(Holds::OTHER_USER);
+            if !self.pinned() {
+                self.conn.dedicated = None;
+            }
+        }
     }
 
     /// CLIENT LIST's subscription counts and flag, from the confirmations in `data`

@@ -44,7 +44,7 @@ impl Session {
         if self.conn.multi_unopened() {
             return unopened_multi(command.kind).into();
         }
-        if self.subscribed_context_unsettled(command.kind) {
+        if self.state_unsettled(command.kind) {
             return Action::AwaitReplies.into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
@@ -403,9 +403,30 @@ impl Session {
             return Action::Refused(answers::proxy_answered_in_multi("hello"));
         }
         let mut proto = self.client.proto;
+        // Credentials Redis checks (not one of the proxy's users).
         let mut auth = false;
-        let mut credentials = None;
+        // One of the proxy's users, whose credentials the proxy checked.
+        let mut login: Option<Bytes> = None;
         let mut name = None;
+        // Redis's helloCommand runs the options in order, each as it comes: an AUTH or
+        // SETNAME before a bad option has been done when the error is answered, and an AUTH
+        // refused before a bad option is what is answered.
+        let failed = |reply: Bytes, auth: bool, login: Option<Bytes>, name: Option<&[u8]>| {
+            if auth {
+                // Redis ran the AUTH it was given; its own error follows.
+                return Action::Forward {
+                    target: self.dedicated_target(),
+                    expect: Expect::Frames(1),
+                    effect: Effect::AuthHello(self.client.proto),
+                };
+            }
+            let effect = match (login, name) {
+                (Some(user), _) => LocalEffect::Login(user),
+                (None, Some(n)) => LocalEffect::SetName(Some(Bytes::copy_from_slice(n))),
+                (None, None) => LocalEffect::None,
+            };
+            Action::Local(reply, effect)
+        };
         if args.len() >= 2 {
             match codec::parse_int(args.get(1)) {
                 Some(v @ 2..=3) => proto = v as u8,
@@ -422,45 +443,53 @@ impl Session {
                 let opt = args.get(j);
                 // Read as Redis's helloCommand reads them (`strcasecmp`: `AUTH\0` is AUTH).
                 if grammar::keyword(opt, b"AUTH") && more >= 2 {
-                    auth = true;
-                    credentials = Some((args.get(j + 1), args.get(j + 2)));
+                    let (user, pass) = (args.get(j + 1), args.get(j + 2));
+                    if self.proxy_checks_login(user) {
+                        // The proxy checks the credentials; the upstream never sees them.
+                        if let Err(failure) = self.client.policy.access.authenticate_from(
+                            self.client.peer.ip(),
+                            user,
+                            pass,
+                        ) {
+                            return failed(auth_refusal(failure), auth, login, name);
+                        }
+                        // The last AUTH is who the client is, as after Redis's loop.
+                        login = Some(Bytes::copy_from_slice(user));
+                        auth = false;
+                    } else {
+                        login = None;
+                        auth = true;
+                    }
                     j += 3;
                 } else if grammar::keyword(opt, b"SETNAME") && more >= 1 {
-                    name = Some(args.get(j + 1));
+                    let n = args.get(j + 1);
+                    if !valid_name(n) {
+                        return failed(answers::bad_client_name(), auth, login, name);
+                    }
+                    name = Some(n);
                     j += 2;
                 } else {
-                    return Action::Local(answers::hello_bad_option(opt), LocalEffect::None);
+                    return failed(answers::hello_bad_option(opt), auth, login, name);
                 }
             }
         }
-        if let Some(n) = name {
-            if !valid_name(n) {
-                return Action::Local(answers::bad_client_name(), LocalEffect::None);
-            }
-        }
-        if credentials.is_none()
+        if !auth
+            && login.is_none()
             && self.client.policy.access.require_auth
             && self.client.names.user().is_none()
         {
             return Action::Local(answers::hello_noauth(), LocalEffect::None);
         }
-        let mut login = None;
-        if let Some((user, pass)) = credentials.filter(|(user, _)| self.proxy_checks_login(user)) {
-            // The proxy checks the credentials; the upstream never sees them.
-            if let Err(failure) =
-                self.client
-                    .policy
-                    .access
-                    .authenticate_from(self.client.peer.ip(), user, pass)
-            {
-                return Action::Local(auth_refusal(failure), LocalEffect::None);
-            }
-            login = Some(Bytes::copy_from_slice(user));
-            auth = false;
-        }
         // A session holding state (a RESP3 subscriber's commands take the shared path) changes
         // protocol on the connection that holds it, as Redis would.
-        if auth || matches!(current, Target::Dedicated(_)) || self.stateful() {
+        let holding = matches!(current, Target::Dedicated(_)) || self.stateful();
+        if login.is_some() && holding && proto != self.client.proto {
+            // Forwarded, the proxy user's credentials went to Redis (which refused them) and
+            // the login was lost; answered here, the held connection would keep its protocol.
+            return Action::Refused(answers::hello_login_switch_held());
+        }
+        // A proxy user's login on a held connection in the protocol it has: the proxy's own.
+        if auth || (holding && login.is_none()) {
             return Action::Forward {
                 target: self.dedicated_target(),
                 expect: Expect::Frames(1),

@@ -119,17 +119,19 @@ impl Session {
             && self.ctx.client_list.subscribed(self.client.id)
     }
 
-    /// A RESP2 subscriber's command that must wait: a SUBSCRIBE-family command is still in
-    /// flight, so whether Redis reads this one in the subscribed context is not known yet.
-    pub(super) fn subscribed_context_unsettled(&self, kind: Kind) -> bool {
-        self.client.proto == 2
+    /// A command that must wait to be decided, because how Redis reads it depends on a reply
+    /// still due: a HELLO with AUTH in flight (the protocol changes only if Redis accepts
+    /// it), or, for a RESP2 subscriber, a SUBSCRIBE-family command (whether Redis reads this
+    /// one in the subscribed context). Slots are looked at only in those two rare states.
+    pub(super) fn state_unsettled(&self, kind: Kind) -> bool {
+        let subscriber = self.client.proto == 2
             && self.conn.holds(Holds::SUBSCRIPTIONS)
-            && !matches!(kind, Kind::Subscribe(_) | Kind::Unsubscribe(_))
-            && self
-                .queue
-                .slots
-                .iter()
-                .any(|s| matches!(s, Slot::Upstream { handling, .. } if handling.sub_counts))
+            && !matches!(kind, Kind::Subscribe(_) | Kind::Unsubscribe(_));
+        (subscriber || self.conn.holds(Holds::OTHER_USER))
+            && self.queue.slots.iter().any(|s| {
+                matches!(s, Slot::Upstream { handling, .. }
+                    if handling.hello_auth.is_some() || (subscriber && handling.sub_counts))
+            })
     }
 
     /// A RESP3 client whose only state is its subscriptions: its other commands need not go
@@ -238,10 +240,8 @@ impl Session {
                     d.proto = self.client.proto;
                 }
             }
-            Effect::AuthHello(proto) => {
-                self.conn.held.insert(Holds::OTHER_USER);
-                self.apply(Effect::Hello(proto));
-            }
+            // The protocol follows once Redis accepted the AUTH (`Handling::hello_auth`).
+            Effect::AuthHello(_) => self.conn.held.insert(Holds::OTHER_USER),
             Effect::Hello(proto) => {
                 self.ctx
                     .client_list
