@@ -121,6 +121,63 @@ pub(crate) fn execabort() -> Bytes {
     )
 }
 
+/// The text of a C string argument as Redis's `%.*s` prints it: up to its first NUL byte and
+/// at most `max` bytes.
+fn c_text(arg: &[u8], max: usize) -> String {
+    let end = arg
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(arg.len())
+        .min(max);
+    String::from_utf8_lossy(&arg[..end]).into_owned()
+}
+
+/// Redis's refusal of a command name it does not know, in its words: the name and the
+/// arguments as its `printf` shows them (each ends at a NUL byte; 128 bytes of them at most).
+pub(crate) fn unknown_command<'a>(name: &[u8], rest: impl Iterator<Item = &'a [u8]>) -> Bytes {
+    let mut args = String::new();
+    for arg in rest {
+        if args.len() >= 128 {
+            break;
+        }
+        let text = c_text(arg, 128 - args.len());
+        args.push_str(&format!("'{text}' "));
+    }
+    simple_error(
+        "ERR",
+        &format!(
+            "unknown command '{}', with args beginning with: {args}",
+            c_text(name, 128)
+        ),
+    )
+}
+
+/// Redis's refusal of a subcommand name it does not know, in its words.
+pub(crate) fn unknown_subcommand(container: &[u8], sub: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "unknown subcommand '{}'. Try {} HELP.",
+            c_text(sub, 128),
+            c_text(container, usize::MAX).to_ascii_uppercase()
+        ),
+    )
+}
+
+/// EXEC rejected before it runs (`error`, an `-ERR …` reply): Redis answers it as an aborted
+/// transaction naming the error (its `execCommandAbort`).
+pub(crate) fn exec_rejected(error: &[u8]) -> Bytes {
+    let text = error.strip_prefix(b"-ERR ").unwrap_or(error);
+    let text = text.strip_suffix(b"\r\n").unwrap_or(text);
+    simple_error(
+        "EXECABORT",
+        &format!(
+            "Transaction discarded because of: {}",
+            String::from_utf8_lossy(text)
+        ),
+    )
+}
+
 /// A command sent after a MULTI the proxy could not open upstream (no dedicated connection).
 pub(crate) fn not_queued_unopened_multi() -> Bytes {
     simple_error(

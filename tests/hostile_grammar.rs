@@ -308,3 +308,66 @@ async fn hello_options_with_nul_suffixes_work_as_directly() {
     assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
     assert_eq!(redis.direct(&["EXISTS", "k"]).await, b":0\r\n");
 }
+
+/// Redis finds command names in a hash table hashed over the whole name but compared with
+/// `strcasecmp`: `PING\0<junk>` runs PING when its hash lands in PING's bucket, which depends
+/// on the junk and the server's random seed. Straight to Redis, some of a few thousand
+/// spellings run the command (about one in 200 on Redis 7.0); through the proxy none may,
+/// or `FLUSHALL\0<junk>` would get past `deny-flush` for whoever tries enough of them. The
+/// same for a subcommand (`CLIENT REPLY\0 OFF` once went to a shared connection as an
+/// unknown one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_in_a_command_name_never_runs_the_command() {
+    const SPELLINGS: usize = 3000;
+    let redis = RedisServer::start();
+    let proxy = proxy(&redis).await;
+    let pings = |n: usize| {
+        let mut out = Vec::new();
+        for i in 0..n {
+            out.extend(common::resp(&[format!("PING\0{i}")]));
+        }
+        out
+    };
+    // Directly, the premise: some spellings run PING.
+    let mut direct = redis.raw().await;
+    direct.send(&pings(SPELLINGS)).await;
+    let replies = direct.read_frames(SPELLINGS).await;
+    let ran = replies
+        .iter()
+        .filter(|r| r.as_slice() == b"+PONG\r\n")
+        .count();
+    assert!(
+        ran > 0,
+        "no NUL-suffixed PING ran on Redis itself: the premise changed"
+    );
+
+    let mut c = login(&proxy, "alice", "alicepw").await;
+    c.send(&pings(SPELLINGS)).await;
+    for (i, reply) in c.read_frames(SPELLINGS).await.iter().enumerate() {
+        assert_eq!(
+            text(reply),
+            "-ERR unknown command 'PING', with args beginning with: \r\n",
+            "spelling {i}"
+        );
+    }
+    let mut c = login(&proxy, "bob", "bobpw").await;
+    let mut ctl = redis.raw().await;
+    assert_eq!(ctl.call(&["SET", "canary", "v"]).await, b"+OK\r\n");
+    let mut flushes = Vec::new();
+    for i in 0..SPELLINGS {
+        flushes.extend(common::resp(&[format!("FLUSHALL\0{i}")]));
+    }
+    c.send(&flushes).await;
+    c.read_frames(SPELLINGS).await;
+    assert_eq!(ctl.call(&["EXISTS", "canary"]).await, b":1\r\n");
+    // A subcommand: the session's own reading of CLIENT REPLY must not be bypassed either.
+    let mut subs = Vec::new();
+    for i in 0..200 {
+        subs.extend(common::resp(&["CLIENT", &format!("REPLY\0{i}"), "OFF"]));
+    }
+    subs.extend(common::resp(&["PING", "still-here"]));
+    c.send(&subs).await;
+    let replies = c.read_frames(201).await;
+    assert!(text(&replies[0]).starts_with("-ERR unknown subcommand 'REPLY'. Try CLIENT HELP."));
+    assert_eq!(replies[200], b"$10\r\nstill-here\r\n");
+}

@@ -359,6 +359,7 @@ impl Session {
             client_info: effect == Effect::ClientInfo,
             names_redirect: effect == Effect::NamesRedirect,
             sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
+            hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
             hello_auth: match effect {
                 Effect::AuthHello(proto) => Some(HelloAuth {
                     proto,

@@ -217,6 +217,10 @@ struct Handling {
     sub_counts: bool,
     /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
     hello_auth: Option<HelloAuth>,
+    /// A forwarded HELLO: its reply is shaped as the one the proxy answers itself
+    /// (`hello_as_seen`); in cluster mode it said `mode: cluster` (state fuzzer), which makes
+    /// a client switch to cluster mode and ask for CLUSTER SLOTS.
+    hello: bool,
     /// INFO: append the proxy's section to the upstream's text.
     info: bool,
     /// CONFIG GET: remove the secret parameters from the reply.
@@ -1009,6 +1013,17 @@ impl Session {
 
     /// HELLO answered by the proxy: the upstream's HELLO reply (as one server in cluster
     /// mode) with this client's id; the RESP version and name apply once it succeeded.
+    /// An upstream's HELLO reply as this client sees it: its own id (HELLO and CLIENT ID
+    /// agree), and in cluster mode the `standalone` the proxy presents itself as.
+    fn hello_as_seen(&self, reply: &Bytes) -> Bytes {
+        let reply = with_client_id(reply, self.client.id);
+        if self.routing.is_cluster() {
+            cluster::as_standalone(reply)
+        } else {
+            reply
+        }
+    }
+
     async fn answer_hello(
         &mut self,
         len: usize,
@@ -1021,10 +1036,7 @@ impl Session {
         }
         self.input.rbuf.advance(len);
         let reply = match self.ctx.pool.hello(proto).await {
-            Some(reply) if self.routing.is_cluster() => {
-                cluster::as_standalone(with_client_id(&reply, self.client.id))
-            }
-            Some(reply) => with_client_id(&reply, self.client.id),
+            Some(reply) => self.hello_as_seen(&reply),
             None => error_reply(&ProxyError::Upstream(UpstreamError::Unavailable {
                 addr: self.ctx.pool.addr(),
                 reason: "no connection established yet".into(),

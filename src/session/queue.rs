@@ -288,6 +288,8 @@ impl Session {
             replies::append_to_text(data, &self.proxy_info())
         } else if handling.config_get {
             super::config_get::without_secrets(data)
+        } else if handling.hello {
+            self.hello_as_seen(&data)
         } else {
             data
         }

@@ -32,6 +32,9 @@ impl Session {
             frame,
             ranges: &self.input.args,
         };
+        if let Some(refusal) = nul_in_name(&args, spec) {
+            return Action::Refused(refusal).into();
+        }
         if self.client.policy.access.require_auth
             && self.client.names.user().is_none()
             && !matches!(
@@ -784,6 +787,25 @@ fn info_effect(args: &Args<'_>) -> Effect {
     if ours { Effect::Info } else { Effect::None }
 }
 
+/// A command or subcommand name with a NUL byte in it, answered as Redis answers an unknown
+/// one, before anything else (Redis looks names up before it checks AUTH). Redis finds
+/// command names in a hash table hashed over the whole name but compared with `strcasecmp`,
+/// which stops at the NUL: whether `FLUSHALL\0<junk>` runs FLUSHALL depends on the server's
+/// random hash seed and the junk (about one spelling in 200 does, on Redis 7.0), so an
+/// attacker trying spellings would get past any deny rule; and a `CLIENT REPLY\0 OFF` the
+/// session took for an unknown subcommand went to a shared connection. No client sends one
+/// otherwise.
+fn nul_in_name(args: &Args<'_>, spec: Option<&CommandSpec>) -> Option<Bytes> {
+    let name = args.get(0);
+    if name.contains(&0) {
+        return Some(answers::unknown_command(name, args.iter().skip(1)));
+    }
+    if args.len() > 1 && spec.is_some_and(|s| s.name.contains('|')) && args.get(1).contains(&0) {
+        return Some(answers::unknown_subcommand(name, args.get(1)));
+    }
+    None
+}
+
 /// Whether the session answers the command itself instead of Redis (QUIT and RESET aside,
 /// which Redis does not queue inside MULTI either).
 fn answered_by_proxy(action: &Action) -> bool {
@@ -916,9 +938,20 @@ fn runs_while_subscribed(args: &Args<'_>, kind: Kind) -> bool {
 }
 
 /// Redis's refusal of a command a RESP2 subscriber may not send, naming it as Redis does
-/// (`client|id` for a subcommand).
+/// (`client|id` for a subcommand), after the name and argument count Redis checks first; EXEC's
+/// refusal is an aborted transaction, as Redis answers any rejected EXEC (state fuzzer, in
+/// front of a cluster).
 pub(super) fn subscribed_context_refusal(args: &Args<'_>) -> Action {
     let sub = (args.len() > 1).then(|| args.get(1));
-    let name = crate::commands::lookup(args.get(0), sub).map_or(args.get(0), |s| s.name.as_bytes());
-    Action::Refused(answers::not_in_subscribed_context(name))
+    let spec = crate::commands::lookup(args.get(0), sub);
+    let name = spec.map_or(args.get(0), |s| s.name.as_bytes());
+    let error = match spec {
+        Some(s) if !s.arity_accepts(args.len()) => answers::wrong_arity(s.name),
+        Some(_) => answers::not_in_subscribed_context(name),
+        None => answers::unknown_command(args.get(0), args.iter().skip(1)),
+    };
+    if spec.is_some_and(|s| s.name == "exec") {
+        return Action::Refused(answers::exec_rejected(&error));
+    }
+    Action::Refused(error)
 }
