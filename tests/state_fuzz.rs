@@ -224,6 +224,18 @@ fn unsubscribed(frame: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     None
 }
 
+/// RESP3 push frames (`>`: messages, confirmations, invalidations) moved after the step's
+/// replies, each kind's order kept. A push is out of band in RESP3, read apart from replies
+/// by every client; through the proxy a RESP3 subscriber's other commands take the shared
+/// connection while its messages come on its own (README, Known differences), so a message
+/// its own PUBLISH caused may arrive before the replies to the commands before the PUBLISH.
+/// The replies' order, and the pushes' among themselves, are still compared.
+fn pushes_apart(frames: &mut Vec<Vec<u8>>) {
+    let (replies, pushes): (Vec<_>, Vec<_>) = frames.drain(..).partition(|f| !f.starts_with(b">"));
+    frames.extend(replies);
+    frames.extend(pushes);
+}
+
 /// Redis unsubscribes from all channels in its hash table's order, which differs between
 /// two servers (a random hash seed each): a run of confirmations gets its channel names
 /// sorted, the counts left where they are.
@@ -329,6 +341,7 @@ async fn converse(
         }
         let mut frames: Vec<Vec<u8>> = frames.iter().map(|f| mask_ids(f)).collect();
         normalize(&mut frames);
+        pushes_apart(&mut frames);
         out.push(Ok(frames));
     }
     out
