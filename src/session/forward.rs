@@ -406,11 +406,8 @@ impl Session {
                 j += 3;
             }
         }
-        if let Some(name) = name {
-            self.ctx
-                .client_list
-                .update(self.client.id, |r| r.names.set_name(Some(name.clone())));
-            self.client.names.set_name(Some(name));
+        if name.is_some() {
+            self.name_client(name);
         }
     }
 

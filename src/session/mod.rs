@@ -981,12 +981,7 @@ impl Session {
         self.answer(reply);
         match effect {
             LocalEffect::None | LocalEffect::ReplyMode(_) => {}
-            LocalEffect::SetName(name) => {
-                self.ctx
-                    .client_list
-                    .update(self.client.id, |r| r.names.set_name(name.clone()));
-                self.client.names.set_name(name);
-            }
+            LocalEffect::SetName(name) => self.name_client(name),
             LocalEffect::SetLib(version, value) => {
                 self.ctx
                     .client_list
@@ -1013,6 +1008,14 @@ impl Session {
 
     /// HELLO answered by the proxy: the upstream's HELLO reply (as one server in cluster
     /// mode) with this client's id; the RESP version and name apply once it succeeded.
+    /// Names the client (CLIENT SETNAME, HELLO SETNAME) in the session and in CLIENT LIST.
+    fn name_client(&mut self, name: Option<Bytes>) {
+        self.ctx
+            .client_list
+            .update(self.client.id, |r| r.names.set_name(name.clone()));
+        self.client.names.set_name(name);
+    }
+
     /// An upstream's HELLO reply as this client sees it: its own id (HELLO and CLIENT ID
     /// agree), and in cluster mode the `standalone` the proxy presents itself as.
     fn hello_as_seen(&self, reply: &Bytes) -> Bytes {
