@@ -110,24 +110,16 @@ impl Drop for Trail {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
 
     fn entry(id: u64) -> Entry {
-        crate::audit::tests::entry_of(id)
+        crate::audit::recorder::tests::entry_of(id)
     }
 
     #[test]
     fn replies_complete_the_entries_of_their_read_in_order() {
-        let (tx, rx) = std::sync::mpsc::sync_channel(16);
-        let audit = Arc::new(Audit {
-            commands: crate::config::AuditCommands::All,
-            read_sample: 1,
-            reads: AtomicU64::new(0),
-            tenants: vec![],
-            hash_keys: false,
-            tx,
-            dropped: Default::default(),
-        });
+        let (audit, rx) =
+            crate::audit::recorder::tests::audit(crate::config::AuditCommands::All, 16);
+        let audit = Arc::new(audit);
         let mut trail = Trail::new(Some(audit), None);
         let first = Instant::now();
         let second = first + std::time::Duration::from_millis(1);

@@ -184,7 +184,7 @@ pub(super) async fn run(running: Running) {
                     Message::Gone(client) => state.planner.forget(client),
                     Message::Flush(done) => flushes.push(done),
                     Message::Answered { client, proto, commands, replies } => {
-                        if lost.any.load(Ordering::Relaxed) {
+                        if lost.any() {
                             for client in lost.take() {
                                 state.planner.untrack(client);
                             }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use super::problems::Problems;
 use super::{
     Counters, Kind, Matcher, PHASE_ORDER, Per, Policy, Rule, RuleConfig, access, config, ranges,
     route_scope, scripts, ttl,
@@ -143,32 +144,6 @@ fn in_phase_order(rules: &[Rule], global: &[usize]) -> Vec<usize> {
         ordered.extend(global.iter().filter(|&&r| rules[r].kind.phase() == phase));
     }
     ordered
-}
-
-/// Where one rule's problems go: the list, the rule's field (`rules[3]`) and its line.
-pub(super) struct Problems<'a> {
-    /// Every problem of the file so far.
-    list: &'a mut Vec<Problem>,
-    /// `rules[<index>]`, the prefix of every field named.
-    field: String,
-    /// The rule's `id:` line, for problems without a line of their own.
-    pub(super) line: u64,
-}
-
-impl Problems<'_> {
-    /// A problem at `field` (under the rule's) on `line`.
-    pub(super) fn push(&mut self, field: &str, line: u64, message: String) {
-        let field = if field.is_empty() {
-            self.field.clone()
-        } else {
-            format!("{}.{field}", self.field)
-        };
-        self.list.push(Problem {
-            line,
-            field,
-            message,
-        });
-    }
 }
 
 /// A rule compiled, before it is registered in the policy.

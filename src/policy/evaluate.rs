@@ -1,7 +1,7 @@
 //! Checking one command against the compiled policy: [`Policy::check`] runs the command's
 //! plan phase by phase, refuses (enforce) or logs and counts (audit), spends rate budget,
-//! composes the rewrites and applies the tenant's namespace. The `impl Policy` here is the
-//! per-command path.
+//! composes the rewrites and applies the tenant's namespace, and logs refusals and audit-mode
+//! events under the policy's log budgets. The `impl Policy` here is the per-command path.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -320,6 +320,41 @@ fn rewritten(
         Mode::Enforce => {
             rule.counters.add(client.tenant, Outcome::Rewritten);
             Some(Verdict::Rewrite(rw))
+        }
+    }
+}
+
+impl Policy {
+    /// Logs what an audit-mode rule would have done, under the same per-second budget as
+    /// denials (a separate one, so audits cannot crowd denials out).
+    pub(crate) fn log_audit(&self, rule: &str, command: &str, client: &Client, change: &str) {
+        if let Some(suppressed) = self.audit_log.take() {
+            tracing::info!(
+                rule,
+                tenant = self.access.tenant_name(client.tenant),
+                command,
+                client = %client.addr,
+                change,
+                suppressed,
+                "policy audit: the rule would have acted"
+            );
+        }
+    }
+
+    /// Logs one denial as a structured event (rule, tenant, command, client address; never
+    /// keys or values), at most `admin.denial_logs_per_second` a second; the events left out
+    /// are counted and reported with the next one logged (metrics count them all).
+    pub(crate) fn log_denial(&self, rule: &str, command: &str, client: &Client, outcome: Outcome) {
+        if let Some(suppressed) = self.denial_log.take() {
+            tracing::warn!(
+                rule,
+                tenant = self.access.tenant_name(client.tenant),
+                command,
+                client = %client.addr,
+                outcome = outcome.name(),
+                suppressed,
+                "policy denied a command"
+            );
         }
     }
 }

@@ -1,10 +1,8 @@
 //! Budgets of log events: `LogBudget` bounds how many events are logged a second and counts
-//! the rest; the `impl Policy` here logs denials and audit-mode events under the policy's two
-//! budgets (a separate one for audits, so they cannot crowd denials out).
+//! the rest. The policy keeps two (denials, and audit-mode events, so audits cannot crowd
+//! denials out); `evaluate` logs under them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::{Client, Outcome, Policy};
 
 /// A per-second budget of log events, lock-free: the second and the count of events in it.
 #[derive(Debug)]
@@ -33,7 +31,7 @@ impl Default for LogBudget {
 
 impl LogBudget {
     /// `Some(events left out before this one)` when this event may be logged.
-    fn take(&self) -> Option<u64> {
+    pub(super) fn take(&self) -> Option<u64> {
         let now = self.origin.elapsed().as_secs() & 0xffff_ffff;
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
@@ -59,41 +57,6 @@ impl LogBudget {
                 Ok(_) => return Some(self.suppressed.swap(0, Ordering::Relaxed)),
                 Err(actual) => state = actual,
             }
-        }
-    }
-}
-
-impl Policy {
-    /// Logs what an audit-mode rule would have done, under the same per-second budget as
-    /// denials (a separate one, so audits cannot crowd denials out).
-    pub(crate) fn log_audit(&self, rule: &str, command: &str, client: &Client, change: &str) {
-        if let Some(suppressed) = self.audit_log.take() {
-            tracing::info!(
-                rule,
-                tenant = self.access.tenant_name(client.tenant),
-                command,
-                client = %client.addr,
-                change,
-                suppressed,
-                "policy audit: the rule would have acted"
-            );
-        }
-    }
-
-    /// Logs one denial as a structured event (rule, tenant, command, client address; never
-    /// keys or values), at most `admin.denial_logs_per_second` a second; the events left out
-    /// are counted and reported with the next one logged (metrics count them all).
-    pub(crate) fn log_denial(&self, rule: &str, command: &str, client: &Client, outcome: Outcome) {
-        if let Some(suppressed) = self.denial_log.take() {
-            tracing::warn!(
-                rule,
-                tenant = self.access.tenant_name(client.tenant),
-                command,
-                client = %client.addr,
-                outcome = outcome.name(),
-                suppressed,
-                "policy denied a command"
-            );
         }
     }
 }

@@ -11,11 +11,14 @@
 //! `evaluate` ([`Policy::check`], one command), `act` (what a rule's kind does to a command
 //! line, shared by check and explain), `shared_limits` (the Redis-counted rate limits),
 //! `explain` (`--explain`'s [`Step`]s), `log_budget` (denial and audit logs per second);
-//! `route_scope` scopes rules to routes, `share` enforces a rule for a share of clients. The other modules are the phases' parts.
+//! `route_scope` scopes rules to routes, `share` enforces a rule for a share of clients;
+//! `client` is who sent a command, `problems` where compile problems go. The other modules
+//! are the phases' parts.
 
 pub(crate) mod access;
 pub(crate) mod acl;
 mod act;
+mod client;
 mod compile;
 /// The rules' file format, plain data read by `config` (which knows nothing of the compiled
 /// policy); re-exported under its old name, `policy::config`.
@@ -27,6 +30,7 @@ mod log_budget;
 mod model;
 pub(crate) mod namespace;
 mod plan;
+mod problems;
 pub(crate) mod ranges;
 pub(crate) mod restore_size;
 pub(crate) mod rewrite;
@@ -38,16 +42,17 @@ mod shared_limits;
 mod test_support;
 pub(crate) mod ttl;
 
+pub use client::Client;
 pub use config::{Mode, Per, RuleConfig};
 pub(crate) use explain::{Effect, Evidence};
 pub(crate) use line::CommandLine;
-pub use model::{Client, Counters, Expectations, Outcome, Policy, Verdict};
+pub use model::{Counters, Expectations, Outcome, Policy, Verdict};
 
 // What the engine's files share with each other; each reaches it as `super::…`.
 use act::{Act, act, refusal};
-use compile::Problems;
 use log_budget::LogBudget;
 use model::{Kind, PHASE_ORDER, Rule};
 use plan::{BuildPtrHasher, Matcher, Plan};
+use problems::Problems;
 use share::Share;
 pub(crate) use share::user_key;

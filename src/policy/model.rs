@@ -1,34 +1,20 @@
 //! The compiled policy and what it is made of: [`Policy`] (its rules, indexes and plans),
-//! `Rule` and its `Kind`, the `Phase`s in `PHASE_ORDER`, the [`Client`] a command
-//! comes from, the [`Verdict`] on it, the [`Outcome`]s [`Counters`] count, and the
-//! [`Expectations`] `--survey` reads. The `impl Policy` here reads the compiled policy (its
-//! version, rules, counters); compiling it is `compile`, checking a command `evaluate`.
+//! `Rule` and its `Kind`, the `Phase`s in `PHASE_ORDER`, the [`Verdict`] on a command, the
+//! [`Outcome`]s [`Counters`] count, and the [`Expectations`] `--survey` reads. The
+//! `impl Policy` here reads the compiled policy (its version, rules, counters, and the plan
+//! `check` runs for a command); compiling it is `compile`, checking a command `evaluate`.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 
+use super::plan::PlanOf;
 use super::rewrite::Rewrite;
-use super::{BuildPtrHasher, LogBudget, Matcher, Mode, Per, Plan, access, scripts, ttl};
-use crate::commands::CommandSpec;
+use super::{BuildPtrHasher, Client, LogBudget, Matcher, Mode, Per, Plan, access, scripts, ttl};
+use crate::commands::{self, CommandSpec};
 use crate::ratelimit::{Clock, Limit, local::LocalLimiter};
-
-/// Who sent a command, for rules that count per client.
-#[derive(Debug, Clone, Copy)]
-pub struct Client {
-    /// The proxy's id for the connection.
-    pub id: u64,
-    /// The client's IP address.
-    pub addr: IpAddr,
-    /// The client's tenant (see [`Policy::tenant_of`]); 0 is `default`.
-    pub tenant: u16,
-    /// The user it logged in as, as [`crate::policy::user_key`] gives it (0: no login); read
-    /// only by a rule's `share_by: user`.
-    pub user: u64,
-}
 
 /// A compiled rule.
 pub(super) struct Rule {
@@ -431,5 +417,63 @@ impl Policy {
     /// Counters of a rule by id, for metrics and tests.
     pub(crate) fn counters(&self, id: &str) -> Option<&Counters> {
         self.rules.iter().find(|r| r.id == id).map(|r| &r.counters)
+    }
+}
+
+impl Policy {
+    /// A [`Plan`] for every command and subcommand of the table.
+    pub(super) fn plan_every_command(&self) -> HashMap<usize, Plan, BuildPtrHasher> {
+        commands::all_commands()
+            .map(|spec| {
+                let key = spec as *const _ as usize;
+                let plan = Plan {
+                    command: self
+                        .by_command
+                        .get(&key)
+                        .map_or_else(Box::default, |r| r.as_slice().into()),
+                    global: (self.global.iter().copied())
+                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
+                        .collect(),
+                };
+                (key, plan)
+            })
+            .collect()
+    }
+
+    /// The rules `check` runs for `spec`: its plan, or (a policy made without one) every
+    /// indexed and global rule.
+    pub(super) fn plan_of(&self, spec: &'static CommandSpec) -> PlanOf<'_> {
+        let key = spec as *const _ as usize;
+        if let Some(plan) = self.plans.get(&key) {
+            return PlanOf::Table(&plan.command, &plan.global);
+        }
+        if self.plans.is_empty() && self.learned_rules.is_empty() {
+            return PlanOf::Table(
+                self.by_command.get(&key).map_or(&[][..], Vec::as_slice),
+                &self.global,
+            );
+        }
+        // A command learned from the server: its plan is made once.
+        let plan = self
+            .learned_plans
+            .entry(key)
+            .or_insert_with(|| {
+                let mut command: Vec<usize> =
+                    self.by_command.get(&key).cloned().unwrap_or_default();
+                for (r, matcher) in &self.learned_rules {
+                    if matcher.matches(spec) && !command.contains(r) {
+                        command.push(*r);
+                    }
+                }
+                command.sort_unstable();
+                Arc::new(Plan {
+                    command: command.into(),
+                    global: (self.global.iter().copied())
+                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
+                        .collect(),
+                })
+            })
+            .clone();
+        PlanOf::Learned(plan)
     }
 }

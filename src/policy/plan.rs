@@ -1,12 +1,10 @@
 //! Which rules `check` runs for each command: a `Plan` per command of the built-in table,
 //! made once at compile, and the plans of commands learned from the server, made on first
-//! use through each rule's `Matcher`. The `impl Policy` here makes and finds plans.
+//! use through each rule's `Matcher` (`Policy::plan_of`, in `model`, finds them).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::Policy;
-use crate::commands::{self, AclCategories, CommandSpec};
+use crate::commands::{AclCategories, CommandSpec};
 
 /// Plans are found by their table entry's address: not chosen by clients, so the cheap hasher.
 pub(super) type BuildPtrHasher = crate::internal_hash::BuildInternalHasher;
@@ -15,9 +13,9 @@ pub(super) type BuildPtrHasher = crate::internal_hash::BuildInternalHasher;
 #[derive(Debug, Default)]
 pub(super) struct Plan {
     /// Phases `Deny` and `ArgumentGuards`: the rules indexed by the command.
-    command: Box<[usize]>,
+    pub(super) command: Box<[usize]>,
     /// The phases after them: the `global` rules that can act on the command.
-    global: Box<[usize]>,
+    pub(super) global: Box<[usize]>,
 }
 
 /// Which commands learned from the server a command-indexed rule concerns.
@@ -39,7 +37,7 @@ impl Matcher {
         self.names.is_empty() && self.categories.is_empty() && self.newer_in.is_empty()
     }
 
-    fn matches(&self, spec: &CommandSpec) -> bool {
+    pub(super) fn matches(&self, spec: &CommandSpec) -> bool {
         let named = |names: &[String]| {
             names
                 .iter()
@@ -66,67 +64,9 @@ impl PlanOf<'_> {
     }
 }
 
-impl Policy {
-    /// A [`Plan`] for every command and subcommand of the table.
-    pub(super) fn plan_every_command(&self) -> HashMap<usize, Plan, BuildPtrHasher> {
-        commands::all_commands()
-            .map(|spec| {
-                let key = spec as *const _ as usize;
-                let plan = Plan {
-                    command: self
-                        .by_command
-                        .get(&key)
-                        .map_or_else(Box::default, |r| r.as_slice().into()),
-                    global: (self.global.iter().copied())
-                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
-                        .collect(),
-                };
-                (key, plan)
-            })
-            .collect()
-    }
-
-    /// The rules `check` runs for `spec`: its plan, or (a policy made without one) every
-    /// indexed and global rule.
-    pub(super) fn plan_of(&self, spec: &'static CommandSpec) -> PlanOf<'_> {
-        let key = spec as *const _ as usize;
-        if let Some(plan) = self.plans.get(&key) {
-            return PlanOf::Table(&plan.command, &plan.global);
-        }
-        if self.plans.is_empty() && self.learned_rules.is_empty() {
-            return PlanOf::Table(
-                self.by_command.get(&key).map_or(&[][..], Vec::as_slice),
-                &self.global,
-            );
-        }
-        // A command learned from the server: its plan is made once.
-        let plan = self
-            .learned_plans
-            .entry(key)
-            .or_insert_with(|| {
-                let mut command: Vec<usize> =
-                    self.by_command.get(&key).cloned().unwrap_or_default();
-                for (r, matcher) in &self.learned_rules {
-                    if matcher.matches(spec) && !command.contains(r) {
-                        command.push(*r);
-                    }
-                }
-                command.sort_unstable();
-                Arc::new(Plan {
-                    command: command.into(),
-                    global: (self.global.iter().copied())
-                        .filter(|&r| self.rules[r].kind.may_act_on(spec))
-                        .collect(),
-                })
-            })
-            .clone();
-        PlanOf::Learned(plan)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::commands;
     use crate::policy::act;
     use crate::policy::test_support::policy;
     use crate::policy::ttl;

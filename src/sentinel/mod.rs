@@ -17,6 +17,7 @@
 mod node;
 pub(crate) mod replicas;
 mod role;
+mod spec;
 
 use std::time::Duration;
 
@@ -25,34 +26,7 @@ use tokio::sync::watch;
 pub use crate::upstream::address::AddrEpoch as Primary;
 use node::{MasterAddr, Node, Switch, Switches, join_host_port};
 use role::confirm_primary;
-
-/// Where the sentinels are and what they watch.
-#[derive(Debug, Clone)]
-pub struct SentinelSpec {
-    /// `host:port` of each sentinel, tried in order.
-    pub sentinels: Vec<String>,
-    /// The monitored primary's name (`sentinel monitor <name> …`).
-    pub master_name: String,
-    /// Bound on connecting and on each reply, so a dead sentinel costs at most this.
-    pub timeout: Duration,
-}
-
-impl SentinelSpec {
-    /// What `follow_primary` needs from `upstream.sentinel` (the config is validated: the
-    /// name is present). Here rather than in `config`, which knows nothing of the modules
-    /// reading it.
-    pub(crate) fn of(config: &crate::config::SentinelConfig) -> SentinelSpec {
-        SentinelSpec {
-            sentinels: config.sentinels.iter().map(|s| s.value.clone()).collect(),
-            master_name: config
-                .master_name
-                .as_ref()
-                .map(|n| n.value.clone())
-                .unwrap_or_default(),
-            timeout: Duration::from_millis(config.timeout_ms.value),
-        }
-    }
-}
+pub use spec::SentinelSpec;
 
 /// Why the primary could not be found.
 #[derive(Debug, thiserror::Error)]
