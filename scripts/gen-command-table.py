@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO, "src", "commands", "table.rs")
 
 # Commands whose key positions Redis computes (also, or only) with a getkeys_proc, and the
-# Rust `KeysProc` variant that mirrors that C function (see src/commands/mod.rs).
+# Rust `KeysProc` variant that mirrors that C function (see src/commands/keys.rs).
 KEYS_PROCS = {
     "zunionstore": "ZunionInterDiffStore",
     "zinterstore": "ZunionInterDiffStore",
@@ -347,12 +347,12 @@ def check_keys_proc(name, flags, specs):
             needs_proc.append("variable_flags key spec")
     if needs_proc and proc is None:
         sys.exit(f"{name}: {', '.join(sorted(set(needs_proc)))} but no KEYS_PROCS entry: "
-                 "mirror Redis's getkeys_proc in src/commands/mod.rs and list it here")
+                 "mirror Redis's getkeys_proc in src/commands/keys.rs and list it here")
     only_fixed = all(as_map(as_map(s)["begin_search"])["type"] == "index"
                      and as_map(as_map(s)["find_keys"])["type"] == "range" for s in specs)
     if proc is None and "movablekeys" in flags and only_fixed:
         sys.exit(f"{name}: movablekeys with only fixed-position key specs means Redis has a "
-                 "getkeys_proc for it: mirror it in src/commands/mod.rs and list it in KEYS_PROCS")
+                 "getkeys_proc for it: mirror it in src/commands/keys.rs and list it in KEYS_PROCS")
     if proc is not None and "movablekeys" not in flags and not needs_proc:
         sys.exit(f"{name}: listed in KEYS_PROCS but Redis reports neither movablekeys nor "
                  "variable flags: is the list out of date?")

@@ -25,17 +25,6 @@ use std::path::{Path, PathBuf};
 /// Strongly connected groups of modules that are known and being cut elsewhere; each found
 /// cycle must lie within one of them.
 const PENDING: &[&[&str]] = &[
-    // A type defined in a `mod.rs` (or a sibling) that the children use, while the parent
-    // uses the children: being cut into façades and parts one group at a time (issue 29).
-    &["cluster", "cluster::router", "cluster::topology"],
-    &["commands", "commands::learned", "commands::table"],
-    &[
-        "config",
-        "config::dedicated_caps",
-        "config::mirror",
-        "config::namespaces",
-        "config::routes",
-    ],
     // `Session` and its parts are defined in `session/mod.rs` and implemented in its
     // children (the mode files among them): issue 29's `impl Session` step.
     &[

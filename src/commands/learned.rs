@@ -32,6 +32,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use arc_swap::ArcSwap;
 
+use super::builtin::{builtin_command, own_subcommand};
 use super::{
     AclCategories, BeginSearch, CommandFlags, CommandSpec, FindKeys, KeySpec, KeySpecFlags,
     KeysProc,
@@ -125,7 +126,7 @@ pub(crate) fn learn(reply: &Value) -> Summary {
             summary.unreadable.push(entry_name(entry));
             continue;
         };
-        match super::builtin_command(parsed.name.as_bytes()) {
+        match builtin_command(parsed.name.as_bytes()) {
             None => {
                 let spec = intern(parsed);
                 summary.added += 1 + spec.subcommands.len();
@@ -135,7 +136,7 @@ pub(crate) fn learn(reply: &Value) -> Summary {
                 widen(builtin, &parsed, &mut next, &mut summary);
                 for sub in parsed.subcommands {
                     let short = sub.name.split_once('|').map_or("", |(_, s)| s);
-                    match builtin.own_subcommand(short.as_bytes()) {
+                    match own_subcommand(builtin, short.as_bytes()) {
                         Some(known) => widen(known, &sub, &mut next, &mut summary),
                         None => {
                             let spec = intern(sub);
