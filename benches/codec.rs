@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use redis_policy_proxy::codec::{self, CodecLimits, Decoded};
-use redis_policy_proxy::command;
+use redis_policy_proxy::commands::classify;
 use redis_policy_proxy::reply;
 
 #[path = "support/counting_alloc.rs"]
@@ -117,9 +117,9 @@ fn decode_classify(
     buf: &[u8],
     limits: &CodecLimits,
     args: &mut Vec<Range<usize>>,
-) -> command::Kind {
+) -> classify::Kind {
     match codec::decode(buf, limits, args) {
-        Ok(Some(Decoded::Command { .. })) => command::classify(&buf[args[0].clone()]),
+        Ok(Some(Decoded::Command { .. })) => classify::classify(&buf[args[0].clone()]),
         other => panic!("benchmark input did not decode as a command: {other:?}"),
     }
 }
@@ -209,7 +209,7 @@ fn bench_classify(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for name in CLASSIFY_NAMES {
         g.bench_function(*name, |b| {
-            b.iter(|| command::classify(black_box(name.as_bytes())))
+            b.iter(|| classify::classify(black_box(name.as_bytes())))
         });
     }
     g.finish();
@@ -300,7 +300,7 @@ fn summary() {
         row(
             &format!("classify {name}"),
             ns_per_op(1, || {
-                black_box(command::classify(black_box(name.as_bytes())));
+                black_box(classify::classify(black_box(name.as_bytes())));
             }),
         );
     }

@@ -1,8 +1,8 @@
 -- Sliding-window rate limit for one key: the proportional two-window estimate, atomically.
 --
--- The same state machine as `Window::check` in src/ratelimit/mod.rs, on a Redis hash; keep
+-- The same state machine as `Window::check` in src/policy/ratelimit/mod.rs, on a Redis hash; keep
 -- the two in step (tests/ratelimit_redis.rs runs both side by side and compares every
--- decision). See src/ratelimit/mod.rs for the estimate and what it guarantees.
+-- decision). See src/policy/ratelimit/mod.rs for the estimate and what it guarantees.
 --
 -- KEYS[1]  the limited key's state, a hash: w = window index, c = requests allowed in window
 --          w, p = requests allowed in window w - 1. One key, so the script is cluster-safe

@@ -4,13 +4,20 @@
 //!
 //! # Layout
 //!
-//! Data flows one way; each module has one job:
+//! Data flows one way; each module has one job. The top level groups the modules in wings
+//! along that path: `protocol` (the wire: [`codec`], [`reply`], `resp_value`, `answers`,
+//! `error`, `pem`), `commands` (the command table, classification, the server's facts),
+//! [`config`], [`listen`], `session`, [`policy`] (with its rate limiter and script users),
+//! `topology` (cluster, Sentinel, routes: where keys live), [`upstream`], `observe` (metrics,
+//! keyspace statistics, slow log, audit trail) and `operations` (setup, server, admin, mirror,
+//! tools: the entry layer). The modules the binary, tests and benches use are re-exported at
+//! the root under their short names (`redis_policy_proxy::codec`, `::cluster`, `::setup`…).
 //!
 //! ```text
 //! client socket
 //!   -> listen     plain TCP or TLS (handshake bounded, client certificate verified)
 //!   -> codec      request framing with limits checked before buffering (RESP + inline)
-//!   -> command    command name -> kind, without allocating; the table's key specs
+//!   -> commands   command name -> kind (classify), without allocating; the table's key specs
 //!   -> session    per connection: ClientState, ConnState, ReplyQueue, Input; one Command
 //!                 value per command, decided (Decision) then carried out
 //!   -> policy     phases in a fixed order (Phase): deny, guards, rate limits, limits,
@@ -20,20 +27,20 @@
 //!   -> upstream   shared pipelined connections (pool) or a dedicated one per stateful
 //!                 session; reply boundaries found by `reply::scan`, raw bytes forwarded
 //!   -> reply      shaped where the policy or mode must (session::replies), written back in
-//!                 request order; replies the proxy makes itself come from [`answers`]
+//!                 request order; replies the proxy makes itself come from [`protocol::answers`]
 //! ```
 //!
 //! - [`config`]: the YAML file as plain data (the rules' format in `config::rules`), strict and
 //!   validated with file/line/field messages;
-//!   [`setup`] checks everything the file names (TLS files, rules) and compiles the policy;
-//!   [`config_recovery`] reports every parse error of a file, not only the first, each once,
+//!   [`operations::setup`] checks everything the file names (TLS files, rules) and compiles the policy;
+//!   [`config::recovery`] reports every parse error of a file, not only the first, each once,
 //!   in words, at the line of its key (found through `config::yaml`, a lenient second reading
 //!   of the file as a tree of keys and items with their lines).
-//! - [`codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
-//! - [`reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
-//! - [`resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
+//! - [`protocol::codec`]: request decoding (RESP multibulk and inline), Redis's protocol errors.
+//! - [`protocol::reply`]: cheap scanner for RESP2/RESP3 reply boundaries, pub/sub frame classification.
+//! - [`protocol::resp_value`]: the one bounded decoder of replies the proxy reads itself (topology,
 //!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
-//! - [`command`]: command classification and the routing facts the session needs.
+//! - [`commands::classify`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order. `session` itself
 //!   holds the shape (the session's parts, `Action`, `Decision`, `Command`) and `process`;
 //!   `session::io` is the socket loop, `session::batch` joins commands into runs,
@@ -53,13 +60,13 @@
 //!   `session::pause` routes around a forwarded CLIENT PAUSE.
 //! - [`upstream`]: connections to Redis: handshake, the pipelined connection task, the pool,
 //!   and `upstream::dedicated`, each node's capped, warm stock of dedicated connections.
-//! - [`routes`]: several upstreams behind one proxy: the route of a key by its prefix (and
+//! - [`topology::routes`]: several upstreams behind one proxy: the route of a key by its prefix (and
 //!   tenant namespace), read by the policy (rules' `routes:`) and by the router, which in
 //!   routes mode is a fixed map of one node per upstream and database (docs/routes.md).
-//! - [`cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
+//! - [`topology::cluster`]: Redis Cluster upstreams: key slots, the slot map from `CLUSTER SHARDS`/`SLOTS`,
 //!   MOVED/ASK redirections, topology discovery from seed nodes, the node a read goes to
 //!   under `read_from` (replica reads, docs/cluster.md).
-//! - [`sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels (asked
+//! - [`topology::sentinel`]: Sentinel-managed upstreams: the primary found through the sentinels (asked
 //!   through fred) and confirmed with `ROLE`, followed through `+switch-master`; published as
 //!   an `upstream::address::AddrEpoch`, which `upstream::address` makes the pool's connections
 //!   follow. With `read_from: replica`, `sentinel::replicas` lists the
@@ -67,52 +74,53 @@
 //!   `session::replica_reads` says which commands may go there (docs/sentinel.md).
 //! - [`commands`]: the Redis 7 command table (generated): flags, ACL categories, key specs.
 //! - [`policy`]: rules compiled from the policy file, checked for every command before routing.
-//! - [`ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
+//! - [`policy::ratelimit`]: per-client sliding-window rate limits, in the proxy (DashMap) or shared on
 //!   Redis (Lua), used by the policy's `rate_limit` rules.
-//! - [`metrics`]: Prometheus metrics, pre-registered handles, plus the standard `process_*`
-//!   ones read from `/proc/self` by [`procfs`]; [`admin`] serves them over HTTP with
+//! - [`observe::metrics`]: Prometheus metrics, pre-registered handles, plus the standard `process_*`
+//!   ones read from `/proc/self` by [`observe::procfs`]; [`operations::admin`] serves them over HTTP with
 //!   `/healthz` and `/readyz`.
-//! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
-//!   [`answers`]: every reply the proxy makes itself, as named constructors.
-//! - [`eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
+//! - [`protocol::error`]: every error, tagged with the side that failed, and the one mapping to replies;
+//!   [`protocol::answers`]: every reply the proxy makes itself, as named constructors.
+//! - [`operations::eviction`]: at start and periodically, the upstream's maxmemory and eviction policy
 //!   checked against `upstream.role` and the TTL rule (log, metric, INFO, `/readyz`, the
 //!   note `upstream::oom` adds to OOM errors).
-//! - [`script_acl`]: at start and after each reload, how scripts are kept within the deny
-//!   rules: sets up [`script_user`] (the user scripts run as: the proxy user's rights minus
+//! - [`policy::script_acl`]: at start and after each reload, how scripts are kept within the deny
+//!   rules: sets up [`policy::script_user`] (the user scripts run as: the proxy user's rights minus
 //!   the denied commands, logged in by `upstream::script_login` on every dedicated
 //!   connection), or checks / applies `policy::acl`'s removals on the proxy's own user.
-//! - [`mirror`]: migrations (`mirror:`, docs/migration.md): every write the primary
+//! - [`operations::mirror`]: migrations (`mirror:`, docs/migration.md): every write the primary
 //!   acknowledged sent to a second server too, a share of the reads compared, from a task of
 //!   its own that no client waits for; `mirror::cutover` switches the standalone upstream to
 //!   another server by reload, behind `upstream::gate`.
-//! - [`ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
+//! - [`operations::ops`]: what operators' tools share (metrics, slow log, reload, audit trail), held by
 //!   every session.
-//! - [`audit`]: the audit trail: an entry per audited command (identity, command, key names
+//! - [`observe::audit`]: the audit trail: an entry per audited command (identity, command, key names
 //!   or hashes, argument sizes, outcome, latency; never values), queued without waiting to a
 //!   writer thread that writes JSON lines to stdout or a size-rotated file.
-//! - [`keyspace`]: sampled, bounded statistics per tenant and key pattern (commands, bytes,
+//! - [`observe::keyspace`]: sampled, bounded statistics per tenant and key pattern (commands, bytes,
 //!   writes without a TTL, value sizes) and the hot keys of the last minute (a count-min
 //!   sketch per 10 s slice), for `PROXY KEYSPACE`, `/keyspace` and the top patterns' metrics.
 //! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
 //!   client stream the session reads, certificate reloads, client-certificate names.
-//! - [`pem`]: the PEM certificates, keys and CA roots both TLS sides load.
+//! - [`protocol::pem`]: the PEM certificates, keys and CA roots both TLS sides load.
 //! - `internal_hash` (crate-private): the cheap hasher for keys the proxy made itself (table
 //!   addresses, hash slots), where SipHash would cost per command.
-//! - [`heap`]: freed session memory given back to the system (glibc's `malloc_trim`, after
+//! - [`observe::heap`]: freed session memory given back to the system (glibc's `malloc_trim`, after
 //!   idle releases).
-//! - [`tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
+//! - [`operations::tools`]: the operator's commands beside serving: `--print-acl`, `--survey`, `replay`
 //!   (a policy over recorded traffic), `backfill` (a server's keys copied to another);
 //!   `tools::node_link` is their probed connection to a node.
-//! - [`server`]: accept loop, client limit, graceful shutdown; [`server::run`] is the test seam;
-//!   [`startup`]: the one summary line the binary logs once it listens.
+//! - [`operations::server`]: accept loop, client limit, graceful shutdown; [`operations::server::run`] is the test seam;
+//!   [`operations::startup`]: the one summary line the binary logs once it listens.
 
 //!
 //! # Public surface
 //!
-//! Crate-private by default (`unreachable_pub` in Cargo.toml): the modules below marked `pub`
-//! are what the binary, the integration tests, the benches and the fuzz targets use, and
-//! inside them only what those reach is `pub`; everything else is `pub(crate)`
-//! (docs/architecture.md, "Public surface").
+//! Crate-private by default (`unreachable_pub` in Cargo.toml): the modules declared `pub` or
+//! re-exported below are what the binary, the integration tests, the benches and the fuzz
+//! targets use, and inside them only what those reach is `pub`; everything else is
+//! `pub(crate)` (docs/architecture.md, "Public surface"). The wings themselves are private
+//! folders: a public module keeps its short root name whichever wing holds it.
 
 #![deny(
     unsafe_code,
@@ -120,47 +128,29 @@
               FFI call is allowed where it says why (`heap::trim`)"
 )]
 
-mod admin;
-mod answers;
-pub mod audit;
-pub mod cluster;
-pub mod codec;
-pub mod command;
 pub mod commands;
 pub mod config;
-mod config_recovery;
-mod error;
-mod eviction;
-#[doc(hidden)]
-pub mod fuzzing;
-mod heap;
 mod internal_hash;
-mod keyspace;
 pub mod listen;
-pub mod metrics;
-pub mod mirror;
-pub mod ops;
-mod pem;
+mod observe;
+mod operations;
 pub mod policy;
-mod procfs;
-pub mod ratelimit;
-pub mod reply;
-mod resp_value;
-mod routes;
-mod script_acl;
-mod script_user;
-pub mod sentinel;
-mod server;
-mod server_facts;
+mod protocol;
 mod session;
-pub mod setup;
-mod slowlog;
-pub mod startup;
-pub mod tools;
+mod topology;
 pub mod upstream;
 
+// The public surface under the names the binary, tests, benches and fuzz targets know.
+pub use observe::{audit, metrics};
+#[doc(hidden)]
+pub use operations::fuzzing;
+pub use operations::{mirror, ops, setup, startup, tools};
+pub use policy::ratelimit;
+pub use protocol::{codec, reply};
+pub use topology::{cluster, sentinel};
+
 pub use config::Config;
-pub use server::{run, run_with_admin, serve};
+pub use operations::server::{run, run_with_admin, serve};
 pub use session::IDLE_TICK;
 
 /// The crate's version (Cargo.toml).

@@ -62,7 +62,7 @@ impl<A: AsRef<[u8]>> CommandLine for [A] {
 /// Argument `i` as Redis's `string2ll` reads a number (the whole argument, no NUL cut).
 fn int_at<L: CommandLine + ?Sized>(line: &L, i: usize) -> Option<i64> {
     (i < line.argc())
-        .then(|| crate::codec::parse_int(line.arg(i)))
+        .then(|| crate::protocol::codec::parse_int(line.arg(i)))
         .flatten()
 }
 
@@ -622,10 +622,10 @@ pub(crate) fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
         let bits = bitfield_bits(line.arg(j + 1))?;
         let offset = line.arg(j + 2);
         let offset = match offset.strip_prefix(b"#") {
-            Some(n) => u64::try_from(crate::codec::parse_int(n)?)
+            Some(n) => u64::try_from(crate::protocol::codec::parse_int(n)?)
                 .ok()?
                 .saturating_mul(bits),
-            None => u64::try_from(crate::codec::parse_int(offset)?).ok()?,
+            None => u64::try_from(crate::protocol::codec::parse_int(offset)?).ok()?,
         };
         if write {
             int_at(line, j + 3)?;
@@ -643,7 +643,7 @@ pub(crate) fn bitfield_reach<L: CommandLine + ?Sized>(line: &L) -> Option<u64> {
 fn bitfield_bits(ty: &[u8]) -> Option<u64> {
     let (&sign, rest) = ty.split_first()?;
     let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    let bits = u64::try_from(crate::codec::parse_int(&rest[..end])?).ok()?;
+    let bits = u64::try_from(crate::protocol::codec::parse_int(&rest[..end])?).ok()?;
     let max = match sign {
         b'i' => 64,
         b'u' => 63,

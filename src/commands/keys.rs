@@ -355,7 +355,7 @@ fn find_keys<A: AsRef<[u8]>>(
             let numkeys = args
                 .get(at as usize)
                 .filter(|_| at < argc)
-                .and_then(|a| crate::codec::parse_int(a.as_ref()))
+                .and_then(|a| crate::protocol::codec::parse_int(a.as_ref()))
                 .filter(|&n| n >= 0)
                 .ok_or(SpecsFailed)?;
             let first = first + i64::from(firstkey);

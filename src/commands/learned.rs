@@ -2,7 +2,7 @@
 //!
 //! The built-in table is Redis 7.0.15's. Newer servers (Redis 7.2–8.x, Valkey 8–9) have
 //! commands it does not know (HSETEX, WAITAOF, COMMANDLOG, CLIENT SETINFO…) and wider arities
-//! for some it does (`ZRANK k m WITHSCORE`). At connect, [`crate::server_facts`] reads the
+//! for some it does (`ZRANK k m WITHSCORE`). At connect, [`crate::commands::server_facts`] reads the
 //! server's `COMMAND` reply and [`learn`]s it:
 //!
 //! - a command, or a subcommand of a known container, the table lacks becomes a
@@ -37,7 +37,7 @@ use super::{
     AclCategories, BeginSearch, CommandFlags, CommandSpec, FindKeys, KeySpec, KeySpecFlags,
     KeysProc,
 };
-use crate::resp_value::Value;
+use crate::protocol::resp_value::Value;
 
 /// Commands learned from the servers met so far.
 #[derive(Default)]

@@ -24,11 +24,13 @@
 #[rustfmt::skip]
 mod table;
 mod builtin;
+pub mod classify;
 pub(crate) mod grammar;
 mod keys;
 pub(crate) mod learned;
 mod lookup;
 pub(crate) mod newer;
+pub(crate) mod server_facts;
 mod spec;
 
 pub use keys::{KeyError, KeyPositions, KeyRef, keys, keys_into};
@@ -298,16 +300,19 @@ mod tests {
 
     #[test]
     fn number_parsing_matches_c() {
-        assert_eq!(crate::codec::parse_int(b"0"), Some(0));
-        assert_eq!(crate::codec::parse_int(b"12"), Some(12));
-        assert_eq!(crate::codec::parse_int(b"-12"), Some(-12));
+        assert_eq!(crate::protocol::codec::parse_int(b"0"), Some(0));
+        assert_eq!(crate::protocol::codec::parse_int(b"12"), Some(12));
+        assert_eq!(crate::protocol::codec::parse_int(b"-12"), Some(-12));
         assert_eq!(
-            crate::codec::parse_int(b"-9223372036854775808"),
+            crate::protocol::codec::parse_int(b"-9223372036854775808"),
             Some(i64::MIN)
         );
-        assert_eq!(crate::codec::parse_int(b"9223372036854775808"), None);
+        assert_eq!(
+            crate::protocol::codec::parse_int(b"9223372036854775808"),
+            None
+        );
         for bad in [&b""[..], b"01", b"+1", b" 1", b"1 ", b"-0", b"-", b"1x"] {
-            assert_eq!(crate::codec::parse_int(bad), None, "{bad:?}");
+            assert_eq!(crate::protocol::codec::parse_int(bad), None, "{bad:?}");
         }
         assert_eq!(c_atoi(b" +12abc"), 12);
         assert_eq!(c_atoi(b"-3"), -3);

@@ -135,7 +135,7 @@ bitset! {
     NO_ASYNC_LOADING = 16, "no_async_loading";
     /// Refused inside MULTI.
     NO_MULTI = 17, "no_multi";
-    /// Key positions depend on the arguments: use [`keys`], not fixed positions.
+    /// Key positions depend on the arguments: use [`keys`](super::keys()), not fixed positions.
     MOVABLE_KEYS = 18, "movablekeys";
     /// Allowed while a script or function is busy.
     ALLOW_BUSY = 19, "allow_busy";
@@ -209,9 +209,9 @@ bitset! {
     INSERT = 6, "insert";
     /// Deletes data from the value.
     DELETE = 7, "delete";
-    /// Not a key, but routed like one (SPUBLISH channels): never returned by [`keys`].
+    /// Not a key, but routed like one (SPUBLISH channels): never returned by [`keys`](super::keys()).
     NOT_KEY = 8, "not_key";
-    /// The spec may miss keys: Redis (and [`keys`]) fall back to the command's own procedure.
+    /// The spec may miss keys: Redis (and [`keys`](super::keys())) fall back to the command's own procedure.
     INCOMPLETE = 9, "incomplete";
     /// The flags depend on the arguments (SET … GET, BITFIELD GET vs SET).
     VARIABLE_FLAGS = 10, "variable_flags";
@@ -320,7 +320,7 @@ pub struct KeySpec {
 ///
 /// Redis reports key specs but not these procedures, so the generator carries the list (from
 /// Redis's `src/commands.c`) and refuses to generate a table with a command whose key specs
-/// need a procedure it does not know. [`keys`] mirrors each one, bugs included, so that its
+/// need a procedure it does not know. [`keys`](super::keys()) mirrors each one, bugs included, so that its
 /// output matches `COMMAND GETKEYS` exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeysProc {
@@ -359,8 +359,8 @@ pub(crate) enum KeysProc {
     /// `bitfieldGetKeys`: the key, read-only when only `GET` operations are given.
     Bitfield,
     /// A procedure of the server's that the proxy does not mirror: a command learned from
-    /// the server ([`learned`]) whose key specs cannot give its keys (unknown, incomplete or
-    /// with variable flags). Key extraction fails closed ([`KeyError::Unmirrored`]).
+    /// the server ([`learned`](super::learned)) whose key specs cannot give its keys (unknown, incomplete or
+    /// with variable flags). Key extraction fails closed ([`KeyError::Unmirrored`](super::KeyError::Unmirrored)).
     Unmirrored,
 }
 
@@ -379,7 +379,7 @@ pub struct CommandSpec {
     /// Command tips (`request_policy:all_shards`, `nondeterministic_output`…): how a cluster
     /// router should fan out and merge.
     pub tips: &'static [&'static str],
-    /// Key specs, in Redis's order (the order in which [`keys`] reports keys).
+    /// Key specs, in Redis's order (the order in which [`keys`](super::keys()) reports keys).
     pub key_specs: &'static [KeySpec],
     /// Redis's key-finding procedure for this command, if it has one.
     pub(crate) keys_proc: KeysProc,

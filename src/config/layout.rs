@@ -8,7 +8,7 @@ use serde_saphyr::Location;
 
 use super::routes::{RouteConfig, RouteNode};
 use super::{Config, Problem, UpstreamConfig, UpstreamMode};
-use crate::routes::{DEFAULT_ROUTE, ON_CLUSTER};
+use crate::topology::routes::{DEFAULT_ROUTE, ON_CLUSTER};
 
 impl Config {
     /// Whether keys are routed to several upstreams (a `routes:` section).

@@ -5,7 +5,7 @@ use serde_saphyr::Location;
 
 use super::routes::RouteNode;
 use super::{Config, Located, MirrorConfig, Problem, UpstreamMode, percent};
-use crate::routes::{DEFAULT_ROUTE, ON_CLUSTER};
+use crate::topology::routes::{DEFAULT_ROUTE, ON_CLUSTER};
 
 impl Config {
     /// Problems of `mirror:`.

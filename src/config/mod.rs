@@ -26,6 +26,7 @@ mod mirror_layout;
 mod namespaces;
 pub(crate) mod percent;
 mod problem;
+pub(crate) mod recovery;
 mod routes;
 pub(crate) mod rules;
 mod upstream;

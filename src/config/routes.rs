@@ -6,7 +6,7 @@
 use serde::Deserialize;
 
 use super::Located;
-use crate::routes::DEFAULT_ROUTE;
+use crate::topology::routes::DEFAULT_ROUTE;
 
 /// One route: a set of key prefixes and the upstream (and database) their keys live in.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,7 +37,7 @@ fn default_upstream() -> Located<String> {
 }
 
 /// Where one node of the routes' layout lives: an upstream by name and a database. Nodes are
-/// numbered in [`Config::route_nodes`] order; node 0 is `upstream:` database 0.
+/// numbered in [`Config::route_nodes`](super::Config::route_nodes) order; node 0 is `upstream:` database 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RouteNode {
     /// `default` or a name under `upstreams:`.

@@ -106,7 +106,7 @@ pub struct UpstreamConfig {
     /// choice, because the second lets scripts do what the policy denies.
     pub unconfined_scripts: Located<UnconfinedScripts>,
     /// The database selected on every connection: a route's `db:`, set by
-    /// [`Config::for_upstream`]; never read from the file, where a client's SELECT says it.
+    /// [`Config::for_upstream`](super::Config::for_upstream); never read from the file, where a client's SELECT says it.
     #[serde(skip)]
     pub(crate) db: u16,
 }

@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 pub(crate) use stream::ClientStream;
 pub(crate) use tls::TlsServer;
 
@@ -63,7 +63,7 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
-    /// Every refusal, in the order of [`crate::metrics::TLS_OUTCOMES`] after `ok`.
+    /// Every refusal, in the order of [`crate::observe::metrics::TLS_OUTCOMES`] after `ok`.
     pub(crate) const ALL: [Refusal; 7] = [
         Refusal::Plaintext,
         Refusal::Untrusted,
@@ -175,7 +175,9 @@ async fn first_byte(tcp: &TcpStream) -> Outcome<u8> {
 /// Plaintext on a TLS-only listener: told in RESP, so a redis-cli without `--tls` shows why
 /// instead of hanging, then closed.
 async fn refuse_plaintext(mut tcp: TcpStream) -> (Refusal, String) {
-    let _ = tcp.write_all(&crate::answers::tls_required()).await;
+    let _ = tcp
+        .write_all(&crate::protocol::answers::tls_required())
+        .await;
     let _ = tcp.shutdown().await;
     (Refusal::Plaintext, "plaintext on a TLS port".into())
 }

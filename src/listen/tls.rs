@@ -11,7 +11,7 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 
 use crate::config::{ClientCerts, ClientTlsConfig};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// What a TLS listener needs: the acceptor of the moment and the settings around it.
 pub(crate) struct TlsServer {
@@ -94,13 +94,13 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
 
 /// Builds the acceptor from the files; errors name the file.
 pub(crate) fn build(config: &ClientTlsConfig) -> Result<TlsAcceptor, String> {
-    let chain = crate::pem::certs(&config.cert_file.value)?;
-    let key = crate::pem::key(&config.key_file.value)?;
+    let chain = crate::protocol::pem::certs(&config.cert_file.value)?;
+    let key = crate::protocol::pem::key(&config.key_file.value)?;
     let builder = ServerConfig::builder();
     let builder = match &config.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca) => {
-            let roots = crate::pem::roots(&ca.value)?;
+            let roots = crate::protocol::pem::roots(&ca.value)?;
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
             let verifier = match config.client_certs.value {
                 ClientCerts::Required => verifier,

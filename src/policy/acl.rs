@@ -204,7 +204,7 @@ mod tests {
         let p = Policy::compile_full(
             &f.rules,
             &f.access,
-            std::sync::Arc::new(crate::ratelimit::MonotonicClock::new()),
+            std::sync::Arc::new(crate::policy::ratelimit::MonotonicClock::new()),
         )
         .unwrap();
         ScriptAcl::of(&p)

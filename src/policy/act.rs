@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::rewrite::Rewrite;
 use super::{CommandLine, Kind, Rule, ranges, restore_size, ttl};
 use crate::commands::{self, CommandSpec};
-use crate::error::simple_error;
+use crate::protocol::error::simple_error;
 
 /// What a rule of `kind` (not a rate limit) does to a command, if anything.
 pub(super) enum Act {
@@ -66,7 +66,7 @@ fn violation<L: CommandLine + ?Sized>(
         Kind::MaxScanCount(max) => {
             let from = if spec.name == "scan" { 2 } else { 3 };
             let count = commands::grammar::scan_options(line, from)?.count?;
-            let n = crate::codec::parse_int(line.arg(count))?;
+            let n = crate::protocol::codec::parse_int(line.arg(count))?;
             (n > *max as i64).then(|| ("ERR", format!("{} COUNT {n} is above {max}", upper())))
         }
         Kind::UnboundedReads => match ranges::read_size(spec, line)? {
@@ -150,7 +150,7 @@ fn oversized_value<L: CommandLine + ?Sized>(
 fn grown_value<L: CommandLine + ?Sized>(spec: &'static CommandSpec, line: &L) -> Option<u64> {
     let number = |i: usize| {
         (i < line.argc())
-            .then(|| crate::codec::parse_int(line.arg(i)))
+            .then(|| crate::protocol::codec::parse_int(line.arg(i)))
             .flatten()
             .and_then(|n| u64::try_from(n).ok())
     };
@@ -234,7 +234,7 @@ fn stream_cap<L: CommandLine + ?Sized>(spec: &CommandSpec, line: &L, n: u64) -> 
     let mut args: Vec<&[u8]> = (0..line.argc()).map(|i| line.arg(i)).collect();
     args.splice(2..2, [&b"MAXLEN"[..], b"~", n.as_bytes()]);
     Some(Rewrite {
-        command: Some(crate::codec::encode(&args)),
+        command: Some(crate::protocol::codec::encode(&args)),
         note: "XADD gets MAXLEN ~ <n>".into(),
         ..Rewrite::default()
     })
@@ -296,7 +296,7 @@ mod tests {
         match check(&p, "XADD events:1 * f v") {
             Verdict::Rewrite(rw) => assert_eq!(
                 rw.command.unwrap(),
-                crate::codec::encode(&[
+                crate::protocol::codec::encode(&[
                     b"XADD",
                     b"events:1",
                     b"MAXLEN",

@@ -9,7 +9,7 @@ pub struct Client {
     pub id: u64,
     /// The client's IP address.
     pub addr: IpAddr,
-    /// The client's tenant (see [`Policy::tenant_of`]); 0 is `default`.
+    /// The client's tenant (see [`Policy::tenant_of`](super::Policy::tenant_of)); 0 is `default`.
     pub tenant: u16,
     /// The user it logged in as, as [`crate::policy::user_key`] gives it (0: no login); read
     /// only by a rule's `share_by: user`.

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::commands::{self, AclCategories, CommandSpec};
 use crate::config::Problem;
-use crate::ratelimit::{Clock, Limit, MonotonicClock, local::LocalLimiter};
+use crate::policy::ratelimit::{Clock, Limit, MonotonicClock, local::LocalLimiter};
 
 impl Policy {
     /// Compiles rules; every problem (unknown command or category, rule without a kind or with
@@ -39,7 +39,7 @@ impl Policy {
         access: &config::Access,
         version: String,
         logs_per_second: u32,
-        routes: Option<Arc<crate::routes::RouteTable>>,
+        routes: Option<Arc<crate::topology::routes::RouteTable>>,
     ) -> Result<Policy, Vec<Problem>> {
         let clock = Arc::new(MonotonicClock::new());
         let mut policy = Policy::compile_scoped(rules, access, clock, routes)?;
@@ -63,7 +63,7 @@ impl Policy {
         rules: &[RuleConfig],
         access: &config::Access,
         clock: Arc<dyn Clock>,
-        routes: Option<Arc<crate::routes::RouteTable>>,
+        routes: Option<Arc<crate::topology::routes::RouteTable>>,
     ) -> Result<Policy, Vec<Problem>> {
         let mut problems = Vec::new();
         let mut policy = Policy {
@@ -596,7 +596,7 @@ fn resolve(name: &str, matcher: &mut Matcher) -> Result<Vec<&'static CommandSpec
     if let Some(cat) = name.strip_prefix('@') {
         let cat = AclCategories::from_category(cat.as_bytes()).ok_or_else(|| {
             let names: Vec<&str> = AclCategories::NAMES.iter().map(|(_, n)| *n).collect();
-            match crate::config_recovery::closest(cat, &names) {
+            match crate::config::recovery::closest(cat, &names) {
                 Some(s) => format!("unknown category `{name}`; did you mean `@{s}`?"),
                 None => format!("unknown category `{name}`"),
             }
@@ -608,7 +608,7 @@ fn resolve(name: &str, matcher: &mut Matcher) -> Result<Vec<&'static CommandSpec
     }
     let spec = commands::lookup_name(name.as_bytes()).ok_or_else(|| {
         let names: Vec<&str> = commands::all_commands().map(|c| c.name).collect();
-        match crate::config_recovery::closest(name, &names) {
+        match crate::config::recovery::closest(name, &names) {
             Some(s) => format!(
                 "unknown command `{name}`; did you mean `{}`?",
                 s.to_ascii_uppercase()

@@ -13,8 +13,8 @@ use super::{
     refusal, ttl,
 };
 use crate::commands::{self, CommandSpec};
-use crate::error::simple_error;
-use crate::ratelimit::{self, Clock, Decision, local::LocalLimiter};
+use crate::policy::ratelimit::{self, Clock, Decision, local::LocalLimiter};
+use crate::protocol::error::simple_error;
 
 impl Policy {
     fn allow(&self, client: &Client) -> Verdict {
@@ -366,9 +366,9 @@ mod tests {
     use serde::Deserialize;
 
     use super::*;
+    use crate::policy::ratelimit::MonotonicClock;
     use crate::policy::test_support::{File, check, check_as, policy, refused};
     use crate::policy::{RuleConfig, config};
-    use crate::ratelimit::MonotonicClock;
 
     #[test]
     fn deny_names_the_rule_and_the_better_pattern() {
@@ -447,7 +447,7 @@ mod tests {
         };
         assert_eq!(
             rw.after,
-            [crate::codec::encode(&[
+            [crate::protocol::codec::encode(&[
                 b"PEXPIRE", b"app:k", b"3600000", b"NX"
             ])]
         );

@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::{Act, Client, CommandLine, Kind, Mode, Per, Policy, act, refusal, ttl};
 use crate::commands::{self, CommandSpec};
-use crate::ratelimit::Limit;
+use crate::policy::ratelimit::Limit;
 
 impl Policy {
     /// What every rule would do to one command from `client`, audited ones included, without

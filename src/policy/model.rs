@@ -14,7 +14,7 @@ use super::plan::PlanOf;
 use super::rewrite::Rewrite;
 use super::{BuildPtrHasher, Client, LogBudget, Matcher, Mode, Per, Plan, access, scripts, ttl};
 use crate::commands::{self, CommandSpec};
-use crate::ratelimit::{Clock, Limit, local::LocalLimiter};
+use crate::policy::ratelimit::{Clock, Limit, local::LocalLimiter};
 
 /// A compiled rule.
 pub(super) struct Rule {
@@ -276,7 +276,7 @@ pub struct Policy {
     /// The policy file's version (a hash of its text), for metrics and INFO.
     pub(super) version: String,
     /// The routes rules may be scoped to (`routes:` in the config); `None` without routes.
-    pub(super) route_table: Option<Arc<crate::routes::RouteTable>>,
+    pub(super) route_table: Option<Arc<crate::topology::routes::RouteTable>>,
 }
 
 impl std::fmt::Debug for Policy {

@@ -15,9 +15,9 @@ use bytes::Bytes;
 
 use super::line::CommandLine;
 use super::rewrite::{Rewrite, Shape, Strip};
-use crate::codec::encode;
-use crate::codec::{self, CodecLimits, Decoded};
 use crate::commands::{self, CommandSpec, grammar};
+use crate::protocol::codec::encode;
+use crate::protocol::codec::{self, CodecLimits, Decoded};
 
 /// Commands that touch no key and reveal nothing of other tenants.
 const KEYLESS: &[&str] = &[
@@ -247,7 +247,7 @@ impl Strip {
                 let Some(after_header) = reply.strip_prefix(b"*2\r\n") else {
                     return Bytes::copy_from_slice(reply);
                 };
-                let Ok(Some(cursor)) = crate::reply::scan(after_header) else {
+                let Ok(Some(cursor)) = crate::protocol::reply::scan(after_header) else {
                     return Bytes::copy_from_slice(reply);
                 };
                 (4 + cursor, &after_header[cursor..])
@@ -305,7 +305,7 @@ impl Strip {
             let (name, used) = bulk(&reply[pos..])?;
             push_bulk(&mut out, name.strip_prefix(self.prefix.as_ref())?);
             pos += used;
-            let entries = crate::reply::scan(&reply[pos..]).ok()??;
+            let entries = crate::protocol::reply::scan(&reply[pos..]).ok()??;
             out.extend_from_slice(&reply[pos..pos + entries]);
             pos += entries;
         }
@@ -398,12 +398,12 @@ fn tracking<L: CommandLine + ?Sized>(prefix: &[u8], line: &L) -> Option<Rewrite>
 fn strip_invalidate(prefix: &[u8], frame: &[u8]) -> Option<Vec<u8>> {
     let cr = memchr::memchr(b'\r', frame)?;
     let mut pos = cr + 2;
-    let kind_len = crate::reply::scan(&frame[pos..]).ok()??;
+    let kind_len = crate::protocol::reply::scan(&frame[pos..]).ok()??;
     pos += kind_len;
     let keys = &frame[pos..];
     // Only `[invalidate, keys]`: the key list must end the frame, or rebuilding it would drop
     // the elements after it and leave the client a frame shorter than its header.
-    if !keys.starts_with(b"*") || crate::reply::scan(keys) != Ok(Some(keys.len())) {
+    if !keys.starts_with(b"*") || crate::protocol::reply::scan(keys) != Ok(Some(keys.len())) {
         return None;
     }
     let stripped = strip_names(prefix, keys)?;
@@ -430,10 +430,10 @@ fn escape_glob(prefix: &[u8]) -> Vec<u8> {
 pub(crate) fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
     let mut out = Vec::with_capacity(data.len());
     let mut pos = 0;
-    while let Ok(Some(len)) = crate::reply::scan(&data[pos..]) {
+    while let Ok(Some(len)) = crate::protocol::reply::scan(&data[pos..]) {
         let frame = &data[pos..pos + len];
         pos += len;
-        let names: &[usize] = match crate::reply::element(frame, 0) {
+        let names: &[usize] = match crate::protocol::reply::element(frame, 0) {
             Some(k) if k.eq_ignore_ascii_case(b"invalidate") => {
                 match strip_invalidate(prefix, frame) {
                     Some(rebuilt) => out.extend_from_slice(&rebuilt),
@@ -466,8 +466,8 @@ pub(crate) fn strip_pubsub(prefix: &[u8], data: &Bytes) -> Bytes {
         match strip_elements(prefix, frame, names) {
             Some(rebuilt) => out.extend_from_slice(&rebuilt),
             None => {
-                let is_message =
-                    crate::reply::classify_pubsub(frame) == crate::reply::PubSubFrame::Message;
+                let is_message = crate::protocol::reply::classify_pubsub(frame)
+                    == crate::protocol::reply::PubSubFrame::Message;
                 if !is_message {
                     out.extend_from_slice(frame);
                 }
@@ -488,7 +488,7 @@ fn strip_elements(prefix: &[u8], frame: &[u8], indices: &[usize]) -> Option<Vec<
     out.extend_from_slice(&frame[..cr + 2]);
     let mut pos = cr + 2;
     for i in 0..n.max(0) as usize {
-        let len = crate::reply::scan(&frame[pos..]).ok()??;
+        let len = crate::protocol::reply::scan(&frame[pos..]).ok()??;
         let element = &frame[pos..pos + len];
         if indices.contains(&i) && element.starts_with(b"$") && !element.starts_with(b"$-1") {
             let (name, _) = bulk(element)?;

@@ -7,8 +7,8 @@
 //! allocating: the arguments are read in place.
 
 use super::line::CommandLine;
-use crate::codec::parse_int;
 use crate::commands::{CommandSpec, grammar};
+use crate::protocol::codec::parse_int;
 
 /// The commands a range guard is indexed by.
 pub(crate) const COMMANDS: &[&str] = &[

@@ -99,9 +99,15 @@ pub(crate) fn refusal<L: CommandLine + ?Sized>(
     match largest_value(line.arg(3)) {
         Size::Exactly(n) | Size::AtMost(n) if n <= max => None,
         Size::NotAPayload => None,
-        Size::Exactly(n) => Some(crate::answers::restore_value_above(&command, n, max)),
-        Size::AtMost(n) => Some(crate::answers::restore_value_may_be_above(&command, n, max)),
-        Size::Unknown(why) => Some(crate::answers::restore_size_unknown(&command, why, max)),
+        Size::Exactly(n) => Some(crate::protocol::answers::restore_value_above(
+            &command, n, max,
+        )),
+        Size::AtMost(n) => Some(crate::protocol::answers::restore_value_may_be_above(
+            &command, n, max,
+        )),
+        Size::Unknown(why) => Some(crate::protocol::answers::restore_size_unknown(
+            &command, why, max,
+        )),
     }
 }
 

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use bytes::{Bytes, BytesMut};
 
 use super::line::CommandLine;
-use crate::codec::{encode, itoa_buf, parse_int, put_bulk, put_len};
+use crate::protocol::codec::{encode, itoa_buf, parse_int, put_bulk, put_len};
 
 /// A command as the proxy will forward it.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use super::{Client, CommandLine, Kind, Policy, Problems, Rule, RuleConfig};
 use crate::commands;
-use crate::routes::RouteTable;
+use crate::topology::routes::RouteTable;
 
 /// `routes:` of a rule as a set by route index; `None`: every route.
 pub(super) fn route_set(

@@ -8,8 +8,8 @@
 use bytes::Bytes;
 
 use super::{Client, Counters, Kind, Mode, Outcome, Per, Policy};
-use crate::ratelimit::Limit;
-use crate::ratelimit::redis::{RedisLimiter, Transport};
+use crate::policy::ratelimit::Limit;
+use crate::policy::ratelimit::redis::{RedisLimiter, Transport};
 
 /// One Redis-counted rate limit to check for a command.
 pub(crate) struct SharedCheck<'a> {
@@ -88,8 +88,8 @@ impl Policy {
                 }
             };
             match Box::pin(limiter.check(&check.key)).await {
-                Ok(crate::ratelimit::Decision::Allowed { .. }) => {}
-                Ok(crate::ratelimit::Decision::Limited { retry_after }) => {
+                Ok(crate::policy::ratelimit::Decision::Allowed { .. }) => {}
+                Ok(crate::policy::ratelimit::Decision::Limited { retry_after }) => {
                     if check.audit {
                         check.counters.add(client.tenant, Outcome::Audited);
                         self.log_audit(check.rule, command, client, "would rate-limit");
@@ -97,12 +97,13 @@ impl Policy {
                     }
                     check.counters.add(client.tenant, Outcome::RateLimited);
                     self.log_denial(check.rule, command, client, Outcome::RateLimited);
-                    let text = crate::ratelimit::refusal(check.rule, &check.limit, retry_after);
+                    let text =
+                        crate::policy::ratelimit::refusal(check.rule, &check.limit, retry_after);
                     let text = match check.message {
                         Some(m) => format!("{text}; {m}"),
                         None => text,
                     };
-                    return Some(crate::error::simple_error("ERR", &text));
+                    return Some(crate::protocol::error::simple_error("ERR", &text));
                 }
                 Err(e) => {
                     tracing::warn!(rule = %check.rule, error = %e, "shared rate limit not applied");

@@ -39,8 +39,8 @@ use std::borrow::Cow;
 pub(crate) use super::config::TtlKeys;
 use super::line::CommandLine;
 use super::rewrite::{Appended, Rewrite};
-use crate::codec::{encode, itoa_buf, parse_int};
 use crate::commands::{self, CommandSpec, KeyPositions, KeySpecFlags, grammar};
+use crate::protocol::codec::{encode, itoa_buf, parse_int};
 
 thread_local! {
     /// The key positions `expire_written_keys` fills, one per thread: the rule is shared by

@@ -1,12 +1,12 @@
-//! The session's side of the audit trail (`crate::audit`) and the keyspace statistics
-//! (`crate::keyspace`): a draft made where a command is decided (its bytes are at hand),
+//! The session's side of the audit trail (`crate::observe::audit`) and the keyspace statistics
+//! (`crate::observe::keyspace`): a draft made where a command is decided (its bytes are at hand),
 //! completed where it is counted (its outcome is known) and, for forwarded commands, where
 //! its reply comes back (its latency and size are known). Kept here so the session's own
 //! code carries one call at each of those places.
 
 use super::{Action, Command, Decision, Joining, Session, Target};
-use crate::audit::{self, Entry, Outcome};
-use crate::metrics::CommandOutcome;
+use crate::observe::audit::{self, Entry, Outcome};
+use crate::observe::metrics::CommandOutcome;
 use tokio::time::Instant;
 
 /// What the audit trail and the keyspace statistics took from a decided command.
@@ -14,7 +14,7 @@ pub(super) struct Draft {
     /// Its audit entry so far (the outcome is set when it is dispatched).
     entry: Option<Entry>,
     /// Its keyspace measurement, counted if it is forwarded.
-    measured: Option<crate::keyspace::Measured>,
+    measured: Option<crate::observe::keyspace::Measured>,
 }
 
 /// Where a command keeps its draft until it is dispatched: taken (not copied) by the one

@@ -5,11 +5,11 @@ use super::{
     Action, Command, Decision, Dispatch, Effect, Flow, Joining, Lone, Now, Pending, ReplyMode, Run,
     Session, Target,
 };
-use crate::codec::Decoded;
-use crate::error::{ClientError, ProxyError, error_reply};
-use crate::metrics::CommandOutcome;
+use crate::observe::metrics::CommandOutcome;
+use crate::protocol::codec::Decoded;
+use crate::protocol::error::{ClientError, ProxyError, error_reply};
 use crate::upstream::Expect;
-use crate::{codec, command};
+use crate::{commands::classify, protocol::codec};
 use bytes::{Buf, BytesMut};
 
 impl Run {
@@ -137,7 +137,7 @@ impl Session {
             Command {
                 len,
                 spec: crate::commands::lookup(name, arg(1)),
-                kind: command::classify(name),
+                kind: classify::classify(name),
                 audit: audited::Slot::default(),
             }
         };
@@ -304,7 +304,7 @@ impl Session {
             Some(_) => CommandOutcome::Rewritten,
             None => CommandOutcome::Forwarded,
         };
-        let class = crate::metrics::class_of(command.spec);
+        let class = crate::observe::metrics::class_of(command.spec);
         self.ctx.ops.metrics.command(class, outcome);
     }
 
@@ -406,7 +406,7 @@ impl Session {
         let done = Box::pin(self.execute(action, lone)).await;
         // Counted once dispatched: a paused command is decided again.
         if done || closes || self.input.rbuf.len() != before {
-            let class = crate::metrics::class_of(command.spec);
+            let class = crate::observe::metrics::class_of(command.spec);
             self.ctx.ops.metrics.command(class, outcome);
             self.audit_dispatched(command, outcome);
         }

@@ -11,10 +11,10 @@
 //! at the point the walk meets it, and a repeated option's last value winning. `MAXAGE` is
 //! read as Redis 7.4 reads it (7.0 knows no `MAXAGE`; the proxy's clients are its own).
 
-use crate::answers;
-use crate::codec;
 use crate::commands::grammar::keyword;
 use crate::policy::line::CommandLine;
+use crate::protocol::answers;
+use crate::protocol::codec;
 use bytes::Bytes;
 
 /// The clients a `CLIENT KILL` names; every field set narrows it, as in Redis.

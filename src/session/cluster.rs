@@ -23,7 +23,7 @@
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
 
-use crate::cluster::Redirect;
+use crate::topology::cluster::Redirect;
 use std::sync::Arc;
 
 mod exchange;

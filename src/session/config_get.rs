@@ -83,7 +83,7 @@ fn header(data: &[u8]) -> Option<(bool, usize)> {
         _ => return None,
     };
     let cr = memchr::memchr(b'\r', data)?;
-    let count = crate::codec::parse_int(&data[1..cr]).filter(|&n| n >= 0)? as usize;
+    let count = crate::protocol::codec::parse_int(&data[1..cr]).filter(|&n| n >= 0)? as usize;
     Some((map, count))
 }
 
@@ -91,7 +91,7 @@ fn header(data: &[u8]) -> Option<(bool, usize)> {
 /// simple or verbatim), `Some(None)` for anything else; `None` when it cannot be read.
 fn element<'a>(data: &'a [u8], pos: &mut usize) -> Option<Option<&'a [u8]>> {
     let rest = data.get(*pos..)?;
-    let len = crate::reply::scan(rest).ok()??;
+    let len = crate::protocol::reply::scan(rest).ok()??;
     let frame = &rest[..len];
     *pos += len;
     let text = match frame.first()? {
@@ -114,7 +114,7 @@ fn element<'a>(data: &'a [u8], pos: &mut usize) -> Option<Option<&'a [u8]>> {
 /// A CONFIG GET reply the proxy cannot read: it might hold a secret, so the client gets an
 /// error instead.
 fn refuse_unreadable() -> Bytes {
-    crate::answers::config_get_unreadable()
+    crate::protocol::answers::config_get_unreadable()
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use super::{
     Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run,
     Sent, Session, Slot, Target, Transaction, WAIT_BARRIER, cluster,
 };
-use crate::answers;
-use crate::error::{ProxyError, UpstreamError, error_reply};
-use crate::reply::SubKind;
+use crate::protocol::answers;
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::reply::SubKind;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::{Buf, Bytes, BytesMut};
@@ -393,7 +393,7 @@ impl Session {
     /// the client there; the proxy answers CLIENT GETNAME and LIST from its own record, so it
     /// notes the name too (it answered `$-1` after it; state fuzzer). Not on the data path.
     fn note_hello_name(&mut self, command: &[u8]) {
-        let Some(args) = crate::codec::split_args_of(command) else {
+        let Some(args) = crate::protocol::codec::split_args_of(command) else {
             return;
         };
         let mut j = 2;
@@ -688,8 +688,8 @@ impl Session {
             _ => None,
         };
         let reply = match consequence {
-            Some(c) => crate::error::state_not_established(e, &c),
-            None => crate::error::simple_error("ERR", &e.to_string()),
+            Some(c) => crate::protocol::error::state_not_established(e, &c),
+            None => crate::protocol::error::simple_error("ERR", &e.to_string()),
         };
         self.queue.local(reply);
     }

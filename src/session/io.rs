@@ -248,7 +248,7 @@ impl Session {
             return false;
         }
         if self.holds_idle_memory() {
-            crate::heap::released();
+            crate::observe::heap::released();
         }
         self.input.rbuf = BytesMut::new();
         self.queue.out = Vec::new();
@@ -340,7 +340,7 @@ pub(crate) fn serve<Seat: Send + 'static>(
         }
         s.ctx.ops.mirror.gone(s.client.id);
         let _ = wr.shutdown().await;
-        crate::heap::released();
+        crate::observe::heap::released();
     }
 }
 

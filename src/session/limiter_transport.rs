@@ -3,8 +3,8 @@
 //! limits, so neither `upstream` knows of rate limiting nor `ratelimit` (and the policy
 //! behind it) of upstream connections.
 
-use crate::error::UpstreamError;
-use crate::ratelimit::redis::{Frame, Transport};
+use crate::policy::ratelimit::redis::{Frame, Transport};
+use crate::protocol::error::UpstreamError;
 use crate::upstream::pool::Control;
 
 impl Transport for Control {

@@ -35,7 +35,7 @@ mod tenant_quota;
 
 pub(crate) use io::serve;
 
-use crate::answers;
+use crate::protocol::answers;
 use routing::Routing;
 pub(crate) use routing::Upstreams;
 
@@ -49,12 +49,12 @@ use tokio::time::Instant;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::codec::{self, CodecLimits, Decoded};
-use crate::command::Kind;
 use crate::commands::CommandSpec;
-use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::commands::classify::Kind;
 use crate::policy::{Client, Policy};
-use crate::reply::SubKind;
+use crate::protocol::codec::{self, CodecLimits, Decoded};
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::reply::SubKind;
 use crate::upstream::pool::Pool;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use arc_swap::ArcSwap;
@@ -110,7 +110,7 @@ pub(crate) struct Context {
     /// reload.
     pub(crate) policy: Arc<ArcSwap<Policy>>,
     /// Metrics, slow log and reload, shared with the admin endpoint and `PROXY` commands.
-    pub(crate) ops: crate::ops::Ops,
+    pub(crate) ops: crate::operations::ops::Ops,
 }
 
 /// How often idle sessions are asked to give memory back; a session is released after one to
@@ -234,7 +234,7 @@ struct Handling {
     strip: Option<Box<crate::policy::rewrite::Strip>>,
     /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
     /// handed to the mirror with the primary's replies once they are in.
-    mirror: Option<Box<crate::mirror::Capture>>,
+    mirror: Option<Box<crate::operations::mirror::Capture>>,
     /// The command's table entry (a run's first command's), for the latency class and the
     /// slow log, and the mirror's judgement of a lone command.
     name: Option<&'static CommandSpec>,
@@ -557,7 +557,7 @@ struct Session {
     listed: client_list::Listed,
     /// Audited and sampled commands waiting for their replies (`audited`); boxed, made on
     /// the first.
-    audit_trail: Option<Box<crate::audit::Trail>>,
+    audit_trail: Option<Box<crate::observe::audit::Trail>>,
 }
 
 /// What the client negotiated and who it is: the connection's identity as Redis would see it.
@@ -1077,7 +1077,7 @@ mod size_tests {
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let config = crate::Config::default();
         let policy = Arc::new(ArcSwap::from_pointee(Policy::default()));
-        let ops = crate::ops::Ops::new(&config, policy.clone(), None);
+        let ops = crate::operations::ops::Ops::new(&config, policy.clone(), None);
         let ctx = Arc::new(Context {
             pool: Pool::start(&config, ops.metrics.clone()).unwrap(),
             upstreams: Upstreams::Standalone,

@@ -4,7 +4,7 @@
 use super::Session;
 use super::route::Args;
 use crate::policy::Outcome;
-use crate::{answers, codec};
+use crate::protocol::{answers, codec};
 use std::fmt::Write;
 
 use bytes::{BufMut, Bytes, BytesMut};

@@ -3,7 +3,7 @@
 use super::replies::{apply_mask, filter_exec};
 use super::{Handling, Holds, PUSH_BUDGET, ReplyQueue, Session, Slot, replies};
 use crate::commands::CommandSpec;
-use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::upstream::Reply;
 use bytes::Bytes;
 use std::sync::Arc;

@@ -5,8 +5,8 @@
 use super::forward::enqueue;
 use super::routing::Routing;
 use super::{Action, Effect, Session, Target, cluster};
-use crate::codec::split_commands;
 use crate::commands::{AclCategories, CommandSpec};
+use crate::protocol::codec::split_commands;
 use crate::upstream::replicas::Replicas;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;

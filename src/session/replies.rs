@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
-use crate::codec;
+use crate::protocol::codec;
 
 /// Removes the results of hidden commands from EXEC's array; any other reply (nil after a
 /// WATCH conflict, EXECABORT) is returned as is.
@@ -23,7 +23,7 @@ pub(super) fn filter_exec(data: Bytes, keep: &[bool]) -> Bytes {
     out.extend_from_slice(format!("*{kept}\r\n").as_bytes());
     let mut pos = cr + 2;
     for &k in keep {
-        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+        let Ok(Some(len)) = crate::protocol::reply::scan(&data[pos..]) else {
             return data;
         };
         if k {
@@ -41,7 +41,7 @@ pub(super) fn apply_mask(data: Bytes, received: u32, mask: &[bool]) -> (Bytes, u
     let mut out = BytesMut::with_capacity(data.len());
     let mut pos = 0;
     for &keep in mask.iter().take(received as usize) {
-        let Ok(Some(len)) = crate::reply::scan(&data[pos..]) else {
+        let Ok(Some(len)) = crate::protocol::reply::scan(&data[pos..]) else {
             break;
         };
         if keep {
@@ -200,7 +200,7 @@ pub(super) fn map_redirect(data: Bytes, client: impl Fn(u64) -> Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{CodecLimits, Decoded};
+    use crate::protocol::codec::{CodecLimits, Decoded};
     use crate::session::WAIT_BARRIER;
 
     #[test]

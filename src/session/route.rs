@@ -6,12 +6,12 @@ use super::{
     Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_kill,
     client_list, config_get, replies, summon,
 };
-use crate::command::{ClientSub, Kind};
+use crate::commands::classify::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
 use crate::policy::Verdict;
-use crate::script_user::State;
+use crate::policy::script_user::State;
 use crate::upstream::{Expect, ReplyWait};
-use crate::{answers, codec, command};
+use crate::{commands::classify, protocol::answers, protocol::codec};
 use bytes::Bytes;
 use std::ops::Range;
 
@@ -166,7 +166,7 @@ impl Session {
             Kind::Script => self.route_script(current),
             Kind::Wait => forward(self.dedicated_target(), Effect::Wait(self.wait(args))),
             Kind::StreamRead => {
-                if command::stream_read_blocks(args.iter()) {
+                if classify::stream_read_blocks(args.iter()) {
                     forward(self.dedicated_target(), Effect::Blocking(self.wait(args)))
                 } else {
                     forward(current, Effect::None)
@@ -395,7 +395,7 @@ impl Session {
             return ReplyWait::Prompt;
         }
         let argv: Vec<&[u8]> = args.iter().collect();
-        ReplyWait::blocking(command::block_limit(&argv))
+        ReplyWait::blocking(classify::block_limit(&argv))
     }
 
     fn decide_hello(&self, args: &Args<'_>, current: Target) -> Action {
@@ -518,7 +518,7 @@ impl Session {
                 effect: Effect::None,
             };
         }
-        match command::classify_client(args.get(1)) {
+        match classify::classify_client(args.get(1)) {
             ClientSub::SetName if args.len() == 3 => {
                 let name = args.get(2);
                 if valid_name(name) {
@@ -727,7 +727,7 @@ impl Session {
             expect: Expect::Frames(1),
             effect,
             rewrite: crate::policy::rewrite::Rewrite {
-                command: Some(crate::codec::encode(&parts)),
+                command: Some(crate::protocol::codec::encode(&parts)),
                 note: "client id mapped to its upstream connection".into(),
                 ..Default::default()
             },
@@ -858,14 +858,20 @@ fn set_info(attr: &[u8], value: &[u8]) -> Action {
         false
     } else {
         let text = format!("Unrecognized option '{}'", String::from_utf8_lossy(attr));
-        return Action::Local(crate::error::simple_error("ERR", &text), LocalEffect::None);
+        return Action::Local(
+            crate::protocol::error::simple_error("ERR", &text),
+            LocalEffect::None,
+        );
     };
     if !valid_name(value) {
         let text = format!(
             "{} cannot contain spaces, newlines or special characters.",
             String::from_utf8_lossy(attr)
         );
-        return Action::Local(crate::error::simple_error("ERR", &text), LocalEffect::None);
+        return Action::Local(
+            crate::protocol::error::simple_error("ERR", &text),
+            LocalEffect::None,
+        );
     }
     Action::Local(
         answers::ok(),

@@ -22,7 +22,7 @@ pub(crate) enum Upstreams {
         replicas: Option<Arc<Replicas>>,
     },
     /// A Redis Cluster, through its router (slot map, node pools).
-    Cluster(Arc<crate::cluster::Router>),
+    Cluster(Arc<crate::topology::cluster::Router>),
 }
 
 /// One session's routing state, by upstream mode.
@@ -47,7 +47,7 @@ pub(super) struct Sentinel {
 /// A cluster session's routing state.
 pub(super) struct ClusterState {
     /// The slot map and the nodes' pools.
-    pub(super) router: Arc<crate::cluster::Router>,
+    pub(super) router: Arc<crate::topology::cluster::Router>,
     /// The hash slots in flight and where, so a slot's commands run in order across nodes.
     pub(super) spread: spread::Spread,
     /// Runs for other nodes, parked while a pipeline alternates between nodes and sent with
@@ -108,7 +108,7 @@ impl Routing {
     }
 
     /// The cluster's router, in cluster mode.
-    pub(super) fn router(&self) -> Option<&Arc<crate::cluster::Router>> {
+    pub(super) fn router(&self) -> Option<&Arc<crate::topology::cluster::Router>> {
         match self {
             Routing::Cluster(c) => Some(&c.router),
             _ => None,

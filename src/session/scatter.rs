@@ -14,7 +14,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::{Handling, Run, Session, Slot, Target};
-use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use bytes::Buf;
 
 impl Session {
@@ -170,7 +170,7 @@ impl Session {
 fn frames_len(data: &[u8], frames: u32) -> usize {
     let mut pos = 0;
     for _ in 0..frames {
-        match crate::reply::scan(&data[pos..]) {
+        match crate::protocol::reply::scan(&data[pos..]) {
             Ok(Some(len)) => pos += len,
             _ => return data.len(),
         }

@@ -1,8 +1,8 @@
 //! Connection state: what a dispatched command changes, and what that state means for routing.
 
 use super::{ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
-use crate::command::Kind;
-use crate::reply::SubKind;
+use crate::commands::classify::Kind;
+use crate::protocol::reply::SubKind;
 use bytes::Bytes;
 
 impl Holds {

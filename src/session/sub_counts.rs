@@ -20,7 +20,7 @@ impl SubCounts {
     /// Applies every confirmation in `data` (a reply of one or more frames); anything else
     /// in it (an error, a PONG) changes nothing.
     pub(super) fn confirmed(&mut self, mut data: &[u8]) {
-        while let Ok(Some(len)) = crate::reply::scan(data) {
+        while let Ok(Some(len)) = crate::protocol::reply::scan(data) {
             if let Some((kind, count)) = confirmation(&data[..len]) {
                 match kind {
                     Kind::Channel => self.sub = count.saturating_sub(self.psub),

@@ -18,8 +18,8 @@
 //! open a connection, or does not answer in time, gives the caller an error saying so.
 
 use super::{Effect, Lone, Session, Target};
-use crate::answers;
 use crate::policy::rewrite::Rewrite;
+use crate::protocol::answers;
 use crate::upstream::Expect;
 use bytes::Bytes;
 
@@ -71,7 +71,7 @@ impl Session {
         let mut parts: Vec<&[u8]> = summon.args.iter().map(|a| &a[..]).collect();
         parts[summon.at] = upstream.as_bytes();
         let rewrite = Rewrite {
-            command: Some(crate::codec::encode(&parts)),
+            command: Some(crate::protocol::codec::encode(&parts)),
             note: "client id mapped to its upstream connection".into(),
             ..Default::default()
         };

@@ -19,9 +19,9 @@ use tokio::time::Instant;
 use super::address::Stop;
 use super::handshake::UpstreamStream;
 use super::{Batch, Expect, Reply, ReplySender, ReplyWait, Subscriptions};
-use crate::error::UpstreamError;
-use crate::metrics::Metrics;
-use crate::reply::{self, PubSubFrame, SubKind};
+use crate::observe::metrics::Metrics;
+use crate::protocol::error::UpstreamError;
+use crate::protocol::reply::{self, PubSubFrame, SubKind};
 
 /// Writes smaller than this are copied into the coalescing buffer; larger ones are written
 /// from their own bytes to avoid copying big values.

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::error::UpstreamError;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::protocol::error::UpstreamError;
 
 /// One node's login state, shared by all of its connections (shared, control, dedicated).
 #[derive(Debug)]
@@ -114,7 +114,9 @@ mod tests {
         assert!(!refuses_credentials(
             "ERR This instance has cluster support disabled"
         ));
-        let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(crate::metrics::NoPolicy));
+        let policy = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(
+            crate::observe::metrics::NoPolicy,
+        ));
         let metrics = Metrics::new(policy);
         let state = Credentials::new("a:1", &metrics);
         let other = Credentials::new("b:1", &metrics);

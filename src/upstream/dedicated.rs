@@ -24,8 +24,8 @@ use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec, UpstreamStream, hello_id, node_spec};
 use super::script_login::{OnStream, log_in};
 use super::{Batch, Reply};
-use crate::error::UpstreamError;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::protocol::error::UpstreamError;
 
 /// How long after a stocked connection was taken the stock is refilled while over half of it
 /// is left (see `refill`).

@@ -12,7 +12,7 @@ use tokio_rustls::client::TlsStream;
 use super::address::Address;
 use super::tls::Tls;
 
-use crate::error::UpstreamError;
+use crate::protocol::error::UpstreamError;
 
 /// How to reach and log in to one upstream node.
 #[derive(Debug, Clone)]
@@ -148,7 +148,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
         args.push(spec.username.as_deref().unwrap_or("default").as_bytes());
         args.push(password.as_bytes());
     }
-    let mut req = crate::codec::encode(&args).to_vec();
+    let mut req = crate::protocol::codec::encode(&args).to_vec();
     if spec.readonly {
         // Pipelined with HELLO: no extra round trip.
         req.extend_from_slice(b"*1\r\n$8\r\nREADONLY\r\n");
@@ -184,7 +184,7 @@ async fn hello<S: AsyncRead + AsyncWrite + Unpin>(
 /// `SELECT db` as RESP.
 fn select(db: u16) -> Vec<u8> {
     let db = db.to_string();
-    crate::codec::encode(&[b"SELECT".as_slice(), db.as_bytes()]).to_vec()
+    crate::protocol::codec::encode(&[b"SELECT".as_slice(), db.as_bytes()]).to_vec()
 }
 
 /// The database of a connection without a handshake (its client logs in itself): selected

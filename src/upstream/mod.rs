@@ -41,8 +41,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::error::UpstreamError;
-use crate::reply::SubKind;
+use crate::protocol::error::UpstreamError;
+use crate::protocol::reply::SubKind;
 
 /// Commands sent to an upstream connection together, and where their replies go.
 #[derive(Debug)]
@@ -167,7 +167,7 @@ pub(crate) enum ReadReplyError {
     TooLarge(usize),
     /// Not RESP: the peer is not Redis, or the stream is out of step.
     #[error("{0}")]
-    Malformed(#[from] crate::reply::ReplyError),
+    Malformed(#[from] crate::protocol::reply::ReplyError),
 }
 
 /// Reads until `buf` holds one complete reply and splits it off (anything after it stays in
@@ -180,7 +180,7 @@ pub(crate) async fn read_reply<S: tokio::io::AsyncRead + Unpin>(
 ) -> Result<bytes::BytesMut, ReadReplyError> {
     use tokio::io::AsyncReadExt;
     loop {
-        if let Some(len) = crate::reply::scan(buf)? {
+        if let Some(len) = crate::protocol::reply::scan(buf)? {
             return Ok(buf.split_to(len));
         }
         if buf.len() > max {

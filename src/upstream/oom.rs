@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::reply;
+use crate::protocol::reply;
 
 /// Whether one reply frame is Redis's OOM error.
 pub(crate) fn is_oom(frame: &[u8]) -> bool {

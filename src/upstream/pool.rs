@@ -19,8 +19,8 @@ use super::outage::{Outage, Report, Role, Up};
 use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
-use crate::error::UpstreamError;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::protocol::error::UpstreamError;
 
 /// The shared connections to one upstream node.
 pub struct Pool {
@@ -648,7 +648,7 @@ impl Control {
 
     /// Sends `args` as one command and returns its one raw reply (an error reply is `Ok`).
     pub async fn request(&self, args: &[&[u8]]) -> Result<Bytes, UpstreamError> {
-        let bytes = crate::codec::encode(args);
+        let bytes = crate::protocol::codec::encode(args);
         let (reply_to, mut rx) = mpsc::unbounded_channel();
         let closed = || UpstreamError::Unavailable {
             addr: "control".into(),

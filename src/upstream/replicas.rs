@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::pool::{Pool, PoolSettings};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// The replicas reads may go to.
 pub(crate) struct Replicas {

@@ -11,8 +11,8 @@ use std::future::Future;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::resp_value::{self, Value};
-use crate::script_user::{ScriptUser, State, setuser_args};
+use crate::policy::script_user::{ScriptUser, State, setuser_args};
+use crate::protocol::resp_value::{self, Value};
 
 /// Why the script user could not be used.
 #[derive(Debug)]
@@ -54,7 +54,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Ask for OnStream<'_, S> {
     async fn ask(&mut self, args: &[&str]) -> Result<Value, String> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.stream
-            .write_all(&crate::codec::encode(&args))
+            .write_all(&crate::protocol::codec::encode(&args))
             .await
             .map_err(|e| e.to_string())?;
         let reply = super::read_reply(self.stream, &mut self.buf, 1024 * 1024)

@@ -1,4 +1,4 @@
-//! Reads the upstream server's name, version and commands ([`crate::server_facts`]) before
+//! Reads the upstream server's name, version and commands ([`crate::commands::server_facts`]) before
 //! clients are served and whenever the server changes, through the pool's control
 //! connection, into `Metrics::upstream_server` and the command model.
 
@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::pool::Control;
 use crate::commands::learned;
-use crate::metrics::Metrics;
-use crate::resp_value::{Value, decode};
-use crate::server_facts::parse_info;
+use crate::commands::server_facts::parse_info;
+use crate::observe::metrics::Metrics;
+use crate::protocol::resp_value::{Value, decode};
 
 /// How deep a `COMMAND` reply nests: commands, a command, its key specs, a key spec, its
 /// `begin_search`, that one's `spec`; subcommands add two levels.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
-use crate::reply::{self, PubSubFrame};
+use crate::observe::metrics::Metrics;
+use crate::protocol::reply::{self, PubSubFrame};
 
 /// Least time between two log lines about one connection's stray pushes.
 const LOG_EVERY: Duration = Duration::from_secs(10);

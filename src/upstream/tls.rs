@@ -21,12 +21,12 @@ pub struct Tls {
 
 /// Builds the TLS setup; errors name the file that could not be used.
 pub(crate) fn build(config: &TlsConfig, upstream_host: &str) -> Result<Tls, String> {
-    let roots = crate::pem::roots(&config.ca_file.value)?;
+    let roots = crate::protocol::pem::roots(&config.ca_file.value)?;
     let builder = ClientConfig::builder().with_root_certificates(roots);
     let client = match (&config.cert_file, &config.key_file) {
         (Some(cert), Some(key)) => {
-            let chain = crate::pem::certs(cert)?;
-            let key = crate::pem::key(key)?;
+            let chain = crate::protocol::pem::certs(cert)?;
+            let key = crate::protocol::pem::key(key)?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| format!("client certificate: {e}"))?

@@ -2,9 +2,9 @@
 //! awaited: what `gather` (fan-outs, splits, SCAN) and `redirect` (commands sent again) send
 //! through, one pair, `send_shared` and `receive`.
 
-use crate::cluster::Router;
-use crate::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::session::Session;
+use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
 use std::sync::Arc;

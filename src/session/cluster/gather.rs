@@ -8,16 +8,16 @@ use super::Gather;
 use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::redirect::may_redirect;
-use crate::cluster::Router;
-use crate::codec::{CodecLimits, Decoded};
 use crate::commands::grammar::keyword;
-use crate::error::{ProxyError, error_reply};
 use crate::policy::rewrite::Strip;
+use crate::protocol::codec::{CodecLimits, Decoded};
+use crate::protocol::error::{ProxyError, error_reply};
+use crate::protocol::{answers, codec};
 use crate::session::route::Args;
 use crate::session::{Action, Effect, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
+use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
-use crate::{answers, codec};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -178,7 +178,7 @@ impl Session {
         }
         let bytes = match rewrite.and_then(|r| r.command.clone()) {
             Some(command) => command,
-            None => crate::codec::encode(&args.iter().collect::<Vec<_>>()),
+            None => crate::protocol::codec::encode(&args.iter().collect::<Vec<_>>()),
         };
         Action::Gather(Box::new(Gather::Fanout(Fanout {
             bytes,
@@ -290,7 +290,7 @@ impl Session {
         let mut parts: Vec<(Vec<usize>, Bytes)> = Vec::new();
         for (node, positions, bytes, rx, capture, sent) in pending {
             let (data, error) = receive(rx, &router, node).await;
-            let mut frames = crate::reply::split(&data);
+            let mut frames = crate::protocol::reply::split(&data);
             if error.is_none() && may_redirect(&data) {
                 // The slot moved since the map was read: follow, as for any command.
                 self.redirect_batch(&router, node, &bytes, &mut frames)
@@ -344,7 +344,9 @@ impl Session {
             let reply = match receive(rx, &router, node).await {
                 (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
                 // The barrier's reply comes first and is dropped.
-                (data, None) if fanout.blocking => crate::reply::split(&data).pop().unwrap_or(data),
+                (data, None) if fanout.blocking => {
+                    crate::protocol::reply::split(&data).pop().unwrap_or(data)
+                }
                 (data, None) => data,
             };
             if mirrored == Some(node) {

@@ -5,7 +5,7 @@
 //! (`# Commandstats`, `# Errorstats`), whose lines a node that never ran a command lacks.
 //! Pure functions of the replies, tested without a server.
 
-use crate::{answers, codec};
+use crate::protocol::{answers, codec};
 use bytes::Bytes;
 
 /// The first node's INFO text with the counts of every node summed in (keyspace lines,

@@ -39,10 +39,10 @@
 
 use super::shard_subs::{NodeConn, RETRY_EVERY};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
-use crate::cluster::Router;
-use crate::reply::{PubSubFrame, SubKind};
+use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
 use crate::session::{Action, Effect, Holds, Session, Slot, Target};
+use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Reply, Subscriptions};
 use bytes::Bytes;
@@ -115,7 +115,7 @@ impl Names {
     /// delivered for a name held and confirmed. Anything else is heard on the home connection (a
     /// `PUBLISH` reaches every node) or is the proxy's own (confirmations).
     fn admits(&self, frame: &[u8]) -> bool {
-        let element = |i| crate::reply::element(frame, i);
+        let element = |i| crate::protocol::reply::element(frame, i);
         let (set, name, channel) = match element(0) {
             Some(k) if k.eq_ignore_ascii_case(b"message") => {
                 (&self.channels, element(1), element(1))
@@ -136,15 +136,15 @@ impl Names {
     /// Marks as confirmed to the client the names that the home connection's reply `data`
     /// confirms subscribed.
     fn confirm(&mut self, data: &[u8]) {
-        for frame in crate::reply::frames(data) {
-            let kind = match crate::reply::classify_pubsub(frame) {
+        for frame in crate::protocol::reply::frames(data) {
+            let kind = match crate::protocol::reply::classify_pubsub(frame) {
                 PubSubFrame::Confirmation {
                     kind: kind @ (SubKind::Channel | SubKind::Pattern),
                     subscribe: true,
                 } => kind,
                 _ => continue,
             };
-            if let Some(name) = crate::reply::element(frame, 1)
+            if let Some(name) = crate::protocol::reply::element(frame, 1)
                 && let Some(confirmed) = self.of(kind).get_mut(name)
             {
                 *confirmed = true;

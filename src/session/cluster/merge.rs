@@ -4,7 +4,7 @@
 
 use super::hll;
 use crate::commands::grammar::keyword;
-use crate::{answers, codec};
+use crate::protocol::{answers, codec};
 use bytes::{Bytes, BytesMut};
 
 /// How the replies of a command sent to every primary become one reply.
@@ -148,11 +148,11 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
 fn merge_slowlog(replies: &[Bytes], limit: Option<usize>) -> Bytes {
     let mut entries: Vec<((i64, i64), Bytes)> = Vec::new();
     for reply in replies {
-        let Some(items) = crate::reply::array_elements(reply) else {
+        let Some(items) = crate::protocol::reply::array_elements(reply) else {
             return unexpected(reply);
         };
         for entry in items {
-            let head = crate::reply::array_elements(&entry).and_then(|fields| {
+            let head = crate::protocol::reply::array_elements(&entry).and_then(|fields| {
                 let int = |f: &Bytes| {
                     f.strip_prefix(b":")
                         .and_then(|r| codec::parse_int(r.strip_suffix(b"\r\n")?))
@@ -225,7 +225,7 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
         if codec::parse_int(&reply[1..cr]) != Some(positions.len() as i64) {
             return unexpected(reply);
         }
-        let elements = crate::reply::split(&reply.slice(cr + 2..));
+        let elements = crate::protocol::reply::split(&reply.slice(cr + 2..));
         if elements.len() != positions.len() {
             return unexpected(reply);
         }
@@ -693,7 +693,7 @@ fn sorted_entries(reply: &Bytes, scores: bool) -> Option<Vec<Scored>> {
         return None;
     }
     let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
-    let elements = crate::reply::split(&reply.slice(cr + 2..));
+    let elements = crate::protocol::reply::split(&reply.slice(cr + 2..));
     if elements.len() != count {
         return None;
     }
@@ -712,7 +712,7 @@ fn sorted_entries(reply: &Bytes, scores: bool) -> Option<Vec<Scored>> {
     let pairs: Vec<(Bytes, Bytes)> = if elements.first().is_some_and(|e| e.starts_with(b"*2\r\n")) {
         let mut pairs = Vec::with_capacity(count);
         for pair in &elements {
-            match &crate::reply::split(&pair.slice(4..))[..] {
+            match &crate::protocol::reply::split(&pair.slice(4..))[..] {
                 [member, score] => pairs.push((member.clone(), score.clone())),
                 _ => return None,
             }
@@ -846,7 +846,7 @@ fn members(reply: &Bytes) -> Option<Vec<Bytes>> {
     }
     let cr = memchr::memchr(b'\r', reply)?;
     let count = usize::try_from(codec::parse_int(&reply[1..cr])?).ok()?;
-    let elements = crate::reply::split(&reply.slice(cr + 2..));
+    let elements = crate::protocol::reply::split(&reply.slice(cr + 2..));
     (elements.len() == count && elements.iter().all(|e| e.first() == Some(&b'$')))
         .then_some(elements)
 }
@@ -917,7 +917,7 @@ fn merge_ints(replies: &[Bytes], take: fn(i64, i64) -> i64) -> Bytes {
             Some(b':') => vec![r.clone()],
             Some(b'*') => {
                 let cr = memchr::memchr(b'\r', r)?;
-                crate::reply::split(&r.slice(cr + 2..))
+                crate::protocol::reply::split(&r.slice(cr + 2..))
             }
             _ => return None,
         };
@@ -1913,7 +1913,7 @@ mod tests {
     #[test]
     fn frames_split_until_the_first_incomplete_one() {
         let data = b(b"+OK\r\n*2\r\n:1\r\n:2\r\n$3\r\nab");
-        let frames = crate::reply::split(&data);
+        let frames = crate::protocol::reply::split(&data);
         assert_eq!(frames, [b(b"+OK\r\n"), b(b"*2\r\n:1\r\n:2\r\n")]);
     }
 }

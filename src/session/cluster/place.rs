@@ -4,15 +4,15 @@
 //! its first key, keys in several slots). Runs in `decide`, before anything is sent.
 
 use super::gather::split;
-use crate::answers::CrossSlotWhy;
-use crate::cluster::{Router, slot};
-use crate::codec::Decoded;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
+use crate::protocol::answers::CrossSlotWhy;
+use crate::protocol::codec::Decoded;
+use crate::protocol::{answers, codec};
 use crate::session::client_ids::Upstream;
 use crate::session::route::Args;
 use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Target};
-use crate::{answers, codec};
+use crate::topology::cluster::{Router, slot};
 use bytes::Bytes;
 
 /// The most keyless commands a deferred MULTI holds before a key names its node: a bound

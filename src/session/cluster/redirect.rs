@@ -6,14 +6,14 @@
 use super::exchange::lost_reply;
 use super::transaction::{self, InTransaction};
 use super::{Again, again_of};
-use crate::cluster::{Redirect, Router};
-use crate::codec::split_commands;
-use crate::codec::{CodecLimits, Decoded};
-use crate::error::UpstreamError;
+use crate::protocol::codec::split_commands;
+use crate::protocol::codec::{CodecLimits, Decoded};
+use crate::protocol::error::UpstreamError;
+use crate::protocol::{answers, codec};
 use crate::session::{Dedicated, Holds, PUSH_BUDGET, Sent, Session, Slot, Target};
+use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply};
-use crate::{answers, codec};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
@@ -119,7 +119,7 @@ impl Session {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
-        let mut frames = crate::reply::split(data);
+        let mut frames = crate::protocol::reply::split(data);
         let commands = split_commands(&bytes, &self.ctx.codec);
         if frames.len() != commands.len() {
             return false;
@@ -151,7 +151,7 @@ impl Session {
         };
         let origin = router.addr(sent.node);
         // After an ASK the batch also holds ASKING's reply: the command's is the last.
-        let Some(again) = crate::reply::split(data)
+        let Some(again) = crate::protocol::reply::split(data)
             .last()
             .and_then(|frame| again_of(frame, &origin))
         else {
@@ -379,7 +379,7 @@ impl Session {
             else {
                 return None;
             };
-            let mut frames = crate::reply::split(&data);
+            let mut frames = crate::protocol::reply::split(&data);
             if frames.len() != group.len() {
                 return None;
             }
@@ -477,7 +477,7 @@ impl Session {
         let (data, error) = self
             .exchange(router, node, proto, out.freeze(), expected)
             .await;
-        let got = crate::reply::split(&data);
+        let got = crate::protocol::reply::split(&data);
         for (k, (i, _)) in group.iter().enumerate() {
             let Some(frame) = got.get(k * per + per - 1) else {
                 frames[*i] = lost_reply(error.as_deref(), &dest, "no reply after a redirection");
@@ -575,7 +575,7 @@ mod tests {
         assert!(!may_redirect(b"+OK\r\n:1\r\n"));
         // A value containing the text is found by the scan but is not an error frame.
         let data = Bytes::from_static(b"$20\r\n\r\n-MOVED 1 x:1\r\nabcd\r\n");
-        let frames = crate::reply::split(&data);
+        let frames = crate::protocol::reply::split(&data);
         assert_eq!(frames.len(), 1);
         assert!(redirect_of(&frames[0], "x:1").is_none());
     }

@@ -21,17 +21,17 @@
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
 use super::Gather;
-use crate::cluster::{Redirect, Router};
-use crate::codec::Decoded;
-use crate::command::Kind;
-use crate::error::{ProxyError, UpstreamError, error_reply};
-use crate::reply::{PubSubFrame, SubKind};
+use crate::commands::classify::Kind;
+use crate::protocol::codec::Decoded;
+use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
+use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
 use crate::session::tenant_quota::Share;
 use crate::session::{Action, Holds, LocalEffect, PUSH_BUDGET, Session};
+use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
-use crate::{answers, codec, command};
+use crate::{commands::classify, protocol::answers, protocol::codec};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -169,7 +169,7 @@ impl Session {
         if self.routing.shard_subs().is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
             return None;
         }
-        let kind = command::classify(args.get(0));
+        let kind = classify::classify(args.get(0));
         match kind {
             // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
             Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() => {
@@ -325,17 +325,17 @@ impl Session {
     pub(in crate::session) async fn shard_event(&mut self, msg: &mut Reply) -> bool {
         let resubscribe = match msg {
             Reply::Push(frame, permits) => {
-                let (kind, channel) = match crate::reply::classify_pubsub(frame) {
+                let (kind, channel) = match crate::protocol::reply::classify_pubsub(frame) {
                     PubSubFrame::Message
-                        if crate::reply::element(frame, 0)
+                        if crate::protocol::reply::element(frame, 0)
                             .is_some_and(|k| k.eq_ignore_ascii_case(b"smessage")) =>
                     {
-                        (None, crate::reply::element(frame, 1))
+                        (None, crate::protocol::reply::element(frame, 1))
                     }
                     PubSubFrame::Confirmation {
                         kind: SubKind::Shard,
                         subscribe,
-                    } => (Some(subscribe), crate::reply::element(frame, 1)),
+                    } => (Some(subscribe), crate::protocol::reply::element(frame, 1)),
                     _ => return false,
                 };
                 let tracked = channel.and_then(|c| {
@@ -632,13 +632,13 @@ impl Session {
     /// channel is subscribed again after the command (`adopt_orphans`).
     fn note_orphan(&mut self, frame: &[u8]) {
         let dropped = matches!(
-            crate::reply::classify_pubsub(frame),
+            crate::protocol::reply::classify_pubsub(frame),
             PubSubFrame::Confirmation {
                 kind: SubKind::Shard,
                 subscribe: false,
             }
         );
-        let Some(channel) = crate::reply::element(frame, 1).filter(|_| dropped) else {
+        let Some(channel) = crate::protocol::reply::element(frame, 1).filter(|_| dropped) else {
             return;
         };
         if let Some(subs) = self.routing.shard_subs_mut()
@@ -689,7 +689,7 @@ impl Session {
             Ok(share) => share,
             Err(why) => {
                 self.ctx.ops.metrics.dedicated_refused[0].inc();
-                return Err(crate::error::simple_error("ERR", &why));
+                return Err(crate::protocol::error::simple_error("ERR", &why));
             }
         };
         // Boxed: the connect + handshake future is large and rare.

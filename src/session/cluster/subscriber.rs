@@ -7,7 +7,7 @@
 //! (MULTI, WATCH, MONITOR, CLIENT TRACKING, a client's own AUTH) still ends the session:
 //! that state cannot move.
 
-use crate::codec;
+use crate::protocol::codec;
 use crate::session::{Dedicated, Holds, Session};
 use crate::upstream::{Batch, Expect, ReplySender, ReplyWait, Subscriptions};
 use tokio::sync::mpsc;

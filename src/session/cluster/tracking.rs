@@ -33,11 +33,11 @@
 
 use super::Gather;
 use super::shard_subs::NodeConn;
-use crate::cluster::Router;
-use crate::codec;
 use crate::commands::grammar;
+use crate::protocol::codec;
 use crate::session::route::Args;
 use crate::session::{Action, Holds, Session};
+use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,7 +101,7 @@ impl Session {
             let generation = router.snapshot_id();
             if generation != tracking.checked.load(Ordering::Relaxed) {
                 if let Some(node) = self.untracked_primary(router, tracking) {
-                    let reply = crate::answers::tracking_lost(&router.addr(node));
+                    let reply = crate::protocol::answers::tracking_lost(&router.addr(node));
                     return gather(TrackingCommand::Lost(reply));
                 }
                 tracking.checked.store(generation, Ordering::Relaxed);
@@ -125,7 +125,9 @@ impl Session {
             return self.tracking_start(router, args, command).and_then(gather);
         };
         if self.conn.in_multi() {
-            return Some(Action::Refused(crate::answers::tracking_in_multi()));
+            return Some(Action::Refused(
+                crate::protocol::answers::tracking_in_multi(),
+            ));
         }
         if !is(b"TRACKING") {
             return gather(TrackingCommand::Ask {
@@ -135,7 +137,7 @@ impl Session {
         }
         match grammar::tracking_options(args) {
             Some(o) if o.redirect.is_some() => Some(Action::Refused(
-                crate::answers::tracking_redirect_while_bcast(),
+                crate::protocol::answers::tracking_redirect_while_bcast(),
             )),
             // OFF as Redis reads it (strcasecmp: `off\0` is OFF; options it parses are
             // accepted and ignored).
@@ -187,7 +189,7 @@ impl Session {
             TrackingCommand::Ask { command, all } => {
                 let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
                 else {
-                    return crate::answers::tracking_lost("the cluster");
+                    return crate::protocol::answers::tracking_lost("the cluster");
                 };
                 let conns: Vec<_> = match all {
                     true => tracking.conns.iter().map(|c| c.tx.clone()).collect(),
@@ -224,12 +226,12 @@ impl Session {
     /// every primary tracks, else the first refusal (and nothing is left on).
     async fn tracking_on(&mut self, command: Bytes) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return crate::answers::tracking_lost("the cluster");
+            return crate::protocol::answers::tracking_lost("the cluster");
         };
         let checked = AtomicU64::new(router.snapshot_id());
         let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
         let Some(c) = self.routing.cluster_mut() else {
-            return crate::answers::tracking_lost("the cluster");
+            return crate::protocol::answers::tracking_lost("the cluster");
         };
         // Ids never reused, so the end of a connection closed by an earlier OFF is not
         // taken for one of these.
@@ -300,7 +302,7 @@ impl Session {
 /// answered (an error reply of Redis included), else the error of a connection that could not.
 async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes, Bytes> {
     if conns.is_empty() {
-        return Err(crate::answers::tracking_lost("a primary"));
+        return Err(crate::protocol::answers::tracking_lost("a primary"));
     }
     let (reply_to, mut rx) = mpsc::unbounded_channel();
     for tx in conns {
@@ -312,7 +314,7 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
             seq: 0,
         };
         if tx.send(batch).await.is_err() {
-            return Err(crate::answers::tracking_lost("a primary"));
+            return Err(crate::protocol::answers::tracking_lost("a primary"));
         }
     }
     drop(reply_to);
@@ -329,11 +331,11 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
                 first.get_or_insert(data);
             }
             Some(Reply::Batch { error: Some(e), .. }) => {
-                return Err(crate::error::error_reply(
-                    &crate::error::ProxyError::Upstream(*e),
+                return Err(crate::protocol::error::error_reply(
+                    &crate::protocol::error::ProxyError::Upstream(*e),
                 ));
             }
-            _ => return Err(crate::answers::tracking_lost("a primary")),
+            _ => return Err(crate::protocol::answers::tracking_lost("a primary")),
         }
     }
     Ok(refused.or(first).unwrap_or_default())

@@ -14,13 +14,13 @@
 
 use super::merge::unexpected;
 use super::{Again, again_of};
-use crate::cluster::Router;
-use crate::codec::split_commands;
-use crate::codec::{CodecLimits, Decoded};
-use crate::error::{ProxyError, error_reply};
+use crate::protocol::codec::split_commands;
+use crate::protocol::codec::{CodecLimits, Decoded};
+use crate::protocol::error::{ProxyError, error_reply};
+use crate::protocol::{answers, codec};
 use crate::session::Session;
+use crate::topology::cluster::Router;
 use crate::upstream::Reply;
-use crate::{answers, codec};
 use bytes::{Bytes, BytesMut};
 
 /// Redis's answer to a command queued in MULTI.
@@ -86,7 +86,7 @@ impl Session {
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
-        let mut frames = crate::reply::split(data);
+        let mut frames = crate::protocol::reply::split(data);
         let origin = router.addr(from);
         let mut log = self
             .routing
@@ -178,7 +178,7 @@ impl Session {
                 (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
                 (data, None) => data,
             };
-            let got = crate::reply::split(&data);
+            let got = crate::protocol::reply::split(&data);
             let Some(exec) = got.last() else {
                 return unexpected(&data);
             };

@@ -1,0 +1,318 @@
+//! Reply framing: where each RESP2/RESP3 reply ends, without building it.
+//!
+//! The proxy forwards replies as the raw bytes the upstream sent; it only needs each reply's
+//! length to hand the right bytes to the right client. A counter of "elements still to read"
+//! replaces recursion, so nesting depth costs nothing and cannot overflow the stack.
+
+use bytes::Bytes;
+use memchr::memchr;
+
+use crate::protocol::codec::parse_int;
+
+/// The upstream sent bytes that are not RESP; the connection cannot be trusted any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid reply from upstream at byte {offset}: {what}")]
+pub struct ReplyError {
+    /// Offset in the scanned buffer where the problem is.
+    pub(crate) offset: usize,
+    /// What was wrong.
+    pub(crate) what: &'static str,
+}
+
+/// Length of the first complete reply in `buf`, or `None` if more bytes are needed.
+pub fn scan(buf: &[u8]) -> Result<Option<usize>, ReplyError> {
+    let mut pos = 0usize;
+    // Elements still to read before the reply is complete.
+    let mut pending: u64 = 1;
+    while pending > 0 {
+        let Some(&kind) = buf.get(pos) else {
+            return Ok(None);
+        };
+        let Some(cr) = memchr(b'\r', &buf[pos + 1..]).map(|i| pos + 1 + i) else {
+            return Ok(None);
+        };
+        if cr + 2 > buf.len() {
+            return Ok(None);
+        }
+        let line = &buf[pos + 1..cr];
+        pending -= 1;
+        pos = cr + 2;
+        match kind {
+            b'+' | b'-' | b':' | b'_' | b'#' | b',' | b'(' => {}
+            b'$' | b'!' | b'=' => {
+                let len = parse_int(line).ok_or(ReplyError {
+                    offset: pos,
+                    what: "bad bulk length",
+                })?;
+                if len >= 0 {
+                    let end = pos + len as usize + 2;
+                    if end > buf.len() {
+                        return Ok(None);
+                    }
+                    pos = end;
+                } else if len != -1 {
+                    return Err(ReplyError {
+                        offset: pos,
+                        what: "negative bulk length",
+                    });
+                }
+            }
+            b'*' | b'~' | b'>' | b'%' | b'|' => {
+                let n = parse_int(line).ok_or(ReplyError {
+                    offset: pos,
+                    what: "bad aggregate length",
+                })?;
+                if n > 0 {
+                    let n = n as u64;
+                    pending += match kind {
+                        b'%' => 2 * n,
+                        // An attribute map is followed by the reply it annotates.
+                        b'|' => 2 * n + 1,
+                        _ => n,
+                    };
+                } else if n == 0 && kind == b'|' {
+                    pending += 1;
+                } else if n < -1 || (n == -1 && kind != b'*') {
+                    return Err(ReplyError {
+                        offset: pos,
+                        what: "negative aggregate length",
+                    });
+                }
+            }
+            _ => {
+                return Err(ReplyError {
+                    offset: pos,
+                    what: "unknown type byte",
+                });
+            }
+        }
+    }
+    Ok(Some(pos))
+}
+
+/// The whole replies at the head of `data`, one after another; ends at the first incomplete
+/// or malformed one. Borrowed slices: walking a batch's replies allocates nothing.
+pub(crate) fn frames(data: &[u8]) -> Frames<'_> {
+    Frames { rest: data }
+}
+
+/// Iterator of `frames`.
+pub(crate) struct Frames<'a> {
+    /// The bytes not walked yet.
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let len = scan(self.rest).ok()??;
+        let (frame, rest) = self.rest.split_at(len);
+        self.rest = rest;
+        Some(frame)
+    }
+}
+
+/// The whole replies of `data` as slices sharing its buffer (see `frames`).
+pub(crate) fn split(data: &Bytes) -> Vec<Bytes> {
+    frames(data).map(|f| data.slice_ref(f)).collect()
+}
+
+/// The elements of an array reply, each a whole frame; `None` when `reply` is not an array
+/// or holds fewer elements than its header counts.
+pub(crate) fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
+    if reply.first() != Some(&b'*') {
+        return None;
+    }
+    let cr = memchr(b'\r', reply)?;
+    let n = usize::try_from(parse_int(&reply[1..cr])?).ok()?;
+    let out: Vec<Bytes> = frames(reply.get(cr + 2..)?)
+        .take(n)
+        .map(|f| reply.slice_ref(f))
+        .collect();
+    (out.len() == n).then_some(out)
+}
+
+/// The `index`-th element of an array or push frame, when it is a bulk or simple string.
+/// Used only on pub/sub frames, which are flat arrays of strings and integers.
+pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
+    if !matches!(frame.first(), Some(b'*' | b'>')) {
+        return None;
+    }
+    let cr = memchr(b'\r', frame)?;
+    let n = parse_int(&frame[1..cr])?;
+    if index as i64 >= n {
+        return None;
+    }
+    let mut pos = cr + 2;
+    for i in 0..=index {
+        let kind = *frame.get(pos)?;
+        let cr = pos + 1 + memchr(b'\r', frame.get(pos + 1..)?)?;
+        let line = &frame[pos + 1..cr];
+        let (value, next) = match kind {
+            b'$' => {
+                let len = parse_int(line)?;
+                if len < 0 {
+                    (&frame[0..0], cr + 2)
+                } else {
+                    let start = cr + 2;
+                    let end = start + len as usize;
+                    (frame.get(start..end)?, end + 2)
+                }
+            }
+            b'+' | b':' => (line, cr + 2),
+            _ => return None,
+        };
+        if i == index {
+            return Some(value);
+        }
+        pos = next;
+    }
+    None
+}
+
+/// What a pub/sub-shaped frame is, by its first element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PubSubFrame {
+    /// `message`, `pmessage`, `smessage`: a delivery, never a reply to a command.
+    Message,
+    /// `invalidate`: a client-side-caching invalidation (RESP3 push).
+    Invalidate,
+    /// A (un)subscribe confirmation of the given kind; `subscribe` says which direction.
+    Confirmation { kind: SubKind, subscribe: bool },
+    /// Anything else.
+    Other,
+}
+
+/// The three independent subscription namespaces of Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubKind {
+    Channel,
+    Pattern,
+    Shard,
+}
+
+impl SubKind {
+    /// Index into per-kind tables.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Classifies an array or push frame by its first element.
+pub fn classify_pubsub(frame: &[u8]) -> PubSubFrame {
+    let Some(first) = element(frame, 0) else {
+        return PubSubFrame::Other;
+    };
+    let lower = |s: &[u8]| first.eq_ignore_ascii_case(s);
+    if lower(b"message") || lower(b"pmessage") || lower(b"smessage") {
+        PubSubFrame::Message
+    } else if lower(b"invalidate") {
+        PubSubFrame::Invalidate
+    } else {
+        let (kind, subscribe) = if lower(b"subscribe") {
+            (SubKind::Channel, true)
+        } else if lower(b"unsubscribe") {
+            (SubKind::Channel, false)
+        } else if lower(b"psubscribe") {
+            (SubKind::Pattern, true)
+        } else if lower(b"punsubscribe") {
+            (SubKind::Pattern, false)
+        } else if lower(b"ssubscribe") {
+            (SubKind::Shard, true)
+        } else if lower(b"sunsubscribe") {
+            (SubKind::Shard, false)
+        } else {
+            return PubSubFrame::Other;
+        };
+        PubSubFrame::Confirmation { kind, subscribe }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn complete(frame: &[u8]) {
+        assert_eq!(
+            scan(frame),
+            Ok(Some(frame.len())),
+            "{:?}",
+            String::from_utf8_lossy(frame)
+        );
+        for cut in 0..frame.len() {
+            assert_eq!(scan(&frame[..cut]), Ok(None), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn scans_every_type() {
+        for f in [
+            &b"+OK\r\n"[..],
+            b"-ERR x\r\n",
+            b":12\r\n",
+            b"$3\r\nfoo\r\n",
+            b"$-1\r\n",
+            b"$0\r\n\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*2\r\n$1\r\na\r\n:1\r\n",
+            b"_\r\n",
+            b"#t\r\n",
+            b",1.5\r\n",
+            b"(123\r\n",
+            b"!3\r\nerr\r\n",
+            b"=7\r\ntxt:abc\r\n",
+            b"%1\r\n+a\r\n*1\r\n:1\r\n",
+            b"~2\r\n+a\r\n+b\r\n",
+            b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n",
+            b"|1\r\n+ttl\r\n:3\r\n$1\r\nv\r\n",
+            b"$4\r\na\r\nb\r\n",
+        ] {
+            complete(f);
+        }
+    }
+
+    #[test]
+    fn first_of_several() {
+        assert_eq!(scan(b"+OK\r\n:1\r\n"), Ok(Some(5)));
+    }
+
+    #[test]
+    fn deep_nesting_does_not_recurse() {
+        let mut f = Vec::new();
+        for _ in 0..100_000 {
+            f.extend_from_slice(b"*1\r\n");
+        }
+        f.extend_from_slice(b":1\r\n");
+        assert_eq!(scan(&f), Ok(Some(f.len())));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(scan(b"?x\r\n").is_err());
+        assert!(scan(b"$-2\r\n").is_err());
+        assert!(scan(b"*a\r\n").is_err());
+    }
+
+    #[test]
+    fn classifies_pubsub_frames() {
+        let m = b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n";
+        assert_eq!(classify_pubsub(m), PubSubFrame::Message);
+        assert_eq!(element(m, 1), Some(&b"ch"[..]));
+        let s = b">3\r\n$10\r\nssubscribe\r\n$2\r\nch\r\n:1\r\n";
+        assert_eq!(
+            classify_pubsub(s),
+            PubSubFrame::Confirmation {
+                kind: SubKind::Shard,
+                subscribe: true
+            }
+        );
+        assert_eq!(element(s, 2), Some(&b"1"[..]));
+        assert_eq!(
+            classify_pubsub(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"),
+            PubSubFrame::Other
+        );
+        assert_eq!(classify_pubsub(b"+OK\r\n"), PubSubFrame::Other);
+    }
+}
