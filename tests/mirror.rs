@@ -108,6 +108,9 @@ async fn writes_reach_the_mirror_as_the_primary_ran_them() {
     let mut other = Raw::connect(proxy.addr()).await;
     assert_eq!(other.call(&["SELECT", "2"]).await, b"+OK\r\n");
     assert_eq!(other.call(&["SET", "in2", "x"]).await, b"+OK\r\n");
+    // RESET (answered by the proxy) takes the client back to database 0, on the mirror too.
+    assert_eq!(other.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(other.call(&["SET", "after_reset", "x"]).await, b"+OK\r\n");
     drop(other);
     assert_eq!(c.call(&["SET", "done", "1"]).await, b"+OK\r\n");
 
@@ -148,6 +151,11 @@ async fn writes_reach_the_mirror_as_the_primary_ran_them() {
         mirror.direct(&["EXISTS", "in2"]).await,
         b":0\r\n",
         "not in db 0"
+    );
+    assert_eq!(
+        mirror.direct(&["GET", "after_reset"]).await,
+        b"$1\r\nx\r\n",
+        "after RESET, in db 0"
     );
     assert_eq!(info_field(&mut c, "proxy_mirror_phase").await, "writes");
     assert_eq!(info_field(&mut c, "proxy_mirror_dropped").await, "0");
@@ -618,6 +626,9 @@ async fn a_cluster_mirror_gets_each_write_on_the_node_that_owns_its_key() {
     let mut other = Raw::connect(proxy.addr()).await;
     assert_eq!(other.call(&["SELECT", "2"]).await, b"+OK\r\n");
     assert_eq!(other.call(&["SET", "in2", "x"]).await, b"+OK\r\n");
+    // RESET (answered by the proxy) takes the client back to database 0, on the mirror too.
+    assert_eq!(other.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(other.call(&["SET", "after_reset", "x"]).await, b"+OK\r\n");
     drop(other);
     // Refused by the cluster (CROSSSLOT), counted as a mirror error.
     assert_eq!(

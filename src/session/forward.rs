@@ -360,6 +360,7 @@ impl Session {
             names_redirect: effect == Effect::NamesRedirect,
             sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
             hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
+            reset: effect == Effect::Reset,
             hello_auth: match effect {
                 Effect::AuthHello(proto) => Some(HelloAuth {
                     proto,

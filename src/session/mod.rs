@@ -217,6 +217,8 @@ struct Handling {
     sub_counts: bool,
     /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
     hello_auth: Option<HelloAuth>,
+    /// RESET forwarded (`Effect::Reset`): the session resets once Redis answered it.
+    reset: bool,
     /// A forwarded HELLO: its reply is shaped as the one the proxy answers itself
     /// (`hello_as_seen`); in cluster mode it said `mode: cluster` (state fuzzer), which makes
     /// a client switch to cluster mode and ask for CLUSTER SLOTS.
@@ -301,6 +303,11 @@ enum Effect {
     AuthHello(u8),
     Hello(u8),
     Monitor,
+    /// RESET forwarded on the dedicated connection that holds the client's subscriptions:
+    /// Redis drops them before anything after it runs (a connection merely closed keeps them
+    /// until Redis reads the close, and a PUBLISH on another connection would still count
+    /// them); the session resets once it is answered (`Handling::reset`).
+    Reset,
     ConnectionState,
     /// No state change, but the command may block for as long as it says (see
     /// `Handling::blocking`).
@@ -598,6 +605,9 @@ struct ConnState {
     watch_lost: bool,
     /// State held on the dedicated connection, each of which pins the session to it.
     held: Holds,
+    /// A RESET forwarded on the dedicated connection is unanswered (`Effect::Reset`): every
+    /// later command waits for it, as Redis runs them after the reset.
+    resetting: bool,
 }
 
 /// An open MULTI.
@@ -740,6 +750,8 @@ impl Effect {
                 | Effect::EndMulti
                 | Effect::Unsubscribe(_)
                 | Effect::NamesRedirect
+                // Sent alone: the commands after it wait for its reply (`resetting`).
+                | Effect::Reset
         )
     }
 }
@@ -906,6 +918,7 @@ impl Session {
                 // Redis clears CLIENT REPLY OFF (RESET is answered) but not a SKIP already
                 // in force for this very command (RESET is not answered).
                 let skipped = self.client.reply_mode == ReplyMode::Skip;
+                Box::pin(self.release_subscriptions()).await;
                 self.reset();
                 if !skipped {
                     self.queue.local(answers::reset());

@@ -205,6 +205,11 @@ impl Session {
         if handling.sub_counts && !data.is_empty() {
             self.note_sub_counts(&data);
         }
+        if handling.reset {
+            // Answered or failed, the client asked for a fresh connection state; the
+            // connection the RESET ran on (now logged out upstream) is dropped.
+            self.reset();
+        }
         if let Some(hello) = handling.hello_auth {
             self.settle_hello_auth(
                 hello,

@@ -47,7 +47,7 @@ impl Session {
         if self.conn.multi_unopened() {
             return unopened_multi(command.kind).into();
         }
-        if self.state_unsettled(command.kind) {
+        if self.conn.resetting || self.state_unsettled(command.kind) {
             return Action::AwaitReplies.into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.
@@ -189,7 +189,7 @@ impl Session {
             // the replication stream that follow would be read as replies of every client's
             // commands, dropping the connection for all of them.
             Kind::Replication => Action::Refused(answers::replication_not_proxied()),
-            Kind::Reset => Action::Reset,
+            Kind::Reset => self.decide_reset(),
             Kind::Monitor => Action::Forward {
                 target: self.dedicated_target(),
                 expect: Expect::Monitor,
@@ -371,6 +371,36 @@ impl Session {
     fn proxy_checks_login(&self, user: &[u8]) -> bool {
         let access = &self.client.policy.access;
         access.require_auth || access.knows_user(user)
+    }
+
+    /// RESET: answered by the proxy, which drops the dedicated connection and with it what
+    /// the client held there; but subscriptions outlive a closed connection until Redis reads
+    /// the close, so a PUBLISH pipelined after the RESET (on the shared connection) could
+    /// still count the client as a subscriber (state fuzzer). With subscriptions held, the
+    /// RESET goes to Redis on their connection first, once nothing else is in flight, and the
+    /// session resets when it is answered (`Effect::Reset`). Inside MULTI, with replies
+    /// switched off, or with subscriptions on the mode's connections too (a cluster's shard
+    /// channels), the proxy answers it, once each of those connections answered a RESET of
+    /// its own (`release_subscriptions`).
+    fn decide_reset(&self) -> Action {
+        let subscribed =
+            self.conn.holds(Holds::SUBSCRIPTIONS) || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS);
+        if !subscribed
+            || self.conn.dedicated.is_none()
+            || self.routing.subscription_conns().next().is_some()
+            || self.conn.in_multi()
+            || self.client.reply_mode != ReplyMode::On
+        {
+            return Action::Reset;
+        }
+        if self.queue.inflight > 0 {
+            return Action::AwaitReplies;
+        }
+        Action::Forward {
+            target: self.dedicated_target(),
+            expect: Expect::Frames(1),
+            effect: Effect::Reset,
+        }
     }
 
     /// SELECT 0 on the shared connection is answered by the proxy; any other database pins

@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 use super::cluster::{keyspace, shard_subs, tracking};
 use super::{Run, Target, cluster, spread};
+use tokio::sync::mpsc;
+
+use crate::upstream::Batch;
 use crate::upstream::pool::Pool;
 use crate::upstream::replicas::Replicas;
 
@@ -296,6 +299,16 @@ impl Routing {
     /// RESET: the mode's per-connection state (cluster: shard channels, keyspace
     /// notification names, tracking, the transaction's slot, held commands and log) is
     /// dropped, as Redis drops the connection's.
+    /// The connections of the mode's own that hold the client's subscriptions (a cluster
+    /// session's per-node shard connections), for a RESET to drop them upstream first.
+    pub(super) fn subscription_conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
+        let shard = match self {
+            Routing::Cluster(c) => c.shard_subs.as_deref(),
+            _ => None,
+        };
+        shard.into_iter().flat_map(|s| s.conns())
+    }
+
     pub(super) fn reset(&mut self) {
         self.multi_ended();
         if let Routing::Cluster(c) = self {

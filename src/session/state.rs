@@ -3,7 +3,37 @@
 use super::{ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
 use crate::commands::classify::Kind;
 use crate::protocol::reply::SubKind;
+use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::Bytes;
+use tokio::sync::mpsc;
+
+/// Sends `RESET` on each connection and waits for every answer (each bounded by its
+/// connection's command timeout; a connection already gone answers nothing and holds
+/// nothing). Redis drops a closed connection's subscriptions only once it reads the close,
+/// so a command the client sends after its RESET, on another connection, could still count
+/// them (a PUBLISH's receivers: state fuzzer); reset upstream first, they are gone.
+pub(super) async fn reset_upstream<'a>(conns: impl Iterator<Item = &'a mpsc::Sender<Batch>>) {
+    let (reply_to, mut rx) = mpsc::unbounded_channel();
+    let mut sent = 0;
+    for tx in conns {
+        let batch = Batch {
+            bytes: Bytes::from_static(b"*1\r\n$5\r\nRESET\r\n"),
+            expect: Expect::Frames(1),
+            wait: ReplyWait::Prompt,
+            reply_to: reply_to.clone(),
+            seq: 0,
+        };
+        if tx.send(batch).await.is_ok() {
+            sent += 1;
+        }
+    }
+    drop(reply_to);
+    for _ in 0..sent {
+        if rx.recv().await.is_none() {
+            break;
+        }
+    }
+}
 
 impl Holds {
     /// WATCH is in force.
@@ -193,6 +223,7 @@ impl Session {
             | Effect::Info
             | Effect::ConfigGet => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
+            Effect::Reset => self.conn.resetting = true,
             // A nested MULTI is refused by Redis and leaves the open transaction as it is: a
             // new `Transaction` would forget that the policy refused a queued command (EXEC
             // then ran the rest instead of aborting) and the frames hidden from EXEC's reply.
@@ -274,6 +305,21 @@ impl Session {
 
     /// RESET: back to a fresh connection's state; the dedicated connection is closed, which
     /// drops every subscription, transaction and watch on the upstream.
+    /// Before the proxy answers a RESET itself: the subscriptions the client holds on the
+    /// session's connections are dropped upstream (`reset_upstream`), on its dedicated
+    /// connection and on the mode's own (a cluster's per-node shard connections).
+    pub(super) async fn release_subscriptions(&mut self) {
+        let subscribed =
+            self.conn.holds(Holds::SUBSCRIPTIONS) || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS);
+        let own = self
+            .conn
+            .dedicated
+            .as_ref()
+            .filter(|_| subscribed)
+            .map(|d| &d.tx);
+        reset_upstream(own.into_iter().chain(self.routing.subscription_conns())).await;
+    }
+
     pub(super) fn reset(&mut self) {
         self.ctx.client_list.update(self.client.id, |r| {
             r.names.set_name(None);
@@ -283,6 +329,9 @@ impl Session {
             r.subs = Default::default();
         });
         self.conn.dedicated = None;
+        // The mirror follows the client's database and transaction from the commands it
+        // sees; RESET never reaches it, so it forgets them here (back to database 0).
+        self.ctx.ops.mirror.gone(self.client.id);
         self.login(None);
         self.client.proto = 2;
         self.client.db = 0;
@@ -291,6 +340,7 @@ impl Session {
         self.conn.watch_lost = false;
         self.routing.reset();
         self.conn.held = Holds::default();
+        self.conn.resetting = false;
         self.client.reply_mode = ReplyMode::On;
     }
 }

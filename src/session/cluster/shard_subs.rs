@@ -113,6 +113,11 @@ enum Failure {
 }
 
 impl ShardSubs {
+    /// Where the commands of each node connection go.
+    pub(in crate::session) fn conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
+        self.conns.iter().map(|c| &c.tx)
+    }
+
     /// Closes the connections to nodes that hold none of the channels any more; Redis drops
     /// a connection's subscriptions with it.
     fn prune(&mut self) {
