@@ -615,6 +615,12 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "SUBSCRIBE c1\nRESET | PUBLISH c1 hello\nSUBSCRIBE c1\nRESET | PUBLISH c1 hello\nSSUBSCRIBE c2\nRESET | SPUBLISH c2 hello\nHELLO 3\nSUBSCRIBE c1\nRESET | PUBLISH c1 hello\nb SUBSCRIBE c2\nb RESET | PUBLISH c2 hello\nb SUBSCRIBE c2\nb RESET | PUBLISH c2 hello",
     ),
     (
+        // In front of a cluster the proxy answers SSUBSCRIBE itself, and with replies off it
+        // kept the confirmations Redis sends as it sends messages.
+        "shard subscription confirmations with CLIENT REPLY OFF",
+        "HELLO 3\nCLIENT REPLY OFF | SSUBSCRIBE c1 | SUNSUBSCRIBE c1\nCLIENT REPLY SKIP | SSUBSCRIBE c2 | GET k1",
+    ),
+    (
         // Redis runs HELLO's options in order: an AUTH refused before a bad option is what
         // it answers, a SETNAME before one is done.
         "HELLO's options in order",

@@ -62,6 +62,14 @@ pub(super) enum Gather {
     Tracking(tracking::TrackingCommand),
 }
 
+impl Gather {
+    /// SSUBSCRIBE/SUNSUBSCRIBE: its confirmations reach the client even with CLIENT REPLY OFF
+    /// or SKIP, as Redis pushes them like messages.
+    pub(super) fn confirms_subscriptions(&self) -> bool {
+        matches!(self, Gather::ShardPubSub(_))
+    }
+}
+
 /// A command to send again, and where. Here, not in `redirect`, because `transaction` acts on
 /// it too (a transaction's queued commands redirected) and `redirect` imports `transaction`.
 enum Again {

@@ -905,8 +905,18 @@ impl Session {
             }
             Action::Gather(gather) => {
                 self.input.rbuf.advance(len);
+                let pushing = gather.confirms_subscriptions();
                 let reply = Box::pin(self.gather(*gather)).await;
-                self.answer(reply);
+                if pushing && reply.first() != Some(&b'-') {
+                    // Redis sends subscription confirmations as it sends messages, whatever
+                    // CLIENT REPLY says (state fuzzer): the skip is still spent.
+                    self.queue.local(reply);
+                    if self.client.reply_mode == ReplyMode::Skip {
+                        self.client.reply_mode = ReplyMode::On;
+                    }
+                } else {
+                    self.answer(reply);
+                }
             }
             // Nothing in flight: `decide` never asks for this then (its wait is for a reply).
             Action::AwaitReplies => {
