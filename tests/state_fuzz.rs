@@ -621,6 +621,12 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "HELLO 3\nCLIENT REPLY OFF | SSUBSCRIBE c1 | SUNSUBSCRIBE c1\nCLIENT REPLY SKIP | SSUBSCRIBE c2 | GET k1",
     ),
     (
+        // In front of a cluster the proxy answers a transaction's keyless commands before its
+        // first key itself (`+QUEUED`): one Redis refuses at queue time got `+QUEUED` too.
+        "a transaction's command refused at queue time, before any key",
+        "MULTI\nSELECT\nPUBLISH c2 hello extra | NOSUCHCOMMAND\nCLIENT NOSUCH\nEXEC\nGET k1",
+    ),
+    (
         // Redis runs HELLO's options in order: an AUTH refused before a bad option is what
         // it answers, a SETNAME before one is done.
         "HELLO's options in order",

@@ -137,7 +137,25 @@ impl Session {
             // none is recorded here. `MULTI x` opening a transaction in the proxy's view only
             // made a RESP3 SUBSCRIBE after it wait for a +QUEUED that never came (fuzzer seed
             // 52316624), and `RESET x` was answered +RESET while Redis answers an error.
+            if let Some(s) = spec
+                && self.conn.multi_deferred()
+            {
+                // In front of a cluster, a transaction's keyless commands before its first
+                // key are answered `+QUEUED` by the proxy and held (docs/cluster.md); Redis
+                // refuses this one at queue time, which spoils the transaction (state fuzzer).
+                return Action::Refused(answers::wrong_arity(s.name));
+            }
             return forward(current, Effect::None);
+        }
+        if spec.is_none() && self.conn.multi_deferred() {
+            // Likewise a command Redis does not know.
+            let container = crate::commands::lookup(args.get(0), None)
+                .is_some_and(|c| c.is_container() && args.len() > 1);
+            return Action::Refused(if container {
+                answers::unknown_subcommand(args.get(0), args.get(1))
+            } else {
+                answers::unknown_command(args.get(0), args.iter().skip(1))
+            });
         }
         if self.resp2_subscribed() && !runs_while_subscribed(args, kind) {
             // Redis refuses it: nothing it would change (MULTI, WATCH, SELECT, CLIENT

@@ -296,9 +296,6 @@ impl Routing {
         }
     }
 
-    /// RESET: the mode's per-connection state (cluster: shard channels, keyspace
-    /// notification names, tracking, the transaction's slot, held commands and log) is
-    /// dropped, as Redis drops the connection's.
     /// The connections of the mode's own that hold the client's subscriptions (a cluster
     /// session's per-node shard connections), for a RESET to drop them upstream first.
     pub(super) fn subscription_conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
@@ -309,6 +306,9 @@ impl Routing {
         shard.into_iter().flat_map(|s| s.conns())
     }
 
+    /// RESET: the mode's per-connection state (cluster: shard channels, keyspace
+    /// notification names, tracking, the transaction's slot, held commands and log) is
+    /// dropped, as Redis drops the connection's.
     pub(super) fn reset(&mut self) {
         self.multi_ended();
         if let Routing::Cluster(c) = self {
