@@ -127,7 +127,11 @@ impl Session {
             // `PinnedClosed` that follows ends the session.
             Reply::Subscriptions(..) => {}
             Reply::PinnedClosed(conn_id) => {
-                if conn_id != self.conn.dedicated_gen {
+                // The end of a connection the session dropped itself (RESET, a refused HELLO
+                // AUTH…) says nothing about the state it holds now: in front of a cluster a
+                // MULTI pipelined after RESET waits for its first key with no connection yet,
+                // and the old one's end closed the session (state fuzzer).
+                if conn_id != self.conn.dedicated_gen || self.conn.dedicated.is_none() {
                     return;
                 }
                 self.conn.dedicated = None;
