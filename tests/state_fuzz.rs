@@ -165,7 +165,13 @@ const CLUSTER_KEYS: &[&str] = &["{s}k1", "{s}k2", "{s}k3"];
 const CHANNELS: &[&str] = &["c1", "c2"];
 
 fn draw(rng: &mut Rng, keys: &[&str]) -> Vec<Vec<u8>> {
-    let line = VOCABULARY[rng.below(VOCABULARY.len())];
+    let mut line = VOCABULARY[rng.below(VOCABULARY.len())];
+    if keys == CLUSTER_KEYS && line.starts_with("PUBLISH") {
+        // In front of a cluster a PUBLISH counts the receivers of the node it runs on, which
+        // for a session pinned to another node is not the proxy's pub/sub node
+        // (docs/cluster.md): not a difference to look for. SPUBLISH's count is the shard's.
+        line = "SPUBLISH CH hello";
+    }
     let mut args: Vec<Vec<u8>> = line
         .split(' ')
         .map(|w| match w {
@@ -427,6 +433,9 @@ async fn converse(
             }
         }
     }
+    for log in &mut pushes {
+        normalize(log);
+    }
     let mut last = pushes[0].clone();
     if two {
         last.push(OTHER.to_vec());
@@ -637,6 +646,13 @@ const REGRESSIONS: &[(&str, &str)] = &[
         // end of the connection RESET dropped then closed the session.
         "a MULTI pipelined after RESET of a session on its own connection",
         "CLIENT NO-EVICT ON\nRESET | MULTI\nGET k1\nEXEC\nCLIENT TRACKING OFF\nRESET | MULTI | ECHO e extra\nBLPOP k1 0.01\nEXEC",
+    ),
+    (
+        // In front of a cluster, UNSUBSCRIBE's last confirmation (count 0) released the session
+        // from subscribing though a SUBSCRIBE after it was in flight: the EXEC after them went
+        // to Redis instead of the subscribed context's refusal.
+        "UNSUBSCRIBE then SUBSCRIBE pipelined, RESP2",
+        "SUBSCRIBE c2\nUNSUBSCRIBE | SUBSCRIBE c2 | EXEC\nUNSUBSCRIBE | PING",
     ),
     (
         // Redis runs HELLO's options in order: an AUTH refused before a bad option is what

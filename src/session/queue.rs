@@ -228,6 +228,12 @@ impl Session {
             && error.is_none()
             && data.ends_with(b":0\r\n")
             && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
+            // A SUBSCRIBE pipelined after it subscribes again (its effect was applied when
+            // it was sent): the session stays a subscriber (state fuzzer, in front of a
+            // cluster: an EXEC after it was sent on as if it were not).
+            && !self.queue.slots.iter().any(|s| {
+                matches!(s, Slot::Upstream { handling, .. } if handling.sub_counts)
+            })
         {
             self.conn.held.remove(Holds::SUBSCRIPTIONS);
             self.list_flag('N');
