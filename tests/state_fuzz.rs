@@ -655,6 +655,18 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "SUBSCRIBE c2\nUNSUBSCRIBE | SUBSCRIBE c2 | EXEC\nUNSUBSCRIBE | PING",
     ),
     (
+        // The blocking XREAD's connection (RESP2) was replaced for the CLIENT TRACKING after
+        // HELLO 3 while the XREAD ran on it: its reply was lost.
+        "a dedicated connection is not replaced under a blocking command",
+        "XREAD BLOCK 10 STREAMS k2 0 | HELLO 3 SETNAME fuzz | CLIENT TRACKING OFF",
+    ),
+    (
+        // PING refuses more than one argument itself; the proxy's own answer in a RESP2
+        // shard subscriber's context (in front of a cluster) refused it as not allowed there.
+        "PING with two arguments while subscribed to a shard channel",
+        "SSUBSCRIBE c2\nPING x extra\nSUNSUBSCRIBE",
+    ),
+    (
         // Redis runs HELLO's options in order: an AUTH refused before a bad option is what
         // it answers, a SETNAME before one is done.
         "HELLO's options in order",

@@ -120,6 +120,17 @@ impl Session {
     /// commands must run first, see `spread`); with a dedicated connection on either side,
     /// everything in flight, as standalone.
     pub(super) fn blocked(&mut self, target: Target, slot: Option<u16>) -> bool {
+        // A dedicated connection about to be replaced (the client switched protocol since it
+        // was opened, say) first answers what runs on it: replaced under a blocking command
+        // it lost that command's reply (state fuzzer, `XREAD BLOCK … | HELLO 3 | CLIENT
+        // TRACKING OFF`).
+        if let Target::Dedicated(node) = target
+            && self.queue.inflight > 0
+            && self.conn.dedicated.is_some()
+            && !self.dedicated_usable(false, node)
+        {
+            return true;
+        }
         self.routing
             .blocks(self.queue.inflight_target, target, slot)
     }
