@@ -239,6 +239,11 @@ impl Session {
         if let Some(sent) = &kept {
             self.routing.answered(&sent.hash_slots);
         }
+        if handling.reset {
+            // The RESET never reached Redis (its connection is gone, and its subscriptions
+            // with it): the session resets now, and nothing waits for an answer.
+            self.reset();
+        }
         let e = ProxyError::Upstream(UpstreamError::Unavailable {
             addr: self.ctx.pool.addr(),
             reason: "connection closed".into(),

@@ -234,7 +234,12 @@ impl Session {
             | Effect::Info
             | Effect::ConfigGet => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
-            Effect::Reset => self.conn.resetting = true,
+            // Waited for only once sent (`send_failed` resets at once).
+            Effect::Reset => {
+                self.conn.resetting = self.queue.slots.back().is_some_and(
+                    |s| matches!(s, Slot::Upstream { handling, .. } if handling.reset),
+                );
+            }
             // A nested MULTI is refused by Redis and leaves the open transaction as it is: a
             // new `Transaction` would forget that the policy refused a queued command (EXEC
             // then ran the rest instead of aborting) and the frames hidden from EXEC's reply.
