@@ -385,16 +385,23 @@ impl Router {
     }
 
     /// The node every session's classic pub/sub goes to (SUBSCRIBE, PSUBSCRIBE, PUBLISH): the
-    /// first primary (in routes mode, those without a channel that names a route go to the
-    /// default route's node). Redis Cluster delivers a message on every node, but PUBLISH counts only
-    /// the receivers on the node it ran on; with all of this proxy's subscribers and
-    /// publishers on one node the count includes every subscriber through the proxy, as on
-    /// one server. `None` while no primary is known.
+    /// owner of slot 0, else the first primary (in routes mode, those without a channel that
+    /// names a route go to the default route's node). Redis Cluster delivers a message on
+    /// every node, but PUBLISH counts only the receivers on the node it ran on; with all of
+    /// this proxy's subscribers and publishers on one node the count includes every
+    /// subscriber through the proxy, as on one server. Not simply the first primary: the
+    /// shards' order is each node's answer to CLUSTER SHARDS (its own dictionary order), so a
+    /// refresh that asked another node moved later PUBLISHes away from the subscribers
+    /// (`PUBLISH/PSUBSCRIBE basics` through a cluster counted 0 now and then). `None` while
+    /// no primary is known.
     pub(crate) fn pubsub_node(&self) -> Option<u16> {
         if let Some(r) = &self.routes {
             return Some(r.table.node(0));
         }
-        self.snapshot().primaries().first().copied()
+        let snapshot = self.snapshot();
+        snapshot
+            .owner(0)
+            .or_else(|| snapshot.primaries().first().copied())
     }
 
     /// The node a client's keyless commands go to when nothing better is known: spread by
