@@ -1,7 +1,8 @@
 //! Scripts in front of a Redis Cluster behave as in front of one Redis: a script runs on a
 //! dedicated connection to the node owning its keys' slot (a keyless one where cluster mode
 //! sends keyless commands), so while it keeps that node busy the other clients' commands are
-//! answered (Redis's `-BUSY` on that node, their replies on the others), and their `SCRIPT
+//! answered (Redis's `-BUSY` on that node and for keyless commands, which go to a running
+//! script's node, their replies on the others), and their `SCRIPT
 //! KILL` / `FUNCTION KILL` reaches the node where it runs. A script whose slot moved follows
 //! MOVED and ASK on its dedicated connection.
 
@@ -48,8 +49,9 @@ async fn wait_busy(other: &mut Raw, probe: &[&str], what: &str) {
 /// For the script-user configuration (`confine`, the default) and for scripts run as the
 /// proxy's user (`script_acl: off`): a script spinning on each primary in turn, and a keyless
 /// one, holds only its own client; another client gets `-BUSY` from that node, its replies
-/// from the others, and ends the script with SCRIPT KILL (FUNCTION KILL for FCALL) sent
-/// through the proxy. With nothing running, the kill is answered `NOTBUSY`, as by Redis.
+/// from the others, any client's PING `-BUSY` (keyless commands go to the running script's
+/// node), and ends the script with SCRIPT KILL (FUNCTION KILL for FCALL) sent through the
+/// proxy. With nothing running, the kill is answered `NOTBUSY`, as by Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_script_holds_only_its_client_and_its_kill_reaches_its_node() {
     let redis = RedisCluster::start_with(3, 0, &["--busy-reply-threshold", "50"]);
@@ -87,6 +89,13 @@ async fn a_busy_script_holds_only_its_client_and_its_kill_reaches_its_node() {
                     assert_eq!(other.call(&["GET", &elsewhere]).await, b"$-1\r\n", "{what}");
                 }
                 None => wait_busy(&mut other, &["FLUSHALL"], &what).await,
+            }
+            // Keyless commands follow the running script, whichever node a client's would
+            // go to otherwise: every client's PING is answered BUSY, as by one server.
+            for _ in 0..3 {
+                let mut fresh = Raw::connect(proxy.addr).await;
+                let reply = fresh.call(&["PING"]).await;
+                assert!(reply.starts_with(b"-BUSY"), "{what}: PING {}", show(&reply));
             }
             let kill = if looping == "EVAL" {
                 "SCRIPT"

@@ -350,6 +350,7 @@ impl Session {
         self.note_queued(effect, out.queued.as_deref());
         let (blocking, wait) = match effect {
             Effect::Blocking(wait) | Effect::Wait(wait) => (true, wait),
+            Effect::Script => (true, ReplyWait::Prompt),
             _ => (false, ReplyWait::Prompt),
         };
         let handling = Handling {
@@ -380,6 +381,10 @@ impl Session {
             strip: out.strip,
             mirror: None,
             name,
+            _script: match effect {
+                Effect::Script => self.routing.script_sent(target),
+                _ => None,
+            },
         };
         let hash_slots = match slot {
             Some(slot) if self.routing.sent(target, slot) => vec![slot],

@@ -240,6 +240,9 @@ struct Handling {
     /// The command's table entry (a run's first command's), for the latency class and the
     /// slow log, and the mirror's judgement of a lone command.
     name: Option<&'static CommandSpec>,
+    /// Cluster mode: a script in flight on its node, which keyless commands go to until this
+    /// is dropped with the reply (`Routing::script_sent`).
+    _script: Option<crate::topology::cluster::ScriptRun>,
 }
 
 /// A forwarded HELLO with the client's own AUTH, settled by Redis's answer: Redis switches
@@ -312,6 +315,10 @@ enum Effect {
     /// No state change, but the command may block for as long as it says (see
     /// `Handling::blocking`).
     Blocking(ReplyWait),
+    /// A script (EVAL, FCALL… on the session's own connection, `route_script`): blocking,
+    /// answered when it ends; in cluster mode, while it runs, keyless commands go to its node
+    /// (`Handling::script`).
+    Script,
     /// WAIT/WAITAOF: blocking, and it must count the client's earlier writes (see
     /// `WAIT_BARRIER`).
     Wait(ReplyWait),
@@ -739,6 +746,7 @@ impl Effect {
         !matches!(
             self,
             Effect::Blocking(_)
+                | Effect::Script
                 | Effect::Wait(_)
                 | Effect::Auth
                 | Effect::AuthHello(_)

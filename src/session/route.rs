@@ -229,7 +229,7 @@ impl Session {
     fn route_script(&self, current: Target) -> Action {
         let unconfined = |current| {
             if self.ctx.scripts_dedicated {
-                forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt))
+                forward(self.dedicated_target(), Effect::Script)
             } else {
                 forward(current, Effect::None)
             }
@@ -265,7 +265,7 @@ impl Session {
             }
         };
         match why {
-            None => forward(self.dedicated_target(), Effect::Blocking(ReplyWait::Prompt)),
+            None => forward(self.dedicated_target(), Effect::Script),
             Some(_) if user.run_unconfined => unconfined(current),
             Some(why) => Action::Refused(answers::script_unconfined(&why)),
         }

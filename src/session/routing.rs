@@ -209,6 +209,19 @@ impl Routing {
         }
     }
 
+    /// A script is sent on `target` now: in cluster mode it counts as running on its node
+    /// (keyless commands go there, `Router::keyless`) until the returned guard is dropped
+    /// with its reply.
+    pub(super) fn script_sent(
+        &self,
+        target: Target,
+    ) -> Option<crate::topology::cluster::ScriptRun> {
+        match (self, target) {
+            (Routing::Cluster(c), Target::Dedicated(node)) => Some(c.router.script_started(node)),
+            _ => None,
+        }
+    }
+
     /// Every reply is in: nothing a paused command waited for is in flight any more.
     pub(super) fn drained(&mut self) {
         if let Routing::Cluster(c) = self {

@@ -229,6 +229,7 @@ impl Session {
         match effect {
             Effect::None
             | Effect::Blocking(_)
+            | Effect::Script
             | Effect::Wait(_)
             | Effect::ClientInfo
             | Effect::Info

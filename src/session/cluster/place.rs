@@ -122,7 +122,7 @@ impl Session {
                     Some(n)
                 }
                 _ if spec.is_some_and(|s| CLASSIC_PUBSUB.contains(&s.name)) => router.pubsub_node(),
-                _ => router.home(self.client.id),
+                _ => router.keyless(self.client.id),
             },
         };
         let Some(node) = node else {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
+use super::scripts::{ScriptRun, ScriptsRunning};
 use super::{SLOTS, SlotMap, discover};
 use crate::config::{ClusterConfig, Config, ReadFrom, UpstreamMode};
 use crate::observe::metrics::Metrics;
@@ -89,6 +90,9 @@ pub(crate) struct Router {
     generation: AtomicU64,
     /// Routes mode: keys are placed by prefix (see [`Routes`]); `None` for a cluster alone.
     routes: Option<Routes>,
+    /// The scripts sessions have in flight, by node: keyless commands go to the oldest's
+    /// node while it runs (see `scripts`).
+    scripts: Arc<ScriptsRunning>,
 }
 
 /// Routes mode's part of the router: fixed nodes (one per standalone or Sentinel upstream and
@@ -166,6 +170,7 @@ impl Router {
             refresh: Arc::new(Notify::new()),
             generation: AtomicU64::new(0),
             routes,
+            scripts: Arc::default(),
         })
     }
 
@@ -402,6 +407,23 @@ impl Router {
         snapshot
             .owner(0)
             .or_else(|| snapshot.primaries().first().copied())
+    }
+
+    /// The node a client's keyless commands go to when nothing better is known: while a
+    /// script a session sent runs, the oldest one's node, so a PING is answered `-BUSY` by
+    /// a busy script's node as by one server (see `scripts`); else `home`.
+    pub(crate) fn keyless(&self, client_id: u64) -> Option<u16> {
+        match &self.routes {
+            // A script on another route's server does not hold the default route's.
+            None => self.scripts.node().or_else(|| self.home(client_id)),
+            Some(_) => self.home(client_id),
+        }
+    }
+
+    /// A script sent to `node` on a session's dedicated connection: keyless commands go there
+    /// until the returned guard is dropped (`keyless`).
+    pub(crate) fn script_started(&self, node: u16) -> ScriptRun {
+        self.scripts.started(node)
     }
 
     /// The node a client's keyless commands go to when nothing better is known: spread by
