@@ -1,6 +1,6 @@
 //! The session-state fuzzer: one client's conversation, drawn at random from the commands that
 //! change a connection's state (MULTI/EXEC/DISCARD, WATCH, the SUBSCRIBE family, SELECT,
-//! HELLO, CLIENT REPLY/TRACKING/SETNAME, RESET) mixed with ordinary reads and writes, each
+//! HELLO, CLIENT REPLY/TRACKING/SETNAME, RESET, scripts) mixed with ordinary reads and writes, each
 //! spelled the ways Redis still accepts or refuses (wrong argument counts, NUL-suffixed
 //! keywords, other case, inline form, several commands in one write), sent to a Redis
 //! directly and to a second Redis through the proxy (no policy). Every step's replies must
@@ -156,6 +156,17 @@ const VOCABULARY: &[&str] = &[
     "AUTH default wrong",
     "AUTH nobody wrong",
     "NOSUCHCOMMAND",
+    // Scripts run on the session's own connection (not pinned), so they change the target
+    // between the shared and the dedicated connection like a blocking command; inside MULTI
+    // and a subscription they are queued or refused like any other command.
+    "EVAL return(1) 0",
+    "EVAL return(redis.call('GET',KEYS[1])) 1 KEY",
+    "EVAL return(redis.call('INCR',KEYS[1])) 1 KEY",
+    "EVAL_RO return(redis.call('EXISTS',KEYS[1])) 1 KEY",
+    "EVAL return(redis.call('SELECT','1')) 0",
+    "EVALSHA 0123456789012345678901234567890123456789 0",
+    "WAIT 0 0",
+    "GETEX KEY PERSIST",
 ];
 
 const KEYS: &[&str] = &["k1", "k2", "{s}k3"];
@@ -749,8 +760,8 @@ async fn fuzz(sides: &Sides, regressions: &[(&str, &str)], what: &str, secs: u64
 /// cluster, against one Redis: the proxy presents a cluster as one server. Differences the
 /// proxy makes on purpose there (SELECT, CROSSSLOT for a pinned session's other nodes, a
 /// sharded subscription across slots: docs/cluster.md) end the comparison. The regressions
-/// always; random conversations for `STATE_FUZZ_CLUSTER_SECS` (default 0: by hand, the
-/// cluster's own differences are still being sorted out, docs/fuzzing.md).
+/// always; random conversations for `STATE_FUZZ_CLUSTER_SECS` (default 30, as the
+/// standalone run's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_front_of_a_cluster_the_proxy_follows_state_changes_as_one_redis() {
     let direct = common::RedisServer::start();
@@ -770,7 +781,7 @@ async fn in_front_of_a_cluster_the_proxy_follows_state_changes_as_one_redis() {
         &sides,
         REGRESSIONS,
         " (cluster)",
-        secs("STATE_FUZZ_CLUSTER_SECS", 0),
+        secs("STATE_FUZZ_CLUSTER_SECS", 30),
     )
     .await;
 }
