@@ -1,8 +1,10 @@
-//! Client-side caching in broadcasting mode (`CLIENT TRACKING ON BCAST`) through the proxy in
-//! front of a real Redis Cluster: tracking is turned on on every primary (one connection
-//! each), the session is not pinned (MGET across nodes works), every primary's writes are
-//! invalidated, an invalidation never overtakes the reply of a read that ran before its write,
-//! and a tracking connection that ends disconnects the client (its cache starts over).
+//! Client-side caching (`CLIENT TRACKING ON`, broadcasting and default mode) through the
+//! proxy in front of a real Redis Cluster: tracking is turned on on every primary (one
+//! connection each), the session is not pinned (MGET across nodes works), every primary's
+//! writes are invalidated (in the default mode, of the keys the client read, which it reads
+//! over those connections), an invalidation never overtakes the reply of a read that ran
+//! before its write, and a tracking connection that ends disconnects the client (its cache
+//! starts over).
 
 #![allow(
     clippy::disallowed_methods,
@@ -189,27 +191,116 @@ async fn a_killed_tracking_connection_disconnects_the_client() {
     assert!(closed, "the client is disconnected");
 }
 
-/// Default-mode tracking (invalidations for the keys the client read) still pins the session
-/// to one node: only the connection that read a key hears of it.
+/// A RESP3 client of `proxy` with default-mode tracking on (`extra` options after ON).
+async fn keys_client(proxy: &Proxy, extra: &[&str]) -> Raw {
+    let mut c = Raw::connect(proxy.addr).await;
+    let hello = c.call(&["HELLO", "3"]).await;
+    assert!(hello.starts_with(b"%"), "{}", text(&hello));
+    let mut args = vec!["CLIENT", "TRACKING", "ON"];
+    args.extend_from_slice(extra);
+    assert_eq!(text(&c.call(&args).await), "+OK\r\n");
+    c
+}
+
+/// Default-mode tracking (invalidations for the keys the client read) is spread over every
+/// primary: the session's commands for a node go over its tracking connection there, so a
+/// key the client read on any node (alone, in a MGET across nodes, in a script, inside
+/// MULTI) is invalidated when another client writes it, and a key it did not read is not;
+/// its own writes are invalidated too, after their reply. The session is not pinned. Its
+/// own AUTH is refused while on (a connection of its own would read untracked). OFF turns
+/// tracking off on every primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_mode_tracking_keeps_one_node() {
+async fn default_mode_tracking_hears_what_the_client_read_on_every_primary() {
     let redis = RedisCluster::start(3, 0);
     let primaries = redis.primaries();
     let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
-    let mut c = Raw::connect(proxy.addr).await;
-    c.call(&["HELLO", "3"]).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let unread: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "other")).collect();
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in keys.iter().chain(&unread) {
+        assert_eq!(writer.call(&["SET", key, "v0"]).await, b"+OK\r\n");
+    }
+    let mut c = keys_client(&proxy, &[]).await;
+    for p in &primaries {
+        assert_eq!(tracking_clients(p).await, "1", "tracking on {p}");
+    }
+    // Reads of every node: one alone, two in a MGET split by node, one in a script.
+    assert_eq!(text(&c.call(&["GET", &keys[0]]).await), "$2\r\nv0\r\n");
+    let mget = text(&c.call(&["MGET", &keys[1], &keys[0]]).await);
+    assert_eq!(mget, "*2\r\n$2\r\nv0\r\n$2\r\nv0\r\n");
+    let script = "return redis.call('GET', KEYS[1])";
+    let eval = text(&c.call(&["EVAL", script, "1", &keys[2]]).await);
+    assert_eq!(eval, "$2\r\nv0\r\n");
+    // Another client's writes: the keys read are invalidated, each once; the others not
+    // (written first, so one of theirs would come before the expected frame).
+    for key in &unread {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+    }
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&c.read_frame().await),
+            text(&invalidation(key)),
+            "{key}"
+        );
+    }
+    // A read inside a transaction is tracked too.
+    assert_eq!(text(&c.call(&["MULTI"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&["GET", &keys[1]]).await), "+QUEUED\r\n");
+    assert_eq!(text(&c.call(&["EXEC"]).await), "*1\r\n$2\r\nv1\r\n");
+    assert_eq!(writer.call(&["SET", &keys[1], "v2"]).await, b"+OK\r\n");
+    assert_eq!(text(&c.read_frame().await), text(&invalidation(&keys[1])));
+    // Its own write of a key it read: the reply, then the invalidation.
+    assert_eq!(text(&c.call(&["GET", &keys[2]]).await), "$2\r\nv1\r\n");
+    c.send(&resp(&["SET", &keys[2], "mine"])).await;
+    let frames = c.read_frames(2).await;
+    assert_eq!(text(&frames[0]), "+OK\r\n");
+    assert_eq!(text(&frames[1]), text(&invalidation(&keys[2])));
+    c.assert_quiet(QUIET).await;
+    for auth in [
+        &["AUTH", "someone", "pw"][..],
+        &["HELLO", "3", "AUTH", "someone", "pw"],
+    ] {
+        let reply = text(&c.call(auth).await);
+        assert!(reply.contains("CLIENT TRACKING is on"), "{auth:?}: {reply}");
+    }
+
     assert_eq!(
-        text(&c.call(&["CLIENT", "TRACKING", "ON"]).await),
+        text(&c.call(&["CLIENT", "TRACKING", "OFF"]).await),
         "+OK\r\n"
     );
-    let on: Vec<String> = {
-        let mut on = Vec::new();
-        for p in &primaries {
-            on.push(tracking_clients(p).await);
-        }
-        on
-    };
-    assert_eq!(on.iter().filter(|n| *n == "1").count(), 1, "{on:?}");
+    wait_tracking_clients(&primaries, "0", "after OFF").await;
+    for key in &keys {
+        assert_eq!(text(&c.call(&["GET", key]).await).get(..1), Some("$"));
+        assert_eq!(writer.call(&["SET", key, "v3"]).await, b"+OK\r\n");
+    }
+    c.assert_quiet(QUIET).await;
+}
+
+/// NOLOOP in the default mode: the client's own writes go over its tracking connections
+/// too, so they invalidate nothing for it, while another client's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_mode_noloop_hears_only_the_other_clients_writes() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let mut c = keys_client(&proxy, &["NOLOOP"]).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in &keys {
+        assert_eq!(text(&c.call(&["GET", key]).await), "_\r\n");
+        assert_eq!(text(&c.call(&["SET", key, "mine"]).await), "+OK\r\n");
+    }
+    c.assert_quiet(QUIET).await;
+    for key in &keys {
+        assert_eq!(text(&c.call(&["GET", key]).await), "$4\r\nmine\r\n");
+        assert_eq!(writer.call(&["SET", key, "theirs"]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&c.read_frame().await),
+            text(&invalidation(key)),
+            "{key}"
+        );
+    }
 }
 
 /// A namespaced tenant's BCAST tracking is confined to its namespace on every primary (the
@@ -268,10 +359,10 @@ async fn on_and_off_are_read_as_redis_reads_them() {
         args.extend_from_slice(off);
         assert_eq!(text(&c.call(&args).await), "+OK\r\n", "{off:?}");
         wait_tracking_clients(&primaries, "0", &format!("after {off:?}")).await;
-        // Off in the proxy's view too: default-mode tracking now takes the pinned path,
-        // one node (in a view still "on" it would go to every tracking connection).
+        // Off in the proxy's view too: OPTIN tracking now takes the pinned path, one node
+        // (in a view still "on" it would go to every tracking connection).
         assert_eq!(
-            text(&c.call(&["CLIENT", "TRACKING", "ON"]).await),
+            text(&c.call(&["CLIENT", "TRACKING", "ON", "OPTIN"]).await),
             "+OK\r\n"
         );
         let mut on = Vec::new();

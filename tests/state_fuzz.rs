@@ -299,10 +299,13 @@ fn documented_refusal(frames: &[Vec<u8>]) -> bool {
             && (has(f, b"redis/redis#12207")
                 || has(f, b"'client|reply' not allowed inside a transaction")
                 || has(f, b"by redis-policy-proxy")
-                // In front of a cluster (docs/cluster.md): SELECT, and the keys of other
-                // nodes once a session is pinned to one.
+                // In front of a cluster (docs/cluster.md): SELECT, the keys of other nodes
+                // once a session is pinned to one.
                 || has(f, b"SELECT is not allowed in cluster mode")
-                || f.starts_with(b"-CROSSSLOT"))
+                || f.starts_with(b"-CROSSSLOT")
+                // Tracking spread over every primary: a tracking command in MULTI, REDIRECT,
+                // the client's own AUTH, OFF over a held connection.
+                || has(f, b"in front of a Redis Cluster while"))
     })
 }
 

@@ -708,6 +708,9 @@ pub(crate) struct TrackingOptions {
     /// OPTIN, OPTOUT or NOLOOP: modes that depend on which connection reads or writes, so
     /// tracking spread over several connections cannot keep them (cluster `tracking`).
     pub(crate) per_client_modes: bool,
+    /// OPTIN or OPTOUT: `CLIENT CACHING` applies to the connection's next command, which in
+    /// front of a cluster may go to another node's connection (cluster `tracking`).
+    pub(crate) opt_in_out: bool,
 }
 
 /// `CLIENT TRACKING ON|OFF [options]` from argument 3; `None` where Redis refuses them.
@@ -725,7 +728,10 @@ pub(crate) fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<Trac
             j += 1;
         } else if keyword(a, b"BCAST") {
             o.bcast = true;
-        } else if keyword(a, b"OPTIN") || keyword(a, b"OPTOUT") || keyword(a, b"NOLOOP") {
+        } else if keyword(a, b"OPTIN") || keyword(a, b"OPTOUT") {
+            o.per_client_modes = true;
+            o.opt_in_out = true;
+        } else if keyword(a, b"NOLOOP") {
             o.per_client_modes = true;
         } else if keyword(a, b"PREFIX") && more {
             o.prefixes.push(j + 1);

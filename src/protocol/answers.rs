@@ -421,34 +421,58 @@ pub(crate) fn client_reply_in_multi() -> Bytes {
 /// Cluster mode, CLIENT TRACKING in broadcasting mode (`session::cluster::tracking`): the
 /// tracking of `node` cannot hold any more, so the client is disconnected after this.
 pub(crate) fn tracking_lost(node: &str) -> Bytes {
-    simple_error(
-        "ERR",
-        &format!(
-            "client-side caching lost: {node} has no tracking connection (a failover, a new \
-             primary or a lost connection), so its writes would not invalidate this client's \
-             cache; the connection closes, reconnect and turn tracking on again"
-        ),
+    simple_error("ERR", &tracking_lost_reason(node))
+}
+
+/// Why client-side caching cannot go on: `node` has no tracking connection (see
+/// `tracking_lost`).
+pub(crate) fn tracking_lost_reason(node: &str) -> String {
+    format!(
+        "client-side caching lost: {node} has no tracking connection (a failover, a new \
+         primary or a lost connection), so its writes would not invalidate this client's \
+         cache; the connection closes, reconnect and turn tracking on again"
     )
 }
 
-/// Cluster mode, broadcasting tracking on: a tracking command queued in MULTI would run on
-/// the transaction's node only, while the tracking state is on every primary.
+/// Cluster mode, tracking spread over every primary: a tracking command queued in MULTI
+/// would run on the transaction's node only, while the tracking state is on every primary.
 pub(crate) fn tracking_in_multi() -> Bytes {
     simple_error(
         "ERR",
         "CLIENT tracking commands cannot be queued in MULTI in front of a Redis Cluster while \
-         BCAST tracking is on (it is on every primary, the transaction runs on one); send it \
+         tracking is on (it is on every primary, the transaction runs on one); send it \
          outside the transaction",
     )
 }
 
-/// Cluster mode, broadcasting tracking on: a REDIRECT would move the invalidations of every
-/// primary to one client's connection on one node.
+/// Cluster mode, tracking spread over every primary: a REDIRECT would move the
+/// invalidations of every primary to one client's connection on one node.
 pub(crate) fn tracking_redirect_while_bcast() -> Bytes {
     simple_error(
         "ERR",
-        "CLIENT TRACKING ... REDIRECT is refused in front of a Redis Cluster while BCAST \
-         tracking is on without it (tracking is on every primary); turn tracking off first",
+        "CLIENT TRACKING ... REDIRECT is refused in front of a Redis Cluster while tracking \
+         is on without it (tracking is on every primary); turn tracking off first",
+    )
+}
+
+/// Cluster mode, default-mode tracking on: why the client's own AUTH is refused (it needs a
+/// connection of its own, whose reads Redis would not track for it); the reason of the
+/// error `Session::not_established` answers.
+pub(crate) fn tracking_own_login() -> String {
+    "AUTH with other credentials is refused in front of a Redis Cluster while CLIENT TRACKING \
+     is on in the default mode: the login needs a connection of its own, whose reads would \
+     not invalidate this client's cache; turn tracking off first"
+        .to_string()
+}
+
+/// Cluster mode, default-mode tracking on: OFF would close the tracking connections, one of
+/// which holds the client's WATCH or subscriptions.
+pub(crate) fn tracking_off_while_pinned() -> Bytes {
+    simple_error(
+        "ERR",
+        "CLIENT TRACKING OFF is refused in front of a Redis Cluster while this client holds \
+         WATCH, subscriptions or another connection state on a tracking connection (it \
+         would close with them); end that state first (UNWATCH, UNSUBSCRIBE), or RESET",
     )
 }
 

@@ -1,6 +1,7 @@
 //! Forwarding: runs and commands sent to their upstream connection, and what a failed send
 //! leaves behind.
 
+use super::cluster::tracking::OwnConn;
 use super::routing::Routing;
 use super::{
     Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run,
@@ -211,6 +212,12 @@ impl Session {
                 };
             }
         };
+        match self.routing.tracking_conn(proto, node) {
+            OwnConn::Any => {}
+            OwnConn::Tracking(conn) => return enqueue(&conn.tx, batch).await,
+            // Failed in its place; the next command's placement ends the session.
+            OwnConn::Missing => return Err(mpsc::error::SendError(batch)),
+        }
         let (pool, replica) = match self.routing.node_pool(node) {
             Some(found) => found,
             None if node == 0 => {
@@ -598,6 +605,9 @@ impl Session {
     /// reason when it could not. Used by `ensure_dedicated` and by a session asked for its
     /// connection by another's REDIRECT (`summon`), which must not answer anything itself.
     pub(super) async fn open_dedicated(&mut self, raw: bool, node: u16) -> Result<(), String> {
+        if let Some(taken) = self.tracking_dedicated(raw, self.client.proto, node) {
+            return taken.map(drop);
+        }
         let push = PushTarget {
             to: self.queue.reply_sender(),
             budget: self.queue.push_budget(),
@@ -629,6 +639,41 @@ impl Session {
             _share: Some(share),
         });
         Ok(())
+    }
+
+    /// Cluster mode, CLIENT TRACKING on in the default mode: the session's dedicated
+    /// connection to `node` is its tracking connection there (Redis tracks what each
+    /// connection reads, so a transaction's, a script's or a blocking command's reads must be
+    /// read on it: `cluster::tracking`), made the dedicated one and returned; the reason
+    /// where none may be (`raw`: the client's own AUTH, a connection of its own; a primary
+    /// without one). `None` where tracking does not decide the connection.
+    pub(super) fn tracking_dedicated(
+        &mut self,
+        raw: bool,
+        proto: u8,
+        node: u16,
+    ) -> Option<Result<mpsc::Sender<Batch>, String>> {
+        let (tx, confined, upstream) = match self.routing.tracking_conn(proto, node) {
+            OwnConn::Any => return None,
+            OwnConn::Missing => {
+                let addr = self.node_pool(Target::Dedicated(node)).addr();
+                return Some(Err(answers::tracking_lost_reason(&addr)));
+            }
+            OwnConn::Tracking(_) if raw => return Some(Err(answers::tracking_own_login())),
+            OwnConn::Tracking(conn) => (conn.tx.clone(), conn.confined, conn.upstream_id),
+        };
+        self.conn.dedicated_gen += 1;
+        let id = self.register_upstream(node, upstream);
+        self.conn.dedicated = Some(Dedicated {
+            tx: tx.clone(),
+            proto,
+            node,
+            confined,
+            _id: id,
+            // The tracking connection holds its share.
+            _share: None,
+        });
+        Some(Ok(tx))
     }
 
     /// Maps the client's id to its new dedicated connection to `node`, Redis's `upstream` id

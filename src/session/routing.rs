@@ -309,6 +309,18 @@ impl Routing {
         }
     }
 
+    /// Which connection the session's command in protocol `proto` for `node` takes where
+    /// default-mode tracking decides it (cluster mode: `cluster::tracking`); `Any` elsewhere.
+    pub(super) fn tracking_conn(&self, proto: u8, node: u16) -> tracking::OwnConn<'_> {
+        match self {
+            Routing::Cluster(c) => c
+                .tracking
+                .as_deref()
+                .map_or(tracking::OwnConn::Any, |t| t.conn_for(proto, node)),
+            _ => tracking::OwnConn::Any,
+        }
+    }
+
     /// The connections of the mode's own that hold the client's subscriptions (a cluster
     /// session's per-node shard connections), for a RESET to drop them upstream first.
     pub(super) fn subscription_conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {

@@ -2,6 +2,7 @@
 //! awaited: what `gather` (fan-outs, splits, SCAN) and `redirect` (commands sent again) send
 //! through, one pair, `send_shared` and `receive`.
 
+use super::tracking::OwnConn;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::session::Session;
 use crate::topology::cluster::Router;
@@ -45,8 +46,19 @@ impl Session {
             reply_to: tx,
             seq: 0,
         };
-        let pool = router.pool(node);
-        let sent = pool.shared(proto, self.client.id).send(batch).await;
+        // Default-mode tracking: over the session's tracking connection to the node, where
+        // Redis tracks what it reads (`tracking`).
+        let sent = match self.routing.tracking_conn(proto, node) {
+            OwnConn::Any => {
+                router
+                    .pool(node)
+                    .shared(proto, self.client.id)
+                    .send(batch)
+                    .await
+            }
+            OwnConn::Tracking(conn) => conn.tx.send(batch).await,
+            OwnConn::Missing => return None,
+        };
         sent.is_ok().then_some(rx)
     }
 }

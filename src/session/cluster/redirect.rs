@@ -300,6 +300,9 @@ impl Session {
         if self.pinned() {
             return None;
         }
+        if let Some(taken) = self.tracking_dedicated(false, proto, node) {
+            return taken.ok();
+        }
         let push = PushTarget {
             to: self.queue.reply_sender(),
             budget: self.queue.push_budget(),

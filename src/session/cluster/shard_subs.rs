@@ -82,13 +82,19 @@ pub(in crate::session) struct ShardSubs {
 
 /// A dedicated pub/sub connection to one node (shard channels here, keyspace notifications in
 /// `keyspace`).
-pub(super) struct NodeConn {
+pub(in crate::session) struct NodeConn {
     /// The node it is connected to.
-    pub(super) node: u16,
+    pub(in crate::session) node: u16,
     /// Where its commands go; its pushes come on the session's reply channel.
-    pub(super) tx: mpsc::Sender<Batch>,
+    pub(in crate::session) tx: mpsc::Sender<Batch>,
     /// Echoed in `Reply::PinnedClosed` when it ends, to find which channels it held.
     pub(super) id: u64,
+    /// Logged in as the script user (`Opened::confined`): a default-mode tracking
+    /// connection serves as the session's dedicated one, scripts included (`tracking`).
+    pub(in crate::session) confined: bool,
+    /// Redis's id of the connection, mapped to the client's id while it serves as the
+    /// session's dedicated one (another client's CLIENT UNBLOCK must find it).
+    pub(in crate::session) upstream_id: Option<u64>,
     /// Counts the connection against the client's tenant while it lives, as the session's
     /// own dedicated connection is counted: without it one tenant's subscribers could hold
     /// every node's dedicated connections (issue 26's guarantee).
@@ -710,6 +716,8 @@ impl Session {
             node,
             tx: opened.tx,
             id,
+            confined: opened.confined,
+            upstream_id: opened.upstream_id,
             _share: share,
         })
     }

@@ -1,5 +1,5 @@
-//! Cluster mode: client-side caching in broadcasting mode (`CLIENT TRACKING ON BCAST`) over
-//! every primary.
+//! Cluster mode: client-side caching (`CLIENT TRACKING ON`, broadcasting or default mode)
+//! over every primary.
 //!
 //! Redis sends an invalidation from the node where the key was written, to the clients that
 //! connection tracks. Standalone, the proxy turns tracking on on the client's dedicated
@@ -25,18 +25,31 @@
 //! tracking command inside MULTI (the state is on every node, the transaction on one), are
 //! refused with the reason.
 //!
-//! Not spread (the session is pinned to one node as before, docs/cluster.md): the default
-//! mode (invalidations for the keys the client read, which only the connection that read
-//! them gets), OPTIN/OPTOUT, NOLOOP (the client's writes go over other connections),
-//! REDIRECT, RESP2, routes, a client logged in upstream as its own user, and a session
-//! already pinned.
+//! **Default mode** (`CLIENT TRACKING ON` without BCAST; NOLOOP too). Redis invalidates the
+//! keys a connection read, and tells that connection only. So the tracking connections are
+//! not only listened to: every command of the session for a node goes over its connection
+//! there, instead of the node's shared connection (`Routing::tracking_conn`, asked by
+//! `enqueue_to` and `send_shared`), and it is also the session's dedicated connection to
+//! that node (MULTI, WATCH, blocking commands, scripts: `Session::tracking_dedicated`). Each
+//! node's connection reads what the client reads of that node's keys, as the client's one
+//! connection would on one Redis; the session is not pinned (a command for another node goes
+//! over that node's), and NOLOOP holds as the client's writes go over the same connections.
+//! While a RESP2 client (after `HELLO 2`) the session uses the shared connections as usual:
+//! Redis sends no invalidations to a RESP2 client without REDIRECT. Fail closed: a client's
+//! own AUTH (a connection of its own, untracked) is refused while on, and a primary without
+//! a tracking connection answers the lost-tracking error before anything is read there.
+//!
+//! Not spread (the session is pinned to one node as before, docs/cluster.md): OPTIN/OPTOUT
+//! (`CLIENT CACHING` is about one connection's next command), BCAST with NOLOOP (the client's
+//! writes go over other connections), REDIRECT, RESP2, routes, replica reads (default mode),
+//! a client logged in upstream as its own user, and a session already pinned.
 
 use super::Gather;
 use super::shard_subs::NodeConn;
 use crate::commands::grammar;
 use crate::protocol::codec;
 use crate::session::route::Args;
-use crate::session::{Action, Holds, Session};
+use crate::session::{Action, Effect, Holds, Session};
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
@@ -59,20 +72,53 @@ pub(in crate::session) fn is_tracking_conn(id: u64) -> bool {
 /// What an invalidation push starts with (RESP3): `>2`, then the bulk string `invalidate`.
 const INVALIDATE: &[u8] = b">2\r\n$10\r\ninvalidate\r\n";
 
-/// A session's broadcasting tracking: one connection per primary.
+/// A session's tracking: one connection per primary.
 pub(in crate::session) struct ClusterTracking {
     /// One RESP3 connection per primary of the map, tracking turned on there.
     conns: Vec<NodeConn>,
+    /// Default mode (not BCAST): Redis tracks the keys each connection reads, so the
+    /// session's RESP3 commands for a node go over its connection here (`conn_for`).
+    keys: bool,
     /// The map's generation the connections were last checked against: a new map may name
     /// a primary without one. Atomic only so the check can note it from `&self` (placement).
     checked: AtomicU64,
 }
 
+/// Which connection a session's command for a node takes, as tracking decides it.
+pub(in crate::session) enum OwnConn<'a> {
+    /// Not decided by tracking: the node's shared connection, or a dedicated one.
+    Any,
+    /// Default-mode tracking: the session's tracking connection to the node.
+    Tracking(&'a NodeConn),
+    /// Default-mode tracking, and no tracking connection to the node (a primary the map
+    /// gained): nothing may be read there untracked.
+    Missing,
+}
+
+impl ClusterTracking {
+    /// Which connection a command in protocol `proto` for `node` takes (see `OwnConn`).
+    pub(in crate::session) fn conn_for(&self, proto: u8, node: u16) -> OwnConn<'_> {
+        if !self.keys || proto != 3 {
+            return OwnConn::Any;
+        }
+        match self.conns.iter().find(|c| c.node == node) {
+            Some(c) => OwnConn::Tracking(c),
+            None => OwnConn::Missing,
+        }
+    }
+
+    /// Whether `tx` is one of the tracking connections (the session's dedicated connection
+    /// borrowed one, default mode).
+    pub(in crate::session) fn holds(&self, tx: &mpsc::Sender<Batch>) -> bool {
+        self.conns.iter().any(|c| c.tx.same_channel(tx))
+    }
+}
+
 /// A tracking command the session answers over the tracking connections.
 pub(in crate::session) enum TrackingCommand {
-    /// `CLIENT TRACKING ON BCAST …` while off: every primary gets a connection and the
-    /// command (as it goes upstream).
-    Start(Bytes),
+    /// `CLIENT TRACKING ON …` while off: every primary gets a connection and the command (as
+    /// it goes upstream); `keys`: the default mode (`ClusterTracking::keys`).
+    Start { command: Bytes, keys: bool },
     /// A tracking command while on (more prefixes, TRACKINGINFO, GETREDIR, CACHING): sent to
     /// every tracking connection (`all`) or the first; the first reply is the client's.
     Ask { command: Bytes, all: bool },
@@ -106,6 +152,19 @@ impl Session {
                 }
                 tracking.checked.store(generation, Ordering::Relaxed);
             }
+        }
+        // Default mode: the client's own login would be one node's connection's, and one it
+        // needs to itself reads untracked (fail closed; the module comment).
+        if on.is_some_and(|t| t.keys)
+            && matches!(
+                action.forwarded(),
+                Some((_, Effect::Auth | Effect::AuthHello(_), _))
+            )
+        {
+            let why = crate::protocol::answers::tracking_own_login();
+            return Some(Action::Refused(crate::protocol::error::simple_error(
+                "ERR", &why,
+            )));
         }
         if !args.get(0).eq_ignore_ascii_case(b"CLIENT") || args.len() < 2 {
             return None;
@@ -141,35 +200,55 @@ impl Session {
             )),
             // OFF as Redis reads it (strcasecmp: `off\0` is OFF; options it parses are
             // accepted and ignored).
-            Some(_) if grammar::keyword(args.get(2), b"OFF") => gather(TrackingCommand::Stop),
+            Some(_) if grammar::keyword(args.get(2), b"OFF") => {
+                // Default mode: the dedicated connection may be a tracking connection, which
+                // OFF closes, with what the client holds on it.
+                if self.pinned()
+                    && let (Some(t), Some(d)) = (on, &self.conn.dedicated)
+                    && t.holds(&d.tx)
+                {
+                    return Some(Action::Refused(
+                        crate::protocol::answers::tracking_off_while_pinned(),
+                    ));
+                }
+                gather(TrackingCommand::Stop)
+            }
             // More prefixes, a mode switch Redis refuses, a syntax error: Redis answers.
             _ => gather(TrackingCommand::Ask { command, all: true }),
         }
     }
 
-    /// `CLIENT TRACKING ON BCAST …` that can be spread over every primary (see the module
-    /// comment); `None` for anything else, which keeps the pinned path.
+    /// `CLIENT TRACKING ON …` that can be spread over every primary (see the module comment):
+    /// BCAST, or the default mode; `None` for anything else, which keeps the pinned path.
     fn tracking_start(
         &self,
         router: &Router,
         args: &Args<'_>,
         command: Bytes,
     ) -> Option<TrackingCommand> {
-        if args.len() < 4
+        if args.len() < 3
             || !args.get(1).eq_ignore_ascii_case(b"TRACKING")
             || !grammar::keyword(args.get(2), b"ON")
         {
             return None;
         }
         let options = grammar::tracking_options(args)?;
-        let spread = options.bcast
-            && options.redirect.is_none()
-            && !options.per_client_modes
+        let spreads = options.redirect.is_none()
             && self.client.proto == 3
             && router.routes().is_none()
             && !self.stateful()
             && !self.conn.holds(Holds::OTHER_USER);
-        spread.then_some(TrackingCommand::Start(command))
+        // The invalidations do not depend on which connection reads or writes.
+        let bcast = options.bcast && !options.per_client_modes;
+        // The session's commands go over the tracking connections: NOLOOP holds, OPTIN and
+        // OPTOUT do not (CACHING is about one connection's next command), nor do replica
+        // reads (read on a replica's connection, untracked); PREFIX without BCAST is Redis's
+        // error, on the pinned path.
+        let keys = !options.bcast
+            && !options.opt_in_out
+            && options.prefixes.is_empty()
+            && router.read_from() == crate::config::ReadFrom::Primary;
+        (spreads && (bcast || keys)).then_some(TrackingCommand::Start { command, keys })
     }
 
     /// A primary of the current map without a tracking connection, if any.
@@ -185,7 +264,7 @@ impl Session {
     /// Carries out a tracking command: the one reply the client gets.
     pub(in crate::session) async fn tracking_command(&mut self, command: TrackingCommand) -> Bytes {
         match command {
-            TrackingCommand::Start(command) => self.tracking_on(command).await,
+            TrackingCommand::Start { command, keys } => self.tracking_on(command, keys).await,
             TrackingCommand::Ask { command, all } => {
                 let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
                 else {
@@ -210,8 +289,17 @@ impl Session {
                 }
             }
             TrackingCommand::Stop => {
-                if let Some(c) = self.routing.cluster_mut() {
-                    c.tracking = None;
+                if let Some(c) = self.routing.cluster_mut()
+                    && let Some(tracking) = c.tracking.take()
+                    && self
+                        .conn
+                        .dedicated
+                        .as_ref()
+                        .is_some_and(|d| tracking.holds(&d.tx))
+                {
+                    // It would keep a tracking connection open (checked unpinned in
+                    // `tracking_route`).
+                    self.conn.dedicated = None;
                 }
                 Bytes::from_static(b"+OK\r\n")
             }
@@ -223,8 +311,9 @@ impl Session {
     }
 
     /// Opens a tracking connection to every primary and sends `command` on each: `+OK` once
-    /// every primary tracks, else the first refusal (and nothing is left on).
-    async fn tracking_on(&mut self, command: Bytes) -> Bytes {
+    /// every primary tracks, else the first refusal (and nothing is left on). `keys`: the
+    /// default mode, where those connections carry the session's commands.
+    async fn tracking_on(&mut self, command: Bytes, keys: bool) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
             return crate::protocol::answers::tracking_lost("the cluster");
         };
@@ -250,7 +339,16 @@ impl Session {
         match ask_all(&senders, &command).await {
             Ok(reply) if reply.first() == Some(&b'+') => {
                 if let Some(c) = self.routing.cluster_mut() {
-                    c.tracking = Some(Box::new(ClusterTracking { conns, checked }));
+                    c.tracking = Some(Box::new(ClusterTracking {
+                        conns,
+                        keys,
+                        checked,
+                    }));
+                }
+                if keys {
+                    // A dedicated connection kept from a blocking command (not pinned:
+                    // `tracking_start`) reads untracked; the next one is a tracking one.
+                    self.conn.dedicated = None;
                 }
                 reply
             }
