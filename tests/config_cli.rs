@@ -645,14 +645,15 @@ async fn explain_prints_what_the_policy_does_to_a_command() {
     );
     assert!(
         lines[3]
-            .starts_with("  first, reply hidden: EVAL \"if redis.call('pttl', KEYS[1]) == -1 then"),
+            .starts_with("  first, reply hidden: EVAL \"redis.call('pexpire', KEYS[1], '1152921504606846976', 'NX')"),
         "{}",
         lines[3]
     );
     assert_eq!(lines[4], "  sent as: SET session:1 \"a b\" KEEPTTL");
     assert!(
-        lines[5].starts_with("  then, reply hidden: EVAL \"local t")
-            && lines[5].ends_with("\" 1 session:1 86400000"),
+        lines[5].starts_with(
+            "  then, reply hidden: EVAL \"if redis.call('pexpire', KEYS[1], ARGV[1], 'NX')"
+        ) && lines[5].ends_with("\" 1 session:1 86400000"),
         "{}",
         lines[5]
     );

@@ -299,6 +299,8 @@ fn documented_refusal(frames: &[Vec<u8>]) -> bool {
             && (has(f, b"redis/redis#12207")
                 || has(f, b"'client|reply' not allowed inside a transaction")
                 || has(f, b"by redis-policy-proxy")
+                // The policy's own refusals (the default policy's run).
+                || f.starts_with(b"-NOPERM policy ")
                 // In front of a cluster (docs/cluster.md): SELECT, the keys of other nodes
                 // once a session is pinned to one.
                 || has(f, b"SELECT is not allowed in cluster mode")
@@ -686,6 +688,13 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "HELLO's options in order",
         "HELLO 3 AUTH nobody wrong extra\nHELLO 3 SETNAME fuzz extra | CLIENT GETNAME",
     ),
+    (
+        // Default policy (seed 95630048): the TTL rule's hidden scripts around a write read
+        // the key's PTTL, which Redis tracked for a client with CLIENT TRACKING on; it then
+        // got two invalidations of a key it never read. The scripts only write now.
+        "the TTL rule's hidden scripts are not tracked reads",
+        "HELLO 3\nCLIENT TRACKING ON\nINCR {s}k3 | EVAL return(redis.call('INCR',KEYS[1])) 1 {s}k3",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -698,6 +707,38 @@ async fn the_proxy_follows_every_state_change_redis_makes() {
         keys: KEYS,
     };
     fuzz(&sides, REGRESSIONS, "", secs("STATE_FUZZ_SECS", 30)).await;
+}
+
+/// The same conversations through the proxy running `policy/default.yaml` with its
+/// data-changing rules enforced (as after the rollout): every key a write creates gets a
+/// TTL by hidden commands the proxy adds (their replies masked out of the client's, inside
+/// MULTI out of EXEC's array too), PERSIST is refused, audited commands are recorded. None of
+/// that may change what the client sees of its connection's state; the policy's own
+/// refusals (`-NOPERM policy …`) end a conversation's comparison. Random conversations for
+/// `STATE_FUZZ_POLICY_SECS` (default 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_default_policy_the_proxy_follows_every_state_change() {
+    let direct = common::RedisServer::start();
+    let upstream = common::RedisServer::start();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let mut config =
+        redis_policy_proxy::setup::from_yaml(&common::default_policy_enforced(), &path)
+            .expect("the default policy loads");
+    config.set_upstream(upstream.addr());
+    let proxy = common::Proxy::start(config).await;
+    let sides = Sides {
+        direct: direct.addr(),
+        proxy: proxy.addr.to_string(),
+        servers: vec![direct.addr(), upstream.addr()],
+        keys: KEYS,
+    };
+    fuzz(
+        &sides,
+        REGRESSIONS,
+        " (default policy)",
+        secs("STATE_FUZZ_POLICY_SECS", 20),
+    )
+    .await;
 }
 
 /// Seconds of random conversations from `var`, else `default`.

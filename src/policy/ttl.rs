@@ -80,14 +80,24 @@ pub(crate) struct Ttl {
 /// scripts: `--survey` reports them.
 pub(crate) const MARKED_ABOVE_MS: i64 = 576_460_752_303_423_488;
 
-const MARK: &[u8] = b"if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], '1152921504606846976') end return 0";
+///
+/// Writes only (`PEXPIRE … NX` sets an expiry only where there is none, and is a no-op on a
+/// missing key): a read (`PTTL`) in the script would be tracked for the client under `CLIENT
+/// TRACKING`, which would then get invalidations for keys it never read (state fuzzer).
+const MARK: &[u8] = b"redis.call('pexpire', KEYS[1], '1152921504606846976', 'NX') return 0";
 
 /// `keys: created`, after the write: a marked key (TTL above 2^59 ms) goes back to no TTL, a
 /// key without one (the write created it) gets `ARGV[1]` ms, and a TTL the key had is kept.
-const SETTLE: &[u8] = b"local t = redis.call('pttl', KEYS[1]) if t > 576460752303423488 then redis.call('persist', KEYS[1]) elseif t == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
+/// Writes only, as [`MARK`]: `PEXPIRE … NX` gives a key without an expiry `ARGV[1]` ms; where
+/// it had one, `PEXPIRE 2^59 LT` succeeds only over a mark (an expiry further than 2^59 ms),
+/// which `PERSIST` then removes (a marked key thus gets one `expire` keyspace event more than
+/// a read would have cost).
+const SETTLE: &[u8] = b"if redis.call('pexpire', KEYS[1], ARGV[1], 'NX') == 0 and redis.call('pexpire', KEYS[1], '576460752303423488', 'LT') == 1 then redis.call('persist', KEYS[1]) end return 0";
 
 /// After `COPY … DB n`: in database `ARGV[2]`, the copy gets `ARGV[1]` ms if it has no TTL.
-const COPY_TTL: &[u8] = b"redis.call('select', ARGV[2]) if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], ARGV[1]) end return 0";
+/// Writes only, as [`MARK`].
+const COPY_TTL: &[u8] =
+    b"redis.call('select', ARGV[2]) redis.call('pexpire', KEYS[1], ARGV[1], 'NX') return 0";
 
 /// The wall clock in Unix milliseconds, as Redis reads it for absolute expiries. The proxy and
 /// Redis are assumed to agree within a few seconds (NTP); a skew only shifts where `max` cuts.
