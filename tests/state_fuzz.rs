@@ -695,6 +695,12 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "the TTL rule's hidden scripts are not tracked reads",
         "HELLO 3\nCLIENT TRACKING ON\nINCR {s}k3 | EVAL return(redis.call('INCR',KEYS[1])) 1 {s}k3",
     ),
+    (
+        // Namespace (seed 49885352): Redis's refusal of an overlapping BCAST prefix quoted
+        // the prefix as sent, the tenant's namespace included.
+        "an error quoting tracking prefixes shows them as the client wrote them",
+        "HELLO 3\nCLIENT TRACKING ON BCAST PREFIX k\nCLIENT TRACKING ON BCAST PREFIX k",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,6 +743,36 @@ async fn through_the_default_policy_the_proxy_follows_every_state_change() {
         REGRESSIONS,
         " (default policy)",
         secs("STATE_FUZZ_POLICY_SECS", 20),
+    )
+    .await;
+}
+
+/// The same conversations as a tenant whose keys and channels live under a namespace
+/// (`a:`, every loopback client is tenant `a`): the proxy prefixes every key and channel it
+/// sends and takes the prefix off every name in a reply (a subscription's confirmation, a
+/// message, an invalidation), so the client sees its connection as one Redis shows it.
+/// Random conversations for `STATE_FUZZ_NAMESPACE_SECS` (default 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_namespace_the_proxy_follows_every_state_change() {
+    let direct = common::RedisServer::start();
+    let upstream = common::RedisServer::start();
+    let yaml = "access:\n  identities:\n    - {tenant: a, cidr: 127.0.0.0/8}\n  namespaces:\n    a: 'a:'\n";
+    let mut config =
+        redis_policy_proxy::setup::from_yaml(yaml, std::path::Path::new("namespace.yaml"))
+            .expect("the namespace policy loads");
+    config.set_upstream(upstream.addr());
+    let proxy = common::Proxy::start(config).await;
+    let sides = Sides {
+        direct: direct.addr(),
+        proxy: proxy.addr.to_string(),
+        servers: vec![direct.addr(), upstream.addr()],
+        keys: KEYS,
+    };
+    fuzz(
+        &sides,
+        REGRESSIONS,
+        " (namespace)",
+        secs("STATE_FUZZ_NAMESPACE_SECS", 20),
     )
     .await;
 }

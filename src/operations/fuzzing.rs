@@ -371,12 +371,13 @@ pub fn check_reply_rewrite(data: &[u8]) {
         2 => b"a*b?[c]\\:",
         _ => b"$",
     };
-    let shape = match selector % 6 {
+    let shape = match selector % 7 {
         0 => Shape::Names,
         1 => Shape::Scan,
         2 => Shape::FirstElement,
         3 => Shape::Streams,
         4 => Shape::PubSub,
+        5 => Shape::Quoted,
         _ => Shape::ChannelCounts,
     };
     let strip = Strip {

@@ -226,6 +226,7 @@ impl Strip {
             Shape::Streams => self.streams(reply),
             Shape::PubSub => Some(strip_pubsub(&self.prefix, &Bytes::copy_from_slice(reply))),
             Shape::ChannelCounts => strip_even_elements(&self.prefix, reply),
+            Shape::Quoted => Some(unquote_prefix(&self.prefix, reply)),
             _ => None,
         };
         if let Some(r) = rebuilt {
@@ -233,15 +234,21 @@ impl Strip {
         }
         if matches!(
             self.shape,
-            Shape::FirstElement | Shape::Streams | Shape::PubSub | Shape::ChannelCounts
+            Shape::FirstElement
+                | Shape::Streams
+                | Shape::PubSub
+                | Shape::ChannelCounts
+                | Shape::Quoted
         ) {
             return Bytes::copy_from_slice(reply);
         }
         let (head, names) = match self.shape {
             Shape::Names => (0, reply),
-            Shape::FirstElement | Shape::Streams | Shape::PubSub | Shape::ChannelCounts => {
-                (0, reply)
-            }
+            Shape::FirstElement
+            | Shape::Streams
+            | Shape::PubSub
+            | Shape::ChannelCounts
+            | Shape::Quoted => (0, reply),
             Shape::Scan => {
                 // `*2`, then the cursor bulk string, then the names array.
                 let Some(after_header) = reply.strip_prefix(b"*2\r\n") else {
@@ -389,8 +396,30 @@ fn tracking<L: CommandLine + ?Sized>(prefix: &[u8], line: &L) -> Option<Rewrite>
     Some(Rewrite {
         command: Some(encode(&refs)),
         note: "tracking confined to the namespace".into(),
+        // Redis's refusal of overlapping prefixes quotes them as sent (state fuzzer).
+        strip: Some(Box::new(Strip {
+            prefix: Bytes::copy_from_slice(prefix),
+            shape: Shape::Quoted,
+        })),
         ..Rewrite::default()
     })
+}
+
+/// An error reply with `'<prefix>` made `'` wherever it occurs: one that quotes the names the
+/// proxy sent shows them as the client wrote them. Any other reply passes unchanged.
+fn unquote_prefix(prefix: &[u8], reply: &[u8]) -> Bytes {
+    if reply.first() != Some(&b'-') || prefix.is_empty() {
+        return Bytes::copy_from_slice(reply);
+    }
+    let needle = [&b"'"[..], prefix].concat();
+    let mut out = Vec::with_capacity(reply.len());
+    let mut rest = reply;
+    while let Some(i) = memchr::memmem::find(rest, &needle) {
+        out.extend_from_slice(&rest[..=i]);
+        rest = &rest[i + needle.len()..];
+    }
+    out.extend_from_slice(rest);
+    Bytes::from(out)
 }
 
 /// `>2 invalidate [keys…]` without the prefix; keys outside it are dropped. A nil key list
@@ -623,6 +652,26 @@ fn prefixed_bytes(prefix: &[u8], bytes: &[u8]) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_quoting_tracking_prefixes_loses_the_namespace() {
+        let strip = Strip {
+            prefix: Bytes::from_static(b"t1:"),
+            shape: Shape::Quoted,
+        };
+        let e = b"-ERR Prefix 't1:k' overlaps with an existing prefix 't1:k'. Prefixes for a single client must not overlap.\r\n";
+        assert_eq!(
+            &strip.apply(e)[..],
+            &b"-ERR Prefix 'k' overlaps with an existing prefix 'k'. Prefixes for a single client must not overlap.\r\n"[..]
+        );
+        // Only errors, and only the prefix right after a quote.
+        assert_eq!(&strip.apply(b"+OK\r\n")[..], b"+OK\r\n");
+        assert_eq!(
+            &strip.apply(b"-ERR t1:k 't2:k'\r\n")[..],
+            b"-ERR t1:k 't2:k'\r\n"
+        );
+        assert!(!strip.names_data());
+    }
 
     fn run(line: &str) -> Result<String, String> {
         let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();

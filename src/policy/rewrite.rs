@@ -124,6 +124,14 @@ pub(crate) struct Strip {
     pub(crate) shape: Shape,
 }
 
+impl Strip {
+    /// Whether the names are the reply's data (not only quoted in an error): inside MULTI,
+    /// EXEC's array would carry them with the prefix, so such a command is refused there.
+    pub(crate) fn names_data(&self) -> bool {
+        self.shape != Shape::Quoted
+    }
+}
+
 /// Reply shapes that carry key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
@@ -140,4 +148,7 @@ pub(crate) enum Shape {
     PubSub,
     /// PUBSUB NUMSUB/SHARDNUMSUB: `[channel, count, …]`.
     ChannelCounts,
+    /// CLIENT TRACKING: an error that quotes the prefixes as sent (`Prefix 'a:k' overlaps
+    /// …`).
+    Quoted,
 }

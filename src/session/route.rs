@@ -74,7 +74,7 @@ impl Session {
                 },
                 Some(rewrite),
             ) if expect == Expect::Frames(1) || rewrite.strip.is_some() => {
-                if rewrite.strip.is_some() && self.conn.in_multi() {
+                if rewrite.strip.as_ref().is_some_and(|s| s.names_data()) && self.conn.in_multi() {
                     // EXEC's reply would carry the unstripped names.
                     return Action::Refused(answers::namespace_scan_in_multi()).into();
                 }

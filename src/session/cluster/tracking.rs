@@ -47,6 +47,7 @@
 use super::Gather;
 use super::shard_subs::NodeConn;
 use crate::commands::grammar;
+use crate::policy::rewrite::Strip;
 use crate::protocol::codec;
 use crate::session::route::Args;
 use crate::session::{Action, Effect, Holds, Session};
@@ -118,10 +119,20 @@ impl ClusterTracking {
 pub(in crate::session) enum TrackingCommand {
     /// `CLIENT TRACKING ON …` while off: every primary gets a connection and the command (as
     /// it goes upstream); `keys`: the default mode (`ClusterTracking::keys`).
-    Start { command: Bytes, keys: bool },
+    Start {
+        command: Bytes,
+        keys: bool,
+        /// A namespaced tenant's: its prefix taken out of an error quoting the prefixes.
+        unquote: Option<Box<Strip>>,
+    },
     /// A tracking command while on (more prefixes, TRACKINGINFO, GETREDIR, CACHING): sent to
     /// every tracking connection (`all`) or the first; the first reply is the client's.
-    Ask { command: Bytes, all: bool },
+    Ask {
+        command: Bytes,
+        all: bool,
+        /// As `Start`'s.
+        unquote: Option<Box<Strip>>,
+    },
     /// `CLIENT TRACKING OFF`: the connections close, which turns tracking off on each node.
     Stop,
     /// Tracking cannot hold any more (a primary without a tracking connection): this error,
@@ -176,12 +187,15 @@ impl Session {
         }
         // Refused by the policy: its refusal stands.
         let (_, _, rewrite) = action.forwarded()?;
+        let unquote = rewrite.and_then(|r| r.strip.clone());
         let command = match rewrite.and_then(|r| r.command.as_ref()) {
             Some(frame) => frame.clone(),
             None => codec::encode(&args.iter().collect::<Vec<_>>()),
         };
         let Some(_) = on else {
-            return self.tracking_start(router, args, command).and_then(gather);
+            return self
+                .tracking_start(router, args, command, unquote)
+                .and_then(gather);
         };
         if self.conn.in_multi() {
             return Some(Action::Refused(
@@ -192,6 +206,7 @@ impl Session {
             return gather(TrackingCommand::Ask {
                 command,
                 all: is(b"CACHING"),
+                unquote,
             });
         }
         match grammar::tracking_options(args) {
@@ -214,7 +229,11 @@ impl Session {
                 gather(TrackingCommand::Stop)
             }
             // More prefixes, a mode switch Redis refuses, a syntax error: Redis answers.
-            _ => gather(TrackingCommand::Ask { command, all: true }),
+            _ => gather(TrackingCommand::Ask {
+                command,
+                all: true,
+                unquote,
+            }),
         }
     }
 
@@ -225,6 +244,7 @@ impl Session {
         router: &Router,
         args: &Args<'_>,
         command: Bytes,
+        unquote: Option<Box<Strip>>,
     ) -> Option<TrackingCommand> {
         if args.len() < 3
             || !args.get(1).eq_ignore_ascii_case(b"TRACKING")
@@ -248,7 +268,11 @@ impl Session {
             && !options.opt_in_out
             && options.prefixes.is_empty()
             && router.read_from() == crate::config::ReadFrom::Primary;
-        (spreads && (bcast || keys)).then_some(TrackingCommand::Start { command, keys })
+        (spreads && (bcast || keys)).then_some(TrackingCommand::Start {
+            command,
+            keys,
+            unquote,
+        })
     }
 
     /// A primary of the current map without a tracking connection, if any.
@@ -264,8 +288,22 @@ impl Session {
     /// Carries out a tracking command: the one reply the client gets.
     pub(in crate::session) async fn tracking_command(&mut self, command: TrackingCommand) -> Bytes {
         match command {
-            TrackingCommand::Start { command, keys } => self.tracking_on(command, keys).await,
-            TrackingCommand::Ask { command, all } => {
+            TrackingCommand::Start {
+                command,
+                keys,
+                unquote,
+            } => {
+                let reply = self.tracking_on(command, keys).await;
+                match unquote {
+                    Some(s) => s.apply(&reply),
+                    None => reply,
+                }
+            }
+            TrackingCommand::Ask {
+                command,
+                all,
+                unquote,
+            } => {
                 let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
                 else {
                     return crate::protocol::answers::tracking_lost("the cluster");
@@ -280,7 +318,10 @@ impl Session {
                         .collect(),
                 };
                 match ask_all(&conns, &command).await {
-                    Ok(reply) => reply,
+                    Ok(reply) => match unquote {
+                        Some(s) => s.apply(&reply),
+                        None => reply,
+                    },
                     Err(reply) => {
                         // A connection that cannot answer cannot deliver invalidations.
                         self.input.closing = true;
