@@ -779,6 +779,46 @@ async fn in_a_namespace_the_proxy_follows_every_state_change() {
     .await;
 }
 
+/// The same conversations as production runs them in front of a cluster: the default policy
+/// enforced and a tenant's namespace (`a:`, every loopback client), against one Redis. The
+/// regressions always; random conversations for `STATE_FUZZ_CLUSTER_POLICY_SECS` (default 0:
+/// by hand, each of the three is also fuzzed on its own above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_a_cluster_with_a_policy_and_a_namespace() {
+    let direct = common::RedisServer::start();
+    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let yaml = format!(
+        "{}\naccess:\n  identities:\n    - {{tenant: a, cidr: 127.0.0.0/8}}\n  namespaces:\n    a: 'a:'\n",
+        common::default_policy_enforced()
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let mut config = redis_policy_proxy::setup::from_yaml(&yaml, &path).expect("the policy loads");
+    let seed = &cluster.live_addrs()[0];
+    let cluster_yaml = format!(
+        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 600000\n"
+    );
+    let upstream =
+        redis_policy_proxy::setup::from_yaml(&cluster_yaml, std::path::Path::new("cluster.yaml"))
+            .expect("cluster config parses");
+    config.upstream = upstream.upstream;
+    let proxy = common::Proxy::start(config).await;
+    let mut servers = cluster.primaries();
+    servers.push(direct.addr());
+    let sides = Sides {
+        direct: direct.addr(),
+        proxy: proxy.addr.to_string(),
+        servers,
+        keys: CLUSTER_KEYS,
+    };
+    fuzz(
+        &sides,
+        REGRESSIONS,
+        " (cluster, default policy, namespace)",
+        secs("STATE_FUZZ_CLUSTER_POLICY_SECS", 0),
+    )
+    .await;
+}
+
 /// Seconds of random conversations from `var`, else `default`.
 fn secs(var: &str, default: u64) -> u64 {
     std::env::var(var)
