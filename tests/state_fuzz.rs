@@ -726,12 +726,17 @@ async fn the_proxy_follows_every_state_change_redis_makes() {
 /// `STATE_FUZZ_POLICY_SECS` (default 20).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_default_policy_the_proxy_follows_every_state_change() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
+    let yaml = common::default_policy_enforced();
+    fuzz_with_policy(&yaml, &path, " (default policy)", "STATE_FUZZ_POLICY_SECS").await;
+}
+
+/// The conversations through a proxy running `yaml` (read as the file `path`) in front of
+/// one Redis, against another; random ones for `var` seconds (default 20).
+async fn fuzz_with_policy(yaml: &str, path: &std::path::Path, what: &str, var: &str) {
     let direct = common::RedisServer::start();
     let upstream = common::RedisServer::start();
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let mut config =
-        redis_policy_proxy::setup::from_yaml(&common::default_policy_enforced(), &path)
-            .expect("the default policy loads");
+    let mut config = redis_policy_proxy::setup::from_yaml(yaml, path).expect("the policy loads");
     config.set_upstream(upstream.addr());
     let proxy = common::Proxy::start(config).await;
     let sides = Sides {
@@ -740,13 +745,7 @@ async fn through_the_default_policy_the_proxy_follows_every_state_change() {
         servers: vec![direct.addr(), upstream.addr()],
         keys: KEYS,
     };
-    fuzz(
-        &sides,
-        REGRESSIONS,
-        " (default policy)",
-        secs("STATE_FUZZ_POLICY_SECS", 20),
-    )
-    .await;
+    fuzz(&sides, REGRESSIONS, what, secs(var, 20)).await;
 }
 
 /// The same conversations as a tenant whose keys and channels live under a namespace
@@ -756,27 +755,9 @@ async fn through_the_default_policy_the_proxy_follows_every_state_change() {
 /// Random conversations for `STATE_FUZZ_NAMESPACE_SECS` (default 20).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_namespace_the_proxy_follows_every_state_change() {
-    let direct = common::RedisServer::start();
-    let upstream = common::RedisServer::start();
     let yaml = "access:\n  identities:\n    - {tenant: a, cidr: 127.0.0.0/8}\n  namespaces:\n    a: 'a:'\n";
-    let mut config =
-        redis_policy_proxy::setup::from_yaml(yaml, std::path::Path::new("namespace.yaml"))
-            .expect("the namespace policy loads");
-    config.set_upstream(upstream.addr());
-    let proxy = common::Proxy::start(config).await;
-    let sides = Sides {
-        direct: direct.addr(),
-        proxy: proxy.addr.to_string(),
-        servers: vec![direct.addr(), upstream.addr()],
-        keys: KEYS,
-    };
-    fuzz(
-        &sides,
-        REGRESSIONS,
-        " (namespace)",
-        secs("STATE_FUZZ_NAMESPACE_SECS", 20),
-    )
-    .await;
+    let path = std::path::Path::new("namespace.yaml");
+    fuzz_with_policy(yaml, path, " (namespace)", "STATE_FUZZ_NAMESPACE_SECS").await;
 }
 
 /// The same conversations as production runs them in front of a cluster: the default policy
@@ -785,22 +766,35 @@ async fn in_a_namespace_the_proxy_follows_every_state_change() {
 /// by hand, each of the three is also fuzzed on its own above).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_front_of_a_cluster_with_a_policy_and_a_namespace() {
-    let direct = common::RedisServer::start();
-    let cluster = common::cluster::RedisCluster::start(3, 0);
     let yaml = format!(
         "{}\naccess:\n  identities:\n    - {{tenant: a, cidr: 127.0.0.0/8}}\n  namespaces:\n    a: 'a:'\n",
         common::default_policy_enforced()
     );
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/default.yaml");
-    let mut config = redis_policy_proxy::setup::from_yaml(&yaml, &path).expect("the policy loads");
-    let seed = &cluster.live_addrs()[0];
-    let cluster_yaml = format!(
-        "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{seed}]\n    refresh_interval_ms: 600000\n"
-    );
-    let upstream =
-        redis_policy_proxy::setup::from_yaml(&cluster_yaml, std::path::Path::new("cluster.yaml"))
-            .expect("cluster config parses");
-    config.upstream = upstream.upstream;
+    let policy = redis_policy_proxy::setup::from_yaml(&yaml, &path).expect("the policy loads");
+    fuzz_in_front_of_a_cluster(
+        Some(policy),
+        " (cluster, default policy, namespace)",
+        secs("STATE_FUZZ_CLUSTER_POLICY_SECS", 0),
+    )
+    .await;
+}
+
+/// The conversations through the proxy in front of a 3-primary cluster, against one Redis;
+/// with `policy`'s rules (its upstream made the cluster's) or none.
+async fn fuzz_in_front_of_a_cluster(
+    policy: Option<redis_policy_proxy::Config>,
+    what: &str,
+    secs: u64,
+) {
+    let direct = common::RedisServer::start();
+    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let mut config =
+        common::cluster::proxy_config(&cluster.live_addrs()[0], &["refresh_interval_ms: 600000"]);
+    if let Some(mut policy) = policy {
+        policy.upstream = config.upstream;
+        config = policy;
+    }
     let proxy = common::Proxy::start(config).await;
     let mut servers = cluster.primaries();
     servers.push(direct.addr());
@@ -810,13 +804,7 @@ async fn in_front_of_a_cluster_with_a_policy_and_a_namespace() {
         servers,
         keys: CLUSTER_KEYS,
     };
-    fuzz(
-        &sides,
-        REGRESSIONS,
-        " (cluster, default policy, namespace)",
-        secs("STATE_FUZZ_CLUSTER_POLICY_SECS", 0),
-    )
-    .await;
+    fuzz(&sides, REGRESSIONS, what, secs).await;
 }
 
 /// Seconds of random conversations from `var`, else `default`.
@@ -886,24 +874,5 @@ async fn fuzz(sides: &Sides, regressions: &[(&str, &str)], what: &str, secs: u64
 /// standalone run's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_front_of_a_cluster_the_proxy_follows_state_changes_as_one_redis() {
-    let direct = common::RedisServer::start();
-    let cluster = common::cluster::RedisCluster::start(3, 0);
-    let config =
-        common::cluster::proxy_config(&cluster.live_addrs()[0], &["refresh_interval_ms: 600000"]);
-    let proxy = common::Proxy::start(config).await;
-    let mut servers = cluster.primaries();
-    servers.push(direct.addr());
-    let sides = Sides {
-        direct: direct.addr(),
-        proxy: proxy.addr.to_string(),
-        servers,
-        keys: CLUSTER_KEYS,
-    };
-    fuzz(
-        &sides,
-        REGRESSIONS,
-        " (cluster)",
-        secs("STATE_FUZZ_CLUSTER_SECS", 30),
-    )
-    .await;
+    fuzz_in_front_of_a_cluster(None, " (cluster)", secs("STATE_FUZZ_CLUSTER_SECS", 30)).await;
 }
