@@ -292,13 +292,7 @@ impl Session {
                 command,
                 keys,
                 unquote,
-            } => {
-                let reply = self.tracking_on(command, keys).await;
-                match unquote {
-                    Some(s) => s.apply(&reply),
-                    None => reply,
-                }
-            }
+            } => unquoted(self.tracking_on(command, keys).await, unquote),
             TrackingCommand::Ask {
                 command,
                 all,
@@ -318,10 +312,7 @@ impl Session {
                         .collect(),
                 };
                 match ask_all(&conns, &command).await {
-                    Ok(reply) => match unquote {
-                        Some(s) => s.apply(&reply),
-                        None => reply,
-                    },
+                    Ok(reply) => unquoted(reply, unquote),
                     Err(reply) => {
                         // A connection that cannot answer cannot deliver invalidations.
                         self.input.closing = true;
@@ -434,6 +425,15 @@ impl Session {
             }
             _ => false,
         }
+    }
+}
+
+/// Redis's reply to a tracking command with a namespaced tenant's prefix taken out of the
+/// names it quotes (`unquote`: the policy's strip, if any).
+fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
+    match unquote {
+        Some(s) => s.apply(&reply),
+        None => reply,
     }
 }
 
