@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Memory per idle client connection of a running proxy (or any server).
 
-usage: scripts/idle_memory.py PID PORT N [ping]
+usage: scripts/idle_memory.py PID PORT N [ping|now]
 Opens N connections to 127.0.0.1:PORT (optionally sending one PING on each) and prints the
 growth of PID's RSS per connection. Run it twice: the first run also pays for heap growth.
+`ping` measures once the sessions have had their idle release (5 s later); `now` measures
+right after the last PONG, while every session still holds what its command used.
 """
 import socket, sys, time, resource
 pid=sys.argv[1]; port=int(sys.argv[2]); N=int(sys.argv[3])
@@ -22,6 +24,7 @@ if len(sys.argv)>4:
 
 # A session gives its read buffer and reply channel back after one to two idle ticks of 2 s
 # (src/session/mod.rs, IDLE_TICK): measure once they have.
-time.sleep(5 if len(sys.argv)>4 else 0.5)
+mode=sys.argv[4] if len(sys.argv)>4 else ""
+time.sleep({"ping":5,"now":0.05}.get(mode,0.5))
 after=rss()
 print(f"{N} idle clients: {(after-base)*1024/N:.0f} bytes per client (RSS {base} -> {after} KiB)")

@@ -81,10 +81,15 @@ fn pong(c: &mut std::net::TcpStream) {
 /// that grows tokio's slabs and the proxy's shared structures once. A session that served a
 /// command gives its reply channel back after one to two idle ticks: wait for that, bounded.
 async fn per_client(proxy: &Proxy, ping: bool) -> usize {
+    per_client_within(proxy, ping, 3 * IDLE_TICK).await
+}
+
+/// [`per_client`], waiting at most `release` for the sessions to give memory back.
+async fn per_client_within(proxy: &Proxy, ping: bool, release: Duration) -> usize {
     drop(open(proxy.addr, CLIENTS, ping).await);
     let before = settled_live_bytes().await;
     let conns = open(proxy.addr, CLIENTS, ping).await;
-    let deadline = Instant::now() + 3 * IDLE_TICK;
+    let deadline = Instant::now() + release;
     let per_client = loop {
         let after = settled_live_bytes().await;
         let per_client = after.saturating_sub(before) / (CLIENTS + 1);
@@ -109,6 +114,18 @@ async fn an_idle_client_costs_under_two_kib_of_heap() {
     );
     assert!(silent < BAR, "{silent} bytes per silent client");
     assert!(pinged < BAR, "{pinged} bytes per client after a PING");
+}
+
+/// Heap per client right after its command, before any idle release: what a busy proxy
+/// holds for each client that is using it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_right_after_a_command_costs_under_four_kib_of_heap() {
+    let _one_at_a_time = EXCLUSIVE.lock().await;
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let used = per_client_within(&proxy, true, Duration::ZERO).await;
+    eprintln!("heap per client right after a PING: {used} bytes");
+    assert!(used < 2 * BAR, "{used} bytes per client right after a PING");
 }
 
 /// Heap allocations per GET forwarded to Redis and answered, on the proxy's default runtime

@@ -2,7 +2,8 @@
 
 use super::routing::Routing;
 use super::{
-    ClientState, ConnState, Context, Input, READ_CHUNK, ReplyMode, ReplyQueue, Session, Slot,
+    ClientState, ConnState, Context, FIRST_READ, Input, READ_CHUNK, ReplyMode, ReplyQueue, Session,
+    Slot,
 };
 use crate::listen::ClientStream;
 use crate::listen::stream::{ClientRead, ClientWrite};
@@ -12,7 +13,6 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 impl Session {
@@ -41,6 +41,7 @@ impl Session {
             queue: ReplyQueue::default(),
             input: Input {
                 rbuf: BytesMut::new(),
+                big_reads: false,
                 args: Vec::new(),
                 read_at: Instant::now(),
                 closing: false,
@@ -87,13 +88,13 @@ impl Session {
     pub(super) async fn on_messages(
         &mut self,
         msg: Reply,
-        reply_rx: &mut Option<mpsc::UnboundedReceiver<Reply>>,
+        reply_rx: &mut Option<crate::upstream::ReplyReceiver>,
     ) {
         self.input.active = true;
         let mut next = Some(msg);
         while let Some(msg) = next
             .take()
-            .or_else(|| reply_rx.as_mut().and_then(|rx| rx.try_recv().ok()))
+            .or_else(|| reply_rx.as_mut().and_then(|rx| rx.try_recv()))
         {
             self.on_message(msg).await;
         }
@@ -172,9 +173,15 @@ impl Session {
             self.input.closing = true;
             return;
         }
-        if self.input.rbuf.capacity() - self.input.rbuf.len() < READ_CHUNK / 4 {
-            self.input.rbuf.reserve(READ_CHUNK);
+        let want = if self.input.big_reads {
+            READ_CHUNK
+        } else {
+            FIRST_READ
+        };
+        if self.input.rbuf.capacity() - self.input.rbuf.len() < want / 4 {
+            self.input.rbuf.reserve(want);
         }
+        let room = self.input.rbuf.capacity() - self.input.rbuf.len();
         match read_now(rd, &mut self.input.rbuf).await {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 // Readiness can be stale (edge-triggered events already consumed by an
@@ -197,6 +204,7 @@ impl Session {
                 }
             }
             Ok(n) => {
+                self.input.big_reads |= n == room;
                 self.input.read_at = Instant::now();
                 self.input.active = true;
                 self.ctx.ops.metrics.bytes_in.inc_by(n as u64);
@@ -211,7 +219,7 @@ impl Session {
     /// `true` when its reply channel was dropped, so `serve` drops the receiving end too.
     pub(super) fn on_idle_tick(
         &mut self,
-        reply_rx: Option<&mpsc::UnboundedReceiver<Reply>>,
+        reply_rx: Option<&crate::upstream::ReplyReceiver>,
     ) -> bool {
         let released =
             !self.input.active && reply_rx.is_none_or(|rx| rx.is_empty()) && self.release_idle();
@@ -251,6 +259,7 @@ impl Session {
             crate::observe::heap::released();
         }
         self.input.rbuf = BytesMut::new();
+        self.input.big_reads = false;
         self.queue.out = Vec::new();
         self.input.args = Vec::new();
         self.queue.slots = VecDeque::new();
@@ -285,7 +294,7 @@ pub(crate) fn serve<Seat: Send + 'static>(
         let _seat = &seat;
         let s = &mut s;
         let ticks = &*ticks;
-        let mut reply_rx: Option<mpsc::UnboundedReceiver<Reply>> = None;
+        let mut reply_rx: Option<crate::upstream::ReplyReceiver> = None;
         let (mut rd, mut wr) = stream.split();
         // The tick is waited on by a future kept across iterations: made anew in each `select!`,
         // it would join and leave the notifier's waiter list (a lock each time) on every
@@ -365,7 +374,7 @@ pub(super) async fn read_now(
 }
 
 /// The next reply, or never when no channel exists yet.
-pub(super) async fn recv(rx: &mut Option<mpsc::UnboundedReceiver<Reply>>) -> Option<Reply> {
+pub(super) async fn recv(rx: &mut Option<crate::upstream::ReplyReceiver>) -> Option<Reply> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -56,7 +56,7 @@ use crate::protocol::codec::{self, CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::protocol::reply::SubKind;
 use crate::upstream::pool::Pool;
-use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::upstream::{Batch, Expect, ReplyWait};
 use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
@@ -118,8 +118,14 @@ pub(crate) struct Context {
 pub const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(2);
 /// Bytes of push frames (pub/sub messages) a session may hold unwritten.
 const PUSH_BUDGET: u32 = 4 * 1024 * 1024;
-/// Read buffer headroom requested before each read.
+/// Read buffer headroom requested before each read once a client's reads have filled the
+/// buffer (it pipelines or sends large values).
 const READ_CHUNK: usize = 16 * 1024;
+/// Read buffer headroom of a client whose reads have all fitted so far. A 16 KiB buffer that
+/// receives one small command touches a whole 4 KiB page of it: with every client's first
+/// read at this size, 5,000 clients that each sent a command hold 1 KiB each instead
+/// (docs/performance.md, Memory per idle client).
+const FIRST_READ: usize = 1024;
 /// Most batches a cluster session may have in flight: below the 65,536 values of a 16-bit
 /// `seq`, so a reply's `seq` names one batch. `max_inflight` (commands, at least one per
 /// batch) is capped to it in cluster mode.
@@ -656,9 +662,9 @@ struct ReplyQueue {
     next_seq: u16,
     /// The channel every upstream connection answers this session on.
     /// Created with the first upstream command, so an idle client costs no channel.
-    reply_tx: Option<mpsc::UnboundedSender<Reply>>,
+    reply_tx: Option<crate::upstream::ReplySender>,
     /// The receiving end of a channel just created, for `serve` to take.
-    new_reply_rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    new_reply_rx: Option<crate::upstream::ReplyReceiver>,
     /// Budget of unwritten push bytes, shared with the dedicated connection.
     /// Created with the first dedicated connection: most clients never get a push.
     push_budget: Option<Arc<Semaphore>>,
@@ -672,6 +678,9 @@ struct ReplyQueue {
 struct Input {
     /// Unparsed request bytes.
     rbuf: BytesMut,
+    /// A read filled the buffer: the client pipelines or sends large values, so reads ask for
+    /// `READ_CHUNK` from now on instead of `FIRST_READ` (until the idle release).
+    big_reads: bool,
     /// Argument ranges of the command being classified, reused to avoid allocation.
     args: Vec<Range<usize>>,
     /// When the bytes being processed were read: the start of client-observed latency.
@@ -1147,6 +1156,6 @@ mod size_tests {
             std::mem::size_of_val(&fut)
         );
         // 32 of these make the first block of a session's reply channel.
-        assert!(std::mem::size_of::<Reply>() <= 48);
+        assert!(std::mem::size_of::<crate::upstream::Reply>() <= 48);
     }
 }

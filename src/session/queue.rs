@@ -7,7 +7,7 @@ use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::upstream::Reply;
 use bytes::Bytes;
 use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 impl ReplyQueue {
@@ -48,11 +48,11 @@ impl ReplyQueue {
             .clone()
     }
     /// The session's reply channel, created on first use.
-    pub(super) fn reply_sender(&mut self) -> mpsc::UnboundedSender<Reply> {
+    pub(super) fn reply_sender(&mut self) -> crate::upstream::ReplySender {
         match &self.reply_tx {
             Some(tx) => tx.clone(),
             None => {
-                let (tx, rx) = mpsc::unbounded_channel();
+                let (tx, rx) = crate::upstream::reply_channel();
                 self.reply_tx = Some(tx.clone());
                 self.new_reply_rx = Some(rx);
                 tx

@@ -10,7 +10,6 @@ use crate::protocol::codec::split_commands;
 use crate::upstream::replicas::Replicas;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 impl Session {
     /// Sends a read for the primary's shared connection to the client's replica instead,
@@ -125,7 +124,7 @@ impl Session {
                 .collect::<Option<Vec<u16>>>()?;
             return self.send_routed(router, proto, commands, &nodes).await;
         }
-        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let (reply_to, mut rx) = crate::upstream::reply_channel();
         let batch = Batch {
             bytes: commands.concat().into(),
             expect: Expect::Frames(commands.len() as u32),

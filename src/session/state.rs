@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 /// so a command the client sends after its RESET, on another connection, could still count
 /// them (a PUBLISH's receivers: state fuzzer); reset upstream first, they are gone.
 pub(super) async fn reset_upstream<'a>(conns: impl Iterator<Item = &'a mpsc::Sender<Batch>>) {
-    let (reply_to, mut rx) = mpsc::unbounded_channel();
+    let (reply_to, mut rx) = crate::upstream::reply_channel();
     let mut sent = 0;
     for tx in conns {
         let batch = Batch {

@@ -17,6 +17,7 @@
 //! - [`outage`]: what the log says when a node goes down and comes back (once, not per
 //!   connection per retry).
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
+//! - [`reply_channel`]: where upstream connections deliver a session's replies.
 //! - [`stray`]: pushes on a shared connection, which answer no request: dropped, counted,
 //!   logged.
 
@@ -31,6 +32,7 @@ pub(crate) mod oom;
 pub(crate) mod outage;
 pub mod pool;
 pub(crate) mod replicas;
+pub(crate) mod reply_channel;
 pub(crate) mod script_login;
 pub(crate) mod server_probe;
 pub(crate) mod stray;
@@ -39,7 +41,6 @@ pub(crate) mod tls;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use crate::protocol::error::UpstreamError;
 use crate::protocol::reply::SubKind;
@@ -153,8 +154,7 @@ pub(crate) struct Subscriptions {
     pub(crate) patterns: Vec<Bytes>,
 }
 
-/// Where an upstream connection delivers a session's replies.
-pub(crate) type ReplySender = mpsc::UnboundedSender<Reply>;
+pub(crate) use reply_channel::{ReplyReceiver, ReplySender, reply_channel};
 
 /// Why [`read_reply`] returned no reply.
 #[derive(Debug, thiserror::Error)]

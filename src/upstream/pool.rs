@@ -99,7 +99,7 @@ impl Pool {
     /// by the node, or failed with the connection). `false` when that took longer than
     /// `within`.
     pub(crate) async fn barrier(&self, within: Duration) -> bool {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = crate::upstream::reply_channel();
         let connections = self.shared.iter().flatten();
         let until = tokio::time::Instant::now() + within;
         let mut sent = 0usize;
@@ -255,7 +255,7 @@ impl Pool {
     /// [`Pool::round_trip`]; a failed probe clears it, so a node that stops answering stops
     /// being the nearest.
     pub(crate) async fn probe(&self) {
-        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let (reply_to, mut rx) = crate::upstream::reply_channel();
         let batch = Batch {
             bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
             expect: super::Expect::Frames(1),
@@ -649,7 +649,7 @@ impl Control {
     /// Sends `args` as one command and returns its one raw reply (an error reply is `Ok`).
     pub async fn request(&self, args: &[&[u8]]) -> Result<Bytes, UpstreamError> {
         let bytes = crate::protocol::codec::encode(args);
-        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let (reply_to, mut rx) = crate::upstream::reply_channel();
         let closed = || UpstreamError::Unavailable {
             addr: "control".into(),
             reason: "control connection closed".into(),

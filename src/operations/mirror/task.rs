@@ -92,7 +92,7 @@ struct State {
     /// The proxy's metrics.
     metrics: Arc<Metrics>,
     /// Where the mirror's connections deliver their replies.
-    reply_tx: mpsc::UnboundedSender<Reply>,
+    reply_tx: crate::upstream::ReplySender,
     /// The mirror's address, for the log.
     address: String,
     /// What each answered batch asks of the mirror.
@@ -158,7 +158,7 @@ pub(super) async fn run(running: Running) {
             }
         },
     };
-    let (reply_tx, mut replies) = mpsc::unbounded_channel();
+    let (reply_tx, mut replies) = crate::upstream::reply_channel();
     // Flushes waiting for the batches sent before them to be answered.
     let mut flushes: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
     let mut state = State {

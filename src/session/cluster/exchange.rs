@@ -9,7 +9,6 @@ use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 impl Session {
     /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
@@ -37,8 +36,8 @@ impl Session {
         proto: u8,
         bytes: Bytes,
         frames: u32,
-    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    ) -> Option<crate::upstream::ReplyReceiver> {
+        let (tx, rx) = crate::upstream::reply_channel();
         let batch = Batch {
             bytes,
             expect: Expect::Frames(frames),
@@ -66,7 +65,7 @@ impl Session {
 /// The replies a batch sent outside the session's reply order got (`rx`: where they come;
 /// `None` when the batch was not taken), and why the node failed if it did.
 pub(super) async fn receive(
-    rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    rx: Option<crate::upstream::ReplyReceiver>,
     router: &Router,
     node: u16,
 ) -> (Bytes, Option<Box<UpstreamError>>) {

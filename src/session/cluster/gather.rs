@@ -17,7 +17,7 @@ use crate::session::route::Args;
 use crate::session::{Action, Effect, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
-use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -383,8 +383,8 @@ impl Session {
         node: u16,
         fanout: &Fanout,
         connections: &mut Vec<mpsc::Sender<Batch>>,
-    ) -> Option<mpsc::UnboundedReceiver<Reply>> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    ) -> Option<crate::upstream::ReplyReceiver> {
+        let (tx, rx) = crate::upstream::reply_channel();
         let batch = Batch {
             bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
                 .concat()
@@ -394,7 +394,7 @@ impl Session {
             reply_to: tx,
             seq: 0,
         };
-        let (push_to, _) = mpsc::unbounded_channel();
+        let (push_to, _) = crate::upstream::reply_channel();
         let push = PushTarget {
             to: push_to,
             budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),

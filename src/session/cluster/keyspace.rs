@@ -49,7 +49,6 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// The `conn_id` bits of the extra connections: `SHARD_CONN` (so no code takes their end for
 /// the dedicated connection's) and one more, to tell them from shard connections.
@@ -228,7 +227,7 @@ pub(in crate::session) struct Fanout {
 /// notifications `names` admits (and the connection's end), returning the push budget of
 /// what it drops.
 fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::upstream::reply_channel();
     let to = push.to.clone();
     let budget = push.budget.clone();
     tokio::spawn(async move {
@@ -403,7 +402,7 @@ impl Session {
             } else {
                 &fresh
             };
-            let (reply_to, rx) = mpsc::unbounded_channel();
+            let (reply_to, rx) = crate::upstream::reply_channel();
             let batches = pubsub_batches(SUBSCRIBE, names, &reply_to);
             // A full queue (a connection stuck on a node that stopped answering) or a closed
             // one: the node's notifications would not be heard, so its connection goes.
@@ -505,7 +504,7 @@ impl Session {
             c.keyspace = None;
             return;
         }
-        let (reply_to, _) = mpsc::unbounded_channel();
+        let (reply_to, _) = crate::upstream::reply_channel();
         let batches = || pubsub_batches(UNSUBSCRIBE, &one_kind(kind, gone.clone()), &reply_to);
         for conn in &subs.conns {
             for batch in batches() {

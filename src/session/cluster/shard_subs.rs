@@ -605,7 +605,7 @@ impl Session {
             .shard_conn(router, node)
             .await
             .map_err(Failure::Other)?;
-        let (reply_to, mut rx) = mpsc::unbounded_channel();
+        let (reply_to, mut rx) = crate::upstream::reply_channel();
         for c in channels {
             let batch = Batch {
                 bytes: codec::encode(&[b"SSUBSCRIBE", c]),
@@ -733,7 +733,7 @@ impl Session {
         let Some(conn) = subs.conns.iter().find(|c| c.node == node) else {
             return;
         };
-        let (reply_to, _) = mpsc::unbounded_channel();
+        let (reply_to, _) = crate::upstream::reply_channel();
         let _ = conn.tx.try_send(Batch {
             bytes: codec::encode(&[b"SUNSUBSCRIBE", channel]),
             expect: Expect::Confirmations(1),

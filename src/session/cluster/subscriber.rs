@@ -10,7 +10,6 @@
 use crate::protocol::codec;
 use crate::session::{Dedicated, Holds, Session};
 use crate::upstream::{Batch, Expect, ReplySender, ReplyWait, Subscriptions};
-use tokio::sync::mpsc;
 
 impl Session {
     /// The dedicated connection `conn_id` failed holding `subs`: subscribe them again on a
@@ -59,7 +58,7 @@ impl Session {
         };
         // The confirmations are the proxy's, not the client's: they go to a channel nobody
         // reads. The connection tracks the subscriptions from them all the same.
-        let (hidden, _) = mpsc::unbounded_channel();
+        let (hidden, _) = crate::upstream::reply_channel();
         for batch in pubsub_batches(SUBSCRIBE, &subs, &hidden) {
             if tx.send(batch).await.is_err() {
                 return;

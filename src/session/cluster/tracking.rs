@@ -443,7 +443,7 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
     if conns.is_empty() {
         return Err(crate::protocol::answers::tracking_lost("a primary"));
     }
-    let (reply_to, mut rx) = mpsc::unbounded_channel();
+    let (reply_to, mut rx) = crate::upstream::reply_channel();
     for tx in conns {
         let batch = Batch {
             bytes: command.clone(),
