@@ -236,8 +236,8 @@ impl Session {
             || self.queue.slots.capacity() > 0
     }
 
-    /// Gives back what a quiet client does not need: the read buffer (16 KiB), the reply
-    /// channel (its first block alone is 32 replies) and the capacity of the per-request
+    /// Gives back what a quiet client does not need: the read buffer (1 or 16 KiB), the reply
+    /// channel (its shared state and queue) and the capacity of the per-request
     /// vectors, all re-created on the next request. A busy client keeps them: its read buffer
     /// is reused in place once the upstream has dropped the batches that shared it, so a read
     /// costs no allocation. Only when nothing is owed: no command in flight, no reply waiting, no

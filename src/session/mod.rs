@@ -1155,7 +1155,7 @@ mod size_tests {
             "{}",
             std::mem::size_of_val(&fut)
         );
-        // 32 of these make the first block of a session's reply channel.
+        // A session's reply channel holds one of these per batch in flight.
         assert!(std::mem::size_of::<crate::upstream::Reply>() <= 48);
     }
 }
