@@ -45,11 +45,10 @@ TESTS="${TESTS:-set,get}"
 THREADS="${THREADS:-2}"
 POLICY="${POLICY:-policy/passthrough.yaml}"
 
-log() { echo "scaling: $*" >&2; }
-die() {
-    log "$*"
-    exit 1
-}
+tool=scaling
+# log, die, pick_port, wait_ready, cpu_ticks: shared with scripts/bench.sh.
+# shellcheck source=scripts/lib/measure.sh
+source scripts/lib/measure.sh
 # The taskset prefix of a CPU list (none when empty), as an array: processes are started
 # with it directly, not through a function, so that `$!` is their own pid.
 pin_for() {
@@ -78,37 +77,17 @@ if [[ -z "${BIN:-}" ]]; then
 fi
 [[ -x "$BIN" ]] || die "no proxy binary at $BIN"
 
-free_port() {
-    local p
-    for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    die "no free port"
-}
-ready() {
-    local host="$1" port="$2"
-    for _ in $(seq 1 100); do
-        [[ "$(redis-cli -h "$host" -p "$port" ping 2>/dev/null)" == PONG ]] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
 redis_pid=""
 if [[ -n "${REDIS:-}" ]]; then
     upstream="$REDIS"
 else
-    port="$(free_port)"
+    pick_port
     pin_for "$REDIS_CPUS"
     "${pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" \
         --appendonly no --maxclients 10000 --logfile "$work/redis.log" >/dev/null 2>&1 &
     redis_pid=$!
     pids+=("$redis_pid")
-    ready 127.0.0.1 "$port" || die "redis-server did not start"
+    wait_ready "$port" "$redis_pid" || die "redis-server did not start"
     upstream="127.0.0.1:$port"
 fi
 
@@ -119,33 +98,24 @@ for n in $WORKERS; do
         printf '\nworkers: %s\n' "$n"
     } >"$work/w$n.yaml"
     "$BIN" --check "$work/w$n.yaml" >/dev/null || die "the proxy rejects $work/w$n.yaml"
-    port="$(free_port)"
+    pick_port
     pin_for "$PROXY_CPUS"
     RUST_LOG=warn "${pin[@]}" "$BIN" --config "$work/w$n.yaml" \
         --listen "127.0.0.1:$port" --upstream "$upstream" --admin off >"$work/w$n.log" 2>&1 &
     pid_of[$n]=$!
     pids+=("$!")
     port_of[$n]="$port"
-    ready 127.0.0.1 "$port" || die "the proxy with workers: $n did not start: $(tail -5 "$work/w$n.log")"
+    wait_ready "$port" "${pid_of[$n]}" || die "the proxy with workers: $n did not start: $(tail -5 "$work/w$n.log")"
 done
 
-# "total ticks" of PID, and the space-separated ticks of each of its worker threads (the
-# runtime's workers when N > 1; the main thread, which runs the current-thread runtime, when
-# N = 1).
-ticks_of() {
-    local rest
-    rest="$(cat "/proc/$1/stat")"
-    rest="${rest##*) }"
-    # shellcheck disable=SC2086  # split the fields on purpose
-    set -- $rest
-    echo $((${12} + ${13}))
-}
+# The space-separated "tid:ticks" of each worker thread of PID (the runtime's workers when
+# N > 1; the main thread, which runs the current-thread runtime, when N = 1).
 thread_ticks() {
     local pid="$1" n="$2" t name out=""
     for t in /proc/"$pid"/task/*; do
         name="$(cat "$t/comm")"
         if { [[ "$n" == 1 && "${t##*/}" == "$pid" ]] || [[ "$n" != 1 && "$name" == tokio-r*-w* ]]; }; then
-            out+="${t##*/}:$(ticks_of "$pid/task/${t##*/}") "
+            out+="${t##*/}:$(cpu_ticks "$pid/task/${t##*/}") "
         fi
     done
     echo "$out"
@@ -162,13 +132,13 @@ for round in $(seq 1 "$ROUNDS"); do
     rotated=("${order[@]:$(((round - 1) % ${#order[@]}))}" "${order[@]:0:$(((round - 1) % ${#order[@]}))}")
     for n in "${rotated[@]}"; do
         pid="${pid_of[$n]}"
-        before="$(ticks_of "$pid")"
+        before="$(cpu_ticks "$pid")"
         threads_before="$(thread_ticks "$pid" "$n")"
         pin_for "$BENCH_CPUS"
         csv="$("${pin[@]}" redis-benchmark -h 127.0.0.1 -p "${port_of[$n]}" \
             -c "$CLIENTS" -P "$PIPELINE" -n "$REQUESTS" -t "$TESTS" -r 100000 \
             --threads "$THREADS" --csv 2>/dev/null)"
-        after="$(ticks_of "$pid")"
+        after="$(cpu_ticks "$pid")"
         threads_after="$(thread_ticks "$pid" "$n")"
         ops="$(awk -F'"' 'NR > 1 && $4 != "" { s += $4; k++ } END { if (k) printf "%.0f", s / k }' <<<"$csv")"
         # The busiest worker thread's ticks over the mean of the workers this run.
