@@ -77,7 +77,7 @@ KEEP="${KEEP:-0}"
 CLUSTER="${CLUSTER:-0}"
 CLUSTER_WORKLOADS="cP1 cP16"
 
-tool=bench
+log_prefix=bench
 # log, die, pick_port, wait_ready, cpu_ticks: shared with scripts/scaling.sh.
 # shellcheck source=scripts/lib/measure.sh
 source "$repo/scripts/lib/measure.sh"

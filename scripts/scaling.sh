@@ -45,7 +45,7 @@ TESTS="${TESTS:-set,get}"
 THREADS="${THREADS:-2}"
 POLICY="${POLICY:-policy/passthrough.yaml}"
 
-tool=scaling
+log_prefix=scaling
 # log, die, pick_port, wait_ready, cpu_ticks: shared with scripts/bench.sh.
 # shellcheck source=scripts/lib/measure.sh
 source scripts/lib/measure.sh

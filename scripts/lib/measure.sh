@@ -1,7 +1,7 @@
 # Helpers of the measuring scripts (scripts/bench.sh, scripts/scaling.sh), sourced after the
-# caller sets `tool` (the prefix of its log lines).
+# caller sets `log_prefix` (the prefix of its log lines).
 
-log() { echo "$tool: $*" >&2; }
+log() { echo "$log_prefix: $*" >&2; }
 die() {
     log "$*"
     exit 1
