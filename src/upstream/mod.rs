@@ -17,7 +17,7 @@
 //! - [`outage`]: what the log says when a node goes down and comes back (once, not per
 //!   connection per retry).
 //! - [`replicas`]: Sentinel mode's replica pools and the replica one client reads from.
-//! - [`reply_channel`]: where upstream connections deliver a session's replies.
+//! - [`mailbox`]: the channel on which upstream connections deliver a session's replies.
 //! - [`stray`]: pushes on a shared connection, which answer no request: dropped, counted,
 //!   logged.
 
@@ -28,11 +28,11 @@ pub(crate) mod credentials;
 pub(crate) mod dedicated;
 pub(crate) mod gate;
 pub mod handshake;
+pub(crate) mod mailbox;
 pub(crate) mod oom;
 pub(crate) mod outage;
 pub mod pool;
 pub(crate) mod replicas;
-pub(crate) mod reply_channel;
 pub(crate) mod script_login;
 pub(crate) mod server_probe;
 pub(crate) mod stray;
@@ -154,7 +154,15 @@ pub(crate) struct Subscriptions {
     pub(crate) patterns: Vec<Bytes>,
 }
 
-pub(crate) use reply_channel::{ReplyReceiver, ReplySender, reply_channel};
+/// Where an upstream connection delivers a session's replies.
+pub(crate) type ReplySender = mailbox::Sender<Reply>;
+/// Where a session receives them.
+pub(crate) type ReplyReceiver = mailbox::Receiver<Reply>;
+
+/// A session's reply channel, with nothing allocated for replies yet (`mailbox`).
+pub(crate) fn reply_channel() -> (ReplySender, ReplyReceiver) {
+    mailbox::channel()
+}
 
 /// Why [`read_reply`] returned no reply.
 #[derive(Debug, thiserror::Error)]

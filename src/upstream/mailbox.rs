@@ -1,5 +1,7 @@
-//! The channel on which upstream connections answer a session: many senders (each
-//! connection the session's batches went to), one receiver (the session's task).
+//! The channel on which upstream connections answer a session (`ReplySender`,
+//! `ReplyReceiver`): many senders (each connection the session's batches went to), one
+//! receiver (the session's task). Generic over what it carries, so that it depends on
+//! nothing in `upstream`.
 //!
 //! Written here rather than taken from tokio because of what it costs each client that is
 //! using the proxy: tokio's unbounded channel allocates 2,080 bytes on creation (its shared
@@ -14,19 +16,16 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::Reply;
-
 /// What the senders and the receiver share.
-struct Shared {
+struct Shared<T> {
     /// The queue and the receiver's waker, under one lock so a send never misses a wait.
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<T>>,
 }
 
 /// The lock-protected part of [`Shared`].
-#[derive(Default)]
-struct Inner {
-    /// Replies sent and not yet received, in the order they were sent.
-    queue: VecDeque<Reply>,
+struct Inner<T> {
+    /// Messages sent and not yet received, in the order they were sent.
+    queue: VecDeque<T>,
     /// The receiver's task while it waits for a reply.
     waker: Option<Waker>,
     /// Live senders: when the last one goes, a waiting receiver learns the channel ended.
@@ -35,35 +34,37 @@ struct Inner {
     closed: bool,
 }
 
-impl Shared {
+impl<T> Shared<T> {
     /// The state, even if another thread panicked holding it: the queue stays consistent
     /// (every change to it is one call that cannot panic halfway).
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// The sending end: cloned for every batch that is to be answered on the channel.
-pub(crate) struct ReplySender(Arc<Shared>);
+pub(crate) struct Sender<T>(Arc<Shared<T>>);
 
 /// The receiving end, held by the session's task.
-pub(crate) struct ReplyReceiver(Arc<Shared>);
+pub(crate) struct Receiver<T>(Arc<Shared<T>>);
 
-/// A new channel, empty and with nothing allocated for replies yet.
-pub(crate) fn reply_channel() -> (ReplySender, ReplyReceiver) {
+/// A new channel, empty and with nothing allocated for messages yet.
+pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
+            queue: VecDeque::new(),
+            waker: None,
             senders: 1,
-            ..Inner::default()
+            closed: false,
         }),
     });
-    (ReplySender(shared.clone()), ReplyReceiver(shared))
+    (Sender(shared.clone()), Receiver(shared))
 }
 
-impl ReplySender {
+impl<T> Sender<T> {
     /// Queues `reply` for the receiver and wakes it; gives the reply back when the receiver
     /// is gone (its session ended).
-    pub(crate) fn send(&self, reply: Reply) -> Result<(), Reply> {
+    pub(crate) fn send(&self, reply: T) -> Result<(), T> {
         let waker = {
             let mut inner = self.0.lock();
             if inner.closed {
@@ -81,14 +82,14 @@ impl ReplySender {
     }
 }
 
-impl Clone for ReplySender {
+impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
         self.0.lock().senders += 1;
-        ReplySender(self.0.clone())
+        Sender(self.0.clone())
     }
 }
 
-impl Drop for ReplySender {
+impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let waker = {
             let mut inner = self.0.lock();
@@ -105,19 +106,19 @@ impl Drop for ReplySender {
     }
 }
 
-impl std::fmt::Debug for ReplySender {
+impl<T> std::fmt::Debug for Sender<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReplySender")
+        f.write_str("mailbox::Sender")
     }
 }
 
-impl ReplyReceiver {
-    /// The next reply; `None` once every sender is gone and the queue is empty.
-    pub(crate) async fn recv(&mut self) -> Option<Reply> {
+impl<T> Receiver<T> {
+    /// The next message; `None` once every sender is gone and the queue is empty.
+    pub(crate) async fn recv(&mut self) -> Option<T> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
 
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Reply>> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let mut inner = self.0.lock();
         if let Some(reply) = inner.queue.pop_front() {
             return Poll::Ready(Some(reply));
@@ -132,8 +133,8 @@ impl ReplyReceiver {
         Poll::Pending
     }
 
-    /// The next reply if one is queued, without waiting.
-    pub(crate) fn try_recv(&mut self) -> Option<Reply> {
+    /// The next message if one is queued, without waiting.
+    pub(crate) fn try_recv(&mut self) -> Option<T> {
         self.0.lock().queue.pop_front()
     }
 
@@ -143,7 +144,7 @@ impl ReplyReceiver {
     }
 }
 
-impl Drop for ReplyReceiver {
+impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let queued = {
             let mut inner = self.0.lock();
@@ -157,38 +158,26 @@ impl Drop for ReplyReceiver {
     }
 }
 
-impl std::fmt::Debug for ReplyReceiver {
+impl<T> std::fmt::Debug for Receiver<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReplyReceiver")
+        f.write_str("mailbox::Receiver")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-
-    fn push(n: u32) -> Reply {
-        Reply::Push(Bytes::new(), n)
-    }
-
-    fn permits(r: Option<Reply>) -> Option<u32> {
-        match r {
-            Some(Reply::Push(_, n)) => Some(n),
-            _ => None,
-        }
-    }
 
     #[tokio::test]
     async fn replies_arrive_in_order_and_the_end_is_seen_once_senders_are_gone() {
-        let (tx, mut rx) = reply_channel();
+        let (tx, mut rx) = channel();
         let tx2 = tx.clone();
-        tx.send(push(1)).unwrap();
-        tx2.send(push(2)).unwrap();
+        tx.send(1).unwrap();
+        tx2.send(2).unwrap();
         assert!(!rx.is_empty());
-        assert_eq!(permits(rx.try_recv()), Some(1));
+        assert_eq!(rx.try_recv(), Some(1));
         drop(tx);
-        assert_eq!(permits(rx.recv().await), Some(2));
+        assert_eq!(rx.recv().await, Some(2));
         assert!(rx.try_recv().is_none());
         drop(tx2);
         assert!(rx.recv().await.is_none());
@@ -196,22 +185,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_receiver_is_woken_by_a_send_from_another_task() {
-        let (tx, mut rx) = reply_channel();
+        let (tx, mut rx) = channel();
         let sender = tokio::spawn(async move {
             tokio::task::yield_now().await;
-            tx.send(push(7)).unwrap();
+            tx.send(7).unwrap();
             tx
         });
-        assert_eq!(permits(rx.recv().await), Some(7));
+        assert_eq!(rx.recv().await, Some(7));
         drop(sender.await.unwrap());
         assert!(rx.recv().await.is_none());
     }
 
     #[test]
     fn a_send_after_the_receiver_is_gone_gives_the_reply_back() {
-        let (tx, rx) = reply_channel();
-        tx.send(push(1)).unwrap();
+        let (tx, rx) = channel();
+        tx.send(1).unwrap();
         drop(rx);
-        assert_eq!(permits(tx.send(push(2)).err()), Some(2));
+        assert_eq!(tx.send(2).err(), Some(2));
     }
 }
