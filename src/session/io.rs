@@ -7,7 +7,7 @@ use super::{
 };
 use crate::listen::ClientStream;
 use crate::listen::stream::{ClientRead, ClientWrite};
-use crate::upstream::Reply;
+use crate::upstream::{Reply, ReplyReceiver};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -85,11 +85,7 @@ impl Session {
 
     /// Handles `msg` and every other message already waiting on the reply channel, then
     /// resumes reading the requests that waited for them.
-    pub(super) async fn on_messages(
-        &mut self,
-        msg: Reply,
-        reply_rx: &mut Option<crate::upstream::ReplyReceiver>,
-    ) {
+    pub(super) async fn on_messages(&mut self, msg: Reply, reply_rx: &mut Option<ReplyReceiver>) {
         self.input.active = true;
         let mut next = Some(msg);
         while let Some(msg) = next
@@ -217,10 +213,7 @@ impl Session {
 
     /// The process-wide idle tick: a session quiet for a whole tick gives its memory back.
     /// `true` when its reply channel was dropped, so `serve` drops the receiving end too.
-    pub(super) fn on_idle_tick(
-        &mut self,
-        reply_rx: Option<&crate::upstream::ReplyReceiver>,
-    ) -> bool {
+    pub(super) fn on_idle_tick(&mut self, reply_rx: Option<&ReplyReceiver>) -> bool {
         let released =
             !self.input.active && reply_rx.is_none_or(|rx| rx.is_empty()) && self.release_idle();
         self.input.active = false;
@@ -294,7 +287,7 @@ pub(crate) fn serve<Seat: Send + 'static>(
         let _seat = &seat;
         let s = &mut s;
         let ticks = &*ticks;
-        let mut reply_rx: Option<crate::upstream::ReplyReceiver> = None;
+        let mut reply_rx: Option<ReplyReceiver> = None;
         let (mut rd, mut wr) = stream.split();
         // The tick is waited on by a future kept across iterations: made anew in each `select!`,
         // it would join and leave the notifier's waiter list (a lock each time) on every
@@ -374,7 +367,7 @@ pub(super) async fn read_now(
 }
 
 /// The next reply, or never when no channel exists yet.
-pub(super) async fn recv(rx: &mut Option<crate::upstream::ReplyReceiver>) -> Option<Reply> {
+pub(super) async fn recv(rx: &mut Option<ReplyReceiver>) -> Option<Reply> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

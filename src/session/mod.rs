@@ -56,7 +56,7 @@ use crate::protocol::codec::{self, CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::protocol::reply::SubKind;
 use crate::upstream::pool::Pool;
-use crate::upstream::{Batch, Expect, ReplyWait};
+use crate::upstream::{Batch, Expect, ReplyReceiver, ReplySender, ReplyWait};
 use arc_swap::ArcSwap;
 
 /// What every session shares: the upstream pool, limits and the shutdown signal.
@@ -662,9 +662,9 @@ struct ReplyQueue {
     next_seq: u16,
     /// The channel every upstream connection answers this session on.
     /// Created with the first upstream command, so an idle client costs no channel.
-    reply_tx: Option<crate::upstream::ReplySender>,
+    reply_tx: Option<ReplySender>,
     /// The receiving end of a channel just created, for `serve` to take.
-    new_reply_rx: Option<crate::upstream::ReplyReceiver>,
+    new_reply_rx: Option<ReplyReceiver>,
     /// Budget of unwritten push bytes, shared with the dedicated connection.
     /// Created with the first dedicated connection: most clients never get a push.
     push_budget: Option<Arc<Semaphore>>,

@@ -10,9 +10,12 @@
 //! mutex-guarded `VecDeque` that starts empty and grows to the replies actually in flight
 //! (a few, one per batch), with the receiver's waker kept under the same lock. Each send and
 //! receive takes the lock once, uncontended but for the moment a connection's reader and the
-//! session meet; the receiver never allocates to wait (the allocation-per-GET test guards it).
+//! session meet; a sender's clone and drop (once per batch: each batch carries one) are an
+//! atomic add outside it, as in tokio's channel, but for the last sender's drop, which wakes
+//! the receiver. The receiver never allocates to wait (the allocation-per-GET test guards it).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -20,16 +23,19 @@ use std::task::{Context, Poll, Waker};
 struct Shared<T> {
     /// The queue and the receiver's waker, under one lock so a send never misses a wait.
     inner: Mutex<Inner<T>>,
+    /// Live senders: when the last one goes, a waiting receiver learns the channel ended.
+    /// Outside the lock so that cloning and dropping a sender stay one atomic add; the last
+    /// drop takes the lock to wake the receiver, so a receiver that saw a sender left and
+    /// went to wait is woken to look again.
+    senders: AtomicUsize,
 }
 
 /// The lock-protected part of [`Shared`].
 struct Inner<T> {
     /// Messages sent and not yet received, in the order they were sent.
     queue: VecDeque<T>,
-    /// The receiver's task while it waits for a reply.
+    /// The receiver's task while it waits for a message.
     waker: Option<Waker>,
-    /// Live senders: when the last one goes, a waiting receiver learns the channel ended.
-    senders: usize,
     /// The receiver is gone: sends fail (and return the reply) instead of queueing it.
     closed: bool,
 }
@@ -54,23 +60,23 @@ pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
         inner: Mutex::new(Inner {
             queue: VecDeque::new(),
             waker: None,
-            senders: 1,
             closed: false,
         }),
+        senders: AtomicUsize::new(1),
     });
     (Sender(shared.clone()), Receiver(shared))
 }
 
 impl<T> Sender<T> {
-    /// Queues `reply` for the receiver and wakes it; gives the reply back when the receiver
-    /// is gone (its session ended).
-    pub(crate) fn send(&self, reply: T) -> Result<(), T> {
+    /// Queues `message` for the receiver and wakes it; gives the message back when the
+    /// receiver is gone (its session ended).
+    pub(crate) fn send(&self, message: T) -> Result<(), T> {
         let waker = {
             let mut inner = self.0.lock();
             if inner.closed {
-                return Err(reply);
+                return Err(message);
             }
-            inner.queue.push_back(reply);
+            inner.queue.push_back(message);
             inner.waker.take()
         };
         // Woken outside the lock: the woken task may run at once on another thread and take
@@ -84,22 +90,17 @@ impl<T> Sender<T> {
 
 impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
-        self.0.lock().senders += 1;
+        self.0.senders.fetch_add(1, Ordering::Relaxed);
         Sender(self.0.clone())
     }
 }
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        let waker = {
-            let mut inner = self.0.lock();
-            inner.senders -= 1;
-            if inner.senders == 0 {
-                inner.waker.take()
-            } else {
-                None
-            }
-        };
+        if self.0.senders.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let waker = self.0.lock().waker.take();
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -120,10 +121,10 @@ impl<T> Receiver<T> {
 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let mut inner = self.0.lock();
-        if let Some(reply) = inner.queue.pop_front() {
-            return Poll::Ready(Some(reply));
+        if let Some(message) = inner.queue.pop_front() {
+            return Poll::Ready(Some(message));
         }
-        if inner.senders == 0 {
+        if self.0.senders.load(Ordering::Acquire) == 0 {
             return Poll::Ready(None);
         }
         match &mut inner.waker {
@@ -138,7 +139,7 @@ impl<T> Receiver<T> {
         self.0.lock().queue.pop_front()
     }
 
-    /// Whether no reply is queued.
+    /// Whether no message is queued.
     pub(crate) fn is_empty(&self) -> bool {
         self.0.lock().queue.is_empty()
     }
