@@ -122,18 +122,21 @@ async fn client_ids_name_the_clients_connection_on_its_node() {
     assert_eq!(other.call(&["CLIENT", "UNBLOCK", &id]).await, b":0\r\n");
 }
 
-/// `CLIENT TRACKING on REDIRECT <id>` names a subscriber of `__redis__:invalidate` through
-/// the proxy: the tracking client's connection is opened on the subscriber's node (Redis
-/// redirects invalidations only to a client of its own), its reads of keys there are tracked,
-/// and a write of one from another client sends the subscriber the invalidation; `CLIENT
-/// GETREDIR` names the subscriber by the proxy's id.
+/// `CLIENT TRACKING on REDIRECT <id>` names a subscriber through the proxy (Redis sends a
+/// RESP2 client in pub/sub mode its redirected invalidations, whatever it subscribed to).
+/// This one is not subscribed to `__redis__:invalidate`, so it listens on its own node only
+/// (one that is hears every primary: `cluster_tracking.rs`): the tracking client's
+/// connection is opened on the subscriber's node (Redis redirects invalidations only to a
+/// client of its own), its reads of keys there are tracked, and a write of one from another
+/// client sends the subscriber the invalidation; `CLIENT GETREDIR` names the subscriber by
+/// the proxy's id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracking_redirects_to_a_subscriber_on_its_node() {
     let redis = RedisCluster::start(3, 0);
     let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
     let mut sink = Raw::connect(proxy.addr).await;
     let sink_id = client_id(&mut sink).await;
-    let subscribed = sink.call(&["SUBSCRIBE", "__redis__:invalidate"]).await;
+    let subscribed = sink.call(&["SUBSCRIBE", "news"]).await;
     assert!(
         subscribed.starts_with(b"*3\r\n$9\r\nsubscribe"),
         "{}",

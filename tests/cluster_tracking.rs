@@ -359,23 +359,189 @@ async fn on_and_off_are_read_as_redis_reads_them() {
         args.extend_from_slice(off);
         assert_eq!(text(&c.call(&args).await), "+OK\r\n", "{off:?}");
         wait_tracking_clients(&primaries, "0", &format!("after {off:?}")).await;
-        // Off in the proxy's view too: OPTIN tracking now takes the pinned path, one node
-        // (in a view still "on" it would go to every tracking connection).
+        // Off in the proxy's view too: OPTIN tracking starts afresh on every primary (in a
+        // view still "on" it would go to the closed tracking connections, and fail).
         assert_eq!(
             text(&c.call(&["CLIENT", "TRACKING", "ON", "OPTIN"]).await),
             "+OK\r\n"
         );
-        let mut on = Vec::new();
         for p in &primaries {
-            on.push(tracking_clients(p).await);
+            assert_eq!(tracking_clients(p).await, "1", "{off:?}: tracking on {p}");
         }
-        assert_eq!(
-            on.iter().filter(|n| *n == "1").count(),
-            1,
-            "{off:?}: {on:?}"
-        );
         // The client leaves: nothing tracks any more before the next round.
         drop(c);
         wait_tracking_clients(&primaries, "0", "after the client left").await;
     }
+}
+
+/// A RESP2 subscriber's redirected invalidation of `key` (`message __redis__:invalidate`).
+fn redirected(key: &str) -> String {
+    format!(
+        "*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n${}\r\n{key}\r\n",
+        key.len()
+    )
+}
+
+/// A client of `proxy` subscribed to `__redis__:invalidate` (after `HELLO 3` when `resp3`),
+/// and its id.
+async fn invalidation_sink(proxy: &Proxy, resp3: bool) -> (Raw, String) {
+    let mut sink = Raw::connect(proxy.addr).await;
+    if resp3 {
+        assert!(sink.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    }
+    let id = text(&sink.call(&["CLIENT", "ID"]).await);
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    let subscribed = text(&sink.call(&["SUBSCRIBE", "__redis__:invalidate"]).await);
+    assert!(subscribed.contains("subscribe"), "{subscribed}");
+    (sink, id)
+}
+
+/// `CLIENT TRACKING on REDIRECT <id>` to a subscriber of `__redis__:invalidate` is spread
+/// over every primary (Redis redirects to a connection of its own node only): the
+/// subscriber listens on every primary, each node's tracking connection names the
+/// subscriber's connection there, and the tracker, a RESP2 client, is not pinned: it reads
+/// keys of every node, and every node's write of a key it read reaches the subscriber. Then:
+/// GETREDIR and TRACKINGINFO name the subscriber by the proxy's id; HELLO 3 keeps what was
+/// tracked (the connections follow it) and the replies come in RESP3; BCAST NOLOOP leaves
+/// out the tracker's own writes; a new REDIRECT while on moves the invalidations to a RESP3
+/// subscriber (pushes); OPTIN with `CLIENT CACHING yes` tracks the next read only, on
+/// whichever node it goes to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirected_tracking_hears_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let (mut sink, sink_id) = invalidation_sink(&proxy, false).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    let mut tracker = Raw::connect(proxy.addr).await;
+    let on = ["CLIENT", "TRACKING", "on", "REDIRECT", &sink_id];
+    assert_eq!(text(&tracker.call(&on).await), "+OK\r\n");
+    for p in &primaries {
+        assert_eq!(tracking_clients(p).await, "1", "tracking on {p}");
+    }
+    // Not pinned: every node's keys are read (before: CROSSSLOT off the subscriber's node).
+    for key in &keys {
+        assert_eq!(text(&tracker.call(&["GET", key]).await), "$-1\r\n", "{key}");
+    }
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+        assert_eq!(text(&sink.read_frame().await), redirected(key), "{key}");
+    }
+    assert_eq!(
+        text(&tracker.call(&["CLIENT", "GETREDIR"]).await),
+        format!(":{sink_id}\r\n")
+    );
+    let info = text(&tracker.call(&["CLIENT", "TRACKINGINFO"]).await);
+    assert!(
+        info.contains(&format!("redirect\r\n:{sink_id}\r\n")),
+        "{info}"
+    );
+
+    // HELLO 3: what was read in RESP2 stays tracked, replies follow the client's protocol.
+    for key in &keys {
+        assert_eq!(text(&tracker.call(&["GET", key]).await), "$2\r\nv1\r\n");
+    }
+    assert!(tracker.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v2"]).await, b"+OK\r\n");
+        assert_eq!(text(&sink.read_frame().await), redirected(key), "{key}");
+    }
+    let hash = redis.key_on(&primaries[2], "hash");
+    assert_eq!(writer.call(&["HSET", &hash, "f", "v"]).await, b":1\r\n");
+    let map = text(&tracker.call(&["HGETALL", &hash]).await);
+    assert_eq!(map, "%1\r\n$1\r\nf\r\n$1\r\nv\r\n", "a RESP3 reply");
+
+    // BCAST NOLOOP: the tracker's own writes are left out on every node.
+    assert_eq!(
+        text(&tracker.call(&["CLIENT", "TRACKING", "off"]).await),
+        "+OK\r\n"
+    );
+    let bcast = [
+        "CLIENT", "TRACKING", "on", "BCAST", "NOLOOP", "REDIRECT", &sink_id,
+    ];
+    assert_eq!(text(&tracker.call(&bcast).await), "+OK\r\n");
+    for key in &keys {
+        assert_eq!(text(&tracker.call(&["SET", key, "mine"]).await), "+OK\r\n");
+    }
+    sink.assert_quiet(QUIET).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "theirs"]).await, b"+OK\r\n");
+        assert_eq!(text(&sink.read_frame().await), redirected(key), "{key}");
+    }
+
+    // A new REDIRECT while on, to a RESP3 subscriber: its invalidations are pushes.
+    let (mut sink3, sink3_id) = invalidation_sink(&proxy, true).await;
+    let again = ["CLIENT", "TRACKING", "on", "BCAST", "REDIRECT", &sink3_id];
+    assert_eq!(text(&tracker.call(&again).await), "+OK\r\n");
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "again"]).await, b"+OK\r\n");
+        assert_eq!(text(&sink3.read_frame().await), text(&invalidation(key)));
+    }
+    sink.assert_quiet(QUIET).await;
+
+    // OPTIN: only the read right after CLIENT CACHING yes is tracked, whichever its node.
+    assert_eq!(
+        text(&tracker.call(&["CLIENT", "TRACKING", "off"]).await),
+        "+OK\r\n"
+    );
+    let optin = ["CLIENT", "TRACKING", "on", "OPTIN", "REDIRECT", &sink_id];
+    assert_eq!(text(&tracker.call(&optin).await), "+OK\r\n");
+    assert_eq!(
+        text(&tracker.call(&["GET", &keys[0]]).await).get(..1),
+        Some("$")
+    );
+    for key in &keys[1..] {
+        assert_eq!(
+            text(&tracker.call(&["CLIENT", "CACHING", "yes"]).await),
+            "+OK\r\n"
+        );
+        assert_eq!(text(&tracker.call(&["GET", key]).await).get(..1), Some("$"));
+    }
+    // A later read, after the flag was spent, is not tracked either.
+    assert_eq!(
+        text(&tracker.call(&["GET", &keys[0]]).await).get(..1),
+        Some("$")
+    );
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "optin"]).await, b"+OK\r\n");
+    }
+    for key in &keys[1..] {
+        assert_eq!(text(&sink.read_frame().await), redirected(key), "{key}");
+    }
+    sink.assert_quiet(QUIET).await;
+}
+
+/// OPTOUT over every primary: `CLIENT CACHING no` leaves out the next read only, on its
+/// node; the flag is cleared on the other nodes, so a later read there is tracked. Followed
+/// by a command for several nodes it is refused, as the flag would stay where the command
+/// does not go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optout_caching_no_applies_to_the_next_command_only() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let mut c = keys_client(&proxy, &["OPTOUT"]).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    assert_eq!(text(&c.call(&["CLIENT", "CACHING", "no"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&["GET", &keys[0]]).await), "_\r\n");
+    // The flag was on every node's connection; these reads are tracked.
+    for key in &keys[1..] {
+        assert_eq!(text(&c.call(&["GET", key]).await), "_\r\n");
+    }
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+    }
+    for key in &keys[1..] {
+        assert_eq!(
+            text(&c.read_frame().await),
+            text(&invalidation(key)),
+            "{key}"
+        );
+    }
+    c.assert_quiet(QUIET).await;
+    assert_eq!(text(&c.call(&["CLIENT", "CACHING", "no"]).await), "+OK\r\n");
+    let mget = text(&c.call(&["MGET", &keys[0], &keys[1]]).await);
+    assert!(mget.contains("CLIENT CACHING no"), "{mget}");
 }

@@ -711,6 +711,9 @@ pub(crate) struct TrackingOptions {
     /// OPTIN or OPTOUT: `CLIENT CACHING` applies to the connection's next command, which in
     /// front of a cluster may go to another node's connection (cluster `tracking`).
     pub(crate) opt_in_out: bool,
+    /// NOLOOP: the client's own writes invalidate nothing for it, which holds only while
+    /// they go over the connection that tracks (cluster `tracking`).
+    pub(crate) noloop: bool,
 }
 
 /// `CLIENT TRACKING ON|OFF [options]` from argument 3; `None` where Redis refuses them.
@@ -733,6 +736,7 @@ pub(crate) fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<Trac
             o.opt_in_out = true;
         } else if keyword(a, b"NOLOOP") {
             o.per_client_modes = true;
+            o.noloop = true;
         } else if keyword(a, b"PREFIX") && more {
             o.prefixes.push(j + 1);
             j += 1;

@@ -445,14 +445,34 @@ pub(crate) fn tracking_in_multi() -> Bytes {
     )
 }
 
-/// Cluster mode, tracking spread over every primary: a REDIRECT would move the
-/// invalidations of every primary to one client's connection on one node.
+/// Cluster mode, tracking spread over every primary: a REDIRECT to a client that does not
+/// hear every primary would move the invalidations of every primary to one client's
+/// connection on one node.
 pub(crate) fn tracking_redirect_while_bcast() -> Bytes {
     simple_error(
         "ERR",
         "CLIENT TRACKING ... REDIRECT is refused in front of a Redis Cluster while tracking \
-         is on without it (tracking is on every primary); turn tracking off first",
+         is on, unless the client it names is subscribed to __redis__:invalidate (then it \
+         hears every primary); turn tracking off first",
     )
+}
+
+/// Cluster mode, OPTOUT tracking spread over every primary: the command after `CLIENT
+/// CACHING no` goes to several nodes, and the flag would stay on the others' connections,
+/// where a later read would not be tracked.
+pub(crate) fn caching_no_over_nodes() -> Bytes {
+    simple_error(
+        "ERR",
+        "the command after CLIENT CACHING no must go to one node in front of a Redis Cluster \
+         (the flag would stay on the other nodes' connections, and a later read there would \
+         not be tracked); send CLIENT CACHING no before each single-node command",
+    )
+}
+
+/// Redis's answer to a REDIRECT naming a client that is not there: the named client's
+/// connection on a node ended between the proxy's check and the command.
+pub(crate) fn tracking_redirect_gone() -> Bytes {
+    simple_error("ERR", "The client ID you want redirect to does not exist")
 }
 
 /// Cluster mode, default-mode tracking on: why the client's own AUTH is refused (it needs a

@@ -9,6 +9,13 @@
 //! routes) each node numbers its connections on its own, so the same id on two nodes names
 //! two connections, and a command naming one must go to its node. Standalone and Sentinel
 //! upstreams are node 0.
+//!
+//! In cluster mode a client may also hold a connection on other nodes that hears what its
+//! dedicated one hears on its own node: the extra connections of a subscriber of keyspace
+//! notifications or of `__redis__:invalidate` (`cluster::keyspace`). Those are its
+//! *listeners*, one per node, so another client's `CLIENT TRACKING … REDIRECT` spread over
+//! every primary can name, on each node, the connection there that gets the invalidations
+//! (`cluster::tracking`).
 
 use std::sync::Arc;
 
@@ -29,8 +36,10 @@ pub(crate) struct ClientIds {
     /// Proxy id → upstream connection.
     upstream: DashMap<u64, Upstream>,
     /// Upstream connection → proxy id, for replies that name a connection (`CLIENT
-    /// GETREDIR`, `CLIENT TRACKINGINFO`'s redirect).
+    /// GETREDIR`, `CLIENT TRACKINGINFO`'s redirect), listeners included.
     client: DashMap<Upstream, u64>,
+    /// (Proxy id, node) → Redis's id of the client's listener there (module comment).
+    listeners: DashMap<(u64, u16), u64>,
 }
 
 impl ClientIds {
@@ -44,15 +53,42 @@ impl ClientIds {
         self.client.get(&upstream).map(|id| *id)
     }
 
+    /// Redis's id, on `node`, of the connection of `client` that hears what its own
+    /// connection would there: its dedicated connection if that is on `node`, else its
+    /// listener there.
+    pub(crate) fn on_node(&self, client: u64, node: u16) -> Option<u64> {
+        match self.upstream(client) {
+            Some(u) if u.node == node => Some(u.id),
+            _ => self.listeners.get(&(client, node)).map(|id| *id),
+        }
+    }
+
     /// Records that `client`'s dedicated connection is `upstream` until the returned value
     /// is dropped (with the connection).
     pub(crate) fn register(self: &Arc<Self>, client: u64, upstream: Upstream) -> Registration {
         self.upstream.insert(client, upstream);
+        self.entry(client, upstream, false)
+    }
+
+    /// Records `upstream` as `client`'s listener on its node (module comment) until the
+    /// returned value is dropped (with the connection).
+    pub(crate) fn register_listener(
+        self: &Arc<Self>,
+        client: u64,
+        upstream: Upstream,
+    ) -> Registration {
+        self.listeners.insert((client, upstream.node), upstream.id);
+        self.entry(client, upstream, true)
+    }
+
+    /// The reverse entry, and what removes both.
+    fn entry(self: &Arc<Self>, client: u64, upstream: Upstream, listener: bool) -> Registration {
         self.client.insert(upstream, client);
         Registration(Box::new(Entry {
             ids: self.clone(),
             client,
             upstream,
+            listener,
         }))
     }
 }
@@ -72,6 +108,8 @@ struct Entry {
     /// The connection: the entry is removed only while it still names this one (a newer
     /// connection of the same client may have replaced it).
     upstream: Upstream,
+    /// A listener's entry (`ClientIds::listeners`), not the dedicated connection's.
+    listener: bool,
 }
 
 impl Drop for Registration {
@@ -80,9 +118,15 @@ impl Drop for Registration {
             ids,
             client,
             upstream,
+            listener,
         } = &*self.0;
-        ids.upstream.remove_if(client, |_, u| u == upstream);
-        ids.client.remove(upstream);
+        if *listener {
+            ids.listeners
+                .remove_if(&(*client, upstream.node), |_, id| *id == upstream.id);
+        } else {
+            ids.upstream.remove_if(client, |_, u| u == upstream);
+        }
+        ids.client.remove_if(upstream, |_, c| c == client);
     }
 }
 
@@ -121,5 +165,24 @@ mod tests {
         drop(b);
         assert_eq!(ids.client(on(1, 100)), Some(7), "the other node's is kept");
         assert_eq!(ids.upstream(7), Some(on(1, 100)));
+    }
+
+    #[test]
+    fn listeners_name_a_client_on_the_other_nodes() {
+        let ids = Arc::new(ClientIds::default());
+        let on = |node, id| Upstream { node, id };
+        let home = ids.register(7, on(1, 100));
+        let other = ids.register_listener(7, on(2, 40));
+        assert_eq!(ids.on_node(7, 1), Some(100));
+        assert_eq!(ids.on_node(7, 2), Some(40));
+        assert_eq!(ids.on_node(7, 3), None);
+        assert_eq!(ids.client(on(2, 40)), Some(7), "GETREDIR maps it back");
+        assert_eq!(ids.upstream(7), Some(on(1, 100)), "not the dedicated one");
+        drop(other);
+        assert_eq!(ids.on_node(7, 2), None);
+        assert_eq!(ids.client(on(2, 40)), None);
+        assert_eq!(ids.on_node(7, 1), Some(100));
+        drop(home);
+        assert_eq!(ids.on_node(7, 1), None);
     }
 }

@@ -212,7 +212,7 @@ impl Session {
                 };
             }
         };
-        match self.routing.tracking_conn(proto, node) {
+        match self.routing.tracking_conn(node) {
             OwnConn::Any => {}
             OwnConn::Tracking(conn) => return enqueue(&conn.tx, batch).await,
             // Failed in its place; the next command's placement ends the session.
@@ -653,7 +653,7 @@ impl Session {
         proto: u8,
         node: u16,
     ) -> Option<Result<mpsc::Sender<Batch>, String>> {
-        let (tx, confined, upstream) = match self.routing.tracking_conn(proto, node) {
+        let (tx, confined, upstream) = match self.routing.tracking_conn(node) {
             OwnConn::Any => return None,
             OwnConn::Missing => {
                 let addr = self.node_pool(Target::Dedicated(node)).addr();

@@ -1090,6 +1090,7 @@ impl Session {
         if ok {
             self.client.proto = proto;
             self.keyspace_follow_proto();
+            Box::pin(self.tracking_follow_proto()).await;
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

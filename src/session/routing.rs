@@ -309,14 +309,14 @@ impl Routing {
         }
     }
 
-    /// Which connection the session's command in protocol `proto` for `node` takes where
-    /// default-mode tracking decides it (cluster mode: `cluster::tracking`); `Any` elsewhere.
-    pub(super) fn tracking_conn(&self, proto: u8, node: u16) -> tracking::OwnConn<'_> {
+    /// Which connection the session's command for `node` takes where tracking decides it
+    /// (cluster mode: `cluster::tracking`); `Any` elsewhere.
+    pub(super) fn tracking_conn(&self, node: u16) -> tracking::OwnConn<'_> {
         match self {
             Routing::Cluster(c) => c
                 .tracking
                 .as_deref()
-                .map_or(tracking::OwnConn::Any, |t| t.conn_for(proto, node)),
+                .map_or(tracking::OwnConn::Any, |t| t.conn_for(node)),
             _ => tracking::OwnConn::Any,
         }
     }

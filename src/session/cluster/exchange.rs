@@ -47,7 +47,7 @@ impl Session {
         };
         // Default-mode tracking: over the session's tracking connection to the node, where
         // Redis tracks what it reads (`tracking`).
-        let sent = match self.routing.tracking_conn(proto, node) {
+        let sent = match self.routing.tracking_conn(node) {
             OwnConn::Any => {
                 router
                     .pool(node)

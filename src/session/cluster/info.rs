@@ -34,7 +34,8 @@ pub(super) fn merge_info(replies: &[Bytes]) -> Bytes {
 /// INFO fields that count something of the whole dataset or of every client, which one
 /// Redis holding every key would report as the sum of the nodes' (a client waiting for its
 /// `BLPOP` to block polls `blocked_clients`, and the blocked connection is on its key's node,
-/// not on the node whose INFO text is shown).
+/// not on the node whose INFO text is shown). The fields of [`MAX_FIELDS`] are among them,
+/// merged by their largest value instead.
 const SUMMED_FIELDS: [&str; 16] = [
     "blocked_clients",
     "lazyfreed_objects",
@@ -54,11 +55,20 @@ const SUMMED_FIELDS: [&str; 16] = [
     "tracking_total_items",
 ];
 
-/// Each of [`SUMMED_FIELDS`] summed over the nodes' INFO replies (absent when no node has it).
+/// Fields of [`SUMMED_FIELDS`] that count a client once on every primary: a tracking
+/// client's tracking is spread over every primary, one connection each (`tracking`), so one
+/// Redis would count it once, as the largest of the nodes' counts does. (A client whose
+/// tracking stays on one node, behind routes or logged in as its own user, is then counted
+/// only where it is the largest.)
+const MAX_FIELDS: [&str; 1] = ["tracking_clients"];
+
+/// Each of [`SUMMED_FIELDS`] summed over the nodes' INFO replies, or the largest for
+/// [`MAX_FIELDS`] (absent when no node has it).
 fn counter_sums(replies: &[Bytes]) -> Vec<(&'static str, i64)> {
     let mut sums: Vec<(&'static str, i64)> = Vec::new();
     for (name, v) in node_lines(replies).filter_map(summed_field) {
         match sums.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) if MAX_FIELDS.contains(&name) => *total = (*total).max(v),
             Some((_, total)) => *total += v,
             None => sums.push((name, v)),
         }
@@ -264,13 +274,15 @@ mod tests {
     fn info_sums_the_keyspace() {
         let info = |keys: u32, expires: u32| {
             let text = format!(
-                "# Server\r\nredis_version:7.2\r\n\r\n# Clients\r\nmaxclients:10000\r\nblocked_clients:{expires}\r\n\r\n# Stats\r\nkeyspace_hits:{keys}\r\n\r\n# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=5\r\n"
+                "# Server\r\nredis_version:7.2\r\n\r\n# Clients\r\nmaxclients:10000\r\nblocked_clients:{expires}\r\ntracking_clients:{expires}\r\n\r\n# Stats\r\nkeyspace_hits:{keys}\r\n\r\n# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=5\r\n"
             );
             Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
         };
         let merged = merge_info(&[info(3, 1), info(4, 0), info(10, 2)]);
         let text = String::from_utf8_lossy(&merged).into_owned();
         assert!(text.contains("blocked_clients:3\r\n"), "{text}");
+        // Each tracking client is on every primary: counted once, as the largest.
+        assert!(text.contains("tracking_clients:2\r\n"), "{text}");
         assert!(text.contains("keyspace_hits:17\r\n"), "{text}");
         assert!(text.contains("maxclients:10000\r\n"), "not summed: {text}");
         assert!(

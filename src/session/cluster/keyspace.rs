@@ -1,5 +1,5 @@
 //! Cluster mode: keyspace notifications (`__keyspace@<db>__:<key>`, `__keyevent@<db>__:<event>`)
-//! from every primary.
+//! and redirected invalidations (`__redis__:invalidate`) from every primary.
 //!
 //! Redis Cluster carries a `PUBLISH` to every node over its bus, so the session's one classic
 //! subscriber connection (to its home node, see `subscriber`) hears every message. Keyspace
@@ -26,6 +26,14 @@
 //! so a restarted node or the replica promoted in a failed primary's place is heard again.
 //! The same retry opens them again after a HELLO changed the client's RESP version: their
 //! pushes go to the client as they are, so they must speak its version.
+//!
+//! **Invalidations.** A client that another client's `CLIENT TRACKING … REDIRECT` names gets
+//! the invalidations of the keys that client read, from the node where each was written, and
+//! a node sends them only to a connection of its own. So `__redis__:invalidate` is spread as
+//! the notification channels are, and each extra connection is the subscriber's *listener*
+//! on its node (`client_ids`): a REDIRECT spread over every primary names it there
+//! (`tracking`). A RESP3 subscriber gets them as `invalidate` pushes, which the filter lets
+//! through while the channel is held and confirmed.
 //!
 //! Limits: a primary that joins otherwise (resharding to a new node) is not listened to
 //! until the session subscribes to a notification name again. Subscriptions queued in MULTI
@@ -67,9 +75,13 @@ pub(in crate::session) fn is_keyspace_conn(id: u64) -> bool {
 /// What every keyspace notification channel starts with (then the database number).
 const NOTIFICATION_PREFIXES: [&[u8]; 2] = [b"__keyspace@", b"__keyevent@"];
 
-/// Whether `channel` is a keyspace notification channel.
+/// The channel Redis sends a RESP2 client's redirected invalidations on.
+const INVALIDATE_CHANNEL: &[u8] = b"__redis__:invalidate";
+
+/// Whether `channel` is published by each node for its own keys only: a keyspace
+/// notification channel, or `__redis__:invalidate`.
 pub(in crate::session) fn is_notification_channel(channel: &[u8]) -> bool {
-    NOTIFICATION_PREFIXES.iter().any(|p| channel.starts_with(p))
+    channel == INVALIDATE_CHANNEL || NOTIFICATION_PREFIXES.iter().any(|p| channel.starts_with(p))
 }
 
 /// Whether the glob `pattern` may match a keyspace notification channel. Conservative: the
@@ -121,6 +133,11 @@ impl Names {
             }
             Some(k) if k.eq_ignore_ascii_case(b"pmessage") => {
                 (&self.patterns, element(1), element(2))
+            }
+            // A RESP3 subscriber's redirected invalidations (module comment).
+            Some(k) if k == b"invalidate" => {
+                let name = Bytes::from_static(INVALIDATE_CHANNEL);
+                return self.channels.get(&name) == Some(&true);
             }
             _ => return false,
         };
@@ -460,7 +477,14 @@ impl Session {
             let names = subs.names.clone();
             let push = filtered(self.push_target(id), names);
             match self.open_node_conn(router, node, id, push).await {
-                Ok(conn) => {
+                Ok(mut conn) => {
+                    // The client's listener on `node` (module comment).
+                    conn.listener = conn.upstream_id.map(|upstream| {
+                        let upstream = crate::session::client_ids::Upstream { node, id: upstream };
+                        self.ctx
+                            .client_ids
+                            .register_listener(self.client.id, upstream)
+                    });
                     if let Some(subs) = self.routing.keyspace_mut() {
                         subs.conns.push(conn);
                         opened.push(id);
@@ -658,5 +682,25 @@ mod tests {
         assert!(!names.admits(b"*3\r\n$9\r\nsubscribe\r\n$18\r\n__keyevent@0__:set\r\n:1\r\n"));
         names.of(SubKind::Pattern).clear();
         assert!(!names.admits(pmessage("__keyspace@0__:k").as_bytes()));
+    }
+
+    #[test]
+    fn redirected_invalidations_pass_while_the_channel_is_held() {
+        assert!(is_notification_channel(b"__redis__:invalidate"));
+        assert!(!is_notification_channel(b"__redis__:invalidatex"));
+        let mut names = Names::default();
+        let resp2 = b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$1\r\nk\r\n";
+        let resp3 = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n";
+        assert!(!names.admits(resp3), "nothing held");
+        names
+            .of(SubKind::Channel)
+            .insert(Bytes::from_static(INVALIDATE_CHANNEL), false);
+        assert!(
+            !names.admits(resp2) && !names.admits(resp3),
+            "not confirmed yet"
+        );
+        names.confirm(b"*3\r\n$9\r\nsubscribe\r\n$20\r\n__redis__:invalidate\r\n:1\r\n");
+        assert!(names.admits(resp2));
+        assert!(names.admits(resp3));
     }
 }

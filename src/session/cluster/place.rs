@@ -44,6 +44,19 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Decision {
+        let decision = self.place_command(router, action, args, spec, queued);
+        self.caching_next(decision, args)
+    }
+
+    /// `place` but for the tracking hook that follows it.
+    fn place_command(
+        &self,
+        router: &Router,
+        action: Action,
+        args: &Args<'_>,
+        spec: Option<&'static CommandSpec>,
+        queued: Option<Target>,
+    ) -> Decision {
         if let Some(answer) = self.shard_route(&action, args) {
             return answer.into();
         }

@@ -99,6 +99,9 @@ pub(in crate::session) struct NodeConn {
     /// own dedicated connection is counted: without it one tenant's subscribers could hold
     /// every node's dedicated connections (issue 26's guarantee).
     pub(super) _share: Share,
+    /// Its entry as the client's listener on `node` while it has one (`client_ids`: a
+    /// subscriber's keyspace connection, which another client's REDIRECT may name).
+    pub(super) listener: Option<crate::session::client_ids::Registration>,
 }
 
 /// A sharded pub/sub command the session answers itself (see the module comment).
@@ -719,6 +722,7 @@ impl Session {
             confined: opened.confined,
             upstream_id: opened.upstream_id,
             _share: share,
+            listener: None,
         })
     }
 

@@ -1,14 +1,14 @@
-//! Cluster mode: client-side caching (`CLIENT TRACKING ON`, broadcasting or default mode)
-//! over every primary.
+//! Cluster mode: client-side caching (`CLIENT TRACKING ON`, broadcasting or default mode,
+//! with or without REDIRECT, OPTIN, OPTOUT, NOLOOP) over every primary.
 //!
 //! Redis sends an invalidation from the node where the key was written, to the clients that
 //! connection tracks. Standalone, the proxy turns tracking on on the client's dedicated
 //! connection and every command goes there. In a cluster one connection hears one node, so
-//! a tracking client was pinned to one node (keys of the others got CROSSSLOT). In BCAST mode
-//! the invalidations do not depend on what the client read, so the proxy turns tracking on,
-//! with the command as the policy left it (a namespaced tenant's PREFIX included), on one
-//! dedicated RESP3 connection per primary, and the session stays unpinned: its reads and
-//! writes keep the shared connections of every node.
+//! a tracking client was pinned to one node (keys of the others got CROSSSLOT). Instead the
+//! proxy turns tracking on, with the command as the policy left it (a namespaced tenant's
+//! PREFIX included), on one dedicated connection per primary, speaking the client's RESP
+//! version, and the session stays unpinned. In BCAST mode the invalidations do not depend on
+//! what the client read: its reads and writes keep the shared connections of every node.
 //!
 //! **Order.** Over one Redis connection a read's reply comes before the invalidation of a
 //! later write of that key. Over two connections it need not: the invalidation could reach
@@ -21,40 +21,56 @@
 //! killed) would leave writes on that node unheard: the client is disconnected, as Redis's
 //! own connection would have ended, and its cache starts over. So is a client whose cluster
 //! gained a primary without a tracking connection (a failover's promoted replica, a new
-//! node), at its next command, after an error saying why. REDIRECT while on, and any
-//! tracking command inside MULTI (the state is on every node, the transaction on one), are
-//! refused with the reason.
+//! node), at its next command, after an error saying why; and one whose tracking connection
+//! cannot follow its HELLO. Any tracking command inside MULTI (the state is on every node,
+//! the transaction on one) is refused with the reason.
 //!
-//! **Default mode** (`CLIENT TRACKING ON` without BCAST; NOLOOP too). Redis invalidates the
-//! keys a connection read, and tells that connection only. So the tracking connections are
-//! not only listened to: every command of the session for a node goes over its connection
-//! there, instead of the node's shared connection (`Routing::tracking_conn`, asked by
-//! `enqueue_to` and `send_shared`), and it is also the session's dedicated connection to
-//! that node (MULTI, WATCH, blocking commands, scripts: `Session::tracking_dedicated`). Each
-//! node's connection reads what the client reads of that node's keys, as the client's one
+//! **Default mode** (`CLIENT TRACKING ON` without BCAST) and **BCAST with NOLOOP**. Redis
+//! invalidates the keys a connection read, and tells that connection only; NOLOOP leaves out
+//! that connection's own writes. So the tracking connections are not only listened to: every
+//! command of the session for a node goes over its connection there, instead of the node's
+//! shared connection (`Routing::tracking_conn`, asked by `enqueue_to` and `send_shared`), and
+//! it is also the session's dedicated connection to that node (MULTI, WATCH, blocking
+//! commands, scripts: `Session::tracking_dedicated`). Each node's connection reads and
+//! writes what the client reads and writes of that node's keys, as the client's one
 //! connection would on one Redis; the session is not pinned (a command for another node goes
-//! over that node's), and NOLOOP holds as the client's writes go over the same connections.
-//! While a RESP2 client (after `HELLO 2`) the session uses the shared connections as usual:
-//! Redis sends no invalidations to a RESP2 client without REDIRECT. Fail closed: a client's
-//! own AUTH (a connection of its own, untracked) is refused while on, and a primary without
-//! a tracking connection answers the lost-tracking error before anything is read there.
+//! over that node's). In RESP2 too: Redis tracks what a RESP2 connection reads and sends the
+//! invalidations once it speaks RESP3, so the connections follow the client's HELLO
+//! (`tracking_follow_proto`). Fail closed: a client's own AUTH (a connection of its own,
+//! untracked) is refused while on, and a primary without a tracking connection answers the
+//! lost-tracking error before anything is read there.
 //!
-//! Not spread (the session is pinned to one node as before, docs/cluster.md): OPTIN/OPTOUT
-//! (`CLIENT CACHING` is about one connection's next command), BCAST with NOLOOP (the client's
-//! writes go over other connections), REDIRECT, RESP2, routes, replica reads (default mode),
-//! a client logged in upstream as its own user, and a session already pinned.
+//! **REDIRECT.** Redis sends a redirected invalidation only to a connection on its own node.
+//! A client subscribed to `__redis__:invalidate` listens on every primary (`keyspace`: one
+//! connection per other primary, each its *listener* there in `client_ids`), so a REDIRECT
+//! to it is spread: each node's tracking connection names the subscriber's connection on
+//! that node (`Redirect`). `CLIENT GETREDIR` and TRACKINGINFO name it by its proxy id, and
+//! TRACKINGINFO shows the redirect broken when any node found it so. ON again while on (a
+//! new redirect, none, more prefixes) goes to every node the same way.
+//!
+//! **OPTIN/OPTOUT.** `CLIENT CACHING yes|no` is about the connection's next command, which
+//! may go to any node: it is sent to every tracking connection, and the next command's
+//! placement sends the others a PING, which clears it there (`caching_next`). After `no`, a
+//! next command for several nodes is refused: the flag would stay where it does not go.
+//!
+//! Not spread (the session is pinned to one node as before, docs/cluster.md): a REDIRECT to
+//! a client that does not subscribe to `__redis__:invalidate`, PREFIX without BCAST (Redis's
+//! error), routes, replica reads (default mode, OPTIN/OPTOUT, BCAST with NOLOOP: reads on a
+//! replica's connection are untracked), a client logged in upstream as its own user, and a
+//! session already holding state on a dedicated connection.
 
 use super::Gather;
 use super::shard_subs::NodeConn;
 use crate::commands::grammar;
 use crate::policy::rewrite::Strip;
 use crate::protocol::codec;
+use crate::session::client_ids::ClientIds;
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Holds, Session};
+use crate::session::{Action, Decision, Effect, Holds, Session, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 /// The `conn_id` bits of the tracking connections: `SHARD_CONN`'s (so no code takes their end
@@ -70,16 +86,33 @@ pub(in crate::session) fn is_tracking_conn(id: u64) -> bool {
     id & CONN_KIND == TRACKING_CONN
 }
 
+/// `ClusterTracking::caching`: a `CLIENT CACHING yes` is pending.
+const CACHING_YES: u8 = 1;
+/// `ClusterTracking::caching`: a `CLIENT CACHING no` is pending.
+const CACHING_NO: u8 = 2;
+
 /// What an invalidation push starts with (RESP3): `>2`, then the bulk string `invalidate`.
 const INVALIDATE: &[u8] = b">2\r\n$10\r\ninvalidate\r\n";
 
 /// A session's tracking: one connection per primary.
 pub(in crate::session) struct ClusterTracking {
-    /// One RESP3 connection per primary of the map, tracking turned on there.
+    /// One connection per primary of the map, tracking turned on there.
     conns: Vec<NodeConn>,
-    /// Default mode (not BCAST): Redis tracks the keys each connection reads, so the
-    /// session's RESP3 commands for a node go over its connection here (`conn_for`).
-    keys: bool,
+    /// The session's commands for a node go over its connection here (`conn_for`): in the
+    /// default mode Redis tracks the keys each connection reads, and with NOLOOP only the
+    /// tracking connection's own writes are left out.
+    carries: bool,
+    /// REDIRECT: the proxy id of the client the invalidations go to (each node's connection
+    /// names that client's connection there). The session's commands then take the tracking
+    /// connections whatever its RESP version, and the connections follow its HELLO.
+    redirect: Option<u64>,
+    /// The RESP version the connections speak.
+    proto: u8,
+    /// A `CLIENT CACHING` Redis took and no command has followed yet: `CACHING_YES` or
+    /// `CACHING_NO` (0: none). It is on every node's connection, and applies to the next
+    /// command only: that command's placement clears it on the other nodes
+    /// (`caching_next`). Atomic so placement, which borrows the session, can note it.
+    caching: AtomicU8,
     /// The map's generation the connections were last checked against: a new map may name
     /// a primary without one. Atomic only so the check can note it from `&self` (placement).
     checked: AtomicU64,
@@ -97,9 +130,11 @@ pub(in crate::session) enum OwnConn<'a> {
 }
 
 impl ClusterTracking {
-    /// Which connection a command in protocol `proto` for `node` takes (see `OwnConn`).
-    pub(in crate::session) fn conn_for(&self, proto: u8, node: u16) -> OwnConn<'_> {
-        if !self.keys || proto != 3 {
+    /// Which connection a command for `node` takes (see `OwnConn`), in either protocol:
+    /// Redis tracks what a RESP2 connection reads too, and sends the invalidations once it
+    /// speaks RESP3 (the connections follow the client's HELLO: `tracking_follow_proto`).
+    pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
+        if !self.carries {
             return OwnConn::Any;
         }
         match self.conns.iter().find(|c| c.node == node) {
@@ -115,15 +150,40 @@ impl ClusterTracking {
     }
 }
 
+/// `CLIENT TRACKING ON … REDIRECT <id>` spread over every primary: on each, the command names
+/// the named client's connection there (its dedicated connection on its own node, its
+/// listener on the others: `client_ids`).
+pub(in crate::session) struct Redirect {
+    /// The proxy's id of the client named.
+    client: u64,
+    /// The command's arguments as the client sent them.
+    args: Vec<Bytes>,
+    /// Index of the REDIRECT id among them.
+    at: usize,
+}
+
+impl Redirect {
+    /// The command for `node`, naming the client's connection there; `None` when it has
+    /// none (it ended since): Redis's answer for a client that is not there.
+    fn command_for(&self, ids: &ClientIds, node: u16) -> Option<Bytes> {
+        let upstream = ids.on_node(self.client, node)?.to_string();
+        let mut parts: Vec<&[u8]> = self.args.iter().map(|a| &a[..]).collect();
+        parts[self.at] = upstream.as_bytes();
+        Some(codec::encode(&parts))
+    }
+}
+
 /// A tracking command the session answers over the tracking connections.
 pub(in crate::session) enum TrackingCommand {
     /// `CLIENT TRACKING ON …` while off: every primary gets a connection and the command (as
-    /// it goes upstream); `keys`: the default mode (`ClusterTracking::keys`).
+    /// it goes upstream); `carries`: as `ClusterTracking::carries`.
     Start {
         command: Bytes,
-        keys: bool,
+        carries: bool,
         /// A namespaced tenant's: its prefix taken out of an error quoting the prefixes.
         unquote: Option<Box<Strip>>,
+        /// REDIRECT: the client named, and where its id is in the command.
+        redirect: Option<Box<Redirect>>,
     },
     /// A tracking command while on (more prefixes, TRACKINGINFO, GETREDIR, CACHING): sent to
     /// every tracking connection (`all`) or the first; the first reply is the client's.
@@ -133,6 +193,23 @@ pub(in crate::session) enum TrackingCommand {
         /// As `Start`'s.
         unquote: Option<Box<Strip>>,
     },
+    /// `CLIENT TRACKING ON …` while on, naming a redirect or none: sent to every tracking
+    /// connection (with a REDIRECT, naming its client's connection on each node); once every
+    /// node took it, the session's redirect is the one it names (Redis sets none without
+    /// REDIRECT).
+    Again {
+        command: Bytes,
+        redirect: Option<Box<Redirect>>,
+        /// Whether its options need the session's commands on the tracking connections
+        /// (NOLOOP): they then do from now on.
+        carries: bool,
+        /// As `Start`'s.
+        unquote: Option<Box<Strip>>,
+    },
+    /// `CLIENT CACHING yes|no`: sent to every tracking connection, as the next command may
+    /// go to any node; once Redis took it, the next command's placement clears it on the
+    /// others (`caching_next`). `yes`: the argument is YES.
+    Caching { command: Bytes, yes: bool },
     /// `CLIENT TRACKING OFF`: the connections close, which turns tracking off on each node.
     Stop,
     /// Tracking cannot hold any more (a primary without a tracking connection): this error,
@@ -166,7 +243,7 @@ impl Session {
         }
         // Default mode: the client's own login would be one node's connection's, and one it
         // needs to itself reads untracked (fail closed; the module comment).
-        if on.is_some_and(|t| t.keys)
+        if on.is_some_and(|t| t.carries)
             && matches!(
                 action.forwarded(),
                 Some((_, Effect::Auth | Effect::AuthHello(_), _))
@@ -193,6 +270,21 @@ impl Session {
             None => codec::encode(&args.iter().collect::<Vec<_>>()),
         };
         let Some(_) = on else {
+            // OFF while off: Redis does nothing. Forwarded, it would hold the session on a
+            // dedicated connection for nothing (`Holds::CLIENT_MODE`), which pins it to one
+            // node and keeps later tracking from being spread.
+            if is(b"TRACKING")
+                && args.len() >= 3
+                && grammar::keyword(args.get(2), b"OFF")
+                && grammar::tracking_options(args).is_some()
+                && !self.conn.holds(Holds::CLIENT_MODE)
+                && !self.conn.in_multi()
+            {
+                return Some(Action::Local(
+                    Bytes::from_static(b"+OK\r\n"),
+                    crate::session::LocalEffect::None,
+                ));
+            }
             return self
                 .tracking_start(router, args, command, unquote)
                 .and_then(gather);
@@ -202,14 +294,43 @@ impl Session {
                 crate::protocol::answers::tracking_in_multi(),
             ));
         }
+        if is(b"CACHING") {
+            return gather(TrackingCommand::Caching {
+                command,
+                yes: grammar::keyword(args.get(2), b"YES"),
+            });
+        }
         if !is(b"TRACKING") {
             return gather(TrackingCommand::Ask {
                 command,
-                all: is(b"CACHING"),
+                all: false,
                 unquote,
             });
         }
         match grammar::tracking_options(args) {
+            // ON again, with or without a redirect (Redis replaces it): every node's
+            // connection takes it, naming the redirect's connection there.
+            Some(o)
+                if grammar::keyword(args.get(2), b"ON") && spread_carries(&o, router).is_some() =>
+            {
+                let redirect = match o.redirect {
+                    None => None,
+                    Some(at) => match self.redirect_everywhere(router, args, at) {
+                        Some(r) if unquote.is_none() => Some(Box::new(r)),
+                        _ => {
+                            return Some(Action::Refused(
+                                crate::protocol::answers::tracking_redirect_while_bcast(),
+                            ));
+                        }
+                    },
+                };
+                gather(TrackingCommand::Again {
+                    command,
+                    redirect,
+                    unquote,
+                    carries: spread_carries(&o, router).unwrap_or(true),
+                })
+            }
             Some(o) if o.redirect.is_some() => Some(Action::Refused(
                 crate::protocol::answers::tracking_redirect_while_bcast(),
             )),
@@ -253,26 +374,157 @@ impl Session {
             return None;
         }
         let options = grammar::tracking_options(args)?;
-        let spreads = options.redirect.is_none()
-            && self.client.proto == 3
-            && router.routes().is_none()
-            && !self.stateful()
-            && !self.conn.holds(Holds::OTHER_USER);
-        // The invalidations do not depend on which connection reads or writes.
-        let bcast = options.bcast && !options.per_client_modes;
-        // The session's commands go over the tracking connections: NOLOOP holds, OPTIN and
-        // OPTOUT do not (CACHING is about one connection's next command), nor do replica
-        // reads (read on a replica's connection, untracked); PREFIX without BCAST is Redis's
-        // error, on the pinned path.
-        let keys = !options.bcast
-            && !options.opt_in_out
-            && options.prefixes.is_empty()
-            && router.read_from() == crate::config::ReadFrom::Primary;
-        (spreads && (bcast || keys)).then_some(TrackingCommand::Start {
+        let redirect = match options.redirect {
+            None => None,
+            // A namespaced tenant's REDIRECT is refused by the policy; kept pinned anyway.
+            Some(_) if unquote.is_some() => return None,
+            Some(at) => Some(Box::new(self.redirect_everywhere(router, args, at)?)),
+        };
+        let spreads =
+            router.routes().is_none() && !self.stateful() && !self.conn.holds(Holds::OTHER_USER);
+        let carries = spread_carries(&options, router)?;
+        spreads.then_some(TrackingCommand::Start {
             command,
-            keys,
+            carries,
             unquote,
+            redirect,
         })
+    }
+
+    /// A REDIRECT to client `args[at]` that can be spread: a live client of this tenant,
+    /// not this one, with a connection on every primary that hears the invalidations sent
+    /// to it (its subscription to `__redis__:invalidate` is on every primary:
+    /// `keyspace`). `None` keeps the pinned path (the named client's one node).
+    fn redirect_everywhere(&self, router: &Router, args: &Args<'_>, at: usize) -> Option<Redirect> {
+        let client = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
+        let ids = &self.ctx.client_ids;
+        let ours = self.ctx.client_list.tenant(client) == Some(self.client.tenant);
+        let everywhere = router
+            .snapshot()
+            .primaries()
+            .iter()
+            .all(|&node| ids.on_node(client, node).is_some());
+        (ours && client != self.client.id && everywhere).then(|| Redirect {
+            client,
+            args: args.iter().map(Bytes::copy_from_slice).collect(),
+            at,
+        })
+    }
+
+    /// `TrackingCommand::Again`: Redis's reply (the first refusal, if any).
+    async fn tracking_again(
+        &mut self,
+        command: Bytes,
+        redirect: Option<Box<Redirect>>,
+        carries: bool,
+    ) -> Bytes {
+        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
+            return crate::protocol::answers::tracking_lost("the cluster");
+        };
+        let asked = ask_each(
+            &tracking.conns,
+            &self.ctx.client_ids,
+            &command,
+            redirect.as_deref(),
+        )
+        .await;
+        match asked {
+            Ok(reply) if reply.first() == Some(&b'+') => {
+                if let Some(t) = self
+                    .routing
+                    .cluster_mut()
+                    .and_then(|c| c.tracking.as_deref_mut())
+                {
+                    t.redirect = redirect.map(|r| r.client);
+                    t.carries |= carries;
+                }
+                reply
+            }
+            Ok(reply) => reply,
+            Err(reply) => {
+                // A connection that cannot answer cannot deliver invalidations.
+                self.input.closing = true;
+                reply
+            }
+        }
+    }
+
+    /// Hook after a HELLO the proxy answered: the tracking connections speak the client's
+    /// RESP version again (Redis keeps a connection's tracking across HELLO), so what they
+    /// carry is answered as the client now reads it, and a RESP3 client's invalidations come
+    /// as pushes. A connection that cannot follow ends the session, as after a lost tracking
+    /// connection.
+    pub(in crate::session) async fn tracking_follow_proto(&mut self) {
+        let proto = self.client.proto;
+        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
+            return;
+        };
+        if tracking.proto == proto {
+            return;
+        }
+        let senders: Vec<_> = tracking.conns.iter().map(|c| c.tx.clone()).collect();
+        let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
+        match ask_all(&senders, &hello).await {
+            Ok(reply) if reply.first() != Some(&b'-') => {
+                if let Some(t) = self
+                    .routing
+                    .cluster_mut()
+                    .and_then(|c| c.tracking.as_deref_mut())
+                {
+                    t.proto = proto;
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    id = self.client.id,
+                    "a tracking connection could not follow HELLO; the client is disconnected so its cache starts over"
+                );
+                self.input.closing = true;
+            }
+        }
+    }
+
+    /// Hook at the end of `place`: the command placed after a `CLIENT CACHING` is the one it
+    /// applies to. Sent to one node, every other node's connection gets a `PING`, which
+    /// clears the flag there (Redis clears it after any command but CLIENT), before any
+    /// later command of the session reaches them. Sent to several nodes (a split, a
+    /// fan-out), the flag stays where the command does not go: harmless after `yes` (a key
+    /// read there is tracked, and one needless invalidation may come), but after `no` a later
+    /// read there would not be tracked and the client's cache would keep a stale value, so
+    /// that command is refused (fail closed). Commands the proxy answers itself leave it
+    /// pending.
+    pub(in crate::session) fn caching_next(&self, decision: Decision, args: &Args<'_>) -> Decision {
+        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
+            return decision;
+        };
+        let pending = tracking.caching.load(Ordering::Relaxed);
+        // Redis keeps the flag past CLIENT commands (CACHING again, TRACKINGINFO…).
+        if pending == 0 || args.get(0).eq_ignore_ascii_case(b"CLIENT") {
+            return decision;
+        }
+        let node = match decision.action.forwarded() {
+            Some((Target::Shared(_, node) | Target::Dedicated(node), ..)) => Some(node),
+            None if matches!(decision.action, Action::Gather(_)) => None,
+            None => return decision,
+        };
+        tracking.caching.store(0, Ordering::Relaxed);
+        let Some(node) = node else {
+            if pending == CACHING_NO {
+                return Action::Refused(crate::protocol::answers::caching_no_over_nodes()).into();
+            }
+            return decision;
+        };
+        for conn in tracking.conns.iter().filter(|c| c.node != node) {
+            let (reply_to, _) = crate::upstream::reply_channel();
+            let _ = conn.tx.try_send(Batch {
+                bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
+                expect: Expect::Frames(1),
+                wait: ReplyWait::Prompt,
+                reply_to,
+                seq: 0,
+            });
+        }
+        decision
     }
 
     /// A primary of the current map without a tracking connection, if any.
@@ -290,9 +542,10 @@ impl Session {
         match command {
             TrackingCommand::Start {
                 command,
-                keys,
+                carries,
                 unquote,
-            } => unquoted(self.tracking_on(command, keys).await, unquote),
+                redirect,
+            } => unquoted(self.tracking_on(command, carries, redirect).await, unquote),
             TrackingCommand::Ask {
                 command,
                 all,
@@ -302,7 +555,11 @@ impl Session {
                 else {
                     return crate::protocol::answers::tracking_lost("the cluster");
                 };
-                let conns: Vec<_> = match all {
+                // With a redirect, the redirect's state is per node: a node that could not
+                // deliver an invalidation (its client gone) flags the redirect broken, the
+                // others do not yet, so TRACKINGINFO asks them all.
+                let every = all || tracking.redirect.is_some();
+                let conns: Vec<_> = match every {
                     true => tracking.conns.iter().map(|c| c.tx.clone()).collect(),
                     false => tracking
                         .conns
@@ -311,10 +568,52 @@ impl Session {
                         .map(|c| c.tx.clone())
                         .collect(),
                 };
-                match ask_all(&conns, &command).await {
+                let asked = match (tracking.redirect, all) {
+                    (Some(client), false) => ask_every(&conns, &command).await.map(|replies| {
+                        let broken =
+                            |r: &&Bytes| memchr::memmem::find(r, b"broken_redirect").is_some();
+                        let reply = replies.iter().find(broken).or(replies.first());
+                        // Each node names the redirect's connection there: its client.
+                        crate::session::replies::map_redirect(
+                            reply.cloned().unwrap_or_default(),
+                            |_| Some(client),
+                        )
+                    }),
+                    _ => ask_all(&conns, &command).await,
+                };
+                match asked {
                     Ok(reply) => unquoted(reply, unquote),
                     Err(reply) => {
                         // A connection that cannot answer cannot deliver invalidations.
+                        self.input.closing = true;
+                        reply
+                    }
+                }
+            }
+            TrackingCommand::Again {
+                command,
+                redirect,
+                unquote,
+                carries,
+            } => {
+                let reply = self.tracking_again(command, redirect, carries).await;
+                unquoted(reply, unquote)
+            }
+            TrackingCommand::Caching { command, yes } => {
+                let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
+                else {
+                    return crate::protocol::answers::tracking_lost("the cluster");
+                };
+                let conns: Vec<_> = tracking.conns.iter().map(|c| c.tx.clone()).collect();
+                match ask_all(&conns, &command).await {
+                    Ok(reply) => {
+                        if reply.first() == Some(&b'+') {
+                            let pending = if yes { CACHING_YES } else { CACHING_NO };
+                            tracking.caching.store(pending, Ordering::Relaxed);
+                        }
+                        reply
+                    }
+                    Err(reply) => {
                         self.input.closing = true;
                         reply
                     }
@@ -342,10 +641,16 @@ impl Session {
         }
     }
 
-    /// Opens a tracking connection to every primary and sends `command` on each: `+OK` once
-    /// every primary tracks, else the first refusal (and nothing is left on). `keys`: the
-    /// default mode, where those connections carry the session's commands.
-    async fn tracking_on(&mut self, command: Bytes, keys: bool) -> Bytes {
+    /// Opens a tracking connection to every primary and sends `command` on each (with a
+    /// redirect, the one naming the redirect's connection on that node): `+OK` once every
+    /// primary tracks, else the first refusal (and nothing is left on). `carries`: those
+    /// connections carry the session's commands.
+    async fn tracking_on(
+        &mut self,
+        command: Bytes,
+        carries: bool,
+        redirect: Option<Box<Redirect>>,
+    ) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
             return crate::protocol::answers::tracking_lost("the cluster");
         };
@@ -367,17 +672,21 @@ impl Session {
                 Err(reply) => return reply,
             }
         }
-        let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
-        match ask_all(&senders, &command).await {
+        let asked = ask_each(&conns, &self.ctx.client_ids, &command, redirect.as_deref()).await;
+        match asked {
             Ok(reply) if reply.first() == Some(&b'+') => {
+                let proto = self.client.proto;
                 if let Some(c) = self.routing.cluster_mut() {
                     c.tracking = Some(Box::new(ClusterTracking {
                         conns,
-                        keys,
+                        carries,
+                        redirect: redirect.map(|r| r.client),
+                        proto,
+                        caching: AtomicU8::new(0),
                         checked,
                     }));
                 }
-                if keys {
+                if carries {
                     // A dedicated connection kept from a blocking command (not pinned:
                     // `tracking_start`) reads untracked; the next one is a tracking one.
                     self.conn.dedicated = None;
@@ -428,6 +737,22 @@ impl Session {
     }
 }
 
+/// Whether tracking with `options` can be spread over every primary, and if so whether the
+/// session's commands go over the tracking connections (`ClusterTracking::carries`); `None`
+/// keeps the pinned path.
+fn spread_carries(options: &grammar::TrackingOptions, router: &Router) -> Option<bool> {
+    // Replica reads are read on a replica's connection, untracked.
+    let primary = router.read_from() == crate::config::ReadFrom::Primary;
+    // The default mode: the session's commands go over the tracking connections, so NOLOOP
+    // holds; OPTIN and OPTOUT do not (CACHING is about one connection's next command);
+    // PREFIX without BCAST is Redis's error, on the pinned path.
+    let keys = !options.bcast && options.prefixes.is_empty() && primary;
+    // BCAST: the invalidations do not depend on which connection reads; NOLOOP leaves out
+    // the tracking connection's own writes, so the session's commands go over it then too.
+    let bcast = options.bcast && !options.opt_in_out && (!options.noloop || primary);
+    (keys || bcast).then_some(keys || options.noloop)
+}
+
 /// Redis's reply to a tracking command with a namespaced tenant's prefix taken out of the
 /// names it quotes (`unquote`: the policy's strip, if any).
 fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
@@ -437,9 +762,49 @@ fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
     }
 }
 
+/// `command` on every connection, as `ask_all`; with a redirect, each connection's names the
+/// redirect's connection on its node, and a client no longer there on some node is Redis's
+/// error for it before anything is sent.
+async fn ask_each(
+    conns: &[NodeConn],
+    ids: &ClientIds,
+    command: &Bytes,
+    redirect: Option<&Redirect>,
+) -> Result<Bytes, Bytes> {
+    let Some(redirect) = redirect else {
+        let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
+        return ask_all(&senders, command).await;
+    };
+    let mut commands = Vec::with_capacity(conns.len());
+    for conn in conns {
+        match redirect.command_for(ids, conn.node) {
+            Some(command) => commands.push((conn.tx.clone(), command)),
+            None => return Ok(crate::protocol::answers::tracking_redirect_gone()),
+        }
+    }
+    let mut refused = None;
+    let mut first = None;
+    for (tx, command) in &commands {
+        let reply = ask_all(std::slice::from_ref(tx), command).await?;
+        if reply.first() == Some(&b'-') {
+            refused.get_or_insert(reply.clone());
+        }
+        first.get_or_insert(reply);
+    }
+    Ok(refused.or(first).unwrap_or_default())
+}
+
 /// Sends `command` on each connection and waits for every reply: the first reply when all
 /// answered (an error reply of Redis included), else the error of a connection that could not.
 async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes, Bytes> {
+    let replies = ask_every(conns, command).await?;
+    let refused = replies.iter().find(|r| r.first() == Some(&b'-'));
+    Ok(refused.or(replies.first()).cloned().unwrap_or_default())
+}
+
+/// Sends `command` on each connection and returns every reply, in the order they came
+/// (Redis's error replies included), or the error of a connection that could not answer.
+async fn ask_every(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Vec<Bytes>, Bytes> {
     if conns.is_empty() {
         return Err(crate::protocol::answers::tracking_lost("a primary"));
     }
@@ -457,18 +822,12 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
         }
     }
     drop(reply_to);
-    let mut first: Option<Bytes> = None;
-    let mut refused: Option<Bytes> = None;
+    let mut replies = Vec::with_capacity(conns.len());
     for _ in conns {
         match rx.recv().await {
             Some(Reply::Batch {
                 data, error: None, ..
-            }) => {
-                if data.first() == Some(&b'-') && refused.is_none() {
-                    refused = Some(data.clone());
-                }
-                first.get_or_insert(data);
-            }
+            }) => replies.push(data),
             Some(Reply::Batch { error: Some(e), .. }) => {
                 return Err(crate::protocol::error::error_reply(
                     &crate::protocol::error::ProxyError::Upstream(*e),
@@ -477,7 +836,7 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
             _ => return Err(crate::protocol::answers::tracking_lost("a primary")),
         }
     }
-    Ok(refused.or(first).unwrap_or_default())
+    Ok(replies)
 }
 
 #[cfg(test)]
