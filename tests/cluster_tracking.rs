@@ -545,3 +545,36 @@ async fn optout_caching_no_applies_to_the_next_command_only() {
     let mget = text(&c.call(&["MGET", &keys[0], &keys[1]]).await);
     assert!(mget.contains("CLIENT CACHING no"), "{mget}");
 }
+
+/// A REDIRECT to a RESP3 client that is not subscribed (it takes invalidations as pushes on
+/// any connection of its own) and has no connection yet: it is asked to open one on every
+/// primary (its listeners), and every node's invalidations of what the tracker read reach
+/// it as pushes. The tracker is not pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_redirect_target_listens_on_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let mut target = Raw::connect(proxy.addr).await;
+    assert!(target.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    let id = text(&target.call(&["CLIENT", "ID"]).await);
+    let id = id.trim_start_matches(':').trim_end().to_string();
+    let mut tracker = Raw::connect(proxy.addr).await;
+    let on = ["CLIENT", "TRACKING", "on", "REDIRECT", &id];
+    assert_eq!(text(&tracker.call(&on).await), "+OK\r\n");
+    for key in &keys {
+        assert_eq!(text(&tracker.call(&["GET", key]).await), "$-1\r\n", "{key}");
+    }
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        assert_eq!(text(&target.read_frame().await), text(&invalidation(key)));
+    }
+    // The target's own commands are unaffected.
+    assert_eq!(text(&target.call(&["GET", &keys[0]]).await), "$1\r\nv\r\n");
+    assert_eq!(
+        text(&tracker.call(&["CLIENT", "GETREDIR"]).await),
+        format!(":{id}\r\n")
+    );
+}

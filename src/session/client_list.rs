@@ -305,6 +305,11 @@ impl ClientList {
         self.0.get(&id).map(|row| row.tenant)
     }
 
+    /// The RESP version client `id` speaks, while it is connected.
+    pub(super) fn resp(&self, id: u64) -> Option<u8> {
+        self.0.get(&id).map(|row| row.resp)
+    }
+
     /// Whether client `id`'s subscriptions, as Redis's confirmations counted them, are any.
     pub(super) fn subscribed(&self, id: u64) -> bool {
         self.0.get(&id).is_some_and(|row| row.subs.any())

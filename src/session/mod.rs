@@ -1091,6 +1091,7 @@ impl Session {
             self.client.proto = proto;
             self.keyspace_follow_proto();
             Box::pin(self.tracking_follow_proto()).await;
+            self.listeners_follow_proto();
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

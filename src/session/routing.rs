@@ -76,9 +76,12 @@ pub(super) struct ClusterState {
     /// Keyspace notification names subscribed on the other primaries and their connections
     /// (see `keyspace`); `None` until the first subscription to one.
     pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
-    /// CLIENT TRACKING in broadcasting mode over every primary (see `tracking`); `None`
-    /// while off.
+    /// CLIENT TRACKING over every primary (see `tracking`); `None` while off.
     pub(super) tracking: Option<Box<tracking::ClusterTracking>>,
+    /// Connections that only listen for the invalidations another client's tracking
+    /// redirects to this RESP3 client, on the primaries where it had none (`tracking`,
+    /// `listen_everywhere`); `None` until such a redirect names it.
+    pub(super) listeners: Option<Box<tracking::Listeners>>,
     /// How many times tracking was started: its connections' ids include it, so the end of
     /// one closed by an earlier OFF is never taken for a live one's.
     pub(super) tracking_starts: u64,
@@ -105,6 +108,7 @@ impl Routing {
                 shard_subs: None,
                 keyspace: None,
                 tracking: None,
+                listeners: None,
                 tracking_starts: 0,
             })),
         }
@@ -340,6 +344,9 @@ impl Routing {
             c.shard_subs = None;
             c.keyspace = None;
             c.tracking = None;
+            // RESET makes the client RESP2, which Redis sends no redirected invalidation
+            // unless it subscribes (`tracking::listeners_follow_proto`).
+            c.listeners = None;
             c.tx_log = None;
         }
     }

@@ -13,6 +13,11 @@
 //! keeps the connection for as long as its session lives, as a client that ran a blocking
 //! command does, and pushes arriving on it reach the client like any other.
 //!
+//! In front of a Redis Cluster the target is asked for more: a connection on every primary
+//! where it has none (`cluster::tracking`, `listen_everywhere`), as Redis sends a redirected
+//! invalidation only to a connection on the key's node; the answer is then 0, and the caller
+//! names each node's connection.
+//!
 //! Only a client of the caller's tenant is asked (`client_list::ClientList::summon`), and
 //! the wait is bounded (`dedicated_wait_ms` plus the connect timeout): a target that cannot
 //! open a connection, or does not answer in time, gives the caller an error saying so.
@@ -93,7 +98,12 @@ impl Session {
         if waiting.is_empty() {
             return;
         }
-        let outcome = self.own_upstream_id().await;
+        // In a cluster the target is named on every primary: its listeners (`tracking`).
+        let outcome = if self.routing.is_cluster() {
+            Box::pin(self.listen_everywhere()).await
+        } else {
+            self.own_upstream_id().await
+        };
         for caller in waiting {
             let _ = caller.send(outcome.clone());
         }

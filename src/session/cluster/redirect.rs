@@ -66,6 +66,12 @@ impl Session {
             // connections (ids of their own), then pushes and connection ends: shard
             // subscriptions may need them.
             if let Reply::PinnedClosed(id) = msg
+                && super::tracking::is_listener_conn(*id)
+            {
+                self.listener_ended(*id);
+                return true;
+            }
+            if let Reply::PinnedClosed(id) = msg
                 && super::keyspace::is_keyspace_conn(*id)
             {
                 return Box::pin(self.keyspace_ended(*id)).await;

@@ -46,7 +46,10 @@
 //! to it is spread: each node's tracking connection names the subscriber's connection on
 //! that node (`Redirect`). `CLIENT GETREDIR` and TRACKINGINFO name it by its proxy id, and
 //! TRACKINGINFO shows the redirect broken when any node found it so. ON again while on (a
-//! new redirect, none, more prefixes) goes to every node the same way.
+//! new redirect, none, more prefixes) goes to every node the same way. A RESP3 client takes
+//! redirected invalidations as pushes on any connection of its own, subscribed or not: one
+//! named without a connection on every primary is asked to open the missing ones (its
+//! `Listeners`, through `summon`), and is then named the same way.
 //!
 //! **OPTIN/OPTOUT.** `CLIENT CACHING yes|no` is about the connection's next command, which
 //! may go to any node: it is sent to every tracking connection, and the next command's
@@ -54,7 +57,7 @@
 //! next command for several nodes is refused: the flag would stay where it does not go.
 //!
 //! Not spread (the session is pinned to one node as before, docs/cluster.md): a REDIRECT to
-//! a client that does not subscribe to `__redis__:invalidate`, PREFIX without BCAST (Redis's
+//! a RESP2 client that does not subscribe to `__redis__:invalidate`, PREFIX without BCAST (Redis's
 //! error), routes, replica reads (default mode, OPTIN/OPTOUT, BCAST with NOLOOP: reads on a
 //! replica's connection are untracked), a client logged in upstream as its own user, and a
 //! session already holding state on a dedicated connection.
@@ -80,6 +83,16 @@ const TRACKING_CONN: u64 = (1 << 63) | (1 << 61);
 
 /// The bits that tell the per-node connections apart.
 const CONN_KIND: u64 = 7 << 61;
+
+/// The `conn_id` bits of a summoned client's listeners (`listen_everywhere`): all three
+/// kind bits, and a counter below 2^48 (the retry wake-ups of the other kinds have every bit
+/// set).
+const LISTENER_CONN: u64 = 7 << 61;
+
+/// Whether the connection id `id` (of a `Reply::PinnedClosed`) is a listener's.
+pub(in crate::session) fn is_listener_conn(id: u64) -> bool {
+    id & CONN_KIND == LISTENER_CONN && id & !CONN_KIND < 1 << 48
+}
 
 /// Whether the connection id `id` (of a `Reply::PinnedClosed`) is a tracking connection's.
 pub(in crate::session) fn is_tracking_conn(id: u64) -> bool {
@@ -150,12 +163,25 @@ impl ClusterTracking {
     }
 }
 
+/// A RESP3 client's connections that only listen for invalidations redirected to it, one
+/// per primary where it had none (see `listen_everywhere`).
+#[derive(Default)]
+pub(in crate::session) struct Listeners {
+    /// The connections, each mapped as the client's listener on its node (`client_ids`).
+    conns: Vec<NodeConn>,
+    /// Source of their ids (under `LISTENER_CONN`), to know which one ended.
+    next_id: u64,
+}
+
 /// `CLIENT TRACKING ON … REDIRECT <id>` spread over every primary: on each, the command names
 /// the named client's connection there (its dedicated connection on its own node, its
 /// listener on the others: `client_ids`).
 pub(in crate::session) struct Redirect {
     /// The proxy's id of the client named.
     client: u64,
+    /// The client lacks a connection on some primary and speaks RESP3: it is asked to open
+    /// them first (`summon`, `listen_everywhere`).
+    summon: bool,
     /// The command's arguments as the client sent them.
     args: Vec<Bytes>,
     /// Index of the REDIRECT id among them.
@@ -393,8 +419,10 @@ impl Session {
 
     /// A REDIRECT to client `args[at]` that can be spread: a live client of this tenant,
     /// not this one, with a connection on every primary that hears the invalidations sent
-    /// to it (its subscription to `__redis__:invalidate` is on every primary:
-    /// `keyspace`). `None` keeps the pinned path (the named client's one node).
+    /// to it (its subscription to `__redis__:invalidate` is on every primary: `keyspace`),
+    /// or a RESP3 one, which takes them as pushes on any connection of its own and is asked
+    /// to open the missing ones (`Redirect::summon`). `None` keeps the pinned path (the
+    /// named client's one node): a RESP2 client hears them only while subscribed.
     fn redirect_everywhere(&self, router: &Router, args: &Args<'_>, at: usize) -> Option<Redirect> {
         let client = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
         let ids = &self.ctx.client_ids;
@@ -404,11 +432,110 @@ impl Session {
             .primaries()
             .iter()
             .all(|&node| ids.on_node(client, node).is_some());
-        (ours && client != self.client.id && everywhere).then(|| Redirect {
+        let summon = !everywhere && self.ctx.client_list.resp(client) == Some(3);
+        (ours && client != self.client.id && (everywhere || summon)).then(|| Redirect {
             client,
+            summon,
             args: args.iter().map(Bytes::copy_from_slice).collect(),
             at,
         })
+    }
+
+    /// Caller side: asks client `client` to listen on every primary (`listen_everywhere`),
+    /// waiting as long as `summon` does; the error to answer when it cannot.
+    async fn summon_listeners(&self, client: u64) -> Result<(), Bytes> {
+        let ctx = &self.ctx;
+        let Some(rx) = ctx
+            .client_list
+            .summon(client, self.client.tenant, &ctx.idle_tick)
+        else {
+            return Err(crate::protocol::answers::tracking_redirect_gone());
+        };
+        let wait = ctx.dedicated_caps.2 + ctx.pool.connect_timeout();
+        let why = match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(Ok(_))) => return Ok(()),
+            Ok(Ok(Err(why))) => why,
+            Ok(Err(_)) => return Err(crate::protocol::answers::tracking_redirect_gone()),
+            Err(_) => format!("it did not answer within {} ms", wait.as_millis()),
+        };
+        Err(crate::protocol::answers::redirect_target_unreachable(
+            client, &why,
+        ))
+    }
+
+    /// Target side of a summon in cluster mode: a connection of this client's own on every
+    /// primary where it has none, mapped as its listener there, whose pushes (the
+    /// invalidations another client's tracking redirects to it) reach the client as any
+    /// push does. RESP3 only: Redis sends a RESP2 client redirected invalidations only while
+    /// it is subscribed, on the connection that is. Kept while the session lives; one that
+    /// ends is gone (Redis then reports the redirect broken to the tracker, as for a client
+    /// that left), and opened again by the next summon. Answers 0: the caller names each
+    /// node's connection (`client_ids::on_node`).
+    pub(in crate::session) async fn listen_everywhere(&mut self) -> Result<u64, String> {
+        if self.input.closing {
+            return Err("it is disconnecting".into());
+        }
+        if self.client.proto != 3 {
+            return Err("it speaks RESP2 and is not subscribed to __redis__:invalidate".into());
+        }
+        let Some(router) = self.routing.router().cloned() else {
+            return Err("it is not in front of a cluster".into());
+        };
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        for node in primaries {
+            if self.ctx.client_ids.on_node(self.client.id, node).is_some() {
+                continue;
+            }
+            let Some(c) = self.routing.cluster_mut() else {
+                break;
+            };
+            let listeners = c.listeners.get_or_insert_with(Box::default);
+            listeners.conns.retain(|l| !l.tx.is_closed());
+            listeners.next_id += 1;
+            let id = LISTENER_CONN | listeners.next_id;
+            let push = self.push_target(id);
+            let mut conn = self
+                .open_node_conn(&router, node, id, push)
+                .await
+                .map_err(|e| String::from_utf8_lossy(&e).trim().to_string())?;
+            conn.listener = conn.upstream_id.map(|upstream| {
+                let upstream = crate::session::client_ids::Upstream { node, id: upstream };
+                self.ctx
+                    .client_ids
+                    .register_listener(self.client.id, upstream)
+            });
+            if let Some(l) = self
+                .routing
+                .cluster_mut()
+                .and_then(|c| c.listeners.as_mut())
+            {
+                l.conns.push(conn);
+            }
+        }
+        Ok(0)
+    }
+
+    /// Hook after a HELLO took effect: listeners are for a RESP3 client, whose pushes they
+    /// carry as they are; after `HELLO 2` they close (Redis sends a RESP2 client that is not
+    /// subscribed no redirected invalidations), and the trackers' nodes report the redirect
+    /// broken, as for a client that left.
+    pub(in crate::session) fn listeners_follow_proto(&mut self) {
+        if self.client.proto != 3
+            && let Some(c) = self.routing.cluster_mut()
+        {
+            c.listeners = None;
+        }
+    }
+
+    /// Hook in `follow_redirects`: listener `id` ended (its node failed, it was killed).
+    pub(in crate::session) fn listener_ended(&mut self, id: u64) {
+        if let Some(l) = self
+            .routing
+            .cluster_mut()
+            .and_then(|c| c.listeners.as_mut())
+        {
+            l.conns.retain(|c| c.id != id);
+        }
     }
 
     /// `TrackingCommand::Again`: Redis's reply (the first refusal, if any).
@@ -418,6 +545,11 @@ impl Session {
         redirect: Option<Box<Redirect>>,
         carries: bool,
     ) -> Bytes {
+        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
+            && let Err(reply) = self.summon_listeners(r.client).await
+        {
+            return reply;
+        }
         let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
             return crate::protocol::answers::tracking_lost("the cluster");
         };
@@ -671,6 +803,11 @@ impl Session {
                 Ok(conn) => conns.push(conn),
                 Err(reply) => return reply,
             }
+        }
+        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
+            && let Err(reply) = self.summon_listeners(r.client).await
+        {
+            return reply;
         }
         let asked = ask_each(&conns, &self.ctx.client_ids, &command, redirect.as_deref()).await;
         match asked {
