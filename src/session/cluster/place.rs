@@ -44,21 +44,9 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Decision {
-        let decision = self.place_command(router, action, args, spec, queued);
-        self.caching_next(decision, args)
-    }
-
-    /// `place` but for the tracking hook that follows it.
-    fn place_command(
-        &self,
-        router: &Router,
-        action: Action,
-        args: &Args<'_>,
-        spec: Option<&'static CommandSpec>,
-        queued: Option<Target>,
-    ) -> Decision {
+        // Each command that goes upstream passes `caching_next` (a pending CLIENT CACHING).
         if let Some(answer) = self.shard_route(&action, args) {
-            return answer.into();
+            return self.caching_next(answer.into(), args);
         }
         if let Some(answer) = self.tracking_route(router, &action, args) {
             return answer.into();
@@ -80,7 +68,7 @@ impl Session {
                     Some(split)
                         if !self.conn.in_multi() && matches!(target, Target::Shared(..)) =>
                     {
-                        return split.into();
+                        return self.caching_next(split.into(), args);
                     }
                     Some(_) if self.conn.in_multi() => CrossSlotWhy::InTransaction,
                     Some(_) => CrossSlotWhy::Pinned,
@@ -91,10 +79,11 @@ impl Session {
             }
         };
         let action = self.place_on_node(router, action, slot, spec, queued);
-        Decision {
+        let decision = Decision {
             action: self.keyspace_route(router, action, args),
             hash_slot: slot,
-        }
+        };
+        self.caching_next(decision, args)
     }
 
     /// The node a forwarded command whose keys hash to `slot` (`None`: keyless) goes to, and

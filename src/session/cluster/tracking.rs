@@ -616,15 +616,15 @@ impl Session {
         }
     }
 
-    /// Hook at the end of `place`: the command placed after a `CLIENT CACHING` is the one it
-    /// applies to. Sent to one node, every other node's connection gets a `PING`, which
-    /// clears the flag there (Redis clears it after any command but CLIENT), before any
-    /// later command of the session reaches them. Sent to several nodes (a split, a
-    /// fan-out), the flag stays where the command does not go: harmless after `yes` (a key
-    /// read there is tracked, and one needless invalidation may come), but after `no` a later
-    /// read there would not be tracked and the client's cache would keep a stale value, so
-    /// that command is refused (fail closed). Commands the proxy answers itself leave it
-    /// pending.
+    /// Hook in `place`, for each command that goes upstream: the one placed after a `CLIENT
+    /// CACHING` is the one it applies to. Sent to one node, every other node's connection
+    /// gets a `PING`, which clears the flag there (Redis clears it after any command but
+    /// CLIENT), before any later command of the session reaches them. Sent to several nodes
+    /// (a split, a fan-out), the flag stays where the command does not go: harmless after
+    /// `yes` (a key read there is tracked, and one needless invalidation may come), but after
+    /// `no` a later read there would not be tracked and the client's cache would keep a stale
+    /// value, so that command is refused (fail closed). Commands the proxy answers itself
+    /// leave it pending.
     pub(in crate::session) fn caching_next(&self, decision: Decision, args: &Args<'_>) -> Decision {
         let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
             return decision;
