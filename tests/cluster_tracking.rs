@@ -578,3 +578,18 @@ async fn a_resp3_redirect_target_listens_on_every_primary() {
         format!(":{id}\r\n")
     );
 }
+
+/// Tracking commands without their argument while tracking is on (state fuzzer: the session
+/// read past the arguments and its task panicked, closing the client): Redis's arity error,
+/// and the client goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_commands_without_arguments_get_redis_s_error() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = bcast_client(&proxy, &[]).await;
+    for bare in [&["CLIENT", "TRACKING"][..], &["CLIENT", "CACHING"]] {
+        let reply = text(&c.call(bare).await);
+        assert!(reply.starts_with("-ERR"), "{bare:?}: {reply}");
+        assert_eq!(text(&c.call(&["PING"]).await), "+PONG\r\n", "{bare:?}");
+    }
+}

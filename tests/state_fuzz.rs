@@ -679,6 +679,20 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "XREAD BLOCK 10 STREAMS k2 0 | HELLO 3 SETNAME fuzz | CLIENT TRACKING OFF",
     ),
     (
+        // In front of a cluster (seed 42830715): with tracking on over every primary, a
+        // tracking command without its argument was read past its arguments; the session's
+        // task panicked and the client's connection closed.
+        "CLIENT TRACKING without ON or OFF while tracking is on",
+        "CLIENT TRACKING ON BCAST PREFIX k | UNSUBSCRIBE | CLIENT TRACKING\nCLIENT CACHING",
+    ),
+    (
+        // In front of a cluster (seed 31143294): a RESP2 client's tracking is spread over
+        // every primary; its HELLO 3, forwarded on the dedicated connection its AUTH opened,
+        // switched that connection only, and TRACKINGINFO came from another one in RESP2.
+        "HELLO forwarded on the dedicated connection while tracking is spread",
+        "inline CLIENT TRACKING ON BCAST PREFIX k\nAUTH default\\x00 wrong\nHELLO 3\nCLIENT TRACKINGINFO | CLIENT SETNAME fuzzy | UNWATCH",
+    ),
+    (
         // PING refuses more than one argument itself; the proxy's own answer in a RESP2
         // shard subscriber's context (in front of a cluster) refused it as not allowed there.
         "PING with two arguments while subscribed to a shard channel",

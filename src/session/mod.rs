@@ -1090,7 +1090,7 @@ impl Session {
         if ok {
             self.client.proto = proto;
             self.keyspace_follow_proto();
-            Box::pin(self.tracking_follow_proto()).await;
+            self.tracking_follow_proto();
             self.listeners_follow_proto();
             let named = name.is_some();
             if named {

@@ -299,6 +299,7 @@ impl Session {
                     d.proto = proto;
                 }
                 self.keyspace_follow_proto();
+                self.tracking_follow_proto();
                 self.listeners_follow_proto();
             }
             Effect::Monitor => {

@@ -284,6 +284,9 @@ impl Session {
             return None;
         }
         let sub = args.get(1);
+        // The subcommand's first argument (ON, OFF, YES…), empty when there is none: Redis
+        // answers the arity error, and nothing here may index past the arguments.
+        let first = if args.len() > 2 { args.get(2) } else { &[] };
         let is = |name: &[u8]| sub.eq_ignore_ascii_case(name);
         if !(is(b"TRACKING") || is(b"TRACKINGINFO") || is(b"GETREDIR") || is(b"CACHING")) {
             return None;
@@ -300,8 +303,7 @@ impl Session {
             // dedicated connection for nothing (`Holds::CLIENT_MODE`), which pins it to one
             // node and keeps later tracking from being spread.
             if is(b"TRACKING")
-                && args.len() >= 3
-                && grammar::keyword(args.get(2), b"OFF")
+                && grammar::keyword(first, b"OFF")
                 && grammar::tracking_options(args).is_some()
                 && !self.conn.holds(Holds::CLIENT_MODE)
                 && !self.conn.in_multi()
@@ -323,7 +325,7 @@ impl Session {
         if is(b"CACHING") {
             return gather(TrackingCommand::Caching {
                 command,
-                yes: grammar::keyword(args.get(2), b"YES"),
+                yes: grammar::keyword(first, b"YES"),
             });
         }
         if !is(b"TRACKING") {
@@ -336,9 +338,7 @@ impl Session {
         match grammar::tracking_options(args) {
             // ON again, with or without a redirect (Redis replaces it): every node's
             // connection takes it, naming the redirect's connection there.
-            Some(o)
-                if grammar::keyword(args.get(2), b"ON") && spread_carries(&o, router).is_some() =>
-            {
+            Some(o) if grammar::keyword(first, b"ON") && spread_carries(&o, router).is_some() => {
                 let redirect = match o.redirect {
                     None => None,
                     Some(at) => match self.redirect_everywhere(router, args, at) {
@@ -362,7 +362,7 @@ impl Session {
             )),
             // OFF as Redis reads it (strcasecmp: `off\0` is OFF; options it parses are
             // accepted and ignored).
-            Some(_) if grammar::keyword(args.get(2), b"OFF") => {
+            Some(_) if grammar::keyword(first, b"OFF") => {
                 // Default mode: the dedicated connection may be a tracking connection, which
                 // OFF closes, with what the client holds on it.
                 if self.pinned()
@@ -581,38 +581,46 @@ impl Session {
         }
     }
 
-    /// Hook after a HELLO the proxy answered: the tracking connections speak the client's
-    /// RESP version again (Redis keeps a connection's tracking across HELLO), so what they
-    /// carry is answered as the client now reads it, and a RESP3 client's invalidations come
-    /// as pushes. A connection that cannot follow ends the session, as after a lost tracking
-    /// connection.
-    pub(in crate::session) async fn tracking_follow_proto(&mut self) {
+    /// Hook after a HELLO took effect (answered by the proxy, or forwarded on the dedicated
+    /// connection and accepted): the tracking connections speak the client's RESP version
+    /// again (Redis keeps a connection's tracking across HELLO), so what they carry is
+    /// answered as the client now reads it, and a RESP3 client's invalidations come as
+    /// pushes. `HELLO <version>` is queued on each without waiting for its reply: nothing of
+    /// the session's after the HELLO has gone out yet (the run before it was flushed, and a
+    /// forwarded HELLO is waited for), so it comes first on every connection. One that
+    /// cannot take it ends the session, as after a lost tracking connection.
+    pub(in crate::session) fn tracking_follow_proto(&mut self) {
         let proto = self.client.proto;
-        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
+        let Some(tracking) = self
+            .routing
+            .cluster_mut()
+            .and_then(|c| c.tracking.as_deref_mut())
+        else {
             return;
         };
         if tracking.proto == proto {
             return;
         }
-        let senders: Vec<_> = tracking.conns.iter().map(|c| c.tx.clone()).collect();
+        tracking.proto = proto;
         let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
-        match ask_all(&senders, &hello).await {
-            Ok(reply) if reply.first() != Some(&b'-') => {
-                if let Some(t) = self
-                    .routing
-                    .cluster_mut()
-                    .and_then(|c| c.tracking.as_deref_mut())
-                {
-                    t.proto = proto;
-                }
-            }
-            _ => {
-                tracing::warn!(
-                    id = self.client.id,
-                    "a tracking connection could not follow HELLO; the client is disconnected so its cache starts over"
-                );
-                self.input.closing = true;
-            }
+        let (reply_to, _) = crate::upstream::reply_channel();
+        let queued = tracking.conns.iter().all(|conn| {
+            conn.tx
+                .try_send(Batch {
+                    bytes: hello.clone(),
+                    expect: Expect::Frames(1),
+                    wait: ReplyWait::Prompt,
+                    reply_to: reply_to.clone(),
+                    seq: 0,
+                })
+                .is_ok()
+        });
+        if !queued {
+            tracing::warn!(
+                id = self.client.id,
+                "a tracking connection could not follow HELLO; the client is disconnected so its cache starts over"
+            );
+            self.input.closing = true;
         }
     }
 
