@@ -152,7 +152,30 @@ impl Dedicated {
         push: PushTarget,
         raw: bool,
     ) -> Result<Opened, UpstreamError> {
-        let (push, permit) = match self.take_or_permit(proto, push, raw).await? {
+        self.open_from(proto, push, raw, !raw).await
+    }
+
+    /// `open`, but dialled even when the stock has one (`stocked: false`), with the proxy's
+    /// login: for a session that takes one connection of every node at once (cluster
+    /// tracking), whose takes would set every node's stock refilling, and a refill's HELLO
+    /// shows in a MONITOR opened right after (Redis's `unit/other` through a cluster).
+    pub(super) async fn open_unstocked(
+        &self,
+        proto: u8,
+        push: PushTarget,
+    ) -> Result<Opened, UpstreamError> {
+        self.open_from(proto, push, false, false).await
+    }
+
+    /// `open`: `raw` without the proxy's login; `stocked`: a stocked connection may serve.
+    async fn open_from(
+        &self,
+        proto: u8,
+        push: PushTarget,
+        raw: bool,
+        stocked: bool,
+    ) -> Result<Opened, UpstreamError> {
+        let (push, permit) = match self.take_or_permit(proto, push, stocked).await? {
             Ok(opened) => return Ok(opened),
             Err(pair) => pair,
         };
@@ -231,20 +254,20 @@ impl Dedicated {
         }
     }
 
-    /// A stocked connection (never for `raw`), or else a permit to dial one: whichever comes
-    /// first within `limits.wait`. A connection the refill stocks meanwhile counts too (it
+    /// A stocked connection (when `stocked`: never for `raw`), or else a permit to dial one:
+    /// whichever comes first within `limits.wait`. A connection the refill stocks meanwhile counts too (it
     /// may hold the last permit while it dials).
     async fn take_or_permit(
         &self,
         proto: u8,
         mut push: PushTarget,
-        raw: bool,
+        stocked: bool,
     ) -> Result<Result<Opened, (PushTarget, OwnedSemaphorePermit)>, UpstreamError> {
         let deadline = tokio::time::Instant::now() + self.limits.wait;
         loop {
             // Registered before looking, so a connection stocked in between is not missed.
-            let stocked = self.stocked.notified();
-            if !raw {
+            let stocked_now = self.stocked.notified();
+            if stocked {
                 match self.take(proto, push) {
                     Ok(opened) => return Ok(Ok(opened)),
                     Err(back) => push = back,
@@ -257,7 +280,7 @@ impl Dedicated {
                     }
                     return Err(self.exhausted());
                 }
-                () = stocked, if !raw => {}
+                () = stocked_now, if stocked => {}
                 () = tokio::time::sleep_until(deadline) => return Err(self.exhausted()),
             }
         }
@@ -322,15 +345,19 @@ async fn refill(dedicated: Weak<Dedicated>, index: usize) {
     let mut first = true;
     loop {
         notify.notified().await;
-        if !first && dedicated.upgrade().is_some_and(|d| d.ready()[index] > 0) {
-            // Some stock is left: refill a moment later, not at once. A new connection's
-            // HELLO shows in MONITOR, and a client that just started monitoring expects to
-            // see the commands it is about to run, not the proxy's handshake (Redis's own
-            // suite checks that). A further take does not cut the wait short: the MONITOR
-            // itself is one (measured: a cluster client's tracking takes a connection from
-            // every node's stock, and a MONITOR right after it then saw a refill's HELLO,
-            // `unit/other`). Only an empty stock is refilled at once.
-            tokio::time::sleep(REFILL_DELAY).await;
+        if !first
+            && dedicated
+                .upgrade()
+                .is_some_and(|d| d.ready()[index] > d.limits.warm / 2)
+        {
+            // Over half the stock is left: refill a moment later, not at once. A new
+            // connection's HELLO shows in MONITOR, and a client that just started monitoring
+            // expects to see the commands it is about to run, not the proxy's handshake
+            // (Redis's own suite checks that). A further take cuts the wait short.
+            tokio::select! {
+                () = tokio::time::sleep(REFILL_DELAY) => {}
+                () = notify.notified() => {}
+            }
         }
         first = false;
         loop {

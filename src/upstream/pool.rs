@@ -332,6 +332,16 @@ impl Pool {
     ) -> Result<Opened, UpstreamError> {
         self.dedicated.open(proto, push, raw).await
     }
+
+    /// `dedicated`, with the proxy's login, dialled even when the stock has one (see
+    /// `Dedicated::open_unstocked`).
+    pub(crate) async fn dedicated_unstocked(
+        &self,
+        proto: u8,
+        push: PushTarget,
+    ) -> Result<Opened, UpstreamError> {
+        self.dedicated.open_unstocked(proto, push).await
+    }
 }
 
 /// What every node's pool is built with, read once from `upstream` so a cluster's pools

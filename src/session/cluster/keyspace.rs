@@ -45,7 +45,7 @@
 //! names carry its prefix upstream, so they never name a notification channel: nothing is
 //! spread for it, and it hears no notifications, as in front of one server.
 
-use super::shard_subs::{NodeConn, RETRY_EVERY};
+use super::shard_subs::{NodeConn, RETRY_EVERY, Stock};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
 use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
@@ -476,7 +476,10 @@ impl Session {
             let id = KEYSPACE_CONN | subs.next_id;
             let names = subs.names.clone();
             let push = filtered(self.push_target(id), names);
-            match self.open_node_conn(router, node, id, push).await {
+            match self
+                .open_node_conn(router, node, id, push, Stock::Take)
+                .await
+            {
                 Ok(mut conn) => {
                     // The client's listener on `node` (module comment).
                     conn.listener = conn.upstream_id.map(|upstream| {

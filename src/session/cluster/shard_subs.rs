@@ -80,8 +80,18 @@ pub(in crate::session) struct ShardSubs {
     retry_scheduled: bool,
 }
 
-/// A dedicated pub/sub connection to one node (shard channels here, keyspace notifications in
-/// `keyspace`).
+/// Where a per-node connection comes from (`open_node_conn`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stock {
+    /// The node's warm stock when it has one ready.
+    Take,
+    /// Dialled: a session taking one of every node at once (tracking) would set every
+    /// node's stock refilling (see `Pool::dedicated_unstocked`).
+    Dial,
+}
+
+/// A dedicated connection of the session's to one node (shard channels here, keyspace
+/// notifications in `keyspace`, tracking and listeners in `tracking`).
 pub(in crate::session) struct NodeConn {
     /// The node it is connected to.
     pub(in crate::session) node: u16,
@@ -685,7 +695,9 @@ impl Session {
         subs.next_id += 1;
         let id = SHARD_CONN | subs.next_id;
         let push = self.push_target(id);
-        let conn = self.open_node_conn(router, node, id, push).await?;
+        let conn = self
+            .open_node_conn(router, node, id, push, Stock::Take)
+            .await?;
         let tx = conn.tx.clone();
         let Some(subs) = self.routing.shard_subs_or_new() else {
             return Err(not_a_cluster());
@@ -703,6 +715,7 @@ impl Session {
         node: u16,
         id: u64,
         push: PushTarget,
+        from: Stock,
     ) -> Result<NodeConn, Bytes> {
         let share = match Box::pin(self.take_share()).await {
             Ok(share) => share,
@@ -712,9 +725,12 @@ impl Session {
             }
         };
         // Boxed: the connect + handshake future is large and rare.
-        let opened = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
-            .await
-            .map_err(|e| error_reply(&ProxyError::Upstream(e)))?;
+        let pool = router.pool(node);
+        let opened = match from {
+            Stock::Take => Box::pin(pool.dedicated(self.client.proto, push, false)).await,
+            Stock::Dial => Box::pin(pool.dedicated_unstocked(self.client.proto, push)).await,
+        }
+        .map_err(|e| error_reply(&ProxyError::Upstream(e)))?;
         Ok(NodeConn {
             node,
             tx: opened.tx,

@@ -63,7 +63,7 @@
 //! session already holding state on a dedicated connection.
 
 use super::Gather;
-use super::shard_subs::NodeConn;
+use super::shard_subs::{NodeConn, Stock};
 use crate::commands::grammar;
 use crate::policy::rewrite::Strip;
 use crate::protocol::codec;
@@ -495,7 +495,7 @@ impl Session {
             let id = LISTENER_CONN | listeners.next_id;
             let push = self.push_target(id);
             let mut conn = self
-                .open_node_conn(&router, node, id, push)
+                .open_node_conn(&router, node, id, push, Stock::Dial)
                 .await
                 .map_err(|e| String::from_utf8_lossy(&e).trim().to_string())?;
             conn.listener = conn.upstream_id.map(|upstream| {
@@ -807,7 +807,10 @@ impl Session {
         for (i, node) in primaries.into_iter().enumerate() {
             let id = TRACKING_CONN | start | i as u64;
             let push = self.push_target(id);
-            match self.open_node_conn(&router, node, id, push).await {
+            match self
+                .open_node_conn(&router, node, id, push, Stock::Dial)
+                .await
+            {
                 Ok(conn) => conns.push(conn),
                 Err(reply) => return reply,
             }
