@@ -310,6 +310,9 @@ fn documented_refusal(frames: &[Vec<u8>]) -> bool {
                 // Tracking spread over every primary: a tracking command in MULTI, REDIRECT,
                 // the client's own AUTH, OFF over a held connection.
                 || has(f, b"in front of a Redis Cluster while"))
+            // A script's SELECT refused by a cluster node, inside EXEC's reply (seed
+            // 89816556): the same documented difference, one level down.
+            || (f.starts_with(b"*") && has(f, b"-ERR SELECT is not allowed in cluster mode"))
     })
 }
 
@@ -691,6 +694,20 @@ const REGRESSIONS: &[(&str, &str)] = &[
         // switched that connection only, and TRACKINGINFO came from another one in RESP2.
         "HELLO forwarded on the dedicated connection while tracking is spread",
         "inline CLIENT TRACKING ON BCAST PREFIX k\nAUTH default\\x00 wrong\nHELLO 3\nCLIENT TRACKINGINFO | CLIENT SETNAME fuzzy | UNWATCH",
+    ),
+    (
+        // Seed 22006596: a PSUBSCRIBE run by EXEC put the RESP2 client in the subscribed
+        // context, where Redis refuses HELLO before reading its version; the proxy, which
+        // had not counted the subscription, answered NOPROTO itself.
+        "HELLO with a bad version after EXEC subscribed the client",
+        "b MULTI\nb PSUBSCRIBE c* | select 99 | SELECT x\\x00\nb EXEC\nb HELLO 4\nb HELLO x",
+    ),
+    (
+        // Seed 22006596 again: `EXEC extra` ends the transaction (EXECABORT); the proxy kept
+        // it open in its view, took the SUBSCRIBE pipelined after it for queued, and the
+        // next commands' replies were waited for in vain.
+        "a SUBSCRIBE pipelined after an EXEC with an argument",
+        "b MULTI\nb inline EXEC extra | SUBSCRIBE c1\nb PSUBSCRIBE c* | select 99 | SELECT x\\x00",
     ),
     (
         // PING refuses more than one argument itself; the proxy's own answer in a RESP2

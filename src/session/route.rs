@@ -142,8 +142,19 @@ impl Session {
             {
                 // In front of a cluster, a transaction's keyless commands before its first
                 // key are answered `+QUEUED` by the proxy and held (docs/cluster.md); Redis
-                // refuses this one at queue time, which spoils the transaction (state fuzzer).
+                // refuses this one at queue time, which spoils the transaction (state fuzzer),
+                // or, for EXEC, ends it with EXECABORT.
+                if kind == Kind::Exec {
+                    let why = answers::wrong_arity(s.name);
+                    return Action::Local(answers::exec_rejected(&why), LocalEffect::EndMulti);
+                }
                 return Action::Refused(answers::wrong_arity(s.name));
+            }
+            // Except EXEC: Redis answers EXECABORT and discards the transaction, so commands
+            // pipelined after it are no longer queued (state fuzzer: a SUBSCRIBE after `EXEC
+            // extra`, taken for queued, left the next replies waited for in vain).
+            if kind == Kind::Exec && self.conn.in_multi() {
+                return forward(current, Effect::EndMulti);
             }
             return forward(current, Effect::None);
         }
@@ -478,15 +489,26 @@ impl Session {
             };
             Action::Local(reply, effect)
         };
+        // A RESP2 subscriber's session may be in the subscribed context without the proxy
+        // counting its subscriptions (a SUBSCRIBE run by EXEC), where Redis refuses any HELLO
+        // before reading its version: a version Redis refuses is then Redis's to answer, on
+        // the connection holding the subscriptions (state fuzzer, seed 22006596). It changes
+        // nothing either way.
+        let refused_version = |local: Bytes| {
+            if self.client.proto == 2
+                && self.conn.holds(Holds::SUBSCRIPTIONS)
+                && !self.conn.in_multi()
+            {
+                forward(self.dedicated_target(), Effect::None)
+            } else {
+                Action::Local(local, LocalEffect::None)
+            }
+        };
         if args.len() >= 2 {
             match codec::parse_int(args.get(1)) {
                 Some(v @ 2..=3) => proto = v as u8,
-                Some(_) => {
-                    return Action::Local(answers::noproto(), LocalEffect::None);
-                }
-                None => {
-                    return Action::Local(answers::hello_bad_version(), LocalEffect::None);
-                }
+                Some(_) => return refused_version(answers::noproto()),
+                None => return refused_version(answers::hello_bad_version()),
             }
             let mut j = 2;
             while j < args.len() {
