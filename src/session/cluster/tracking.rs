@@ -603,18 +603,7 @@ impl Session {
         }
         tracking.proto = proto;
         let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
-        let (reply_to, _) = crate::upstream::reply_channel();
-        let queued = tracking.conns.iter().all(|conn| {
-            conn.tx
-                .try_send(Batch {
-                    bytes: hello.clone(),
-                    expect: Expect::Frames(1),
-                    wait: ReplyWait::Prompt,
-                    reply_to: reply_to.clone(),
-                    seq: 0,
-                })
-                .is_ok()
-        });
+        let queued = tracking.conns.iter().all(|conn| unanswered(conn, &hello));
         if !queued {
             tracing::warn!(
                 id = self.client.id,
@@ -655,14 +644,7 @@ impl Session {
             return decision;
         };
         for conn in tracking.conns.iter().filter(|c| c.node != node) {
-            let (reply_to, _) = crate::upstream::reply_channel();
-            let _ = conn.tx.try_send(Batch {
-                bytes: Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"),
-                expect: Expect::Frames(1),
-                wait: ReplyWait::Prompt,
-                reply_to,
-                seq: 0,
-            });
+            unanswered(conn, &Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
         }
         decision
     }
@@ -908,6 +890,21 @@ fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
         Some(s) => s.apply(&reply),
         None => reply,
     }
+}
+
+/// Queues one command on `conn` whose reply no one reads (it is dropped with the reply
+/// channel); `false` when the connection's queue is full or closed.
+fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
+    let (reply_to, _) = crate::upstream::reply_channel();
+    conn.tx
+        .try_send(Batch {
+            bytes: command.clone(),
+            expect: Expect::Frames(1),
+            wait: ReplyWait::Prompt,
+            reply_to,
+            seq: 0,
+        })
+        .is_ok()
 }
 
 /// `command` on every connection, as `ask_all`; with a redirect, each connection's names the
