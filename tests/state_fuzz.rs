@@ -703,6 +703,13 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "b MULTI\nb PSUBSCRIBE c* | select 99 | SELECT x\\x00\nb EXEC\nb HELLO 4\nb HELLO x",
     ),
     (
+        // Seed 92563583: the subscription counts were read from top-level confirmations
+        // only; a SUBSCRIBE run by EXEC left the RESP2 client subscribed while the proxy
+        // counted none, and it answered CLIENT SETNAME itself where Redis refuses it.
+        "CLIENT SETNAME after EXEC subscribed the client",
+        "b MULTI | DEL {s}k3\\x00 | PUNSUBSCRIBE\nb SUBSCRIBE c2 | EXEC | HELLO 3 AUTH nobody wrong\nb inline CLIENT SETNAME fuzzy",
+    ),
+    (
         // Seed 22006596 again: `EXEC extra` ends the transaction (EXECABORT); the proxy kept
         // it open in its view, took the SUBSCRIBE pipelined after it for queued, and the
         // next commands' replies were waited for in vain.

@@ -371,7 +371,8 @@ impl Session {
             ),
             client_info: effect == Effect::ClientInfo,
             names_redirect: effect == Effect::NamesRedirect,
-            sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_)),
+            sub_counts: matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_))
+                || self.exec_subscribes(effect),
             hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
             reset: effect == Effect::Reset,
             hello_auth: match effect {

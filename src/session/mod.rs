@@ -638,6 +638,10 @@ struct Transaction {
     /// For each command queued (hidden ones included), whether the client sees its result:
     /// the mask applied to EXEC's reply.
     mask: Vec<bool>,
+    /// A SUBSCRIBE-family command is queued: EXEC's reply carries confirmations that change
+    /// the client's subscription counts, and with them whether a RESP2 client is in the
+    /// subscribed context.
+    subscribes: bool,
 }
 
 /// Connection state that lives on the dedicated upstream connection; any of it keeps the

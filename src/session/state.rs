@@ -215,7 +215,13 @@ impl Session {
                 Some(mask) => multi.mask.extend_from_slice(mask),
                 None => multi.mask.push(true),
             }
+            multi.subscribes |= matches!(effect, Effect::Subscribe(_) | Effect::Unsubscribe(_));
         }
+    }
+
+    /// Whether `effect` is the EXEC of a transaction with a SUBSCRIBE-family command queued.
+    pub(super) fn exec_subscribes(&self, effect: Effect) -> bool {
+        effect == Effect::EndMulti && self.conn.multi.as_ref().is_some_and(|m| m.subscribes)
     }
 
     /// The mask for EXEC's reply, when hidden commands were queued.

@@ -17,19 +17,31 @@ pub(super) struct SubCounts {
 }
 
 impl SubCounts {
-    /// Applies every confirmation in `data` (a reply of one or more frames); anything else
-    /// in it (an error, a PONG) changes nothing.
-    pub(super) fn confirmed(&mut self, mut data: &[u8]) {
-        while let Ok(Some(len)) = crate::protocol::reply::scan(data) {
-            if let Some((kind, count)) = confirmation(&data[..len]) {
-                match kind {
-                    Kind::Channel => self.sub = count.saturating_sub(self.psub),
-                    Kind::Pattern => self.psub = count.saturating_sub(self.sub),
-                    Kind::Shard => self.ssub = count,
-                }
+    /// Applies every confirmation in `data` (a reply of one or more frames), those in an
+    /// EXEC's reply (an array of its commands' replies) included; anything else in it (an
+    /// error, a PONG) changes nothing.
+    pub(super) fn confirmed(&mut self, data: &[u8]) {
+        for frame in frames(data) {
+            if !self.apply(frame) {
+                // One level only: a confirmation is never nested deeper than EXEC's reply.
+                frames(exec_elements(frame).unwrap_or_default()).for_each(|f| {
+                    self.apply(f);
+                });
             }
-            data = &data[len..];
         }
+    }
+
+    /// Applies `frame` if it is a confirmation; says whether it was.
+    fn apply(&mut self, frame: &[u8]) -> bool {
+        let Some((kind, count)) = confirmation(frame) else {
+            return false;
+        };
+        match kind {
+            Kind::Channel => self.sub = count.saturating_sub(self.psub),
+            Kind::Pattern => self.psub = count.saturating_sub(self.sub),
+            Kind::Shard => self.ssub = count,
+        }
+        true
     }
 
     /// Whether the client is subscribed to anything.
@@ -72,6 +84,26 @@ fn confirmation(frame: &[u8]) -> Option<(Kind, u64)> {
     Some((kind, std::str::from_utf8(digits).ok()?.parse().ok()?))
 }
 
+/// The complete frames of `data`, in order.
+fn frames(mut data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let len = crate::protocol::reply::scan(data).ok()??;
+        let (frame, rest) = data.split_at(len);
+        data = rest;
+        Some(frame)
+    })
+}
+
+/// The elements of an array frame (an EXEC's reply): what follows its header.
+fn exec_elements(frame: &[u8]) -> Option<&[u8]> {
+    let rest = frame.strip_prefix(b"*")?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    if rest[..end].first() == Some(&b'-') {
+        return None;
+    }
+    Some(&rest[end + 2..])
+}
+
 /// A bulk string at the start of `s` and what follows it.
 fn bulk(s: &[u8]) -> Option<(&[u8], &[u8])> {
     let s = s.strip_prefix(b"$")?;
@@ -104,5 +136,17 @@ mod tests {
         c.confirmed(b">3\r\n$12\r\nsunsubscribe\r\n_\r\n:0\r\n");
         assert_eq!(c.ssub, 0);
         assert!(c.any());
+    }
+
+    #[test]
+    fn confirmations_inside_exec_count() {
+        let mut c = SubCounts::default();
+        c.confirmed(
+            b"*3\r\n:1\r\n*3\r\n$12\r\npunsubscribe\r\n$-1\r\n:0\r\n*3\r\n$9\r\nsubscribe\r\n$2\r\nc2\r\n:1\r\n",
+        );
+        assert_eq!((c.sub, c.psub), (1, 0));
+        // A nested array is not looked into: only EXEC's own elements are replies.
+        c.confirmed(b"*1\r\n*1\r\n*3\r\n$11\r\nunsubscribe\r\n$2\r\nc2\r\n:0\r\n");
+        assert_eq!(c.sub, 1);
     }
 }
