@@ -332,10 +332,16 @@ async fn a_proxy_user_does_not_take_over_the_clients_redis_logins() {
     assert!(log.contains("auth") && log.contains("app"), "{log}");
     // HELLO … AUTH the same way.
     let mut h = Raw::connect(proxy.addr()).await;
-    h.send(b"HELLO 3 AUTH app app-pw\r\n").await;
+    h.send(b"HELLO 3 AUTH app app-pw SETNAME worker\r\n").await;
     let hello = h.collect_frames(1, DEADLINE).await.joined();
     assert!(hello.starts_with(b"%"), "{}", show(&hello));
     assert_eq!(h.call(&["ACL", "WHOAMI"]).await, b"$3\r\napp\r\n");
+    // Its SETNAME names the client once Redis accepted the login; a refused one names none.
+    assert_eq!(h.call(&["CLIENT", "GETNAME"]).await, b"$6\r\nworker\r\n");
+    h.send(b"HELLO 3 AUTH app nope SETNAME other\r\n").await;
+    let wrong = h.collect_frames(1, DEADLINE).await.joined();
+    assert!(wrong.starts_with(b"-WRONGPASS"), "{}", show(&wrong));
+    assert_eq!(h.call(&["CLIENT", "GETNAME"]).await, b"$6\r\nworker\r\n");
     // The proxy's own user still logs in, to its own tenant, on the proxy's upstream login.
     let mut ops = Raw::connect(proxy.addr()).await;
     assert_eq!(ops.call(&["AUTH", "ops", "ops-pw"]).await, b"+OK\r\n");

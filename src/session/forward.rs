@@ -345,9 +345,17 @@ impl Session {
             return true;
         }
         let command = self.input.rbuf.split_to(len).freeze();
-        if matches!(effect, Effect::Hello(_)) {
-            self.note_hello_name(&command);
-        }
+        // HELLO's SETNAME: done now; with AUTH, once Redis accepted the login.
+        let hello_name = match effect {
+            Effect::Hello(_) => {
+                if let Some(name) = hello_setname(&command) {
+                    self.name_client(Some(name));
+                }
+                None
+            }
+            Effect::AuthHello(_) => hello_setname(&command),
+            _ => None,
+        };
         let out = self.outgoing(command, target, effect, rewrite);
         let expect = match expect {
             Expect::Frames(_) => Expect::Frames(out.frames.len() as u32),
@@ -376,10 +384,11 @@ impl Session {
             hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
             reset: effect == Effect::Reset,
             hello_auth: match effect {
-                Effect::AuthHello(proto) => Some(HelloAuth {
+                Effect::AuthHello(proto) => Some(Box::new(HelloAuth {
                     proto,
                     first_login: !self.conn.holds(Holds::OTHER_USER),
-                }),
+                    name: hello_name,
+                })),
                 _ => None,
             },
             info: effect == Effect::Info,
@@ -405,29 +414,6 @@ impl Session {
             self.client.reply_mode = ReplyMode::On;
         }
         true
-    }
-
-    /// A HELLO with SETNAME forwarded on the client's own connection (checked by
-    /// `decide_hello`: a protocol and a name Redis accepts, no AUTH, so Redis takes it) names
-    /// the client there; the proxy answers CLIENT GETNAME and LIST from its own record, so it
-    /// notes the name too (it answered `$-1` after it; state fuzzer). Not on the data path.
-    fn note_hello_name(&mut self, command: &[u8]) {
-        let Some(args) = crate::protocol::codec::split_args_of(command) else {
-            return;
-        };
-        let mut j = 2;
-        let mut name = None;
-        while j + 1 < args.len() {
-            if crate::commands::grammar::keyword(&args[j], b"SETNAME") {
-                name = Some(Bytes::copy_from_slice(&args[j + 1]));
-                j += 2;
-            } else {
-                j += 3;
-            }
-        }
-        if name.is_some() {
-            self.name_client(name);
-        }
     }
 
     /// Sentinel mode: a WAIT after a failover that came after the writes it would cover is
@@ -764,4 +750,23 @@ pub(super) async fn enqueue(
         Err(mpsc::error::TrySendError::Closed(batch)) => Err(mpsc::error::SendError(batch)),
         Err(mpsc::error::TrySendError::Full(batch)) => Box::pin(tx.send(batch)).await,
     }
+}
+
+/// The name a HELLO command's SETNAME gives (the last, as Redis reads its options), if any.
+/// A forwarded HELLO names the client upstream; the proxy answers CLIENT GETNAME and LIST
+/// from its own record, so it notes the name too (it answered `$-1` after it; state fuzzer;
+/// after an accepted HELLO with AUTH, a test). Not on the data path.
+pub(super) fn hello_setname(command: &[u8]) -> Option<Bytes> {
+    let args = crate::protocol::codec::split_args_of(command)?;
+    let mut j = 2;
+    let mut name = None;
+    while j + 1 < args.len() {
+        if crate::commands::grammar::keyword(&args[j], b"SETNAME") {
+            name = Some(Bytes::copy_from_slice(&args[j + 1]));
+            j += 2;
+        } else {
+            j += 3;
+        }
+    }
+    name
 }

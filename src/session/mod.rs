@@ -222,7 +222,7 @@ struct Handling {
     /// `psub=` and `ssub=` in CLIENT LIST (`sub_counts`).
     sub_counts: bool,
     /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
-    hello_auth: Option<HelloAuth>,
+    hello_auth: Option<Box<HelloAuth>>,
     /// RESET forwarded (`Effect::Reset`): the session resets once Redis answered it.
     reset: bool,
     /// A forwarded HELLO: its reply is shaped as the one the proxy answers itself
@@ -254,13 +254,15 @@ struct Handling {
 /// A forwarded HELLO with the client's own AUTH, settled by Redis's answer: Redis switches
 /// the protocol only if it accepts the AUTH, and a refused AUTH leaves the client as it was.
 /// Taken at dispatch, the session read the connection's RESP2 replies as RESP3.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct HelloAuth {
     /// The protocol asked for, the client's once Redis accepted it.
     proto: u8,
     /// The client was on the proxy's login before (`Holds::OTHER_USER` not held): refused,
     /// it is again, and the connection dialled for this AUTH is dropped.
     first_login: bool,
+    /// Its SETNAME, the client's name once Redis accepted it (refused, the name stays).
+    name: Option<Bytes>,
 }
 
 /// What `execute` carries out an action for: the command dispatched alone, passed down to

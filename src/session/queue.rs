@@ -216,7 +216,7 @@ impl Session {
         }
         if let Some(hello) = handling.hello_auth {
             self.settle_hello_auth(
-                hello,
+                *hello,
                 error.is_none() && data.first().is_some_and(|&b| b != b'-'),
             );
         }
@@ -259,6 +259,9 @@ impl Session {
     fn settle_hello_auth(&mut self, hello: super::HelloAuth, accepted: bool) {
         if accepted {
             self.apply(super::Effect::Hello(hello.proto));
+            if hello.name.is_some() {
+                self.name_client(hello.name);
+            }
         } else if hello.first_login {
             self.conn.held.remove(Holds::OTHER_USER);
             if !self.pinned() {
