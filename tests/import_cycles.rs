@@ -38,6 +38,7 @@ const PENDING: &[&[&str]] = &[
         "session::cluster::gather",
         "session::cluster::info",
         "session::cluster::keyspace",
+        "session::cluster::login",
         "session::cluster::merge",
         "session::cluster::place",
         "session::cluster::redirect",

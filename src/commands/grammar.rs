@@ -8,6 +8,25 @@
 //! disagrees with Redis on some spelling, and every disagreement is a way around the rule.
 //! Every rule, the router and the session read options through this module.
 
+/// The name a HELLO command frame's SETNAME gives (the last, as Redis reads its options), if
+/// any. A forwarded HELLO names the client upstream; the proxy answers CLIENT GETNAME and
+/// LIST from its own record, so it notes the name too (it answered `$-1` after it; state
+/// fuzzer; after an accepted HELLO with AUTH, a test). Not on the data path.
+pub(crate) fn hello_setname_of(command: &[u8]) -> Option<bytes::Bytes> {
+    let args = crate::protocol::codec::split_args_of(command)?;
+    let mut j = 2;
+    let mut name = None;
+    while j + 1 < args.len() {
+        if keyword(&args[j], b"SETNAME") {
+            name = Some(bytes::Bytes::copy_from_slice(&args[j + 1]));
+            j += 2;
+        } else {
+            j += 3;
+        }
+    }
+    name
+}
+
 /// C's `strcasecmp(arg, keyword) == 0` on a Redis argument: the argument ends at its first NUL
 /// byte, as Redis's own parsing sees it.
 pub(crate) fn keyword(arg: &[u8], keyword: &[u8]) -> bool {

@@ -434,6 +434,34 @@ pub(crate) fn tracking_lost_reason(node: &str) -> String {
     )
 }
 
+/// Cluster mode, the client logged in as its own user over every primary, and `node` (a
+/// primary the map gained, or one whose connection ended) has no connection logged in as
+/// it: its keys would be reached as the proxy's user.
+pub(crate) fn own_login_lost(node: &str) -> Bytes {
+    simple_error("ERR", &own_login_lost_reason(node))
+}
+
+/// Why the client's own login cannot go on (see `own_login_lost`).
+pub(crate) fn own_login_lost_reason(node: &str) -> String {
+    format!(
+        "{node} has no connection logged in as this client's user (a failover, a new primary \
+         or a lost connection), so its keys would be reached with the proxy's rights; the \
+         connection closes, reconnect and log in again"
+    )
+}
+
+/// Cluster mode, the client logged in as its own user over every primary: an AUTH queued in
+/// MULTI would run at EXEC on the transaction's node only, leaving the client another user
+/// on the other primaries.
+pub(crate) fn own_login_in_multi() -> Bytes {
+    simple_error(
+        "ERR",
+        "AUTH and HELLO AUTH are refused inside MULTI in front of a Redis Cluster while this \
+         client is logged in as its own user: the transaction runs on one node, the login is \
+         on every primary; log in before MULTI",
+    )
+}
+
 /// Cluster mode, tracking spread over every primary: a tracking command queued in MULTI
 /// would run on the transaction's node only, while the tracking state is on every primary.
 pub(crate) fn tracking_in_multi() -> Bytes {

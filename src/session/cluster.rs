@@ -31,6 +31,7 @@ mod gather;
 mod hll;
 mod info;
 pub(super) mod keyspace;
+pub(super) mod login;
 mod merge;
 mod place;
 mod redirect;
@@ -60,6 +61,9 @@ pub(super) enum Gather {
     /// CLIENT TRACKING in broadcasting mode, answered over a tracking connection per
     /// primary (see `tracking`).
     Tracking(tracking::TrackingCommand),
+    /// The client's own login (AUTH, HELLO AUTH), sent on a connection per primary (see
+    /// `login`).
+    Login(login::LoginCommand),
 }
 
 impl Gather {

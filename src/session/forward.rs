@@ -212,9 +212,9 @@ impl Session {
                 };
             }
         };
-        match self.routing.tracking_conn(node) {
+        match self.routing.own_conn(node) {
             OwnConn::Any => {}
-            OwnConn::Tracking(conn) => return enqueue(&conn.tx, batch).await,
+            OwnConn::Own(conn) => return enqueue(&conn.tx, batch).await,
             // Failed in its place; the next command's placement ends the session.
             OwnConn::Missing => return Err(mpsc::error::SendError(batch)),
         }
@@ -348,12 +348,12 @@ impl Session {
         // HELLO's SETNAME: done now; with AUTH, once Redis accepted the login.
         let hello_name = match effect {
             Effect::Hello(_) => {
-                if let Some(name) = hello_setname(&command) {
+                if let Some(name) = crate::commands::grammar::hello_setname_of(&command) {
                     self.name_client(Some(name));
                 }
                 None
             }
-            Effect::AuthHello(_) => hello_setname(&command),
+            Effect::AuthHello(_) => crate::commands::grammar::hello_setname_of(&command),
             _ => None,
         };
         let out = self.outgoing(command, target, effect, rewrite);
@@ -592,7 +592,7 @@ impl Session {
     /// reason when it could not. Used by `ensure_dedicated` and by a session asked for its
     /// connection by another's REDIRECT (`summon`), which must not answer anything itself.
     pub(super) async fn open_dedicated(&mut self, raw: bool, node: u16) -> Result<(), String> {
-        if let Some(taken) = self.tracking_dedicated(raw, self.client.proto, node) {
+        if let Some(taken) = self.own_dedicated(raw, self.client.proto, node) {
             return taken.map(drop);
         }
         let push = PushTarget {
@@ -628,26 +628,31 @@ impl Session {
         Ok(())
     }
 
-    /// Cluster mode, CLIENT TRACKING on in the default mode: the session's dedicated
-    /// connection to `node` is its tracking connection there (Redis tracks what each
-    /// connection reads, so a transaction's, a script's or a blocking command's reads must be
-    /// read on it: `cluster::tracking`), made the dedicated one and returned; the reason
-    /// where none may be (`raw`: the client's own AUTH, a connection of its own; a primary
-    /// without one). `None` where tracking does not decide the connection.
-    pub(super) fn tracking_dedicated(
+    /// Cluster mode, CLIENT TRACKING on in the default mode or the client's own login over
+    /// every primary: the session's dedicated connection to `node` is its own connection
+    /// there (Redis tracks what each connection reads, so a transaction's, a script's or a
+    /// blocking command's reads must be read on it: `cluster::tracking`; and it is the one
+    /// logged in as the client's user: `cluster::login`), made the dedicated one and
+    /// returned; the reason where none may be (`raw`: the client's own AUTH, a connection of
+    /// its own; a primary without one). `None` where neither decides the connection.
+    pub(super) fn own_dedicated(
         &mut self,
         raw: bool,
         proto: u8,
         node: u16,
     ) -> Option<Result<mpsc::Sender<Batch>, String>> {
-        let (tx, confined, upstream) = match self.routing.tracking_conn(node) {
+        let (tx, confined, upstream) = match self.routing.own_conn(node) {
             OwnConn::Any => return None,
             OwnConn::Missing => {
                 let addr = self.node_pool(Target::Dedicated(node)).addr();
-                return Some(Err(answers::tracking_lost_reason(&addr)));
+                return Some(Err(if self.own_login() {
+                    answers::own_login_lost_reason(&addr)
+                } else {
+                    answers::tracking_lost_reason(&addr)
+                }));
             }
-            OwnConn::Tracking(_) if raw => return Some(Err(answers::tracking_own_login())),
-            OwnConn::Tracking(conn) => (conn.tx.clone(), conn.confined, conn.upstream_id),
+            OwnConn::Own(_) if raw => return Some(Err(answers::tracking_own_login())),
+            OwnConn::Own(conn) => (conn.tx.clone(), conn.confined, conn.upstream_id),
         };
         self.conn.dedicated_gen += 1;
         let id = self.register_upstream(node, upstream);
@@ -657,7 +662,7 @@ impl Session {
             node,
             confined,
             _id: id,
-            // The tracking connection holds its share.
+            // The own connection holds its share.
             _share: None,
         });
         Some(Ok(tx))
@@ -750,23 +755,4 @@ pub(super) async fn enqueue(
         Err(mpsc::error::TrySendError::Closed(batch)) => Err(mpsc::error::SendError(batch)),
         Err(mpsc::error::TrySendError::Full(batch)) => Box::pin(tx.send(batch)).await,
     }
-}
-
-/// The name a HELLO command's SETNAME gives (the last, as Redis reads its options), if any.
-/// A forwarded HELLO names the client upstream; the proxy answers CLIENT GETNAME and LIST
-/// from its own record, so it notes the name too (it answered `$-1` after it; state fuzzer;
-/// after an accepted HELLO with AUTH, a test). Not on the data path.
-pub(super) fn hello_setname(command: &[u8]) -> Option<Bytes> {
-    let args = crate::protocol::codec::split_args_of(command)?;
-    let mut j = 2;
-    let mut name = None;
-    while j + 1 < args.len() {
-        if crate::commands::grammar::keyword(&args[j], b"SETNAME") {
-            name = Some(Bytes::copy_from_slice(&args[j + 1]));
-            j += 2;
-        } else {
-            j += 3;
-        }
-    }
-    name
 }

@@ -1098,6 +1098,7 @@ impl Session {
             self.keyspace_follow_proto();
             self.tracking_follow_proto();
             self.listeners_follow_proto();
+            self.login_follow_proto();
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

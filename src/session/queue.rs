@@ -223,11 +223,18 @@ impl Session {
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
         // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
-        if handling.unsubscribe
+        // A subscription Redis refused (NOPERM for a channel the client's own user may not
+        // use) holds nothing either, when the client holds no other.
+        let refused_subscribe = handling.sub_counts
+            && !handling.unsubscribe
+            && data.first() == Some(&b'-')
+            && !self.ctx.client_list.subscribed(self.client.id);
+        if (refused_subscribe
+            || handling.unsubscribe
+                && data.ends_with(b":0\r\n")
+                && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS))
             && self.routing.router().is_some()
             && error.is_none()
-            && data.ends_with(b":0\r\n")
-            && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
             // A SUBSCRIBE pipelined after it subscribes again (its effect was applied when
             // it was sent): the session stays a subscriber (state fuzzer, in front of a
             // cluster: an EXEC after it was sent on as if it were not).
@@ -236,6 +243,9 @@ impl Session {
             })
         {
             self.conn.held.remove(Holds::SUBSCRIPTIONS);
+            if refused_subscribe {
+                self.conn.held.remove(Holds::SHARD_SUBSCRIPTIONS);
+            }
             self.list_flag('N');
         }
         if !handling.suppress {

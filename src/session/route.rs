@@ -249,7 +249,7 @@ impl Session {
         let Some(user) = user.as_deref() else {
             return unconfined(current);
         };
-        let why = if self.conn.holds(Holds::OTHER_USER) {
+        let why = if self.own_login() {
             // A client logged in as its own upstream user runs scripts with that user's
             // rights; with no deny rule to hold (`policy/passthrough.yaml`) that is exactly
             // what it would get from Redis directly, so nothing is refused.
@@ -378,7 +378,7 @@ impl Session {
             // Answered OK only while the upstream accepts those credentials: after a change
             // of password Redis must say whether the client's AUTH works.
             Some(p)
-                if !self.conn.holds(Holds::OTHER_USER)
+                if !self.own_login()
                     && !self.ctx.pool.credentials_refused()
                     && constant_time_eq(user, pool_user.as_bytes())
                     && constant_time_eq(pass, p.as_bytes()) =>

@@ -85,6 +85,12 @@ pub(super) struct ClusterState {
     /// How many times tracking was started: its connections' ids include it, so the end of
     /// one closed by an earlier OFF is never taken for a live one's.
     pub(super) tracking_starts: u64,
+    /// The client's own login over every primary (see `login`); `None` while it is on the
+    /// pool's login (or on its dedicated connection's).
+    pub(super) login: Option<Box<cluster::login::ClusterLogin>>,
+    /// How many times a login was spread: its connections' ids include it, so the end of
+    /// one of an earlier login is never taken for a live one's.
+    pub(super) login_starts: u64,
 }
 
 impl Routing {
@@ -110,6 +116,8 @@ impl Routing {
                 tracking: None,
                 listeners: None,
                 tracking_starts: 0,
+                login: None,
+                login_starts: 0,
             })),
         }
     }
@@ -313,14 +321,16 @@ impl Routing {
         }
     }
 
-    /// Which connection the session's command for `node` takes where tracking decides it
-    /// (cluster mode: `cluster::tracking`); `Any` elsewhere.
-    pub(super) fn tracking_conn(&self, node: u16) -> tracking::OwnConn<'_> {
+    /// Which connection the session's command for `node` takes where the client's own login
+    /// or tracking decides it (cluster mode: `cluster::login`, `cluster::tracking`; never
+    /// both, each is kept from spreading while the other is); `Any` elsewhere.
+    pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
         match self {
-            Routing::Cluster(c) => c
-                .tracking
-                .as_deref()
-                .map_or(tracking::OwnConn::Any, |t| t.conn_for(node)),
+            Routing::Cluster(c) => match (&c.login, &c.tracking) {
+                (Some(login), _) => login.conn_for(node),
+                (None, Some(t)) => t.conn_for(node),
+                (None, None) => tracking::OwnConn::Any,
+            },
             _ => tracking::OwnConn::Any,
         }
     }
@@ -348,6 +358,8 @@ impl Routing {
             // unless it subscribes (`tracking::listeners_follow_proto`).
             c.listeners = None;
             c.tx_log = None;
+            // RESET logs the connection out: the default user again, the pool's login.
+            c.login = None;
         }
     }
 

@@ -307,6 +307,7 @@ impl Session {
                 self.keyspace_follow_proto();
                 self.tracking_follow_proto();
                 self.listeners_follow_proto();
+                self.login_follow_proto();
             }
             Effect::Monitor => {
                 self.list_flag('O');

@@ -47,7 +47,7 @@ impl Session {
         };
         // Default-mode tracking: over the session's tracking connection to the node, where
         // Redis tracks what it reads (`tracking`).
-        let sent = match self.routing.tracking_conn(node) {
+        let sent = match self.routing.own_conn(node) {
             OwnConn::Any => {
                 router
                     .pool(node)
@@ -55,7 +55,7 @@ impl Session {
                     .send(batch)
                     .await
             }
-            OwnConn::Tracking(conn) => conn.tx.send(batch).await,
+            OwnConn::Own(conn) => conn.tx.send(batch).await,
             OwnConn::Missing => return None,
         };
         sent.is_ok().then_some(rx)

@@ -88,6 +88,7 @@ impl Session {
             Gather::Scan(scan) => self.scan(scan).await,
             Gather::ShardPubSub(command) => self.shard_command(command).await,
             Gather::Tracking(command) => self.tracking_command(command).await,
+            Gather::Login(command) => Box::pin(self.login_command(command)).await,
         }
     }
 

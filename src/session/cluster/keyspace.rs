@@ -49,7 +49,7 @@ use super::shard_subs::{NodeConn, RETRY_EVERY, Stock};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
 use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Holds, Session, Slot, Target};
+use crate::session::{Action, Effect, Session, Slot, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Reply, Subscriptions};
@@ -298,7 +298,7 @@ impl Session {
         }
         // The home connection is logged in as the client's own Redis user, the extra ones
         // would be the pool's: they could hear what Redis refuses that user (fail closed).
-        if subscribe && self.conn.holds(Holds::OTHER_USER) {
+        if subscribe && self.own_login() {
             return action;
         }
         if !subscribe && self.routing.keyspace().is_none() {

@@ -51,6 +51,9 @@ impl Session {
         if let Some(answer) = self.tracking_route(router, &action, args) {
             return answer.into();
         }
+        if let Some(answer) = self.login_route(router, &action, args) {
+            return answer.into();
+        }
         let Some((target, effect, rewrite)) = action.forwarded() else {
             return action.into();
         };

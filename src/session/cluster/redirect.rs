@@ -66,6 +66,12 @@ impl Session {
             // connections (ids of their own), then pushes and connection ends: shard
             // subscriptions may need them.
             if let Reply::PinnedClosed(id) = msg
+                && super::login::is_login_conn(*id)
+            {
+                self.login_ended(*id);
+                return true;
+            }
+            if let Reply::PinnedClosed(id) = msg
                 && super::tracking::is_listener_conn(*id)
             {
                 self.listener_ended(*id);
@@ -306,7 +312,7 @@ impl Session {
         if self.pinned() {
             return None;
         }
-        if let Some(taken) = self.tracking_dedicated(false, proto, node) {
+        if let Some(taken) = self.own_dedicated(false, proto, node) {
             return taken.ok();
         }
         let push = PushTarget {

@@ -195,8 +195,11 @@ impl Session {
         }
         let kind = classify::classify(args.get(0));
         match kind {
-            // Inside MULTI the command is only queued (and Redis refuses it at EXEC).
-            Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() => {
+            // Inside MULTI the command is only queued (and Redis refuses it at EXEC). A
+            // client logged in as its own user subscribes on its own connection, where Redis
+            // checks its channel rules: the shard connections are the pool's login, and
+            // would hear channels Redis refuses that user (fail closed; pinned instead).
+            Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() && !self.own_login() => {
                 let channels = self.upstream_channels(action, args)?;
                 let first = self.key_place(channels.first()?);
                 if let Some(other) = channels
@@ -372,6 +375,14 @@ impl Session {
                         .shard_subs()
                         .and_then(|s| s.channels.get_key_value(c))
                 });
+                // Not one of the per-node connections' channels: the dedicated connection's
+                // own (a client logged in as its own user subscribes there), Redis's to send.
+                if tracked.is_none()
+                    && (self.routing.shard_subs().is_none()
+                        || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS))
+                {
+                    return false;
+                }
                 match (kind, tracked) {
                     // A message for a channel the client holds: delivered as it is.
                     (None, Some(_)) => return false,

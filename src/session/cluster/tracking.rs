@@ -29,9 +29,9 @@
 //! invalidates the keys a connection read, and tells that connection only; NOLOOP leaves out
 //! that connection's own writes. So the tracking connections are not only listened to: every
 //! command of the session for a node goes over its connection there, instead of the node's
-//! shared connection (`Routing::tracking_conn`, asked by `enqueue_to` and `send_shared`), and
+//! shared connection (`Routing::own_conn`, asked by `enqueue_to` and `send_shared`), and
 //! it is also the session's dedicated connection to that node (MULTI, WATCH, blocking
-//! commands, scripts: `Session::tracking_dedicated`). Each node's connection reads and
+//! commands, scripts: `Session::own_dedicated`). Each node's connection reads and
 //! writes what the client reads and writes of that node's keys, as the client's one
 //! connection would on one Redis; the session is not pinned (a command for another node goes
 //! over that node's). In RESP2 too: Redis tracks what a RESP2 connection reads and sends the
@@ -82,7 +82,7 @@ use tokio::sync::mpsc;
 const TRACKING_CONN: u64 = (1 << 63) | (1 << 61);
 
 /// The bits that tell the per-node connections apart.
-const CONN_KIND: u64 = 7 << 61;
+pub(super) const CONN_KIND: u64 = 7 << 61;
 
 /// The `conn_id` bits of a summoned client's listeners (`listen_everywhere`): all three
 /// kind bits, and a counter below 2^48 (the retry wake-ups of the other kinds have every bit
@@ -131,14 +131,16 @@ pub(in crate::session) struct ClusterTracking {
     checked: AtomicU64,
 }
 
-/// Which connection a session's command for a node takes, as tracking decides it.
+/// Which connection a session's command for a node takes, as tracking or the client's own
+/// login decides it.
 pub(in crate::session) enum OwnConn<'a> {
     /// Not decided by tracking: the node's shared connection, or a dedicated one.
     Any,
-    /// Default-mode tracking: the session's tracking connection to the node.
-    Tracking(&'a NodeConn),
-    /// Default-mode tracking, and no tracking connection to the node (a primary the map
-    /// gained): nothing may be read there untracked.
+    /// The session's own connection to the node: its tracking connection (default-mode
+    /// tracking) or its login connection (`login`).
+    Own(&'a NodeConn),
+    /// Own connections, and none to the node (a primary the map gained): nothing may be
+    /// read there untracked, nor as the proxy's user.
     Missing,
 }
 
@@ -151,7 +153,7 @@ impl ClusterTracking {
             return OwnConn::Any;
         }
         match self.conns.iter().find(|c| c.node == node) {
-            Some(c) => OwnConn::Tracking(c),
+            Some(c) => OwnConn::Own(c),
             None => OwnConn::Missing,
         }
     }
@@ -406,8 +408,7 @@ impl Session {
             Some(_) if unquote.is_some() => return None,
             Some(at) => Some(Box::new(self.redirect_everywhere(router, args, at)?)),
         };
-        let spreads =
-            router.routes().is_none() && !self.stateful() && !self.conn.holds(Holds::OTHER_USER);
+        let spreads = router.routes().is_none() && !self.stateful() && !self.own_login();
         let carries = spread_carries(&options, router)?;
         spreads.then_some(TrackingCommand::Start {
             command,
@@ -894,7 +895,7 @@ fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
 
 /// Queues one command on `conn` whose reply no one reads (it is dropped with the reply
 /// channel); `false` when the connection's queue is full or closed.
-fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
+pub(super) fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
     let (reply_to, _) = crate::upstream::reply_channel();
     conn.tx
         .try_send(Batch {
@@ -949,7 +950,10 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
 
 /// Sends `command` on each connection and returns every reply, in the order they came
 /// (Redis's error replies included), or the error of a connection that could not answer.
-async fn ask_every(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Vec<Bytes>, Bytes> {
+pub(super) async fn ask_every(
+    conns: &[mpsc::Sender<Batch>],
+    command: &Bytes,
+) -> Result<Vec<Bytes>, Bytes> {
     if conns.is_empty() {
         return Err(crate::protocol::answers::tracking_lost("a primary"));
     }

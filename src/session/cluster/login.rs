@@ -1,0 +1,332 @@
+//! Cluster mode: a client logged in upstream as its own Redis user (`AUTH user pass`, `HELLO
+//! 3 AUTH user pass`, forwarded to Redis rather than checked by the proxy) over every
+//! primary.
+//!
+//! Redis checks a login per connection, and the nodes' shared connections are the proxy's
+//! login. Standalone, the client's AUTH runs on its dedicated connection and every command
+//! goes there. In a cluster that pinned the client to one node: keys of the others got
+//! CROSSSLOT, so an application with its own ACL user could not use the cluster through the
+//! proxy. Instead the login is sent on a connection of the session's own to every primary
+//! (`ClusterLogin`), and the session's commands for a node go over its connection there
+//! (`Routing::own_conn`, asked by `enqueue_to` and `send_shared`); it is also the session's
+//! dedicated connection to that node (MULTI, WATCH, blocking commands, scripts:
+//! `Session::own_dedicated`). Each runs what the client sends to that node's keys as the
+//! client's user, as one connection would on one Redis; the session is not pinned.
+//!
+//! **All or nothing.** The first login opens the connections and sends each the command;
+//! only when every node accepts it does the session switch to them. A refusal (WRONGPASS) is
+//! the client's reply and changes nothing, as on one server. A login while logged in goes on
+//! the same connections (the state the client holds on them stays): accepted or refused by
+//! every node it is the client's reply; should the nodes disagree (their ACLs differ), the
+//! client would be one user here and another there, so it gets the error and is disconnected.
+//!
+//! **Fail closed.** A login connection that ends (its node failed, it was killed) would leave
+//! that node's keys reachable only as the proxy's user: the client is disconnected, as its
+//! one connection to Redis would have been. So is a client whose cluster gained a primary
+//! without one (a failover's promoted replica, a new node), at its next command, with an
+//! error saying why. The proxy's other per-node connections are the pool's login: a client
+//! logged in as its own user keeps its shard channels and keyspace notifications on its own
+//! connections (`Session::own_login`), where Redis checks its channel rules.
+//!
+//! Not spread (the login stays on one node's dedicated connection, pinned, as before): a
+//! login inside MULTI or from a session already holding state on a dedicated connection, a
+//! client with CLIENT TRACKING on over every primary, routes, and a pool whose own login
+//! Redis refuses (the client's AUTH then needs a raw connection).
+
+use super::Gather;
+use super::shard_subs::{NodeConn, Stock};
+use super::tracking::{CONN_KIND, OwnConn, ask_every, unanswered};
+use crate::protocol::codec;
+use crate::session::route::Args;
+use crate::session::{Action, Effect, Holds, Session};
+use crate::topology::cluster::Router;
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The `conn_id` bits of the login connections: bit 61 alone, unlike every other kind's
+/// (`tracking::CONN_KIND`), so no code takes their end for another connection's.
+const LOGIN_CONN: u64 = 1 << 61;
+
+/// Whether the connection id `id` (of a `Reply::PinnedClosed`) is a login connection's.
+pub(in crate::session) fn is_login_conn(id: u64) -> bool {
+    id & CONN_KIND == LOGIN_CONN
+}
+
+/// A session's own login: one connection per primary, each logged in as the client's user.
+pub(in crate::session) struct ClusterLogin {
+    /// One connection per primary of the map.
+    conns: Vec<NodeConn>,
+    /// The RESP version the connections speak (they follow the client's HELLO).
+    proto: u8,
+    /// The map's generation the connections were last checked against: a new map may name
+    /// a primary without one. Atomic only so the check can note it from `&self` (placement).
+    checked: AtomicU64,
+}
+
+impl ClusterLogin {
+    /// The connection a command for `node` takes.
+    pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
+        match self.conns.iter().find(|c| c.node == node) {
+            Some(c) => OwnConn::Own(c),
+            None => OwnConn::Missing,
+        }
+    }
+}
+
+/// What the session does for a login in cluster mode, instead of forwarding it.
+pub(in crate::session) enum LoginCommand {
+    /// `AUTH …` or (`hello`: the protocol it asks for) `HELLO … AUTH …`, as sent.
+    Login { command: Bytes, hello: Option<u8> },
+    /// The map gained a primary without a login connection: this error, and the client is
+    /// disconnected.
+    Lost(Bytes),
+}
+
+impl Session {
+    /// Whether the client is logged in upstream as its own user: on its dedicated connection
+    /// (`Holds::OTHER_USER`) or over every primary (`ClusterLogin`). The proxy's own
+    /// per-node connections (shard channels, keyspace notifications, tracking) would run
+    /// with the pool's rights, not the user's.
+    pub(in crate::session) fn own_login(&self) -> bool {
+        self.conn.holds(Holds::OTHER_USER)
+            || self.routing.cluster().is_some_and(|c| c.login.is_some())
+    }
+
+    /// Hook in `place`, after the policy: the client's own login becomes `Gather::Login`
+    /// where it can be spread over every primary (see the module comment), and so does
+    /// every login while spread. Also where a map that gained a primary without a login
+    /// connection is noticed. `None`: nothing to do here.
+    pub(in crate::session) fn login_route(
+        &self,
+        router: &Router,
+        action: &Action,
+        args: &Args<'_>,
+    ) -> Option<Action> {
+        let on = self.routing.cluster().and_then(|c| c.login.as_deref());
+        let gather = |command| Some(Action::Gather(Box::new(Gather::Login(command))));
+        if let Some(login) = on {
+            let generation = router.snapshot_id();
+            if generation != login.checked.load(Ordering::Relaxed) {
+                let snapshot = router.snapshot();
+                let missing = snapshot
+                    .primaries()
+                    .iter()
+                    .copied()
+                    .find(|&n| !login.conns.iter().any(|c| c.node == n));
+                if let Some(node) = missing {
+                    let reply = crate::protocol::answers::own_login_lost(&router.addr(node));
+                    return gather(LoginCommand::Lost(reply));
+                }
+                login.checked.store(generation, Ordering::Relaxed);
+            }
+        }
+        let (_, effect, rewrite) = action.forwarded()?;
+        let hello = match effect {
+            Effect::Auth => None,
+            Effect::AuthHello(proto) => Some(proto),
+            _ => return None,
+        };
+        let command = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => frame.clone(),
+            None => codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        if on.is_some() {
+            // Queued, it would run at EXEC on the transaction's node only.
+            if self.conn.in_multi() {
+                return Some(Action::Refused(
+                    crate::protocol::answers::own_login_in_multi(),
+                ));
+            }
+            return gather(LoginCommand::Login { command, hello });
+        }
+        let tracking = self.routing.cluster().is_some_and(|c| c.tracking.is_some());
+        let spreads = router.routes().is_none()
+            && !self.stateful()
+            && !tracking
+            && !self.ctx.pool.credentials_refused();
+        spreads.then(|| gather(LoginCommand::Login { command, hello }))?
+    }
+
+    /// Carries out a login command: the one reply the client gets.
+    pub(in crate::session) async fn login_command(&mut self, command: LoginCommand) -> Bytes {
+        match command {
+            LoginCommand::Lost(reply) => {
+                tracing::warn!(
+                    id = self.client.id,
+                    "a primary has no connection logged in as the client's user; the client is disconnected"
+                );
+                self.input.closing = true;
+                reply
+            }
+            LoginCommand::Login { command, hello } => {
+                let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
+                let reply = if spread {
+                    self.login_again(&command).await
+                } else {
+                    Box::pin(self.login_everywhere(&command)).await
+                };
+                let accepted = reply.first() != Some(&b'-');
+                match hello {
+                    Some(proto) if accepted => {
+                        if let Some(login) = self
+                            .routing
+                            .cluster_mut()
+                            .and_then(|c| c.login.as_deref_mut())
+                        {
+                            login.proto = proto;
+                        }
+                        self.apply(Effect::Hello(proto));
+                        if let Some(name) = crate::commands::grammar::hello_setname_of(&command) {
+                            self.name_client(Some(name));
+                        }
+                        self.hello_as_seen(&reply)
+                    }
+                    _ => reply,
+                }
+            }
+        }
+    }
+
+    /// The first login: a connection to every primary, each sent `command`; kept only when
+    /// every node accepted it. The first node's reply (the error when one refused).
+    async fn login_everywhere(&mut self, command: &Bytes) -> Bytes {
+        let Some(router) = self.routing.router().cloned() else {
+            return crate::protocol::answers::own_login_lost("the cluster");
+        };
+        let checked = AtomicU64::new(router.snapshot_id());
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        let Some(c) = self.routing.cluster_mut() else {
+            return crate::protocol::answers::own_login_lost("the cluster");
+        };
+        // Ids never reused, so the end of a connection of an earlier login is not taken
+        // for one of these.
+        c.login_starts += 1;
+        let start = c.login_starts << 16;
+        let mut conns = Vec::with_capacity(primaries.len());
+        for (i, node) in primaries.into_iter().enumerate() {
+            let id = LOGIN_CONN | start | i as u64;
+            let push = self.push_target(id);
+            match self
+                .open_node_conn(&router, node, id, push, Stock::Dial)
+                .await
+            {
+                Ok(conn) => conns.push(conn),
+                Err(reply) => return reply,
+            }
+        }
+        let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
+        let replies = match ask_every(&senders, command).await {
+            Ok(replies) => replies,
+            Err(reply) => return reply,
+        };
+        if let Some(refused) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+            return refused.clone();
+        }
+        // Logged in as the client's user now, not as the proxy's script user.
+        for conn in &mut conns {
+            conn.confined = false;
+        }
+        let proto = self.client.proto;
+        if let Some(c) = self.routing.cluster_mut() {
+            c.login = Some(Box::new(ClusterLogin {
+                conns,
+                proto,
+                checked,
+            }));
+        }
+        // A dedicated connection kept from a blocking command (not pinned: `login_route`)
+        // is the pool's login; the next one is a login connection.
+        self.conn.dedicated = None;
+        replies.into_iter().next().unwrap_or_default()
+    }
+
+    /// A login while logged in: `command` on every login connection, whose state stays.
+    /// Nodes that disagree (one accepts, another refuses) would leave the client two users:
+    /// it gets the refusal and is disconnected.
+    async fn login_again(&mut self, command: &Bytes) -> Bytes {
+        let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
+            Some(login) => login.conns.iter().map(|c| c.tx.clone()).collect(),
+            None => return crate::protocol::answers::own_login_lost("the cluster"),
+        };
+        let replies = match ask_every(&senders, command).await {
+            Ok(replies) => replies,
+            Err(reply) => {
+                self.input.closing = true;
+                return reply;
+            }
+        };
+        let refused = replies.iter().filter(|r| r.first() == Some(&b'-')).count();
+        if refused > 0 && refused < replies.len() {
+            tracing::warn!(
+                id = self.client.id,
+                "the primaries disagree about the client's login; the client is disconnected"
+            );
+            self.input.closing = true;
+        }
+        let first_refusal = replies.iter().find(|r| r.first() == Some(&b'-'));
+        first_refusal
+            .or(replies.first())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// After a HELLO that changed the client's RESP version: every login connection says
+    /// the same (queued before any later command of the session, whose replies must come in
+    /// the client's version). One that cannot take it ends the session.
+    pub(in crate::session) fn login_follow_proto(&mut self) {
+        let proto = self.client.proto;
+        let Some(login) = self
+            .routing
+            .cluster_mut()
+            .and_then(|c| c.login.as_deref_mut())
+        else {
+            return;
+        };
+        if login.proto == proto {
+            return;
+        }
+        login.proto = proto;
+        let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
+        if !login.conns.iter().all(|conn| unanswered(conn, &hello)) {
+            tracing::warn!(
+                id = self.client.id,
+                "a login connection could not follow HELLO; the client is disconnected"
+            );
+            self.input.closing = true;
+        }
+    }
+
+    /// A login connection ended: the client is disconnected (see the module comment); the
+    /// end of one of an earlier login is nothing.
+    pub(in crate::session) fn login_ended(&mut self, id: u64) {
+        let ours = self
+            .routing
+            .cluster()
+            .and_then(|c| c.login.as_deref())
+            .is_some_and(|l| l.conns.iter().any(|c| c.id == id));
+        if ours {
+            tracing::warn!(
+                id = self.client.id,
+                "a connection logged in as the client's user ended; the client is disconnected"
+            );
+            self.input.closing = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_connection_ids_are_told_from_the_others() {
+        assert!(is_login_conn(LOGIN_CONN | 5 << 16 | 2));
+        // Shard (1 << 63), keyspace (3 << 62), tracking (5 << 61), listener (7 << 61).
+        for other in [1 << 63, 3 << 62, 5 << 61, 7 << 61, 3] {
+            assert!(!is_login_conn(other | 1), "{other:x}");
+        }
+        assert!(!super::super::tracking::is_tracking_conn(LOGIN_CONN | 1));
+        assert!(!super::super::keyspace::is_keyspace_conn(LOGIN_CONN | 1));
+        assert!(!super::super::tracking::is_listener_conn(LOGIN_CONN | 1));
+    }
+}

@@ -1,0 +1,226 @@
+//! A client logged in upstream as its own Redis ACL user (its `AUTH user pass` or `HELLO 3
+//! AUTH user pass`, forwarded to Redis) in front of a real Redis Cluster: it reaches the keys
+//! of every primary as that user, and no connection the proxy opens for it elsewhere (shard
+//! channels, keyspace notifications) runs with more rights than the user has.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "integration tests wait on real redis-server and proxy processes in wall-clock time"
+)]
+
+mod common;
+
+use common::cluster::{RedisCluster, proxy_config};
+use common::{Proxy, Raw, show};
+
+/// Creates `app` (password `pw`) on every primary: every command, keys under `app:` only,
+/// channels under `news` only.
+async fn create_app_user(redis: &RedisCluster) {
+    for p in &redis.primaries() {
+        let reply = Raw::connect(p)
+            .await
+            .call(&[
+                "ACL",
+                "SETUSER",
+                "app",
+                "on",
+                ">pw",
+                "resetkeys",
+                "~app:*",
+                "resetchannels",
+                "&news*",
+                "+@all",
+            ])
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+}
+
+/// The ACL user Redis runs `client`'s commands as.
+async fn whoami(client: &mut Raw) -> String {
+    show(&client.call(&["ACL", "WHOAMI"]).await)
+}
+
+/// A client logged in as its own user subscribes to shard channels as that user: the
+/// proxy's per-node shard connections are logged in as the pool's user, so a channel Redis
+/// refuses the client's user must not be subscribed over them.
+#[tokio::test]
+async fn a_shard_channel_refused_to_the_clients_own_user_stays_refused() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(sub.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    for channel in ["secret", "other{x}", "x"] {
+        let refused = sub.call(&["SSUBSCRIBE", channel]).await;
+        assert!(
+            refused.starts_with(b"-NOPERM"),
+            "{channel}: {}",
+            show(&refused)
+        );
+    }
+    assert_eq!(sub.call(&["PING"]).await, b"+PONG\r\n");
+    proxy.stop().await;
+}
+
+/// `AUTH` as the client's own user reaches every primary: keys of every node are read and
+/// written as that user (its key pattern holds on each), a transaction and a blocking
+/// command on any node run as it, `ACL WHOAMI` names it, and RESET logs it out everywhere.
+#[tokio::test]
+async fn the_clients_own_login_reaches_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    assert_eq!(whoami(&mut c).await, show(b"$3\r\napp\r\n"));
+    let primaries = redis.primaries();
+    let mut keys = Vec::new();
+    for p in &primaries {
+        let key = redis.key_on(p, "app:k");
+        assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n", "{p}");
+        assert_eq!(c.call(&["GET", &key]).await, b"$1\r\nv\r\n", "{p}");
+        // The user's key pattern holds on every node.
+        let other = redis.key_on(p, "other:k");
+        let refused = c.call(&["SET", &other, "v"]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+        keys.push(key);
+    }
+    let mget = c.call(&["MGET", &keys[0], &keys[1], &keys[2]]).await;
+    assert_eq!(
+        show(&mget),
+        show(b"*3\r\n$1\r\nv\r\n$1\r\nv\r\n$1\r\nv\r\n")
+    );
+    // A transaction on the last node, then a blocking command on another: both as `app`.
+    let last = &keys[2];
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(
+        c.call(&["INCR", &format!("{last}:n")]).await,
+        b"+QUEUED\r\n"
+    );
+    assert_eq!(c.call(&["ACL", "WHOAMI"]).await, b"+QUEUED\r\n");
+    assert_eq!(
+        show(&c.call(&["EXEC"]).await),
+        show(b"*2\r\n:1\r\n$3\r\napp\r\n")
+    );
+    let list = redis.key_on(&primaries[0], "app:list");
+    assert_eq!(c.call(&["RPUSH", &list, "a"]).await, b":1\r\n");
+    assert_eq!(
+        show(&c.call(&["BLPOP", &list, "1"]).await),
+        show(format!("*2\r\n${}\r\n{list}\r\n$1\r\na\r\n", list.len()).as_bytes())
+    );
+    let forbidden = redis.key_on(&primaries[1], "other:list");
+    let refused = c.call(&["BLPOP", &forbidden, "1"]).await;
+    assert!(refused.starts_with(b"-NOPERM"), "{}", show(&refused));
+    // RESET: the default user again, on every node.
+    assert_eq!(c.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(whoami(&mut c).await, show(b"$7\r\ndefault\r\n"));
+    for p in &primaries {
+        let other = redis.key_on(p, "other:k");
+        assert_eq!(c.call(&["SET", &other, "v"]).await, b"+OK\r\n", "{p}");
+    }
+    proxy.stop().await;
+}
+
+/// A wrong password is Redis's WRONGPASS, and the client stays logged in as it was: after a
+/// good login, a bad one leaves it the user on every node.
+#[tokio::test]
+async fn a_refused_login_changes_nothing() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let refused = c.call(&["AUTH", "app", "wrong"]).await;
+    assert!(refused.starts_with(b"-WRONGPASS"), "{}", show(&refused));
+    assert_eq!(whoami(&mut c).await, show(b"$7\r\ndefault\r\n"));
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let refused = c.call(&["AUTH", "app", "wrong"]).await;
+    assert!(refused.starts_with(b"-WRONGPASS"), "{}", show(&refused));
+    for p in &redis.primaries() {
+        let other = redis.key_on(p, "other:k");
+        let refused = c.call(&["GET", &other]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+    proxy.stop().await;
+}
+
+/// `HELLO 3 AUTH user pass` (how RESP3 clients log in) reaches every primary too, and the
+/// client speaks RESP3 on each.
+#[tokio::test]
+async fn hello_with_auth_reaches_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    let hello = c
+        .call(&["HELLO", "3", "AUTH", "app", "pw", "SETNAME", "worker"])
+        .await;
+    assert!(hello.starts_with(b"%"), "{}", show(&hello));
+    assert_eq!(c.call(&["CLIENT", "GETNAME"]).await, b"$6\r\nworker\r\n");
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, "app:h");
+        assert_eq!(c.call(&["HSET", &key, "f", "1"]).await, b":1\r\n", "{p}");
+        // RESP3's map, from every node.
+        assert_eq!(
+            show(&c.call(&["HGETALL", &key]).await),
+            show(b"%1\r\n$1\r\nf\r\n$1\r\n1\r\n"),
+            "{p}"
+        );
+        let other = redis.key_on(p, "other:h");
+        let refused = c.call(&["HGETALL", &other]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+    proxy.stop().await;
+}
+
+/// A shard channel the client's own user may use is subscribed on its own connection to the
+/// channel's node, and its messages arrive; a script runs as the user too.
+#[tokio::test]
+async fn a_permitted_shard_channel_and_a_script_run_as_the_clients_user() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let other = redis.key_on(&redis.primaries()[1], "other:s");
+    let refused = c
+        .call(&["EVAL", "return redis.call('GET', KEYS[1])", "1", &other])
+        .await;
+    assert!(
+        refused.starts_with(b"-NOPERM") || refused.starts_with(b"-ERR"),
+        "{}",
+        show(&refused)
+    );
+    assert!(show(&refused).contains("permission"), "{}", show(&refused));
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(sub.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    assert_eq!(
+        show(&sub.call(&["SSUBSCRIBE", "news1"]).await),
+        show(b"*3\r\n$10\r\nssubscribe\r\n$5\r\nnews1\r\n:1\r\n")
+    );
+    assert_eq!(c.call(&["SPUBLISH", "news1", "hi"]).await, b":1\r\n");
+    let message = sub.read_frames(1).await;
+    assert_eq!(
+        show(&message[0]),
+        show(b"*3\r\n$8\r\nsmessage\r\n$5\r\nnews1\r\n$2\r\nhi\r\n")
+    );
+    proxy.stop().await;
+}
+
+/// A connection logged in as the client's user killed on its node: that node's keys would
+/// be reached as the proxy's user, so the client is disconnected, as its own Redis
+/// connection would have been.
+#[tokio::test]
+async fn a_killed_login_connection_disconnects_the_client() {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let node = redis.primaries()[2].clone();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let mut admin = Raw::connect(&node).await;
+    let killed = admin.call(&["CLIENT", "KILL", "USER", "app"]).await;
+    assert_eq!(killed, b":1\r\n");
+    let (_, closed) = c.read_to_close(common::DEADLINE).await;
+    assert!(closed, "the client is disconnected");
+}
