@@ -224,3 +224,26 @@ async fn a_killed_login_connection_disconnects_the_client() {
     let (_, closed) = c.read_to_close(common::DEADLINE).await;
     assert!(closed, "the client is disconnected");
 }
+
+/// A user made through the proxy (`ACL SETUSER`) exists on every primary, as on one server,
+/// so it logs in everywhere; removed (`ACL DELUSER`), Redis closes its connections on every
+/// node, and the client logged in as it is disconnected.
+#[tokio::test]
+async fn a_user_made_through_the_proxy_logs_in_on_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut admin = Raw::connect(proxy.addr).await;
+    let made = admin
+        .call(&["ACL", "SETUSER", "u2", "on", ">pw", "~u2:*", "+@all"])
+        .await;
+    assert_eq!(made, b"+OK\r\n");
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "u2", "pw"]).await, b"+OK\r\n");
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, "u2:k");
+        assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n", "{p}");
+    }
+    assert_eq!(admin.call(&["ACL", "DELUSER", "u2"]).await, b":1\r\n");
+    let (_, closed) = c.read_to_close(common::DEADLINE).await;
+    assert!(closed, "the client is disconnected");
+}

@@ -116,6 +116,11 @@ impl Session {
             // To its clients the proxy is one server: a setting changed through it applies
             // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
             Some(Merge::AllOk)
+        } else if is("ACL") && sub_in(&[b"SETUSER", b"DELUSER"]) {
+            // ACL users are per node, and a client's own login goes to every primary
+            // (`login`): a user made or removed through the proxy is made or removed there
+            // all, as on one server (removed, Redis closes its connections on each).
+            Some(Merge::AllOk)
         } else if is("RANDOMKEY") {
             Some(Merge::FirstNonNil)
         } else if (is("SCRIPT") || is("FUNCTION"))
