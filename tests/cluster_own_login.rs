@@ -247,3 +247,62 @@ async fn a_user_made_through_the_proxy_logs_in_on_every_primary() {
     let (_, closed) = c.read_to_close(common::DEADLINE).await;
     assert!(closed, "the client is disconnected");
 }
+
+/// A login that stays on one node's dedicated connection (here: the session held a WATCH
+/// when it logged in) never runs anything on the pool's connections: a command the proxy
+/// sends to every primary (FLUSHALL, KEYS, SCAN) is refused or runs as the client's user,
+/// never with the proxy's rights.
+#[tokio::test]
+async fn a_pinned_own_login_gets_no_more_rights_than_its_user() {
+    let redis = RedisCluster::start(3, 0);
+    for p in &redis.primaries() {
+        let reply = Raw::connect(p)
+            .await
+            .call(&[
+                "ACL",
+                "SETUSER",
+                "ro",
+                "on",
+                ">pw",
+                "~*",
+                "+@all",
+                "-flushall",
+                "-keys",
+                "-scan",
+                "-dbsize",
+                "-randomkey",
+            ])
+            .await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, "kept");
+        assert_eq!(writer.call(&["SET", &key, "v"]).await, b"+OK\r\n");
+    }
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["WATCH", "kept:0"]).await, b"+OK\r\n");
+    assert_eq!(c.call(&["AUTH", "ro", "pw"]).await, b"+OK\r\n");
+    for command in [
+        &["FLUSHALL"][..],
+        &["KEYS", "*"],
+        &["SCAN", "0"],
+        &["DBSIZE"],
+        &["RANDOMKEY"],
+    ] {
+        let reply = c.call(command).await;
+        assert!(
+            reply.starts_with(b"-NOPERM") || reply.starts_with(b"-ERR"),
+            "{command:?}: {}",
+            show(&reply)
+        );
+    }
+    let mut count = Raw::connect(proxy.addr).await;
+    assert_eq!(
+        count.call(&["DBSIZE"]).await,
+        b":3\r\n",
+        "nothing was flushed"
+    );
+    proxy.stop().await;
+}

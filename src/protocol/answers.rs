@@ -627,6 +627,22 @@ pub(crate) fn fanout_in_multi(command: &[u8]) -> Bytes {
     )
 }
 
+/// A whole-keyspace command (sent to every primary) from a client logged in as its own Redis
+/// user on one node's connection only: the other primaries would run it over the proxy's
+/// connections, with the proxy's rights, not the user's.
+pub(crate) fn fanout_own_login(command: &[u8]) -> Bytes {
+    simple_error(
+        "ERR",
+        &format!(
+            "{} goes to every primary of the cluster, and this connection is logged in as its \
+             own Redis user on one node only (it logged in while holding state there, with \
+             CLIENT TRACKING on, or where logins are not spread): the other primaries would \
+             run it with the proxy's rights; reconnect and log in first",
+            String::from_utf8_lossy(command).to_ascii_uppercase()
+        ),
+    )
+}
+
 /// A node's SCAN cursor too large for the proxy's composite cursor.
 pub(crate) fn scan_cursor_too_large() -> Bytes {
     simple_error(

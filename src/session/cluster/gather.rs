@@ -14,7 +14,7 @@ use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
 use crate::session::route::Args;
-use crate::session::{Action, Effect, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
+use crate::session::{Action, Effect, Holds, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, ReplyWait};
@@ -182,6 +182,10 @@ impl Session {
             // EXEC's reply would hold one node's answer only.
             return Action::Refused(answers::fanout_in_multi(args.get(0)));
         }
+        // Fail closed: the shared connections are the proxy's login.
+        if self.conn.holds(Holds::OTHER_USER) {
+            return Action::Refused(answers::fanout_own_login(args.get(0)));
+        }
         let bytes = match rewrite.and_then(|r| r.command.clone()) {
             Some(command) => command,
             None => crate::protocol::codec::encode(&args.iter().collect::<Vec<_>>()),
@@ -208,6 +212,9 @@ impl Session {
     ) -> Action {
         if self.conn.in_multi() {
             return Action::Refused(answers::fanout_in_multi(b"SCAN"));
+        }
+        if self.conn.holds(Holds::OTHER_USER) {
+            return Action::Refused(answers::fanout_own_login(b"SCAN"));
         }
         let mut ranges = Vec::new();
         let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
