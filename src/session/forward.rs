@@ -286,7 +286,8 @@ impl Session {
     /// the transaction if its slot moved, unless the connection holds other state (another
     /// user's AUTH, CLIENT TRACKING) that a replay on the node's shared connection would not
     /// have; a blocking command, followed to the new node; a WATCH, which may start over on
-    /// another node if the map was stale (see `redirect_dedicated`).
+    /// another node if the map was stale (see `redirect_dedicated`), unless the connection is
+    /// the client's own login.
     pub(super) fn kept_dedicated(&self, frames: u32) -> Option<cluster::InTransaction> {
         if self.conn.in_multi() {
             (!self.conn.holds(Holds::OTHER_USER) && !self.conn.holds(Holds::CLIENT_MODE)).then_some(
@@ -297,8 +298,12 @@ impl Session {
                 },
             )
         } else {
-            (frames == 1 && (!self.pinned() || self.conn.holds(Holds::WATCH)))
-                .then_some(cluster::InTransaction::No)
+            // Not under the client's own login on this connection: followed to the new
+            // owner, the session would go on over a connection of the proxy's login there.
+            (frames == 1
+                && !self.conn.holds(Holds::OTHER_USER)
+                && (!self.pinned() || self.conn.holds(Holds::WATCH)))
+            .then_some(cluster::InTransaction::No)
         }
     }
 
