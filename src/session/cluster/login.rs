@@ -36,7 +36,8 @@
 
 use super::Gather;
 use super::shard_subs::{NodeConn, Stock};
-use super::tracking::{CONN_KIND, OwnConn, ask_every, unanswered};
+use super::tracking::{CONN_KIND, OwnConn, ask_every_or, unanswered};
+use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
 use crate::session::route::Args;
 use crate::session::{Action, Effect, Holds, Session};
@@ -115,7 +116,7 @@ impl Session {
                     .copied()
                     .find(|&n| !login.conns.iter().any(|c| c.node == n));
                 if let Some(node) = missing {
-                    let reply = crate::protocol::answers::own_login_lost(&router.addr(node));
+                    let reply = own_login_lost(&router.addr(node));
                     return gather(LoginCommand::Lost(reply));
                 }
                 login.checked.store(generation, Ordering::Relaxed);
@@ -195,12 +196,12 @@ impl Session {
     /// every node accepted it. The first node's reply (the error when one refused).
     async fn login_everywhere(&mut self, command: &Bytes) -> Bytes {
         let Some(router) = self.routing.router().cloned() else {
-            return crate::protocol::answers::own_login_lost("the cluster");
+            return own_login_lost("the cluster");
         };
         let checked = AtomicU64::new(router.snapshot_id());
         let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
         let Some(c) = self.routing.cluster_mut() else {
-            return crate::protocol::answers::own_login_lost("the cluster");
+            return own_login_lost("the cluster");
         };
         // Ids never reused, so the end of a connection of an earlier login is not taken
         // for one of these.
@@ -219,9 +220,13 @@ impl Session {
             }
         }
         let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
-        let replies = match ask_every(&senders, command).await {
+        let replies = match ask_every_or(&senders, command, own_login_lost).await {
             Ok(replies) => replies,
-            Err(reply) => return reply,
+            // A node lost while logging in (the error says the connection closes).
+            Err(reply) => {
+                self.input.closing = true;
+                return reply;
+            }
         };
         if let Some(refused) = replies.iter().find(|r| r.first() == Some(&b'-')) {
             return refused.clone();
@@ -250,9 +255,9 @@ impl Session {
     async fn login_again(&mut self, command: &Bytes) -> Bytes {
         let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
             Some(login) => login.conns.iter().map(|c| c.tx.clone()).collect(),
-            None => return crate::protocol::answers::own_login_lost("the cluster"),
+            None => return own_login_lost("the cluster"),
         };
-        let replies = match ask_every(&senders, command).await {
+        let replies = match ask_every_or(&senders, command, own_login_lost).await {
             Ok(replies) => replies,
             Err(reply) => {
                 self.input.closing = true;

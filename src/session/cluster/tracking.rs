@@ -950,12 +950,19 @@ async fn ask_all(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Bytes
 
 /// Sends `command` on each connection and returns every reply, in the order they came
 /// (Redis's error replies included), or the error of a connection that could not answer.
-pub(super) async fn ask_every(
+async fn ask_every(conns: &[mpsc::Sender<Batch>], command: &Bytes) -> Result<Vec<Bytes>, Bytes> {
+    ask_every_or(conns, command, crate::protocol::answers::tracking_lost).await
+}
+
+/// `ask_every`, with `lost` making the error for a connection that is gone (tracking's or
+/// the login's words).
+pub(super) async fn ask_every_or(
     conns: &[mpsc::Sender<Batch>],
     command: &Bytes,
+    lost: fn(&str) -> Bytes,
 ) -> Result<Vec<Bytes>, Bytes> {
     if conns.is_empty() {
-        return Err(crate::protocol::answers::tracking_lost("a primary"));
+        return Err(lost("a primary"));
     }
     let (reply_to, mut rx) = crate::upstream::reply_channel();
     for tx in conns {
@@ -967,7 +974,7 @@ pub(super) async fn ask_every(
             seq: 0,
         };
         if tx.send(batch).await.is_err() {
-            return Err(crate::protocol::answers::tracking_lost("a primary"));
+            return Err(lost("a primary"));
         }
     }
     drop(reply_to);
@@ -982,7 +989,7 @@ pub(super) async fn ask_every(
                     &crate::protocol::error::ProxyError::Upstream(*e),
                 ));
             }
-            _ => return Err(crate::protocol::answers::tracking_lost("a primary")),
+            _ => return Err(lost("a primary")),
         }
     }
     Ok(replies)
