@@ -13,27 +13,29 @@ mod common;
 use common::cluster::{RedisCluster, proxy_config};
 use common::{Proxy, Raw, show};
 
+/// Creates the ACL user `rules[0]` on every primary of `redis`, with `rules` after `SETUSER`.
+async fn create_user(redis: &RedisCluster, rules: &[&str]) {
+    for p in &redis.primaries() {
+        let command: Vec<&str> = ["ACL", "SETUSER"].iter().chain(rules).copied().collect();
+        let reply = Raw::connect(p).await.call(&command).await;
+        assert_eq!(reply, b"+OK\r\n", "{p}");
+    }
+}
+
 /// Creates `app` (password `pw`) on every primary: every command, keys under `app:` only,
 /// channels under `news` only.
 async fn create_app_user(redis: &RedisCluster) {
-    for p in &redis.primaries() {
-        let reply = Raw::connect(p)
-            .await
-            .call(&[
-                "ACL",
-                "SETUSER",
-                "app",
-                "on",
-                ">pw",
-                "resetkeys",
-                "~app:*",
-                "resetchannels",
-                "&news*",
-                "+@all",
-            ])
-            .await;
-        assert_eq!(reply, b"+OK\r\n", "{p}");
-    }
+    let rules = [
+        "app",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~app:*",
+        "resetchannels",
+        "&news*",
+        "+@all",
+    ];
+    create_user(redis, &rules).await;
 }
 
 /// The ACL user Redis runs `client`'s commands as.
@@ -41,16 +43,37 @@ async fn whoami(client: &mut Raw) -> String {
     show(&client.call(&["ACL", "WHOAMI"]).await)
 }
 
+/// A 3-primary cluster with the `app` user on every primary, and the proxy in front of it.
+async fn app_cluster() -> (RedisCluster, Proxy) {
+    let redis = RedisCluster::start(3, 0);
+    create_app_user(&redis).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    (redis, proxy)
+}
+
+/// A client of `proxy` logged in as `app`.
+async fn app_client(proxy: &Proxy) -> Raw {
+    let mut c = Raw::connect(proxy.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    c
+}
+
+/// `command` then a key of stem `stem` on each primary, through `c`: NOPERM on every one.
+async fn refused_on_every_primary(redis: &RedisCluster, c: &mut Raw, command: &str, stem: &str) {
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, stem);
+        let refused = c.call(&[command, &key]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+}
+
 /// A client logged in as its own user subscribes to shard channels as that user: the
 /// proxy's per-node shard connections are logged in as the pool's user, so a channel Redis
 /// refuses the client's user must not be subscribed over them.
 #[tokio::test]
 async fn a_shard_channel_refused_to_the_clients_own_user_stays_refused() {
-    let redis = RedisCluster::start(3, 0);
-    create_app_user(&redis).await;
-    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
-    let mut sub = Raw::connect(proxy.addr).await;
-    assert_eq!(sub.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let (_redis, proxy) = app_cluster().await;
+    let mut sub = app_client(&proxy).await;
     for channel in ["secret", "other{x}", "x"] {
         let refused = sub.call(&["SSUBSCRIBE", channel]).await;
         assert!(
@@ -68,11 +91,8 @@ async fn a_shard_channel_refused_to_the_clients_own_user_stays_refused() {
 /// command on any node run as it, `ACL WHOAMI` names it, and RESET logs it out everywhere.
 #[tokio::test]
 async fn the_clients_own_login_reaches_every_primary() {
-    let redis = RedisCluster::start(3, 0);
-    create_app_user(&redis).await;
-    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
-    let mut c = Raw::connect(proxy.addr).await;
-    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let (redis, proxy) = app_cluster().await;
+    let mut c = app_client(&proxy).await;
     assert_eq!(whoami(&mut c).await, show(b"$3\r\napp\r\n"));
     let primaries = redis.primaries();
     let mut keys = Vec::new();
@@ -126,9 +146,7 @@ async fn the_clients_own_login_reaches_every_primary() {
 /// good login, a bad one leaves it the user on every node.
 #[tokio::test]
 async fn a_refused_login_changes_nothing() {
-    let redis = RedisCluster::start(3, 0);
-    create_app_user(&redis).await;
-    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let (redis, proxy) = app_cluster().await;
     let mut c = Raw::connect(proxy.addr).await;
     let refused = c.call(&["AUTH", "app", "wrong"]).await;
     assert!(refused.starts_with(b"-WRONGPASS"), "{}", show(&refused));
@@ -136,11 +154,7 @@ async fn a_refused_login_changes_nothing() {
     assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
     let refused = c.call(&["AUTH", "app", "wrong"]).await;
     assert!(refused.starts_with(b"-WRONGPASS"), "{}", show(&refused));
-    for p in &redis.primaries() {
-        let other = redis.key_on(p, "other:k");
-        let refused = c.call(&["GET", &other]).await;
-        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
-    }
+    refused_on_every_primary(&redis, &mut c, "GET", "other:k").await;
     proxy.stop().await;
 }
 
@@ -148,9 +162,7 @@ async fn a_refused_login_changes_nothing() {
 /// client speaks RESP3 on each.
 #[tokio::test]
 async fn hello_with_auth_reaches_every_primary() {
-    let redis = RedisCluster::start(3, 0);
-    create_app_user(&redis).await;
-    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let (redis, proxy) = app_cluster().await;
     let mut c = Raw::connect(proxy.addr).await;
     let hello = c
         .call(&["HELLO", "3", "AUTH", "app", "pw", "SETNAME", "worker"])
@@ -166,10 +178,8 @@ async fn hello_with_auth_reaches_every_primary() {
             show(b"%1\r\n$1\r\nf\r\n$1\r\n1\r\n"),
             "{p}"
         );
-        let other = redis.key_on(p, "other:h");
-        let refused = c.call(&["HGETALL", &other]).await;
-        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
     }
+    refused_on_every_primary(&redis, &mut c, "HGETALL", "other:h").await;
     proxy.stop().await;
 }
 
@@ -177,11 +187,8 @@ async fn hello_with_auth_reaches_every_primary() {
 /// channel's node, and its messages arrive; a script runs as the user too.
 #[tokio::test]
 async fn a_permitted_shard_channel_and_a_script_run_as_the_clients_user() {
-    let redis = RedisCluster::start(3, 0);
-    create_app_user(&redis).await;
-    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
-    let mut c = Raw::connect(proxy.addr).await;
-    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let (redis, proxy) = app_cluster().await;
+    let mut c = app_client(&proxy).await;
     let other = redis.key_on(&redis.primaries()[1], "other:s");
     let refused = c
         .call(&["EVAL", "return redis.call('GET', KEYS[1])", "1", &other])
@@ -192,8 +199,7 @@ async fn a_permitted_shard_channel_and_a_script_run_as_the_clients_user() {
         show(&refused)
     );
     assert!(show(&refused).contains("permission"), "{}", show(&refused));
-    let mut sub = Raw::connect(proxy.addr).await;
-    assert_eq!(sub.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let mut sub = app_client(&proxy).await;
     assert_eq!(
         show(&sub.call(&["SSUBSCRIBE", "news1"]).await),
         show(b"*3\r\n$10\r\nssubscribe\r\n$5\r\nnews1\r\n:1\r\n")
@@ -216,8 +222,7 @@ async fn a_killed_login_connection_disconnects_the_client() {
     create_app_user(&redis).await;
     let node = redis.primaries()[2].clone();
     let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
-    let mut c = Raw::connect(proxy.addr).await;
-    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, b"+OK\r\n");
+    let mut c = app_client(&proxy).await;
     let mut admin = Raw::connect(&node).await;
     let killed = admin.call(&["CLIENT", "KILL", "USER", "app"]).await;
     assert_eq!(killed, b":1\r\n");
@@ -255,26 +260,19 @@ async fn a_user_made_through_the_proxy_logs_in_on_every_primary() {
 #[tokio::test]
 async fn a_pinned_own_login_gets_no_more_rights_than_its_user() {
     let redis = RedisCluster::start(3, 0);
-    for p in &redis.primaries() {
-        let reply = Raw::connect(p)
-            .await
-            .call(&[
-                "ACL",
-                "SETUSER",
-                "ro",
-                "on",
-                ">pw",
-                "~*",
-                "+@all",
-                "-flushall",
-                "-keys",
-                "-scan",
-                "-dbsize",
-                "-randomkey",
-            ])
-            .await;
-        assert_eq!(reply, b"+OK\r\n", "{p}");
-    }
+    let rules = [
+        "ro",
+        "on",
+        ">pw",
+        "~*",
+        "+@all",
+        "-flushall",
+        "-keys",
+        "-scan",
+        "-dbsize",
+        "-randomkey",
+    ];
+    create_user(&redis, &rules).await;
     let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
     let mut writer = Raw::connect(proxy.addr).await;
     for p in &redis.primaries() {

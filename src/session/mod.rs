@@ -1096,9 +1096,8 @@ impl Session {
         if ok {
             self.client.proto = proto;
             self.keyspace_follow_proto();
-            self.tracking_follow_proto();
+            self.own_conns_follow_proto();
             self.listeners_follow_proto();
-            self.login_follow_proto();
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

@@ -82,15 +82,13 @@ pub(super) struct ClusterState {
     /// redirects to this RESP3 client, on the primaries where it had none (`tracking`,
     /// `listen_everywhere`); `None` until such a redirect names it.
     pub(super) listeners: Option<Box<tracking::Listeners>>,
-    /// How many times tracking was started: its connections' ids include it, so the end of
-    /// one closed by an earlier OFF is never taken for a live one's.
-    pub(super) tracking_starts: u64,
+    /// How many times tracking was started or a login spread (`cluster::tracking::
+    /// open_everywhere`): their connections' ids include it, so the end of one closed
+    /// earlier (an OFF, a RESET) is never taken for a live one's.
+    pub(super) own_starts: u64,
     /// The client's own login over every primary (see `login`); `None` while it is on the
     /// pool's login (or on its dedicated connection's).
     pub(super) login: Option<Box<cluster::login::ClusterLogin>>,
-    /// How many times a login was spread: its connections' ids include it, so the end of
-    /// one of an earlier login is never taken for a live one's.
-    pub(super) login_starts: u64,
 }
 
 impl Routing {
@@ -115,9 +113,8 @@ impl Routing {
                 keyspace: None,
                 tracking: None,
                 listeners: None,
-                tracking_starts: 0,
+                own_starts: 0,
                 login: None,
-                login_starts: 0,
             })),
         }
     }

@@ -305,9 +305,8 @@ impl Session {
                     d.proto = proto;
                 }
                 self.keyspace_follow_proto();
-                self.tracking_follow_proto();
+                self.own_conns_follow_proto();
                 self.listeners_follow_proto();
-                self.login_follow_proto();
             }
             Effect::Monitor => {
                 self.list_flag('O');

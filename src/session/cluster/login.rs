@@ -35,15 +35,15 @@
 //! whose own login Redis refuses (the client's AUTH then needs a raw connection).
 
 use super::Gather;
-use super::shard_subs::{NodeConn, Stock};
-use super::tracking::{CONN_KIND, OwnConn, ask_every_or, unanswered};
+use super::shard_subs::NodeConn;
+use super::tracking::{CONN_KIND, OwnConn, ask_every_or, primary_without};
 use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
 use crate::session::route::Args;
 use crate::session::{Action, Effect, Holds, Session};
 use crate::topology::cluster::Router;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// The `conn_id` bits of the login connections: bit 61 alone, unlike every other kind's
 /// (`tracking::CONN_KIND`), so no code takes their end for another connection's.
@@ -66,6 +66,12 @@ pub(in crate::session) struct ClusterLogin {
 }
 
 impl ClusterLogin {
+    /// After a HELLO: the connections speak `proto` (see `own_conns_follow_proto`); `false`
+    /// when one could not take it.
+    pub(in crate::session) fn follow_proto(&mut self, proto: u8) -> bool {
+        super::tracking::follow_proto(&self.conns, &mut self.proto, proto)
+    }
+
     /// The connection a command for `node` takes.
     pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
         match self.conns.iter().find(|c| c.node == node) {
@@ -106,21 +112,8 @@ impl Session {
     ) -> Option<Action> {
         let on = self.routing.cluster().and_then(|c| c.login.as_deref());
         let gather = |command| Some(Action::Gather(Box::new(Gather::Login(command))));
-        if let Some(login) = on {
-            let generation = router.snapshot_id();
-            if generation != login.checked.load(Ordering::Relaxed) {
-                let snapshot = router.snapshot();
-                let missing = snapshot
-                    .primaries()
-                    .iter()
-                    .copied()
-                    .find(|&n| !login.conns.iter().any(|c| c.node == n));
-                if let Some(node) = missing {
-                    let reply = own_login_lost(&router.addr(node));
-                    return gather(LoginCommand::Lost(reply));
-                }
-                login.checked.store(generation, Ordering::Relaxed);
-            }
+        if let Some(node) = on.and_then(|l| primary_without(router, &l.conns, &l.checked)) {
+            return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
         }
         let (_, effect, rewrite) = action.forwarded()?;
         let hello = match effect {
@@ -195,30 +188,10 @@ impl Session {
     /// The first login: a connection to every primary, each sent `command`; kept only when
     /// every node accepted it. The first node's reply (the error when one refused).
     async fn login_everywhere(&mut self, command: &Bytes) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return own_login_lost("the cluster");
+        let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
+            Ok(opened) => opened,
+            Err(reply) => return reply,
         };
-        let checked = AtomicU64::new(router.snapshot_id());
-        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
-        let Some(c) = self.routing.cluster_mut() else {
-            return own_login_lost("the cluster");
-        };
-        // Ids never reused, so the end of a connection of an earlier login is not taken
-        // for one of these.
-        c.login_starts += 1;
-        let start = c.login_starts << 16;
-        let mut conns = Vec::with_capacity(primaries.len());
-        for (i, node) in primaries.into_iter().enumerate() {
-            let id = LOGIN_CONN | start | i as u64;
-            let push = self.push_target(id);
-            match self
-                .open_node_conn(&router, node, id, push, Stock::Dial)
-                .await
-            {
-                Ok(conn) => conns.push(conn),
-                Err(reply) => return reply,
-            }
-        }
         let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
         let replies = match ask_every_or(&senders, command, own_login_lost).await {
             Ok(replies) => replies,
@@ -277,32 +250,6 @@ impl Session {
             .or(replies.first())
             .cloned()
             .unwrap_or_default()
-    }
-
-    /// After a HELLO that changed the client's RESP version: every login connection says
-    /// the same (queued before any later command of the session, whose replies must come in
-    /// the client's version). One that cannot take it ends the session.
-    pub(in crate::session) fn login_follow_proto(&mut self) {
-        let proto = self.client.proto;
-        let Some(login) = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.login.as_deref_mut())
-        else {
-            return;
-        };
-        if login.proto == proto {
-            return;
-        }
-        login.proto = proto;
-        let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
-        if !login.conns.iter().all(|conn| unanswered(conn, &hello)) {
-            tracing::warn!(
-                id = self.client.id,
-                "a login connection could not follow HELLO; the client is disconnected"
-            );
-            self.input.closing = true;
-        }
     }
 
     /// A login connection ended: the client is disconnected (see the module comment); the

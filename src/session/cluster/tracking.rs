@@ -36,7 +36,7 @@
 //! connection would on one Redis; the session is not pinned (a command for another node goes
 //! over that node's). In RESP2 too: Redis tracks what a RESP2 connection reads and sends the
 //! invalidations once it speaks RESP3, so the connections follow the client's HELLO
-//! (`tracking_follow_proto`). Fail closed: a client's own AUTH (a connection of its own,
+//! (`own_conns_follow_proto`). Fail closed: a client's own AUTH (a connection of its own,
 //! untracked) is refused while on, and a primary without a tracking connection answers the
 //! lost-tracking error before anything is read there.
 //!
@@ -147,7 +147,7 @@ pub(in crate::session) enum OwnConn<'a> {
 impl ClusterTracking {
     /// Which connection a command for `node` takes (see `OwnConn`), in either protocol:
     /// Redis tracks what a RESP2 connection reads too, and sends the invalidations once it
-    /// speaks RESP3 (the connections follow the client's HELLO: `tracking_follow_proto`).
+    /// speaks RESP3 (the connections follow the client's HELLO: `own_conns_follow_proto`).
     pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
         if !self.carries {
             return OwnConn::Any;
@@ -259,15 +259,9 @@ impl Session {
     ) -> Option<Action> {
         let on = self.routing.cluster().and_then(|c| c.tracking.as_deref());
         let gather = |command| Some(Action::Gather(Box::new(Gather::Tracking(command))));
-        if let Some(tracking) = on {
-            let generation = router.snapshot_id();
-            if generation != tracking.checked.load(Ordering::Relaxed) {
-                if let Some(node) = self.untracked_primary(router, tracking) {
-                    let reply = crate::protocol::answers::tracking_lost(&router.addr(node));
-                    return gather(TrackingCommand::Lost(reply));
-                }
-                tracking.checked.store(generation, Ordering::Relaxed);
-            }
+        if let Some(node) = on.and_then(|t| primary_without(router, &t.conns, &t.checked)) {
+            let reply = crate::protocol::answers::tracking_lost(&router.addr(node));
+            return gather(TrackingCommand::Lost(reply));
         }
         // Default mode: the client's own login would be one node's connection's, and one it
         // needs to itself reads untracked (fail closed; the module comment).
@@ -583,32 +577,29 @@ impl Session {
     }
 
     /// Hook after a HELLO took effect (answered by the proxy, or forwarded on the dedicated
-    /// connection and accepted): the tracking connections speak the client's RESP version
+    /// connection and accepted): the tracking (and login) connections speak the client's RESP version
     /// again (Redis keeps a connection's tracking across HELLO), so what they carry is
     /// answered as the client now reads it, and a RESP3 client's invalidations come as
     /// pushes. `HELLO <version>` is queued on each without waiting for its reply: nothing of
     /// the session's after the HELLO has gone out yet (the run before it was flushed, and a
     /// forwarded HELLO is waited for), so it comes first on every connection. One that
     /// cannot take it ends the session, as after a lost tracking connection.
-    pub(in crate::session) fn tracking_follow_proto(&mut self) {
+    pub(in crate::session) fn own_conns_follow_proto(&mut self) {
         let proto = self.client.proto;
-        let Some(tracking) = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.tracking.as_deref_mut())
-        else {
+        let Some(c) = self.routing.cluster_mut() else {
             return;
         };
-        if tracking.proto == proto {
-            return;
-        }
-        tracking.proto = proto;
-        let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
-        let queued = tracking.conns.iter().all(|conn| unanswered(conn, &hello));
-        if !queued {
+        // The client's own login's connections (`login`) likewise.
+        let followed = [
+            c.tracking
+                .as_deref_mut()
+                .map(|t| follow_proto(&t.conns, &mut t.proto, proto)),
+            c.login.as_deref_mut().map(|l| l.follow_proto(proto)),
+        ];
+        if followed.contains(&Some(false)) {
             tracing::warn!(
                 id = self.client.id,
-                "a tracking connection could not follow HELLO; the client is disconnected so its cache starts over"
+                "a tracking or login connection could not follow HELLO; the client is disconnected"
             );
             self.input.closing = true;
         }
@@ -648,16 +639,6 @@ impl Session {
             unanswered(conn, &Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
         }
         decision
-    }
-
-    /// A primary of the current map without a tracking connection, if any.
-    fn untracked_primary(&self, router: &Router, tracking: &ClusterTracking) -> Option<u16> {
-        let snapshot = router.snapshot();
-        snapshot
-            .primaries()
-            .iter()
-            .copied()
-            .find(|&n| !tracking.conns.iter().any(|c| c.node == n))
     }
 
     /// Carries out a tracking command: the one reply the client gets.
@@ -774,30 +755,14 @@ impl Session {
         carries: bool,
         redirect: Option<Box<Redirect>>,
     ) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return crate::protocol::answers::tracking_lost("the cluster");
+        let (conns, checked) = match Box::pin(
+            self.open_everywhere(TRACKING_CONN, crate::protocol::answers::tracking_lost),
+        )
+        .await
+        {
+            Ok(opened) => opened,
+            Err(reply) => return reply,
         };
-        let checked = AtomicU64::new(router.snapshot_id());
-        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
-        let Some(c) = self.routing.cluster_mut() else {
-            return crate::protocol::answers::tracking_lost("the cluster");
-        };
-        // Ids never reused, so the end of a connection closed by an earlier OFF is not
-        // taken for one of these.
-        c.tracking_starts += 1;
-        let start = c.tracking_starts << 16;
-        let mut conns = Vec::with_capacity(primaries.len());
-        for (i, node) in primaries.into_iter().enumerate() {
-            let id = TRACKING_CONN | start | i as u64;
-            let push = self.push_target(id);
-            match self
-                .open_node_conn(&router, node, id, push, Stock::Dial)
-                .await
-            {
-                Ok(conn) => conns.push(conn),
-                Err(reply) => return reply,
-            }
-        }
         if let Some(r) = redirect.as_deref().filter(|r| r.summon)
             && let Err(reply) = self.summon_listeners(r.client).await
         {
@@ -826,6 +791,39 @@ impl Session {
             }
             Ok(reply) | Err(reply) => reply,
         }
+    }
+
+    /// A connection of the session's own to every primary of the map (tracking's, or the
+    /// client's login's: `kind`, their `conn_id` bits), and the map generation they were
+    /// opened against; the client's error reply when one could not be opened (`lost`: the
+    /// kind's words when there is no map).
+    pub(super) async fn open_everywhere(
+        &mut self,
+        kind: u64,
+        lost: fn(&str) -> Bytes,
+    ) -> Result<(Vec<NodeConn>, AtomicU64), Bytes> {
+        let Some(router) = self.routing.router().cloned() else {
+            return Err(lost("the cluster"));
+        };
+        let checked = AtomicU64::new(router.snapshot_id());
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        let Some(c) = self.routing.cluster_mut() else {
+            return Err(lost("the cluster"));
+        };
+        // Ids never reused, so the end of a connection closed earlier (an OFF, a RESET) is
+        // not taken for one of these.
+        c.own_starts += 1;
+        let start = c.own_starts << 16;
+        let mut conns = Vec::with_capacity(primaries.len());
+        for (i, node) in primaries.into_iter().enumerate() {
+            let id = kind | start | i as u64;
+            let push = self.push_target(id);
+            let conn = self
+                .open_node_conn(&router, node, id, push, Stock::Dial)
+                .await?;
+            conns.push(conn);
+        }
+        Ok((conns, checked))
     }
 
     /// Hook in `follow_redirects` for what is not a batch reply: an invalidation from a
@@ -893,9 +891,43 @@ fn unquoted(reply: Bytes, unquote: Option<Box<Strip>>) -> Bytes {
     }
 }
 
+/// A primary of the current map without one of `conns`, looked for only when the map changed
+/// since `checked` (which then notes the new map once every primary has one).
+pub(super) fn primary_without(
+    router: &Router,
+    conns: &[NodeConn],
+    checked: &AtomicU64,
+) -> Option<u16> {
+    let generation = router.snapshot_id();
+    if generation == checked.load(Ordering::Relaxed) {
+        return None;
+    }
+    let snapshot = router.snapshot();
+    let missing = snapshot
+        .primaries()
+        .iter()
+        .copied()
+        .find(|&n| !conns.iter().any(|c| c.node == n));
+    if missing.is_none() {
+        checked.store(generation, Ordering::Relaxed);
+    }
+    missing
+}
+
+/// Queues `HELLO proto` on each of `conns` (speaking `spoken`, now `proto`) without waiting
+/// for its reply; `false` when one could not take it. Nothing when they already speak it.
+pub(super) fn follow_proto(conns: &[NodeConn], spoken: &mut u8, proto: u8) -> bool {
+    if *spoken == proto {
+        return true;
+    }
+    *spoken = proto;
+    let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
+    conns.iter().all(|conn| unanswered(conn, &hello))
+}
+
 /// Queues one command on `conn` whose reply no one reads (it is dropped with the reply
 /// channel); `false` when the connection's queue is full or closed.
-pub(super) fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
+fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
     let (reply_to, _) = crate::upstream::reply_channel();
     conn.tx
         .try_send(Batch {
