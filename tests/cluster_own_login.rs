@@ -304,3 +304,131 @@ async fn a_pinned_own_login_gets_no_more_rights_than_its_user() {
     );
     proxy.stop().await;
 }
+
+/// An attacker's sweep: a client logged in as a restricted Redis user, in every state that
+/// changes where the proxy sends its commands (fresh, pinned by a WATCH before the login,
+/// holding a WATCH after it, inside MULTI, RESP3), sends each command the proxy handles
+/// across nodes (fan-outs, splits, gathers, SCAN, shard channels) or that its user is
+/// refused. Every one is refused (by Redis or, with the reason, by the proxy), and afterwards
+/// every primary still has its canary key, its configuration and no new user: nothing ran
+/// with the proxy's rights.
+#[tokio::test]
+async fn a_restricted_user_gets_nothing_its_acl_refuses_in_any_state() {
+    let redis = RedisCluster::start(3, 0);
+    let rules = [
+        "ro",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~app:*",
+        "resetchannels",
+        "&news*",
+        "+@all",
+        "-@dangerous",
+        "-flushall",
+        "-flushdb",
+        "-keys",
+        "-scan",
+        "-dbsize",
+        "-randomkey",
+        "-config",
+        "-script",
+        "-function",
+        "-client",
+        "-slowlog",
+        "-acl",
+    ];
+    create_user(&redis, &rules).await;
+    let primaries = redis.primaries();
+    let canaries: Vec<String> = primaries
+        .iter()
+        .map(|p| redis.key_on(p, "canary"))
+        .collect();
+    let mut admin = Raw::connect(&primaries[0]).await;
+    for (p, canary) in primaries.iter().zip(&canaries) {
+        assert_eq!(
+            Raw::connect(p).await.call(&["SET", canary, "v"]).await,
+            b"+OK\r\n"
+        );
+    }
+    let before = admin.call(&["CONFIG", "GET", "maxmemory-policy"]).await;
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let (a, b, c) = (&canaries[0], &canaries[1], &canaries[2]);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["FLUSHALL"],
+        vec!["FLUSHDB", "ASYNC"],
+        vec!["KEYS", "*"],
+        vec!["SCAN", "0", "COUNT", "1000"],
+        vec!["DBSIZE"],
+        vec!["RANDOMKEY"],
+        vec!["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+        vec!["SCRIPT", "FLUSH"],
+        vec!["FUNCTION", "FLUSH"],
+        vec!["CLIENT", "PAUSE", "10"],
+        vec!["SLOWLOG", "RESET"],
+        vec!["ACL", "SETUSER", "evil", "on", ">x", "+@all", "~*"],
+        vec!["DEL", a, b, c],
+        vec!["MSET", a, "x", b, "x", c, "x"],
+        vec!["MGET", a, b, c],
+        vec!["UNLINK", a, b],
+        vec!["EXISTS", a, b, c],
+        vec!["SUNION", a, b],
+        vec!["SET", c, "x"],
+        vec!["EVAL", "return redis.call('DEL', KEYS[1])", "1", b],
+        vec!["SSUBSCRIBE", "secret"],
+        vec!["PUBLISH", "secret", "x"],
+    ];
+    type Setup = &'static [&'static [&'static str]];
+    let states: [(&str, Setup, Setup); 5] = [
+        ("fresh", &[&["AUTH", "ro", "pw"]], &[]),
+        (
+            "WATCH before the login",
+            &[&["WATCH", "app:w"], &["AUTH", "ro", "pw"]],
+            &[],
+        ),
+        (
+            "WATCH after the login",
+            &[&["AUTH", "ro", "pw"], &["WATCH", "app:w"]],
+            &[],
+        ),
+        ("RESP3", &[&["HELLO", "3", "AUTH", "ro", "pw"]], &[]),
+        (
+            "inside MULTI",
+            &[&["AUTH", "ro", "pw"], &["MULTI"]],
+            &[&["EXEC"]],
+        ),
+    ];
+    for (state, setup, end) in states {
+        for command in &commands {
+            let mut client = Raw::connect(proxy.addr).await;
+            for step in setup {
+                let reply = client.call(step).await;
+                assert!(
+                    !reply.starts_with(b"-"),
+                    "{state}: {step:?}: {}",
+                    show(&reply)
+                );
+            }
+            let reply = client.call(command).await;
+            let mut replies = vec![reply];
+            for step in end {
+                replies.push(client.call(step).await);
+            }
+            // Refused at once, or queued and then refused inside EXEC's reply (or aborted).
+            let text = show(&replies.concat());
+            let refused = replies[0].starts_with(b"-")
+                || (replies[0] == b"+QUEUED\r\n"
+                    && (text.contains("NOPERM") || text.contains("EXECABORT")));
+            assert!(refused, "{state}: {command:?}: {text}");
+        }
+    }
+    for (p, canary) in primaries.iter().zip(&canaries) {
+        let mut node = Raw::connect(p).await;
+        assert_eq!(node.call(&["GET", canary]).await, b"$1\r\nv\r\n", "{p}");
+        let user = node.call(&["ACL", "GETUSER", "evil"]).await;
+        assert_eq!(user, b"$-1\r\n", "{p}: no user evil");
+    }
+    let after = admin.call(&["CONFIG", "GET", "maxmemory-policy"]).await;
+    assert_eq!(show(&after), show(&before));
+    proxy.stop().await;
+}
