@@ -8,23 +8,50 @@
 //! disagrees with Redis on some spelling, and every disagreement is a way around the rule.
 //! Every rule, the router and the session read options through this module.
 
-/// The name a HELLO command frame's SETNAME gives (the last, as Redis reads its options), if
-/// any. A forwarded HELLO names the client upstream; the proxy answers CLIENT GETNAME and
-/// LIST from its own record, so it notes the name too (it answered `$-1` after it; state
-/// fuzzer; after an accepted HELLO with AUTH, a test). Not on the data path.
-pub(crate) fn hello_setname_of(command: &[u8]) -> Option<bytes::Bytes> {
-    let args = crate::protocol::codec::split_args_of(command)?;
+/// What Redis 7.0's helloCommand does with a HELLO command frame's options, which it runs in
+/// order, each as it comes, stopping at the first bad one with an error.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct HelloOptions {
+    /// The name its SETNAME options give before any bad one (the last): done even when a
+    /// later option is refused.
+    pub(crate) name: Option<bytes::Bytes>,
+    /// An AUTH came before a bad option (or a bad SETNAME name): Redis logged the client in
+    /// (unless the credentials were wrong: WRONGPASS) and then answered the error, so the
+    /// login holds and the protocol does not change.
+    pub(crate) bad_after_auth: bool,
+}
+
+/// The options of a HELLO command frame as Redis runs them (see [`HelloOptions`]). A
+/// forwarded HELLO names the client upstream; the proxy answers CLIENT GETNAME and LIST from
+/// its own record, so it notes the name too (it answered `$-1` after it; state fuzzer). Not
+/// on the data path.
+pub(crate) fn hello_options(command: &[u8]) -> HelloOptions {
+    let Some(args) = crate::protocol::codec::split_args_of(command) else {
+        return HelloOptions::default();
+    };
+    let mut out = HelloOptions::default();
+    let mut auth = false;
     let mut j = 2;
-    let mut name = None;
-    while j + 1 < args.len() {
-        if keyword(&args[j], b"SETNAME") {
-            name = Some(bytes::Bytes::copy_from_slice(&args[j + 1]));
+    while j < args.len() {
+        let more = args.len() - 1 - j;
+        if keyword(&args[j], b"AUTH") && more >= 2 {
+            auth = true;
+            j += 3;
+        } else if keyword(&args[j], b"SETNAME") && more >= 1 && valid_client_name(&args[j + 1]) {
+            out.name = Some(bytes::Bytes::copy_from_slice(&args[j + 1]));
             j += 2;
         } else {
-            j += 3;
+            out.bad_after_auth = auth;
+            break;
         }
     }
-    name
+    out
+}
+
+/// Whether Redis takes `name` for CLIENT SETNAME (or HELLO's SETNAME): printable ASCII
+/// without spaces.
+pub(crate) fn valid_client_name(name: &[u8]) -> bool {
+    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
 }
 
 /// C's `strcasecmp(arg, keyword) == 0` on a Redis argument: the argument ends at its first NUL
@@ -770,6 +797,22 @@ pub(crate) fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<Trac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hello_options_run_in_order_up_to_a_bad_one() {
+        let parse = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            hello_options(&crate::protocol::codec::encode(&args))
+        };
+        let named = |n: &str| Some(bytes::Bytes::copy_from_slice(n.as_bytes()));
+        assert_eq!(parse("HELLO 3 AUTH u p SETNAME a").name, named("a"));
+        let after = parse("HELLO 2 AUTH u p SETNAME fz extra");
+        assert_eq!((after.name, after.bad_after_auth), (named("fz"), true));
+        let before = parse("HELLO 2 bogus AUTH u p SETNAME fz");
+        assert_eq!((before.name, before.bad_after_auth), (None, false));
+        assert!(parse("HELLO 3 AUTH u p SETNAME").bad_after_auth);
+        assert!(!parse("HELLO 3 SETNAME a extra").bad_after_auth);
+    }
 
     fn line(s: &str) -> Vec<&[u8]> {
         s.split(' ').map(str::as_bytes).collect()

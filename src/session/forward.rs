@@ -351,14 +351,15 @@ impl Session {
         }
         let command = self.input.rbuf.split_to(len).freeze();
         // HELLO's SETNAME: done now; with AUTH, once Redis accepted the login.
-        let hello_name = match effect {
+        let hello = match effect {
             Effect::Hello(_) => {
-                if let Some(name) = crate::commands::grammar::hello_setname_of(&command) {
-                    self.name_client(Some(name));
+                let options = crate::commands::grammar::hello_options(&command);
+                if options.name.is_some() {
+                    self.name_client(options.name);
                 }
                 None
             }
-            Effect::AuthHello(_) => crate::commands::grammar::hello_setname_of(&command),
+            Effect::AuthHello(_) => Some(crate::commands::grammar::hello_options(&command)),
             _ => None,
         };
         let out = self.outgoing(command, target, effect, rewrite);
@@ -392,7 +393,7 @@ impl Session {
                 Effect::AuthHello(proto) => Some(Box::new(HelloAuth {
                     proto,
                     first_login: !self.conn.holds(Holds::OTHER_USER),
-                    name: hello_name,
+                    options: hello.unwrap_or_default(),
                 })),
                 _ => None,
             },

@@ -261,8 +261,35 @@ struct HelloAuth {
     /// The client was on the proxy's login before (`Holds::OTHER_USER` not held): refused,
     /// it is again, and the connection dialled for this AUTH is dropped.
     first_login: bool,
-    /// Its SETNAME, the client's name once Redis accepted it (refused, the name stays).
-    name: Option<Bytes>,
+    /// Its options as Redis runs them: the name once Redis accepted the login (refused,
+    /// the name stays), and whether a bad option after the AUTH makes Redis log the client
+    /// in and answer an error.
+    options: crate::commands::grammar::HelloOptions,
+}
+
+/// How Redis took a forwarded HELLO with AUTH, from its reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HelloOutcome {
+    /// Answered: logged in, named, the protocol switched.
+    Accepted,
+    /// An error for an option after the AUTH (`HelloOptions::bad_after_auth`): Redis had
+    /// logged the client in and named it; the protocol stays.
+    LoggedIn,
+    /// Refused (WRONGPASS, or before the AUTH), or not answered: nothing changed.
+    Refused,
+}
+
+impl HelloOutcome {
+    /// The outcome Redis's `reply` says, for a HELLO with `options`.
+    fn of(options: &crate::commands::grammar::HelloOptions, reply: &[u8]) -> HelloOutcome {
+        if reply.first() != Some(&b'-') {
+            HelloOutcome::Accepted
+        } else if options.bad_after_auth && !reply.starts_with(b"-WRONGPASS") {
+            HelloOutcome::LoggedIn
+        } else {
+            HelloOutcome::Refused
+        }
+    }
 }
 
 /// What `execute` carries out an action for: the command dispatched alone, passed down to

@@ -215,10 +215,11 @@ impl Session {
             self.reset();
         }
         if let Some(hello) = handling.hello_auth {
-            self.settle_hello_auth(
-                *hello,
-                error.is_none() && data.first().is_some_and(|&b| b != b'-'),
-            );
+            let outcome = match &error {
+                Some(_) => super::HelloOutcome::Refused,
+                None => super::HelloOutcome::of(&hello.options, &data),
+            };
+            self.settle_hello_auth(*hello, outcome);
         }
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
@@ -266,17 +267,27 @@ impl Session {
     /// asked for; refused, a client that was on the proxy's login is again (the connection
     /// dialled for its AUTH, left in RESP2 or unauthenticated, is dropped unless other state
     /// holds it).
-    fn settle_hello_auth(&mut self, hello: super::HelloAuth, accepted: bool) {
-        if accepted {
-            self.apply(super::Effect::Hello(hello.proto));
-            if hello.name.is_some() {
-                self.name_client(hello.name);
+    fn settle_hello_auth(&mut self, hello: super::HelloAuth, outcome: super::HelloOutcome) {
+        match outcome {
+            super::HelloOutcome::Accepted => {
+                self.apply(super::Effect::Hello(hello.proto));
+                if hello.options.name.is_some() {
+                    self.name_client(hello.options.name);
+                }
             }
-        } else if hello.first_login {
-            self.conn.held.remove(Holds::OTHER_USER);
-            if !self.pinned() {
-                self.conn.dedicated = None;
+            // Logged in and named, then refused a later option: the protocol stays.
+            super::HelloOutcome::LoggedIn => {
+                if hello.options.name.is_some() {
+                    self.name_client(hello.options.name);
+                }
             }
+            super::HelloOutcome::Refused if hello.first_login => {
+                self.conn.held.remove(Holds::OTHER_USER);
+                if !self.pinned() {
+                    self.conn.dedicated = None;
+                }
+            }
+            super::HelloOutcome::Refused => {}
         }
     }
 

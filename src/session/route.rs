@@ -536,7 +536,7 @@ impl Session {
                     j += 3;
                 } else if grammar::keyword(opt, b"SETNAME") && more >= 1 {
                     let n = args.get(j + 1);
-                    if !valid_name(n) {
+                    if !grammar::valid_client_name(n) {
                         return failed(answers::bad_client_name(), auth, login, name);
                     }
                     name = Some(n);
@@ -591,7 +591,7 @@ impl Session {
         match classify::classify_client(args.get(1)) {
             ClientSub::SetName if args.len() == 3 => {
                 let name = args.get(2);
-                if valid_name(name) {
+                if grammar::valid_client_name(name) {
                     let name = (!name.is_empty()).then(|| Bytes::copy_from_slice(name));
                     Action::Local(answers::ok(), LocalEffect::SetName(name))
                 } else {
@@ -933,7 +933,7 @@ fn set_info(attr: &[u8], value: &[u8]) -> Action {
             LocalEffect::None,
         );
     };
-    if !valid_name(value) {
+    if !grammar::valid_client_name(value) {
         let text = format!(
             "{} cannot contain spaces, newlines or special characters.",
             String::from_utf8_lossy(attr)
@@ -947,10 +947,6 @@ fn set_info(attr: &[u8], value: &[u8]) -> Action {
         answers::ok(),
         LocalEffect::SetLib(version, Bytes::copy_from_slice(value)),
     )
-}
-
-fn valid_name(name: &[u8]) -> bool {
-    name.iter().all(|&c| (b'!'..=b'~').contains(&c))
 }
 
 /// The reply to a refused proxy-side AUTH: Redis's own for wrong credentials; a throttled

@@ -40,7 +40,7 @@ use super::tracking::{CONN_KIND, OwnConn, ask_every_or, primary_without};
 use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Holds, Session};
+use crate::session::{Action, Effect, HelloOutcome, Holds, Session};
 use crate::topology::cluster::Router;
 use bytes::Bytes;
 use std::sync::atomic::AtomicU64;
@@ -157,28 +157,38 @@ impl Session {
                 reply
             }
             LoginCommand::Login { command, hello } => {
+                // How Redis runs a HELLO's options (an error after its AUTH still logs in).
+                let options = hello.map(|_| crate::commands::grammar::hello_options(&command));
+                let outcome = |reply: &[u8]| match &options {
+                    Some(o) => HelloOutcome::of(o, reply),
+                    None if reply.first() == Some(&b'-') => HelloOutcome::Refused,
+                    None => HelloOutcome::Accepted,
+                };
                 let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
                 let reply = if spread {
-                    self.login_again(&command).await
+                    self.login_again(&command, &outcome).await
                 } else {
-                    Box::pin(self.login_everywhere(&command)).await
+                    Box::pin(self.login_everywhere(&command, &outcome)).await
                 };
-                let accepted = reply.first() != Some(&b'-');
-                match hello {
-                    Some(proto) if accepted => {
-                        if let Some(login) = self
-                            .routing
-                            .cluster_mut()
-                            .and_then(|c| c.login.as_deref_mut())
-                        {
-                            login.proto = proto;
-                        }
-                        self.apply(Effect::Hello(proto));
-                        if let Some(name) = crate::commands::grammar::hello_setname_of(&command) {
-                            self.name_client(Some(name));
-                        }
-                        self.hello_as_seen(&reply)
+                let result = outcome(&reply);
+                let (Some(proto), Some(options)) = (hello, options) else {
+                    return reply;
+                };
+                if result == HelloOutcome::Accepted {
+                    if let Some(login) = self
+                        .routing
+                        .cluster_mut()
+                        .and_then(|c| c.login.as_deref_mut())
+                    {
+                        login.proto = proto;
                     }
+                    self.apply(Effect::Hello(proto));
+                }
+                if result != HelloOutcome::Refused && options.name.is_some() {
+                    self.name_client(options.name);
+                }
+                match result {
+                    HelloOutcome::Accepted => self.hello_as_seen(&reply),
                     _ => reply,
                 }
             }
@@ -186,8 +196,13 @@ impl Session {
     }
 
     /// The first login: a connection to every primary, each sent `command`; kept only when
-    /// every node accepted it. The first node's reply (the error when one refused).
-    async fn login_everywhere(&mut self, command: &Bytes) -> Bytes {
+    /// every node logged the client in (`outcome`). A node's reply (the error when one
+    /// refused, or when a HELLO logged in and then refused an option).
+    async fn login_everywhere(
+        &mut self,
+        command: &Bytes,
+        outcome: &(dyn Fn(&[u8]) -> HelloOutcome + Sync),
+    ) -> Bytes {
         let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
             Ok(opened) => opened,
             Err(reply) => return reply,
@@ -201,7 +216,7 @@ impl Session {
                 return reply;
             }
         };
-        if let Some(refused) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+        if let Some(refused) = replies.iter().find(|r| outcome(r) == HelloOutcome::Refused) {
             return refused.clone();
         }
         // Logged in as the client's user now, not as the proxy's script user.
@@ -219,13 +234,22 @@ impl Session {
         // A dedicated connection kept from a blocking command (not pinned: `login_route`)
         // is the pool's login; the next one is a login connection.
         self.conn.dedicated = None;
-        replies.into_iter().next().unwrap_or_default()
+        // The error of a HELLO refused after its AUTH (logged in all the same), else any.
+        let error = replies.iter().position(|r| r.first() == Some(&b'-'));
+        replies
+            .into_iter()
+            .nth(error.unwrap_or(0))
+            .unwrap_or_default()
     }
 
     /// A login while logged in: `command` on every login connection, whose state stays.
     /// Nodes that disagree (one accepts, another refuses) would leave the client two users:
     /// it gets the refusal and is disconnected.
-    async fn login_again(&mut self, command: &Bytes) -> Bytes {
+    async fn login_again(
+        &mut self,
+        command: &Bytes,
+        outcome: &(dyn Fn(&[u8]) -> HelloOutcome + Sync),
+    ) -> Bytes {
         let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
             Some(login) => login.conns.iter().map(|c| c.tx.clone()).collect(),
             None => return own_login_lost("the cluster"),
@@ -237,7 +261,10 @@ impl Session {
                 return reply;
             }
         };
-        let refused = replies.iter().filter(|r| r.first() == Some(&b'-')).count();
+        let refused = replies
+            .iter()
+            .filter(|r| outcome(r) == HelloOutcome::Refused)
+            .count();
         if refused > 0 && refused < replies.len() {
             tracing::warn!(
                 id = self.client.id,
