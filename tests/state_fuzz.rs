@@ -330,6 +330,34 @@ fn documented_refusal(frames: &[Vec<u8>]) -> bool {
     })
 }
 
+/// In front of a cluster: a client that turned its replies off (CLIENT REPLY OFF or SKIP)
+/// and then sent what a cluster refuses by design (SELECT of another database, a login
+/// while tracking is spread, shard channels of several slots: documented differences) got
+/// no refusal to show it; Redis ran it. Not compared past it (seeds 34641666, 35420542).
+fn hidden_refusal(steps: &[Step]) -> bool {
+    let is = |c: &[Vec<u8>], i: usize, w: &str| {
+        c.get(i)
+            .is_some_and(|a| a.eq_ignore_ascii_case(w.as_bytes()))
+    };
+    [0, 1].into_iter().any(|client| {
+        let mut off = false;
+        steps.iter().filter(|s| s.client == client).any(|s| {
+            s.commands.iter().any(|c| {
+                if is(c, 0, "CLIENT") && is(c, 1, "REPLY") && (is(c, 2, "OFF") || is(c, 2, "SKIP"))
+                {
+                    off = true;
+                    return false;
+                }
+                let refused = (is(c, 0, "SELECT") && !is(c, 1, "0"))
+                    || is(c, 0, "AUTH")
+                    || (is(c, 0, "HELLO") && c.iter().any(|a| a.eq_ignore_ascii_case(b"AUTH")))
+                    || (is(c, 0, "SSUBSCRIBE") && c.len() > 2);
+                off && refused
+            })
+        })
+    })
+}
+
 /// One step's frames: all of them up to the sentinel's reply, or (`Err`) those that came
 /// before the side went silent or closed. In a conversation of two clients, the acting
 /// client's frames, [`OTHER`], then the other client's up to its probe's reply.
@@ -490,6 +518,8 @@ struct Sides {
     servers: Vec<String>,
     /// The key names conversations use.
     keys: &'static [&'static str],
+    /// The proxy is in front of a cluster (its documented refusals may be hidden).
+    cluster: bool,
 }
 
 /// The first step at which the proxy's replies differ from Redis's, with both.
@@ -546,6 +576,9 @@ async fn first_difference(sides: &Sides, steps: &[Step]) -> Option<(usize, Strin
     if let Some(Ok(frames) | Err(frames)) = got.get(i)
         && documented_refusal(frames)
     {
+        return None;
+    }
+    if sides.cluster && hidden_refusal(&steps[..(i + 1).min(steps.len())]) {
         return None;
     }
     // Past the last step: each client's RESP3 pushes over the whole conversation.
@@ -747,6 +780,13 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "HELLO 2 AUTH fuzzer pw SETNAME fz extra\nCLIENT GETNAME | ACL WHOAMI",
     ),
     (
+        // Seed 70117499: the same from a RESP3 client, whose AUTH ran on a connection
+        // dialled raw (RESP2); the proxy kept it and the next command found it in the wrong
+        // protocol (its dedicated connection lost).
+        "a HELLO logged in then refused, from a RESP3 client",
+        "hello 3\nHELLO 2 AUTH default wrong extra\nGET k1\nHELLO 2 AUTH fuzzer pw SETNAME\nGET k1",
+    ),
+    (
         // Redis runs HELLO's options in order: an AUTH refused before a bad option is what
         // it answers, a SETNAME before one is done.
         "HELLO's options in order",
@@ -775,6 +815,7 @@ async fn the_proxy_follows_every_state_change_redis_makes() {
         proxy: pair.proxy.addr.to_string(),
         servers: vec![pair.direct.addr(), pair.upstream.addr()],
         keys: KEYS,
+        cluster: false,
     };
     fuzz(&sides, REGRESSIONS, "", secs("STATE_FUZZ_SECS", 30)).await;
 }
@@ -806,6 +847,7 @@ async fn fuzz_with_policy(yaml: &str, path: &std::path::Path, what: &str, var: &
         proxy: proxy.addr.to_string(),
         servers: vec![direct.addr(), upstream.addr()],
         keys: KEYS,
+        cluster: false,
     };
     fuzz(&sides, REGRESSIONS, what, secs(var, 20)).await;
 }
@@ -865,6 +907,7 @@ async fn fuzz_in_front_of_a_cluster(
         proxy: proxy.addr.to_string(),
         servers,
         keys: CLUSTER_KEYS,
+        cluster: true,
     };
     fuzz(&sides, REGRESSIONS, what, secs).await;
 }

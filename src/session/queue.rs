@@ -275,10 +275,34 @@ impl Session {
                     self.name_client(hello.options.name);
                 }
             }
-            // Logged in and named, then refused a later option: the protocol stays.
+            // Logged in and named, then refused a later option: the protocol stays. The
+            // connection the HELLO ran on may have been dialled raw (RESP2) for the client's
+            // own credentials; it is told the client's protocol before anything else of the
+            // session reaches it (later commands wait for this reply to be decided), or the
+            // next command would find it unusable (state fuzzer, seed 70117499).
             super::HelloOutcome::LoggedIn => {
                 if hello.options.name.is_some() {
                     self.name_client(hello.options.name);
+                }
+                let proto = self.client.proto;
+                if let Some(d) = &mut self.conn.dedicated
+                    && d.proto != proto
+                {
+                    let (reply_to, _) = crate::upstream::reply_channel();
+                    let hello = crate::protocol::codec::encode(&[
+                        &b"HELLO"[..],
+                        proto.to_string().as_bytes(),
+                    ]);
+                    let batch = crate::upstream::Batch {
+                        bytes: hello,
+                        expect: crate::upstream::Expect::Frames(1),
+                        wait: crate::upstream::ReplyWait::Prompt,
+                        reply_to,
+                        seq: 0,
+                    };
+                    if d.tx.try_send(batch).is_ok() {
+                        d.proto = proto;
+                    }
                 }
             }
             super::HelloOutcome::Refused if hello.first_login => {
