@@ -780,6 +780,13 @@ const REGRESSIONS: &[(&str, &str)] = &[
         "HELLO 2 AUTH fuzzer pw SETNAME fz extra\nCLIENT GETNAME | ACL WHOAMI",
     ),
     (
+        // In front of a cluster (seed 35420542): a SUBSCRIBE queued in a discarded MULTI
+        // left the session held as a subscriber; a shard subscription after it was then not
+        // seen as the subscribed context, and PING was answered as outside it.
+        "SSUBSCRIBE after a discarded transaction that queued a SUBSCRIBE",
+        "MULTI\nSUBSCRIBE c2\nDISCARD\nSSUBSCRIBE c1\nPING",
+    ),
+    (
         // Seed 70117499: the same from a RESP3 client, whose AUTH ran on a connection
         // dialled raw (RESP2); the proxy kept it and the next command found it in the wrong
         // protocol (its dedicated connection lost).

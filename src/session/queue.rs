@@ -224,11 +224,13 @@ impl Session {
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
         // unsubscribes, says HELLO 3 and subscribes again must stay the same connection).
-        // A subscription Redis refused (NOPERM for a channel the client's own user may not
-        // use) holds nothing either, when the client holds no other.
+        // Nor does a subscription that left the client with none: refused by Redis (NOPERM
+        // for a channel the client's own user may not use), or queued in a transaction that
+        // was discarded or aborted (state fuzzer: MULTI, SUBSCRIBE, DISCARD left the session
+        // held as a subscriber, and a later shard subscriber's PING was not answered as one).
         let refused_subscribe = handling.sub_counts
             && !handling.unsubscribe
-            && data.first() == Some(&b'-')
+            && !self.conn.in_multi()
             && !self.ctx.client_list.subscribed(self.client.id);
         if (refused_subscribe
             || handling.unsubscribe
