@@ -132,6 +132,8 @@ async fn the_clients_own_login_reaches_every_primary() {
     let forbidden = redis.key_on(&primaries[1], "other:list");
     let refused = c.call(&["BLPOP", &forbidden, "1"]).await;
     assert!(refused.starts_with(b"-NOPERM"), "{}", show(&refused));
+    // WAIT runs on the client's own connections, which carried its writes.
+    assert_eq!(c.call(&["WAIT", "0", "100"]).await, b":0\r\n");
     // RESET: the default user again, on every node.
     assert_eq!(c.call(&["RESET"]).await, b"+RESET\r\n");
     assert_eq!(whoami(&mut c).await, show(b"$7\r\ndefault\r\n"));
@@ -337,6 +339,7 @@ async fn a_restricted_user_gets_nothing_its_acl_refuses_in_any_state() {
         "-client",
         "-slowlog",
         "-acl",
+        "-wait",
     ];
     create_user(&redis, &rules).await;
     let primaries = redis.primaries();
@@ -367,6 +370,7 @@ async fn a_restricted_user_gets_nothing_its_acl_refuses_in_any_state() {
         vec!["CLIENT", "PAUSE", "10"],
         vec!["SLOWLOG", "RESET"],
         vec!["ACL", "SETUSER", "evil", "on", ">x", "+@all", "~*"],
+        vec!["WAIT", "0", "0"],
         vec!["DEL", a, b, c],
         vec!["MSET", a, "x", b, "x", c, "x"],
         vec!["MGET", a, b, c],

@@ -8,6 +8,7 @@ use super::Gather;
 use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::redirect::may_redirect;
+use super::tracking::OwnConn;
 use crate::commands::grammar::keyword;
 use crate::policy::rewrite::Strip;
 use crate::protocol::codec::{CodecLimits, Decoded};
@@ -398,6 +399,24 @@ impl Session {
         connections: &mut Vec<mpsc::Sender<Batch>>,
     ) -> Option<crate::upstream::ReplyReceiver> {
         let (tx, rx) = crate::upstream::reply_channel();
+        // The session's own connection to the node (the client's login, tracking): its
+        // writes went over it, so WAIT counts them there, with the client's rights (a
+        // one-off connection is the proxy's login, which would run what the user may not).
+        match self.routing.own_conn(node) {
+            OwnConn::Own(own) => {
+                let batch = Batch {
+                    bytes: fanout.bytes.clone(),
+                    expect: Expect::Frames(1),
+                    wait: fanout.wait,
+                    reply_to: tx,
+                    seq: 0,
+                };
+                return own.tx.send(batch).await.is_ok().then_some(rx);
+            }
+            // None there (a primary the map gained): not with the proxy's rights either.
+            OwnConn::Missing => return None,
+            OwnConn::Any => {}
+        }
         let batch = Batch {
             bytes: [Bytes::from_static(WAIT_BARRIER), fanout.bytes.clone()]
                 .concat()
