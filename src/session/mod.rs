@@ -281,6 +281,18 @@ enum HelloOutcome {
 
 impl HelloOutcome {
     /// The outcome Redis's `reply` says, for a HELLO with `options`.
+    /// The outcome of a login, `AUTH` (`None`) or a HELLO with `options`.
+    fn of_login(
+        options: Option<&crate::commands::grammar::HelloOptions>,
+        reply: &[u8],
+    ) -> HelloOutcome {
+        match options {
+            Some(o) => HelloOutcome::of(o, reply),
+            None if reply.first() == Some(&b'-') => HelloOutcome::Refused,
+            None => HelloOutcome::Accepted,
+        }
+    }
+
     fn of(options: &crate::commands::grammar::HelloOptions, reply: &[u8]) -> HelloOutcome {
         if reply.first() != Some(&b'-') {
             HelloOutcome::Accepted

@@ -228,11 +228,11 @@ impl Session {
         // for a channel the client's own user may not use), or queued in a transaction that
         // was discarded or aborted (state fuzzer: MULTI, SUBSCRIBE, DISCARD left the session
         // held as a subscriber, and a later shard subscriber's PING was not answered as one).
-        let refused_subscribe = handling.sub_counts
+        let none_left = handling.sub_counts
             && !handling.unsubscribe
             && !self.conn.in_multi()
             && !self.ctx.client_list.subscribed(self.client.id);
-        if (refused_subscribe
+        if (none_left
             || handling.unsubscribe
                 && data.ends_with(b":0\r\n")
                 && !self.conn.holds(Holds::SHARD_SUBSCRIPTIONS))
@@ -246,7 +246,7 @@ impl Session {
             })
         {
             self.conn.held.remove(Holds::SUBSCRIPTIONS);
-            if refused_subscribe {
+            if none_left {
                 self.conn.held.remove(Holds::SHARD_SUBSCRIPTIONS);
             }
             self.list_flag('N');
@@ -289,22 +289,9 @@ impl Session {
                 let proto = self.client.proto;
                 if let Some(d) = &mut self.conn.dedicated
                     && d.proto != proto
+                    && crate::upstream::unanswered(&d.tx, crate::upstream::hello_command(proto))
                 {
-                    let (reply_to, _) = crate::upstream::reply_channel();
-                    let hello = crate::protocol::codec::encode(&[
-                        &b"HELLO"[..],
-                        proto.to_string().as_bytes(),
-                    ]);
-                    let batch = crate::upstream::Batch {
-                        bytes: hello,
-                        expect: crate::upstream::Expect::Frames(1),
-                        wait: crate::upstream::ReplyWait::Prompt,
-                        reply_to,
-                        seq: 0,
-                    };
-                    if d.tx.try_send(batch).is_ok() {
-                        d.proto = proto;
-                    }
+                    d.proto = proto;
                 }
             }
             super::HelloOutcome::Refused if hello.first_login => {

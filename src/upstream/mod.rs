@@ -159,6 +159,26 @@ pub(crate) type ReplySender = mailbox::Sender<Reply>;
 /// Where a session receives them.
 pub(crate) type ReplyReceiver = mailbox::Receiver<Reply>;
 
+/// Queues one command on `tx` whose reply no one reads (it is dropped with the reply
+/// channel): a HELLO a connection must follow, CLIENT CACHING's PING. `false` when the
+/// connection's queue is full or closed.
+pub(crate) fn unanswered(tx: &tokio::sync::mpsc::Sender<Batch>, command: bytes::Bytes) -> bool {
+    let (reply_to, _) = reply_channel();
+    tx.try_send(Batch {
+        bytes: command,
+        expect: Expect::Frames(1),
+        wait: ReplyWait::Prompt,
+        reply_to,
+        seq: 0,
+    })
+    .is_ok()
+}
+
+/// `HELLO <proto>`, as sent to a connection that must speak the client's protocol.
+pub(crate) fn hello_command(proto: u8) -> bytes::Bytes {
+    crate::protocol::codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()])
+}
+
 /// A session's reply channel, with nothing allocated for replies yet (`mailbox`).
 pub(crate) fn reply_channel() -> (ReplySender, ReplyReceiver) {
     mailbox::channel()

@@ -159,18 +159,13 @@ impl Session {
             LoginCommand::Login { command, hello } => {
                 // How Redis runs a HELLO's options (an error after its AUTH still logs in).
                 let options = hello.map(|_| crate::commands::grammar::hello_options(&command));
-                let outcome = |reply: &[u8]| match &options {
-                    Some(o) => HelloOutcome::of(o, reply),
-                    None if reply.first() == Some(&b'-') => HelloOutcome::Refused,
-                    None => HelloOutcome::Accepted,
-                };
                 let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
                 let reply = if spread {
-                    self.login_again(&command, &outcome).await
+                    self.login_again(&command, options.as_ref()).await
                 } else {
-                    Box::pin(self.login_everywhere(&command, &outcome)).await
+                    Box::pin(self.login_everywhere(&command, options.as_ref())).await
                 };
-                let result = outcome(&reply);
+                let result = HelloOutcome::of_login(options.as_ref(), &reply);
                 let (Some(proto), Some(options)) = (hello, options) else {
                     return reply;
                 };
@@ -196,12 +191,12 @@ impl Session {
     }
 
     /// The first login: a connection to every primary, each sent `command`; kept only when
-    /// every node logged the client in (`outcome`). A node's reply (the error when one
+    /// every node logged the client in (`HelloOutcome::of_login`; `options`: a HELLO's). A node's reply (the error when one
     /// refused, or when a HELLO logged in and then refused an option).
     async fn login_everywhere(
         &mut self,
         command: &Bytes,
-        outcome: &(dyn Fn(&[u8]) -> HelloOutcome + Sync),
+        options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
         let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
             Ok(opened) => opened,
@@ -216,7 +211,10 @@ impl Session {
                 return reply;
             }
         };
-        if let Some(refused) = replies.iter().find(|r| outcome(r) == HelloOutcome::Refused) {
+        if let Some(refused) = replies
+            .iter()
+            .find(|r| HelloOutcome::of_login(options, r) == HelloOutcome::Refused)
+        {
             return refused.clone();
         }
         // Logged in as the client's user now, not as the proxy's script user.
@@ -248,7 +246,7 @@ impl Session {
     async fn login_again(
         &mut self,
         command: &Bytes,
-        outcome: &(dyn Fn(&[u8]) -> HelloOutcome + Sync),
+        options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
         let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
             Some(login) => login.conns.iter().map(|c| c.tx.clone()).collect(),
@@ -263,7 +261,7 @@ impl Session {
         };
         let refused = replies
             .iter()
-            .filter(|r| outcome(r) == HelloOutcome::Refused)
+            .filter(|r| HelloOutcome::of_login(options, r) == HelloOutcome::Refused)
             .count();
         if refused > 0 && refused < replies.len() {
             tracing::warn!(

@@ -71,7 +71,7 @@ use crate::session::client_ids::ClientIds;
 use crate::session::route::Args;
 use crate::session::{Action, Decision, Effect, Holds, Session, Target};
 use crate::topology::cluster::Router;
-use crate::upstream::{Batch, Expect, Reply, ReplyWait};
+use crate::upstream::{Batch, Expect, Reply, ReplyWait, hello_command, unanswered};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -636,7 +636,7 @@ impl Session {
             return decision;
         };
         for conn in tracking.conns.iter().filter(|c| c.node != node) {
-            unanswered(conn, &Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
+            unanswered(&conn.tx, Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
         }
         decision
     }
@@ -921,23 +921,8 @@ pub(super) fn follow_proto(conns: &[NodeConn], spoken: &mut u8, proto: u8) -> bo
         return true;
     }
     *spoken = proto;
-    let hello = codec::encode(&[&b"HELLO"[..], proto.to_string().as_bytes()]);
-    conns.iter().all(|conn| unanswered(conn, &hello))
-}
-
-/// Queues one command on `conn` whose reply no one reads (it is dropped with the reply
-/// channel); `false` when the connection's queue is full or closed.
-fn unanswered(conn: &NodeConn, command: &Bytes) -> bool {
-    let (reply_to, _) = crate::upstream::reply_channel();
-    conn.tx
-        .try_send(Batch {
-            bytes: command.clone(),
-            expect: Expect::Frames(1),
-            wait: ReplyWait::Prompt,
-            reply_to,
-            seq: 0,
-        })
-        .is_ok()
+    let hello = hello_command(proto);
+    conns.iter().all(|conn| unanswered(&conn.tx, hello.clone()))
 }
 
 /// `command` on every connection, as `ask_all`; with a redirect, each connection's names the
