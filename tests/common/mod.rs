@@ -662,7 +662,6 @@ impl RedisServer {
     /// Starts `bin` (a `redis-server` or `valkey-server` of the server matrix, see
     /// [`matrix_servers`]) with extra arguments, whatever `RPP_REDIS_SERVER` says.
     pub(crate) fn start_binary(bin: &Path, args: &[&str]) -> RedisServer {
-        let dir = temp_dir("redis");
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let password = args
             .iter()
@@ -670,21 +669,25 @@ impl RedisServer {
             .and_then(|i| args.get(i + 1).cloned());
         let mut last_err = String::new();
         for _ in 0..8 {
+            // A directory of its own each try: a failed try's server is dropped, and the
+            // drop removes its directory (retries once shared it, so one lost port race
+            // made every later try fail on a missing `--dir`).
+            let dir = temp_dir("redis");
             let mut server = RedisServer {
                 port: free_port(),
                 bin: bin.to_path_buf(),
                 log: dir.join("redis.log"),
-                dir: dir.clone(),
+                dir,
                 args: args.clone(),
                 child: None,
                 password: password.clone(),
             };
             match server.spawn(Instant::now() + DEADLINE) {
                 Ok(()) => return server,
-                Err(e) => last_err = e,
+                Err(e) => last_err.push_str(&format!("\n  {e}")),
             }
         }
-        panic!("could not start {}: {last_err}", bin.display());
+        panic!("could not start {}:{last_err}", bin.display());
     }
 
     /// The binary this server runs.
@@ -706,6 +709,9 @@ impl RedisServer {
 
     fn spawn(&mut self, until: Instant) -> Result<(), String> {
         let log_start = self.log_len();
+        let stderr_path = self.dir.join("stderr.log");
+        let stderr = std::fs::File::create(&stderr_path)
+            .map_err(|e| format!("create {}: {e}", stderr_path.display()))?;
         let mut child = Command::new(&self.bin)
             .arg("--port")
             .arg(self.port.to_string())
@@ -718,16 +724,19 @@ impl RedisServer {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read(&self.log).unwrap_or_default();
+                // Configuration errors go to stderr, not the log file.
+                let stderr = std::fs::read(&stderr_path).unwrap_or_default();
                 return Err(format!(
-                    "redis-server on port {} exited ({status}): {}",
+                    "redis-server on port {} exited ({status}): {}{}",
                     self.port,
-                    String::from_utf8_lossy(&log[log_start.min(log.len())..])
+                    String::from_utf8_lossy(&log[log_start.min(log.len())..]),
+                    String::from_utf8_lossy(&stderr)
                 ));
             }
             let log = std::fs::read(&self.log).unwrap_or_default();
