@@ -379,3 +379,162 @@ async fn a_restricted_user_gets_nothing_its_acl_refuses_in_any_state() {
     assert_eq!(show(&after), show(&before));
     proxy.stop().await;
 }
+
+/// A manual failover (`CLUSTER FAILOVER` on a replica, the step of every rolling upgrade)
+/// gives the map a primary the client's login has no connection to: the proxy logs it in
+/// there too (its last accepted login, in the protocol the client speaks now), so clients
+/// logged in as their own user keep their connection, and the promoted node still runs their
+/// commands as that user, not as the proxy's.
+#[tokio::test]
+async fn a_manual_failover_logs_the_client_in_on_the_promoted_primary() {
+    let mut redis = RedisCluster::start(3, 1);
+    // ACL users are per node, replicas included.
+    for node in &redis.live_addrs() {
+        let command: Vec<&str> = ["ACL", "SETUSER", "app"]
+            .iter()
+            .chain(&APP_RULES)
+            .copied()
+            .collect();
+        assert_eq!(Raw::connect(node).await.call(&command).await, b"+OK\r\n");
+    }
+    let proxy = Proxy::start(proxy_config(
+        &redis.live_addrs()[0],
+        &["refresh_interval_ms: 200"],
+    ))
+    .await;
+    let victim = redis.primaries()[0].clone();
+    let key = redis.key_on(&victim, "app:k");
+    let other = redis.key_on(&victim, "other:k");
+    let hash = redis.key_on(&victim, "app:h");
+    // One client logged in with AUTH (RESP2); one with HELLO 3 AUTH that went back to RESP2
+    // with a HELLO 2 of its own: the login replayed on the promoted node must not leave that
+    // connection speaking RESP3.
+    let mut auth = app_client(&proxy).await;
+    let mut hello = Raw::connect(proxy.addr).await;
+    assert!(
+        hello
+            .call(&["HELLO", "3", "AUTH", "app", "pw"])
+            .await
+            .starts_with(b"%"),
+        "HELLO 3 AUTH"
+    );
+    assert!(hello.call(&["HELLO", "2"]).await.starts_with(b"*"));
+    assert_eq!(auth.call(&["SET", &key, "before"]).await, b"+OK\r\n");
+    assert_eq!(hello.call(&["GET", &key]).await, b"$6\r\nbefore\r\n");
+
+    let replica = redis
+        .live_addrs()
+        .into_iter()
+        .find(|n| {
+            let info = redis
+                .query(port_of(n), &["INFO", "replication"])
+                .map(|v| format!("{v:?}"))
+                .unwrap_or_default();
+            info.contains(&format!("master_port:{}", port_of(&victim)))
+        })
+        .expect("the victim's replica");
+    // The replica must have the key before it takes over.
+    let until = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let mut r = Raw::connect(&replica).await;
+        r.call(&["READONLY"]).await;
+        if r.call(&["GET", &key]).await == b"$6\r\nbefore\r\n" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the replica never synced"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+    assert_eq!(
+        Raw::connect(&replica)
+            .await
+            .call(&["CLUSTER", "FAILOVER"])
+            .await,
+        b"+OK\r\n"
+    );
+    let slot = redis_policy_proxy::cluster::slot(key.as_bytes());
+    while redis.primary_for_slot(slot) != replica {
+        assert!(std::time::Instant::now() < until, "no failover");
+        tokio::time::sleep(common::POLL).await;
+    }
+    // Through the failover, each client keeps its connection and its user; the promoted
+    // node runs its commands as `app` (the key pattern holds there).
+    for (name, c) in [("AUTH", &mut auth), ("HELLO", &mut hello)] {
+        let until = std::time::Instant::now() + common::DEADLINE;
+        loop {
+            let got = c.call(&["GET", &key]).await;
+            // `before`, or what the client before this one wrote.
+            if got == b"$6\r\nbefore\r\n" || got == b"$4\r\nAUTH\r\n" {
+                break;
+            }
+            // A command may meet the old primary as a replica before the proxy's map
+            // changes (Redis's own MOVED, followed); never an error that ends the client.
+            assert!(!got.is_empty(), "{name}: the client was disconnected");
+            assert!(std::time::Instant::now() < until, "{name}: {}", show(&got));
+            tokio::time::sleep(common::POLL).await;
+        }
+        assert_eq!(c.call(&["SET", &key, name]).await, b"+OK\r\n", "{name}");
+        let refused = c.call(&["SET", &other, "v"]).await;
+        assert!(
+            refused.starts_with(b"-NOPERM"),
+            "{name}: {}",
+            show(&refused)
+        );
+        assert_eq!(whoami(c).await, show(b"$3\r\napp\r\n"), "{name}");
+        // RESP2 still on the promoted node: RESP3 would answer a map (`%1`).
+        assert_eq!(c.call(&["HSET", &hash, "f", "v"]).await[..1], b":"[..]);
+        assert_eq!(
+            show(&c.call(&["HGETALL", &hash]).await),
+            show(b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n"),
+            "{name}"
+        );
+    }
+    // The demoted node goes (a rolling upgrade restarts it next): nothing to these clients,
+    // once the proxy's map no longer has it as a primary (two refreshes after every node
+    // agrees: Redis's own MOVED patches the map a slot at a time before that).
+    while redis
+        .live_addrs()
+        .iter()
+        .any(|n| redis.owners_seen_by(n).contains(&victim))
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the old primary kept slots"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
+    let refreshes = |m: &str| {
+        ["changed", "unchanged"]
+            .iter()
+            .map(|o| {
+                common::sample(
+                    m,
+                    &format!("rpp_cluster_map_refreshes_total{{outcome=\"{o}\"}}"),
+                )
+            })
+            .sum::<f64>()
+    };
+    let before = refreshes(&common::http_get(proxy.admin, "/metrics").await.1);
+    while refreshes(&common::http_get(proxy.admin, "/metrics").await.1) < before + 2.0 {
+        assert!(std::time::Instant::now() < until, "no map refresh");
+        tokio::time::sleep(common::POLL).await;
+    }
+    let old = redis
+        .nodes()
+        .iter()
+        .position(|n| n.addr() == victim)
+        .expect("the old primary");
+    redis.kill(old);
+    for (name, c) in [("AUTH", &mut auth), ("HELLO", &mut hello)] {
+        assert_eq!(c.call(&["GET", &key]).await, b"$5\r\nHELLO\r\n", "{name}");
+        assert_eq!(whoami(c).await, show(b"$3\r\napp\r\n"), "{name}");
+    }
+    proxy.stop().await;
+}
+
+/// The port of `host:port`.
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}

@@ -188,6 +188,9 @@ impl Session {
             mut action,
             hash_slot,
         } = decision;
+        if let Action::Prepare(prepare) = action {
+            return Box::pin(self.prepare_then(run, command, *prepare)).await;
+        }
         if action.forwarded().is_some() && self.client.policy.has_shared_limits() {
             let name = command.spec.map_or("-", |s| s.name);
             // Boxed: only policies with `backend: redis` limits get here.
@@ -200,6 +203,34 @@ impl Session {
             Dispatch::Join(join) => self.join_run(run, &command, hash_slot, join).await,
             Dispatch::Alone(action) => self.dispatch_alone(run, &command, hash_slot, action).await,
         }
+    }
+
+    /// The session's own connections follow a changed map (`cluster::Prepare`), once
+    /// nothing is in flight; then the command is decided again, and carried out as any
+    /// (rate limits, audit). A second `Prepare` for it (the map changed again meanwhile)
+    /// closes the client with the reason rather than loop.
+    async fn prepare_then(
+        &mut self,
+        run: &mut Run,
+        mut command: Command,
+        prepare: super::cluster::Prepare,
+    ) -> Flow {
+        self.flush_run(run).await;
+        if self.queue.inflight > 0 {
+            // Decided again from the start once the replies are in.
+            self.input.paused = true;
+            return Flow::Stop;
+        }
+        let decision = match self.prepare(prepare).await {
+            Ok(()) => self.decide(&self.input.rbuf[..command.len], &command, None),
+            Err(reply) => Action::LocalThenClose(reply).into(),
+        };
+        let decision = match decision.action {
+            Action::Prepare(again) => Action::LocalThenClose(again.unmet()).into(),
+            _ => decision,
+        };
+        command.audit = self.audit_draft(&self.input.rbuf[..], &command, &decision);
+        self.on_command(run, Pending { command, decision }).await
     }
 
     /// Cluster mode: an open transaction is bound to the hash slot of its first keyed command.

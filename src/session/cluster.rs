@@ -23,7 +23,9 @@
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
 
+use super::Session;
 use crate::topology::cluster::Redirect;
+use bytes::Bytes;
 use std::sync::Arc;
 
 mod exchange;
@@ -64,6 +66,35 @@ pub(super) enum Gather {
     /// The client's own login (AUTH, HELLO AUTH), sent on a connection per primary (see
     /// `login`).
     Login(login::LoginCommand),
+}
+
+/// What the session's own connections must do before a command can be placed: the map
+/// changed under them. Carried out once nothing is in flight, then the command is decided
+/// again (`Session::prepare`).
+pub(super) enum Prepare {
+    /// The client's own login has no connection to this primary, which the map gained (a
+    /// failover, a new node): logged in there too (`login`).
+    LoginJoin(u16),
+}
+
+impl Prepare {
+    /// The client's reply (its connection then closes) when the command still needs this
+    /// right after it was carried out: the map changed again meanwhile.
+    pub(super) fn unmet(&self) -> Bytes {
+        match self {
+            Prepare::LoginJoin(_) => crate::protocol::answers::own_login_lost("a new primary"),
+        }
+    }
+}
+
+impl Session {
+    /// Carries out `prepare`; the client's reply when it could not be (the connection then
+    /// closes).
+    pub(super) async fn prepare(&mut self, prepare: Prepare) -> Result<(), Bytes> {
+        match prepare {
+            Prepare::LoginJoin(node) => self.login_join(node).await,
+        }
+    }
 }
 
 impl Gather {

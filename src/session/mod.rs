@@ -440,6 +440,9 @@ enum Action {
     /// publishes only for its own keys: done on every other primary too, then forwarded as
     /// the action it carries (`cluster::keyspace`).
     Keyspace(Box<cluster::keyspace::Fanout>),
+    /// Cluster mode: the session's own connections must follow a changed map first (see
+    /// `cluster::Prepare`); the command is then decided again (`Session::prepare_then`).
+    Prepare(Box<cluster::Prepare>),
 }
 
 /// What `decide` made of one command: the action, and in cluster mode the hash slot its keys
@@ -1002,6 +1005,13 @@ impl Session {
                 Box::pin(self.kill(*filter)).await;
             }
             Action::Summon(summon) => return Box::pin(self.summon(*summon, lone)).await,
+            // `on_command` carries these out and decides the command again, so none comes
+            // here; were one to, the command must not run unplaced: closed, with the reason.
+            Action::Prepare(prepare) => {
+                self.input.rbuf.advance(len);
+                self.queue.local(prepare.unmet());
+                self.input.closing = true;
+            }
             Action::Keyspace(fanout) => {
                 let then = Box::pin(self.keyspace_fanout(*fanout)).await;
                 return Box::pin(self.execute(then, lone)).await;

@@ -277,6 +277,19 @@ impl RedisCluster {
         panic!("no live node knows the owner of slot {slot}");
     }
 
+    /// The addresses of the nodes that own slots as `node` (`host:port`) sees them, by its
+    /// `CLUSTER SLOTS` (none when it does not answer).
+    pub(crate) fn owners_seen_by(&self, node: &str) -> Vec<String> {
+        let port = node.rsplit(':').next().and_then(|p| p.parse().ok());
+        match port.map(|p| query(p, &["CLUSTER", "SLOTS"])) {
+            Some(Ok(Value::Array(ranges))) => slot_ranges(&ranges)
+                .into_iter()
+                .map(|(_, _, o)| o)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The addresses of the nodes that own slots (the primaries), by `CLUSTER SLOTS`.
     pub(crate) fn primaries(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

@@ -20,11 +20,21 @@
 //! every node it is the client's reply; should the nodes disagree (their ACLs differ), the
 //! client would be one user here and another there, so it gets the error and is disconnected.
 //!
-//! **Fail closed.** A login connection that ends (its node failed, it was killed) would leave
-//! that node's keys reachable only as the proxy's user: the client is disconnected, as its
-//! one connection to Redis would have been. So is a client whose cluster gained a primary
-//! without one (a failover's promoted replica, a new node), at its next command, with an
-//! error saying why. The proxy's other per-node connections are the pool's login: a client
+//! **Following the map.** A primary the map gains (a failover's promoted replica, a new
+//! node) gets a login connection at the session's next command, once nothing is in flight:
+//! the client's last accepted login is sent there again (`ClusterLogin::replay`, as a client
+//! library logs in again on a new connection; `Prepare::LoginJoin`), and connections to
+//! nodes no longer primaries are dropped. So a manual failover (the step of a rolling
+//! upgrade) costs the client nothing; one command meeting Redis's MOVED before the proxy
+//! has the new map is answered with an error (its redirection has no login connection to
+//! go on yet), never run with the proxy's rights.
+//!
+//! **Fail closed.** A login connection to a primary that ends (its node failed, it was
+//! killed) would leave that node's keys reachable only as the proxy's user: the client is
+//! disconnected, as its one connection to Redis would have been. So is a client whose new
+//! primary refuses the login or cannot be reached, or that holds state on a connection
+//! (WATCH, MULTI, a blocking command, CLIENT NO-EVICT…) when the map changes, with an error
+//! saying why. The end of a connection to a node no longer a primary costs nothing. The proxy's other per-node connections are the pool's login: a client
 //! logged in as its own user keeps its shard channels and keyspace notifications on its own
 //! connections (`Session::own_login`), where Redis checks its channel rules.
 //!
@@ -35,7 +45,7 @@
 //! whose own login Redis refuses (the client's AUTH then needs a raw connection).
 
 use super::Gather;
-use super::shard_subs::NodeConn;
+use super::shard_subs::{NodeConn, Stock};
 use super::tracking::{CONN_KIND, OwnConn, ask_every_or, primary_without};
 use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
@@ -63,6 +73,12 @@ pub(in crate::session) struct ClusterLogin {
     /// The map's generation the connections were last checked against: a new map may name
     /// a primary without one. Atomic only so the check can note it from `&self` (placement).
     checked: AtomicU64,
+    /// The last login every node accepted, as the client sent it: sent again on a
+    /// connection to a primary the map gains (`login_join`), as a client library logs in
+    /// again on a new connection. Held for the session's life, as the client holds it.
+    replay: Bytes,
+    /// The protocol `replay` asks for when it is a HELLO.
+    replay_hello: Option<u8>,
 }
 
 impl ClusterLogin {
@@ -113,7 +129,12 @@ impl Session {
         let on = self.routing.cluster().and_then(|c| c.login.as_deref());
         let gather = |command| Some(Action::Gather(Box::new(Gather::Login(command))));
         if let Some(node) = on.and_then(|l| primary_without(router, &l.conns, &l.checked)) {
-            return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
+            // State on a connection (WATCH, MULTI, a blocking command, CLIENT NO-EVICT…)
+            // may be on a node that is no longer a primary: that cannot follow the map.
+            if self.stateful() {
+                return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
+            }
+            return Some(Action::Prepare(Box::new(super::Prepare::LoginJoin(node))));
         }
         let (_, effect, rewrite) = action.forwarded()?;
         let hello = match effect {
@@ -161,9 +182,9 @@ impl Session {
                 let options = hello.map(|_| crate::commands::grammar::hello_options(&command));
                 let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
                 let reply = if spread {
-                    self.login_again(&command, options.as_ref()).await
+                    self.login_again(&command, hello, options.as_ref()).await
                 } else {
-                    Box::pin(self.login_everywhere(&command, options.as_ref())).await
+                    Box::pin(self.login_everywhere(&command, hello, options.as_ref())).await
                 };
                 let result = HelloOutcome::of_login(options.as_ref(), &reply);
                 let (Some(proto), Some(options)) = (hello, options) else {
@@ -196,6 +217,7 @@ impl Session {
     async fn login_everywhere(
         &mut self,
         command: &Bytes,
+        hello: Option<u8>,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
         let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
@@ -227,6 +249,8 @@ impl Session {
                 conns,
                 proto,
                 checked,
+                replay: command.clone(),
+                replay_hello: hello,
             }));
         }
         // A dedicated connection kept from a blocking command (not pinned: `login_route`)
@@ -246,6 +270,7 @@ impl Session {
     async fn login_again(
         &mut self,
         command: &Bytes,
+        hello: Option<u8>,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
         let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
@@ -270,6 +295,15 @@ impl Session {
             );
             self.input.closing = true;
         }
+        if refused == 0
+            && let Some(login) = self
+                .routing
+                .cluster_mut()
+                .and_then(|c| c.login.as_deref_mut())
+        {
+            login.replay = command.clone();
+            login.replay_hello = hello;
+        }
         let first_refusal = replies.iter().find(|r| r.first() == Some(&b'-'));
         first_refusal
             .or(replies.first())
@@ -277,21 +311,118 @@ impl Session {
             .unwrap_or_default()
     }
 
-    /// A login connection ended: the client is disconnected (see the module comment); the
-    /// end of one of an earlier login is nothing.
+    /// The map gained `node` as a primary without a login connection there (a failover, a
+    /// new node), and the session holds no state on a connection: a connection to it is
+    /// opened and sent the client's last accepted login (`ClusterLogin::replay`), as a
+    /// client library logs in again on a new connection; then the protocol the client
+    /// speaks, should that login have been a HELLO of another version. The connections to
+    /// nodes no longer primaries go (no command goes there now, and their later end, a
+    /// restart of the demoted node, is then nothing to this session). Refused or
+    /// unreachable, the client's reply says why and its connection closes: its commands for
+    /// that node would otherwise run with the proxy's rights.
+    pub(in crate::session) async fn login_join(&mut self, node: u16) -> Result<(), Bytes> {
+        let Some(router) = self.routing.router().cloned() else {
+            return Err(own_login_lost("the cluster"));
+        };
+        let addr = router.addr(node);
+        let lost = |why: &str| {
+            tracing::warn!(
+                node = %addr,
+                why,
+                "could not log the client in on a new primary; the client is disconnected"
+            );
+            own_login_lost(&addr)
+        };
+        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+            return Err(lost("not logged in"));
+        };
+        let replay = login.replay.clone();
+        let proto = login.proto;
+        let hello = login.replay_hello;
+        let c = self.routing.cluster_mut().ok_or_else(|| lost("no map"))?;
+        c.own_starts += 1;
+        let id = LOGIN_CONN | c.own_starts << 16;
+        let push = self.push_target(id);
+        let mut conn = match self
+            .open_node_conn(&router, node, id, push, Stock::Dial)
+            .await
+        {
+            Ok(conn) => conn,
+            Err(_) => return Err(lost("connect")),
+        };
+        let sender = std::slice::from_ref(&conn.tx);
+        let options = hello.map(|_| crate::commands::grammar::hello_options(&replay));
+        let reply = match ask_every_or(sender, &replay, own_login_lost).await {
+            Ok(mut replies) => replies.pop().unwrap_or_default(),
+            Err(_) => return Err(lost("connection lost")),
+        };
+        if HelloOutcome::of_login(options.as_ref(), &reply) == HelloOutcome::Refused {
+            return Err(lost("login refused"));
+        }
+        if hello.is_some_and(|spoken| spoken != proto) {
+            let back = crate::upstream::hello_command(proto);
+            match ask_every_or(sender, &back, own_login_lost).await {
+                Ok(replies) if replies.iter().all(|r| r.first() != Some(&b'-')) => {}
+                _ => return Err(lost("protocol")),
+            }
+        }
+        conn.confined = false;
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        let Some(login) = self
+            .routing
+            .cluster_mut()
+            .and_then(|c| c.login.as_deref_mut())
+        else {
+            return Err(lost("not logged in"));
+        };
+        login.conns.retain(|c| primaries.contains(&c.node));
+        login.conns.push(conn);
+        // A dedicated connection kept from a blocking command may be one just dropped.
+        self.conn.dedicated = None;
+        tracing::info!(
+            id = self.client.id,
+            node = %addr,
+            "logged the client in on a new primary"
+        );
+        Ok(())
+    }
+
+    /// A login connection ended: the client is disconnected (see the module comment). The
+    /// end of one of an earlier login is nothing, and so is, for a session without state on
+    /// a connection, the end of one to a node the map no longer has as a primary (its slots
+    /// moved away, then it was removed).
     pub(in crate::session) fn login_ended(&mut self, id: u64) {
-        let ours = self
+        let Some(node) = self
             .routing
             .cluster()
             .and_then(|c| c.login.as_deref())
-            .is_some_and(|l| l.conns.iter().any(|c| c.id == id));
-        if ours {
-            tracing::warn!(
-                id = self.client.id,
-                "a connection logged in as the client's user ended; the client is disconnected"
-            );
-            self.input.closing = true;
+            .and_then(|l| l.conns.iter().find(|c| c.id == id))
+            .map(|c| c.node)
+        else {
+            return;
+        };
+        // A node no longer a primary (demoted by a failover, then restarted or gone) runs
+        // none of the session's commands now; without state on a connection, its end costs
+        // nothing.
+        let primary = self
+            .routing
+            .router()
+            .is_some_and(|r| r.snapshot().primaries().contains(&node));
+        if !primary && !self.stateful() {
+            if let Some(login) = self
+                .routing
+                .cluster_mut()
+                .and_then(|c| c.login.as_deref_mut())
+            {
+                login.conns.retain(|c| c.id != id);
+            }
+            return;
         }
+        tracing::warn!(
+            id = self.client.id,
+            "a connection logged in as the client's user ended; the client is disconnected"
+        );
+        self.input.closing = true;
     }
 }
 
