@@ -538,3 +538,133 @@ async fn a_manual_failover_logs_the_client_in_on_the_promoted_primary() {
 fn port_of(addr: &str) -> u16 {
     addr.rsplit(':').next().unwrap().parse().unwrap()
 }
+
+/// A client logged in as its own user over every primary subscribes to shard channels of
+/// any node, each on a connection of the session's own logged in as that user: Redis checks
+/// the user's channel rules on every node (before, the session was pinned to the node of
+/// its first channel, and a channel of another node got CROSSSLOT).
+#[tokio::test]
+async fn shard_channels_of_every_node_run_as_the_clients_user() {
+    let (redis, proxy) = app_cluster().await;
+    let primaries = redis.primaries();
+    let mut sub = app_client(&proxy).await;
+    let mut publisher = app_client(&proxy).await;
+    for (i, p) in primaries.iter().enumerate() {
+        let channel = redis.key_on(p, "news");
+        let confirmed = sub.call(&["SSUBSCRIBE", &channel]).await;
+        assert_eq!(
+            show(&confirmed),
+            show(
+                format!(
+                    "*3\r\n$10\r\nssubscribe\r\n${}\r\n{channel}\r\n:{}\r\n",
+                    channel.len(),
+                    i + 1
+                )
+                .as_bytes()
+            ),
+            "{p}"
+        );
+        // A channel the user is refused, on the same node: refused there by Redis.
+        let refused = sub.call(&["SSUBSCRIBE", &redis.key_on(p, "secret")]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+        assert_eq!(
+            publisher.call(&["SPUBLISH", &channel, "hi"]).await,
+            b":1\r\n",
+            "{p}"
+        );
+        let message = sub.read_frames(1).await;
+        assert_eq!(
+            show(&message[0]),
+            show(
+                format!(
+                    "*3\r\n$8\r\nsmessage\r\n${}\r\n{channel}\r\n$2\r\nhi\r\n",
+                    channel.len()
+                )
+                .as_bytes()
+            ),
+            "{p}"
+        );
+    }
+    // Every node's connection holding the channels is the user's, none the proxy's.
+    for p in &primaries {
+        let reply = Raw::connect(p).await.call(&["CLIENT", "LIST"]).await;
+        let list = String::from_utf8_lossy(&reply);
+        let subscribed: Vec<&str> = list
+            .lines()
+            .filter(|c| c.starts_with("id=") && !c.contains("ssub=0"))
+            .collect();
+        assert!(!subscribed.is_empty(), "{p}: {list}");
+        assert!(
+            subscribed.iter().all(|c| c.contains("user=app ")),
+            "{p}: {list}"
+        );
+    }
+    proxy.stop().await;
+}
+
+/// A client logged in as its own user over every primary hears the keyspace notifications
+/// of every node, which each publishes for its own keys only: the session's extra
+/// connections to the other primaries are logged in as its user (before, it heard its home
+/// node's only, as those connections would have been the proxy's login).
+#[tokio::test]
+async fn keyspace_notifications_of_every_node_reach_the_clients_user() {
+    let redis = RedisCluster::start(3, 0);
+    create_user(
+        &redis,
+        &[
+            "watcher",
+            "on",
+            ">pw",
+            "resetkeys",
+            "~app:*",
+            "resetchannels",
+            "&__keyspace@0__:app:*",
+            "+@all",
+        ],
+    )
+    .await;
+    for p in &redis.primaries() {
+        let set = ["CONFIG", "SET", "notify-keyspace-events", "KEA"];
+        assert_eq!(Raw::connect(p).await.call(&set).await, b"+OK\r\n", "{p}");
+    }
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert_eq!(sub.call(&["AUTH", "watcher", "pw"]).await, b"+OK\r\n");
+    let keys: Vec<String> = redis
+        .primaries()
+        .iter()
+        .map(|p| redis.key_on(p, "app:k"))
+        .collect();
+    let channels: Vec<String> = keys.iter().map(|k| format!("__keyspace@0__:{k}")).collect();
+    let mut command = vec!["SUBSCRIBE"];
+    command.extend(channels.iter().map(String::as_str));
+    sub.send(&common::resp(&command)).await;
+    let confirmed = sub.read_frames(channels.len()).await;
+    for (i, channel) in channels.iter().enumerate() {
+        assert!(
+            show(&confirmed[i]).contains(channel.as_str()),
+            "{}",
+            show(&confirmed[i])
+        );
+    }
+    // Refused by the user's channel rules, as by Redis.
+    let refused = sub.call(&["SUBSCRIBE", "__keyspace@0__:other:k"]).await;
+    assert!(refused.starts_with(b"-NOPERM"), "{}", show(&refused));
+    let mut writer = Raw::connect(proxy.addr).await;
+    for k in &keys {
+        assert_eq!(writer.call(&["SET", k, "v"]).await, b"+OK\r\n", "{k}");
+        let heard = sub.read_frames(1).await;
+        assert_eq!(
+            show(&heard[0]),
+            show(
+                format!(
+                    "*3\r\n$7\r\nmessage\r\n${}\r\n__keyspace@0__:{k}\r\n$3\r\nset\r\n",
+                    k.len() + 15
+                )
+                .as_bytes()
+            ),
+            "{k}"
+        );
+    }
+    proxy.stop().await;
+}

@@ -39,8 +39,10 @@
 //! until the session subscribes to a notification name again. Subscriptions queued in MULTI
 //! are not spread (EXEC runs them on the home node only); unsubscriptions queued there stop
 //! the other primaries' deliveries when queued. Nor are the subscriptions of a session
-//! logged in upstream as its own Redis user (its `AUTH`): the extra connections would be the
-//! pool's user, which may hear what Redis refuses the client. In routes mode nothing is
+//! logged in upstream as its own Redis user on one connection only (`Holds::OTHER_USER`):
+//! the extra connections would be the pool's user, which may hear what Redis refuses the
+//! client. A login over every primary (`login`) logs each extra connection in as the user
+//! as it opens, so Redis checks the user's channel rules on every node. In routes mode nothing is
 //! spread, as classic pub/sub stays with its route's server. A namespaced tenant's channel
 //! names carry its prefix upstream, so they never name a notification channel: nothing is
 //! spread for it, and it hears no notifications, as in front of one server.
@@ -218,6 +220,16 @@ pub(in crate::session) struct KeyspaceSubs {
     proto: u8,
 }
 
+impl KeyspaceSubs {
+    /// Where the commands of each extra connection go; each is logged in as the client
+    /// when it has its own login (`login`), so a new login goes on them too.
+    pub(in crate::session) fn conns(
+        &self,
+    ) -> impl Iterator<Item = &tokio::sync::mpsc::Sender<crate::upstream::Batch>> {
+        self.conns.iter().map(|c| &c.tx)
+    }
+}
+
 impl Drop for KeyspaceSubs {
     /// Whatever drops the state (RESET, the last unsubscribe, the session's end), the filters
     /// stop at once, before the connections' ends reach Redis.
@@ -298,7 +310,8 @@ impl Session {
         }
         // The home connection is logged in as the client's own Redis user, the extra ones
         // would be the pool's: they could hear what Redis refuses that user (fail closed).
-        if subscribe && self.own_login() {
+        // A login over every primary logs them in as the user too (`log_in_as_client`).
+        if subscribe && self.own_login_on_one_node() {
             return action;
         }
         if !subscribe && self.routing.keyspace().is_none() {

@@ -34,9 +34,13 @@
 //! disconnected, as its one connection to Redis would have been. So is a client whose new
 //! primary refuses the login or cannot be reached, or that holds state on a connection
 //! (WATCH, MULTI, a blocking command, CLIENT NO-EVICT…) when the map changes, with an error
-//! saying why. The end of a connection to a node no longer a primary costs nothing. The proxy's other per-node connections are the pool's login: a client
-//! logged in as its own user keeps its shard channels and keyspace notifications on its own
-//! connections (`Session::own_login`), where Redis checks its channel rules.
+//! saying why. The end of a connection to a node no longer a primary costs nothing.
+//!
+//! **Every connection the user's.** The session's other connections to a node (shard
+//! channels, keyspace notifications) are logged in as the user as they open
+//! (`log_in_as_client`), and a new login goes on them too, so Redis checks the user's
+//! channel rules on every node. A login on one connection only keeps both there
+//! (`Session::own_login_on_one_node`): the other connections would be the pool's login.
 //!
 //! Not spread (the login stays on one node's dedicated connection, pinned, as before): a
 //! login inside MULTI or from a session already holding state on a dedicated connection, a
@@ -273,10 +277,21 @@ impl Session {
         hello: Option<u8>,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
-        let senders: Vec<_> = match self.routing.cluster().and_then(|c| c.login.as_deref()) {
-            Some(login) => login.conns.iter().map(|c| c.tx.clone()).collect(),
-            None => return own_login_lost("the cluster"),
+        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+            return own_login_lost("the cluster");
         };
+        // The connections holding its shard channels and notifications are its user's too
+        // (`log_in_as_client`): the next channel it subscribes there is the new user's.
+        let shard = self.routing.shard_subs().map(|s| s.conns());
+        let keyspace = self.routing.keyspace().map(|k| k.conns());
+        let senders: Vec<_> = login
+            .conns
+            .iter()
+            .map(|c| &c.tx)
+            .chain(shard.into_iter().flatten())
+            .chain(keyspace.into_iter().flatten())
+            .cloned()
+            .collect();
         let replies = match ask_every_or(&senders, command, own_login_lost).await {
             Ok(replies) => replies,
             Err(reply) => {
@@ -324,56 +339,24 @@ impl Session {
         let Some(router) = self.routing.router().cloned() else {
             return Err(own_login_lost("the cluster"));
         };
-        let addr = router.addr(node);
-        let lost = |why: &str| {
-            tracing::warn!(
-                node = %addr,
-                why,
-                "could not log the client in on a new primary; the client is disconnected"
-            );
-            own_login_lost(&addr)
-        };
-        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
-            return Err(lost("not logged in"));
-        };
-        let replay = login.replay.clone();
-        let proto = login.proto;
-        let hello = login.replay_hello;
-        let c = self.routing.cluster_mut().ok_or_else(|| lost("no map"))?;
+        let c = self
+            .routing
+            .cluster_mut()
+            .ok_or_else(|| own_login_lost("the cluster"))?;
         c.own_starts += 1;
         let id = LOGIN_CONN | c.own_starts << 16;
         let push = self.push_target(id);
-        let mut conn = match self
+        // Logged in as the client by `open_node_conn` (`log_in_as_client`).
+        let conn = self
             .open_node_conn(&router, node, id, push, Stock::Dial)
-            .await
-        {
-            Ok(conn) => conn,
-            Err(_) => return Err(lost("connect")),
-        };
-        let sender = std::slice::from_ref(&conn.tx);
-        let options = hello.map(|_| crate::commands::grammar::hello_options(&replay));
-        let reply = match ask_every_or(sender, &replay, own_login_lost).await {
-            Ok(mut replies) => replies.pop().unwrap_or_default(),
-            Err(_) => return Err(lost("connection lost")),
-        };
-        if HelloOutcome::of_login(options.as_ref(), &reply) == HelloOutcome::Refused {
-            return Err(lost("login refused"));
-        }
-        if hello.is_some_and(|spoken| spoken != proto) {
-            let back = crate::upstream::hello_command(proto);
-            match ask_every_or(sender, &back, own_login_lost).await {
-                Ok(replies) if replies.iter().all(|r| r.first() != Some(&b'-')) => {}
-                _ => return Err(lost("protocol")),
-            }
-        }
-        conn.confined = false;
+            .await?;
         let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
         let Some(login) = self
             .routing
             .cluster_mut()
             .and_then(|c| c.login.as_deref_mut())
         else {
-            return Err(lost("not logged in"));
+            return Err(own_login_lost(&router.addr(node)));
         };
         login.conns.retain(|c| primaries.contains(&c.node));
         login.conns.push(conn);
@@ -381,10 +364,65 @@ impl Session {
         self.conn.dedicated = None;
         tracing::info!(
             id = self.client.id,
-            node = %addr,
+            node = %router.addr(node),
             "logged the client in on a new primary"
         );
         Ok(())
+    }
+
+    /// A connection of the session's own just opened to `node` (a login connection for a
+    /// new primary, a shard channel's, a keyspace notification's) while the client is logged
+    /// in as its own user over every primary: logged in as that user too, by sending the
+    /// client's last accepted login (`ClusterLogin::replay`), then the protocol the client
+    /// speaks should that login have been a HELLO of another version. So no connection of
+    /// the session runs with the proxy's rights. Nothing to do without such a login. Refused
+    /// or lost, the client's error reply, and it is disconnected: a node that no longer
+    /// takes its login is one it cannot use as itself.
+    pub(super) async fn log_in_as_client(
+        &mut self,
+        router: &Router,
+        node: u16,
+        conn: &mut NodeConn,
+    ) -> Result<(), Bytes> {
+        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+            return Ok(());
+        };
+        let (replay, hello, proto) = (login.replay.clone(), login.replay_hello, login.proto);
+        let addr = router.addr(node);
+        let sender = std::slice::from_ref(&conn.tx);
+        let options = hello.map(|_| crate::commands::grammar::hello_options(&replay));
+        let mut ok = match ask_every_or(sender, &replay, own_login_lost).await {
+            Ok(replies) => replies
+                .iter()
+                .all(|r| HelloOutcome::of_login(options.as_ref(), r) != HelloOutcome::Refused),
+            Err(_) => false,
+        };
+        if ok && hello.is_some_and(|spoken| spoken != proto) {
+            let back = crate::upstream::hello_command(proto);
+            ok = ask_every_or(sender, &back, own_login_lost)
+                .await
+                .is_ok_and(|replies| replies.iter().all(|r| r.first() != Some(&b'-')));
+        }
+        if !ok {
+            tracing::warn!(
+                id = self.client.id,
+                node = %addr,
+                "a node did not take the client's login on a new connection; the client is disconnected"
+            );
+            self.input.closing = true;
+            return Err(own_login_lost(&addr));
+        }
+        conn.confined = false;
+        Ok(())
+    }
+
+    /// Whether the client is logged in as its own user on one connection only (its
+    /// dedicated one, `Holds::OTHER_USER`: not spread, see the module comment). The
+    /// session's other connections would then be the proxy's login, so what needs one per
+    /// node (shard channels, keyspace notifications) stays on that connection. A login
+    /// spread over every primary logs in each such connection as well.
+    pub(in crate::session) fn own_login_on_one_node(&self) -> bool {
+        self.conn.holds(Holds::OTHER_USER)
     }
 
     /// A login connection ended: the client is disconnected (see the module comment). The

@@ -196,10 +196,14 @@ impl Session {
         let kind = classify::classify(args.get(0));
         match kind {
             // Inside MULTI the command is only queued (and Redis refuses it at EXEC). A
-            // client logged in as its own user subscribes on its own connection, where Redis
-            // checks its channel rules: the shard connections are the pool's login, and
-            // would hear channels Redis refuses that user (fail closed; pinned instead).
-            Kind::Subscribe(SubKind::Shard) if !self.conn.in_multi() && !self.own_login() => {
+            // client logged in as its own user on one connection subscribes there, where
+            // Redis checks its channel rules: the shard connections would be the pool's
+            // login, and hear channels Redis refuses that user (fail closed; pinned
+            // instead). A login over every primary logs them in as the user too
+            // (`log_in_as_client`).
+            Kind::Subscribe(SubKind::Shard)
+                if !self.conn.in_multi() && !self.own_login_on_one_node() =>
+            {
                 let channels = self.upstream_channels(action, args)?;
                 let first = self.key_place(channels.first()?);
                 if let Some(other) = channels
@@ -742,7 +746,7 @@ impl Session {
             Stock::Dial => Box::pin(pool.dedicated_unstocked(self.client.proto, push)).await,
         }
         .map_err(|e| error_reply(&ProxyError::Upstream(e)))?;
-        Ok(NodeConn {
+        let mut conn = NodeConn {
             node,
             tx: opened.tx,
             id,
@@ -750,7 +754,10 @@ impl Session {
             upstream_id: opened.upstream_id,
             _share: share,
             listener: None,
-        })
+        };
+        // Boxed: rare (a client logged in as its own user), and it awaits two replies.
+        Box::pin(self.log_in_as_client(router, node, &mut conn)).await?;
+        Ok(conn)
     }
 
     /// Sends `SUNSUBSCRIBE channel` to the node's connection without waiting for the reply:
