@@ -36,7 +36,12 @@ pub(super) fn merge_info(replies: &[Bytes]) -> Bytes {
 /// `BLPOP` to block polls `blocked_clients`, and the blocked connection is on its key's node,
 /// not on the node whose INFO text is shown). The fields of [`MAX_FIELDS`] are among them,
 /// merged by their largest value instead.
-const SUMMED_FIELDS: [&str; 16] = [
+const SUMMED_FIELDS: [&str; 19] = [
+    // The memory one Redis holding every key would use: what a client watching memory
+    // come back after UNLINK or FLUSHDB ASYNC reads (the key was on one node).
+    "used_memory",
+    "used_memory_dataset",
+    "used_memory_rss",
     "blocked_clients",
     "lazyfreed_objects",
     "lazyfree_pending_objects",
@@ -94,6 +99,28 @@ fn summed_field(line: &[u8]) -> Option<(&'static str, i64)> {
     Some((name, codec::parse_int(&line[colon + 1..])?))
 }
 
+/// Redis's `bytesToHuman`: bytes as `B`, or `K`/`M`/`G`/`T`/`P` with two decimals.
+fn bytes_to_human(n: i64) -> String {
+    let d = n as f64;
+    const UNITS: [(f64, &str); 5] = [
+        (1024.0, "K"),
+        (1024.0 * 1024.0, "M"),
+        (1024.0 * 1024.0 * 1024.0, "G"),
+        (1024.0 * 1024.0 * 1024.0 * 1024.0, "T"),
+        (1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0, "P"),
+    ];
+    if d < 1024.0 {
+        return format!("{n}B");
+    }
+    UNITS
+        .iter()
+        .zip(UNITS.iter().skip(1).map(|(u, _)| *u).chain([f64::MAX]))
+        .find(|(_, next)| d < *next)
+        .map_or(format!("{n}B"), |((unit, name), _)| {
+            format!("{:.2}{name}", d / unit)
+        })
+}
+
 /// Per database, a keyspace count summed over every node's INFO.
 type KeyspaceSums = Vec<(Vec<u8>, &'static str, i64)>;
 
@@ -140,6 +167,18 @@ fn merged_info_line(
         && let Some((_, total)) = counters.iter().find(|(n, _)| *n == name)
     {
         out.extend_from_slice(format!("{name}:{total}").as_bytes());
+        out.extend_from_slice(ending);
+        return;
+    }
+    // The human form of a summed memory field says what its number says.
+    if let Some(name) = bare
+        .split(|&b| b == b':')
+        .next()
+        .and_then(|n| n.strip_suffix(b"_human"))
+        .and_then(|n| std::str::from_utf8(n).ok())
+        && let Some((_, total)) = counters.iter().find(|(n, _)| *n == name)
+    {
+        out.extend_from_slice(format!("{name}_human:{}", bytes_to_human(*total)).as_bytes());
         out.extend_from_slice(ending);
         return;
     }
@@ -269,6 +308,25 @@ fn field_value(fields: &[u8], name: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_is_summed_with_its_human_form() {
+        let node = |used: u64, human: &str| {
+            let text = format!(
+                "# Memory\r\nused_memory:{used}\r\nused_memory_human:{human}\r\nused_memory_peak:9\r\n"
+            );
+            Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
+        };
+        let merged = merge_info(&[node(1_048_576, "1.00M"), node(2_097_152, "2.00M")]);
+        let text = String::from_utf8_lossy(&merged);
+        assert!(text.contains("used_memory:3145728\r\n"), "{text}");
+        assert!(text.contains("used_memory_human:3.00M\r\n"), "{text}");
+        // Not summed: one node's.
+        assert!(text.contains("used_memory_peak:9\r\n"), "{text}");
+        assert_eq!(bytes_to_human(1023), "1023B");
+        assert_eq!(bytes_to_human(1536), "1.50K");
+        assert_eq!(bytes_to_human(5 * 1024 * 1024 * 1024), "5.00G");
+    }
 
     #[test]
     fn info_sums_the_keyspace() {

@@ -27,8 +27,8 @@ pub(super) enum Merge {
     /// INFO: one node's text, with `# Keyspace` counts summed over the primaries and
     /// `cluster_enabled:0` (to its clients the proxy is one server).
     Info,
-    /// SLOWLOG GET: every node's entries, newest first (by time, then id), at most this many
-    /// (`None`: all, `SLOWLOG GET -1`).
+    /// SLOWLOG GET: every node's entries as one server's log (`merge_slowlog`), at most this
+    /// many (`None`: all, `SLOWLOG GET -1`).
     Slowlog(Option<usize>),
     /// SCRIPT KILL, FUNCTION KILL: sent to every primary because a script runs on the node
     /// of its keys, which the killer cannot name. `+OK` when one node killed a script;
@@ -141,13 +141,17 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
     }
 }
 
-/// SCRIPT KILL / FUNCTION KILL answered by every primary: one script at most runs per node,
-/// and Redis answers `+OK` only where it killed one (see [`Merge::Kill`]).
-/// SLOWLOG GET from every node: the entries of all, newest first (Redis lists its own newest
-/// first; ids are per node, so the time orders them, the id breaks ties), `limit` at most.
+/// SLOWLOG GET from every node as the log of one server: newest first (Redis lists its own
+/// newest first; ids are per node and times in seconds, so the time orders them, the id
+/// breaks ties), `limit` at most. A command the proxy sends to every primary (`FANNED_OUT`)
+/// is logged by each, where one server logs it once: of the entries with one time and the
+/// same arguments from several nodes, one is kept. A `SLOWLOG RESET` clears each node's log
+/// and then logs itself: one is kept, ranked oldest, as nothing in any node's log is older.
 fn merge_slowlog(replies: &[Bytes], limit: Option<usize>) -> Bytes {
-    let mut entries: Vec<((i64, i64), Bytes)> = Vec::new();
-    for reply in replies {
+    // (time, id), the node's index, the arguments, the entry.
+    let mut entries: Vec<((i64, i64), usize, Bytes, Bytes)> = Vec::new();
+    let mut reset = None;
+    for (node, reply) in replies.iter().enumerate() {
         let Some(items) = crate::protocol::reply::array_elements(reply) else {
             return unexpected(reply);
         };
@@ -157,23 +161,68 @@ fn merge_slowlog(replies: &[Bytes], limit: Option<usize>) -> Bytes {
                     f.strip_prefix(b":")
                         .and_then(|r| codec::parse_int(r.strip_suffix(b"\r\n")?))
                 };
-                Some((int(fields.get(1)?)?, int(fields.first()?)?))
+                Some((
+                    (int(fields.get(1)?)?, int(fields.first()?)?),
+                    fields.get(3)?.clone(),
+                ))
             });
-            let Some(order) = head else {
+            let Some((order, args)) = head else {
                 return unexpected(&entry);
             };
-            entries.push((order, entry));
+            if logs_reset(&args) {
+                reset.get_or_insert(entry);
+                continue;
+            }
+            let twin = fanned_out(&args)
+                && entries
+                    .iter()
+                    .any(|(o, n, a, _)| o.0 == order.0 && *n != node && *a == args);
+            if !twin {
+                entries.push((order, node, args, entry));
+            }
         }
     }
     entries.sort_by_key(|e| std::cmp::Reverse(e.0));
-    entries.truncate(limit.unwrap_or(usize::MAX));
-    let mut out = BytesMut::from(format!("*{}\r\n", entries.len()).as_bytes());
-    for (_, entry) in entries {
+    let kept = entries.into_iter().map(|e| e.3).chain(reset);
+    let kept: Vec<Bytes> = kept.take(limit.unwrap_or(usize::MAX)).collect();
+    let mut out = BytesMut::from(format!("*{}\r\n", kept.len()).as_bytes());
+    for entry in kept {
         out.extend_from_slice(&entry);
     }
     out.freeze()
 }
 
+/// Commands (by name) the proxy sends to every primary in cluster mode (`fanout_merge`), as
+/// a slow log entry's arguments name them.
+const FANNED_OUT: [&[u8]; 10] = [
+    b"slowlog",
+    b"config",
+    b"flushall",
+    b"flushdb",
+    b"script",
+    b"function",
+    b"info",
+    b"dbsize",
+    b"acl",
+    b"keys",
+];
+
+/// Whether a slow log entry's arguments are a command sent to every primary.
+fn fanned_out(args: &[u8]) -> bool {
+    crate::protocol::reply::element(args, 0)
+        .is_some_and(|name| FANNED_OUT.iter().any(|f| name.eq_ignore_ascii_case(f)))
+}
+
+/// Whether a slow log entry's arguments are `SLOWLOG RESET`.
+fn logs_reset(args: &[u8]) -> bool {
+    let arg = |i| crate::protocol::reply::element(args, i);
+    args.starts_with(b"*2\r\n")
+        && arg(0).is_some_and(|a| a.eq_ignore_ascii_case(b"slowlog"))
+        && arg(1).is_some_and(|a| a.eq_ignore_ascii_case(b"reset"))
+}
+
+/// SCRIPT KILL / FUNCTION KILL answered by every primary: one script at most runs per node,
+/// and Redis answers `+OK` only where it killed one (see [`Merge::Kill`]).
 fn merge_kill(replies: &[Bytes]) -> Bytes {
     let is = |r: &Bytes, prefix: &[u8]| r.starts_with(prefix);
     replies
@@ -1039,18 +1088,28 @@ mod tests {
         ])));
     }
 
+    /// One slow log entry: `id`, time `at`, arguments `cmd` (split at spaces).
+    fn entry(id: u32, at: u32, cmd: &str) -> String {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        let encoded: String = args
+            .iter()
+            .map(|a| format!("${}\r\n{a}\r\n", a.len()))
+            .collect();
+        format!(
+            "*6\r\n:{id}\r\n:{at}\r\n:5\r\n*{}\r\n{encoded}$0\r\n\r\n$0\r\n\r\n",
+            args.len()
+        )
+    }
+
+    /// A node's reply to `SLOWLOG GET`: its entries.
+    fn node_log(entries: &[String]) -> Bytes {
+        Bytes::from(format!("*{}\r\n{}", entries.len(), entries.concat()))
+    }
+
     #[test]
     fn slowlog_entries_of_every_node_newest_first_at_most_the_count() {
-        let entry = |id: u32, at: u32, cmd: &str| {
-            format!(
-                "*6\r\n:{id}\r\n:{at}\r\n:5\r\n*1\r\n${}\r\n{cmd}\r\n$0\r\n\r\n$0\r\n\r\n",
-                cmd.len()
-            )
-        };
-        let node =
-            |entries: &[String]| Bytes::from(format!("*{}\r\n{}", entries.len(), entries.concat()));
-        let one = node(&[entry(1, 100, "b"), entry(0, 90, "a")]);
-        let two = node(&[entry(0, 95, "c")]);
+        let one = node_log(&[entry(1, 100, "b"), entry(0, 90, "a")]);
+        let two = node_log(&[entry(0, 95, "c")]);
         let all = merge(Merge::Slowlog(None), &[one.clone(), two.clone()], 0);
         assert_eq!(
             all,
@@ -1071,6 +1130,39 @@ mod tests {
             &[b(b":1\r\n")],
             0
         )));
+    }
+
+    /// What the proxy sent every node is logged once, and a RESET as the oldest entry.
+    #[test]
+    fn the_merged_slowlog_logs_a_fan_out_once() {
+        let fresh = [
+            node_log(&[
+                entry(5, 7, "spop s 10"),
+                entry(4, 7, "config set slowlog-log-slower-than 0"),
+                entry(3, 7, "slowlog reset"),
+            ]),
+            node_log(&[
+                entry(91, 7, "config set slowlog-log-slower-than 0"),
+                entry(90, 7, "SLOWLOG RESET"),
+            ]),
+        ];
+        assert_eq!(
+            merge(Merge::Slowlog(None), &fresh, 0),
+            Bytes::from(format!(
+                "*3\r\n{}{}{}",
+                entry(5, 7, "spop s 10"),
+                entry(4, 7, "config set slowlog-log-slower-than 0"),
+                entry(3, 7, "slowlog reset")
+            ))
+        );
+        // The same keyless command on two nodes is two commands; one node's repeats too.
+        let pings = [
+            node_log(&[entry(2, 7, "ping"), entry(1, 7, "ping")]),
+            node_log(&[entry(8, 7, "ping"), entry(7, 7, "info")]),
+            node_log(&[entry(4, 7, "info")]),
+        ];
+        let merged = merge(Merge::Slowlog(None), &pings, 0);
+        assert!(merged.starts_with(b"*4\r\n"), "{merged:?}");
     }
 
     #[test]
