@@ -668,3 +668,57 @@ async fn keyspace_notifications_of_every_node_reach_the_clients_user() {
     }
     proxy.stop().await;
 }
+
+/// With replica reads configured (`read_from: replica`), a client's own login is spread over
+/// every primary all the same, and the client reads from the primaries over its login
+/// connections: a replica's shared connection is the proxy's login, which would read what
+/// the user may not (before, the login was pinned to one node and keys of the others got
+/// CROSSSLOT). Other clients still read from replicas.
+#[tokio::test]
+async fn with_replica_reads_the_clients_login_reads_as_itself_on_every_primary() {
+    let redis = RedisCluster::start(3, 1);
+    for node in &redis.live_addrs() {
+        let command: Vec<&str> = ["ACL", "SETUSER", "app"]
+            .iter()
+            .chain(&APP_RULES)
+            .copied()
+            .collect();
+        assert_eq!(Raw::connect(node).await.call(&command).await, b"+OK\r\n");
+    }
+    let proxy = Proxy::start(proxy_config(
+        &redis.live_addrs()[0],
+        &["read_from: replica"],
+    ))
+    .await;
+    let replica_reads = || async {
+        let metrics = common::http_get(proxy.admin, "/metrics").await.1;
+        common::sample(&metrics, "rpp_replica_reads_total")
+    };
+    let mut c = app_client(&proxy).await;
+    let before = replica_reads().await;
+    for p in &redis.primaries() {
+        let key = redis.key_on(p, "app:k");
+        assert_eq!(c.call(&["SET", &key, "v"]).await, b"+OK\r\n", "{p}");
+        assert_eq!(c.call(&["GET", &key]).await, b"$1\r\nv\r\n", "{p}");
+        // Written by the pool's login: the user may not read it, on any node.
+        let other = redis.key_on(p, "other:k");
+        let mut plain = Raw::connect(proxy.addr).await;
+        assert_eq!(plain.call(&["SET", &other, "v"]).await, b"+OK\r\n");
+        let refused = c.call(&["GET", &other]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+    assert_eq!(
+        replica_reads().await,
+        before,
+        "the login's reads went to a replica"
+    );
+    // Another client's plain read still goes to a replica.
+    let key = redis.key_on(&redis.primaries()[0], "app:k");
+    let mut plain = Raw::connect(proxy.addr).await;
+    let until = std::time::Instant::now() + common::DEADLINE;
+    while replica_reads().await == before {
+        assert!(std::time::Instant::now() < until, "no replica read");
+        plain.call(&["GET", &key]).await;
+    }
+    proxy.stop().await;
+}

@@ -593,3 +593,43 @@ async fn tracking_commands_without_arguments_get_redis_s_error() {
         assert_eq!(text(&c.call(&["PING"]).await), "+PONG\r\n", "{bare:?}");
     }
 }
+
+/// With replica reads configured (`read_from: replica`), default-mode tracking is spread
+/// over every primary all the same: the session reads from the primaries, over its tracking
+/// connections (a replica's shared connection would read untracked), so another client's
+/// write of a key it read on any node is invalidated. Before, it was pinned to one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_mode_tracking_with_replica_reads_hears_every_primary() {
+    let redis = RedisCluster::start(3, 1);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(
+        &redis.live_addrs()[0],
+        &["read_from: replica"],
+    ))
+    .await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "user")).collect();
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v0"]).await, b"+OK\r\n");
+    }
+    let mut c = keys_client(&proxy, &[]).await;
+    for key in &keys {
+        // Its own write first: a read right after it sees it (it is read on the primary).
+        assert_eq!(c.call(&["SET", key, "mine"]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&c.call(&["GET", key]).await),
+            "$4\r\nmine\r\n",
+            "{key}"
+        );
+    }
+    c.assert_quiet(QUIET).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&c.read_frame().await),
+            text(&invalidation(key)),
+            "{key}"
+        );
+    }
+    c.assert_quiet(QUIET).await;
+}

@@ -44,9 +44,10 @@
 //!
 //! Not spread (the login stays on one node's dedicated connection, pinned, as before): a
 //! login inside MULTI or from a session already holding state on a dedicated connection, a
-//! client with CLIENT TRACKING on over every primary, routes, replica reads (`read_from`
-//! other than `primary`: a replica's shared connection is the pool's login), and a pool
-//! whose own login Redis refuses (the client's AUTH then needs a raw connection).
+//! client with CLIENT TRACKING on over every primary, routes, and a pool whose own login
+//! Redis refuses (the client's AUTH then needs a raw connection). With replica reads
+//! configured (`read_from`), a client logged in this way reads from the primaries: a
+//! replica's shared connection is the pool's login.
 
 use super::Gather;
 use super::shard_subs::{NodeConn, Stock};
@@ -160,10 +161,9 @@ impl Session {
             return gather(LoginCommand::Login { command, hello });
         }
         let tracking = self.routing.cluster().is_some_and(|c| c.tracking.is_some());
-        // Replica reads would go to replicas' shared connections, the pool's login.
-        let primary = router.read_from() == crate::config::ReadFrom::Primary;
+        // With `read_from` other than `primary` the session reads from the primaries, over
+        // its login connections (`may_read_replica`): a replica's are the pool's login.
         let spreads = router.routes().is_none()
-            && primary
             && !self.stateful()
             && !tracking
             && !self.ctx.pool.credentials_refused();

@@ -4,6 +4,7 @@
 //! its first key, keys in several slots). Runs in `decide`, before anything is sent.
 
 use super::gather::split;
+use super::tracking::OwnConn;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::protocol::answers::CrossSlotWhy;
@@ -223,7 +224,10 @@ impl Session {
     /// inside MULTI (a transaction runs on the primary) — pinned sessions do not use the
     /// shared connection at all. A read that follows commands still queued or in flight on
     /// its primary stays with them: a pipelined write then read of one key reads the write,
-    /// and the session does not pause to switch nodes.
+    /// and the session does not pause to switch nodes. Nor a session whose commands go over
+    /// connections of its own (its own login, default-mode tracking: `Routing::own_conn`):
+    /// a replica's shared connection is the pool's login, and its reads are not tracked
+    /// there, so it reads from the primaries.
     fn may_read_replica(
         &self,
         router: &Router,
@@ -234,6 +238,7 @@ impl Session {
         primary: u16,
     ) -> bool {
         router.read_from() != ReadFrom::Primary
+            && matches!(self.routing.own_conn(primary), OwnConn::Any)
             && self.replica_may_serve(spec, rewrite, queued, Target::Shared(proto, primary))
     }
 

@@ -58,9 +58,10 @@
 //!
 //! Not spread (the session is pinned to one node as before, docs/cluster.md): a REDIRECT to
 //! a RESP2 client that does not subscribe to `__redis__:invalidate`, PREFIX without BCAST (Redis's
-//! error), routes, replica reads (default mode, OPTIN/OPTOUT, BCAST with NOLOOP: reads on a
-//! replica's connection are untracked), a client logged in upstream as its own user, and a
-//! session already holding state on a dedicated connection.
+//! error), routes, a client logged in upstream as its own user, and a session already
+//! holding state on a dedicated connection. With replica reads configured (`read_from`), a
+//! session whose commands go over the tracking connections reads from the primaries: reads
+//! on a replica's connection would be untracked.
 
 use super::Gather;
 use super::shard_subs::{NodeConn, Stock};
@@ -334,7 +335,7 @@ impl Session {
         match grammar::tracking_options(args) {
             // ON again, with or without a redirect (Redis replaces it): every node's
             // connection takes it, naming the redirect's connection there.
-            Some(o) if grammar::keyword(first, b"ON") && spread_carries(&o, router).is_some() => {
+            Some(o) if grammar::keyword(first, b"ON") && spread_carries(&o).is_some() => {
                 let redirect = match o.redirect {
                     None => None,
                     Some(at) => match self.redirect_everywhere(router, args, at) {
@@ -350,7 +351,7 @@ impl Session {
                     command,
                     redirect,
                     unquote,
-                    carries: spread_carries(&o, router).unwrap_or(true),
+                    carries: spread_carries(&o).unwrap_or(true),
                 })
             }
             Some(o) if o.redirect.is_some() => Some(Action::Refused(
@@ -403,7 +404,7 @@ impl Session {
             Some(at) => Some(Box::new(self.redirect_everywhere(router, args, at)?)),
         };
         let spreads = router.routes().is_none() && !self.stateful() && !self.own_login();
-        let carries = spread_carries(&options, router)?;
+        let carries = spread_carries(&options)?;
         spreads.then_some(TrackingCommand::Start {
             command,
             carries,
@@ -869,16 +870,16 @@ impl Session {
 /// Whether tracking with `options` can be spread over every primary, and if so whether the
 /// session's commands go over the tracking connections (`ClusterTracking::carries`); `None`
 /// keeps the pinned path.
-fn spread_carries(options: &grammar::TrackingOptions, router: &Router) -> Option<bool> {
-    // Replica reads are read on a replica's connection, untracked.
-    let primary = router.read_from() == crate::config::ReadFrom::Primary;
+fn spread_carries(options: &grammar::TrackingOptions) -> Option<bool> {
     // The default mode: the session's commands go over the tracking connections, so NOLOOP
     // holds; OPTIN and OPTOUT do not (CACHING is about one connection's next command);
-    // PREFIX without BCAST is Redis's error, on the pinned path.
-    let keys = !options.bcast && options.prefixes.is_empty() && primary;
+    // PREFIX without BCAST is Redis's error, on the pinned path. Replica reads would be
+    // untracked: a session whose commands go over them reads from the primaries
+    // (`may_read_replica`).
+    let keys = !options.bcast && options.prefixes.is_empty();
     // BCAST: the invalidations do not depend on which connection reads; NOLOOP leaves out
     // the tracking connection's own writes, so the session's commands go over it then too.
-    let bcast = options.bcast && !options.opt_in_out && (!options.noloop || primary);
+    let bcast = options.bcast && !options.opt_in_out;
     (keys || bcast).then_some(keys || options.noloop)
 }
 
