@@ -888,9 +888,10 @@ async fn keyspace_notifications_follow_a_failover() {
     proxy.stop().await;
 }
 
-/// A client logged in upstream as its own Redis user (its AUTH, on its dedicated connection)
-/// hears no notification Redis refuses that user: the extra connections, logged in as the
-/// pool's user, are not used for it.
+/// A client logged in upstream as its own Redis user hears no notification Redis refuses
+/// that user: its home node refuses the subscription, and nothing is spread to the other
+/// primaries (whose extra connections would be logged in as the user too,
+/// `tests/cluster_own_login.rs`).
 #[tokio::test]
 async fn notifications_refused_to_the_clients_own_user_stay_refused() {
     let redis = RedisCluster::start(3, 0);
@@ -1164,4 +1165,34 @@ async fn shard_channel_connections_count_against_the_tenants_share() {
         );
         tokio::time::sleep(common::POLL).await;
     }
+}
+
+/// A RESP3 client holding a shard channel that switches to RESP2 (`HELLO 2`) gets the
+/// channel's messages as RESP2 arrays, as from Redis (the per-node connection still speaks
+/// RESP3: its push is turned into the array; before, the RESP2 client got a `>` frame it
+/// cannot read). It is then in RESP2's subscribed context.
+#[tokio::test]
+async fn a_shard_subscriber_that_switches_to_resp2_gets_resp2_messages() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let mut sub = Raw::connect(proxy.addr).await;
+    assert!(sub.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    assert_eq!(
+        show(&sub.call(&["SSUBSCRIBE", "ch"]).await),
+        show(b">3\r\n$10\r\nssubscribe\r\n$2\r\nch\r\n:1\r\n")
+    );
+    assert!(sub.call(&["HELLO", "2"]).await.starts_with(b"*14\r\n"));
+    let mut publisher = Raw::connect(proxy.addr).await;
+    assert_eq!(publisher.call(&["SPUBLISH", "ch", "hi"]).await, b":1\r\n");
+    assert_eq!(
+        show(&sub.read_frames(1).await[0]),
+        show(b"*3\r\n$8\r\nsmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n")
+    );
+    let refused = sub.call(&["GET", "k"]).await;
+    assert!(
+        refused.starts_with(b"-ERR Can't execute 'get'"),
+        "{}",
+        show(&refused)
+    );
+    proxy.stop().await;
 }

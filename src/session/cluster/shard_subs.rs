@@ -388,8 +388,19 @@ impl Session {
                     return false;
                 }
                 match (kind, tracked) {
-                    // A message for a channel the client holds: delivered as it is.
-                    (None, Some(_)) => return false,
+                    // A message for a channel the client holds: delivered as it is, in the
+                    // protocol the client speaks now. The connections speak the one it spoke
+                    // when they opened; after a HELLO 2 a RESP3 push would reach a RESP2
+                    // client, which reads `smessage` as an array. Its elements (bulk
+                    // strings) are the same in both.
+                    (None, Some(_)) => {
+                        if self.client.proto == 2 && frame.first() == Some(&b'>') {
+                            let mut resp2 = bytes::BytesMut::from(&frame[..]);
+                            resp2[0] = b'*';
+                            *frame = resp2.freeze();
+                        }
+                        return false;
+                    }
                     // Redis dropped the channel (its slot left the node): subscribe again.
                     (Some(false), Some((c, _))) => {
                         let c = c.clone();
