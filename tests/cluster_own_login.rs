@@ -722,3 +722,64 @@ async fn with_replica_reads_the_clients_login_reads_as_itself_on_every_primary()
     }
     proxy.stop().await;
 }
+
+/// Client-side caching (default mode) for a client logged in as its own user over every
+/// primary: the tracking connections are logged in as the user too and carry its commands,
+/// so it reads the keys of every node as itself (NOPERM where its ACL says so) and hears
+/// the invalidations of every node (before, tracking was pinned to one node and keys of the
+/// others got CROSSSLOT).
+#[tokio::test]
+async fn the_clients_login_and_tracking_reach_every_primary_together() {
+    let (redis, proxy) = app_cluster().await;
+    let primaries = redis.primaries();
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "app:t")).collect();
+    let mut writer = Raw::connect(proxy.addr).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v0"]).await, b"+OK\r\n");
+    }
+    let mut c = Raw::connect(proxy.addr).await;
+    assert!(
+        c.call(&["HELLO", "3", "AUTH", "app", "pw"])
+            .await
+            .starts_with(b"%")
+    );
+    assert_eq!(c.call(&["CLIENT", "TRACKING", "ON"]).await, b"+OK\r\n");
+    for (p, key) in primaries.iter().zip(&keys) {
+        assert_eq!(c.call(&["GET", key]).await, b"$2\r\nv0\r\n", "{p}");
+        let other = redis.key_on(p, "other:t");
+        let refused = c.call(&["GET", &other]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+    assert_eq!(whoami(&mut c).await, show(b"$3\r\napp\r\n"));
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+        let pushed = c.read_frames(1).await;
+        assert_eq!(
+            show(&pushed[0]),
+            show(
+                format!(
+                    ">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{key}\r\n",
+                    key.len()
+                )
+                .as_bytes()
+            ),
+            "{key}"
+        );
+    }
+    // Every node's tracking connection is the user's.
+    for p in &primaries {
+        let reply = Raw::connect(p).await.call(&["CLIENT", "LIST"]).await;
+        let list = String::from_utf8_lossy(&reply);
+        let tracking: Vec<&str> = list.lines().filter(|l| l.contains("flags=t")).collect();
+        assert_eq!(tracking.len(), 1, "{p}: {list}");
+        assert!(tracking[0].contains("user=app "), "{p}: {list}");
+    }
+    // Off: the login's own connections carry its commands again, as the user.
+    assert_eq!(c.call(&["CLIENT", "TRACKING", "OFF"]).await, b"+OK\r\n");
+    for (p, key) in primaries.iter().zip(&keys) {
+        assert_eq!(c.call(&["GET", key]).await, b"$2\r\nv1\r\n", "{p}");
+        let refused = c.call(&["GET", &redis.key_on(p, "other:t")]).await;
+        assert!(refused.starts_with(b"-NOPERM"), "{p}: {}", show(&refused));
+    }
+    proxy.stop().await;
+}

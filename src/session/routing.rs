@@ -319,11 +319,14 @@ impl Routing {
     }
 
     /// Which connection the session's command for `node` takes where the client's own login
-    /// or tracking decides it (cluster mode: `cluster::login`, `cluster::tracking`; never
-    /// both, each is kept from spreading while the other is); `Any` elsewhere.
+    /// or tracking decides it (cluster mode: `cluster::login`, `cluster::tracking`); `Any`
+    /// elsewhere. With both, tracking that carries the session's commands takes them (its
+    /// connections are logged in as the client too, and Redis tracks what each reads); else
+    /// the login's.
     pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
         match self {
             Routing::Cluster(c) => match (&c.login, &c.tracking) {
+                (_, Some(t)) if t.carries() => t.conn_for(node),
                 (Some(login), _) => login.conn_for(node),
                 (None, Some(t)) => t.conn_for(node),
                 (None, None) => tracking::OwnConn::Any,

@@ -284,12 +284,18 @@ impl Session {
         // (`log_in_as_client`): the next channel it subscribes there is the new user's.
         let shard = self.routing.shard_subs().map(|s| s.conns());
         let keyspace = self.routing.keyspace().map(|k| k.conns());
+        let tracking = self
+            .routing
+            .cluster()
+            .and_then(|c| c.tracking.as_deref())
+            .map(|t| t.senders());
         let senders: Vec<_> = login
             .conns
             .iter()
             .map(|c| &c.tx)
             .chain(shard.into_iter().flatten())
             .chain(keyspace.into_iter().flatten())
+            .chain(tracking.into_iter().flatten())
             .cloned()
             .collect();
         let replies = match ask_every_or(&senders, command, own_login_lost).await {

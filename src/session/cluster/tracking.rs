@@ -58,8 +58,10 @@
 //!
 //! Not spread (the session is pinned to one node as before, docs/cluster.md): a REDIRECT to
 //! a RESP2 client that does not subscribe to `__redis__:invalidate`, PREFIX without BCAST (Redis's
-//! error), routes, a client logged in upstream as its own user, and a session already
-//! holding state on a dedicated connection. With replica reads configured (`read_from`), a
+//! error), routes, a client logged in upstream as its own user on one connection only, and
+//! a session already holding state on a dedicated connection. A client logged in as its own
+//! user over every primary (`login`) tracks over connections logged in as that user
+//! (`log_in_as_client`), which then carry its commands in place of the login's. With replica reads configured (`read_from`), a
 //! session whose commands go over the tracking connections reads from the primaries: reads
 //! on a replica's connection would be untracked.
 
@@ -146,6 +148,17 @@ pub(in crate::session) enum OwnConn<'a> {
 }
 
 impl ClusterTracking {
+    /// Where the commands of each tracking connection go (a new login of the client goes on
+    /// them too: `login`).
+    pub(in crate::session) fn senders(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
+        self.conns.iter().map(|c| &c.tx)
+    }
+
+    /// Whether the session's commands go over the tracking connections (see `carries`).
+    pub(in crate::session) fn carries(&self) -> bool {
+        self.carries
+    }
+
     /// Which connection a command for `node` takes (see `OwnConn`), in either protocol:
     /// Redis tracks what a RESP2 connection reads too, and sends the invalidations once it
     /// speaks RESP3 (the connections follow the client's HELLO: `own_conns_follow_proto`).
@@ -403,7 +416,11 @@ impl Session {
             Some(_) if unquote.is_some() => return None,
             Some(at) => Some(Box::new(self.redirect_everywhere(router, args, at)?)),
         };
-        let spreads = router.routes().is_none() && !self.stateful() && !self.own_login();
+        // A client logged in as its own user over every primary: the tracking connections
+        // are logged in as the user as they open (`log_in_as_client`), and carry its commands
+        // in place of the login's (`Routing::own_conn`). On one connection only, pinned.
+        let spreads =
+            router.routes().is_none() && !self.stateful() && !self.own_login_on_one_node();
         let carries = spread_carries(&options)?;
         spreads.then_some(TrackingCommand::Start {
             command,
