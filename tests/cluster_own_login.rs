@@ -11,7 +11,7 @@
 mod common;
 
 use common::cluster::{RedisCluster, proxy_config};
-use common::{Proxy, Raw, show};
+use common::{Proxy, Raw, resp, show};
 
 /// Creates the ACL user `rules[0]` on every primary of `redis`, with `rules` after `SETUSER`.
 async fn create_user(redis: &RedisCluster, rules: &[&str]) {
@@ -534,6 +534,23 @@ async fn a_manual_failover_logs_the_client_in_on_the_promoted_primary() {
     proxy.stop().await;
 }
 
+/// The lines of `node`'s CLIENT LIST that `pick` keeps.
+async fn client_lines(node: &str, pick: impl Fn(&str) -> bool) -> Vec<String> {
+    let reply = Raw::connect(node).await.call(&["CLIENT", "LIST"]).await;
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .filter(|l| l.starts_with("id=") && pick(l))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A pub/sub frame of bulk strings with header `kind` (`*` RESP2, `>` RESP3 push).
+fn pubsub_frame(kind: u8, parts: &[&str]) -> Vec<u8> {
+    let mut frame = resp(parts);
+    frame[0] = kind;
+    frame
+}
+
 /// The port of `host:port`.
 fn port_of(addr: &str) -> u16 {
     addr.rsplit(':').next().unwrap().parse().unwrap()
@@ -573,30 +590,16 @@ async fn shard_channels_of_every_node_run_as_the_clients_user() {
             "{p}"
         );
         let message = sub.read_frames(1).await;
-        assert_eq!(
-            show(&message[0]),
-            show(
-                format!(
-                    "*3\r\n$8\r\nsmessage\r\n${}\r\n{channel}\r\n$2\r\nhi\r\n",
-                    channel.len()
-                )
-                .as_bytes()
-            ),
-            "{p}"
-        );
+        let expected = pubsub_frame(b'*', &["smessage", &channel, "hi"]);
+        assert_eq!(show(&message[0]), show(&expected), "{p}");
     }
     // Every node's connection holding the channels is the user's, none the proxy's.
     for p in &primaries {
-        let reply = Raw::connect(p).await.call(&["CLIENT", "LIST"]).await;
-        let list = String::from_utf8_lossy(&reply);
-        let subscribed: Vec<&str> = list
-            .lines()
-            .filter(|c| c.starts_with("id=") && !c.contains("ssub=0"))
-            .collect();
-        assert!(!subscribed.is_empty(), "{p}: {list}");
+        let subscribed = client_lines(p, |c| !c.contains("ssub=0")).await;
+        assert!(!subscribed.is_empty(), "{p}");
         assert!(
             subscribed.iter().all(|c| c.contains("user=app ")),
-            "{p}: {list}"
+            "{p}: {subscribed:?}"
         );
     }
     proxy.stop().await;
@@ -754,25 +757,14 @@ async fn the_clients_login_and_tracking_reach_every_primary_together() {
     for key in &keys {
         assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
         let pushed = c.read_frames(1).await;
-        assert_eq!(
-            show(&pushed[0]),
-            show(
-                format!(
-                    ">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{key}\r\n",
-                    key.len()
-                )
-                .as_bytes()
-            ),
-            "{key}"
-        );
+        let expected = [&b">2\r\n$10\r\ninvalidate\r\n"[..], &resp(&[key])].concat();
+        assert_eq!(show(&pushed[0]), show(&expected), "{key}");
     }
     // Every node's tracking connection is the user's.
     for p in &primaries {
-        let reply = Raw::connect(p).await.call(&["CLIENT", "LIST"]).await;
-        let list = String::from_utf8_lossy(&reply);
-        let tracking: Vec<&str> = list.lines().filter(|l| l.contains("flags=t")).collect();
-        assert_eq!(tracking.len(), 1, "{p}: {list}");
-        assert!(tracking[0].contains("user=app "), "{p}: {list}");
+        let tracking = client_lines(p, |c| c.contains("flags=t")).await;
+        assert_eq!(tracking.len(), 1, "{p}: {tracking:?}");
+        assert!(tracking[0].contains("user=app "), "{p}: {tracking:?}");
     }
     // Off: the login's own connections carry its commands again, as the user.
     assert_eq!(c.call(&["CLIENT", "TRACKING", "OFF"]).await, b"+OK\r\n");

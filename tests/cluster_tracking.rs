@@ -202,6 +202,19 @@ async fn keys_client(proxy: &Proxy, extra: &[&str]) -> Raw {
     c
 }
 
+/// Another client (`writer`) writes each of `keys`: `c` gets the invalidation of each, in
+/// order.
+async fn writes_invalidate(writer: &mut Raw, c: &mut Raw, keys: &[String]) {
+    for key in keys {
+        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
+        assert_eq!(
+            text(&c.read_frame().await),
+            text(&invalidation(key)),
+            "{key}"
+        );
+    }
+}
+
 /// Default-mode tracking (invalidations for the keys the client read) is spread over every
 /// primary: the session's commands for a node go over its tracking connection there, so a
 /// key the client read on any node (alone, in a MGET across nodes, in a script, inside
@@ -236,14 +249,7 @@ async fn default_mode_tracking_hears_what_the_client_read_on_every_primary() {
     for key in &unread {
         assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
     }
-    for key in &keys {
-        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
-        assert_eq!(
-            text(&c.read_frame().await),
-            text(&invalidation(key)),
-            "{key}"
-        );
-    }
+    writes_invalidate(&mut writer, &mut c, &keys).await;
     // A read inside a transaction is tracked too.
     assert_eq!(text(&c.call(&["MULTI"]).await), "+OK\r\n");
     assert_eq!(text(&c.call(&["GET", &keys[1]]).await), "+QUEUED\r\n");
@@ -623,13 +629,6 @@ async fn default_mode_tracking_with_replica_reads_hears_every_primary() {
         );
     }
     c.assert_quiet(QUIET).await;
-    for key in &keys {
-        assert_eq!(writer.call(&["SET", key, "v1"]).await, b"+OK\r\n");
-        assert_eq!(
-            text(&c.read_frame().await),
-            text(&invalidation(key)),
-            "{key}"
-        );
-    }
+    writes_invalidate(&mut writer, &mut c, &keys).await;
     c.assert_quiet(QUIET).await;
 }

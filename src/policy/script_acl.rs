@@ -291,11 +291,8 @@ pub(crate) async fn confine(
 /// Other cluster nodes, and a proxy that crashed, leave theirs: a disabled-by-secrecy user
 /// (its password was only in memory) named `rpp-scripts-…`, which an operator may delete.
 pub(crate) async fn remove(control: &Control, user: &ScriptUser) {
-    let deleted = tokio::time::timeout(
-        REMOVE_WITHIN,
-        ask(control, &["ACL", "DELUSER", &user.name]),
-    )
-    .await;
+    let deleted =
+        tokio::time::timeout(REMOVE_WITHIN, ask(control, &["ACL", "DELUSER", &user.name])).await;
     match deleted {
         Ok(Ok(Value::Integer(_))) => tracing::debug!(user = %user.name, "script user deleted"),
         other => tracing::debug!(user = %user.name, outcome = ?other, "script user not deleted"),
