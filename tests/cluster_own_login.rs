@@ -52,6 +52,23 @@ async fn app_cluster() -> (RedisCluster, Proxy) {
     (redis, proxy)
 }
 
+/// A 3-primary cluster with a replica each and the `app` user on every node (ACL users are
+/// per node, replicas included: a failover promotes one), and the proxy in front of it with
+/// one more cluster `setting`.
+async fn app_cluster_with_replicas(setting: &str) -> (RedisCluster, Proxy) {
+    let redis = RedisCluster::start(3, 1);
+    for node in &redis.live_addrs() {
+        let command: Vec<&str> = ["ACL", "SETUSER", "app"]
+            .iter()
+            .chain(&APP_RULES)
+            .copied()
+            .collect();
+        assert_eq!(Raw::connect(node).await.call(&command).await, b"+OK\r\n");
+    }
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[setting])).await;
+    (redis, proxy)
+}
+
 /// A client of `proxy` logged in as `app`.
 async fn app_client(proxy: &Proxy) -> Raw {
     let mut c = Raw::connect(proxy.addr).await;
@@ -387,21 +404,7 @@ async fn a_restricted_user_gets_nothing_its_acl_refuses_in_any_state() {
 /// commands as that user, not as the proxy's.
 #[tokio::test]
 async fn a_manual_failover_logs_the_client_in_on_the_promoted_primary() {
-    let mut redis = RedisCluster::start(3, 1);
-    // ACL users are per node, replicas included.
-    for node in &redis.live_addrs() {
-        let command: Vec<&str> = ["ACL", "SETUSER", "app"]
-            .iter()
-            .chain(&APP_RULES)
-            .copied()
-            .collect();
-        assert_eq!(Raw::connect(node).await.call(&command).await, b"+OK\r\n");
-    }
-    let proxy = Proxy::start(proxy_config(
-        &redis.live_addrs()[0],
-        &["refresh_interval_ms: 200"],
-    ))
-    .await;
+    let (mut redis, proxy) = app_cluster_with_replicas("refresh_interval_ms: 200").await;
     let victim = redis.primaries()[0].clone();
     let key = redis.key_on(&victim, "app:k");
     let other = redis.key_on(&victim, "other:k");
@@ -679,20 +682,7 @@ async fn keyspace_notifications_of_every_node_reach_the_clients_user() {
 /// CROSSSLOT). Other clients still read from replicas.
 #[tokio::test]
 async fn with_replica_reads_the_clients_login_reads_as_itself_on_every_primary() {
-    let redis = RedisCluster::start(3, 1);
-    for node in &redis.live_addrs() {
-        let command: Vec<&str> = ["ACL", "SETUSER", "app"]
-            .iter()
-            .chain(&APP_RULES)
-            .copied()
-            .collect();
-        assert_eq!(Raw::connect(node).await.call(&command).await, b"+OK\r\n");
-    }
-    let proxy = Proxy::start(proxy_config(
-        &redis.live_addrs()[0],
-        &["read_from: replica"],
-    ))
-    .await;
+    let (redis, proxy) = app_cluster_with_replicas("read_from: replica").await;
     let replica_reads = || async {
         let metrics = common::http_get(proxy.admin, "/metrics").await.1;
         common::sample(&metrics, "rpp_replica_reads_total")
