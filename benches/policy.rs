@@ -22,6 +22,7 @@ fn policy_check(c: &mut Criterion) {
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
         user: 0,
+        again: false,
     };
     let value = vec![b'x'; 64];
     let lines: Vec<(&str, Vec<&[u8]>)> = vec![

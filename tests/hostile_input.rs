@@ -130,6 +130,7 @@ fn default_policy_accepts_any_argument_bytes() {
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
         user: 0,
+        again: false,
     };
     let names: &[&[u8]] = &[
         b"SET",

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, http_get, resp, sample, show};
+use common::{DEADLINE, Proxy, Raw, RedisServer, bulk, http_get, resp, resp_cmds, sample, show};
 
 /// A proxy in front of `redis` running `policy/default.yaml` with its data-changing rules
 /// enforced, as after the rollout the file describes.
@@ -285,6 +285,54 @@ async fn rate_limit_per_connection_refuses_with_a_retry_hint() {
     assert_eq!(other.call(&["INCR", "rl:n"]).await, b":6\r\n");
 }
 
+/// A command that waits for the replies before it (a pipeline's MULTI, BLPOP or RESET after
+/// writes in flight: they change connections) is judged once: it spends one request of the
+/// rate budget, as Redis would count one command (before, such a command was judged again
+/// when it resumed and charged twice, so a client at its limit was refused early).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_waits_for_earlier_replies_spends_one_request() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: rl\n    rate_limit: {{requests: 8, window_ms: 600000}}\n",
+        redis.addr()
+    );
+    let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("rl.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    // Eight commands, three of which wait for the writes before them.
+    c.send(&resp_cmds(&[
+        "SET a 1",
+        "MULTI",
+        "INCR a",
+        "EXEC",
+        "SET b 2",
+        "BLPOP nolist 0.01",
+        "SET c 3",
+        "RESET",
+    ]))
+    .await;
+    let replies: Vec<String> = c.read_frames(8).await.iter().map(|r| text(r)).collect();
+    assert_eq!(
+        replies,
+        [
+            "+OK\r\n",
+            "+OK\r\n",
+            "+QUEUED\r\n",
+            "*1\r\n:2\r\n",
+            "+OK\r\n",
+            "*-1\r\n",
+            "+OK\r\n",
+            "+RESET\r\n"
+        ]
+    );
+    // The budget is spent now: the ninth is refused.
+    let refused = text(&c.call(&["GET", "a"]).await);
+    assert!(
+        refused.starts_with("-ERR policy rl: 8 requests"),
+        "{refused}"
+    );
+}
+
 /// What a rate limit counts, as policy/README.md says: every command the policy lets through
 /// its own rules, the proxy's own answers included (CLIENT ID), and commands a size limit
 /// refuses (size limits run after rate limits); not the commands a deny rule refuses, nor the
@@ -357,6 +405,19 @@ async fn a_redis_rate_limit_counts_only_what_reaches_redis() {
     assert_eq!(count().await, before, "refusals and CLIENT ID were counted");
     assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
     assert_eq!(count().await, before + 1);
+    // A command that waits for the writes before it (BLPOP changes connections) counts
+    // once: four forwarded, four counted (RESET is the proxy's to answer; BLPOP was counted
+    // twice before).
+    c.send(&resp_cmds(&[
+        "SET a 1",
+        "BLPOP nolist 0.01",
+        "SET b 2",
+        "RESET",
+        "PING",
+    ]))
+    .await;
+    assert_eq!(c.read_frames(5).await.len(), 5);
+    assert_eq!(count().await, before + 5);
     let ttl = text(&redis.direct(&["PTTL", key]).await);
     let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
     assert!(ms > 0 && ms <= 1_200_000, "two windows at most: {ttl}");
@@ -1127,6 +1188,7 @@ fn every_admin_or_dangerous_command_is_denied_or_documented_as_allowed() {
         addr: std::net::Ipv4Addr::LOCALHOST.into(),
         tenant: 0,
         user: 0,
+        again: false,
     };
     let admin = AclCategories::from_category(b"admin").unwrap();
     let dangerous = AclCategories::from_category(b"dangerous").unwrap();

@@ -271,6 +271,7 @@ pub fn check_policy_rewrite(data: &[u8]) {
         addr: std::net::IpAddr::from([10, 0, 0, selector]),
         tenant,
         user: 0,
+        again: false,
     };
     let prefix = policy.access.namespace(tenant);
     for owned in commands_of(rest, &CodecLimits::default()) {

@@ -14,4 +14,8 @@ pub struct Client {
     /// The user it logged in as, as [`crate::policy::user_key`] gives it (0: no login); read
     /// only by a rule's `share_by: user`.
     pub user: u64,
+    /// The command is judged again: it was judged, allowed, then paused (to wait for replies)
+    /// before it could run, so its rate budget and counts are spent already; judged again it
+    /// spends nothing (before, a command that paused was charged twice).
+    pub again: bool,
 }

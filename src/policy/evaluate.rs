@@ -18,6 +18,9 @@ use crate::protocol::error::simple_error;
 
 impl Policy {
     fn allow(&self, client: &Client) -> Verdict {
+        if client.again {
+            return Verdict::Allow;
+        }
         if let Some(n) = self.allowed.get(usize::from(client.tenant)) {
             n.fetch_add(1, Ordering::Relaxed);
         }
@@ -206,6 +209,8 @@ impl Policy {
         reason: String,
     ) -> Option<Verdict> {
         match rule.mode_for(client) {
+            // Counted and logged when first judged (`Client::again`).
+            Mode::Audit if client.again => None,
             Mode::Audit => {
                 rule.counters.add(client.tenant, Outcome::Audited);
                 self.log_audit(&rule.id, spec.name, client, &reason);
@@ -227,6 +232,10 @@ impl Policy {
         client: &Client,
         command: &str,
     ) -> Option<Verdict> {
+        // Allowed when first judged, its budget spent then (`Client::again`).
+        if client.again {
+            return None;
+        }
         let mut key = [0u8; 17];
         let key: &[u8] = match (per, client.addr) {
             (Per::Connection, _) => {
@@ -312,13 +321,17 @@ fn rewritten(
     rw: Rewrite,
 ) -> Option<Verdict> {
     match rule.mode_for(client) {
+        // Counted and logged when first judged (`Client::again`).
+        Mode::Audit if client.again => None,
         Mode::Audit => {
             rule.counters.add(client.tenant, Outcome::Audited);
             policy.log_audit(&rule.id, spec.name, client, &rw.note);
             None
         }
         Mode::Enforce => {
-            rule.counters.add(client.tenant, Outcome::Rewritten);
+            if !client.again {
+                rule.counters.add(client.tenant, Outcome::Rewritten);
+            }
             Some(Verdict::Rewrite(rw))
         }
     }
@@ -440,6 +453,7 @@ mod tests {
             addr: IpAddr::from([127, 0, 0, 1]),
             tenant: p.access.tenant_of(IpAddr::from([127, 0, 0, 1]), None),
             user: 0,
+            again: false,
         };
         let args: Vec<&[u8]> = vec![b"EVAL", b"return 1", b"1", b"k"];
         let Verdict::Rewrite(rw) = p.check(&client, &args[..]) else {

@@ -146,6 +146,7 @@ mod tests {
             addr: IpAddr::from(addr),
             tenant: 0,
             user: 0,
+            again: false,
         }
     }
 

@@ -79,6 +79,10 @@ impl Policy {
         command: &str,
         transport: impl Fn() -> T,
     ) -> Option<Bytes> {
+        // Allowed when first judged, its budget spent then (`Client::again`).
+        if client.again {
+            return None;
+        }
         for check in self.shared_limits(client) {
             let limiter = match RedisLimiter::new(transport(), check.prefix, check.limit) {
                 Ok(l) => l,

@@ -28,6 +28,7 @@ pub(super) fn check_as(p: &Policy, id: u64, line: &str) -> Verdict {
         addr: IpAddr::from([127, 0, 0, 1]),
         tenant: 0,
         user: 0,
+        again: false,
     };
     p.check(&client, &args[..])
 }

@@ -130,6 +130,8 @@ impl Session {
     /// joins the run for the same shared connection, or another node's run in cluster mode),
     /// carries it out; otherwise hands the decided command to `on_command`, nothing changed.
     pub(super) fn on_command_now(&mut self, run: &mut Run, len: usize) -> Now {
+        // Only the first command decided after a pause can be the one paused at.
+        let again = std::mem::take(&mut self.input.judged);
         let mut command = {
             let frame = &self.input.rbuf[run.len..run.len + len];
             let arg = |i: usize| self.input.args.get(i).map(|r| &frame[r.clone()]);
@@ -139,6 +141,7 @@ impl Session {
                 spec: crate::commands::lookup(name, arg(1)),
                 kind: classify::classify(name),
                 audit: audited::Slot::default(),
+                again,
             }
         };
         if let Some(spec) = command.spec {
@@ -194,7 +197,7 @@ impl Session {
         if action.forwarded().is_some() && self.client.policy.has_shared_limits() {
             let name = command.spec.map_or("-", |s| s.name);
             // Boxed: only policies with `backend: redis` limits get here.
-            if let Some(refusal) = Box::pin(self.shared_limits(name)).await {
+            if let Some(refusal) = Box::pin(self.shared_limits(name, command.again)).await {
                 action = Action::Refused(refusal);
             }
             self.note_multi_slot(&action, hash_slot);
@@ -218,9 +221,11 @@ impl Session {
         self.flush_run(run).await;
         if self.queue.inflight > 0 {
             // Decided again from the start once the replies are in.
-            self.input.paused = true;
+            self.pause_decided();
             return Flow::Stop;
         }
+        // Judged already: decided again, it spends nothing twice.
+        command.again = true;
         let decision = match self.prepare(prepare).await {
             Ok(()) => self.decide(&self.input.rbuf[..command.len], &command, None),
             Err(reply) => Action::LocalThenClose(reply).into(),
@@ -310,7 +315,7 @@ impl Session {
         if let Target::Dedicated(node) = target {
             if self.blocked(target, hash_slot) {
                 // Decided again once resumed.
-                self.input.paused = true;
+                self.pause_decided();
                 return Flow::Stop;
             }
             if run.target.is_some() && !self.dedicated_usable(false, node) {
@@ -351,7 +356,7 @@ impl Session {
     ) -> Flow {
         if self.blocked(join.target, hash_slot) {
             // Decided again once resumed.
-            self.input.paused = true;
+            self.pause_decided();
             return Flow::Stop;
         }
         self.count_joined(command, &join);

@@ -329,7 +329,7 @@ impl Session {
         if self.blocked(target, slot) {
             // Wait until the other connection has answered: commands must run in the
             // order they were sent.
-            self.input.paused = true;
+            self.pause_decided();
             return false;
         }
         if self.wait_after_failover(len, effect) {

@@ -47,6 +47,7 @@ impl Session {
                 closing: false,
                 killed: false,
                 paused: false,
+                judged: false,
                 active: false,
             },
             audit_trail: None,

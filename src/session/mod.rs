@@ -475,6 +475,9 @@ struct Command {
     kind: Kind,
     /// Its audit entry and keyspace measurement so far, when either follows it (`audited`).
     audit: audited::Slot,
+    /// Judged by the policy before and paused: decided again without spending its rate
+    /// budget or counts again (`Input::judged`).
+    again: bool,
 }
 
 /// Whether `process` goes on to the next request.
@@ -740,6 +743,10 @@ struct Input {
     killed: bool,
     /// Request processing paused until in-flight commands on the other target are answered.
     paused: bool,
+    /// The command processing paused at (first in the read buffer then) was judged by the
+    /// policy already: decided again, it spends no rate budget and no count a second time
+    /// (`policy::Client::again`). Set by `pause_decided`, taken by the next decision.
+    judged: bool,
     /// Traffic since the last idle tick: only a session quiet for a whole tick releases its
     /// memory, so a busy client never pays for re-creating its reply channel.
     active: bool,
@@ -835,13 +842,17 @@ impl Session {
             } else {
                 0
             },
+            again: false,
         }
     }
 
     /// The policy's Redis-counted rate limits for the command being decided, run on the
     /// control connection of the upstream (any primary in cluster mode).
-    async fn shared_limits(&self, command: &str) -> Option<Bytes> {
-        let client = self.policy_client();
+    async fn shared_limits(&self, command: &str, again: bool) -> Option<Bytes> {
+        let client = Client {
+            again,
+            ..self.policy_client()
+        };
         let transport = || match self.routing.router() {
             None => self.ctx.pool.control(),
             Some(router) => crate::upstream::pool::Control::cluster(router.clone()),
@@ -919,6 +930,13 @@ impl Session {
         }
     }
 
+    /// Pauses processing at the command just decided, which is decided again once resumed:
+    /// the policy judged it already (`Input::judged`).
+    fn pause_decided(&mut self) {
+        self.input.paused = true;
+        self.input.judged = true;
+    }
+
     /// Carries out a non-batchable action for the command occupying the first `len` bytes of
     /// the read buffer. Returns `false` when processing must pause (nothing consumed).
     async fn execute(&mut self, action: Action, lone: Lone) -> bool {
@@ -965,7 +983,7 @@ impl Session {
             // and RESET: every earlier command must have run first, on whichever node (a SCAN
             // sees earlier writes; split parts go out at once).
             Action::Gather(_) | Action::Reset | Action::AwaitReplies if self.queue.inflight > 0 => {
-                self.input.paused = true;
+                self.pause_decided();
                 return false;
             }
             Action::Gather(gather) => {
@@ -985,7 +1003,7 @@ impl Session {
             }
             // Nothing in flight: `decide` never asks for this then (its wait is for a reply).
             Action::AwaitReplies => {
-                self.input.paused = true;
+                self.pause_decided();
                 return false;
             }
             Action::Reset => {

@@ -8,8 +8,8 @@ use super::{
 };
 use crate::commands::classify::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
-use crate::policy::Verdict;
 use crate::policy::script_user::State;
+use crate::policy::{Client, Verdict};
 use crate::upstream::{Expect, ReplyWait};
 use crate::{commands::classify, protocol::answers, protocol::codec};
 use bytes::Bytes;
@@ -56,7 +56,10 @@ impl Session {
         }
         let mut rewrite = None;
         if !self.client.policy.is_empty() {
-            let client = self.policy_client();
+            let client = Client {
+                again: command.again,
+                ..self.policy_client()
+            };
             match self.client.policy.check_spec(&client, spec, &args) {
                 Verdict::Allow => {}
                 // Inside MULTI the refused command must still spoil the transaction, as a

@@ -47,6 +47,7 @@ pub fn explain(
         addr,
         tenant,
         user: crate::policy::user_key(user.map(str::as_bytes)),
+        again: false,
     };
     let lines: Vec<String> = match command {
         Some(c) => vec![c.to_string()],

@@ -175,6 +175,7 @@ impl Run {
             addr: record.addr,
             tenant,
             user: crate::policy::user_key(record.user.as_deref().map(str::as_bytes)),
+            again: false,
         };
         let tenant_name = self.policy.access.tenant_name(tenant).to_string();
         let steps = self
