@@ -280,7 +280,6 @@ enum HelloOutcome {
 }
 
 impl HelloOutcome {
-    /// The outcome Redis's `reply` says, for a HELLO with `options`.
     /// The outcome of a login, `AUTH` (`None`) or a HELLO with `options`.
     fn of_login(
         options: Option<&crate::commands::grammar::HelloOptions>,
@@ -293,6 +292,7 @@ impl HelloOutcome {
         }
     }
 
+    /// The outcome Redis's `reply` says, for a HELLO with `options`.
     fn of(options: &crate::commands::grammar::HelloOptions, reply: &[u8]) -> HelloOutcome {
         if reply.first() != Some(&b'-') {
             HelloOutcome::Accepted

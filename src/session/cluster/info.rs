@@ -101,24 +101,18 @@ fn summed_field(line: &[u8]) -> Option<(&'static str, i64)> {
 
 /// Redis's `bytesToHuman`: bytes as `B`, or `K`/`M`/`G`/`T`/`P` with two decimals.
 fn bytes_to_human(n: i64) -> String {
-    let d = n as f64;
-    const UNITS: [(f64, &str); 5] = [
-        (1024.0, "K"),
-        (1024.0 * 1024.0, "M"),
-        (1024.0 * 1024.0 * 1024.0, "G"),
-        (1024.0 * 1024.0 * 1024.0 * 1024.0, "T"),
-        (1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0, "P"),
-    ];
-    if d < 1024.0 {
-        return format!("{n}B");
+    let (mut d, mut unit) = (n as f64, "B");
+    for next in ["K", "M", "G", "T", "P"] {
+        if d < 1024.0 {
+            break;
+        }
+        d /= 1024.0;
+        unit = next;
     }
-    UNITS
-        .iter()
-        .zip(UNITS.iter().skip(1).map(|(u, _)| *u).chain([f64::MAX]))
-        .find(|(_, next)| d < *next)
-        .map_or(format!("{n}B"), |((unit, name), _)| {
-            format!("{:.2}{name}", d / unit)
-        })
+    match unit {
+        "B" => format!("{n}B"),
+        _ => format!("{d:.2}{unit}"),
+    }
 }
 
 /// Per database, a keyspace count summed over every node's INFO.

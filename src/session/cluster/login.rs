@@ -78,12 +78,10 @@ pub(in crate::session) struct ClusterLogin {
     /// The map's generation the connections were last checked against: a new map may name
     /// a primary without one. Atomic only so the check can note it from `&self` (placement).
     checked: AtomicU64,
-    /// The last login every node accepted, as the client sent it: sent again on a
-    /// connection to a primary the map gains (`login_join`), as a client library logs in
-    /// again on a new connection. Held for the session's life, as the client holds it.
-    replay: Bytes,
-    /// The protocol `replay` asks for when it is a HELLO.
-    replay_hello: Option<u8>,
+    /// The last login every node accepted: sent again on each connection the session
+    /// opens to a node (`log_in_as_client`), as a client library logs in again on a new
+    /// connection. Held for the session's life, as the client holds it.
+    replay: Login,
 }
 
 impl ClusterLogin {
@@ -102,10 +100,27 @@ impl ClusterLogin {
     }
 }
 
+/// A client's login command: `AUTH …` or `HELLO … AUTH …`, as sent.
+#[derive(Clone)]
+pub(in crate::session) struct Login {
+    /// The command's bytes.
+    command: Bytes,
+    /// A HELLO's protocol version; `None` for AUTH.
+    hello: Option<u8>,
+}
+
+impl Login {
+    /// A HELLO's options as Redis runs them (an error after its AUTH still logs in).
+    fn options(&self) -> Option<crate::commands::grammar::HelloOptions> {
+        self.hello
+            .map(|_| crate::commands::grammar::hello_options(&self.command))
+    }
+}
+
 /// What the session does for a login in cluster mode, instead of forwarding it.
 pub(in crate::session) enum LoginCommand {
-    /// `AUTH …` or (`hello`: the protocol it asks for) `HELLO … AUTH …`, as sent.
-    Login { command: Bytes, hello: Option<u8> },
+    /// The login, to send on every primary.
+    Login(Login),
     /// The map gained a primary without a login connection: this error, and the client is
     /// disconnected.
     Lost(Bytes),
@@ -158,7 +173,7 @@ impl Session {
                     crate::protocol::answers::own_login_in_multi(),
                 ));
             }
-            return gather(LoginCommand::Login { command, hello });
+            return gather(LoginCommand::Login(Login { command, hello }));
         }
         let tracking = self.routing.cluster().is_some_and(|c| c.tracking.is_some());
         // With `read_from` other than `primary` the session reads from the primaries, over
@@ -167,7 +182,7 @@ impl Session {
             && !self.stateful()
             && !tracking
             && !self.ctx.pool.credentials_refused();
-        spreads.then(|| gather(LoginCommand::Login { command, hello }))?
+        spreads.then(|| gather(LoginCommand::Login(Login { command, hello })))?
     }
 
     /// Carries out a login command: the one reply the client gets.
@@ -181,14 +196,14 @@ impl Session {
                 self.input.closing = true;
                 reply
             }
-            LoginCommand::Login { command, hello } => {
-                // How Redis runs a HELLO's options (an error after its AUTH still logs in).
-                let options = hello.map(|_| crate::commands::grammar::hello_options(&command));
+            LoginCommand::Login(login) => {
+                let options = login.options();
+                let hello = login.hello;
                 let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
                 let reply = if spread {
-                    self.login_again(&command, hello, options.as_ref()).await
+                    self.login_again(login, options.as_ref()).await
                 } else {
-                    Box::pin(self.login_everywhere(&command, hello, options.as_ref())).await
+                    Box::pin(self.login_everywhere(login, options.as_ref())).await
                 };
                 let result = HelloOutcome::of_login(options.as_ref(), &reply);
                 let (Some(proto), Some(options)) = (hello, options) else {
@@ -215,13 +230,13 @@ impl Session {
         }
     }
 
-    /// The first login: a connection to every primary, each sent `command`; kept only when
-    /// every node logged the client in (`HelloOutcome::of_login`; `options`: a HELLO's). A node's reply (the error when one
-    /// refused, or when a HELLO logged in and then refused an option).
+    /// The first login: a connection to every primary, each sent `login`; kept only when
+    /// every node logged the client in (`HelloOutcome::of_login`; `options`: a HELLO's). A
+    /// node's reply (the error when one refused, or when a HELLO logged in and then refused
+    /// an option).
     async fn login_everywhere(
         &mut self,
-        command: &Bytes,
-        hello: Option<u8>,
+        login: Login,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
         let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
@@ -229,7 +244,7 @@ impl Session {
             Err(reply) => return reply,
         };
         let senders: Vec<_> = conns.iter().map(|c| c.tx.clone()).collect();
-        let replies = match ask_every_or(&senders, command, own_login_lost).await {
+        let replies = match ask_every_or(&senders, &login.command, own_login_lost).await {
             Ok(replies) => replies,
             // A node lost while logging in (the error says the connection closes).
             Err(reply) => {
@@ -253,8 +268,7 @@ impl Session {
                 conns,
                 proto,
                 checked,
-                replay: command.clone(),
-                replay_hello: hello,
+                replay: login,
             }));
         }
         // A dedicated connection kept from a blocking command (not pinned: `login_route`)
@@ -268,16 +282,15 @@ impl Session {
             .unwrap_or_default()
     }
 
-    /// A login while logged in: `command` on every login connection, whose state stays.
+    /// A login while logged in: `login` on every login connection, whose state stays.
     /// Nodes that disagree (one accepts, another refuses) would leave the client two users:
     /// it gets the refusal and is disconnected.
     async fn login_again(
         &mut self,
-        command: &Bytes,
-        hello: Option<u8>,
+        login: Login,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
-        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+        let Some(on) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
             return own_login_lost("the cluster");
         };
         // The connections holding its shard channels and notifications are its user's too
@@ -288,8 +301,8 @@ impl Session {
             .routing
             .cluster()
             .and_then(|c| c.tracking.as_deref())
-            .map(|t| t.senders());
-        let senders: Vec<_> = login
+            .map(|t| t.conns());
+        let senders: Vec<_> = on
             .conns
             .iter()
             .map(|c| &c.tx)
@@ -298,7 +311,7 @@ impl Session {
             .chain(tracking.into_iter().flatten())
             .cloned()
             .collect();
-        let replies = match ask_every_or(&senders, command, own_login_lost).await {
+        let replies = match ask_every_or(&senders, &login.command, own_login_lost).await {
             Ok(replies) => replies,
             Err(reply) => {
                 self.input.closing = true;
@@ -317,13 +330,12 @@ impl Session {
             self.input.closing = true;
         }
         if refused == 0
-            && let Some(login) = self
+            && let Some(on) = self
                 .routing
                 .cluster_mut()
                 .and_then(|c| c.login.as_deref_mut())
         {
-            login.replay = command.clone();
-            login.replay_hello = hello;
+            on.replay = login;
         }
         let first_refusal = replies.iter().find(|r| r.first() == Some(&b'-'));
         first_refusal
@@ -393,17 +405,17 @@ impl Session {
         let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
             return Ok(());
         };
-        let (replay, hello, proto) = (login.replay.clone(), login.replay_hello, login.proto);
+        let (replay, proto) = (login.replay.clone(), login.proto);
         let addr = router.addr(node);
         let sender = std::slice::from_ref(&conn.tx);
-        let options = hello.map(|_| crate::commands::grammar::hello_options(&replay));
-        let mut ok = match ask_every_or(sender, &replay, own_login_lost).await {
+        let options = replay.options();
+        let mut ok = match ask_every_or(sender, &replay.command, own_login_lost).await {
             Ok(replies) => replies
                 .iter()
                 .all(|r| HelloOutcome::of_login(options.as_ref(), r) != HelloOutcome::Refused),
             Err(_) => false,
         };
-        if ok && hello.is_some_and(|spoken| spoken != proto) {
+        if ok && replay.hello.is_some_and(|spoken| spoken != proto) {
             let back = crate::upstream::hello_command(proto);
             ok = ask_every_or(sender, &back, own_login_lost)
                 .await

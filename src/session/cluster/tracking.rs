@@ -150,7 +150,7 @@ pub(in crate::session) enum OwnConn<'a> {
 impl ClusterTracking {
     /// Where the commands of each tracking connection go (a new login of the client goes on
     /// them too: `login`).
-    pub(in crate::session) fn senders(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
+    pub(in crate::session) fn conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
         self.conns.iter().map(|c| &c.tx)
     }
 
