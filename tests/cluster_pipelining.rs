@@ -345,3 +345,51 @@ async fn a_command_waits_for_its_slot_in_flight_on_the_old_owner() {
     assert_eq!(sleeper.read_frame().await, b"+OK\r\n");
     proxy.stop().await;
 }
+
+/// The replies to one read's commands reach the client in one write, as one Redis writes
+/// them, even when its nodes answer at different times: a pipeline scattered over three
+/// nodes cost the client a write and a wake-up per node (and the proxy a third of its CPU per
+/// request at `-P 16`, docs/performance.md). Here one node is paused, so the other node's
+/// reply comes first by a second; it was written alone before.
+#[tokio::test]
+async fn one_reads_replies_go_out_together_when_nodes_answer_apart() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0])).await;
+    let key_on = |node: &str| {
+        (0..)
+            .map(|i| format!("apart:{i}"))
+            .find(|k| redis.primary_for_slot(slot(k.as_bytes())) == node)
+            .unwrap()
+    };
+    let primaries = redis.primaries();
+    let (fast, slow) = (key_on(&primaries[0]), key_on(&primaries[1]));
+    let mut client = Raw::connect(proxy.addr).await;
+    // Both nodes' connections exist before the pause.
+    assert_eq!(client.call(&["SET", &fast, "f"]).await, b"+OK\r\n");
+    assert_eq!(client.call(&["SET", &slow, "s"]).await, b"+OK\r\n");
+
+    let mut pauser = Raw::connect(&primaries[1]).await;
+    assert_eq!(pauser.call(&["CLIENT", "PAUSE", "1000"]).await, b"+OK\r\n");
+    let started = Instant::now();
+    client
+        .send(&[resp(&["GET", &fast]), resp(&["GET", &slow])].concat())
+        .await;
+    let mut first = vec![0u8; 4096];
+    let n = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut client.stream, &mut first),
+    )
+    .await
+    .expect("replies within 10 s")
+    .expect("a read");
+    assert_eq!(
+        show(&first[..n]),
+        show(b"$1\r\nf\r\n$1\r\ns\r\n"),
+        "the first read holds both replies"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the paused node answered the pipeline"
+    );
+    proxy.stop().await;
+}

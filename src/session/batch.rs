@@ -100,6 +100,10 @@ impl Joining {
     }
 }
 
+/// Room for the hash slots of a run's first commands (`Run::hash_slots`): a pipeline of 16
+/// over three nodes puts five or six on each.
+const HASH_SLOTS_FIRST: usize = 16;
+
 impl Session {
     /// The next complete request after the run's bytes; `None` when there is none yet, or
     /// when the client broke the protocol or filled its query buffer (answered, and the
@@ -373,6 +377,11 @@ impl Session {
         if let Some(slot) = hash_slot
             && self.routing.sent(target, slot)
         {
+            if run.hash_slots.capacity() == 0 {
+                // One allocation for a pipeline's share of a node, not a growth from 4 per
+                // doubling (cluster `-P 16`: 0.13 reallocations per request).
+                run.hash_slots.reserve(HASH_SLOTS_FIRST);
+            }
             run.hash_slots.push(slot);
         }
         self.push_to_run(run, command.len, target, effect, rewrite);

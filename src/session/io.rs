@@ -81,6 +81,7 @@ impl Session {
             }
             self.queue.out_permits = 0;
         }
+        self.queue.out_read = None;
         true
     }
 
@@ -302,7 +303,7 @@ pub(crate) fn serve<Seat: Send + 'static>(
             if s.input.killed {
                 break;
             }
-            if !s.queue.out.is_empty() && !s.write_out(&mut wr).await {
+            if !s.queue.out.is_empty() && !s.queue.holds_out() && !s.write_out(&mut wr).await {
                 break;
             }
             if s.input.closing && s.queue.inflight == 0 && s.queue.slots.is_empty() {

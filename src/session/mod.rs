@@ -723,6 +723,12 @@ struct ReplyQueue {
     out: Vec<Bytes>,
     /// Push permits to return once `out` is written.
     out_permits: u32,
+    /// When the bytes of the upstream reply that last reached `out` at the head of the order
+    /// were read, until `out` is written: while the next slot due came in the same read
+    /// (`holds_out`), the write waits for it, so one read's replies go out in one write as
+    /// Redis writes them. A pipeline scattered over cluster nodes otherwise cost the client a
+    /// write, and a wake-up, per node that answered first.
+    out_read: Option<Instant>,
 }
 
 /// Request bytes read from the client and not yet dispatched, and whether to read more.

@@ -59,6 +59,22 @@ impl ReplyQueue {
             }
         }
     }
+    /// Whether `out` waits for the next slot due before it is written: that slot's commands
+    /// came in the same read as the reply that last reached `out`, and Redis answers them
+    /// promptly (not a blocking command, which may wait for its own timeout). Replies the
+    /// client's earlier reads are owed never wait behind a later read's.
+    pub(super) fn holds_out(&self) -> bool {
+        self.out_read.is_some_and(|read| {
+            matches!(
+                self.slots.front(),
+                Some(Slot::Upstream { read_at, handling, .. })
+                    if *read_at == read
+                        && !handling.blocking
+                        && handling.wait == crate::upstream::ReplyWait::Prompt
+            )
+        })
+    }
+
     /// Moves proxy-made replies and held pushes at the head of the order to the output.
     pub(super) fn flush_local_slots(&mut self) {
         while let Some(Slot::Local(_) | Slot::Push { .. }) = self.slots.front() {
@@ -250,6 +266,9 @@ impl Session {
                 self.conn.held.remove(Holds::SHARD_SUBSCRIPTIONS);
             }
             self.list_flag('N');
+        }
+        if at == 0 {
+            self.queue.out_read = Some(read_at);
         }
         if !handling.suppress {
             if !data.is_empty() {

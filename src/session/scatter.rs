@@ -41,9 +41,14 @@ impl Session {
         c.parked_frames -= next.frames as usize;
         let mut current = std::mem::replace(run, next);
         // The run's bytes leave the read buffer now: the next commands belong to others.
-        match &mut current.owned {
-            Some(_) => {}
-            None => current.owned = Some(BytesMut::from(&self.input.rbuf[..current.len])),
+        if current.owned.is_none() {
+            // Room for the rest of what was read (the run's later commands are in it), up
+            // to a read's worth more: the run's commands are appended without a growth per
+            // doubling (cluster `-P 16`: 0.4 reallocations per request).
+            let room = self.input.rbuf.len().min(current.len + super::READ_CHUNK);
+            let mut owned = BytesMut::with_capacity(room);
+            owned.extend_from_slice(&self.input.rbuf[..current.len]);
+            current.owned = Some(owned);
         }
         self.input.rbuf.advance(current.len);
         current.len = 0;
@@ -117,21 +122,18 @@ impl Session {
         else {
             return;
         };
-        let mut segments = Vec::with_capacity(usize::from(parts));
-        segments.push((at, commands));
-        for (i, slot) in self.queue.slots.iter().enumerate().skip(at + 1) {
-            if segments.len() == usize::from(parts) {
+        // Its other segments are the later slots with its `seq`, found as they are needed
+        // rather than collected: a vector here was a third of cluster mode's allocations at
+        // `-P 16`.
+        let mut total = commands;
+        let mut from = at;
+        for _ in 1..parts {
+            let Some((i, n)) = next_segment(&self.queue.slots, from, seq) else {
                 break;
-            }
-            if let Slot::Upstream {
-                commands, seq: s, ..
-            } = slot
-                && *s == seq
-            {
-                segments.push((i, *commands));
-            }
+            };
+            total += n;
+            from = i;
         }
-        let total: u32 = segments.iter().map(|(_, n)| n).sum();
         if let Some(capture) = handling.mirror {
             capture.answered(self.client.id, data.clone(), total);
         }
@@ -148,7 +150,15 @@ impl Session {
         self.observe(read_at, total, handling.name);
         let mut answered = total.saturating_sub(missing);
         let failed = error.map(|e| error_reply(&ProxyError::Upstream(*e)));
-        for (i, commands) in segments {
+        let mut segment = Some((at, commands));
+        for left in (0..parts).rev() {
+            let Some((i, commands)) = segment else {
+                break;
+            };
+            segment = match left {
+                0 => None,
+                _ => next_segment(&self.queue.slots, i, seq),
+            };
             let frames = commands.min(answered);
             answered -= frames;
             let len = frames_len(&data, frames);
@@ -162,8 +172,29 @@ impl Session {
             }
             self.queue.slots[i] = Slot::Local(reply);
         }
+        if at == 0 {
+            self.queue.out_read = Some(read_at);
+        }
         self.queue.flush_local_slots();
     }
+}
+
+/// The next slot after `from` holding a segment of the batch `seq`, and its command count.
+fn next_segment(
+    slots: &std::collections::VecDeque<Slot>,
+    from: usize,
+    seq: u16,
+) -> Option<(usize, u32)> {
+    slots
+        .iter()
+        .enumerate()
+        .skip(from + 1)
+        .find_map(|(i, slot)| match slot {
+            Slot::Upstream {
+                commands, seq: s, ..
+            } if *s == seq => Some((i, *commands)),
+            _ => None,
+        })
 }
 
 /// Bytes of the first `frames` reply frames in `data` (all of it if they are not all there).
