@@ -20,10 +20,9 @@ pub const SLOTS: usize = 16384;
 /// bytes `123456789` is 0x31C3.
 const POLY: u16 = 0x1021;
 
-/// The byte-at-a-time lookup table, computed by the compiler so startup costs nothing.
-static TABLE: [u16; 256] = byte_table();
-
-/// The CRC of one byte `v` from a zero state: `(v << 8)` shifted through eight bits.
+/// The byte-at-a-time lookup table (`SLICES[0]`, also used alone for a key's last bytes): the
+/// CRC of one byte `v` from a zero state, `(v << 8)` shifted through eight bits. Computed by
+/// the compiler so startup costs nothing.
 const fn byte_table() -> [u16; 256] {
     let mut table = [0u16; 256];
     let mut i = 0;
@@ -82,7 +81,7 @@ pub(crate) fn crc16(data: &[u8]) -> u16 {
             ^ SLICES[0][usize::from(c[7])];
     }
     chunks.remainder().iter().fold(crc, |crc, &b| {
-        (crc << 8) ^ TABLE[usize::from((crc >> 8) as u8 ^ b)]
+        (crc << 8) ^ SLICES[0][usize::from((crc >> 8) as u8 ^ b)]
     })
 }
 
