@@ -19,6 +19,20 @@ impl CommandSpec {
         if !self.arity_accepts(args.len()) {
             return Err(KeyError::WrongArity);
         }
+        if let Some(key) = self.only_first_key(args) {
+            out.keys.push(key);
+            return Ok(());
+        }
+        self.search_keys(args, out)
+    }
+
+    /// Redis's key search for a command line of an accepted arity (`keys_into` without its
+    /// shortcut for a lone first key).
+    fn search_keys<A: AsRef<[u8]>>(
+        &self,
+        args: &[A],
+        out: &mut KeyPositions,
+    ) -> Result<(), KeyError> {
         if !self.may_have_keys() {
             return Ok(());
         }
@@ -91,6 +105,48 @@ impl CommandSpec {
             return Err(KeyError::InvalidArguments);
         }
         Ok(())
+    }
+}
+
+impl CommandSpec {
+    /// Whether a command line of `argc` arguments (the name included) has one key, its
+    /// first argument, as the general search of `keys_into` would find it: one key spec at
+    /// index 1 naming one key, and no procedure but SET's and BITFIELD's (which only choose
+    /// that key's flags). Most commands have this shape (GET, SET, HSET, INCR…), and the
+    /// general search was most of the cost of finding a key's slot in cluster mode
+    /// (docs/performance.md). The arity is the caller's to check.
+    pub(crate) fn only_key_is_first(&self, argc: usize) -> bool {
+        let [ks] = self.key_specs else {
+            return false;
+        };
+        argc >= 2
+            && ks.begin_search == BeginSearch::Index(1)
+            && matches!(ks.find_keys, FindKeys::Range { lastkey: 0, .. })
+            && match self.keys_proc {
+                KeysProc::None => {
+                    !ks.flags.contains(KeySpecFlags::NOT_KEY)
+                        && !ks.flags.contains(KeySpecFlags::INCOMPLETE)
+                        && !ks.flags.contains(KeySpecFlags::VARIABLE_FLAGS)
+                }
+                KeysProc::Set | KeysProc::Bitfield => true,
+                _ => false,
+            }
+    }
+
+    /// The key of a command of the shape [`CommandSpec::only_key_is_first`] tells, with its
+    /// flags; `None` for any other shape.
+    fn only_first_key<A: AsRef<[u8]>>(&self, args: &[A]) -> Option<KeyRef> {
+        if !self.only_key_is_first(args.len()) {
+            return None;
+        }
+        Some(match self.keys_proc {
+            KeysProc::Set => set_get_key(args),
+            KeysProc::Bitfield => bitfield_get_key(args),
+            _ => KeyRef {
+                index: 1,
+                flags: self.key_specs[0].flags,
+            },
+        })
     }
 }
 
@@ -604,5 +660,45 @@ fn written_destination(store: Option<usize>, out: &mut KeyPositions) {
             index,
             flags: KeySpecFlags::OW | KeySpecFlags::UPDATE,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::all_commands;
+
+    /// The lone-first-key shortcut finds what Redis's search finds, flags included, for every
+    /// command of that shape, at every length its arity accepts up to 7 arguments, with
+    /// arguments that include SET's `GET` and BITFIELD's operations.
+    #[test]
+    fn the_first_key_shortcut_agrees_with_the_search() {
+        let words: [&[u8]; 7] = [b"cmd", b"k", b"GET", b"u8", b"0", b"get", b"x"];
+        let mut shortcut = KeyPositions::default();
+        let mut searched = KeyPositions::default();
+        let mut shaped = 0;
+        for spec in all_commands() {
+            for argc in 1..=words.len() {
+                if !spec.arity_accepts(argc) || !spec.only_key_is_first(argc) {
+                    continue;
+                }
+                shaped += 1;
+                let args = &words[..argc];
+                let fast = spec.keys_into(args, &mut shortcut);
+                searched.clear();
+                let slow = spec.search_keys(args, &mut searched);
+                assert_eq!(
+                    (fast, &shortcut),
+                    (slow, &searched),
+                    "{} argc {argc}",
+                    spec.name
+                );
+            }
+        }
+        // GET, SET, HSET, INCR… at several lengths: the shortcut is not vacuous.
+        assert!(shaped > 200, "only {shaped} command lines had the shape");
+        assert!(find_command(b"set").is_some_and(|s| s.only_key_is_first(3)));
+        assert!(!find_command(b"mget").is_some_and(|s| s.only_key_is_first(3)));
+        assert!(!find_command(b"eval").is_some_and(|s| s.only_key_is_first(4)));
     }
 }

@@ -45,6 +45,26 @@ impl Session {
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Decision {
+        // The common case first: a keyed command the policy left alone, from a session with
+        // none of the state the checks below look at, goes to its slot's node. Each check
+        // below is a no-op for it (they concern keyless commands, effects or that state);
+        // skipping them is a fifth of cluster mode's instructions per command at `-P 16`
+        // (docs/performance.md). Anything else (keyless, keys in several slots) takes the
+        // full path with the slot already found.
+        let known = if self.places_plainly(router, &action) {
+            match self.key_slot(router, args, None, spec) {
+                Ok(Some(slot)) => {
+                    let action = self.place_on_node(router, action, Some(slot), spec, queued);
+                    return Decision {
+                        action,
+                        hash_slot: Some(slot),
+                    };
+                }
+                other => Some(other),
+            }
+        } else {
+            None
+        };
         // Each command that goes upstream passes `caching_next` (a pending CLIENT CACHING).
         if let Some(answer) = self.shard_route(&action, args) {
             return self.caching_next(answer.into(), args);
@@ -62,7 +82,7 @@ impl Session {
             return answer.into();
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
-        let slot = match self.key_slot(router, args, rewritten, spec) {
+        let slot = match known.unwrap_or_else(|| self.key_slot(router, args, rewritten, spec)) {
             Ok(slot) => slot,
             Err((a, b)) => {
                 let split = split(router, args, rewrite, self.doubles_as_7_0());
@@ -88,6 +108,27 @@ impl Session {
             hash_slot: slot,
         };
         self.caching_next(decision, args)
+    }
+
+    /// Whether `place` may skip to the node of the command's slot: a plain forward (no
+    /// effect, not rewritten) from a session without cluster tracking, a login over every
+    /// primary, shard subscriptions or routes (whose slot lookup counts commands per route).
+    /// For a keyed command every check it skips then returns without an answer:
+    /// `shard_route` (SSUBSCRIBE, or shard subscriptions), `tracking_route` (tracking, or
+    /// CLIENT), `login_route` (a login, or AUTH/HELLO), `cluster_command` (effects, and
+    /// keyless commands by name), `keyspace_route` (SUBSCRIBE effects), `caching_next`
+    /// (tracking).
+    fn places_plainly(&self, router: &Router, action: &Action) -> bool {
+        matches!(
+            action,
+            Action::Forward {
+                effect: Effect::None,
+                ..
+            }
+        ) && router.routes().is_none()
+            && self.routing.cluster().is_some_and(|c| {
+                c.tracking.is_none() && c.login.is_none() && c.shard_subs.is_none()
+            })
     }
 
     /// The node a forwarded command whose keys hash to `slot` (`None`: keyless) goes to, and
@@ -139,14 +180,15 @@ impl Session {
             Target::Shared(proto, _) => {
                 let replica = match slot {
                     // A slot with commands in flight (on its primary) is read there too: the
-                    // read must see them, and elsewhere it would wait for them.
+                    // read must see them, and elsewhere it would wait for them. (Asked second:
+                    // with reads from primaries only, the default, `may_read_replica` is one
+                    // comparison and the in-flight map is not looked up.)
                     Some(s)
-                        if !self
-                            .routing
-                            .cluster()
-                            .is_some_and(|c| c.spread.in_flight(s))
-                            && self
-                                .may_read_replica(router, spec, rewrite, queued, proto, node) =>
+                        if self.may_read_replica(router, spec, rewrite, queued, proto, node)
+                            && !self
+                                .routing
+                                .cluster()
+                                .is_some_and(|c| c.spread.in_flight(s)) =>
                     {
                         router.read_node(&snapshot, s, proto, self.client.id)
                     }
@@ -357,6 +399,14 @@ impl Session {
         rewritten: Option<&Bytes>,
         spec: Option<&'static CommandSpec>,
     ) -> Result<Option<u16>, (Option<u16>, Option<u16>)> {
+        // One key, the first argument (GET, SET, HSET…): its slot, without the general key
+        // search. Routes count commands per route in `slot_of_keys`, so they take it.
+        if rewritten.is_none()
+            && router.routes().is_none()
+            && spec.is_some_and(|s| s.only_key_is_first(args.len()) && s.arity_accepts(args.len()))
+        {
+            return Ok(Some(slot(args.get(1))));
+        }
         let mut ranges = Vec::new();
         let decoded = match rewritten {
             Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
