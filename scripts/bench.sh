@@ -378,6 +378,7 @@ log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${
 # --- Redis Cluster and the proxy in front of it (CLUSTER=1) ---------------------------------
 cluster_ports=()
 cluster_pids=()
+cluster_targets=(direct)
 launch_cluster_node() {
     # The bus port is chosen too: Redis's default (port + 10000) may be taken or above 65535.
     pick_port
@@ -414,14 +415,15 @@ EOF
     launched_pid=$!
 }
 
-# start_cluster_proxy NAME BINARY: a proxy in front of the cluster, serving a SET (its map read).
-start_cluster_proxy() {
-    cluster_name="$1"
-    cluster_bin="$2"
-    start "$1" launch_cluster_proxy "$work/$1.log"
-    port_of[$1]="$started_port"
-    pid_of[$1]="$started_pid"
-    # PING is answered before the proxy has the slot map; a keyed command needs it.
+# add_cluster_target NAME LAUNCHER LOG...: `start`s a proxy in front of the cluster and waits
+# until it serves a SET (its slot map read): PING is answered before the map is, a keyed
+# command needs it. Records it as a target of the cluster workloads.
+add_cluster_target() {
+    local name="$1"
+    start "$@"
+    port_of[$name]="$started_port"
+    pid_of[$name]="$started_pid"
+    cluster_targets+=("$name")
     local ready=0
     for _ in $(seq 1 100); do
         if [[ "$(redis-cli -h 127.0.0.1 -p "$started_port" set bench:ready 1 2>/dev/null)" == OK ]]; then
@@ -430,7 +432,14 @@ start_cluster_proxy() {
         fi
         sleep 0.1
     done
-    [[ "$ready" == 1 ]] || die "$1 did not serve a SET within 10 s"
+    [[ "$ready" == 1 ]] || die "$name did not serve a SET within 10 s"
+}
+
+# start_cluster_proxy NAME BINARY: the proxy BINARY in front of the cluster as target NAME.
+start_cluster_proxy() {
+    cluster_name="$1"
+    cluster_bin="$2"
+    add_cluster_target "$1" launch_cluster_proxy "$work/$1.log"
 }
 
 if [[ "$need_cluster" == 1 ]]; then
@@ -504,9 +513,8 @@ for w in $WORKLOADS; do
     [[ -n "${wl_tests[$w]:-}" ]] ||
         die "unknown workload '$w' (known: P1 P16 c500 c1000 mixed ttl16 $CLUSTER_WORKLOADS)"
 done
-# The targets a workload runs against; a cluster workload's "direct" is the cluster itself.
-cluster_targets=(direct proxy-cluster)
-[[ -n "${BASELINE:-}" && "$need_cluster" == 1 ]] && cluster_targets+=(base-cluster)
+# The targets a workload runs against; a cluster workload's "direct" is the cluster itself
+# (the proxies in front of it were added to cluster_targets as they started).
 targets_of() {
     if is_cluster_workload "$1"; then
         echo "${cluster_targets[*]}"
