@@ -5,6 +5,7 @@
 #   scripts/bench.sh                 full run (about 11 minutes on 2 cores)
 #   QUICK=1 scripts/bench.sh         requests / 10, for a smoke test (about 1.5 minutes)
 #   CLUSTER=1 scripts/bench.sh       also the Redis Cluster rows (cP1, cP16)
+#   PREDIXY=path CLUSTER=1 scripts/bench.sh   predixy too, standalone and in front of the cluster
 #
 # Environment:
 #   ROUNDS=3     rounds; every round runs every target once per workload, in a rotated order so
@@ -23,12 +24,16 @@
 #                and its keys carry that node's hash tag); through the proxy the random keys
 #                spread over all three primaries, so a -P 16 pipeline switches nodes (sent as
 #                one batch per node, see docs/cluster.md). Naming
-#                cP1 or cP16 in WORKLOADS also starts the cluster.
+#                cP1 or cP16 in WORKLOADS also starts the cluster. With PREDIXY=path, predixy
+#                in front of the cluster too (target predixy-cluster).
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
 #   PREDIXY=path predixy binary (not packaged; build it from its source outside the repo, see
 #                docs/performance.md): adds the predixy target, one worker thread, standalone
-#                pool in front of the same Redis; skipped when unset
+#                pool in front of the same Redis; with the cluster workloads (CLUSTER=1, or
+#                cP1/cP16 in WORKLOADS) also predixy-cluster, a ClusterServerPool over the
+#                same three nodes, one worker thread, pinned like the other proxies, a column
+#                of the cluster rows next to proxy-cluster; skipped when unset
 #   SYSCALLS=1   profile each proxy process per request (perf stat on syscall tracepoints,
 #                needs linux-perf): syscalls (reads, writes, epoll_wait, other) and user vs
 #                kernel CPU, a table per workload after the comparison; perf's counting costs
@@ -442,6 +447,42 @@ start_cluster_proxy() {
     add_cluster_target "$1" launch_cluster_proxy "$work/$1.log"
 }
 
+# predixy in front of the same cluster (PREDIXY=path): a ClusterServerPool seeded with every
+# node (it reads the slot map with CLUSTER NODES and refreshes it every second), one worker
+# thread and the proxies' core, like the standalone predixy target. The nodes have no
+# replicas, so MasterReadPriority 100 only says what is true anyway: reads go to primaries.
+launch_predixy_cluster() {
+    {
+        cat <<EOF
+Name bench-cluster
+Bind 127.0.0.1:$1
+WorkerThreads 1
+ClientTimeout 0
+Log $work/predixy-cluster.log
+LogVerbSample 0
+LogDebugSample 0
+LogInfoSample 0
+LogNoticeSample 1
+LogWarnSample 1
+LogErrorSample 1
+Authority {
+    Auth {
+        Mode write
+    }
+}
+ClusterServerPool {
+    MasterReadPriority 100
+    StaticSlaveReadPriority 0
+    DynamicSlaveReadPriority 0
+    Servers {
+EOF
+        printf '        + 127.0.0.1:%s\n' "${cluster_ports[@]}"
+        printf '    }\n}\n'
+    } >"$work/predixy-cluster.conf"
+    "${proxy_pin[@]}" "$PREDIXY" "$work/predixy-cluster.conf" >>"$work/predixy-cluster.out" 2>&1 &
+    launched_pid=$!
+}
+
 if [[ "$need_cluster" == 1 ]]; then
     for i in 1 2 3; do
         start "cluster node $i" launch_cluster_node "$work/cluster.out"
@@ -469,8 +510,13 @@ if [[ "$need_cluster" == 1 ]]; then
     if [[ -n "${BASELINE:-}" ]]; then
         start_cluster_proxy base-cluster "$BASELINE"
     fi
+    if [[ -n "${PREDIXY:-}" ]]; then
+        add_cluster_target predixy-cluster launch_predixy_cluster \
+            "$work/predixy-cluster.log" "$work/predixy-cluster.out"
+    fi
     log "cluster nodes :${cluster_ports[*]}  proxy-cluster :${port_of[proxy-cluster]}$(
-        [[ -n "${BASELINE:-}" ]] && echo "  base-cluster :${port_of[base-cluster]}")"
+        [[ -n "${BASELINE:-}" ]] && echo "  base-cluster :${port_of[base-cluster]}")$(
+        [[ -n "${PREDIXY:-}" ]] && echo "  predixy-cluster :${port_of[predixy-cluster]}")"
 fi
 
 # --- Workloads --------------------------------------------------------------------------------
