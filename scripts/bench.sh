@@ -5,6 +5,7 @@
 #   scripts/bench.sh                 full run (about 11 minutes on 2 cores)
 #   QUICK=1 scripts/bench.sh         requests / 10, for a smoke test (about 1.5 minutes)
 #   CLUSTER=1 scripts/bench.sh       also the Redis Cluster rows (cP1, cP16)
+#   PREDIXY=path CLUSTER=1 scripts/bench.sh   predixy too, standalone and in front of the cluster
 #
 # Environment:
 #   ROUNDS=3     rounds; every round runs every target once per workload, in a rotated order so
@@ -23,12 +24,16 @@
 #                and its keys carry that node's hash tag); through the proxy the random keys
 #                spread over all three primaries, so a -P 16 pipeline switches nodes (sent as
 #                one batch per node, see docs/cluster.md). Naming
-#                cP1 or cP16 in WORKLOADS also starts the cluster.
+#                cP1 or cP16 in WORKLOADS also starts the cluster. With PREDIXY=path, predixy
+#                in front of the cluster too (target predixy-cluster).
 #   NUTCRACKER=path   twemproxy binary (default: nutcracker on PATH or /usr/sbin/nutcracker);
 #                when missing, the twemproxy target is skipped
 #   PREDIXY=path predixy binary (not packaged; build it from its source outside the repo, see
 #                docs/performance.md): adds the predixy target, one worker thread, standalone
-#                pool in front of the same Redis; skipped when unset
+#                pool in front of the same Redis; with the cluster workloads (CLUSTER=1, or
+#                cP1/cP16 in WORKLOADS) also predixy-cluster, a ClusterServerPool over the
+#                same three nodes, one worker thread, pinned like the other proxies, a column
+#                of the cluster rows next to proxy-cluster; skipped when unset
 #   SYSCALLS=1   profile each proxy process per request (perf stat on syscall tracepoints,
 #                needs linux-perf): syscalls (reads, writes, epoll_wait, other) and user vs
 #                kernel CPU, a table per workload after the comparison; perf's counting costs
@@ -378,6 +383,7 @@ log "redis :$redis_port  passthrough :${port_of[proxy-passthrough]}  default :${
 # --- Redis Cluster and the proxy in front of it (CLUSTER=1) ---------------------------------
 cluster_ports=()
 cluster_pids=()
+cluster_targets=(direct)
 launch_cluster_node() {
     # The bus port is chosen too: Redis's default (port + 10000) may be taken or above 65535.
     pick_port
@@ -414,14 +420,15 @@ EOF
     launched_pid=$!
 }
 
-# start_cluster_proxy NAME BINARY: a proxy in front of the cluster, serving a SET (its map read).
-start_cluster_proxy() {
-    cluster_name="$1"
-    cluster_bin="$2"
-    start "$1" launch_cluster_proxy "$work/$1.log"
-    port_of[$1]="$started_port"
-    pid_of[$1]="$started_pid"
-    # PING is answered before the proxy has the slot map; a keyed command needs it.
+# add_cluster_target NAME LAUNCHER LOG...: `start`s a proxy in front of the cluster and waits
+# until it serves a SET (its slot map read): PING is answered before the map is, a keyed
+# command needs it. Records it as a target of the cluster workloads.
+add_cluster_target() {
+    local name="$1"
+    start "$@"
+    port_of[$name]="$started_port"
+    pid_of[$name]="$started_pid"
+    cluster_targets+=("$name")
     local ready=0
     for _ in $(seq 1 100); do
         if [[ "$(redis-cli -h 127.0.0.1 -p "$started_port" set bench:ready 1 2>/dev/null)" == OK ]]; then
@@ -430,7 +437,50 @@ start_cluster_proxy() {
         fi
         sleep 0.1
     done
-    [[ "$ready" == 1 ]] || die "$1 did not serve a SET within 10 s"
+    [[ "$ready" == 1 ]] || die "$name did not serve a SET within 10 s"
+}
+
+# start_cluster_proxy NAME BINARY: the proxy BINARY in front of the cluster as target NAME.
+start_cluster_proxy() {
+    cluster_name="$1"
+    cluster_bin="$2"
+    add_cluster_target "$1" launch_cluster_proxy "$work/$1.log"
+}
+
+# predixy in front of the same cluster (PREDIXY=path): a ClusterServerPool seeded with every
+# node (it reads the slot map with CLUSTER NODES and refreshes it every second), one worker
+# thread and the proxies' core, like the standalone predixy target. The nodes have no
+# replicas, so MasterReadPriority 100 only says what is true anyway: reads go to primaries.
+launch_predixy_cluster() {
+    {
+        cat <<EOF
+Name bench-cluster
+Bind 127.0.0.1:$1
+WorkerThreads 1
+ClientTimeout 0
+Log $work/predixy-cluster.log
+LogVerbSample 0
+LogDebugSample 0
+LogInfoSample 0
+LogNoticeSample 1
+LogWarnSample 1
+LogErrorSample 1
+Authority {
+    Auth {
+        Mode write
+    }
+}
+ClusterServerPool {
+    MasterReadPriority 100
+    StaticSlaveReadPriority 0
+    DynamicSlaveReadPriority 0
+    Servers {
+EOF
+        printf '        + 127.0.0.1:%s\n' "${cluster_ports[@]}"
+        printf '    }\n}\n'
+    } >"$work/predixy-cluster.conf"
+    "${proxy_pin[@]}" "$PREDIXY" "$work/predixy-cluster.conf" >>"$work/predixy-cluster.out" 2>&1 &
+    launched_pid=$!
 }
 
 if [[ "$need_cluster" == 1 ]]; then
@@ -460,8 +510,13 @@ if [[ "$need_cluster" == 1 ]]; then
     if [[ -n "${BASELINE:-}" ]]; then
         start_cluster_proxy base-cluster "$BASELINE"
     fi
+    if [[ -n "${PREDIXY:-}" ]]; then
+        add_cluster_target predixy-cluster launch_predixy_cluster \
+            "$work/predixy-cluster.log" "$work/predixy-cluster.out"
+    fi
     log "cluster nodes :${cluster_ports[*]}  proxy-cluster :${port_of[proxy-cluster]}$(
-        [[ -n "${BASELINE:-}" ]] && echo "  base-cluster :${port_of[base-cluster]}")"
+        [[ -n "${BASELINE:-}" ]] && echo "  base-cluster :${port_of[base-cluster]}")$(
+        [[ -n "${PREDIXY:-}" ]] && echo "  predixy-cluster :${port_of[predixy-cluster]}")"
 fi
 
 # --- Workloads --------------------------------------------------------------------------------
@@ -504,9 +559,8 @@ for w in $WORKLOADS; do
     [[ -n "${wl_tests[$w]:-}" ]] ||
         die "unknown workload '$w' (known: P1 P16 c500 c1000 mixed ttl16 $CLUSTER_WORKLOADS)"
 done
-# The targets a workload runs against; a cluster workload's "direct" is the cluster itself.
-cluster_targets=(direct proxy-cluster)
-[[ -n "${BASELINE:-}" && "$need_cluster" == 1 ]] && cluster_targets+=(base-cluster)
+# The targets a workload runs against; a cluster workload's "direct" is the cluster itself
+# (the proxies in front of it were added to cluster_targets as they started).
 targets_of() {
     if is_cluster_workload "$1"; then
         echo "${cluster_targets[*]}"
