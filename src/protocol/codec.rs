@@ -108,7 +108,7 @@ pub fn decode(
 /// Like Redis, only `\r` is searched for; the byte after it is assumed to be `\n`.
 #[inline]
 fn line_end(buf: &[u8], start: usize) -> Option<usize> {
-    memchr(b'\r', &buf[start..]).map(|i| start + i)
+    super::find::find(b'\r', &buf[start..]).map(|i| start + i)
 }
 
 /// Redis's `string2ll`: a strict base-10 `long long` (no sign but `-`, no leading zeros, no

@@ -12,6 +12,7 @@
 pub(crate) mod answers;
 pub mod codec;
 pub(crate) mod error;
+pub(crate) mod find;
 pub(crate) mod pem;
 pub mod reply;
 pub(crate) mod resp_value;

@@ -28,7 +28,7 @@ pub fn scan(buf: &[u8]) -> Result<Option<usize>, ReplyError> {
         let Some(&kind) = buf.get(pos) else {
             return Ok(None);
         };
-        let Some(cr) = memchr(b'\r', &buf[pos + 1..]).map(|i| pos + 1 + i) else {
+        let Some(cr) = super::find::find(b'\r', &buf[pos + 1..]).map(|i| pos + 1 + i) else {
             return Ok(None);
         };
         if cr + 2 > buf.len() {

@@ -10,8 +10,6 @@
 //! command to the wrong node (and then through a MOVED), so the tests pin the function to
 //! published check values and the integration test compares it with `CLUSTER KEYSLOT`.
 
-use memchr::memchr;
-
 /// Number of hash slots in a Redis Cluster; fixed by the protocol.
 pub const SLOTS: usize = 16384;
 
@@ -93,12 +91,8 @@ pub(crate) fn crc16(data: &[u8]) -> u16 {
 /// of a tagged key leaves the tag (and so the slot) as it was, but a prefix in front of an
 /// untagged key changes its slot.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
-    // Most keys are short, where a byte loop finds a brace sooner than `memchr` sets up its
-    // vector search (`benches/slot.rs`: `tagged` 24% and `mixed_tags` 34% faster this way).
-    let find = |b: u8, within: &[u8]| match within.len() {
-        0..=SHORT_KEY => within.iter().position(|&c| c == b),
-        _ => memchr(b, within),
-    };
+    // Most keys are short: `find` searches them in a register (docs/performance.md).
+    use crate::protocol::find::find;
     if let Some(open) = find(b'{', key) {
         let rest = &key[open + 1..];
         if let Some(close) = find(b'}', rest) {
@@ -109,9 +103,6 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     }
     key
 }
-
-/// Up to this length `hash_tag` looks for braces byte by byte.
-const SHORT_KEY: usize = 32;
 
 /// The hash slot of `key`, in `0..16384`.
 pub fn slot(key: &[u8]) -> u16 {
