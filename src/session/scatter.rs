@@ -161,7 +161,12 @@ impl Session {
             };
             let frames = commands.min(answered);
             answered -= frames;
-            let len = frames_len(&data, frames);
+            // The last segment's frames are all that is left: the upstream hands over whole
+            // frames only, the answered ones (not scanned a second time).
+            let len = match left {
+                0 => data.len(),
+                _ => frames_len(&data, frames),
+            };
             let mut reply = data.split_to(len);
             if let (Some(e), true) = (&failed, frames < commands) {
                 let mut with_errors = BytesMut::from(&reply[..]);
