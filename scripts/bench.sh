@@ -343,13 +343,14 @@ fi
 
 # predixy is not a Debian package: PREDIXY=path/to/predixy adds it (a build of its source, see
 # docs/performance.md). One worker thread, like twemproxy and the proxy, on the proxies' core.
-launch_predixy() {
-    cat >"$work/predixy.conf" <<EOF
-Name bench
-Bind 127.0.0.1:$1
+# predixy_head NAME PORT LOG: the settings both predixy targets share, before the pool.
+predixy_head() {
+    cat <<EOF
+Name $1
+Bind 127.0.0.1:$2
 WorkerThreads 1
 ClientTimeout 0
-Log $work/predixy.log
+Log $3
 LogVerbSample 0
 LogDebugSample 0
 LogInfoSample 0
@@ -361,6 +362,12 @@ Authority {
         Mode write
     }
 }
+EOF
+}
+launch_predixy() {
+    {
+        predixy_head bench "$1" "$work/predixy.log"
+        cat <<EOF
 StandaloneServerPool {
     RefreshMethod fixed
     Group shard001 {
@@ -368,6 +375,7 @@ StandaloneServerPool {
     }
 }
 EOF
+    } >"$work/predixy.conf"
     "${proxy_pin[@]}" "$PREDIXY" "$work/predixy.conf" >>"$work/predixy.out" 2>&1 &
     launched_pid=$!
 }
@@ -453,23 +461,8 @@ start_cluster_proxy() {
 # replicas, so MasterReadPriority 100 only says what is true anyway: reads go to primaries.
 launch_predixy_cluster() {
     {
+        predixy_head bench-cluster "$1" "$work/predixy-cluster.log"
         cat <<EOF
-Name bench-cluster
-Bind 127.0.0.1:$1
-WorkerThreads 1
-ClientTimeout 0
-Log $work/predixy-cluster.log
-LogVerbSample 0
-LogDebugSample 0
-LogInfoSample 0
-LogNoticeSample 1
-LogWarnSample 1
-LogErrorSample 1
-Authority {
-    Auth {
-        Mode write
-    }
-}
 ClusterServerPool {
     MasterReadPriority 100
     StaticSlaveReadPriority 0
