@@ -2,8 +2,8 @@
 //! `+OK`, `:1000`, a command's `*3`) and a key's hash-tag braces. `memchr` sets up a vector
 //! search per call, which costs more than such a line holds; eight bytes at a time in a
 //! register are cheaper there, and `memchr` takes over past the first `IN_REGISTER` bytes.
-//! Measured with callgrind (instructions per request, `-P 16` GET/SET) and `benches/codec.rs`
-//! (docs/performance.md).
+//! Measured with callgrind (instructions per request, `-P 16` GET/SET; docs/performance.md,
+//! "Redis Cluster, placement and line ends").
 
 use memchr::memchr;
 

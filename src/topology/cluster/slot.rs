@@ -10,6 +10,8 @@
 //! command to the wrong node (and then through a MOVED), so the tests pin the function to
 //! published check values and the integration test compares it with `CLUSTER KEYSLOT`.
 
+use crate::protocol::find::find;
+
 /// Number of hash slots in a Redis Cluster; fixed by the protocol.
 pub const SLOTS: usize = 16384;
 
@@ -92,7 +94,6 @@ pub(crate) fn crc16(data: &[u8]) -> u16 {
 /// untagged key changes its slot.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     // Most keys are short: `find` searches them in a register (docs/performance.md).
-    use crate::protocol::find::find;
     if let Some(open) = find(b'{', key) {
         let rest = &key[open + 1..];
         if let Some(close) = find(b'}', rest) {
