@@ -287,3 +287,67 @@ async fn a_sentinel_managed_primary_of_each_matrix_server_is_served() {
         assert_eq!(c.call(&["GET", "k"]).await, b"$1\r\nv\r\n", "{name}");
     }
 }
+
+/// CLIENT subcommands spelled with a NUL byte, in front of Debian's 7.0 and each matrix
+/// server. Redis 6 (`strcasecmp` in each parser) and Valkey 9.1 (its subcommand lookup) run
+/// `REPLY\0` as REPLY; Redis 7+ refuses it. The proxy answers every such name as unknown
+/// (`session::route::nul_in_name`), in Redis 7's words, so none reaches a shared upstream
+/// connection: another client of it keeps tracking off, no name and its replies, and the
+/// upstream's client list never reaches a tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_subcommands_spelled_with_a_nul_never_reach_a_shared_connection() {
+    let mut servers = vec![("redis-7.0", common::server_binary())];
+    servers.extend(common::matrix_servers());
+    for (name, bin) in servers {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let mut config = common::config_for(&redis.addr());
+        config.upstream.connections.value = 1;
+        config.upstream.dedicated_warm.value = 0;
+        let proxy = Proxy::start(config).await;
+        let mut a = Raw::connect(proxy.addr).await;
+        let mut b = Raw::connect(proxy.addr).await;
+        assert_eq!(b.call(&["PING"]).await, b"+PONG\r\n", "{name}");
+
+        for (command, sub) in [
+            (&["CLIENT", "TRACKING\0", "ON"][..], "TRACKING"),
+            (&["CLIENT", "SETNAME\0x", "named"], "SETNAME"),
+            (&["CLIENT", "LIST\0"], "LIST"),
+            (&["CLIENT", "KILL\0", "TYPE", "normal"], "KILL"),
+        ] {
+            let reply = text(&a.call(command).await);
+            assert_eq!(
+                reply,
+                format!("-ERR unknown subcommand '{sub}'. Try CLIENT HELP.\r\n"),
+                "{name}: {command:?}"
+            );
+        }
+        // REPLY OFF refused: the refusal, then the next command's reply.
+        a.send(&common::resp(&["CLIENT", "REPLY\0", "OFF"])).await;
+        a.send(&common::resp(&["PING", "seen"])).await;
+        let got = a.collect_frames(2, DEADLINE).await.joined();
+        assert_eq!(
+            text(&got),
+            "-ERR unknown subcommand 'REPLY'. Try CLIENT HELP.\r\n$4\r\nseen\r\n",
+            "{name}"
+        );
+
+        // The shared connection took none of it (TRACKINGINFO is 6.2+; before it, the
+        // flags of every upstream connection but the one asking).
+        let tracking = if name == "redis-6.0" {
+            let list = text(&redis.direct(&["CLIENT", "LIST"]).await);
+            list.lines().filter(|l| !l.contains("cmd=client")).any(|l| {
+                l.split(' ')
+                    .any(|f| f.starts_with("flags=") && f.contains('t'))
+            })
+        } else {
+            let info = b.call(&["CLIENT", "TRACKINGINFO"]).await;
+            !info.starts_with(b"*6\r\n$5\r\nflags\r\n*1\r\n$3\r\noff\r\n")
+        };
+        assert!(!tracking, "{name}: tracking went on a shared connection");
+        assert!(
+            !text(&redis.direct(&["CLIENT", "LIST"]).await).contains("name=named"),
+            "{name}: an upstream connection took the name"
+        );
+        assert_eq!(b.call(&["PING"]).await, b"+PONG\r\n", "{name}");
+    }
+}

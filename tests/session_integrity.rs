@@ -498,6 +498,41 @@ async fn sync_never_reaches_a_shared_connection() {
     assert_eq!(replica.call(&["PING"]).await, b"+PONG\r\n");
 }
 
+/// `SCRIPT DEBUG SYNC` and `YES`, however spelled, never reach a shared connection: there the
+/// next EVAL of any client on it would start a debugger session (SYNC stops the whole server
+/// until the debugger is told to go on; invariant fuzzer seed 735756934 hung every client).
+/// `SCRIPT DEBUG NO` and the other SCRIPT subcommands pass as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lua_debugger_never_reaches_a_shared_connection() {
+    let redis = RedisServer::start();
+    let proxy = one_shared_connection(&redis).await;
+    let mut debugger = Raw::connect(proxy.addr).await;
+    let mut other = Raw::connect(proxy.addr).await;
+    for mode in ["SYNC", "yes", "sync\0junk"] {
+        let reply = text(&debugger.call(&["SCRIPT", "DEBUG", mode]).await);
+        assert!(
+            reply.starts_with("-ERR SCRIPT DEBUG YES and SYNC cannot pass through"),
+            "{mode:?}: {reply}"
+        );
+        for client in [&mut debugger, &mut other] {
+            assert_eq!(client.call(&["EVAL", "return 7", "0"]).await, b":7\r\n");
+        }
+    }
+    assert_eq!(debugger.call(&["SCRIPT", "DEBUG", "NO"]).await, b"+OK\r\n");
+    let sha = text(&debugger.call(&["SCRIPT", "LOAD", "return 8"]).await);
+    let sha = sha.lines().nth(1).unwrap_or_default().to_string();
+    assert_eq!(other.call(&["EVALSHA", &sha, "0"]).await, b":8\r\n");
+    // Inside MULTI the refusal spoils the transaction, as a command Redis refuses at queue
+    // time does.
+    debugger.send(&resp(&["MULTI"])).await;
+    debugger.send(&resp(&["SCRIPT", "DEBUG", "SYNC"])).await;
+    debugger.send(&resp(&["EXEC"])).await;
+    let got = text(&debugger.collect_frames(3, common::DEADLINE).await.joined());
+    assert!(got.starts_with("+OK\r\n-ERR SCRIPT DEBUG"), "{got}");
+    assert!(got.contains("-EXECABORT"), "{got}");
+    assert_eq!(other.call(&["PING"]).await, b"+PONG\r\n");
+}
+
 /// A RESP2 subscriber's commands that Redis refuses in the subscribed context change nothing
 /// on the proxy's side either: MULTI opened no transaction (the next PUNSUBSCRIBE was taken
 /// for a queued command and its confirmation for a push, so the session hung), WATCH held

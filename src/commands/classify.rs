@@ -56,6 +56,9 @@ pub enum Kind {
     Info,
     /// PROXY …: the proxy's own admin commands (not a Redis command).
     Proxy,
+    /// SCRIPT …: `SCRIPT DEBUG YES|SYNC` would turn the connection it runs on into a Lua
+    /// debugger session ([`script_debugger`]); the rest is plain.
+    ScriptAdmin,
 }
 
 /// Longest command name worth looking up; longer names are unknown to this table.
@@ -96,6 +99,7 @@ pub fn classify(name: &[u8]) -> Kind {
         b"SYNC" | b"PSYNC" => Kind::Replication,
         b"INFO" => Kind::Info,
         b"PROXY" => Kind::Proxy,
+        b"SCRIPT" => Kind::ScriptAdmin,
         _ => Kind::Plain,
     }
 }
@@ -177,6 +181,19 @@ fn millis(arg: &[u8]) -> Option<std::time::Duration> {
     }
 }
 
+/// Whether a SCRIPT command asks for the Lua debugger: `SCRIPT DEBUG YES` or `SYNC`, read as
+/// Redis reads them (the mode ends at a NUL byte: `strcasecmp`; a subcommand name with one
+/// never gets here, `session::route::nul_in_name`). A debugger session is not one command
+/// and one reply: the EVAL after it stops for debugger commands (SYNC stops the whole server
+/// while it waits), the debugger's `redis` command runs commands no rule sees, and a forked
+/// session ends by closing the connection. On a connection the proxy shares, or hands to
+/// another client later, another client's EVAL would start it.
+pub(crate) fn script_debugger(args: &[&[u8]]) -> bool {
+    matches!(args, [_, sub, mode]
+        if grammar::keyword(sub, b"DEBUG")
+            && (grammar::keyword(mode, b"YES") || grammar::keyword(mode, b"SYNC")))
+}
+
 /// CLIENT subcommands the session handles or routes specially.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ClientSub {
@@ -207,7 +224,8 @@ pub(crate) enum ClientSub {
     Other,
 }
 
-/// Classifies the subcommand of CLIENT.
+/// Classifies the subcommand of CLIENT (a name with a NUL byte never gets here:
+/// `session::route::nul_in_name` answers it as unknown).
 pub(crate) fn classify_client(sub: &[u8]) -> ClientSub {
     let mut buf = [0u8; MAX_NAME];
     match uppercase(sub, &mut buf) {
@@ -216,7 +234,11 @@ pub(crate) fn classify_client(sub: &[u8]) -> ClientSub {
         Some(b"ID") => ClientSub::Id,
         Some(b"REPLY") => ClientSub::Reply,
         Some(b"INFO") => ClientSub::Info,
-        Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH") => ClientSub::ConnectionState,
+        // CAPA (Valkey 8+: `redirect` changes what a paused or replica server answers) and
+        // IMPORT-SOURCE (Valkey 8.1+) mark the connection too.
+        Some(b"TRACKING" | b"CACHING" | b"NO-EVICT" | b"NO-TOUCH" | b"CAPA" | b"IMPORT-SOURCE") => {
+            ClientSub::ConnectionState
+        }
         Some(b"UNBLOCK") => ClientSub::Unblock,
         Some(b"KILL") => ClientSub::Kill,
         Some(b"PAUSE") => ClientSub::Pause,
@@ -241,6 +263,28 @@ mod tests {
         assert_eq!(classify(&[b'x'; 100]), Kind::Plain);
         assert_eq!(classify_client(b"setname"), ClientSub::SetName);
         assert_eq!(classify_client(b"tracking"), ClientSub::ConnectionState);
+        assert_eq!(classify(b"script"), Kind::ScriptAdmin);
+    }
+
+    #[test]
+    fn valkeys_connection_marks_are_connection_state() {
+        assert_eq!(classify_client(b"capa"), ClientSub::ConnectionState);
+        assert_eq!(
+            classify_client(b"IMPORT-SOURCE"),
+            ClientSub::ConnectionState
+        );
+    }
+
+    #[test]
+    fn the_debugger_is_asked_for_in_every_spelling_redis_reads() {
+        let asks = |parts: &[&[u8]]| script_debugger(parts);
+        assert!(asks(&[b"SCRIPT", b"DEBUG", b"YES"]));
+        assert!(asks(&[b"script", b"debug", b"sync"]));
+        assert!(asks(&[b"SCRIPT", b"Debug", b"yes\0junk"]));
+        assert!(!asks(&[b"SCRIPT", b"DEBUG", b"NO"]));
+        assert!(!asks(&[b"SCRIPT", b"DEBUG", b"yess"]));
+        assert!(!asks(&[b"SCRIPT", b"DEBUG", b"YES", b"x"]));
+        assert!(!asks(&[b"SCRIPT", b"FLUSH", b"SYNC"]));
     }
 
     #[test]

@@ -595,6 +595,18 @@ pub(crate) fn replication_not_proxied() -> Bytes {
     )
 }
 
+/// SCRIPT DEBUG YES or SYNC (`classify::script_debugger`): a debugger session cannot run
+/// on a connection the proxy shares, and its commands would run unjudged.
+pub(crate) fn script_debugger_not_proxied() -> Bytes {
+    simple_error(
+        "ERR",
+        "SCRIPT DEBUG YES and SYNC cannot pass through redis-policy-proxy: the Lua debugger \
+         holds the server connection (SYNC blocks the whole server) and runs commands no \
+         policy rule sees; debug scripts against a development server directly \
+         (redis-cli --ldb)",
+    )
+}
+
 /// CONFIG GET inside MULTI: its reply would come back inside EXEC's, where the proxy does not
 /// remove the upstream's secret parameters.
 pub(crate) fn config_get_in_multi() -> Bytes {

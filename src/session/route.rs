@@ -221,6 +221,10 @@ impl Session {
             // the replication stream that follow would be read as replies of every client's
             // commands, dropping the connection for all of them.
             Kind::Replication => Action::Refused(answers::replication_not_proxied()),
+            Kind::ScriptAdmin if classify::script_debugger(&args.iter().collect::<Vec<_>>()) => {
+                Action::Refused(answers::script_debugger_not_proxied())
+            }
+            Kind::ScriptAdmin => forward(current, Effect::None),
             Kind::Reset => self.decide_reset(),
             Kind::Monitor => Action::Forward {
                 target: self.dedicated_target(),
