@@ -474,21 +474,30 @@ async fn a_clients_auth_works_after_the_proxys_password_changed() {
     );
 }
 
-/// SYNC and PSYNC get an error from the proxy whatever the policy: forwarded on a shared
-/// connection (Valkey 9.1's own suite does it in unit/hashexpire), the RDB and replication
-/// stream that follow were read as replies, the connection was dropped and every client's
-/// command in flight on it failed.
+/// SYNC, PSYNC and REPLCONF get an error from the proxy whatever the policy: forwarded on a
+/// shared connection (Valkey 9.1's own suite does it in unit/hashexpire), the RDB and
+/// replication stream that follow SYNC were read as replies, the connection was dropped and
+/// every client's command in flight on it failed; REPLCONF ACK, never answered, handed the
+/// next client's reply to its sender.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sync_never_reaches_a_shared_connection() {
+async fn replication_commands_never_reach_a_shared_connection() {
     let redis = RedisServer::start();
     let proxy = one_shared_connection(&redis).await;
     let mut other = Raw::connect(proxy.addr).await;
     assert_eq!(other.call(&["SET", "k", "v"]).await, b"+OK\r\n");
     let mut replica = Raw::connect(proxy.addr).await;
-    for command in [&["SYNC"][..], &["PSYNC", "?", "-1"]] {
+    // REPLCONF ACK and GETACK get no reply from Redis at all: forwarded, the next client's
+    // reply on the shared connection was taken for theirs (a GET's value read by another).
+    for command in [
+        &["SYNC"][..],
+        &["PSYNC", "?", "-1"],
+        &["REPLCONF", "ACK", "0"],
+        &["replconf", "getack", "*"],
+        &["REPLCONF", "listening-port", "7000"],
+    ] {
         let reply = String::from_utf8_lossy(&replica.call(command).await).into_owned();
         assert!(
-            reply.starts_with("-ERR SYNC and PSYNC cannot pass through"),
+            reply.starts_with("-ERR SYNC, PSYNC and REPLCONF cannot pass through"),
             "{reply}"
         );
         for _ in 0..20 {

@@ -50,7 +50,9 @@ pub enum Kind {
     Reset,
     /// MONITOR: the connection becomes a feed.
     Monitor,
-    /// SYNC, PSYNC: the reply is a replication stream, not a reply.
+    /// SYNC, PSYNC, REPLCONF: between a replica and its server. SYNC's reply is a replication
+    /// stream, not a reply; REPLCONF ACK and GETACK get no reply at all, so on a shared
+    /// connection the next client's reply would be taken for theirs.
     Replication,
     /// INFO: the upstream's answer gains the proxy's own `# Proxy` section.
     Info,
@@ -96,7 +98,7 @@ pub fn classify(name: &[u8]) -> Kind {
         b"QUIT" => Kind::Quit,
         b"RESET" => Kind::Reset,
         b"MONITOR" => Kind::Monitor,
-        b"SYNC" | b"PSYNC" => Kind::Replication,
+        b"SYNC" | b"PSYNC" | b"REPLCONF" => Kind::Replication,
         b"INFO" => Kind::Info,
         b"PROXY" => Kind::Proxy,
         b"SCRIPT" => Kind::ScriptAdmin,

@@ -586,12 +586,13 @@ pub(crate) fn restore_size_unknown(command: &str, why: &str, max: u64) -> String
     )
 }
 
-/// SYNC or PSYNC from a client: a replication stream cannot pass through a command proxy.
+/// SYNC, PSYNC or REPLCONF from a client: a replication stream cannot pass through a command
+/// proxy, and REPLCONF ACK/GETACK are never answered.
 pub(crate) fn replication_not_proxied() -> Bytes {
     simple_error(
         "ERR",
-        "SYNC and PSYNC cannot pass through redis-policy-proxy: a replica connects to the \
-         server itself",
+        "SYNC, PSYNC and REPLCONF cannot pass through redis-policy-proxy: a replica connects \
+         to the server itself",
     )
 }
 
