@@ -37,6 +37,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::cluster::RedisCluster;
 use common::{Proxy, Raw, RedisServer, Rng, resp, show};
 
 /// Commands (container|sub for subcommands) the sweep does not send, and why in one word
@@ -287,14 +288,44 @@ async fn until_sentinel(c: &mut Raw, sentinel: &[u8]) -> Result<Vec<Vec<u8>>, St
     }
 }
 
+/// What the proxy is in front of: one server, or a cluster of three primaries (against a
+/// standalone server directly: the proxy presents a cluster as one server).
+#[derive(Clone, Copy, PartialEq)]
+enum Upstream {
+    Server,
+    Cluster,
+}
+
 /// The sweep in front of `bin`: what differed, one line per command form.
-async fn sweep(label: &str, bin: &Path, resp3: bool, seed: u64, tries: usize) -> Vec<String> {
+async fn sweep(
+    label: &str,
+    bin: &Path,
+    upstream: Upstream,
+    resp3: bool,
+    seed: u64,
+    tries: usize,
+) -> Vec<String> {
     let direct = RedisServer::start_binary(bin, &[]);
-    let upstream = RedisServer::start_binary(bin, &[]);
-    let mut config = common::config_for(&upstream.addr());
+    // Kept for the sweep's length: dropping either stops its servers.
+    let (_server, _cluster, mut config) = match upstream {
+        Upstream::Server => {
+            let server = RedisServer::start_binary(bin, &[]);
+            let config = common::config_for(&server.addr());
+            (Some(server), None, config)
+        }
+        Upstream::Cluster => {
+            let cluster = RedisCluster::start_binary(bin, 3, 0, &[]);
+            let config = common::cluster::proxy_config(&cluster.live_addrs()[0], &[]);
+            (None, Some(cluster), config)
+        }
+    };
     config.upstream.connections.value = 1;
     config.upstream.dedicated_warm.value = 0;
     let proxy = Proxy::start(config).await;
+    let label = &match upstream {
+        Upstream::Server => label.to_string(),
+        Upstream::Cluster => format!("{label} cluster"),
+    };
 
     let url = direct.url();
     let mut con = common::connect(&url).await;
@@ -386,8 +417,13 @@ async fn sweep(label: &str, bin: &Path, resp3: bool, seed: u64, tries: usize) ->
         .expect("COMMAND");
     let mut undocumented = Vec::new();
     collect_undocumented(&info, &docs, &mut undocumented);
-    // Framing does not depend on the protocol: the words go in the RESP2 pass only.
-    let words = if resp3 { Vec::new() } else { binary_words(bin) };
+    // Framing does not depend on the protocol: the words go in the RESP2 pass only, and in
+    // front of one server only (in front of a cluster these commands take the same path).
+    let words = if resp3 || upstream == Upstream::Cluster {
+        Vec::new()
+    } else {
+        binary_words(bin)
+    };
     for (name, arity) in &undocumented {
         for chunk in words.chunks(500) {
             let mut input = Vec::new();
@@ -525,7 +561,30 @@ async fn every_command_gets_its_own_replies_through_a_shared_connection() {
     let mut found = Vec::new();
     for (label, bin) in &servers {
         for resp3 in [false, true] {
-            found.extend(sweep(label, bin, resp3, seed, tries()).await);
+            found.extend(sweep(label, bin, Upstream::Server, resp3, seed, tries()).await);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "seed {seed}: replies differ:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// The same in front of a cluster of three primaries: commands the proxy fans out to every
+/// primary (KEYS, DBSIZE, FLUSHALL, SCRIPT…), splits by slot (MGET, DEL…) or answers itself
+/// (CLUSTER, READONLY) must still come back as one reply each, and on the client that sent
+/// them. Against one standalone server directly, so a count may differ only where the
+/// cluster answers differently in kind, which none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_gets_its_own_replies_in_front_of_a_cluster() {
+    let seed = seed();
+    let mut servers = vec![("redis-7.0", common::server_binary())];
+    servers.extend(common::matrix_servers());
+    let mut found = Vec::new();
+    for (label, bin) in &servers {
+        for resp3 in [false, true] {
+            found.extend(sweep(label, bin, Upstream::Cluster, resp3, seed, tries()).await);
         }
     }
     assert!(
