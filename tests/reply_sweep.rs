@@ -35,9 +35,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::cluster::RedisCluster;
+use common::docs_grammar::{Doc, STEP, form, items, text, until_sentinel};
 use common::{Proxy, Raw, RedisServer, Rng, resp, show};
 
 /// Commands (container|sub for subcommands) the sweep does not send, and why in one word
@@ -80,158 +80,6 @@ const LEFT_OUT: &[&str] = &[
     "client|import-source",
 ];
 
-/// How long one step may take (a blocking command waits at most 0.01 s or 100 ms).
-const STEP: Duration = Duration::from_secs(5);
-
-/// One argument of a command's documented grammar.
-#[derive(Debug, Clone, Default)]
-struct Arg {
-    name: String,
-    kind: String,
-    token: Option<String>,
-    optional: bool,
-    multiple: bool,
-    multiple_token: bool,
-    children: Vec<Arg>,
-}
-
-/// A command (or subcommand) as the server documents it.
-#[derive(Debug, Clone)]
-struct Doc {
-    /// `get`, or `client|list` for a subcommand.
-    name: String,
-    args: Vec<Arg>,
-}
-
-/// The pairs of a RESP2 flat map (`[k, v, k, v…]`) or a RESP3 map.
-fn pairs(v: &redis::Value) -> Vec<(String, &redis::Value)> {
-    match v {
-        redis::Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|c| match c {
-                [k, v] => Some((text(k)?, v)),
-                _ => None,
-            })
-            .collect(),
-        redis::Value::Map(items) => items
-            .iter()
-            .filter_map(|(k, v)| Some((text(k)?, v)))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn text(v: &redis::Value) -> Option<String> {
-    match v {
-        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn items(v: &redis::Value) -> &[redis::Value] {
-    match v {
-        redis::Value::Array(items) | redis::Value::Set(items) => items,
-        _ => &[],
-    }
-}
-
-fn parse_arg(v: &redis::Value) -> Arg {
-    let mut arg = Arg::default();
-    for (k, v) in pairs(v) {
-        match k.as_str() {
-            "name" => arg.name = text(v).unwrap_or_default(),
-            "type" => arg.kind = text(v).unwrap_or_default(),
-            "token" => arg.token = text(v),
-            "flags" => {
-                for f in items(v).iter().filter_map(text) {
-                    match f.as_str() {
-                        "optional" => arg.optional = true,
-                        "multiple" => arg.multiple = true,
-                        "multiple_token" => arg.multiple_token = true,
-                        _ => {}
-                    }
-                }
-            }
-            "arguments" => arg.children = items(v).iter().map(parse_arg).collect(),
-            _ => {}
-        }
-    }
-    arg
-}
-
-/// Every command and subcommand of a `COMMAND DOCS` reply (subcommands come named
-/// `container|sub`).
-fn parse_docs(reply: &redis::Value, out: &mut Vec<Doc>) {
-    for (name, doc) in pairs(reply) {
-        let full = name.to_ascii_lowercase();
-        let mut args = Vec::new();
-        let mut subs = None;
-        for (k, v) in pairs(doc) {
-            match k.as_str() {
-                "arguments" => args = items(v).iter().map(parse_arg).collect(),
-                "subcommands" => subs = Some(v),
-                _ => {}
-            }
-        }
-        if let Some(subs) = subs {
-            parse_docs(subs, out);
-        } else {
-            out.push(Doc { name: full, args });
-        }
-    }
-}
-
-/// The keys the sweep's commands name: a few, so that commands meet each other's data.
-const KEYS: &[&str] = &["k1", "k2", "{t}k3", "{t}k4", "s1"];
-
-/// One form of `doc`, its arguments drawn from the grammar.
-fn form(doc: &Doc, rng: &mut Rng) -> Vec<String> {
-    let mut out: Vec<String> = doc.name.split('|').map(str::to_string).collect();
-    for a in &doc.args {
-        draw(a, rng, &mut out);
-    }
-    out
-}
-
-fn draw(arg: &Arg, rng: &mut Rng, out: &mut Vec<String>) {
-    if arg.optional && rng.below(2) == 0 {
-        return;
-    }
-    let times = if arg.multiple { 1 + rng.below(3) } else { 1 };
-    for i in 0..times {
-        if let Some(token) = &arg.token
-            && (i == 0 || arg.multiple_token)
-        {
-            out.push(token.clone());
-        }
-        match arg.kind.as_str() {
-            "pure-token" => {}
-            "oneof" if !arg.children.is_empty() => {
-                let child = &arg.children[rng.below(arg.children.len())];
-                let mut required = child.clone();
-                required.optional = false;
-                draw(&required, rng, out);
-            }
-            "block" => {
-                for child in &arg.children {
-                    draw(child, rng, out);
-                }
-            }
-            "key" => out.push(KEYS[rng.below(KEYS.len())].to_string()),
-            // A timeout of 0 blocks forever: the shortest others instead.
-            "double" if arg.name == "timeout" => out.push("0.01".into()),
-            "integer" if arg.name == "timeout" || arg.name == "milliseconds" => {
-                out.push("100".into())
-            }
-            "integer" => out.push(["1", "2", "-1", "3", "100"][rng.below(5)].into()),
-            "double" => out.push(["1.5", "0.5", "-2", "3"][rng.below(4)].into()),
-            "unix-time" => out.push("4102444800".into()),
-            _ => out.push(["v", "x", "*", "hello world", "", "1"][rng.below(6)].into()),
-        }
-    }
-}
-
 /// The words of the server binary: the keyword-like tail (letters, digits, `-`, `_`; 2 to 24
 /// bytes, starting with a letter) of each of its NUL-terminated strings, and those tails'
 /// own tails of up to 6 bytes: the linker stores `"ack"` as the end of `"getack"`.
@@ -266,26 +114,6 @@ fn binary_words(bin: &Path) -> Vec<String> {
         }
     }
     words.into_iter().collect()
-}
-
-/// Frames up to and including the sentinel's reply; `None` when it never came.
-async fn until_sentinel(c: &mut Raw, sentinel: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let mut frames = Vec::new();
-    loop {
-        let got = c.collect_frames(1, STEP).await;
-        match got.frames.into_iter().next() {
-            Some(f) if f == sentinel => return Ok(frames),
-            Some(f) => frames.push(f),
-            None => {
-                return Err(format!(
-                    "no sentinel within {STEP:?} (closed: {}); frames before it: {}; rest: {}",
-                    got.closed,
-                    frames.iter().map(|f| show(f)).collect::<Vec<_>>().join(" "),
-                    show(&got.rest)
-                ));
-            }
-        }
-    }
 }
 
 /// What the proxy is in front of: one server, or a cluster of three primaries (against a
@@ -329,15 +157,7 @@ async fn sweep(
 
     let url = direct.url();
     let mut con = common::connect(&url).await;
-    let reply: redis::Value = redis::cmd("COMMAND")
-        .arg("DOCS")
-        .query_async(&mut con)
-        .await
-        .expect("COMMAND DOCS");
-    let mut docs = Vec::new();
-    parse_docs(&reply, &mut docs);
-    docs.retain(|d| !LEFT_OUT.contains(&d.name.as_str()) && !d.name.ends_with("|help"));
-    docs.sort_by(|a, b| a.name.cmp(&b.name));
+    let docs = common::docs_grammar::documented(&url, LEFT_OUT).await;
     assert!(
         docs.len() > 150,
         "{label}: {} commands documented",
@@ -534,16 +354,7 @@ fn refused_by_proxy(frames: &[Vec<u8>]) -> bool {
 }
 
 fn seed() -> u64 {
-    let seed = std::env::var("REPLY_SWEEP_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
-        });
-    eprintln!("reply sweep: seed {seed} (REPLY_SWEEP_SEED={seed} draws the same forms)");
-    seed
+    common::docs_grammar::seed("REPLY_SWEEP_SEED")
 }
 
 fn tries() -> usize {

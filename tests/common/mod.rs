@@ -12,6 +12,7 @@
 )]
 
 pub(crate) mod cluster;
+pub(crate) mod docs_grammar;
 pub(crate) mod keys;
 pub(crate) mod process;
 pub(crate) mod relay;
