@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::docs_grammar::Doc;
 use common::process::ProxyProcess;
 use common::{Raw, RedisServer, Rng, resp};
 use redis_policy_proxy::commands::{self, BeginSearch, CommandSpec, FindKeys};
@@ -441,8 +442,13 @@ const NUMBERS: &[&str] = &[
 
 /// Commands the generator never sends, and why.
 fn excluded(spec: &CommandSpec) -> bool {
+    excluded_name(spec.name)
+}
+
+/// [`excluded`] by name (`container|sub` for a subcommand).
+fn excluded_name(name: &str) -> bool {
     matches!(
-        spec.name,
+        name,
         // Closes the connection, or turns replies off: the one-reply-per-request check
         // would see the client's own choice, not the proxy's.
         "quit" | "client|reply"
@@ -493,6 +499,10 @@ struct Gen {
     /// Also the commands and options newer than the proxy's 7.0 table
     /// (`INVARIANT_FUZZ_NEWER=1`, [`Gen::newer_command`]).
     newer: bool,
+    /// Every command the server documents (`COMMAND DOCS`), for forms drawn from its own
+    /// grammar ([`Gen::documented_command`]): valid option combinations the table's arity
+    /// and the curated list do not reach (the server's newer commands too).
+    documented: Vec<Doc>,
 }
 
 impl Gen {
@@ -509,6 +519,7 @@ impl Gen {
             rng: Rng((z ^ (z >> 31)) | 1),
             specs,
             newer,
+            documented: Vec::new(),
         }
     }
 
@@ -568,6 +579,8 @@ impl Gen {
         }
         let mut args = if self.newer && self.chance(20) {
             self.newer_command()
+        } else if !self.documented.is_empty() && self.chance(25) {
+            self.documented_command()
         } else if self.chance(60) {
             self.curated(tenant)
         } else {
@@ -582,6 +595,18 @@ impl Gen {
             one_namespace(&mut args);
         }
         args
+    }
+
+    /// A command the server documents, its arguments drawn from the documented grammar, its
+    /// keys from the fuzzer's and its strings from marked values, patterns and numbers.
+    fn documented_command(&mut self) -> Vec<Vec<u8>> {
+        const STRINGS: &[&str] = &["@@v1", "@@v7", "@@v23", "@@cap+1", "*", "x", "1", "0"];
+        let i = self.below(self.documented.len());
+        let doc = &self.documented[i];
+        common::docs_grammar::form_with(doc, &mut self.rng, KEYS, STRINGS)
+            .into_iter()
+            .map(String::into_bytes)
+            .collect()
     }
 
     /// A command of the table with arguments shaped by its arity and key specs.
@@ -1784,6 +1809,17 @@ impl World {
         out
     }
 
+    /// Every command the server documents, but those the fuzzer never sends ([`excluded`]).
+    async fn documented(&mut self) -> Vec<Doc> {
+        let reply = self.ctl.call(&["COMMAND", "DOCS"]).await;
+        let value = redis::parse_redis_value(&reply).expect("COMMAND DOCS parses");
+        let mut docs = Vec::new();
+        common::docs_grammar::parse_docs(&value, &mut docs);
+        docs.retain(|d| !excluded_name(&d.name) && !d.name.ends_with("|help"));
+        docs.sort_by(|a, b| a.name.cmp(&b.name));
+        docs
+    }
+
     /// Every key event since the last fence: (database, event, key).
     async fn drain_events(&mut self) -> Vec<(u32, String, Vec<u8>)> {
         self.fences += 1;
@@ -2603,6 +2639,13 @@ async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
 
     // Then random steps until the time or step budget is spent.
     let mut generator = Gen::new(seed, newer);
+    generator.documented = world.documented().await;
+    if !newer {
+        // The server's newer commands are `INVARIANT_FUZZ_NEWER`'s (docs/compatibility.md):
+        // the documented forms of the commands of the proxy's own 7.0 table only.
+        let known: HashSet<&str> = generator.specs.iter().map(|s| s.name).collect();
+        generator.documented.retain(|d| known.contains(d.name.as_str()));
+    }
     let mut history: Vec<Line> = Vec::new();
     let mut seen: BTreeMap<String, (usize, Finding, String)> = BTreeMap::new();
     let start = Instant::now();

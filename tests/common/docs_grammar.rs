@@ -112,16 +112,31 @@ pub(crate) fn parse_docs(reply: &redis::Value, out: &mut Vec<Doc>) {
 /// The keys the sweeps' commands name: a few, so that commands meet each other's data.
 pub(crate) const KEYS: &[&str] = &["k1", "k2", "{t}k3", "{t}k4", "s1"];
 
+/// The strings (values, patterns, names) the sweeps' forms use.
+const STRINGS: &[&str] = &["v", "x", "*", "hello world", "", "1"];
+
 /// One form of `doc`, its arguments drawn from the grammar.
 pub(crate) fn form(doc: &Doc, rng: &mut Rng) -> Vec<String> {
+    form_with(doc, rng, KEYS, STRINGS)
+}
+
+/// One form of `doc` whose keys come from `keys` and string arguments from `strings`.
+pub(crate) fn form_with(doc: &Doc, rng: &mut Rng, keys: &[&str], strings: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = doc.name.split('|').map(str::to_string).collect();
+    let pools = Pools { keys, strings };
     for a in &doc.args {
-        draw(a, rng, &mut out);
+        draw(a, rng, &pools, &mut out);
     }
     out
 }
 
-fn draw(arg: &Arg, rng: &mut Rng, out: &mut Vec<String>) {
+/// Where a form's keys and strings come from.
+struct Pools<'a> {
+    keys: &'a [&'a str],
+    strings: &'a [&'a str],
+}
+
+fn draw(arg: &Arg, rng: &mut Rng, pools: &Pools<'_>, out: &mut Vec<String>) {
     if arg.optional && rng.below(2) == 0 {
         return;
     }
@@ -138,14 +153,14 @@ fn draw(arg: &Arg, rng: &mut Rng, out: &mut Vec<String>) {
                 let child = &arg.children[rng.below(arg.children.len())];
                 let mut required = child.clone();
                 required.optional = false;
-                draw(&required, rng, out);
+                draw(&required, rng, pools, out);
             }
             "block" => {
                 for child in &arg.children {
-                    draw(child, rng, out);
+                    draw(child, rng, pools, out);
                 }
             }
-            "key" => out.push(KEYS[rng.below(KEYS.len())].to_string()),
+            "key" => out.push(pools.keys[rng.below(pools.keys.len())].to_string()),
             // A timeout of 0 blocks forever: the shortest others instead.
             "double" if arg.name == "timeout" => out.push("0.01".into()),
             "integer" if arg.name == "timeout" || arg.name == "milliseconds" => {
@@ -154,7 +169,7 @@ fn draw(arg: &Arg, rng: &mut Rng, out: &mut Vec<String>) {
             "integer" => out.push(["1", "2", "-1", "3", "100"][rng.below(5)].into()),
             "double" => out.push(["1.5", "0.5", "-2", "3"][rng.below(4)].into()),
             "unix-time" => out.push("4102444800".into()),
-            _ => out.push(["v", "x", "*", "hello world", "", "1"][rng.below(6)].into()),
+            _ => out.push(pools.strings[rng.below(pools.strings.len())].into()),
         }
     }
 }
