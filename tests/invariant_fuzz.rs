@@ -2644,7 +2644,9 @@ async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
         // The server's newer commands are `INVARIANT_FUZZ_NEWER`'s (docs/compatibility.md):
         // the documented forms of the commands of the proxy's own 7.0 table only.
         let known: HashSet<&str> = generator.specs.iter().map(|s| s.name).collect();
-        generator.documented.retain(|d| known.contains(d.name.as_str()));
+        generator
+            .documented
+            .retain(|d| known.contains(d.name.as_str()));
     }
     let mut history: Vec<Line> = Vec::new();
     let mut seen: BTreeMap<String, (usize, Finding, String)> = BTreeMap::new();

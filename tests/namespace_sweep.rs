@@ -25,6 +25,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::cluster::RedisCluster;
 use common::docs_grammar::{form, until_sentinel};
 use common::{ALICE_SHA256, BOB_SHA256, Proxy, Raw, RedisServer, Rng, resp, show};
 
@@ -69,35 +70,39 @@ const MARK: &str = "zq-mark";
 /// The keys outside `a:`, of each type, and the names a reply must not carry.
 const OUTSIDE: &[&str] = &["b:zqs", "b:zqh", "b:zql", "b:zqz", "b:zqx", "zqplain"];
 
-/// What no command of tenant `a` may change: every key outside `a:` with its `DUMP` and
-/// whether it has a TTL.
-async fn outside(con: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, (Vec<u8>, bool)> {
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(con)
-        .await
-        .expect("KEYS");
-    keys.retain(|k| !k.starts_with("a:"));
+/// What no command of tenant `a` may change: every key outside `a:` on each of `nodes`
+/// (one server, or a cluster's primaries) with its `DUMP` and whether it has a TTL.
+async fn outside(
+    nodes: &mut [redis::aio::MultiplexedConnection],
+) -> BTreeMap<String, (Vec<u8>, bool)> {
     let mut out = BTreeMap::new();
-    for key in keys {
-        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-            .arg(&key)
+    for con in nodes {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
             .query_async(con)
             .await
-            .expect("DUMP");
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(con)
-            .await
-            .expect("PTTL");
-        out.insert(key, (dump.unwrap_or_default(), ttl != -1));
+            .expect("KEYS");
+        keys.retain(|k| !k.starts_with("a:"));
+        for key in keys {
+            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+                .arg(&key)
+                .query_async(con)
+                .await
+                .expect("DUMP");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(con)
+                .await
+                .expect("PTTL");
+            out.insert(key, (dump.unwrap_or_default(), ttl != -1));
+        }
     }
     out
 }
 
-/// Fills the keys outside `a:` (`OUTSIDE`), each holding the mark, some with a TTL.
-async fn seed_outside(server: &RedisServer) {
-    let mut c = Raw::connect(server.addr()).await;
+/// Fills the keys outside `a:` (`OUTSIDE`), each holding the mark, some with a TTL, on the
+/// node `owner` names for each key.
+async fn seed_outside(owner: impl Fn(&str) -> String) {
     let value = format!("{MARK}-value");
     for command in [
         vec!["SET", "b:zqs", value.as_str()],
@@ -108,21 +113,66 @@ async fn seed_outside(server: &RedisServer) {
         vec!["SET", "zqplain", value.as_str(), "EX", "100000"],
         vec!["EXPIRE", "b:zqh", "100000"],
     ] {
+        let mut c = Raw::connect(owner(command[1])).await;
         let reply = c.call(&command).await;
         assert!(!reply.starts_with(b"-"), "{command:?}: {}", show(&reply));
     }
 }
 
+fn server_url(addr: &str) -> String {
+    format!("redis://{addr}/")
+}
+
+/// What the proxy is in front of: one server, or a cluster of three primaries.
+#[derive(Clone, Copy, PartialEq)]
+enum Upstream {
+    Server,
+    Cluster,
+}
+
 /// The sweep in front of `bin`: what broke, one line per command form.
-async fn sweep(label: &str, bin: &Path, resp3: bool, seed: u64, tries: usize) -> Vec<String> {
-    let server = RedisServer::start_binary(bin, &[]);
-    seed_outside(&server).await;
-    let yaml = format!(
+async fn sweep(
+    label: &str,
+    bin: &Path,
+    upstream: Upstream,
+    resp3: bool,
+    seed: u64,
+    tries: usize,
+) -> Vec<String> {
+    let tenants = format!(
         "access:\n  require_auth: true\n  users:\n    - {{name: alice, password_sha256: {ALICE_SHA256}}}\n    - {{name: bob, password_sha256: {BOB_SHA256}}}\n  identities:\n    - {{tenant: a, user: alice}}\n    - {{tenant: b, user: bob}}\n  namespaces:\n    a: 'a:'\n    b: 'b:'\n"
     );
-    let mut config =
-        redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml")).expect("ns config");
-    config.set_upstream(server.addr());
+    // Kept for the sweep's length: dropping either stops its servers.
+    let (_server, _cluster, nodes, config) = match upstream {
+        Upstream::Server => {
+            let server = RedisServer::start_binary(bin, &[]);
+            let addr = server.addr();
+            seed_outside(|_| addr.clone()).await;
+            let mut config = redis_policy_proxy::setup::from_yaml(&tenants, Path::new("ns.yaml"))
+                .expect("ns config");
+            config.set_upstream(server.addr());
+            (Some(server), None, vec![server_url(&addr)], config)
+        }
+        Upstream::Cluster => {
+            let cluster = RedisCluster::start_binary(bin, 3, 0, &[]);
+            seed_outside(|key| {
+                cluster.primary_for_slot(redis_policy_proxy::cluster::slot(key.as_bytes()))
+            })
+            .await;
+            let yaml = format!(
+                "upstream:\n  mode: cluster\n  cluster:\n    seeds: [{}]\n{tenants}",
+                cluster.live_addrs()[0]
+            );
+            let config = redis_policy_proxy::setup::from_yaml(&yaml, Path::new("ns.yaml"))
+                .expect("ns cluster config");
+            let nodes = cluster.primaries().iter().map(|a| server_url(a)).collect();
+            (None, Some(cluster), nodes, config)
+        }
+    };
+    let label = &match upstream {
+        Upstream::Server => label.to_string(),
+        Upstream::Cluster => format!("{label} cluster"),
+    };
     // The proxy serves once it has read the server's commands (its startup waits for them).
     let proxy = Proxy::spawn(config).await;
     let addr = proxy.addr;
@@ -133,7 +183,7 @@ async fn sweep(label: &str, bin: &Path, resp3: bool, seed: u64, tries: usize) ->
         }
     })
     .await;
-    let docs = common::docs_grammar::documented(&server.url(), LEFT_OUT).await;
+    let docs = common::docs_grammar::documented(&nodes[0], LEFT_OUT).await;
     assert!(
         docs.len() > 150,
         "{label}: {} commands documented",
@@ -146,7 +196,10 @@ async fn sweep(label: &str, bin: &Path, resp3: bool, seed: u64, tries: usize) ->
         let hello = a.call(&["HELLO", "3"]).await;
         assert!(hello.starts_with(b"%"), "{}", show(&hello));
     }
-    let mut direct = common::connect(&server.url()).await;
+    let mut direct = Vec::new();
+    for url in &nodes {
+        direct.push(common::connect(url).await);
+    }
     let before = outside(&mut direct).await;
     assert_eq!(before.len(), OUTSIDE.len(), "{label}: {before:?}");
 
@@ -216,8 +269,11 @@ async fn every_documented_command_stays_in_the_tenants_namespace() {
     let mut found = Vec::new();
     for (label, bin) in &servers {
         for resp3 in [false, true] {
-            found.extend(sweep(label, bin, resp3, seed, tries).await);
+            found.extend(sweep(label, bin, Upstream::Server, resp3, seed, tries).await);
         }
+        // In front of a cluster too (its namespace works through placement, fan-out and
+        // merged replies): RESP2, the protocol changes nothing the namespace reads.
+        found.extend(sweep(label, bin, Upstream::Cluster, false, seed, tries).await);
     }
     assert!(
         found.is_empty(),
