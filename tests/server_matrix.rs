@@ -224,6 +224,24 @@ async fn namespaced_tenants_stay_in_their_namespace_on_each_matrix_server() {
             b"$1\r\n1\r\n",
             "{name}"
         );
+        // MSETEX (Valkey 9.1): `numkeys` key/value pairs, a key every second argument. Its
+        // third key went unprefixed while the proxy read the spec's last key as
+        // `first + numkeys - 1` (namespace sweep, seed 451896339).
+        if text(&redis.direct(&["COMMAND", "INFO", "MSETEX"]).await).contains("msetex") {
+            let reply = a
+                .call(&["MSETEX", "3", "m1", "x", "m2", "y", "m3", "z", "PX", "100000"])
+                .await;
+            assert!(!reply.starts_with(b"-"), "{name}: {}", text(&reply));
+            for key in ["m1", "m2", "m3"] {
+                assert_eq!(redis.direct(&["EXISTS", key]).await, b":0\r\n", "{name}: {key}");
+                let prefixed = format!("a:{key}");
+                assert_eq!(
+                    redis.direct(&["EXISTS", &prefixed]).await,
+                    b":1\r\n",
+                    "{name}: {prefixed}"
+                );
+            }
+        }
     }
 }
 

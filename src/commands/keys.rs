@@ -415,8 +415,15 @@ fn find_keys<A: AsRef<[u8]>>(
                 .filter(|&n| n >= 0)
                 .ok_or(SpecsFailed)?;
             let first = first + i64::from(firstkey);
-            // C: `last = first + (int)numkeys - 1` in int arithmetic.
-            let last = (first as i32).wrapping_add(numkeys as i32).wrapping_sub(1);
+            // The last key is `numkeys - 1` steps after the first, in C int arithmetic. A
+            // step of 1 (every 7.0 command) hides the step: Valkey 9.1's MSETEX (`numkeys`
+            // key/value pairs, step 2) read as `first + numkeys - 1` left its later keys
+            // unprefixed by a tenant's namespace (namespace sweep, seed 451896339).
+            let last = (first as i32).wrapping_add(
+                (numkeys as i32)
+                    .wrapping_sub(1)
+                    .wrapping_mul(keystep as i32),
+            );
             Ok((first, i64::from(last), i64::from(keystep)))
         }
         FindKeys::Unknown => Err(SpecsFailed),
@@ -667,6 +674,29 @@ fn written_destination(store: Option<usize>, out: &mut KeyPositions) {
 mod tests {
     use super::*;
     use crate::commands::all_commands;
+
+    /// A `numkeys` spec with a step: the keys are `numkeys` steps apart, as the server's own
+    /// `COMMAND GETKEYS MSETEX 3 a x b v c w` answers `a b c` (Valkey 9.1).
+    #[test]
+    fn keynum_keys_are_numkeys_steps_apart() {
+        let args: [&[u8]; 8] = [b"MSETEX", b"3", b"a", b"x", b"b", b"v", b"c", b"w"];
+        let find = FindKeys::Keynum {
+            keynumidx: 0,
+            firstkey: 1,
+            keystep: 2,
+        };
+        assert_eq!(find_keys(find, 1, &args[..]).ok(), Some((2, 6, 2)));
+        // Step 1 (ZUNION, EVAL…) as before; no keys for numkeys 0.
+        let eval: [&[u8]; 5] = [b"EVAL", b"s", b"2", b"k1", b"k2"];
+        let find = FindKeys::Keynum {
+            keynumidx: 0,
+            firstkey: 1,
+            keystep: 1,
+        };
+        assert_eq!(find_keys(find, 2, &eval[..]).ok(), Some((3, 4, 1)));
+        let none: [&[u8]; 3] = [b"EVAL", b"s", b"0"];
+        assert_eq!(find_keys(find, 2, &none[..]).ok(), Some((3, 2, 1)));
+    }
 
     /// The lone-first-key shortcut finds what Redis's search finds, flags included, for every
     /// command of that shape, at every length its arity accepts up to 7 arguments, with
