@@ -26,43 +26,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::cluster::RedisCluster;
-use common::docs_grammar::{form, until_sentinel};
-use common::{ALICE_SHA256, BOB_SHA256, Proxy, Raw, RedisServer, Rng, resp, show};
-
-/// What the sweep does not send: the conversation's own state (tests/state_fuzz.rs) and what
-/// would stop or rewire the server the test runs on (see `tests/reply_sweep.rs`), and
-/// AUTH/HELLO (tenant `a` would log in as someone else: that is the access tests').
-const LEFT_OUT: &[&str] = &[
-    "multi",
-    "exec",
-    "discard",
-    "watch",
-    "unwatch",
-    "subscribe",
-    "psubscribe",
-    "ssubscribe",
-    "unsubscribe",
-    "punsubscribe",
-    "sunsubscribe",
-    "hello",
-    "auth",
-    "reset",
-    "quit",
-    "monitor",
-    "client|reply",
-    "shutdown",
-    "replicaof",
-    "slaveof",
-    "failover",
-    "debug",
-    "sync",
-    "psync",
-    "client|kill",
-    "client|pause",
-    "migrate",
-    "script|debug",
-    "client|import-source",
-];
+use common::docs_grammar::{Upstream, forms, sentinel_for, until_sentinel};
+use common::{ALICE_SHA256, BOB_SHA256, Proxy, Raw, RedisServer, resp, show};
 
 /// The marks in the values outside `a:`: none may reach tenant `a`.
 const MARK: &str = "zq-mark";
@@ -123,13 +88,6 @@ fn server_url(addr: &str) -> String {
     format!("redis://{addr}/")
 }
 
-/// What the proxy is in front of: one server, or a cluster of three primaries.
-#[derive(Clone, Copy, PartialEq)]
-enum Upstream {
-    Server,
-    Cluster,
-}
-
 /// The sweep in front of `bin`: what broke, one line per command form.
 async fn sweep(
     label: &str,
@@ -169,10 +127,7 @@ async fn sweep(
             (None, Some(cluster), nodes, config)
         }
     };
-    let label = &match upstream {
-        Upstream::Server => label.to_string(),
-        Upstream::Cluster => format!("{label} cluster"),
-    };
+    let label = &upstream.name(label);
     // The proxy serves once it has read the server's commands (its startup waits for them).
     let proxy = Proxy::spawn(config).await;
     let addr = proxy.addr;
@@ -183,7 +138,7 @@ async fn sweep(
         }
     })
     .await;
-    let docs = common::docs_grammar::documented(&nodes[0], LEFT_OUT).await;
+    let docs = common::docs_grammar::documented(&nodes[0]).await;
     assert!(
         docs.len() > 150,
         "{label}: {} commands documented",
@@ -203,49 +158,44 @@ async fn sweep(
     let before = outside(&mut direct).await;
     assert_eq!(before.len(), OUTSIDE.len(), "{label}: {before:?}");
 
-    let mut rng = Rng(seed | 1);
     let mut found = Vec::new();
     let mut step = 0u64;
-    for doc in &docs {
-        for _ in 0..tries {
-            step += 1;
-            let args = form(doc, &mut rng);
-            let token = format!("sweep-{step}");
-            let sentinel = format!("${}\r\n{token}\r\n", token.len()).into_bytes();
-            let mut input = resp(&args);
-            input.extend(resp(&["PING", token.as_str()]));
-            a.send(&input).await;
-            let case = format!("{label}: {}", show(&resp(&args)));
-            let replies = match until_sentinel(&mut a, &sentinel).await {
-                Ok(frames) => frames.concat(),
-                Err(why) => {
-                    found.push(format!("{case}: {why}"));
-                    return found;
-                }
-            };
-            let reply = String::from_utf8_lossy(&replies);
-            if let Some(leak) = std::iter::once(MARK)
-                .chain(OUTSIDE.iter().copied())
-                .find(|m| reply.contains(m))
-            {
-                found.push(format!(
-                    "{case}: the reply carries {leak:?}: {}",
-                    show(&replies)
-                ));
-            }
-            let now = outside(&mut direct).await;
-            if now != before {
-                let changed: Vec<&String> = before
-                    .keys()
-                    .chain(now.keys())
-                    .filter(|k| before.get(*k) != now.get(*k))
-                    .collect();
-                found.push(format!("{case}: changed outside a: {changed:?}"));
+    for (n, args) in forms(&docs, seed, tries) {
+        step = n;
+        let (ping, sentinel) = sentinel_for(step);
+        let mut input = resp(&args);
+        input.extend(ping);
+        a.send(&input).await;
+        let case = format!("{label}: {}", show(&resp(&args)));
+        let replies = match until_sentinel(&mut a, &sentinel).await {
+            Ok(frames) => frames.concat(),
+            Err(why) => {
+                found.push(format!("{case}: {why}"));
                 return found;
             }
-            if found.len() > 20 {
-                return found;
-            }
+        };
+        let reply = String::from_utf8_lossy(&replies);
+        if let Some(leak) = std::iter::once(MARK)
+            .chain(OUTSIDE.iter().copied())
+            .find(|m| reply.contains(m))
+        {
+            found.push(format!(
+                "{case}: the reply carries {leak:?}: {}",
+                show(&replies)
+            ));
+        }
+        let now = outside(&mut direct).await;
+        if now != before {
+            let changed: Vec<&String> = before
+                .keys()
+                .chain(now.keys())
+                .filter(|k| before.get(*k) != now.get(*k))
+                .collect();
+            found.push(format!("{case}: changed outside a: {changed:?}"));
+            return found;
+        }
+        if found.len() > 20 {
+            return found;
         }
     }
     eprintln!(

@@ -7,6 +7,63 @@ use std::time::Duration;
 
 use super::{Raw, Rng, show};
 
+/// Commands (`container|sub` for subcommands) the sweeps do not send: those that change the
+/// conversation itself are the state fuzzer's (`tests/state_fuzz.rs`; AUTH and HELLO would
+/// also log the sweep's tenant in as another); the rest would stop, pause or rewire the
+/// servers the sweeps run on (SCRIPT DEBUG stops a server directly, and the proxy refuses
+/// it; Valkey's import mode changes how the server expires keys for later steps).
+pub(crate) const LEFT_OUT: &[&str] = &[
+    // The conversation's state.
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
+    "subscribe",
+    "psubscribe",
+    "ssubscribe",
+    "unsubscribe",
+    "punsubscribe",
+    "sunsubscribe",
+    "hello",
+    "auth",
+    "reset",
+    "quit",
+    "monitor",
+    "client|reply",
+    // The servers themselves.
+    "shutdown",
+    "replicaof",
+    "slaveof",
+    "failover",
+    "debug",
+    "sync",
+    "psync",
+    "client|kill",
+    "client|pause",
+    "migrate",
+    "script|debug",
+    "client|import-source",
+];
+
+/// What a sweep's proxy is in front of: one server, or a cluster of three primaries (the
+/// proxy presents it as one server).
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Upstream {
+    Server,
+    Cluster,
+}
+
+impl Upstream {
+    /// A server's `label` as the sweep reports it: ` cluster` added in front of a cluster.
+    pub(crate) fn name(self, label: &str) -> String {
+        match self {
+            Upstream::Server => label.to_string(),
+            Upstream::Cluster => format!("{label} cluster"),
+        }
+    }
+}
+
 /// How long one step may take (a blocking command waits at most 0.01 s or 100 ms).
 pub(crate) const STEP: Duration = Duration::from_secs(5);
 
@@ -174,6 +231,29 @@ fn draw(arg: &Arg, rng: &mut Rng, pools: &Pools<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// Each of `docs`, `tries` times, in forms drawn from a generator seeded with `seed`: the
+/// step's number (from 1) and the command's arguments.
+pub(crate) fn forms(
+    docs: &[Doc],
+    seed: u64,
+    tries: usize,
+) -> impl Iterator<Item = (u64, Vec<String>)> {
+    let mut rng = Rng(seed | 1);
+    docs.iter()
+        .flat_map(move |doc| std::iter::repeat_n(doc, tries))
+        .map(move |doc| form(doc, &mut rng))
+        .zip(1u64..)
+        .map(|(args, step)| (step, args))
+}
+
+/// The sentinel after step `step`: its `PING <token>` request and the reply Redis gives it
+/// in every state the sweeps reach.
+pub(crate) fn sentinel_for(step: u64) -> (Vec<u8>, Vec<u8>) {
+    let token = format!("sweep-{step}");
+    let reply = format!("${}\r\n{token}\r\n", token.len()).into_bytes();
+    (super::resp(&["PING", token.as_str()]), reply)
+}
+
 /// Frames up to and including the sentinel's reply; `None` when it never came.
 pub(crate) async fn until_sentinel(c: &mut Raw, sentinel: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     let mut frames = Vec::new();
@@ -195,8 +275,8 @@ pub(crate) async fn until_sentinel(c: &mut Raw, sentinel: &[u8]) -> Result<Vec<V
 }
 
 /// Every command and subcommand `COMMAND DOCS` documents on the server at `url`, sorted by
-/// name, without those in `left_out` and without HELP subcommands.
-pub(crate) async fn documented(url: &str, left_out: &[&str]) -> Vec<Doc> {
+/// name, without those in [`LEFT_OUT`] and without HELP subcommands.
+pub(crate) async fn documented(url: &str) -> Vec<Doc> {
     let mut con = super::connect(url).await;
     let reply: redis::Value = redis::cmd("COMMAND")
         .arg("DOCS")
@@ -205,7 +285,7 @@ pub(crate) async fn documented(url: &str, left_out: &[&str]) -> Vec<Doc> {
         .expect("COMMAND DOCS");
     let mut docs = Vec::new();
     parse_docs(&reply, &mut docs);
-    docs.retain(|d| !left_out.contains(&d.name.as_str()) && !d.name.ends_with("|help"));
+    docs.retain(|d| !LEFT_OUT.contains(&d.name.as_str()) && !d.name.ends_with("|help"));
     docs.sort_by(|a, b| a.name.cmp(&b.name));
     docs
 }
