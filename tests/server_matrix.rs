@@ -229,11 +229,17 @@ async fn namespaced_tenants_stay_in_their_namespace_on_each_matrix_server() {
         // `first + numkeys - 1` (namespace sweep, seed 451896339).
         if text(&redis.direct(&["COMMAND", "INFO", "MSETEX"]).await).contains("msetex") {
             let reply = a
-                .call(&["MSETEX", "3", "m1", "x", "m2", "y", "m3", "z", "PX", "100000"])
+                .call(&[
+                    "MSETEX", "3", "m1", "x", "m2", "y", "m3", "z", "PX", "100000",
+                ])
                 .await;
             assert!(!reply.starts_with(b"-"), "{name}: {}", text(&reply));
             for key in ["m1", "m2", "m3"] {
-                assert_eq!(redis.direct(&["EXISTS", key]).await, b":0\r\n", "{name}: {key}");
+                assert_eq!(
+                    redis.direct(&["EXISTS", key]).await,
+                    b":0\r\n",
+                    "{name}: {key}"
+                );
                 let prefixed = format!("a:{key}");
                 assert_eq!(
                     redis.direct(&["EXISTS", &prefixed]).await,
