@@ -190,10 +190,11 @@ fn millis(arg: &[u8]) -> Option<std::time::Duration> {
 /// while it waits), the debugger's `redis` command runs commands no rule sees, and a forked
 /// session ends by closing the connection. On a connection the proxy shares, or hands to
 /// another client later, another client's EVAL would start it.
-pub(crate) fn script_debugger(args: &[&[u8]]) -> bool {
-    matches!(args, [_, sub, mode]
-        if grammar::keyword(sub, b"DEBUG")
-            && (grammar::keyword(mode, b"YES") || grammar::keyword(mode, b"SYNC")))
+/// `sub` and `mode` are arguments 1 and 2 of a three-argument SCRIPT command (SCRIPT DEBUG's
+/// arity is 3: any other count is Redis's arity error).
+pub(crate) fn script_debugger(sub: &[u8], mode: &[u8]) -> bool {
+    grammar::keyword(sub, b"DEBUG")
+        && (grammar::keyword(mode, b"YES") || grammar::keyword(mode, b"SYNC"))
 }
 
 /// CLIENT subcommands the session handles or routes specially.
@@ -279,7 +280,7 @@ mod tests {
 
     #[test]
     fn the_debugger_is_asked_for_in_every_spelling_redis_reads() {
-        let asks = |parts: &[&[u8]]| script_debugger(parts);
+        let asks = |parts: &[&[u8]]| matches!(parts, [_, sub, mode] if script_debugger(sub, mode));
         assert!(asks(&[b"SCRIPT", b"DEBUG", b"YES"]));
         assert!(asks(&[b"script", b"debug", b"sync"]));
         assert!(asks(&[b"SCRIPT", b"Debug", b"yes\0junk"]));

@@ -221,7 +221,9 @@ impl Session {
             // the replication stream that follow would be read as replies of every client's
             // commands, dropping the connection for all of them.
             Kind::Replication => Action::Refused(answers::replication_not_proxied()),
-            Kind::ScriptAdmin if classify::script_debugger(&args.iter().collect::<Vec<_>>()) => {
+            Kind::ScriptAdmin
+                if args.len() == 3 && classify::script_debugger(args.get(1), args.get(2)) =>
+            {
                 Action::Refused(answers::script_debugger_not_proxied())
             }
             Kind::ScriptAdmin => forward(current, Effect::None),
