@@ -2578,11 +2578,7 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
 /// names it in the output and the cases' directory); what broke, one line per finding.
 async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
     let max_steps = env_u64("INVARIANT_FUZZ_STEPS").unwrap_or(u64::MAX);
-    let seed = env_u64("INVARIANT_FUZZ_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
-    });
+    let seed = common::env_or_clock_seed("INVARIANT_FUZZ_SEED", 1_000_000_007);
     let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() == Ok("1");
     let trace = std::env::var("INVARIANT_FUZZ_TRACE").as_deref() == Ok("1");
     let server = if label.is_empty() {

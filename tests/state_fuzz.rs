@@ -937,14 +937,7 @@ async fn fuzz(sides: &Sides, regressions: &[(&str, &str)], what: &str, secs: u64
         }
     }
 
-    let seed: u64 = std::env::var("STATE_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64 % 100_000_000)
-        });
+    let seed = common::env_or_clock_seed("STATE_FUZZ_SEED", 100_000_000);
     eprintln!("state fuzzer{what}: seed {seed} (STATE_FUZZ_SEED), {secs} s");
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let start = Instant::now();

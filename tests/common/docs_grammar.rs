@@ -294,14 +294,7 @@ pub(crate) async fn documented(url: &str) -> Vec<Doc> {
 
 /// The seed of a sweep: `var` if set, else from the clock; printed either way.
 pub(crate) fn seed(var: &str) -> u64 {
-    let seed = std::env::var(var)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
-        });
+    let seed = super::env_or_clock_seed(var, 1_000_000_007);
     eprintln!("seed {seed} ({var}={seed} draws the same forms)");
     seed
 }

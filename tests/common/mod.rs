@@ -1375,6 +1375,19 @@ pub(crate) fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// A randomised test's seed: `var` when set to a number, else from the clock, below
+/// `modulus` (short enough to type back into `var`).
+pub(crate) fn env_or_clock_seed(var: &str, modulus: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % modulus)
+        })
+}
+
 /// A small deterministic PRNG (xorshift64*): randomised tests draw the same inputs on every
 /// run, so a failure reproduces.
 pub(crate) struct Rng(pub u64);
