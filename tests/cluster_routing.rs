@@ -1185,3 +1185,126 @@ async fn slowlog_covers_every_node() {
     assert_eq!(c.call(&["SLOWLOG", "RESET"]).await, b"+OK\r\n");
     assert_eq!(c.call(&["SLOWLOG", "LEN"]).await, b":0\r\n");
 }
+
+/// MONITOR shows the commands of every primary, as one Redis's shows every command (it
+/// reached the home node only, which showed only its own keys' commands); none of another
+/// node's lines comes before the client's `+OK`; RESET stops it on every node, and the
+/// client's own connections to the other nodes go.
+#[tokio::test]
+async fn monitor_shows_every_primary() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(cluster_config(&primaries[0], 1000)).await;
+    let keys: Vec<String> = primaries
+        .iter()
+        .map(|p| redis.key_on(p, "watched"))
+        .collect();
+    let monitors = |node: &str| {
+        let node = node.to_string();
+        async move {
+            let list = Raw::connect(&node).await.call(&["CLIENT", "LIST"]).await;
+            String::from_utf8_lossy(&list)
+                .lines()
+                .filter(|l| l.contains("cmd=monitor"))
+                .count()
+        }
+    };
+    for proto in [2, 3] {
+        let mut m = Raw::connect(proxy.addr).await;
+        if proto == 3 {
+            assert!(m.call(&["HELLO", "3"]).await.starts_with(b"%"));
+        }
+        // Another client's commands right before MONITOR: none may show.
+        let mut c = Raw::connect(proxy.addr).await;
+        for key in &keys {
+            assert_eq!(c.call(&["SET", key, "before"]).await, b"+OK\r\n");
+        }
+        assert_eq!(m.call(&["MONITOR"]).await, b"+OK\r\n");
+        for p in &primaries {
+            assert_eq!(monitors(p).await, 1, "{p} monitored (RESP{proto})");
+        }
+        for key in &keys {
+            assert_eq!(c.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        }
+        let mut seen = String::new();
+        let deadline = std::time::Instant::now() + common::DEADLINE;
+        while !keys
+            .iter()
+            .all(|k| seen.contains(&format!("\"SET\" \"{k}\" \"v\"")))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "RESP{proto}: every primary's SET in {seen}"
+            );
+            let got = m.collect_frames(1, common::DEADLINE).await;
+            let line = String::from_utf8_lossy(&got.frames.concat()).into_owned();
+            assert!(line.starts_with('+'), "a MONITOR line: {line}");
+            assert!(!line.contains("\"before\""), "before MONITOR: {line}");
+            seen.push_str(&line);
+        }
+        // A transaction shows as the client spelled it, although the proxy sends its MULTI
+        // only with the first keyed command (Redis's own `unit/introspection` checks it).
+        assert_eq!(c.call(&["multi"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["set", &keys[1], "in-multi"]).await, b"+QUEUED\r\n");
+        assert_eq!(c.call(&["exec"]).await, b"*1\r\n+OK\r\n");
+        let mut lines = Vec::new();
+        while !lines
+            .last()
+            .is_some_and(|l: &String| l.contains("\"exec\""))
+        {
+            let got = m.collect_frames(1, common::DEADLINE).await;
+            assert_eq!(
+                got.frames.len(),
+                1,
+                "RESP{proto}: the transaction in {lines:?}"
+            );
+            lines.push(String::from_utf8_lossy(&got.frames[0]).into_owned());
+        }
+        // The transaction's connection's lines (a warm connection the proxy opens meanwhile
+        // shows its handshake).
+        let conn = |l: &str| {
+            l.split_once(" [")
+                .and_then(|(_, r)| r.split_once("] "))
+                .map(|(c, cmd)| (c.to_string(), cmd.trim_end().to_string()))
+        };
+        let (exec_conn, _) = conn(lines.last().unwrap()).unwrap();
+        let tail: Vec<String> = lines
+            .iter()
+            .filter_map(|l| conn(l))
+            .filter(|(c, _)| *c == exec_conn)
+            .map(|(_, cmd)| cmd)
+            .collect();
+        let tail = &tail[tail.len().saturating_sub(3)..];
+        assert_eq!(
+            tail,
+            [
+                "\"multi\"".to_string(),
+                format!("\"set\" \"{}\" \"in-multi\"", keys[1]),
+                "\"exec\"".to_string()
+            ],
+            "RESP{proto}: {lines:?}"
+        );
+        // Lines may still come before RESET's reply (the proxy's warm connections show their
+        // handshakes), none after.
+        m.send(&resp(&["RESET"])).await;
+        loop {
+            let got = m.collect_frames(1, common::DEADLINE).await;
+            assert_eq!(got.frames.len(), 1, "RESP{proto}: RESET answered");
+            if got.frames[0] == b"+RESET\r\n" {
+                break;
+            }
+            assert!(got.frames[0].starts_with(b"+1"), "{}", show(&got.frames[0]));
+        }
+        for p in &primaries {
+            let deadline = std::time::Instant::now() + common::DEADLINE;
+            while monitors(p).await != 0 {
+                assert!(std::time::Instant::now() < deadline, "{p} still monitored");
+                tokio::task::yield_now().await;
+            }
+        }
+        for key in &keys {
+            assert_eq!(c.call(&["SET", key, "after"]).await, b"+OK\r\n");
+        }
+        assert_eq!(m.call(&["PING"]).await, b"+PONG\r\n");
+    }
+}

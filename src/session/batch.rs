@@ -430,10 +430,10 @@ impl Session {
         let outcome = match &action {
             Action::Forward { .. } => CommandOutcome::Forwarded,
             Action::Rewritten { .. } => CommandOutcome::Rewritten,
-            Action::Keyspace(fanout) if matches!(fanout.then, Action::Rewritten { .. }) => {
+            Action::Spread(spread) if matches!(spread.then(), Action::Rewritten { .. }) => {
                 CommandOutcome::Rewritten
             }
-            Action::Keyspace(_) => CommandOutcome::Forwarded,
+            Action::Spread(_) => CommandOutcome::Forwarded,
             Action::Refused(_) => CommandOutcome::Refused,
             _ => CommandOutcome::Local,
         };

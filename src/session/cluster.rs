@@ -18,7 +18,8 @@
 //!   no session;
 //! - `transaction`, `subscriber`, `shard_subs`: pinned state that moves with its slot or node;
 //! - `keyspace`: keyspace notifications, published only on the key's node, heard from every
-//!   primary over extra pub/sub connections.
+//!   primary over extra pub/sub connections;
+//! - `monitor`: MONITOR, which shows only its node's commands, opened on every primary.
 //!
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
@@ -35,6 +36,7 @@ mod info;
 pub(super) mod keyspace;
 pub(super) mod login;
 mod merge;
+pub(super) mod monitor;
 mod place;
 mod redirect;
 pub(super) mod shard_subs;
@@ -68,6 +70,26 @@ pub(super) enum Gather {
     Login(login::LoginCommand),
 }
 
+/// A forwarded command whose effect each primary has for itself only (it publishes its own
+/// keys' notifications, shows its own commands): done on every other primary first, then
+/// forwarded as the action it carries.
+pub(super) enum Spread {
+    /// A classic (un)subscription of keyspace notifications (`keyspace`).
+    Keyspace(keyspace::Fanout),
+    /// MONITOR (`monitor`).
+    Monitor(monitor::Fanout),
+}
+
+impl Spread {
+    /// The command as decided, forwarded once the other primaries are done.
+    pub(super) fn then(&self) -> &super::Action {
+        match self {
+            Spread::Keyspace(f) => &f.then,
+            Spread::Monitor(f) => &f.then,
+        }
+    }
+}
+
 /// What the session's own connections must do before a command can be placed: the map
 /// changed under them. Carried out once nothing is in flight, then the command is decided
 /// again (`Session::prepare`).
@@ -88,6 +110,22 @@ impl Prepare {
 }
 
 impl Session {
+    /// Carries out the other primaries' part of `spread`; returns the command for the home
+    /// connection.
+    pub(super) async fn spread(&mut self, spread: Spread) -> super::Action {
+        match spread {
+            Spread::Keyspace(fanout) => self.keyspace_fanout(fanout).await,
+            Spread::Monitor(fanout) => self.monitor_fanout(fanout).await,
+        }
+    }
+
+    /// Hook before an upstream message is handled, for what the other primaries wait on:
+    /// the home connection's confirmation of a keyspace subscription or of MONITOR.
+    pub(super) fn spread_confirmed(&self, msg: &crate::upstream::Reply) {
+        self.keyspace_confirmed(msg);
+        self.monitor_confirmed(msg);
+    }
+
     /// Carries out `prepare`; the client's reply when it could not be (the connection then
     /// closes).
     pub(super) async fn prepare(&mut self, prepare: Prepare) -> Result<(), Bytes> {

@@ -508,9 +508,12 @@ impl Session {
         // What the transaction queues, before a deferred MULTI joins the frames.
         let mut queued = frames.contains(&false).then(|| frames.clone());
         let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
-            if let Some(multi) = &mut self.conn.multi {
-                multi.deferred = false;
-            }
+            let multi = self
+                .conn
+                .multi
+                .as_mut()
+                .and_then(|m| m.deferred.take())
+                .unwrap_or_else(|| Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"));
             let held = self.routing.take_held_in_multi();
             // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy
             // gave it) and their results in EXEC's reply.
@@ -520,7 +523,7 @@ impl Session {
                 queued = Some(mask);
             }
             frames.splice(0..0, std::iter::repeat_n(false, 1 + held.len()));
-            let mut all = BytesMut::from(&b"*1\r\n$5\r\nMULTI\r\n"[..]);
+            let mut all = BytesMut::from(&multi[..]);
             for command in &held {
                 all.extend_from_slice(command);
             }

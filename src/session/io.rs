@@ -116,9 +116,9 @@ impl Session {
     /// Not an `async fn`: its state would sit in every client's task (`size_tests`); the
     /// returned future is ready at once unless a step is due, which is boxed.
     pub(super) fn on_message(&mut self, msg: Reply) -> impl Future<Output = ()> + Send + '_ {
-        // Before the reply is queued for the client (one pointer test outside cluster mode
-        // and for sessions without keyspace notifications).
-        self.keyspace_confirmed(&msg);
+        // Before the reply is queued for the client (pointer tests outside cluster mode and
+        // for sessions without keyspace notifications or MONITOR).
+        self.spread_confirmed(&msg);
         let stepped = if self.reply_step_due(&msg) {
             Some(Box::pin(self.on_message_stepped(msg)))
         } else {

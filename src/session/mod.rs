@@ -436,10 +436,10 @@ enum Action {
     /// CLIENT TRACKING … REDIRECT to a client of the tenant that has no dedicated connection:
     /// its session is asked to open one, then the command goes on naming it (`summon`).
     Summon(Box<summon::Summon>),
-    /// Cluster mode: a classic (un)subscription of keyspace notifications, which each node
-    /// publishes only for its own keys: done on every other primary too, then forwarded as
-    /// the action it carries (`cluster::keyspace`).
-    Keyspace(Box<cluster::keyspace::Fanout>),
+    /// Cluster mode: a command whose effect each node has for itself only (a keyspace
+    /// notification subscription, MONITOR): done on every other primary too, then forwarded
+    /// as the action it carries (`cluster::Spread`).
+    Spread(Box<cluster::Spread>),
     /// Cluster mode: the session's own connections must follow a changed map first (see
     /// `cluster::Prepare`); the command is then decided again (`Session::prepare_then`).
     Prepare(Box<cluster::Prepare>),
@@ -548,8 +548,9 @@ enum LocalEffect {
     ReplyMode(ReplyMode),
     /// AUTH accepted by the proxy: the session is now this user (and its tenant).
     Login(Bytes),
-    /// Cluster mode: MULTI answered by the proxy, sent later with the first queued command.
-    DeferMulti,
+    /// Cluster mode: MULTI answered by the proxy, sent later with the first queued command;
+    /// the MULTI as the client spelled it.
+    DeferMulti(Bytes),
     /// Cluster mode: EXEC or DISCARD of a MULTI that was never sent (nothing queued).
     EndMulti,
     /// Cluster mode: a keyless command queued in a deferred MULTI, answered `+QUEUED` and
@@ -674,8 +675,10 @@ struct ConnState {
 #[derive(Default)]
 struct Transaction {
     /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
-    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`).
-    deferred: bool,
+    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`):
+    /// the MULTI to send then, as the client spelled it (a MONITOR shows it so, as Redis's
+    /// own suite checks).
+    deferred: Option<Bytes>,
     /// The policy refused a command inside it (or a WATCH before it was lost): EXEC must
     /// abort.
     refused: bool,
@@ -772,7 +775,7 @@ impl Action {
             } => Some((*target, *effect, Some(rewrite))),
             // Forwarded once the other primaries are done: rate limits and the audit see the
             // command it carries.
-            Action::Keyspace(fanout) => fanout.then.forwarded(),
+            Action::Spread(spread) => spread.then().forwarded(),
             _ => None,
         }
     }
@@ -1036,8 +1039,8 @@ impl Session {
                 self.queue.local(prepare.unmet());
                 self.input.closing = true;
             }
-            Action::Keyspace(fanout) => {
-                let then = Box::pin(self.keyspace_fanout(*fanout)).await;
+            Action::Spread(spread) => {
+                let then = Box::pin(self.spread(*spread)).await;
                 return Box::pin(self.execute(then, lone)).await;
             }
         }
@@ -1108,10 +1111,10 @@ impl Session {
                 self.client.names.set_lib(version, value);
             }
             LocalEffect::Login(user) => self.login(Some(user)),
-            LocalEffect::DeferMulti => {
+            LocalEffect::DeferMulti(multi) => {
                 self.routing.multi_ended();
                 self.conn.multi = Some(Transaction {
-                    deferred: true,
+                    deferred: Some(multi),
                     refused: std::mem::take(&mut self.conn.watch_lost),
                     ..Transaction::default()
                 });

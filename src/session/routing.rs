@@ -76,6 +76,9 @@ pub(super) struct ClusterState {
     /// Keyspace notification names subscribed on the other primaries and their connections
     /// (see `keyspace`); `None` until the first subscription to one.
     pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
+    /// MONITOR on the primaries other than the home node (see `monitor`); `None` while the
+    /// client does not monitor.
+    pub(super) monitor: Option<Box<cluster::monitor::ClusterMonitor>>,
     /// CLIENT TRACKING over every primary (see `tracking`); `None` while off.
     pub(super) tracking: Option<Box<tracking::ClusterTracking>>,
     /// Connections that only listen for the invalidations another client's tracking
@@ -111,6 +114,7 @@ impl Routing {
                 tx_log: None,
                 shard_subs: None,
                 keyspace: None,
+                monitor: None,
                 tracking: None,
                 listeners: None,
                 own_starts: 0,
@@ -353,6 +357,7 @@ impl Routing {
         if let Routing::Cluster(c) = self {
             c.shard_subs = None;
             c.keyspace = None;
+            c.monitor = None;
             c.tracking = None;
             // RESET makes the client RESP2, which Redis sends no redirected invalidation
             // unless it subscribes (`tracking::listeners_follow_proto`).

@@ -289,7 +289,7 @@ fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
 
 impl Session {
     /// Hook in `place`: a classic (un)subscription naming notification channels, or
-    /// patterns that may match them, becomes `Action::Keyspace`; anything else stays as it is.
+    /// patterns that may match them, becomes `Action::Spread`; anything else stays as it is.
     pub(in crate::session) fn keyspace_route(
         &self,
         router: &Router,
@@ -337,12 +337,12 @@ impl Session {
         if names.is_empty() && (subscribe || !all) {
             return action;
         }
-        Action::Keyspace(Box::new(Fanout {
+        Action::Spread(Box::new(super::Spread::Keyspace(Fanout {
             kind,
             home,
             names,
             then: action,
-        }))
+        })))
     }
 
     /// Hook before an upstream message is handled: a reply to a SUBSCRIBE or PSUBSCRIBE (the

@@ -65,6 +65,7 @@ impl Session {
         } else {
             None
         };
+        self.monitor_stops(&action);
         // Each command that goes upstream passes `caching_next` (a pending CLIENT CACHING).
         if let Some(answer) = self.shard_route(&action, args) {
             return self.caching_next(answer.into(), args);
@@ -104,7 +105,7 @@ impl Session {
         };
         let action = self.place_on_node(router, action, slot, spec, queued);
         let decision = Decision {
-            action: self.keyspace_route(router, action, args),
+            action: self.monitor_route(router, self.keyspace_route(router, action, args)),
             hash_slot: slot,
         };
         self.caching_next(decision, args)
@@ -314,7 +315,8 @@ impl Session {
                 LocalEffect::None,
             )),
             Effect::Multi if !self.conn.in_multi() => {
-                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti))
+                let multi = codec::encode(&[args.get(0)]);
+                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti(multi)))
             }
             Effect::Multi if self.conn.multi_deferred() => {
                 Some(Action::Local(answers::nested_multi(), LocalEffect::None))

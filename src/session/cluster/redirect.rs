@@ -78,6 +78,11 @@ impl Session {
                 return true;
             }
             if let Reply::PinnedClosed(id) = msg
+                && super::monitor::is_monitor_conn(*id)
+            {
+                return self.monitor_ended(*id);
+            }
+            if let Reply::PinnedClosed(id) = msg
                 && super::keyspace::is_keyspace_conn(*id)
             {
                 return Box::pin(self.keyspace_ended(*id)).await;
