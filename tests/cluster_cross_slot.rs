@@ -692,3 +692,146 @@ async fn cross_slot_writes_are_refused_naming_the_command_and_the_fix() {
     );
     proxy.stop().await;
 }
+
+/// SORT with `BY` and `GET` patterns, whose keys are on every node, which Redis Cluster
+/// refuses to any client: through the proxy it answers byte for byte what one Redis answers
+/// for the same data (the oracle, a standalone server written the same way), in RESP2 and
+/// RESP3: sorted by weight (floats, missing ones, ones of another type), by hash field, with
+/// LIMIT, DESC, ALPHA, `GET #`, missing and constant GETs, Redis's errors; with STORE it stays
+/// refused (a write across slots).
+#[tokio::test]
+async fn sort_by_and_get_patterns_answer_as_one_redis() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(common::cluster::proxy_config(&redis.live_addrs()[0], &[])).await;
+    let oracle = common::RedisServer::start();
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut o = Raw::connect(oracle.addr()).await;
+    let mut rng = common::Rng(0x5eed_5012);
+    let words = [
+        "apple", "kiwi", "fig", "date", "lime", "pear", "plum", "yuzu",
+    ];
+    let mut writes: Vec<Vec<String>> = Vec::new();
+    for i in 0..40u64 {
+        writes.push(vec!["RPUSH".into(), "tosort".into(), (i % 37).to_string()]);
+        writes.push(vec!["SADD".into(), "myset".into(), format!("m{i}")]);
+        writes.push(vec![
+            "ZADD".into(),
+            "zs".into(),
+            rng.below(100).to_string(),
+            format!("z{i}"),
+        ]);
+        let w = match rng.below(10) {
+            // Missing (0 when sorting, nil when got), of another type (the same), a float.
+            0 => None,
+            1 => {
+                writes.push(vec!["LPUSH".into(), format!("weight_{i}"), "x".into()]);
+                None
+            }
+            n => Some(format!("{}.{}", rng.below(1000), n)),
+        };
+        if let Some(w) = &w {
+            writes.push(vec!["SET".into(), format!("weight_{i}"), w.clone()]);
+        }
+        writes.push(vec![
+            "HSET".into(),
+            format!("wobj_{i}"),
+            "weight".into(),
+            rng.below(50).to_string(),
+        ]);
+        writes.push(vec![
+            "SET".into(),
+            format!("word_{i}"),
+            // Distinct: Redis leaves the order of equal ALPHA weights undefined.
+            format!("{}{i}", words[rng.below(words.len())]),
+        ]);
+        writes.push(vec![
+            "SET".into(),
+            format!("bad_{i}"),
+            if i == 7 { "nope".into() } else { i.to_string() },
+        ]);
+    }
+    writes.push(vec!["SET".into(), "str".into(), "v".into()]);
+    for w in &writes {
+        let reply = c.call(w).await;
+        assert_eq!(reply, o.call(w).await, "{w:?}");
+    }
+    let forms: &[&[&str]] = &[
+        &["SORT", "tosort", "BY", "weight_*"],
+        &[
+            "SORT", "tosort", "BY", "weight_*", "DESC", "LIMIT", "3", "7",
+        ],
+        &["SORT", "tosort", "BY", "weight_*", "LIMIT", "-5", "-1"],
+        &["SORT", "tosort", "BY", "weight_*", "LIMIT", "60", "5"],
+        &[
+            "SORT",
+            "tosort",
+            "BY",
+            "wobj_*->weight",
+            "GET",
+            "#",
+            "GET",
+            "weight_*",
+        ],
+        &[
+            "SORT",
+            "tosort",
+            "GET",
+            "wobj_*->weight",
+            "GET",
+            "nokey",
+            "GET",
+            "missing_*",
+        ],
+        &["SORT", "tosort", "GET", "#", "DESC"],
+        &[
+            "SORT", "tosort", "BY", "nosort", "GET", "weight_*", "LIMIT", "2", "5",
+        ],
+        &[
+            "SORT_RO", "tosort", "BY", "word_*", "ALPHA", "GET", "#", "GET", "word_*",
+        ],
+        &[
+            "SORT", "tosort", "BY", "word_*", "ALPHA", "DESC", "LIMIT", "0", "10",
+        ],
+        &["SORT", "myset", "BY", "score:*"],
+        &[
+            "SORT",
+            "myset",
+            "BY",
+            "weight_*",
+            "GET",
+            "#",
+            "GET",
+            "wobj_*->weight",
+        ],
+        &["SORT", "zs", "BY", "wobj_*->weight", "GET", "#"],
+        &[
+            "SORT", "zs", "BY", "nosort", "DESC", "LIMIT", "0", "4", "GET", "#",
+        ],
+        &["SORT", "tosort", "BY", "bad_*"],
+        &["SORT", "str", "BY", "weight_*"],
+        &["SORT", "nokey", "BY", "weight_*", "GET", "#"],
+    ];
+    for proto in ["2", "3"] {
+        if proto == "3" {
+            assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
+            assert!(o.call(&["HELLO", "3"]).await.starts_with(b"%"));
+        }
+        for form in forms {
+            let want = o.call(form).await;
+            assert!(
+                !want.starts_with(b"-ERR syntax"),
+                "the oracle refused {form:?}: {}",
+                show(&want)
+            );
+            assert_eq!(
+                show(&c.call(form).await),
+                show(&want),
+                "RESP{proto}: {form:?}"
+            );
+        }
+    }
+    let store = c
+        .call(&["SORT", "tosort", "BY", "weight_*", "STORE", "dst"])
+        .await;
+    assert!(store.starts_with(b"-CROSSSLOT"), "{}", show(&store));
+}

@@ -39,6 +39,11 @@ pub(crate) fn bulk(text: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// SORT's error for a weight (or element) that is not a number, as Redis words it.
+pub(crate) fn sort_not_double() -> Bytes {
+    Bytes::from_static(b"-ERR One or more scores can't be converted into double\r\n")
+}
+
 /// A null bulk string in the client's RESP version (`_` in RESP3).
 pub(crate) fn null(proto: u8) -> Bytes {
     Bytes::from_static(if proto == 3 { b"_\r\n" } else { b"$-1\r\n" })

@@ -9,7 +9,8 @@
 //!   deferred MULTI, keys in several slots);
 //! - `gather`: commands answered from several nodes (`Gather`): a whole-keyspace command
 //!   sent to every primary, a multi-key command split by slot, a set read across slots
-//!   answered from its keys' members, one step of a SCAN;
+//!   answered from its keys' members, one step of a SCAN; `sort` SORT with `BY`/`GET`
+//!   patterns, which name keys on any node;
 //! - `redirect`: MOVED, ASK and TRYAGAIN followed, and a batch routed again after its node
 //!   failed;
 //! - `exchange`: a batch sent to one node outside the session's reply order and its replies
@@ -40,6 +41,7 @@ pub(super) mod monitor;
 mod place;
 mod redirect;
 pub(super) mod shard_subs;
+mod sort;
 mod subscriber;
 pub(super) mod tracking;
 mod transaction;
@@ -59,6 +61,9 @@ pub(super) enum Gather {
     Split(Split),
     /// One step of a SCAN over every primary.
     Scan(Scan),
+    /// SORT with `BY`/`GET` patterns: the elements, their weights and values read from
+    /// their nodes, sorted here (see `sort`).
+    Sort(sort::SortGather),
     /// SSUBSCRIBE/SUNSUBSCRIBE, answered over the per-node pub/sub connections (see
     /// `shard_subs`).
     ShardPubSub(shard_subs::ShardCommand),

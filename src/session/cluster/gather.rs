@@ -87,6 +87,7 @@ impl Session {
             Gather::Fanout(fanout) => self.fanout(fanout).await,
             Gather::Split(split) => self.split(split).await,
             Gather::Scan(scan) => self.scan(scan).await,
+            Gather::Sort(sort) => Box::pin(self.sort(sort)).await,
             Gather::ShardPubSub(command) => self.shard_command(command).await,
             Gather::Tracking(command) => self.tracking_command(command).await,
             Gather::Login(command) => Box::pin(self.login_command(command)).await,

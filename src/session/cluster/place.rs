@@ -51,7 +51,7 @@ impl Session {
         // skipping them is a fifth of cluster mode's instructions per command at `-P 16`
         // (docs/performance.md). Anything else (keyless, keys in several slots) takes the
         // full path with the slot already found.
-        let known = if self.places_plainly(router, &action) {
+        let known = if self.places_plainly(router, &action) && !super::sort::is_sort(spec) {
             match self.key_slot(router, args, None, spec) {
                 Ok(Some(slot)) => {
                     let action = self.place_on_node(router, action, Some(slot), spec, queued);
@@ -81,6 +81,17 @@ impl Session {
         };
         if let Some(answer) = self.cluster_command(args, effect, rewrite) {
             return answer.into();
+        }
+        // SORT with patterns naming other keys, which a node refuses: gathered (`sort`).
+        if super::sort::is_sort(spec)
+            && !self.conn.in_multi()
+            && matches!(target, Target::Shared(..))
+            && let Some(sort) = super::sort::plan(args, rewrite)
+        {
+            return self.caching_next(
+                Action::Gather(Box::new(super::Gather::Sort(sort))).into(),
+                args,
+            );
         }
         let rewritten = rewrite.and_then(|r| r.command.as_ref());
         let slot = match known.unwrap_or_else(|| self.key_slot(router, args, rewritten, spec)) {
