@@ -786,6 +786,10 @@ async fn sort_by_and_get_patterns_answer_as_one_redis() {
         &[
             "SORT", "tosort", "BY", "nosort", "GET", "weight_*", "LIMIT", "2", "5",
         ],
+        // A constant BY first: nothing is sorted, the later pattern is never read.
+        &[
+            "SORT", "tosort", "BY", "nosort", "BY", "weight_*", "GET", "#", "DESC",
+        ],
         &[
             "SORT_RO", "tosort", "BY", "word_*", "ALPHA", "GET", "#", "GET", "word_*",
         ],

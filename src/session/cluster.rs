@@ -126,7 +126,7 @@ impl Session {
 
     /// Hook before an upstream message is handled, for what the other primaries wait on:
     /// the home connection's confirmation of a keyspace subscription or of MONITOR.
-    pub(super) fn spread_confirmed(&self, msg: &crate::upstream::Reply) {
+    pub(super) fn spread_confirmed(&mut self, msg: &crate::upstream::Reply) {
         self.keyspace_confirmed(msg);
         self.monitor_confirmed(msg);
     }

@@ -192,8 +192,9 @@ impl Session {
 
     /// Hook before an upstream message is handled: the home connection's `+OK` to the
     /// client's MONITOR opens the gate of the other primaries' lines (before the reply is
-    /// queued for the client, so they come after it).
-    pub(in crate::session) fn monitor_confirmed(&self, msg: &Reply) {
+    /// queued for the client, so they come after it); its error (the client is not
+    /// monitoring) closes the other primaries' MONITORs.
+    pub(in crate::session) fn monitor_confirmed(&mut self, msg: &Reply) {
         let Some(monitor) = self.routing.cluster().and_then(|c| c.monitor.as_deref()) else {
             return;
         };
@@ -216,6 +217,11 @@ impl Session {
             });
         if monitors && data.starts_with(b"+OK") {
             *lock(&monitor.open) = true;
+        } else if monitors
+            && data.first() == Some(&b'-')
+            && let Some(c) = self.routing.cluster_mut()
+        {
+            c.monitor = None;
         }
     }
 

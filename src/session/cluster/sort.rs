@@ -39,8 +39,9 @@ use std::cmp::Ordering;
 /// A SORT the proxy answers by gathering (module comment).
 #[derive(Debug, PartialEq)]
 pub(in crate::session) struct SortGather {
-    /// The first step, for the sorted key's node: `SORT key` with the client's options but
-    /// its GETs, or `SORT key BY nosort` when `by` sorts.
+    /// The first step, for the sorted key's node: `SORT key` with the options as Redis
+    /// ends up reading them (`BY nosort` for a constant BY, the last LIMIT, DESC, ALPHA) but
+    /// the GETs, or `SORT key BY nosort` when `by` sorts.
     first: Bytes,
     /// The sorted key, whose node answers `first`.
     key: Bytes,
@@ -96,8 +97,6 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
     let mut limit = None;
     let mut by: Option<&[u8]> = None;
     let mut gets = Vec::new();
-    // The client's arguments but its GETs: the node's part when it sorts.
-    let mut kept: Vec<&[u8]> = vec![name, key];
     let mut j = 2;
     while j < argv.len() {
         let a = argv[j];
@@ -112,7 +111,6 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
             let start = codec::parse_int(argv[j + 1])?;
             let count = codec::parse_int(argv[j + 2])?;
             limit = Some((start, count));
-            kept.extend_from_slice(&argv[j..j + 3]);
             j += 3;
             continue;
         } else if !readonly && keyword(a, b"STORE") && left >= 1 {
@@ -124,7 +122,6 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
                 dontsort = true;
             }
             by = Some(pattern);
-            kept.extend_from_slice(&argv[j..j + 2]);
             j += 2;
             continue;
         } else if keyword(a, b"GET") && left >= 1 {
@@ -134,7 +131,6 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
         } else {
             return None;
         }
-        kept.push(a);
         j += 1;
     }
     let sorting_by = by.filter(|_| !dontsort);
@@ -143,7 +139,25 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
     }
     let first = match sorting_by {
         Some(_) => codec::encode(&[name, key, b"BY", b"nosort"]),
-        None => codec::encode(&kept),
+        None => {
+            // What Redis makes of the options, so a BY with a `*` after a constant one (which
+            // the node would refuse, and which sorts nothing) is not sent.
+            let (start, count) = limit.map(|(s, c)| (s.to_string(), c.to_string())).unzip();
+            let mut node: Vec<&[u8]> = vec![name, key];
+            if dontsort {
+                node.extend([&b"BY"[..], b"nosort"]);
+            }
+            if let (Some(start), Some(count)) = (&start, &count) {
+                node.extend([&b"LIMIT"[..], start.as_bytes(), count.as_bytes()]);
+            }
+            if desc {
+                node.push(b"DESC");
+            }
+            if alpha {
+                node.push(b"ALPHA");
+            }
+            codec::encode(&node)
+        }
     };
     Some(SortGather {
         first,
@@ -464,17 +478,21 @@ mod tests {
         assert_eq!(by.first, codec::encode(&[b"sort", b"k", b"BY", b"nosort"]));
         assert_eq!(by.by.as_deref(), Some(&b"w_*"[..]));
         assert_eq!((by.desc, by.alpha, by.limit), (true, true, Some((5, 5))));
-        // The node sorts: the client's options but its GETs.
-        let get = plan_of("SORT k GET # DESC GET w_*->f LIMIT 0 2").unwrap();
+        // The node sorts, with the options as Redis reads them, but the GETs.
+        let get = plan_of("SORT k GET # DESC GET w_*->f LIMIT 0 2 LIMIT 1 3 asc alpha").unwrap();
         assert_eq!(
             get.first,
-            codec::encode(&[b"SORT", b"k", b"DESC", b"LIMIT", b"0", b"2"])
+            codec::encode(&[b"SORT", b"k", b"LIMIT", b"1", b"3", b"ALPHA"])
         );
         assert_eq!(get.by, None);
         assert_eq!(get.gets, [&b"#"[..], b"w_*->f"]);
         // A constant BY anywhere means no sorting, as Redis's `dontsort` stays set.
-        let constant = plan_of("SORT k BY nosort BY w_* GET #").unwrap();
+        let constant = plan_of("SORT k BY nosort BY w_* GET # DESC").unwrap();
         assert_eq!(constant.by, None);
+        assert_eq!(
+            constant.first,
+            codec::encode(&[b"SORT", b"k", b"BY", b"nosort", b"DESC"])
+        );
         assert_eq!(
             plan_of("SORT k BY w\0* GET #").unwrap().by,
             None,
