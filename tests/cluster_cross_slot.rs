@@ -839,3 +839,65 @@ async fn sort_by_and_get_patterns_answer_as_one_redis() {
         .await;
     assert!(store.starts_with(b"-CROSSSLOT"), "{}", show(&store));
 }
+
+/// XREAD of streams in several slots (without BLOCK) answers byte for byte what one Redis
+/// answers for the same streams (the oracle, a standalone server written the same way), in
+/// RESP2 and RESP3: the streams with entries in the order asked, COUNT per stream, a null
+/// when none has any, Redis's errors; with BLOCK it stays refused, naming hash tags.
+#[tokio::test]
+async fn xread_across_slots_answers_as_one_redis() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(common::cluster::proxy_config(&redis.live_addrs()[0], &[])).await;
+    let oracle = common::RedisServer::start();
+    let mut c = Raw::connect(proxy.addr).await;
+    let mut o = Raw::connect(oracle.addr()).await;
+    // One stream on each primary and one with no entries, in an order that crosses nodes.
+    let mut streams: Vec<String> = redis
+        .primaries()
+        .iter()
+        .map(|p| redis.key_on(p, "stream"))
+        .collect();
+    streams.reverse();
+    streams.push("empty-stream".into());
+    for (i, s) in streams.iter().take(3).enumerate() {
+        for e in 1..=3 {
+            let (id, value) = (format!("{e}-{i}"), format!("v{i}.{e}"));
+            let add = ["XADD", s.as_str(), id.as_str(), "f", value.as_str()];
+            assert_eq!(c.call(&add).await, o.call(&add).await, "{add:?}");
+        }
+    }
+    let set = ["SET", "a-string", "v"];
+    assert_eq!(c.call(&set).await, o.call(&set).await);
+    let s: Vec<&str> = streams.iter().map(String::as_str).collect();
+    let forms: Vec<Vec<&str>> = vec![
+        vec![
+            "XREAD", "STREAMS", s[0], s[1], s[2], s[3], "0", "0", "0", "0",
+        ],
+        vec!["xread", "count", "2", "streams", s[2], s[0], "1-0", "0"],
+        vec![
+            "XREAD", "COUNT", "1", "COUNT", "5", "STREAMS", s[1], s[3], "0", "0",
+        ],
+        vec!["XREAD", "STREAMS", s[0], s[1], "9-0", "9-0"],
+        vec!["XREAD", "STREAMS", s[3], s[0], "$", "$"],
+        vec!["XREAD", "STREAMS", s[0], s[1], "0", "not-an-id"],
+        vec!["XREAD", "STREAMS", s[0], "a-string", "0", "0"],
+    ];
+    for proto in ["2", "3"] {
+        if proto == "3" {
+            assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
+            assert!(o.call(&["HELLO", "3"]).await.starts_with(b"%"));
+        }
+        for form in &forms {
+            assert_eq!(
+                show(&c.call(form).await),
+                show(&o.call(form).await),
+                "RESP{proto}: {form:?}"
+            );
+        }
+    }
+    let block = c
+        .call(&["XREAD", "BLOCK", "10", "STREAMS", s[0], s[1], "0", "0"])
+        .await;
+    assert!(block.starts_with(b"-CROSSSLOT"), "{}", show(&block));
+    assert!(show(&block).contains("hash tag"), "{}", show(&block));
+}

@@ -459,8 +459,8 @@ impl Session {
 }
 
 /// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
-/// EXISTS, TOUCH), as one sub-command per slot grouped by node, or a read answered from its
-/// keys' contents (SUNION, SINTER, SDIFF, SINTERCARD, ZUNION, ZINTER, ZDIFF, ZINTERCARD,
+/// EXISTS, TOUCH; XREAD without BLOCK, one per stream), as one sub-command per slot grouped by
+/// node, or a read answered from its keys' contents (SUNION, SINTER, SDIFF, SINTERCARD, ZUNION, ZINTER, ZDIFF, ZINTERCARD,
 /// PFCOUNT: `gather_members`); `None` for any other command (it gets CROSSSLOT), or when a
 /// slot has no owner or the policy's rewrite cannot be split. ZUNION and ZINTER only when
 /// `doubles_as_7_0` (`Session::doubles_as_7_0`).
@@ -481,6 +481,13 @@ pub(super) fn split(
         },
         None => args.iter().collect(),
     };
+    if let Some(streams) = xread(&argv) {
+        // A read has no hidden commands to place; one it had would be dropped here.
+        if rewrite.is_some_and(|r| !r.after.is_empty()) {
+            return None;
+        }
+        return read_streams(router, &argv, streams);
+    }
     if let Some((join, keys)) = set_command(&argv, doubles_as_7_0) {
         // A read has no hidden commands to place; one it had would be dropped here.
         if rewrite.is_some_and(|r| !r.after.is_empty()) {
@@ -519,6 +526,58 @@ pub(super) fn split(
         batches,
         join,
         keys: (argv.len() - 1) / step,
+    }))))
+}
+
+/// XREAD without BLOCK as `xreadCommand` reads it: where its options end (`STREAMS` and the
+/// COUNT before it, as given) and where its keys are; `None` for any other command, with
+/// BLOCK (a gathered read would have to block on every node at once), or with arguments
+/// Redis would refuse (the command then gets CROSSSLOT, as Redis Cluster checks the slots
+/// before the arguments).
+fn xread(argv: &[&[u8]]) -> Option<(Option<usize>, std::ops::Range<usize>)> {
+    if !argv.first()?.eq_ignore_ascii_case(b"XREAD") {
+        return None;
+    }
+    let options = crate::commands::grammar::xread_options(argv, false)?;
+    if options.block.is_some() {
+        return None;
+    }
+    let first = options.streams?;
+    let mut count = None;
+    for (i, a) in argv.iter().enumerate().take(first).skip(1) {
+        if keyword(a, b"COUNT") && i + 1 < first {
+            codec::parse_int(argv[i + 1])?;
+            count = Some(i + 1);
+        }
+    }
+    let n = argv.len() - first;
+    (n > 0 && n % 2 == 0).then_some((count, first..first + n / 2))
+}
+
+/// XREAD of streams in several slots: one `XREAD [COUNT n] STREAMS key id` per stream, grouped
+/// by node, the streams that have entries put back in the client's order (`Join::Streams`).
+fn read_streams(
+    router: &Router,
+    argv: &[&[u8]],
+    (count, keys): (Option<usize>, std::ops::Range<usize>),
+) -> Option<Action> {
+    let snapshot = router.snapshot();
+    let mut batches: Vec<NodeBatch> = Vec::new();
+    let n = keys.len();
+    for (position, k) in keys.enumerate() {
+        let b = batch_for(&mut batches, snapshot.owner(router.slot_of(argv[k]))?);
+        let mut sub: Vec<&[u8]> = vec![argv[0]];
+        if let Some(c) = count {
+            sub.extend([argv[c - 1], argv[c]]);
+        }
+        sub.extend([argv[k - position - 1], argv[k], argv[k + n]]);
+        b.bytes.extend_from_slice(&codec::encode(&sub));
+        b.parts.push(vec![position]);
+    }
+    Some(Action::Gather(Box::new(Gather::Split(Split {
+        batches,
+        join: Join::Streams,
+        keys: n,
     }))))
 }
 

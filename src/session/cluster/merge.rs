@@ -57,6 +57,9 @@ pub(super) enum Join {
     /// PFCOUNT: one `GET` per key, the HyperLogLogs merged and counted as one Redis counts
     /// several keys (see [`hll`]).
     HllCount,
+    /// XREAD: one XREAD per stream; the streams that have entries, in the client's order, as
+    /// one reply (none: a null).
+    Streams,
 }
 
 /// What a set command across slots computes from its keys' members (a missing key is an
@@ -246,6 +249,9 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
     if how == Join::HllCount {
         return join_hll(keys, parts);
     }
+    if how == Join::Streams {
+        return join_streams(parts, proto);
+    }
     if how != Join::Values {
         let replies: Vec<Bytes> = parts.iter().map(|(_, r)| r.clone()).collect();
         return merge(
@@ -289,6 +295,45 @@ pub(super) fn join(how: Join, keys: usize, parts: &[(Vec<usize>, Bytes)], proto:
         out.extend_from_slice(if v.is_empty() { nil } else { &v });
     }
     out.freeze()
+}
+
+/// XREAD's reply from one reply per stream (`parts`, each at its stream's position): the
+/// streams with entries in the client's order, as an array of `[stream, entries]` pairs
+/// (RESP2) or a map (RESP3), as Redis answers; a null when none has any; the first error
+/// in the client's order if a stream's XREAD failed.
+fn join_streams(parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
+    let mut ordered: Vec<(usize, &Bytes)> = parts
+        .iter()
+        .map(|(p, r)| (p.first().copied().unwrap_or(usize::MAX), r))
+        .collect();
+    ordered.sort_by_key(|(p, _)| *p);
+    if let Some((_, e)) = ordered.iter().find(|(_, r)| r.first() == Some(&b'-')) {
+        return (*e).clone();
+    }
+    let mut out = BytesMut::new();
+    let mut streams = 0;
+    for (_, reply) in ordered {
+        if matches!(&reply[..], b"*-1\r\n" | b"_\r\n") {
+            continue;
+        }
+        // One stream asked: `*1` then its `[stream, entries]` pair, or `%1` then the two.
+        let Some(cr) = memchr::memchr(b'\r', reply) else {
+            return unexpected(reply);
+        };
+        let one = match (reply.first(), codec::parse_int(&reply[1..cr])) {
+            (Some(b'*' | b'%'), Some(1)) => reply.slice(cr + 2..),
+            _ => return unexpected(reply),
+        };
+        out.extend_from_slice(&one);
+        streams += 1;
+    }
+    if streams == 0 {
+        return answers::null_array(proto);
+    }
+    let head = if proto == 3 { '%' } else { '*' };
+    let mut reply = BytesMut::from(format!("{head}{streams}\r\n").as_bytes());
+    reply.extend_from_slice(&out);
+    reply.freeze()
 }
 
 /// What a sorted-set command across slots computes from its keys' members and scores (a
