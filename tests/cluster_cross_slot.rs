@@ -838,6 +838,19 @@ async fn sort_by_and_get_patterns_answer_as_one_redis() {
         .call(&["SORT", "tosort", "BY", "weight_*", "STORE", "dst"])
         .await;
     assert!(store.starts_with(b"-CROSSSLOT"), "{}", show(&store));
+    // The proxy reads at most 100,000 keys for one SORT (40 elements x 2,501 GETs is more):
+    // refused, saying why, and the connection goes on.
+    let mut huge = vec!["SORT", "tosort"];
+    for _ in 0..2_501 {
+        huge.extend(["GET", "weight_*"]);
+    }
+    let refused = c.call(&huge).await;
+    assert!(
+        refused.starts_with(b"-ERR SORT with BY/GET patterns across a cluster"),
+        "{}",
+        show(&refused)
+    );
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
 }
 
 /// XREAD of streams in several slots (without BLOCK) answers byte for byte what one Redis

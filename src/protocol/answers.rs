@@ -39,6 +39,16 @@ pub(crate) fn bulk(text: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// A gathered SORT (cluster mode) that would read more pattern keys than the proxy holds
+/// for one command.
+pub(crate) fn sort_gather_too_large(max: usize) -> Bytes {
+    Bytes::from(format!(
+        "-ERR SORT with BY/GET patterns across a cluster is answered by redis-policy-proxy, \
+         which reads each pattern's key on its node: at most {max} per command; sort fewer \
+         elements, use LIMIT or fewer GET patterns\r\n"
+    ))
+}
+
 /// SORT's error for a weight (or element) that is not a number, as Redis words it.
 pub(crate) fn sort_not_double() -> Bytes {
     Bytes::from_static(b"-ERR One or more scores can't be converted into double\r\n")

@@ -19,7 +19,8 @@
 //! Differences from one Redis: not atomic (a weight written meanwhile may be read before or
 //! after); ALPHA with a `BY` pattern compares bytes, as Redis does under the C locale
 //! (Redis uses `strcoll` in its own locale; without `BY` the node sorts, so its locale
-//! applies); memory for the elements and their lookups while the command runs. Not gathered
+//! applies); memory for the elements and their lookups while the command runs, at most
+//! `MAX_LOOKUPS` keys read per command (past it the command is refused, saying why). Not gathered
 //! (the node answers as before): `STORE` (a write across slots: refused with CROSSSLOT, its
 //! refusal naming hash tags), inside MULTI or a pinned session, a namespaced tenant (the
 //! policy refuses its patterns), options Redis refuses.
@@ -35,6 +36,12 @@ use crate::session::route::Args;
 use crate::topology::cluster::Router;
 use bytes::{Bytes, BytesMut};
 use std::cmp::Ordering;
+
+/// The most keys one gathered SORT reads (weights and GET values together): each costs the
+/// proxy its key and value while the command runs, and a client names as many GET patterns
+/// as it likes, so without a bound one command could hold the proxy's memory for every
+/// tenant. 100,000 lookups hold about 10 MB; past it the command is refused, saying why.
+pub(in crate::session) const MAX_LOOKUPS: usize = 100_000;
 
 /// A SORT the proxy answers by gathering (module comment).
 #[derive(Debug, PartialEq)]
@@ -343,6 +350,17 @@ impl Session {
                 Some(e) => elements.push((item.slice_ref(e), None)),
                 None => return reply,
             }
+        }
+        // Bounded before anything is looked up (`MAX_LOOKUPS`): the weights, then each
+        // element LIMIT keeps times the GET patterns.
+        let weighed = if sort.by.is_some() { elements.len() } else { 0 };
+        let kept = if sort.by.is_some() {
+            window(elements.len(), sort.limit).len()
+        } else {
+            elements.len()
+        };
+        if weighed.saturating_add(kept.saturating_mul(sort.gets.len())) > MAX_LOOKUPS {
+            return answers::sort_gather_too_large(MAX_LOOKUPS);
         }
         let mut range = 0..elements.len();
         if let Some(by) = &sort.by {
