@@ -508,11 +508,12 @@ impl Session {
         // What the transaction queues, before a deferred MULTI joins the frames.
         let mut queued = frames.contains(&false).then(|| frames.clone());
         let bytes = if self.conn.multi_deferred() && matches!(target, Target::Dedicated(_)) {
+            if let Some(multi) = &mut self.conn.multi {
+                multi.deferred = false;
+            }
             let multi = self
-                .conn
-                .multi
-                .as_mut()
-                .and_then(|m| m.deferred.take())
+                .routing
+                .take_deferred_multi()
                 .unwrap_or_else(|| Bytes::from_static(b"*1\r\n$5\r\nMULTI\r\n"));
             let held = self.routing.take_held_in_multi();
             // The held keyless commands are queued first, their `+QUEUED` hidden (the proxy

@@ -675,10 +675,9 @@ struct ConnState {
 #[derive(Default)]
 struct Transaction {
     /// Cluster mode: MULTI was answered by the proxy and not sent yet, because the node it
-    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`):
-    /// the MULTI to send then, as the client spelled it (a MONITOR shows it so, as Redis's
-    /// own suite checks).
-    deferred: Option<Bytes>,
+    /// must run on is the owner of the first queued command's keys (see `docs/cluster.md`;
+    /// the client's MULTI waits in `ClusterState::deferred_multi`).
+    deferred: bool,
     /// The policy refused a command inside it (or a WATCH before it was lost): EXEC must
     /// abort.
     refused: bool,
@@ -1113,8 +1112,9 @@ impl Session {
             LocalEffect::Login(user) => self.login(Some(user)),
             LocalEffect::DeferMulti(multi) => {
                 self.routing.multi_ended();
+                self.routing.defer_multi(multi);
                 self.conn.multi = Some(Transaction {
-                    deferred: Some(multi),
+                    deferred: true,
                     refused: std::mem::take(&mut self.conn.watch_lost),
                     ..Transaction::default()
                 });

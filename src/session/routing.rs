@@ -76,6 +76,9 @@ pub(super) struct ClusterState {
     /// Keyspace notification names subscribed on the other primaries and their connections
     /// (see `keyspace`); `None` until the first subscription to one.
     pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
+    /// While MULTI is deferred: the client's MULTI as it spelled it, sent with the first
+    /// command that names a node (a MONITOR shows it so, as Redis's own suite checks).
+    pub(super) deferred_multi: Option<bytes::Bytes>,
     /// MONITOR on the primaries other than the home node (see `monitor`); `None` while the
     /// client does not monitor.
     pub(super) monitor: Option<Box<cluster::monitor::ClusterMonitor>>,
@@ -115,6 +118,7 @@ impl Routing {
                 shard_subs: None,
                 keyspace: None,
                 monitor: None,
+                deferred_multi: None,
                 tracking: None,
                 listeners: None,
                 own_starts: 0,
@@ -306,6 +310,22 @@ impl Routing {
         }
     }
 
+    /// A MULTI the proxy answered (cluster mode), kept as the client spelled it until the
+    /// first key picks the transaction's node.
+    pub(super) fn defer_multi(&mut self, multi: bytes::Bytes) {
+        if let Routing::Cluster(c) = self {
+            c.deferred_multi = Some(multi);
+        }
+    }
+
+    /// The deferred MULTI as the client spelled it, taken to be sent now (`defer_multi`).
+    pub(super) fn take_deferred_multi(&mut self) -> Option<bytes::Bytes> {
+        match self {
+            Routing::Cluster(c) => c.deferred_multi.take(),
+            _ => None,
+        }
+    }
+
     /// A keyless command of a cluster MULTI held until the first key picks the node.
     pub(super) fn hold_in_multi(&mut self, command: bytes::Bytes) {
         if let Routing::Cluster(c) = self {
@@ -319,6 +339,7 @@ impl Routing {
         if let Routing::Cluster(c) = self {
             c.multi_slot = None;
             c.held_in_multi = Vec::new();
+            c.deferred_multi = None;
         }
     }
 

@@ -85,7 +85,7 @@ impl ConnState {
 
     /// Cluster mode: MULTI is open but not sent yet.
     pub(super) fn multi_deferred(&self) -> bool {
-        self.multi.as_ref().is_some_and(|m| m.deferred.is_some())
+        self.multi.as_ref().is_some_and(|m| m.deferred)
     }
 
     /// The policy refused a command in the open MULTI.
