@@ -470,17 +470,7 @@ pub(super) fn split(
     rewrite: Option<&crate::policy::rewrite::Rewrite>,
     doubles_as_7_0: bool,
 ) -> Option<Action> {
-    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
-        return None;
-    }
-    let mut ranges = Vec::new();
-    let argv: Vec<&[u8]> = match rewrite.and_then(|r| r.command.as_ref()) {
-        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
-            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
-            _ => return None,
-        },
-        None => args.iter().collect(),
-    };
+    let argv = decided_argv(args, rewrite)?;
     if let Some(streams) = xread(&argv) {
         // A read has no hidden commands to place; one it had would be dropped here.
         if rewrite.is_some_and(|r| !r.after.is_empty()) {
@@ -527,6 +517,27 @@ pub(super) fn split(
         join,
         keys: (argv.len() - 1) / step,
     }))))
+}
+
+/// A command's arguments as decided: the policy's rewrite of it when it has one, else the
+/// client's; `None` when the rewrite does more than replace the command (appends to it,
+/// strips a namespace from its reply, sends a command before it), which a split or gathered
+/// command cannot carry. Hidden commands after it (`Rewrite::after`) are the caller's.
+pub(super) fn decided_argv<'a>(
+    args: &'a Args<'_>,
+    rewrite: Option<&'a crate::policy::rewrite::Rewrite>,
+) -> Option<Vec<&'a [u8]>> {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
+        return None;
+    }
+    let mut ranges = Vec::new();
+    Some(match rewrite.and_then(|r| r.command.as_ref()) {
+        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
+            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
+            _ => return None,
+        },
+        None => args.iter().collect(),
+    })
 }
 
 /// XREAD without BLOCK as `xreadCommand` reads it: where its options end (`STREAMS` and the

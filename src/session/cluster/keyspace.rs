@@ -51,7 +51,7 @@ use super::shard_subs::{NodeConn, RETRY_EVERY, Stock};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
 use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Session, Slot, Target};
+use crate::session::{Action, Effect, Session, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Reply, Subscriptions};
@@ -254,37 +254,12 @@ pub(in crate::session) struct Fanout {
 
 /// The extra connection's push target: `push` behind a filter that passes only the
 /// notifications `names` admits (and the connection's end), returning the push budget of
-/// what it drops.
+/// what it drops. Judged and sent under the names' lock (`super::gated`): a name confirmed
+/// or unsubscribed by the session changes either before the delivery is judged or after it
+/// is in the session's channel, so it keeps its place against the home connection's
+/// confirmations.
 fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
-    let (tx, mut rx) = crate::upstream::reply_channel();
-    let to = push.to.clone();
-    let budget = push.budget.clone();
-    tokio::spawn(async move {
-        while let Some(reply) = rx.recv().await {
-            match reply {
-                Reply::Push(frame, permits) => {
-                    // Sent under the lock: a name confirmed or unsubscribed by the session
-                    // changes either before the delivery is judged or after it is in the
-                    // session's channel, so it keeps its place against the home
-                    // connection's confirmations.
-                    let names = lock(&names);
-                    if !names.admits(&frame) {
-                        budget.add_permits(permits as usize);
-                    } else if to.send(Reply::Push(frame, permits)).is_err() {
-                        return;
-                    }
-                }
-                // The proxy's own subscriptions: nothing to move when the connection fails.
-                Reply::Subscriptions(..) => {}
-                other => {
-                    if to.send(other).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    PushTarget { to: tx, ..push }
+    super::gated(push, names, |names, frame| names.admits(frame))
 }
 
 impl Session {
@@ -351,25 +326,10 @@ impl Session {
     /// and the filters forward under the same lock, so those deliveries come after the
     /// confirmation.
     pub(in crate::session) fn keyspace_confirmed(&self, msg: &Reply) {
-        let Reply::Batch {
-            data,
-            error: None,
-            seq,
-            ..
-        } = msg
-        else {
-            return;
-        };
         let Some(subs) = self.routing.keyspace() else {
             return;
         };
-        let slot = self
-            .queue
-            .slot_of(*seq)
-            .and_then(|i| self.queue.slots.get(i));
-        let subscribes = matches!(slot, Some(Slot::Upstream { handling, .. })
-            if handling.name.is_some_and(|spec| matches!(spec.name, "subscribe" | "psubscribe")));
-        if subscribes {
+        if let Some(data) = self.answer_to(msg, &["subscribe", "psubscribe"]) {
             lock(&subs.names).confirm(data);
         }
     }

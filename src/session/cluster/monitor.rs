@@ -67,33 +67,11 @@ pub(in crate::session) struct Fanout {
 }
 
 /// The extra connection's push target: `push` behind the gate, which passes its lines while
-/// `open` and returns the push budget of those it drops. A line passes under the gate's lock,
-/// so once the gate is closed no line is on its way: one that passed is in the session's
-/// channel already, before the reply of the RESET that closed it.
+/// `open` and returns the push budget of those it drops. A line passes under the gate's lock
+/// (`super::gated`), so once the gate is closed no line is on its way: one that passed is in
+/// the session's channel already, before the reply of the RESET that closed it.
 fn gated(push: PushTarget, open: Arc<Mutex<bool>>) -> PushTarget {
-    let (tx, mut rx) = crate::upstream::reply_channel();
-    let to = push.to.clone();
-    let budget = push.budget.clone();
-    tokio::spawn(async move {
-        while let Some(reply) = rx.recv().await {
-            match reply {
-                Reply::Push(frame, permits) => {
-                    let open = lock(&open);
-                    if !*open {
-                        budget.add_permits(permits as usize);
-                    } else if to.send(Reply::Push(frame, permits)).is_err() {
-                        return;
-                    }
-                }
-                other => {
-                    if to.send(other).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    PushTarget { to: tx, ..push }
+    super::gated(push, open, |open, _| *open)
 }
 
 impl Session {
@@ -198,27 +176,12 @@ impl Session {
         let Some(monitor) = self.routing.cluster().and_then(|c| c.monitor.as_deref()) else {
             return;
         };
-        let Reply::Batch {
-            data,
-            error: None,
-            seq,
-            ..
-        } = msg
-        else {
+        let Some(data) = self.answer_to(msg, &["monitor"]) else {
             return;
         };
-        let monitors = self
-            .queue
-            .slot_of(*seq)
-            .and_then(|i| self.queue.slots.get(i))
-            .is_some_and(|slot| {
-                matches!(slot, crate::session::Slot::Upstream { handling, .. }
-                    if handling.name.is_some_and(|spec| spec.name == "monitor"))
-            });
-        if monitors && data.starts_with(b"+OK") {
+        if data.starts_with(b"+OK") {
             *lock(&monitor.open) = true;
-        } else if monitors
-            && data.first() == Some(&b'-')
+        } else if data.first() == Some(&b'-')
             && let Some(c) = self.routing.cluster_mut()
         {
             c.monitor = None;

@@ -29,7 +29,6 @@ use super::exchange::{lost_reply, receive};
 use super::redirect::may_redirect;
 use crate::commands::grammar::keyword;
 use crate::policy::rewrite::Rewrite;
-use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::{answers, codec};
 use crate::session::Session;
 use crate::session::route::Args;
@@ -73,20 +72,11 @@ pub(super) fn is_sort(spec: Option<&crate::commands::CommandSpec>) -> bool {
 /// or a sorting `BY` pattern; `None` for any other command, with STORE, with options Redis
 /// refuses, or when the policy's rewrite does more than replace the command.
 pub(super) fn plan(args: &Args<'_>, rewrite: Option<&Rewrite>) -> Option<SortGather> {
-    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some())
-        || rewrite.is_some_and(|r| !r.after.is_empty())
-    {
+    // A read has no hidden commands to place.
+    if rewrite.is_some_and(|r| !r.after.is_empty()) {
         return None;
     }
-    let mut ranges = Vec::new();
-    let argv: Vec<&[u8]> = match rewrite.and_then(|r| r.command.as_ref()) {
-        Some(frame) => match codec::decode(frame, &CodecLimits::default(), &mut ranges) {
-            Ok(Some(Decoded::Command { .. })) => ranges.iter().map(|r| &frame[r.clone()]).collect(),
-            _ => return None,
-        },
-        None => args.iter().collect(),
-    };
-    plan_argv(&argv)
+    plan_argv(&super::gather::decided_argv(args, rewrite)?)
 }
 
 /// `plan` over the command's arguments, read as `sortCommandGeneric` reads them.
