@@ -711,6 +711,32 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
     let keys = alice.call(&["KEYS", "n1*"]).await;
     assert!(keys.starts_with(b"*11\r\n"), "{}", show(&keys));
     assert!(!keys.windows(2).any(|w| w == b"a:"), "{}", show(&keys));
+    // XREAD of the tenant's streams in several slots: gathered, the names without the prefix.
+    let (s1, s2) = (0..)
+        .map(|i| format!("s{i}"))
+        .try_fold(None::<String>, |first, name| match first {
+            None => std::ops::ControlFlow::Continue(Some(name)),
+            Some(f)
+                if slot(format!("a:{f}").as_bytes()) != slot(format!("a:{name}").as_bytes()) =>
+            {
+                std::ops::ControlFlow::Break((f, name))
+            }
+            Some(f) => std::ops::ControlFlow::Continue(Some(f)),
+        })
+        .break_value()
+        .unwrap();
+    for s in [&s1, &s2] {
+        assert_eq!(
+            alice.call(&["XADD", s, "1-1", "f", "v"]).await,
+            b"$3\r\n1-1\r\n"
+        );
+    }
+    let entry = "*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n";
+    let pair = |s: &str| format!("*2\r\n${}\r\n{s}\r\n{entry}", s.len());
+    assert_eq!(
+        show(&alice.call(&["XREAD", "STREAMS", &s2, &s1, "0", "0"]).await),
+        show(format!("*2\r\n{}{}", pair(&s2), pair(&s1)).as_bytes())
+    );
     proxy.stop().await;
 }
 

@@ -65,6 +65,9 @@ pub(in crate::session) struct Split {
     /// Keys in the client's command (MGET's reply length; a set command's keys, repeats
     /// included).
     keys: usize,
+    /// The namespace prefix to remove from the joined reply: a namespaced tenant's XREAD,
+    /// whose reply names its streams.
+    strip: Option<Box<Strip>>,
 }
 
 /// What one node gets of a split command.
@@ -322,7 +325,11 @@ impl Session {
                 parts.push((p, reply));
             }
         }
-        join(split.join, split.keys, &parts, self.client.proto)
+        let joined = join(split.join, split.keys, &parts, self.client.proto);
+        match split.strip {
+            Some(strip) if joined.first() != Some(&b'-') => strip.apply(&joined),
+            _ => joined,
+        }
     }
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
@@ -471,12 +478,17 @@ pub(super) fn split(
     doubles_as_7_0: bool,
 ) -> Option<Action> {
     let argv = decided_argv(args, rewrite)?;
+    let strip = rewrite.and_then(|r| r.strip.clone());
     if let Some(streams) = xread(&argv) {
         // A read has no hidden commands to place; one it had would be dropped here.
         if rewrite.is_some_and(|r| !r.after.is_empty()) {
             return None;
         }
-        return read_streams(router, &argv, streams);
+        return read_streams(router, &argv, streams, strip);
+    }
+    // No other split or gathered reply names keys: a namespace to strip is not expected.
+    if strip.is_some() {
+        return None;
     }
     if let Some((join, keys)) = set_command(&argv, doubles_as_7_0) {
         // A read has no hidden commands to place; one it had would be dropped here.
@@ -516,18 +528,20 @@ pub(super) fn split(
         batches,
         join,
         keys: (argv.len() - 1) / step,
+        strip: None,
     }))))
 }
 
 /// A command's arguments as decided: the policy's rewrite of it when it has one, else the
 /// client's; `None` when the rewrite does more than replace the command (appends to it,
-/// strips a namespace from its reply, sends a command before it), which a split or gathered
-/// command cannot carry. Hidden commands after it (`Rewrite::after`) are the caller's.
+/// sends a command before it), which a split or gathered command cannot carry. Hidden
+/// commands after it (`Rewrite::after`) and a namespace to strip from the reply
+/// (`Rewrite::strip`) are the caller's.
 pub(super) fn decided_argv<'a>(
     args: &'a Args<'_>,
     rewrite: Option<&'a crate::policy::rewrite::Rewrite>,
 ) -> Option<Vec<&'a [u8]>> {
-    if rewrite.is_some_and(|r| r.append.is_some() || r.strip.is_some() || r.before.is_some()) {
+    if rewrite.is_some_and(|r| r.append.is_some() || r.before.is_some()) {
         return None;
     }
     let mut ranges = Vec::new();
@@ -566,11 +580,13 @@ fn xread(argv: &[&[u8]]) -> Option<(Option<usize>, std::ops::Range<usize>)> {
 }
 
 /// XREAD of streams in several slots: one `XREAD [COUNT n] STREAMS key id` per stream, grouped
-/// by node, the streams that have entries put back in the client's order (`Join::Streams`).
+/// by node, the streams that have entries put back in the client's order (`Join::Streams`),
+/// a namespaced tenant's prefix removed from their names (`strip`).
 fn read_streams(
     router: &Router,
     argv: &[&[u8]],
     (count, keys): (Option<usize>, std::ops::Range<usize>),
+    strip: Option<Box<Strip>>,
 ) -> Option<Action> {
     let snapshot = router.snapshot();
     let mut batches: Vec<NodeBatch> = Vec::new();
@@ -589,6 +605,7 @@ fn read_streams(
         batches,
         join: Join::Streams,
         keys: n,
+        strip,
     }))))
 }
 
@@ -720,6 +737,7 @@ fn gather_members(router: &Router, keys: &[&[u8]], join: Join) -> Option<Action>
         batches,
         join,
         keys: keys.len(),
+        strip: None,
     }))))
 }
 

@@ -72,8 +72,8 @@ pub(super) fn is_sort(spec: Option<&crate::commands::CommandSpec>) -> bool {
 /// or a sorting `BY` pattern; `None` for any other command, with STORE, with options Redis
 /// refuses, or when the policy's rewrite does more than replace the command.
 pub(super) fn plan(args: &Args<'_>, rewrite: Option<&Rewrite>) -> Option<SortGather> {
-    // A read has no hidden commands to place.
-    if rewrite.is_some_and(|r| !r.after.is_empty()) {
+    // A read has no hidden commands to place; a namespaced tenant's patterns are refused.
+    if rewrite.is_some_and(|r| !r.after.is_empty() || r.strip.is_some()) {
         return None;
     }
     plan_argv(&super::gather::decided_argv(args, rewrite)?)
