@@ -83,7 +83,9 @@ impl Session {
             return answer.into();
         }
         // SORT with patterns naming other keys, which a node refuses: gathered (`sort`).
+        // Not with routes: each route is one Redis, which reads the patterns itself.
         if super::sort::is_sort(spec)
+            && router.routes().is_none()
             && !self.conn.in_multi()
             && matches!(target, Target::Shared(..))
             && let Some(sort) = super::sort::plan(args, rewrite)

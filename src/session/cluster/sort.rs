@@ -23,7 +23,8 @@
 //! `MAX_LOOKUPS` keys read per command (past it the command is refused, saying why). Not gathered
 //! (the node answers as before): `STORE` (a write across slots: refused with CROSSSLOT, its
 //! refusal naming hash tags), inside MULTI or a pinned session, a namespaced tenant (the
-//! policy refuses its patterns), options Redis refuses.
+//! policy refuses its patterns), options Redis refuses, and with routes (each route is one
+//! Redis, which reads the patterns itself).
 
 use super::exchange::{lost_reply, receive};
 use super::redirect::may_redirect;
