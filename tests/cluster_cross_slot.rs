@@ -693,6 +693,32 @@ async fn cross_slot_writes_are_refused_naming_the_command_and_the_fix() {
     proxy.stop().await;
 }
 
+/// Each of `forms` through the proxy (`c`) answers byte for byte what the oracle (`o`, one
+/// standalone Redis holding the same data) answers, in RESP2 and then RESP3; none is a form
+/// the oracle refuses as a syntax error (the test would then compare nothing).
+async fn answer_as_the_oracle<'a, F: AsRef<[&'a str]>>(c: &mut Raw, o: &mut Raw, forms: &[F]) {
+    for proto in ["2", "3"] {
+        if proto == "3" {
+            assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
+            assert!(o.call(&["HELLO", "3"]).await.starts_with(b"%"));
+        }
+        for form in forms {
+            let form = form.as_ref();
+            let want = o.call(form).await;
+            assert!(
+                !want.starts_with(b"-ERR syntax"),
+                "the oracle refused {form:?}: {}",
+                show(&want)
+            );
+            assert_eq!(
+                show(&c.call(form).await),
+                show(&want),
+                "RESP{proto}: {form:?}"
+            );
+        }
+    }
+}
+
 /// SORT with `BY` and `GET` patterns, whose keys are on every node, which Redis Cluster
 /// refuses to any client: through the proxy it answers byte for byte what one Redis answers
 /// for the same data (the oracle, a standalone server written the same way), in RESP2 and
@@ -815,25 +841,7 @@ async fn sort_by_and_get_patterns_answer_as_one_redis() {
         &["SORT", "str", "BY", "weight_*"],
         &["SORT", "nokey", "BY", "weight_*", "GET", "#"],
     ];
-    for proto in ["2", "3"] {
-        if proto == "3" {
-            assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
-            assert!(o.call(&["HELLO", "3"]).await.starts_with(b"%"));
-        }
-        for form in forms {
-            let want = o.call(form).await;
-            assert!(
-                !want.starts_with(b"-ERR syntax"),
-                "the oracle refused {form:?}: {}",
-                show(&want)
-            );
-            assert_eq!(
-                show(&c.call(form).await),
-                show(&want),
-                "RESP{proto}: {form:?}"
-            );
-        }
-    }
+    answer_as_the_oracle(&mut c, &mut o, forms).await;
     let store = c
         .call(&["SORT", "tosort", "BY", "weight_*", "STORE", "dst"])
         .await;
@@ -895,19 +903,7 @@ async fn xread_across_slots_answers_as_one_redis() {
         vec!["XREAD", "STREAMS", s[0], s[1], "0", "not-an-id"],
         vec!["XREAD", "STREAMS", s[0], "a-string", "0", "0"],
     ];
-    for proto in ["2", "3"] {
-        if proto == "3" {
-            assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
-            assert!(o.call(&["HELLO", "3"]).await.starts_with(b"%"));
-        }
-        for form in &forms {
-            assert_eq!(
-                show(&c.call(form).await),
-                show(&o.call(form).await),
-                "RESP{proto}: {form:?}"
-            );
-        }
-    }
+    answer_as_the_oracle(&mut c, &mut o, &forms).await;
     let block = c
         .call(&["XREAD", "BLOCK", "10", "STREAMS", s[0], s[1], "0", "0"])
         .await;
