@@ -548,9 +548,9 @@ enum LocalEffect {
     ReplyMode(ReplyMode),
     /// AUTH accepted by the proxy: the session is now this user (and its tenant).
     Login(Bytes),
-    /// Cluster mode: MULTI answered by the proxy, sent later with the first queued command;
-    /// the MULTI as the client spelled it.
-    DeferMulti(Bytes),
+    /// Cluster mode: MULTI answered by the proxy, sent later, as the client spelled it, with
+    /// the first queued command.
+    DeferMulti,
     /// Cluster mode: EXEC or DISCARD of a MULTI that was never sent (nothing queued).
     EndMulti,
     /// Cluster mode: a keyless command queued in a deferred MULTI, answered `+QUEUED` and
@@ -1088,8 +1088,9 @@ impl Session {
 
     /// Answers a command the proxy handles itself, and applies the session state it changes.
     fn answer_local(&mut self, len: usize, reply: Bytes, effect: LocalEffect) {
-        // A held command keeps its bytes (shared with the read buffer, not copied).
-        let held = if effect == LocalEffect::HoldInMulti {
+        // A held command, and a deferred MULTI, keep their bytes as the client sent them
+        // (shared with the read buffer, not copied).
+        let held = if matches!(effect, LocalEffect::HoldInMulti | LocalEffect::DeferMulti) {
             Some(self.input.rbuf.split_to(len).freeze())
         } else {
             self.input.rbuf.advance(len);
@@ -1110,9 +1111,11 @@ impl Session {
                 self.client.names.set_lib(version, value);
             }
             LocalEffect::Login(user) => self.login(Some(user)),
-            LocalEffect::DeferMulti(multi) => {
+            LocalEffect::DeferMulti => {
                 self.routing.multi_ended();
-                self.routing.defer_multi(multi);
+                if let Some(multi) = held {
+                    self.routing.defer_multi(multi);
+                }
                 self.conn.multi = Some(Transaction {
                     deferred: true,
                     refused: std::mem::take(&mut self.conn.watch_lost),

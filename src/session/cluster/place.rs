@@ -328,8 +328,7 @@ impl Session {
                 LocalEffect::None,
             )),
             Effect::Multi if !self.conn.in_multi() => {
-                let multi = codec::encode(&[args.get(0)]);
-                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti(multi)))
+                Some(Action::Local(answers::ok(), LocalEffect::DeferMulti))
             }
             Effect::Multi if self.conn.multi_deferred() => {
                 Some(Action::Local(answers::nested_multi(), LocalEffect::None))
