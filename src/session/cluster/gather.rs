@@ -809,3 +809,38 @@ fn varying_seed() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(0u8)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::xread;
+
+    fn of(line: &str) -> Option<(Option<usize>, std::ops::Range<usize>)> {
+        let argv: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        xread(&argv)
+    }
+
+    #[test]
+    fn xread_is_read_as_xread_command_reads_it() {
+        assert_eq!(of("XREAD STREAMS a b 0 0"), Some((None, 2..4)));
+        // The last COUNT counts; each must be a number.
+        assert_eq!(
+            of("xread count 1 COUNT 5 streams a b 0 0"),
+            Some((Some(4), 6..8))
+        );
+        assert_eq!(of("XREAD COUNT x COUNT 5 STREAMS a b 0 0"), None);
+        // Keywords as stream names, and NUL-suffixed keywords as strcasecmp reads them.
+        assert_eq!(
+            of("XREAD COUNT 1 STREAMS COUNT STREAMS 0 0"),
+            Some((Some(2), 4..6))
+        );
+        assert_eq!(
+            of("XREAD COUNT\0 1 STREAMS\0x a b 0 0"),
+            Some((Some(2), 4..6))
+        );
+        // BLOCK anywhere before STREAMS: not gathered; an odd count of keys and ids: refused.
+        assert_eq!(of("XREAD COUNT 1 BLOCK 0 STREAMS a b 0 0"), None);
+        assert_eq!(of("XREAD block\0 10 STREAMS a b 0 0"), None);
+        assert_eq!(of("XREAD STREAMS a b 0"), None);
+        assert_eq!(of("XREADGROUP GROUP g c STREAMS a b > >"), None);
+    }
+}
