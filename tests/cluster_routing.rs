@@ -1203,6 +1203,28 @@ async fn slowlog_covers_every_node() {
     assert!(len >= 3, "SLOWLOG LEN {len}");
     let newest = c.call(&["SLOWLOG", "GET", "1"]).await;
     assert!(newest.starts_with(b"*1\r\n"), "{}", show(&newest));
+    // `slowlog-max-len` set through the proxy: each node keeps that many, the merged log
+    // as many as one server would keep (which ones, within a second, is each node's
+    // order: entries carry seconds and per-node ids).
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-max-len", "3"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call(&["SLOWLOG", "RESET"]).await, b"+OK\r\n");
+    for round in ["a", "b"] {
+        for key in &keys {
+            assert_eq!(c.call(&["SET", key, round]).await, b"+OK\r\n");
+        }
+    }
+    assert_eq!(c.call(&["SLOWLOG", "LEN"]).await, b":3\r\n");
+    let all = String::from_utf8_lossy(&c.call(&["SLOWLOG", "GET", "-1"]).await).into_owned();
+    assert!(all.starts_with("*3\r\n"), "{all}");
+    let two = c.call(&["SLOWLOG", "GET", "2"]).await;
+    assert!(two.starts_with(b"*2\r\n"), "{}", show(&two));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-max-len", "128"]).await,
+        b"+OK\r\n"
+    );
     assert_eq!(
         c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "10000"])
             .await,

@@ -10,6 +10,7 @@ use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position,
 use super::redirect::may_redirect;
 use super::tracking::OwnConn;
 use crate::commands::grammar::keyword;
+use crate::policy::line::CommandLine;
 use crate::policy::rewrite::Strip;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, error_reply};
@@ -42,6 +43,9 @@ pub(in crate::session) struct Fanout {
     /// one's is): while a pause is in force the session sends what it holds back on
     /// dedicated connections (`route::around_pause`), so it holds only its own client.
     pause: Option<Effect>,
+    /// CONFIG SET of `slowlog-max-len`: the value set (`None`: one the proxy cannot read),
+    /// for the router to learn once the primaries answer (`Router::learn_slowlog_max_len`).
+    sets_slowlog_max_len: Option<Option<u64>>,
 }
 
 /// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
@@ -139,13 +143,17 @@ impl Session {
             // Node-local logs, one log to the clients: every node's.
             Some(Merge::AllOk)
         } else if is("SLOWLOG") && sub_in(&[b"LEN"]) {
-            Some(Merge::Sum)
+            Some(Merge::SumAtMost(self.slowlog_max_len()))
         } else if is("SLOWLOG") && sub_in(&[b"GET"]) {
             // Redis's default of 10 entries; -1 (or any count it refuses, which every node
-            // then answers with its error) for all.
-            let limit = match args.len() {
+            // then answers with its error) for all: all one server would keep.
+            let count = match args.len() {
                 2 => Some(10),
                 _ => codec::parse_int(args.get(2)).and_then(|n| usize::try_from(n).ok()),
+            };
+            let limit = match (count, self.slowlog_max_len()) {
+                (Some(count), Some(len)) => Some(count.min(len)),
+                (count, len) => count.or(len),
             };
             Some(Merge::Slowlog(limit))
         } else if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
@@ -163,6 +171,11 @@ impl Session {
         } else {
             None
         }
+    }
+
+    /// The slow log length one server would keep (see `Router::slowlog_max_len`).
+    fn slowlog_max_len(&self) -> Option<usize> {
+        self.routing.router().and_then(|r| r.slowlog_max_len())
     }
 
     /// Whether the upstream formats the doubles of its replies as the proxy formats the scores
@@ -206,6 +219,7 @@ impl Session {
                 _ => ReplyWait::Prompt,
             },
             pause: matches!(effect, Effect::Pause(..) | Effect::Unpause).then_some(effect),
+            sets_slowlog_max_len: sets_slowlog_max_len(args),
         })))
     }
 
@@ -376,6 +390,16 @@ impl Session {
             }
             replies.push(reply);
         }
+        if let Some(len) = fanout.sets_slowlog_max_len {
+            // Redis sets all of a CONFIG SET's parameters or none, per node: where only some
+            // nodes took it, their lengths differ and none is the one to keep.
+            let took = |r: &Bytes| r.starts_with(b"+OK");
+            if replies.iter().all(took) {
+                router.learn_slowlog_max_len(len);
+            } else if replies.iter().any(took) {
+                router.learn_slowlog_max_len(None);
+            }
+        }
         let merged = merge(fanout.merge, &replies, varying_seed());
         // Once, with the merged reply (a mirror that is a cluster sends the whole-keyspace
         // writes, FLUSHALL, SCRIPT LOAD…, to each of its primaries itself), or with the
@@ -463,6 +487,24 @@ impl Session {
             _ => merged,
         }
     }
+}
+
+/// For `CONFIG SET` naming `slowlog-max-len` (its last value, as Redis applies them in
+/// order): that value as Redis reads it (`string2ll`, 0 to `LONG_MAX`), `None` when it does
+/// not read so. `None` (outer) for any other command.
+fn sets_slowlog_max_len<L: CommandLine + ?Sized>(args: &L) -> Option<Option<u64>> {
+    let arg = |i: usize| (i < args.argc()).then(|| args.arg(i)).unwrap_or_default();
+    if !(arg(0).eq_ignore_ascii_case(b"CONFIG") && arg(1).eq_ignore_ascii_case(b"SET")) {
+        return None;
+    }
+    let mut set = None;
+    for pair in (2..args.argc().saturating_sub(1)).step_by(2) {
+        if arg(pair).eq_ignore_ascii_case(b"slowlog-max-len") {
+            let value = codec::parse_int(arg(pair + 1));
+            set = Some(value.and_then(|n| u64::try_from(n).ok()));
+        }
+    }
+    set
 }
 
 /// A multi-key command Redis semantics allow to split by slot (MGET, MSET, DEL, UNLINK,
@@ -812,7 +854,26 @@ fn varying_seed() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::xread;
+    use super::{sets_slowlog_max_len, xread};
+
+    #[test]
+    fn config_set_of_the_slowlog_length_is_read_as_redis_reads_it() {
+        let of = |line: &str| {
+            let argv: Vec<&str> = line.split(' ').collect();
+            sets_slowlog_max_len(&argv[..])
+        };
+        assert_eq!(of("CONFIG SET slowlog-max-len 10"), Some(Some(10)));
+        assert_eq!(
+            of("config set SLOWLOG-MAX-LEN 3 maxmemory 0 slowlog-max-len 7"),
+            Some(Some(7))
+        );
+        assert_eq!(of("CONFIG SET slowlog-max-len 1kb"), Some(None));
+        assert_eq!(of("CONFIG SET slowlog-max-len -1"), Some(None));
+        assert_eq!(of("CONFIG SET maxmemory 0"), None);
+        assert_eq!(of("CONFIG SET slowlog-max-len"), None);
+        assert_eq!(of("CONFIG GET slowlog-max-len"), None);
+        assert_eq!(of("DBSIZE"), None);
+    }
 
     fn of(line: &str) -> Option<(Option<usize>, std::ops::Range<usize>)> {
         let argv: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();

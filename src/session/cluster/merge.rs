@@ -12,6 +12,10 @@ use bytes::{Bytes, BytesMut};
 pub(super) enum Merge {
     /// Integer replies added up (DBSIZE).
     Sum,
+    /// SLOWLOG LEN: the integer replies added up, at most the length one server keeps
+    /// (`Router::slowlog_max_len`, when known). A command logged by every primary counts
+    /// once per node here, where the merged SLOWLOG GET lists it once.
+    SumAtMost(Option<usize>),
     /// Array replies concatenated (KEYS).
     Concat,
     /// The first error, else the first reply (FLUSHALL, FLUSHDB).
@@ -87,7 +91,7 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
         }
     }
     match how {
-        Merge::Sum => {
+        Merge::Sum | Merge::SumAtMost(_) => {
             let mut total: i64 = 0;
             for r in replies {
                 match r
@@ -98,6 +102,9 @@ pub(super) fn merge(how: Merge, replies: &[Bytes], seed: u64) -> Bytes {
                     Some(n) => total = total.saturating_add(n),
                     None => return unexpected(r),
                 }
+            }
+            if let Merge::SumAtMost(Some(most)) = how {
+                total = total.min(i64::try_from(most).unwrap_or(i64::MAX));
             }
             answers::integer(total)
         }
@@ -1232,6 +1239,9 @@ mod tests {
             &merge(Merge::Sum, &[b(b":3\r\n"), b(b":0\r\n"), b(b":4\r\n")], 0)[..],
             b":7\r\n"
         );
+        let lens = [b(b":3\r\n"), b(b":0\r\n"), b(b":4\r\n")];
+        assert_eq!(&merge(Merge::SumAtMost(Some(5)), &lens, 0)[..], b":5\r\n");
+        assert_eq!(&merge(Merge::SumAtMost(None), &lens, 0)[..], b":7\r\n");
         assert_eq!(
             &merge(
                 Merge::Concat,

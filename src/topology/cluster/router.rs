@@ -93,7 +93,14 @@ pub(crate) struct Router {
     /// The scripts sessions have in flight, by node: keyless commands go to the oldest's
     /// node while it runs (see `scripts`).
     scripts: Arc<ScriptsRunning>,
+    /// `slowlog-max-len` as last set through the proxy on every primary (`UNKNOWN_LEN`: never,
+    /// or to a value the proxy could not read). Each node keeps that many slow log entries
+    /// of its own; the merged SLOWLOG keeps that many in all, as one server would.
+    slowlog_max_len: AtomicU64,
 }
+
+/// `Router::slowlog_max_len` not known.
+const UNKNOWN_LEN: u64 = u64::MAX;
 
 /// Routes mode's part of the router: fixed nodes (one per standalone or Sentinel upstream and
 /// database a route uses) beside at most one Redis Cluster behind a route. The map is the
@@ -171,6 +178,7 @@ impl Router {
             generation: AtomicU64::new(0),
             routes,
             scripts: Arc::default(),
+            slowlog_max_len: AtomicU64::new(UNKNOWN_LEN),
         })
     }
 
@@ -508,6 +516,22 @@ impl Router {
     /// How long a shard channel dropped by its node is retried before the client is told.
     pub(crate) fn resubscribe_timeout(&self) -> Duration {
         self.resubscribe_timeout
+    }
+
+    /// The slow log length one server would keep (`slowlog-max-len`), known once a client
+    /// set it through the proxy; `None` before that.
+    pub(crate) fn slowlog_max_len(&self) -> Option<usize> {
+        match self.slowlog_max_len.load(Ordering::Relaxed) {
+            UNKNOWN_LEN => None,
+            n => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        }
+    }
+
+    /// Every primary took `CONFIG SET slowlog-max-len`: `len` is its value (`None`: one
+    /// the proxy cannot read, which forgets the length).
+    pub(crate) fn learn_slowlog_max_len(&self, len: Option<u64>) {
+        let len = len.filter(|&n| n != UNKNOWN_LEN).unwrap_or(UNKNOWN_LEN);
+        self.slowlog_max_len.store(len, Ordering::Relaxed);
     }
 
     /// Redirections a command may follow.
