@@ -493,7 +493,13 @@ impl Session {
 /// order): that value as Redis reads it (`string2ll`, 0 to `LONG_MAX`), `None` when it does
 /// not read so. `None` (outer) for any other command.
 fn sets_slowlog_max_len<L: CommandLine + ?Sized>(args: &L) -> Option<Option<u64>> {
-    let arg = |i: usize| (i < args.argc()).then(|| args.arg(i)).unwrap_or_default();
+    let arg = |i: usize| {
+        if i < args.argc() {
+            args.arg(i)
+        } else {
+            &[][..]
+        }
+    };
     if !(arg(0).eq_ignore_ascii_case(b"CONFIG") && arg(1).eq_ignore_ascii_case(b"SET")) {
         return None;
     }
