@@ -859,6 +859,29 @@ async fn sort_by_and_get_patterns_answer_as_one_redis() {
         show(&refused)
     );
     assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    // A list with a weight to read for more elements than that: refused, its node asked for
+    // one element past the bound, not the whole list; a window the node cuts is answered.
+    let numbers: Vec<String> = (0..=100_000).map(|n| n.to_string()).collect();
+    let mut push = vec!["RPUSH", "long"];
+    push.extend(numbers.iter().map(String::as_str));
+    assert_eq!(c.call(&push).await, b":100001\r\n");
+    for form in [
+        &["SORT", "long", "BY", "weight_*"][..],
+        &["SORT", "long", "BY", "weight_*", "LIMIT", "0", "1"],
+        &["SORT", "long", "GET", "#"],
+    ] {
+        let refused = c.call(form).await;
+        assert!(
+            refused.starts_with(b"-ERR SORT with BY/GET patterns across a cluster"),
+            "{form:?}: {}",
+            show(&refused)
+        );
+    }
+    assert_eq!(
+        c.call(&["SORT", "long", "GET", "#", "DESC", "LIMIT", "0", "2"])
+            .await,
+        b"*2\r\n$6\r\n100000\r\n$5\r\n99999\r\n"
+    );
 }
 
 /// XREAD of streams in several slots (without BLOCK) answers byte for byte what one Redis

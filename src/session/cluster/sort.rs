@@ -7,7 +7,9 @@
 //! gather like a split MGET:
 //! 1. the sorted key's elements from its node: `SORT key` with the client's options but its
 //!    GETs (Redis sorts them, LIMIT, ASC/DESC and ALPHA included) when nothing is sorted by
-//!    a pattern; `SORT key BY nosort` (every element) when a `BY` pattern sorts them;
+//!    a pattern; `SORT key BY nosort` (every element) when a `BY` pattern sorts them; with a
+//!    LIMIT that asks for one element more than `MAX_LOOKUPS` allows, so a list too long is
+//!    told apart without the node sending it whole;
 //! 2. for a `BY` pattern, each element's weight (`GET`, or `HGET` for `pattern->field`) from
 //!    its key's node, then sorted as `sortCommandGeneric` sorts: by the weight as a double
 //!    (a missing one is 0, one that is not a number is Redis's error) with ties broken by the
@@ -48,7 +50,8 @@ pub(in crate::session) const MAX_LOOKUPS: usize = 100_000;
 pub(in crate::session) struct SortGather {
     /// The first step, for the sorted key's node: `SORT key` with the options as Redis
     /// ends up reading them (`BY nosort` for a constant BY, the last LIMIT, DESC, ALPHA) but
-    /// the GETs, or `SORT key BY nosort` when `by` sorts.
+    /// the GETs, or `SORT key BY nosort` when `by` sorts; its LIMIT cut to one element past
+    /// what `MAX_LOOKUPS` allows.
     first: Bytes,
     /// The sorted key, whose node answers `first`.
     key: Bytes,
@@ -136,18 +139,35 @@ fn plan_argv(argv: &[&[u8]]) -> Option<SortGather> {
         return None;
     }
     let first = match sorting_by {
-        Some(_) => codec::encode(&[name, key, b"BY", b"nosort"]),
+        // Every element, each a weight to read: one past the bound says it is too many
+        // without the node sending (and the proxy holding) the whole list.
+        Some(_) => codec::encode(&[
+            name,
+            key,
+            b"BY",
+            b"nosort",
+            b"LIMIT",
+            b"0",
+            (MAX_LOOKUPS + 1).to_string().as_bytes(),
+        ]),
         None => {
             // What Redis makes of the options, so a BY with a `*` after a constant one (which
-            // the node would refuse, and which sorts nothing) is not sent.
-            let (start, count) = limit.map(|(s, c)| (s.to_string(), c.to_string())).unzip();
+            // the node would refuse, and which sorts nothing) is not sent. The window the
+            // client asked for, cut to one element past what its GETs may read: the node's
+            // reply is then that window's first part, and says whether the window is
+            // longer than the bound allows.
+            let most = i64::try_from(MAX_LOOKUPS / gets.len() + 1).unwrap_or(i64::MAX);
+            let (start, count) = match limit {
+                Some((start, count)) if (0..=most).contains(&count) => (start, count),
+                Some((start, _)) => (start, most),
+                None => (0, most),
+            };
+            let (start, count) = (start.to_string(), count.to_string());
             let mut node: Vec<&[u8]> = vec![name, key];
             if dontsort {
                 node.extend([&b"BY"[..], b"nosort"]);
             }
-            if let (Some(start), Some(count)) = (&start, &count) {
-                node.extend([&b"LIMIT"[..], start.as_bytes(), count.as_bytes()]);
-            }
+            node.extend([&b"LIMIT"[..], start.as_bytes(), count.as_bytes()]);
             if desc {
                 node.push(b"DESC");
             }
@@ -484,7 +504,10 @@ mod tests {
         assert_eq!(plan_of("SORT k BY w_* LIMIT x 1"), None, "Redis refuses it");
         assert_eq!(plan_of("SORT k BY"), None, "Redis refuses it");
         let by = plan_of("sort k limit 5 5 by w_* desc alpha").unwrap();
-        assert_eq!(by.first, codec::encode(&[b"sort", b"k", b"BY", b"nosort"]));
+        assert_eq!(
+            by.first,
+            codec::encode(&[b"sort", b"k", b"BY", b"nosort", b"LIMIT", b"0", b"100001"])
+        );
         assert_eq!(by.by.as_deref(), Some(&b"w_*"[..]));
         assert_eq!((by.desc, by.alpha, by.limit), (true, true, Some((5, 5))));
         // The node sorts, with the options as Redis reads them, but the GETs.
@@ -495,12 +518,37 @@ mod tests {
         );
         assert_eq!(get.by, None);
         assert_eq!(get.gets, [&b"#"[..], b"w_*->f"]);
+        // The node sends no more than one element past what the GETs may read.
+        let first = |line: &str| plan_of(line).unwrap().first;
+        let sort = |rest: &[&[u8]]| {
+            let head: [&[u8]; 2] = [b"SORT", b"k"];
+            codec::encode(&[&head[..], rest].concat())
+        };
+        assert_eq!(first("SORT k GET #"), sort(&[b"LIMIT", b"0", b"100001"]));
+        assert_eq!(
+            first("SORT k GET # GET h_*"),
+            sort(&[b"LIMIT", b"0", b"50001"])
+        );
+        assert_eq!(
+            first("SORT k GET # LIMIT 7 -1"),
+            sort(&[b"LIMIT", b"7", b"100001"])
+        );
+        assert_eq!(
+            first("SORT k GET # LIMIT -3 200000"),
+            sort(&[b"LIMIT", b"-3", b"100001"])
+        );
+        assert_eq!(
+            first("SORT k GET # LIMIT 2 100001"),
+            sort(&[b"LIMIT", b"2", b"100001"])
+        );
         // A constant BY anywhere means no sorting, as Redis's `dontsort` stays set.
         let constant = plan_of("SORT k BY nosort BY w_* GET # DESC").unwrap();
         assert_eq!(constant.by, None);
         assert_eq!(
             constant.first,
-            codec::encode(&[b"SORT", b"k", b"BY", b"nosort", b"DESC"])
+            codec::encode(&[
+                b"SORT", b"k", b"BY", b"nosort", b"LIMIT", b"0", b"100001", b"DESC"
+            ])
         );
         assert_eq!(
             plan_of("SORT k BY w\0* GET #").unwrap().by,
