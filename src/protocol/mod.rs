@@ -8,9 +8,12 @@
 //! - [`error`]: every error, tagged with the side that failed, and the one mapping to replies;
 //!   [`answers`]: every reply the proxy makes itself, as named constructors.
 //! - [`pem`]: the PEM certificates, keys and CA roots both TLS sides load.
+//! - [`double_text`]: doubles as each server writes and reads them, for scores the proxy
+//!   computes.
 
 pub(crate) mod answers;
 pub mod codec;
+pub(crate) mod double_text;
 pub(crate) mod error;
 pub(crate) mod find;
 pub(crate) mod pem;

@@ -13,6 +13,7 @@ use crate::commands::grammar::keyword;
 use crate::policy::line::CommandLine;
 use crate::policy::rewrite::Strip;
 use crate::protocol::codec::{CodecLimits, Decoded};
+use crate::protocol::double_text::ServerDoubles;
 use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
 use crate::session::route::Args;
@@ -178,14 +179,14 @@ impl Session {
         self.routing.router().and_then(|r| r.slowlog_max_len())
     }
 
-    /// Whether the upstream formats the doubles of its replies as the proxy formats the scores
-    /// it computes (ZUNION's, ZINTER's): `%.17g`, as Redis before 7.2 does. Redis 7.2+ and
-    /// Valkey write a shortest form of their own, which the proxy does not reproduce, so there
-    /// those commands are not gathered (CROSSSLOT, as before) rather than answered with
-    /// scores whose text differs from what the server would send. Unknown (the server not
-    /// read yet): not gathered.
-    pub(super) fn doubles_as_7_0(&self) -> bool {
-        self.upstream_server_is("redis", |v| v < (7, 2, 0))
+    /// How the upstream writes and reads doubles (`ServerDoubles::of_server`), for the
+    /// scores the proxy computes (ZUNION's, ZINTER's) to read as its own would. Unknown (the server not read
+    /// yet, or one not measured): those commands are not gathered (CROSSSLOT, as Redis
+    /// Cluster answers) rather than answered with scores whose text may differ.
+    pub(super) fn doubles(&self) -> Option<ServerDoubles> {
+        let server = self.ctx.ops.metrics.upstream_server.load();
+        let server = server.as_ref()?;
+        ServerDoubles::of_server(&server.name, server.parsed)
     }
 
     /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
@@ -518,12 +519,12 @@ fn sets_slowlog_max_len<L: CommandLine + ?Sized>(args: &L) -> Option<Option<u64>
 /// node, or a read answered from its keys' contents (SUNION, SINTER, SDIFF, SINTERCARD, ZUNION, ZINTER, ZDIFF, ZINTERCARD,
 /// PFCOUNT: `gather_members`); `None` for any other command (it gets CROSSSLOT), or when a
 /// slot has no owner or the policy's rewrite cannot be split. ZUNION and ZINTER only when
-/// `doubles_as_7_0` (`Session::doubles_as_7_0`).
+/// `doubles` says how the upstream reads and writes their scores (`Session::doubles`).
 pub(super) fn split(
     router: &Router,
     args: &Args<'_>,
     rewrite: Option<&crate::policy::rewrite::Rewrite>,
-    doubles_as_7_0: bool,
+    doubles: Option<ServerDoubles>,
 ) -> Option<Action> {
     let argv = decided_argv(args, rewrite)?;
     let strip = rewrite.and_then(|r| r.strip.clone());
@@ -538,7 +539,7 @@ pub(super) fn split(
     if strip.is_some() {
         return None;
     }
-    if let Some((join, keys)) = set_command(&argv, doubles_as_7_0) {
+    if let Some((join, keys)) = set_command(&argv, doubles) {
         // A read has no hidden commands to place; one it had would be dropped here.
         if rewrite.is_some_and(|r| !r.after.is_empty()) {
             return None;
@@ -662,7 +663,10 @@ fn read_streams(
 /// where its keys are in `argv`; `None` for any other command, and for arguments Redis
 /// would refuse (the command then gets CROSSSLOT, as Redis Cluster checks the slots before
 /// the arguments).
-fn set_command(argv: &[&[u8]], doubles_as_7_0: bool) -> Option<(Join, std::ops::Range<usize>)> {
+fn set_command(
+    argv: &[&[u8]],
+    doubles: Option<ServerDoubles>,
+) -> Option<(Join, std::ops::Range<usize>)> {
     let name = argv.first()?;
     let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
     let op = if is(b"SUNION") {
@@ -679,8 +683,8 @@ fn set_command(argv: &[&[u8]], doubles_as_7_0: bool) -> Option<(Join, std::ops::
         return Some((Join::Sorted(ZOp::InterCard(limit)), keys));
     } else if is(b"ZDIFF") {
         return zdiff(argv);
-    } else if doubles_as_7_0 && (is(b"ZUNION") || is(b"ZINTER")) {
-        return zcombine(argv, is(b"ZUNION"));
+    } else if is(b"ZUNION") || is(b"ZINTER") {
+        return zcombine(argv, is(b"ZUNION"), doubles?);
     } else if is(b"PFCOUNT") {
         return (argv.len() > 1).then_some((Join::HllCount, 1..argv.len()));
     } else {
@@ -728,9 +732,13 @@ fn zdiff(argv: &[&[u8]]) -> Option<(Join, std::ops::Range<usize>)> {
 
 /// ZUNION (`union`) or ZINTER numkeys key [key …] [WEIGHTS w …] [AGGREGATE SUM|MIN|MAX]
 /// [WITHSCORES], its options as Redis 7.0 takes them (`Combine::parse`).
-fn zcombine(argv: &[&[u8]], union: bool) -> Option<(Join, std::ops::Range<usize>)> {
+fn zcombine(
+    argv: &[&[u8]],
+    union: bool,
+    doubles: ServerDoubles,
+) -> Option<(Join, std::ops::Range<usize>)> {
     let (keys, options) = numkeys(argv)?;
-    let combine = Combine::parse(options, keys.len())?;
+    let combine = Combine::parse(options, keys.len(), doubles)?;
     let op = if union {
         ZOp::Union(combine)
     } else {

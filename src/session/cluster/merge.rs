@@ -4,6 +4,7 @@
 
 use super::hll;
 use crate::commands::grammar::keyword;
+use crate::protocol::double_text::{DoubleText, ServerDoubles};
 use crate::protocol::{answers, codec};
 use bytes::{Bytes, BytesMut};
 
@@ -346,7 +347,7 @@ fn join_streams(parts: &[(Vec<usize>, Bytes)], proto: u8) -> Bytes {
 /// What a sorted-set command across slots computes from its keys' members and scores (a
 /// set's members score 1, a missing key is empty, as in Redis). ZDIFF's scores are the first
 /// key's, as its node formatted them; ZINTERCARD has none; ZUNION's and ZINTER's are
-/// computed here and formatted as Redis 7.0 formats doubles (`format_score`).
+/// computed here and formatted as the upstream formats doubles (`format_score`).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum ZOp {
     /// ZDIFF: the members of the first key that no other key has, by score then member,
@@ -382,6 +383,8 @@ pub(super) struct Combine {
     aggregate: Aggregate,
     /// WITHSCORES was given: the reply carries the scores.
     scores: bool,
+    /// How the upstream writes doubles, so the computed scores read as its own would.
+    text: DoubleText,
 }
 
 /// AGGREGATE's choice.
@@ -401,11 +404,12 @@ impl Combine {
     /// any case, a repeated option's last value counting (Redis 7.0's parser). `None` for
     /// anything Redis refuses, so that the command gets CROSSSLOT as Redis Cluster answers
     /// it (it checks the slots first).
-    pub(super) fn parse(options: &[&[u8]], keys: usize) -> Option<Combine> {
+    pub(super) fn parse(options: &[&[u8]], keys: usize, doubles: ServerDoubles) -> Option<Combine> {
         let mut combine = Combine {
             weights: vec![1.0; keys],
             aggregate: Aggregate::Sum,
             scores: false,
+            text: doubles.text,
         };
         let mut rest = options;
         while let Some((&option, after)) = rest.split_first() {
@@ -413,7 +417,7 @@ impl Combine {
                 let (weights, after) = after.split_at(keys);
                 combine.weights = weights
                     .iter()
-                    .map(|w| parse_weight(w))
+                    .map(|w| parse_weight(w, doubles.hex))
                     .collect::<Option<_>>()?;
                 rest = after;
             } else if keyword(option, b"AGGREGATE") && !after.is_empty() {
@@ -436,13 +440,16 @@ impl Combine {
 }
 
 /// A weight as Redis reads a double from an argument (`strtod` over the whole argument):
-/// decimal or hexadecimal notation, `inf`/`infinity` in any case, an optional sign; no
-/// white space, no NaN, no overflow to infinity nor underflow to 0.
-fn parse_weight(text: &[u8]) -> Option<f64> {
+/// decimal or (`hex`: the server reads them) hexadecimal notation, `inf`/`infinity` in any
+/// case, an optional sign; no white space, no NaN, no overflow to infinity nor underflow to 0.
+fn parse_weight(text: &[u8], hex: bool) -> Option<f64> {
     let text = std::str::from_utf8(text).ok()?;
     let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
     let negative = text.starts_with('-');
     if unsigned.starts_with("0x") || unsigned.starts_with("0X") {
+        if !hex {
+            return None;
+        }
         let v = parse_hex_float(&unsigned[2..])?;
         return Some(if negative { -v } else { v });
     }
@@ -539,8 +546,14 @@ fn join_sorted(op: ZOp, keys: usize, parts: &[(Vec<usize>, Bytes)], proto: u8) -
             answers::integer(inter_card(&sets, limit) as i64)
         }
         ZOp::Diff { scores } => scored_reply(&zdiff(inputs), scores, proto),
-        ZOp::Union(c) => scored_reply(&combined(zunion(&inputs, &c), proto), c.scores, proto),
-        ZOp::Inter(c) => scored_reply(&combined(zinter(&inputs, &c), proto), c.scores, proto),
+        ZOp::Union(c) => {
+            let entries = combined(zunion(&inputs, &c), c.text, proto);
+            scored_reply(&entries, c.scores, proto)
+        }
+        ZOp::Inter(c) => {
+            let entries = combined(zinter(&inputs, &c), c.text, proto);
+            scored_reply(&entries, c.scores, proto)
+        }
     }
 }
 
@@ -635,7 +648,7 @@ fn zinter(inputs: &[Vec<Scored>], c: &Combine) -> Vec<(Bytes, f64)> {
 
 /// Computed (member, score) pairs as a sorted set orders them (by score, then member byte
 /// by byte), each score formatted for the reply.
-fn combined(mut entries: Vec<(Bytes, f64)>, proto: u8) -> Vec<Scored> {
+fn combined(mut entries: Vec<(Bytes, f64)>, text: DoubleText, proto: u8) -> Vec<Scored> {
     entries.sort_by(|a, b| {
         a.1.partial_cmp(&b.1)
             .unwrap_or(std::cmp::Ordering::Equal)
@@ -646,62 +659,19 @@ fn combined(mut entries: Vec<(Bytes, f64)>, proto: u8) -> Vec<Scored> {
         .map(|(member, score)| Scored {
             member,
             score,
-            score_frame: format_score(score, proto),
+            score_frame: format_score(score, text, proto),
         })
         .collect()
 }
 
-/// A score as Redis 7.0 replies with a double: `%.17g` (`0.10000000000000001`, `1e+21`,
-/// `-0`), `inf`/`-inf`; a bulk string in RESP2, a double in RESP3. (Redis 7.2 and later
-/// write the shortest text that reads back the same: see docs/cluster.md.)
-fn format_score(score: f64, proto: u8) -> Bytes {
-    let text = if score.is_infinite() {
-        if score > 0.0 { "inf" } else { "-inf" }.to_string()
-    } else if score.is_nan() {
-        "nan".to_string()
-    } else {
-        format_g17(score)
-    };
+/// A score as the upstream replies with a double (`text`): a bulk string in RESP2, a
+/// double in RESP3.
+fn format_score(score: f64, text: DoubleText, proto: u8) -> Bytes {
+    let text = text.write(score);
     if proto == 3 {
         Bytes::from(format!(",{text}\r\n"))
     } else {
         Bytes::from(format!("${}\r\n{text}\r\n", text.len()))
-    }
-}
-
-/// C's `%.17g` of a finite double: 17 significant digits, in plain notation when the
-/// decimal exponent is from -4 to 16, else in scientific notation with a signed exponent of
-/// at least two digits; trailing zeros of the fraction dropped, and the point with them.
-fn format_g17(v: f64) -> String {
-    // Rust's `{:.16e}` rounds exactly as glibc's printf does (correctly, half to even on the
-    // exact binary value): "d.dddddddddddddddde±x".
-    let scientific = format!("{:.16e}", v);
-    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let trim = |s: String| -> String {
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        }
-    };
-    if (-4..17).contains(&exponent) {
-        let plain = if exponent >= 0 {
-            let point = (exponent + 1) as usize;
-            format!("{}.{}", &digits[..point], &digits[point..])
-        } else {
-            format!("0.{}{digits}", "0".repeat((-exponent - 1) as usize))
-        };
-        format!("{sign}{}", trim(plain))
-    } else {
-        let body = trim(format!("{}.{}", &digits[..1], &digits[1..]));
-        let esign = if exponent < 0 { '-' } else { '+' };
-        format!("{sign}{body}e{esign}{:02}", exponent.abs())
     }
 }
 
@@ -1730,7 +1700,11 @@ mod tests {
     /// ZUNION's or ZINTER's options parsed for `keys` keys.
     fn options(args: &[&str], keys: usize) -> Option<Combine> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        Combine::parse(&args, keys)
+        let redis_7_0 = ServerDoubles {
+            text: DoubleText::G17,
+            hex: true,
+        };
+        Combine::parse(&args, keys, redis_7_0)
     }
 
     #[test]
@@ -1807,39 +1781,33 @@ mod tests {
             ("-0X1.8P1", -3.0),
             ("0e-400", 0.0),
         ] {
-            assert_eq!(parse_weight(text.as_bytes()), Some(want), "{text}");
+            assert_eq!(parse_weight(text.as_bytes(), true), Some(want), "{text}");
+            // Valkey reads decimals only.
+            let decimal = !text.to_ascii_lowercase().contains("0x");
+            assert_eq!(
+                parse_weight(text.as_bytes(), false),
+                decimal.then_some(want),
+                "{text}"
+            );
         }
         for text in [
             "nan", "1e400", "-1e400", "1e-400", "0x", "1 ", "inf ", "0x1g", "--1",
         ] {
-            assert_eq!(parse_weight(text.as_bytes()), None, "{text}");
+            assert_eq!(parse_weight(text.as_bytes(), true), None, "{text}");
         }
     }
 
     #[test]
-    fn scores_are_formatted_as_redis_7_0_formats_doubles() {
-        for (v, text) in [
-            (1.0, "1"),
-            (0.1, "0.10000000000000001"),
-            (0.1 + 0.2, "0.30000000000000004"),
-            (-0.0, "-0"),
-            (1.5, "1.5"),
-            (100.0, "100"),
-            (1e16, "10000000000000000"),
-            (1e17, "1e+17"),
-            (1e21, "1e+21"),
-            (1e300, "1.0000000000000001e+300"),
-            (1e-310, "9.9999999999999694e-311"),
-            (0.0001, "0.0001"),
-            (0.00001, "1.0000000000000001e-05"),
-            (123456789.125, "123456789.125"),
-            (-2.5e-5, "-2.5000000000000001e-05"),
-        ] {
-            assert_eq!(format_g17(v), text, "{v}");
-        }
-        assert_eq!(&format_score(f64::INFINITY, 2)[..], b"$3\r\ninf\r\n");
-        assert_eq!(&format_score(f64::NEG_INFINITY, 3)[..], b",-inf\r\n");
-        assert_eq!(&format_score(0.5, 3)[..], b",0.5\r\n");
+    fn scores_are_written_as_the_upstream_writes_doubles() {
+        let g17 = DoubleText::G17;
+        assert_eq!(
+            &format_score(0.1, g17, 2)[..],
+            b"$19\r\n0.10000000000000001\r\n"
+        );
+        assert_eq!(&format_score(0.1, DoubleText::Shortest, 3)[..], b",0.1\r\n");
+        assert_eq!(&format_score(f64::INFINITY, g17, 2)[..], b"$3\r\ninf\r\n");
+        assert_eq!(&format_score(f64::NEG_INFINITY, g17, 3)[..], b",-inf\r\n");
+        assert_eq!(&format_score(0.5, g17, 3)[..], b",0.5\r\n");
     }
 
     /// Entries of a key: (member, score).
@@ -1855,7 +1823,7 @@ mod tests {
 
     /// Combined entries as (member, score) text pairs, in reply order.
     fn pairs(entries: Vec<(Bytes, f64)>) -> Vec<(String, String)> {
-        combined(entries, 2)
+        combined(entries, DoubleText::G17, 2)
             .into_iter()
             .map(|e| {
                 let text = |f: &Bytes| {
@@ -1876,6 +1844,7 @@ mod tests {
             weights: weights.to_vec(),
             aggregate,
             scores: true,
+            text: DoubleText::G17,
         };
         let p = |list: &[(&str, &str)]| -> Vec<(String, String)> {
             list.iter()
@@ -1927,8 +1896,9 @@ mod tests {
             entries(&[("m", 0.2), ("y", 0.0)]),
         ];
         let sum = pairs(zunion(&rounding, &with(&[1.0; 3], Aggregate::Sum)));
-        assert_eq!(sum[2], ("m".to_string(), format_g17(0.1 + 0.2 + 0.3)));
-        assert_ne!(format_g17(0.1 + 0.2 + 0.3), format_g17(0.3 + 0.2 + 0.1));
+        let g17 = |v| DoubleText::G17.write(v);
+        assert_eq!(sum[2], ("m".to_string(), g17(0.1 + 0.2 + 0.3)));
+        assert_ne!(g17(0.1 + 0.2 + 0.3), g17(0.3 + 0.2 + 0.1));
         assert!(zinter(&[], &with(&[], Aggregate::Sum)).is_empty());
         assert!(zinter(&[entries(&[("a", 1.0)]), Vec::new()], &default_combine()).is_empty());
     }

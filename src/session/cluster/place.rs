@@ -99,7 +99,7 @@ impl Session {
         let slot = match known.unwrap_or_else(|| self.key_slot(router, args, rewritten, spec)) {
             Ok(slot) => slot,
             Err((a, b)) => {
-                let split = split(router, args, rewrite, self.doubles_as_7_0());
+                let split = split(router, args, rewrite, self.doubles());
                 let why = match split {
                     // EXEC's reply would hold the part of one node only, and a pinned
                     // session's state lives on one node.
