@@ -221,6 +221,40 @@ async fn single_slot_commands_reach_their_owner_in_order() {
             .await;
         assert!(reply.ends_with(b"$5\r\n12345\r\n"), "{p}: {}", show(&reply));
     }
+    // A node's own parameters (its port, its name in the cluster, its files) go to the home
+    // node, whose CONFIG GET the client reads: set to the home node's port, the others could
+    // not listen; set to one `dir`, every node would write the same file.
+    let reply = c.call(&["CONFIG", "GET", "port"]).await;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let home: &str = text.split("\r\n").nth(4).unwrap();
+    assert_eq!(c.call(&["CONFIG", "SET", "port", home]).await, b"+OK\r\n");
+    let name = "home.example";
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "cluster-announce-hostname", name])
+            .await,
+        b"+OK\r\n"
+    );
+    for p in &primaries {
+        let reply = Raw::connect(p)
+            .await
+            .call(&["CONFIG", "GET", "cluster-announce-hostname"])
+            .await;
+        let at_home = p.ends_with(&format!(":{home}"));
+        assert_eq!(
+            show(&reply).contains(name),
+            at_home,
+            "{p}: {}",
+            show(&reply)
+        );
+    }
+    let mixed = c
+        .call(&["CONFIG", "SET", "maxmemory", "0", "dir", "/tmp"])
+        .await;
+    assert!(
+        mixed.starts_with(b"-ERR CONFIG SET of dir (each cluster node's own"),
+        "{}",
+        show(&mixed)
+    );
     let keys_reply = c.call(&["KEYS", "pipe*"]).await;
     assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));
     // SCAN walks every primary with one cursor and returns every key exactly once.

@@ -122,6 +122,11 @@ impl Session {
             Some(Merge::Concat)
         } else if is("FLUSHALL") || is("FLUSHDB") {
             Some(Merge::AllOk)
+        } else if is("CONFIG") && sub_in(&[b"SET"]) && config_set_params(args).all(node_own) {
+            // Each node's own address, files and identity: the home node's, whose CONFIG
+            // GET the client reads (every primary set to the home node's port could not
+            // listen; every primary set to one `dir` would write one file).
+            None
         } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
             // To its clients the proxy is one server: a setting changed through it applies
             // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
@@ -488,6 +493,66 @@ impl Session {
             _ => merged,
         }
     }
+}
+
+/// The parameter names of a `CONFIG SET` (every other argument from the third).
+fn config_set_params<'a>(args: &'a Args<'_>) -> impl Iterator<Item = &'a [u8]> + 'a {
+    (2..args.len()).step_by(2).map(|i| args.get(i))
+}
+
+/// Configuration parameters that are each node's own: where it listens and how it names
+/// itself to the cluster and its replicas, and its files. Set through the proxy, they go to
+/// the home node only (see `Session::fanout_merge`).
+const NODE_OWN: &[&str] = &[
+    "port",
+    "tls-port",
+    "bind",
+    "bind-source-addr",
+    "unixsocket",
+    "unixsocketperm",
+    "cluster-port",
+    "cluster-config-file",
+    "cluster-announce-ip",
+    "cluster-announce-port",
+    "cluster-announce-bus-port",
+    "cluster-announce-tls-port",
+    "cluster-announce-hostname",
+    "cluster-announce-human-nodename",
+    "cluster-announce-client-ipv4",
+    "cluster-announce-client-ipv6",
+    "replica-announce-ip",
+    "slave-announce-ip",
+    "replica-announce-port",
+    "slave-announce-port",
+    "replicaof",
+    "slaveof",
+    "dir",
+    "dbfilename",
+    "logfile",
+    "pidfile",
+    "appendfilename",
+    "appenddirname",
+    "syslog-ident",
+];
+
+/// Whether a configuration parameter is each node's own (`NODE_OWN`).
+fn node_own(name: &[u8]) -> bool {
+    NODE_OWN
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+}
+
+/// A `CONFIG SET` that names a node's own parameter (returned) beside ones every primary
+/// shares: it can go neither to the home node alone nor to every primary.
+pub(super) fn mixes_node_own_config<'a>(args: &'a Args<'_>) -> Option<&'a [u8]> {
+    let config_set = args.len() > 3
+        && args.get(0).eq_ignore_ascii_case(b"CONFIG")
+        && args.get(1).eq_ignore_ascii_case(b"SET");
+    if !config_set {
+        return None;
+    }
+    let own = config_set_params(args).find(|p| node_own(p))?;
+    config_set_params(args).any(|p| !node_own(p)).then_some(own)
 }
 
 /// For `CONFIG SET` naming `slowlog-max-len` (its last value, as Redis applies them in

@@ -311,6 +311,9 @@ impl Session {
         if let Some(answer) = self.cluster_only_answer(args, rewrite) {
             return Some(answer);
         }
+        if let Some(own) = super::gather::mixes_node_own_config(args) {
+            return Some(Action::Refused(answers::config_set_mixes_node_own(own)));
+        }
         let merge = self.fanout_merge(args, effect)?;
         Some(self.fanout_action(args, effect, rewrite, merge))
     }
