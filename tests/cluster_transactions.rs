@@ -300,3 +300,122 @@ async fn a_transaction_of_many_keyless_commands_is_not_held_without_bound() {
     }
     assert_eq!(exec, expected);
 }
+
+/// A command every primary gets (CONFIG SET, FLUSHALL) queued in a transaction: it runs in
+/// the transaction on its node, and once EXEC ran there, on every other primary; EXEC's
+/// element for it is the merged answer. A transaction that did not run (WATCH) sends it
+/// nowhere else, one that failed on its node sends it nowhere else, and a fan-out whose
+/// answer is every node's data (DBSIZE) stays refused inside MULTI.
+#[tokio::test]
+async fn a_whole_keyspace_command_in_a_transaction_reaches_every_primary_after_exec() {
+    let (redis, proxy) = setup().await;
+    let primaries = redis.primaries();
+    let samples = |node: String| async move {
+        let reply = Raw::connect(&node)
+            .await
+            .call(&["CONFIG", "GET", "maxmemory-samples"])
+            .await;
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    let keys = a_tag_on_each_primary(&redis);
+    for proto in [2, 3] {
+        let mut c = client(&proxy, proto).await;
+        // Refused on its node: EXEC says so in its element, and no other node is asked.
+        let got = c
+            .request(
+                &[
+                    resp(&["MULTI"]),
+                    resp(&["SET", &format!("{}:k", keys[0]), "v"]),
+                    resp(&["CONFIG", "SET", "maxmemory", "bla"]),
+                    resp(&["EXEC"]),
+                ]
+                .concat(),
+                4,
+            )
+            .await;
+        let text = String::from_utf8_lossy(&got).into_owned();
+        assert!(
+            text.starts_with("+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n-ERR CONFIG SET failed"),
+            "RESP{proto}: {text}"
+        );
+        // Taken: every primary has it, and FLUSHALL emptied every primary.
+        for key in &keys {
+            assert_eq!(c.call(&["SET", &format!("{key}:k"), "v"]).await, b"+OK\r\n");
+        }
+        let value = if proto == 2 { "7" } else { "9" };
+        let got = c
+            .request(
+                &[
+                    resp(&["MULTI"]),
+                    resp(&["SET", &format!("{}:k", keys[1]), "v"]),
+                    resp(&["CONFIG", "SET", "maxmemory-samples", value]),
+                    resp(&["FLUSHALL"]),
+                    resp(&["EXEC"]),
+                ]
+                .concat(),
+                5,
+            )
+            .await;
+        assert_eq!(
+            show(&got),
+            show(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n+OK\r\n+OK\r\n")
+        );
+        for p in &primaries {
+            assert!(
+                samples(p.clone())
+                    .await
+                    .ends_with(&format!("\r\n{value}\r\n")),
+                "{p}"
+            );
+            assert_eq!(
+                Raw::connect(p).await.call(&["DBSIZE"]).await,
+                b":0\r\n",
+                "{p}"
+            );
+        }
+        // Under WATCH, a changed key: nothing runs anywhere.
+        let watched = format!("{}:w", keys[2]);
+        for key in &keys {
+            assert_eq!(c.call(&["SET", &format!("{key}:k"), "v"]).await, b"+OK\r\n");
+        }
+        assert_eq!(c.call(&["WATCH", &watched]).await, b"+OK\r\n");
+        let mut other = client(&proxy, 2).await;
+        assert_eq!(other.call(&["SET", &watched, "changed"]).await, b"+OK\r\n");
+        let got = c
+            .request(
+                &[resp(&["MULTI"]), resp(&["FLUSHALL"]), resp(&["EXEC"])].concat(),
+                3,
+            )
+            .await;
+        let null = if proto == 2 { "*-1\r\n" } else { "_\r\n" };
+        assert_eq!(
+            show(&got),
+            show(format!("+OK\r\n+QUEUED\r\n{null}").as_bytes())
+        );
+        for key in &keys {
+            let node = redis.primary_for_slot(slot(key.as_bytes()));
+            assert_eq!(
+                direct_get(&node, &format!("{key}:k")).await,
+                b"$1\r\nv\r\n",
+                "{node}"
+            );
+        }
+        // A fan-out whose reply is every node's data still cannot be one element of EXEC.
+        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+        let refused = c.call(&["DBSIZE"]).await;
+        assert!(
+            refused.starts_with(b"-ERR DBSIZE inside MULTI is not supported"),
+            "{}",
+            show(&refused)
+        );
+        assert_eq!(c.call(&["DISCARD"]).await, b"+OK\r\n");
+    }
+    for p in &primaries {
+        let mut node = Raw::connect(p).await;
+        assert_eq!(
+            node.call(&["CONFIG", "SET", "maxmemory-samples", "5"])
+                .await,
+            b"+OK\r\n"
+        );
+    }
+}

@@ -105,78 +105,17 @@ impl Session {
     /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
     /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
     pub(super) fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
-        let name = args.get(0);
-        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
-        let sub_in = |subs: &[&[u8]]| {
-            args.len() > 1 && subs.iter().any(|sub| args.get(1).eq_ignore_ascii_case(sub))
-        };
         if matches!(effect, Effect::Wait(_)) {
             // A transaction or WATCH holds the session on one node: WAIT runs there.
             return (!self.pinned()).then_some(Merge::Min);
         }
-        if is("INFO") {
-            Some(Merge::Info)
-        } else if is("DBSIZE") {
-            Some(Merge::Sum)
-        } else if is("KEYS") {
-            Some(Merge::Concat)
-        } else if is("FLUSHALL") || is("FLUSHDB") {
-            Some(Merge::AllOk)
-        } else if is("CONFIG") && sub_in(&[b"SET"]) && config_set_params(args).all(node_own) {
-            // Each node's own address, files and identity: the home node's, whose CONFIG
-            // GET the client reads (every primary set to the home node's port could not
-            // listen; every primary set to one `dir` would write one file).
-            None
-        } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
-            // To its clients the proxy is one server: a setting changed through it applies
-            // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
-            Some(Merge::AllOk)
-        } else if is("ACL") && sub_in(&[b"SETUSER", b"DELUSER"]) {
-            // ACL users are per node, and a client's own login goes to every primary
-            // (`login`): a user made or removed through the proxy is made or removed there
-            // all, as on one server (removed, Redis closes its connections on each).
-            Some(Merge::AllOk)
-        } else if is("RANDOMKEY") {
-            Some(Merge::FirstNonNil)
-        } else if (is("SCRIPT") || is("FUNCTION"))
-            && sub_in(&[b"LOAD", b"FLUSH", b"DELETE", b"RESTORE"])
-        {
-            // Scripts and functions live per node, and a command using one may go to any
-            // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
-            // gets NOSCRIPT for keys on the other nodes, forever.
-            Some(Merge::AllOk)
-        } else if is("SLOWLOG") && sub_in(&[b"RESET"]) {
-            // Node-local logs, one log to the clients: every node's.
-            Some(Merge::AllOk)
-        } else if is("SLOWLOG") && sub_in(&[b"LEN"]) {
-            Some(Merge::SumAtMost(self.slowlog_max_len()))
-        } else if is("SLOWLOG") && sub_in(&[b"GET"]) {
-            // Redis's default of 10 entries; -1 (or any count it refuses, which every node
-            // then answers with its error) for all: all one server would keep.
-            let count = match args.len() {
-                2 => Some(10),
-                _ => codec::parse_int(args.get(2)).and_then(|n| usize::try_from(n).ok()),
-            };
-            let limit = match (count, self.slowlog_max_len()) {
-                (Some(count), Some(len)) => Some(count.min(len)),
-                (count, len) => count.or(len),
-            };
-            Some(Merge::Slowlog(limit))
-        } else if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
+        if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
             // To its clients the proxy is one server: a pause holds back every node's
             // commands, as one Redis would hold back all of them. Inside MULTI it is queued
             // on the transaction's node (EXEC's reply cannot hold every node's answer).
-            (!self.conn.in_multi()).then_some(Merge::AllOk)
-        } else if is("SCRIPT") && sub_in(&[b"EXISTS"]) {
-            Some(Merge::Max)
-        } else if (is("SCRIPT") || is("FUNCTION")) && sub_in(&[b"KILL"]) {
-            // A script runs on a dedicated connection to its keys' node (a keyless one
-            // wherever keyless commands go), which the killer cannot name: every primary is
-            // asked, and the one running it kills it.
-            Some(Merge::Kill)
-        } else {
-            None
+            return (!self.conn.in_multi()).then_some(Merge::AllOk);
         }
+        keyspace_merge(args, self.slowlog_max_len())
     }
 
     /// The slow log length one server would keep (see `Router::slowlog_max_len`).
@@ -495,9 +434,87 @@ impl Session {
     }
 }
 
+/// How the replies of a command sent to every primary for the whole keyspace are merged,
+/// by its name (WAIT and CLIENT PAUSE, known by their effect, aside: `Session::fanout_merge`);
+/// `None` for a command that goes to one node. `slowlog_len`: `Router::slowlog_max_len`.
+pub(super) fn keyspace_merge<L: CommandLine + ?Sized>(
+    args: &L,
+    slowlog_len: Option<usize>,
+) -> Option<Merge> {
+    let arg = |i: usize| {
+        if i < args.argc() {
+            args.arg(i)
+        } else {
+            &[][..]
+        }
+    };
+    let name = arg(0);
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    let sub_in =
+        |subs: &[&[u8]]| args.argc() > 1 && subs.iter().any(|sub| arg(1).eq_ignore_ascii_case(sub));
+    if is("INFO") {
+        Some(Merge::Info)
+    } else if is("DBSIZE") {
+        Some(Merge::Sum)
+    } else if is("KEYS") {
+        Some(Merge::Concat)
+    } else if is("FLUSHALL") || is("FLUSHDB") {
+        Some(Merge::AllOk)
+    } else if is("CONFIG") && sub_in(&[b"SET"]) && config_set_params(args).all(node_own) {
+        // Each node's own address, files and identity: the home node's, whose CONFIG
+        // GET the client reads (every primary set to the home node's port could not
+        // listen; every primary set to one `dir` would write one file).
+        None
+    } else if is("CONFIG") && sub_in(&[b"SET", b"RESETSTAT", b"REWRITE"]) {
+        // To its clients the proxy is one server: a setting changed through it applies
+        // to the whole keyspace, so to every primary (CONFIG GET reads the home node's).
+        Some(Merge::AllOk)
+    } else if is("ACL") && sub_in(&[b"SETUSER", b"DELUSER"]) {
+        // ACL users are per node, and a client's own login goes to every primary
+        // (`login`): a user made or removed through the proxy is made or removed there
+        // all, as on one server (removed, Redis closes its connections on each).
+        Some(Merge::AllOk)
+    } else if is("RANDOMKEY") {
+        Some(Merge::FirstNonNil)
+    } else if (is("SCRIPT") || is("FUNCTION"))
+        && sub_in(&[b"LOAD", b"FLUSH", b"DELETE", b"RESTORE"])
+    {
+        // Scripts and functions live per node, and a command using one may go to any
+        // node: load (and remove) them everywhere, or a client's SCRIPT LOAD + EVALSHA
+        // gets NOSCRIPT for keys on the other nodes, forever.
+        Some(Merge::AllOk)
+    } else if is("SLOWLOG") && sub_in(&[b"RESET"]) {
+        // Node-local logs, one log to the clients: every node's.
+        Some(Merge::AllOk)
+    } else if is("SLOWLOG") && sub_in(&[b"LEN"]) {
+        Some(Merge::SumAtMost(slowlog_len))
+    } else if is("SLOWLOG") && sub_in(&[b"GET"]) {
+        // Redis's default of 10 entries; -1 (or any count it refuses, which every node
+        // then answers with its error) for all: all one server would keep.
+        let count = match args.argc() {
+            2 => Some(10),
+            _ => codec::parse_int(arg(2)).and_then(|n| usize::try_from(n).ok()),
+        };
+        let limit = match (count, slowlog_len) {
+            (Some(count), Some(len)) => Some(count.min(len)),
+            (count, len) => count.or(len),
+        };
+        Some(Merge::Slowlog(limit))
+    } else if is("SCRIPT") && sub_in(&[b"EXISTS"]) {
+        Some(Merge::Max)
+    } else if (is("SCRIPT") || is("FUNCTION")) && sub_in(&[b"KILL"]) {
+        // A script runs on a dedicated connection to its keys' node (a keyless one
+        // wherever keyless commands go), which the killer cannot name: every primary is
+        // asked, and the one running it kills it.
+        Some(Merge::Kill)
+    } else {
+        None
+    }
+}
+
 /// The parameter names of a `CONFIG SET` (every other argument from the third).
-fn config_set_params<'a>(args: &'a Args<'_>) -> impl Iterator<Item = &'a [u8]> + 'a {
-    (2..args.len()).step_by(2).map(|i| args.get(i))
+fn config_set_params<L: CommandLine + ?Sized>(args: &L) -> impl Iterator<Item = &[u8]> {
+    (2..args.argc()).step_by(2).map(|i| args.arg(i))
 }
 
 /// Configuration parameters that are each node's own: where it listens and how it names

@@ -4,6 +4,7 @@
 //! its first key, keys in several slots). Runs in `decide`, before anything is sent.
 
 use super::gather::split;
+use super::merge::Merge;
 use super::tracking::OwnConn;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
@@ -315,6 +316,15 @@ impl Session {
             return Some(Action::Refused(answers::config_set_mixes_node_own(own)));
         }
         let merge = self.fanout_merge(args, effect)?;
+        if merge == Merge::AllOk && self.conn.in_multi() {
+            // Queued on the transaction's node like any keyless command; the other primaries
+            // get it once EXEC ran it there (`transaction::spread_after_exec`). Not for a
+            // client logged in as its own user on one node: they would run it as the proxy.
+            if self.conn.holds(Holds::OTHER_USER) {
+                return Some(Action::Refused(answers::fanout_own_login(args.get(0))));
+            }
+            return None;
+        }
         Some(self.fanout_action(args, effect, rewrite, merge))
     }
 

@@ -12,7 +12,7 @@
 //! proxy keeps reading and queuing while replies are on their way, so the request side may
 //! already be in the next transaction when this one's replies come back.
 
-use super::merge::unexpected;
+use super::merge::{Merge, unexpected};
 use super::{Again, again_of};
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
@@ -107,11 +107,18 @@ impl Session {
                         self.note_redirect(&router, &again);
                     }
                     let outcome = exec_outcome(frame, &origin, log.again.take());
+                    let mut ran_on = from;
                     if let ExecOutcome::Replay(again) = outcome {
-                        *frame = match how {
-                            InTransaction::Watched => answers::null_array(proto),
+                        (*frame, ran_on) = match how {
+                            InTransaction::Watched => (answers::null_array(proto), from),
                             _ => self.replay(&router, proto, &log.queued, again).await,
                         };
+                        changed = true;
+                    }
+                    if self
+                        .spread_after_exec(&router, proto, &log.queued, ran_on, frame)
+                        .await
+                    {
                         changed = true;
                     }
                     *log = TxLog::default();
@@ -139,8 +146,74 @@ impl Session {
         }
     }
 
+    /// After EXEC ran a transaction on `ran_on` (its reply `exec`): each command queued in
+    /// it that goes to every primary (`gather::keyspace_merge`: FLUSHALL, FLUSHDB, CONFIG
+    /// SET, SCRIPT LOAD, SLOWLOG RESET…) and succeeded there is sent to each other primary,
+    /// and its element of the reply becomes the merged answer (the first error), as one
+    /// server's transaction would have applied it to the whole keyspace. Not atomic across
+    /// nodes: the others run it after EXEC. Nothing is sent when the transaction did not run
+    /// (a null or an error). Whether `exec` changed.
+    async fn spread_after_exec(
+        &self,
+        router: &Router,
+        proto: u8,
+        queued: &[Bytes],
+        ran_on: u16,
+        exec: &mut Bytes,
+    ) -> bool {
+        let spread: Vec<usize> = queued
+            .iter()
+            .enumerate()
+            .filter(|(_, command)| spreads(command, &self.ctx.codec))
+            .map(|(i, _)| i)
+            .collect();
+        if spread.is_empty() {
+            return false;
+        }
+        let Some(mut elements) = crate::protocol::reply::array_elements(exec) else {
+            return false;
+        };
+        let Some(header_end) = memchr::memchr(b'\n', exec) else {
+            return false;
+        };
+        let others: Vec<u16> = router
+            .snapshot()
+            .primaries()
+            .iter()
+            .copied()
+            .filter(|&node| node != ran_on)
+            .collect();
+        let mut changed = false;
+        for i in spread {
+            let Some(element) = elements.get(i).filter(|e| !e.starts_with(b"-")).cloned() else {
+                continue;
+            };
+            let mut replies = vec![element];
+            for &node in &others {
+                replies.push(
+                    match self
+                        .exchange(router, node, proto, queued[i].clone(), 1)
+                        .await
+                    {
+                        (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
+                        (data, None) => data,
+                    },
+                );
+            }
+            elements[i] = super::merge::merge(Merge::AllOk, &replies, 0);
+            changed = true;
+        }
+        let mut out = BytesMut::from(&exec[..=header_end]);
+        for element in &elements {
+            out.extend_from_slice(element);
+        }
+        *exec = out.freeze();
+        changed
+    }
+
     /// Sends `MULTI`, `queued` and `EXEC` where `again` says, following further
-    /// redirections up to `max_redirects`, and returns EXEC's reply. The replay goes over
+    /// redirections up to `max_redirects`, and returns EXEC's reply and the node that
+    /// answered it. The replay goes over
     /// the node's shared connection as one batch: nothing of another client's can come
     /// between its commands, and the connection is out of MULTI again after EXEC.
     async fn replay(
@@ -149,7 +222,7 @@ impl Session {
         proto: u8,
         queued: &[Bytes],
         mut again: Again,
-    ) -> Bytes {
+    ) -> (Bytes, u16) {
         for round in 0..router.max_redirects() {
             if let Again::TryAgain(_) = again {
                 // The slot's keys are split by a migration for a moment.
@@ -175,19 +248,19 @@ impl Session {
                 .exchange(router, node, proto, out.freeze(), frames as u32)
                 .await
             {
-                (_, Some(e)) => return error_reply(&ProxyError::Upstream(*e)),
+                (_, Some(e)) => return (error_reply(&ProxyError::Upstream(*e)), node),
                 (data, None) => data,
             };
             let got = crate::protocol::reply::split(&data);
             let Some(exec) = got.last() else {
-                return unexpected(&data);
+                return (unexpected(&data), node);
             };
             let first_queued = 1 + usize::from(ask);
             let redirected = got[first_queued.min(got.len() - 1)..got.len() - 1]
                 .iter()
                 .find_map(|f| again_of(f, &dest));
             match exec_outcome(exec, &dest, redirected) {
-                ExecOutcome::AsIs => return exec.clone(),
+                ExecOutcome::AsIs => return (exec.clone(), node),
                 ExecOutcome::Replay(next) => again = next,
             }
         }
@@ -195,7 +268,8 @@ impl Session {
             Again::Redirect(r) => r.slot().to_string(),
             Again::TryAgain(_) => "in migration".to_string(),
         };
-        answers::too_many_redirections(slot)
+        // Nothing ran: the error's node is not used.
+        (answers::too_many_redirections(slot), u16::MAX)
     }
 }
 
@@ -211,6 +285,20 @@ fn exec_outcome(exec: &[u8], answered_by: &str, queued_again: Option<Again>) -> 
         Some(again) if exec.starts_with(b"-EXECABORT") => ExecOutcome::Replay(again),
         _ => ExecOutcome::AsIs,
     }
+}
+
+/// Whether a command queued in a transaction goes to every primary once EXEC ran it
+/// (`Session::spread_after_exec`): one whose replies merge as "every node said OK".
+fn spreads(command: &[u8], limits: &CodecLimits) -> bool {
+    let mut ranges = Vec::new();
+    if !matches!(
+        codec::decode(command, limits, &mut ranges),
+        Ok(Some(Decoded::Command { .. }))
+    ) {
+        return false;
+    }
+    let argv: Vec<&[u8]> = ranges.iter().map(|r| &command[r.clone()]).collect();
+    super::gather::keyspace_merge(&argv[..], None) == Some(Merge::AllOk)
 }
 
 /// The name of one encoded command.
