@@ -174,6 +174,10 @@ const VOCABULARY: &[&str] = &[
     "EVALSHA 0123456789012345678901234567890123456789 0",
     "WAIT 0 0",
     "GETEX KEY PERSIST",
+    // In front of a cluster these go to every primary; inside MULTI, after EXEC ran them
+    // on the transaction's node.
+    "FLUSHDB",
+    "CONFIG SET maxmemory-samples 5",
 ];
 
 const KEYS: &[&str] = &["k1", "k2", "{s}k3"];
@@ -637,6 +641,13 @@ fn parse_case(text: &str) -> Vec<Step> {
 
 /// Conversations that once left the proxy's model of the client apart from Redis's.
 const REGRESSIONS: &[(&str, &str)] = &[
+    (
+        // State fuzzer seed 23750171, in front of a cluster: FLUSHDB sent to every primary
+        // flushed each node, and each told the tracking client "everything" (a null): three
+        // invalidations where one Redis sends one.
+        "FLUSHDB while tracking in RESP3, then RESET",
+        "b CLIENT REPLY ON | CLIENT CACHING | HELLO 3 SETNAME fuzz\nb CLIENT TRACKING ON\nb FLUSHDB | RESET | WATCH {s}k1",
+    ),
     (
         // Invariant fuzzer seed 52316624: the proxy opened a transaction for a MULTI Redis
         // refused, then waited for SUBSCRIBE's +QUEUED; in RESP3 the confirmation is a push,

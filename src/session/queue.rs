@@ -89,14 +89,30 @@ impl ReplyQueue {
         }
     }
 
+    /// Where `behind_due` puts a push: before the first blocking command's slot, else last.
+    fn behind_due_at(&self) -> usize {
+        self.slots
+            .iter()
+            .position(|s| matches!(s, Slot::Upstream { handling, .. } if handling.blocking))
+            .unwrap_or(self.slots.len())
+    }
+
+    /// The frame a push queued by `behind_due` would follow, while not yet written to the
+    /// client (`None`: written, or a reply still due).
+    pub(super) fn before_due(&self) -> Option<&Bytes> {
+        match self.behind_due_at() {
+            0 => self.out.last(),
+            at => match self.slots.get(at - 1) {
+                Some(Slot::Push { frame, .. }) => Some(frame),
+                _ => None,
+            },
+        }
+    }
+
     /// Queues a push behind every reply still due, but before the first blocking command's
     /// (which may wait forever): written at once when none is due before that.
     pub(super) fn behind_due(&mut self, frame: Bytes, permits: u32) {
-        let at = self
-            .slots
-            .iter()
-            .position(|s| matches!(s, Slot::Upstream { handling, .. } if handling.blocking))
-            .unwrap_or(self.slots.len());
+        let at = self.behind_due_at();
         if at == 0 {
             self.out.push(frame);
             self.out_permits += permits;
@@ -131,6 +147,10 @@ impl Session {
                 seq,
             } => self.on_batch_reply(seq, data, missing, error),
             Reply::Push(frame, permits) => {
+                if self.redundant_flush(&frame, self.queue.out.last()) {
+                    self.return_permits(permits);
+                    return;
+                }
                 // A namespaced subscriber sees channel names without its prefix.
                 let frame = match self.client.policy.access.namespace(self.client.tenant) {
                     Some(prefix) => crate::policy::namespace::strip_pubsub(prefix, &frame),

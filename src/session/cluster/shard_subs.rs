@@ -817,7 +817,7 @@ impl Session {
     }
 
     /// Gives back the push budget of a push that is not written to the client.
-    pub(super) fn return_permits(&self, permits: u32) {
+    pub(in crate::session) fn return_permits(&self, permits: u32) {
         if let Some(budget) = &self.queue.push_budget {
             budget.add_permits(permits as usize);
         }

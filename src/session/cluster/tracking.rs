@@ -110,6 +110,9 @@ const CACHING_NO: u8 = 2;
 /// What an invalidation push starts with (RESP3): `>2`, then the bulk string `invalidate`.
 const INVALIDATE: &[u8] = b">2\r\n$10\r\ninvalidate\r\n";
 
+/// The invalidation of every key (a flush), in RESP3.
+const FLUSHED: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
+
 /// A session's tracking: one connection per primary.
 pub(in crate::session) struct ClusterTracking {
     /// One connection per primary of the map, tracking turned on there.
@@ -844,6 +847,18 @@ impl Session {
         Ok((conns, checked))
     }
 
+    /// Whether `frame` is a RESP3 invalidation of every key (a flush) right behind the same
+    /// (`last`: the frame it would follow, not yet written), in front of a cluster: a
+    /// FLUSHALL or FLUSHDB sent to every primary flushes each node, and each tells its
+    /// tracking connection "everything", where one Redis tells the client once. A second
+    /// null with nothing written between is the same news (the client cached nothing since
+    /// the first), so it is dropped.
+    pub(in crate::session) fn redundant_flush(&self, frame: &[u8], last: Option<&Bytes>) -> bool {
+        frame == FLUSHED
+            && self.routing.cluster().is_some()
+            && last.is_some_and(|last| last[..] == *frame)
+    }
+
     /// Hook in `follow_redirects` for what is not a batch reply: an invalidation from a
     /// tracking connection is queued behind the replies still due (see the module comment);
     /// a tracking connection that ended ends the session. Returns `true`: consumed.
@@ -856,6 +871,8 @@ impl Session {
                 let permits = std::mem::take(permits);
                 if self.client.proto == 2 {
                     // Redis sends none to a RESP2 client without a redirect.
+                    self.return_permits(permits);
+                } else if self.redundant_flush(frame, self.queue.before_due()) {
                     self.return_permits(permits);
                 } else {
                     let frame = self.visible(std::mem::take(frame));
