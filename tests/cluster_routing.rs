@@ -247,13 +247,53 @@ async fn single_slot_commands_reach_their_owner_in_order() {
             show(&reply)
         );
     }
-    let mixed = c
-        .call(&["CONFIG", "SET", "maxmemory", "0", "dir", "/tmp"])
+    // Mixed with a shared one: the whole command on the home node first, then the shared
+    // parameters on the others; refused where the home node refuses it (a protected
+    // parameter here), nothing set anywhere.
+    let mixed = [
+        "maxmemory-samples",
+        "6",
+        "cluster-announce-hostname",
+        "mixed.example",
+    ];
+    let config_set = |pairs: &[&'static str]| {
+        let mut argv = vec!["CONFIG", "SET"];
+        argv.extend_from_slice(pairs);
+        argv
+    };
+    assert_eq!(c.call(&config_set(&mixed)).await, b"+OK\r\n");
+    for p in &primaries {
+        let mut node = Raw::connect(p).await;
+        let at_home = p.ends_with(&format!(":{home}"));
+        let samples = node.call(&["CONFIG", "GET", "maxmemory-samples"]).await;
+        assert!(samples.ends_with(b"$1\r\n6\r\n"), "{p}: {}", show(&samples));
+        let name = node
+            .call(&["CONFIG", "GET", "cluster-announce-hostname"])
+            .await;
+        assert_eq!(show(&name).contains("mixed.example"), at_home, "{p}");
+    }
+    let refused = c
+        .call(&config_set(&["maxmemory-samples", "7", "dir", "/tmp"]))
         .await;
+    assert!(refused.starts_with(b"-ERR"), "{}", show(&refused));
+    for p in &primaries {
+        let samples = Raw::connect(p)
+            .await
+            .call(&["CONFIG", "GET", "maxmemory-samples"])
+            .await;
+        assert!(samples.ends_with(b"$1\r\n6\r\n"), "{p}: {}", show(&samples));
+    }
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    let in_multi = c.call(&config_set(&mixed)).await;
     assert!(
-        mixed.starts_with(b"-ERR CONFIG SET of dir (each cluster node's own"),
+        in_multi.starts_with(b"-ERR CONFIG SET inside MULTI of cluster-announce-hostname"),
         "{}",
-        show(&mixed)
+        show(&in_multi)
+    );
+    assert_eq!(c.call(&["DISCARD"]).await, b"+OK\r\n");
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "maxmemory-samples", "5"]).await,
+        b"+OK\r\n"
     );
     let keys_reply = c.call(&["KEYS", "pipe*"]).await;
     assert!(keys_reply.starts_with(b"*6\r\n"), "{}", show(&keys_reply));

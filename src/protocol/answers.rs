@@ -655,15 +655,16 @@ pub(crate) fn fanout_in_multi(command: &[u8]) -> Bytes {
     )
 }
 
-/// CONFIG SET of a parameter each cluster node has for itself (`own`: its port, files…),
-/// which goes to the client's home node, with parameters every primary shares.
+/// CONFIG SET inside MULTI of a parameter each cluster node has for itself (`own`: its
+/// port, files…), which goes to the client's home node, with parameters every primary
+/// shares: EXEC's element could not say how each half went.
 pub(crate) fn config_set_mixes_node_own(own: &[u8]) -> Bytes {
     simple_error(
         "ERR",
         &format!(
-            "CONFIG SET of {} (each cluster node's own: set on the client's home node only) \
-             with parameters redis-policy-proxy sets on every primary: set them in separate \
-             commands",
+            "CONFIG SET inside MULTI of {} (each cluster node's own: set on the client's home \
+             node only) with parameters redis-policy-proxy sets on every primary: set them in \
+             separate commands",
             String::from_utf8_lossy(own).to_ascii_lowercase()
         ),
     )

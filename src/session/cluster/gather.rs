@@ -47,6 +47,10 @@ pub(in crate::session) struct Fanout {
     /// CONFIG SET of `slowlog-max-len`: the value set (`None`: one the proxy cannot read),
     /// for the router to learn once the primaries answer (`Router::learn_slowlog_max_len`).
     sets_slowlog_max_len: Option<Option<u64>>,
+    /// CONFIG SET of a node's own parameters beside shared ones: the whole command, for the
+    /// node keyless commands go to, sent first; `bytes` (the shared ones) go to the others
+    /// once it took it, as one server applies all or nothing.
+    home_first: Option<Bytes>,
 }
 
 /// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
@@ -153,6 +157,10 @@ impl Session {
             Some(command) => command,
             None => crate::protocol::codec::encode(&args.iter().collect::<Vec<_>>()),
         };
+        let (bytes, home_first) = match mixes_node_own_config(args) {
+            Some(_) => (shared_config_set(args), Some(bytes)),
+            None => (bytes, None),
+        };
         Action::Gather(Box::new(Gather::Fanout(Fanout {
             bytes,
             merge,
@@ -165,6 +173,7 @@ impl Session {
             },
             pause: matches!(effect, Effect::Pause(..) | Effect::Unpause).then_some(effect),
             sets_slowlog_max_len: sets_slowlog_max_len(args),
+            home_first,
         })))
     }
 
@@ -304,6 +313,28 @@ impl Session {
         if let Some(effect) = fanout.pause {
             self.apply(effect);
         }
+        let mut replies = Vec::with_capacity(primaries.len());
+        let mut home = None;
+        if let Some(full) = &fanout.home_first {
+            let Some(node) = router.keyless(self.client.id) else {
+                router.refresh_soon();
+                return answers::clusterdown();
+            };
+            let reply = match self
+                .exchange(&router, node, self.client.proto, full.clone(), 1)
+                .await
+            {
+                (_, Some(e)) => error_reply(&ProxyError::Upstream(*e)),
+                (data, None) => data,
+            };
+            if reply.first() == Some(&b'-') {
+                // Refused there, nothing of it applied: the others are not asked.
+                return reply;
+            }
+            replies.push(reply);
+            home = Some(node);
+        }
+        let primaries: Vec<u16> = primaries.into_iter().filter(|&n| Some(n) != home).collect();
         let mut receivers = Vec::with_capacity(primaries.len());
         // One-off connections of a blocking fan-out; dropped (closed) once answered.
         let mut connections = Vec::new();
@@ -317,7 +348,6 @@ impl Session {
             };
             receivers.push((node, rx));
         }
-        let mut replies = Vec::with_capacity(receivers.len());
         // With routes the mirror copies one node: it gets that node's own reply.
         let mirrored = self.ctx.ops.mirror.only();
         let mut mirrored_reply = None;
@@ -559,8 +589,20 @@ fn node_own(name: &[u8]) -> bool {
         .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
 }
 
+/// The `CONFIG SET` of the shared parameters of `args` (every pair whose name is not a
+/// node's own), for the primaries other than the one that took the whole command.
+fn shared_config_set(args: &Args<'_>) -> Bytes {
+    let mut argv: Vec<&[u8]> = vec![args.get(0), args.get(1)];
+    for pair in (2..args.len().saturating_sub(1)).step_by(2) {
+        if !node_own(args.get(pair)) {
+            argv.extend([args.get(pair), args.get(pair + 1)]);
+        }
+    }
+    codec::encode(&argv)
+}
+
 /// A `CONFIG SET` that names a node's own parameter (returned) beside ones every primary
-/// shares: it can go neither to the home node alone nor to every primary.
+/// shares: it can go neither to the home node alone nor to every primary as it is.
 pub(super) fn mixes_node_own_config<'a>(args: &'a Args<'_>) -> Option<&'a [u8]> {
     let config_set = args.len() > 3
         && args.get(0).eq_ignore_ascii_case(b"CONFIG")

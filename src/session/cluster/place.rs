@@ -312,7 +312,10 @@ impl Session {
         if let Some(answer) = self.cluster_only_answer(args, rewrite) {
             return Some(answer);
         }
-        if let Some(own) = super::gather::mixes_node_own_config(args) {
+        if let Some(own) = super::gather::mixes_node_own_config(args)
+            && self.conn.in_multi()
+        {
+            // EXEC's element would be one node's answer to both halves.
             return Some(Action::Refused(answers::config_set_mixes_node_own(own)));
         }
         let merge = self.fanout_merge(args, effect)?;
