@@ -519,28 +519,22 @@ mod tests {
         assert_eq!(get.by, None);
         assert_eq!(get.gets, [&b"#"[..], b"w_*->f"]);
         // The node sends no more than one element past what the GETs may read.
-        let first = |line: &str| plan_of(line).unwrap().first;
-        let sort = |rest: &[&[u8]]| {
-            let head: [&[u8]; 2] = [b"SORT", b"k"];
-            codec::encode(&[&head[..], rest].concat())
-        };
-        assert_eq!(first("SORT k GET #"), sort(&[b"LIMIT", b"0", b"100001"]));
-        assert_eq!(
-            first("SORT k GET # GET h_*"),
-            sort(&[b"LIMIT", b"0", b"50001"])
-        );
-        assert_eq!(
-            first("SORT k GET # LIMIT 7 -1"),
-            sort(&[b"LIMIT", b"7", b"100001"])
-        );
-        assert_eq!(
-            first("SORT k GET # LIMIT -3 200000"),
-            sort(&[b"LIMIT", b"-3", b"100001"])
-        );
-        assert_eq!(
-            first("SORT k GET # LIMIT 2 100001"),
-            sort(&[b"LIMIT", b"2", b"100001"])
-        );
+        for (line, start, count) in [
+            ("SORT k GET #", "0", "100001"),
+            ("SORT k GET # GET h_*", "0", "50001"),
+            ("SORT k GET # LIMIT 7 -1", "7", "100001"),
+            ("SORT k GET # LIMIT -3 200000", "-3", "100001"),
+            ("SORT k GET # LIMIT 2 100001", "2", "100001"),
+        ] {
+            let want = codec::encode(&[
+                &b"SORT"[..],
+                b"k",
+                b"LIMIT",
+                start.as_bytes(),
+                count.as_bytes(),
+            ]);
+            assert_eq!(plan_of(line).unwrap().first, want, "{line}");
+        }
         // A constant BY anywhere means no sorting, as Redis's `dontsort` stays set.
         let constant = plan_of("SORT k BY nosort BY w_* GET # DESC").unwrap();
         assert_eq!(constant.by, None);
