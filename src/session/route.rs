@@ -419,10 +419,15 @@ impl Session {
     /// session resets when it is answered (`Effect::Reset`). Inside MULTI, with replies
     /// switched off, or with subscriptions on the mode's connections too (a cluster's shard
     /// channels), the proxy answers it, once each of those connections answered a RESET of
-    /// its own (`release_subscriptions`).
+    /// its own (`release_subscriptions`). MONITOR the same way: a monitoring connection
+    /// dropped by the proxy still carried lines Redis fed it before it read the close, which
+    /// reached the client after its `+RESET` (one run in five of
+    /// `cluster_routing::monitor_shows_every_primary`); Redis's own RESET stops the lines
+    /// before its reply.
     fn decide_reset(&self) -> Action {
-        let subscribed =
-            self.conn.holds(Holds::SUBSCRIPTIONS) || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS);
+        let subscribed = self.conn.holds(Holds::SUBSCRIPTIONS)
+            || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS)
+            || self.conn.holds(Holds::MONITOR);
         if !subscribed
             || self.conn.dedicated.is_none()
             || self.routing.subscription_conns().next().is_some()
