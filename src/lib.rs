@@ -103,6 +103,8 @@
 //! - [`listen`]: where clients come in: plain TCP or TLS (same port or a second one), the
 //!   client stream the session reads, certificate reloads, client-certificate names.
 //! - [`protocol::pem`]: the PEM certificates, keys and CA roots both TLS sides load.
+//! - `protocol::double_text` (crate-private): doubles as each server writes them (Redis 7.0's
+//!   `%.17g`, the Grisu2 digits of Redis 7.2+ and Valkey), for the scores cluster mode computes.
 //! - `internal_hash` (crate-private): the cheap hasher for keys the proxy made itself (table
 //!   addresses, hash slots), where SipHash would cost per command.
 //! - [`observe::heap`]: freed session memory given back to the system (glibc's `malloc_trim`, after
