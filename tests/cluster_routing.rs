@@ -33,6 +33,14 @@ async fn direct_get(node: &str, key: &str) -> Vec<u8> {
     Raw::connect(node).await.call(&["GET", key]).await
 }
 
+/// A node's `CONFIG GET name`, asked directly.
+async fn config_get(node: &str, name: &str) -> Vec<u8> {
+    Raw::connect(node)
+        .await
+        .call(&["CONFIG", "GET", name])
+        .await
+}
+
 #[tokio::test]
 async fn single_slot_commands_reach_their_owner_in_order() {
     let redis = RedisCluster::start(3, 1);
@@ -215,10 +223,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         b"+OK\r\n"
     );
     for p in &primaries {
-        let reply = Raw::connect(p)
-            .await
-            .call(&["CONFIG", "GET", "slowlog-log-slower-than"])
-            .await;
+        let reply = config_get(p, "slowlog-log-slower-than").await;
         assert!(reply.ends_with(b"$5\r\n12345\r\n"), "{p}: {}", show(&reply));
     }
     // A node's own parameters (its port, its name in the cluster, its files) go to the home
@@ -235,10 +240,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         b"+OK\r\n"
     );
     for p in &primaries {
-        let reply = Raw::connect(p)
-            .await
-            .call(&["CONFIG", "GET", "cluster-announce-hostname"])
-            .await;
+        let reply = config_get(p, "cluster-announce-hostname").await;
         let at_home = p.ends_with(&format!(":{home}"));
         assert_eq!(
             show(&reply).contains(name),
@@ -263,13 +265,10 @@ async fn single_slot_commands_reach_their_owner_in_order() {
     };
     assert_eq!(c.call(&config_set(&mixed)).await, b"+OK\r\n");
     for p in &primaries {
-        let mut node = Raw::connect(p).await;
         let at_home = p.ends_with(&format!(":{home}"));
-        let samples = node.call(&["CONFIG", "GET", "maxmemory-samples"]).await;
+        let samples = config_get(p, "maxmemory-samples").await;
         assert!(samples.ends_with(b"$1\r\n6\r\n"), "{p}: {}", show(&samples));
-        let name = node
-            .call(&["CONFIG", "GET", "cluster-announce-hostname"])
-            .await;
+        let name = config_get(p, "cluster-announce-hostname").await;
         assert_eq!(show(&name).contains("mixed.example"), at_home, "{p}");
     }
     let refused = c
@@ -277,10 +276,7 @@ async fn single_slot_commands_reach_their_owner_in_order() {
         .await;
     assert!(refused.starts_with(b"-ERR"), "{}", show(&refused));
     for p in &primaries {
-        let samples = Raw::connect(p)
-            .await
-            .call(&["CONFIG", "GET", "maxmemory-samples"])
-            .await;
+        let samples = config_get(p, "maxmemory-samples").await;
         assert!(samples.ends_with(b"$1\r\n6\r\n"), "{p}: {}", show(&samples));
     }
     assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");

@@ -94,6 +94,10 @@ pub trait CommandLine {
     fn argc(&self) -> usize;
     /// Argument `i` (0 is the command name).
     fn arg(&self, i: usize) -> &[u8];
+    /// Argument `i`, or nothing past the last one (for a reader that compares words).
+    fn arg_or_empty(&self, i: usize) -> &[u8] {
+        if i < self.argc() { self.arg(i) } else { &[] }
+    }
 }
 
 impl<A: AsRef<[u8]>> CommandLine for [A] {

@@ -471,13 +471,7 @@ pub(super) fn keyspace_merge<L: CommandLine + ?Sized>(
     args: &L,
     slowlog_len: Option<usize>,
 ) -> Option<Merge> {
-    let arg = |i: usize| {
-        if i < args.argc() {
-            args.arg(i)
-        } else {
-            &[][..]
-        }
-    };
+    let arg = |i: usize| args.arg_or_empty(i);
     let name = arg(0);
     let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
     let sub_in =
@@ -618,13 +612,7 @@ pub(super) fn mixes_node_own_config<'a>(args: &'a Args<'_>) -> Option<&'a [u8]> 
 /// order): that value as Redis reads it (`string2ll`, 0 to `LONG_MAX`), `None` when it does
 /// not read so. `None` (outer) for any other command.
 fn sets_slowlog_max_len<L: CommandLine + ?Sized>(args: &L) -> Option<Option<u64>> {
-    let arg = |i: usize| {
-        if i < args.argc() {
-            args.arg(i)
-        } else {
-            &[][..]
-        }
-    };
+    let arg = |i: usize| args.arg_or_empty(i);
     if !(arg(0).eq_ignore_ascii_case(b"CONFIG") && arg(1).eq_ignore_ascii_case(b"SET")) {
         return None;
     }

@@ -312,8 +312,8 @@ impl Session {
         if let Some(answer) = self.cluster_only_answer(args, rewrite) {
             return Some(answer);
         }
-        if let Some(own) = super::gather::mixes_node_own_config(args)
-            && self.conn.in_multi()
+        if self.conn.in_multi()
+            && let Some(own) = super::gather::mixes_node_own_config(args)
         {
             // EXEC's element would be one node's answer to both halves.
             return Some(Action::Refused(answers::config_set_mixes_node_own(own)));
