@@ -113,7 +113,9 @@
 //!   (a policy over recorded traffic), `backfill` (a server's keys copied to another);
 //!   `tools::node_link` is their probed connection to a node.
 //! - [`operations::server`]: accept loop, client limit, graceful shutdown; [`operations::server::run`] is the test seam;
-//!   [`operations::startup`]: the one summary line the binary logs once it listens.
+//!   [`operations::startup`]: the one summary line the binary logs once it listens;
+//!   [`operations::workers`]: `workers: N` as N current-thread runtimes, each client on the
+//!   least loaded, each with its own share of the shared upstream connections.
 
 //!
 //! # Public surface
@@ -146,7 +148,7 @@ pub mod upstream;
 pub use observe::{audit, metrics};
 #[doc(hidden)]
 pub use operations::fuzzing;
-pub use operations::{mirror, ops, setup, startup, tools};
+pub use operations::{mirror, ops, setup, startup, tools, workers};
 pub use policy::ratelimit;
 pub use protocol::{codec, reply};
 pub use topology::{cluster, sentinel};

@@ -610,23 +610,36 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_format, &config.log_level.value);
 
-    // One worker runs on tokio's current-thread scheduler: no work stealing and no cross-thread
-    // wake-ups, which is what a proxy sharing a small host with Redis wants (docs/performance.md).
-    let mut runtime = if config.workers.value == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        if config.workers.value > 1 {
-            b.worker_threads(config.workers.value);
-        }
-        b
-    };
-    let runtime = match runtime.enable_all().build() {
+    // Every runtime is tokio's current-thread scheduler: no work stealing and no cross-thread
+    // wake-ups, which is what a proxy sharing a small host with Redis wants. With one worker
+    // the main thread runs everything; with more, it accepts and runs the background tasks,
+    // and each worker thread its clients and its own upstream connections
+    // (`operations::workers`, docs/performance.md "Scaling past one core").
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start runtime: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    let worker_count = match config.workers.value {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    // Stopped when dropped, after the runtime below has drained the clients.
+    let _workers = if worker_count > 1 {
+        match redis_policy_proxy::workers::start(worker_count) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!("cannot start {worker_count} workers: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
     };
     let result = runtime.block_on(async move {
         let (listener, admin) = bind(&config).await?;

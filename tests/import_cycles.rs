@@ -130,6 +130,7 @@ const COMPONENTS: &[&str] = &[
     "operations::setup",
     "operations::startup",
     "operations::tools",
+    "operations::workers",
     "policy::ratelimit",
     "policy::script_acl",
     "policy::script_user",

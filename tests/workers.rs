@@ -1,7 +1,9 @@
-//! `workers: 2` (tokio's multi-threaded runtime, two worker threads) through the real binary
-//! and a real redis-server, under load from many clients at once: each client's replies in
-//! its own order, transactions whole, pub/sub messages all delivered in order, and a rate
-//! limit counted once for clients whose sessions run on different threads.
+//! `workers: 2` (two worker threads, each a current-thread runtime with its own share of the
+//! upstream connections: `operations::workers`) through the real binary and a real
+//! redis-server, under load from many clients at once: clients spread evenly over the
+//! workers, each client's replies in its own order, transactions whole, pub/sub messages all
+//! delivered in order (publisher and subscriber on different workers), and a rate limit
+//! counted once for clients whose sessions run on different threads.
 
 #![allow(
     clippy::disallowed_methods,
@@ -131,4 +133,67 @@ async fn a_rate_limit_is_one_budget_across_worker_threads() {
     );
     let hits = format!("${}\r\n{passed}\r\n", passed.to_string().len());
     assert_eq!(redis.direct(&["GET", "hits"]).await, hits.as_bytes());
+}
+
+/// `rpp_worker_sessions{worker}` from the admin endpoint at `admin`, in worker order.
+async fn worker_sessions(admin: std::net::SocketAddr) -> Vec<u64> {
+    let (status, body) = common::http_get(admin, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .filter(|l| l.starts_with("rpp_worker_sessions{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn clients_are_spread_evenly_over_the_worker_threads() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("workers-spread");
+    let config = dir.path().join("workers.yaml");
+    std::fs::write(&config, "workers: 2\n").unwrap();
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let admin_arg = admin.to_string();
+    let proxy = ProxyProcess::start(
+        &config,
+        &redis,
+        dir.path().join("proxy.log"),
+        &["--admin", &admin_arg],
+    )
+    .await;
+    let names = proxy.thread_names();
+    for worker in ["rpp-worker-0", "rpp-worker-1"] {
+        assert!(names.iter().any(|n| n == worker), "{names:?}");
+    }
+    // Ten clients, one after another (each answered before the next connects): the acceptor
+    // gives each to the worker with fewer sessions, so five run on each. A client on either
+    // worker sees what one on the other wrote.
+    let mut clients = Vec::new();
+    for c in 0..10 {
+        let mut conn = Raw::connect(&proxy.addr()).await;
+        assert_eq!(conn.call(&["SET", &format!("k{c}"), "v"]).await, b"+OK\r\n");
+        if c > 0 {
+            assert_eq!(
+                conn.call(&["GET", &format!("k{}", c - 1)]).await,
+                b"$1\r\nv\r\n"
+            );
+        }
+        clients.push(conn);
+    }
+    assert_eq!(worker_sessions(admin).await, [5, 5]);
+    // Closed clients leave their worker's count.
+    clients.truncate(3);
+    let until = std::time::Instant::now() + common::DEADLINE;
+    loop {
+        let now = worker_sessions(admin).await;
+        if now.iter().sum::<u64>() == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{now:?} after 7 of 10 left"
+        );
+        tokio::time::sleep(common::POLL).await;
+    }
 }

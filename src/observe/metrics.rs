@@ -434,6 +434,7 @@ impl Metrics {
         m.registry.register_collector(Box::new(RoutesCollector {
             routes: m.routes.clone(),
         }));
+        m.registry.register_collector(Box::new(WorkersCollector));
         m.process.register_collector(Box::new(ProcessCollector {
             started: std::time::SystemTime::now(),
         }));
@@ -873,6 +874,31 @@ impl Collector for RoutesCollector {
         };
         for (route, count) in table.counts() {
             ConstCounter::new(count).encode(family.encode_family(&[("route", route)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sessions per worker thread (`workers: N`), read at scrape time; no samples with one
+/// worker. Shows whether the acceptor spreads clients evenly (`operations::workers`).
+#[derive(Debug)]
+struct WorkersCollector;
+
+impl Collector for WorkersCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "worker_sessions",
+            "Client sessions running on each worker thread now (workers: N > 1)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (worker, n) in crate::operations::workers::sessions()
+            .into_iter()
+            .enumerate()
+        {
+            let worker = worker.to_string();
+            ConstGauge::new(n as i64)
+                .encode(family.encode_family(&[("worker", worker.as_str())])?)?;
         }
         Ok(())
     }

@@ -11,6 +11,8 @@
 //!   compared, the cutover.
 //! - [`tools`]: `--print-acl`, `--survey`, `replay`, `backfill`; [`fuzzing`]: the seams the
 //!   fuzz targets drive.
+//! - [`workers`]: `workers: N` as N current-thread runtimes, clients placed on the least
+//!   loaded, each worker with its own share of the shared upstream connections.
 
 pub(crate) mod admin;
 pub(crate) mod eviction;
@@ -22,3 +24,4 @@ pub(crate) mod server;
 pub mod setup;
 pub mod startup;
 pub mod tools;
+pub mod workers;

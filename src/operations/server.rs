@@ -14,6 +14,7 @@ use crate::config::{Config, ReadFrom, UpstreamMode};
 use crate::listen::{ClientStream, Serving, TlsServer};
 use crate::observe::metrics::Metrics;
 use crate::operations::ops::Ops;
+use crate::operations::workers;
 use crate::policy::Policy;
 use crate::protocol::codec::CodecLimits;
 use crate::protocol::error::{ClientError, ProxyError, error_reply};
@@ -665,17 +666,15 @@ fn admit(
     };
     // A plain client's task is its session alone: what it holds is what every connected
     // client costs (tests/many_clients.rs), so the TLS path's state is not in it.
+    // With `workers: N`, on the worker running the fewest sessions (`operations::workers`).
     if let Serving::Plain = serving {
-        tokio::spawn(session::serve(
-            ClientStream::plain(stream),
-            ctx,
-            id,
-            seat.served(),
-        ));
+        workers::place(stream, move |stream| {
+            session::serve(ClientStream::plain(stream), ctx, id, seat.served())
+        });
         return;
     }
     let serving = serving.clone();
-    tokio::spawn(async move {
+    workers::place(stream, move |stream| async move {
         // The TLS handshake runs here, in the client's own task: a slow one holds only its
         // own client (and its slot of max_clients, for at most the handshake timeout).
         if let Some(stream) = crate::listen::establish(stream, peer, &serving, &seat.metrics).await

@@ -151,9 +151,11 @@ impl Pool {
         );
         let node_credentials = credentials.clone();
         let outage = Arc::new(Outage::default());
-        // Every connection of the node (shared and control) is one supervisor task.
-        let start = |link, rx, hello, up| {
-            tokio::spawn(supervise(
+        // Every connection of the node (shared and control) is one supervisor task; shared
+        // connection `j` runs on worker `j % workers` (`operations::workers`), the control
+        // connection where the pool starts.
+        let start = |lane: Option<usize>, link, rx, hello, up| {
+            let task = supervise(
                 spec.clone(),
                 address.clone(),
                 link,
@@ -164,12 +166,17 @@ impl Pool {
                 settings.command_timeout,
                 up,
                 retired_rx.clone(),
-            ));
+            );
+            match lane {
+                Some(j) => crate::operations::workers::spawn_lane(j, task),
+                None => drop(tokio::spawn(task)),
+            }
         };
         let mut shared: [Vec<mpsc::Sender<Batch>>; 2] = [Vec::new(), Vec::new()];
         let mut up: [Vec<Arc<AtomicBool>>; 2] = [Vec::new(), Vec::new()];
         for (index, proto) in [2u8, 3].into_iter().enumerate() {
-            for _ in 0..settings.connections {
+            // `upstream.connections` per worker: each worker's sessions have their own.
+            for j in 0..settings.connections * crate::operations::workers::count() {
                 let (tx, rx) = mpsc::channel(settings.queue_depth);
                 shared[index].push(tx);
                 let flag = Arc::new(AtomicBool::new(false));
@@ -181,7 +188,7 @@ impl Pool {
                     coalesce: settings.coalesce,
                     credentials: credentials.clone(),
                 };
-                start(link, rx, hello_tx[index].clone(), flag);
+                start(Some(j), link, rx, hello_tx[index].clone(), flag);
             }
         }
         let (control, control_rx) = mpsc::channel(settings.queue_depth);
@@ -194,6 +201,7 @@ impl Pool {
             credentials,
         };
         start(
+            None,
             link,
             control_rx,
             Arc::new(control_hello),
@@ -237,7 +245,7 @@ impl Pool {
     /// commands run in the order it sent them.
     pub(crate) fn shared(&self, proto: u8, client_id: u64) -> &mpsc::Sender<Batch> {
         let conns = &self.shared[usize::from(proto == 3)];
-        &conns[(client_id % conns.len() as u64) as usize]
+        &conns[crate::operations::workers::lane(client_id, conns.len())]
     }
 
     /// Whether any shared connection is established now (for readiness).
@@ -248,7 +256,7 @@ impl Pool {
     /// Whether the shared connection [`Pool::shared`] gives this client is established now.
     pub(crate) fn shared_up(&self, proto: u8, client_id: u64) -> bool {
         let flags = &self.up[usize::from(proto == 3)];
-        flags[(client_id % flags.len() as u64) as usize].load(Ordering::Relaxed)
+        flags[crate::operations::workers::lane(client_id, flags.len())].load(Ordering::Relaxed)
     }
 
     /// Times a `PING` on the control connection and keeps the result for

@@ -161,6 +161,16 @@ impl ProxyProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The names of the process's threads (from /proc), e.g. `rpp-worker-0`.
+    pub(crate) fn thread_names(&self) -> Vec<String> {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        std::fs::read_dir(tasks)
+            .expect("proxy process tasks")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect()
+    }
+
     /// Resident memory of the process, in KiB (from /proc).
     pub(crate) fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
