@@ -10,8 +10,8 @@
 #                                            a big host: the proxy on 4 cores of its own
 #
 # Environment:
-#   WORKERS="1 2"    the `workers:` values measured (1 is tokio's current-thread runtime, more
-#                    is its multi-threaded one, as in production)
+#   WORKERS="1 2"    the `workers:` values measured (1: one current-thread runtime on the main
+#                    thread; N: N worker threads, `rpp-worker-*`, each its own runtime)
 #   PROXY_CPUS=1     taskset CPU list every proxy runs on (empty: unpinned)
 #   REDIS_CPUS=0     taskset CPU list of the local redis-server (empty: unpinned)
 #   BENCH_CPUS=      taskset CPU list of redis-benchmark (empty: unpinned)
@@ -22,11 +22,12 @@
 #                    so that one benchmark process can outrun several proxy cores)
 #   POLICY=policy/passthrough.yaml   the policy every proxy runs
 #   BIN=path         the proxy binary (default: this checkout, cargo build --release)
+#   BASELINE=path    another build measured the same way in the same rounds (rows "base N"):
+#                    a change's before and after in one interleaved run
 #
 # Reports per N: median throughput, proxy CPU µs per request, requests per proxy-CPU-second,
-# the busiest worker thread's CPU over the mean of the N (1.00 = even; the proxy has one
-# acceptor and tokio's work-stealing scheduler, so an idle worker takes queued sessions from
-# a busy one), and cores per 100k requests/s = µs per request / 10. On this 2-core machine
+# the busiest worker thread's CPU over the mean of the N (1.00 = even: the acceptor gives
+# each client to the worker with the fewest sessions), and cores per 100k requests/s = µs per request / 10. On this 2-core machine
 # the proxy, Redis and the benchmark share the cores, so throughput cannot grow with N here;
 # the per-request CPU and the balance can still be compared.
 set -euo pipefail
@@ -92,29 +93,46 @@ else
 fi
 
 declare -A port_of pid_of
+# One proxy per measured build and N: label N for BIN, "base N" for BASELINE.
+labels=()
 for n in $WORKERS; do
+    labels+=("$n")
+    [[ -n "${BASELINE:-}" ]] && labels+=("base$n")
+done
+[[ -z "${BASELINE:-}" || -x "$BASELINE" ]] || die "no baseline binary at $BASELINE"
+for label in "${labels[@]}"; do
+    n="${label#base}"
+    bin="$BIN"
+    [[ "$label" == base* ]] && bin="$BASELINE"
     {
         grep -v '^workers:' "$POLICY"
         printf '\nworkers: %s\n' "$n"
-    } >"$work/w$n.yaml"
-    "$BIN" --check "$work/w$n.yaml" >/dev/null || die "the proxy rejects $work/w$n.yaml"
+    } >"$work/$label.yaml"
+    "$bin" --check "$work/$label.yaml" >/dev/null || die "$bin rejects $work/$label.yaml"
     pick_port
     pin_for "$PROXY_CPUS"
-    RUST_LOG=warn "${pin[@]}" "$BIN" --config "$work/w$n.yaml" \
-        --listen "127.0.0.1:$port" --upstream "$upstream" --admin off >"$work/w$n.log" 2>&1 &
-    pid_of[$n]=$!
+    RUST_LOG=warn "${pin[@]}" "$bin" --config "$work/$label.yaml" \
+        --listen "127.0.0.1:$port" --upstream "$upstream" --admin off >"$work/$label.log" 2>&1 &
+    pid_of[$label]=$!
     pids+=("$!")
-    port_of[$n]="$port"
-    wait_ready "$port" "${pid_of[$n]}" || die "the proxy with workers: $n did not start: $(tail -5 "$work/w$n.log")"
+    port_of[$label]="$port"
+    wait_ready "$port" "${pid_of[$label]}" || die "the proxy $label did not start: $(tail -5 "$work/$label.log")"
 done
 
 # The space-separated "tid:ticks" of each worker thread of PID (the runtime's workers when
 # N > 1; the main thread, which runs the current-thread runtime, when N = 1).
 thread_ticks() {
-    local pid="$1" n="$2" t name out=""
+    local pid="$1" n="$2" t name out="" workers="tokio-r*-w*"
+    # Worker threads: rpp-worker-* (builds since 2026-12-07), else tokio-runtime-worker (tokio's
+    # multi-threaded scheduler before; the newer builds' blocking-pool threads share that
+    # name, so it is matched only where no rpp-worker exists).
+    if grep -qx 'rpp-worker-.*' /proc/"$pid"/task/*/comm 2>/dev/null; then
+        workers="rpp-worker-*"
+    fi
     for t in /proc/"$pid"/task/*; do
         name="$(cat "$t/comm")"
-        if { [[ "$n" == 1 && "${t##*/}" == "$pid" ]] || [[ "$n" != 1 && "$name" == tokio-r*-w* ]]; }; then
+        # shellcheck disable=SC2053  # $workers is a glob on purpose
+        if { [[ "$n" == 1 && "${t##*/}" == "$pid" ]] || [[ "$n" != 1 && "$name" == $workers ]]; }; then
             out+="${t##*/}:$(cpu_ticks "$pid/task/${t##*/}") "
         fi
     done
@@ -126,16 +144,17 @@ results="$work/results"
 : >"$results"
 tests_count="$(tr ',' '\n' <<<"$TESTS" | grep -c .)"
 requests_per_run=$((REQUESTS * tests_count))
-read -r -a order <<<"$WORKERS"
+order=("${labels[@]}")
 for round in $(seq 1 "$ROUNDS"); do
     # Rotated so that no N always runs first.
     rotated=("${order[@]:$(((round - 1) % ${#order[@]}))}" "${order[@]:0:$(((round - 1) % ${#order[@]}))}")
-    for n in "${rotated[@]}"; do
-        pid="${pid_of[$n]}"
+    for label in "${rotated[@]}"; do
+        n="${label#base}"
+        pid="${pid_of[$label]}"
         before="$(cpu_ticks "$pid")"
         threads_before="$(thread_ticks "$pid" "$n")"
         pin_for "$BENCH_CPUS"
-        csv="$("${pin[@]}" redis-benchmark -h 127.0.0.1 -p "${port_of[$n]}" \
+        csv="$("${pin[@]}" redis-benchmark -h 127.0.0.1 -p "${port_of[$label]}" \
             -c "$CLIENTS" -P "$PIPELINE" -n "$REQUESTS" -t "$TESTS" -r 100000 \
             --threads "$THREADS" --csv 2>/dev/null)"
         after="$(cpu_ticks "$pid")"
@@ -148,8 +167,8 @@ for round in $(seq 1 "$ROUNDS"); do
             for (i = 1; i <= na; i++) { split(as[i], kv, ":"); d = kv[2] - before[kv[1]]; sum += d; k++; if (d > max) max = d }
             if (k && sum) printf "%.2f", max / (sum / k); else printf "n/a" }')"
         us="$(awk -v t=$((after - before)) -v hz="$hz" -v r="$requests_per_run" 'BEGIN { printf "%.2f", t / hz * 1e6 / r }')"
-        echo "$n $ops $us $balance" >>"$results"
-        log "round $round workers $n: $ops ops/s, proxy $us µs per request, busiest worker $balance of the mean"
+        echo "$label $ops $us $balance" >>"$results"
+        log "round $round workers $label: $ops ops/s, proxy $us µs per request, busiest worker $balance of the mean"
     done
 done
 
@@ -158,12 +177,12 @@ echo "workers: N, $ROUNDS rounds, redis-benchmark -c $CLIENTS -P $PIPELINE -t $T
 echo
 echo "| workers | ops/s | proxy µs per request | requests per proxy-CPU-second | busiest worker / mean | cores per 100k requests/s |"
 echo "|---:|---:|---:|---:|---:|---:|"
-for n in $WORKERS; do
-    awk -v n="$n" '$1 == n { ops[++k] = $2; us[k] = $3; bal[k] = $4 }
+for label in "${labels[@]}"; do
+    awk -v n="$label" '$1 == n { ops[++k] = $2; us[k] = $3; bal[k] = $4 }
         function median(a, k,   i, j, t) {
             for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
             return a[int((k + 1) / 2)] }
         END {
             o = median(ops, k); u = median(us, k); b = median(bal, k)
-            printf "| %s | %.0f | %.2f | %.0f | %s | %.2f |\n", n, o, u, (u > 0 ? 1e6 / u : 0), b, u / 10 }' "$results"
+            sub(/^base/, "base ", n); printf "| %s | %.0f | %.2f | %.0f | %s | %.2f |\n", n, o, u, (u > 0 ? 1e6 / u : 0), b, u / 10 }' "$results"
 done

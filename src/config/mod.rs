@@ -62,9 +62,11 @@ pub struct Config {
     pub limits: Limits,
     /// How long SIGTERM waits for in-flight commands before closing connections.
     pub shutdown_grace_ms: Located<u64>,
-    /// Tokio worker threads: 1 (the default) runs tokio's current-thread scheduler, 0 means one
-    /// worker per core. A knob because the best layout depends on how many cores Redis itself
-    /// needs on the same host; measurements in docs/performance.md.
+    /// Worker threads, each a current-thread runtime with its share of the clients and of the
+    /// shared upstream connections (`operations::workers`): 1 (the default) runs everything
+    /// on the main thread, 0 means one worker per core. A knob because the best layout depends
+    /// on how many cores Redis itself needs on the same host; measurements in
+    /// docs/performance.md.
     pub workers: Located<usize>,
     /// Policy rules, checked in-line for every command (see `policy/README.md`).
     pub rules: Vec<rules::RuleConfig>,
