@@ -43,22 +43,15 @@ impl Lcg {
     }
 }
 
-#[tokio::test]
-async fn a_pipeline_across_primaries_keeps_reply_order() {
-    let redis = RedisCluster::start(3, 0);
-    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0])).await;
-
-    // Strings (SET/GET/DEL) and counters (INCR/GET/DEL) on random keys, modelled here.
-    let keys = 300;
-    let owners: std::collections::HashSet<String> = (0..keys)
-        .map(|k| redis.primary_for_slot(slot(format!("s:{k}").as_bytes())))
-        .collect();
-    assert_eq!(owners.len(), 3, "the keys cover every primary");
-    let mut rng = Lcg(7);
+/// A pipeline of `commands` random commands over `keys` keys named with `prefix`, and the
+/// replies one Redis gives them: strings (SET/GET/DEL) and counters (INCR/DEL) modelled
+/// here, now and then a keyless command, one the proxy answers, and an MGET split over nodes.
+fn mixed_pipeline(seed: u64, prefix: &str, keys: u64, commands: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut rng = Lcg(seed);
     let mut strings: HashMap<u64, String> = HashMap::new();
     let mut counters: HashMap<u64, i64> = HashMap::new();
     let (mut input, mut expected) = (Vec::new(), Vec::new());
-    for i in 0..4000 {
+    for i in 0..commands {
         let k = rng.below(keys);
         let (command, reply) = match rng.below(40) {
             // Now and then commands that are not one node's: keyless (stays with a node in
@@ -74,7 +67,7 @@ async fn a_pipeline_across_primaries_keeps_reply_order() {
                         None => b"$-1\r\n".to_vec(),
                     });
                 }
-                let (a, b) = (format!("s:{k}"), format!("s:{other}"));
+                let (a, b) = (format!("s:{prefix}{k}"), format!("s:{prefix}{other}"));
                 (resp(&["MGET", &a, &b]), r)
             }
             n => match n % 6 {
@@ -82,24 +75,24 @@ async fn a_pipeline_across_primaries_keeps_reply_order() {
                     let v = format!("v{i}");
                     let r = b"+OK\r\n".to_vec();
                     strings.insert(k, v.clone());
-                    (resp(&["SET", &format!("s:{k}"), &v]), r)
+                    (resp(&["SET", &format!("s:{prefix}{k}"), &v]), r)
                 }
                 1 => {
                     let r = match strings.get(&k) {
                         Some(v) => format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
                         None => b"$-1\r\n".to_vec(),
                     };
-                    (resp(&["GET", &format!("s:{k}")]), r)
+                    (resp(&["GET", &format!("s:{prefix}{k}")]), r)
                 }
                 2 => {
                     let r = format!(":{}\r\n", u8::from(strings.remove(&k).is_some())).into_bytes();
-                    (resp(&["DEL", &format!("s:{k}")]), r)
+                    (resp(&["DEL", &format!("s:{prefix}{k}")]), r)
                 }
                 3 | 4 => {
                     let n = counters.entry(k).or_insert(0);
                     *n += 1;
                     (
-                        resp(&["INCR", &format!("c:{k}")]),
+                        resp(&["INCR", &format!("c:{prefix}{k}")]),
                         format!(":{n}\r\n").into_bytes(),
                     )
                 }
@@ -108,13 +101,28 @@ async fn a_pipeline_across_primaries_keeps_reply_order() {
                         Some(_) => b":1\r\n".to_vec(),
                         None => b":0\r\n".to_vec(),
                     };
-                    (resp(&["DEL", &format!("c:{k}")]), r)
+                    (resp(&["DEL", &format!("c:{prefix}{k}")]), r)
                 }
             },
         };
         input.extend(command);
         expected.push(reply);
     }
+    (input, expected)
+}
+
+#[tokio::test]
+async fn a_pipeline_across_primaries_keeps_reply_order() {
+    let redis = RedisCluster::start(3, 0);
+    let proxy = Proxy::start(cluster_config(&redis.live_addrs()[0])).await;
+
+    // Strings (SET/GET/DEL) and counters (INCR/GET/DEL) on random keys, modelled here.
+    let keys = 300;
+    let owners: std::collections::HashSet<String> = (0..keys)
+        .map(|k| redis.primary_for_slot(slot(format!("s:{k}").as_bytes())))
+        .collect();
+    assert_eq!(owners.len(), 3, "the keys cover every primary");
+    let (input, expected) = mixed_pipeline(7, "", keys, 4000);
     // One write: the proxy gets the whole mix at once.
     let got = pipeline(proxy.addr, input, expected.len()).await;
     assert_eq!(got.frames.len(), expected.len());
@@ -135,6 +143,34 @@ async fn a_pipeline_across_primaries_keeps_reply_order() {
         let got = pipeline(proxy.addr, input, 3000).await;
         eprintln!("3000 pipelined GETs over {label}: {:?}", start.elapsed());
         assert_eq!(got.frames.len(), 3000);
+    }
+    proxy.stop().await;
+}
+
+/// `upstream.queue_depth: 1`: a node's queue is full whenever a batch for it is still
+/// waiting, so sessions keep waiting for room in the middle of sending a pipeline's parts
+/// (the run that fills a queue, then the runs parked for the other nodes). Every client's
+/// replies still come back whole and in its order.
+#[tokio::test]
+async fn full_upstream_queues_keep_each_clients_reply_order() {
+    let redis = RedisCluster::start(3, 0);
+    let mut config = cluster_config(&redis.live_addrs()[0]);
+    config.upstream.queue_depth.value = 1;
+    let proxy = Proxy::start(config).await;
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..8u64 {
+        let addr = proxy.addr;
+        clients.spawn(async move {
+            let (input, expected) = mixed_pipeline(c + 100, &format!("{c}:"), 200, 1500);
+            let got = pipeline(addr, input, expected.len()).await;
+            assert_eq!(got.frames.len(), expected.len(), "client {c}");
+            for (i, (got, want)) in got.frames.iter().zip(&expected).enumerate() {
+                assert_eq!(show(got), show(want), "client {c}, reply {i}");
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
     }
     proxy.stop().await;
 }

@@ -1,6 +1,7 @@
 //! Building runs: decoded commands joined into one batch per upstream connection, or sent alone.
 
 use super::audited;
+use super::forward::Blocked;
 use super::{
     Action, Command, Decision, Dispatch, Effect, Flow, Joining, Lone, Now, Pending, ReplyMode, Run,
     Session, Target,
@@ -459,15 +460,64 @@ impl Session {
     }
 
     /// Sends the current run of forwardable commands as one batch, and the parked ones.
-    pub(super) async fn flush_run(&mut self, run: &mut Run) {
-        let run = std::mem::take(run);
-        self.send_run(run).await;
-        let parked = self.routing.take_parked();
-        if !parked.is_empty() {
-            for run in parked {
-                self.send_run(run).await;
+    /// Not an `async fn`: what it does is synchronous unless a connection's queue is full,
+    /// and only that rare wait is a (boxed) future, so the futures that flush a run, every
+    /// read's among them, stay small.
+    pub(super) fn flush_run(&mut self, run: &mut Run) -> impl Future<Output = ()> + Send + '_ {
+        let blocked = self.flush_run_now(run);
+        async move {
+            if let Some((blocked, parked)) = blocked {
+                Box::pin(self.flush_blocked(blocked, parked)).await;
             }
-            // Segments answered with an error right away may now head the reply order.
+        }
+    }
+
+    /// `flush_run` up to a full queue: `Some` with the batch that waits (the runs after it in
+    /// its `rest`) and whether there were parked runs.
+    fn flush_run_now(&mut self, run: &mut Run) -> Option<(Box<Blocked>, bool)> {
+        let run = std::mem::take(run);
+        let blocked = self.send_run_now(run);
+        let mut parked = self.routing.take_parked().into_iter();
+        let had_parked = parked.len() > 0;
+        if let Some(mut blocked) = blocked {
+            blocked.rest = parked.collect();
+            return Some((blocked, had_parked));
+        }
+        if !had_parked {
+            return None;
+        }
+        while let Some(run) = parked.next() {
+            if let Some(mut blocked) = self.send_run_now(run) {
+                blocked.rest = parked.collect();
+                return Some((blocked, true));
+            }
+        }
+        // Segments answered with an error right away may now head the reply order.
+        self.queue.flush_local_slots();
+        None
+    }
+
+    /// The rest of a flush once a queue was full: each batch waits for room in turn.
+    async fn flush_blocked(&mut self, mut blocked: Box<Blocked>, parked: bool) {
+        loop {
+            let mut rest = self.send_blocked(blocked).await.into_iter();
+            let Some(next) = (loop {
+                match rest.next() {
+                    Some(run) => {
+                        if let Some(b) = self.send_run_now(run) {
+                            break Some(b);
+                        }
+                    }
+                    None => break None,
+                }
+            }) else {
+                break;
+            };
+            blocked = next;
+            blocked.rest = rest.collect();
+        }
+        if parked {
+            // As in `flush_run_now`.
             self.queue.flush_local_slots();
         }
     }

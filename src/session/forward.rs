@@ -15,13 +15,65 @@ use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::mpsc;
 
+/// A batch whose connection's queue was full: what `send_as_now` does once it is queued,
+/// kept until the waiting send is done (`send_blocked`). The queue is rarely full, so the
+/// common path queues at once and builds no future: every read's processing future stays
+/// small (tcache-sized when boxed, see `Session::process`) instead of holding this path's
+/// state for the rare case.
+pub(super) struct Blocked {
+    /// The full queue, waited on.
+    tx: mpsc::Sender<Batch>,
+    /// What is queued there once it has room.
+    batch: Batch,
+    /// The batch's record, kept once it is queued (`sent`) or turned into errors.
+    sending: Sending,
+    /// Runs of the same flush to send after it, in order (`flush_run`'s parked runs).
+    pub(super) rest: Vec<Run>,
+}
+
+/// What `send_as` records of a batch: its reply slot, once the batch is queued.
+struct Sending {
+    /// `kept_batch`'s copy for redirections and replays.
+    kept: Option<Box<Sent>>,
+    /// The batch's sequence number in the reply order.
+    seq: u16,
+    /// Commands it carries (reply frames the client expects of it).
+    commands: u32,
+    /// How its replies are treated.
+    handling: Handling,
+    /// A scattered run's `seq` and first segment, whose slot is in place already.
+    parts: Option<(u16, usize)>,
+    /// Where it went, for `inflight_target`.
+    target: Target,
+}
+
+/// What became of a batch offered to its connection's queue.
+enum Enqueue {
+    /// Queued.
+    Queued,
+    /// The connection is gone; the batch is dropped.
+    Closed,
+    /// The queue is full: wait on it (a clone of the sender, so no borrow of the session).
+    Full(mpsc::Sender<Batch>, Batch),
+}
+
+/// Offers `batch` to `tx` without waiting.
+fn try_enqueue(tx: &mpsc::Sender<Batch>, batch: Batch) -> Enqueue {
+    match tx.try_send(batch) {
+        Ok(()) => Enqueue::Queued,
+        Err(mpsc::error::TrySendError::Closed(_)) => Enqueue::Closed,
+        Err(mpsc::error::TrySendError::Full(batch)) => Enqueue::Full(tx.clone(), batch),
+    }
+}
+
 impl Session {
-    /// Sends one run as one batch.
-    pub(super) async fn send_run(&mut self, mut run: Run) {
+    /// Sends one run as one batch; `Some` when its connection's queue is full (then nothing
+    /// is recorded yet: `send_blocked` finishes it).
+    pub(super) fn send_run_now(&mut self, mut run: Run) -> Option<Box<Blocked>> {
         let Some(target) = run.target else {
             // Only skipped empty requests: drop them.
             self.input.rbuf.advance(run.len);
-            return;
+            return None;
         };
         let parts = match run.seq {
             Some(seq) => {
@@ -42,7 +94,7 @@ impl Session {
             name: run.first,
             ..Handling::default()
         };
-        self.send_as(
+        self.send_as_now(
             target,
             bytes,
             Expect::Frames(run.frames),
@@ -50,7 +102,6 @@ impl Session {
             run.hash_slots,
             parts,
         )
-        .await;
     }
 
     /// Sends a batch and records its slot; on failure answers every command with the error.
@@ -64,13 +115,16 @@ impl Session {
         handling: Handling,
         hash_slots: Vec<u16>,
     ) {
-        self.send_as(target, bytes, expect, handling, hash_slots, None)
-            .await;
+        if let Some(blocked) = self.send_as_now(target, bytes, expect, handling, hash_slots, None) {
+            Box::pin(self.send_blocked(blocked)).await;
+        }
     }
 
-    /// `send`, for a batch whose reply slots may be in place already: `parts` is then its
-    /// `seq` and the position of its first segment (see `scatter`).
-    pub(super) async fn send_as(
+    /// `send` without waiting, for a batch whose reply slots may be in place already:
+    /// `parts` is then its `seq` and the position of its first segment (see `scatter`).
+    /// `Some` when the connection's queue is full: nothing is recorded until
+    /// `send_blocked` has queued it.
+    pub(super) fn send_as_now(
         &mut self,
         target: Target,
         bytes: Bytes,
@@ -78,7 +132,7 @@ impl Session {
         handling: Handling,
         hash_slots: Vec<u16>,
         parts: Option<(u16, usize)>,
-    ) {
+    ) -> Option<Box<Blocked>> {
         let commands = expect.commands();
         let seq = match parts {
             Some((seq, _)) => seq,
@@ -114,10 +168,56 @@ impl Session {
             reply_to: self.queue.reply_sender(),
             seq,
         };
-        if self.enqueue_to(target, batch, commands).await.is_err() {
-            self.send_failed(kept, seq, commands, &handling, parts);
-            return;
+        let sending = Sending {
+            kept,
+            seq,
+            commands,
+            handling,
+            parts,
+            target,
+        };
+        match self.try_enqueue_to(target, batch, commands) {
+            Enqueue::Queued => self.sent(sending),
+            Enqueue::Closed => self.unsent(sending),
+            Enqueue::Full(tx, batch) => {
+                return Some(Box::new(Blocked {
+                    tx,
+                    batch,
+                    sending,
+                    rest: Vec::new(),
+                }));
+            }
         }
+        None
+    }
+
+    /// Waits for room in a full queue and finishes what `send_as_now` started; returns the
+    /// runs still to send after it.
+    pub(super) async fn send_blocked(&mut self, blocked: Box<Blocked>) -> Vec<Run> {
+        let Blocked {
+            tx,
+            batch,
+            sending,
+            rest,
+        } = *blocked;
+        match tx.send(batch).await {
+            Ok(()) => self.sent(sending),
+            Err(_) => self.unsent(sending),
+        }
+        rest
+    }
+
+    /// A queued batch's reply slot (or, for a scattered run, what its head slot keeps), and
+    /// its commands counted in flight.
+    fn sent(&mut self, sending: Sending) {
+        let Sending {
+            kept,
+            seq,
+            commands,
+            handling,
+            parts,
+            target,
+        } = sending;
         match parts {
             Some((_, head)) => {
                 // A scattered run's segments share the head's slot: the batch's mirror
@@ -141,6 +241,19 @@ impl Session {
         }
         self.queue.inflight += commands as usize;
         self.queue.inflight_target = Some(target);
+    }
+
+    /// A batch whose connection closed before it was queued: every command gets the error.
+    fn unsent(&mut self, sending: Sending) {
+        let Sending {
+            kept,
+            seq,
+            commands,
+            handling,
+            parts,
+            ..
+        } = sending;
+        self.send_failed(kept, seq, commands, &handling, parts);
     }
 
     /// What is kept of a batch until its replies are in, for what may have to be done with
@@ -194,34 +307,29 @@ impl Session {
         }
     }
 
-    /// Queues `batch` (of `commands` commands) on the connection `target` names: the
-    /// dedicated one, or the shared one of the node's pool (the primary's, a Sentinel
-    /// replica's, a cluster node's).
-    pub(super) async fn enqueue_to(
-        &self,
-        target: Target,
-        batch: Batch,
-        commands: u32,
-    ) -> Result<(), mpsc::error::SendError<Batch>> {
+    /// Offers `batch` (of `commands` commands) to the connection `target` names, without
+    /// waiting: the dedicated one, or the shared one of the node's pool (the primary's, a
+    /// Sentinel replica's, a cluster node's).
+    fn try_enqueue_to(&self, target: Target, batch: Batch, commands: u32) -> Enqueue {
         let (proto, node) = match target {
             Target::Shared(proto, node) => (proto, node),
             Target::Dedicated(_) => {
                 return match &self.conn.dedicated {
-                    Some(d) => enqueue(&d.tx, batch).await,
-                    None => Err(mpsc::error::SendError(batch)),
+                    Some(d) => try_enqueue(&d.tx, batch),
+                    None => Enqueue::Closed,
                 };
             }
         };
         match self.routing.own_conn(node) {
             OwnConn::Any => {}
-            OwnConn::Own(conn) => return enqueue(&conn.tx, batch).await,
+            OwnConn::Own(conn) => return try_enqueue(&conn.tx, batch),
             // Failed in its place; the next command's placement ends the session.
-            OwnConn::Missing => return Err(mpsc::error::SendError(batch)),
+            OwnConn::Missing => return Enqueue::Closed,
         }
         let (pool, replica) = match self.routing.node_pool(node) {
             Some(found) => found,
             None if node == 0 => {
-                return enqueue(self.ctx.pool.shared(proto, self.client.id), batch).await;
+                return try_enqueue(self.ctx.pool.shared(proto, self.client.id), batch);
             }
             // A replica chosen by `place_read` whose list is gone: the primary serves it.
             None => (self.ctx.pool.clone(), true),
@@ -230,7 +338,7 @@ impl Session {
             let metrics = &self.ctx.ops.metrics;
             metrics.replica_reads.inc_by(u64::from(commands));
         }
-        enqueue(pool.shared(proto, self.client.id), batch).await
+        try_enqueue(pool.shared(proto, self.client.id), batch)
     }
 
     /// A batch that could not be queued (its connection closed): every command it carries
