@@ -398,7 +398,7 @@ impl Session {
         len: usize,
         target: Target,
         effect: Effect,
-        rewrite: Option<crate::policy::rewrite::Rewrite>,
+        rewrite: Option<Box<crate::policy::rewrite::Rewrite>>,
     ) {
         let base = run.len;
         let Some(rewrite) = rewrite else {

@@ -85,7 +85,7 @@ impl Session {
                     target,
                     expect,
                     effect,
-                    rewrite,
+                    rewrite: Box::new(rewrite),
                 }
             }
             // The route's own refusal stands, rewrite or not.
@@ -810,11 +810,11 @@ impl Session {
             target,
             expect: Expect::Frames(1),
             effect,
-            rewrite: crate::policy::rewrite::Rewrite {
+            rewrite: Box::new(crate::policy::rewrite::Rewrite {
                 command: Some(crate::protocol::codec::encode(&parts)),
                 note: "client id mapped to its upstream connection".into(),
                 ..Default::default()
-            },
+            }),
         }
     }
 }
