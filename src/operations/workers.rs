@@ -174,8 +174,8 @@ impl Drop for Seated {
     }
 }
 
-/// Sessions running on each worker now (empty without workers), for the startup tests and
-/// the operator's metrics.
+/// Sessions running on each worker now (empty without workers), for
+/// `rpp_worker_sessions{worker}`.
 pub(crate) fn sessions() -> Vec<usize> {
     INSTALLED.get().map_or_else(Vec::new, |w| {
         w.sessions

@@ -476,24 +476,33 @@ impl Session {
     /// its `rest`) and whether there were parked runs.
     fn flush_run_now(&mut self, run: &mut Run) -> Option<(Box<Blocked>, bool)> {
         let run = std::mem::take(run);
-        let blocked = self.send_run_now(run);
-        let mut parked = self.routing.take_parked().into_iter();
-        let had_parked = parked.len() > 0;
-        if let Some(mut blocked) = blocked {
-            blocked.rest = parked.collect();
+        let parked = self.routing.take_parked();
+        let had_parked = !parked.is_empty();
+        if let Some(blocked) = self.send_in_turn(run, parked.into_iter()) {
             return Some((blocked, had_parked));
         }
-        if !had_parked {
-            return None;
+        if had_parked {
+            // Segments answered with an error right away may now head the reply order.
+            self.queue.flush_local_slots();
         }
-        while let Some(run) = parked.next() {
+        None
+    }
+
+    /// Sends `first`, then `rest`, in order, until a queue is full: the batch that waits,
+    /// with the runs after it in its `rest`.
+    fn send_in_turn(
+        &mut self,
+        first: Run,
+        mut rest: std::vec::IntoIter<Run>,
+    ) -> Option<Box<Blocked>> {
+        let mut next = Some(first);
+        while let Some(run) = next {
             if let Some(mut blocked) = self.send_run_now(run) {
-                blocked.rest = parked.collect();
-                return Some((blocked, true));
+                blocked.rest = rest.collect();
+                return Some(blocked);
             }
+            next = rest.next();
         }
-        // Segments answered with an error right away may now head the reply order.
-        self.queue.flush_local_slots();
         None
     }
 
@@ -501,20 +510,11 @@ impl Session {
     async fn flush_blocked(&mut self, mut blocked: Box<Blocked>, parked: bool) {
         loop {
             let mut rest = self.send_blocked(blocked).await.into_iter();
-            let Some(next) = (loop {
-                match rest.next() {
-                    Some(run) => {
-                        if let Some(b) = self.send_run_now(run) {
-                            break Some(b);
-                        }
-                    }
-                    None => break None,
-                }
-            }) else {
-                break;
-            };
-            blocked = next;
-            blocked.rest = rest.collect();
+            let Some(first) = rest.next() else { break };
+            match self.send_in_turn(first, rest) {
+                Some(next) => blocked = next,
+                None => break,
+            }
         }
         if parked {
             // As in `flush_run_now`.

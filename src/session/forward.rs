@@ -178,7 +178,7 @@ impl Session {
         };
         match self.try_enqueue_to(target, batch, commands) {
             Enqueue::Queued => self.sent(sending),
-            Enqueue::Closed => self.unsent(sending),
+            Enqueue::Closed => self.send_failed(sending),
             Enqueue::Full(tx, batch) => {
                 return Some(Box::new(Blocked {
                     tx,
@@ -202,7 +202,7 @@ impl Session {
         } = *blocked;
         match tx.send(batch).await {
             Ok(()) => self.sent(sending),
-            Err(_) => self.unsent(sending),
+            Err(_) => self.send_failed(sending),
         }
         rest
     }
@@ -241,19 +241,6 @@ impl Session {
         }
         self.queue.inflight += commands as usize;
         self.queue.inflight_target = Some(target);
-    }
-
-    /// A batch whose connection closed before it was queued: every command gets the error.
-    fn unsent(&mut self, sending: Sending) {
-        let Sending {
-            kept,
-            seq,
-            commands,
-            handling,
-            parts,
-            ..
-        } = sending;
-        self.send_failed(kept, seq, commands, &handling, parts);
     }
 
     /// What is kept of a batch until its replies are in, for what may have to be done with
@@ -343,14 +330,15 @@ impl Session {
 
     /// A batch that could not be queued (its connection closed): every command it carries
     /// gets the error in its place in the reply order.
-    pub(super) fn send_failed(
-        &mut self,
-        kept: Option<Box<Sent>>,
-        seq: u16,
-        commands: u32,
-        handling: &Handling,
-        parts: Option<(u16, usize)>,
-    ) {
+    fn send_failed(&mut self, sending: Sending) {
+        let Sending {
+            kept,
+            seq,
+            commands,
+            handling,
+            parts,
+            ..
+        } = sending;
         if let Some(sent) = &kept {
             self.routing.answered(&sent.hash_slots);
         }
