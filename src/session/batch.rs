@@ -182,8 +182,10 @@ impl Session {
                 });
             }
         };
-        if run.target.is_some_and(|t| t != join.target) {
-            self.switch_run(run, join.target);
+        if run.target.is_some_and(|t| t != join.target)
+            && let Some(mut cluster) = self.cluster_session()
+        {
+            cluster.switch_run(run, join.target);
         }
         Now::Done(self.join_prepared(run, &command, hash_slot, join))
     }
@@ -257,7 +259,7 @@ impl Session {
         let hidden = join.hidden();
         matches!(join.target, Target::Shared(..))
             && match run.target {
-                Some(t) if t != join.target => self.may_scatter(run, join.target, hidden),
+                Some(t) if t != join.target => self.routing.may_scatter(run, join.target, hidden),
                 _ => !(hidden && run.seq.is_some()),
             }
     }
@@ -307,8 +309,10 @@ impl Session {
         let target = join.target;
         let hidden = join.hidden();
         if run.target.is_some_and(|t| t != target) {
-            if self.may_scatter(run, target, hidden) {
-                self.switch_run(run, target);
+            if self.routing.may_scatter(run, target, hidden)
+                && let Some(mut cluster) = self.cluster_session()
+            {
+                cluster.switch_run(run, target);
             } else {
                 // Another connection: the runs so far go out first.
                 self.flush_run(run).await;

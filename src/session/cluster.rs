@@ -25,7 +25,6 @@
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
 
-use super::Session;
 use crate::topology::cluster::Redirect;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -45,11 +44,12 @@ mod sort;
 mod subscriber;
 pub(super) mod tracking;
 mod transaction;
+mod view;
 
 use gather::{Fanout, Scan, Split};
 pub(super) use place::as_standalone;
-pub(super) use redirect::node_of_command;
 pub(super) use transaction::{InTransaction, TxLog};
+pub(super) use view::{ClusterSession, ClusterView};
 
 /// A cluster command the session answers itself, after every earlier command has run:
 /// from several nodes (their replies gathered into one), or from its own state.
@@ -86,6 +86,14 @@ pub(super) enum Spread {
 }
 
 impl Spread {
+    /// The command as decided, taken to be forwarded.
+    pub(super) fn into_then(self) -> super::Action {
+        match self {
+            Spread::Keyspace(f) => f.then,
+            Spread::Monitor(f) => f.then,
+        }
+    }
+
     /// The command as decided, forwarded once the other primaries are done.
     pub(super) fn then(&self) -> &super::Action {
         match self {
@@ -97,7 +105,7 @@ impl Spread {
 
 /// What the session's own connections must do before a command can be placed: the map
 /// changed under them. Carried out once nothing is in flight, then the command is decided
-/// again (`Session::prepare`).
+/// again (`ClusterSession::prepare`, reached through `Session::prepare`).
 pub(super) enum Prepare {
     /// The client's own login has no connection to this primary, which the map gained (a
     /// failover, a new node): logged in there too (`login`).
@@ -114,7 +122,15 @@ impl Prepare {
     }
 }
 
-impl Session {
+impl ClusterSession<'_> {
+    /// Hook after the client's protocol changed (HELLO): the session's own connections to
+    /// the nodes (keyspace notifications, tracking and login, listeners) follow it.
+    pub(super) fn conns_follow_proto(&mut self) {
+        self.keyspace_follow_proto();
+        self.own_conns_follow_proto();
+        self.listeners_follow_proto();
+    }
+
     /// Carries out the other primaries' part of `spread`; returns the command for the home
     /// connection.
     pub(super) async fn spread(&mut self, spread: Spread) -> super::Action {
@@ -129,6 +145,14 @@ impl Session {
     pub(super) fn spread_confirmed(&mut self, msg: &crate::upstream::Reply) {
         self.keyspace_confirmed(msg);
         self.monitor_confirmed(msg);
+    }
+
+    /// Carries out `prepare`; the client's reply when it could not be (the connection then
+    /// closes).
+    pub(super) async fn prepare(&mut self, prepare: Prepare) -> Result<(), Bytes> {
+        match prepare {
+            Prepare::LoginJoin(node) => self.login_join(node).await,
+        }
     }
 
     /// The reply `msg` carries when it answers, with no connection error, a command named
@@ -155,14 +179,6 @@ impl Session {
         matches!(slot, Some(super::Slot::Upstream { handling, .. })
             if handling.name.is_some_and(|spec| names.contains(&spec.name)))
         .then_some(data)
-    }
-
-    /// Carries out `prepare`; the client's reply when it could not be (the connection then
-    /// closes).
-    pub(super) async fn prepare(&mut self, prepare: Prepare) -> Result<(), Bytes> {
-        match prepare {
-            Prepare::LoginJoin(node) => self.login_join(node).await,
-        }
     }
 }
 

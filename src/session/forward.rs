@@ -3,9 +3,10 @@
 
 use super::cluster::tracking::OwnConn;
 use super::routing::Routing;
+use super::scatter::cut_segment;
 use super::{
-    Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing, PUSH_BUDGET, ReplyMode, Run,
-    Sent, Session, Slot, Target, Transaction, WAIT_BARRIER, cluster,
+    ClientState, Context, Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing,
+    PUSH_BUDGET, ReplyMode, Run, Sent, Session, Slot, Target, Transaction, WAIT_BARRIER, cluster,
 };
 use crate::protocol::answers;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
@@ -77,7 +78,7 @@ impl Session {
         };
         let parts = match run.seq {
             Some(seq) => {
-                self.cut_segment(&mut run);
+                cut_segment(&mut self.queue, &mut run, self.input.read_at);
                 run.head.map(|head| (seq, head))
             }
             None => None,
@@ -698,7 +699,11 @@ impl Session {
     /// reason when it could not. Used by `ensure_dedicated` and by a session asked for its
     /// connection by another's REDIRECT (`summon`), which must not answer anything itself.
     pub(super) async fn open_dedicated(&mut self, raw: bool, node: u16) -> Result<(), String> {
-        if let Some(taken) = self.own_dedicated(raw, self.client.proto, node) {
+        let proto = self.client.proto;
+        if let Some(taken) = self
+            .cluster_session()
+            .and_then(|mut c| c.own_dedicated(raw, proto, node))
+        {
             return taken.map(drop);
         }
         let push = PushTarget {
@@ -708,7 +713,7 @@ impl Session {
             conn_id: self.conn.dedicated_gen + 1,
         };
         // Boxed, as the connect below: rare, and it may wait.
-        let share = match Box::pin(self.take_share()).await {
+        let share = match Box::pin(take_share(&self.ctx, &self.client)).await {
             Ok(share) => share,
             Err(why) => {
                 self.ctx.ops.metrics.dedicated_refused[0].inc();
@@ -722,7 +727,7 @@ impl Session {
             .await
             .map_err(|e| e.to_string())?;
         self.conn.dedicated_gen += 1;
-        let id = self.register_upstream(node, opened.upstream_id);
+        let id = register_upstream(&self.ctx, self.client.id, node, opened.upstream_id);
         self.conn.dedicated = Some(Dedicated {
             tx: opened.tx,
             proto: if raw { 2 } else { self.client.proto },
@@ -732,79 +737,6 @@ impl Session {
             _share: Some(share),
         });
         Ok(())
-    }
-
-    /// Cluster mode, CLIENT TRACKING on in the default mode or the client's own login over
-    /// every primary: the session's dedicated connection to `node` is its own connection
-    /// there (Redis tracks what each connection reads, so a transaction's, a script's or a
-    /// blocking command's reads must be read on it: `cluster::tracking`; and it is the one
-    /// logged in as the client's user: `cluster::login`), made the dedicated one and
-    /// returned; the reason where none may be (`raw`: the client's own AUTH, a connection of
-    /// its own; a primary without one). `None` where neither decides the connection.
-    pub(super) fn own_dedicated(
-        &mut self,
-        raw: bool,
-        proto: u8,
-        node: u16,
-    ) -> Option<Result<mpsc::Sender<Batch>, String>> {
-        let (tx, confined, upstream) = match self.routing.own_conn(node) {
-            OwnConn::Any => return None,
-            OwnConn::Missing => {
-                let addr = self.node_pool(Target::Dedicated(node)).addr();
-                return Some(Err(if self.own_login() {
-                    answers::own_login_lost_reason(&addr)
-                } else {
-                    answers::tracking_lost_reason(&addr)
-                }));
-            }
-            OwnConn::Own(_) if raw => return Some(Err(answers::tracking_own_login())),
-            OwnConn::Own(conn) => (conn.tx.clone(), conn.confined, conn.upstream_id),
-        };
-        self.conn.dedicated_gen += 1;
-        let id = self.register_upstream(node, upstream);
-        self.conn.dedicated = Some(Dedicated {
-            tx: tx.clone(),
-            proto,
-            node,
-            confined,
-            _id: id,
-            // The own connection holds its share.
-            _share: None,
-        });
-        Some(Ok(tx))
-    }
-
-    /// Maps the client's id to its new dedicated connection to `node`, Redis's `upstream` id
-    /// there (`client_ids`), for as long as the returned registration lives; every way a
-    /// session opens one (here, `summon`, a cluster redirection) goes through this.
-    pub(super) fn register_upstream(
-        &self,
-        node: u16,
-        upstream: Option<u64>,
-    ) -> Option<super::client_ids::Registration> {
-        let upstream = super::client_ids::Upstream {
-            node,
-            id: upstream?,
-        };
-        Some(self.ctx.client_ids.register(self.client.id, upstream))
-    }
-
-    /// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
-    /// to `upstream.dedicated_wait_ms` for one; the reason when none came.
-    pub(super) async fn take_share(&self) -> Result<super::tenant_quota::Share, String> {
-        let (max, caps, wait) = &self.ctx.dedicated_caps;
-        let access = &self.client.policy.access;
-        let limit = caps.per_tenant(*max, access.tenant_count());
-        let tenant = self.client.tenant;
-        match self.ctx.tenant_quota.take(tenant, limit, *wait).await {
-            Some(share) => Ok(share),
-            None => Err(answers::dedicated_tenant_limit(
-                access.tenant_name(tenant),
-                limit,
-                *max,
-                wait.as_millis(),
-            )),
-        }
     }
 
     /// Whether the session's dedicated connection can take a command for `node` as it is:
@@ -860,5 +792,42 @@ pub(super) async fn enqueue(
         Ok(()) => Ok(()),
         Err(mpsc::error::TrySendError::Closed(batch)) => Err(mpsc::error::SendError(batch)),
         Err(mpsc::error::TrySendError::Full(batch)) => Box::pin(tx.send(batch)).await,
+    }
+}
+
+/// Maps the client's id to its new dedicated connection to `node`, Redis's `upstream` id
+/// there (`client_ids`), for as long as the returned registration lives; every way a
+/// session opens one (here, `summon`, a cluster redirection) goes through this.
+pub(super) fn register_upstream(
+    ctx: &Context,
+    client: u64,
+    node: u16,
+    upstream: Option<u64>,
+) -> Option<super::client_ids::Registration> {
+    let upstream = super::client_ids::Upstream {
+        node,
+        id: upstream?,
+    };
+    Some(ctx.client_ids.register(client, upstream))
+}
+
+/// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
+/// to `upstream.dedicated_wait_ms` for one; the reason when none came.
+pub(super) async fn take_share(
+    ctx: &Context,
+    client: &ClientState,
+) -> Result<super::tenant_quota::Share, String> {
+    let (max, caps, wait) = &ctx.dedicated_caps;
+    let access = &client.policy.access;
+    let limit = caps.per_tenant(*max, access.tenant_count());
+    let tenant = client.tenant;
+    match ctx.tenant_quota.take(tenant, limit, *wait).await {
+        Some(share) => Ok(share),
+        None => Err(answers::dedicated_tenant_limit(
+            access.tenant_name(tenant),
+            limit,
+            *max,
+            wait.as_millis(),
+        )),
     }
 }

@@ -118,7 +118,9 @@ impl Session {
     pub(super) fn on_message(&mut self, msg: Reply) -> impl Future<Output = ()> + Send + '_ {
         // Before the reply is queued for the client (pointer tests outside cluster mode and
         // for sessions without keyspace notifications or MONITOR).
-        self.spread_confirmed(&msg);
+        if let Some(mut cluster) = self.cluster_session() {
+            cluster.spread_confirmed(&msg);
+        }
         let stepped = if self.reply_step_due(&msg) {
             Some(Box::pin(self.on_message_stepped(msg)))
         } else {
@@ -138,7 +140,7 @@ impl Session {
     /// with no allocation.
     fn reply_step_due(&self, msg: &Reply) -> bool {
         match &self.routing {
-            Routing::Cluster(_) => self.cluster_step_due(msg),
+            Routing::Cluster(_) => self.cluster_view().is_some_and(|c| c.cluster_step_due(msg)),
             Routing::Sentinel(s) => {
                 s.replicas.is_some() && matches!(msg, Reply::Batch { error: Some(_), .. })
             }
@@ -148,13 +150,13 @@ impl Session {
 
     /// [`on_message`](Self::on_message) when [`reply_step_due`](Self::reply_step_due).
     async fn on_message_stepped(&mut self, mut msg: Reply) {
-        let resent = match &self.routing {
-            Routing::Cluster(_) => self.follow_redirects(&mut msg).await,
-            Routing::Sentinel(s) if s.replicas.is_some() => {
-                self.resend_failed_replica_reads(&mut msg).await;
-                false
+        let resent = if let Some(mut cluster) = self.cluster_session() {
+            cluster.follow_redirects(&mut msg).await
+        } else {
+            if let Some(reads) = self.replica_reads() {
+                reads.resend_failed_replica_reads(&mut msg).await;
             }
-            Routing::Sentinel(_) | Routing::Standalone => false,
+            false
         };
         if !resent {
             self.on_reply(msg);

@@ -1140,10 +1140,7 @@ impl Session {
     /// mode) with this client's id; the RESP version and name apply once it succeeded.
     /// Names the client (CLIENT SETNAME, HELLO SETNAME) in the session and in CLIENT LIST.
     fn name_client(&mut self, name: Option<Bytes>) {
-        self.ctx
-            .client_list
-            .update(self.client.id, |r| r.names.set_name(name.clone()));
-        self.client.names.set_name(name);
+        self.client.set_name(&self.ctx.client_list, name);
     }
 
     /// An upstream's HELLO reply as this client sees it: its own id (HELLO and CLIENT ID
@@ -1179,9 +1176,9 @@ impl Session {
         self.answer(reply);
         if ok {
             self.client.proto = proto;
-            self.keyspace_follow_proto();
-            self.own_conns_follow_proto();
-            self.listeners_follow_proto();
+            if let Some(mut cluster) = self.cluster_session() {
+                cluster.conns_follow_proto();
+            }
             let named = name.is_some();
             if named {
                 self.client.names.set_name(name.clone());

@@ -1,8 +1,8 @@
 //! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | KEYSPACE | HELP`, for
 //! admin tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
-use super::Session;
 use super::route::Args;
+use super::{ClientState, Context, Session};
 use crate::policy::Outcome;
 use crate::protocol::{answers, codec};
 use std::fmt::Write;
@@ -115,61 +115,15 @@ impl Session {
         }
     }
 
-    /// The `# Proxy` section: INFO's `field:value` lines.
+    /// The `# Proxy` section of this session's INFO (see [`proxy_info`]).
     pub(super) fn proxy_info(&self) -> String {
-        let m = &self.ctx.ops.metrics;
-        let mut s = String::with_capacity(512);
-        let _ = write!(
-            s,
-            "# Proxy\r\nproxy_version:{}\r\nproxy_uptime_in_seconds:{}\r\nproxy_connected_clients:{}\r\nproxy_upstream:{}\r\nproxy_upstream_connections:{}\r\nproxy_upstream_credentials_refused:{}\r\nproxy_policy_version:{}\r\nproxy_policy_rules:{}\r\n",
-            env!("CARGO_PKG_VERSION"),
-            m.started.elapsed().as_secs(),
-            m.clients.get(),
-            self.ctx.pool.addr(),
-            m.upstream_connections.get(),
-            m.upstream_credentials_refused_nodes.get(),
-            self.client.policy.version(),
-            self.client.policy.rule_ids().count(),
-        );
-        let read_from = self.routing.read_from();
-        if let Some(read_from) = read_from {
-            let _ = write!(
-                s,
-                "proxy_read_from:{}\r\nproxy_replica_reads:{}\r\n",
-                read_from.as_str(),
-                m.replica_reads.get(),
-            );
-        }
-        s.push_str(&self.ctx.ops.mirror.info(m));
-        let switch = self.ctx.ops.cutover.last();
-        if !switch.is_empty() {
-            let _ = write!(s, "proxy_upstream_switch:{switch}\r\n");
-        }
-        if let Some(server) = m.upstream_server.load().as_deref() {
-            let _ = write!(
-                s,
-                "proxy_upstream_server:{}\r\nproxy_upstream_server_version:{}\r\nproxy_learned_commands:{}\r\n",
-                server.name, server.version, server.learned.added
-            );
-        }
-        if let Some(report) = m.memory_report.load().as_deref() {
-            s.push_str(&report.info);
-        }
-        for (id, counts) in self.rule_counts() {
-            let _ = write!(s, "proxy_rule_{id}:");
-            for (i, (outcome, n)) in counts.iter().enumerate() {
-                let sep = if i > 0 { "," } else { "" };
-                let _ = write!(s, "{sep}{}={n}", outcome.name());
-            }
-            s.push_str("\r\n");
-        }
-        s
+        proxy_info(&self.ctx, &self.client, self.routing.read_from())
     }
 
     /// The running policy and its counters, one rule per line.
     fn policy_report(&self) -> String {
         let mut s = format!("version: {}\n", self.client.policy.version());
-        for (id, counts) in self.rule_counts() {
+        for (id, counts) in rule_counts(&self.client) {
             let _ = write!(s, "rule {id}:");
             for (outcome, n) in counts {
                 let _ = write!(s, " {}={n}", outcome.name());
@@ -178,29 +132,81 @@ impl Session {
         }
         s
     }
+}
 
-    /// Every rule with its counts over all tenants, in file order.
-    fn rule_counts(&self) -> Vec<(String, Vec<(Outcome, u64)>)> {
-        let mut rules: Vec<(String, Vec<(Outcome, u64)>)> = self
-            .client
-            .policy
-            .rule_ids()
-            .map(|id| {
-                (
-                    id.to_string(),
-                    Outcome::OF_RULES.iter().map(|&o| (o, 0)).collect(),
-                )
-            })
-            .collect();
-        self.client
-            .policy
-            .for_each_counter(|rule, _tenant, outcome, n| {
-                if let Some((_, counts)) = rules.iter_mut().find(|(id, _)| id == rule) {
-                    if let Some(c) = counts.iter_mut().find(|(o, _)| *o == outcome) {
-                        c.1 += n;
-                    }
-                }
-            });
-        rules
+/// The `# Proxy` section: INFO's `field:value` lines; `read_from` where reads go
+/// (`Routing::read_from`).
+pub(super) fn proxy_info(
+    ctx: &Context,
+    client: &ClientState,
+    read_from: Option<crate::config::ReadFrom>,
+) -> String {
+    let m = &ctx.ops.metrics;
+    let mut s = String::with_capacity(512);
+    let _ = write!(
+        s,
+        "# Proxy\r\nproxy_version:{}\r\nproxy_uptime_in_seconds:{}\r\nproxy_connected_clients:{}\r\nproxy_upstream:{}\r\nproxy_upstream_connections:{}\r\nproxy_upstream_credentials_refused:{}\r\nproxy_policy_version:{}\r\nproxy_policy_rules:{}\r\n",
+        env!("CARGO_PKG_VERSION"),
+        m.started.elapsed().as_secs(),
+        m.clients.get(),
+        ctx.pool.addr(),
+        m.upstream_connections.get(),
+        m.upstream_credentials_refused_nodes.get(),
+        client.policy.version(),
+        client.policy.rule_ids().count(),
+    );
+    if let Some(read_from) = read_from {
+        let _ = write!(
+            s,
+            "proxy_read_from:{}\r\nproxy_replica_reads:{}\r\n",
+            read_from.as_str(),
+            m.replica_reads.get(),
+        );
     }
+    s.push_str(&ctx.ops.mirror.info(m));
+    let switch = ctx.ops.cutover.last();
+    if !switch.is_empty() {
+        let _ = write!(s, "proxy_upstream_switch:{switch}\r\n");
+    }
+    if let Some(server) = m.upstream_server.load().as_deref() {
+        let _ = write!(
+            s,
+            "proxy_upstream_server:{}\r\nproxy_upstream_server_version:{}\r\nproxy_learned_commands:{}\r\n",
+            server.name, server.version, server.learned.added
+        );
+    }
+    if let Some(report) = m.memory_report.load().as_deref() {
+        s.push_str(&report.info);
+    }
+    for (id, counts) in rule_counts(client) {
+        let _ = write!(s, "proxy_rule_{id}:");
+        for (i, (outcome, n)) in counts.iter().enumerate() {
+            let sep = if i > 0 { "," } else { "" };
+            let _ = write!(s, "{sep}{}={n}", outcome.name());
+        }
+        s.push_str("\r\n");
+    }
+    s
+}
+
+/// Every rule with its counts over all tenants, in file order.
+fn rule_counts(client: &ClientState) -> Vec<(String, Vec<(Outcome, u64)>)> {
+    let mut rules: Vec<(String, Vec<(Outcome, u64)>)> = client
+        .policy
+        .rule_ids()
+        .map(|id| {
+            (
+                id.to_string(),
+                Outcome::OF_RULES.iter().map(|&o| (o, 0)).collect(),
+            )
+        })
+        .collect();
+    client.policy.for_each_counter(|rule, _tenant, outcome, n| {
+        if let Some((_, counts)) = rules.iter_mut().find(|(id, _)| id == rule) {
+            if let Some(c) = counts.iter_mut().find(|(o, _)| *o == outcome) {
+                c.1 += n;
+            }
+        }
+    });
+    rules
 }

@@ -1,8 +1,9 @@
 //! The reply stream: upstream replies put in their place, shaped, and written in request order.
 
 use super::replies::{apply_mask, filter_exec};
-use super::{Handling, Holds, PUSH_BUDGET, ReplyQueue, Session, Slot, replies};
+use super::{Handling, Holds, PUSH_BUDGET, ReplyQueue, Sent, Session, Slot, replies};
 use crate::commands::CommandSpec;
+use crate::operations::ops::Ops;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::upstream::Reply;
 use bytes::Bytes;
@@ -11,6 +12,24 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 impl ReplyQueue {
+    /// Gives back the push budget of a push that is not written to the client.
+    pub(super) fn return_permits(&self, permits: u32) {
+        if let Some(budget) = &self.push_budget {
+            budget.add_permits(permits as usize);
+        }
+    }
+
+    /// The batch the reply with this `seq` answers, as it was sent (recorded for the
+    /// batches a redirection or a failed replica may need sent again).
+    pub(super) fn sent_of(&self, seq: u16) -> Option<&Sent> {
+        match self.slot_of(seq).and_then(|i| self.slots.get(i)) {
+            Some(Slot::Upstream {
+                sent: Some(sent), ..
+            }) => Some(sent),
+            _ => None,
+        }
+    }
+
     /// Takes the slot at `at` out of the reply order (the head is removed, a later one left
     /// as an empty placeholder until its reply is in).
     pub(super) fn take(&mut self, at: Option<usize>) -> Option<Slot> {
@@ -147,8 +166,8 @@ impl Session {
                 seq,
             } => self.on_batch_reply(seq, data, missing, error),
             Reply::Push(frame, permits) => {
-                if self.redundant_flush(&frame, self.queue.out.last()) {
-                    self.return_permits(permits);
+                if self.routing.redundant_flush(&frame, self.queue.out.last()) {
+                    self.queue.return_permits(permits);
                     return;
                 }
                 // A namespaced subscriber sees channel names without its prefix.
@@ -195,7 +214,9 @@ impl Session {
         if let Some(i) = at
             && matches!(self.queue.slots[i], Slot::Upstream { parts, .. } if parts > 1)
         {
-            self.on_parts(i, data, missing, error);
+            if let Some(mut cluster) = self.cluster_session() {
+                cluster.on_parts(i, data, missing, error);
+            }
             return;
         }
         let Some(Slot::Upstream {
@@ -231,7 +252,13 @@ impl Session {
         // for: kept out of the latency histogram and the slow log, as Redis keeps it out of
         // its SLOWLOG.
         if !handling.blocking {
-            self.observe(read_at, commands, handling.name);
+            observe(
+                &self.ctx.ops,
+                self.client.peer,
+                read_at,
+                commands,
+                handling.name,
+            );
         }
         self.audit_answered(read_at, commands, error.is_some(), data.len());
         let (data, missing) = match &handling.mask {
@@ -385,25 +412,25 @@ impl Session {
             data
         }
     }
+}
 
-    /// Records the latency of an answered upstream batch: histogram, and slow log above its
-    /// threshold.
-    pub(super) fn observe(
-        &self,
-        read_at: Instant,
-        commands: u32,
-        name: Option<&'static CommandSpec>,
-    ) {
-        let took = read_at.elapsed();
-        let ops = &self.ctx.ops;
-        ops.metrics
-            .request_duration
-            .observe_n(took, u64::from(commands));
-        if ops.slowlog.is_slow(took) {
-            ops.metrics.slow_commands.inc();
-            let others = commands.saturating_sub(1);
-            let name = name.map_or("(unknown)", |s| s.name);
-            ops.slowlog.record(took, name, others, self.client.peer);
-        }
+/// Records the latency of an answered upstream batch of `commands` read at `read_at` from
+/// the client at `peer`: histogram, and slow log above its threshold.
+pub(super) fn observe(
+    ops: &Ops,
+    peer: std::net::SocketAddr,
+    read_at: Instant,
+    commands: u32,
+    name: Option<&'static CommandSpec>,
+) {
+    let took = read_at.elapsed();
+    ops.metrics
+        .request_duration
+        .observe_n(took, u64::from(commands));
+    if ops.slowlog.is_slow(took) {
+        ops.metrics.slow_commands.inc();
+        let others = commands.saturating_sub(1);
+        let name = name.map_or("(unknown)", |s| s.name);
+        ops.slowlog.record(took, name, others, peer);
     }
 }

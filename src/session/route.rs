@@ -108,10 +108,10 @@ impl Session {
             action
         };
         let action = self.around_pause(action, spec);
-        match (self.routing.router(), self.routing.replicas()) {
+        match (self.cluster_view(), self.replica_reads()) {
             (None, None) => action.into(),
-            (Some(router), _) => self.place(router, action, &args, spec, queued),
-            (None, Some(replicas)) => self.place_read(replicas, action, spec, queued).into(),
+            (Some(cluster), _) => cluster.place(action, &args, spec, queued),
+            (None, Some(reads)) => reads.place_read(action, spec, queued).into(),
         }
     }
 
@@ -788,11 +788,13 @@ impl Session {
                     .client_ids
                     .upstream(id)
                     .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
-                let named = match (named, self.routing.router()) {
-                    (Some(named), Some(_)) => self.toward_named(named, target).map(|placed| {
-                        (target, effect) = placed;
-                        named
-                    }),
+                let named = match (named, self.cluster_view()) {
+                    (Some(named), Some(cluster)) => {
+                        cluster.toward_named(named, target).map(|placed| {
+                            (target, effect) = placed;
+                            named
+                        })
+                    }
                     (named, _) => named,
                 };
                 let upstream = named.map_or(i64::MAX as u64, |named| named.id);

@@ -97,6 +97,52 @@ pub(super) struct ClusterState {
     pub(super) login: Option<Box<cluster::login::ClusterLogin>>,
 }
 
+impl ClusterState {
+    /// The shard subscriptions, once the first SSUBSCRIBE came.
+    pub(super) fn shard_subs(&self) -> Option<&shard_subs::ShardSubs> {
+        self.shard_subs.as_deref()
+    }
+
+    /// The shard subscriptions, once the first SSUBSCRIBE came.
+    pub(super) fn shard_subs_mut(&mut self) -> Option<&mut shard_subs::ShardSubs> {
+        self.shard_subs.as_deref_mut()
+    }
+
+    /// The shard subscriptions, created on first use.
+    pub(super) fn shard_subs_or_new(&mut self) -> &mut shard_subs::ShardSubs {
+        self.shard_subs.get_or_insert_with(Box::default)
+    }
+
+    /// The keyspace notification names spread to every primary, once the session
+    /// subscribed to one.
+    pub(super) fn keyspace(&self) -> Option<&keyspace::KeyspaceSubs> {
+        self.keyspace.as_deref()
+    }
+
+    /// The keyspace notification names spread to every primary, as `keyspace`.
+    pub(super) fn keyspace_mut(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
+        self.keyspace.as_deref_mut()
+    }
+
+    /// The keyspace notification names, created on first use.
+    pub(super) fn keyspace_or_new(&mut self) -> &mut keyspace::KeyspaceSubs {
+        self.keyspace.get_or_insert_with(Box::default)
+    }
+
+    /// Which connection the session's command for `node` takes where the client's own login
+    /// or tracking decides it (`cluster::login`, `cluster::tracking`). With both, tracking
+    /// that carries the session's commands takes them (its connections are logged in as the
+    /// client too, and Redis tracks what each reads); else the login's.
+    pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
+        match (&self.login, &self.tracking) {
+            (_, Some(t)) if t.carries() => t.conn_for(node),
+            (Some(login), _) => login.conn_for(node),
+            (None, Some(t)) => t.conn_for(node),
+            (None, None) => tracking::OwnConn::Any,
+        }
+    }
+}
+
 impl Routing {
     /// The routing state a new session starts with; `epoch` is the upstream's address epoch
     /// now.
@@ -156,14 +202,6 @@ impl Routing {
         }
     }
 
-    /// The cluster state, in cluster mode.
-    pub(super) fn cluster_mut(&mut self) -> Option<&mut ClusterState> {
-        match self {
-            Routing::Cluster(c) => Some(c),
-            _ => None,
-        }
-    }
-
     /// Frames parked for other nodes (always 0 outside cluster mode).
     pub(super) fn parked_frames(&self) -> usize {
         self.cluster().map_or(0, |c| c.parked_frames)
@@ -174,32 +212,10 @@ impl Routing {
         self.cluster().and_then(|c| c.shard_subs.as_deref())
     }
 
-    /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
-    pub(super) fn shard_subs_mut(&mut self) -> Option<&mut shard_subs::ShardSubs> {
-        self.cluster_mut().and_then(|c| c.shard_subs.as_deref_mut())
-    }
-
     /// The keyspace notification names spread to every primary, in cluster mode once a
     /// session subscribed to one.
     pub(super) fn keyspace(&self) -> Option<&keyspace::KeyspaceSubs> {
         self.cluster().and_then(|c| c.keyspace.as_deref())
-    }
-
-    /// The keyspace notification names spread to every primary, as `keyspace`.
-    pub(super) fn keyspace_mut(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
-        self.cluster_mut().and_then(|c| c.keyspace.as_deref_mut())
-    }
-
-    /// The keyspace notification names, created on first use; `None` outside cluster mode.
-    pub(super) fn keyspace_or_new(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
-        self.cluster_mut()
-            .map(|c| &mut **c.keyspace.get_or_insert_with(Box::default))
-    }
-
-    /// The shard subscriptions, created on first use; `None` outside cluster mode.
-    pub(super) fn shard_subs_or_new(&mut self) -> Option<&mut shard_subs::ShardSubs> {
-        self.cluster_mut()
-            .map(|c| &mut **c.shard_subs.get_or_insert_with(Box::default))
     }
 
     // Hooks: what the mode-neutral files (forward, batch, queue, io) tell the mode or ask it,
@@ -291,6 +307,24 @@ impl Routing {
         }
     }
 
+    /// Whether a push `frame` repeats the flush right before it (`last`), which only a
+    /// cluster's nodes send (`tracking::redundant_flush`).
+    pub(super) fn redundant_flush(&self, frame: &[u8], last: Option<&bytes::Bytes>) -> bool {
+        match self {
+            Routing::Cluster(_) => tracking::redundant_flush(frame, last),
+            _ => false,
+        }
+    }
+
+    /// Whether a command for `target` may leave the current run parked instead of sending
+    /// it: in cluster mode only (`scatter`).
+    pub(super) fn may_scatter(&self, run: &Run, target: Target, hidden: bool) -> bool {
+        match self {
+            Routing::Cluster(_) => super::scatter::may_scatter(run, target, hidden),
+            _ => false,
+        }
+    }
+
     /// Runs parked for other nodes (cluster mode), taken to be sent now.
     pub(super) fn take_parked(&mut self) -> Vec<Run> {
         match self {
@@ -344,18 +378,10 @@ impl Routing {
     }
 
     /// Which connection the session's command for `node` takes where the client's own login
-    /// or tracking decides it (cluster mode: `cluster::login`, `cluster::tracking`); `Any`
-    /// elsewhere. With both, tracking that carries the session's commands takes them (its
-    /// connections are logged in as the client too, and Redis tracks what each reads); else
-    /// the login's.
+    /// or tracking decides it (cluster mode, `ClusterState::own_conn`); `Any` elsewhere.
     pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
         match self {
-            Routing::Cluster(c) => match (&c.login, &c.tracking) {
-                (_, Some(t)) if t.carries() => t.conn_for(node),
-                (Some(login), _) => login.conn_for(node),
-                (None, Some(t)) => t.conn_for(node),
-                (None, None) => tracking::OwnConn::Any,
-            },
+            Routing::Cluster(c) => c.own_conn(node),
             _ => tracking::OwnConn::Any,
         }
     }
@@ -431,6 +457,87 @@ impl Routing {
                 replicas: Some(_), ..
             }) => Some(crate::config::ReadFrom::Replica),
             Routing::Sentinel(_) | Routing::Standalone => None,
+        }
+    }
+}
+
+impl super::Session {
+    /// The session as cluster code sees it, exclusively: `None` outside cluster mode.
+    pub(super) fn cluster_session(&mut self) -> Option<cluster::ClusterSession<'_>> {
+        let Routing::Cluster(cluster) = &mut self.routing else {
+            return None;
+        };
+        Some(cluster::ClusterSession {
+            ctx: &self.ctx,
+            client: &mut self.client,
+            conn: &mut self.conn,
+            queue: &mut self.queue,
+            input: &mut self.input,
+            cluster,
+        })
+    }
+
+    /// The session as Sentinel replica reads see it: `None` unless reads may go to
+    /// replicas.
+    pub(super) fn replica_reads(&self) -> Option<super::replica_reads::ReplicaReads<'_>> {
+        Some(super::replica_reads::ReplicaReads {
+            ctx: &self.ctx,
+            client: &self.client,
+            conn: &self.conn,
+            queue: &self.queue,
+            replicas: self.routing.replicas()?,
+        })
+    }
+
+    /// The session as placement sees it, shared: `None` outside cluster mode.
+    pub(super) fn cluster_view(&self) -> Option<cluster::ClusterView<'_>> {
+        let Routing::Cluster(cluster) = &self.routing else {
+            return None;
+        };
+        Some(cluster::ClusterView {
+            ctx: &self.ctx,
+            client: &self.client,
+            conn: &self.conn,
+            queue: &self.queue,
+            cluster,
+        })
+    }
+
+    // Entry points: what mode-neutral code asks of cluster mode, the view made here. Each
+    // is reached only from an action or a reply that exists in cluster mode; elsewhere it
+    // answers as a server without a cluster would.
+
+    /// Carries out a cluster command the session answers itself (`Action::Gather`).
+    pub(super) async fn gather(&mut self, gather: cluster::Gather) -> bytes::Bytes {
+        match self.cluster_session() {
+            Some(mut cluster) => cluster.gather(gather).await,
+            None => crate::protocol::answers::cluster_disabled(),
+        }
+    }
+
+    /// Carries out the other primaries' part of `spread` (`Action::Spread`); returns the
+    /// command for the home connection.
+    pub(super) async fn spread(&mut self, spread: cluster::Spread) -> super::Action {
+        match self.cluster_session() {
+            Some(mut cluster) => cluster.spread(spread).await,
+            None => spread.into_then(),
+        }
+    }
+
+    /// Carries out `prepare` (`Action::Prepare`); the client's reply when it could not be.
+    pub(super) async fn prepare(&mut self, prepare: cluster::Prepare) -> Result<(), bytes::Bytes> {
+        match self.cluster_session() {
+            Some(mut cluster) => cluster.prepare(prepare).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the client logged in as its own upstream user: on its dedicated connection
+    /// (any mode), or over every primary (`cluster::login`).
+    pub(super) fn own_login(&self) -> bool {
+        match self.cluster_view() {
+            Some(cluster) => cluster.own_login(),
+            None => self.conn.holds(super::Holds::OTHER_USER),
         }
     }
 }

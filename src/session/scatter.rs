@@ -13,27 +13,66 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::{Handling, Run, Session, Slot, Target};
+use super::cluster::ClusterSession;
+use super::queue::observe;
+use super::{Handling, ReplyQueue, Run, Slot, Target};
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use bytes::Buf;
+use tokio::time::Instant;
 
-impl Session {
-    /// Whether a command for `target` may leave the current run parked instead of sending it.
-    pub(super) fn may_scatter(&self, run: &Run, target: Target, hidden: bool) -> bool {
-        self.routing.is_cluster()
-            && !hidden
-            && run.mask.is_none()
-            && matches!(
-                (run.target, target),
-                (Some(Target::Shared(..)), Target::Shared(..))
-            )
+/// Whether a command for `target` may leave the current run parked instead of sending it
+/// (asked through `Routing::may_scatter`, in cluster mode only).
+pub(super) fn may_scatter(run: &Run, target: Target, hidden: bool) -> bool {
+    !hidden
+        && run.mask.is_none()
+        && matches!(
+            (run.target, target),
+            (Some(Target::Shared(..)), Target::Shared(..))
+        )
+}
+
+/// Gives the run's commands not yet in a segment their reply position: a slot at the end of
+/// the reply order, answered by the run's batch once sent; `read_at` is when they were read.
+pub(super) fn cut_segment(queue: &mut ReplyQueue, run: &mut Run, read_at: Instant) {
+    let commands = run.frames - run.cut;
+    if commands == 0 {
+        return;
     }
+    let seq = *run.seq.get_or_insert_with(|| {
+        let seq = queue.next_seq;
+        queue.next_seq = seq.wrapping_add(1);
+        seq
+    });
+    let first = match run.head {
+        Some(head) => {
+            if let Some(Slot::Upstream { parts, .. }) = queue.slots.get_mut(head) {
+                *parts += 1;
+            }
+            false
+        }
+        None => {
+            run.head = Some(queue.slots.len());
+            true
+        }
+    };
+    queue.slots.push_back(Slot::Upstream {
+        commands,
+        handling: Handling {
+            name: if first { run.first } else { None },
+            ..Handling::default()
+        },
+        read_at,
+        sent: None,
+        seq,
+        parts: u16::from(first),
+    });
+    run.cut = run.frames;
+}
 
+impl ClusterSession<'_> {
     /// Parks the current run and makes the run for `target` current (parked before, or new).
     pub(super) fn switch_run(&mut self, run: &mut Run, target: Target) {
-        let Some(c) = self.routing.cluster_mut() else {
-            return;
-        };
+        let c = &mut *self.cluster;
         let next = match c.parked.iter().position(|r| r.target == Some(target)) {
             Some(i) => c.parked.swap_remove(i),
             None => Run::default(),
@@ -52,49 +91,9 @@ impl Session {
         }
         self.input.rbuf.advance(current.len);
         current.len = 0;
-        self.cut_segment(&mut current);
-        if let Some(c) = self.routing.cluster_mut() {
-            c.parked_frames += current.frames as usize;
-            c.parked.push(current);
-        }
-    }
-
-    /// Gives the run's commands not yet in a segment their reply position: a slot at the end
-    /// of the reply order, answered by the run's batch once sent.
-    pub(super) fn cut_segment(&mut self, run: &mut Run) {
-        let commands = run.frames - run.cut;
-        if commands == 0 {
-            return;
-        }
-        let seq = *run.seq.get_or_insert_with(|| {
-            let seq = self.queue.next_seq;
-            self.queue.next_seq = seq.wrapping_add(1);
-            seq
-        });
-        let first = match run.head {
-            Some(head) => {
-                if let Some(Slot::Upstream { parts, .. }) = self.queue.slots.get_mut(head) {
-                    *parts += 1;
-                }
-                false
-            }
-            None => {
-                run.head = Some(self.queue.slots.len());
-                true
-            }
-        };
-        self.queue.slots.push_back(Slot::Upstream {
-            commands,
-            handling: Handling {
-                name: if first { run.first } else { None },
-                ..Handling::default()
-            },
-            read_at: self.input.read_at,
-            sent: None,
-            seq,
-            parts: u16::from(first),
-        });
-        run.cut = run.frames;
+        cut_segment(self.queue, &mut current, self.input.read_at);
+        self.cluster.parked_frames += current.frames as usize;
+        self.cluster.parked.push(current);
     }
 
     /// The reply of a batch whose commands sit in several segments (`parts` > 1 on the slot
@@ -142,12 +141,18 @@ impl Session {
             self.queue.inflight_target = None;
         }
         if let Some(sent) = &sent {
-            self.routing.answered(&sent.hash_slots);
+            self.cluster.spread.answered(&sent.hash_slots);
         }
         if error.is_some() {
-            self.routing.upstream_failed();
+            self.cluster.router.refresh_soon();
         }
-        self.observe(read_at, total, handling.name);
+        observe(
+            &self.ctx.ops,
+            self.client.peer,
+            read_at,
+            total,
+            handling.name,
+        );
         let mut answered = total.saturating_sub(missing);
         let failed = error.map(|e| error_reply(&ProxyError::Upstream(*e)));
         let mut segment = Some((at, commands));

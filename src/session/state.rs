@@ -1,6 +1,7 @@
 //! Connection state: what a dispatched command changes, and what that state means for routing.
 
-use super::{ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
+use super::client_list::ClientList;
+use super::{ClientState, ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
 use crate::commands::classify::Kind;
 use crate::protocol::reply::SubKind;
 use crate::upstream::{Batch, Expect, ReplyWait};
@@ -97,6 +98,40 @@ impl ConnState {
     pub(super) fn multi_unopened(&self) -> bool {
         self.multi.as_ref().is_some_and(|m| m.unopened)
     }
+
+    /// State held on the dedicated connection that keeps the session on it; `db` is the
+    /// database the client selected (`ClientState::db`), which pins it too.
+    pub(super) fn stateful(&self, db: i64) -> bool {
+        self.in_multi() || self.pinned(db)
+    }
+
+    /// State that ties the session to its dedicated connection's node: `stateful` except a
+    /// MULTI the proxy has not sent yet.
+    pub(super) fn pinned(&self, db: i64) -> bool {
+        (self.in_multi() && !self.multi_deferred()) || self.held.any() || db != 0
+    }
+
+    /// The client's protocol changed to `proto` (HELLO): its dedicated connection speaks it
+    /// now too.
+    pub(super) fn follow_proto(&mut self, proto: u8) {
+        if let Some(d) = &mut self.dedicated {
+            d.proto = proto;
+        }
+    }
+}
+
+impl ClientState {
+    /// The client's CLIENT SETNAME (or HELLO SETNAME), in its `CLIENT LIST` row too.
+    pub(super) fn set_name(&mut self, list: &ClientList, name: Option<Bytes>) {
+        list.update(self.id, |r| r.names.set_name(name.clone()));
+        self.names.set_name(name);
+    }
+
+    /// The protocol the client negotiated with HELLO, in its `CLIENT LIST` row too.
+    pub(super) fn set_proto(&mut self, list: &ClientList, proto: u8) {
+        list.update(self.id, |r| r.resp = proto);
+        self.proto = proto;
+    }
 }
 
 impl Session {
@@ -137,15 +172,13 @@ impl Session {
 
     /// State held on the dedicated connection that keeps the session on it.
     pub(super) fn stateful(&self) -> bool {
-        self.conn.in_multi() || self.pinned()
+        self.conn.stateful(self.client.db)
     }
 
     /// State that ties the session to its dedicated connection's node: `stateful` except a
     /// MULTI the proxy has not sent yet.
     pub(super) fn pinned(&self) -> bool {
-        (self.conn.in_multi() && !self.conn.multi_deferred())
-            || self.conn.held.any()
-            || self.client.db != 0
+        self.conn.pinned(self.client.db)
     }
 
     /// A RESP2 client in the subscribed context, where Redis runs only the SUBSCRIBE family,
@@ -297,16 +330,11 @@ impl Session {
             // The protocol follows once Redis accepted the AUTH (`Handling::hello_auth`).
             Effect::AuthHello(_) => self.conn.held.insert(Holds::OTHER_USER),
             Effect::Hello(proto) => {
-                self.ctx
-                    .client_list
-                    .update(self.client.id, |r| r.resp = proto);
-                self.client.proto = proto;
-                if let Some(d) = &mut self.conn.dedicated {
-                    d.proto = proto;
+                self.client.set_proto(&self.ctx.client_list, proto);
+                self.conn.follow_proto(proto);
+                if let Some(mut cluster) = self.cluster_session() {
+                    cluster.conns_follow_proto();
                 }
-                self.keyspace_follow_proto();
-                self.own_conns_follow_proto();
-                self.listeners_follow_proto();
             }
             Effect::Monitor => {
                 self.list_flag('O');

@@ -99,8 +99,8 @@ impl Session {
             return;
         }
         // In a cluster the target is named on every primary: its listeners (`tracking`).
-        let outcome = if self.routing.is_cluster() {
-            Box::pin(self.listen_everywhere()).await
+        let outcome = if let Some(mut cluster) = self.cluster_session() {
+            Box::pin(cluster.listen_everywhere()).await
         } else {
             self.own_upstream_id().await
         };

@@ -2,15 +2,15 @@
 //! awaited: what `gather` (fan-outs, splits, SCAN) and `redirect` (commands sent again) send
 //! through, one pair, `send_shared` and `receive`.
 
+use super::ClusterSession;
 use super::tracking::OwnConn;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
-use crate::session::Session;
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use bytes::Bytes;
 use std::sync::Arc;
 
-impl Session {
+impl ClusterSession<'_> {
     /// Sends `bytes` (`frames` replies expected) to `node` over its shared connection for
     /// this client, outside the session's reply order, and waits: the reply bytes (complete
     /// frames only when there is an error) and, if the node failed, why.
@@ -47,7 +47,7 @@ impl Session {
         };
         // Default-mode tracking: over the session's tracking connection to the node, where
         // Redis tracks what it reads (`tracking`).
-        let sent = match self.routing.own_conn(node) {
+        let sent = match self.cluster.own_conn(node) {
             OwnConn::Any => {
                 router
                     .pool(node)

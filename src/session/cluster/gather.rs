@@ -9,6 +9,7 @@ use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::redirect::may_redirect;
 use super::tracking::OwnConn;
+use super::{ClusterSession, ClusterView};
 use crate::commands::grammar::keyword;
 use crate::policy::line::CommandLine;
 use crate::policy::rewrite::Strip;
@@ -16,8 +17,9 @@ use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::double_text::ServerDoubles;
 use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
+use crate::session::proxy_commands::proxy_info;
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Holds, LocalEffect, PUSH_BUDGET, Session, WAIT_BARRIER};
+use crate::session::{Action, Effect, Holds, LocalEffect, PUSH_BUDGET, WAIT_BARRIER};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, ReplyWait};
@@ -92,7 +94,7 @@ struct NodeBatch {
     hidden: usize,
 }
 
-impl Session {
+impl ClusterSession<'_> {
     /// Carries out a `Gather`: the one reply the client gets.
     pub(in crate::session) async fn gather(&mut self, gather: Gather) -> Bytes {
         match gather {
@@ -106,119 +108,10 @@ impl Session {
         }
     }
 
-    /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
-    /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
-    pub(super) fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
-        if matches!(effect, Effect::Wait(_)) {
-            // A transaction or WATCH holds the session on one node: WAIT runs there.
-            return (!self.pinned()).then_some(Merge::Min);
-        }
-        if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
-            // To its clients the proxy is one server: a pause holds back every node's
-            // commands, as one Redis would hold back all of them. Inside MULTI it is queued
-            // on the transaction's node (EXEC's reply cannot hold every node's answer).
-            return (!self.conn.in_multi()).then_some(Merge::AllOk);
-        }
-        keyspace_merge(args, self.slowlog_max_len())
-    }
-
-    /// The slow log length one server would keep (see `Router::slowlog_max_len`).
-    fn slowlog_max_len(&self) -> Option<usize> {
-        self.routing.router().and_then(|r| r.slowlog_max_len())
-    }
-
-    /// How the upstream writes and reads doubles (`ServerDoubles::of_server`), for the
-    /// scores the proxy computes (ZUNION's, ZINTER's) to read as its own would. Unknown (the server not read
-    /// yet, or one not measured): those commands are not gathered (CROSSSLOT, as Redis
-    /// Cluster answers) rather than answered with scores whose text may differ.
-    pub(super) fn doubles(&self) -> Option<ServerDoubles> {
-        let server = self.ctx.ops.metrics.upstream_server.load();
-        let server = server.as_ref()?;
-        ServerDoubles::of_server(&server.name, server.parsed)
-    }
-
-    /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
-    pub(super) fn fanout_action(
-        &self,
-        args: &Args<'_>,
-        effect: Effect,
-        rewrite: Option<&crate::policy::rewrite::Rewrite>,
-        merge: Merge,
-    ) -> Action {
-        if self.conn.in_multi() {
-            // EXEC's reply would hold one node's answer only.
-            return Action::Refused(answers::fanout_in_multi(args.get(0)));
-        }
-        // Fail closed: the shared connections are the proxy's login.
-        if self.conn.holds(Holds::OTHER_USER) {
-            return Action::Refused(answers::fanout_own_login(args.get(0)));
-        }
-        let bytes = match rewrite.and_then(|r| r.command.clone()) {
-            Some(command) => command,
-            None => crate::protocol::codec::encode(&args.iter().collect::<Vec<_>>()),
-        };
-        let (bytes, home_first) = match mixes_node_own_config(args) {
-            Some(_) => (shared_config_set(args), Some(bytes)),
-            None => (bytes, None),
-        };
-        Action::Gather(Box::new(Gather::Fanout(Fanout {
-            bytes,
-            merge,
-            strip: rewrite.and_then(|r| r.strip.clone()),
-            proxy_section: effect == Effect::Info,
-            blocking: merge == Merge::Min,
-            wait: match effect {
-                Effect::Wait(wait) => wait,
-                _ => ReplyWait::Prompt,
-            },
-            pause: matches!(effect, Effect::Pause(..) | Effect::Unpause).then_some(effect),
-            sets_slowlog_max_len: sets_slowlog_max_len(args),
-            home_first,
-        })))
-    }
-
-    /// SCAN over every primary with a composite cursor (see [`Scan`]).
-    pub(super) fn decide_scan(
-        &self,
-        args: &Args<'_>,
-        rewrite: Option<&crate::policy::rewrite::Rewrite>,
-    ) -> Action {
-        if self.conn.in_multi() {
-            return Action::Refused(answers::fanout_in_multi(b"SCAN"));
-        }
-        if self.conn.holds(Holds::OTHER_USER) {
-            return Action::Refused(answers::fanout_own_login(b"SCAN"));
-        }
-        let mut ranges = Vec::new();
-        let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
-            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
-                Ok(Some(Decoded::Command { .. })) => {
-                    ranges.iter().map(|r| frame.slice(r.clone())).collect()
-                }
-                _ => return Action::Refused(answers::crossslot()),
-            },
-            None => args.iter().map(Bytes::copy_from_slice).collect(),
-        };
-        let cursor = argv
-            .get(1)
-            .and_then(|c| std::str::from_utf8(c).ok())
-            .and_then(|c| c.parse::<u64>().ok());
-        let Some(cursor) = cursor else {
-            return Action::Local(answers::invalid_cursor(), LocalEffect::None);
-        };
-        Action::Gather(Box::new(Gather::Scan(Scan {
-            cursor,
-            options: argv.into_iter().skip(2).collect(),
-            strip: rewrite.and_then(|r| r.strip.clone()),
-        })))
-    }
-
     /// Runs one step of a cluster SCAN: the node the cursor names, with the node's own
     /// cursor; the reply's cursor is made composite again.
     pub(super) async fn scan(&mut self, scan: Scan) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return answers::cluster_disabled();
-        };
+        let router = self.cluster.router.clone();
         // Ordered by address: stable across refreshes that keep the same primaries.
         let mut primaries: Vec<(Arc<str>, u16)> = router
             .snapshot()
@@ -256,9 +149,7 @@ impl Session {
 
     /// Sends the parts of a split multi-key command and joins their replies.
     pub(super) async fn split(&mut self, split: Split) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return answers::cluster_disabled();
-        };
+        let router = self.cluster.router.clone();
         let mut pending = Vec::with_capacity(split.batches.len());
         for b in split.batches {
             let frames = (b.parts.len() + b.hidden) as u32;
@@ -302,16 +193,16 @@ impl Session {
 
     /// Sends a whole-keyspace command to every primary and merges the replies.
     pub(super) async fn fanout(&mut self, fanout: Fanout) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return answers::cluster_disabled();
-        };
+        let router = self.cluster.router.clone();
         let primaries = router.snapshot().primaries().to_vec();
         if primaries.is_empty() {
             router.refresh_soon();
             return answers::clusterdown();
         }
-        if let Some(effect) = fanout.pause {
-            self.apply(effect);
+        match fanout.pause {
+            Some(Effect::Pause(mode, ms)) => self.ctx.pause.start(mode, ms),
+            Some(Effect::Unpause) => self.ctx.pause.end(),
+            _ => {}
         }
         let mut replies = Vec::with_capacity(primaries.len());
         let mut home = None;
@@ -409,7 +300,7 @@ impl Session {
         // The session's own connection to the node (the client's login, tracking): its
         // writes went over it, so WAIT counts them there, with the client's rights (a
         // one-off connection is the proxy's login, which would run what the user may not).
-        match self.routing.own_conn(node) {
+        match self.cluster.own_conn(node) {
             OwnConn::Own(own) => {
                 let batch = Batch {
                     bytes: fanout.bytes.clone(),
@@ -453,7 +344,10 @@ impl Session {
     /// and without the tenant's namespace, neither added to an error.
     fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
         let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
-            crate::session::replies::append_to_text(merged, &self.proxy_info())
+            crate::session::replies::append_to_text(
+                merged,
+                &proxy_info(self.ctx, self.client, Some(self.cluster.router.read_from())),
+            )
         } else {
             merged
         };
@@ -461,6 +355,115 @@ impl Session {
             Some(strip) if merged.first() != Some(&b'-') => strip.apply(&merged),
             _ => merged,
         }
+    }
+}
+
+impl ClusterView<'_> {
+    /// How the replies of a whole-keyspace command sent to every primary are merged; `None`
+    /// for a command that goes to one node (and WAIT in a pinned session, which runs there).
+    pub(super) fn fanout_merge(&self, args: &Args<'_>, effect: Effect) -> Option<Merge> {
+        if matches!(effect, Effect::Wait(_)) {
+            // A transaction or WATCH holds the session on one node: WAIT runs there.
+            return (!self.pinned()).then_some(Merge::Min);
+        }
+        if matches!(effect, Effect::Pause(..) | Effect::Unpause) {
+            // To its clients the proxy is one server: a pause holds back every node's
+            // commands, as one Redis would hold back all of them. Inside MULTI it is queued
+            // on the transaction's node (EXEC's reply cannot hold every node's answer).
+            return (!self.conn.in_multi()).then_some(Merge::AllOk);
+        }
+        keyspace_merge(args, self.slowlog_max_len())
+    }
+
+    /// The slow log length one server would keep (see `Router::slowlog_max_len`).
+    fn slowlog_max_len(&self) -> Option<usize> {
+        self.cluster.router.slowlog_max_len()
+    }
+
+    /// How the upstream writes and reads doubles (`ServerDoubles::of_server`), for the
+    /// scores the proxy computes (ZUNION's, ZINTER's) to read as its own would. Unknown (the server not read
+    /// yet, or one not measured): those commands are not gathered (CROSSSLOT, as Redis
+    /// Cluster answers) rather than answered with scores whose text may differ.
+    pub(super) fn doubles(&self) -> Option<ServerDoubles> {
+        let server = self.ctx.ops.metrics.upstream_server.load();
+        let server = server.as_ref()?;
+        ServerDoubles::of_server(&server.name, server.parsed)
+    }
+
+    /// The fan-out of a whole-keyspace command, merged as `merge` says; refused inside MULTI.
+    pub(super) fn fanout_action(
+        &self,
+        args: &Args<'_>,
+        effect: Effect,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+        merge: Merge,
+    ) -> Action {
+        if self.conn.in_multi() {
+            // EXEC's reply would hold one node's answer only.
+            return Action::Refused(answers::fanout_in_multi(args.get(0)));
+        }
+        // Fail closed: the shared connections are the proxy's login.
+        if self.conn.holds(Holds::OTHER_USER) {
+            return Action::Refused(answers::fanout_own_login(args.get(0)));
+        }
+        let bytes = match rewrite.and_then(|r| r.command.clone()) {
+            Some(command) => command,
+            None => crate::protocol::codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        let (bytes, home_first) = match mixes_node_own_config(args) {
+            Some(_) => (shared_config_set(args), Some(bytes)),
+            None => (bytes, None),
+        };
+        Action::Gather(Box::new(Gather::Fanout(Fanout {
+            bytes,
+            merge,
+            strip: rewrite.and_then(|r| r.strip.clone()),
+            proxy_section: effect == Effect::Info,
+            blocking: merge == Merge::Min,
+            wait: match effect {
+                Effect::Wait(wait) => wait,
+                _ => ReplyWait::Prompt,
+            },
+            pause: matches!(effect, Effect::Pause(..) | Effect::Unpause).then_some(effect),
+            sets_slowlog_max_len: sets_slowlog_max_len(args),
+            home_first,
+        })))
+    }
+
+    /// SCAN over every primary with a composite cursor (see [`Scan`]).
+    pub(super) fn decide_scan(
+        &self,
+        args: &Args<'_>,
+        rewrite: Option<&crate::policy::rewrite::Rewrite>,
+    ) -> Action {
+        if self.conn.in_multi() {
+            return Action::Refused(answers::fanout_in_multi(b"SCAN"));
+        }
+        if self.conn.holds(Holds::OTHER_USER) {
+            return Action::Refused(answers::fanout_own_login(b"SCAN"));
+        }
+        let mut ranges = Vec::new();
+        let argv: Vec<Bytes> = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                Ok(Some(Decoded::Command { .. })) => {
+                    ranges.iter().map(|r| frame.slice(r.clone())).collect()
+                }
+                _ => return Action::Refused(answers::crossslot()),
+            },
+            None => args.iter().map(Bytes::copy_from_slice).collect(),
+        };
+        let cursor = argv
+            .get(1)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u64>().ok());
+        let Some(cursor) = cursor else {
+            return Action::Local(answers::invalid_cursor(), LocalEffect::None);
+        };
+        Action::Gather(Box::new(Gather::Scan(Scan {
+            cursor,
+            options: argv.into_iter().skip(2).collect(),
+            strip: rewrite.and_then(|r| r.strip.clone()),
+        })))
     }
 }
 

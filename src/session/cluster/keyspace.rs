@@ -49,9 +49,10 @@
 
 use super::shard_subs::{NodeConn, RETRY_EVERY, Stock};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
+use super::{ClusterSession, ClusterView};
 use crate::protocol::reply::{PubSubFrame, SubKind};
 use crate::session::route::Args;
-use crate::session::{Action, Effect, Session, Target};
+use crate::session::{Action, Effect, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Reply, Subscriptions};
@@ -262,78 +263,7 @@ fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
     super::gated(push, names, |names, frame| names.admits(frame))
 }
 
-impl Session {
-    /// Hook in `place`: a classic (un)subscription naming notification channels, or
-    /// patterns that may match them, becomes `Action::Spread`; anything else stays as it is.
-    pub(in crate::session) fn keyspace_route(
-        &self,
-        router: &Router,
-        action: Action,
-        args: &Args<'_>,
-    ) -> Action {
-        let (target, kind, subscribe) = match action.forwarded() {
-            Some((t, Effect::Subscribe(k), _)) if k != SubKind::Shard => (t, k, true),
-            Some((t, Effect::Unsubscribe(k), _)) if k != SubKind::Shard => (t, k, false),
-            _ => return action,
-        };
-        // With routes a channel belongs to its route's server. Inside MULTI a subscription
-        // is only queued (and stays on the home node), but an unsubscription stops the other
-        // primaries' deliveries at once: should the transaction not run, notifications from
-        // them are missed rather than delivered after the client's unsubscribe.
-        if router.routes().is_some() || (subscribe && self.conn.in_multi()) {
-            return action;
-        }
-        // The home connection is logged in as the client's own Redis user, the extra ones
-        // would be the pool's: they could hear what Redis refuses that user (fail closed).
-        // A login over every primary logs them in as the user too (`log_in_as_client`).
-        if subscribe && self.own_login_on_one_node() {
-            return action;
-        }
-        if !subscribe && self.routing.keyspace().is_none() {
-            return action;
-        }
-        let home = match (subscribe, target) {
-            (true, Target::Dedicated(home)) => Some(home),
-            (true, Target::Shared(..)) => return action,
-            (false, _) => None,
-        };
-        let Some(names) = self.upstream_channels(&action, args) else {
-            return action;
-        };
-        let all = names.is_empty();
-        let names: Vec<Bytes> = names
-            .into_iter()
-            .filter(|n| match kind {
-                SubKind::Pattern => may_match_notification(n),
-                _ => is_notification_channel(n),
-            })
-            .collect();
-        // An unsubscription of all names of a kind (no names) concerns the notifications.
-        if names.is_empty() && (subscribe || !all) {
-            return action;
-        }
-        Action::Spread(Box::new(super::Spread::Keyspace(Fanout {
-            kind,
-            home,
-            names,
-            then: action,
-        })))
-    }
-
-    /// Hook before an upstream message is handled: a reply to a SUBSCRIBE or PSUBSCRIBE (the
-    /// home connection's: those go nowhere else) lets the other primaries' deliveries for the
-    /// names it confirms pass from now on. Done before the reply is queued for the client,
-    /// and the filters forward under the same lock, so those deliveries come after the
-    /// confirmation.
-    pub(in crate::session) fn keyspace_confirmed(&self, msg: &Reply) {
-        let Some(subs) = self.routing.keyspace() else {
-            return;
-        };
-        if let Some(data) = self.answer_to(msg, &["subscribe", "psubscribe"]) {
-            lock(&subs.names).confirm(data);
-        }
-    }
-
+impl ClusterSession<'_> {
     /// Carries out the other primaries' part of `fanout`; returns the command for the home
     /// connection.
     pub(in crate::session) async fn keyspace_fanout(&mut self, fanout: Fanout) -> Action {
@@ -350,9 +280,7 @@ impl Session {
     /// Records `names` as held (passing once the home connection confirms them) and
     /// subscribes them on every primary but `home`.
     async fn keyspace_subscribe(&mut self, home: u16, kind: SubKind, names: Vec<Bytes>) {
-        let Some(subs) = self.routing.keyspace_or_new() else {
-            return;
-        };
+        let subs = self.cluster.keyspace_or_new();
         let fresh: Vec<Bytes> = {
             let mut held = lock(&subs.names);
             let set = held.of(kind);
@@ -367,7 +295,7 @@ impl Session {
     /// The subscriber's connection moved to `home` (`subscriber`): the extra connection there
     /// goes, as the new home connection hears that node's notifications.
     pub(in crate::session) async fn keyspace_rehome(&mut self, home: u16) {
-        if self.routing.keyspace().is_some() {
+        if self.cluster.keyspace().is_some() {
             self.keyspace_spread(home, Subscriptions::default()).await;
         }
     }
@@ -376,11 +304,9 @@ impl Session {
     /// the missing ones with every name held), subscribes `fresh` on the others, and waits
     /// for every confirmation, so the client's own confirmation comes after them all.
     async fn keyspace_spread(&mut self, home: u16, fresh: Subscriptions) {
-        let Some(router) = self.routing.router().cloned() else {
-            return;
-        };
+        let router = self.cluster.router.clone();
         let opened = self.keyspace_connect(&router, home).await;
-        let Some(subs) = self.routing.keyspace() else {
+        let Some(subs) = self.cluster.keyspace() else {
             return;
         };
         let all = lock(&subs.names).all();
@@ -415,7 +341,7 @@ impl Session {
                 }
             }
         }
-        if let Some(subs) = self.routing.keyspace_mut() {
+        if let Some(subs) = self.cluster.keyspace_mut() {
             subs.conns.retain(|c| !failed.contains(&c.id));
         }
     }
@@ -426,7 +352,7 @@ impl Session {
         let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
         let mut opened = Vec::new();
         let proto = self.client.proto;
-        if let Some(subs) = self.routing.keyspace_mut() {
+        if let Some(subs) = self.cluster.keyspace_mut() {
             if subs.proto != proto {
                 subs.conns.clear();
                 subs.proto = proto;
@@ -434,7 +360,7 @@ impl Session {
             subs.conns.retain(|c| !c.tx.is_closed() && c.node != home);
         }
         for node in primaries {
-            let Some(subs) = self.routing.keyspace_mut() else {
+            let Some(subs) = self.cluster.keyspace_mut() else {
                 return opened;
             };
             // A node whose shared connections are all down could take the whole connect
@@ -461,7 +387,7 @@ impl Session {
                             .client_ids
                             .register_listener(self.client.id, upstream)
                     });
-                    if let Some(subs) = self.routing.keyspace_mut() {
+                    if let Some(subs) = self.cluster.keyspace_mut() {
                         subs.conns.push(conn);
                         opened.push(id);
                     }
@@ -481,9 +407,7 @@ impl Session {
     /// extra connections, without waiting: the filters drop their deliveries from now on.
     /// With nothing left the state goes, and with it the connections.
     fn keyspace_unsubscribe(&mut self, kind: SubKind, names: Vec<Bytes>) {
-        let Some(c) = self.routing.cluster_mut() else {
-            return;
-        };
+        let c = &mut *self.cluster;
         let Some(subs) = c.keyspace.as_deref() else {
             return;
         };
@@ -518,10 +442,8 @@ impl Session {
     /// again to listen on every primary, for up to `resubscribe_timeout_ms`. Returns `true`:
     /// consumed.
     pub(in crate::session) async fn keyspace_ended(&mut self, id: u64) -> bool {
-        let Some(router) = self.routing.router().cloned() else {
-            return true;
-        };
-        let Some(subs) = self.routing.keyspace_mut() else {
+        let router = self.cluster.router.clone();
+        let Some(subs) = self.cluster.keyspace_mut() else {
             return true;
         };
         if id == KEYSPACE_WAKE {
@@ -547,10 +469,8 @@ impl Session {
     /// a failed attempt is retried as after a connection's end).
     pub(in crate::session) fn keyspace_follow_proto(&mut self) {
         let proto = self.client.proto;
-        let Some(timeout) = self.routing.router().map(|r| r.resubscribe_timeout()) else {
-            return;
-        };
-        let Some(subs) = self.routing.keyspace_mut() else {
+        let timeout = self.cluster.router.resubscribe_timeout();
+        let Some(subs) = self.cluster.keyspace_mut() else {
             return;
         };
         if subs.proto == proto || subs.conns.is_empty() {
@@ -571,7 +491,7 @@ impl Session {
             return;
         };
         self.keyspace_spread(home, Subscriptions::default()).await;
-        let Some(subs) = self.routing.keyspace_mut() else {
+        let Some(subs) = self.cluster.keyspace_mut() else {
             return;
         };
         let heard = |n: u16| n == home || subs.conns.iter().any(|c| c.node == n);
@@ -587,6 +507,79 @@ impl Session {
             }
             _ => subs.retry_until = None,
         }
+    }
+
+    /// Hook before an upstream message is handled: a reply to a SUBSCRIBE or PSUBSCRIBE (the
+    /// home connection's: those go nowhere else) lets the other primaries' deliveries for the
+    /// names it confirms pass from now on. Done before the reply is queued for the client,
+    /// and the filters forward under the same lock, so those deliveries come after the
+    /// confirmation.
+    pub(in crate::session) fn keyspace_confirmed(&self, msg: &Reply) {
+        let Some(subs) = self.cluster.keyspace() else {
+            return;
+        };
+        if let Some(data) = self.answer_to(msg, &["subscribe", "psubscribe"]) {
+            lock(&subs.names).confirm(data);
+        }
+    }
+}
+
+impl ClusterView<'_> {
+    /// Hook in `place`: a classic (un)subscription naming notification channels, or
+    /// patterns that may match them, becomes `Action::Spread`; anything else stays as it is.
+    pub(in crate::session) fn keyspace_route(
+        &self,
+        router: &Router,
+        action: Action,
+        args: &Args<'_>,
+    ) -> Action {
+        let (target, kind, subscribe) = match action.forwarded() {
+            Some((t, Effect::Subscribe(k), _)) if k != SubKind::Shard => (t, k, true),
+            Some((t, Effect::Unsubscribe(k), _)) if k != SubKind::Shard => (t, k, false),
+            _ => return action,
+        };
+        // With routes a channel belongs to its route's server. Inside MULTI a subscription
+        // is only queued (and stays on the home node), but an unsubscription stops the other
+        // primaries' deliveries at once: should the transaction not run, notifications from
+        // them are missed rather than delivered after the client's unsubscribe.
+        if router.routes().is_some() || (subscribe && self.conn.in_multi()) {
+            return action;
+        }
+        // The home connection is logged in as the client's own Redis user, the extra ones
+        // would be the pool's: they could hear what Redis refuses that user (fail closed).
+        // A login over every primary logs them in as the user too (`log_in_as_client`).
+        if subscribe && self.own_login_on_one_node() {
+            return action;
+        }
+        if !subscribe && self.cluster.keyspace().is_none() {
+            return action;
+        }
+        let home = match (subscribe, target) {
+            (true, Target::Dedicated(home)) => Some(home),
+            (true, Target::Shared(..)) => return action,
+            (false, _) => None,
+        };
+        let Some(names) = self.upstream_channels(&action, args) else {
+            return action;
+        };
+        let all = names.is_empty();
+        let names: Vec<Bytes> = names
+            .into_iter()
+            .filter(|n| match kind {
+                SubKind::Pattern => may_match_notification(n),
+                _ => is_notification_channel(n),
+            })
+            .collect();
+        // An unsubscription of all names of a kind (no names) concerns the notifications.
+        if names.is_empty() && (subscribe || !all) {
+            return action;
+        }
+        Action::Spread(Box::new(super::Spread::Keyspace(Fanout {
+            kind,
+            home,
+            names,
+            then: action,
+        })))
     }
 }
 

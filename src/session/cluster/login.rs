@@ -52,10 +52,12 @@
 use super::Gather;
 use super::shard_subs::{NodeConn, Stock};
 use super::tracking::{CONN_KIND, OwnConn, ask_every_or, primary_without};
+use super::{ClusterSession, ClusterView};
 use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
+use crate::session::replies::with_client_id;
 use crate::session::route::Args;
-use crate::session::{Action, Effect, HelloOutcome, Holds, Session};
+use crate::session::{Action, Effect, HelloOutcome, Holds};
 use crate::topology::cluster::Router;
 use bytes::Bytes;
 use std::sync::atomic::AtomicU64;
@@ -126,65 +128,7 @@ pub(in crate::session) enum LoginCommand {
     Lost(Bytes),
 }
 
-impl Session {
-    /// Whether the client is logged in upstream as its own user: on its dedicated connection
-    /// (`Holds::OTHER_USER`) or over every primary (`ClusterLogin`). The proxy's own
-    /// per-node connections (shard channels, keyspace notifications, tracking) would run
-    /// with the pool's rights, not the user's.
-    pub(in crate::session) fn own_login(&self) -> bool {
-        self.conn.holds(Holds::OTHER_USER)
-            || self.routing.cluster().is_some_and(|c| c.login.is_some())
-    }
-
-    /// Hook in `place`, after the policy: the client's own login becomes `Gather::Login`
-    /// where it can be spread over every primary (see the module comment), and so does
-    /// every login while spread. Also where a map that gained a primary without a login
-    /// connection is noticed. `None`: nothing to do here.
-    pub(in crate::session) fn login_route(
-        &self,
-        router: &Router,
-        action: &Action,
-        args: &Args<'_>,
-    ) -> Option<Action> {
-        let on = self.routing.cluster().and_then(|c| c.login.as_deref());
-        let gather = |command| Some(Action::Gather(Box::new(Gather::Login(command))));
-        if let Some(node) = on.and_then(|l| primary_without(router, &l.conns, &l.checked)) {
-            // State on a connection (WATCH, MULTI, a blocking command, CLIENT NO-EVICT…)
-            // may be on a node that is no longer a primary: that cannot follow the map.
-            if self.stateful() {
-                return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
-            }
-            return Some(Action::Prepare(Box::new(super::Prepare::LoginJoin(node))));
-        }
-        let (_, effect, rewrite) = action.forwarded()?;
-        let hello = match effect {
-            Effect::Auth => None,
-            Effect::AuthHello(proto) => Some(proto),
-            _ => return None,
-        };
-        let command = match rewrite.and_then(|r| r.command.as_ref()) {
-            Some(frame) => frame.clone(),
-            None => codec::encode(&args.iter().collect::<Vec<_>>()),
-        };
-        if on.is_some() {
-            // Queued, it would run at EXEC on the transaction's node only.
-            if self.conn.in_multi() {
-                return Some(Action::Refused(
-                    crate::protocol::answers::own_login_in_multi(),
-                ));
-            }
-            return gather(LoginCommand::Login(Login { command, hello }));
-        }
-        let tracking = self.routing.cluster().is_some_and(|c| c.tracking.is_some());
-        // With `read_from` other than `primary` the session reads from the primaries, over
-        // its login connections (`may_read_replica`): a replica's are the pool's login.
-        let spreads = router.routes().is_none()
-            && !self.stateful()
-            && !tracking
-            && !self.ctx.pool.credentials_refused();
-        spreads.then(|| gather(LoginCommand::Login(Login { command, hello })))?
-    }
-
+impl ClusterSession<'_> {
     /// Carries out a login command: the one reply the client gets.
     pub(in crate::session) async fn login_command(&mut self, command: LoginCommand) -> Bytes {
         match command {
@@ -199,7 +143,7 @@ impl Session {
             LoginCommand::Login(login) => {
                 let options = login.options();
                 let hello = login.hello;
-                let spread = self.routing.cluster().is_some_and(|c| c.login.is_some());
+                let spread = self.cluster.login.is_some();
                 let reply = if spread {
                     self.login_again(login, options.as_ref()).await
                 } else {
@@ -210,20 +154,20 @@ impl Session {
                     return reply;
                 };
                 if result == HelloOutcome::Accepted {
-                    if let Some(login) = self
-                        .routing
-                        .cluster_mut()
-                        .and_then(|c| c.login.as_deref_mut())
-                    {
+                    if let Some(login) = self.cluster.login.as_deref_mut() {
                         login.proto = proto;
                     }
-                    self.apply(Effect::Hello(proto));
+                    self.client.set_proto(&self.ctx.client_list, proto);
+                    self.conn.follow_proto(proto);
+                    self.conns_follow_proto();
                 }
                 if result != HelloOutcome::Refused && options.name.is_some() {
-                    self.name_client(options.name);
+                    self.client.set_name(&self.ctx.client_list, options.name);
                 }
                 match result {
-                    HelloOutcome::Accepted => self.hello_as_seen(&reply),
+                    HelloOutcome::Accepted => {
+                        super::as_standalone(with_client_id(&reply, self.client.id))
+                    }
                     _ => reply,
                 }
             }
@@ -239,7 +183,7 @@ impl Session {
         login: Login,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
-        let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN, own_login_lost).await {
+        let (mut conns, checked) = match self.open_everywhere(LOGIN_CONN).await {
             Ok(opened) => opened,
             Err(reply) => return reply,
         };
@@ -263,14 +207,12 @@ impl Session {
             conn.confined = false;
         }
         let proto = self.client.proto;
-        if let Some(c) = self.routing.cluster_mut() {
-            c.login = Some(Box::new(ClusterLogin {
-                conns,
-                proto,
-                checked,
-                replay: login,
-            }));
-        }
+        self.cluster.login = Some(Box::new(ClusterLogin {
+            conns,
+            proto,
+            checked,
+            replay: login,
+        }));
         // A dedicated connection kept from a blocking command (not pinned: `login_route`)
         // is the pool's login; the next one is a login connection.
         self.conn.dedicated = None;
@@ -290,18 +232,14 @@ impl Session {
         login: Login,
         options: Option<&crate::commands::grammar::HelloOptions>,
     ) -> Bytes {
-        let Some(on) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+        let Some(on) = self.cluster.login.as_deref() else {
             return own_login_lost("the cluster");
         };
         // The connections holding its shard channels and notifications are its user's too
         // (`log_in_as_client`): the next channel it subscribes there is the new user's.
-        let shard = self.routing.shard_subs().map(|s| s.conns());
-        let keyspace = self.routing.keyspace().map(|k| k.conns());
-        let tracking = self
-            .routing
-            .cluster()
-            .and_then(|c| c.tracking.as_deref())
-            .map(|t| t.conns());
+        let shard = self.cluster.shard_subs().map(|s| s.conns());
+        let keyspace = self.cluster.keyspace().map(|k| k.conns());
+        let tracking = self.cluster.tracking.as_deref().map(|t| t.conns());
         let senders: Vec<_> = on
             .conns
             .iter()
@@ -330,10 +268,7 @@ impl Session {
             self.input.closing = true;
         }
         if refused == 0
-            && let Some(on) = self
-                .routing
-                .cluster_mut()
-                .and_then(|c| c.login.as_deref_mut())
+            && let Some(on) = self.cluster.login.as_deref_mut()
         {
             on.replay = login;
         }
@@ -354,13 +289,8 @@ impl Session {
     /// unreachable, the client's reply says why and its connection closes: its commands for
     /// that node would otherwise run with the proxy's rights.
     pub(in crate::session) async fn login_join(&mut self, node: u16) -> Result<(), Bytes> {
-        let Some(router) = self.routing.router().cloned() else {
-            return Err(own_login_lost("the cluster"));
-        };
-        let c = self
-            .routing
-            .cluster_mut()
-            .ok_or_else(|| own_login_lost("the cluster"))?;
+        let router = self.cluster.router.clone();
+        let c = &mut *self.cluster;
         c.own_starts += 1;
         let id = LOGIN_CONN | c.own_starts << 16;
         let push = self.push_target(id);
@@ -369,11 +299,7 @@ impl Session {
             .open_node_conn(&router, node, id, push, Stock::Dial)
             .await?;
         let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
-        let Some(login) = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.login.as_deref_mut())
-        else {
+        let Some(login) = self.cluster.login.as_deref_mut() else {
             return Err(own_login_lost(&router.addr(node)));
         };
         login.conns.retain(|c| primaries.contains(&c.node));
@@ -402,7 +328,7 @@ impl Session {
         node: u16,
         conn: &mut NodeConn,
     ) -> Result<(), Bytes> {
-        let Some(login) = self.routing.cluster().and_then(|c| c.login.as_deref()) else {
+        let Some(login) = self.cluster.login.as_deref() else {
             return Ok(());
         };
         let (replay, proto) = (login.replay.clone(), login.proto);
@@ -434,24 +360,15 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the client is logged in as its own user on one connection only (its
-    /// dedicated one, `Holds::OTHER_USER`: not spread, see the module comment). The
-    /// session's other connections would then be the proxy's login, so what needs one per
-    /// node (shard channels, keyspace notifications) stays on that connection. A login
-    /// spread over every primary logs in each such connection as well.
-    pub(in crate::session) fn own_login_on_one_node(&self) -> bool {
-        self.conn.holds(Holds::OTHER_USER)
-    }
-
     /// A login connection ended: the client is disconnected (see the module comment). The
     /// end of one of an earlier login is nothing, and so is, for a session without state on
     /// a connection, the end of one to a node the map no longer has as a primary (its slots
     /// moved away, then it was removed).
     pub(in crate::session) fn login_ended(&mut self, id: u64) {
         let Some(node) = self
-            .routing
-            .cluster()
-            .and_then(|c| c.login.as_deref())
+            .cluster
+            .login
+            .as_deref()
             .and_then(|l| l.conns.iter().find(|c| c.id == id))
             .map(|c| c.node)
         else {
@@ -460,16 +377,9 @@ impl Session {
         // A node no longer a primary (demoted by a failover, then restarted or gone) runs
         // none of the session's commands now; without state on a connection, its end costs
         // nothing.
-        let primary = self
-            .routing
-            .router()
-            .is_some_and(|r| r.snapshot().primaries().contains(&node));
+        let primary = self.cluster.router.snapshot().primaries().contains(&node);
         if !primary && !self.stateful() {
-            if let Some(login) = self
-                .routing
-                .cluster_mut()
-                .and_then(|c| c.login.as_deref_mut())
-            {
+            if let Some(login) = self.cluster.login.as_deref_mut() {
                 login.conns.retain(|c| c.id != id);
             }
             return;
@@ -479,6 +389,74 @@ impl Session {
             "a connection logged in as the client's user ended; the client is disconnected"
         );
         self.input.closing = true;
+    }
+}
+
+impl ClusterView<'_> {
+    /// Whether the client is logged in upstream as its own user: on its dedicated connection
+    /// (`Holds::OTHER_USER`) or over every primary (`ClusterLogin`). The proxy's own
+    /// per-node connections (shard channels, keyspace notifications, tracking) would run
+    /// with the pool's rights, not the user's.
+    pub(in crate::session) fn own_login(&self) -> bool {
+        self.conn.holds(Holds::OTHER_USER) || self.cluster.login.is_some()
+    }
+
+    /// Hook in `place`, after the policy: the client's own login becomes `Gather::Login`
+    /// where it can be spread over every primary (see the module comment), and so does
+    /// every login while spread. Also where a map that gained a primary without a login
+    /// connection is noticed. `None`: nothing to do here.
+    pub(in crate::session) fn login_route(
+        &self,
+        router: &Router,
+        action: &Action,
+        args: &Args<'_>,
+    ) -> Option<Action> {
+        let on = self.cluster.login.as_deref();
+        let gather = |command| Some(Action::Gather(Box::new(Gather::Login(command))));
+        if let Some(node) = on.and_then(|l| primary_without(router, &l.conns, &l.checked)) {
+            // State on a connection (WATCH, MULTI, a blocking command, CLIENT NO-EVICT…)
+            // may be on a node that is no longer a primary: that cannot follow the map.
+            if self.stateful() {
+                return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
+            }
+            return Some(Action::Prepare(Box::new(super::Prepare::LoginJoin(node))));
+        }
+        let (_, effect, rewrite) = action.forwarded()?;
+        let hello = match effect {
+            Effect::Auth => None,
+            Effect::AuthHello(proto) => Some(proto),
+            _ => return None,
+        };
+        let command = match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => frame.clone(),
+            None => codec::encode(&args.iter().collect::<Vec<_>>()),
+        };
+        if on.is_some() {
+            // Queued, it would run at EXEC on the transaction's node only.
+            if self.conn.in_multi() {
+                return Some(Action::Refused(
+                    crate::protocol::answers::own_login_in_multi(),
+                ));
+            }
+            return gather(LoginCommand::Login(Login { command, hello }));
+        }
+        let tracking = self.cluster.tracking.is_some();
+        // With `read_from` other than `primary` the session reads from the primaries, over
+        // its login connections (`may_read_replica`): a replica's are the pool's login.
+        let spreads = router.routes().is_none()
+            && !self.stateful()
+            && !tracking
+            && !self.ctx.pool.credentials_refused();
+        spreads.then(|| gather(LoginCommand::Login(Login { command, hello })))?
+    }
+
+    /// Whether the client is logged in as its own user on one connection only (its
+    /// dedicated one, `Holds::OTHER_USER`: not spread, see the module comment). The
+    /// session's other connections would then be the proxy's login, so what needs one per
+    /// node (shard channels, keyspace notifications) stays on that connection. A login
+    /// spread over every primary logs in each such connection as well.
+    pub(in crate::session) fn own_login_on_one_node(&self) -> bool {
+        self.conn.holds(Holds::OTHER_USER)
     }
 }
 

@@ -24,8 +24,9 @@
 //! second MONITOR while monitoring (Redis ignores it). RESET and the client's end close them.
 
 use super::shard_subs::Stock;
+use super::{ClusterSession, ClusterView};
 use crate::protocol::codec;
-use crate::session::{Action, Effect, Session, Target};
+use crate::session::{Action, Effect, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -74,34 +75,11 @@ fn gated(push: PushTarget, open: Arc<Mutex<bool>>) -> PushTarget {
     super::gated(push, open, |open, _| *open)
 }
 
-impl Session {
-    /// Hook in `place`: a MONITOR for the home node becomes `Action::Spread` when it is to
-    /// show every primary's commands (module comment); anything else stays as it is.
-    pub(in crate::session) fn monitor_route(&self, router: &Router, action: Action) -> Action {
-        let home = match action.forwarded() {
-            Some((Target::Dedicated(home), Effect::Monitor, _)) => home,
-            _ => return action,
-        };
-        let monitoring = self.routing.cluster().is_some_and(|c| c.monitor.is_some());
-        if monitoring
-            || router.routes().is_some()
-            || self.conn.in_multi()
-            || self.own_login_on_one_node()
-        {
-            return action;
-        }
-        Action::Spread(Box::new(super::Spread::Monitor(Fanout {
-            home,
-            then: action,
-        })))
-    }
-
+impl ClusterSession<'_> {
     /// Opens a MONITOR on every primary but `fanout.home` that is up; returns the MONITOR
     /// for the home connection.
     pub(in crate::session) async fn monitor_fanout(&mut self, fanout: Fanout) -> Action {
-        let Some(router) = self.routing.router().cloned() else {
-            return fanout.then;
-        };
+        let router = self.cluster.router.clone();
         let open = Arc::new(Mutex::new(false));
         let mut conns = Vec::new();
         let mut waits = Vec::new();
@@ -162,9 +140,7 @@ impl Session {
             }
         }
         conns.retain(|c| !failed.contains(&c.node));
-        if let Some(c) = self.routing.cluster_mut() {
-            c.monitor = Some(Box::new(ClusterMonitor { conns, open }));
-        }
+        self.cluster.monitor = Some(Box::new(ClusterMonitor { conns, open }));
         fanout.then
     }
 
@@ -173,7 +149,7 @@ impl Session {
     /// queued for the client, so they come after it); its error (the client is not
     /// monitoring) closes the other primaries' MONITORs.
     pub(in crate::session) fn monitor_confirmed(&mut self, msg: &Reply) {
-        let Some(monitor) = self.routing.cluster().and_then(|c| c.monitor.as_deref()) else {
+        let Some(monitor) = self.cluster.monitor.as_deref() else {
             return;
         };
         let Some(data) = self.answer_to(msg, &["monitor"]) else {
@@ -181,31 +157,15 @@ impl Session {
         };
         if data.starts_with(b"+OK") {
             *lock(&monitor.open) = true;
-        } else if data.first() == Some(&b'-')
-            && let Some(c) = self.routing.cluster_mut()
-        {
-            c.monitor = None;
-        }
-    }
-
-    /// Hook in `place`: a RESET about to go closes the gate, so no other node's line comes
-    /// after its reply (the home node's stop with it; RESET then drops the connections).
-    pub(in crate::session) fn monitor_stops(&self, action: &Action) {
-        if let Some(monitor) = self.routing.cluster().and_then(|c| c.monitor.as_deref())
-            && matches!(action.forwarded(), Some((_, Effect::Reset, _)))
-        {
-            *lock(&monitor.open) = false;
+        } else if data.first() == Some(&b'-') {
+            self.cluster.monitor = None;
         }
     }
 
     /// Hook for a `Reply::PinnedClosed` of an extra MONITOR connection: that node's commands
     /// are no longer shown (logged); the session goes on. Returns `true`: consumed.
     pub(in crate::session) fn monitor_ended(&mut self, id: u64) -> bool {
-        let Some(monitor) = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.monitor.as_deref_mut())
-        else {
+        let Some(monitor) = self.cluster.monitor.as_deref_mut() else {
             return true;
         };
         if let Some(at) = monitor.conns.iter().position(|c| c.id == id) {
@@ -217,6 +177,39 @@ impl Session {
             );
         }
         true
+    }
+}
+
+impl ClusterView<'_> {
+    /// Hook in `place`: a MONITOR for the home node becomes `Action::Spread` when it is to
+    /// show every primary's commands (module comment); anything else stays as it is.
+    pub(in crate::session) fn monitor_route(&self, router: &Router, action: Action) -> Action {
+        let home = match action.forwarded() {
+            Some((Target::Dedicated(home), Effect::Monitor, _)) => home,
+            _ => return action,
+        };
+        let monitoring = self.cluster.monitor.is_some();
+        if monitoring
+            || router.routes().is_some()
+            || self.conn.in_multi()
+            || self.own_login_on_one_node()
+        {
+            return action;
+        }
+        Action::Spread(Box::new(super::Spread::Monitor(Fanout {
+            home,
+            then: action,
+        })))
+    }
+
+    /// Hook in `place`: a RESET about to go closes the gate, so no other node's line comes
+    /// after its reply (the home node's stop with it; RESET then drops the connections).
+    pub(in crate::session) fn monitor_stops(&self, action: &Action) {
+        if let Some(monitor) = self.cluster.monitor.as_deref()
+            && matches!(action.forwarded(), Some((_, Effect::Reset, _)))
+        {
+            *lock(&monitor.open) = false;
+        }
     }
 }
 

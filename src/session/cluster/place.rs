@@ -3,6 +3,7 @@
 //! because a cluster cannot run it as one Redis would (CLUSTER, SELECT n, a MULTI deferred to
 //! its first key, keys in several slots). Runs in `decide`, before anything is sent.
 
+use super::ClusterView;
 use super::gather::split;
 use super::merge::Merge;
 use super::tracking::OwnConn;
@@ -12,8 +13,9 @@ use crate::protocol::answers::CrossSlotWhy;
 use crate::protocol::codec::Decoded;
 use crate::protocol::{answers, codec};
 use crate::session::client_ids::Upstream;
+use crate::session::replica_reads::replica_may_serve;
 use crate::session::route::Args;
-use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Session, Target};
+use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Target};
 use crate::topology::cluster::{Router, slot};
 use bytes::Bytes;
 
@@ -32,7 +34,7 @@ const CLASSIC_PUBSUB: [&str; 6] = [
     "pubsub|numpat",
 ];
 
-impl Session {
+impl ClusterView<'_> {
     /// Cluster mode: picks the node for a forwarded command, or answers what a cluster cannot
     /// run as one Redis would (keys in several slots, cluster-only commands, SELECT n).
     /// Runs after the policy, on the command as rewritten, because a namespace prefix changes
@@ -40,12 +42,12 @@ impl Session {
     /// a read may go to a replica.
     pub(in crate::session) fn place(
         &self,
-        router: &Router,
         action: Action,
         args: &Args<'_>,
         spec: Option<&'static CommandSpec>,
         queued: Option<Target>,
     ) -> Decision {
+        let router = &*self.cluster.router;
         // The common case first: a keyed command the policy left alone, from a session with
         // none of the state the checks below look at, goes to its slot's node. Each check
         // below is a no-op for it (they concern keyless commands, effects or that state);
@@ -141,9 +143,9 @@ impl Session {
                 ..
             }
         ) && router.routes().is_none()
-            && self.routing.cluster().is_some_and(|c| {
-                c.tracking.is_none() && c.login.is_none() && c.shard_subs.is_none()
-            })
+            && self.cluster.tracking.is_none()
+            && self.cluster.login.is_none()
+            && self.cluster.shard_subs.is_none()
     }
 
     /// The node a forwarded command whose keys hash to `slot` (`None`: keyless) goes to, and
@@ -167,7 +169,7 @@ impl Session {
         {
             return Action::Local(answers::queued(), LocalEffect::HoldInMulti);
         }
-        let multi_slot = self.routing.cluster().and_then(|c| c.multi_slot);
+        let multi_slot = self.cluster.multi_slot;
         let snapshot = router.snapshot();
         let node = match slot {
             Some(s) => snapshot.owner(s),
@@ -200,10 +202,7 @@ impl Session {
                     // comparison and the in-flight map is not looked up.)
                     Some(s)
                         if self.may_read_replica(router, spec, rewrite, queued, proto, node)
-                            && !self
-                                .routing
-                                .cluster()
-                                .is_some_and(|c| c.spread.in_flight(s)) =>
+                            && !self.cluster.spread.in_flight(s) =>
                     {
                         router.read_node(&snapshot, s, proto, self.client.id)
                     }
@@ -247,7 +246,7 @@ impl Session {
 
     /// How many keyless commands the deferred MULTI holds (`ClusterState::held_in_multi`).
     fn held_in_multi(&self) -> usize {
-        self.routing.cluster().map_or(0, |c| c.held_in_multi.len())
+        self.cluster.held_in_multi.len()
     }
 
     /// Where a CLIENT command sent to `target` that names another client's dedicated
@@ -295,8 +294,15 @@ impl Session {
         primary: u16,
     ) -> bool {
         router.read_from() != ReadFrom::Primary
-            && matches!(self.routing.own_conn(primary), OwnConn::Any)
-            && self.replica_may_serve(spec, rewrite, queued, Target::Shared(proto, primary))
+            && matches!(self.cluster.own_conn(primary), OwnConn::Any)
+            && replica_may_serve(
+                self.conn,
+                self.queue,
+                spec,
+                rewrite,
+                queued,
+                Target::Shared(proto, primary),
+            )
     }
 
     /// Commands a cluster cannot take as they are: `Some(answer)` for those.
@@ -337,7 +343,7 @@ impl Session {
     fn transaction_answer(&self, args: &Args<'_>, effect: Effect) -> Option<Action> {
         match effect {
             Effect::Select(db) if db != 0 => Some(Action::Local(
-                match self.routing.router().and_then(|r| r.routes()) {
+                match self.cluster.router.routes() {
                     Some(_) => answers::select_with_routes(),
                     None => answers::select_in_cluster(),
                 },
@@ -393,7 +399,7 @@ impl Session {
     ) -> Option<Action> {
         let name = args.get(0);
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
-        let routes = self.routing.router().is_some_and(|r| r.routes().is_some());
+        let routes = self.cluster.router.routes().is_some();
         if is("CLUSTER") {
             // Routes front standalone servers, which answer every CLUSTER command so.
             if args.len() == 3 && args.get(1).eq_ignore_ascii_case(b"KEYSLOT") && !routes {
@@ -462,18 +468,12 @@ impl Session {
     /// The slot of `key` as stored, as the session's router places it: its hash slot, or its
     /// route's node in routes mode.
     pub(in crate::session) fn key_place(&self, key: &[u8]) -> u16 {
-        match self.routing.router() {
-            Some(router) => router.slot_of(key),
-            None => slot(key),
-        }
+        self.cluster.router.slot_of(key)
     }
 
     /// The refusal of keys placed in `a` and `b` (see [`cross`]).
     pub(in crate::session) fn cross_places(&self, a: u16, b: u16) -> Bytes {
-        match self.routing.router() {
-            Some(router) => cross(router, Some(a), Some(b)),
-            None => answers::crossslot(),
-        }
+        cross(&self.cluster.router, Some(a), Some(b))
     }
 }
 

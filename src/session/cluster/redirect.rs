@@ -6,48 +6,45 @@
 use super::exchange::lost_reply;
 use super::transaction::{self, InTransaction};
 use super::{Again, again_of};
+use super::{ClusterSession, ClusterView};
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::UpstreamError;
 use crate::protocol::{answers, codec};
-use crate::session::{Dedicated, Holds, PUSH_BUDGET, Sent, Session, Slot, Target};
+use crate::session::forward::register_upstream;
+use crate::session::replica_reads::failed_reads;
+use crate::session::{Dedicated, Holds, PUSH_BUDGET, Slot, Target};
 use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
-impl Session {
-    /// The cluster batch the reply with this `seq` answers, as it was sent.
-    pub(in crate::session) fn sent_of(&self, seq: u16) -> Option<&Sent> {
-        match self
-            .queue
-            .slot_of(seq)
-            .and_then(|i| self.queue.slots.get(i))
-        {
-            Some(Slot::Upstream {
-                sent: Some(sent), ..
-            }) => Some(sent),
-            _ => None,
-        }
-    }
-
-    /// Whether `follow_redirects` has anything to do with `msg`: every case it acts on (an
-    /// event that is not a batch's reply, a failed batch, a transaction's or a dedicated
-    /// connection's reply, a possible redirection). The gate that keeps an ordinary reply off
-    /// the boxed path (`on_message`): a case added there must be added here.
-    pub(in crate::session) fn cluster_step_due(&self, msg: &Reply) -> bool {
-        let Reply::Batch {
-            data, error, seq, ..
-        } = msg
-        else {
-            return true;
+impl ClusterSession<'_> {
+    /// A batch sent to a replica whose connection failed: its reads without a reply are sent
+    /// to their primaries, each to its slot's (`replica_reads::failed_reads`, one rule for
+    /// cluster and Sentinel mode).
+    async fn resend_failed_replica_reads(&mut self, msg: &mut Reply) {
+        let router = self.cluster.router.clone();
+        let replica = |node| {
+            router.read_from() != crate::config::ReadFrom::Primary
+                && !router.snapshot().is_primary(node)
         };
-        error.is_some()
-            || may_redirect(data)
-            || self
-                .sent_of(*seq)
-                .is_some_and(|sent| sent.dedicated || sent.transaction != InTransaction::No)
+        let Some(failed) = failed_reads(self.queue, &self.ctx.codec, msg, replica) else {
+            return;
+        };
+        let Some(nodes) = failed
+            .commands
+            .iter()
+            .map(|c| node_of_command(&router, c, &self.ctx.codec))
+            .collect::<Option<Vec<u16>>>()
+        else {
+            return;
+        };
+        let sent = self.send_routed(&router, failed.proto, &failed.commands, &nodes);
+        if let Some(replies) = sent.await {
+            failed.answered(msg, &replies);
+        }
     }
 
     /// Follows MOVED and ASK replies in a batch from a cluster node: each redirected command
@@ -95,6 +92,7 @@ impl Session {
             return self.shard_event(msg).await;
         };
         if let Some(how) = self
+            .queue
             .sent_of(seq)
             .map(|sent| sent.transaction)
             .filter(|&how| how != InTransaction::No)
@@ -102,7 +100,7 @@ impl Session {
             Box::pin(self.transaction_reply(msg, how)).await;
             return false;
         }
-        if self.sent_of(seq).is_some_and(|sent| sent.dedicated) {
+        if self.queue.sent_of(seq).is_some_and(|sent| sent.dedicated) {
             return Box::pin(self.redirect_dedicated(msg)).await;
         }
         Box::pin(self.resend_failed_replica_reads(msg)).await;
@@ -132,7 +130,8 @@ impl Session {
         if !may_redirect(data) {
             return false;
         }
-        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(seq)) else {
+        let router = self.cluster.router.clone();
+        let Some(sent) = self.queue.sent_of(seq) else {
             return false;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
@@ -163,7 +162,8 @@ impl Session {
             return false;
         };
         let seq = *seq;
-        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(seq)) else {
+        let router = self.cluster.router.clone();
+        let Some(sent) = self.queue.sent_of(seq) else {
             return false;
         };
         let origin = router.addr(sent.node);
@@ -209,26 +209,6 @@ impl Session {
         }
         self.note_resent(seq, node, frames, ask);
         true
-    }
-
-    /// Counts a redirection being followed in `rpp_upstream_redirections_total`.
-    fn count_redirect(&self, redirect: &Redirect) {
-        let metrics = &self.ctx.ops.metrics;
-        match redirect {
-            Redirect::Moved { .. } => metrics.redirections_moved.inc(),
-            Redirect::Ask { .. } => metrics.redirections_ask.inc(),
-        };
-    }
-
-    /// Counts a redirection being followed and, for MOVED, teaches the map the slot's new
-    /// owner (ASK is for one command only; TRYAGAIN is no redirection).
-    pub(super) fn note_redirect(&self, router: &Router, again: &Again) {
-        if let Again::Redirect(r) = again {
-            self.count_redirect(r);
-            if let Redirect::Moved { slot, addr } = r {
-                router.apply_moved(*slot, addr);
-            }
-        }
     }
 
     /// The reply slot `seq`, whose batch is answered with a too-many-redirections error, now
@@ -330,7 +310,7 @@ impl Session {
         let tx = opened.tx;
         self.conn.dedicated_gen += 1;
         // Another client's CLIENT UNBLOCK must find the command blocked on this one.
-        let id = self.register_upstream(node, opened.upstream_id);
+        let id = register_upstream(self.ctx, self.client.id, node, opened.upstream_id);
         // The connection it replaces was counted against the tenant: this one is now.
         let share = self.conn.dedicated.take().and_then(|d| d._share);
         self.conn.dedicated = Some(Dedicated {
@@ -344,14 +324,34 @@ impl Session {
         Some(tx)
     }
 
+    /// Counts a redirection being followed in `rpp_upstream_redirections_total`.
+    fn count_redirect(&self, redirect: &Redirect) {
+        let metrics = &self.ctx.ops.metrics;
+        match redirect {
+            Redirect::Moved { .. } => metrics.redirections_moved.inc(),
+            Redirect::Ask { .. } => metrics.redirections_ask.inc(),
+        };
+    }
+
+    /// Counts a redirection being followed and, for MOVED, teaches the map the slot's new
+    /// owner (ASK is for one command only; TRYAGAIN is no redirection).
+    pub(super) fn note_redirect(&self, router: &Router, again: &Again) {
+        if let Again::Redirect(r) = again {
+            self.count_redirect(r);
+            if let Redirect::Moved { slot, addr } = r {
+                router.apply_moved(*slot, addr);
+            }
+        }
+    }
+
     /// A batch refused because its node's connection is down (a primary failed) was never
     /// sent: after the map changes (the refresh a failure triggers learns the promoted
     /// replica), its commands are routed again by their keys. Waits at most twice the connect
     /// timeout, then gives up and the client gets the original error: no hang. `None` when
     /// the map did not change in time or the nodes failed again.
     async fn reroute_unsent(&self, seq: u16) -> Option<Bytes> {
-        let router = self.routing.router().cloned()?;
-        let sent = self.sent_of(seq)?;
+        let router = self.cluster.router.clone();
+        let sent = self.queue.sent_of(seq)?;
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
         let give_up = tokio::time::Instant::now() + router.connect_timeout().saturating_mul(2);
@@ -586,6 +586,27 @@ fn same_destination_end(todo: &[(usize, Again)], start: usize) -> usize {
         .iter()
         .position(|(_, r)| r.addr() != dest || r.is_ask() != ask)
         .map_or(todo.len(), |n| start + n)
+}
+
+impl ClusterView<'_> {
+    /// Whether `follow_redirects` has anything to do with `msg`: every case it acts on (an
+    /// event that is not a batch's reply, a failed batch, a transaction's or a dedicated
+    /// connection's reply, a possible redirection). The gate that keeps an ordinary reply off
+    /// the boxed path (`on_message`): a case added there must be added here.
+    pub(in crate::session) fn cluster_step_due(&self, msg: &Reply) -> bool {
+        let Reply::Batch {
+            data, error, seq, ..
+        } = msg
+        else {
+            return true;
+        };
+        error.is_some()
+            || may_redirect(data)
+            || self
+                .queue
+                .sent_of(*seq)
+                .is_some_and(|sent| sent.dedicated || sent.transaction != InTransaction::No)
+    }
 }
 
 #[cfg(test)]

@@ -21,13 +21,15 @@
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
 use super::Gather;
+use super::{ClusterSession, ClusterView};
 use crate::commands::classify::Kind;
 use crate::protocol::codec::Decoded;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::protocol::reply::{PubSubFrame, SubKind};
+use crate::session::forward::take_share;
 use crate::session::route::Args;
 use crate::session::tenant_quota::Share;
-use crate::session::{Action, Holds, LocalEffect, PUSH_BUDGET, Session};
+use crate::session::{Action, Holds, LocalEffect, PUSH_BUDGET};
 use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
@@ -179,114 +181,11 @@ impl ShardSubs {
     }
 }
 
-impl Session {
-    /// Hook in `place`: sharded pub/sub commands become `Action::ShardPubSub`, and a RESP2
-    /// client holding shard subscriptions (and no classic ones, whose connection would say
-    /// it) is held to what Redis allows in subscribed mode. `None`: nothing to do here.
-    pub(in crate::session) fn shard_route(
-        &self,
-        action: &Action,
-        args: &Args<'_>,
-    ) -> Option<Action> {
-        // Every cluster command passes here: without shard channels only SSUBSCRIBE matters,
-        // and one comparison tells it.
-        if self.routing.shard_subs().is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
-            return None;
-        }
-        let kind = classify::classify(args.get(0));
-        match kind {
-            // Inside MULTI the command is only queued (and Redis refuses it at EXEC). A
-            // client logged in as its own user on one connection subscribes there, where
-            // Redis checks its channel rules: the shard connections would be the pool's
-            // login, and hear channels Redis refuses that user (fail closed; pinned
-            // instead). A login over every primary logs them in as the user too
-            // (`log_in_as_client`).
-            Kind::Subscribe(SubKind::Shard)
-                if !self.conn.in_multi() && !self.own_login_on_one_node() =>
-            {
-                let channels = self.upstream_channels(action, args)?;
-                let first = self.key_place(channels.first()?);
-                if let Some(other) = channels
-                    .iter()
-                    .map(|c| self.key_place(c))
-                    .find(|s| *s != first)
-                {
-                    return Some(Action::Refused(self.cross_places(first, other)));
-                }
-                Some(Action::Gather(Box::new(Gather::ShardPubSub(
-                    ShardCommand::Subscribe {
-                        channels,
-                        slot: first,
-                    },
-                ))))
-            }
-            Kind::Unsubscribe(SubKind::Shard)
-                if self.routing.shard_subs().is_some() && !self.conn.in_multi() =>
-            {
-                let channels = self.upstream_channels(action, args)?;
-                let first = channels.first().map(|f| self.key_place(f));
-                if let Some(other) = channels
-                    .iter()
-                    .map(|c| self.key_place(c))
-                    .find(|s| Some(*s) != first)
-                {
-                    return Some(Action::Refused(
-                        self.cross_places(first.unwrap_or(other), other),
-                    ));
-                }
-                Some(Action::Gather(Box::new(Gather::ShardPubSub(
-                    ShardCommand::Unsubscribe { channels },
-                ))))
-            }
-            _ if self.routing.shard_subs().is_none()
-                || self.client.proto != 2
-                || self.conn.holds(Holds::SUBSCRIPTIONS) =>
-            {
-                None
-            }
-            Kind::Subscribe(_) | Kind::Unsubscribe(_) | Kind::Quit | Kind::Reset => None,
-            // PING itself refuses more than one argument (its arity in the table allows any
-            // number), after the subscribed context let it through (state fuzzer).
-            _ if args.get(0).eq_ignore_ascii_case(b"PING") && args.len() > 2 => {
-                Some(Action::Refused(answers::wrong_arity("ping")))
-            }
-            _ if args.get(0).eq_ignore_ascii_case(b"PING") => {
-                // Redis's PING reply in RESP2 subscribed mode.
-                let arg = if args.len() == 2 { args.get(1) } else { b"" };
-                let mut pong = BytesMut::from(&b"*2\r\n$4\r\npong\r\n"[..]);
-                pong.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                pong.extend_from_slice(arg);
-                pong.extend_from_slice(b"\r\n");
-                Some(Action::Local(pong.freeze(), LocalEffect::None))
-            }
-            _ => Some(crate::session::route::subscribed_context_refusal(args)),
-        }
-    }
-
-    /// The channels of a forwarded (S)(UN)SUBSCRIBE as they go upstream (after a namespace
-    /// rewrite); `None` for an action that is not forwarded (refused by the policy).
-    pub(super) fn upstream_channels(&self, action: &Action, args: &Args<'_>) -> Option<Vec<Bytes>> {
-        let (_, _, rewrite) = action.forwarded()?;
-        match rewrite.and_then(|r| r.command.as_ref()) {
-            Some(frame) => {
-                let mut ranges = Vec::new();
-                match codec::decode(frame, &self.ctx.codec, &mut ranges) {
-                    Ok(Some(Decoded::Command { .. })) => {
-                        Some(ranges[1..].iter().map(|r| frame.slice(r.clone())).collect())
-                    }
-                    _ => None,
-                }
-            }
-            None => Some(args.iter().skip(1).map(Bytes::copy_from_slice).collect()),
-        }
-    }
-
+impl ClusterSession<'_> {
     /// Carries out a sharded pub/sub command; the reply is every confirmation, as Redis
     /// would give them.
     pub(in crate::session) async fn shard_command(&mut self, command: ShardCommand) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return answers::cluster_disabled();
-        };
+        let router = self.cluster.router.clone();
         let reply = match command {
             ShardCommand::Subscribe { channels, slot } => {
                 let within = resubscribe_within(&router);
@@ -321,7 +220,7 @@ impl Session {
     /// node before (its slot moved) is unsubscribed there. `None` outside cluster mode.
     fn record_subscribed(&mut self, node: u16, channels: Vec<Bytes>) -> Option<Bytes> {
         let proto = self.client.proto;
-        let subs = self.routing.shard_subs_or_new()?;
+        let subs = self.cluster.shard_subs_or_new();
         let mut out = BytesMut::new();
         let mut stale = Vec::new();
         for c in channels {
@@ -343,7 +242,7 @@ impl Session {
     /// session's record: the confirmations Redis would give. `None` outside cluster mode.
     fn shard_unsubscribe(&mut self, channels: Vec<Bytes>) -> Option<Bytes> {
         let proto = self.client.proto;
-        let subs = self.routing.shard_subs_or_new()?;
+        let subs = self.cluster.shard_subs_or_new();
         let out = if channels.is_empty() {
             subs.unsubscribe_all(proto)
         } else {
@@ -375,14 +274,14 @@ impl Session {
                     _ => return false,
                 };
                 let tracked = channel.and_then(|c| {
-                    self.routing
+                    self.cluster
                         .shard_subs()
                         .and_then(|s| s.channels.get_key_value(c))
                 });
                 // Not one of the per-node connections' channels: the dedicated connection's
                 // own (a client logged in as its own user subscribes there), Redis's to send.
                 if tracked.is_none()
-                    && (self.routing.shard_subs().is_none()
+                    && (self.cluster.shard_subs().is_none()
                         || self.conn.holds(Holds::SHARD_SUBSCRIPTIONS))
                 {
                     return false;
@@ -404,8 +303,8 @@ impl Session {
                     // Redis dropped the channel (its slot left the node): subscribe again.
                     (Some(false), Some((c, _))) => {
                         let c = c.clone();
-                        self.return_permits(*permits);
-                        if let Some(subs) = self.routing.shard_subs_mut() {
+                        self.queue.return_permits(*permits);
+                        if let Some(subs) = self.cluster.shard_subs_mut() {
                             subs.channels.remove(&c);
                         }
                         vec![c]
@@ -414,7 +313,7 @@ impl Session {
                     // confirmation that belongs to no client command: Redis would not have
                     // sent it to the client.
                     _ => {
-                        self.return_permits(*permits);
+                        self.queue.return_permits(*permits);
                         return true;
                     }
                 }
@@ -425,7 +324,7 @@ impl Session {
             }
             Reply::PinnedClosed(id) if *id & SHARD_CONN != 0 => {
                 let id = *id;
-                let Some(subs) = self.routing.shard_subs_mut() else {
+                let Some(subs) = self.cluster.shard_subs_mut() else {
                     return true;
                 };
                 let Some(at) = subs.conns.iter().position(|c| c.id == id) else {
@@ -451,7 +350,7 @@ impl Session {
     /// The retry timer's wake-up: the pending channels not unsubscribed meanwhile are tried
     /// again.
     async fn retry_pending(&mut self) {
-        let Some(subs) = self.routing.shard_subs_mut() else {
+        let Some(subs) = self.cluster.shard_subs_mut() else {
             return;
         };
         subs.retry_scheduled = false;
@@ -467,7 +366,7 @@ impl Session {
     /// `ShardSubs::orphans`); those may find more, hence the loop.
     async fn adopt_orphans(&mut self) {
         loop {
-            let orphans = match self.routing.shard_subs_mut() {
+            let orphans = match self.cluster.shard_subs_mut() {
                 Some(subs) if !subs.orphans.is_empty() => std::mem::take(&mut subs.orphans),
                 _ => return,
             };
@@ -478,10 +377,7 @@ impl Session {
     /// Subscribes again channels Redis dropped, each slot's on its owner, trying for up to
     /// `resubscribe_timeout_ms` (see `resubscribe_until`).
     async fn resubscribe(&mut self, channels: Vec<Bytes>) {
-        let Some(router) = self.routing.router() else {
-            return;
-        };
-        let give_up = tokio::time::Instant::now() + router.resubscribe_timeout();
+        let give_up = tokio::time::Instant::now() + self.cluster.router.resubscribe_timeout();
         let due = channels.into_iter().map(|c| (c, give_up)).collect();
         self.resubscribe_until(due).await;
     }
@@ -492,9 +388,7 @@ impl Session {
     /// holding the session; one past its deadline is announced to the client with the
     /// `sunsubscribe` Redis would have sent it.
     async fn resubscribe_until(&mut self, channels: Vec<(Bytes, tokio::time::Instant)>) {
-        let Some(router) = self.routing.router().cloned() else {
-            return;
-        };
+        let router = self.cluster.router.clone();
         let mut by_slot: Vec<(u16, Vec<(Bytes, tokio::time::Instant)>)> = Vec::new();
         for (c, give_up) in channels {
             let s = router.slot_of(&c);
@@ -519,9 +413,7 @@ impl Session {
                 router.refresh_soon();
                 Err(answers::clusterdown())
             };
-            let Some(subs) = self.routing.shard_subs_or_new() else {
-                return;
-            };
+            let subs = self.cluster.shard_subs_or_new();
             match attempt {
                 Ok(node) => {
                     for (c, _) in group {
@@ -548,7 +440,7 @@ impl Session {
                 }
             }
         }
-        let held = self.routing.shard_subs().map_or(0, |s| s.channels.len());
+        let held = self.cluster.shard_subs().map_or(0, |s| s.channels.len());
         for (i, c) in failed.iter().enumerate() {
             let left = held + failed.len() - 1 - i;
             let frame = confirmation(self.client.proto, "sunsubscribe", Some(c), left);
@@ -563,13 +455,13 @@ impl Session {
     /// pending channels, unless a wake-up is already on its way.
     fn schedule_retry(&mut self) {
         let due = self
-            .routing
+            .cluster
             .shard_subs()
             .is_some_and(|s| !s.pending.is_empty() && !s.retry_scheduled);
         if !due {
             return;
         }
-        if let Some(subs) = self.routing.shard_subs_mut() {
+        if let Some(subs) = self.cluster.shard_subs_mut() {
             subs.retry_scheduled = true;
         }
         self.wake_after(RETRY_EVERY, RETRY_WAKE);
@@ -696,7 +588,7 @@ impl Session {
         let Some(channel) = crate::protocol::reply::element(frame, 1).filter(|_| dropped) else {
             return;
         };
-        if let Some(subs) = self.routing.shard_subs_mut()
+        if let Some(subs) = self.cluster.shard_subs_mut()
             && let Some((c, _)) = subs.channels.remove_entry(channel)
         {
             subs.orphans.push(c);
@@ -710,10 +602,7 @@ impl Session {
         router: &Router,
         node: u16,
     ) -> Result<mpsc::Sender<Batch>, Bytes> {
-        let not_a_cluster = || error_reply(&ProxyError::Upstream(not_a_cluster_upstream()));
-        let Some(subs) = self.routing.shard_subs_or_new() else {
-            return Err(not_a_cluster());
-        };
+        let subs = self.cluster.shard_subs_or_new();
         subs.conns.retain(|c| !c.tx.is_closed());
         if let Some(c) = subs.conns.iter().find(|c| c.node == node) {
             return Ok(c.tx.clone());
@@ -725,9 +614,7 @@ impl Session {
             .open_node_conn(router, node, id, push, Stock::Take)
             .await?;
         let tx = conn.tx.clone();
-        let Some(subs) = self.routing.shard_subs_or_new() else {
-            return Err(not_a_cluster());
-        };
+        let subs = self.cluster.shard_subs_or_new();
         subs.conns.push(conn);
         Ok(tx)
     }
@@ -743,7 +630,7 @@ impl Session {
         push: PushTarget,
         from: Stock,
     ) -> Result<NodeConn, Bytes> {
-        let share = match Box::pin(self.take_share()).await {
+        let share = match Box::pin(take_share(self.ctx, self.client)).await {
             Ok(share) => share,
             Err(why) => {
                 self.ctx.ops.metrics.dedicated_refused[0].inc();
@@ -771,33 +658,11 @@ impl Session {
         Ok(conn)
     }
 
-    /// Sends `SUNSUBSCRIBE channel` to the node's connection without waiting for the reply:
-    /// the client's confirmation is made by the session, and a message still on its way is
-    /// dropped because the channel is no longer tracked. A connection left without channels
-    /// is closed instead (by `tidy_shard_subs`), which unsubscribes it as well.
-    fn unsubscribe_upstream(&self, node: u16, channel: &Bytes) {
-        let Some(subs) = self.routing.shard_subs() else {
-            return;
-        };
-        let Some(conn) = subs.conns.iter().find(|c| c.node == node) else {
-            return;
-        };
-        let (reply_to, _) = crate::upstream::reply_channel();
-        let _ = conn.tx.try_send(Batch {
-            bytes: codec::encode(&[b"SUNSUBSCRIBE", channel]),
-            expect: Expect::Confirmations(1),
-            wait: ReplyWait::Prompt,
-            reply_to,
-            seq: 0,
-        });
-    }
-
     /// Closes connections that hold nothing, and forgets the whole state once no shard
     /// channel is left (the session is then as if it never subscribed).
     fn tidy_shard_subs(&mut self) {
-        if let Some(c) = self.routing.cluster_mut()
-            && let Some(subs) = &mut c.shard_subs
-        {
+        let c = &mut *self.cluster;
+        if let Some(subs) = &mut c.shard_subs {
             subs.prune();
             if subs.channels.is_empty() {
                 c.shard_subs = None;
@@ -816,11 +681,25 @@ impl Session {
         }
     }
 
-    /// Gives back the push budget of a push that is not written to the client.
-    pub(in crate::session) fn return_permits(&self, permits: u32) {
-        if let Some(budget) = &self.queue.push_budget {
-            budget.add_permits(permits as usize);
-        }
+    /// Sends `SUNSUBSCRIBE channel` to the node's connection without waiting for the reply:
+    /// the client's confirmation is made by the session, and a message still on its way is
+    /// dropped because the channel is no longer tracked. A connection left without channels
+    /// is closed instead (by `tidy_shard_subs`), which unsubscribes it as well.
+    fn unsubscribe_upstream(&self, node: u16, channel: &Bytes) {
+        let Some(subs) = self.cluster.shard_subs() else {
+            return;
+        };
+        let Some(conn) = subs.conns.iter().find(|c| c.node == node) else {
+            return;
+        };
+        let (reply_to, _) = crate::upstream::reply_channel();
+        let _ = conn.tx.try_send(Batch {
+            bytes: codec::encode(&[b"SUNSUBSCRIBE", channel]),
+            expect: Expect::Confirmations(1),
+            wait: ReplyWait::Prompt,
+            reply_to,
+            seq: 0,
+        });
     }
 
     /// A frame the proxy made, with the tenant's namespace removed from channel names.
@@ -832,17 +711,111 @@ impl Session {
     }
 }
 
-/// How long subscribing may take before giving up: twice the connect timeout (a refused
-/// connection or a map still naming a failed node is retried meanwhile), at least a second.
-/// What connecting to a node answers outside cluster mode (never reached: `shard_route`
-/// routes nothing there).
-fn not_a_cluster_upstream() -> UpstreamError {
-    UpstreamError::Unavailable {
-        addr: "cluster".into(),
-        reason: "no cluster upstream".into(),
+impl ClusterView<'_> {
+    /// Hook in `place`: sharded pub/sub commands become `Action::ShardPubSub`, and a RESP2
+    /// client holding shard subscriptions (and no classic ones, whose connection would say
+    /// it) is held to what Redis allows in subscribed mode. `None`: nothing to do here.
+    pub(in crate::session) fn shard_route(
+        &self,
+        action: &Action,
+        args: &Args<'_>,
+    ) -> Option<Action> {
+        // Every cluster command passes here: without shard channels only SSUBSCRIBE matters,
+        // and one comparison tells it.
+        if self.cluster.shard_subs().is_none() && !args.get(0).eq_ignore_ascii_case(b"SSUBSCRIBE") {
+            return None;
+        }
+        let kind = classify::classify(args.get(0));
+        match kind {
+            // Inside MULTI the command is only queued (and Redis refuses it at EXEC). A
+            // client logged in as its own user on one connection subscribes there, where
+            // Redis checks its channel rules: the shard connections would be the pool's
+            // login, and hear channels Redis refuses that user (fail closed; pinned
+            // instead). A login over every primary logs them in as the user too
+            // (`log_in_as_client`).
+            Kind::Subscribe(SubKind::Shard)
+                if !self.conn.in_multi() && !self.own_login_on_one_node() =>
+            {
+                let channels = self.upstream_channels(action, args)?;
+                let first = self.key_place(channels.first()?);
+                if let Some(other) = channels
+                    .iter()
+                    .map(|c| self.key_place(c))
+                    .find(|s| *s != first)
+                {
+                    return Some(Action::Refused(self.cross_places(first, other)));
+                }
+                Some(Action::Gather(Box::new(Gather::ShardPubSub(
+                    ShardCommand::Subscribe {
+                        channels,
+                        slot: first,
+                    },
+                ))))
+            }
+            Kind::Unsubscribe(SubKind::Shard)
+                if self.cluster.shard_subs().is_some() && !self.conn.in_multi() =>
+            {
+                let channels = self.upstream_channels(action, args)?;
+                let first = channels.first().map(|f| self.key_place(f));
+                if let Some(other) = channels
+                    .iter()
+                    .map(|c| self.key_place(c))
+                    .find(|s| Some(*s) != first)
+                {
+                    return Some(Action::Refused(
+                        self.cross_places(first.unwrap_or(other), other),
+                    ));
+                }
+                Some(Action::Gather(Box::new(Gather::ShardPubSub(
+                    ShardCommand::Unsubscribe { channels },
+                ))))
+            }
+            _ if self.cluster.shard_subs().is_none()
+                || self.client.proto != 2
+                || self.conn.holds(Holds::SUBSCRIPTIONS) =>
+            {
+                None
+            }
+            Kind::Subscribe(_) | Kind::Unsubscribe(_) | Kind::Quit | Kind::Reset => None,
+            // PING itself refuses more than one argument (its arity in the table allows any
+            // number), after the subscribed context let it through (state fuzzer).
+            _ if args.get(0).eq_ignore_ascii_case(b"PING") && args.len() > 2 => {
+                Some(Action::Refused(answers::wrong_arity("ping")))
+            }
+            _ if args.get(0).eq_ignore_ascii_case(b"PING") => {
+                // Redis's PING reply in RESP2 subscribed mode.
+                let arg = if args.len() == 2 { args.get(1) } else { b"" };
+                let mut pong = BytesMut::from(&b"*2\r\n$4\r\npong\r\n"[..]);
+                pong.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                pong.extend_from_slice(arg);
+                pong.extend_from_slice(b"\r\n");
+                Some(Action::Local(pong.freeze(), LocalEffect::None))
+            }
+            _ => Some(crate::session::route::subscribed_context_refusal(args)),
+        }
+    }
+
+    /// The channels of a forwarded (S)(UN)SUBSCRIBE as they go upstream (after a namespace
+    /// rewrite); `None` for an action that is not forwarded (refused by the policy).
+    pub(super) fn upstream_channels(&self, action: &Action, args: &Args<'_>) -> Option<Vec<Bytes>> {
+        let (_, _, rewrite) = action.forwarded()?;
+        match rewrite.and_then(|r| r.command.as_ref()) {
+            Some(frame) => {
+                let mut ranges = Vec::new();
+                match codec::decode(frame, &self.ctx.codec, &mut ranges) {
+                    Ok(Some(Decoded::Command { .. })) => {
+                        Some(ranges[1..].iter().map(|r| frame.slice(r.clone())).collect())
+                    }
+                    _ => None,
+                }
+            }
+            None => Some(args.iter().skip(1).map(Bytes::copy_from_slice).collect()),
+        }
     }
 }
 
+/// How long subscribing may take before giving up: twice the connect timeout (a refused
+/// connection or a map still naming a failed node is retried meanwhile), at least a second.
 fn resubscribe_within(router: &Router) -> Duration {
     router
         .connect_timeout()

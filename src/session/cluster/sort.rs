@@ -28,12 +28,12 @@
 //! policy refuses its patterns), options Redis refuses, and with routes (each route is one
 //! Redis, which reads the patterns itself).
 
+use super::ClusterSession;
 use super::exchange::{lost_reply, receive};
 use super::redirect::may_redirect;
 use crate::commands::grammar::keyword;
 use crate::policy::rewrite::Rewrite;
 use crate::protocol::{answers, codec};
-use crate::session::Session;
 use crate::session::route::Args;
 use crate::topology::cluster::Router;
 use bytes::{Bytes, BytesMut};
@@ -330,12 +330,10 @@ fn bulk_content(frame: &[u8]) -> Option<&[u8]> {
     frame.get(cr + 2..frame.len().checked_sub(2)?)
 }
 
-impl Session {
+impl ClusterSession<'_> {
     /// Carries out a `SortGather`: the one reply the client gets.
     pub(in crate::session) async fn sort(&mut self, sort: SortGather) -> Bytes {
-        let Some(router) = self.routing.router().cloned() else {
-            return answers::cluster_disabled();
-        };
+        let router = self.cluster.router.clone();
         let Some(node) = router.snapshot().owner(router.slot_of(&sort.key)) else {
             router.refresh_soon();
             return answers::clusterdown();

@@ -7,19 +7,18 @@
 //! (MULTI, WATCH, MONITOR, CLIENT TRACKING, a client's own AUTH) still ends the session:
 //! that state cannot move.
 
+use super::ClusterSession;
 use crate::protocol::codec;
-use crate::session::{Dedicated, Holds, Session};
+use crate::session::{Dedicated, Holds};
 use crate::upstream::{Batch, Expect, ReplySender, ReplyWait, Subscriptions};
 
-impl Session {
+impl ClusterSession<'_> {
     /// The dedicated connection `conn_id` failed holding `subs`: subscribe them again on a
     /// dedicated connection to another primary that is up, which becomes the session's
     /// (the old one's `PinnedClosed` is then ignored). Leaves the session to end as before
     /// when it holds other state or no node can take the subscriptions, and in routes mode.
     pub(in crate::session) async fn move_subscriber(&mut self, conn_id: u64, subs: Subscriptions) {
-        let Some(router) = self.routing.router().cloned() else {
-            return;
-        };
+        let router = self.cluster.router.clone();
         // With routes a channel belongs to its route's server: subscribed anywhere else it
         // would miss that server's messages, so the session ends as in front of one server.
         if router.routes().is_some() {

@@ -67,12 +67,14 @@
 
 use super::Gather;
 use super::shard_subs::{NodeConn, Stock};
+use super::{ClusterSession, ClusterView};
 use crate::commands::grammar;
 use crate::policy::rewrite::Strip;
-use crate::protocol::codec;
+use crate::protocol::{answers, codec};
 use crate::session::client_ids::ClientIds;
+use crate::session::forward::register_upstream;
 use crate::session::route::Args;
-use crate::session::{Action, Decision, Effect, Holds, Session, Target};
+use crate::session::{Action, Decision, Dedicated, Effect, Holds, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait, hello_command, unanswered};
 use bytes::Bytes;
@@ -263,7 +265,418 @@ pub(in crate::session) enum TrackingCommand {
     Lost(Bytes),
 }
 
-impl Session {
+/// Whether `frame` is a RESP3 invalidation of every key (a flush) right behind the same
+/// (`last`: the frame it would follow, not yet written), in front of a cluster: a
+/// FLUSHALL or FLUSHDB sent to every primary flushes each node, and each tells its
+/// tracking connection "everything", where one Redis tells the client once. A second
+/// null with nothing written between is the same news (the client cached nothing since
+/// the first), so it is dropped.
+pub(in crate::session) fn redundant_flush(frame: &[u8], last: Option<&Bytes>) -> bool {
+    frame == FLUSHED && last.is_some_and(|last| last[..] == *frame)
+}
+
+impl ClusterSession<'_> {
+    /// Cluster mode, CLIENT TRACKING on in the default mode or the client's own login over
+    /// every primary: the session's dedicated connection to `node` is its own connection
+    /// there (Redis tracks what each connection reads, so a transaction's, a script's or a
+    /// blocking command's reads must be read on it: `cluster::tracking`; and it is the one
+    /// logged in as the client's user: `cluster::login`), made the dedicated one and
+    /// returned; the reason where none may be (`raw`: the client's own AUTH, a connection of
+    /// its own; a primary without one). `None` where neither decides the connection.
+    pub(in crate::session) fn own_dedicated(
+        &mut self,
+        raw: bool,
+        proto: u8,
+        node: u16,
+    ) -> Option<Result<mpsc::Sender<Batch>, String>> {
+        let (tx, confined, upstream) = match self.cluster.own_conn(node) {
+            OwnConn::Any => return None,
+            OwnConn::Missing => {
+                let addr = self.cluster.router.pool(node).addr();
+                return Some(Err(if self.view().own_login() {
+                    answers::own_login_lost_reason(&addr)
+                } else {
+                    answers::tracking_lost_reason(&addr)
+                }));
+            }
+            OwnConn::Own(_) if raw => return Some(Err(answers::tracking_own_login())),
+            OwnConn::Own(conn) => (conn.tx.clone(), conn.confined, conn.upstream_id),
+        };
+        self.conn.dedicated_gen += 1;
+        let id = register_upstream(self.ctx, self.client.id, node, upstream);
+        self.conn.dedicated = Some(Dedicated {
+            tx: tx.clone(),
+            proto,
+            node,
+            confined,
+            _id: id,
+            // The own connection holds its share.
+            _share: None,
+        });
+        Some(Ok(tx))
+    }
+
+    /// Target side of a summon in cluster mode: a connection of this client's own on every
+    /// primary where it has none, mapped as its listener there, whose pushes (the
+    /// invalidations another client's tracking redirects to it) reach the client as any
+    /// push does. RESP3 only: Redis sends a RESP2 client redirected invalidations only while
+    /// it is subscribed, on the connection that is. Kept while the session lives; one that
+    /// ends is gone (Redis then reports the redirect broken to the tracker, as for a client
+    /// that left), and opened again by the next summon. Answers 0: the caller names each
+    /// node's connection (`client_ids::on_node`).
+    pub(in crate::session) async fn listen_everywhere(&mut self) -> Result<u64, String> {
+        if self.input.closing {
+            return Err("it is disconnecting".into());
+        }
+        if self.client.proto != 3 {
+            return Err("it speaks RESP2 and is not subscribed to __redis__:invalidate".into());
+        }
+        let router = self.cluster.router.clone();
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        for node in primaries {
+            if self.ctx.client_ids.on_node(self.client.id, node).is_some() {
+                continue;
+            }
+            let listeners = self.cluster.listeners.get_or_insert_with(Box::default);
+            listeners.conns.retain(|l| !l.tx.is_closed());
+            listeners.next_id += 1;
+            let id = LISTENER_CONN | listeners.next_id;
+            let push = self.push_target(id);
+            let mut conn = self
+                .open_node_conn(&router, node, id, push, Stock::Dial)
+                .await
+                .map_err(|e| String::from_utf8_lossy(&e).trim().to_string())?;
+            conn.listener = conn.upstream_id.map(|upstream| {
+                let upstream = crate::session::client_ids::Upstream { node, id: upstream };
+                self.ctx
+                    .client_ids
+                    .register_listener(self.client.id, upstream)
+            });
+            if let Some(l) = &mut self.cluster.listeners {
+                l.conns.push(conn);
+            }
+        }
+        Ok(0)
+    }
+
+    /// Hook after a HELLO took effect: listeners are for a RESP3 client, whose pushes they
+    /// carry as they are; after `HELLO 2` they close (Redis sends a RESP2 client that is not
+    /// subscribed no redirected invalidations), and the trackers' nodes report the redirect
+    /// broken, as for a client that left.
+    pub(in crate::session) fn listeners_follow_proto(&mut self) {
+        if self.client.proto != 3 {
+            self.cluster.listeners = None;
+        }
+    }
+
+    /// Hook in `follow_redirects`: listener `id` ended (its node failed, it was killed).
+    pub(in crate::session) fn listener_ended(&mut self, id: u64) {
+        if let Some(l) = &mut self.cluster.listeners {
+            l.conns.retain(|c| c.id != id);
+        }
+    }
+
+    /// `TrackingCommand::Again`: Redis's reply (the first refusal, if any).
+    async fn tracking_again(
+        &mut self,
+        command: Bytes,
+        redirect: Option<Box<Redirect>>,
+        carries: bool,
+    ) -> Bytes {
+        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
+            && let Err(reply) = self.summon_listeners(r.client).await
+        {
+            return reply;
+        }
+        let Some(tracking) = self.cluster.tracking.as_deref() else {
+            return crate::protocol::answers::tracking_lost("the cluster");
+        };
+        let asked = ask_each(
+            &tracking.conns,
+            &self.ctx.client_ids,
+            &command,
+            redirect.as_deref(),
+        )
+        .await;
+        match asked {
+            Ok(reply) if reply.first() == Some(&b'+') => {
+                if let Some(t) = self.cluster.tracking.as_deref_mut() {
+                    t.redirect = redirect.map(|r| r.client);
+                    t.carries |= carries;
+                }
+                reply
+            }
+            Ok(reply) => reply,
+            Err(reply) => {
+                // A connection that cannot answer cannot deliver invalidations.
+                self.input.closing = true;
+                reply
+            }
+        }
+    }
+
+    /// Hook after a HELLO took effect (answered by the proxy, or forwarded on the dedicated
+    /// connection and accepted): the tracking (and login) connections speak the client's RESP version
+    /// again (Redis keeps a connection's tracking across HELLO), so what they carry is
+    /// answered as the client now reads it, and a RESP3 client's invalidations come as
+    /// pushes. `HELLO <version>` is queued on each without waiting for its reply: nothing of
+    /// the session's after the HELLO has gone out yet (the run before it was flushed, and a
+    /// forwarded HELLO is waited for), so it comes first on every connection. One that
+    /// cannot take it ends the session, as after a lost tracking connection.
+    pub(in crate::session) fn own_conns_follow_proto(&mut self) {
+        let proto = self.client.proto;
+        let c = &mut *self.cluster;
+        // The client's own login's connections (`login`) likewise.
+        let followed = [
+            c.tracking
+                .as_deref_mut()
+                .map(|t| follow_proto(&t.conns, &mut t.proto, proto)),
+            c.login.as_deref_mut().map(|l| l.follow_proto(proto)),
+        ];
+        if followed.contains(&Some(false)) {
+            tracing::warn!(
+                id = self.client.id,
+                "a tracking or login connection could not follow HELLO; the client is disconnected"
+            );
+            self.input.closing = true;
+        }
+    }
+
+    /// Carries out a tracking command: the one reply the client gets.
+    pub(in crate::session) async fn tracking_command(&mut self, command: TrackingCommand) -> Bytes {
+        match command {
+            TrackingCommand::Start {
+                command,
+                carries,
+                unquote,
+                redirect,
+            } => unquoted(self.tracking_on(command, carries, redirect).await, unquote),
+            TrackingCommand::Ask {
+                command,
+                all,
+                unquote,
+            } => {
+                let Some(tracking) = self.cluster.tracking.as_deref() else {
+                    return crate::protocol::answers::tracking_lost("the cluster");
+                };
+                // With a redirect, the redirect's state is per node: a node that could not
+                // deliver an invalidation (its client gone) flags the redirect broken, the
+                // others do not yet, so TRACKINGINFO asks them all.
+                let every = all || tracking.redirect.is_some();
+                let conns: Vec<_> = match every {
+                    true => tracking.conns.iter().map(|c| c.tx.clone()).collect(),
+                    false => tracking
+                        .conns
+                        .iter()
+                        .take(1)
+                        .map(|c| c.tx.clone())
+                        .collect(),
+                };
+                let asked = match (tracking.redirect, all) {
+                    (Some(client), false) => ask_every(&conns, &command).await.map(|replies| {
+                        let broken =
+                            |r: &&Bytes| memchr::memmem::find(r, b"broken_redirect").is_some();
+                        let reply = replies.iter().find(broken).or(replies.first());
+                        // Each node names the redirect's connection there: its client.
+                        crate::session::replies::map_redirect(
+                            reply.cloned().unwrap_or_default(),
+                            |_| Some(client),
+                        )
+                    }),
+                    _ => ask_all(&conns, &command).await,
+                };
+                match asked {
+                    Ok(reply) => unquoted(reply, unquote),
+                    Err(reply) => {
+                        // A connection that cannot answer cannot deliver invalidations.
+                        self.input.closing = true;
+                        reply
+                    }
+                }
+            }
+            TrackingCommand::Again {
+                command,
+                redirect,
+                unquote,
+                carries,
+            } => {
+                let reply = self.tracking_again(command, redirect, carries).await;
+                unquoted(reply, unquote)
+            }
+            TrackingCommand::Caching { command, yes } => {
+                let Some(tracking) = self.cluster.tracking.as_deref() else {
+                    return crate::protocol::answers::tracking_lost("the cluster");
+                };
+                let conns: Vec<_> = tracking.conns.iter().map(|c| c.tx.clone()).collect();
+                match ask_all(&conns, &command).await {
+                    Ok(reply) => {
+                        if reply.first() == Some(&b'+') {
+                            let pending = if yes { CACHING_YES } else { CACHING_NO };
+                            tracking.caching.store(pending, Ordering::Relaxed);
+                        }
+                        reply
+                    }
+                    Err(reply) => {
+                        self.input.closing = true;
+                        reply
+                    }
+                }
+            }
+            TrackingCommand::Stop => {
+                if let Some(tracking) = self.cluster.tracking.take()
+                    && self
+                        .conn
+                        .dedicated
+                        .as_ref()
+                        .is_some_and(|d| tracking.holds(&d.tx))
+                {
+                    // It would keep a tracking connection open (checked unpinned in
+                    // `tracking_route`).
+                    self.conn.dedicated = None;
+                }
+                Bytes::from_static(b"+OK\r\n")
+            }
+            TrackingCommand::Lost(reply) => {
+                self.input.closing = true;
+                reply
+            }
+        }
+    }
+
+    /// Opens a tracking connection to every primary and sends `command` on each (with a
+    /// redirect, the one naming the redirect's connection on that node): `+OK` once every
+    /// primary tracks, else the first refusal (and nothing is left on). `carries`: those
+    /// connections carry the session's commands.
+    async fn tracking_on(
+        &mut self,
+        command: Bytes,
+        carries: bool,
+        redirect: Option<Box<Redirect>>,
+    ) -> Bytes {
+        let (conns, checked) = match Box::pin(self.open_everywhere(TRACKING_CONN)).await {
+            Ok(opened) => opened,
+            Err(reply) => return reply,
+        };
+        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
+            && let Err(reply) = self.summon_listeners(r.client).await
+        {
+            return reply;
+        }
+        let asked = ask_each(&conns, &self.ctx.client_ids, &command, redirect.as_deref()).await;
+        match asked {
+            Ok(reply) if reply.first() == Some(&b'+') => {
+                let proto = self.client.proto;
+                self.cluster.tracking = Some(Box::new(ClusterTracking {
+                    conns,
+                    carries,
+                    redirect: redirect.map(|r| r.client),
+                    proto,
+                    caching: AtomicU8::new(0),
+                    checked,
+                }));
+                if carries {
+                    // A dedicated connection kept from a blocking command (not pinned:
+                    // `tracking_start`) reads untracked; the next one is a tracking one.
+                    self.conn.dedicated = None;
+                }
+                reply
+            }
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    /// A connection of the session's own to every primary of the map (tracking's, or the
+    /// client's login's: `kind`, their `conn_id` bits), and the map generation they were
+    /// opened against; the client's error reply when one could not be opened.
+    pub(super) async fn open_everywhere(
+        &mut self,
+        kind: u64,
+    ) -> Result<(Vec<NodeConn>, AtomicU64), Bytes> {
+        let router = self.cluster.router.clone();
+        let checked = AtomicU64::new(router.snapshot_id());
+        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
+        let c = &mut *self.cluster;
+        // Ids never reused, so the end of a connection closed earlier (an OFF, a RESET) is
+        // not taken for one of these.
+        c.own_starts += 1;
+        let start = c.own_starts << 16;
+        let mut conns = Vec::with_capacity(primaries.len());
+        for (i, node) in primaries.into_iter().enumerate() {
+            let id = kind | start | i as u64;
+            let push = self.push_target(id);
+            let conn = self
+                .open_node_conn(&router, node, id, push, Stock::Dial)
+                .await?;
+            conns.push(conn);
+        }
+        Ok((conns, checked))
+    }
+
+    /// Hook in `follow_redirects` for what is not a batch reply: an invalidation from a
+    /// tracking connection is queued behind the replies still due (see the module comment);
+    /// a tracking connection that ended ends the session. Returns `true`: consumed.
+    pub(in crate::session) fn tracking_event(&mut self, msg: &mut Reply) -> bool {
+        if self.cluster.tracking.is_none() {
+            return false;
+        }
+        match msg {
+            Reply::Push(frame, permits) if frame.starts_with(INVALIDATE) => {
+                let permits = std::mem::take(permits);
+                if self.client.proto == 2 {
+                    // Redis sends none to a RESP2 client without a redirect.
+                    self.queue.return_permits(permits);
+                } else if redundant_flush(frame, self.queue.before_due()) {
+                    self.queue.return_permits(permits);
+                } else {
+                    let frame = self.visible(std::mem::take(frame));
+                    self.queue.behind_due(frame, permits);
+                }
+                true
+            }
+            Reply::PinnedClosed(id) if is_tracking_conn(*id) => {
+                let id = *id;
+                let ours = self
+                    .cluster
+                    .tracking
+                    .as_deref()
+                    .is_some_and(|t| t.conns.iter().any(|c| c.id == id));
+                if ours {
+                    tracing::warn!(
+                        id = self.client.id,
+                        "a tracking connection ended; the client is disconnected so its cache starts over"
+                    );
+                    self.input.closing = true;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Caller side: asks client `client` to listen on every primary (`listen_everywhere`),
+    /// waiting as long as `summon` does; the error to answer when it cannot.
+    async fn summon_listeners(&self, client: u64) -> Result<(), Bytes> {
+        let ctx = &self.ctx;
+        let Some(rx) = ctx
+            .client_list
+            .summon(client, self.client.tenant, &ctx.idle_tick)
+        else {
+            return Err(crate::protocol::answers::tracking_redirect_gone());
+        };
+        let wait = ctx.dedicated_caps.2 + ctx.pool.connect_timeout();
+        let why = match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(Ok(_))) => return Ok(()),
+            Ok(Ok(Err(why))) => why,
+            Ok(Err(_)) => return Err(crate::protocol::answers::tracking_redirect_gone()),
+            Err(_) => format!("it did not answer within {} ms", wait.as_millis()),
+        };
+        Err(crate::protocol::answers::redirect_target_unreachable(
+            client, &why,
+        ))
+    }
+}
+
+impl ClusterView<'_> {
     /// Hook in `place`, after the policy: a RESP3 client's `CLIENT TRACKING ON BCAST` without
     /// REDIRECT, OPTIN/OPTOUT or NOLOOP becomes `Gather::Tracking`, and so does every
     /// tracking command while such tracking is on. `None`: nothing to do here (one pointer
@@ -274,7 +687,7 @@ impl Session {
         action: &Action,
         args: &Args<'_>,
     ) -> Option<Action> {
-        let on = self.routing.cluster().and_then(|c| c.tracking.as_deref());
+        let on = self.cluster.tracking.as_deref();
         let gather = |command| Some(Action::Gather(Box::new(Gather::Tracking(command))));
         if let Some(node) = on.and_then(|t| primary_without(router, &t.conns, &t.checked)) {
             let reply = crate::protocol::answers::tracking_lost(&router.addr(node));
@@ -457,175 +870,6 @@ impl Session {
         })
     }
 
-    /// Caller side: asks client `client` to listen on every primary (`listen_everywhere`),
-    /// waiting as long as `summon` does; the error to answer when it cannot.
-    async fn summon_listeners(&self, client: u64) -> Result<(), Bytes> {
-        let ctx = &self.ctx;
-        let Some(rx) = ctx
-            .client_list
-            .summon(client, self.client.tenant, &ctx.idle_tick)
-        else {
-            return Err(crate::protocol::answers::tracking_redirect_gone());
-        };
-        let wait = ctx.dedicated_caps.2 + ctx.pool.connect_timeout();
-        let why = match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(Ok(_))) => return Ok(()),
-            Ok(Ok(Err(why))) => why,
-            Ok(Err(_)) => return Err(crate::protocol::answers::tracking_redirect_gone()),
-            Err(_) => format!("it did not answer within {} ms", wait.as_millis()),
-        };
-        Err(crate::protocol::answers::redirect_target_unreachable(
-            client, &why,
-        ))
-    }
-
-    /// Target side of a summon in cluster mode: a connection of this client's own on every
-    /// primary where it has none, mapped as its listener there, whose pushes (the
-    /// invalidations another client's tracking redirects to it) reach the client as any
-    /// push does. RESP3 only: Redis sends a RESP2 client redirected invalidations only while
-    /// it is subscribed, on the connection that is. Kept while the session lives; one that
-    /// ends is gone (Redis then reports the redirect broken to the tracker, as for a client
-    /// that left), and opened again by the next summon. Answers 0: the caller names each
-    /// node's connection (`client_ids::on_node`).
-    pub(in crate::session) async fn listen_everywhere(&mut self) -> Result<u64, String> {
-        if self.input.closing {
-            return Err("it is disconnecting".into());
-        }
-        if self.client.proto != 3 {
-            return Err("it speaks RESP2 and is not subscribed to __redis__:invalidate".into());
-        }
-        let Some(router) = self.routing.router().cloned() else {
-            return Err("it is not in front of a cluster".into());
-        };
-        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
-        for node in primaries {
-            if self.ctx.client_ids.on_node(self.client.id, node).is_some() {
-                continue;
-            }
-            let Some(c) = self.routing.cluster_mut() else {
-                break;
-            };
-            let listeners = c.listeners.get_or_insert_with(Box::default);
-            listeners.conns.retain(|l| !l.tx.is_closed());
-            listeners.next_id += 1;
-            let id = LISTENER_CONN | listeners.next_id;
-            let push = self.push_target(id);
-            let mut conn = self
-                .open_node_conn(&router, node, id, push, Stock::Dial)
-                .await
-                .map_err(|e| String::from_utf8_lossy(&e).trim().to_string())?;
-            conn.listener = conn.upstream_id.map(|upstream| {
-                let upstream = crate::session::client_ids::Upstream { node, id: upstream };
-                self.ctx
-                    .client_ids
-                    .register_listener(self.client.id, upstream)
-            });
-            if let Some(l) = self
-                .routing
-                .cluster_mut()
-                .and_then(|c| c.listeners.as_mut())
-            {
-                l.conns.push(conn);
-            }
-        }
-        Ok(0)
-    }
-
-    /// Hook after a HELLO took effect: listeners are for a RESP3 client, whose pushes they
-    /// carry as they are; after `HELLO 2` they close (Redis sends a RESP2 client that is not
-    /// subscribed no redirected invalidations), and the trackers' nodes report the redirect
-    /// broken, as for a client that left.
-    pub(in crate::session) fn listeners_follow_proto(&mut self) {
-        if self.client.proto != 3
-            && let Some(c) = self.routing.cluster_mut()
-        {
-            c.listeners = None;
-        }
-    }
-
-    /// Hook in `follow_redirects`: listener `id` ended (its node failed, it was killed).
-    pub(in crate::session) fn listener_ended(&mut self, id: u64) {
-        if let Some(l) = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.listeners.as_mut())
-        {
-            l.conns.retain(|c| c.id != id);
-        }
-    }
-
-    /// `TrackingCommand::Again`: Redis's reply (the first refusal, if any).
-    async fn tracking_again(
-        &mut self,
-        command: Bytes,
-        redirect: Option<Box<Redirect>>,
-        carries: bool,
-    ) -> Bytes {
-        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
-            && let Err(reply) = self.summon_listeners(r.client).await
-        {
-            return reply;
-        }
-        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
-            return crate::protocol::answers::tracking_lost("the cluster");
-        };
-        let asked = ask_each(
-            &tracking.conns,
-            &self.ctx.client_ids,
-            &command,
-            redirect.as_deref(),
-        )
-        .await;
-        match asked {
-            Ok(reply) if reply.first() == Some(&b'+') => {
-                if let Some(t) = self
-                    .routing
-                    .cluster_mut()
-                    .and_then(|c| c.tracking.as_deref_mut())
-                {
-                    t.redirect = redirect.map(|r| r.client);
-                    t.carries |= carries;
-                }
-                reply
-            }
-            Ok(reply) => reply,
-            Err(reply) => {
-                // A connection that cannot answer cannot deliver invalidations.
-                self.input.closing = true;
-                reply
-            }
-        }
-    }
-
-    /// Hook after a HELLO took effect (answered by the proxy, or forwarded on the dedicated
-    /// connection and accepted): the tracking (and login) connections speak the client's RESP version
-    /// again (Redis keeps a connection's tracking across HELLO), so what they carry is
-    /// answered as the client now reads it, and a RESP3 client's invalidations come as
-    /// pushes. `HELLO <version>` is queued on each without waiting for its reply: nothing of
-    /// the session's after the HELLO has gone out yet (the run before it was flushed, and a
-    /// forwarded HELLO is waited for), so it comes first on every connection. One that
-    /// cannot take it ends the session, as after a lost tracking connection.
-    pub(in crate::session) fn own_conns_follow_proto(&mut self) {
-        let proto = self.client.proto;
-        let Some(c) = self.routing.cluster_mut() else {
-            return;
-        };
-        // The client's own login's connections (`login`) likewise.
-        let followed = [
-            c.tracking
-                .as_deref_mut()
-                .map(|t| follow_proto(&t.conns, &mut t.proto, proto)),
-            c.login.as_deref_mut().map(|l| l.follow_proto(proto)),
-        ];
-        if followed.contains(&Some(false)) {
-            tracing::warn!(
-                id = self.client.id,
-                "a tracking or login connection could not follow HELLO; the client is disconnected"
-            );
-            self.input.closing = true;
-        }
-    }
-
     /// Hook in `place`, for each command that goes upstream: the one placed after a `CLIENT
     /// CACHING` is the one it applies to. Sent to one node, every other node's connection
     /// gets a `PING`, which clears the flag there (Redis clears it after any command but
@@ -636,7 +880,7 @@ impl Session {
     /// value, so that command is refused (fail closed). Commands the proxy answers itself
     /// leave it pending.
     pub(in crate::session) fn caching_next(&self, decision: Decision, args: &Args<'_>) -> Decision {
-        let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref()) else {
+        let Some(tracking) = self.cluster.tracking.as_deref() else {
             return decision;
         };
         let pending = tracking.caching.load(Ordering::Relaxed);
@@ -660,244 +904,6 @@ impl Session {
             unanswered(&conn.tx, Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
         }
         decision
-    }
-
-    /// Carries out a tracking command: the one reply the client gets.
-    pub(in crate::session) async fn tracking_command(&mut self, command: TrackingCommand) -> Bytes {
-        match command {
-            TrackingCommand::Start {
-                command,
-                carries,
-                unquote,
-                redirect,
-            } => unquoted(self.tracking_on(command, carries, redirect).await, unquote),
-            TrackingCommand::Ask {
-                command,
-                all,
-                unquote,
-            } => {
-                let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
-                else {
-                    return crate::protocol::answers::tracking_lost("the cluster");
-                };
-                // With a redirect, the redirect's state is per node: a node that could not
-                // deliver an invalidation (its client gone) flags the redirect broken, the
-                // others do not yet, so TRACKINGINFO asks them all.
-                let every = all || tracking.redirect.is_some();
-                let conns: Vec<_> = match every {
-                    true => tracking.conns.iter().map(|c| c.tx.clone()).collect(),
-                    false => tracking
-                        .conns
-                        .iter()
-                        .take(1)
-                        .map(|c| c.tx.clone())
-                        .collect(),
-                };
-                let asked = match (tracking.redirect, all) {
-                    (Some(client), false) => ask_every(&conns, &command).await.map(|replies| {
-                        let broken =
-                            |r: &&Bytes| memchr::memmem::find(r, b"broken_redirect").is_some();
-                        let reply = replies.iter().find(broken).or(replies.first());
-                        // Each node names the redirect's connection there: its client.
-                        crate::session::replies::map_redirect(
-                            reply.cloned().unwrap_or_default(),
-                            |_| Some(client),
-                        )
-                    }),
-                    _ => ask_all(&conns, &command).await,
-                };
-                match asked {
-                    Ok(reply) => unquoted(reply, unquote),
-                    Err(reply) => {
-                        // A connection that cannot answer cannot deliver invalidations.
-                        self.input.closing = true;
-                        reply
-                    }
-                }
-            }
-            TrackingCommand::Again {
-                command,
-                redirect,
-                unquote,
-                carries,
-            } => {
-                let reply = self.tracking_again(command, redirect, carries).await;
-                unquoted(reply, unquote)
-            }
-            TrackingCommand::Caching { command, yes } => {
-                let Some(tracking) = self.routing.cluster().and_then(|c| c.tracking.as_deref())
-                else {
-                    return crate::protocol::answers::tracking_lost("the cluster");
-                };
-                let conns: Vec<_> = tracking.conns.iter().map(|c| c.tx.clone()).collect();
-                match ask_all(&conns, &command).await {
-                    Ok(reply) => {
-                        if reply.first() == Some(&b'+') {
-                            let pending = if yes { CACHING_YES } else { CACHING_NO };
-                            tracking.caching.store(pending, Ordering::Relaxed);
-                        }
-                        reply
-                    }
-                    Err(reply) => {
-                        self.input.closing = true;
-                        reply
-                    }
-                }
-            }
-            TrackingCommand::Stop => {
-                if let Some(c) = self.routing.cluster_mut()
-                    && let Some(tracking) = c.tracking.take()
-                    && self
-                        .conn
-                        .dedicated
-                        .as_ref()
-                        .is_some_and(|d| tracking.holds(&d.tx))
-                {
-                    // It would keep a tracking connection open (checked unpinned in
-                    // `tracking_route`).
-                    self.conn.dedicated = None;
-                }
-                Bytes::from_static(b"+OK\r\n")
-            }
-            TrackingCommand::Lost(reply) => {
-                self.input.closing = true;
-                reply
-            }
-        }
-    }
-
-    /// Opens a tracking connection to every primary and sends `command` on each (with a
-    /// redirect, the one naming the redirect's connection on that node): `+OK` once every
-    /// primary tracks, else the first refusal (and nothing is left on). `carries`: those
-    /// connections carry the session's commands.
-    async fn tracking_on(
-        &mut self,
-        command: Bytes,
-        carries: bool,
-        redirect: Option<Box<Redirect>>,
-    ) -> Bytes {
-        let (conns, checked) = match Box::pin(
-            self.open_everywhere(TRACKING_CONN, crate::protocol::answers::tracking_lost),
-        )
-        .await
-        {
-            Ok(opened) => opened,
-            Err(reply) => return reply,
-        };
-        if let Some(r) = redirect.as_deref().filter(|r| r.summon)
-            && let Err(reply) = self.summon_listeners(r.client).await
-        {
-            return reply;
-        }
-        let asked = ask_each(&conns, &self.ctx.client_ids, &command, redirect.as_deref()).await;
-        match asked {
-            Ok(reply) if reply.first() == Some(&b'+') => {
-                let proto = self.client.proto;
-                if let Some(c) = self.routing.cluster_mut() {
-                    c.tracking = Some(Box::new(ClusterTracking {
-                        conns,
-                        carries,
-                        redirect: redirect.map(|r| r.client),
-                        proto,
-                        caching: AtomicU8::new(0),
-                        checked,
-                    }));
-                }
-                if carries {
-                    // A dedicated connection kept from a blocking command (not pinned:
-                    // `tracking_start`) reads untracked; the next one is a tracking one.
-                    self.conn.dedicated = None;
-                }
-                reply
-            }
-            Ok(reply) | Err(reply) => reply,
-        }
-    }
-
-    /// A connection of the session's own to every primary of the map (tracking's, or the
-    /// client's login's: `kind`, their `conn_id` bits), and the map generation they were
-    /// opened against; the client's error reply when one could not be opened (`lost`: the
-    /// kind's words when there is no map).
-    pub(super) async fn open_everywhere(
-        &mut self,
-        kind: u64,
-        lost: fn(&str) -> Bytes,
-    ) -> Result<(Vec<NodeConn>, AtomicU64), Bytes> {
-        let Some(router) = self.routing.router().cloned() else {
-            return Err(lost("the cluster"));
-        };
-        let checked = AtomicU64::new(router.snapshot_id());
-        let primaries: Vec<u16> = router.snapshot().primaries().to_vec();
-        let Some(c) = self.routing.cluster_mut() else {
-            return Err(lost("the cluster"));
-        };
-        // Ids never reused, so the end of a connection closed earlier (an OFF, a RESET) is
-        // not taken for one of these.
-        c.own_starts += 1;
-        let start = c.own_starts << 16;
-        let mut conns = Vec::with_capacity(primaries.len());
-        for (i, node) in primaries.into_iter().enumerate() {
-            let id = kind | start | i as u64;
-            let push = self.push_target(id);
-            let conn = self
-                .open_node_conn(&router, node, id, push, Stock::Dial)
-                .await?;
-            conns.push(conn);
-        }
-        Ok((conns, checked))
-    }
-
-    /// Whether `frame` is a RESP3 invalidation of every key (a flush) right behind the same
-    /// (`last`: the frame it would follow, not yet written), in front of a cluster: a
-    /// FLUSHALL or FLUSHDB sent to every primary flushes each node, and each tells its
-    /// tracking connection "everything", where one Redis tells the client once. A second
-    /// null with nothing written between is the same news (the client cached nothing since
-    /// the first), so it is dropped.
-    pub(in crate::session) fn redundant_flush(&self, frame: &[u8], last: Option<&Bytes>) -> bool {
-        frame == FLUSHED
-            && self.routing.cluster().is_some()
-            && last.is_some_and(|last| last[..] == *frame)
-    }
-
-    /// Hook in `follow_redirects` for what is not a batch reply: an invalidation from a
-    /// tracking connection is queued behind the replies still due (see the module comment);
-    /// a tracking connection that ended ends the session. Returns `true`: consumed.
-    pub(in crate::session) fn tracking_event(&mut self, msg: &mut Reply) -> bool {
-        if self.routing.cluster().is_none_or(|c| c.tracking.is_none()) {
-            return false;
-        }
-        match msg {
-            Reply::Push(frame, permits) if frame.starts_with(INVALIDATE) => {
-                let permits = std::mem::take(permits);
-                if self.client.proto == 2 {
-                    // Redis sends none to a RESP2 client without a redirect.
-                    self.return_permits(permits);
-                } else if self.redundant_flush(frame, self.queue.before_due()) {
-                    self.return_permits(permits);
-                } else {
-                    let frame = self.visible(std::mem::take(frame));
-                    self.queue.behind_due(frame, permits);
-                }
-                true
-            }
-            Reply::PinnedClosed(id) if is_tracking_conn(*id) => {
-                let id = *id;
-                let ours = self
-                    .routing
-                    .cluster()
-                    .and_then(|c| c.tracking.as_deref())
-                    .is_some_and(|t| t.conns.iter().any(|c| c.id == id));
-                if ours {
-                    tracing::warn!(
-                        id = self.client.id,
-                        "a tracking connection ended; the client is disconnected so its cache starts over"
-                    );
-                    self.input.closing = true;
-                }
-                true
-            }
-            _ => false,
-        }
     }
 }
 

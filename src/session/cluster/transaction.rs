@@ -12,13 +12,13 @@
 //! proxy keeps reading and queuing while replies are on their way, so the request side may
 //! already be in the next transaction when this one's replies come back.
 
+use super::ClusterSession;
 use super::merge::{Merge, unexpected};
 use super::{Again, again_of};
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
-use crate::session::Session;
 use crate::topology::cluster::Router;
 use crate::upstream::Reply;
 use bytes::{Bytes, BytesMut};
@@ -68,7 +68,7 @@ enum ExecOutcome {
     Replay(Again),
 }
 
-impl Session {
+impl ClusterSession<'_> {
     /// Reads the replies of a batch that is part of a transaction (`how`), recording what
     /// was queued and, where a redirection means nothing ran, answering in its place: queued
     /// commands `+QUEUED`, EXEC with the replayed transaction's result (or null under WATCH).
@@ -80,19 +80,15 @@ impl Session {
         let Reply::Batch { data, seq, .. } = msg else {
             return;
         };
-        let (Some(router), Some(sent)) = (self.routing.router().cloned(), self.sent_of(*seq))
-        else {
+        let router = self.cluster.router.clone();
+        let Some(sent) = self.queue.sent_of(*seq) else {
             return;
         };
         let (bytes, proto, from) = (sent.bytes.clone(), sent.proto, sent.node);
         let commands = split_commands(&bytes, &self.ctx.codec);
         let mut frames = crate::protocol::reply::split(data);
         let origin = router.addr(from);
-        let mut log = self
-            .routing
-            .cluster_mut()
-            .and_then(|c| c.tx_log.take())
-            .unwrap_or_default();
+        let mut log = self.cluster.tx_log.take().unwrap_or_default();
         let mut changed = false;
         for (command, frame) in commands.iter().zip(frames.iter_mut()) {
             match command_name(command, &self.ctx.codec) {
@@ -136,10 +132,8 @@ impl Session {
                 _ => {}
             }
         }
-        if let Some(c) = self.routing.cluster_mut()
-            && log.open
-        {
-            c.tx_log = Some(log);
+        if log.open {
+            self.cluster.tx_log = Some(log);
         }
         if changed {
             *data = frames.concat().into();
