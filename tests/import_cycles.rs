@@ -28,27 +28,21 @@ use std::path::{Path, PathBuf};
 /// Strongly connected groups of modules that are known and being cut elsewhere; each found
 /// cycle must lie within one of them.
 const PENDING: &[&[&str]] = &[
-    // `Session`, its parts and `Action` are defined in `session/mod.rs`, which names the
-    // children whose types it holds (cluster's `Gather`, `Spread`, `Prepare`, the routing
-    // state, `summon`, `audited`); the children name those parts back. Since 2026-12-07 no
-    // mode file is `impl Session` (cluster steps are methods of `cluster::ClusterSession`
-    // and `ClusterView`, Sentinel's of `replica_reads::ReplicaReads`), so `forward`,
-    // `proxy_commands`, `queue`, `replica_reads` and `scatter` are in the group only because
-    // the mode code calls their free functions (`register_upstream`, `take_share`,
-    // `proxy_info`, `observe`, `failed_reads`, `cut_segment`), which take the parts
-    // defined in `mod.rs`. What is left to cut (issue 29): the parts and `Action` into
-    // modules below the children, and the cluster's own plan types (`Gather`, `Spread` and
-    // their payloads) below the files that carry them out.
+    // Since 2026-12-07 `Session` (`session/mod.rs`) and its parts (`context`, `client`,
+    // `conn`, `reply_queue`, `input`, `run`, `effect`) are below everything that works on
+    // them, and no mode file is `impl Session`. What is left (issue 29): `Action` holds the
+    // cluster's plans (`cluster::Gather`, `Spread`, `Prepare`) and `summon::Summon`, whose
+    // files carry them out and produce `Action`s; `ClusterState` (`routing`) holds the
+    // per-node state types defined in the cluster files that work on the view of it; and
+    // the mode code calls free functions of files that call the mode (`forward`, `route`,
+    // `replica_reads`, `proxy_commands`, `scatter`).
     &[
-        "session",
-        "session::audited",
+        "session::action",
         "session::cluster",
         "session::cluster::exchange",
         "session::cluster::gather",
-        "session::cluster::info",
         "session::cluster::keyspace",
         "session::cluster::login",
-        "session::cluster::merge",
         "session::cluster::monitor",
         "session::cluster::place",
         "session::cluster::redirect",
@@ -59,15 +53,11 @@ const PENDING: &[&[&str]] = &[
         "session::cluster::transaction",
         "session::cluster::view",
         "session::forward",
-        "session::io",
         "session::proxy_commands",
-        "session::queue",
         "session::replica_reads",
-        "session::replies",
         "session::route",
         "session::routing",
         "session::scatter",
-        "session::spread",
         "session::summon",
     ],
 ];

@@ -4,36 +4,13 @@
 //! its reply comes back (its latency and size are known). Kept here so the session's own
 //! code carries one call at each of those places.
 
-use super::{Action, Command, Decision, Joining, Session, Target};
+use super::Session;
+use super::action::{Action, Command, Decision, Joining};
+use super::audit_draft::{Draft, Slot};
+use super::conn::Target;
 use crate::observe::audit::{self, Entry, Outcome};
 use crate::observe::metrics::CommandOutcome;
 use tokio::time::Instant;
-
-/// What the audit trail and the keyspace statistics took from a decided command.
-pub(super) struct Draft {
-    /// Its audit entry so far (the outcome is set when it is dispatched).
-    entry: Option<Entry>,
-    /// Its keyspace measurement, counted if it is forwarded.
-    measured: Option<crate::observe::keyspace::Measured>,
-}
-
-/// Where a command keeps its draft until it is dispatched: taken (not copied) by the one
-/// place that completes it. A lock around it rather than a plain `Option` because the
-/// command is only borrowed there, across awaits (so it must be `Sync`); boxed, so the
-/// pending command grows by one word, and a command without a draft (nearly all: no audit
-/// trail, no keyspace statistics) touches no atomic at all. An `ArcSwapOption` did the job
-/// before, but its swap and its drop wait for readers on every command: 1.9% of the
-/// proxy's CPU at `-P 16` in cluster mode (perf, 2026-12-05).
-#[derive(Default)]
-pub(super) struct Slot(Option<Box<std::sync::Mutex<Option<Draft>>>>);
-
-impl Slot {
-    /// The draft, once.
-    fn take(&self) -> Option<Draft> {
-        let lock = self.0.as_ref()?;
-        lock.lock().map_or(None, |mut d| d.take())
-    }
-}
 
 impl Session {
     /// The draft of the command just decided from `frame`, when the audit trail or the

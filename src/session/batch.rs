@@ -1,11 +1,12 @@
 //! Building runs: decoded commands joined into one batch per upstream connection, or sent alone.
 
-use super::audited;
+use super::Session;
+use super::action::{Action, Command, Decision, Dispatch, Flow, Joining, Lone, Now, Pending};
+use super::client::ReplyMode;
+use super::conn::Target;
+use super::effect::Effect;
 use super::forward::Blocked;
-use super::{
-    Action, Command, Decision, Dispatch, Effect, Flow, Joining, Lone, Now, Pending, ReplyMode, Run,
-    Session, Target,
-};
+use super::run::Run;
 use crate::observe::metrics::CommandOutcome;
 use crate::protocol::codec::Decoded;
 use crate::protocol::error::{ClientError, ProxyError, error_reply};
@@ -145,7 +146,7 @@ impl Session {
                 len,
                 spec: crate::commands::lookup(name, arg(1)),
                 kind: classify::classify(name),
-                audit: audited::Slot::default(),
+                audit: super::audit_draft::Slot::default(),
                 again,
             }
         };

@@ -48,7 +48,7 @@ mod view;
 
 use gather::{Fanout, Scan, Split};
 pub(super) use place::as_standalone;
-pub(super) use transaction::{InTransaction, TxLog};
+pub(super) use transaction::TxLog;
 pub(super) use view::{ClusterSession, ClusterView};
 
 /// A cluster command the session answers itself, after every earlier command has run:
@@ -87,7 +87,7 @@ pub(super) enum Spread {
 
 impl Spread {
     /// The command as decided, taken to be forwarded.
-    pub(super) fn into_then(self) -> super::Action {
+    pub(super) fn into_then(self) -> super::action::Action {
         match self {
             Spread::Keyspace(f) => f.then,
             Spread::Monitor(f) => f.then,
@@ -95,7 +95,7 @@ impl Spread {
     }
 
     /// The command as decided, forwarded once the other primaries are done.
-    pub(super) fn then(&self) -> &super::Action {
+    pub(super) fn then(&self) -> &super::action::Action {
         match self {
             Spread::Keyspace(f) => &f.then,
             Spread::Monitor(f) => &f.then,
@@ -133,7 +133,7 @@ impl ClusterSession<'_> {
 
     /// Carries out the other primaries' part of `spread`; returns the command for the home
     /// connection.
-    pub(super) async fn spread(&mut self, spread: Spread) -> super::Action {
+    pub(super) async fn spread(&mut self, spread: Spread) -> super::action::Action {
         match spread {
             Spread::Keyspace(fanout) => self.keyspace_fanout(fanout).await,
             Spread::Monitor(fanout) => self.monitor_fanout(fanout).await,
@@ -176,7 +176,7 @@ impl ClusterSession<'_> {
             .queue
             .slot_of(*seq)
             .and_then(|i| self.queue.slots.get(i));
-        matches!(slot, Some(super::Slot::Upstream { handling, .. })
+        matches!(slot, Some(super::reply_queue::Slot::Upstream { handling, .. })
             if handling.name.is_some_and(|spec| names.contains(&spec.name)))
         .then_some(data)
     }

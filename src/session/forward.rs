@@ -1,13 +1,17 @@
 //! Forwarding: runs and commands sent to their upstream connection, and what a failed send
 //! leaves behind.
 
+use super::Session;
+use super::action::{Lone, Outgoing};
+use super::client::{ClientState, ReplyMode};
 use super::cluster::tracking::OwnConn;
+use super::conn::{Dedicated, Holds, Target, Transaction};
+use super::context::Context;
+use super::effect::Effect;
+use super::reply_queue::{Handling, HelloAuth, PUSH_BUDGET, Sent, Slot, WAIT_BARRIER};
 use super::routing::Routing;
+use super::run::Run;
 use super::scatter::cut_segment;
-use super::{
-    ClientState, Context, Dedicated, Effect, Handling, HelloAuth, Holds, Lone, Outgoing,
-    PUSH_BUDGET, ReplyMode, Run, Sent, Session, Slot, Target, Transaction, WAIT_BARRIER, cluster,
-};
 use crate::protocol::answers;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::protocol::reply::SubKind;
@@ -275,7 +279,7 @@ impl Session {
                     redirects: 0,
                     wait: ReplyWait::Prompt,
                     hash_slots,
-                    transaction: cluster::InTransaction::No,
+                    transaction: super::conn::InTransaction::No,
                 }))
             }
             (Target::Dedicated(node), _, Some(transaction)) => Some(Box::new(Sent {
@@ -385,13 +389,13 @@ impl Session {
     /// have; a blocking command, followed to the new node; a WATCH, which may start over on
     /// another node if the map was stale (see `redirect_dedicated`), unless the connection is
     /// the client's own login.
-    pub(super) fn kept_dedicated(&self, frames: u32) -> Option<cluster::InTransaction> {
+    pub(super) fn kept_dedicated(&self, frames: u32) -> Option<super::conn::InTransaction> {
         if self.conn.in_multi() {
             (!self.conn.holds(Holds::OTHER_USER) && !self.conn.holds(Holds::CLIENT_MODE)).then_some(
                 if self.conn.holds(Holds::WATCH) {
-                    cluster::InTransaction::Watched
+                    super::conn::InTransaction::Watched
                 } else {
-                    cluster::InTransaction::Replayable
+                    super::conn::InTransaction::Replayable
                 },
             )
         } else {
@@ -400,7 +404,7 @@ impl Session {
             (frames == 1
                 && !self.conn.holds(Holds::OTHER_USER)
                 && (!self.pinned() || self.conn.holds(Holds::WATCH)))
-            .then_some(cluster::InTransaction::No)
+            .then_some(super::conn::InTransaction::No)
         }
     }
 

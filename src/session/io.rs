@@ -1,10 +1,12 @@
 //! The client's socket: the `select!` loop of one session, reads, writes and idle release.
 
+use super::Session;
+use super::client::{ClientState, ReplyMode};
+use super::conn::ConnState;
+use super::context::Context;
+use super::input::{FIRST_READ, Input, READ_CHUNK};
+use super::reply_queue::{ReplyQueue, Slot};
 use super::routing::Routing;
-use super::{
-    ClientState, ConnState, Context, FIRST_READ, Input, READ_CHUNK, ReplyMode, ReplyQueue, Session,
-    Slot,
-};
 use crate::listen::ClientStream;
 use crate::listen::stream::{ClientRead, ClientWrite};
 use crate::upstream::{Reply, ReplyReceiver};

@@ -1,8 +1,10 @@
 //! The proxy's own commands: `PROXY INFO | POLICY | RELOAD | SLOWLOG | KEYSPACE | HELP`, for
 //! admin tenants only (`access.admin_tenants`), and the `# Proxy` section INFO gains.
 
+use super::Session;
+use super::client::ClientState;
+use super::context::Context;
 use super::route::Args;
-use super::{ClientState, Context, Session};
 use crate::policy::Outcome;
 use crate::protocol::{answers, codec};
 use std::fmt::Write;

@@ -1,159 +1,15 @@
 //! The reply stream: upstream replies put in their place, shaped, and written in request order.
 
+use super::conn::Holds;
 use super::replies::{apply_mask, filter_exec};
-use super::{Handling, Holds, PUSH_BUDGET, ReplyQueue, Sent, Session, Slot, replies};
+use super::reply_queue::{Handling, Slot};
+use super::{Session, replies};
 use crate::commands::CommandSpec;
 use crate::operations::ops::Ops;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::upstream::Reply;
 use bytes::Bytes;
-use std::sync::Arc;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
-
-impl ReplyQueue {
-    /// Gives back the push budget of a push that is not written to the client.
-    pub(super) fn return_permits(&self, permits: u32) {
-        if let Some(budget) = &self.push_budget {
-            budget.add_permits(permits as usize);
-        }
-    }
-
-    /// The batch the reply with this `seq` answers, as it was sent (recorded for the
-    /// batches a redirection or a failed replica may need sent again).
-    pub(super) fn sent_of(&self, seq: u16) -> Option<&Sent> {
-        match self.slot_of(seq).and_then(|i| self.slots.get(i)) {
-            Some(Slot::Upstream {
-                sent: Some(sent), ..
-            }) => Some(sent),
-            _ => None,
-        }
-    }
-
-    /// Takes the slot at `at` out of the reply order (the head is removed, a later one left
-    /// as an empty placeholder until its reply is in).
-    pub(super) fn take(&mut self, at: Option<usize>) -> Option<Slot> {
-        match at {
-            Some(0) => self.slots.pop_front(),
-            Some(i) => Some(std::mem::replace(
-                &mut self.slots[i],
-                Slot::Local(Bytes::new()),
-            )),
-            None => None,
-        }
-    }
-
-    /// The replies pushed to `out` from `mark` on answer the slot at `at`: written now when
-    /// it heads the reply order (with the proxy-made replies behind it), else kept in its
-    /// slot until the earlier ones are in.
-    pub(super) fn settle(&mut self, at: usize, mark: usize) {
-        if at == 0 {
-            self.flush_local_slots();
-            return;
-        }
-        let mut own = self.out.split_off(mark);
-        let reply = match own.len() {
-            1 => own.pop().unwrap_or_default(),
-            _ => own.concat().into(),
-        };
-        self.slots[at] = Slot::Local(reply);
-    }
-
-    /// The budget of unwritten push bytes shared with dedicated connections, created on
-    /// first use.
-    pub(super) fn push_budget(&mut self) -> Arc<Semaphore> {
-        self.push_budget
-            .get_or_insert_with(|| Arc::new(Semaphore::new(PUSH_BUDGET as usize)))
-            .clone()
-    }
-    /// The session's reply channel, created on first use.
-    pub(super) fn reply_sender(&mut self) -> crate::upstream::ReplySender {
-        match &self.reply_tx {
-            Some(tx) => tx.clone(),
-            None => {
-                let (tx, rx) = crate::upstream::reply_channel();
-                self.reply_tx = Some(tx.clone());
-                self.new_reply_rx = Some(rx);
-                tx
-            }
-        }
-    }
-    /// Whether `out` waits for the next slot due before it is written: that slot's commands
-    /// came in the same read as the reply that last reached `out`, and Redis answers them
-    /// promptly (not a blocking command, which may wait for its own timeout). Replies the
-    /// client's earlier reads are owed never wait behind a later read's.
-    pub(super) fn holds_out(&self) -> bool {
-        self.out_read.is_some_and(|read| {
-            matches!(
-                self.slots.front(),
-                Some(Slot::Upstream { read_at, handling, .. })
-                    if *read_at == read
-                        && !handling.blocking
-                        && handling.wait == crate::upstream::ReplyWait::Prompt
-            )
-        })
-    }
-
-    /// Moves proxy-made replies and held pushes at the head of the order to the output.
-    pub(super) fn flush_local_slots(&mut self) {
-        while let Some(Slot::Local(_) | Slot::Push { .. }) = self.slots.front() {
-            match self.slots.pop_front() {
-                Some(Slot::Local(b)) if !b.is_empty() => self.out.push(b),
-                Some(Slot::Push { frame, permits }) => {
-                    self.out.push(frame);
-                    self.out_permits += permits;
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Where `behind_due` puts a push: before the first blocking command's slot, else last.
-    fn behind_due_at(&self) -> usize {
-        self.slots
-            .iter()
-            .position(|s| matches!(s, Slot::Upstream { handling, .. } if handling.blocking))
-            .unwrap_or(self.slots.len())
-    }
-
-    /// The frame a push queued by `behind_due` would follow, while not yet written to the
-    /// client (`None`: written, or a reply still due).
-    pub(super) fn before_due(&self) -> Option<&Bytes> {
-        match self.behind_due_at() {
-            0 => self.out.last(),
-            at => match self.slots.get(at - 1) {
-                Some(Slot::Push { frame, .. }) => Some(frame),
-                _ => None,
-            },
-        }
-    }
-
-    /// Queues a push behind every reply still due, but before the first blocking command's
-    /// (which may wait forever): written at once when none is due before that.
-    pub(super) fn behind_due(&mut self, frame: Bytes, permits: u32) {
-        let at = self.behind_due_at();
-        if at == 0 {
-            self.out.push(frame);
-            self.out_permits += permits;
-        } else {
-            self.slots.insert(at, Slot::Push { frame, permits });
-        }
-    }
-    /// The position of the slot a reply with this `seq` answers.
-    pub(super) fn slot_of(&self, seq: u16) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
-    }
-    /// Queues a proxy-made reply in order.
-    pub(super) fn local(&mut self, reply: Bytes) {
-        if self.slots.is_empty() {
-            self.out.push(reply);
-        } else {
-            self.slots.push_back(Slot::Local(reply));
-        }
-    }
-}
 
 impl Session {
     /// Handles one message from an upstream connection.
@@ -279,8 +135,8 @@ impl Session {
         }
         if let Some(hello) = handling.hello_auth {
             let outcome = match &error {
-                Some(_) => super::HelloOutcome::Refused,
-                None => super::HelloOutcome::of(&hello.options, &data),
+                Some(_) => super::reply_queue::HelloOutcome::Refused,
+                None => super::reply_queue::HelloOutcome::of(&hello.options, &data),
             };
             self.settle_hello_auth(*hello, outcome);
         }
@@ -335,10 +191,14 @@ impl Session {
     /// asked for; refused, a client that was on the proxy's login is again (the connection
     /// dialled for its AUTH, left in RESP2 or unauthenticated, is dropped unless other state
     /// holds it).
-    fn settle_hello_auth(&mut self, hello: super::HelloAuth, outcome: super::HelloOutcome) {
+    fn settle_hello_auth(
+        &mut self,
+        hello: super::reply_queue::HelloAuth,
+        outcome: super::reply_queue::HelloOutcome,
+    ) {
         match outcome {
-            super::HelloOutcome::Accepted => {
-                self.apply(super::Effect::Hello(hello.proto));
+            super::reply_queue::HelloOutcome::Accepted => {
+                self.apply(super::effect::Effect::Hello(hello.proto));
                 if hello.options.name.is_some() {
                     self.name_client(hello.options.name);
                 }
@@ -348,7 +208,7 @@ impl Session {
             // own credentials; it is told the client's protocol before anything else of the
             // session reaches it (later commands wait for this reply to be decided), or the
             // next command would find it unusable (state fuzzer, seed 70117499).
-            super::HelloOutcome::LoggedIn => {
+            super::reply_queue::HelloOutcome::LoggedIn => {
                 if hello.options.name.is_some() {
                     self.name_client(hello.options.name);
                 }
@@ -360,13 +220,13 @@ impl Session {
                     d.proto = proto;
                 }
             }
-            super::HelloOutcome::Refused if hello.first_login => {
+            super::reply_queue::HelloOutcome::Refused if hello.first_login => {
                 self.conn.held.remove(Holds::OTHER_USER);
                 if !self.pinned() {
                     self.conn.dedicated = None;
                 }
             }
-            super::HelloOutcome::Refused => {}
+            super::reply_queue::HelloOutcome::Refused => {}
         }
     }
 

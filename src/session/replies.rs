@@ -201,7 +201,7 @@ pub(super) fn map_redirect(data: Bytes, client: impl Fn(u64) -> Option<u64>) -> 
 mod tests {
     use super::*;
     use crate::protocol::codec::{CodecLimits, Decoded};
-    use crate::session::WAIT_BARRIER;
+    use crate::session::reply_queue::WAIT_BARRIER;
 
     #[test]
     fn wait_barrier_is_one_well_formed_command() {

@@ -1,11 +1,12 @@
 //! Deciding what to do with one command: the policy verdict, then the route (shared or
 //! dedicated connection, proxy-answered, refused) and the session state it changes.
 
+use super::action::{Action, Command, Decision};
+use super::client::ReplyMode;
+use super::conn::{Holds, Target};
+use super::effect::{Effect, LocalEffect};
 use super::pause::Paused;
-use super::{
-    Action, Command, Decision, Effect, Holds, LocalEffect, ReplyMode, Session, Target, client_kill,
-    client_list, config_get, replies, summon,
-};
+use super::{Session, client_kill, client_list, config_get, replies, summon};
 use crate::commands::classify::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
 use crate::policy::script_user::State;

@@ -5,28 +5,18 @@
 //! An enum rather than a trait object: nothing is boxed per call and the session future
 //! stays small.
 
+use super::context::Upstreams;
 use std::sync::Arc;
 
 use super::cluster::{keyspace, shard_subs, tracking};
-use super::{Run, Target, cluster, spread};
+use super::conn::Target;
+use super::run::Run;
+use super::{cluster, spread};
 use tokio::sync::mpsc;
 
 use crate::upstream::Batch;
 use crate::upstream::pool::Pool;
 use crate::upstream::replicas::Replicas;
-
-/// Which kind of upstream the proxy fronts, shared by every session.
-pub(crate) enum Upstreams {
-    /// One Redis server.
-    Standalone,
-    /// A Sentinel-managed primary; with `read_from: replica`, the replicas reads may go to.
-    Sentinel {
-        /// `None` unless `read_from: replica`, so other sessions take no replica branch.
-        replicas: Option<Arc<Replicas>>,
-    },
-    /// A Redis Cluster, through its router (slot map, node pools).
-    Cluster(Arc<crate::topology::cluster::Router>),
-}
 
 /// One session's routing state, by upstream mode.
 pub(super) enum Routing {
@@ -517,7 +507,7 @@ impl super::Session {
 
     /// Carries out the other primaries' part of `spread` (`Action::Spread`); returns the
     /// command for the home connection.
-    pub(super) async fn spread(&mut self, spread: cluster::Spread) -> super::Action {
+    pub(super) async fn spread(&mut self, spread: cluster::Spread) -> super::action::Action {
         match self.cluster_session() {
             Some(mut cluster) => cluster.spread(spread).await,
             None => spread.into_then(),
@@ -537,7 +527,7 @@ impl super::Session {
     pub(super) fn own_login(&self) -> bool {
         match self.cluster_view() {
             Some(cluster) => cluster.own_login(),
-            None => self.conn.holds(super::Holds::OTHER_USER),
+            None => self.conn.holds(super::conn::Holds::OTHER_USER),
         }
     }
 }

@@ -14,8 +14,10 @@
 use bytes::{Bytes, BytesMut};
 
 use super::cluster::ClusterSession;
+use super::conn::Target;
 use super::queue::observe;
-use super::{Handling, ReplyQueue, Run, Slot, Target};
+use super::reply_queue::{Handling, ReplyQueue, Slot};
+use super::run::Run;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use bytes::Buf;
 use tokio::time::Instant;
@@ -84,7 +86,11 @@ impl ClusterSession<'_> {
             // Room for the rest of what was read (the run's later commands are in it), up
             // to a read's worth more: the run's commands are appended without a growth per
             // doubling (cluster `-P 16`: 0.4 reallocations per request).
-            let room = self.input.rbuf.len().min(current.len + super::READ_CHUNK);
+            let room = self
+                .input
+                .rbuf
+                .len()
+                .min(current.len + super::input::READ_CHUNK);
             let mut owned = BytesMut::with_capacity(room);
             owned.extend_from_slice(&self.input.rbuf[..current.len]);
             current.owned = Some(owned);

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::Target;
+use super::conn::Target;
 
 /// Per-slot in-flight commands of one cluster session.
 #[derive(Default)]

@@ -1,7 +1,10 @@
 //! Connection state: what a dispatched command changes, and what that state means for routing.
 
-use super::client_list::ClientList;
-use super::{ClientState, ConnState, Effect, Holds, ReplyMode, Session, Slot, Target, Transaction};
+use super::Session;
+use super::client::ReplyMode;
+use super::conn::{Holds, Target, Transaction};
+use super::effect::Effect;
+use super::reply_queue::Slot;
 use crate::commands::classify::Kind;
 use crate::protocol::reply::SubKind;
 use crate::upstream::{Batch, Expect, ReplyWait};
@@ -33,104 +36,6 @@ pub(super) async fn reset_upstream<'a>(conns: impl Iterator<Item = &'a mpsc::Sen
         if rx.recv().await.is_none() {
             break;
         }
-    }
-}
-
-impl Holds {
-    /// WATCH is in force.
-    pub(super) const WATCH: Holds = Holds(1);
-    /// SUBSCRIBE/PSUBSCRIBE channels or patterns are held.
-    pub(super) const SUBSCRIPTIONS: Holds = Holds(2);
-    /// The connection is in MONITOR mode.
-    pub(super) const MONITOR: Holds = Holds(4);
-    /// CLIENT TRACKING/CACHING/NO-EVICT/NO-TOUCH was set.
-    pub(super) const CLIENT_MODE: Holds = Holds(8);
-    /// Authenticated upstream as a user other than the pool's.
-    pub(super) const OTHER_USER: Holds = Holds(16);
-    /// SSUBSCRIBE was sent on it (standalone): a classic UNSUBSCRIBE counting none left
-    /// does not release the connection then, since its count omits shard channels.
-    pub(super) const SHARD_SUBSCRIPTIONS: Holds = Holds(32);
-
-    pub(super) fn insert(&mut self, h: Holds) {
-        self.0 |= h.0;
-    }
-
-    pub(super) fn remove(&mut self, h: Holds) {
-        self.0 &= !h.0;
-    }
-
-    pub(super) fn contains(self, h: Holds) -> bool {
-        self.0 & h.0 != 0
-    }
-
-    pub(super) fn any(self) -> bool {
-        self.0 != 0
-    }
-
-    /// Whether anything but `h` is held.
-    pub(super) fn other_than(self, h: Holds) -> bool {
-        self.0 & !h.0 != 0
-    }
-}
-
-impl ConnState {
-    /// Whether `h` is held on the dedicated connection.
-    pub(super) fn holds(&self, h: Holds) -> bool {
-        self.held.contains(h)
-    }
-
-    /// Whether MULTI is open (sent or deferred).
-    pub(super) fn in_multi(&self) -> bool {
-        self.multi.is_some()
-    }
-
-    /// Cluster mode: MULTI is open but not sent yet.
-    pub(super) fn multi_deferred(&self) -> bool {
-        self.multi.as_ref().is_some_and(|m| m.deferred)
-    }
-
-    /// The policy refused a command in the open MULTI.
-    pub(super) fn multi_refused(&self) -> bool {
-        self.multi.as_ref().is_some_and(|m| m.refused)
-    }
-
-    /// The open MULTI was never sent upstream (see `Transaction::unopened`).
-    pub(super) fn multi_unopened(&self) -> bool {
-        self.multi.as_ref().is_some_and(|m| m.unopened)
-    }
-
-    /// State held on the dedicated connection that keeps the session on it; `db` is the
-    /// database the client selected (`ClientState::db`), which pins it too.
-    pub(super) fn stateful(&self, db: i64) -> bool {
-        self.in_multi() || self.pinned(db)
-    }
-
-    /// State that ties the session to its dedicated connection's node: `stateful` except a
-    /// MULTI the proxy has not sent yet.
-    pub(super) fn pinned(&self, db: i64) -> bool {
-        (self.in_multi() && !self.multi_deferred()) || self.held.any() || db != 0
-    }
-
-    /// The client's protocol changed to `proto` (HELLO): its dedicated connection speaks it
-    /// now too.
-    pub(super) fn follow_proto(&mut self, proto: u8) {
-        if let Some(d) = &mut self.dedicated {
-            d.proto = proto;
-        }
-    }
-}
-
-impl ClientState {
-    /// The client's CLIENT SETNAME (or HELLO SETNAME), in its `CLIENT LIST` row too.
-    pub(super) fn set_name(&mut self, list: &ClientList, name: Option<Bytes>) {
-        list.update(self.id, |r| r.names.set_name(name.clone()));
-        self.names.set_name(name);
-    }
-
-    /// The protocol the client negotiated with HELLO, in its `CLIENT LIST` row too.
-    pub(super) fn set_proto(&mut self, list: &ClientList, proto: u8) {
-        list.update(self.id, |r| r.resp = proto);
-        self.proto = proto;
     }
 }
 

@@ -22,7 +22,10 @@
 //! the wait is bounded (`dedicated_wait_ms` plus the connect timeout): a target that cannot
 //! open a connection, or does not answer in time, gives the caller an error saying so.
 
-use super::{Effect, Lone, Session, Target};
+use super::Session;
+use super::action::Lone;
+use super::conn::Target;
+use super::effect::Effect;
 use crate::policy::rewrite::Rewrite;
 use crate::protocol::answers;
 use crate::upstream::Expect;
@@ -68,7 +71,7 @@ impl Session {
                 self.answer_local(
                     len,
                     answers::redirect_target_unreachable(summon.client, &why),
-                    super::LocalEffect::None,
+                    super::effect::LocalEffect::None,
                 );
                 return true;
             }

@@ -26,7 +26,9 @@
 use super::shard_subs::Stock;
 use super::{ClusterSession, ClusterView};
 use crate::protocol::codec;
-use crate::session::{Action, Effect, Target};
+use crate::session::action::Action;
+use crate::session::conn::Target;
+use crate::session::effect::Effect;
 use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};

@@ -12,10 +12,12 @@ use crate::config::ReadFrom;
 use crate::protocol::answers::CrossSlotWhy;
 use crate::protocol::codec::Decoded;
 use crate::protocol::{answers, codec};
+use crate::session::action::{Action, Decision};
 use crate::session::client_ids::Upstream;
+use crate::session::conn::{Holds, Target};
+use crate::session::effect::{Effect, LocalEffect};
 use crate::session::replica_reads::replica_may_serve;
 use crate::session::route::Args;
-use crate::session::{Action, Decision, Effect, Holds, LocalEffect, Target};
 use crate::topology::cluster::{Router, slot};
 use bytes::Bytes;
 

@@ -4,16 +4,18 @@
 //! refused because its node was down is routed again once the map has changed.
 
 use super::exchange::lost_reply;
-use super::transaction::{self, InTransaction};
+use super::transaction;
 use super::{Again, again_of};
 use super::{ClusterSession, ClusterView};
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::UpstreamError;
 use crate::protocol::{answers, codec};
+use crate::session::conn::InTransaction;
+use crate::session::conn::{Dedicated, Holds, Target};
 use crate::session::forward::register_upstream;
 use crate::session::replica_reads::failed_reads;
-use crate::session::{Dedicated, Holds, PUSH_BUDGET, Slot, Target};
+use crate::session::reply_queue::{PUSH_BUDGET, Slot};
 use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply};

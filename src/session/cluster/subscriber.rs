@@ -9,7 +9,7 @@
 
 use super::ClusterSession;
 use crate::protocol::codec;
-use crate::session::{Dedicated, Holds};
+use crate::session::conn::{Dedicated, Holds};
 use crate::upstream::{Batch, Expect, ReplySender, ReplyWait, Subscriptions};
 
 impl ClusterSession<'_> {

@@ -71,10 +71,12 @@ use super::{ClusterSession, ClusterView};
 use crate::commands::grammar;
 use crate::policy::rewrite::Strip;
 use crate::protocol::{answers, codec};
+use crate::session::action::{Action, Decision};
 use crate::session::client_ids::ClientIds;
+use crate::session::conn::{Dedicated, Holds, Target};
+use crate::session::effect::Effect;
 use crate::session::forward::register_upstream;
 use crate::session::route::Args;
-use crate::session::{Action, Decision, Dedicated, Effect, Holds, Target};
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait, hello_command, unanswered};
 use bytes::Bytes;
@@ -736,7 +738,7 @@ impl ClusterView<'_> {
             {
                 return Some(Action::Local(
                     Bytes::from_static(b"+OK\r\n"),
-                    crate::session::LocalEffect::None,
+                    crate::session::effect::LocalEffect::None,
                 ));
             }
             return self

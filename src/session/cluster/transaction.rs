@@ -19,6 +19,7 @@ use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
+use crate::session::conn::InTransaction;
 use crate::topology::cluster::Router;
 use crate::upstream::Reply;
 use bytes::{Bytes, BytesMut};
@@ -33,18 +34,6 @@ const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
 
 const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
 const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
-
-/// A cluster batch's part in a transaction, decided when it is sent, for what a
-/// redirection inside it means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::session) enum InTransaction {
-    /// Not part of a transaction: redirections are followed command by command.
-    No,
-    /// Part of a transaction without WATCH: replayed on the new owner after a redirection.
-    Replayable,
-    /// Part of a transaction under WATCH: EXEC answers null after a redirection.
-    Watched,
-}
 
 /// The transaction open on the session's dedicated connection, as its replies show it.
 #[derive(Default)]

@@ -11,8 +11,12 @@
 
 use std::sync::Arc;
 
+use crate::session::client::ClientState;
+use crate::session::conn::ConnState;
+use crate::session::context::Context;
+use crate::session::input::Input;
+use crate::session::reply_queue::ReplyQueue;
 use crate::session::routing::ClusterState;
-use crate::session::{ClientState, ConnState, Context, Input, ReplyQueue};
 
 /// A cluster session's parts, borrowed exclusively: for the steps that send, receive and
 /// change state (gather, redirect, subscriptions, tracking, login).
