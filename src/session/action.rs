@@ -3,9 +3,9 @@
 
 use super::client::ReplyMode;
 use super::client_kill;
+use super::cluster::plan::{Gather, Prepare, Spread};
 use super::conn::Target;
 use super::effect::{Effect, LocalEffect};
-use super::{cluster, summon};
 use crate::commands::CommandSpec;
 use crate::commands::classify::Kind;
 use crate::upstream::Expect;
@@ -54,8 +54,8 @@ pub(super) enum Action {
         rewrite: Box<crate::policy::rewrite::Rewrite>,
     },
     /// Cluster mode: a command answered from several nodes, or by the session itself (see
-    /// `cluster::Gather`).
-    Gather(Box<cluster::Gather>),
+    /// `Gather`).
+    Gather(Box<Gather>),
     /// HELLO answered by the proxy: the upstream's reply with this client's id; `login` is
     /// the proxy user its AUTH option authenticated.
     Hello {
@@ -67,14 +67,14 @@ pub(super) enum Action {
     Kill(Box<client_kill::KillFilter>),
     /// CLIENT TRACKING … REDIRECT to a client of the tenant that has no dedicated connection:
     /// its session is asked to open one, then the command goes on naming it (`summon`).
-    Summon(Box<summon::Summon>),
+    Summon(Box<Summon>),
     /// Cluster mode: a command whose effect each node has for itself only (a keyspace
     /// notification subscription, MONITOR): done on every other primary too, then forwarded
-    /// as the action it carries (`cluster::Spread`).
-    Spread(Box<cluster::Spread>),
+    /// as the action it carries (`Spread`).
+    Spread(Box<Spreading>),
     /// Cluster mode: the session's own connections must follow a changed map first (see
-    /// `cluster::Prepare`); the command is then decided again (`Session::prepare_then`).
-    Prepare(Box<cluster::Prepare>),
+    /// `Prepare`); the command is then decided again (`Session::prepare_then`).
+    Prepare(Box<Prepare>),
 }
 
 /// What `decide` made of one command: the action, and in cluster mode the hash slot its keys
@@ -186,7 +186,7 @@ impl Action {
             } => Some((*target, *effect, Some(rewrite))),
             // Forwarded once the other primaries are done: rate limits and the audit see the
             // command it carries.
-            Action::Spread(spread) => spread.then().forwarded(),
+            Action::Spread(spread) => spread.then.forwarded(),
             _ => None,
         }
     }
@@ -221,4 +221,26 @@ impl Action {
             other => other,
         }
     }
+}
+
+/// A `CLIENT TRACKING` waiting for its redirect target's upstream id.
+pub(super) struct Summon {
+    /// The proxy id of the target client.
+    pub(crate) client: u64,
+    /// The position of the redirect's id in the command.
+    pub(crate) at: usize,
+    /// The command's arguments, to send with the id replaced once it is known.
+    pub(crate) args: Vec<Bytes>,
+    /// Where the TRACKING goes (the caller's dedicated connection).
+    pub(crate) target: Target,
+}
+
+/// A forwarded command whose effect each primary has for itself (`Spread`): the
+/// other primaries' part, then the command as decided. `then` is here rather than in the
+/// plan so the cluster's plans stay below `Action`.
+pub(super) struct Spreading {
+    /// What the other primaries do first.
+    pub(super) spread: Spread,
+    /// The command as decided, forwarded once the other primaries are done.
+    pub(super) then: Action,
 }

@@ -216,7 +216,7 @@ impl Session {
         }
     }
 
-    /// The session's own connections follow a changed map (`cluster::Prepare`), once
+    /// The session's own connections follow a changed map (`cluster::plan::Prepare`), once
     /// nothing is in flight; then the command is decided again, and carried out as any
     /// (rate limits, audit). A second `Prepare` for it (the map changed again meanwhile)
     /// closes the client with the reason rather than loop.
@@ -224,7 +224,7 @@ impl Session {
         &mut self,
         run: &mut Run,
         mut command: Command,
-        prepare: super::cluster::Prepare,
+        prepare: super::cluster::plan::Prepare,
     ) -> Flow {
         self.flush_run(run).await;
         if self.queue.inflight > 0 {
@@ -436,7 +436,7 @@ impl Session {
         let outcome = match &action {
             Action::Forward { .. } => CommandOutcome::Forwarded,
             Action::Rewritten { .. } => CommandOutcome::Rewritten,
-            Action::Spread(spread) if matches!(spread.then(), Action::Rewritten { .. }) => {
+            Action::Spread(spread) if matches!(spread.then, Action::Rewritten { .. }) => {
                 CommandOutcome::Rewritten
             }
             Action::Spread(_) => CommandOutcome::Forwarded,

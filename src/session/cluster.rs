@@ -25,10 +25,11 @@
 //! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
 //! and `exchange` and `merge` below them all. What two of them share is here.
 
-use crate::topology::cluster::Redirect;
 use bytes::Bytes;
+use plan::{Prepare, Spread};
 use std::sync::Arc;
 
+mod again;
 mod exchange;
 mod gather;
 mod hll;
@@ -38,89 +39,18 @@ pub(super) mod login;
 mod merge;
 pub(super) mod monitor;
 mod place;
+pub(super) mod plan;
 mod redirect;
 pub(super) mod shard_subs;
 mod sort;
+pub(super) mod state;
 mod subscriber;
 pub(super) mod tracking;
 mod transaction;
 mod view;
 
-use gather::{Fanout, Scan, Split};
 pub(super) use place::as_standalone;
-pub(super) use transaction::TxLog;
 pub(super) use view::{ClusterSession, ClusterView};
-
-/// A cluster command the session answers itself, after every earlier command has run:
-/// from several nodes (their replies gathered into one), or from its own state.
-pub(super) enum Gather {
-    /// A whole-keyspace command sent to every primary, the replies merged.
-    Fanout(Fanout),
-    /// A multi-key command split by slot, the parts' replies joined; or a set read across
-    /// slots (SUNION…), its keys' members gathered and combined.
-    Split(Split),
-    /// One step of a SCAN over every primary.
-    Scan(Scan),
-    /// SORT with `BY`/`GET` patterns: the elements, their weights and values read from
-    /// their nodes, sorted here (see `sort`).
-    Sort(sort::SortGather),
-    /// SSUBSCRIBE/SUNSUBSCRIBE, answered over the per-node pub/sub connections (see
-    /// `shard_subs`).
-    ShardPubSub(shard_subs::ShardCommand),
-    /// CLIENT TRACKING in broadcasting mode, answered over a tracking connection per
-    /// primary (see `tracking`).
-    Tracking(tracking::TrackingCommand),
-    /// The client's own login (AUTH, HELLO AUTH), sent on a connection per primary (see
-    /// `login`).
-    Login(login::LoginCommand),
-}
-
-/// A forwarded command whose effect each primary has for itself only (it publishes its own
-/// keys' notifications, shows its own commands): done on every other primary first, then
-/// forwarded as the action it carries.
-pub(super) enum Spread {
-    /// A classic (un)subscription of keyspace notifications (`keyspace`).
-    Keyspace(keyspace::Fanout),
-    /// MONITOR (`monitor`).
-    Monitor(monitor::Fanout),
-}
-
-impl Spread {
-    /// The command as decided, taken to be forwarded.
-    pub(super) fn into_then(self) -> super::action::Action {
-        match self {
-            Spread::Keyspace(f) => f.then,
-            Spread::Monitor(f) => f.then,
-        }
-    }
-
-    /// The command as decided, forwarded once the other primaries are done.
-    pub(super) fn then(&self) -> &super::action::Action {
-        match self {
-            Spread::Keyspace(f) => &f.then,
-            Spread::Monitor(f) => &f.then,
-        }
-    }
-}
-
-/// What the session's own connections must do before a command can be placed: the map
-/// changed under them. Carried out once nothing is in flight, then the command is decided
-/// again (`ClusterSession::prepare`, reached through `Session::prepare`).
-pub(super) enum Prepare {
-    /// The client's own login has no connection to this primary, which the map gained (a
-    /// failover, a new node): logged in there too (`login`).
-    LoginJoin(u16),
-}
-
-impl Prepare {
-    /// The client's reply (its connection then closes) when the command still needs this
-    /// right after it was carried out: the map changed again meanwhile.
-    pub(super) fn unmet(&self) -> Bytes {
-        match self {
-            Prepare::LoginJoin(_) => crate::protocol::answers::own_login_lost("a new primary"),
-        }
-    }
-}
 
 impl ClusterSession<'_> {
     /// Hook after the client's protocol changed (HELLO): the session's own connections to
@@ -133,7 +63,7 @@ impl ClusterSession<'_> {
 
     /// Carries out the other primaries' part of `spread`; returns the command for the home
     /// connection.
-    pub(super) async fn spread(&mut self, spread: Spread) -> super::action::Action {
+    pub(super) async fn spread(&mut self, spread: Spread) {
         match spread {
             Spread::Keyspace(fanout) => self.keyspace_fanout(fanout).await,
             Spread::Monitor(fanout) => self.monitor_fanout(fanout).await,
@@ -182,14 +112,6 @@ impl ClusterSession<'_> {
     }
 }
 
-impl Gather {
-    /// SSUBSCRIBE/SUNSUBSCRIBE: its confirmations reach the client even with CLIENT REPLY OFF
-    /// or SKIP, as Redis pushes them like messages.
-    pub(super) fn confirms_subscriptions(&self) -> bool {
-        matches!(self, Gather::ShardPubSub(_))
-    }
-}
-
 /// A per-node connection's push target (keyspace notifications, MONITOR): `push` behind a
 /// task that passes a push only while `admits(gate, frame)`, judged and sent under the gate's
 /// lock, so a change the session makes to the gate is seen either before a push is judged or
@@ -228,43 +150,4 @@ fn gated<T: Send + 'static>(
         }
     });
     crate::upstream::conn::PushTarget { to: tx, ..push }
-}
-
-/// A command to send again, and where. Here, not in `redirect`, because `transaction` acts on
-/// it too (a transaction's queued commands redirected) and `redirect` imports `transaction`.
-enum Again {
-    /// MOVED or ASK: to the node named.
-    Redirect(Redirect),
-    /// TRYAGAIN (a multi-key command whose keys are split by a migration in progress): to the
-    /// same node, after a short wait.
-    TryAgain(Arc<str>),
-}
-
-impl Again {
-    fn addr(&self) -> &Arc<str> {
-        match self {
-            Again::Redirect(r) => r.addr(),
-            Again::TryAgain(addr) => addr,
-        }
-    }
-
-    fn is_ask(&self) -> bool {
-        matches!(self, Again::Redirect(Redirect::Ask { .. }))
-    }
-}
-
-/// Whether a reply frame asks for the command to be sent again.
-fn again_of(frame: &[u8], answered_by: &str) -> Option<Again> {
-    if frame.starts_with(b"-TRYAGAIN") {
-        return Some(Again::TryAgain(answered_by.into()));
-    }
-    redirect_of(frame, answered_by).map(Again::Redirect)
-}
-
-/// The redirection a reply frame is, if it is one.
-fn redirect_of(frame: &[u8], answered_by: &str) -> Option<Redirect> {
-    if frame.first() != Some(&b'-') {
-        return None;
-    }
-    Redirect::parse(frame, answered_by).ok().flatten()
 }

@@ -4,7 +4,7 @@
 use super::Session;
 use super::action::{Lone, Outgoing};
 use super::client::{ClientState, ReplyMode};
-use super::cluster::tracking::OwnConn;
+use super::cluster::state::OwnConn;
 use super::conn::{Dedicated, Holds, Target, Transaction};
 use super::context::Context;
 use super::effect::Effect;

@@ -2,7 +2,7 @@
 //! was decided for each.
 
 use super::Session;
-use super::action::{Action, Flow, Lone, Now};
+use super::action::{Action, Flow, Lone, Now, Spreading};
 use super::client::ReplyMode;
 use super::client_kill;
 use super::cluster;
@@ -222,8 +222,9 @@ impl Session {
                 self.queue.local(prepare.unmet());
                 self.input.closing = true;
             }
-            Action::Spread(spread) => {
-                let then = Box::pin(self.spread(*spread)).await;
+            Action::Spread(spreading) => {
+                let Spreading { spread, then } = *spreading;
+                Box::pin(self.spread(spread)).await;
                 return Box::pin(self.execute(then, lone)).await;
             }
         }

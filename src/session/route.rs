@@ -6,7 +6,7 @@ use super::client::ReplyMode;
 use super::conn::{Holds, Target};
 use super::effect::{Effect, LocalEffect};
 use super::pause::Paused;
-use super::{Session, client_kill, client_list, config_get, replies, summon};
+use super::{Session, client_kill, client_list, config_get, replies};
 use crate::commands::classify::{ClientSub, Kind};
 use crate::commands::{CommandSpec, grammar};
 use crate::policy::script_user::State;
@@ -696,7 +696,7 @@ impl Session {
         args: &Args<'_>,
         redirects: &[usize],
         target: Target,
-    ) -> Option<summon::Summon> {
+    ) -> Option<super::action::Summon> {
         if self.routing.router().is_some() {
             return None;
         }
@@ -704,11 +704,13 @@ impl Session {
         let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
         let ids = &self.ctx.client_ids;
         let live = self.ctx.client_list.tenant(id) == Some(self.client.tenant);
-        (live && id != self.client.id && ids.upstream(id).is_none()).then(|| summon::Summon {
-            client: id,
-            at,
-            args: args.iter().map(Bytes::copy_from_slice).collect(),
-            target,
+        (live && id != self.client.id && ids.upstream(id).is_none()).then(|| {
+            super::action::Summon {
+                client: id,
+                at,
+                args: args.iter().map(Bytes::copy_from_slice).collect(),
+                target,
+            }
         })
     }
 

@@ -5,10 +5,11 @@
 //! An enum rather than a trait object: nothing is boxed per call and the session future
 //! stays small.
 
+use super::cluster::state::ClusterState;
 use super::context::Upstreams;
 use std::sync::Arc;
 
-use super::cluster::{keyspace, shard_subs, tracking};
+use super::cluster::tracking;
 use super::conn::Target;
 use super::run::Run;
 use super::{cluster, spread};
@@ -35,102 +36,6 @@ pub(super) struct Sentinel {
     /// The upstream's address epoch when the session started; a different epoch at WAIT time
     /// means a failover came after writes the WAIT would cover.
     pub(super) wait_epoch: u64,
-}
-
-/// A cluster session's routing state.
-pub(super) struct ClusterState {
-    /// The slot map and the nodes' pools.
-    pub(super) router: Arc<crate::topology::cluster::Router>,
-    /// The hash slots in flight and where, so a slot's commands run in order across nodes.
-    pub(super) spread: spread::Spread,
-    /// Runs for other nodes, parked while a pipeline alternates between nodes and sent with
-    /// the current run (see `scatter`).
-    pub(super) parked: Vec<Run>,
-    /// Frames in `parked`, which count toward `max_inflight` like the current run's.
-    pub(super) parked_frames: usize,
-    /// The hash slot of the open MULTI's keyed commands, which must all share it; the
-    /// transaction stays on its node even if the map moves the slot meanwhile.
-    pub(super) multi_slot: Option<u16>,
-    /// While MULTI is deferred: the keyless commands queued so far (answered `+QUEUED` by
-    /// the proxy), sent after MULTI with the first command that names a node. Sent to the
-    /// client's home node at once, a PING first in a transaction would decide the node and a
-    /// later key of another node would be refused (CROSSSLOT). At most `HELD_IN_MULTI`;
-    /// emptied when a MULTI is deferred and when its commands are sent.
-    pub(super) held_in_multi: Vec<bytes::Bytes>,
-    /// The transaction open on the dedicated connection as its replies show it, to replay it
-    /// on another node if its slot moved (see `cluster::transaction`).
-    pub(super) tx_log: Option<Box<cluster::TxLog>>,
-    /// Shard channels subscribed on any node and their per-node connections (see
-    /// `shard_subs`); `None` until the first SSUBSCRIBE.
-    pub(super) shard_subs: Option<Box<shard_subs::ShardSubs>>,
-    /// Keyspace notification names subscribed on the other primaries and their connections
-    /// (see `keyspace`); `None` until the first subscription to one.
-    pub(super) keyspace: Option<Box<keyspace::KeyspaceSubs>>,
-    /// While MULTI is deferred: the client's MULTI as it spelled it, sent with the first
-    /// command that names a node (a MONITOR shows it so, as Redis's own suite checks).
-    pub(super) deferred_multi: Option<bytes::Bytes>,
-    /// MONITOR on the primaries other than the home node (see `monitor`); `None` while the
-    /// client does not monitor.
-    pub(super) monitor: Option<Box<cluster::monitor::ClusterMonitor>>,
-    /// CLIENT TRACKING over every primary (see `tracking`); `None` while off.
-    pub(super) tracking: Option<Box<tracking::ClusterTracking>>,
-    /// Connections that only listen for the invalidations another client's tracking
-    /// redirects to this RESP3 client, on the primaries where it had none (`tracking`,
-    /// `listen_everywhere`); `None` until such a redirect names it.
-    pub(super) listeners: Option<Box<tracking::Listeners>>,
-    /// How many times tracking was started or a login spread (`cluster::tracking::
-    /// open_everywhere`): their connections' ids include it, so the end of one closed
-    /// earlier (an OFF, a RESET) is never taken for a live one's.
-    pub(super) own_starts: u64,
-    /// The client's own login over every primary (see `login`); `None` while it is on the
-    /// pool's login (or on its dedicated connection's).
-    pub(super) login: Option<Box<cluster::login::ClusterLogin>>,
-}
-
-impl ClusterState {
-    /// The shard subscriptions, once the first SSUBSCRIBE came.
-    pub(super) fn shard_subs(&self) -> Option<&shard_subs::ShardSubs> {
-        self.shard_subs.as_deref()
-    }
-
-    /// The shard subscriptions, once the first SSUBSCRIBE came.
-    pub(super) fn shard_subs_mut(&mut self) -> Option<&mut shard_subs::ShardSubs> {
-        self.shard_subs.as_deref_mut()
-    }
-
-    /// The shard subscriptions, created on first use.
-    pub(super) fn shard_subs_or_new(&mut self) -> &mut shard_subs::ShardSubs {
-        self.shard_subs.get_or_insert_with(Box::default)
-    }
-
-    /// The keyspace notification names spread to every primary, once the session
-    /// subscribed to one.
-    pub(super) fn keyspace(&self) -> Option<&keyspace::KeyspaceSubs> {
-        self.keyspace.as_deref()
-    }
-
-    /// The keyspace notification names spread to every primary, as `keyspace`.
-    pub(super) fn keyspace_mut(&mut self) -> Option<&mut keyspace::KeyspaceSubs> {
-        self.keyspace.as_deref_mut()
-    }
-
-    /// The keyspace notification names, created on first use.
-    pub(super) fn keyspace_or_new(&mut self) -> &mut keyspace::KeyspaceSubs {
-        self.keyspace.get_or_insert_with(Box::default)
-    }
-
-    /// Which connection the session's command for `node` takes where the client's own login
-    /// or tracking decides it (`cluster::login`, `cluster::tracking`). With both, tracking
-    /// that carries the session's commands takes them (its connections are logged in as the
-    /// client too, and Redis tracks what each reads); else the login's.
-    pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
-        match (&self.login, &self.tracking) {
-            (_, Some(t)) if t.carries() => t.conn_for(node),
-            (Some(login), _) => login.conn_for(node),
-            (None, Some(t)) => t.conn_for(node),
-            (None, None) => tracking::OwnConn::Any,
-        }
-    }
 }
 
 impl Routing {
@@ -198,13 +103,13 @@ impl Routing {
     }
 
     /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
-    pub(super) fn shard_subs(&self) -> Option<&shard_subs::ShardSubs> {
+    pub(super) fn shard_subs(&self) -> Option<&super::cluster::state::ShardSubs> {
         self.cluster().and_then(|c| c.shard_subs.as_deref())
     }
 
     /// The keyspace notification names spread to every primary, in cluster mode once a
     /// session subscribed to one.
-    pub(super) fn keyspace(&self) -> Option<&keyspace::KeyspaceSubs> {
+    pub(super) fn keyspace(&self) -> Option<&super::cluster::state::KeyspaceSubs> {
         self.cluster().and_then(|c| c.keyspace.as_deref())
     }
 
@@ -369,10 +274,10 @@ impl Routing {
 
     /// Which connection the session's command for `node` takes where the client's own login
     /// or tracking decides it (cluster mode, `ClusterState::own_conn`); `Any` elsewhere.
-    pub(super) fn own_conn(&self, node: u16) -> tracking::OwnConn<'_> {
+    pub(super) fn own_conn(&self, node: u16) -> super::cluster::state::OwnConn<'_> {
         match self {
             Routing::Cluster(c) => c.own_conn(node),
-            _ => tracking::OwnConn::Any,
+            _ => super::cluster::state::OwnConn::Any,
         }
     }
 
@@ -498,24 +403,26 @@ impl super::Session {
     // answers as a server without a cluster would.
 
     /// Carries out a cluster command the session answers itself (`Action::Gather`).
-    pub(super) async fn gather(&mut self, gather: cluster::Gather) -> bytes::Bytes {
+    pub(super) async fn gather(&mut self, gather: cluster::plan::Gather) -> bytes::Bytes {
         match self.cluster_session() {
             Some(mut cluster) => cluster.gather(gather).await,
             None => crate::protocol::answers::cluster_disabled(),
         }
     }
 
-    /// Carries out the other primaries' part of `spread` (`Action::Spread`); returns the
-    /// command for the home connection.
-    pub(super) async fn spread(&mut self, spread: cluster::Spread) -> super::action::Action {
-        match self.cluster_session() {
-            Some(mut cluster) => cluster.spread(spread).await,
-            None => spread.into_then(),
+    /// Carries out the other primaries' part of `spread` (`Action::Spread`), before the
+    /// command goes to the home connection.
+    pub(super) async fn spread(&mut self, spread: cluster::plan::Spread) {
+        if let Some(mut cluster) = self.cluster_session() {
+            cluster.spread(spread).await;
         }
     }
 
     /// Carries out `prepare` (`Action::Prepare`); the client's reply when it could not be.
-    pub(super) async fn prepare(&mut self, prepare: cluster::Prepare) -> Result<(), bytes::Bytes> {
+    pub(super) async fn prepare(
+        &mut self,
+        prepare: cluster::plan::Prepare,
+    ) -> Result<(), bytes::Bytes> {
         match self.cluster_session() {
             Some(mut cluster) => cluster.prepare(prepare).await,
             None => Ok(()),

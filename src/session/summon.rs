@@ -24,24 +24,11 @@
 
 use super::Session;
 use super::action::Lone;
-use super::conn::Target;
+use super::action::Summon;
 use super::effect::Effect;
 use crate::policy::rewrite::Rewrite;
 use crate::protocol::answers;
 use crate::upstream::Expect;
-use bytes::Bytes;
-
-/// A `CLIENT TRACKING` waiting for its redirect target's upstream id.
-pub(super) struct Summon {
-    /// The proxy id of the target client.
-    pub(crate) client: u64,
-    /// The position of the redirect's id in the command.
-    pub(crate) at: usize,
-    /// The command's arguments, to send with the id replaced once it is known.
-    pub(crate) args: Vec<Bytes>,
-    /// Where the TRACKING goes (the caller's dedicated connection).
-    pub(crate) target: Target,
-}
 
 impl Session {
     /// Caller side: asks the target for its upstream id, then forwards the TRACKING command

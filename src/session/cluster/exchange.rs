@@ -3,7 +3,7 @@
 //! through, one pair, `send_shared` and `receive`.
 
 use super::ClusterSession;
-use super::tracking::OwnConn;
+use super::state::OwnConn;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::topology::cluster::Router;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};

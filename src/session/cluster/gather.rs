@@ -4,11 +4,11 @@
 //! whole-keyspace command sent to every primary (`Fanout`), a multi-key command split by slot
 //! (`Split`), one step of a SCAN over the primaries (`Scan`). `merge` combines the replies.
 
-use super::Gather;
 use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
+use super::plan::{Fanout, Gather, NodeBatch, Scan, Split};
 use super::redirect::may_redirect;
-use super::tracking::OwnConn;
+use super::state::OwnConn;
 use super::{ClusterSession, ClusterView};
 use crate::commands::grammar::keyword;
 use crate::policy::line::CommandLine;
@@ -29,73 +29,6 @@ use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 use tokio::sync::mpsc;
-
-/// A whole-keyspace command to send to every primary.
-pub(in crate::session) struct Fanout {
-    /// The command as it is sent (after the policy's rewrite).
-    bytes: Bytes,
-    /// How the replies are combined.
-    merge: Merge,
-    /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
-    strip: Option<Box<Strip>>,
-    /// INFO with the default sections: the proxy's own section is appended.
-    proxy_section: bool,
-    /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
-    /// `WAIT_BARRIER`, whose reply is dropped.
-    blocking: bool,
-    /// How long WAIT may block (its own timeout), so the command timeout leaves it be.
-    wait: ReplyWait,
-    /// CLIENT PAUSE's or UNPAUSE's effect, applied as the fan-out is sent (as a forwarded
-    /// one's is): while a pause is in force the session sends what it holds back on
-    /// dedicated connections (`route::around_pause`), so it holds only its own client.
-    pause: Option<Effect>,
-    /// CONFIG SET of `slowlog-max-len`: the value set (`None`: one the proxy cannot read),
-    /// for the router to learn once the primaries answer (`Router::learn_slowlog_max_len`).
-    sets_slowlog_max_len: Option<Option<u64>>,
-    /// CONFIG SET of a node's own parameters beside shared ones: the whole command, for the
-    /// node keyless commands go to, sent first; `bytes` (the shared ones) go to the others
-    /// once it took it, as one server applies all or nothing.
-    home_first: Option<Bytes>,
-}
-
-/// One SCAN call across the cluster's primaries (the composite cursor: `merge::scan_position`).
-pub(in crate::session) struct Scan {
-    /// The client's composite cursor.
-    cursor: u64,
-    /// MATCH/COUNT/TYPE as sent (MATCH already namespaced by the policy).
-    options: Vec<Bytes>,
-    /// The tenant's namespace prefix, removed from the returned names.
-    strip: Option<Box<Strip>>,
-}
-
-/// A multi-key command whose keys are in several slots, as one sub-command per slot (or,
-/// for a set read, one `SMEMBERS` per key).
-pub(in crate::session) struct Split {
-    /// Per node: the batch sent there (its sub-commands, then the policy's hidden commands
-    /// for its keys) and, per sub-command, the positions of its keys in the client's command.
-    batches: Vec<NodeBatch>,
-    /// How the parts' replies are joined.
-    join: Join,
-    /// Keys in the client's command (MGET's reply length; a set command's keys, repeats
-    /// included).
-    keys: usize,
-    /// The namespace prefix to remove from the joined reply: a namespaced tenant's XREAD,
-    /// whose reply names its streams.
-    strip: Option<Box<Strip>>,
-}
-
-/// What one node gets of a split command.
-struct NodeBatch {
-    /// The node.
-    node: u16,
-    /// Sub-commands followed by hidden commands, encoded.
-    bytes: BytesMut,
-    /// For each sub-command, the client-order positions of its keys; hidden commands come
-    /// after them in the batch and their replies are dropped.
-    parts: Vec<Vec<usize>>,
-    /// Hidden commands in the batch.
-    hidden: usize,
-}
 
 impl ClusterSession<'_> {
     /// Carries out a `Gather`: the one reply the client gets.

@@ -47,11 +47,14 @@
 //! names carry its prefix upstream, so they never name a notification channel: nothing is
 //! spread for it, and it hears no notifications, as in front of one server.
 
-use super::shard_subs::{NodeConn, RETRY_EVERY, Stock};
+use super::plan::{KeyspaceSpread, Spread};
+use super::shard_subs::RETRY_EVERY;
+use super::state::Stock;
+use super::state::{Names, is_notification_channel, lock, may_match_notification};
 use super::subscriber::{SUBSCRIBE, UNSUBSCRIBE, pubsub_batches};
 use super::{ClusterSession, ClusterView};
-use crate::protocol::reply::{PubSubFrame, SubKind};
-use crate::session::action::Action;
+use crate::protocol::reply::SubKind;
+use crate::session::action::{Action, Spreading};
 use crate::session::conn::Target;
 use crate::session::effect::Effect;
 use crate::session::route::Args;
@@ -59,8 +62,7 @@ use crate::topology::cluster::Router;
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Reply, Subscriptions};
 use bytes::Bytes;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The `conn_id` bits of the extra connections: `SHARD_CONN` (so no code takes their end for
@@ -77,117 +79,6 @@ pub(in crate::session) fn is_keyspace_conn(id: u64) -> bool {
     id & KEYSPACE_CONN == KEYSPACE_CONN && id != u64::MAX
 }
 
-/// What every keyspace notification channel starts with (then the database number).
-const NOTIFICATION_PREFIXES: [&[u8]; 2] = [b"__keyspace@", b"__keyevent@"];
-
-/// The channel Redis sends a RESP2 client's redirected invalidations on.
-const INVALIDATE_CHANNEL: &[u8] = b"__redis__:invalidate";
-
-/// Whether `channel` is published by each node for its own keys only: a keyspace
-/// notification channel, or `__redis__:invalidate`.
-pub(in crate::session) fn is_notification_channel(channel: &[u8]) -> bool {
-    channel == INVALIDATE_CHANNEL || NOTIFICATION_PREFIXES.iter().any(|p| channel.starts_with(p))
-}
-
-/// Whether the glob `pattern` may match a keyspace notification channel. Conservative: the
-/// literal part before the first special character (`*`, `?`, `[`, or the escape `\`) must
-/// agree with a notification prefix as far as both go. A pattern without special characters
-/// matches only itself.
-pub(in crate::session) fn may_match_notification(pattern: &[u8]) -> bool {
-    let glob = pattern
-        .iter()
-        .position(|b| matches!(b, b'*' | b'?' | b'[' | b'\\'));
-    let Some(at) = glob else {
-        return is_notification_channel(pattern);
-    };
-    let literal = &pattern[..at];
-    NOTIFICATION_PREFIXES
-        .iter()
-        .any(|p| p.starts_with(literal) || literal.starts_with(p))
-}
-
-/// The notification names the client holds, as named upstream, each with whether the home
-/// connection confirmed it to the client: only then do the other primaries' deliveries for it
-/// pass, so none comes before the client's confirmation, and a name the home node refused or
-/// never got is never delivered from elsewhere.
-#[derive(Default)]
-struct Names {
-    /// Notification channels (`SUBSCRIBE`).
-    channels: HashMap<Bytes, bool>,
-    /// Patterns that may match one (`PSUBSCRIBE`).
-    patterns: HashMap<Bytes, bool>,
-}
-
-impl Names {
-    /// The names of `kind` (channels or patterns).
-    fn of(&mut self, kind: SubKind) -> &mut HashMap<Bytes, bool> {
-        match kind {
-            SubKind::Pattern => &mut self.patterns,
-            _ => &mut self.channels,
-        }
-    }
-
-    /// Whether the extra connection's push `frame` goes to the client: a notification
-    /// delivered for a name held and confirmed. Anything else is heard on the home connection (a
-    /// `PUBLISH` reaches every node) or is the proxy's own (confirmations).
-    fn admits(&self, frame: &[u8]) -> bool {
-        let element = |i| crate::protocol::reply::element(frame, i);
-        let (set, name, channel) = match element(0) {
-            Some(k) if k.eq_ignore_ascii_case(b"message") => {
-                (&self.channels, element(1), element(1))
-            }
-            Some(k) if k.eq_ignore_ascii_case(b"pmessage") => {
-                (&self.patterns, element(1), element(2))
-            }
-            // A RESP3 subscriber's redirected invalidations (module comment).
-            Some(k) if k == b"invalidate" => {
-                let name = Bytes::from_static(INVALIDATE_CHANNEL);
-                return self.channels.get(&name) == Some(&true);
-            }
-            _ => return false,
-        };
-        match (name, channel) {
-            (Some(name), Some(channel)) => {
-                is_notification_channel(channel) && set.get(name) == Some(&true)
-            }
-            _ => false,
-        }
-    }
-
-    /// Marks as confirmed to the client the names that the home connection's reply `data`
-    /// confirms subscribed.
-    fn confirm(&mut self, data: &[u8]) {
-        for frame in crate::protocol::reply::frames(data) {
-            let kind = match crate::protocol::reply::classify_pubsub(frame) {
-                PubSubFrame::Confirmation {
-                    kind: kind @ (SubKind::Channel | SubKind::Pattern),
-                    subscribe: true,
-                } => kind,
-                _ => continue,
-            };
-            if let Some(name) = crate::protocol::reply::element(frame, 1)
-                && let Some(confirmed) = self.of(kind).get_mut(name)
-            {
-                *confirmed = true;
-            }
-        }
-    }
-
-    /// Every name held, to subscribe on a new connection.
-    fn all(&self) -> Subscriptions {
-        Subscriptions {
-            channels: self.channels.keys().cloned().collect(),
-            patterns: self.patterns.keys().cloned().collect(),
-        }
-    }
-}
-
-/// Locks the names; a poisoned lock still holds consistent sets (each critical section is
-/// one insert, remove or lookup loop that cannot leave them half-changed).
-fn lock(names: &Mutex<Names>) -> MutexGuard<'_, Names> {
-    names.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// `names` of one `kind`, as `pubsub_batches` takes them.
 fn one_kind(kind: SubKind, names: Vec<Bytes>) -> Subscriptions {
     match kind {
@@ -200,59 +91,6 @@ fn one_kind(kind: SubKind, names: Vec<Bytes>) -> Subscriptions {
             patterns: Vec::new(),
         },
     }
-}
-
-/// A session's notification names and the extra connections listening for them.
-#[derive(Default)]
-pub(in crate::session) struct KeyspaceSubs {
-    /// The names, shared with the filters of the extra connections (`filtered`): a delivery
-    /// passes only while its name is here and confirmed.
-    names: Arc<Mutex<Names>>,
-    /// One connection per primary other than the home node (a handful: looked up by a scan).
-    conns: Vec<NodeConn>,
-    /// Source of the connections' ids (under `KEYSPACE_CONN`), to know which one ended.
-    next_id: u64,
-    /// Until when to keep trying to listen on every primary again after an extra connection
-    /// ended: a failover promotes a replica meanwhile, and the map learns it. `None`: done.
-    retry_until: Option<tokio::time::Instant>,
-    /// A retry wake-up is on its way: one at a time.
-    retry_scheduled: bool,
-    /// The RESP version the extra connections speak (the client's when they were opened):
-    /// after a HELLO that changed the client's they are opened again, as their pushes go to
-    /// the client as they are.
-    proto: u8,
-}
-
-impl KeyspaceSubs {
-    /// Where the commands of each extra connection go; each is logged in as the client
-    /// when it has its own login (`login`), so a new login goes on them too.
-    pub(in crate::session) fn conns(
-        &self,
-    ) -> impl Iterator<Item = &tokio::sync::mpsc::Sender<crate::upstream::Batch>> {
-        self.conns.iter().map(|c| &c.tx)
-    }
-}
-
-impl Drop for KeyspaceSubs {
-    /// Whatever drops the state (RESET, the last unsubscribe, the session's end), the filters
-    /// stop at once, before the connections' ends reach Redis.
-    fn drop(&mut self) {
-        *lock(&self.names) = Names::default();
-    }
-}
-
-/// A classic (un)subscription naming keyspace notifications, spread to the other primaries
-/// before `then` goes to the home connection as before.
-pub(in crate::session) struct Fanout {
-    /// Channels or patterns.
-    kind: SubKind,
-    /// For a subscription, the home node (whose own notifications the home connection
-    /// hears); `None` for an unsubscription.
-    home: Option<u16>,
-    /// The names concerned, as named upstream; for an unsubscription, none means all.
-    names: Vec<Bytes>,
-    /// The command as decided, carried out once the other primaries are done.
-    pub(in crate::session) then: Action,
 }
 
 /// The extra connection's push target: `push` behind a filter that passes only the
@@ -268,7 +106,7 @@ fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
 impl ClusterSession<'_> {
     /// Carries out the other primaries' part of `fanout`; returns the command for the home
     /// connection.
-    pub(in crate::session) async fn keyspace_fanout(&mut self, fanout: Fanout) -> Action {
+    pub(in crate::session) async fn keyspace_fanout(&mut self, fanout: KeyspaceSpread) {
         match fanout.home {
             Some(home) => {
                 self.keyspace_subscribe(home, fanout.kind, fanout.names)
@@ -276,7 +114,6 @@ impl ClusterSession<'_> {
             }
             None => self.keyspace_unsubscribe(fanout.kind, fanout.names),
         }
-        fanout.then
     }
 
     /// Records `names` as held (passing once the home connection confirms them) and
@@ -576,17 +413,16 @@ impl ClusterView<'_> {
         if names.is_empty() && (subscribe || !all) {
             return action;
         }
-        Action::Spread(Box::new(super::Spread::Keyspace(Fanout {
-            kind,
-            home,
-            names,
+        Action::Spread(Box::new(Spreading {
+            spread: Spread::Keyspace(KeyspaceSpread { kind, home, names }),
             then: action,
-        })))
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::state::*;
     use super::*;
 
     #[test]

@@ -49,9 +49,10 @@
 //! configured (`read_from`), a client logged in this way reads from the primaries: a
 //! replica's shared connection is the pool's login.
 
-use super::Gather;
-use super::shard_subs::{NodeConn, Stock};
-use super::tracking::{CONN_KIND, OwnConn, ask_every_or, primary_without};
+use super::plan::{Gather, Login, LoginCommand};
+use super::state::ClusterLogin;
+use super::state::{NodeConn, Stock};
+use super::tracking::{CONN_KIND, ask_every_or, primary_without};
 use super::{ClusterSession, ClusterView};
 use crate::protocol::answers::own_login_lost;
 use crate::protocol::codec;
@@ -63,7 +64,6 @@ use crate::session::reply_queue::HelloOutcome;
 use crate::session::route::Args;
 use crate::topology::cluster::Router;
 use bytes::Bytes;
-use std::sync::atomic::AtomicU64;
 
 /// The `conn_id` bits of the login connections: bit 61 alone, unlike every other kind's
 /// (`tracking::CONN_KIND`), so no code takes their end for another connection's.
@@ -72,63 +72,6 @@ const LOGIN_CONN: u64 = 1 << 61;
 /// Whether the connection id `id` (of a `Reply::PinnedClosed`) is a login connection's.
 pub(in crate::session) fn is_login_conn(id: u64) -> bool {
     id & CONN_KIND == LOGIN_CONN
-}
-
-/// A session's own login: one connection per primary, each logged in as the client's user.
-pub(in crate::session) struct ClusterLogin {
-    /// One connection per primary of the map.
-    conns: Vec<NodeConn>,
-    /// The RESP version the connections speak (they follow the client's HELLO).
-    proto: u8,
-    /// The map's generation the connections were last checked against: a new map may name
-    /// a primary without one. Atomic only so the check can note it from `&self` (placement).
-    checked: AtomicU64,
-    /// The last login every node accepted: sent again on each connection the session
-    /// opens to a node (`log_in_as_client`), as a client library logs in again on a new
-    /// connection. Held for the session's life, as the client holds it.
-    replay: Login,
-}
-
-impl ClusterLogin {
-    /// After a HELLO: the connections speak `proto` (see `own_conns_follow_proto`); `false`
-    /// when one could not take it.
-    pub(in crate::session) fn follow_proto(&mut self, proto: u8) -> bool {
-        super::tracking::follow_proto(&self.conns, &mut self.proto, proto)
-    }
-
-    /// The connection a command for `node` takes.
-    pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
-        match self.conns.iter().find(|c| c.node == node) {
-            Some(c) => OwnConn::Own(c),
-            None => OwnConn::Missing,
-        }
-    }
-}
-
-/// A client's login command: `AUTH …` or `HELLO … AUTH …`, as sent.
-#[derive(Clone)]
-pub(in crate::session) struct Login {
-    /// The command's bytes.
-    command: Bytes,
-    /// A HELLO's protocol version; `None` for AUTH.
-    hello: Option<u8>,
-}
-
-impl Login {
-    /// A HELLO's options as Redis runs them (an error after its AUTH still logs in).
-    fn options(&self) -> Option<crate::commands::grammar::HelloOptions> {
-        self.hello
-            .map(|_| crate::commands::grammar::hello_options(&self.command))
-    }
-}
-
-/// What the session does for a login in cluster mode, instead of forwarding it.
-pub(in crate::session) enum LoginCommand {
-    /// The login, to send on every primary.
-    Login(Login),
-    /// The map gained a primary without a login connection: this error, and the client is
-    /// disconnected.
-    Lost(Bytes),
 }
 
 impl ClusterSession<'_> {
@@ -422,7 +365,9 @@ impl ClusterView<'_> {
             if self.stateful() {
                 return gather(LoginCommand::Lost(own_login_lost(&router.addr(node))));
             }
-            return Some(Action::Prepare(Box::new(super::Prepare::LoginJoin(node))));
+            return Some(Action::Prepare(Box::new(super::plan::Prepare::LoginJoin(
+                node,
+            ))));
         }
         let (_, effect, rewrite) = action.forwarded()?;
         let hello = match effect {

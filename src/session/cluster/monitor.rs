@@ -23,10 +23,12 @@
 //! Redis refuses the client's; a login over every primary logs them in as the user), and a
 //! second MONITOR while monitoring (Redis ignores it). RESET and the client's end close them.
 
-use super::shard_subs::Stock;
+use super::plan::{MonitorSpread, Spread};
+use super::state::ClusterMonitor;
+use super::state::Stock;
 use super::{ClusterSession, ClusterView};
 use crate::protocol::codec;
-use crate::session::action::Action;
+use crate::session::action::{Action, Spreading};
 use crate::session::conn::Target;
 use crate::session::effect::Effect;
 use crate::topology::cluster::Router;
@@ -47,26 +49,9 @@ pub(in crate::session) fn is_monitor_conn(id: u64) -> bool {
     id & KIND_BITS == MONITOR_CONN
 }
 
-/// The session's MONITOR on the primaries other than its home node.
-pub(in crate::session) struct ClusterMonitor {
-    /// One connection per other primary, in MONITOR mode.
-    conns: Vec<super::shard_subs::NodeConn>,
-    /// The gate of every extra connection: opened when the home node's `+OK` is seen,
-    /// closed when the client's RESET goes (`monitor_stops`).
-    open: Arc<Mutex<bool>>,
-}
-
 /// Locks a gate; a poisoned lock still holds a consistent flag.
 fn lock(gate: &Mutex<bool>) -> MutexGuard<'_, bool> {
     gate.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A MONITOR to spread to the other primaries before `then` goes to the home node.
-pub(in crate::session) struct Fanout {
-    /// The home node, whose own commands the dedicated connection's MONITOR shows.
-    home: u16,
-    /// The MONITOR as decided, forwarded once the other primaries monitor.
-    pub(in crate::session) then: Action,
 }
 
 /// The extra connection's push target: `push` behind the gate, which passes its lines while
@@ -80,7 +65,7 @@ fn gated(push: PushTarget, open: Arc<Mutex<bool>>) -> PushTarget {
 impl ClusterSession<'_> {
     /// Opens a MONITOR on every primary but `fanout.home` that is up; returns the MONITOR
     /// for the home connection.
-    pub(in crate::session) async fn monitor_fanout(&mut self, fanout: Fanout) -> Action {
+    pub(in crate::session) async fn monitor_fanout(&mut self, fanout: MonitorSpread) {
         let router = self.cluster.router.clone();
         let open = Arc::new(Mutex::new(false));
         let mut conns = Vec::new();
@@ -143,7 +128,6 @@ impl ClusterSession<'_> {
         }
         conns.retain(|c| !failed.contains(&c.node));
         self.cluster.monitor = Some(Box::new(ClusterMonitor { conns, open }));
-        fanout.then
     }
 
     /// Hook before an upstream message is handled: the home connection's `+OK` to the
@@ -198,10 +182,10 @@ impl ClusterView<'_> {
         {
             return action;
         }
-        Action::Spread(Box::new(super::Spread::Monitor(Fanout {
-            home,
+        Action::Spread(Box::new(Spreading {
+            spread: Spread::Monitor(MonitorSpread { home }),
             then: action,
-        })))
+        }))
     }
 
     /// Hook in `place`: a RESET about to go closes the gate, so no other node's line comes

@@ -6,7 +6,7 @@
 use super::ClusterView;
 use super::gather::split;
 use super::merge::Merge;
-use super::tracking::OwnConn;
+use super::state::OwnConn;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
 use crate::protocol::answers::CrossSlotWhy;
@@ -96,7 +96,7 @@ impl ClusterView<'_> {
             && let Some(sort) = super::sort::plan(args, rewrite)
         {
             return self.caching_next(
-                Action::Gather(Box::new(super::Gather::Sort(sort))).into(),
+                Action::Gather(Box::new(super::plan::Gather::Sort(sort))).into(),
                 args,
             );
         }

@@ -3,9 +3,9 @@
 //! dedicated connection for a blocking command), up to `max_redirects` times; and a batch
 //! refused because its node was down is routed again once the map has changed.
 
+use super::again::{Again, again_of};
 use super::exchange::lost_reply;
 use super::transaction;
-use super::{Again, again_of};
 use super::{ClusterSession, ClusterView};
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
@@ -613,7 +613,7 @@ impl ClusterView<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::redirect_of;
+    use super::super::again::redirect_of;
     use super::*;
 
     #[test]

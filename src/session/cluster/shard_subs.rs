@@ -20,7 +20,8 @@
 //! `follow_redirects` and `execute`'s cluster-only action, and the session holds only an
 //! empty `Option<Box<ShardSubs>>` until its first `SSUBSCRIBE`.
 
-use super::Gather;
+use super::plan::{Gather, ShardCommand};
+use super::state::{NodeConn, Stock, confirmation};
 use super::{ClusterSession, ClusterView};
 use crate::commands::classify::Kind;
 use crate::protocol::codec::Decoded;
@@ -32,12 +33,10 @@ use crate::session::effect::LocalEffect;
 use crate::session::forward::take_share;
 use crate::session::reply_queue::PUSH_BUDGET;
 use crate::session::route::Args;
-use crate::session::tenant_quota::Share;
 use crate::topology::cluster::{Redirect, Router};
 use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, Reply, ReplyWait};
 use crate::{commands::classify, protocol::answers, protocol::codec};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -62,71 +61,6 @@ const RETRY_WAKE: u64 = u64::MAX;
 /// failover in progress): short, as each attempt costs one map lookup unless the owner is up.
 pub(super) const RETRY_EVERY: Duration = Duration::from_millis(250);
 
-/// The session's shard subscriptions and the connections holding them.
-#[derive(Default)]
-pub(in crate::session) struct ShardSubs {
-    /// Every shard channel the session is subscribed to, as named upstream (namespaced), and
-    /// the node holding it. Its size is the count Redis reports in confirmations.
-    channels: HashMap<Bytes, u16>,
-    /// One pub/sub connection per node with subscriptions (a handful at most: one per
-    /// primary), looked up by a scan.
-    conns: Vec<NodeConn>,
-    /// Source of the connections' ids (below `SHARD_CONN`), to know which one ended.
-    next_id: u64,
-    /// Channels Redis dropped whose `sunsubscribe` came while an `SSUBSCRIBE` of ours awaited
-    /// its confirmation on the same connection, which took it for that reply: they are
-    /// subscribed again once the command at hand is done.
-    orphans: Vec<Bytes>,
-    /// Channels whose owner could not take them yet (held at node `PENDING` in `channels`),
-    /// and when to stop trying and tell the client. Retried in the background, so the
-    /// session keeps serving through a failover.
-    pending: Vec<(Bytes, tokio::time::Instant)>,
-    /// A retry wake-up is on its way: one at a time.
-    retry_scheduled: bool,
-}
-
-/// Where a per-node connection comes from (`open_node_conn`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stock {
-    /// The node's warm stock when it has one ready.
-    Take,
-    /// Dialled: a session taking one of every node at once (tracking) would set every
-    /// node's stock refilling (see `Pool::dedicated_unstocked`).
-    Dial,
-}
-
-/// A dedicated connection of the session's to one node (shard channels here, keyspace
-/// notifications in `keyspace`, tracking and listeners in `tracking`).
-pub(in crate::session) struct NodeConn {
-    /// The node it is connected to.
-    pub(in crate::session) node: u16,
-    /// Where its commands go; its pushes come on the session's reply channel.
-    pub(in crate::session) tx: mpsc::Sender<Batch>,
-    /// Echoed in `Reply::PinnedClosed` when it ends, to find which channels it held.
-    pub(super) id: u64,
-    /// Logged in as the script user (`Opened::confined`): a default-mode tracking
-    /// connection serves as the session's dedicated one, scripts included (`tracking`).
-    pub(in crate::session) confined: bool,
-    /// Redis's id of the connection, mapped to the client's id while it serves as the
-    /// session's dedicated one (another client's CLIENT UNBLOCK must find it).
-    pub(in crate::session) upstream_id: Option<u64>,
-    /// Counts the connection against the client's tenant while it lives, as the session's
-    /// own dedicated connection is counted: without it one tenant's subscribers could hold
-    /// every node's dedicated connections (issue 26's guarantee).
-    pub(super) _share: Share,
-    /// Its entry as the client's listener on `node` while it has one (`client_ids`: a
-    /// subscriber's keyspace connection, which another client's REDIRECT may name).
-    pub(super) listener: Option<crate::session::client_ids::Registration>,
-}
-
-/// A sharded pub/sub command the session answers itself (see the module comment).
-pub(in crate::session) enum ShardCommand {
-    /// `SSUBSCRIBE` of channels (as named upstream) that all hash to `slot`.
-    Subscribe { channels: Vec<Bytes>, slot: u16 },
-    /// `SUNSUBSCRIBE` of these channels; every shard channel when empty.
-    Unsubscribe { channels: Vec<Bytes> },
-}
-
 /// Why subscribing on a node did not work.
 enum Failure {
     /// The node no longer owns the slot: it is at this address.
@@ -134,54 +68,6 @@ enum Failure {
     /// Anything else (node down, migration in progress, an error reply): this reply, which
     /// the client gets if no attempt succeeds.
     Other(Bytes),
-}
-
-impl ShardSubs {
-    /// Where the commands of each node connection go.
-    pub(in crate::session) fn conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
-        self.conns.iter().map(|c| &c.tx)
-    }
-
-    /// Closes the connections to nodes that hold none of the channels any more; Redis drops
-    /// a connection's subscriptions with it.
-    fn prune(&mut self) {
-        let channels = &self.channels;
-        self.conns
-            .retain(|c| !c.tx.is_closed() && channels.values().any(|&n| n == c.node));
-    }
-
-    /// Forgets every channel and connection: the confirmations of `SUNSUBSCRIBE` without
-    /// channels, one per channel with the count left, or one without a channel when there
-    /// was none.
-    fn unsubscribe_all(&mut self, proto: u8) -> Bytes {
-        // Every connection goes: closing it unsubscribes everything upstream.
-        let all: Vec<Bytes> = self.channels.drain().map(|(c, _)| c).collect();
-        self.conns.clear();
-        let mut out = BytesMut::new();
-        if all.is_empty() {
-            out.extend_from_slice(&confirmation(proto, "sunsubscribe", None, 0));
-        }
-        for (i, c) in all.iter().enumerate() {
-            let left = all.len() - 1 - i;
-            out.extend_from_slice(&confirmation(proto, "sunsubscribe", Some(c), left));
-        }
-        out.freeze()
-    }
-
-    /// Forgets `channels`: their confirmations, each with the count left, and the channels
-    /// that were held, with their nodes, to unsubscribe upstream.
-    fn unsubscribe_some(&mut self, proto: u8, channels: Vec<Bytes>) -> (Bytes, Vec<(u16, Bytes)>) {
-        let mut out = BytesMut::new();
-        let mut gone = Vec::new();
-        for c in channels {
-            if let Some(node) = self.channels.remove(&c) {
-                gone.push((node, c.clone()));
-            }
-            let count = self.channels.len();
-            out.extend_from_slice(&confirmation(proto, "sunsubscribe", Some(&c), count));
-        }
-        (out.freeze(), gone)
-    }
 }
 
 impl ClusterSession<'_> {
@@ -826,28 +712,9 @@ fn resubscribe_within(router: &Router) -> Duration {
         .max(MIN_RESUBSCRIBE)
 }
 
-/// A `ssubscribe` / `sunsubscribe` confirmation in the client's RESP version; `channel`
-/// `None` is the nil of an unsubscribe with nothing to unsubscribe.
-fn confirmation(proto: u8, kind: &str, channel: Option<&[u8]>, count: usize) -> Bytes {
-    let mut out = BytesMut::with_capacity(32 + channel.map_or(0, <[u8]>::len));
-    out.extend_from_slice(if proto == 3 { b">3\r\n" } else { b"*3\r\n" });
-    out.extend_from_slice(format!("${}\r\n{kind}\r\n", kind.len()).as_bytes());
-    match channel {
-        Some(c) => {
-            out.extend_from_slice(format!("${}\r\n", c.len()).as_bytes());
-            out.extend_from_slice(c);
-            out.extend_from_slice(b"\r\n");
-        }
-        None if proto == 3 => out.extend_from_slice(b"_\r\n"),
-        None => out.extend_from_slice(b"$-1\r\n"),
-    }
-    out.extend_from_slice(format!(":{count}\r\n").as_bytes());
-    out.freeze()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::state::*;
 
     #[test]
     fn confirmations_as_redis_writes_them() {

@@ -30,6 +30,7 @@
 
 use super::ClusterSession;
 use super::exchange::{lost_reply, receive};
+use super::plan::SortGather;
 use super::redirect::may_redirect;
 use crate::commands::grammar::keyword;
 use crate::policy::rewrite::Rewrite;
@@ -44,28 +45,6 @@ use std::cmp::Ordering;
 /// as it likes, so without a bound one command could hold the proxy's memory for every
 /// tenant. 100,000 lookups hold about 10 MB; past it the command is refused, saying why.
 pub(in crate::session) const MAX_LOOKUPS: usize = 100_000;
-
-/// A SORT the proxy answers by gathering (module comment).
-#[derive(Debug, PartialEq)]
-pub(in crate::session) struct SortGather {
-    /// The first step, for the sorted key's node: `SORT key` with the options as Redis
-    /// ends up reading them (`BY nosort` for a constant BY, the last LIMIT, DESC, ALPHA) but
-    /// the GETs, or `SORT key BY nosort` when `by` sorts; its LIMIT cut to one element past
-    /// what `MAX_LOOKUPS` allows.
-    first: Bytes,
-    /// The sorted key, whose node answers `first`.
-    key: Bytes,
-    /// The `BY` pattern that sorts the elements (`None`: the node sorted them).
-    by: Option<Bytes>,
-    /// The `GET` patterns, in order.
-    gets: Vec<Bytes>,
-    /// DESC.
-    desc: bool,
-    /// ALPHA.
-    alpha: bool,
-    /// LIMIT offset and count as given (the last LIMIT counts).
-    limit: Option<(i64, i64)>,
-}
 
 /// Whether `spec` is SORT or SORT_RO, whose patterns `plan` may gather.
 pub(super) fn is_sort(spec: Option<&crate::commands::CommandSpec>) -> bool {

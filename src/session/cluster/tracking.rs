@@ -65,8 +65,9 @@
 //! session whose commands go over the tracking connections reads from the primaries: reads
 //! on a replica's connection would be untracked.
 
-use super::Gather;
-use super::shard_subs::{NodeConn, Stock};
+use super::plan::{Gather, Redirect, TrackingCommand};
+use super::state::{ClusterTracking, OwnConn, follow_proto};
+use super::state::{NodeConn, Stock};
 use super::{ClusterSession, ClusterView};
 use crate::commands::grammar;
 use crate::policy::rewrite::Strip;
@@ -78,7 +79,7 @@ use crate::session::effect::Effect;
 use crate::session::forward::register_upstream;
 use crate::session::route::Args;
 use crate::topology::cluster::Router;
-use crate::upstream::{Batch, Expect, Reply, ReplyWait, hello_command, unanswered};
+use crate::upstream::{Batch, Expect, Reply, ReplyWait, unanswered};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -116,156 +117,6 @@ const INVALIDATE: &[u8] = b">2\r\n$10\r\ninvalidate\r\n";
 
 /// The invalidation of every key (a flush), in RESP3.
 const FLUSHED: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
-
-/// A session's tracking: one connection per primary.
-pub(in crate::session) struct ClusterTracking {
-    /// One connection per primary of the map, tracking turned on there.
-    conns: Vec<NodeConn>,
-    /// The session's commands for a node go over its connection here (`conn_for`): in the
-    /// default mode Redis tracks the keys each connection reads, and with NOLOOP only the
-    /// tracking connection's own writes are left out.
-    carries: bool,
-    /// REDIRECT: the proxy id of the client the invalidations go to (each node's connection
-    /// names that client's connection there). The session's commands then take the tracking
-    /// connections whatever its RESP version, and the connections follow its HELLO.
-    redirect: Option<u64>,
-    /// The RESP version the connections speak.
-    proto: u8,
-    /// A `CLIENT CACHING` Redis took and no command has followed yet: `CACHING_YES` or
-    /// `CACHING_NO` (0: none). It is on every node's connection, and applies to the next
-    /// command only: that command's placement clears it on the other nodes
-    /// (`caching_next`). Atomic so placement, which borrows the session, can note it.
-    caching: AtomicU8,
-    /// The map's generation the connections were last checked against: a new map may name
-    /// a primary without one. Atomic only so the check can note it from `&self` (placement).
-    checked: AtomicU64,
-}
-
-/// Which connection a session's command for a node takes, as tracking or the client's own
-/// login decides it.
-pub(in crate::session) enum OwnConn<'a> {
-    /// Not decided by tracking: the node's shared connection, or a dedicated one.
-    Any,
-    /// The session's own connection to the node: its tracking connection (default-mode
-    /// tracking) or its login connection (`login`).
-    Own(&'a NodeConn),
-    /// Own connections, and none to the node (a primary the map gained): nothing may be
-    /// read there untracked, nor as the proxy's user.
-    Missing,
-}
-
-impl ClusterTracking {
-    /// Where the commands of each tracking connection go (a new login of the client goes on
-    /// them too: `login`).
-    pub(in crate::session) fn conns(&self) -> impl Iterator<Item = &mpsc::Sender<Batch>> {
-        self.conns.iter().map(|c| &c.tx)
-    }
-
-    /// Whether the session's commands go over the tracking connections (see `carries`).
-    pub(in crate::session) fn carries(&self) -> bool {
-        self.carries
-    }
-
-    /// Which connection a command for `node` takes (see `OwnConn`), in either protocol:
-    /// Redis tracks what a RESP2 connection reads too, and sends the invalidations once it
-    /// speaks RESP3 (the connections follow the client's HELLO: `own_conns_follow_proto`).
-    pub(in crate::session) fn conn_for(&self, node: u16) -> OwnConn<'_> {
-        if !self.carries {
-            return OwnConn::Any;
-        }
-        match self.conns.iter().find(|c| c.node == node) {
-            Some(c) => OwnConn::Own(c),
-            None => OwnConn::Missing,
-        }
-    }
-
-    /// Whether `tx` is one of the tracking connections (the session's dedicated connection
-    /// borrowed one, default mode).
-    pub(in crate::session) fn holds(&self, tx: &mpsc::Sender<Batch>) -> bool {
-        self.conns.iter().any(|c| c.tx.same_channel(tx))
-    }
-}
-
-/// A RESP3 client's connections that only listen for invalidations redirected to it, one
-/// per primary where it had none (see `listen_everywhere`).
-#[derive(Default)]
-pub(in crate::session) struct Listeners {
-    /// The connections, each mapped as the client's listener on its node (`client_ids`).
-    conns: Vec<NodeConn>,
-    /// Source of their ids (under `LISTENER_CONN`), to know which one ended.
-    next_id: u64,
-}
-
-/// `CLIENT TRACKING ON … REDIRECT <id>` spread over every primary: on each, the command names
-/// the named client's connection there (its dedicated connection on its own node, its
-/// listener on the others: `client_ids`).
-pub(in crate::session) struct Redirect {
-    /// The proxy's id of the client named.
-    client: u64,
-    /// The client lacks a connection on some primary and speaks RESP3: it is asked to open
-    /// them first (`summon`, `listen_everywhere`).
-    summon: bool,
-    /// The command's arguments as the client sent them.
-    args: Vec<Bytes>,
-    /// Index of the REDIRECT id among them.
-    at: usize,
-}
-
-impl Redirect {
-    /// The command for `node`, naming the client's connection there; `None` when it has
-    /// none (it ended since): Redis's answer for a client that is not there.
-    fn command_for(&self, ids: &ClientIds, node: u16) -> Option<Bytes> {
-        let upstream = ids.on_node(self.client, node)?.to_string();
-        let mut parts: Vec<&[u8]> = self.args.iter().map(|a| &a[..]).collect();
-        parts[self.at] = upstream.as_bytes();
-        Some(codec::encode(&parts))
-    }
-}
-
-/// A tracking command the session answers over the tracking connections.
-pub(in crate::session) enum TrackingCommand {
-    /// `CLIENT TRACKING ON …` while off: every primary gets a connection and the command (as
-    /// it goes upstream); `carries`: as `ClusterTracking::carries`.
-    Start {
-        command: Bytes,
-        carries: bool,
-        /// A namespaced tenant's: its prefix taken out of an error quoting the prefixes.
-        unquote: Option<Box<Strip>>,
-        /// REDIRECT: the client named, and where its id is in the command.
-        redirect: Option<Box<Redirect>>,
-    },
-    /// A tracking command while on (more prefixes, TRACKINGINFO, GETREDIR, CACHING): sent to
-    /// every tracking connection (`all`) or the first; the first reply is the client's.
-    Ask {
-        command: Bytes,
-        all: bool,
-        /// As `Start`'s.
-        unquote: Option<Box<Strip>>,
-    },
-    /// `CLIENT TRACKING ON …` while on, naming a redirect or none: sent to every tracking
-    /// connection (with a REDIRECT, naming its client's connection on each node); once every
-    /// node took it, the session's redirect is the one it names (Redis sets none without
-    /// REDIRECT).
-    Again {
-        command: Bytes,
-        redirect: Option<Box<Redirect>>,
-        /// Whether its options need the session's commands on the tracking connections
-        /// (NOLOOP): they then do from now on.
-        carries: bool,
-        /// As `Start`'s.
-        unquote: Option<Box<Strip>>,
-    },
-    /// `CLIENT CACHING yes|no`: sent to every tracking connection, as the next command may
-    /// go to any node; once Redis took it, the next command's placement clears it on the
-    /// others (`caching_next`). `yes`: the argument is YES.
-    Caching { command: Bytes, yes: bool },
-    /// `CLIENT TRACKING OFF`: the connections close, which turns tracking off on each node.
-    Stop,
-    /// Tracking cannot hold any more (a primary without a tracking connection): this error,
-    /// and the session ends after it, as its cache may hold values whose invalidation it
-    /// cannot get.
-    Lost(Bytes),
-}
 
 /// Whether `frame` is a RESP3 invalidation of every key (a flush) right behind the same
 /// (`last`: the frame it would follow, not yet written), in front of a cluster: a
@@ -955,17 +806,6 @@ pub(super) fn primary_without(
         checked.store(generation, Ordering::Relaxed);
     }
     missing
-}
-
-/// Queues `HELLO proto` on each of `conns` (speaking `spoken`, now `proto`) without waiting
-/// for its reply; `false` when one could not take it. Nothing when they already speak it.
-pub(super) fn follow_proto(conns: &[NodeConn], spoken: &mut u8, proto: u8) -> bool {
-    if *spoken == proto {
-        return true;
-    }
-    *spoken = proto;
-    let hello = hello_command(proto);
-    conns.iter().all(|conn| unanswered(&conn.tx, hello.clone()))
 }
 
 /// `command` on every connection, as `ask_all`; with a redirect, each connection's names the

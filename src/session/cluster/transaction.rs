@@ -13,8 +13,9 @@
 //! already be in the next transaction when this one's replies come back.
 
 use super::ClusterSession;
+use super::again::{Again, again_of};
 use super::merge::{Merge, unexpected};
-use super::{Again, again_of};
+use super::state::TxLog;
 use crate::protocol::codec::split_commands;
 use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::{ProxyError, error_reply};
@@ -34,20 +35,6 @@ const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
 
 const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
 const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
-
-/// The transaction open on the session's dedicated connection, as its replies show it.
-#[derive(Default)]
-pub(in crate::session) struct TxLog {
-    /// MULTI's reply has come back and EXEC's or DISCARD's has not: commands are being
-    /// queued.
-    open: bool,
-    /// The commands queued so far, as sent (the policy's hidden commands included), to
-    /// send again if the transaction must move.
-    queued: Vec<Bytes>,
-    /// The first redirection a queued command got: the node holding the transaction will
-    /// abort it, and the replay goes where this says.
-    again: Option<Again>,
-}
 
 /// What a transaction's EXEC reply becomes.
 enum ExecOutcome {

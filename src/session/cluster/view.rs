@@ -11,12 +11,12 @@
 
 use std::sync::Arc;
 
+use super::state::ClusterState;
 use crate::session::client::ClientState;
 use crate::session::conn::ConnState;
 use crate::session::context::Context;
 use crate::session::input::Input;
 use crate::session::reply_queue::ReplyQueue;
-use crate::session::routing::ClusterState;
 
 /// A cluster session's parts, borrowed exclusively: for the steps that send, receive and
 /// change state (gather, redirect, subscriptions, tracking, login).
