@@ -27,29 +27,7 @@ use std::path::{Path, PathBuf};
 
 /// Strongly connected groups of modules that are known and being cut elsewhere; each found
 /// cycle must lie within one of them.
-const PENDING: &[&[&str]] = &[
-    // Since 2026-12-07 `Session` (`session/mod.rs`), its parts, `Action`, the cluster's
-    // plans (`cluster::plan`) and its per-session state (`cluster::state`) are below
-    // everything that works on them, and no mode file is `impl Session`. What is left
-    // (issue 29): free functions the cluster files call in each other and in mode-neutral
-    // files that call the mode (`forward`, `routing`, `replica_reads`).
-    &[
-        "session::cluster",
-        "session::cluster::gather",
-        "session::cluster::keyspace",
-        "session::cluster::login",
-        "session::cluster::monitor",
-        "session::cluster::place",
-        "session::cluster::redirect",
-        "session::cluster::shard_subs",
-        "session::cluster::sort",
-        "session::cluster::tracking",
-        "session::cluster::transaction",
-        "session::forward",
-        "session::replica_reads",
-        "session::routing",
-    ],
-];
+const PENDING: &[&[&str]] = &[];
 
 /// The same for `no_top_level_module_cycles`: groups of top-level modules still in a loop.
 const PENDING_TOP_LEVEL: &[&[&str]] = &[];

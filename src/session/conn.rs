@@ -1,7 +1,10 @@
 //! The session's upstream connections: which one a command goes to (`Target`), the
 //! dedicated one, and the state the client holds on it (`ConnState`).
 
+use super::client::ClientState;
+use super::context::Context;
 use super::{client_ids, tenant_quota};
+use crate::protocol::answers;
 use crate::upstream::Batch;
 use tokio::sync::mpsc;
 
@@ -178,5 +181,56 @@ impl ConnState {
         if let Some(d) = &mut self.dedicated {
             d.proto = proto;
         }
+    }
+}
+
+/// Queues a batch for an upstream connection. The queue is rarely full, so the waiting send
+/// (its future holds the batch and a semaphore waiter) is boxed: inline, it would sit in every
+/// session's task state for the rare case.
+pub(super) async fn enqueue(
+    tx: &mpsc::Sender<Batch>,
+    batch: Batch,
+) -> Result<(), mpsc::error::SendError<Batch>> {
+    match tx.try_send(batch) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Closed(batch)) => Err(mpsc::error::SendError(batch)),
+        Err(mpsc::error::TrySendError::Full(batch)) => Box::pin(tx.send(batch)).await,
+    }
+}
+
+/// Maps the client's id to its new dedicated connection to `node`, Redis's `upstream` id
+/// there (`client_ids`), for as long as the returned registration lives; every way a
+/// session opens one (here, `summon`, a cluster redirection) goes through this.
+pub(super) fn register_upstream(
+    ctx: &Context,
+    client: u64,
+    node: u16,
+    upstream: Option<u64>,
+) -> Option<super::client_ids::Registration> {
+    let upstream = super::client_ids::Upstream {
+        node,
+        id: upstream?,
+    };
+    Some(ctx.client_ids.register(client, upstream))
+}
+
+/// A share of the client's tenant's dedicated connections (`tenant_quota`), waiting up
+/// to `upstream.dedicated_wait_ms` for one; the reason when none came.
+pub(super) async fn take_share(
+    ctx: &Context,
+    client: &ClientState,
+) -> Result<super::tenant_quota::Share, String> {
+    let (max, caps, wait) = &ctx.dedicated_caps;
+    let access = &client.policy.access;
+    let limit = caps.per_tenant(*max, access.tenant_count());
+    let tenant = client.tenant;
+    match ctx.tenant_quota.take(tenant, limit, *wait).await {
+        Some(share) => Ok(share),
+        None => Err(answers::dedicated_tenant_limit(
+            access.tenant_name(tenant),
+            limit,
+            *max,
+            wait.as_millis(),
+        )),
     }
 }

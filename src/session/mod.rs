@@ -26,6 +26,7 @@ mod forward;
 mod input;
 mod io;
 mod limiter_transport;
+mod modes;
 mod pause;
 mod process;
 mod proxy_commands;

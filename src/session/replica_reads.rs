@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use super::action::Action;
 use super::client::ClientState;
+use super::conn::enqueue;
 use super::conn::{ConnState, Target};
 use super::context::Context;
 use super::effect::Effect;
-use super::forward::enqueue;
 use super::reply_queue::ReplyQueue;
 use crate::commands::{AclCategories, CommandSpec};
 use crate::protocol::codec::{CodecLimits, split_commands};

@@ -42,3 +42,20 @@ pub(super) fn redirect_of(frame: &[u8], answered_by: &str) -> Option<Redirect> {
     }
     Redirect::parse(frame, answered_by).ok().flatten()
 }
+
+/// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
+/// happen to contain the text are sorted out by parsing each frame).
+pub(super) fn may_redirect(data: &[u8]) -> bool {
+    let redirect = |at: &[u8]| {
+        at.starts_with(b"MOVED ") || at.starts_with(b"ASK ") || at.starts_with(b"TRYAGAIN")
+    };
+    // One pass over the replies for a line that starts an error (rare), rather than one per
+    // redirection kind: three scans of every reply were 1.3% of the proxy's CPU at `-P 16`.
+    // The searcher is built once: built per reply it was another 0.4%.
+    static ERROR_LINE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\r\n-"));
+    data.strip_prefix(b"-").is_some_and(redirect)
+        || ERROR_LINE
+            .find_iter(data)
+            .any(|at| redirect(&data[at + 3..]))
+}

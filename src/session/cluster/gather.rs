@@ -4,10 +4,10 @@
 //! whole-keyspace command sent to every primary (`Fanout`), a multi-key command split by slot
 //! (`Split`), one step of a SCAN over the primaries (`Scan`). `merge` combines the replies.
 
+use super::again::may_redirect;
 use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
 use super::plan::{Fanout, Gather, NodeBatch, Scan, Split};
-use super::redirect::may_redirect;
 use super::state::OwnConn;
 use super::{ClusterSession, ClusterView};
 use crate::commands::grammar::keyword;

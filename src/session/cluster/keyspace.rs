@@ -100,7 +100,7 @@ fn one_kind(kind: SubKind, names: Vec<Bytes>) -> Subscriptions {
 /// is in the session's channel, so it keeps its place against the home connection's
 /// confirmations.
 fn filtered(push: PushTarget, names: Arc<Mutex<Names>>) -> PushTarget {
-    super::gated(push, names, |names, frame| names.admits(frame))
+    super::gate::gated(push, names, |names, frame| names.admits(frame))
 }
 
 impl ClusterSession<'_> {

@@ -112,7 +112,7 @@ impl ClusterSession<'_> {
                 }
                 match result {
                     HelloOutcome::Accepted => {
-                        super::as_standalone(with_client_id(&reply, self.client.id))
+                        super::place::as_standalone(with_client_id(&reply, self.client.id))
                     }
                     _ => reply,
                 }

@@ -59,7 +59,7 @@ fn lock(gate: &Mutex<bool>) -> MutexGuard<'_, bool> {
 /// (`super::gated`), so once the gate is closed no line is on its way: one that passed is in
 /// the session's channel already, before the reply of the RESET that closed it.
 fn gated(push: PushTarget, open: Arc<Mutex<bool>>) -> PushTarget {
-    super::gated(push, open, |open, _| *open)
+    super::gate::gated(push, open, |open, _| *open)
 }
 
 impl ClusterSession<'_> {

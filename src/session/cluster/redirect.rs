@@ -3,7 +3,7 @@
 //! dedicated connection for a blocking command), up to `max_redirects` times; and a batch
 //! refused because its node was down is routed again once the map has changed.
 
-use super::again::{Again, again_of};
+use super::again::{Again, again_of, may_redirect};
 use super::exchange::lost_reply;
 use super::transaction;
 use super::{ClusterSession, ClusterView};
@@ -12,8 +12,8 @@ use crate::protocol::codec::{CodecLimits, Decoded};
 use crate::protocol::error::UpstreamError;
 use crate::protocol::{answers, codec};
 use crate::session::conn::InTransaction;
+use crate::session::conn::register_upstream;
 use crate::session::conn::{Dedicated, Holds, Target};
-use crate::session::forward::register_upstream;
 use crate::session::replica_reads::failed_reads;
 use crate::session::reply_queue::{PUSH_BUDGET, Slot};
 use crate::topology::cluster::{Redirect, Router};
@@ -544,23 +544,6 @@ pub(in crate::session) fn node_of_command(
         }
         _ => None,
     }
-}
-
-/// Whether a batch's replies may hold a MOVED, ASK or TRYAGAIN (a cheap scan; values that
-/// happen to contain the text are sorted out by parsing each frame).
-pub(super) fn may_redirect(data: &[u8]) -> bool {
-    let redirect = |at: &[u8]| {
-        at.starts_with(b"MOVED ") || at.starts_with(b"ASK ") || at.starts_with(b"TRYAGAIN")
-    };
-    // One pass over the replies for a line that starts an error (rare), rather than one per
-    // redirection kind: three scans of every reply were 1.3% of the proxy's CPU at `-P 16`.
-    // The searcher is built once: built per reply it was another 0.4%.
-    static ERROR_LINE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\r\n-"));
-    data.strip_prefix(b"-").is_some_and(redirect)
-        || ERROR_LINE
-            .find_iter(data)
-            .any(|at| redirect(&data[at + 3..]))
 }
 
 /// The error a command gets when it is still redirected after `max_redirects` resends.

@@ -29,9 +29,9 @@
 //! Redis, which reads the patterns itself).
 
 use super::ClusterSession;
+use super::again::may_redirect;
 use super::exchange::{lost_reply, receive};
 use super::plan::SortGather;
-use super::redirect::may_redirect;
 use crate::commands::grammar::keyword;
 use crate::policy::rewrite::Rewrite;
 use crate::protocol::{answers, codec};
