@@ -42,15 +42,19 @@
 //!   Sentinel, rate-limit scripts), `redis-protocol` behind depth and completeness checks.
 //! - [`commands::classify`]: command classification and the routing facts the session needs.
 //! - [`session`]: one client connection: read, batch, forward, reply in order. `session` itself
-//!   holds the shape (the session's parts, `Action`, `Decision`, `Command`) and `process`;
-//!   `session::io` is the socket loop, `session::batch` joins commands into runs,
+//!   is the module map and `Session`; its parts have files of their own below everything
+//!   that works on them (`session::context`, `client`, `conn`, `reply_queue`, `input`, `run`,
+//!   `effect`, `action`), `session::process` runs the command path and `session::modes`
+//!   makes the views mode code runs on (`cluster::ClusterSession`, `ClusterView`,
+//!   `replica_reads::ReplicaReads`); `session::io` is the socket loop, `session::batch` joins commands into runs,
 //!   `session::forward` sends them, `session::queue` puts replies in order, `session::state`
 //!   applies what a command changes on the connection; `session::route`
 //!   decides each command (policy verdict, then route), `session::routing` holds what the
 //!   upstream mode keeps per session, `session::replies` shapes replies (hidden replies
 //!   removed, EXEC filtered, CLIENT INFO/HELLO made about the client, `session::config_get`
 //!   the upstream's secret parameters removed from CONFIG GET); in cluster mode
-//!   `session::cluster` places commands on nodes and follows redirections,
+//!   `session::cluster` places commands on nodes and follows redirections (its plans in
+//!   `session::cluster::plan`, its per-session state in `session::cluster::state`),
 //!   `session::scatter` sends a pipeline as one batch per node and `session::spread` keeps
 //!   each hash slot's commands in order across nodes. `session::client_ids` maps the ids the
 //!   proxy gives to its clients' upstream connections, `session::client_list` answers
