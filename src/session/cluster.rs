@@ -20,10 +20,17 @@
 //! - `transaction`, `subscriber`, `shard_subs`: pinned state that moves with its slot or node;
 //! - `keyspace`: keyspace notifications, published only on the key's node, heard from every
 //!   primary over extra pub/sub connections;
-//! - `monitor`: MONITOR, which shows only its node's commands, opened on every primary.
+//! - `monitor`: MONITOR, which shows only its node's commands, opened on every primary;
+//! - `tracking`, `login`: CLIENT TRACKING and the client's own login over every primary.
 //!
-//! They import each other one way only: `place` → `gather` → `redirect` → `transaction`,
-//! and `exchange` and `merge` below them all. What two of them share is here.
+//! Below them all, data they share: `plan` (what `place` decides the cluster carries out:
+//! `Gather`, `Spread`, `Prepare`, held by `Action`), `state` (`ClusterState` and the
+//! session's own node connections), `view` (`ClusterSession`, `ClusterView`: the session as
+//! the steps see it), `again` (a reply's MOVED/ASK/TRYAGAIN) and `gate` (the push gate of
+//! the extra connections). They import each other one way only (`tests/import_cycles.rs`):
+//! `place` → `gather` → `exchange`, `sort` → `gather`, `redirect` → the concerns whose
+//! connection ids it tells apart, and `merge` below the steps. Here: the hooks every
+//! concern takes part in (`spread`, `prepare`, `conns_follow_proto`, `answer_to`).
 
 use bytes::Bytes;
 use plan::{Prepare, Spread};

@@ -1,8 +1,7 @@
 //! What cluster code sees of a session: the parts it reads and changes, borrowed, with the
 //! cluster's own state in place of the mode-neutral `Routing`. Cluster steps are methods of
-//! these views, not of `Session`, so the compiler lists what the mode depends on (the five
-//! parts below and nothing else of the session: not its client-list row, not its audit
-//! trail), and cluster code cannot reach another mode's state or ask which mode it is in.
+//! these views, not of `Session`, so the compiler lists what the mode depends on (the parts
+//! below and nothing else of the session: not its client-list row, not its audit trail), and cluster code cannot reach another mode's state or ask which mode it is in.
 //!
 //! Two views because `decide` is pure: it holds the session shared (the command's bytes are
 //! borrowed from the read buffer while it runs), so placement gets a shared view; every
