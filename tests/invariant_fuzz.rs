@@ -25,10 +25,13 @@
 //!
 //! The server is `common::server_binary()` (`RPP_REDIS_SERVER`, else Debian's redis-server);
 //! a second test runs the same fuzzer in front of each newer server of the matrix that
-//! `scripts/build-servers.sh` built (docs/compatibility.md), one run at a time.
+//! `scripts/build-servers.sh` built (docs/compatibility.md), and a third in front of a
+//! 3-primary Redis Cluster (the checks ask each key's own node, each node's monitor is
+//! fenced), one run at a time.
 //!
 //! Environment: `INVARIANT_FUZZ_SECS` (default 90; 0 replays the corpus only),
 //! `INVARIANT_FUZZ_MATRIX_SECS` (the same per matrix server, default 20),
+//! `INVARIANT_FUZZ_CLUSTER_SECS` (the same in front of the cluster, default 30),
 //! `INVARIANT_FUZZ_SEED` (default: from the clock, printed), `INVARIANT_FUZZ_STEPS` (a bound
 //! on steps, default unbounded), `INVARIANT_FUZZ_CORPUS=0` (skip the corpus),
 //! `INVARIANT_FUZZ_NEWER=1` (also commands and options newer than the proxy's 7.0 table,
@@ -50,6 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cluster::RedisCluster;
 use common::docs_grammar::Doc;
 use common::process::ProxyProcess;
 use common::{Raw, RedisServer, Rng, resp};
@@ -129,8 +133,9 @@ const TENANTS: [Tenant; 3] = [
     },
 ];
 
-/// `policy/default.yaml` with every rule enforced, the upstream's password, and the tenants.
-fn policy_yaml() -> String {
+/// `policy/default.yaml` with every rule enforced, the upstream's password, and the tenants;
+/// in front of the cluster seeded at `seeds` when there are any.
+fn policy_yaml(seeds: &[String]) -> String {
     let mut yaml = common::default_policy_enforced();
     // unbounded-reads is audited in the shipped file too; the fuzzer enforces every rule.
     yaml = yaml.replace("    mode: audit\n", "    mode: enforce\n");
@@ -142,7 +147,15 @@ fn policy_yaml() -> String {
     );
     let address = "  address: 127.0.0.1:6379\n";
     assert!(yaml.contains(address), "default.yaml's upstream address");
-    yaml = yaml.replace(address, &format!("{address}  password: {SECRET}\n"));
+    let upstream = if seeds.is_empty() {
+        address.to_string()
+    } else {
+        format!(
+            "  mode: cluster\n  cluster:\n    seeds: [{}]\n",
+            seeds.join(", ")
+        )
+    };
+    yaml = yaml.replace(address, &format!("{upstream}  password: {SECRET}\n"));
     yaml.push_str(&format!(
         "\naccess:\n  require_auth: true\n  users:\n    \
          - {{name: alice, password_sha256: 6624974ea2baffac164422e4490376c1c31313cd97724ae8ce62fb3f0a0370f2}}\n    \
@@ -1530,16 +1543,33 @@ struct FuzzConn {
     in_multi: bool,
 }
 
+/// What the proxy runs in front of.
+enum Servers {
+    One(RedisServer),
+    /// Three primaries, no replicas: the proxy's cluster mode, where commands are split,
+    /// gathered and spread over nodes (docs/cluster.md), each a new place for a rule to miss.
+    Cluster(#[expect(dead_code, reason = "held for its drop, which stops the nodes")] RedisCluster),
+}
+
+/// Direct connections to one server (a cluster's primary), which the proxy does not see.
+struct Node {
+    /// For checks and repairs, logged in.
+    ctl: Raw,
+    /// Subscribed to every keyevent notification of this server and to the fence channel:
+    /// a cluster node publishes its own keys' events only.
+    mon: Raw,
+}
+
 struct World {
     /// The policy file and the proxy's log, removed on drop.
     _dir: common::TempDir,
-    /// Owned so the server lives exactly as long as the world (killed on drop).
-    _redis: RedisServer,
+    /// Owned so the servers live exactly as long as the world (killed on drop).
+    _servers: Servers,
     proxy: ProxyProcess,
-    /// Direct connection for checks and repairs.
-    ctl: Raw,
-    /// Direct connection subscribed to every keyevent notification and the fence channel.
-    mon: Raw,
+    /// One per server: the only one standalone, each primary of a cluster.
+    nodes: Vec<Node>,
+    /// In a cluster, the index in `nodes` of each slot's owner; empty standalone.
+    owner: Vec<usize>,
     conns: Vec<FuzzConn>,
     shared: Arc<Shared>,
     exp: Expansions,
@@ -1682,150 +1712,65 @@ struct Observed {
     closed: bool,
 }
 
-impl World {
-    /// The proxy in front of a fresh server running `bin` (`common::server_binary()`, or a
-    /// server of the matrix).
-    async fn start(bin: &Path) -> World {
-        let redis = RedisServer::start_binary(bin, &["--requirepass", SECRET]);
-        let yaml = policy_yaml();
-        let dir = common::TempDir::new("invariant-fuzz");
-        let policy = common::write_file(dir.path(), "policy.yaml", &yaml);
-        let proxy = ProxyProcess::start(&policy, &redis, dir.path().join("proxy.log"), &[]).await;
-        let mut ctl = redis.raw().await;
-        assert_eq!(
-            ctl.call(&["CONFIG", "SET", "notify-keyspace-events", "KEA"])
-                .await,
-            b"+OK\r\n"
-        );
-        let mut mon = redis.raw().await;
-        mon.send(&resp(&["PSUBSCRIBE", "__keyevent@*__:*"])).await;
-        mon.send(&resp(&["SUBSCRIBE", "__fence__"])).await;
-        mon.read_frames(2).await;
+/// A logged-in direct connection to the server at `addr`.
+async fn direct(addr: &str) -> Raw {
+    let mut c = Raw::connect(addr).await;
+    assert_eq!(c.call(&["AUTH", SECRET]).await, b"+OK\r\n", "direct AUTH");
+    c
+}
 
-        // RESTORE payloads from this very server: a 5 MB string compresses to a DUMP far
-        // below the value cap (issue 26), plus ordinary small ones.
-        let mut dumps = HashMap::new();
-        let big = "a".repeat(5_000_000);
-        for (name, setup) in [
-            ("dump-big", vec!["SET", "__dump", big.as_str()]),
-            ("dump-small", vec!["SET", "__dump", "small-value"]),
-            ("dump-list", vec!["RPUSH", "__dump", "x", "y", "z"]),
-            ("dump-hash", vec!["HSET", "__dump", "f", "v"]),
-        ] {
-            ctl.call(&["DEL", "__dump"]).await;
-            ctl.call(&setup).await;
-            let frame = ctl.call(&["DUMP", "__dump"]).await;
-            let (len, at) = header(&frame, 0).expect("a DUMP payload");
-            dumps.insert(name, frame[at..at + len].to_vec());
-        }
-        ctl.call(&["DEL", "__dump"]).await;
-        assert!(
-            dumps["dump-big"].len() < VALUE_CAP,
-            "the big DUMP fits the cap"
-        );
-
-        let victim_keys = ["a", "b"]
-            .iter()
-            .flat_map(|t| (0..2).map(move |i| format!("t{t}:__victim:{t}{i}").into_bytes()))
-            .collect();
-        let mut world = World {
-            proxy,
-            ctl,
-            mon,
-            conns: (0..TENANTS.len()).map(|_| FuzzConn::default()).collect(),
-            shared: Arc::new(Shared {
-                findings: Mutex::new(Vec::new()),
-                current: Mutex::new(None),
-                gate: tokio::sync::RwLock::new(()),
-                stop: AtomicBool::new(false),
-            }),
-            exp: Expansions { dumps },
-            denied: denied_commands(&yaml),
-            baseline: Vec::new(),
-            persistent_ok: HashSet::new(),
-            oversize_ok: HashSet::new(),
-            victim_keys,
-            fences: 0,
-            sentinels: 0,
-            _redis: redis,
-            _dir: dir,
-        };
-        world.baseline = world.fingerprint().await;
-        world
+/// The index in `World::nodes` of the server holding `key`: its slot's owner in a cluster
+/// (`owner`), else the one server.
+fn node_of(owner: &[usize], key: &[u8]) -> usize {
+    if owner.is_empty() {
+        0
+    } else {
+        owner[usize::from(redis_policy_proxy::cluster::slot(key))]
     }
+}
 
-    fn spawn_victims(&self) {
-        let addr = self.proxy.addr();
-        for (tenant, t) in TENANTS
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.prefix.is_some())
-        {
-            for (i, resp3) in [false, true].into_iter().enumerate() {
-                let key = format!("__victim:{}{i}", t.name);
-                tokio::spawn(victim(
-                    self.shared.clone(),
-                    addr.clone(),
-                    tenant,
-                    resp3,
-                    key,
-                ));
-            }
-            tokio::spawn(listener(self.shared.clone(), addr.clone(), tenant));
-        }
+/// What no client may change on one server (`World::fingerprint`).
+async fn node_fingerprint(ctl: &mut Raw, cluster: bool) -> Vec<u8> {
+    let mut out = ctl
+        .call(&[
+            "CONFIG",
+            "GET",
+            "notify-keyspace-events",
+            "maxmemory",
+            "maxmemory-policy",
+            "requirepass",
+            "appendonly",
+            "save",
+            "dir",
+            "dbfilename",
+            "replica-read-only",
+            "protected-mode",
+            "enable-debug-command",
+        ])
+        .await;
+    out.extend(ctl.call(&["ACL", "USERS"]).await);
+    // The role's name only: Redis 7.2+ and Valkey move the replication offset of a primary
+    // without replicas on WAIT (0 to 1), which changes nothing a tenant could use.
+    let role = ctl.call(&["ROLE"]).await;
+    let name_end = role
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w == b"\r\n")
+        .nth(2)
+        .map_or(role.len(), |(i, _)| i + 2);
+    out.extend(&role[..name_end]);
+    if cluster {
+        out.extend(ctl.call(&["CLUSTER", "MYID"]).await);
+        out.extend(ctl.call(&["CLUSTER", "SLOTS"]).await);
     }
+    out
+}
 
-    /// What no client may change on the server: its key settings, users and role.
-    async fn fingerprint(&mut self) -> Vec<u8> {
-        let mut out = self
-            .ctl
-            .call(&[
-                "CONFIG",
-                "GET",
-                "notify-keyspace-events",
-                "maxmemory",
-                "maxmemory-policy",
-                "requirepass",
-                "appendonly",
-                "save",
-                "dir",
-                "dbfilename",
-                "replica-read-only",
-                "protected-mode",
-                "enable-debug-command",
-            ])
-            .await;
-        out.extend(self.ctl.call(&["ACL", "USERS"]).await);
-        // The role's name only: Redis 7.2+ and Valkey move the replication offset of a primary
-        // without replicas on WAIT (0 to 1), which changes nothing a tenant could use.
-        let role = self.ctl.call(&["ROLE"]).await;
-        let name_end = role
-            .windows(2)
-            .enumerate()
-            .filter(|(_, w)| w == b"\r\n")
-            .nth(2)
-            .map_or(role.len(), |(i, _)| i + 2);
-        out.extend(&role[..name_end]);
-        out
-    }
-
-    /// Every command the server documents, but those the fuzzer never sends ([`excluded`]).
-    async fn documented(&mut self) -> Vec<Doc> {
-        let reply = self.ctl.call(&["COMMAND", "DOCS"]).await;
-        let value = redis::parse_redis_value(&reply).expect("COMMAND DOCS parses");
-        let mut docs = Vec::new();
-        common::docs_grammar::parse_docs(&value, &mut docs);
-        docs.retain(|d| !excluded_name(&d.name) && !d.name.ends_with("|help"));
-        docs.sort_by(|a, b| a.name.cmp(&b.name));
-        docs
-    }
-
-    /// Every key event since the last fence: (database, event, key).
-    async fn drain_events(&mut self) -> Vec<(u32, String, Vec<u8>)> {
-        self.fences += 1;
-        let token = format!("fence-{}", self.fences);
+impl Node {
+    /// Every key event of this server since its last fence (`World::drain_events`).
+    async fn drain_events(&mut self, token: &str) -> Vec<(u32, String, Vec<u8>)> {
         self.ctl
-            .send(&common::resp(&["PUBLISH", "__fence__", &token]))
+            .send(&common::resp(&["PUBLISH", "__fence__", token]))
             .await;
         let got = self.ctl.collect_frames(1, common::DEADLINE).await;
         // The fuzzer's own connection to the server: quiet only when the server itself
@@ -1872,6 +1817,188 @@ impl World {
             assert!(Instant::now() < until, "no fence {token} from the monitor");
         }
     }
+}
+
+impl World {
+    /// The proxy in front of a fresh server running `bin` (`common::server_binary()`, or a
+    /// server of the matrix), or of a fresh 3-primary cluster of it when `cluster`.
+    async fn start(bin: &Path, cluster: bool) -> World {
+        let (servers, addrs, owner) = if cluster {
+            let c = RedisCluster::start_binary(bin, 3, 0, &[]);
+            let addrs = c.primaries();
+            let first = c.nodes()[0].port;
+            let redis::Value::Array(ranges) = c.query(first, &["CLUSTER", "SLOTS"]).unwrap() else {
+                panic!("CLUSTER SLOTS is an array");
+            };
+            let mut owner = vec![usize::MAX; 16384];
+            for (start, end, primary) in common::cluster::slot_ranges(&ranges) {
+                let i = addrs.iter().position(|a| *a == primary).unwrap();
+                for slot in start..=end {
+                    owner[slot as usize] = i;
+                }
+            }
+            assert!(owner.iter().all(|&i| i < addrs.len()), "every slot served");
+            // The password once the cluster is whole (its helper and `redis-cli --cluster
+            // create` speak to the nodes without one); no replica needs `masterauth`.
+            for a in &addrs {
+                let mut r = Raw::connect(a).await;
+                assert_eq!(
+                    r.call(&["CONFIG", "SET", "requirepass", SECRET]).await,
+                    b"+OK\r\n"
+                );
+            }
+            (Servers::Cluster(c), addrs, owner)
+        } else {
+            let r = RedisServer::start_binary(bin, &["--requirepass", SECRET]);
+            let addrs = vec![r.addr()];
+            (Servers::One(r), addrs, Vec::new())
+        };
+        let yaml = policy_yaml(if cluster { &addrs } else { &[] });
+        let dir = common::TempDir::new("invariant-fuzz");
+        let policy = common::write_file(dir.path(), "policy.yaml", &yaml);
+        let log = dir.path().join("proxy.log");
+        let proxy = match &servers {
+            Servers::One(redis) => ProxyProcess::start(&policy, redis, log, &[]).await,
+            Servers::Cluster(_) => ProxyProcess::start_as_filed(&policy, log).await,
+        };
+        let mut nodes = Vec::new();
+        for a in &addrs {
+            let mut ctl = direct(a).await;
+            assert_eq!(
+                ctl.call(&["CONFIG", "SET", "notify-keyspace-events", "KEA"])
+                    .await,
+                b"+OK\r\n"
+            );
+            let mut mon = direct(a).await;
+            mon.send(&resp(&["PSUBSCRIBE", "__keyevent@*__:*"])).await;
+            mon.send(&resp(&["SUBSCRIBE", "__fence__"])).await;
+            mon.read_frames(2).await;
+            nodes.push(Node { ctl, mon });
+        }
+
+        // RESTORE payloads from this very server: a 5 MB string compresses to a DUMP far
+        // below the value cap (issue 26), plus ordinary small ones.
+        let mut dumps = HashMap::new();
+        let big = "a".repeat(5_000_000);
+        let ctl = &mut nodes[node_of(&owner, b"__dump")].ctl;
+        for (name, setup) in [
+            ("dump-big", vec!["SET", "__dump", big.as_str()]),
+            ("dump-small", vec!["SET", "__dump", "small-value"]),
+            ("dump-list", vec!["RPUSH", "__dump", "x", "y", "z"]),
+            ("dump-hash", vec!["HSET", "__dump", "f", "v"]),
+        ] {
+            ctl.call(&["DEL", "__dump"]).await;
+            ctl.call(&setup).await;
+            let frame = ctl.call(&["DUMP", "__dump"]).await;
+            let (len, at) = header(&frame, 0).expect("a DUMP payload");
+            dumps.insert(name, frame[at..at + len].to_vec());
+        }
+        ctl.call(&["DEL", "__dump"]).await;
+        assert!(
+            dumps["dump-big"].len() < VALUE_CAP,
+            "the big DUMP fits the cap"
+        );
+
+        let victim_keys = ["a", "b"]
+            .iter()
+            .flat_map(|t| (0..2).map(move |i| format!("t{t}:__victim:{t}{i}").into_bytes()))
+            .collect();
+        let mut world = World {
+            proxy,
+            nodes,
+            owner,
+            conns: (0..TENANTS.len()).map(|_| FuzzConn::default()).collect(),
+            shared: Arc::new(Shared {
+                findings: Mutex::new(Vec::new()),
+                current: Mutex::new(None),
+                gate: tokio::sync::RwLock::new(()),
+                stop: AtomicBool::new(false),
+            }),
+            exp: Expansions { dumps },
+            denied: denied_commands(&yaml),
+            baseline: Vec::new(),
+            persistent_ok: HashSet::new(),
+            oversize_ok: HashSet::new(),
+            victim_keys,
+            fences: 0,
+            sentinels: 0,
+            _servers: servers,
+            _dir: dir,
+        };
+        world.baseline = world.fingerprint().await;
+        world
+    }
+
+    fn spawn_victims(&self) {
+        let addr = self.proxy.addr();
+        for (tenant, t) in TENANTS
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.prefix.is_some())
+        {
+            for (i, resp3) in [false, true].into_iter().enumerate() {
+                let key = format!("__victim:{}{i}", t.name);
+                tokio::spawn(victim(
+                    self.shared.clone(),
+                    addr.clone(),
+                    tenant,
+                    resp3,
+                    key,
+                ));
+            }
+            tokio::spawn(listener(self.shared.clone(), addr.clone(), tenant));
+        }
+    }
+
+    /// What no client may change on the servers: their key settings, users and role, and in a
+    /// cluster which slots each serves.
+    async fn fingerprint(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let cluster = !self.owner.is_empty();
+        for node in &mut self.nodes {
+            out.extend(node_fingerprint(&mut node.ctl, cluster).await);
+        }
+        out
+    }
+
+    /// A command's reply from every server, in `nodes` order.
+    async fn every_node(&mut self, args: &[&str]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for node in &mut self.nodes {
+            out.push(node.ctl.call(args).await);
+        }
+        out
+    }
+
+    /// The direct connection to the server holding `key`.
+    fn ctl_of(&mut self, key: &[u8]) -> &mut Raw {
+        let i = node_of(&self.owner, key);
+        &mut self.nodes[i].ctl
+    }
+
+    /// Every command the server documents, but those the fuzzer never sends ([`excluded`]).
+    async fn documented(&mut self) -> Vec<Doc> {
+        let reply = self.nodes[0].ctl.call(&["COMMAND", "DOCS"]).await;
+        let value = redis::parse_redis_value(&reply).expect("COMMAND DOCS parses");
+        let mut docs = Vec::new();
+        common::docs_grammar::parse_docs(&value, &mut docs);
+        docs.retain(|d| !excluded_name(&d.name) && !d.name.ends_with("|help"));
+        docs.sort_by(|a, b| a.name.cmp(&b.name));
+        docs
+    }
+
+    /// Every key event since the last fence, of every server: (database, event, key).
+    async fn drain_events(&mut self) -> Vec<(u32, String, Vec<u8>)> {
+        self.fences += 1;
+        let mut events = Vec::new();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            // A token per server: a cluster broadcasts PUBLISH to every node, so each
+            // monitor sees the others' fences too, and waits for its own server's.
+            let token = format!("fence-{}-{i}", self.fences);
+            events.extend(node.drain_events(&token).await);
+        }
+        events
+    }
 
     /// An empty keyspace, the prepared collections and the canary, fresh fuzz connections.
     async fn reset(&mut self) {
@@ -1880,10 +2007,12 @@ impl World {
         for c in &mut self.conns {
             *c = FuzzConn::default();
         }
-        self.ctl.call(&["FLUSHALL"]).await;
+        self.every_node(&["FLUSHALL"]).await;
         self.persistent_ok.clear();
         self.oversize_ok.clear();
-        self.ctl.call(&["SET", "__canary__", "1"]).await;
+        self.ctl_of(b"__canary__")
+            .call(&["SET", "__canary__", "1"])
+            .await;
         self.prepare_collections().await;
         self.drain_events().await;
         drop(guard);
@@ -1895,8 +2024,14 @@ impl World {
         for t in &TENANTS {
             let p = t.prefix.unwrap_or("");
             let m = t.marker;
-            let mut req = Vec::new();
-            let mut n = 0;
+            // Per server: the requests and how many.
+            let mut reqs: Vec<(Vec<u8>, usize)> = vec![(Vec::new(), 0); self.nodes.len()];
+            let owner = &self.owner;
+            let mut add = |cmd: &[String]| {
+                let r = &mut reqs[node_of(owner, cmd[1].as_bytes())];
+                r.0.extend(resp(cmd));
+                r.1 += 1;
+            };
             let mut list = vec!["RPUSH".to_string(), format!("{p}biglist")];
             let mut zset = vec!["ZADD".to_string(), format!("{p}bigzset")];
             let mut set = vec!["SADD".to_string(), format!("{p}bigset")];
@@ -1914,18 +2049,16 @@ impl World {
                         format!("{m}-{i}"),
                     ]);
                 }
-                req.extend(resp(&[
-                    "XADD",
-                    &format!("{p}bigstream"),
-                    "*",
-                    "f",
-                    &format!("{m}-{i}"),
-                ]));
-                n += 1;
+                add(&[
+                    "XADD".into(),
+                    format!("{p}bigstream"),
+                    "*".into(),
+                    "f".into(),
+                    format!("{m}-{i}"),
+                ]);
             }
             for c in [list, zset, set, hash, geo] {
-                req.extend(resp(&c));
-                n += 1;
+                add(&c);
             }
             for k in [
                 "biglist",
@@ -1935,12 +2068,13 @@ impl World {
                 "biggeo",
                 "bigstream",
             ] {
-                req.extend(resp(&["EXPIRE", &format!("{p}{k}"), "86400"]));
-                n += 1;
+                add(&["EXPIRE".into(), format!("{p}{k}"), "86400".into()]);
             }
-            self.ctl.send(&req).await;
-            let frames = self.ctl.collect_frames(n, common::DEADLINE * 3).await;
-            assert_eq!(frames.frames.len(), n, "preparing the collections");
+            for (node, (req, n)) in self.nodes.iter_mut().zip(reqs) {
+                node.ctl.send(&req).await;
+                let frames = node.ctl.collect_frames(n, common::DEADLINE * 3).await;
+                assert_eq!(frames.frames.len(), n, "preparing the collections");
+            }
         }
     }
 
@@ -2104,6 +2238,21 @@ impl World {
                     .iter()
                     .filter(|o| o.prefix.is_some() && o.name != t.name)
                 {
+                    // Key names too: the victims' keys exist in every run, and no value the
+                    // generator writes holds their names (SCAN, or a cluster's gathered
+                    // SCAN, must never list another tenant's key).
+                    let victim_key = format!("{}__victim:", o.prefix.unwrap_or(""));
+                    if contains(f, victim_key.as_bytes()) {
+                        found.push((
+                            "foreign-key",
+                            format!(
+                                "tenant {} received tenant {}'s key name: {}",
+                                t.name,
+                                o.name,
+                                common::show(f)
+                            ),
+                        ));
+                    }
                     if contains(f, o.marker.as_bytes()) {
                         found.push((
                             "foreign-marker",
@@ -2389,20 +2538,29 @@ impl World {
                 repairs.push(vec![b"DEL".to_vec(), key.clone()]);
             }
             if *db != 0 && !repairs.is_empty() {
-                // Repairs run in database 0 only; keys elsewhere are just deleted.
-                self.ctl.call(&["SELECT", &db.to_string()]).await;
+                // Repairs run in database 0 only; keys elsewhere are just deleted (standalone:
+                // a cluster has database 0 only).
+                let ctl = &mut self.nodes[0].ctl;
+                ctl.call(&["SELECT", &db.to_string()]).await;
                 for r in repairs.drain(..) {
-                    let _ = self.ctl.call(&[b"DEL".as_slice(), &r[1]]).await;
+                    let _ = ctl.call(&[b"DEL".as_slice(), &r[1]]).await;
                 }
-                self.ctl.call(&["SELECT", "0"]).await;
+                ctl.call(&["SELECT", "0"]).await;
             }
         }
-        if self.ctl.call(&["EXISTS", "__canary__"]).await != b":1\r\n" {
+        if self
+            .ctl_of(b"__canary__")
+            .call(&["EXISTS", "__canary__"])
+            .await
+            != b":1\r\n"
+        {
             found.push((
                 "canary",
                 "the key outside every namespace is gone (FLUSHALL, FLUSHDB, SWAPDB…)".into(),
             ));
-            self.ctl.call(&["SET", "__canary__", "1"]).await;
+            self.ctl_of(b"__canary__")
+                .call(&["SET", "__canary__", "1"])
+                .await;
         }
         let now = self.fingerprint().await;
         if now != self.baseline {
@@ -2414,22 +2572,21 @@ impl World {
                     common::show(&self.baseline)
                 ),
             ));
-            self.ctl
-                .call(&[
-                    "CONFIG",
-                    "SET",
-                    "notify-keyspace-events",
-                    "KEA",
-                    "maxmemory",
-                    "0",
-                ])
-                .await;
-            self.ctl.call(&["ACL", "DELUSER", "evil"]).await;
+            self.every_node(&[
+                "CONFIG",
+                "SET",
+                "notify-keyspace-events",
+                "KEA",
+                "maxmemory",
+                "0",
+            ])
+            .await;
+            self.every_node(&["ACL", "DELUSER", "evil"]).await;
             self.baseline = self.fingerprint().await;
         }
         let repaired = !repairs.is_empty();
         for r in repairs {
-            let _ = self.ctl.call(&r).await;
+            let _ = self.ctl_of(&r[1]).call(&r).await;
         }
         if repaired || !found.is_empty() {
             self.drain_events().await;
@@ -2450,7 +2607,7 @@ impl World {
             req.extend(resp(&["SELECT", "0"]));
         }
         let n = 3 + 2 * usize::from(db != 0);
-        let frames = self.ctl.request(&req, n).await;
+        let frames = self.ctl_of(key).request(&req, n).await;
         let (frames, _) = common::split_frames(&frames);
         let off = usize::from(db != 0);
         let kind = String::from_utf8_lossy(&frames[off][1..frames[off].len() - 2]).into_owned();
@@ -2545,7 +2702,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
     let _one = ONE_AT_A_TIME.lock().await;
     let secs = env_u64("INVARIANT_FUZZ_SECS").unwrap_or(90);
-    let failures = fuzz("", &common::server_binary(), secs).await;
+    let failures = fuzz("", &common::server_binary(), secs, false).await;
     assert!(
         failures.is_empty(),
         "invariants broken:\n  {}",
@@ -2563,7 +2720,7 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
     let secs = env_u64("INVARIANT_FUZZ_MATRIX_SECS").unwrap_or(20);
     let mut failures = Vec::new();
     for (name, bin) in common::matrix_servers() {
-        for f in fuzz(name, &bin, secs).await {
+        for f in fuzz(name, &bin, secs, false).await {
             failures.push(format!("{name}: {f}"));
         }
     }
@@ -2574,9 +2731,26 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
     );
 }
 
-/// The corpus, then `secs` of random steps, in front of a fresh server running `bin` (`label`
-/// names it in the output and the cases' directory); what broke, one line per finding.
-async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
+/// The same fuzzer in front of a 3-primary Redis Cluster of `common::server_binary()`
+/// (`INVARIANT_FUZZ_CLUSTER_SECS`, default 30, after the corpus): there the proxy splits,
+/// gathers and spreads commands over the nodes (docs/cluster.md), each a path of its own for
+/// a tenant's keys and a rule's judgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_invariants_hold_in_front_of_a_cluster() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = env_u64("INVARIANT_FUZZ_CLUSTER_SECS").unwrap_or(30);
+    let failures = fuzz("cluster", &common::server_binary(), secs, true).await;
+    assert!(
+        failures.is_empty(),
+        "invariants broken:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+/// The corpus, then `secs` of random steps, in front of a fresh server running `bin`, or of a
+/// 3-primary cluster of it when `cluster` (`label` names it in the output and the cases'
+/// directory); what broke, one line per finding.
+async fn fuzz(label: &str, bin: &Path, secs: u64, cluster: bool) -> Vec<String> {
     let max_steps = env_u64("INVARIANT_FUZZ_STEPS").unwrap_or(u64::MAX);
     let seed = common::env_or_clock_seed("INVARIANT_FUZZ_SEED", 1_000_000_007);
     let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() == Ok("1");
@@ -2592,7 +2766,7 @@ async fn fuzz(label: &str, bin: &Path, secs: u64) -> Vec<String> {
         if newer { ", newer commands too" } else { "" }
     );
 
-    let mut world = World::start(bin).await;
+    let mut world = World::start(bin, cluster).await;
     world.spawn_victims();
     let mut failures: Vec<String> = Vec::new();
 

@@ -358,7 +358,7 @@ fn query(port: u16, args: &[&str]) -> redis::RedisResult<Value> {
 }
 
 /// `(start, end, primary host:port)` of each `CLUSTER SLOTS` entry.
-fn slot_ranges(ranges: &[Value]) -> Vec<(i64, i64, String)> {
+pub(crate) fn slot_ranges(ranges: &[Value]) -> Vec<(i64, i64, String)> {
     let mut out = Vec::new();
     for range in ranges {
         let Value::Array(items) = range else { continue };
