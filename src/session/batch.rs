@@ -385,8 +385,9 @@ impl Session {
         {
             if run.hash_slots.capacity() == 0 {
                 // One allocation for a pipeline's share of a node, not a growth from 4 per
-                // doubling (cluster `-P 16`: 0.13 reallocations per request).
-                run.hash_slots.reserve(HASH_SLOTS_FIRST);
+                // doubling (cluster `-P 16`: 0.13 reallocations per request), or none: an
+                // answered batch's vector.
+                run.hash_slots = self.routing.hash_slots(HASH_SLOTS_FIRST);
             }
             run.hash_slots.push(slot);
         }

@@ -271,7 +271,7 @@ impl Session {
         };
         match (target, expect, dedicated_kept) {
             (Target::Shared(proto, node), Expect::Frames(_), _) if cluster || node != 0 => {
-                Some(Box::new(Sent {
+                Some(self.routing.boxed(Sent {
                     bytes: bytes.clone(),
                     proto,
                     node,
@@ -344,8 +344,8 @@ impl Session {
             parts,
             ..
         } = sending;
-        if let Some(sent) = &kept {
-            self.routing.answered(&sent.hash_slots);
+        if let Some(sent) = kept {
+            self.routing.finished(sent);
         }
         if handling.reset {
             // The RESET never reached Redis (its connection is gone, and its subscriptions

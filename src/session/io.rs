@@ -233,6 +233,7 @@ impl Session {
             || self.queue.out.capacity() > 0
             || self.input.args.capacity() > 0
             || self.queue.slots.capacity() > 0
+            || self.routing.holds_spare()
     }
 
     /// Gives back what a quiet client does not need: the read buffer (1 or 16 KiB), the reply
@@ -262,6 +263,7 @@ impl Session {
         self.queue.out = Vec::new();
         self.input.args = Vec::new();
         self.queue.slots = VecDeque::new();
+        self.routing.release_spare();
         self.queue.new_reply_rx = None;
         self.queue.reply_tx.take().is_some()
     }

@@ -92,8 +92,8 @@ impl Session {
         if let Some(capture) = handling.mirror.take() {
             capture.answered(self.client.id, data.clone(), commands);
         }
-        if let Some(sent) = &sent {
-            self.routing.answered(&sent.hash_slots);
+        if let Some(sent) = sent {
+            self.routing.finished(sent);
         }
         // Where this reply's output starts: kept in its slot if earlier ones are due.
         let mark = self.queue.out.len();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::cluster::tracking;
 use super::conn::Target;
+use super::reply_queue::Sent;
 use super::run::Run;
 use super::spread;
 use tokio::sync::mpsc;
@@ -64,6 +65,7 @@ impl Routing {
                 listeners: None,
                 own_starts: 0,
                 login: None,
+                spare: super::cluster::state::Spare::default(),
             })),
         }
     }
@@ -121,6 +123,46 @@ impl Routing {
     pub(super) fn answered(&mut self, hash_slots: &[u16]) {
         if let Routing::Cluster(c) = self {
             c.spread.answered(hash_slots);
+        }
+    }
+
+    /// A kept batch is done with (answered, or failed): its hash slots are no longer in
+    /// flight ([`Routing::answered`]), and in cluster mode what it allocated is kept for the
+    /// next batches (`Spare`).
+    pub(super) fn finished(&mut self, sent: Box<Sent>) {
+        if let Routing::Cluster(c) = self {
+            c.spread.answered(&sent.hash_slots);
+            c.spare.keep(sent);
+        }
+    }
+
+    /// `sent` boxed, in cluster mode in a record an answered batch left (`Spare`).
+    pub(super) fn boxed(&mut self, sent: Sent) -> Box<Sent> {
+        match self {
+            Routing::Cluster(c) => c.spare.boxed(sent),
+            _ => Box::new(sent),
+        }
+    }
+
+    /// An empty vector for a run's hash slots with room for `room` (cluster mode: one an
+    /// answered batch left, when there is one).
+    pub(super) fn hash_slots(&mut self, room: usize) -> Vec<u16> {
+        match self {
+            Routing::Cluster(c) => c.spare.slots(room),
+            _ => Vec::with_capacity(room),
+        }
+    }
+
+    /// Whether the mode keeps allocations for the next batches, which the idle release
+    /// gives back ([`Routing::release_spare`]).
+    pub(super) fn holds_spare(&self) -> bool {
+        matches!(self, Routing::Cluster(c) if c.spare.holds())
+    }
+
+    /// Gives back what [`Routing::holds_spare`] counts.
+    pub(super) fn release_spare(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.spare = super::cluster::state::Spare::default();
         }
     }
 

@@ -91,7 +91,7 @@ impl ClusterSession<'_> {
                 .rbuf
                 .len()
                 .min(current.len + super::input::READ_CHUNK);
-            let mut owned = BytesMut::with_capacity(room);
+            let mut owned = self.cluster.spare.buffer(room);
             owned.extend_from_slice(&self.input.rbuf[..current.len]);
             current.owned = Some(owned);
         }
@@ -146,8 +146,9 @@ impl ClusterSession<'_> {
         if self.queue.inflight == 0 {
             self.queue.inflight_target = None;
         }
-        if let Some(sent) = &sent {
+        if let Some(sent) = sent {
             self.cluster.spread.answered(&sent.hash_slots);
+            self.cluster.spare.keep(sent);
         }
         if error.is_some() {
             self.cluster.router.refresh_soon();
