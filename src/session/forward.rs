@@ -8,7 +8,7 @@ use super::cluster::state::OwnConn;
 use super::conn::{Dedicated, Holds, Target, Transaction};
 use super::conn::{register_upstream, take_share};
 use super::effect::Effect;
-use super::reply_queue::{Handling, HelloAuth, PUSH_BUDGET, Sent, Slot, WAIT_BARRIER};
+use super::reply_queue::{Handling, HelloAuth, PUSH_BUDGET, Sent, Slot, Unusual, WAIT_BARRIER};
 use super::routing::Routing;
 use super::run::Run;
 use super::scatter::cut_segment;
@@ -490,25 +490,28 @@ impl Session {
                 || self.exec_subscribes(effect),
             hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
             reset: effect == Effect::Reset,
-            hello_auth: match effect {
-                Effect::AuthHello(proto) => Some(Box::new(HelloAuth {
-                    proto,
-                    first_login: !self.conn.holds(Holds::OTHER_USER),
-                    options: hello.unwrap_or_default(),
-                })),
-                _ => None,
-            },
             info: effect == Effect::Info,
             config_get: effect == Effect::ConfigGet,
-            replace: out.replace,
-            exec_mask,
-            strip: out.strip,
             mirror: None,
             name,
-            _script: match effect {
-                Effect::Script => self.routing.script_sent(target),
-                _ => None,
-            },
+            unusual: Unusual {
+                hello_auth: match effect {
+                    Effect::AuthHello(proto) => Some(HelloAuth {
+                        proto,
+                        first_login: !self.conn.holds(Holds::OTHER_USER),
+                        options: hello.unwrap_or_default(),
+                    }),
+                    _ => None,
+                },
+                exec_mask,
+                replace: out.replace,
+                strip: out.strip,
+                _script: match effect {
+                    Effect::Script => self.routing.script_sent(target),
+                    _ => None,
+                },
+            }
+            .boxed_if_any(),
         };
         let hash_slots = match slot {
             Some(slot) if self.routing.sent(target, slot) => vec![slot],

@@ -154,5 +154,12 @@ mod size_tests {
         assert!(action <= 80, "{action}");
         // A session's reply channel holds one of these per batch in flight.
         assert!(std::mem::size_of::<crate::upstream::Reply>() <= 48);
+        // Every batch's reply slot is moved into the reply order and out of it, and in cluster
+        // mode each segment of a scattered batch is one (192 and 160 bytes before the rare
+        // parts were boxed: `reply_queue::Unusual`).
+        let slot = std::mem::size_of::<super::reply_queue::Slot>();
+        assert!(slot <= 112, "{slot}");
+        let handling = std::mem::size_of::<super::reply_queue::Handling>();
+        assert!(handling <= 80, "{handling}");
     }
 }

@@ -133,12 +133,12 @@ impl Session {
             // connection the RESET ran on (now logged out upstream) is dropped.
             self.reset();
         }
-        if let Some(hello) = handling.hello_auth {
+        if let Some(hello) = handling.unusual.as_mut().and_then(|u| u.hello_auth.take()) {
             let outcome = match &error {
                 Some(_) => super::reply_queue::HelloOutcome::Refused,
                 None => super::reply_queue::HelloOutcome::of(&hello.options, &data),
             };
-            self.settle_hello_auth(*hello, outcome);
+            self.settle_hello_auth(hello, outcome);
         }
         // Cluster mode only: there a pinned session reaches one node. Standalone, it keeps its
         // connection, and with it the identity Redis knows it by (a REDIRECT target that
@@ -247,11 +247,12 @@ impl Session {
     /// namespace stripped, EXEC's hidden results removed, CLIENT INFO made about the client,
     /// INFO with the proxy's section; as Redis sent it otherwise.
     pub(super) fn shape_reply(&self, handling: &Handling, data: Bytes) -> Bytes {
-        if let Some(r) = &handling.replace {
+        let unusual = handling.unusual.as_deref();
+        if let Some(r) = unusual.and_then(|u| u.replace.as_ref()) {
             r.clone()
-        } else if let Some(strip) = &handling.strip {
+        } else if let Some(strip) = unusual.and_then(|u| u.strip.as_ref()) {
             strip.apply(&data)
-        } else if let Some(mask) = &handling.exec_mask {
+        } else if let Some(mask) = unusual.and_then(|u| u.exec_mask.as_ref()) {
             filter_exec(data, mask)
         } else if handling.client_info {
             self.rewrite_client_info(data)

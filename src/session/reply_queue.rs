@@ -89,8 +89,6 @@ pub(super) struct Handling {
     /// A SUBSCRIBE-family command: its confirmations' counts are the client's `sub=`,
     /// `psub=` and `ssub=` in CLIENT LIST (`sub_counts`).
     pub(super) sub_counts: bool,
-    /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
-    pub(super) hello_auth: Option<Box<HelloAuth>>,
     /// RESET forwarded (`Effect::Reset`): the session resets once Redis answered it.
     pub(super) reset: bool,
     /// A forwarded HELLO: its reply is shaped as the one the proxy answers itself
@@ -101,6 +99,25 @@ pub(super) struct Handling {
     pub(super) info: bool,
     /// CONFIG GET: remove the secret parameters from the reply.
     pub(super) config_get: bool,
+    /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
+    /// handed to the mirror with the primary's replies once they are in.
+    pub(super) mirror: Option<Box<crate::operations::mirror::Capture>>,
+    /// The command's table entry (a run's first command's), for the latency class and the
+    /// slow log, and the mirror's judgement of a lone command.
+    pub(super) name: Option<&'static CommandSpec>,
+    /// What few batches need, boxed: see [`Unusual`].
+    pub(super) unusual: Option<Box<Unusual>>,
+}
+
+/// The parts of a batch's [`Handling`] that few batches need, boxed so that the reply slot
+/// every batch takes stays small: with them inline `Slot` was 192 bytes and `Handling` 160,
+/// and each move of one (into the reply order, out of it, a cluster segment replaced by its
+/// reply) a `memcpy` call, about 30 instructions, several per request (callgrind,
+/// docs/performance.md).
+#[derive(Debug, Default)]
+pub(super) struct Unusual {
+    /// HELLO with the client's own AUTH, forwarded: applied once Redis answered it.
+    pub(super) hello_auth: Option<HelloAuth>,
     /// EXEC of a transaction with hidden commands queued: which elements of EXEC's array the
     /// client sees.
     pub(super) exec_mask: Option<Vec<bool>>,
@@ -108,15 +125,21 @@ pub(super) struct Handling {
     pub(super) replace: Option<Bytes>,
     /// Remove the tenant's namespace prefix from key names in the reply (SCAN, KEYS).
     pub(super) strip: Option<Box<crate::policy::rewrite::Strip>>,
-    /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,
-    /// handed to the mirror with the primary's replies once they are in.
-    pub(super) mirror: Option<Box<crate::operations::mirror::Capture>>,
-    /// The command's table entry (a run's first command's), for the latency class and the
-    /// slow log, and the mirror's judgement of a lone command.
-    pub(super) name: Option<&'static CommandSpec>,
     /// Cluster mode: a script in flight on its node, which keyless commands go to until this
     /// is dropped with the reply (`Routing::script_sent`).
     pub(super) _script: Option<crate::topology::cluster::ScriptRun>,
+}
+
+impl Unusual {
+    /// `Some` when any part is set: the box a batch needs, if any.
+    pub(super) fn boxed_if_any(self) -> Option<Box<Unusual>> {
+        let any = self.hello_auth.is_some()
+            || self.exec_mask.is_some()
+            || self.replace.is_some()
+            || self.strip.is_some()
+            || self._script.is_some();
+        any.then(|| Box::new(self))
+    }
 }
 
 /// A forwarded HELLO with the client's own AUTH, settled by Redis's answer: Redis switches

@@ -109,7 +109,8 @@ impl Session {
         (subscriber || self.conn.holds(Holds::OTHER_USER))
             && self.queue.slots.iter().any(|s| {
                 matches!(s, Slot::Upstream { handling, .. }
-                    if handling.hello_auth.is_some() || (subscriber && handling.sub_counts))
+                    if handling.unusual.as_ref().is_some_and(|u| u.hello_auth.is_some())
+                        || (subscriber && handling.sub_counts))
             })
     }
 
