@@ -62,6 +62,7 @@ impl Session {
             self.input.paused = true;
             return;
         }
+        self.routing.keep_map();
         let mut run = Run::default();
         while !self.input.closing {
             if self.ctx.ops.cutover.gate.is_closed() {

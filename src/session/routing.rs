@@ -66,6 +66,7 @@ impl Routing {
                 own_starts: 0,
                 login: None,
                 spare: super::cluster::state::Spare::default(),
+                map: None,
             })),
         }
     }
@@ -153,16 +154,26 @@ impl Routing {
         }
     }
 
-    /// Whether the mode keeps allocations for the next batches, which the idle release
-    /// gives back ([`Routing::release_spare`]).
-    pub(super) fn holds_spare(&self) -> bool {
-        matches!(self, Routing::Cluster(c) if c.spare.holds())
+    /// A read is about to be processed: in cluster mode the session keeps the router's slot
+    /// map for it (`ClusterState::map`).
+    pub(super) fn keep_map(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.keep_map();
+        }
     }
 
-    /// Gives back what [`Routing::holds_spare`] counts.
+    /// Whether the mode keeps allocations for the next batches, or a slot map that may
+    /// be an old one, which the idle release gives back ([`Routing::release_spare`]).
+    pub(super) fn holds_spare(&self) -> bool {
+        matches!(self, Routing::Cluster(c) if c.spare.holds() || c.map.is_some())
+    }
+
+    /// Gives back what [`Routing::holds_spare`] counts: a quiet session must not keep a map
+    /// the router replaced alive.
     pub(super) fn release_spare(&mut self) {
         if let Routing::Cluster(c) = self {
             c.spare = super::cluster::state::Spare::default();
+            c.map = None;
         }
     }
 

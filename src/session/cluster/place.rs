@@ -172,7 +172,7 @@ impl ClusterView<'_> {
             return Action::Local(answers::queued(), LocalEffect::HoldInMulti);
         }
         let multi_slot = self.cluster.multi_slot;
-        let snapshot = router.snapshot();
+        let snapshot = self.cluster.map();
         let node = match slot {
             Some(s) => snapshot.owner(s),
             // Keyless: stay where the session already is, so it need not wait for a switch.
