@@ -2698,16 +2698,26 @@ fn env_u64(name: &str) -> Option<u64> {
 /// a false `blocked` finding.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let secs = env_u64("INVARIANT_FUZZ_SECS").unwrap_or(90);
-    let failures = fuzz("", &common::server_binary(), secs, false).await;
+/// Fails the test with every finding of its runs, one a line.
+fn held(failures: &[String]) {
     assert!(
         failures.is_empty(),
         "invariants broken:\n  {}",
         failures.join("\n  ")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
+    fuzz_default_server("", "INVARIANT_FUZZ_SECS", 90, false).await;
+}
+
+/// One run in front of `common::server_binary()` (a cluster of it when `cluster`), for the
+/// seconds `env` says (else `default`), failing the test on any finding.
+async fn fuzz_default_server(label: &str, env: &str, default: u64, cluster: bool) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let secs = env_u64(env).unwrap_or(default);
+    held(&fuzz(label, &common::server_binary(), secs, cluster).await);
 }
 
 /// The same fuzzer in front of each newer server of the matrix (docs/compatibility.md):
@@ -2724,11 +2734,7 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
             failures.push(format!("{name}: {f}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "invariants broken:\n  {}",
-        failures.join("\n  ")
-    );
+    held(&failures);
 }
 
 /// The same fuzzer in front of a 3-primary Redis Cluster of `common::server_binary()`
@@ -2737,14 +2743,7 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
 /// a tenant's keys and a rule's judgement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invariants_hold_in_front_of_a_cluster() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let secs = env_u64("INVARIANT_FUZZ_CLUSTER_SECS").unwrap_or(30);
-    let failures = fuzz("cluster", &common::server_binary(), secs, true).await;
-    assert!(
-        failures.is_empty(),
-        "invariants broken:\n  {}",
-        failures.join("\n  ")
-    );
+    fuzz_default_server("cluster", "INVARIANT_FUZZ_CLUSTER_SECS", 30, true).await;
 }
 
 /// The corpus, then `secs` of random steps, in front of a fresh server running `bin`, or of a
