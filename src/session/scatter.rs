@@ -91,7 +91,7 @@ impl ClusterSession<'_> {
                 .rbuf
                 .len()
                 .min(current.len + super::input::READ_CHUNK);
-            let mut owned = self.cluster.spare.buffer(room);
+            let mut owned = BytesMut::with_capacity(room);
             owned.extend_from_slice(&self.input.rbuf[..current.len]);
             current.owned = Some(owned);
         }

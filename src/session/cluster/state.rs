@@ -97,16 +97,16 @@ impl std::ops::Deref for MapRef<'_> {
 }
 
 /// What a shared batch's bookkeeping allocated, kept for the next batches once its replies
-/// are in: at cluster `-P 16` a pipeline is a batch per node, and each allocated a parked
-/// run's buffer, its hash slots and its record (`Sent`), freed with the reply: malloc and
-/// free were ~200 instructions per request (callgrind; standalone: ~20). A few of each are
-/// kept, small buffers only, and all are given back at the idle release.
+/// are in: at cluster `-P 16` a pipeline is a batch per node, and each allocated its hash
+/// slots and its record (`Sent`), freed with the reply (malloc and free were ~200
+/// instructions per request, callgrind; standalone ~20). A few of each are kept, and given
+/// back at the idle release. The batch's bytes are not: when they are a slice of an old read
+/// buffer, the one reference left keeps the whole buffer (16 KiB) however little of it the
+/// slice shows, which a kept buffer would pin per session.
 #[derive(Default)]
 pub(in crate::session) struct Spare {
     /// Emptied `Run::hash_slots` vectors.
     slots: Vec<Vec<u16>>,
-    /// Parked runs' buffers (`scatter::switch_run`), emptied, none above `SPARE_BUF`.
-    bufs: Vec<BytesMut>,
     /// Batch records whose contents were taken: their boxes are what is reused (a batch
     /// keeps its record boxed in its reply slot, `Slot::Upstream::sent`).
     #[expect(clippy::vec_box, reason = "the boxes' allocations are what is kept")]
@@ -116,25 +116,17 @@ pub(in crate::session) struct Spare {
 /// How many of each kind `Spare` keeps: a session's batches in flight at once (one per node
 /// of a pipeline, a pipeline or two at a time).
 const SPARE_KEPT: usize = 8;
-/// The largest buffer `Spare` keeps: a parked run holds a share of one read, rarely more.
-const SPARE_BUF: usize = 4096;
 
 impl Spare {
-    /// A batch's record is done with: its hash slots, its buffer (when nothing else holds
-    /// it) and the record itself are kept, up to `SPARE_KEPT` of each.
+    /// A batch's record is done with: its hash slots and the record itself are kept, up to
+    /// `SPARE_KEPT` of each; its bytes are dropped.
     pub(in crate::session) fn keep(&mut self, mut sent: Box<Sent>) {
         let mut slots = std::mem::take(&mut sent.hash_slots);
         if slots.capacity() > 0 && self.slots.len() < SPARE_KEPT {
             slots.clear();
             self.slots.push(slots);
         }
-        if let Ok(mut buf) = std::mem::take(&mut sent.bytes).try_into_mut()
-            && (1..=SPARE_BUF).contains(&buf.capacity())
-            && self.bufs.len() < SPARE_KEPT
-        {
-            buf.clear();
-            self.bufs.push(buf);
-        }
+        sent.bytes = Bytes::new();
         if self.sent.len() < SPARE_KEPT {
             self.sent.push(sent);
         }
@@ -156,17 +148,9 @@ impl Spare {
         self.slots.pop().unwrap_or_else(|| Vec::with_capacity(room))
     }
 
-    /// An empty buffer with room for `room` bytes.
-    pub(in crate::session) fn buffer(&mut self, room: usize) -> BytesMut {
-        match self.bufs.iter().position(|b| b.capacity() >= room) {
-            Some(i) => self.bufs.swap_remove(i),
-            None => BytesMut::with_capacity(room),
-        }
-    }
-
     /// Whether anything is kept (what the idle release gives back).
     pub(in crate::session) fn holds(&self) -> bool {
-        !(self.slots.is_empty() && self.bufs.is_empty() && self.sent.is_empty())
+        !(self.slots.is_empty() && self.sent.is_empty())
     }
 }
 
@@ -683,58 +667,40 @@ mod spare_tests {
     }
 
     #[test]
-    fn an_answered_batch_lends_its_record_slots_and_buffer_to_the_next() {
+    fn an_answered_batch_lends_its_record_and_slots_to_the_next() {
         let mut spare = Spare::default();
-        let mut buf = BytesMut::with_capacity(512);
-        buf.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
-        let buf_at = buf.as_ptr();
         let slots = vec![1u16, 2, 3];
         let slots_at = slots.as_ptr();
-        let record = Box::new(sent(buf.freeze(), slots));
+        let bytes = Bytes::from(vec![7u8; 64]);
+        let watch = bytes.clone();
+        let record = Box::new(sent(bytes, slots));
         let record_at: *const Sent = &*record;
         spare.keep(record);
         assert!(spare.holds());
+        // The bytes are not kept: the caller's clone is the only reference left.
+        assert!(watch.is_unique());
 
         let reused = spare.slots(16);
         assert!(reused.is_empty(), "handed out empty");
         assert_eq!(reused.as_ptr(), slots_at, "the same allocation");
-        let again = spare.buffer(100);
-        assert!(again.is_empty());
-        assert_eq!(again.as_ptr(), buf_at, "the same buffer");
         let boxed = spare.boxed(sent(Bytes::new(), Vec::new()));
         assert_eq!(&*boxed as *const Sent, record_at, "the same record");
         assert!(!spare.holds());
         // Nothing kept: fresh ones.
         assert!(spare.slots(16).capacity() >= 16);
-        assert!(spare.buffer(100).capacity() >= 100);
     }
 
     #[test]
-    fn shared_large_or_surplus_buffers_are_not_kept() {
+    fn at_most_spare_kept_of_each() {
         let mut spare = Spare::default();
-        // Still held elsewhere (the upstream writer, a clone): not reusable.
-        let shared = Bytes::from(vec![0u8; 64]);
-        let other = shared.clone();
-        spare.keep(Box::new(sent(shared, Vec::new())));
-        assert!(spare.bufs.is_empty());
-        drop(other);
-        // Larger than SPARE_BUF: given back.
-        let mut large = BytesMut::with_capacity(SPARE_BUF * 2);
-        large.extend_from_slice(b"x");
-        spare.keep(Box::new(sent(large.freeze(), Vec::new())));
-        assert!(spare.bufs.is_empty());
-        // At most SPARE_KEPT of each.
         for _ in 0..SPARE_KEPT + 3 {
-            let mut b = BytesMut::with_capacity(64);
-            b.extend_from_slice(b"x");
-            spare.keep(Box::new(sent(b.freeze(), vec![1])));
+            spare.keep(Box::new(sent(Bytes::new(), vec![1])));
         }
-        assert_eq!(spare.bufs.len(), SPARE_KEPT);
         assert_eq!(spare.slots.len(), SPARE_KEPT);
         assert_eq!(spare.sent.len(), SPARE_KEPT);
-        // A buffer too small for the room asked is left for a smaller ask.
-        let big = spare.buffer(SPARE_BUF);
-        assert!(big.capacity() >= SPARE_BUF);
-        assert_eq!(spare.bufs.len(), SPARE_KEPT);
+        // A record without hash slots lends no vector.
+        let mut empty = Spare::default();
+        empty.keep(Box::new(sent(Bytes::new(), Vec::new())));
+        assert!(empty.slots.is_empty());
     }
 }
