@@ -134,13 +134,30 @@ async fn sweep(
     // The slowest step through the proxy and its command, printed at the end: a step that
     // once took over 5 s in CI (docs/fuzzing.md) is then seen coming before it is a stall.
     let mut slowest = (std::time::Duration::ZERO, String::new());
+    // The form sent directly before the current one, for a closed direct connection.
+    let mut previous = String::new();
     for (n, args) in forms(&docs, seed, tries) {
         step = n;
         let (ping, sentinel) = sentinel_for(step);
         let mut input = resp(&args);
         input.extend(&ping);
 
-        d.send(&input).await;
+        // The server closed the direct connection once in CI (2026-12-07, RESP3 sweep of
+        // 7.0, seed 66145186, which passed when run again): say which forms came before,
+        // rather than only "broken pipe", so the cause can be found.
+        let write = tokio::io::AsyncWriteExt::write_all(&mut d.stream, &input);
+        if let Err(e) = tokio::time::timeout(common::DEADLINE, write)
+            .await
+            .expect("write timed out")
+        {
+            panic!(
+                "{label}: the server closed the direct connection (not the proxy's) at step \
+                 {step} ({e}): {}; the step before: {}",
+                show(&input),
+                previous
+            );
+        }
+        previous = show(&input);
         let want = until_sentinel(&mut d, &sentinel).await;
         // The other client's command comes between this one and its sentinel, on the same
         // shared upstream connection.
