@@ -132,8 +132,7 @@ impl Routing {
     /// next batches (`Spare`).
     pub(super) fn finished(&mut self, sent: Box<Sent>) {
         if let Routing::Cluster(c) = self {
-            c.spread.answered(&sent.hash_slots);
-            c.spare.keep(sent);
+            c.finished(sent);
         }
     }
 

@@ -147,8 +147,7 @@ impl ClusterSession<'_> {
             self.queue.inflight_target = None;
         }
         if let Some(sent) = sent {
-            self.cluster.spread.answered(&sent.hash_slots);
-            self.cluster.spare.keep(sent);
+            self.cluster.finished(sent);
         }
         if error.is_some() {
             self.cluster.router.refresh_soon();

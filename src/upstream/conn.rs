@@ -207,9 +207,7 @@ fn fail_pending(mut pending: VecDeque<Pending>, reader: &mut Reader, lost: &Upst
             error: Some(Box::new(lost.clone())),
             seq: head.seq,
         });
-        if let Some(c) = head.coalesced {
-            fail_followers(c.followers, lost);
-        }
+        fail_followers(head.coalesced, lost);
     }
     for p in pending {
         let _ = p.reply_to.send(Reply::Batch {
@@ -218,15 +216,14 @@ fn fail_pending(mut pending: VecDeque<Pending>, reader: &mut Reader, lost: &Upst
             error: Some(Box::new(lost.clone())),
             seq: p.seq,
         });
-        if let Some(c) = p.coalesced {
-            fail_followers(c.followers, lost);
-        }
+        fail_followers(p.coalesced, lost);
     }
 }
 
-/// The reads that joined a lost batch (`coalesce`): one command each, without a reply.
-fn fail_followers(followers: Vec<(ReplySender, u16)>, lost: &UpstreamError) {
-    for (to, seq) in followers {
+/// The reads that joined a lost batch (`coalesce`), if any: one command each, without a
+/// reply.
+fn fail_followers(coalesced: Option<Box<Coalesced>>, lost: &UpstreamError) {
+    for (to, seq) in coalesced.map(|c| c.followers).unwrap_or_default() {
         let _ = to.send(Reply::Batch {
             data: Bytes::new(),
             missing: 1,

@@ -155,6 +155,13 @@ impl Spare {
 }
 
 impl ClusterState {
+    /// A kept batch is done with: its hash slots leave the in-flight count and what it
+    /// allocated is kept for the next batches (`Spare`).
+    pub(in crate::session) fn finished(&mut self, sent: Box<Sent>) {
+        self.spread.answered(&sent.hash_slots);
+        self.spare.keep(sent);
+    }
+
     /// The slot map now (see [`ClusterState::map`]).
     pub(in crate::session) fn map(&self) -> MapRef<'_> {
         match &self.map {
