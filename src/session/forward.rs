@@ -235,14 +235,17 @@ impl Session {
                     h.mirror = handling.mirror;
                 }
             }
-            None => self.queue.slots.push_back(Slot::Upstream {
-                commands,
-                handling,
-                read_at: self.input.read_at,
-                sent: kept,
-                seq,
-                parts: 1,
-            }),
+            None => {
+                self.queue.queued += 1;
+                self.queue.slots.push_back(Slot::Upstream {
+                    commands,
+                    handling,
+                    read_at: self.input.read_at,
+                    sent: kept,
+                    seq,
+                    parts: 1,
+                });
+            }
         }
         self.queue.inflight += commands as usize;
         self.queue.inflight_target = Some(target);

@@ -21,8 +21,12 @@ impl Session {
                 error,
                 seq,
             } => self.on_batch_reply(seq, data, missing, error),
-            Reply::Push(frame, permits) => {
-                if self.routing.redundant_flush(&frame, self.queue.out.last()) {
+            Reply::Push(frame, permits, conn) => {
+                let queue = &self.queue;
+                if self
+                    .routing
+                    .repeated_flush(&frame, conn, || queue.mark_at(0))
+                {
                     self.queue.return_permits(permits);
                     return;
                 }

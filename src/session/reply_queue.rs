@@ -210,6 +210,10 @@ pub(super) struct ReplyQueue {
     /// Redis writes them. A pipeline scattered over cluster nodes otherwise cost the client a
     /// write, and a wake-up, per node that answered first.
     pub(super) out_read: Option<Instant>,
+    /// Replies put in the reply order so far (a slot each, or a proxy-made reply written at
+    /// once): with `mark_at`, whether a reply lies between two pushes in the client's stream
+    /// (`cluster::tracking::FlushNews`), written or not.
+    pub(super) queued: u64,
 }
 
 impl HelloOutcome {
@@ -345,18 +349,6 @@ impl ReplyQueue {
             .unwrap_or(self.slots.len())
     }
 
-    /// The frame a push queued by `behind_due` would follow, while not yet written to the
-    /// client (`None`: written, or a reply still due).
-    pub(super) fn before_due(&self) -> Option<&Bytes> {
-        match self.behind_due_at() {
-            0 => self.out.last(),
-            at => match self.slots.get(at - 1) {
-                Some(Slot::Push { frame, .. }) => Some(frame),
-                _ => None,
-            },
-        }
-    }
-
     /// Queues a push behind every reply still due, but before the first blocking command's
     /// (which may wait forever): written at once when none is due before that.
     pub(super) fn behind_due(&mut self, frame: Bytes, permits: u32) {
@@ -374,8 +366,16 @@ impl ReplyQueue {
             .iter()
             .position(|s| matches!(s, Slot::Upstream { seq: q, .. } if *q == seq))
     }
+    /// The replies before position `at` of the reply order (`slots[at]`; 0: `out`'s end),
+    /// counted since the session began: two pushes with the same mark have no reply between.
+    pub(super) fn mark_at(&self, at: usize) -> u64 {
+        let after = self.slots.range(at..);
+        self.queued - after.filter(|s| !matches!(s, Slot::Push { .. })).count() as u64
+    }
+
     /// Queues a proxy-made reply in order.
     pub(super) fn local(&mut self, reply: Bytes) {
+        self.queued += 1;
         if self.slots.is_empty() {
             self.out.push(reply);
         } else {

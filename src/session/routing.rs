@@ -9,7 +9,6 @@ use super::cluster::state::ClusterState;
 use super::context::Upstreams;
 use std::sync::Arc;
 
-use super::cluster::tracking;
 use super::conn::Target;
 use super::reply_queue::Sent;
 use super::run::Run;
@@ -67,6 +66,7 @@ impl Routing {
                 login: None,
                 spare: super::cluster::state::Spare::default(),
                 map: None,
+                flush_news: None,
             })),
         }
     }
@@ -254,11 +254,17 @@ impl Routing {
         }
     }
 
-    /// Whether a push `frame` repeats the flush right before it (`last`), which only a
-    /// cluster's nodes send (`tracking::redundant_flush`).
-    pub(super) fn redundant_flush(&self, frame: &[u8], last: Option<&bytes::Bytes>) -> bool {
+    /// Whether a push `frame` from connection `conn` is a flush's null the client already
+    /// has, which only a cluster's nodes send (`tracking::FlushNews`; `mark`: where it would
+    /// go in the reply order).
+    pub(super) fn repeated_flush(
+        &mut self,
+        frame: &[u8],
+        conn: u64,
+        mark: impl FnOnce() -> u64,
+    ) -> bool {
         match self {
-            Routing::Cluster(_) => tracking::redundant_flush(frame, last),
+            Routing::Cluster(c) => c.repeated_flush(frame, conn, mark),
             _ => false,
         }
     }

@@ -57,6 +57,7 @@ pub(super) fn cut_segment(queue: &mut ReplyQueue, run: &mut Run, read_at: Instan
             true
         }
     };
+    queue.queued += 1;
     queue.slots.push_back(Slot::Upstream {
         commands,
         handling: Handling {

@@ -633,7 +633,11 @@ impl Reader {
             Ok(p) => p.forget(),
             Err(_) => return Err("session gone".to_string()),
         }
-        if target.to.send(Reply::Push(frame, permits)).is_err() {
+        if target
+            .to
+            .send(Reply::Push(frame, permits, target.conn_id))
+            .is_err()
+        {
             return Err("session gone".to_string());
         }
         Ok(())

@@ -133,9 +133,12 @@ pub(crate) enum Reply {
         error: Option<Box<UpstreamError>>,
         seq: u16,
     },
-    /// An out-of-band frame (pub/sub message, invalidation, MONITOR line) and the flow-control
-    /// permits the session returns once it has written the frame.
-    Push(Bytes, u32),
+    /// An out-of-band frame (pub/sub message, invalidation, MONITOR line), the flow-control
+    /// permits the session returns once it has written the frame, and the id of the
+    /// connection it came on (`PushTarget::conn_id`): in front of a cluster each primary
+    /// sends its own invalidation of everything at a flush, and the session counts them per
+    /// node (`cluster::tracking::FlushNews`).
+    Push(Bytes, u32, u64),
     /// The session's dedicated connection with this id is gone, and with it any state held
     /// on it. The id lets a session ignore the end of a connection it already replaced.
     PinnedClosed(u64),

@@ -21,13 +21,13 @@ pub(super) fn gated<T: Send + 'static>(
     tokio::spawn(async move {
         while let Some(reply) = rx.recv().await {
             match reply {
-                Reply::Push(frame, permits) => {
+                Reply::Push(frame, permits, conn) => {
                     // A poisoned lock still holds a consistent gate (each change is one
                     // assignment or set operation).
                     let gate = gate.lock().unwrap_or_else(|e| e.into_inner());
                     if !admits(&gate, &frame) {
                         budget.add_permits(permits as usize);
-                    } else if to.send(Reply::Push(frame, permits)).is_err() {
+                    } else if to.send(Reply::Push(frame, permits, conn)).is_err() {
                         return;
                     }
                 }

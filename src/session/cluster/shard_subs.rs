@@ -148,7 +148,7 @@ impl ClusterSession<'_> {
     /// Returns `true` when the message is consumed here (hidden from the client).
     pub(in crate::session) async fn shard_event(&mut self, msg: &mut Reply) -> bool {
         let resubscribe = match msg {
-            Reply::Push(frame, permits) => {
+            Reply::Push(frame, permits, _) => {
                 let (kind, channel) = match crate::protocol::reply::classify_pubsub(frame) {
                     PubSubFrame::Message
                         if crate::protocol::reply::element(frame, 0)

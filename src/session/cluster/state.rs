@@ -75,6 +75,9 @@ pub(in crate::session) struct ClusterState {
     /// was (`map`): placing a command read it from the router's `ArcSwap` each time, ~65
     /// instructions per command at cluster `-P 16` (callgrind).
     pub(in crate::session) map: Option<(u64, Arc<Snapshot>)>,
+    /// The flush invalidations the client was told of (see `tracking::FlushNews`); `None`
+    /// until the first one.
+    pub(in crate::session) flush_news: Option<Box<super::tracking::FlushNews>>,
 }
 
 /// The slot map a command is placed by: the session's copy, or the router's when that
