@@ -283,10 +283,18 @@ impl Raw {
     }
 
     pub(crate) async fn send(&mut self, bytes: &[u8]) {
+        self.try_send(bytes).await.expect("write failed");
+    }
+
+    /// `send`, with the error of a write the peer refused (it closed the connection).
+    #[allow(
+        dead_code,
+        reason = "not every test binary that includes common writes so"
+    )]
+    pub(crate) async fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         tokio::time::timeout(DEADLINE, self.stream.write_all(bytes))
             .await
             .expect("write timed out")
-            .expect("write failed");
     }
 
     /// Reads more bytes into the buffer; `Ok(false)` on EOF or reset.
