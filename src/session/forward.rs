@@ -4,7 +4,7 @@
 use super::Session;
 use super::action::{Lone, Outgoing};
 use super::client::ReplyMode;
-use super::cluster::state::OwnConn;
+use super::cluster::state::{OwnConn, PoolRef};
 use super::conn::{Dedicated, Holds, Target, Transaction};
 use super::conn::{register_upstream, take_share};
 use super::effect::Effect;
@@ -327,7 +327,7 @@ impl Session {
                 return try_enqueue(self.ctx.pool.shared(proto, self.client.id), batch);
             }
             // A replica chosen by `place_read` whose list is gone: the primary serves it.
-            None => (self.ctx.pool.clone(), true),
+            None => (PoolRef::Kept(&self.ctx.pool), true),
         };
         if replica {
             let metrics = &self.ctx.ops.metrics;
@@ -699,7 +699,7 @@ impl Session {
             Target::Shared(_, node) | Target::Dedicated(node) => node,
         };
         match self.routing.node_pool(node) {
-            Some((pool, _)) => pool,
+            Some((pool, _)) => pool.owned(),
             None => self.ctx.pool.clone(),
         }
     }

@@ -5,7 +5,7 @@
 //! An enum rather than a trait object: nothing is boxed per call and the session future
 //! stays small.
 
-use super::cluster::state::ClusterState;
+use super::cluster::state::{ClusterState, PoolRef};
 use super::context::Upstreams;
 use std::sync::Arc;
 
@@ -16,7 +16,6 @@ use super::spread;
 use tokio::sync::mpsc;
 
 use crate::upstream::Batch;
-use crate::upstream::pool::Pool;
 use crate::upstream::replicas::Replicas;
 
 /// One session's routing state, by upstream mode.
@@ -66,6 +65,7 @@ impl Routing {
                 login: None,
                 spare: super::cluster::state::Spare::default(),
                 map: None,
+                pools: None,
                 flush_news: None,
             })),
         }
@@ -173,6 +173,7 @@ impl Routing {
         if let Routing::Cluster(c) = self {
             c.spare = super::cluster::state::Spare::default();
             c.map = None;
+            c.pools = None;
         }
     }
 
@@ -229,18 +230,18 @@ impl Routing {
     /// The pool a command for `node` goes to, and whether that node is a replica (counted as
     /// a replica read); `None` for the primary's own pool (standalone, and node 0 of a
     /// Sentinel session), which the caller holds already.
-    pub(super) fn node_pool(&self, node: u16) -> Option<(Arc<Pool>, bool)> {
+    pub(super) fn node_pool(&self, node: u16) -> Option<(PoolRef<'_>, bool)> {
         match self {
             Routing::Cluster(c) => Some((
-                c.router.pool(node),
+                c.pool(node),
                 c.router.read_from() != crate::config::ReadFrom::Primary
-                    && !c.router.snapshot().is_primary(node),
+                    && !c.map().is_primary(node),
             )),
             // Node ≥ 1 exists only when `place_read` chose a Sentinel replica.
             Routing::Sentinel(Sentinel {
                 replicas: Some(replicas),
                 ..
-            }) if node != 0 => Some((replicas.pool(node), true)),
+            }) if node != 0 => Some((PoolRef::Loaded(replicas.pool(node)), true)),
             Routing::Standalone | Routing::Sentinel(_) => None,
         }
     }

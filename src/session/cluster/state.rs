@@ -75,6 +75,10 @@ pub(in crate::session) struct ClusterState {
     /// was (`map`): placing a command read it from the router's `ArcSwap` each time, ~65
     /// instructions per command at cluster `-P 16` (callgrind).
     pub(in crate::session) map: Option<(u64, Arc<Snapshot>)>,
+    /// The nodes' pools as of `map` (kept with it): a batch's pool came from the router's
+    /// `ArcSwap` and was cloned, ~75 instructions per batch at cluster `-P 1` (callgrind).
+    /// Indexes are never reused, so a node added since is looked up in the router instead.
+    pub(in crate::session) pools: Option<Arc<Vec<Arc<crate::upstream::pool::Pool>>>>,
     /// The flush invalidations the client was told of (see `tracking::FlushNews`); `None`
     /// until the first one.
     pub(in crate::session) flush_news: Option<Box<super::tracking::FlushNews>>,
@@ -95,6 +99,35 @@ impl std::ops::Deref for MapRef<'_> {
         match self {
             MapRef::Kept(s) => s,
             MapRef::Loaded(g) => g,
+        }
+    }
+}
+
+/// A node's pool: the session's kept list's, or the router's (a node added since the read
+/// began).
+pub(in crate::session) enum PoolRef<'a> {
+    /// From `ClusterState::pools`.
+    Kept(&'a Arc<crate::upstream::pool::Pool>),
+    /// From the router.
+    Loaded(Arc<crate::upstream::pool::Pool>),
+}
+
+impl PoolRef<'_> {
+    /// An owned handle, for a caller that keeps the pool past the session's borrow.
+    pub(in crate::session) fn owned(self) -> Arc<crate::upstream::pool::Pool> {
+        match self {
+            PoolRef::Kept(p) => p.clone(),
+            PoolRef::Loaded(p) => p,
+        }
+    }
+}
+
+impl std::ops::Deref for PoolRef<'_> {
+    type Target = crate::upstream::pool::Pool;
+    fn deref(&self) -> &crate::upstream::pool::Pool {
+        match self {
+            PoolRef::Kept(p) => p,
+            PoolRef::Loaded(p) => p,
         }
     }
 }
@@ -182,6 +215,16 @@ impl ClusterState {
         let generation = self.router.snapshot_id();
         if self.map.as_ref().is_none_or(|(g, _)| *g != generation) {
             self.map = Some((generation, self.router.snapshot().clone()));
+            self.pools = Some(self.router.pools());
+        }
+    }
+
+    /// The pool of `node`: the kept one (see [`ClusterState::pools`]), or the router's for a
+    /// node added since.
+    pub(in crate::session) fn pool(&self, node: u16) -> PoolRef<'_> {
+        match self.pools.as_ref().and_then(|p| p.get(usize::from(node))) {
+            Some(pool) => PoolRef::Kept(pool),
+            None => PoolRef::Loaded(self.router.pool(node)),
         }
     }
 

@@ -384,6 +384,13 @@ impl Router {
         self.nodes.load()[usize::from(node)].clone()
     }
 
+    /// Every node's pool, by index (append-only: an index a list has keeps its meaning in
+    /// every later list), for a session to keep while it processes a read
+    /// (`ClusterState::pools`).
+    pub(crate) fn pools(&self) -> Arc<Vec<Arc<Pool>>> {
+        self.nodes.load_full()
+    }
+
     /// The pool sessions use for what is not about one node: HELLO replies, the control
     /// connection, credentials. The first primary's, or the first seed's before any map.
     pub(crate) fn home_pool(&self) -> Arc<Pool> {
