@@ -21,7 +21,9 @@
 //! - `keyspace`: keyspace notifications, published only on the key's node, heard from every
 //!   primary over extra pub/sub connections;
 //! - `monitor`: MONITOR, which shows only its node's commands, opened on every primary;
-//! - `tracking`, `login`: CLIENT TRACKING and the client's own login over every primary.
+//! - `tracking`, `login`: CLIENT TRACKING and the client's own login over every primary;
+//!   `flush_news`: which of the primaries' invalidations of everything at a flush reach the
+//!   client (held in `state`, heard by `tracking`).
 //!
 //! Below them all, data they share: `plan` (what `place` decides the cluster carries out:
 //! `Gather`, `Spread`, `Prepare`, held by `Action`), `state` (`ClusterState` and the
@@ -37,6 +39,7 @@ use plan::{Prepare, Spread};
 
 mod again;
 mod exchange;
+mod flush_news;
 mod gate;
 mod gather;
 mod hll;

@@ -212,7 +212,7 @@ pub(super) struct ReplyQueue {
     pub(super) out_read: Option<Instant>,
     /// Replies put in the reply order so far (a slot each, or a proxy-made reply written at
     /// once): with `mark_at`, whether a reply lies between two pushes in the client's stream
-    /// (`cluster::tracking::FlushNews`), written or not.
+    /// (`cluster::flush_news::FlushNews`), written or not.
     pub(super) queued: u64,
 }
 

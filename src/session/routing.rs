@@ -256,7 +256,7 @@ impl Routing {
     }
 
     /// Whether a push `frame` from connection `conn` is a flush's null the client already
-    /// has, which only a cluster's nodes send (`tracking::FlushNews`; `mark`: where it would
+    /// has, which only a cluster's nodes send (`flush_news::FlushNews`; `mark`: where it would
     /// go in the reply order).
     pub(super) fn repeated_flush(
         &mut self,

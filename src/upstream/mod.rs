@@ -137,7 +137,7 @@ pub(crate) enum Reply {
     /// permits the session returns once it has written the frame, and the id of the
     /// connection it came on (`PushTarget::conn_id`): in front of a cluster each primary
     /// sends its own invalidation of everything at a flush, and the session counts them per
-    /// node (`cluster::tracking::FlushNews`).
+    /// node (`cluster::flush_news::FlushNews`).
     Push(Bytes, u32, u64),
     /// The session's dedicated connection with this id is gone, and with it any state held
     /// on it. The id lets a session ignore the end of a connection it already replaced.

@@ -79,9 +79,9 @@ pub(in crate::session) struct ClusterState {
     /// `ArcSwap` and was cloned, ~75 instructions per batch at cluster `-P 1` (callgrind).
     /// Indexes are never reused, so a node added since is looked up in the router instead.
     pub(in crate::session) pools: Option<Arc<Vec<Arc<crate::upstream::pool::Pool>>>>,
-    /// The flush invalidations the client was told of (see `tracking::FlushNews`); `None`
+    /// The flush invalidations the client was told of (see `flush_news::FlushNews`); `None`
     /// until the first one.
-    pub(in crate::session) flush_news: Option<Box<super::tracking::FlushNews>>,
+    pub(in crate::session) flush_news: Option<Box<super::flush_news::FlushNews>>,
 }
 
 /// The slot map a command is placed by: the session's copy, or the router's when that
@@ -698,6 +698,41 @@ pub(in crate::session) fn confirmation(
     }
     out.extend_from_slice(format!(":{count}\r\n").as_bytes());
     out.freeze()
+}
+
+impl ClusterState {
+    /// Whether `frame`, a push from connection `conn`, is a flush's null the client already
+    /// has (`FlushNews`); `mark` gives where it would go in the reply order.
+    pub(in crate::session) fn repeated_flush(
+        &mut self,
+        frame: &[u8],
+        conn: u64,
+        mark: impl FnOnce() -> u64,
+    ) -> bool {
+        if frame != super::flush_news::FLUSHED {
+            return false;
+        }
+        let source = self.node_of_conn(conn).map_or(conn, |node| {
+            super::flush_news::NODE_SOURCE | u64::from(node)
+        });
+        !self
+            .flush_news
+            .get_or_insert_with(Box::default)
+            .pass(source, mark())
+    }
+
+    /// The node of the session's own connection `conn` that may carry invalidations (a
+    /// tracking connection, a listener, a subscriber's on another primary).
+    fn node_of_conn(&self, conn: u64) -> Option<u16> {
+        let tracking = self.tracking.iter().flat_map(|t| t.conns.iter());
+        let listeners = self.listeners.iter().flat_map(|l| l.conns.iter());
+        let keyspace = self.keyspace.iter().flat_map(|k| k.conns.iter());
+        tracking
+            .chain(listeners)
+            .chain(keyspace)
+            .find(|c| c.id == conn)
+            .map(|c| c.node)
+    }
 }
 
 #[cfg(test)]
