@@ -327,7 +327,7 @@ impl Session {
                 return try_enqueue(self.ctx.pool.shared(proto, self.client.id), batch);
             }
             // A replica chosen by `place_read` whose list is gone: the primary serves it.
-            None => (PoolRef::Kept(&self.ctx.pool), true),
+            None => (PoolRef::Borrowed(&self.ctx.pool), true),
         };
         if replica {
             let metrics = &self.ctx.ops.metrics;
@@ -699,7 +699,7 @@ impl Session {
             Target::Shared(_, node) | Target::Dedicated(node) => node,
         };
         match self.routing.node_pool(node) {
-            Some((pool, _)) => pool.owned(),
+            Some((pool, _)) => pool.into_owned(),
             None => self.ctx.pool.clone(),
         }
     }

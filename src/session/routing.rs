@@ -241,7 +241,7 @@ impl Routing {
             Routing::Sentinel(Sentinel {
                 replicas: Some(replicas),
                 ..
-            }) if node != 0 => Some((PoolRef::Loaded(replicas.pool(node)), true)),
+            }) if node != 0 => Some((PoolRef::Owned(replicas.pool(node)), true)),
             Routing::Standalone | Routing::Sentinel(_) => None,
         }
     }

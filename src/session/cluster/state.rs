@@ -103,34 +103,9 @@ impl std::ops::Deref for MapRef<'_> {
     }
 }
 
-/// A node's pool: the session's kept list's, or the router's (a node added since the read
-/// began).
-pub(in crate::session) enum PoolRef<'a> {
-    /// From `ClusterState::pools`.
-    Kept(&'a Arc<crate::upstream::pool::Pool>),
-    /// From the router.
-    Loaded(Arc<crate::upstream::pool::Pool>),
-}
-
-impl PoolRef<'_> {
-    /// An owned handle, for a caller that keeps the pool past the session's borrow.
-    pub(in crate::session) fn owned(self) -> Arc<crate::upstream::pool::Pool> {
-        match self {
-            PoolRef::Kept(p) => p.clone(),
-            PoolRef::Loaded(p) => p,
-        }
-    }
-}
-
-impl std::ops::Deref for PoolRef<'_> {
-    type Target = crate::upstream::pool::Pool;
-    fn deref(&self) -> &crate::upstream::pool::Pool {
-        match self {
-            PoolRef::Kept(p) => p,
-            PoolRef::Loaded(p) => p,
-        }
-    }
-}
+/// A node's pool: borrowed from the session's kept list, or owned from the router (a node
+/// added since the read began).
+pub(in crate::session) type PoolRef<'a> = std::borrow::Cow<'a, Arc<crate::upstream::pool::Pool>>;
 
 /// What a shared batch's bookkeeping allocated, kept for the next batches once its replies
 /// are in: at cluster `-P 16` a pipeline is a batch per node, and each allocated its hash
@@ -223,8 +198,8 @@ impl ClusterState {
     /// node added since.
     pub(in crate::session) fn pool(&self, node: u16) -> PoolRef<'_> {
         match self.pools.as_ref().and_then(|p| p.get(usize::from(node))) {
-            Some(pool) => PoolRef::Kept(pool),
-            None => PoolRef::Loaded(self.router.pool(node)),
+            Some(pool) => PoolRef::Borrowed(pool),
+            None => PoolRef::Owned(self.router.pool(node)),
         }
     }
 
