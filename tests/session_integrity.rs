@@ -570,3 +570,78 @@ async fn a_resp2_subscribers_refused_commands_change_nothing() {
         assert_eq!(show(&got), show(&want), "{command:?}");
     }
 }
+
+/// A reply that only looks like a subscription confirmation, on a client's own dedicated
+/// connection, is that command's reply. A list `subscribe ch x` (or `COMMAND LIST` when the
+/// server's order puts `subscribe` first: the reply sweep's rare reset and stall,
+/// docs/fuzzing.md) once marked the connection subscribed, so the next such reply was handed
+/// on as a pushed message and every later reply went to the command before it: a PING
+/// pipelined after it was never answered, and the last command always looked unanswered,
+/// so the command timeout ended the connection and with it the client's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_shaped_like_a_confirmation_is_a_reply() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.command_timeout_ms.value = 300;
+    confirmation_shaped_replies(&Proxy::start(config).await).await;
+}
+
+/// The same in front of a cluster, where the session's dedicated connection goes to the
+/// list's node (the reply sweep stalled there: a pipelined sentinel PING never answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_shaped_like_a_confirmation_is_a_reply_in_front_of_a_cluster() {
+    let redis = common::cluster::RedisCluster::start(3, 0);
+    let mut config = common::cluster::proxy_config(&redis.live_addrs()[0], &[]);
+    config.upstream.command_timeout_ms.value = 300;
+    confirmation_shaped_replies(&Proxy::start(config).await).await;
+}
+
+/// Pins a session to a dedicated connection, reads a list shaped like a confirmation twice,
+/// the second time pipelined with a PING, and checks each command got its own reply and
+/// none is left waiting, in RESP2 and RESP3.
+async fn confirmation_shaped_replies(proxy: &Proxy) {
+    for proto in ["2", "3"] {
+        let mut c = Raw::connect(proxy.addr).await;
+        if proto == "3" {
+            let hello = c.call(&["HELLO", "3"]).await;
+            assert!(hello.starts_with(b"%"), "{}", show(&hello));
+        }
+        // Connection state the proxy cannot read back: the session keeps a dedicated
+        // connection from here on, where replies are told from pushes.
+        assert_eq!(c.call(&["CLIENT", "NO-EVICT", "OFF"]).await, b"+OK\r\n");
+        // In front of a cluster the session now reaches one node: a key of that node.
+        let mut key = String::new();
+        for n in 0..64 {
+            key = format!("l{n}");
+            if !c
+                .call(&["DEL", key.as_str()])
+                .await
+                .starts_with(b"-CROSSSLOT")
+            {
+                break;
+            }
+        }
+        let l = key.as_str();
+        c.call(&["RPUSH", l, "subscribe", "ch", "x"]).await;
+        let list = c.call(&["LRANGE", l, "0", "-1"]).await;
+        assert_eq!(
+            list, b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n$1\r\nx\r\n",
+            "RESP{proto}"
+        );
+        let mut input = resp(&["LRANGE", l, "0", "-1"]);
+        input.extend(resp(&["PING"]));
+        c.send(&input).await;
+        let got = c.collect_frames(2, std::time::Duration::from_secs(5)).await;
+        assert_eq!(
+            got.frames,
+            vec![list.clone(), b"+PONG\r\n".to_vec()],
+            "RESP{proto}: {}",
+            show(&got.joined())
+        );
+        // Nothing is left waiting on the connection: past the command timeout (300 ms) the
+        // session is still there. The wait is the point of the check, not a readiness wait.
+        tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+        let pong = c.call(&["PING"]).await;
+        assert_eq!(show(&pong), show(b"+PONG\r\n"), "RESP{proto}");
+    }
+}

@@ -133,6 +133,15 @@ pub(crate) fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
     (out.len() == n).then_some(out)
 }
 
+/// The element count in an array or push frame's header.
+fn aggregate_len(frame: &[u8]) -> Option<i64> {
+    if !matches!(frame.first(), Some(b'*' | b'>')) {
+        return None;
+    }
+    let cr = memchr(b'\r', frame)?;
+    parse_int(&frame[1..cr])
+}
+
 /// The `index`-th element of an array or push frame, when it is a bulk or simple string.
 /// Used only on pub/sub frames, which are flat arrays of strings and integers.
 pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
@@ -199,16 +208,25 @@ impl SubKind {
     }
 }
 
-/// Classifies an array or push frame by its first element.
+/// Classifies an array or push frame by its first element and its length: a message has 3
+/// elements (4 for `pmessage`), a confirmation 3, an invalidation 2, as Redis sends them.
+/// The length is part of the shape, so fewer ordinary replies (a list that starts with
+/// `message`) pass for one; a reply of the right shape still can (a script's), which is why
+/// callers also ask whether a pub/sub frame can come at all where they found it.
 pub fn classify_pubsub(frame: &[u8]) -> PubSubFrame {
     let Some(first) = element(frame, 0) else {
         return PubSubFrame::Other;
     };
+    let Some(len) = aggregate_len(frame) else {
+        return PubSubFrame::Other;
+    };
     let lower = |s: &[u8]| first.eq_ignore_ascii_case(s);
-    if lower(b"message") || lower(b"pmessage") || lower(b"smessage") {
+    if (lower(b"message") || lower(b"smessage")) && len == 3 || lower(b"pmessage") && len == 4 {
         PubSubFrame::Message
-    } else if lower(b"invalidate") {
+    } else if lower(b"invalidate") && len == 2 {
         PubSubFrame::Invalidate
+    } else if len != 3 {
+        PubSubFrame::Other
     } else {
         let (kind, subscribe) = if lower(b"subscribe") {
             (SubKind::Channel, true)
@@ -314,5 +332,23 @@ mod tests {
             PubSubFrame::Other
         );
         assert_eq!(classify_pubsub(b"+OK\r\n"), PubSubFrame::Other);
+    }
+
+    /// Only Redis's shapes: `COMMAND LIST`'s reply starts with `subscribe` in some servers'
+    /// orders, and was taken for a confirmation (the reply sweep's reset, docs/fuzzing.md).
+    #[test]
+    fn a_reply_that_only_starts_like_a_pubsub_frame_is_not_one() {
+        let list = b"*4\r\n$9\r\nsubscribe\r\n$9\r\nreplicaof\r\n$3\r\nget\r\n$3\r\nset\r\n";
+        assert_eq!(classify_pubsub(list), PubSubFrame::Other);
+        let two = b"*2\r\n$7\r\nmessage\r\n$2\r\nch\r\n";
+        assert_eq!(classify_pubsub(two), PubSubFrame::Other);
+        let p3 = b"*3\r\n$8\r\npmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n";
+        assert_eq!(classify_pubsub(p3), PubSubFrame::Other);
+        let p4 = b">4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$2\r\nch\r\n$2\r\nhi\r\n";
+        assert_eq!(classify_pubsub(p4), PubSubFrame::Message);
+        let inv = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
+        assert_eq!(classify_pubsub(inv), PubSubFrame::Invalidate);
+        let inv3 = b"*3\r\n$10\r\ninvalidate\r\n$1\r\na\r\n$1\r\nb\r\n";
+        assert_eq!(classify_pubsub(inv3), PubSubFrame::Other);
     }
 }

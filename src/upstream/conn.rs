@@ -568,20 +568,31 @@ impl Reader {
             .send(Reply::Subscriptions(push.conn_id, Box::new(subs)));
     }
 
-    /// Updates subscription state from a reply frame.
+    /// Updates subscription state from a reply frame of the head batch, by what the batch
+    /// asked: only a (un)subscribe command's own replies say what the connection is
+    /// subscribed to. Any other reply may merely look like a confirmation: `COMMAND LIST`
+    /// starts with `subscribe` in some servers' orders, and a list or a script reply can be
+    /// made to. Taken for one, it made the connection "subscribed", so the next such reply
+    /// was handed on as a pushed message and every reply after it went to the command before
+    /// (the reply sweep's rare reset and stall, docs/fuzzing.md).
     fn track(&mut self, expect: Expect, start: usize, len: usize) {
         let frame = &self.rbuf[start..start + len];
-        if expect == Expect::Monitor {
-            self.pubsub.monitoring = frame.first() == Some(&b'+');
-            return;
-        }
-        if frame.starts_with(b"+RESET") {
-            self.pubsub = PubSub::default();
-            return;
-        }
-        if let PubSubFrame::Confirmation { kind, subscribe } = reply::classify_pubsub(frame) {
-            if let Some(name) = reply::element(frame, 1).map(Bytes::copy_from_slice) {
-                self.update(kind, subscribe, &name);
+        match expect {
+            Expect::Monitor => self.pubsub.monitoring = frame.first() == Some(&b'+'),
+            Expect::Confirmations(_) | Expect::UnsubscribeAll(_) => {
+                if let PubSubFrame::Confirmation { kind, subscribe } = reply::classify_pubsub(frame)
+                    && let Some(name) = reply::element(frame, 1).map(Bytes::copy_from_slice)
+                {
+                    self.update(kind, subscribe, &name);
+                }
+            }
+            // A forwarded RESET (`Effect::Reset`) ends every subscription and MONITOR. A
+            // script's status reply can spell `+RESET` too; taken for one, it only clears
+            // this state, so no later frame is taken for a push.
+            Expect::Frames(_) => {
+                if frame == b"+RESET\r\n" {
+                    self.pubsub = PubSub::default();
+                }
             }
         }
     }
