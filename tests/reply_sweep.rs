@@ -137,8 +137,6 @@ async fn sweep(
     // The form sent through the proxy before the current one, and what came back: the
     // cause of a connection the proxy closed before the current form (an error reply).
     let mut previous = String::new();
-    // Resets of the client's connection to the proxy in this sweep (see below).
-    let mut resets = 0;
     for (n, args) in forms(&docs, seed, tries) {
         step = n;
         let (ping, sentinel) = sentinel_for(step);
@@ -151,45 +149,31 @@ async fn sweep(
         // shared upstream connection.
         let other = format!("other-{step}");
         let started = std::time::Instant::now();
-        // The client's connection to the proxy was reset under load, three times in a few
-        // dozen loaded runs (CI 2026-12-07: 7.0 RESP3; here: 8.0 RESP2, standalone and
-        // cluster; each time the form right after COMMAND DOCS/INFO/LIST, the slowest
-        // steps; never reproduced unloaded or in 35 loaded runs of the 8.0 sweep alone).
-        // Not explained yet (docs/fuzzing.md, "Reply sweep"): the first reset of a sweep is
-        // printed with the form and the step before, and the step is sent again on a new
-        // connection; a second is a finding.
-        let got = loop {
-            let sent = a.try_send(&resp(&args)).await;
-            b.send(&resp(&["ECHO", other.as_str()])).await;
-            let sent = match sent {
-                Ok(()) => a.try_send(&ping).await,
-                Err(e) => Err(e),
-            };
-            let Err(e) = sent else {
-                break until_sentinel(&mut a, &sentinel).await;
-            };
-            let what = format!(
-                "{label}: {}: the connection to the proxy was reset ({e}); the step before \
-                 and its replies through the proxy: {previous}",
-                show(&resp(&args))
-            );
-            if resets > 0 {
-                found.push(format!("{what} (the second reset of this sweep)"));
+        // A reset of the client's connection to the proxy is a finding, printed with the
+        // form, the step before and the proxy's CLIENT LIST (whether it still had the
+        // session). Seen under load until 2026-12-07: a reply that only looked like a
+        // subscription confirmation (COMMAND LIST starting with `subscribe`) left the pinned
+        // connection's last command looking unanswered until its command timeout ended the
+        // session (docs/fuzzing.md).
+        let sent = a.try_send(&resp(&args)).await;
+        b.send(&resp(&["ECHO", other.as_str()])).await;
+        let sent = match sent {
+            Ok(()) => a.try_send(&ping).await,
+            Err(e) => Err(e),
+        };
+        let got = match sent {
+            Ok(()) => until_sentinel(&mut a, &sentinel).await,
+            Err(e) => {
+                let _ = b.collect_frames(1, STEP).await;
+                let clients = b.call(&["CLIENT", "LIST"]).await;
+                found.push(format!(
+                    "{label}: {}: the connection to the proxy was reset ({e}); the step \
+                     before and its replies through the proxy: {previous}; the proxy's CLIENT \
+                     LIST then: {}",
+                    show(&resp(&args)),
+                    show(&clients)
+                ));
                 return found;
-            }
-            resets += 1;
-            // The other client's ECHO was answered; the step starts over. Its CLIENT LIST
-            // says whether the proxy still had the reset client's session.
-            let _ = b.collect_frames(1, STEP).await;
-            let clients = b.call(&["CLIENT", "LIST"]).await;
-            eprintln!(
-                "RESET (sent again on a new connection): {what}; the proxy's CLIENT LIST then: {}",
-                show(&clients)
-            );
-            a = Raw::connect(proxy.addr).await;
-            if resp3 {
-                let hello = a.call(&["HELLO", "3"]).await;
-                assert!(hello.starts_with(b"%"), "{}", show(&hello));
             }
         };
         previous = format!(
