@@ -338,17 +338,33 @@ mod tests {
     /// orders, and was taken for a confirmation (the reply sweep's reset, docs/fuzzing.md).
     #[test]
     fn a_reply_that_only_starts_like_a_pubsub_frame_is_not_one() {
-        let list = b"*4\r\n$9\r\nsubscribe\r\n$9\r\nreplicaof\r\n$3\r\nget\r\n$3\r\nset\r\n";
-        assert_eq!(classify_pubsub(list), PubSubFrame::Other);
-        let two = b"*2\r\n$7\r\nmessage\r\n$2\r\nch\r\n";
-        assert_eq!(classify_pubsub(two), PubSubFrame::Other);
-        let p3 = b"*3\r\n$8\r\npmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n";
-        assert_eq!(classify_pubsub(p3), PubSubFrame::Other);
-        let p4 = b">4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$2\r\nch\r\n$2\r\nhi\r\n";
-        assert_eq!(classify_pubsub(p4), PubSubFrame::Message);
-        let inv = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
-        assert_eq!(classify_pubsub(inv), PubSubFrame::Invalidate);
-        let inv3 = b"*3\r\n$10\r\ninvalidate\r\n$1\r\na\r\n$1\r\nb\r\n";
-        assert_eq!(classify_pubsub(inv3), PubSubFrame::Other);
+        let cases: [(&[u8], PubSubFrame); 6] = [
+            (
+                b"*4\r\n$9\r\nsubscribe\r\n$9\r\nreplicaof\r\n$3\r\nget\r\n$3\r\nset\r\n",
+                PubSubFrame::Other,
+            ),
+            (b"*2\r\n$7\r\nmessage\r\n$2\r\nch\r\n", PubSubFrame::Other),
+            (
+                b"*3\r\n$8\r\npmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n",
+                PubSubFrame::Other,
+            ),
+            (
+                b">4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$2\r\nch\r\n$2\r\nhi\r\n",
+                PubSubFrame::Message,
+            ),
+            (b">2\r\n$10\r\ninvalidate\r\n_\r\n", PubSubFrame::Invalidate),
+            (
+                b"*3\r\n$10\r\ninvalidate\r\n$1\r\na\r\n$1\r\nb\r\n",
+                PubSubFrame::Other,
+            ),
+        ];
+        for (frame, kind) in cases {
+            assert_eq!(
+                classify_pubsub(frame),
+                kind,
+                "{}",
+                String::from_utf8_lossy(frame)
+            );
+        }
     }
 }
