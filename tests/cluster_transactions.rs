@@ -234,6 +234,43 @@ async fn a_watch_sent_on_a_stale_map_starts_over_on_the_new_owner() {
     assert_eq!(direct_get(&target, key).await, b"$1\r\n2\r\n");
 }
 
+/// The same WATCH pipelined with the transaction it guards (a read before it and one after):
+/// it waits for what was in flight, the commands after it wait for its reply, so it starts
+/// over on the new owner before they are placed, and the client sees no redirection (it got
+/// Redis's raw MOVED for the WATCH and the read, and a null EXEC, before).
+#[tokio::test]
+async fn a_watch_pipelined_on_a_stale_map_starts_over_with_what_follows() {
+    let (redis, proxy) = setup().await;
+    for proto in [2u8, 3] {
+        let tag = format!("{{txw{proto}}}");
+        let (s, source, target, target_id) = move_plan(&redis, &tag);
+        end_migration(&redis, s, (&source, &target), &target_id).await;
+        let key = format!("{tag}k");
+        let k = key.as_str();
+        let mut c = client(&proxy, proto).await;
+        let mut input = Vec::new();
+        // A read of another slot first: the WATCH waits for its reply too.
+        for args in [
+            &["GET", "{other}x"][..],
+            &["WATCH", k],
+            &["GET", k],
+            &["MULTI"],
+            &["SET", k, "1"],
+            &["EXEC"],
+        ] {
+            input.extend(resp(args));
+        }
+        c.send(&input).await;
+        let got = c
+            .collect_frames(6, std::time::Duration::from_secs(10))
+            .await;
+        let null = if proto == 3 { "_\r\n" } else { "$-1\r\n" };
+        let want = format!("{null}+OK\r\n{null}+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n");
+        assert_eq!(show(&got.joined()), show(want.as_bytes()), "RESP{proto}");
+        assert_eq!(direct_get(&target, k).await, b"$1\r\n1\r\n", "RESP{proto}");
+    }
+}
+
 /// A hash tag of a key on each primary of `redis`.
 fn a_tag_on_each_primary(redis: &RedisCluster) -> Vec<String> {
     let mut tags: Vec<(String, String)> = Vec::new();

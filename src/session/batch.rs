@@ -273,6 +273,8 @@ impl Session {
             self.client.reply_mode == ReplyMode::On
                 && effect.batchable()
                 && !self.conn.multi_deferred()
+                // In front of a cluster a WATCH goes alone (`ConnState::watch_unanswered`).
+                && !(effect == Effect::Watch && self.routing.is_cluster())
         };
         match action {
             Action::Forward {

@@ -48,7 +48,11 @@ impl Session {
         if self.conn.multi_unopened() {
             return unopened_multi(command.kind).into();
         }
-        if self.conn.resetting || self.state_unsettled(command.kind) {
+        // A stale `watch_unanswered` with nothing in flight must not hold the session.
+        if self.conn.resetting
+            || self.conn.watch_unanswered && self.queue.inflight > 0
+            || self.state_unsettled(command.kind)
+        {
             return Action::AwaitReplies.into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.

@@ -202,7 +202,13 @@ impl Session {
                 self.routing.multi_ended();
                 self.conn.held.remove(Holds::WATCH);
             }
-            Effect::Watch => self.conn.held.insert(Holds::WATCH),
+            Effect::Watch => {
+                self.conn.held.insert(Holds::WATCH);
+                // Waited for only once sent, as RESET is.
+                self.conn.watch_unanswered = self.queue.slots.back().is_some_and(
+                    |s| matches!(s, Slot::Upstream { handling, .. } if handling.watch),
+                );
+            }
             Effect::Unwatch => {
                 self.conn.held.remove(Holds::WATCH);
                 self.conn.watch_lost = false;
@@ -300,6 +306,7 @@ impl Session {
         self.routing.reset();
         self.conn.held = Holds::default();
         self.conn.resetting = false;
+        self.conn.watch_unanswered = false;
         self.client.reply_mode = ReplyMode::On;
     }
 }
