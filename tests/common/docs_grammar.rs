@@ -171,8 +171,19 @@ pub(crate) fn parse_docs(reply: &redis::Value, out: &mut Vec<Doc>) {
 /// The keys the sweeps' commands name: a few, so that commands meet each other's data.
 pub(crate) const KEYS: &[&str] = &["k1", "k2", "{t}k3", "{t}k4", "s1"];
 
-/// The strings (values, patterns, names) the sweeps' forms use.
-const STRINGS: &[&str] = &["v", "x", "*", "hello world", "", "1"];
+/// The strings (values, patterns, names) the sweeps' forms use. With the protocol's own
+/// words among them, a list or set read back can start like a pub/sub frame, which a
+/// dedicated connection's reader once took for one (docs/fuzzing.md, 2026-12-07).
+const STRINGS: &[&str] = &[
+    "v",
+    "x",
+    "*",
+    "hello world",
+    "",
+    "1",
+    "subscribe",
+    "message",
+];
 
 /// One form of `doc`, its arguments drawn from the grammar.
 pub(crate) fn form(doc: &Doc, rng: &mut Rng) -> Vec<String> {
