@@ -133,27 +133,22 @@ pub(crate) fn array_elements(reply: &Bytes) -> Option<Vec<Bytes>> {
     (out.len() == n).then_some(out)
 }
 
-/// The element count in an array or push frame's header.
-fn aggregate_len(frame: &[u8]) -> Option<i64> {
+/// An array or push frame's element count and where its first element starts.
+fn aggregate_header(frame: &[u8]) -> Option<(i64, usize)> {
     if !matches!(frame.first(), Some(b'*' | b'>')) {
         return None;
     }
     let cr = memchr(b'\r', frame)?;
-    parse_int(&frame[1..cr])
+    Some((parse_int(&frame[1..cr])?, cr + 2))
 }
 
 /// The `index`-th element of an array or push frame, when it is a bulk or simple string.
 /// Used only on pub/sub frames, which are flat arrays of strings and integers.
 pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
-    if !matches!(frame.first(), Some(b'*' | b'>')) {
-        return None;
-    }
-    let cr = memchr(b'\r', frame)?;
-    let n = parse_int(&frame[1..cr])?;
+    let (n, mut pos) = aggregate_header(frame)?;
     if index as i64 >= n {
         return None;
     }
-    let mut pos = cr + 2;
     for i in 0..=index {
         let kind = *frame.get(pos)?;
         let cr = pos + 1 + memchr(b'\r', frame.get(pos + 1..)?)?;
@@ -217,7 +212,7 @@ pub fn classify_pubsub(frame: &[u8]) -> PubSubFrame {
     let Some(first) = element(frame, 0) else {
         return PubSubFrame::Other;
     };
-    let Some(len) = aggregate_len(frame) else {
+    let Some((len, _)) = aggregate_header(frame) else {
         return PubSubFrame::Other;
     };
     let lower = |s: &[u8]| first.eq_ignore_ascii_case(s);
