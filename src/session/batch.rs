@@ -273,8 +273,7 @@ impl Session {
             self.client.reply_mode == ReplyMode::On
                 && effect.batchable()
                 && !self.conn.multi_deferred()
-                // In front of a cluster a WATCH goes alone (`ConnState::watch_unanswered`).
-                && !(effect == Effect::Watch && self.routing.is_cluster())
+                && !self.watch_goes_alone(effect)
         };
         match action {
             Action::Forward {

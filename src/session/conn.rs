@@ -58,11 +58,6 @@ pub(super) struct ConnState {
     /// A RESET forwarded on the dedicated connection is unanswered (`Effect::Reset`): every
     /// later command waits for it, as Redis runs them after the reset.
     pub(super) resetting: bool,
-    /// In front of a cluster, a WATCH is unanswered: every later command waits for it, so
-    /// a WATCH the node answers MOVED (the proxy's map was stale) starts over on the new
-    /// owner with nothing sent after it, and the commands after it are placed with the map
-    /// that redirection refreshed (`cluster::redirect`); sent on, each got the raw MOVED.
-    pub(super) watch_unanswered: bool,
 }
 
 /// An open MULTI.

@@ -350,9 +350,6 @@ impl Session {
         if let Some(sent) = kept {
             self.routing.finished(sent);
         }
-        if handling.watch {
-            self.conn.watch_unanswered = false;
-        }
         if handling.reset {
             // The RESET never reached Redis (its connection is gone, and its subscriptions
             // with it): the session resets now, and nothing waits for an answer.
@@ -439,10 +436,10 @@ impl Session {
             self.pause_decided();
             return false;
         }
-        if effect == Effect::Watch && self.routing.is_cluster() && self.queue.inflight > 0 {
-            // In front of a cluster a WATCH goes with nothing in flight: answered MOVED, it
-            // moves the session's connection to the new owner (`cluster::redirect`), which
-            // would fail whatever else was in flight on the old one.
+        if self.watch_goes_alone(effect) && self.queue.inflight > 0 {
+            // Answered MOVED, the WATCH moves the session's connection to the new owner
+            // (`cluster::redirect`), which would fail whatever else was in flight on the
+            // old one.
             self.pause_decided();
             return false;
         }
@@ -503,7 +500,6 @@ impl Session {
                 || self.exec_subscribes(effect),
             hello: matches!(effect, Effect::Hello(_) | Effect::AuthHello(_)),
             reset: effect == Effect::Reset,
-            watch: effect == Effect::Watch && self.routing.is_cluster(),
             info: effect == Effect::Info,
             config_get: effect == Effect::ConfigGet,
             mirror: None,

@@ -132,9 +132,6 @@ impl Session {
         if handling.sub_counts && !data.is_empty() {
             self.note_sub_counts(&data);
         }
-        if handling.watch {
-            self.conn.watch_unanswered = false;
-        }
         if handling.reset {
             // Answered or failed, the client asked for a fresh connection state; the
             // connection the RESET ran on (now logged out upstream) is dropped.

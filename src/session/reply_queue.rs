@@ -91,8 +91,6 @@ pub(super) struct Handling {
     pub(super) sub_counts: bool,
     /// RESET forwarded (`Effect::Reset`): the session resets once Redis answered it.
     pub(super) reset: bool,
-    /// A WATCH in front of a cluster: its reply ends `ConnState::watch_unanswered`.
-    pub(super) watch: bool,
     /// A forwarded HELLO: its reply is shaped as the one the proxy answers itself
     /// (`hello_as_seen`); in cluster mode it said `mode: cluster` (state fuzzer), which makes
     /// a client switch to cluster mode and ask for CLUSTER SLOTS.

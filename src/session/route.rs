@@ -48,11 +48,7 @@ impl Session {
         if self.conn.multi_unopened() {
             return unopened_multi(command.kind).into();
         }
-        // A stale `watch_unanswered` with nothing in flight must not hold the session.
-        if self.conn.resetting
-            || self.conn.watch_unanswered && self.queue.inflight > 0
-            || self.state_unsettled(command.kind)
-        {
+        if self.conn.resetting || self.watch_unanswered() || self.state_unsettled(command.kind) {
             return Action::AwaitReplies.into();
         }
         // The proxy's own commands are not Redis commands: no policy rule applies to them.

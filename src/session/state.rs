@@ -75,6 +75,27 @@ impl Session {
             .blocks(self.queue.inflight_target, target, slot)
     }
 
+    /// In front of a cluster a WATCH goes alone, once nothing else is in flight
+    /// (`batch::joinable`, `forward`), and the commands after it wait for its reply
+    /// (`watch_unanswered`): a WATCH the node answers MOVED (the proxy's map was stale) then
+    /// starts over on the new owner with nothing sent after it (`cluster::redirect`), and
+    /// the commands after it are placed with the map that redirection refreshed. Sent on,
+    /// each got Redis's raw MOVED.
+    pub(super) fn watch_goes_alone(&self, effect: Effect) -> bool {
+        effect == Effect::Watch && self.routing.is_cluster()
+    }
+
+    /// A WATCH sent alone (`watch_goes_alone`) is not answered yet: its slot, which it has
+    /// to itself and keeps while a redirection is followed, is still in the reply order.
+    pub(super) fn watch_unanswered(&self) -> bool {
+        self.conn.holds(Holds::WATCH)
+            && self.routing.is_cluster()
+            && self.queue.slots.iter().any(|s| {
+                matches!(s, Slot::Upstream { handling, .. }
+                    if handling.name.is_some_and(|spec| spec.name == "watch"))
+            })
+    }
+
     /// State held on the dedicated connection that keeps the session on it.
     pub(super) fn stateful(&self) -> bool {
         self.conn.stateful(self.client.db)
@@ -202,13 +223,7 @@ impl Session {
                 self.routing.multi_ended();
                 self.conn.held.remove(Holds::WATCH);
             }
-            Effect::Watch => {
-                self.conn.held.insert(Holds::WATCH);
-                // Waited for only once sent, as RESET is.
-                self.conn.watch_unanswered = self.queue.slots.back().is_some_and(
-                    |s| matches!(s, Slot::Upstream { handling, .. } if handling.watch),
-                );
-            }
+            Effect::Watch => self.conn.held.insert(Holds::WATCH),
             Effect::Unwatch => {
                 self.conn.held.remove(Holds::WATCH);
                 self.conn.watch_lost = false;
@@ -306,7 +321,6 @@ impl Session {
         self.routing.reset();
         self.conn.held = Holds::default();
         self.conn.resetting = false;
-        self.conn.watch_unanswered = false;
         self.client.reply_mode = ReplyMode::On;
     }
 }
