@@ -2445,11 +2445,14 @@ impl World {
                     .push(format!("{} (no notification)", name.to_ascii_lowercase()));
             }
         }
-        // Whether the command moves a value APPEND grew past the cap: decided before the loop,
+        // Whether the command moves a value APPEND grew past the cap, or derives one no longer
+        // than it (BITOP's result is as long as its longest source): decided before the loop,
         // which forgets the source (now gone) before it reaches the destination when the
         // source's name sorts first (`RENAME biggeo k1`).
-        let moves_oversize = matches!(name.as_str(), "COPY" | "RENAME" | "RENAMENX" | "MOVE")
-            && self.oversize_ok.iter().any(|(_, k)| declared.contains(k));
+        let moves_oversize = matches!(
+            name.as_str(),
+            "COPY" | "RENAME" | "RENAMENX" | "MOVE" | "BITOP"
+        ) && self.oversize_ok.iter().any(|(_, k)| declared.contains(k));
         let mut repairs: Vec<Vec<Vec<u8>>> = Vec::new();
         for ((db, key), events) in &touched {
             if let Some(p) = t.prefix {
