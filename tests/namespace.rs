@@ -381,3 +381,23 @@ async fn client_side_caching_sees_only_the_tenants_keys() {
         .assert_quiet(std::time::Duration::from_millis(200))
         .await;
 }
+
+/// A tenant's overlapping BCAST prefixes that Redis 7.0–8.x would answer twice are refused by
+/// the proxy (README, Known differences) in the tenant's own names for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_tracking_prefixes_are_refused_in_the_tenants_names() {
+    let redis = RedisServer::start();
+    let proxy = proxy_for(&redis, None).await;
+    let mut alice = login(&proxy, "alice", "alicepw").await;
+    let refused = alice
+        .call(&[
+            "CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "c", "PREFIX", "ab", "PREFIX", "a",
+        ])
+        .await;
+    assert_eq!(
+        text(&refused),
+        "-ERR Prefix 'ab' overlaps with another provided prefix 'a'. Prefixes for a single \
+         client must not overlap.\r\n"
+    );
+    assert_eq!(alice.call(&["PING"]).await, b"+PONG\r\n");
+}

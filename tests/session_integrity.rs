@@ -645,3 +645,81 @@ async fn confirmation_shaped_replies(proxy: &Proxy) {
         assert_eq!(show(&pong), show(b"+PONG\r\n"), "RESP{proto}");
     }
 }
+
+/// `CLIENT TRACKING ON … BCAST` whose own prefixes overlap, the first prefix clear of the
+/// others (`PREFIX 1 PREFIX x PREFIX x`): Redis 7.0–8.x reply with the overlap error and then
+/// enable the tracking and add `+OK` (tracking.c returns the prefix's position as "no
+/// collision"). Through the proxy: the error once, tracking still off, the connection open; in
+/// MULTI the transaction is spoiled. Found by the invariant fuzzer (seed 75265683).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_tracking_prefixes_get_one_reply_and_change_nothing() {
+    let redis = RedisServer::start();
+    overlapping_prefixes(&Proxy::to(&redis).await).await;
+}
+
+/// The same in front of a cluster, where BCAST tracking is spread over every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_tracking_prefixes_get_one_reply_in_front_of_a_cluster() {
+    let redis = common::cluster::RedisCluster::start(3, 0);
+    let config = common::cluster::proxy_config(&redis.live_addrs()[0], &[]);
+    overlapping_prefixes(&Proxy::start(config).await).await;
+}
+
+async fn overlapping_prefixes(proxy: &Proxy) {
+    let mut c = Raw::connect(proxy.addr).await;
+    assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "PREFIX", "1", "PREFIX", "x", "PREFIX", "x", "BCAST", "NOLOOP",
+            ],
+            "-ERR Prefix 'x' overlaps with another provided prefix 'x'. ",
+        ),
+        (
+            &["BCAST", "PREFIX", "c", "PREFIX", "ab\0z", "PREFIX", "a"],
+            "-ERR Prefix 'ab' overlaps with another provided prefix 'a'. ",
+        ),
+        // The first prefix overlaps: Redis answers once itself.
+        (
+            &["BCAST", "PREFIX", "a", "PREFIX", "ab"],
+            "-ERR Prefix 'a' overlaps with another provided prefix 'ab'. ",
+        ),
+    ];
+    for (options, error) in cases {
+        let mut args = vec!["CLIENT", "TRACKING", "ON"];
+        args.extend_from_slice(options);
+        let mut input = resp(&args);
+        input.extend(resp(&["PING", "after"]));
+        c.send(&input).await;
+        let got = c
+            .collect_frames(3, std::time::Duration::from_millis(500))
+            .await;
+        let replies: Vec<String> = got.frames.iter().map(|f| text(f)).collect();
+        assert_eq!(replies.len(), 2, "{options:?}: {replies:?}");
+        assert!(
+            replies[0].starts_with(error)
+                && replies[0].ends_with("Prefixes for a single client must not overlap.\r\n"),
+            "{options:?}: {replies:?}"
+        );
+        assert_eq!(replies[1], "$5\r\nafter\r\n", "{options:?}");
+        let info = text(&c.call(&["CLIENT", "TRACKINGINFO"]).await);
+        assert!(
+            info.contains("off"),
+            "{options:?}: tracking changed: {info}"
+        );
+    }
+    // In MULTI: refused at once, and EXEC aborts.
+    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+    let queued = c
+        .call(&[
+            "CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "c", "PREFIX", "a", "PREFIX", "a",
+        ])
+        .await;
+    assert!(
+        text(&queued).starts_with("-ERR Prefix 'a' overlaps"),
+        "{}",
+        text(&queued)
+    );
+    assert!(c.call(&["EXEC"]).await.starts_with(b"-EXECABORT"));
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+}

@@ -798,6 +798,33 @@ pub(crate) fn tracking_options<L: CommandLine + ?Sized>(line: &L) -> Option<Trac
     Some(o)
 }
 
+/// `CLIENT TRACKING ON … BCAST` whose own prefixes overlap (one begins with another, as
+/// `stringCheckPrefix` compares them), where Redis 7.0–8.x answer twice: the arguments' indices
+/// of the pair Redis names, `(i, j)`, when the first prefix that overlaps a later one is not
+/// the first given. tracking.c's `checkPrefixCollisionsOrReply` returns that prefix's position
+/// as its "no collision" result, so after the error Redis enables the tracking and adds `+OK`
+/// (Valkey returns 0). When it is the first prefix, Redis answers once: `None`.
+pub(crate) fn tracking_prefixes_answered_twice<L: CommandLine + ?Sized>(
+    line: &L,
+) -> Option<(usize, usize)> {
+    if line.argc() < 3 || !keyword(line.arg(2), b"ON") {
+        return None;
+    }
+    let o = tracking_options(line).filter(|o| o.bcast && !o.opt_in_out)?;
+    let overlap = |a: &[u8], b: &[u8]| {
+        let n = a.len().min(b.len());
+        a[..n] == b[..n]
+    };
+    let (i, j) = o.prefixes.iter().enumerate().find_map(|(n, &i)| {
+        let later = o.prefixes[n + 1..].iter();
+        later
+            .copied()
+            .find(|&j| overlap(line.arg(i), line.arg(j)))
+            .map(|j| (i, j))
+    })?;
+    (i != o.prefixes[0]).then_some((i, j))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -820,6 +847,42 @@ mod tests {
 
     fn line(s: &str) -> Vec<&[u8]> {
         s.split(' ').map(str::as_bytes).collect()
+    }
+
+    #[test]
+    fn tracking_prefixes_redis_answers_twice() {
+        let twice = |s: &str| tracking_prefixes_answered_twice(&line(s)[..]);
+        assert_eq!(
+            twice("CLIENT TRACKING ON PREFIX 1 PREFIX x PREFIX x BCAST"),
+            Some((6, 8))
+        );
+        assert_eq!(
+            twice("CLIENT TRACKING on\0 BCAST PREFIX c PREFIX ab PREFIX a"),
+            Some((7, 9))
+        );
+        // The first prefix overlaps (Redis answers once), none overlap, not BCAST, OPTIN (an
+        // earlier error), OFF, a syntax error: Redis's own single answer.
+        assert_eq!(
+            twice("CLIENT TRACKING ON BCAST PREFIX a PREFIX b PREFIX ab"),
+            None
+        );
+        assert_eq!(
+            twice("CLIENT TRACKING ON BCAST PREFIX a PREFIX b PREFIX c"),
+            None
+        );
+        assert_eq!(twice("CLIENT TRACKING ON PREFIX c PREFIX a PREFIX a"), None);
+        assert_eq!(
+            twice("CLIENT TRACKING ON BCAST OPTIN PREFIX c PREFIX a PREFIX a"),
+            None
+        );
+        assert_eq!(
+            twice("CLIENT TRACKING OFF BCAST PREFIX c PREFIX a PREFIX a"),
+            None
+        );
+        assert_eq!(
+            twice("CLIENT TRACKING ON BCAST PREFIX c PREFIX a PREFIX a bogus"),
+            None
+        );
     }
 
     #[test]

@@ -343,6 +343,24 @@ pub(crate) fn unknown_client_type(name: &[u8]) -> Bytes {
     )
 }
 
+/// CLIENT TRACKING's own prefixes overlap, as Redis words it (each printed up to a NUL, as
+/// `%s` prints; CR and LF become spaces, as in every error reply).
+pub(crate) fn tracking_prefixes_overlap(prefix: &[u8], other: &[u8]) -> Bytes {
+    let upto_nul = |p: &[u8]| {
+        let end = p.iter().position(|&b| b == 0).unwrap_or(p.len());
+        p[..end]
+            .iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b })
+            .collect::<Vec<u8>>()
+    };
+    let mut out = b"-ERR Prefix '".to_vec();
+    out.extend(upto_nul(prefix));
+    out.extend_from_slice(b"' overlaps with another provided prefix '");
+    out.extend(upto_nul(other));
+    out.extend_from_slice(b"'. Prefixes for a single client must not overlap.\r\n");
+    Bytes::from(out)
+}
+
 /// CLIENT KILL USER naming a user that does not exist.
 pub(crate) fn no_such_user(name: &[u8]) -> Bytes {
     simple_error(

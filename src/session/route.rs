@@ -644,6 +644,15 @@ impl Session {
                 if !args.get(1).eq_ignore_ascii_case(b"TRACKING") {
                     return forward(target, Effect::ConnectionState);
                 }
+                // Overlapping prefixes Redis 7.0–8.x would refuse and then apply, answering
+                // twice (`grammar::tracking_prefixes_answered_twice`): refused here, once, as
+                // Redis words it, and nothing applied. A refusal spoils an open MULTI (queued,
+                // EXEC's reply would carry the extra `+OK`) and stands over a namespace's
+                // rewrite (the prefixes are the tenant's own names: the same overlaps).
+                if let Some((i, j)) = grammar::tracking_prefixes_answered_twice(args) {
+                    let (p, q) = (args.get(i), args.get(j));
+                    return Action::Refused(answers::tracking_prefixes_overlap(p, q));
+                }
                 // The REDIRECT Redis reads (`REDIRECT\0` too; a namespaced tenant's was refused
                 // by the policy); options Redis refuses go on as written and Redis refuses them.
                 let redirects: Vec<usize> = grammar::tracking_options(args)
