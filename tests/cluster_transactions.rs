@@ -340,9 +340,9 @@ async fn a_transaction_of_many_keyless_commands_is_not_held_without_bound() {
 
 /// A command every primary gets (CONFIG SET, FLUSHALL) queued in a transaction: it runs in
 /// the transaction on its node, and once EXEC ran there, on every other primary; EXEC's
-/// element for it is the merged answer. A transaction that did not run (WATCH) sends it
-/// nowhere else, one that failed on its node sends it nowhere else, and a fan-out whose
-/// answer is every node's data (DBSIZE) stays refused inside MULTI.
+/// element for it is the merged answer, as for a read of every node's data (DBSIZE, KEYS,
+/// SCRIPT EXISTS, INFO). A transaction that did not run (WATCH) sends it nowhere else, one
+/// that failed on its node sends it nowhere else, and SCRIPT KILL stays refused in MULTI.
 #[tokio::test]
 async fn a_whole_keyspace_command_in_a_transaction_reaches_every_primary_after_exec() {
     let (redis, proxy) = setup().await;
@@ -437,15 +437,48 @@ async fn a_whole_keyspace_command_in_a_transaction_reaches_every_primary_after_e
                 "{node}"
             );
         }
-        // A fan-out whose reply is every node's data still cannot be one element of EXEC.
-        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
-        let refused = c.call(&["DBSIZE"]).await;
+        // A read of every node's data: its EXEC element merges every primary's answer, as
+        // outside MULTI (four keys over three primaries, and the one the transaction adds).
+        let got = c
+            .request(
+                &[
+                    resp(&["MULTI"]),
+                    resp(&["SET", &format!("{}:x", keys[0]), "v"]),
+                    resp(&["DBSIZE"]),
+                    resp(&["KEYS", "*"]),
+                    resp(&["SCRIPT", "EXISTS", &"0".repeat(40)]),
+                    resp(&["INFO", "keyspace"]),
+                    resp(&["EXEC"]),
+                ]
+                .concat(),
+                7,
+            )
+            .await;
+        let text = String::from_utf8_lossy(&got).into_owned();
         assert!(
-            refused.starts_with(b"-ERR DBSIZE inside MULTI is not supported"),
+            text.starts_with(
+                "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*5\r\n+OK\r\n:5\r\n*5\r\n"
+            ),
+            "RESP{proto}: {text}"
+        );
+        for key in &keys {
+            assert!(
+                text.contains(&format!("{key}:k\r\n")),
+                "RESP{proto}: {text}"
+            );
+        }
+        assert!(text.contains("*1\r\n:0\r\n"), "RESP{proto}: {text}");
+        assert!(text.contains("db0:keys=5,"), "RESP{proto}: {text}");
+        // SCRIPT KILL (a script runs while EXEC waits for it): still refused.
+        assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
+        let refused = c.call(&["SCRIPT", "KILL"]).await;
+        assert!(
+            refused.starts_with(b"-ERR SCRIPT inside MULTI is not supported"),
             "{}",
             show(&refused)
         );
         assert_eq!(c.call(&["DISCARD"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["FLUSHALL"]).await, b"+OK\r\n");
     }
     for p in &primaries {
         let mut node = Raw::connect(p).await;

@@ -42,6 +42,16 @@ pub(super) enum Merge {
     Kill,
 }
 
+impl Merge {
+    /// Whether a transaction can carry it: queued on the transaction's node, then sent to
+    /// each other primary once EXEC ran it there, its EXEC element merged with their replies
+    /// (`transaction::spread_after_exec`). Not SCRIPT KILL (a script runs while EXEC waits)
+    /// nor WAIT (it counts the writes of the connection that runs it, not the others').
+    pub(super) fn runs_after_exec(self) -> bool {
+        !matches!(self, Merge::Kill | Merge::Min)
+    }
+}
+
 /// How the replies of a multi-key command split by slot become the client's one reply.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Join {

@@ -5,7 +5,6 @@
 
 use super::ClusterView;
 use super::gather::split;
-use super::merge::Merge;
 use super::state::OwnConn;
 use crate::commands::{CommandSpec, KeyPositions};
 use crate::config::ReadFrom;
@@ -327,10 +326,11 @@ impl ClusterView<'_> {
             return Some(Action::Refused(answers::config_set_mixes_node_own(own)));
         }
         let merge = self.fanout_merge(args, effect)?;
-        if merge == Merge::AllOk && self.conn.in_multi() {
+        if merge.runs_after_exec() && self.conn.in_multi() {
             // Queued on the transaction's node like any keyless command; the other primaries
-            // get it once EXEC ran it there (`transaction::spread_after_exec`). Not for a
-            // client logged in as its own user on one node: they would run it as the proxy.
+            // get it once EXEC ran it there, and its element of EXEC's reply is merged with
+            // theirs (`transaction::spread_after_exec`). Not for a client logged in as its
+            // own user on one node: they would run it as the proxy.
             if self.conn.holds(Holds::OTHER_USER) {
                 return Some(Action::Refused(answers::fanout_own_login(args.get(0))));
             }

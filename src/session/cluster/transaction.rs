@@ -118,11 +118,13 @@ impl ClusterSession<'_> {
 
     /// After EXEC ran a transaction on `ran_on` (its reply `exec`): each command queued in
     /// it that goes to every primary (`gather::keyspace_merge`: FLUSHALL, FLUSHDB, CONFIG
-    /// SET, SCRIPT LOAD, SLOWLOG RESET…) and succeeded there is sent to each other primary,
-    /// and its element of the reply becomes the merged answer (the first error), as one
-    /// server's transaction would have applied it to the whole keyspace. Not atomic across
-    /// nodes: the others run it after EXEC. Nothing is sent when the transaction did not run
-    /// (a null or an error). Whether `exec` changed.
+    /// SET, SCRIPT LOAD, SLOWLOG RESET…, and the reads DBSIZE, KEYS, INFO, SLOWLOG GET/LEN,
+    /// SCRIPT EXISTS, RANDOMKEY) and succeeded there is sent to each other primary, and its
+    /// element of the reply becomes the merged answer as outside MULTI (the first error, the
+    /// sum, the keys of every node…), as one server's transaction would have applied it to,
+    /// or read it from, the whole keyspace. Not atomic across nodes: the others run it after
+    /// EXEC, as a split MGET reads each node in turn. Nothing is sent when the transaction
+    /// did not run (a null or an error). Whether `exec` changed.
     async fn spread_after_exec(
         &self,
         router: &Router,
@@ -131,11 +133,12 @@ impl ClusterSession<'_> {
         ran_on: u16,
         exec: &mut Bytes,
     ) -> bool {
-        let spread: Vec<usize> = queued
+        let spread: Vec<(usize, Merge)> = queued
             .iter()
             .enumerate()
-            .filter(|(_, command)| spreads(command, &self.ctx.codec))
-            .map(|(i, _)| i)
+            .filter_map(|(i, command)| {
+                spread_merge(command, &self.ctx.codec, router.slowlog_max_len()).map(|m| (i, m))
+            })
             .collect();
         if spread.is_empty() {
             return false;
@@ -154,7 +157,7 @@ impl ClusterSession<'_> {
             .filter(|&node| node != ran_on)
             .collect();
         let mut changed = false;
-        for i in spread {
+        for (i, merge) in spread {
             let Some(element) = elements.get(i).filter(|e| !e.starts_with(b"-")).cloned() else {
                 continue;
             };
@@ -170,7 +173,7 @@ impl ClusterSession<'_> {
                     },
                 );
             }
-            elements[i] = super::merge::merge(Merge::AllOk, &replies, 0);
+            elements[i] = super::merge::merge(merge, &replies, 0);
             changed = true;
         }
         let mut out = BytesMut::from(&exec[..=header_end]);
@@ -257,18 +260,19 @@ fn exec_outcome(exec: &[u8], answered_by: &str, queued_again: Option<Again>) -> 
     }
 }
 
-/// Whether a command queued in a transaction goes to every primary once EXEC ran it
-/// (`Session::spread_after_exec`): one whose replies merge as "every node said OK".
-fn spreads(command: &[u8], limits: &CodecLimits) -> bool {
+/// How a command queued in a transaction is merged once EXEC ran it and each other primary
+/// answered it too (`Session::spread_after_exec`); `None` for one that stays on the
+/// transaction's node. `slowlog_len`: the length one server's slow log keeps.
+fn spread_merge(command: &[u8], limits: &CodecLimits, slowlog_len: Option<usize>) -> Option<Merge> {
     let mut ranges = Vec::new();
     if !matches!(
         codec::decode(command, limits, &mut ranges),
         Ok(Some(Decoded::Command { .. }))
     ) {
-        return false;
+        return None;
     }
     let argv: Vec<&[u8]> = ranges.iter().map(|r| &command[r.clone()]).collect();
-    super::gather::keyspace_merge(&argv[..], None) == Some(Merge::AllOk)
+    super::gather::keyspace_merge(&argv[..], slowlog_len).filter(|m| m.runs_after_exec())
 }
 
 /// The name of one encoded command.
