@@ -723,3 +723,60 @@ async fn overlapping_prefixes(proxy: &Proxy) {
     assert!(c.call(&["EXEC"]).await.starts_with(b"-EXECABORT"));
     assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
 }
+
+/// A RESP3 subscriber on a held connection (CLIENT NO-EVICT pins it) whose script returns
+/// exactly a message's shape: RESP3 messages are `>` pushes, so the `*` reply is the script's
+/// reply, and nothing is left unanswered (before, it was taken for a message, every later
+/// reply went to the command before, and the command timeout ended the session). Then
+/// HELLO 2 on the same connection: RESP2 messages are arrays again and still reach the client
+/// as messages, and RESET goes back to RESP2 as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_subscribers_message_shaped_reply_is_a_reply() {
+    let redis = RedisServer::start();
+    let mut config = common::config_for(&redis.addr());
+    config.upstream.command_timeout_ms.value = 300;
+    let proxy = Proxy::start(config).await;
+    let mut c = Raw::connect(proxy.addr).await;
+    assert!(c.call(&["HELLO", "3"]).await.starts_with(b"%"));
+    assert_eq!(c.call(&["CLIENT", "NO-EVICT", "OFF"]).await, b"+OK\r\n");
+    let confirmed = c.call(&["SUBSCRIBE", "ch"]).await;
+    assert!(
+        confirmed.starts_with(b">3\r\n$9\r\nsubscribe"),
+        "{}",
+        show(&confirmed)
+    );
+    let shaped = b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nx\r\n".to_vec();
+    let script = "return {'message','ch','x'}";
+    let mut input = resp(&["EVAL", script, "0"]);
+    input.extend(resp(&["PING", "after"]));
+    c.send(&input).await;
+    let got = c.collect_frames(2, std::time::Duration::from_secs(5)).await;
+    assert_eq!(
+        got.frames,
+        vec![shaped.clone(), b"$5\r\nafter\r\n".to_vec()],
+        "{}",
+        show(&got.joined())
+    );
+    // Past the command timeout (300 ms) the session is still there: nothing was left
+    // waiting. The wait is the point of the check, not a readiness wait.
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    // A message is still a message.
+    let mut publisher = Raw::connect(proxy.addr).await;
+    assert_eq!(publisher.call(&["PUBLISH", "ch", "m"]).await, b":1\r\n");
+    let pushed = c.collect_frames(1, std::time::Duration::from_secs(5)).await;
+    assert_eq!(
+        show(&pushed.joined()),
+        show(b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nm\r\n")
+    );
+    // HELLO 2 while subscribed (Redis allows it from RESP3): messages come as arrays now.
+    assert!(c.call(&["HELLO", "2"]).await.starts_with(b"*"));
+    assert_eq!(publisher.call(&["PUBLISH", "ch", "n"]).await, b":1\r\n");
+    let pushed = c.collect_frames(1, std::time::Duration::from_secs(5)).await;
+    assert_eq!(
+        show(&pushed.joined()),
+        show(b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nn\r\n")
+    );
+    let pong = c.call(&["PING"]).await;
+    assert_eq!(show(&pong), show(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"));
+}

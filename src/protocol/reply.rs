@@ -145,7 +145,27 @@ fn aggregate_header(frame: &[u8]) -> Option<(i64, usize)> {
 /// The `index`-th element of an array or push frame, when it is a bulk or simple string.
 /// Used only on pub/sub frames, which are flat arrays of strings and integers.
 pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
-    let (n, mut pos) = aggregate_header(frame)?;
+    let (n, pos) = aggregate_header(frame)?;
+    nth_flat(frame, pos, n, index)
+}
+
+/// The protocol a HELLO reply says its connection speaks from now on: Redis's and Valkey's
+/// `server`, `…`, `version`, `…`, `proto`, N, … as a map (RESP3) or a flat array (RESP2).
+/// `None` for any other frame.
+pub(crate) fn hello_proto(frame: &[u8]) -> Option<u8> {
+    let cr = memchr(b'\r', frame)?;
+    let n = parse_int(frame.get(1..cr)?)?;
+    let (proto, elements, digit): (u8, i64, &[u8]) = match frame.first()? {
+        b'%' => (3, n.checked_mul(2)?, b"3"),
+        b'*' => (2, n, b"2"),
+        _ => return None,
+    };
+    let at = |i: usize| nth_flat(frame, cr + 2, elements, i);
+    (at(0)? == b"server" && at(4)? == b"proto" && at(5)? == digit).then_some(proto)
+}
+
+/// The `index`-th of the `n` flat string or integer elements starting at `pos`.
+fn nth_flat(frame: &[u8], mut pos: usize, n: i64, index: usize) -> Option<&[u8]> {
     if index as i64 >= n {
         return None;
     }
@@ -256,6 +276,27 @@ mod tests {
         for cut in 0..frame.len() {
             assert_eq!(scan(&frame[..cut]), Ok(None), "cut {cut}");
         }
+    }
+
+    #[test]
+    fn hello_replies_say_the_protocol() {
+        let resp3 = b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$6\r\n7.0.15\r\n\
+$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:4\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n\
+$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n";
+        assert_eq!(hello_proto(resp3), Some(3));
+        let resp2 = b"*14\r\n$6\r\nserver\r\n$6\r\nvalkey\r\n$7\r\nversion\r\n$5\r\n9.1.2\r\n\
+$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:4\r\n";
+        assert_eq!(hello_proto(resp2), Some(2));
+        // A map claiming RESP2, a message, a short array: not a HELLO reply.
+        let mixed =
+            b"%3\r\n$6\r\nserver\r\n$1\r\nx\r\n$7\r\nversion\r\n$1\r\n1\r\n$5\r\nproto\r\n:2\r\n";
+        assert_eq!(hello_proto(mixed), None);
+        assert_eq!(
+            hello_proto(b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nx\r\n"),
+            None
+        );
+        assert_eq!(hello_proto(b"*1\r\n$6\r\nserver\r\n"), None);
+        assert_eq!(hello_proto(b"+OK\r\n"), None);
     }
 
     #[test]

@@ -113,15 +113,22 @@ pub(crate) async fn run(
     timeout: Option<Duration>,
     stop: Option<Stop>,
     coalesce: bool,
+    proto: u8,
 ) -> String {
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
-            run_split(r, w, rx, addr, push, metrics, timeout, stop, coalesce).await
+            run_split(
+                r, w, rx, addr, push, metrics, timeout, stop, coalesce, proto,
+            )
+            .await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
-            run_split(r, w, rx, addr, push, metrics, timeout, stop, coalesce).await
+            run_split(
+                r, w, rx, addr, push, metrics, timeout, stop, coalesce, proto,
+            )
+            .await
         }
     }
 }
@@ -140,6 +147,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     timeout: Option<Duration>,
     stop: Option<Stop>,
     coalesce: bool,
+    proto: u8,
 ) -> String {
     let pending: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
     // Batches this connection answered, for `coalesce::epoch`.
@@ -156,6 +164,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         metrics,
         oom: false,
         timeout,
+        resp3: proto == 3,
     };
     // Without a stop future the branch is disabled once, when `select!` starts, and never
     // polled: a fixed-address connection pays nothing per wake-up.
@@ -354,6 +363,10 @@ struct Reader {
     /// (a stopped or partitioned Redis would otherwise hang every client on it), on top of
     /// the wait a blocking command asked for (see [`ReplyWait`]).
     timeout: Option<Duration>,
+    /// Whether the connection speaks RESP3, where every push is a `>` frame: a `*` frame is
+    /// then a reply, however much it looks like a message (a script's `{'message','ch','x'}`
+    /// while subscribed). Set by the handshake, changed by a HELLO's or RESET's reply (`track`).
+    resp3: bool,
 }
 
 impl Reader {
@@ -540,11 +553,13 @@ impl Reader {
                 PubSubFrame::Confirmation { .. } => !awaits_confirmation,
                 _ => true,
             },
-            Some(b'*') if self.pubsub.subscribed() => match reply::classify_pubsub(frame) {
-                PubSubFrame::Message => true,
-                PubSubFrame::Confirmation { .. } => !awaits_confirmation,
-                _ => false,
-            },
+            Some(b'*') if self.pubsub.subscribed() && !self.resp3 => {
+                match reply::classify_pubsub(frame) {
+                    PubSubFrame::Message => true,
+                    PubSubFrame::Confirmation { .. } => !awaits_confirmation,
+                    _ => false,
+                }
+            }
             _ => false,
         }
     }
@@ -586,12 +601,18 @@ impl Reader {
                     self.update(kind, subscribe, &name);
                 }
             }
-            // A forwarded RESET (`Effect::Reset`) ends every subscription and MONITOR. A
-            // script's status reply can spell `+RESET` too; taken for one, it only clears
-            // this state, so no later frame is taken for a push.
+            // A forwarded RESET (`Effect::Reset`) ends every subscription and MONITOR, and
+            // goes back to RESP2. A script's status reply can spell `+RESET` too; taken for
+            // one, it only clears this state, so no later frame is taken for a push. A HELLO
+            // (forwarded on a held connection) switches the protocol; a script can shape its
+            // reply like one only as RESP3 (`*`), which is taken for RESP2 then: a message-
+            // shaped reply of its own while subscribed could then shift only its own replies.
             Expect::Frames(_) => {
                 if frame == b"+RESET\r\n" {
                     self.pubsub = PubSub::default();
+                    self.resp3 = false;
+                } else if let Some(proto) = reply::hello_proto(frame) {
+                    self.resp3 = proto == 3;
                 }
             }
         }

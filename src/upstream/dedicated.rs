@@ -199,6 +199,8 @@ impl Dedicated {
             self.link.clone(),
             stop,
             permit,
+            // Without a handshake the connection speaks Redis's default until a HELLO.
+            if raw { 2 } else { proto },
         ));
         Ok(Opened {
             tx,
@@ -428,6 +430,7 @@ async fn stock_one(
         d.link.clone(),
         stop,
         permit,
+        proto,
     ));
     Ok(Parked {
         upstream_id: hello_id(&hello),
@@ -486,6 +489,7 @@ async fn park(
     link: Link,
     mut stop: Option<Stop>,
     permit: OwnedSemaphorePermit,
+    proto: u8,
 ) {
     link.metrics.upstream_dedicated_ready.inc();
     let push = tokio::select! {
@@ -495,7 +499,7 @@ async fn park(
     };
     link.metrics.upstream_dedicated_ready.dec();
     match push {
-        Some(push) => serve(stream, rx, addr, push, link, stop, permit).await,
+        Some(push) => serve(stream, rx, addr, push, link, stop, permit, proto).await,
         None => {
             drop(permit);
             // Leaves the stock (the refill task drops closed entries) and is replaced.
@@ -520,6 +524,10 @@ async fn unusable(stream: &UpstreamStream) {
 
 /// Serves one session over its dedicated connection; when it ends, refuses the batches still
 /// queued (never sent) and tells the session its connection is gone.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection and what its task owns for its whole life, passed on to `conn::run`"
+)]
 async fn serve(
     stream: UpstreamStream,
     mut rx: mpsc::Receiver<Batch>,
@@ -528,6 +536,7 @@ async fn serve(
     link: Link,
     stop: Option<Stop>,
     permit: OwnedSemaphorePermit,
+    proto: u8,
 ) {
     let to = push.to.clone();
     let conn_id = push.conn_id;
@@ -540,6 +549,7 @@ async fn serve(
         link.command_timeout,
         stop,
         false,
+        proto,
     )
     .await;
     drop(permit);

@@ -535,6 +535,7 @@ async fn supervise(
                     command_timeout,
                     address.moved_from(&spec.addr),
                     link.coalesce,
+                    proto,
                 )
                 .await;
                 up.store(false, Ordering::Relaxed);
