@@ -14,7 +14,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Proxy, Raw, RedisServer};
+use common::{Proxy, Raw, RedisServer, resp};
 
 const SEVEN_DAYS_MS: i64 = 7 * 24 * 3600 * 1000;
 
@@ -300,8 +300,9 @@ async fn namespaced_tenants_keep_the_newer_commands_they_can_be_confined_in() {
         let (_proxy, mut a, mut b) = common::two_tenants(&redis).await;
         let waitaof = text(&a.call(&["WAITAOF", "0", "0", "0"]).await);
         assert!(waitaof.starts_with("*2"), "{name}: {waitaof}");
+        // OFF: ON is refused in front of Redis 8 (`a_no_touch_client_cannot_stop_the_server`).
         assert_eq!(
-            a.call(&["CLIENT", "NO-TOUCH", "on"]).await,
+            a.call(&["CLIENT", "NO-TOUCH", "off"]).await,
             b"+OK\r\n",
             "{name}"
         );
@@ -431,5 +432,49 @@ async fn nul_suffixed_subcommands_meet_the_deny_rules() {
         );
         let maxmemory = text(&redis.direct(&["CONFIG", "GET", "maxmemory"]).await);
         assert!(!maxmemory.contains("12345"), "{name}: {maxmemory}");
+    }
+}
+
+/// Redis 8.0.6 stops (SIGSEGV) when a client with `CLIENT NO-TOUCH ON` writes to a key another
+/// client is blocked on: through the proxy any tenant could stop the server for all. In front
+/// of Redis 8 the proxy refuses NO-TOUCH ON; in front of Valkey it goes on. Either way the
+/// write then wakes the blocked client and the server stays up. Found by the invariant fuzzer
+/// with `INVARIANT_FUZZ_NEWER=1` (seed 931307021, step 41,675).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_touch_client_cannot_stop_the_server() {
+    for (name, bin) in common::matrix_servers() {
+        let redis = RedisServer::start_binary(&bin, &[]);
+        let proxy = default_policy(&redis).await;
+        let mut blocked = Raw::connect(proxy.addr).await;
+        blocked.send(&resp(&["BLPOP", "nt:q", "0"])).await;
+        // Blocked on the server once its client shows `cmd=blpop` there.
+        let mut waits = 0;
+        while !text(&redis.direct(&["CLIENT", "LIST"]).await).contains("cmd=blpop") {
+            waits += 1;
+            assert!(waits < 500, "{name}: BLPOP never blocked");
+            tokio::task::yield_now().await;
+        }
+        let mut writer = Raw::connect(proxy.addr).await;
+        let no_touch = text(&writer.call(&["CLIENT", "NO-TOUCH", "ON"]).await);
+        if name.starts_with("redis-8") {
+            assert!(
+                no_touch.starts_with("-ERR CLIENT NO-TOUCH ON is refused"),
+                "{name}: {no_touch}"
+            );
+        } else {
+            assert_eq!(no_touch, "+OK\r\n", "{name}");
+        }
+        assert_eq!(
+            writer.call(&["RPUSH", "nt:q", "x"]).await,
+            b":1\r\n",
+            "{name}"
+        );
+        let popped = blocked.read_frames(1).await;
+        assert_eq!(
+            text(&popped[0]),
+            "*2\r\n$4\r\nnt:q\r\n$1\r\nx\r\n",
+            "{name}"
+        );
+        assert_eq!(redis.direct(&["PING"]).await, b"+PONG\r\n", "{name}");
     }
 }

@@ -371,6 +371,18 @@ pub(crate) fn no_such_user(name: &[u8]) -> Bytes {
 
 // --- The proxy's own errors -------------------------------------------------------------------
 
+/// `CLIENT NO-TOUCH ON` in front of a server that crashes when such a client's write wakes
+/// a client blocked on the key (`session::route`).
+pub(crate) fn no_touch_stops_the_server() -> Bytes {
+    simple_error(
+        "ERR",
+        "CLIENT NO-TOUCH ON is refused by redis-policy-proxy in front of this server (Redis 8, \
+         Valkey 8.1): it stops when a no-touch client's write wakes a client blocked on that key (BLPOP, \
+         XREAD BLOCK…), for every client of the server; send the reads without it (it only \
+         keeps them from updating the keys' LRU/LFU data)",
+    )
+}
+
 /// CLIENT TRACKING … REDIRECT to a live client of the tenant whose session could not give the
 /// redirect an upstream connection to name (see `session::summon`).
 pub(crate) fn redirect_target_unreachable(client: u64, why: &str) -> Bytes {

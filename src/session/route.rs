@@ -641,6 +641,9 @@ impl Session {
             ClientSub::Info if args.len() == 2 => forward(current, Effect::ClientInfo),
             ClientSub::ConnectionState => {
                 let target = self.dedicated_target();
+                if self.no_touch_stops_the_server(args) {
+                    return Action::Refused(answers::no_touch_stops_the_server());
+                }
                 if !args.get(1).eq_ignore_ascii_case(b"TRACKING") {
                     return forward(target, Effect::ConnectionState);
                 }
@@ -751,6 +754,20 @@ impl Session {
             replies::text_reply(self.client.proto == 3, text.as_bytes()),
             LocalEffect::None,
         )
+    }
+
+    /// `CLIENT NO-TOUCH ON` where the server stops (SIGSEGV in `lookupKey`) when a no-touch
+    /// client's write serves a client blocked on the key (BLPOP, XREAD BLOCK, BZPOPMIN…):
+    /// any tenant could stop the server for every other. Measured on Redis 8.0.6; the fixes
+    /// (redis/redis#14415, valkey-io/valkey#2347) name where it came in: Redis 8, Valkey 8.1.
+    /// Which Redis 8 patch releases carry the fix is not measured, so every Redis 8 is
+    /// treated alike. Valkey 9.1 takes it (measured).
+    fn no_touch_stops_the_server(&self, args: &Args<'_>) -> bool {
+        args.len() == 3
+            && args.get(1).eq_ignore_ascii_case(b"NO-TOUCH")
+            && grammar::keyword(args.get(2), b"ON")
+            && (self.upstream_server_is("redis", |v| v.0 == 8)
+                || self.upstream_server_is("valkey", |v| (v.0, v.1) == (8, 1)))
     }
 
     /// Whether the server filters CLIENT LIST by more than TYPE and ID (Valkey 8.1+).
