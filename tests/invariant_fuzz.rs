@@ -1766,6 +1766,34 @@ async fn node_fingerprint(ctl: &mut Raw, cluster: bool) -> Vec<u8> {
     out
 }
 
+/// The crash reports in this test process's servers' logs (their temp dirs are removed on
+/// drop, with the panic): the signal and the command that was running, from Redis's bug
+/// report. Empty when no server crashed (a stalled one, a debugger session).
+fn crash_reports() -> String {
+    let prefix = format!("rpp-test-redis-{}-", std::process::id());
+    let mut out = String::new();
+    let Ok(dirs) = std::fs::read_dir(std::env::temp_dir()) else {
+        return out;
+    };
+    for dir in dirs.flatten() {
+        if !dir.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let log = std::fs::read(dir.path().join("redis.log")).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log);
+        if !log.contains("crashed by signal") {
+            continue;
+        }
+        out.push_str(&format!("\n{}:", dir.path().display()));
+        for line in log.lines().filter(|l| {
+            l.contains("crashed by signal") || l.starts_with("argc:") || l.starts_with("argv[")
+        }) {
+            out.push_str(&format!("\n  {line}"));
+        }
+    }
+    out
+}
+
 impl Node {
     /// Every key event of this server since its last fence (`World::drain_events`).
     async fn drain_events(&mut self, token: &str) -> Vec<(u32, String, Vec<u8>)> {
@@ -1778,8 +1806,9 @@ impl Node {
         let r = got.frames.into_iter().next().unwrap_or_else(|| {
             panic!(
                 "the server itself stopped answering the fuzzer's own connection within {:?} \
-                 (the last step stopped it; INVARIANT_FUZZ_TRACE=1 shows the steps)",
-                common::DEADLINE
+                 (the last step stopped it; INVARIANT_FUZZ_TRACE=1 shows the steps){}",
+                common::DEADLINE,
+                crash_reports()
             )
         });
         // At least the monitor (the tenant without a namespace may PSUBSCRIBE * too).

@@ -290,14 +290,33 @@ pub(crate) async fn confine(
 /// the control connection reaches (each start makes a new one), within `REMOVE_WITHIN`.
 /// Other cluster nodes, and a proxy that crashed, leave theirs: a disabled-by-secrecy user
 /// (its password was only in memory) named `rpp-scripts-…`, which an operator may delete.
+/// A reply that is "not now" (the control connection reconnecting answers `LOADING` at once,
+/// Redis busy) is asked again until `REMOVE_WITHIN` is up: answered at once, it left the user
+/// behind in a CI run of 2026-12-07 although the deadline was far.
 pub(crate) async fn remove(control: &Control, user: &ScriptUser) {
-    let deleted =
-        tokio::time::timeout(REMOVE_WITHIN, ask(control, &["ACL", "DELUSER", &user.name])).await;
-    match deleted {
-        Ok(Ok(Value::Integer(_))) => tracing::debug!(user = %user.name, "script user deleted"),
-        other => tracing::debug!(user = %user.name, outcome = ?other, "script user not deleted"),
+    let deadline = tokio::time::Instant::now() + REMOVE_WITHIN;
+    loop {
+        let deleted =
+            tokio::time::timeout_at(deadline, ask(control, &["ACL", "DELUSER", &user.name])).await;
+        let again = match &deleted {
+            Ok(Ok(Value::Integer(_))) => {
+                tracing::debug!(user = %user.name, "script user deleted");
+                return;
+            }
+            Ok(Ok(Value::Error(e))) => script_login::is_transient(e),
+            Ok(Err(_)) => true,
+            _ => false,
+        };
+        if !again || tokio::time::Instant::now() + REMOVE_RETRY >= deadline {
+            tracing::debug!(user = %user.name, outcome = ?deleted, "script user not deleted");
+            return;
+        }
+        tokio::time::sleep(REMOVE_RETRY).await;
     }
 }
+
+/// Pause between two tries of the script user's deletion (`remove`).
+const REMOVE_RETRY: Duration = Duration::from_millis(50);
 
 /// How long a graceful shutdown waits for the script user's deletion: one round trip
 /// normally, but the control connection may be reconnecting, or Redis busy (a second was
