@@ -166,6 +166,11 @@ pub async fn serve(
         .drain(Duration::from_millis(config.shutdown_grace_ms.value))
         .await;
     if let Some(user) = ctx.ops.metrics.script_user.load_full() {
+        // First, so that no connection still logging in (a warm stock's refill) sets the
+        // user up again once it is deleted (`script_login::log_in` recreates a missing one).
+        user.set_state(crate::policy::script_user::State::Unavailable(
+            "the proxy is shutting down".to_string(),
+        ));
         crate::policy::script_acl::remove(&ctx.pool.control(), &user).await;
     }
     Ok(())

@@ -78,6 +78,9 @@ pub(crate) async fn log_in(ask: &mut impl Ask, user: &ScriptUser) -> Result<bool
     let was_ready = matches!(*user.state(), State::Ready { .. });
     let outcome = match auth(ask, user).await {
         Ok(true) => Ok(()),
+        // Retired while this login was on its way (a graceful shutdown deletes the user):
+        // not set up again.
+        Ok(false) if !user.available() => return Ok(false),
         Ok(false) => match set_up(ask, user).await {
             Ok(proxy_user) => match auth(ask, user).await {
                 Ok(true) => {
