@@ -333,32 +333,30 @@ pub(crate) fn kill_bad_maxage() -> Bytes {
 
 /// CLIENT KILL TYPE with a type Redis does not know (printed up to a NUL, as `%s` prints).
 pub(crate) fn unknown_client_type(name: &[u8]) -> Bytes {
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     simple_error(
         "ERR",
         &format!(
             "Unknown client type '{}'",
-            String::from_utf8_lossy(&name[..end])
+            String::from_utf8_lossy(upto_nul(name))
         ),
     )
+}
+
+/// A client's argument as C's `%s` prints it: up to its first NUL.
+fn upto_nul(arg: &[u8]) -> &[u8] {
+    let end = arg.iter().position(|&b| b == 0).unwrap_or(arg.len());
+    &arg[..end]
 }
 
 /// CLIENT TRACKING's own prefixes overlap, as Redis words it (each printed up to a NUL, as
 /// `%s` prints; CR and LF become spaces, as in every error reply).
 pub(crate) fn tracking_prefixes_overlap(prefix: &[u8], other: &[u8]) -> Bytes {
-    let upto_nul = |p: &[u8]| {
-        let end = p.iter().position(|&b| b == 0).unwrap_or(p.len());
-        p[..end]
-            .iter()
-            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b })
-            .collect::<Vec<u8>>()
-    };
-    let mut out = b"-ERR Prefix '".to_vec();
-    out.extend(upto_nul(prefix));
-    out.extend_from_slice(b"' overlaps with another provided prefix '");
-    out.extend(upto_nul(other));
-    out.extend_from_slice(b"'. Prefixes for a single client must not overlap.\r\n");
-    Bytes::from(out)
+    let mut message = b"Prefix '".to_vec();
+    message.extend_from_slice(upto_nul(prefix));
+    message.extend_from_slice(b"' overlaps with another provided prefix '");
+    message.extend_from_slice(upto_nul(other));
+    message.extend_from_slice(b"'. Prefixes for a single client must not overlap.");
+    crate::protocol::error::simple_error_bytes("ERR", &message)
 }
 
 /// CLIENT KILL USER naming a user that does not exist.

@@ -96,14 +96,19 @@ pub(crate) fn state_not_established(err: &dyn std::fmt::Display, consequence: &s
 /// `-<CODE> <message>\r\n` with any CR/LF in the message flattened, so a message can never
 /// break the framing of the reply stream.
 pub(crate) fn simple_error(code: &str, message: &str) -> Bytes {
+    simple_error_bytes(code, message.as_bytes())
+}
+
+/// [`simple_error`] of a message that may carry the client's own bytes (not UTF-8).
+pub(crate) fn simple_error_bytes(code: &str, message: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(code.len() + message.len() + 4);
     out.push(b'-');
     out.extend_from_slice(code.as_bytes());
     out.push(b' ');
     out.extend(
         message
-            .bytes()
-            .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+            .iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
     );
     out.extend_from_slice(b"\r\n");
     Bytes::from(out)

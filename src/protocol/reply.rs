@@ -153,13 +153,15 @@ pub(crate) fn element(frame: &[u8], index: usize) -> Option<&[u8]> {
 /// `server`, `…`, `version`, `…`, `proto`, N, … as a map (RESP3) or a flat array (RESP2).
 /// `None` for any other frame.
 pub(crate) fn hello_proto(frame: &[u8]) -> Option<u8> {
-    let cr = memchr(b'\r', frame)?;
-    let n = parse_int(frame.get(1..cr)?)?;
-    let (proto, elements, digit): (u8, i64, &[u8]) = match frame.first()? {
-        b'%' => (3, n.checked_mul(2)?, b"3"),
-        b'*' => (2, n, b"2"),
+    // Asked of every reply on a held connection: anything but a map or an array returns at
+    // its first byte.
+    let (proto, pairs, digit): (u8, i64, &[u8]) = match frame.first()? {
+        b'%' => (3, 2, b"3"),
+        b'*' => (2, 1, b"2"),
         _ => return None,
     };
+    let cr = memchr(b'\r', frame)?;
+    let elements = parse_int(frame.get(1..cr)?)?.checked_mul(pairs)?;
     let at = |i: usize| nth_flat(frame, cr + 2, elements, i);
     (at(0)? == b"server" && at(4)? == b"proto" && at(5)? == digit).then_some(proto)
 }
