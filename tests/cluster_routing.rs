@@ -1365,42 +1365,41 @@ async fn monitor_shows_every_primary() {
         assert_eq!(c.call(&["multi"]).await, b"+OK\r\n");
         assert_eq!(c.call(&["set", &keys[1], "in-multi"]).await, b"+QUEUED\r\n");
         assert_eq!(c.call(&["exec"]).await, b"*1\r\n+OK\r\n");
-        let mut lines = Vec::new();
-        while !lines
-            .last()
-            .is_some_and(|l: &String| l.contains("\"exec\""))
-        {
-            let got = m.collect_frames(1, common::DEADLINE).await;
-            assert_eq!(
-                got.frames.len(),
-                1,
-                "RESP{proto}: the transaction in {lines:?}"
-            );
-            lines.push(String::from_utf8_lossy(&got.frames[0]).into_owned());
-        }
-        // The transaction's connection's lines (a warm connection the proxy opens meanwhile
-        // shows its handshake).
-        let conn = |l: &str| {
-            l.split_once(" [")
-                .and_then(|(_, r)| r.split_once("] "))
-                .map(|(c, cmd)| (c.to_string(), cmd.trim_end().to_string()))
-        };
-        let (exec_conn, _) = conn(lines.last().unwrap()).unwrap();
-        let tail: Vec<String> = lines
-            .iter()
-            .filter_map(|l| conn(l))
-            .filter(|(c, _)| *c == exec_conn)
-            .map(|(_, cmd)| cmd)
-            .collect();
-        let tail = &tail[tail.len().saturating_sub(3)..];
         assert_eq!(
-            tail,
+            transaction_lines(&mut m, proto).await,
             [
                 "\"multi\"".to_string(),
                 format!("\"set\" \"{}\" \"in-multi\"", keys[1]),
                 "\"exec\"".to_string()
             ],
-            "RESP{proto}: {lines:?}"
+            "RESP{proto}"
+        );
+        // A transaction that reached no node (keyless commands are held until a key names
+        // the node) still runs on one, as one Redis shows it: an empty one, and one spoiled
+        // by a command Redis does not know, whose held PING never runs (`unit/introspection`,
+        // "MONITOR correctly handles multi-exec cases").
+        assert_eq!(c.call(&["multi"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["exec"]).await, b"*0\r\n");
+        assert_eq!(
+            transaction_lines(&mut m, proto).await,
+            ["\"multi\"", "\"exec\""],
+            "RESP{proto}: an empty transaction"
+        );
+        assert_eq!(c.call(&["multi"]).await, b"+OK\r\n");
+        assert_eq!(c.call(&["ping"]).await, b"+QUEUED\r\n");
+        assert!(
+            c.call(&["syntax", "error"])
+                .await
+                .starts_with(b"-ERR unknown command")
+        );
+        assert_eq!(
+            c.call(&["exec"]).await,
+            b"-EXECABORT Transaction discarded because of previous errors.\r\n"
+        );
+        assert_eq!(
+            transaction_lines(&mut m, proto).await,
+            ["\"multi\"", "\"exec\""],
+            "RESP{proto}: a spoiled transaction"
         );
         // Lines may still come before RESET's reply (the proxy's warm connections show their
         // handshakes), none after.
@@ -1425,4 +1424,43 @@ async fn monitor_shows_every_primary() {
         }
         assert_eq!(m.call(&["PING"]).await, b"+PONG\r\n");
     }
+}
+
+/// The MONITOR lines of the connection that ran the next EXEC, up to it (lines of other
+/// connections come between: a warm connection the proxy opens meanwhile shows its
+/// handshake), from the last `multi` on.
+async fn transaction_lines(m: &mut Raw, proto: u8) -> Vec<String> {
+    let mut lines = Vec::new();
+    // The proxy's health checks keep lines coming: a missing `exec` shows as a deadline.
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    while !lines
+        .last()
+        .is_some_and(|l: &String| l.contains("\"exec\""))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RESP{proto}: no exec in {lines:?}"
+        );
+        let got = m.collect_frames(1, common::DEADLINE).await;
+        assert_eq!(
+            got.frames.len(),
+            1,
+            "RESP{proto}: the transaction in {lines:?}"
+        );
+        lines.push(String::from_utf8_lossy(&got.frames[0]).into_owned());
+    }
+    let conn = |l: &str| {
+        l.split_once(" [")
+            .and_then(|(_, r)| r.split_once("] "))
+            .map(|(c, cmd)| (c.to_string(), cmd.trim_end().to_string()))
+    };
+    let (exec_conn, _) = conn(lines.last().unwrap()).unwrap();
+    let mine: Vec<String> = lines
+        .iter()
+        .filter_map(|l| conn(l))
+        .filter(|(c, _)| *c == exec_conn)
+        .map(|(_, cmd)| cmd)
+        .collect();
+    let from = mine.iter().rposition(|l| l == "\"multi\"").unwrap_or(0);
+    mine[from..].to_vec()
 }

@@ -64,11 +64,6 @@ pub(crate) fn null_array(proto: u8) -> Bytes {
     Bytes::from_static(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" })
 }
 
-/// An empty array: EXEC of a transaction with nothing queued.
-pub(crate) fn empty_array() -> Bytes {
-    Bytes::from_static(b"*0\r\n")
-}
-
 // --- Redis's own errors, word for word --------------------------------------------------------
 
 /// A command before AUTH when authentication is required.

@@ -572,7 +572,13 @@ impl Session {
     ) -> Outgoing {
         let mut replace = None;
         if effect == Effect::AbortExec {
-            command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
+            if self.conn.multi_deferred() {
+                // Nothing reached the node yet: the held commands are dropped and EXEC runs
+                // the empty transaction (MONITOR shows it, as one Redis would).
+                drop(self.routing.take_held_in_multi());
+            } else {
+                command = Bytes::from_static(b"*1\r\n$7\r\nDISCARD\r\n");
+            }
             replace = Some(answers::execabort());
         }
         // One entry per reply frame: does the client see it?

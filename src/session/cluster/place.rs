@@ -357,38 +357,23 @@ impl ClusterView<'_> {
             Effect::Multi if self.conn.multi_deferred() => {
                 Some(Action::Local(answers::nested_multi(), LocalEffect::None))
             }
-            // EXEC of held keyless commands runs them on the client's home node.
-            Effect::EndMulti
-                if self.conn.multi_deferred()
-                    && self.held_in_multi() > 0
-                    && args.get(0).eq_ignore_ascii_case(b"EXEC") =>
+            // EXEC of a transaction that reached no node yet runs on the client's home node:
+            // MULTI, the held keyless commands, EXEC. With none held the node runs an empty
+            // transaction, which changes nothing but is what one Redis shows its MONITOR
+            // clients (`multi`, `exec`) and counts in its statistics; a spoiled one
+            // (`Effect::AbortExec`) sends no held command and is answered EXECABORT
+            // (`Forwarder::outgoing`).
+            Effect::EndMulti | Effect::AbortExec
+                if self.conn.multi_deferred() && args.get(0).eq_ignore_ascii_case(b"EXEC") =>
             {
                 None
             }
-            // With a WATCH on the connection, EXEC must run there even with nothing queued:
-            // a watched key that changed makes it answer nil.
-            Effect::EndMulti | Effect::AbortExec
-                if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) =>
-            {
-                Some(Action::Local(
-                    self.unsent_transaction_end(args),
-                    LocalEffect::EndMulti,
-                ))
+            // DISCARD of a deferred MULTI, answered here; with a WATCH on the connection it
+            // goes there (it also forgets the watched keys).
+            Effect::EndMulti if self.conn.multi_deferred() && !self.conn.holds(Holds::WATCH) => {
+                Some(Action::Local(answers::ok(), LocalEffect::EndMulti))
             }
             _ => None,
-        }
-    }
-
-    /// The reply to EXEC or DISCARD ending a deferred MULTI that queued nothing upstream:
-    /// Redis's own answers for an empty (or refused) transaction.
-    fn unsent_transaction_end(&self, args: &Args<'_>) -> Bytes {
-        let exec = args.get(0).eq_ignore_ascii_case(b"EXEC");
-        if !exec {
-            answers::ok()
-        } else if self.conn.multi_refused() {
-            answers::execabort()
-        } else {
-            answers::empty_array()
         }
     }
 
