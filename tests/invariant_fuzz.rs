@@ -1541,6 +1541,9 @@ struct FuzzConn {
     raw: Option<Raw>,
     resp3: bool,
     in_multi: bool,
+    /// The commands the open MULTI queued (`+QUEUED`), which its EXEC runs: the upstream
+    /// checks judge an EXEC by them (an APPEND inside a transaction is best effort too).
+    queued: Vec<Vec<Vec<u8>>>,
 }
 
 /// What the proxy runs in front of.
@@ -1582,6 +1585,8 @@ struct World {
     /// Strings above the value cap that APPEND made (best effort by design,
     /// policy/README.md), or copies of them: not reported again by each later write.
     oversize_ok: HashSet<(u32, Vec<u8>)>,
+    /// The commands the last transaction to end had queued (`FuzzConn::queued`).
+    exec_queued: Vec<Vec<Vec<u8>>>,
     victim_keys: HashSet<Vec<u8>>,
     fences: u64,
     sentinels: u64,
@@ -1948,6 +1953,7 @@ impl World {
             baseline: Vec::new(),
             persistent_ok: HashSet::new(),
             oversize_ok: HashSet::new(),
+            exec_queued: Vec::new(),
             victim_keys,
             fences: 0,
             sentinels: 0,
@@ -2114,6 +2120,7 @@ impl World {
                 raw: Some(raw),
                 resp3: false,
                 in_multi: false,
+                queued: Vec::new(),
             };
         }
         Some(&mut self.conns[tenant])
@@ -2190,15 +2197,26 @@ impl World {
                 obs.replies.push(f);
             }
         }
+        let mut ended = None;
         let fc = &mut self.conns[line.tenant];
         if obs.sentinel {
             fc.in_multi = queued_sentinel;
+            // Only what the server queued: a command refused at queue time never runs.
+            let queued = obs.replies.first().map(Vec::as_slice) == Some(b"+QUEUED\r\n");
+            if queued_sentinel && name != "MULTI" && queued {
+                fc.queued.push(args.clone());
+            } else if !queued_sentinel {
+                ended = Some(std::mem::take(&mut fc.queued));
+            }
             if name == "HELLO" && obs.replies.first().is_some_and(|r| !is_error(r)) {
                 fc.resp3 = args.get(1).map(Vec::as_slice) == Some(b"3");
             }
             if name == "RESET" {
                 fc.resp3 = false;
             }
+        }
+        if let Some(queued) = ended {
+            self.exec_queued = queued;
         }
         Some(obs)
     }
@@ -2434,17 +2452,32 @@ impl World {
         // A script's undeclared keys are beyond what the TTL rule promises (policy/README.md,
         // "What it cannot see"); its declared keys are not.
         let script = matches!(name.as_str(), "EVAL" | "EVALSHA" | "FCALL");
-        let declared: HashSet<Vec<u8>> = commands::keys(args)
-            .map(|k| {
-                k.indices()
-                    .map(|i| {
-                        let mut key = t.prefix.unwrap_or("").as_bytes().to_vec();
-                        key.extend_from_slice(&args[i]);
-                        key
-                    })
-                    .collect()
+        // An EXEC is judged by the commands its transaction queued, as each alone would be.
+        let ran: Vec<&[Vec<u8>]> = if name == "EXEC" {
+            self.exec_queued.iter().map(Vec::as_slice).collect()
+        } else {
+            vec![args]
+        };
+        let ran_names: HashSet<String> = ran
+            .iter()
+            .filter_map(|c| c.first())
+            .map(|n| String::from_utf8_lossy(n).to_ascii_uppercase())
+            .collect();
+        let declared: HashSet<Vec<u8>> = ran
+            .iter()
+            .filter_map(|args| {
+                commands::keys(args).ok().map(|k| {
+                    k.indices()
+                        .map(|i| {
+                            let mut key = t.prefix.unwrap_or("").as_bytes().to_vec();
+                            key.extend_from_slice(&args[i]);
+                            key
+                        })
+                        .collect::<Vec<_>>()
+                })
             })
-            .unwrap_or_default();
+            .flatten()
+            .collect();
         let mut touched: BTreeMap<(u32, Vec<u8>), Vec<String>> = BTreeMap::new();
         // Hash fields expire in the background (Redis 7.4+, Valkey 9): `hexpired`, and `del`
         // when the last field goes, are the clock's, like `expired`, whichever step runs.
@@ -2478,10 +2511,11 @@ impl World {
         // than it (BITOP's result is as long as its longest source): decided before the loop,
         // which forgets the source (now gone) before it reaches the destination when the
         // source's name sorts first (`RENAME biggeo k1`).
-        let moves_oversize = matches!(
-            name.as_str(),
-            "COPY" | "RENAME" | "RENAMENX" | "MOVE" | "BITOP"
-        ) && self.oversize_ok.iter().any(|(_, k)| declared.contains(k));
+        let moves_oversize = ["COPY", "RENAME", "RENAMENX", "MOVE", "BITOP"]
+            .iter()
+            .any(|n| ran_names.contains(*n))
+            && self.oversize_ok.iter().any(|(_, k)| declared.contains(k));
+        let appends = ran_names.contains("APPEND");
         let mut repairs: Vec<Vec<Vec<u8>>> = Vec::new();
         for ((db, key), events) in &touched {
             if let Some(p) = t.prefix {
@@ -2554,12 +2588,12 @@ impl World {
             // past the cap, and copies of that, are not reported again by every later write
             // (SETRANGE at 0, SETBIT, COPY…), which does not make the string any larger.
             let carried = self.oversize_ok.contains(&(*db, key.clone())) || moves_oversize;
-            if strlen > VALUE_CAP && (name == "APPEND" || carried) {
+            if strlen > VALUE_CAP && (appends || carried) {
                 self.oversize_ok.insert((*db, key.clone()));
             } else if strlen <= VALUE_CAP {
                 self.oversize_ok.remove(&(*db, key.clone()));
             }
-            if strlen > VALUE_CAP && name != "APPEND" && !carried && !undeclared {
+            if strlen > VALUE_CAP && !appends && !carried && !undeclared {
                 found.push((
                     "value-cap",
                     format!(
