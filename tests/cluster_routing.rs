@@ -807,6 +807,35 @@ async fn stateful_sessions_and_shared_limits_in_cluster_mode() {
         show(&alice.call(&["XREAD", "STREAMS", &s2, &s1, "0", "0"]).await),
         show(format!("*2\r\n{}{}", pair(&s2), pair(&s1)).as_bytes())
     );
+    // And with BLOCK, once it blocked on each slot: the entry that woke it, its stream
+    // named as the tenant names it.
+    alice
+        .send(&common::resp(&[
+            "XREAD", "BLOCK", "0", "STREAMS", &s1, &s2, "$", "$",
+        ]))
+        .await;
+    let mut writer = Raw::connect(proxy.addr).await;
+    assert_eq!(writer.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    common::cluster::wait_blocked_on(&redis.primaries(), 2).await;
+    assert_eq!(
+        writer.call(&["XADD", &s2, "2-1", "f", "v"]).await,
+        b"$3\r\n2-1\r\n"
+    );
+    let woke = alice
+        .collect_frames(1, common::DEADLINE)
+        .await
+        .frames
+        .concat();
+    assert_eq!(
+        show(&woke),
+        show(
+            format!(
+                "*1\r\n*2\r\n${}\r\n{s2}\r\n*1\r\n*2\r\n$3\r\n2-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n",
+                s2.len()
+            )
+            .as_bytes()
+        )
+    );
     proxy.stop().await;
 }
 

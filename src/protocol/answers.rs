@@ -726,6 +726,30 @@ pub(crate) fn too_many_redirections(slot: impl std::fmt::Display) -> Bytes {
     )
 }
 
+/// XREAD … BLOCK of streams in several slots, one of whose slots moved to another node while
+/// it blocked there (`session::cluster::blocking_read`): nothing was read.
+pub(crate) fn blocking_read_moved() -> Bytes {
+    simple_error(
+        "ERR",
+        "a stream's slot moved to another node while XREAD blocked on it; nothing was read, \
+         send the command again",
+    )
+}
+
+/// XREAD … BLOCK of streams in several slots whose client left while it blocked: the reply
+/// no one reads, which ends the session's wait.
+pub(crate) fn blocking_read_cancelled() -> Bytes {
+    simple_error("ERR", "the client left while XREAD blocked")
+}
+
+/// XREAD … BLOCK of streams in several slots whose every connection ended without a reply.
+pub(crate) fn blocking_read_lost() -> Bytes {
+    simple_error(
+        "ERR",
+        "every connection of a blocking XREAD across slots ended without a reply",
+    )
+}
+
 /// Sharded pub/sub outside cluster mode, which the session never routes there.
 pub(crate) fn shard_pubsub_needs_cluster() -> Bytes {
     simple_error(

@@ -38,6 +38,7 @@ use bytes::Bytes;
 use plan::{Prepare, Spread};
 
 mod again;
+mod blocking_read;
 mod exchange;
 mod flush_news;
 mod gate;

@@ -203,6 +203,7 @@ impl Session {
                 );
                 if blocked {
                     self.conn.dedicated = None;
+                    self.routing.cancel_blocked_read();
                 }
             }
             Ok(n) => {

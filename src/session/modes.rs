@@ -60,6 +60,20 @@ impl Session {
         }
     }
 
+    /// Carries out an XREAD … BLOCK across slots (`Gather::blocks`): `Some` reply when
+    /// answered now, `None` when its reply slot is answered later.
+    pub(super) async fn blocking_read(
+        &mut self,
+        gather: cluster::plan::Gather,
+    ) -> Option<bytes::Bytes> {
+        match (self.cluster_session(), gather) {
+            (Some(mut cluster), cluster::plan::Gather::Split(split)) => {
+                cluster.blocking_read(split).await
+            }
+            _ => Some(crate::protocol::answers::cluster_disabled()),
+        }
+    }
+
     /// Carries out the other primaries' part of `spread` (`Action::Spread`), before the
     /// command goes to the home connection.
     pub(super) async fn spread(&mut self, spread: cluster::plan::Spread) {

@@ -179,6 +179,13 @@ impl Session {
                 self.pause_decided();
                 return false;
             }
+            Action::Gather(gather) if gather.blocks() => {
+                self.input.rbuf.advance(len);
+                // XREAD … BLOCK across slots: answered now, or later in its reply slot.
+                if let Some(reply) = Box::pin(self.blocking_read(*gather)).await {
+                    self.answer(reply);
+                }
+            }
             Action::Gather(gather) => {
                 self.input.rbuf.advance(len);
                 let pushing = gather.confirms_subscriptions();

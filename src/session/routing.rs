@@ -67,6 +67,7 @@ impl Routing {
                 map: None,
                 pools: None,
                 flush_news: None,
+                blocked_read: None,
             })),
         }
     }
@@ -243,6 +244,14 @@ impl Routing {
                 ..
             }) if node != 0 => Some((PoolRef::Owned(replicas.pool(node)), true)),
             Routing::Standalone | Routing::Sentinel(_) => None,
+        }
+    }
+
+    /// The client left: an XREAD … BLOCK across slots blocking in its own task stops, its
+    /// connections closed (`cluster::blocking_read`); nothing in every other mode.
+    pub(super) fn cancel_blocked_read(&mut self) {
+        if let Routing::Cluster(c) = self {
+            c.blocked_read = None;
         }
     }
 

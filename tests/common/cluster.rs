@@ -536,3 +536,34 @@ pub(crate) fn node_id(redis: &RedisCluster, addr: &str) -> String {
         other => panic!("CLUSTER MYID: {other:?}"),
     }
 }
+
+/// Polls `INFO clients` of each of `nodes` until their `blocked_clients` add up to exactly
+/// `total`, within the deadline: a blocking command spread over them blocked (or every
+/// connection it blocked on went).
+pub(crate) async fn wait_blocked_on(nodes: &[String], total: usize) {
+    let until = Instant::now() + super::DEADLINE;
+    let mut conns = Vec::new();
+    for n in nodes {
+        conns.push(super::Raw::connect(n).await);
+    }
+    loop {
+        let mut blocked = 0;
+        for c in &mut conns {
+            let info = c.call(&["INFO", "clients"]).await;
+            blocked += String::from_utf8_lossy(&info)
+                .lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+        }
+        if blocked == total {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "blocked clients over {nodes:?}: {blocked}, not {total}, within {:?}",
+            super::DEADLINE
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -7,7 +7,7 @@
 use super::again::may_redirect;
 use super::exchange::{lost_reply, receive};
 use super::merge::{Combine, Join, Merge, SetOp, ZOp, join, merge, scan_position, scan_step_reply};
-use super::plan::{Fanout, Gather, NodeBatch, Scan, Split};
+use super::plan::{BlockingRead, Fanout, Gather, MAX_BLOCKING_SLOTS, NodeBatch, Scan, Split};
 use super::state::OwnConn;
 use super::{ClusterSession, ClusterView};
 use crate::commands::grammar::keyword;
@@ -576,15 +576,20 @@ pub(super) fn split(
     args: &Args<'_>,
     rewrite: Option<&crate::policy::rewrite::Rewrite>,
     doubles: Option<ServerDoubles>,
+    blocking: Option<ReplyWait>,
 ) -> Option<Action> {
     let argv = decided_argv(args, rewrite)?;
     let strip = rewrite.and_then(|r| r.strip.clone());
     if let Some(streams) = xread(&argv) {
-        // A read has no hidden commands to place; one it had would be dropped here.
-        if rewrite.is_some_and(|r| !r.after.is_empty()) {
+        // A read has no hidden commands to place; one it had would be dropped here. BLOCK
+        // is gathered only where the caller said it may block (`blocking`: not in MULTI,
+        // where Redis reads without blocking and the transaction's node takes it whole).
+        if rewrite.is_some_and(|r| !r.after.is_empty())
+            || (streams.block.is_some() && blocking.is_none())
+        {
             return None;
         }
-        return read_streams(router, &argv, streams, strip);
+        return read_streams(router, &argv, streams, strip, blocking);
     }
     // No other split or gathered reply names keys: a namespace to strip is not expected.
     if strip.is_some() {
@@ -629,6 +634,7 @@ pub(super) fn split(
         join,
         keys: (argv.len() - 1) / step,
         strip: None,
+        then_block: None,
     }))))
 }
 
@@ -654,19 +660,26 @@ pub(super) fn decided_argv<'a>(
     })
 }
 
-/// XREAD without BLOCK as `xreadCommand` reads it: where its options end (`STREAMS` and the
-/// COUNT before it, as given) and where its keys are; `None` for any other command, with
-/// BLOCK (a gathered read would have to block on every node at once), or with arguments
-/// Redis would refuse (the command then gets CROSSSLOT, as Redis Cluster checks the slots
-/// before the arguments).
-fn xread(argv: &[&[u8]]) -> Option<(Option<usize>, std::ops::Range<usize>)> {
+/// Where an XREAD's parts are, as `xreadCommand` reads them (see `xread`).
+#[derive(Debug, PartialEq, Eq)]
+struct XreadShape {
+    /// The last COUNT's value (the one that counts).
+    count: Option<usize>,
+    /// The last BLOCK's value, a timeout Redis accepts (an integer, not negative).
+    block: Option<usize>,
+    /// The stream names; their ids follow them.
+    keys: std::ops::Range<usize>,
+}
+
+/// XREAD as `xreadCommand` reads it: its last COUNT and BLOCK (each value checked as Redis
+/// checks it) and where its keys are; `None` for any other command, or with arguments Redis
+/// would refuse (the command then gets CROSSSLOT, as Redis Cluster checks the slots before
+/// the arguments).
+fn xread(argv: &[&[u8]]) -> Option<XreadShape> {
     if !argv.first()?.eq_ignore_ascii_case(b"XREAD") {
         return None;
     }
     let options = crate::commands::grammar::xread_options(argv, false)?;
-    if options.block.is_some() {
-        return None;
-    }
     let first = options.streams?;
     let mut count = None;
     for (i, a) in argv.iter().enumerate().take(first).skip(1) {
@@ -675,19 +688,38 @@ fn xread(argv: &[&[u8]]) -> Option<(Option<usize>, std::ops::Range<usize>)> {
             count = Some(i + 1);
         }
     }
+    if let Some(b) = options.block
+        && codec::parse_int(argv[b])? < 0
+    {
+        return None;
+    }
     let n = argv.len() - first;
-    (n > 0 && n % 2 == 0).then_some((count, first..first + n / 2))
+    (n > 0 && n % 2 == 0).then_some(XreadShape {
+        count,
+        block: options.block,
+        keys: first..first + n / 2,
+    })
 }
 
 /// XREAD of streams in several slots: one `XREAD [COUNT n] STREAMS key id` per stream, grouped
 /// by node, the streams that have entries put back in the client's order (`Join::Streams`),
-/// a namespaced tenant's prefix removed from their names (`strip`).
+/// a namespaced tenant's prefix removed from their names (`strip`). With BLOCK (`blocking`,
+/// its wait), that read does not block; if it finds nothing, one `XREAD [COUNT n] BLOCK ms
+/// STREAMS …` per slot blocks (`then_block`).
 fn read_streams(
     router: &Router,
     argv: &[&[u8]],
-    (count, keys): (Option<usize>, std::ops::Range<usize>),
+    shape: XreadShape,
     strip: Option<Box<Strip>>,
+    blocking: Option<ReplyWait>,
 ) -> Option<Action> {
+    let XreadShape { count, block, keys } = shape;
+    let then_block = match (block, blocking) {
+        (Some(b), Some(wait)) => Some(Box::new(blocking_groups(
+            router, argv, count, b, &keys, wait,
+        )?)),
+        _ => None,
+    };
     let snapshot = router.snapshot();
     let mut batches: Vec<NodeBatch> = Vec::new();
     let n = keys.len();
@@ -706,7 +738,47 @@ fn read_streams(
         join: Join::Streams,
         keys: n,
         strip,
+        then_block,
     }))))
+}
+
+/// The blocking half of an XREAD … BLOCK of streams in several slots: one `XREAD [COUNT n]
+/// BLOCK ms STREAMS key… id…` per slot (a node refuses keys of two slots in one command),
+/// the streams in the client's order within it; `None` when a slot has no owner.
+fn blocking_groups(
+    router: &Router,
+    argv: &[&[u8]],
+    count: Option<usize>,
+    block: usize,
+    keys: &std::ops::Range<usize>,
+    wait: ReplyWait,
+) -> Option<BlockingRead> {
+    let snapshot = router.snapshot();
+    let n = keys.len();
+    // Per slot, in the order first named: the positions of its streams.
+    let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+    for k in keys.clone() {
+        let slot = router.slot_of(argv[k]);
+        match slots.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, ks)) => ks.push(k),
+            None => slots.push((slot, vec![k])),
+        }
+    }
+    if slots.len() > MAX_BLOCKING_SLOTS {
+        return None;
+    }
+    let mut groups = Vec::with_capacity(slots.len());
+    for (slot, ks) in slots {
+        let mut sub: Vec<&[u8]> = vec![argv[0]];
+        if let Some(c) = count {
+            sub.extend([argv[c - 1], argv[c]]);
+        }
+        sub.extend([argv[block - 1], argv[block], argv[keys.start - 1]]);
+        sub.extend(ks.iter().map(|&k| argv[k]));
+        sub.extend(ks.iter().map(|&k| argv[k + n]));
+        groups.push((snapshot.owner(slot)?, codec::encode(&sub)));
+    }
+    Some(BlockingRead { groups, wait })
 }
 
 /// A read whose keys the proxy gathers across slots (SUNION, SINTER, SDIFF, SINTERCARD,
@@ -845,6 +917,7 @@ fn gather_members(router: &Router, keys: &[&[u8]], join: Join) -> Option<Action>
         join,
         keys: keys.len(),
         strip: None,
+        then_block: None,
     }))))
 }
 
@@ -940,32 +1013,41 @@ mod tests {
         assert_eq!(of("DBSIZE"), None);
     }
 
-    fn of(line: &str) -> Option<(Option<usize>, std::ops::Range<usize>)> {
+    fn of(line: &str) -> Option<(Option<usize>, Option<usize>, std::ops::Range<usize>)> {
         let argv: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-        xread(&argv)
+        xread(&argv).map(|x| (x.count, x.block, x.keys))
     }
 
     #[test]
     fn xread_is_read_as_xread_command_reads_it() {
-        assert_eq!(of("XREAD STREAMS a b 0 0"), Some((None, 2..4)));
+        assert_eq!(of("XREAD STREAMS a b 0 0"), Some((None, None, 2..4)));
         // The last COUNT counts; each must be a number.
         assert_eq!(
             of("xread count 1 COUNT 5 streams a b 0 0"),
-            Some((Some(4), 6..8))
+            Some((Some(4), None, 6..8))
         );
         assert_eq!(of("XREAD COUNT x COUNT 5 STREAMS a b 0 0"), None);
         // Keywords as stream names, and NUL-suffixed keywords as strcasecmp reads them.
         assert_eq!(
             of("XREAD COUNT 1 STREAMS COUNT STREAMS 0 0"),
-            Some((Some(2), 4..6))
+            Some((Some(2), None, 4..6))
         );
         assert_eq!(
             of("XREAD COUNT\0 1 STREAMS\0x a b 0 0"),
-            Some((Some(2), 4..6))
+            Some((Some(2), None, 4..6))
         );
-        // BLOCK anywhere before STREAMS: not gathered; an odd count of keys and ids: refused.
-        assert_eq!(of("XREAD COUNT 1 BLOCK 0 STREAMS a b 0 0"), None);
-        assert_eq!(of("XREAD block\0 10 STREAMS a b 0 0"), None);
+        // BLOCK anywhere before STREAMS, the last one counting; a timeout Redis refuses (not
+        // an integer, negative) and an odd count of keys and ids: refused.
+        assert_eq!(
+            of("XREAD COUNT 1 BLOCK 0 STREAMS a b 0 0"),
+            Some((Some(2), Some(4), 6..8))
+        );
+        assert_eq!(
+            of("XREAD block\0 10 BLOCK 20 STREAMS a b 0 0"),
+            Some((None, Some(4), 6..8))
+        );
+        assert_eq!(of("XREAD BLOCK -1 STREAMS a b 0 0"), None);
+        assert_eq!(of("XREAD BLOCK 1.5 STREAMS a b 0 0"), None);
         assert_eq!(of("XREAD STREAMS a b 0"), None);
         assert_eq!(of("XREADGROUP GROUP g c STREAMS a b > >"), None);
     }

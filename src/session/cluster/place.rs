@@ -103,12 +103,28 @@ impl ClusterView<'_> {
         let slot = match known.unwrap_or_else(|| self.key_slot(router, args, rewritten, spec)) {
             Ok(slot) => slot,
             Err((a, b)) => {
-                let split = split(router, args, rewrite, self.doubles());
+                // XREAD … BLOCK blocks on connections of its own (`blocking_read`), which
+                // carry the pool's login: not for a client logged in as its own user or
+                // tracking its reads over its own connections, nor where a pinned session's
+                // state must stay on one node.
+                let blocking = match effect {
+                    Effect::Blocking(wait)
+                        if !self.conn.in_multi()
+                            && !self.pinned()
+                            && self.cluster.login.is_none()
+                            && self.cluster.tracking.is_none() =>
+                    {
+                        Some(wait)
+                    }
+                    _ => None,
+                };
+                let split = split(router, args, rewrite, self.doubles(), blocking);
                 let why = match split {
                     // EXEC's reply would hold the part of one node only, and a pinned
                     // session's state lives on one node.
                     Some(split)
-                        if !self.conn.in_multi() && matches!(target, Target::Shared(..)) =>
+                        if !self.conn.in_multi()
+                            && (matches!(target, Target::Shared(..)) || blocking.is_some()) =>
                     {
                         return self.caching_next(split.into(), args);
                     }

@@ -70,6 +70,12 @@ impl Gather {
     pub(in crate::session) fn confirms_subscriptions(&self) -> bool {
         matches!(self, Gather::ShardPubSub(_))
     }
+
+    /// XREAD … BLOCK of streams in several slots (`Split::then_block`): it may answer in its
+    /// reply slot later (`blocking_read`), not at once as every other gather does.
+    pub(in crate::session) fn blocks(&self) -> bool {
+        matches!(self, Gather::Split(split) if split.then_block.is_some())
+    }
 }
 
 /// A whole-keyspace command to send to every primary.
@@ -124,6 +130,23 @@ pub(in crate::session) struct Split {
     /// The namespace prefix to remove from the joined reply: a namespaced tenant's XREAD,
     /// whose reply names its streams.
     pub(super) strip: Option<Box<Strip>>,
+    /// XREAD with BLOCK: what blocks when the split read (without BLOCK) found no entry
+    /// (`blocking_read`).
+    pub(super) then_block: Option<Box<BlockingRead>>,
+}
+
+/// At most this many slots block at once for one XREAD (`BlockingRead`): each is a
+/// connection, counted against the client's tenant; past it the command gets CROSSSLOT.
+pub(super) const MAX_BLOCKING_SLOTS: usize = 16;
+
+/// XREAD … BLOCK of streams in several slots, once a read without BLOCK found no entry:
+/// one `XREAD [COUNT n] BLOCK ms STREAMS …` per slot, each on a connection of its own, the
+/// first reply with entries (or error) the client's (`blocking_read`).
+pub(in crate::session) struct BlockingRead {
+    /// Per slot of the streams: the slot's node and the command for its streams, encoded.
+    pub(super) groups: Vec<(u16, Bytes)>,
+    /// How long the command may block (its BLOCK), so the command timeout leaves it be.
+    pub(super) wait: ReplyWait,
 }
 
 /// What one node gets of a split command.

@@ -82,6 +82,9 @@ pub(in crate::session) struct ClusterState {
     /// The flush invalidations the client was told of (see `flush_news::FlushNews`); `None`
     /// until the first one.
     pub(in crate::session) flush_news: Option<Box<super::flush_news::FlushNews>>,
+    /// An XREAD … BLOCK across slots blocking in a task of its own (`blocking_read`):
+    /// dropped (the client left, the session ended), the task closes its connections.
+    pub(in crate::session) blocked_read: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// The slot map a command is placed by: the session's copy, or the router's when that
