@@ -632,3 +632,35 @@ async fn default_mode_tracking_with_replica_reads_hears_every_primary() {
     writes_invalidate(&mut writer, &mut c, &keys).await;
     c.assert_quiet(QUIET).await;
 }
+
+/// A tracking client quiet for a few idle ticks still hears every primary's invalidations,
+/// and its next command is answered: the idle release gave back the session's reply channel
+/// while its tracking connections (per primary, not the session's dedicated one) still held
+/// a sender of it, so the next invalidation ended the connection ("session gone") and the
+/// next command on it got a lost-connection error (invariant fuzzer, cluster, seed
+/// 913059125, step 17,043). Nothing signals "released": it is a whole tick without traffic,
+/// so the test waits that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_tracking_client_still_hears_invalidations() {
+    let redis = RedisCluster::start(3, 0);
+    let primaries = redis.primaries();
+    let proxy = Proxy::start(proxy_config(&redis.live_addrs()[0], &[])).await;
+    let keys: Vec<String> = primaries.iter().map(|p| redis.key_on(p, "quiet")).collect();
+    let mut writer = Raw::connect(proxy.addr).await;
+    let mut bcast = bcast_client(&proxy, &["PREFIX", "quiet"]).await;
+    let mut reader = keys_client(&proxy, &[]).await;
+    for key in &keys {
+        assert_eq!(text(&reader.call(&["GET", key]).await), "_\r\n");
+    }
+    tokio::time::sleep(redis_policy_proxy::IDLE_TICK * 3).await;
+    for key in &keys {
+        assert_eq!(writer.call(&["SET", key, "v"]).await, b"+OK\r\n");
+        assert_eq!(text(&bcast.read_frame().await), text(&invalidation(key)));
+        assert_eq!(text(&reader.read_frame().await), text(&invalidation(key)));
+    }
+    for c in [&mut bcast, &mut reader] {
+        for key in &keys {
+            assert_eq!(text(&c.call(&["GET", key]).await), "$1\r\nv\r\n");
+        }
+    }
+}

@@ -242,14 +242,14 @@ impl Session {
     /// vectors, all re-created on the next request. A busy client keeps them: its read buffer
     /// is reused in place once the upstream has dropped the batches that shared it, so a read
     /// costs no allocation. Only when nothing is owed: no command in flight, no reply waiting, no
-    /// dedicated connection (it holds a sender of the channel for its pushes). Returns whether
+    /// connection holding a sender of the channel for its pushes (the dedicated one; in cluster
+    /// mode the per-node ones, `Routing::pushes_to_session`). Returns whether
     /// the channel was dropped, so the caller drops its receiving end too.
     pub(super) fn release_idle(&mut self) -> bool {
         if self.queue.inflight != 0
             || !self.queue.slots.is_empty()
             || self.conn.dedicated.is_some()
-            || self.routing.shard_subs().is_some()
-            || self.routing.keyspace().is_some()
+            || self.routing.pushes_to_session()
         {
             return false;
         }

@@ -106,15 +106,19 @@ impl Routing {
         self.cluster().map_or(0, |c| c.parked_frames)
     }
 
-    /// The shard subscriptions, in cluster mode once the first SSUBSCRIBE came.
-    pub(super) fn shard_subs(&self) -> Option<&super::cluster::state::ShardSubs> {
-        self.cluster().and_then(|c| c.shard_subs.as_deref())
-    }
-
-    /// The keyspace notification names spread to every primary, in cluster mode once a
-    /// session subscribed to one.
-    pub(super) fn keyspace(&self) -> Option<&super::cluster::state::KeyspaceSubs> {
-        self.cluster().and_then(|c| c.keyspace.as_deref())
+    /// Whether the session holds per-node connections of its own that push to its reply
+    /// channel (cluster mode: shard subscriptions, keyspace notifications, MONITOR, tracking,
+    /// the client's own login, invalidation listeners): the idle release keeps the channel,
+    /// whose end would fail their next push and end the connection under the client.
+    pub(super) fn pushes_to_session(&self) -> bool {
+        self.cluster().is_some_and(|c| {
+            c.shard_subs.is_some()
+                || c.keyspace.is_some()
+                || c.monitor.is_some()
+                || c.tracking.is_some()
+                || c.login.is_some()
+                || c.listeners.is_some()
+        })
     }
 
     // Hooks: what the mode-neutral files (forward, batch, queue, io) tell the mode or ask it,
