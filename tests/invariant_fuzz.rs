@@ -35,8 +35,9 @@
 //! `INVARIANT_FUZZ_SEED` (default: from the clock, printed), `INVARIANT_FUZZ_STEPS` (a bound
 //! on steps, default unbounded), `INVARIANT_FUZZ_CORPUS=0` (skip the corpus),
 //! `INVARIANT_FUZZ_NEWER=1` (also commands and options newer than the proxy's 7.0 table,
-//! judged through the table learned from the server: by hand only, docs/compatibility.md
-//! says why), `INVARIANT_FUZZ_TRACE=1` (print every random step, to see how a case that does
+//! judged through the table learned from the server, in the runs in front of
+//! `common::server_binary()`; the matrix run draws them unless `INVARIANT_FUZZ_NEWER=0`,
+//! docs/compatibility.md), `INVARIANT_FUZZ_TRACE=1` (print every random step, to see how a case that does
 //! not reproduce alone came about).
 
 #![allow(
@@ -510,7 +511,7 @@ struct Gen {
     /// Every command of the table the generator may send.
     specs: Vec<&'static CommandSpec>,
     /// Also the commands and options newer than the proxy's 7.0 table
-    /// (`INVARIANT_FUZZ_NEWER=1`, [`Gen::newer_command`]).
+    /// (the matrix run, or `INVARIANT_FUZZ_NEWER=1`; [`Gen::newer_command`]).
     newer: bool,
     /// Every command the server documents (`COMMAND DOCS`), for forms drawn from its own
     /// grammar ([`Gen::documented_command`]): valid option combinations the table's arity
@@ -708,8 +709,9 @@ impl Gen {
     /// Commands and options of Redis 7.2-8.0 and Valkey 8-9 that the proxy's 7.0 table does not
     /// know (issue 27): hash field expiry, vector sets, `SET … IFEQ`, COMMANDLOG, WAITAOF,
     /// CLIENT NO-TOUCH/SETINFO, ZRANK WITHSCORE. A server without one answers
-    /// `ERR unknown command`. Off unless `INVARIANT_FUZZ_NEWER=1`: not drawn in CI yet
-    /// (docs/compatibility.md lists what they found and what holds now).
+    /// `ERR unknown command`. Drawn in front of the matrix's newer servers (CI) and with
+    /// `INVARIANT_FUZZ_NEWER=1` (docs/compatibility.md lists what they found and what holds
+    /// now).
     fn newer_command(&mut self) -> Vec<Vec<u8>> {
         let k = self.key();
         let v = self.value();
@@ -1008,7 +1010,18 @@ impl Gen {
                 if self.chance(60) {
                     a.extend([s("BLOCK"), s(self.pick(&["10", "100", "0"]))]);
                 }
-                a.extend([s("STREAMS"), k, s(self.pick(&["0", "$"]))]);
+                // Two streams, in front of a cluster often in two slots: gathered, and with
+                // BLOCK raced over the slots (docs/cluster.md).
+                let mut keys = vec![k];
+                if self.chance(40) {
+                    keys.push(self.key());
+                }
+                let n = keys.len();
+                a.push(s("STREAMS"));
+                a.extend(keys);
+                for _ in 0..n {
+                    a.push(s(self.pick(&["0", "$"])));
+                }
                 a
             }
             23 => {
@@ -2783,11 +2796,14 @@ async fn a_hostile_tenant_cannot_break_the_policys_invariants() {
 async fn fuzz_default_server(label: &str, env: &str, default: u64, cluster: bool) {
     let _one = ONE_AT_A_TIME.lock().await;
     let secs = env_u64(env).unwrap_or(default);
-    held(&fuzz(label, &common::server_binary(), secs, cluster).await);
+    let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() == Ok("1");
+    held(&fuzz(label, &common::server_binary(), secs, cluster, newer).await);
 }
 
 /// The same fuzzer in front of each newer server of the matrix (docs/compatibility.md):
-/// `INVARIANT_FUZZ_MATRIX_SECS` (default 20) of random steps each, after the corpus. A server
+/// `INVARIANT_FUZZ_MATRIX_SECS` (default 20) of random steps each, after the corpus, with the
+/// commands and options newer than the proxy's 7.0 table among them (since 2026-12-07;
+/// `INVARIANT_FUZZ_NEWER=0` leaves them out). A server
 /// that is not built is skipped with a `SKIPPED:` line, or fails the test under
 /// `RPP_SERVER_MATRIX=require` (`common::matrix_servers`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2795,8 +2811,9 @@ async fn the_invariants_hold_in_front_of_each_matrix_server() {
     let _one = ONE_AT_A_TIME.lock().await;
     let secs = env_u64("INVARIANT_FUZZ_MATRIX_SECS").unwrap_or(20);
     let mut failures = Vec::new();
+    let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() != Ok("0");
     for (name, bin) in common::matrix_servers() {
-        for f in fuzz(name, &bin, secs, false).await {
+        for f in fuzz(name, &bin, secs, false, newer).await {
             failures.push(format!("{name}: {f}"));
         }
     }
@@ -2814,11 +2831,11 @@ async fn the_invariants_hold_in_front_of_a_cluster() {
 
 /// The corpus, then `secs` of random steps, in front of a fresh server running `bin`, or of a
 /// 3-primary cluster of it when `cluster` (`label` names it in the output and the cases'
-/// directory); what broke, one line per finding.
-async fn fuzz(label: &str, bin: &Path, secs: u64, cluster: bool) -> Vec<String> {
+/// directory), with commands newer than the proxy's 7.0 table too when `newer`; what broke,
+/// one line per finding.
+async fn fuzz(label: &str, bin: &Path, secs: u64, cluster: bool, newer: bool) -> Vec<String> {
     let max_steps = env_u64("INVARIANT_FUZZ_STEPS").unwrap_or(u64::MAX);
     let seed = common::env_or_clock_seed("INVARIANT_FUZZ_SEED", 1_000_000_007);
-    let newer = std::env::var("INVARIANT_FUZZ_NEWER").as_deref() == Ok("1");
     let trace = std::env::var("INVARIANT_FUZZ_TRACE").as_deref() == Ok("1");
     let server = if label.is_empty() {
         bin.display().to_string()
