@@ -16,8 +16,7 @@ use crate::protocol::answers;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::session::client::ReplyMode;
 use crate::session::conn::Target;
-use crate::session::reply_queue::{Handling, PUSH_BUDGET, Slot, Unusual};
-use crate::upstream::conn::PushTarget;
+use crate::session::reply_queue::{Handling, Slot, Unusual};
 use crate::upstream::{Batch, Expect, Reply, ReplyReceiver, ReplySender};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -105,13 +104,7 @@ impl ClusterSession<'_> {
             let share = Box::pin(crate::session::conn::take_share(self.ctx, self.client))
                 .await
                 .map_err(|why| unavailable(&why))?;
-            let (push_to, _) = crate::upstream::reply_channel();
-            let push = PushTarget {
-                to: push_to,
-                budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
-                budget_size: PUSH_BUDGET,
-                conn_id: 0,
-            };
+            let push = super::exchange::unheard_push();
             let opened = Box::pin(router.pool(*node).dedicated(proto, push, false))
                 .await
                 .map_err(|e| error_reply(&ProxyError::Upstream(e)))?;

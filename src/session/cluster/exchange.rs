@@ -94,3 +94,18 @@ pub(super) fn lost_reply(error: Option<&UpstreamError>, addr: &Arc<str>, reason:
     });
     error_reply(&ProxyError::Upstream(e))
 }
+
+/// The push target of a one-off connection that blocks for one reply (WAIT over every
+/// primary, a raced XREAD across slots): no one listens, as such a connection never
+/// subscribes or tracks; a push there would end it ("session gone"), its one command
+/// answered with the connection's error, which is where a frame with no place belongs.
+pub(super) fn unheard_push() -> crate::upstream::conn::PushTarget {
+    let (to, _) = crate::upstream::reply_channel();
+    let budget_size = crate::session::reply_queue::PUSH_BUDGET;
+    crate::upstream::conn::PushTarget {
+        to,
+        budget: Arc::new(tokio::sync::Semaphore::new(budget_size as usize)),
+        budget_size,
+        conn_id: 0,
+    }
+}

@@ -21,10 +21,9 @@ use crate::session::action::Action;
 use crate::session::conn::Holds;
 use crate::session::effect::{Effect, LocalEffect};
 use crate::session::proxy_commands::proxy_info;
-use crate::session::reply_queue::{PUSH_BUDGET, WAIT_BARRIER};
+use crate::session::reply_queue::WAIT_BARRIER;
 use crate::session::route::Args;
 use crate::topology::cluster::Router;
-use crate::upstream::conn::PushTarget;
 use crate::upstream::{Batch, Expect, ReplyWait};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -260,13 +259,7 @@ impl ClusterSession<'_> {
             reply_to: tx,
             seq: 0,
         };
-        let (push_to, _) = crate::upstream::reply_channel();
-        let push = PushTarget {
-            to: push_to,
-            budget: Arc::new(tokio::sync::Semaphore::new(PUSH_BUDGET as usize)),
-            budget_size: PUSH_BUDGET,
-            conn_id: 0,
-        };
+        let push = super::exchange::unheard_push();
         let conn = Box::pin(router.pool(node).dedicated(self.client.proto, push, false))
             .await
             .ok()?
