@@ -10,7 +10,8 @@
 //! - `gather`: commands answered from several nodes (`Gather`): a whole-keyspace command
 //!   sent to every primary, a multi-key command split by slot, a set read across slots
 //!   answered from its keys' members, one step of a SCAN; `sort` SORT with `BY`/`GET`
-//!   patterns, which name keys on any node;
+//!   patterns, which name keys on any node; `blocking_read` XREAD … BLOCK across slots,
+//!   which blocks on every slot at once in a task of its own;
 //! - `redirect`: MOVED, ASK and TRYAGAIN followed, and a batch routed again after its node
 //!   failed;
 //! - `exchange`: a batch sent to one node outside the session's reply order and its replies
@@ -30,7 +31,7 @@
 //! session's own node connections), `view` (`ClusterSession`, `ClusterView`: the session as
 //! the steps see it), `again` (a reply's MOVED/ASK/TRYAGAIN) and `gate` (the push gate of
 //! the extra connections). They import each other one way only (`tests/import_cycles.rs`):
-//! `place` → `gather` → `exchange`, `sort` → `gather`, `redirect` → the concerns whose
+//! `place` → `gather` → `exchange`, `sort` → `gather`, `blocking_read` → `gather`, `redirect` → the concerns whose
 //! connection ids it tells apart, and `merge` below the steps. Here: the hooks every
 //! concern takes part in (`spread`, `prepare`, `conns_follow_proto`, `answer_to`).
 
