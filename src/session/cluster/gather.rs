@@ -602,7 +602,9 @@ pub(super) fn split(
     }
     let snapshot = router.snapshot();
     let mut batches: Vec<NodeBatch> = Vec::new();
-    for (s, positions) in slots_in_order(router, &argv, step) {
+    // Every `step`-th argument is a key.
+    let keys = argv[1..].iter().step_by(step).copied();
+    for (s, positions) in slots_in_order(router, keys) {
         let b = batch_for(&mut batches, snapshot.owner(s)?);
         b.bytes
             .extend_from_slice(&sub_command(&argv, step, &positions));
@@ -748,15 +750,7 @@ fn blocking_groups(
 ) -> Option<BlockingRead> {
     let snapshot = router.snapshot();
     let n = keys.len();
-    // Per slot, in the order first named: the positions of its streams.
-    let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-    for k in keys.clone() {
-        let slot = router.slot_of(argv[k]);
-        match slots.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, ks)) => ks.push(k),
-            None => slots.push((slot, vec![k])),
-        }
-    }
+    let slots = slots_in_order(router, argv[keys.clone()].iter().copied());
     if slots.len() > MAX_BLOCKING_SLOTS {
         return None;
     }
@@ -767,8 +761,9 @@ fn blocking_groups(
             sub.extend([argv[c - 1], argv[c]]);
         }
         sub.extend([argv[block - 1], argv[block], argv[keys.start - 1]]);
-        sub.extend(ks.iter().map(|&k| argv[k]));
-        sub.extend(ks.iter().map(|&k| argv[k + n]));
+        // Positions in the keys: each stream's id is `n` arguments after it.
+        sub.extend(ks.iter().map(|&p| argv[keys.start + p]));
+        sub.extend(ks.iter().map(|&p| argv[keys.start + p + n]));
         groups.push((snapshot.owner(slot)?, codec::encode(&sub)));
     }
     Some(BlockingRead { groups, wait })
@@ -929,12 +924,15 @@ fn split_join(name: &[u8]) -> Option<(Join, usize)> {
     }
 }
 
-/// The slots of a split command's keys (every `step`-th argument), in the order they first
-/// appear, each with the client-order positions of its keys: one sub-command per slot.
-fn slots_in_order(router: &Router, argv: &[&[u8]], step: usize) -> Vec<(u16, Vec<usize>)> {
+/// The slots of `keys`, in the order they first appear, each with the positions (in `keys`)
+/// of its keys: one sub-command per slot.
+fn slots_in_order<'a>(
+    router: &Router,
+    keys: impl Iterator<Item = &'a [u8]>,
+) -> Vec<(u16, Vec<usize>)> {
     let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (position, i) in (1..argv.len()).step_by(step).enumerate() {
-        let s = router.slot_of(argv[i]);
+    for (position, key) in keys.enumerate() {
+        let s = router.slot_of(key);
         match by_slot.iter_mut().find(|(slot, _)| *slot == s) {
             Some((_, positions)) => positions.push(position),
             None => by_slot.push((s, vec![position])),
