@@ -267,6 +267,56 @@ async fn monitor_shows_commands_from_other_clients() {
     assert_eq!(other.request(b"PING\r\n", 1).await, b"+PONG\r\n");
 }
 
+/// MONITOR through the proxy shows the clients' commands as Redis's own MONITOR shows them,
+/// and none of the proxy's: the handshakes of the connections it dials (here the dedicated
+/// connections scripts take, past the warm stock) and its control connection's probes
+/// (`upstream::own_lines`). A MONITOR straight on Redis is the oracle: it shows them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_shows_clients_commands_and_none_of_the_proxys_own() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut direct = CliProcess::spawn(redis.port, &["MONITOR"]);
+    assert_eq!(direct.next_line().await, "OK");
+    let mut via = CliProcess::spawn(proxy.port(), &["MONITOR"]);
+    assert_eq!(via.next_line().await, "OK");
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let mut c = Raw::connect(proxy.addr).await;
+        let script = format!("EVAL \"return {i}\" 0\r\n");
+        assert_eq!(
+            c.request(script.as_bytes(), 1).await,
+            format!(":{i}\r\n").as_bytes()
+        );
+        clients.push(c);
+    }
+    // The proxy's control connection asks INFO every 5 s; wait for one, seen directly.
+    let mut seen = direct.read_until(|l| l.contains("\"INFO\"")).await;
+    assert!(
+        seen.iter().any(|l| l.contains("\"HELLO\"")),
+        "the proxy dialled connections while both monitored: {seen:?}"
+    );
+    assert_eq!(
+        clients[0].request(b"SET monitor-marker 1\r\n", 1).await,
+        b"+OK\r\n"
+    );
+    let marker = |l: &str| l.contains("\"monitor-marker\"");
+    seen.extend(direct.read_until(marker).await);
+    let shown = via.read_until(marker).await;
+    // The clients' lines, as Redis showed them: every script, then the marker.
+    let clients_lines: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("\"EVAL\"") || marker(l))
+        .collect();
+    assert_eq!(clients_lines.len(), 9, "{seen:?}");
+    assert_eq!(
+        shown.iter().collect::<Vec<_>>(),
+        clients_lines,
+        "through the proxy (left) against Redis's clients' lines (right); Redis showed {seen:?}"
+    );
+    via.kill().await;
+    direct.kill().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_receives_published_messages() {
     let redis = RedisServer::start();

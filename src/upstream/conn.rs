@@ -7,6 +7,7 @@
 //! registered before its bytes can reach Redis and no channel hop sits between them.
 
 use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,6 +90,9 @@ struct PubSub {
     subs: [HashSet<Bytes>; 3],
     /// After MONITOR every frame is a log line.
     monitoring: bool,
+    /// The node's socket address: a log line caused by one of the proxy's own connections to
+    /// it is dropped (`own_lines`). Read once, when a dedicated connection starts.
+    node: Option<SocketAddr>,
 }
 
 impl PubSub {
@@ -115,18 +119,23 @@ pub(crate) async fn run(
     coalesce: bool,
     proto: u8,
 ) -> String {
+    let node = push.as_ref().and_then(|_| stream.peer_addr());
+    let pubsub = PubSub {
+        node,
+        ..PubSub::default()
+    };
     match stream {
         UpstreamStream::Tcp(mut tcp) => {
             let (r, w) = tcp.split();
             run_split(
-                r, w, rx, addr, push, metrics, timeout, stop, coalesce, proto,
+                r, w, rx, addr, push, pubsub, metrics, timeout, stop, coalesce, proto,
             )
             .await
         }
         UpstreamStream::Tls(tls) => {
             let (r, w) = tokio::io::split(*tls);
             run_split(
-                r, w, rx, addr, push, metrics, timeout, stop, coalesce, proto,
+                r, w, rx, addr, push, pubsub, metrics, timeout, stop, coalesce, proto,
             )
             .await
         }
@@ -143,6 +152,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     rx: &mut mpsc::Receiver<Batch>,
     addr: &Arc<str>,
     push: Option<PushTarget>,
+    pubsub: PubSub,
     metrics: Option<Arc<Metrics>>,
     timeout: Option<Duration>,
     stop: Option<Stop>,
@@ -157,7 +167,7 @@ async fn run_split<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         pos: 0,
         acc: BytesMut::new(),
         rbuf: BytesMut::with_capacity(READ_CHUNK),
-        pubsub: PubSub::default(),
+        pubsub,
         push,
         stray: Default::default(),
         addr: addr.clone(),
@@ -428,6 +438,13 @@ impl Reader {
             };
             let start = self.pos;
             if self.push.is_some() && self.is_push(&self.rbuf[start..start + len], pending) {
+                if self.pubsub.monitoring
+                    && let Some(node) = self.pubsub.node
+                    && super::own_lines::is_own(node, &self.rbuf[start..start + len])
+                {
+                    self.skip(len);
+                    continue;
+                }
                 self.forward_push(len).await?;
                 continue;
             }
@@ -633,12 +650,23 @@ impl Reader {
         let frame = &self.rbuf[self.pos..self.pos + len];
         self.stray
             .dropped(&self.addr, frame, self.metrics.as_deref());
+        self.skip(len);
+    }
+
+    /// Drops the frame at `pos..pos+len`, keeping the head batch's partial replies intact.
+    fn skip(&mut self, len: usize) {
+        self.set_aside();
+        self.rbuf.advance(len);
+    }
+
+    /// Moves the head batch's replies read so far (before `pos`) to `acc`, so the frame at
+    /// `pos` starts the read buffer and can leave it on its own.
+    fn set_aside(&mut self) {
         if self.pos > 0 {
             self.acc.extend_from_slice(&self.rbuf[..self.pos]);
             self.rbuf.advance(self.pos);
             self.pos = 0;
         }
-        self.rbuf.advance(len);
     }
 
     /// Sends the push frame at `pos..pos+len` to the session, keeping the head batch's
@@ -651,11 +679,7 @@ impl Reader {
                 self.update(kind, subscribe, &name);
             }
         }
-        if self.pos > 0 {
-            self.acc.extend_from_slice(&self.rbuf[..self.pos]);
-            self.rbuf.advance(self.pos);
-            self.pos = 0;
-        }
+        self.set_aside();
         let frame = self.rbuf.split_to(len).freeze();
         let Some(target) = self.push.as_ref() else {
             return Err("push frame on a shared connection".to_string());

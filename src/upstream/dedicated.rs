@@ -22,6 +22,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch}
 use super::address::{Address, Stop};
 use super::conn::{self, PushTarget};
 use super::handshake::{self, NodeSpec, UpstreamStream, hello_id, node_spec};
+use super::own_lines;
 use super::script_login::{OnStream, log_in};
 use super::{Batch, Reply};
 use crate::observe::metrics::Metrics;
@@ -452,6 +453,12 @@ async fn confine(
         return Ok(false);
     };
     let buf = bytes::BytesMut::with_capacity(1024);
+    // The script user's AUTH is the proxy's own line, not a client's (`own_lines`).
+    let _own = own_lines::speaking(
+        stream.peer_addr(),
+        stream.local_addr(),
+        own_lines::Says::Handshake { with_login: true },
+    );
     let logged_in = match stream {
         UpstreamStream::Tcp(tcp) => log_in(&mut OnStream { stream: tcp, buf }, &user).await,
         UpstreamStream::Tls(tls) => {

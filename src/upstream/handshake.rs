@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::address::Address;
+use super::own_lines::{self, Says};
 use super::tls::Tls;
 
 use crate::protocol::error::UpstreamError;
@@ -42,6 +43,25 @@ pub struct NodeSpec {
 pub(crate) enum UpstreamStream {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl UpstreamStream {
+    /// The TCP connection's own end: what Redis names it by (CLIENT LIST, MONITOR).
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp().local_addr().ok()
+    }
+
+    /// The node's end of the TCP connection.
+    pub(crate) fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp().peer_addr().ok()
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            UpstreamStream::Tcp(tcp) => tcp,
+            UpstreamStream::Tls(tls) => tls.get_ref().0,
+        }
+    }
 }
 
 impl NodeSpec {
@@ -115,6 +135,16 @@ async fn connect_inner(
         .await
         .map_err(|e| spec.unavailable(e))?;
     tcp.set_nodelay(true).map_err(|e| spec.unavailable(e))?;
+    // The handshake's lines are the proxy's own, not a client's (`own_lines`).
+    let _own = (proto.is_some() || spec.db != 0).then(|| {
+        own_lines::speaking(
+            tcp.peer_addr().ok(),
+            tcp.local_addr().ok(),
+            Says::Handshake {
+                with_login: proto.is_some(),
+            },
+        )
+    });
     match &spec.tls {
         None => {
             let mut tcp = tcp;

@@ -20,6 +20,8 @@
 //! - [`mailbox`]: the channel on which upstream connections deliver a session's replies.
 //! - [`stray`]: pushes on a shared connection, which answer no request: dropped, counted,
 //!   logged.
+//! - [`own_lines`]: the proxy's own commands (handshakes, control connections), kept out of
+//!   its clients' MONITOR.
 
 pub mod address;
 pub(crate) mod coalesce;
@@ -31,6 +33,7 @@ pub mod handshake;
 pub(crate) mod mailbox;
 pub(crate) mod oom;
 pub(crate) mod outage;
+pub(crate) mod own_lines;
 pub mod pool;
 pub(crate) mod replicas;
 pub(crate) mod script_login;

@@ -16,6 +16,7 @@ use super::credentials::Credentials;
 use super::dedicated::{Dedicated, DedicatedLimits, Link as DedicatedLink, Opened};
 use super::handshake::{self, NodeSpec, node_spec};
 use super::outage::{Outage, Report, Role, Up};
+use super::own_lines::{self, Says};
 use super::tls;
 use super::{Batch, Reply};
 use crate::config::Config;
@@ -526,6 +527,10 @@ async fn supervise(
                 }
                 was_up = true;
                 up.store(true, Ordering::Relaxed);
+                // A control connection's every line is the proxy's own (`own_lines`).
+                let _own = (link.role == Role::Control).then(|| {
+                    own_lines::speaking(stream.peer_addr(), stream.local_addr(), Says::Everything)
+                });
                 let reason = conn::run(
                     stream,
                     &mut rx,

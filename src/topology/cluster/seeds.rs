@@ -9,6 +9,7 @@ use super::slot::SLOTS;
 use super::topology::SlotMap;
 use crate::protocol::resp_value::DecodeError;
 use crate::upstream::handshake::{self, NodeSpec, UpstreamStream};
+use crate::upstream::own_lines::{self, Says};
 use crate::upstream::{ReadReplyError, read_reply};
 
 /// Largest topology reply accepted. `CLUSTER SHARDS` costs a few hundred bytes per node, so
@@ -55,6 +56,8 @@ async fn query_topology(spec: &NodeSpec) -> Result<SlotMap, ClusterError> {
     // both shapes anyway.
     let attempt = async {
         let (stream, _) = handshake::connect(spec, Some(2)).await?;
+        // The query's lines are the proxy's own, not a client's (`own_lines`).
+        let _own = own_lines::speaking(stream.peer_addr(), stream.local_addr(), Says::Everything);
         match stream {
             UpstreamStream::Tcp(mut tcp) => ask(&mut tcp, spec).await,
             UpstreamStream::Tls(mut tls) => ask(&mut *tls, spec).await,

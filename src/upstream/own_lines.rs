@@ -1,0 +1,254 @@
+//! The proxy's own commands, kept out of its clients' MONITOR.
+//!
+//! Redis's MONITOR shows every command every connection runs, the proxy's own included: the
+//! `HELLO` (and `READONLY`, `SELECT`, the script user's `AUTH`) of each connection it dials,
+//! and the `INFO`, `COMMAND`, `PING`, `CLUSTER SHARDS` and rate-limit scripts of its control
+//! connections. One Redis has none of them, and a client monitoring through the proxy is
+//! watching what clients run (Redis's own `unit/introspection` reads the lines right after the
+//! ones its commands caused, and lost them to a refill's `HELLO`). So the proxy notes each of
+//! its connections while it speaks there on its own account, and the reader of a monitoring
+//! connection drops a line that one of them caused.
+//!
+//! A line names its connection by the address Redis sees (`[0 127.0.0.1:50412]`): the
+//! proxy's local address. The note holds it with the node's address, since one local port
+//! can serve connections to several nodes at once. One registry for the process, not one per
+//! pool: the connections that speak (pools, dedicated stocks, topology queries) and the
+//! monitoring ones that read are made in different places, and the pair of addresses names
+//! one live connection on this host. A line whose address Redis sees translated (NAT) matches
+//! nothing and is shown, as before.
+//!
+//! A handshake's note stays for [`GRACE`] after the handshake ends: Redis writes the
+//! monitor's line and the handshake's reply in the same turn of its loop, but the proxy may
+//! read the monitoring connection later. Within that time only the handshake's own command
+//! names are dropped, so a client's first commands on a fresh connection are shown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a finished handshake's lines are still dropped: far longer than the proxy takes
+/// to read two sockets that Redis wrote in one turn, short enough that a client's own
+/// `HELLO` on that connection a moment later is shown.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// The command names of a handshake, as the proxy spells them (`handshake::hello`,
+/// `script_login`).
+const HANDSHAKE: &[&[u8]] = &[b"HELLO", b"AUTH", b"READONLY", b"SELECT"];
+
+/// The command name of a connection without handshake, whose client logs in itself: only
+/// the database a route selects for it.
+const SELECT_ONLY: &[&[u8]] = &[b"SELECT"];
+
+/// What of a connection's lines are the proxy's own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Says {
+    /// Every line: a control connection or a topology query carries nothing of a client's.
+    Everything,
+    /// The handshake's commands (`with_login`: HELLO and the rest; without, SELECT only).
+    Handshake { with_login: bool },
+}
+
+/// One connection that speaks on the proxy's account.
+struct Note {
+    /// Which note, so the guard that ends it finds it.
+    id: u64,
+    /// The node's address: the monitoring connection's peer.
+    node: SocketAddr,
+    /// The proxy's local address, as a MONITOR line shows it (`SocketAddr`'s display is
+    /// Redis's: `ip:port`, `[ipv6]:port`).
+    local: Box<str>,
+    /// Which of its lines to drop.
+    says: Says,
+    /// When the note lapses: `None` while its guard lives.
+    until: Option<Instant>,
+}
+
+/// Every live note.
+static NOTES: Mutex<Vec<Note>> = Mutex::new(Vec::new());
+/// `NOTES.len()`, read without the lock: a monitoring connection parses no line while no
+/// connection speaks.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The next note's id.
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn notes() -> MutexGuard<'static, Vec<Note>> {
+    NOTES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keeps a note while the connection speaks on the proxy's account; dropped, the note lapses
+/// after [`GRACE`].
+#[must_use = "the note lasts as long as the guard"]
+pub(crate) struct Speaking {
+    /// The note's id; `None` when the connection had no address to note.
+    id: Option<u64>,
+}
+
+impl Drop for Speaking {
+    fn drop(&mut self) {
+        let Some(id) = self.id else { return };
+        let until = Instant::now() + GRACE;
+        if let Some(note) = notes().iter_mut().find(|n| n.id == id) {
+            note.until = Some(until);
+        }
+    }
+}
+
+/// Notes the connection from `local` to `node` (either `None`: an address the socket could
+/// not give, so nothing is noted) until the guard is dropped, and for [`GRACE`] after.
+pub(crate) fn speaking(
+    node: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    says: Says,
+) -> Speaking {
+    let (Some(node), Some(local)) = (node, local) else {
+        return Speaking { id: None };
+    };
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut notes = notes();
+    prune(&mut notes, Instant::now());
+    notes.push(Note {
+        id,
+        node,
+        local: local.to_string().into(),
+        says,
+        until: None,
+    });
+    COUNT.store(notes.len(), Ordering::Relaxed);
+    Speaking { id: Some(id) }
+}
+
+/// Drops the notes that lapsed.
+fn prune(notes: &mut Vec<Note>, now: Instant) {
+    notes.retain(|n| n.until.is_none_or(|t| t > now));
+}
+
+/// Whether the MONITOR line `line`, read from a connection to `node`, shows a command the
+/// proxy ran on its own account.
+pub(crate) fn is_own(node: SocketAddr, line: &[u8]) -> bool {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let Some((local, name)) = parse(line) else {
+        return false;
+    };
+    let mut notes = notes();
+    let now = Instant::now();
+    prune(&mut notes, now);
+    COUNT.store(notes.len(), Ordering::Relaxed);
+    notes.iter().any(|n| {
+        n.node == node
+            && n.local.as_bytes() == local
+            && match n.says {
+                Says::Everything => true,
+                Says::Handshake { with_login } => {
+                    let names = if with_login { HANDSHAKE } else { SELECT_ONLY };
+                    names.contains(&name)
+                }
+            }
+    })
+}
+
+/// A MONITOR line's client address and command name: `+<time> [<db> <addr>] "<name>" …`.
+/// `None` for a line of another shape (a script's `[0 lua]` has no port, and matches no note
+/// anyway).
+fn parse(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let open = line.iter().position(|&b| b == b'[')?;
+    let rest = &line[open + 1..];
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let rest = &rest[space + 1..];
+    // `] "` ends the address: an IPv6 address's own `]` is followed by `:`.
+    let end = rest.windows(3).position(|w| w == b"] \"")?;
+    let addr = &rest[..end];
+    let rest = &rest[end + 3..];
+    let close = rest.iter().position(|&b| b == b'"')?;
+    Some((addr, &rest[..close]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_line_is_read_for_its_address_and_name() {
+        let line = b"+1796684989.703528 [0 127.0.0.1:44084] \"HELLO\" \"2\"\r\n";
+        assert_eq!(
+            parse(line),
+            Some((b"127.0.0.1:44084".as_slice(), b"HELLO".as_slice()))
+        );
+        let v6 = b"+1.0 [12 [::1]:6001] \"set\" \"a\" \"]\"\r\n";
+        assert_eq!(
+            parse(v6),
+            Some((b"[::1]:6001".as_slice(), b"set".as_slice()))
+        );
+        assert_eq!(parse(b"+1.0 [0 lua] \"get\" \"k\"\r\n").unwrap().0, b"lua");
+        assert_eq!(parse(b"+OK\r\n"), None);
+    }
+
+    #[test]
+    fn a_handshake_hides_its_own_names_only_and_lapses() {
+        let node = addr("127.0.0.1:7001");
+        let local = addr("127.0.0.1:50001");
+        let hello = b"+1.0 [0 127.0.0.1:50001] \"HELLO\" \"3\"\r\n";
+        let auth = b"+1.0 [0 127.0.0.1:50001] \"AUTH\" \"(redacted)\"\r\n";
+        let set = b"+1.0 [0 127.0.0.1:50001] \"SET\" \"k\" \"v\"\r\n";
+        let other_port = b"+1.0 [0 127.0.0.1:50002] \"HELLO\" \"3\"\r\n";
+        {
+            let _guard = speaking(
+                Some(node),
+                Some(local),
+                Says::Handshake { with_login: true },
+            );
+            assert!(is_own(node, hello));
+            assert!(is_own(node, auth));
+            assert!(!is_own(node, set), "a client's command is shown");
+            assert!(!is_own(node, other_port));
+            assert!(
+                !is_own(addr("127.0.0.1:7002"), hello),
+                "the same port towards another node is another connection"
+            );
+        }
+        // Dropped: still hidden within the grace.
+        assert!(is_own(node, hello));
+        let id = notes().iter().find(|n| n.node == node).map(|n| n.id);
+        for note in notes().iter_mut().filter(|n| Some(n.id) == id) {
+            note.until = Some(Instant::now() - Duration::from_millis(1));
+        }
+        assert!(!is_own(node, hello), "lapsed");
+        assert!(notes().iter().all(|n| Some(n.id) != id), "pruned");
+    }
+
+    #[test]
+    fn a_raw_connection_hides_only_its_select_and_a_control_one_everything() {
+        let node = addr("127.0.0.1:7003");
+        let raw = speaking(
+            Some(node),
+            Some(addr("127.0.0.1:50011")),
+            Says::Handshake { with_login: false },
+        );
+        assert!(is_own(
+            node,
+            b"+1.0 [0 127.0.0.1:50011] \"SELECT\" \"2\"\r\n"
+        ));
+        assert!(!is_own(
+            node,
+            b"+1.0 [2 127.0.0.1:50011] \"AUTH\" \"x\"\r\n"
+        ));
+        let control = speaking(Some(node), Some(addr("127.0.0.1:50012")), Says::Everything);
+        assert!(is_own(
+            node,
+            b"+1.0 [0 127.0.0.1:50012] \"INFO\" \"server\"\r\n"
+        ));
+        drop((raw, control));
+        assert!(
+            speaking(None, Some(addr("127.0.0.1:1")), Says::Everything)
+                .id
+                .is_none()
+        );
+    }
+}
