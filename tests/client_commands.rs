@@ -308,3 +308,77 @@ async fn tracking_redirect_to_a_client_without_its_own_connection() {
     // The target's own commands are answered as before, in order.
     assert_eq!(target.call(&["ECHO", "still"]).await, b"$5\r\nstill\r\n");
 }
+
+/// The number a client asks `connected_clients` of the whole INFO, or of `INFO clients`.
+async fn connected_clients(c: &mut Raw, args: &[&str]) -> (usize, String) {
+    let info = text(&c.call(args).await);
+    let count = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .unwrap_or_else(|| panic!("no connected_clients in {info}"))
+        .trim()
+        .parse()
+        .unwrap();
+    (count, info)
+}
+
+/// INFO's `connected_clients` counts the proxy's clients, the ones CLIENT LIST shows and
+/// CLIENT KILL names (Redis's own count, of the proxy's upstream connections, is in the
+/// proxy's section as `proxy_upstream_connected_clients`), so `CLIENT KILL SKIPME yes`
+/// closes that many less one, as Redis's own `unit/introspection` expects. Before, INFO
+/// counted Redis's connections: 11 against the 3 clients here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_counts_the_proxys_clients_as_client_kill_names_them() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::to(&redis).await;
+    let mut me = Raw::connect(proxy.addr).await;
+    let mut others = vec![resp3(&proxy).await, resp3(&proxy).await];
+    // The readiness probe's connections leave the list as their sessions end.
+    let until = std::time::Instant::now() + DEADLINE;
+    let info = loop {
+        let (count, info) = connected_clients(&mut me, &["INFO"]).await;
+        if count == 3 {
+            break info;
+        }
+        assert!(std::time::Instant::now() < until, "{info}");
+        tokio::time::sleep(POLL).await;
+    };
+    let upstream = info
+        .lines()
+        .find_map(|l| l.strip_prefix("proxy_upstream_connected_clients:"))
+        .unwrap_or_else(|| panic!("no upstream count in {info}"));
+    let direct = text(&redis.direct(&["INFO", "clients"]).await);
+    assert!(
+        upstream.trim().parse::<usize>().unwrap() >= 2,
+        "Redis's count of the proxy's connections: {upstream}; directly {direct}"
+    );
+    assert_eq!(connected_clients(&mut me, &["INFO", "clients"]).await.0, 3);
+    let (count, resp3_info) = connected_clients(&mut others[0], &["INFO", "CLIENTS"]).await;
+    assert_eq!(count, 3, "{resp3_info}");
+    assert!(
+        !resp3_info.contains("# Proxy"),
+        "INFO clients is Redis's section alone"
+    );
+
+    assert_eq!(
+        text(&me.call(&["CLIENT", "KILL", "SKIPME", "yes"]).await),
+        ":2\r\n"
+    );
+    for c in &mut others {
+        assert!(closed(c).await, "not closed");
+    }
+    wait_count(&mut me, 1).await;
+}
+
+/// Polls INFO until `connected_clients` is `want`.
+async fn wait_count(c: &mut Raw, want: usize) {
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (count, info) = connected_clients(c, &["INFO", "clients"]).await;
+        if count == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "want {want}: {info}");
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -272,6 +272,16 @@ impl ClientList {
         outcome
     }
 
+    /// How many clients of `tenant` are connected and not being closed: INFO's
+    /// `connected_clients` as a client of the proxy counts them, the clients CLIENT KILL can
+    /// name.
+    pub(super) fn connected(&self, tenant: u16) -> usize {
+        self.0
+            .iter()
+            .filter(|e| e.value().tenant == tenant && !e.value().live.killed())
+            .count()
+    }
+
     /// Asks client `id` (of `tenant`) for the upstream id of its dedicated connection, which
     /// its session opens if it has none; `None` when there is no such client in the tenant.
     /// The session is woken through `wake`.

@@ -44,8 +44,12 @@ pub(super) enum Effect {
     /// CLIENT INFO: the reply describes the upstream connection; rewrite it to describe the
     /// client (id, name, addresses).
     ClientInfo,
-    /// INFO asking for the default sections (or `proxy`): append the `# Proxy` section.
+    /// INFO asking for the default sections (or `proxy`): append the `# Proxy` section, and
+    /// `connected_clients` counts the proxy's clients (`replies::info_as_seen`).
     Info,
+    /// INFO naming `clients` but none of the sets `Info` is for: `connected_clients` counts
+    /// the proxy's clients, as it does in the default sections.
+    InfoClients,
     /// CONFIG GET: the secret parameters' pairs are removed from the reply (`config_get`).
     ConfigGet,
     /// EXEC of a transaction in which the policy refused a command: DISCARD it upstream and
@@ -100,6 +104,7 @@ impl Effect {
                 | Effect::Hello(_)
                 | Effect::ClientInfo
                 | Effect::Info
+                | Effect::InfoClients
                 | Effect::ConfigGet
                 | Effect::AbortExec
                 | Effect::EndMulti

@@ -268,7 +268,9 @@ impl Session {
                 self.ctx.client_ids.client(upstream)
             })
         } else if handling.info {
-            replies::append_to_text(data, &self.proxy_info())
+            let clients = self.ctx.client_list.connected(self.client.tenant);
+            let section = handling.info_section.then(|| self.proxy_info());
+            replies::info_as_seen(data, section.as_deref(), clients)
         } else if handling.config_get {
             super::config_get::without_secrets(data)
         } else if handling.hello {

@@ -131,14 +131,39 @@ pub(super) fn text_reply(verbatim: bool, text: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// An INFO reply with `section` appended after Redis's sections (separated by a blank line,
-/// as Redis separates its own); anything but a text reply is returned as is.
-pub(super) fn append_to_text(data: Bytes, section: &str) -> Bytes {
+/// An INFO reply as a client of the proxy sees it: `connected_clients` counts `clients`, the
+/// proxy's clients that CLIENT LIST shows and CLIENT KILL can name (Redis's own count is of
+/// the proxy's upstream connections, which no client can tell apart: the proxy's section
+/// gives it as `proxy_upstream_connected_clients`), and `section` is appended after Redis's
+/// sections (separated by a blank line, as Redis separates its own); anything but a text
+/// reply is returned as is.
+pub(crate) fn info_as_seen(data: Bytes, section: Option<&str>, clients: usize) -> Bytes {
     let Some((verbatim, body)) = text_of(&data) else {
         return data;
     };
-    let mut text = Vec::with_capacity(body.len() + section.len() + 4);
-    text.extend_from_slice(body);
+    let mut text = Vec::with_capacity(body.len() + section.map_or(0, str::len) + 48);
+    const FIELD: &[u8] = b"connected_clients:";
+    let mut upstream: &[u8] = b"";
+    match memchr::memmem::find(body, FIELD)
+        .filter(|&at| at == 0 || body[at - 1] == b'\n')
+        .map(|at| at + FIELD.len())
+    {
+        Some(value) => {
+            let end = value
+                + body[value..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+            upstream = &body[value..end];
+            text.extend_from_slice(&body[..value]);
+            text.extend_from_slice(clients.to_string().as_bytes());
+            text.extend_from_slice(&body[end..]);
+        }
+        None => text.extend_from_slice(body),
+    }
+    let Some(section) = section else {
+        return text_reply(verbatim, &text);
+    };
     if !text.is_empty() && !text.ends_with(b"\r\n\r\n") {
         if !text.ends_with(b"\r\n") {
             text.extend_from_slice(b"\r\n");
@@ -146,6 +171,11 @@ pub(super) fn append_to_text(data: Bytes, section: &str) -> Bytes {
         text.extend_from_slice(b"\r\n");
     }
     text.extend_from_slice(section.as_bytes());
+    if !upstream.is_empty() {
+        text.extend_from_slice(b"proxy_upstream_connected_clients:");
+        text.extend_from_slice(upstream);
+        text.extend_from_slice(b"\r\n");
+    }
     text_reply(verbatim, &text)
 }
 
@@ -202,6 +232,35 @@ mod tests {
     use super::*;
     use crate::protocol::codec::{CodecLimits, Decoded};
     use crate::session::reply_queue::WAIT_BARRIER;
+
+    #[test]
+    fn info_counts_the_proxys_clients_and_gains_its_section() {
+        let info =
+            "# Clients\r\nconnected_clients:11\r\ncluster_connections:0\r\nmaxclients:10000\r\n";
+        let bulk = Bytes::from(format!("${}\r\n{info}\r\n", info.len()));
+        let seen = info_as_seen(bulk, Some("# Proxy\r\nproxy_version:1\r\n"), 3);
+        let (verbatim, text) = text_of(&seen).unwrap();
+        assert!(!verbatim);
+        assert_eq!(
+            std::str::from_utf8(text).unwrap(),
+            "# Clients\r\nconnected_clients:3\r\ncluster_connections:0\r\nmaxclients:10000\r\n\r\n# Proxy\r\nproxy_version:1\r\nproxy_upstream_connected_clients:11\r\n"
+        );
+        // RESP3's verbatim string keeps its kind; a section without the field is kept whole.
+        let memory = "# Memory\r\nused_memory:1\r\n";
+        let verbatim = Bytes::from(format!("={}\r\ntxt:{memory}\r\n", memory.len() + 4));
+        let seen = info_as_seen(verbatim, Some("# Proxy\r\n"), 3);
+        let (verbatim, text) = text_of(&seen).unwrap();
+        assert!(verbatim);
+        assert!(text.starts_with(memory.as_bytes()));
+        // INFO clients: the count alone.
+        let bulk = Bytes::from(format!("${}\r\n{info}\r\n", info.len()));
+        let seen = info_as_seen(bulk, None, 0);
+        let text = std::str::from_utf8(text_of(&seen).unwrap().1).unwrap();
+        assert_eq!(text, info.replace(":11", ":0"));
+        // An error is returned as is.
+        let error = Bytes::from_static(b"-ERR x\r\n");
+        assert_eq!(info_as_seen(error.clone(), Some("# Proxy\r\n"), 3), error);
+    }
 
     #[test]
     fn wait_barrier_is_one_well_formed_command() {

@@ -95,8 +95,10 @@ pub(super) struct Handling {
     /// (`hello_as_seen`); in cluster mode it said `mode: cluster` (state fuzzer), which makes
     /// a client switch to cluster mode and ask for CLUSTER SLOTS.
     pub(super) hello: bool,
-    /// INFO: append the proxy's section to the upstream's text.
+    /// INFO: `connected_clients` made the proxy's count (`replies::info_as_seen`).
     pub(super) info: bool,
+    /// INFO of the default sections (or `proxy`): the proxy's section appended too.
+    pub(super) info_section: bool,
     /// CONFIG GET: remove the secret parameters from the reply.
     pub(super) config_get: bool,
     /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,

@@ -891,15 +891,21 @@ fn forward(target: Target, effect: Effect) -> Action {
 }
 
 /// Whether INFO gets the proxy's section: sections named explicitly (`INFO memory`) are
-/// Redis's alone; the default set, `all`, `everything` and `proxy` include the proxy's.
+/// Redis's alone; the default set, `all`, `everything` and `proxy` include the proxy's. Any
+/// of those or `clients` shows the proxy's count of clients.
 fn info_effect(args: &Args<'_>) -> Effect {
-    let ours = args.len() == 1
-        || args.iter().skip(1).any(|a| {
-            [&b"default"[..], b"all", b"everything", b"proxy"]
-                .iter()
-                .any(|s| a.eq_ignore_ascii_case(s))
-        });
-    if ours { Effect::Info } else { Effect::None }
+    let named = |names: &[&[u8]]| {
+        args.iter()
+            .skip(1)
+            .any(|a| names.iter().any(|s| a.eq_ignore_ascii_case(s)))
+    };
+    if args.len() == 1 || named(&[b"default", b"all", b"everything", b"proxy"]) {
+        Effect::Info
+    } else if named(&[b"clients"]) {
+        Effect::InfoClients
+    } else {
+        Effect::None
+    }
 }
 
 /// A command or subcommand name with a NUL byte in it, answered as Redis answers an unknown

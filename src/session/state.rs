@@ -199,6 +199,7 @@ impl Session {
             | Effect::Wait(_)
             | Effect::ClientInfo
             | Effect::Info
+            | Effect::InfoClients
             | Effect::ConfigGet => {}
             Effect::AbortExec => self.apply(Effect::EndMulti),
             // Waited for only once sent (`send_failed` resets at once).

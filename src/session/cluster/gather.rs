@@ -272,10 +272,14 @@ impl ClusterSession<'_> {
     /// A fan-out's merged reply as the client gets it: with the proxy's own INFO section
     /// and without the tenant's namespace, neither added to an error.
     fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
-        let merged = if fanout.proxy_section && merged.first() != Some(&b'-') {
-            crate::session::replies::append_to_text(
+        let merged = if fanout.clients && merged.first() != Some(&b'-') {
+            let section = fanout
+                .proxy_section
+                .then(|| proxy_info(self.ctx, self.client, Some(self.cluster.router.read_from())));
+            crate::session::replies::info_as_seen(
                 merged,
-                &proxy_info(self.ctx, self.client, Some(self.cluster.router.read_from())),
+                section.as_deref(),
+                self.ctx.client_list.connected(self.client.tenant),
             )
         } else {
             merged
@@ -348,6 +352,7 @@ impl ClusterView<'_> {
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
             proxy_section: effect == Effect::Info,
+            clients: matches!(effect, Effect::Info | Effect::InfoClients),
             blocking: merge == Merge::Min,
             wait: match effect {
                 Effect::Wait(wait) => wait,

@@ -88,6 +88,8 @@ pub(in crate::session) struct Fanout {
     pub(super) strip: Option<Box<Strip>>,
     /// INFO with the default sections: the proxy's own section is appended.
     pub(super) proxy_section: bool,
+    /// INFO with the default sections or `clients`: `connected_clients` is the proxy's count.
+    pub(super) clients: bool,
     /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
     /// `WAIT_BARRIER`, whose reply is dropped.
     pub(super) blocking: bool,
