@@ -307,6 +307,22 @@ async fn tracking_redirect_to_a_client_without_its_own_connection() {
     );
     // The target's own commands are answered as before, in order.
     assert_eq!(target.call(&["ECHO", "still"]).await, b"$5\r\nstill\r\n");
+
+    // The target leaves: Redis tells the tracker the redirect broke, and CLIENT
+    // TRACKINGINFO still names the target, by the id the tracker gave (Redis names the
+    // connection that is gone; the proxy maps it back though its client left).
+    assert_eq!(tracker.call(&["GET", "k"]).await, b"$1\r\nw\r\n");
+    assert_eq!(target.call(&["QUIT"]).await, b"+OK\r\n");
+    assert!(closed(&mut target).await);
+    redis.direct(&["SET", "k", "x"]).await;
+    let broken = text(&tracker.read_frame().await);
+    assert!(broken.contains("tracking-redir-broken"), "{broken}");
+    let info = text(&tracker.call(&["CLIENT", "TRACKINGINFO"]).await);
+    assert!(info.contains("broken_redirect\r\n"), "{info}");
+    assert!(
+        info.contains(&format!("$8\r\nredirect\r\n:{id}\r\n")),
+        "redirect named {id}: {info}"
+    );
 }
 
 /// The number a client asks `connected_clients` of the whole INFO, or of `INFO clients`.

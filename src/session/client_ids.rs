@@ -17,9 +17,16 @@
 //! every primary can name, on each node, the connection there that gets the invalidations
 //! (`cluster::tracking`).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
+
+/// How many gone connections [`ClientIds::client`] still names: Redis keeps naming a
+/// redirect target that quit (`CLIENT TRACKINGINFO`'s `redirect` with `broken_redirect`) until
+/// the tracker turns tracking off, and the client knows that target by its proxy id. A
+/// bounded memory of the latest, as such a question comes soon after the target left.
+const GONE: usize = 256;
 
 /// A client's dedicated connection as Redis knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +47,8 @@ pub(crate) struct ClientIds {
     client: DashMap<Upstream, u64>,
     /// (Proxy id, node) → Redis's id of the client's listener there (module comment).
     listeners: DashMap<(u64, u16), u64>,
+    /// The latest connections that went, with their clients' ids, newest last ([`GONE`]).
+    gone: Mutex<VecDeque<(Upstream, u64)>>,
 }
 
 impl ClientIds {
@@ -48,9 +57,17 @@ impl ClientIds {
         self.upstream.get(&client).map(|u| *u)
     }
 
-    /// The proxy's id of the client whose dedicated connection is `upstream`.
+    /// The proxy's id of the client whose dedicated connection is (or, among the latest
+    /// [`GONE`], was) `upstream`.
     pub(crate) fn client(&self, upstream: Upstream) -> Option<u64> {
-        self.client.get(&upstream).map(|id| *id)
+        if let Some(id) = self.client.get(&upstream) {
+            return Some(*id);
+        }
+        let gone = self.gone.lock().unwrap_or_else(PoisonError::into_inner);
+        gone.iter()
+            .rev()
+            .find(|(u, _)| *u == upstream)
+            .map(|(_, id)| *id)
     }
 
     /// Redis's id, on `node`, of the connection of `client` that hears what its own
@@ -126,7 +143,13 @@ impl Drop for Registration {
         } else {
             ids.upstream.remove_if(client, |_, u| u == upstream);
         }
-        ids.client.remove_if(upstream, |_, c| c == client);
+        if ids.client.remove_if(upstream, |_, c| c == client).is_some() {
+            let mut gone = ids.gone.lock().unwrap_or_else(PoisonError::into_inner);
+            if gone.len() == GONE {
+                gone.pop_front();
+            }
+            gone.push_back((*upstream, *client));
+        }
     }
 }
 
@@ -148,10 +171,21 @@ mod tests {
             Some(on(0, 101)),
             "a replaced connection keeps the new one"
         );
-        assert_eq!(ids.client(on(0, 100)), None);
+        assert_eq!(
+            ids.client(on(0, 100)),
+            Some(7),
+            "a gone connection still names its client"
+        );
         drop(second);
         assert_eq!(ids.upstream(7), None);
+        assert_eq!(ids.client(on(0, 101)), Some(7));
+        assert_eq!(ids.client(on(1, 101)), None, "another node's never was");
+        // Only the latest are remembered.
+        for id in 0..GONE as u64 {
+            drop(ids.register(9, on(0, 1000 + id)));
+        }
         assert_eq!(ids.client(on(0, 101)), None);
+        assert_eq!(ids.client(on(0, 1000 + GONE as u64 - 1)), Some(9));
     }
 
     #[test]
@@ -164,6 +198,7 @@ mod tests {
         assert_eq!(ids.client(on(2, 100)), Some(8));
         drop(b);
         assert_eq!(ids.client(on(1, 100)), Some(7), "the other node's is kept");
+        assert_eq!(ids.client(on(2, 100)), Some(8), "the gone one still named");
         assert_eq!(ids.upstream(7), Some(on(1, 100)));
     }
 
@@ -180,7 +215,7 @@ mod tests {
         assert_eq!(ids.upstream(7), Some(on(1, 100)), "not the dedicated one");
         drop(other);
         assert_eq!(ids.on_node(7, 2), None);
-        assert_eq!(ids.client(on(2, 40)), None);
+        assert_eq!(ids.client(on(2, 40)), Some(7), "gone, still named");
         assert_eq!(ids.on_node(7, 1), Some(100));
         drop(home);
         assert_eq!(ids.on_node(7, 1), None);
