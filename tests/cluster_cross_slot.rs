@@ -1041,4 +1041,30 @@ async fn xread_block_across_slots_waits_for_any_stream() {
     drop(gone);
     common::cluster::wait_blocked_on(&primaries, 0).await;
     assert_eq!(writer.call(&["PING"]).await, b"+PONG\r\n");
+
+    // Another client's CLIENT UNBLOCK ends it as one Redis would: a null (TIMEOUT, the
+    // default) or the -UNBLOCKED error, and every slot's connection closes.
+    for (how, want) in [
+        (None, &b"*-1\r\n"[..]),
+        (
+            Some("ERROR"),
+            b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n",
+        ),
+    ] {
+        let mut blocked = Raw::connect(proxy.addr).await;
+        let id = String::from_utf8(blocked.call(&["CLIENT", "ID"]).await).unwrap();
+        let id = id.trim_start_matches(':').trim_end().to_string();
+        blocked
+            .send(&common::resp(&[
+                "XREAD", "BLOCK", "0", "STREAMS", s[0], s[2], "$", "$",
+            ]))
+            .await;
+        common::cluster::wait_blocked_on(&primaries, 2).await;
+        let mut unblock = vec!["CLIENT", "UNBLOCK", id.as_str()];
+        unblock.extend(how);
+        assert_eq!(writer.call(&unblock).await, b":1\r\n", "{how:?}");
+        assert_eq!(blocked.read_frame().await, want, "{how:?}");
+        common::cluster::wait_blocked_on(&primaries, 0).await;
+        assert_eq!(blocked.call(&["PING"]).await, b"+PONG\r\n");
+    }
 }

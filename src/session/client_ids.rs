@@ -47,6 +47,10 @@ pub(crate) struct ClientIds {
     client: DashMap<Upstream, u64>,
     /// (Proxy id, node) → Redis's id of the client's listener there (module comment).
     listeners: DashMap<(u64, u16), u64>,
+    /// Proxy id → the connection a client's XREAD … BLOCK across slots waits on (one of
+    /// its one-off connections, `cluster::blocking_read`), for another client's `CLIENT
+    /// UNBLOCK` alone: a REDIRECT there would break when the read ends.
+    blocked: DashMap<u64, Upstream>,
     /// The latest connections that went, with their clients' ids, newest last ([`GONE`]).
     gone: Mutex<VecDeque<(Upstream, u64)>>,
 }
@@ -70,6 +74,15 @@ impl ClientIds {
             .map(|(_, id)| *id)
     }
 
+    /// The connection a `CLIENT UNBLOCK` of `client` must reach: the one its raced blocking
+    /// read waits on, else its dedicated connection.
+    pub(crate) fn unblockable(&self, client: u64) -> Option<Upstream> {
+        match self.blocked.get(&client) {
+            Some(u) => Some(*u),
+            None => self.upstream(client),
+        }
+    }
+
     /// Redis's id, on `node`, of the connection of `client` that hears what its own
     /// connection would there: its dedicated connection if that is on `node`, else its
     /// listener there.
@@ -84,7 +97,23 @@ impl ClientIds {
     /// is dropped (with the connection).
     pub(crate) fn register(self: &Arc<Self>, client: u64, upstream: Upstream) -> Registration {
         self.upstream.insert(client, upstream);
-        self.entry(client, upstream, false)
+        self.entry(client, upstream, Kind::Dedicated)
+    }
+
+    /// Records `upstream` as the connection `client`'s raced blocking read waits on, for
+    /// `CLIENT UNBLOCK` (`unblockable`), until the returned value is dropped.
+    pub(crate) fn register_blocked(
+        self: &Arc<Self>,
+        client: u64,
+        upstream: Upstream,
+    ) -> Registration {
+        self.blocked.insert(client, upstream);
+        Registration(Box::new(Entry {
+            ids: self.clone(),
+            client,
+            upstream,
+            kind: Kind::Blocked,
+        }))
     }
 
     /// Records `upstream` as `client`'s listener on its node (module comment) until the
@@ -95,17 +124,17 @@ impl ClientIds {
         upstream: Upstream,
     ) -> Registration {
         self.listeners.insert((client, upstream.node), upstream.id);
-        self.entry(client, upstream, true)
+        self.entry(client, upstream, Kind::Listener)
     }
 
     /// The reverse entry, and what removes both.
-    fn entry(self: &Arc<Self>, client: u64, upstream: Upstream, listener: bool) -> Registration {
+    fn entry(self: &Arc<Self>, client: u64, upstream: Upstream, kind: Kind) -> Registration {
         self.client.insert(upstream, client);
         Registration(Box::new(Entry {
             ids: self.clone(),
             client,
             upstream,
-            listener,
+            kind,
         }))
     }
 }
@@ -125,8 +154,19 @@ struct Entry {
     /// The connection: the entry is removed only while it still names this one (a newer
     /// connection of the same client may have replaced it).
     upstream: Upstream,
-    /// A listener's entry (`ClientIds::listeners`), not the dedicated connection's.
-    listener: bool,
+    /// Which map holds it.
+    kind: Kind,
+}
+
+/// Which of [`ClientIds`]'s maps an [`Entry`] is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `upstream` (and `client`): the client's dedicated connection.
+    Dedicated,
+    /// `listeners` (and `client`).
+    Listener,
+    /// `blocked` alone.
+    Blocked,
 }
 
 impl Drop for Registration {
@@ -135,13 +175,20 @@ impl Drop for Registration {
             ids,
             client,
             upstream,
-            listener,
+            kind,
         } = &*self.0;
-        if *listener {
-            ids.listeners
-                .remove_if(&(*client, upstream.node), |_, id| *id == upstream.id);
-        } else {
-            ids.upstream.remove_if(client, |_, u| u == upstream);
+        match kind {
+            Kind::Listener => {
+                ids.listeners
+                    .remove_if(&(*client, upstream.node), |_, id| *id == upstream.id);
+            }
+            Kind::Dedicated => {
+                ids.upstream.remove_if(client, |_, u| u == upstream);
+            }
+            Kind::Blocked => {
+                ids.blocked.remove_if(client, |_, u| u == upstream);
+                return;
+            }
         }
         if ids.client.remove_if(upstream, |_, c| c == client).is_some() {
             let mut gone = ids.gone.lock().unwrap_or_else(PoisonError::into_inner);
@@ -186,6 +233,26 @@ mod tests {
         }
         assert_eq!(ids.client(on(0, 101)), None);
         assert_eq!(ids.client(on(0, 1000 + GONE as u64 - 1)), Some(9));
+    }
+
+    #[test]
+    fn a_raced_read_is_unblocked_where_it_waits_and_redirected_to_nowhere() {
+        let ids = Arc::new(ClientIds::default());
+        let on = |node, id| Upstream { node, id };
+        assert_eq!(ids.unblockable(7), None);
+        let own = ids.register(7, on(1, 100));
+        let waits = ids.register_blocked(7, on(2, 55));
+        assert_eq!(ids.unblockable(7), Some(on(2, 55)));
+        assert_eq!(
+            ids.upstream(7),
+            Some(on(1, 100)),
+            "REDIRECT goes on as before"
+        );
+        assert_eq!(ids.client(on(2, 55)), None);
+        drop(waits);
+        assert_eq!(ids.unblockable(7), Some(on(1, 100)));
+        drop(own);
+        assert_eq!(ids.unblockable(7), None);
     }
 
     #[test]

@@ -665,10 +665,10 @@ impl Session {
                 if let Some(summon) = self.summon_for(args, &redirects, target) {
                     return Action::Summon(Box::new(summon));
                 }
-                self.with_upstream_ids(args, &redirects, target, Effect::ConnectionState)
+                self.with_upstream_ids(args, &redirects, target, Effect::ConnectionState, false)
             }
             ClientSub::Unblock if args.len() >= 3 => {
-                self.with_upstream_ids(args, &[2], current, Effect::None)
+                self.with_upstream_ids(args, &[2], current, Effect::None, true)
             }
             ClientSub::Pause if args.len() >= 3 => forward(current, pause_effect(args)),
             ClientSub::Unpause => forward(current, Effect::Unpause),
@@ -799,24 +799,29 @@ impl Session {
     /// acting on an unrelated upstream connection that happens to carry the id (one of the
     /// proxy's shared ones), or on another tenant's client. In cluster mode the connection
     /// must also be one the command can reach from its node (`toward_named`, in
-    /// `cluster::place`).
+    /// `cluster::place`). `unblock`: CLIENT UNBLOCK, which also reaches the connection a
+    /// client's XREAD … BLOCK across slots waits on (`ClientIds::unblockable`).
     fn with_upstream_ids(
         &self,
         args: &Args<'_>,
         positions: &[usize],
         mut target: Target,
         mut effect: Effect,
+        unblock: bool,
     ) -> Action {
         let mapped: Vec<(usize, String)> = positions
             .iter()
             .filter_map(|&at| {
                 // Not an id Redis accepts: left for Redis's own error.
                 let id = codec::parse_int(args.get(at)).filter(|&id| id > 0)? as u64;
-                let named = self
-                    .ctx
-                    .client_ids
-                    .upstream(id)
-                    .filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
+                let ids = &self.ctx.client_ids;
+                let named = if unblock {
+                    ids.unblockable(id)
+                } else {
+                    ids.upstream(id)
+                };
+                let named =
+                    named.filter(|_| self.ctx.client_list.tenant(id) == Some(self.client.tenant));
                 let named = match (named, self.cluster_view()) {
                     (Some(named), Some(cluster)) => {
                         cluster.toward_named(named, target).map(|placed| {

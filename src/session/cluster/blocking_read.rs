@@ -8,6 +8,12 @@
 //! session keeps reading while it blocks: a client that leaves is noticed
 //! (`io::on_readable` cancels the task, which closes the connections, unblocking them
 //! upstream) instead of holding a connection per slot until an entry comes.
+//!
+//! Another client's `CLIENT UNBLOCK` of this client reaches the first slot's connection
+//! (`ClientIds::register_blocked`): Redis answers the XREAD there with its null (`TIMEOUT`)
+//! or its `-UNBLOCKED` error, which the race answers the client with, as one Redis would. So
+//! the first null ends the race: the slots' reads block for the same time, so the first to
+//! time out is every slot's timeout.
 
 use super::ClusterSession;
 use super::again::may_redirect;
@@ -15,6 +21,7 @@ use super::plan::{BlockingRead, Split};
 use crate::protocol::answers;
 use crate::protocol::error::{ProxyError, UpstreamError, error_reply};
 use crate::session::client::ReplyMode;
+use crate::session::client_ids::{Registration, Upstream};
 use crate::session::conn::Target;
 use crate::session::reply_queue::{Handling, Slot, Unusual};
 use crate::upstream::{Batch, Expect, Reply, ReplyReceiver, ReplySender};
@@ -118,9 +125,18 @@ impl ClusterSession<'_> {
             if opened.tx.send(batch).await.is_err() {
                 return Err(unavailable("connection closed"));
             }
+            let named = match opened.upstream_id {
+                Some(id) if conns.is_empty() => Some(
+                    self.ctx
+                        .client_ids
+                        .register_blocked(self.client.id, Upstream { node: *node, id }),
+                ),
+                _ => None,
+            };
             conns.push(Held {
                 _tx: opened.tx,
                 _share: share,
+                _named: named,
             });
         }
         Ok((conns, rx))
@@ -133,6 +149,9 @@ struct Held {
     _tx: mpsc::Sender<Batch>,
     /// Counts the connection against the client's tenant while it lives (`tenant_quota`).
     _share: crate::session::tenant_quota::Share,
+    /// The first slot's: where another client's `CLIENT UNBLOCK` of this one goes (module
+    /// comment).
+    _named: Option<Registration>,
 }
 
 /// The task that waits for the slots' replies.
@@ -150,11 +169,10 @@ struct Race {
 }
 
 impl Race {
-    /// Waits for the first reply with entries, an error, or every slot's null (each timed
-    /// out), or for `cancelled` (the client left: its sender dropped); answers the session
-    /// and closes every connection.
+    /// Waits for the first reply: entries, an error, or a null (the slots timed out, or
+    /// another client's `CLIENT UNBLOCK`), or for `cancelled` (the client left: its sender
+    /// dropped); answers the session and closes every connection.
     async fn run(mut self, mut cancelled: oneshot::Receiver<()>) {
-        let mut left = self.conns.len();
         let data = loop {
             let msg = tokio::select! {
                 _ = &mut cancelled => break answers::blocking_read_cancelled(),
@@ -175,12 +193,6 @@ impl Race {
                 // could not follow. Nothing was read; it may send the command again.
                 self.router.refresh_soon();
                 break answers::blocking_read_moved();
-            }
-            if is_null(&data) {
-                left -= 1;
-                if left > 0 {
-                    continue;
-                }
             }
             break data;
         };
