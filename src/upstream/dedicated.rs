@@ -457,7 +457,10 @@ async fn confine(
     let _own = own_lines::speaking(
         stream.peer_addr(),
         stream.local_addr(),
-        own_lines::Says::Handshake { with_login: true },
+        own_lines::Says::Handshake(own_lines::Sent {
+            auth: true,
+            ..Default::default()
+        }),
     );
     let logged_in = match stream {
         UpstreamStream::Tcp(tcp) => log_in(&mut OnStream { stream: tcp, buf }, &user).await,

@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::address::Address;
-use super::own_lines::{self, Says};
+use super::own_lines::{self, Says, Sent};
 use super::tls::Tls;
 
 use crate::protocol::error::UpstreamError;
@@ -140,9 +140,12 @@ async fn connect_inner(
         own_lines::speaking(
             tcp.peer_addr().ok(),
             tcp.local_addr().ok(),
-            Says::Handshake {
-                with_login: proto.is_some(),
-            },
+            Says::Handshake(Sent {
+                hello: proto.is_some(),
+                readonly: proto.is_some() && spec.readonly,
+                select: spec.db != 0,
+                auth: false,
+            }),
         )
     });
     match &spec.tls {

@@ -19,8 +19,10 @@
 //!
 //! A handshake's note stays for [`GRACE`] after the handshake ends: Redis writes the
 //! monitor's line and the handshake's reply in the same turn of its loop, but the proxy may
-//! read the monitoring connection later. Within that time only the handshake's own command
-//! names are dropped, so a client's first commands on a fresh connection are shown.
+//! read the monitoring connection later. Within that time only the commands the handshake
+//! sent are dropped (by name), so a client's first commands on a fresh connection are shown
+//! (but for one it sends within those seconds that has a handshake command's name: a `HELLO`
+//! the proxy forwards, on a connection whose handshake sent one).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,21 +35,38 @@ use tokio::time::Instant;
 /// `HELLO` on that connection a moment later is shown.
 const GRACE: Duration = Duration::from_secs(3);
 
-/// The command names of a handshake, as the proxy spells them (`handshake::hello`,
-/// `script_login`).
-const HANDSHAKE: &[&[u8]] = &[b"HELLO", b"AUTH", b"READONLY", b"SELECT"];
+/// The commands a handshake may send, as the proxy spells them (`handshake::hello`,
+/// `script_login`): a [`Says::Handshake`] names the ones its connection sent, so a client's
+/// own `SELECT` on a fresh connection is shown when the handshake selected nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Sent {
+    /// `HELLO` (with the proxy's `AUTH` inside it, which Redis redacts).
+    pub(crate) hello: bool,
+    /// `READONLY` (a cluster whose reads may go to replicas).
+    pub(crate) readonly: bool,
+    /// `SELECT` (a route's database).
+    pub(crate) select: bool,
+    /// `AUTH` as the script user (`script_login`).
+    pub(crate) auth: bool,
+}
 
-/// The command name of a connection without handshake, whose client logs in itself: only
-/// the database a route selects for it.
-const SELECT_ONLY: &[&[u8]] = &[b"SELECT"];
+impl Sent {
+    /// Whether the command `name` is one of them.
+    fn names(self, name: &[u8]) -> bool {
+        (self.hello && name == b"HELLO")
+            || (self.readonly && name == b"READONLY")
+            || (self.select && name == b"SELECT")
+            || (self.auth && name == b"AUTH")
+    }
+}
 
 /// What of a connection's lines are the proxy's own.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Says {
     /// Every line: a control connection or a topology query carries nothing of a client's.
     Everything,
-    /// The handshake's commands (`with_login`: HELLO and the rest; without, SELECT only).
-    Handshake { with_login: bool },
+    /// The handshake's commands.
+    Handshake(Sent),
 }
 
 /// One connection that speaks on the proxy's account.
@@ -142,10 +161,7 @@ pub(crate) fn is_own(node: SocketAddr, line: &[u8]) -> bool {
             && n.local.as_bytes() == local
             && match n.says {
                 Says::Everything => true,
-                Says::Handshake { with_login } => {
-                    let names = if with_login { HANDSHAKE } else { SELECT_ONLY };
-                    names.contains(&name)
-                }
+                Says::Handshake(sent) => sent.names(name),
             }
     })
 }
@@ -199,14 +215,17 @@ mod tests {
         let set = b"+1.0 [0 127.0.0.1:50001] \"SET\" \"k\" \"v\"\r\n";
         let other_port = b"+1.0 [0 127.0.0.1:50002] \"HELLO\" \"3\"\r\n";
         {
-            let _guard = speaking(
-                Some(node),
-                Some(local),
-                Says::Handshake { with_login: true },
-            );
+            let sent = Sent {
+                hello: true,
+                auth: true,
+                ..Sent::default()
+            };
+            let _guard = speaking(Some(node), Some(local), Says::Handshake(sent));
             assert!(is_own(node, hello));
             assert!(is_own(node, auth));
             assert!(!is_own(node, set), "a client's command is shown");
+            let select = b"+1.0 [0 127.0.0.1:50001] \"SELECT\" \"1\"\r\n";
+            assert!(!is_own(node, select), "the handshake selected nothing");
             assert!(!is_own(node, other_port));
             assert!(
                 !is_own(addr("127.0.0.1:7002"), hello),
@@ -226,11 +245,19 @@ mod tests {
     #[test]
     fn a_raw_connection_hides_only_its_select_and_a_control_one_everything() {
         let node = addr("127.0.0.1:7003");
+        let select = Sent {
+            select: true,
+            ..Sent::default()
+        };
         let raw = speaking(
             Some(node),
             Some(addr("127.0.0.1:50011")),
-            Says::Handshake { with_login: false },
+            Says::Handshake(select),
         );
+        assert!(!is_own(
+            node,
+            b"+1.0 [2 127.0.0.1:50011] \"HELLO\" \"3\"\r\n"
+        ));
         assert!(is_own(
             node,
             b"+1.0 [0 127.0.0.1:50011] \"SELECT\" \"2\"\r\n"
