@@ -353,10 +353,10 @@ async fn refill(dedicated: Weak<Dedicated>, index: usize) {
                 .upgrade()
                 .is_some_and(|d| d.ready()[index] > d.limits.warm / 2)
         {
-            // Over half the stock is left: refill a moment later, not at once. A new
-            // connection's HELLO shows in MONITOR, and a client that just started monitoring
-            // expects to see the commands it is about to run, not the proxy's handshake
-            // (Redis's own suite checks that). A further take cuts the wait short.
+            // Over half the stock is left: refill a moment later, not at once, so a burst of
+            // takes is refilled by one round of dials. (It once also kept a refill's HELLO
+            // out of a MONITOR just opened; `own_lines` hides those lines now.) A further
+            // take cuts the wait short.
             tokio::select! {
                 () = tokio::time::sleep(REFILL_DELAY) => {}
                 () = notify.notified() => {}
