@@ -317,6 +317,52 @@ async fn monitor_shows_clients_commands_and_none_of_the_proxys_own() {
     direct.kill().await;
 }
 
+/// A Redis-counted rate limit runs the proxy's script (EVALSHA on its control connection)
+/// for every command it judges: MONITOR through the proxy shows neither that line nor the
+/// script's calls (the `[0 lua]` lines after it), which a MONITOR on Redis shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_shows_nothing_of_the_proxys_rate_limit_script() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "upstream:\n  address: {}\nrules:\n  - id: shared\n    rate_limit: {{requests: 1000, window_ms: 60000, per: address, backend: redis}}\n",
+        redis.addr()
+    );
+    let config =
+        redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("rl.yaml")).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut direct = CliProcess::spawn(redis.port, &["MONITOR"]);
+    assert_eq!(direct.next_line().await, "OK");
+    let mut via = CliProcess::spawn(proxy.port(), &["MONITOR"]);
+    assert_eq!(via.next_line().await, "OK");
+    let mut c = Raw::connect(proxy.addr).await;
+    for i in 0..3 {
+        let set = format!("SET limited {i}\r\n");
+        assert_eq!(c.request(set.as_bytes(), 1).await, b"+OK\r\n");
+    }
+    assert_eq!(c.request(b"SET monitor-marker 1\r\n", 1).await, b"+OK\r\n");
+    let marker = |l: &str| l.contains("\"monitor-marker\"");
+    let seen = direct.read_until(marker).await;
+    assert!(
+        seen.iter()
+            .any(|l| l.to_lowercase().contains("\"evalsha\""))
+            && seen.iter().any(|l| l.contains(" lua]")),
+        "Redis shows the limit's script and its calls: {seen:?}"
+    );
+    let shown = via.read_until(marker).await;
+    let clients: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("\"SET\"") && !l.contains(" lua]"))
+        .collect();
+    assert_eq!(clients.len(), 4, "{seen:?}");
+    assert_eq!(
+        shown.iter().collect::<Vec<_>>(),
+        clients,
+        "Redis showed {seen:?}"
+    );
+    via.kill().await;
+    direct.kill().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_receives_published_messages() {
     let redis = RedisServer::start();

@@ -93,6 +93,9 @@ struct PubSub {
     /// The node's socket address: a log line caused by one of the proxy's own connections to
     /// it is dropped (`own_lines`). Read once, when a dedicated connection starts.
     node: Option<SocketAddr>,
+    /// The last log line was one of the proxy's scripts or its calls: the `lua` lines that
+    /// follow are its calls (`own_lines::Judged::script_follows`).
+    in_own_script: bool,
 }
 
 impl PubSub {
@@ -440,10 +443,14 @@ impl Reader {
             if self.push.is_some() && self.is_push(&self.rbuf[start..start + len], pending) {
                 if self.pubsub.monitoring
                     && let Some(node) = self.pubsub.node
-                    && super::own_lines::is_own(node, &self.rbuf[start..start + len])
                 {
-                    self.skip(len);
-                    continue;
+                    let line = &self.rbuf[start..start + len];
+                    let judged = super::own_lines::judge(node, line, self.pubsub.in_own_script);
+                    self.pubsub.in_own_script = judged.script_follows;
+                    if judged.own {
+                        self.skip(len);
+                        continue;
+                    }
                 }
                 self.forward_push(len).await?;
                 continue;

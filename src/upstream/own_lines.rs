@@ -143,15 +143,60 @@ fn prune(notes: &mut Vec<Note>, now: Instant) {
     notes.retain(|n| n.until.is_none_or(|t| t > now));
 }
 
-/// Whether the MONITOR line `line`, read from a connection to `node`, shows a command the
-/// proxy ran on its own account.
-pub(crate) fn is_own(node: SocketAddr, line: &[u8]) -> bool {
+/// What a monitoring connection does with a line (`judge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Judged {
+    /// The line shows the proxy's own command: dropped.
+    pub(crate) own: bool,
+    /// It was one of the proxy's scripts (a Redis-counted rate limit's `EVALSHA`): the `lua`
+    /// lines right after it are that script's calls, the proxy's too. Redis writes a
+    /// script's line before its calls' (7.0 to 8.0, Valkey 9, 6.0 alike: checked by hand),
+    /// and no other command runs in between.
+    pub(crate) script_follows: bool,
+}
+
+/// How the MONITOR line `line`, read from a connection to `node`, is judged, the line before
+/// it having been one of the proxy's scripts or its calls (`after_own_script`).
+pub(crate) fn judge(node: SocketAddr, line: &[u8], after_own_script: bool) -> Judged {
+    let client = Judged {
+        own: false,
+        script_follows: false,
+    };
+    if !after_own_script && COUNT.load(Ordering::Relaxed) == 0 {
+        return client;
+    }
+    let Some((local, name)) = parse(line) else {
+        return client;
+    };
+    if local == b"lua" {
+        return Judged {
+            own: after_own_script,
+            script_follows: after_own_script,
+        };
+    }
+    let own = is_own(node, local, name);
+    Judged {
+        own,
+        script_follows: own && SCRIPTS.iter().any(|s| name.eq_ignore_ascii_case(s)),
+    }
+}
+
+/// The commands that run a script, whose calls MONITOR shows as `lua` lines after them.
+const SCRIPTS: [&[u8]; 6] = [
+    b"EVAL",
+    b"EVALSHA",
+    b"EVAL_RO",
+    b"EVALSHA_RO",
+    b"FCALL",
+    b"FCALL_RO",
+];
+
+/// Whether a line of the connection at `local` naming the command `name`, read from a
+/// connection to `node`, shows a command the proxy ran on its own account.
+fn is_own(node: SocketAddr, local: &[u8], name: &[u8]) -> bool {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let Some((local, name)) = parse(line) else {
-        return false;
-    };
     let mut notes = notes();
     let now = Instant::now();
     prune(&mut notes, now);
@@ -166,9 +211,8 @@ pub(crate) fn is_own(node: SocketAddr, line: &[u8]) -> bool {
     })
 }
 
-/// A MONITOR line's client address and command name: `+<time> [<db> <addr>] "<name>" …`.
-/// `None` for a line of another shape (a script's `[0 lua]` has no port, and matches no note
-/// anyway).
+/// A MONITOR line's client address and command name: `+<time> [<db> <addr>] "<name>" …`
+/// (a script's calls: `[<db> lua]`). `None` for a line of another shape.
 fn parse(line: &[u8]) -> Option<(&[u8], &[u8])> {
     let open = line.iter().position(|&b| b == b'[')?;
     let rest = &line[open + 1..];
@@ -188,6 +232,11 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// Whether `line` is dropped when it comes on its own.
+    fn hidden(node: SocketAddr, line: &[u8]) -> bool {
+        judge(node, line, false).own
     }
 
     #[test]
@@ -221,25 +270,49 @@ mod tests {
                 ..Sent::default()
             };
             let _guard = speaking(Some(node), Some(local), Says::Handshake(sent));
-            assert!(is_own(node, hello));
-            assert!(is_own(node, auth));
-            assert!(!is_own(node, set), "a client's command is shown");
+            assert!(hidden(node, hello));
+            assert!(hidden(node, auth));
+            assert!(!hidden(node, set), "a client's command is shown");
             let select = b"+1.0 [0 127.0.0.1:50001] \"SELECT\" \"1\"\r\n";
-            assert!(!is_own(node, select), "the handshake selected nothing");
-            assert!(!is_own(node, other_port));
+            assert!(!hidden(node, select), "the handshake selected nothing");
+            assert!(!hidden(node, other_port));
             assert!(
-                !is_own(addr("127.0.0.1:7002"), hello),
+                !hidden(addr("127.0.0.1:7002"), hello),
                 "the same port towards another node is another connection"
             );
         }
         // Dropped: still hidden within the grace.
-        assert!(is_own(node, hello));
+        assert!(hidden(node, hello));
         let id = notes().iter().find(|n| n.node == node).map(|n| n.id);
         for note in notes().iter_mut().filter(|n| Some(n.id) == id) {
             note.until = Some(Instant::now() - Duration::from_millis(1));
         }
-        assert!(!is_own(node, hello), "lapsed");
+        assert!(!hidden(node, hello), "lapsed");
         assert!(notes().iter().all(|n| Some(n.id) != id), "pruned");
+    }
+
+    #[test]
+    fn the_calls_of_the_proxys_own_script_are_its_own_too() {
+        let node = addr("127.0.0.1:7004");
+        let _control = speaking(Some(node), Some(addr("127.0.0.1:50021")), Says::Everything);
+        let script = b"+1.0 [0 127.0.0.1:50021] \"EVALSHA\" \"abc\" \"1\" \"k\"\r\n";
+        let call = b"+1.0 [0 lua] \"hincrby\" \"k\" \"f\" \"1\"\r\n";
+        let client = b"+1.0 [0 127.0.0.1:50022] \"GET\" \"k\"\r\n";
+        let judged = judge(node, script, false);
+        assert!(judged.own && judged.script_follows);
+        let judged = judge(node, call, true);
+        assert!(judged.own && judged.script_follows, "its call");
+        let judged = judge(node, client, true);
+        assert!(
+            !judged.own && !judged.script_follows,
+            "a client's line ends it"
+        );
+        assert!(
+            !judge(node, call, false).own,
+            "a client's script's calls are shown"
+        );
+        let info = b"+1.0 [0 127.0.0.1:50021] \"INFO\" \"server\"\r\n";
+        assert!(!judge(node, info, false).script_follows);
     }
 
     #[test]
@@ -254,20 +327,20 @@ mod tests {
             Some(addr("127.0.0.1:50011")),
             Says::Handshake(select),
         );
-        assert!(!is_own(
+        assert!(!hidden(
             node,
             b"+1.0 [2 127.0.0.1:50011] \"HELLO\" \"3\"\r\n"
         ));
-        assert!(is_own(
+        assert!(hidden(
             node,
             b"+1.0 [0 127.0.0.1:50011] \"SELECT\" \"2\"\r\n"
         ));
-        assert!(!is_own(
+        assert!(!hidden(
             node,
             b"+1.0 [2 127.0.0.1:50011] \"AUTH\" \"x\"\r\n"
         ));
         let control = speaking(Some(node), Some(addr("127.0.0.1:50012")), Says::Everything);
-        assert!(is_own(
+        assert!(hidden(
             node,
             b"+1.0 [0 127.0.0.1:50012] \"INFO\" \"server\"\r\n"
         ));
