@@ -218,6 +218,16 @@ async fn client_kill_stays_within_the_tenant() {
         text(&app.call(&["CLIENT", "KILL", "USER", "nobody"]).await),
         "-ERR No such user 'nobody'\r\n"
     );
+    // CLIENT LIST and INFO show the same clients: its own tenant's.
+    let listed = text(&app.call(&["CLIENT", "LIST"]).await);
+    assert_eq!(listed.matches("id=").count(), 2, "{listed}");
+    assert!(
+        !listed.contains(&format!("id={} ", field(&ops_row, "id"))),
+        "{listed}"
+    );
+    assert_eq!(connected_clients(&mut app, &["INFO", "clients"]).await.0, 2);
+    let everyone = text(&ops.call(&["CLIENT", "LIST"]).await);
+    assert_eq!(everyone.matches("id=").count(), 1, "{everyone}");
     // Every client of the listener but itself: only its own tenant's peer.
     let laddr = field(&ops_row, "laddr");
     assert_eq!(

@@ -332,12 +332,23 @@ impl ClientList {
         }
     }
 
-    /// The `CLIENT LIST` text for `filter`, as `requester` (whose line names the command and,
-    /// as `qbuf`, its length: what Redis's query buffer holds while it runs).
-    pub(super) fn render(&self, requester: u64, qbuf: usize, filter: &Filter) -> String {
+    /// The `CLIENT LIST` text for `filter`, as `requester` of `tenant` (whose line names the
+    /// command and, as `qbuf`, its length: what Redis's query buffer holds while it runs).
+    /// Only `tenant`'s clients: the ones CLIENT KILL can name and INFO's `connected_clients`
+    /// counts (another tenant's addresses, names and commands are not the caller's to see).
+    pub(super) fn render(
+        &self,
+        requester: u64,
+        tenant: u16,
+        qbuf: usize,
+        filter: &Filter,
+    ) -> String {
         let mut rows: Vec<(u64, String)> = Vec::new();
         for entry in self.0.iter() {
             let (id, row) = (*entry.key(), entry.value());
+            if row.tenant != tenant {
+                continue;
+            }
             let wanted = match filter {
                 Filter::All => true,
                 Filter::Pubsub(pubsub) => (row.flag == 'P') == *pubsub,
@@ -439,18 +450,30 @@ mod tests {
             r.names.set_name(Some(Bytes::from_static(b"worker")));
             r.flag = 'P';
         });
-        let all = list.render(1, 26, &Filter::All);
+        let all = list.render(1, 0, 26, &Filter::All);
         assert!(
             all.starts_with("id=1 addr=127.0.0.1:5000 laddr=127.0.0.1:6380 "),
             "{all}"
         );
         assert!(all.contains("cmd=client|list"));
         assert!(all.contains("id=2 ") && all.contains("name=worker") && all.contains("flags=P"));
-        assert_eq!(list.render(1, 26, &Filter::Pubsub(true)).lines().count(), 1);
-        assert_eq!(list.render(1, 26, &Filter::Ids(vec![2])).lines().count(), 1);
+        assert_eq!(
+            list.render(1, 0, 26, &Filter::Pubsub(true)).lines().count(),
+            1
+        );
+        assert_eq!(
+            list.render(1, 0, 26, &Filter::Ids(vec![2])).lines().count(),
+            1
+        );
+        // Another tenant's client is not listed, nor counted.
+        let other = list.join(3, a, l, 1);
+        assert_eq!(list.render(1, 0, 26, &Filter::All).lines().count(), 2);
+        assert_eq!(list.render(3, 1, 26, &Filter::All).lines().count(), 1);
+        assert_eq!((list.connected(0), list.connected(1)), (2, 1));
+        drop(other);
         drop(two);
-        assert_eq!(list.render(1, 26, &Filter::All).lines().count(), 1);
+        assert_eq!(list.render(1, 0, 26, &Filter::All).lines().count(), 1);
         drop(one);
-        assert!(list.render(1, 26, &Filter::All).is_empty());
+        assert!(list.render(1, 0, 26, &Filter::All).is_empty());
     }
 }

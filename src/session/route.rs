@@ -746,10 +746,12 @@ impl Session {
             },
             None => return Action::Local(answers::syntax_error(), LocalEffect::None),
         };
-        let text = self
-            .ctx
-            .client_list
-            .render(self.client.id, args.frame.len(), &filter);
+        let text = self.ctx.client_list.render(
+            self.client.id,
+            self.client.tenant,
+            args.frame.len(),
+            &filter,
+        );
         Action::Local(
             replies::text_reply(self.client.proto == 3, text.as_bytes()),
             LocalEffect::None,
