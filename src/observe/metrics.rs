@@ -67,6 +67,26 @@ pub fn class_of(spec: Option<&CommandSpec>) -> usize {
         return CLASSES.len() - 1;
     };
     let c = spec.acl_categories;
+    // The commonest commands first (GET, SET, INCR…): @string and none of the categories
+    // the walk below puts before it, which is where the walk would stop too. It cost 45
+    // instructions per command, 2% of the proxy's at `-P 16` (callgrind).
+    let before_string = A::GEO
+        .union(A::HYPERLOGLOG)
+        .union(A::BITMAP)
+        .union(A::STREAM)
+        .union(A::HASH)
+        .union(A::LIST)
+        .union(A::SORTEDSET)
+        .union(A::SET);
+    if c.contains(A::STRING) && !c.intersects(before_string) {
+        return 0;
+    }
+    class_by_walk(spec)
+}
+
+/// [`class_of`] of a known command, by its categories in order.
+fn class_by_walk(spec: &CommandSpec) -> usize {
+    let c = spec.acl_categories;
     // Type categories first (GEO commands are also @sortedset, BITFIELD also @string…), then
     // the categories of commands that touch no data type.
     let order: [(A, usize); 15] = [
@@ -995,6 +1015,13 @@ impl Collector for ProcessCollector {
 mod tests {
     use super::*;
     use crate::commands::lookup;
+
+    #[test]
+    fn the_string_shortcut_classes_as_the_walk_does() {
+        for spec in crate::commands::all_commands() {
+            assert_eq!(class_of(Some(spec)), class_by_walk(spec), "{}", spec.name);
+        }
+    }
 
     #[test]
     fn classes_follow_redis_command_groups() {
