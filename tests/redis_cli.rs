@@ -267,18 +267,62 @@ async fn monitor_shows_commands_from_other_clients() {
     assert_eq!(other.request(b"PING\r\n", 1).await, b"+PONG\r\n");
 }
 
+/// A MONITOR straight on Redis, the oracle (it shows every connection's commands, the
+/// proxy's own included), and one through the proxy.
+struct Monitors {
+    direct: CliProcess,
+    via: CliProcess,
+}
+
+/// The line the monitor tests end with.
+fn marker(line: &str) -> bool {
+    line.contains("\"monitor-marker\"")
+}
+
+impl Monitors {
+    async fn start(redis: &RedisServer, proxy: &Proxy) -> Monitors {
+        let mut direct = CliProcess::spawn(redis.port, &["MONITOR"]);
+        assert_eq!(direct.next_line().await, "OK");
+        let mut via = CliProcess::spawn(proxy.port(), &["MONITOR"]);
+        assert_eq!(via.next_line().await, "OK");
+        Monitors { direct, via }
+    }
+
+    /// Sends the marker on `c`, then checks that the proxy's monitor showed exactly the
+    /// lines of Redis's (`seen` so far, and what follows up to the marker) that `clients`
+    /// picks, `count` of them; returns Redis's lines.
+    async fn end(
+        mut self,
+        c: &mut Raw,
+        mut seen: Vec<String>,
+        clients: impl Fn(&str) -> bool,
+        count: usize,
+    ) -> Vec<String> {
+        assert_eq!(c.request(b"SET monitor-marker 1\r\n", 1).await, b"+OK\r\n");
+        seen.extend(self.direct.read_until(marker).await);
+        let shown = self.via.read_until(marker).await;
+        let want: Vec<&String> = seen.iter().filter(|l| clients(l) || marker(l)).collect();
+        assert_eq!(want.len(), count + 1, "{seen:?}");
+        assert_eq!(
+            shown.iter().collect::<Vec<_>>(),
+            want,
+            "through the proxy (left) against Redis's clients' lines (right); Redis showed {seen:?}"
+        );
+        self.via.kill().await;
+        self.direct.kill().await;
+        seen
+    }
+}
+
 /// MONITOR through the proxy shows the clients' commands as Redis's own MONITOR shows them,
 /// and none of the proxy's: the handshakes of the connections it dials (here the dedicated
 /// connections scripts take, past the warm stock) and its control connection's probes
-/// (`upstream::own_lines`). A MONITOR straight on Redis is the oracle: it shows them all.
+/// (`upstream::own_lines`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_shows_clients_commands_and_none_of_the_proxys_own() {
     let redis = RedisServer::start();
     let proxy = Proxy::to(&redis).await;
-    let mut direct = CliProcess::spawn(redis.port, &["MONITOR"]);
-    assert_eq!(direct.next_line().await, "OK");
-    let mut via = CliProcess::spawn(proxy.port(), &["MONITOR"]);
-    assert_eq!(via.next_line().await, "OK");
+    let mut monitors = Monitors::start(&redis, &proxy).await;
     let mut clients = Vec::new();
     for i in 0..8 {
         let mut c = Raw::connect(proxy.addr).await;
@@ -290,31 +334,14 @@ async fn monitor_shows_clients_commands_and_none_of_the_proxys_own() {
         clients.push(c);
     }
     // The proxy's control connection asks INFO every 5 s; wait for one, seen directly.
-    let mut seen = direct.read_until(|l| l.contains("\"INFO\"")).await;
+    let seen = monitors.direct.read_until(|l| l.contains("\"INFO\"")).await;
     assert!(
         seen.iter().any(|l| l.contains("\"HELLO\"")),
         "the proxy dialled connections while both monitored: {seen:?}"
     );
-    assert_eq!(
-        clients[0].request(b"SET monitor-marker 1\r\n", 1).await,
-        b"+OK\r\n"
-    );
-    let marker = |l: &str| l.contains("\"monitor-marker\"");
-    seen.extend(direct.read_until(marker).await);
-    let shown = via.read_until(marker).await;
-    // The clients' lines, as Redis showed them: every script, then the marker.
-    let clients_lines: Vec<&String> = seen
-        .iter()
-        .filter(|l| l.contains("\"EVAL\"") || marker(l))
-        .collect();
-    assert_eq!(clients_lines.len(), 9, "{seen:?}");
-    assert_eq!(
-        shown.iter().collect::<Vec<_>>(),
-        clients_lines,
-        "through the proxy (left) against Redis's clients' lines (right); Redis showed {seen:?}"
-    );
-    via.kill().await;
-    direct.kill().await;
+    // Every script, then the marker.
+    let scripts = |l: &str| l.contains("\"EVAL\"");
+    monitors.end(&mut clients[0], seen, scripts, 8).await;
 }
 
 /// A Redis-counted rate limit runs the proxy's script (EVALSHA on its control connection)
@@ -330,37 +357,20 @@ async fn monitor_shows_nothing_of_the_proxys_rate_limit_script() {
     let config =
         redis_policy_proxy::setup::from_yaml(&yaml, std::path::Path::new("rl.yaml")).unwrap();
     let proxy = Proxy::start(config).await;
-    let mut direct = CliProcess::spawn(redis.port, &["MONITOR"]);
-    assert_eq!(direct.next_line().await, "OK");
-    let mut via = CliProcess::spawn(proxy.port(), &["MONITOR"]);
-    assert_eq!(via.next_line().await, "OK");
+    let monitors = Monitors::start(&redis, &proxy).await;
     let mut c = Raw::connect(proxy.addr).await;
     for i in 0..3 {
         let set = format!("SET limited {i}\r\n");
         assert_eq!(c.request(set.as_bytes(), 1).await, b"+OK\r\n");
     }
-    assert_eq!(c.request(b"SET monitor-marker 1\r\n", 1).await, b"+OK\r\n");
-    let marker = |l: &str| l.contains("\"monitor-marker\"");
-    let seen = direct.read_until(marker).await;
+    let sets = |l: &str| l.contains("\"SET\" \"limited\"") && !l.contains(" lua]");
+    let seen = monitors.end(&mut c, Vec::new(), sets, 3).await;
     assert!(
         seen.iter()
             .any(|l| l.to_lowercase().contains("\"evalsha\""))
             && seen.iter().any(|l| l.contains(" lua]")),
         "Redis shows the limit's script and its calls: {seen:?}"
     );
-    let shown = via.read_until(marker).await;
-    let clients: Vec<&String> = seen
-        .iter()
-        .filter(|l| l.contains("\"SET\"") && !l.contains(" lua]"))
-        .collect();
-    assert_eq!(clients.len(), 4, "{seen:?}");
-    assert_eq!(
-        shown.iter().collect::<Vec<_>>(),
-        clients,
-        "Redis showed {seen:?}"
-    );
-    via.kill().await;
-    direct.kill().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
