@@ -108,12 +108,7 @@ impl ClientIds {
         upstream: Upstream,
     ) -> Registration {
         self.blocked.insert(client, upstream);
-        Registration(Box::new(Entry {
-            ids: self.clone(),
-            client,
-            upstream,
-            kind: Kind::Blocked,
-        }))
+        self.entry(client, upstream, Kind::Blocked)
     }
 
     /// Records `upstream` as `client`'s listener on its node (module comment) until the
@@ -127,9 +122,12 @@ impl ClientIds {
         self.entry(client, upstream, Kind::Listener)
     }
 
-    /// The reverse entry, and what removes both.
+    /// The reverse entry (not for a blocked read's connection, which names no client in a
+    /// reply), and what removes both.
     fn entry(self: &Arc<Self>, client: u64, upstream: Upstream, kind: Kind) -> Registration {
-        self.client.insert(upstream, client);
+        if kind != Kind::Blocked {
+            self.client.insert(upstream, client);
+        }
         Registration(Box::new(Entry {
             ids: self.clone(),
             client,
