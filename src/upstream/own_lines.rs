@@ -25,7 +25,7 @@
 //! the proxy forwards, on a connection whose handshake sent one).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -84,11 +84,9 @@ struct Note {
     until: Option<Instant>,
 }
 
-/// Every live note.
+/// Every live note. A few at a time (a control connection per node, handshakes of the last
+/// seconds); looked at only by monitoring connections, once per line.
 static NOTES: Mutex<Vec<Note>> = Mutex::new(Vec::new());
-/// `NOTES.len()`, read without the lock: a monitoring connection parses no line while no
-/// connection speaks.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// The next note's id.
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -134,7 +132,6 @@ pub(crate) fn speaking(
         says,
         until: None,
     });
-    COUNT.store(notes.len(), Ordering::Relaxed);
     Speaking { id: Some(id) }
 }
 
@@ -162,9 +159,6 @@ pub(crate) fn judge(node: SocketAddr, line: &[u8], after_own_script: bool) -> Ju
         own: false,
         script_follows: false,
     };
-    if !after_own_script && COUNT.load(Ordering::Relaxed) == 0 {
-        return client;
-    }
     let Some((local, name)) = parse(line) else {
         return client;
     };
@@ -194,13 +188,8 @@ const SCRIPTS: [&[u8]; 6] = [
 /// Whether a line of the connection at `local` naming the command `name`, read from a
 /// connection to `node`, shows a command the proxy ran on its own account.
 fn is_own(node: SocketAddr, local: &[u8], name: &[u8]) -> bool {
-    if COUNT.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
     let mut notes = notes();
-    let now = Instant::now();
-    prune(&mut notes, now);
-    COUNT.store(notes.len(), Ordering::Relaxed);
+    prune(&mut notes, Instant::now());
     notes.iter().any(|n| {
         n.node == node
             && n.local.as_bytes() == local
