@@ -90,7 +90,25 @@ pub(super) enum LocalEffect {
     HoldInMulti,
 }
 
+/// What the proxy changes in an INFO reply (`replies::info_as_seen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InfoEdit {
+    /// `connected_clients` counts the proxy's clients (`INFO clients`).
+    Count,
+    /// That, and the `# Proxy` section appended (the default sections, `all`, `proxy`…).
+    CountAndSection,
+}
+
 impl Effect {
+    /// How an INFO reply with this effect is edited; `None` for any other command.
+    pub(super) fn info_edit(self) -> Option<InfoEdit> {
+        match self {
+            Effect::Info => Some(InfoEdit::CountAndSection),
+            Effect::InfoClients => Some(InfoEdit::Count),
+            _ => None,
+        }
+    }
+
     /// Whether a command with this effect may join a run of plain commands; the others need
     /// `execute` (extra commands, a raw connection, or the blocking mark).
     pub(super) fn batchable(self) -> bool {

@@ -1,6 +1,7 @@
 //! The reply stream: upstream replies put in their place, shaped, and written in request order.
 
 use super::conn::Holds;
+use super::effect::InfoEdit;
 use super::replies::{apply_mask, filter_exec};
 use super::reply_queue::{Handling, Slot};
 use super::{Session, replies};
@@ -267,9 +268,9 @@ impl Session {
                 let upstream = super::client_ids::Upstream { node, id };
                 self.ctx.client_ids.client(upstream)
             })
-        } else if handling.info {
+        } else if let Some(edit) = handling.info {
             let clients = self.ctx.client_list.connected(self.client.tenant);
-            let section = handling.info_section.then(|| self.proxy_info());
+            let section = (edit == InfoEdit::CountAndSection).then(|| self.proxy_info());
             replies::info_as_seen(data, section.as_deref(), clients)
         } else if handling.config_get {
             super::config_get::without_secrets(data)

@@ -2,6 +2,7 @@
 //! replies written to the client in request order.
 
 use super::conn::Target;
+use super::effect::InfoEdit;
 use crate::commands::CommandSpec;
 use crate::upstream::{ReplyReceiver, ReplySender, ReplyWait};
 use bytes::Bytes;
@@ -95,10 +96,8 @@ pub(super) struct Handling {
     /// (`hello_as_seen`); in cluster mode it said `mode: cluster` (state fuzzer), which makes
     /// a client switch to cluster mode and ask for CLUSTER SLOTS.
     pub(super) hello: bool,
-    /// INFO: `connected_clients` made the proxy's count (`replies::info_as_seen`).
-    pub(super) info: bool,
-    /// INFO of the default sections (or `proxy`): the proxy's section appended too.
-    pub(super) info_section: bool,
+    /// INFO: what of its reply the proxy changes (`replies::info_as_seen`).
+    pub(super) info: Option<InfoEdit>,
     /// CONFIG GET: remove the secret parameters from the reply.
     pub(super) config_get: bool,
     /// While a mirror runs (`mirror:`): the batch as sent and the RESP version it went in,

@@ -19,7 +19,7 @@ use crate::protocol::error::{ProxyError, error_reply};
 use crate::protocol::{answers, codec};
 use crate::session::action::Action;
 use crate::session::conn::Holds;
-use crate::session::effect::{Effect, LocalEffect};
+use crate::session::effect::{Effect, InfoEdit, LocalEffect};
 use crate::session::proxy_commands::proxy_info;
 use crate::session::reply_queue::WAIT_BARRIER;
 use crate::session::route::Args;
@@ -272,9 +272,10 @@ impl ClusterSession<'_> {
     /// A fan-out's merged reply as the client gets it: with the proxy's own INFO section
     /// and without the tenant's namespace, neither added to an error.
     fn finish_fanout(&self, fanout: Fanout, merged: Bytes) -> Bytes {
-        let merged = if fanout.clients && merged.first() != Some(&b'-') {
-            let section = fanout
-                .proxy_section
+        let merged = if let Some(edit) = fanout.info
+            && merged.first() != Some(&b'-')
+        {
+            let section = (edit == InfoEdit::CountAndSection)
                 .then(|| proxy_info(self.ctx, self.client, Some(self.cluster.router.read_from())));
             crate::session::replies::info_as_seen(
                 merged,
@@ -351,8 +352,7 @@ impl ClusterView<'_> {
             bytes,
             merge,
             strip: rewrite.and_then(|r| r.strip.clone()),
-            proxy_section: effect == Effect::Info,
-            clients: matches!(effect, Effect::Info | Effect::InfoClients),
+            info: effect.info_edit(),
             blocking: merge == Merge::Min,
             wait: match effect {
                 Effect::Wait(wait) => wait,

@@ -7,7 +7,7 @@ use crate::policy::rewrite::Strip;
 use crate::protocol::codec;
 use crate::protocol::reply::SubKind;
 use crate::session::client_ids::ClientIds;
-use crate::session::effect::Effect;
+use crate::session::effect::{Effect, InfoEdit};
 use crate::upstream::ReplyWait;
 use bytes::{Bytes, BytesMut};
 
@@ -86,10 +86,8 @@ pub(in crate::session) struct Fanout {
     pub(super) merge: Merge,
     /// The namespace prefix to strip from the merged reply (a namespaced tenant's KEYS).
     pub(super) strip: Option<Box<Strip>>,
-    /// INFO with the default sections: the proxy's own section is appended.
-    pub(super) proxy_section: bool,
-    /// INFO with the default sections or `clients`: `connected_clients` is the proxy's count.
-    pub(super) clients: bool,
+    /// INFO: what of the merged reply the proxy changes (`replies::info_as_seen`).
+    pub(super) info: Option<InfoEdit>,
     /// WAIT/WAITAOF: each node gets it on a connection of its own (it blocks) after the
     /// `WAIT_BARRIER`, whose reply is dropped.
     pub(super) blocking: bool,
